@@ -1,0 +1,22 @@
+// `diffcp` command-line tool: one binary, one subcommand per job. Run MPI jobs under mpirun.
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.hpp"
+#include "comm/mpi_runtime.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"diffcp: communication-efficient parallel attention for diffusion models"};
+  app.require_subcommand(1);
+  diffcp::cli::DemoOptions demo;
+  diffcp::cli::add_demo_command(app, demo);
+  // Parse before MPI starts so --help and usage errors need no MPI; every rank parses the same argv.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return diffcp::run_mpi_main(argc, argv, [&](diffcp::Communicator& world) {
+    if (app.got_subcommand("demo")) return diffcp::cli::run_demo(world, demo);
+    return 1;
+  });
+}

@@ -1,0 +1,243 @@
+// The one communicator interface. Every collective and point-to-point transfer of diffcp goes
+// through it, so every byte moved is counted (per operation kind, per communicator).
+//
+// Backends (MPI now, NCCL later) implement the protected do_* hooks; the public methods validate
+// arguments, count bytes and forward (non-virtual interface). Every operation has an async form
+// returning a Work handle with wait(); the blocking forms are async + wait.
+//
+// Call order: like MPI, every rank of a communicator must issue the same sequence of collectives
+// with matching sizes; point-to-point sends and receives must pair up. Violations are programming
+// errors that a backend may detect (then it throws) or not (then the job hangs or aborts).
+//
+// Byte accounting (what "bytes_sent"/"bytes_recv" mean): the logical volume that crosses between
+// this rank and the other ranks, excluding a rank's copy to itself, independent of the algorithm the
+// backend picks:
+//   all_gather(v):       sent = my_count * (P-1);        recv = sum of the other ranks' counts
+//   reduce_scatter(v):   sent = sum of others' counts;   recv = my_count * (P-1)
+//   all_reduce(n):       as reduce_scatter + all_gather of near-equal shares (bandwidth-optimal):
+//                        sent = recv = 2 * (n - share_p), share_p = n/P + (p < n%P)
+//   all_to_all(v):       sent = sum of send counts to other ranks; recv = sum from other ranks
+//   send / recv:         the message size (a self-send is counted, it is an explicit message)
+//   broadcast(n, root):  root: sent = n * (P-1); others: recv = n
+//   barrier:             calls only
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/error.hpp"
+
+namespace diffcp {
+
+enum class DType : std::uint8_t { u8, u16, i32, i64, f32, f64 };
+std::size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
+template <> constexpr DType dtype_of<std::uint16_t>() { return DType::u16; }
+template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
+
+enum class ReduceOp : std::uint8_t { sum, max };
+
+enum class CommOp : std::uint8_t {
+  all_gather, reduce_scatter, all_reduce, all_to_all, send, recv, broadcast, barrier, count_
+};
+inline constexpr std::size_t kNumCommOps = static_cast<std::size_t>(CommOp::count_);
+const char* comm_op_name(CommOp op);
+
+struct OpCounter {
+  std::uint64_t calls = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_recv = 0;
+};
+
+// Counters of one communicator. The v-variants count under their base kind
+// (all_gather_v under all_gather, all_to_all_v under all_to_all, ...).
+class CommStats {
+ public:
+  const OpCounter& operator[](CommOp op) const { return ops_[static_cast<std::size_t>(op)]; }
+  OpCounter& operator[](CommOp op) { return ops_[static_cast<std::size_t>(op)]; }
+  OpCounter total() const;
+  void reset() { ops_ = {}; }
+  // {"all_gather": {"calls":..,"bytes_sent":..,"bytes_recv":..}, ..., "total": {...}}
+  nlohmann::json to_json() const;
+
+ private:
+  std::array<OpCounter, kNumCommOps> ops_{};
+};
+
+// Handle of an operation in flight. wait() blocks until the buffers may be reused and rethrows a
+// backend error. Destroying a handle that was never waited waits for it (except during stack
+// unwinding, when the job is about to abort anyway).
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  // Non-blocking completion test; also drives the backend's progress engine.
+  virtual bool test() = 0;
+};
+using WorkPtr = std::unique_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "mpi", later "nccl"
+  const std::string& name() const { return name_; }
+  CommStats& stats() { return stats_; }
+  const CommStats& stats() const { return stats_; }
+  // {"name":..., "backend":..., "rank":..., "size":..., "ops": stats().to_json()}
+  nlohmann::json stats_json() const;
+
+  // ---- sub-communicators (each has its own counters) ----
+  // Ranks with equal color form a group, ordered by (key, old rank). color < 0: this rank joins
+  // no group and gets nullptr. Collective over this communicator.
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name);
+  // Ranks that share memory (one node). Collective over this communicator.
+  std::unique_ptr<Communicator> split_node_local(const std::string& name);
+
+  // ---- collectives; counts are in elements of `type` ----
+  // send: [count], recv: [size() * count] (rank r's block at r*count).
+  WorkPtr all_gather_async(const void* send, void* recv, std::size_t count, DType type);
+  // send: [counts[rank()]], recv: [sum(counts)] (rank r's block at sum(counts[0..r))).
+  WorkPtr all_gather_v_async(const void* send, void* recv, std::span<const std::size_t> counts,
+                             DType type);
+  // send: [size() * count], recv: [count] = sum over ranks of their block rank().
+  WorkPtr reduce_scatter_async(const void* send, void* recv, std::size_t count, DType type,
+                               ReduceOp op);
+  // send: [sum(counts)], recv: [counts[rank()]].
+  WorkPtr reduce_scatter_v_async(const void* send, void* recv,
+                                 std::span<const std::size_t> counts, DType type, ReduceOp op);
+  // send, recv: [count]; send == recv means in place.
+  WorkPtr all_reduce_async(const void* send, void* recv, std::size_t count, DType type,
+                           ReduceOp op);
+  // send, recv: [size() * count]; block r of send goes to rank r.
+  WorkPtr all_to_all_async(const void* send, void* recv, std::size_t count, DType type);
+  // send_counts[r] elements go to rank r (packed in rank order in send), recv_counts[r] come from
+  // rank r (packed in rank order in recv). Both spans have size() entries; zeros are allowed.
+  WorkPtr all_to_all_v_async(const void* send, std::span<const std::size_t> send_counts,
+                             void* recv, std::span<const std::size_t> recv_counts, DType type);
+  // buf: [count]; root's buffer is copied to every rank.
+  WorkPtr broadcast_async(void* buf, std::size_t count, DType type, int root);
+  WorkPtr send_async(const void* buf, std::size_t count, DType type, int dst, int tag = 0);
+  WorkPtr recv_async(void* buf, std::size_t count, DType type, int src, int tag = 0);
+  WorkPtr barrier_async();
+
+  // ---- blocking, typed conveniences (async + wait) ----
+  template <typename T> void all_gather(std::span<const T> send, std::span<T> recv);
+  template <typename T>
+  void all_gather_v(std::span<const T> send, std::span<T> recv, std::span<const std::size_t> counts);
+  template <typename T> void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op = ReduceOp::sum);
+  template <typename T>
+  void reduce_scatter_v(std::span<const T> send, std::span<T> recv,
+                        std::span<const std::size_t> counts, ReduceOp op = ReduceOp::sum);
+  template <typename T> void all_reduce(std::span<T> inout, ReduceOp op = ReduceOp::sum);
+  template <typename T> void all_to_all(std::span<const T> send, std::span<T> recv);
+  template <typename T>
+  void all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
+                    std::span<T> recv, std::span<const std::size_t> recv_counts);
+  template <typename T> void broadcast(std::span<T> buf, int root);
+  template <typename T> void send(std::span<const T> buf, int dst, int tag = 0);
+  template <typename T> void recv(std::span<T> buf, int src, int tag = 0);
+  void barrier() { barrier_async()->wait(); }
+
+ protected:
+  explicit Communicator(std::string name) : name_(std::move(name)) {}
+
+  // Backend hooks. Arguments are already validated; counts fit the backend's limits are checked
+  // by the backend itself. Displacements are in elements.
+  virtual WorkPtr do_all_gather_v(const void* send, std::size_t send_count, void* recv,
+                                  std::span<const std::size_t> counts,
+                                  std::span<const std::size_t> displs, DType type) = 0;
+  virtual WorkPtr do_reduce_scatter_v(const void* send, void* recv,
+                                      std::span<const std::size_t> counts, DType type,
+                                      ReduceOp op) = 0;
+  virtual WorkPtr do_all_reduce(const void* send, void* recv, std::size_t count, DType type,
+                                ReduceOp op) = 0;
+  virtual WorkPtr do_all_to_all_v(const void* send, std::span<const std::size_t> send_counts,
+                                  std::span<const std::size_t> send_displs, void* recv,
+                                  std::span<const std::size_t> recv_counts,
+                                  std::span<const std::size_t> recv_displs, DType type) = 0;
+  virtual WorkPtr do_broadcast(void* buf, std::size_t count, DType type, int root) = 0;
+  virtual WorkPtr do_send(const void* buf, std::size_t count, DType type, int dst, int tag) = 0;
+  virtual WorkPtr do_recv(void* buf, std::size_t count, DType type, int src, int tag) = 0;
+  virtual WorkPtr do_barrier() = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name) = 0;
+  virtual std::unique_ptr<Communicator> do_split_node_local(const std::string& name) = 0;
+
+ private:
+  void check_counts(std::span<const std::size_t> counts, const char* what) const;
+  void check_peer(int peer, const char* what) const;
+
+  std::string name_;
+  CommStats stats_;
+};
+
+// ---- template definitions ----
+template <typename T> void Communicator::all_gather(std::span<const T> send, std::span<T> recv) {
+  DIFFCP_CHECK(recv.size() == send.size() * static_cast<std::size_t>(size()),
+               "all_gather: recv has ", recv.size(), " elements, expected size() * send = ",
+               size(), " * ", send.size());
+  all_gather_async(send.data(), recv.data(), send.size(), dtype_of<T>())->wait();
+}
+template <typename T>
+void Communicator::all_gather_v(std::span<const T> send, std::span<T> recv,
+                                std::span<const std::size_t> counts) {
+  DIFFCP_CHECK(counts.size() == static_cast<std::size_t>(size()) &&
+                   send.size() == counts[static_cast<std::size_t>(rank())],
+               "all_gather_v: send has ", send.size(), " elements, counts[rank] disagrees");
+  all_gather_v_async(send.data(), recv.data(), counts, dtype_of<T>())->wait();
+}
+template <typename T>
+void Communicator::reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+  DIFFCP_CHECK(send.size() == recv.size() * static_cast<std::size_t>(size()),
+               "reduce_scatter: send has ", send.size(), " elements, expected size() * recv = ",
+               size(), " * ", recv.size());
+  reduce_scatter_async(send.data(), recv.data(), recv.size(), dtype_of<T>(), op)->wait();
+}
+template <typename T>
+void Communicator::reduce_scatter_v(std::span<const T> send, std::span<T> recv,
+                                    std::span<const std::size_t> counts, ReduceOp op) {
+  reduce_scatter_v_async(send.data(), recv.data(), counts, dtype_of<T>(), op)->wait();
+}
+template <typename T> void Communicator::all_reduce(std::span<T> inout, ReduceOp op) {
+  all_reduce_async(inout.data(), inout.data(), inout.size(), dtype_of<T>(), op)->wait();
+}
+template <typename T> void Communicator::all_to_all(std::span<const T> send, std::span<T> recv) {
+  DIFFCP_CHECK(send.size() == recv.size() && send.size() % static_cast<std::size_t>(size()) == 0,
+               "all_to_all: send has ", send.size(), " and recv ", recv.size(),
+               " elements; expected equal sizes divisible by size() = ", size());
+  all_to_all_async(send.data(), recv.data(), send.size() / static_cast<std::size_t>(size()),
+                   dtype_of<T>())->wait();
+}
+template <typename T>
+void Communicator::all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
+                                std::span<T> recv, std::span<const std::size_t> recv_counts) {
+  all_to_all_v_async(send.data(), send_counts, recv.data(), recv_counts, dtype_of<T>())->wait();
+}
+template <typename T> void Communicator::broadcast(std::span<T> buf, int root) {
+  broadcast_async(buf.data(), buf.size(), dtype_of<T>(), root)->wait();
+}
+template <typename T> void Communicator::send(std::span<const T> buf, int dst, int tag) {
+  send_async(buf.data(), buf.size(), dtype_of<T>(), dst, tag)->wait();
+}
+template <typename T> void Communicator::recv(std::span<T> buf, int src, int tag) {
+  recv_async(buf.data(), buf.size(), dtype_of<T>(), src, tag)->wait();
+}
+
+}  // namespace diffcp

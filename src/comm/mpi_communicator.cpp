@@ -1,0 +1,188 @@
+#include "comm/mpi_communicator.hpp"
+
+#include <climits>
+#include <exception>
+
+namespace diffcp {
+
+namespace {
+
+std::string mpi_error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, buf, &len);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+}  // namespace
+
+#define DIFFCP_MPI_CHECK(call)                                                         \
+  do {                                                                                 \
+    const int diffcp_mpi_rc_ = (call);                                                 \
+    DIFFCP_CHECK(diffcp_mpi_rc_ == MPI_SUCCESS, #call, " failed: ",                    \
+                 mpi_error_string(diffcp_mpi_rc_));                                    \
+  } while (0)
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::u8: return MPI_UINT8_T;
+    case DType::u16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+  }
+  DIFFCP_FAIL("unknown DType ", static_cast<int>(t));
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  DIFFCP_CHECK(t != DType::u16, "mpi backend: reductions on ", dtype_name(t),
+               " are not supported (u16 is storage for bf16; reduce in f32)");
+  switch (op) {
+    case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+  }
+  DIFFCP_FAIL("unknown ReduceOp ", static_cast<int>(op));
+}
+
+int to_int(std::size_t n, const char* what) {
+  DIFFCP_CHECK(n <= static_cast<std::size_t>(INT_MAX), "mpi backend: ", what, " = ", n,
+               " exceeds INT_MAX (MPI-3 counts are int); split the message");
+  return static_cast<int>(n);
+}
+
+std::vector<int> to_ints(std::span<const std::size_t> v, const char* what) {
+  std::vector<int> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_int(v[i], what);
+  return out;
+}
+
+// One request plus the count/displacement arrays MPI may read until completion.
+class MpiWork final : public Work {
+ public:
+  MpiWork() = default;
+  explicit MpiWork(std::vector<std::vector<int>> arrays) : arrays_(std::move(arrays)) {}
+  ~MpiWork() override {
+    if (req_ != MPI_REQUEST_NULL && std::uncaught_exceptions() == 0) {
+      MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    }
+  }
+  void wait() override {
+    if (req_ == MPI_REQUEST_NULL) return;
+    DIFFCP_MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+  }
+  bool test() override {
+    if (req_ == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    DIFFCP_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    return flag != 0;
+  }
+  MPI_Request* request() { return &req_; }
+  const int* array(std::size_t i) const { return arrays_[i].data(); }
+
+ private:
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::vector<std::vector<int>> arrays_;
+};
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : Communicator(std::move(name)) {
+  DIFFCP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  DIFFCP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  DIFFCP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  DIFFCP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm owned, std::string name, bool)
+    : Communicator(std::move(name)), comm_(owned) {
+  DIFFCP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  DIFFCP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  DIFFCP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+WorkPtr MpiCommunicator::do_all_gather_v(const void* send, std::size_t send_count, void* recv,
+                                         std::span<const std::size_t> counts,
+                                         std::span<const std::size_t> displs, DType type) {
+  auto w = std::make_unique<MpiWork>(
+      std::vector<std::vector<int>>{to_ints(counts, "count"), to_ints(displs, "displacement")});
+  DIFFCP_MPI_CHECK(MPI_Iallgatherv(send, to_int(send_count, "count"), mpi_type(type), recv,
+                                   w->array(0), w->array(1), mpi_type(type), comm_, w->request()));
+  return w;
+}
+
+WorkPtr MpiCommunicator::do_reduce_scatter_v(const void* send, void* recv,
+                                             std::span<const std::size_t> counts, DType type,
+                                             ReduceOp op) {
+  auto w = std::make_unique<MpiWork>(std::vector<std::vector<int>>{to_ints(counts, "count")});
+  DIFFCP_MPI_CHECK(MPI_Ireduce_scatter(send, recv, w->array(0), mpi_type(type), mpi_op(op, type),
+                                       comm_, w->request()));
+  return w;
+}
+
+WorkPtr MpiCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count, DType type,
+                                       ReduceOp op) {
+  auto w = std::make_unique<MpiWork>();
+  DIFFCP_MPI_CHECK(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, to_int(count, "count"),
+                                  mpi_type(type), mpi_op(op, type), comm_, w->request()));
+  return w;
+}
+
+WorkPtr MpiCommunicator::do_all_to_all_v(const void* send, std::span<const std::size_t> send_counts,
+                                         std::span<const std::size_t> send_displs, void* recv,
+                                         std::span<const std::size_t> recv_counts,
+                                         std::span<const std::size_t> recv_displs, DType type) {
+  auto w = std::make_unique<MpiWork>(std::vector<std::vector<int>>{
+      to_ints(send_counts, "count"), to_ints(send_displs, "displacement"),
+      to_ints(recv_counts, "count"), to_ints(recv_displs, "displacement")});
+  DIFFCP_MPI_CHECK(MPI_Ialltoallv(send, w->array(0), w->array(1), mpi_type(type), recv,
+                                  w->array(2), w->array(3), mpi_type(type), comm_, w->request()));
+  return w;
+}
+
+WorkPtr MpiCommunicator::do_broadcast(void* buf, std::size_t count, DType type, int root) {
+  auto w = std::make_unique<MpiWork>();
+  DIFFCP_MPI_CHECK(MPI_Ibcast(buf, to_int(count, "count"), mpi_type(type), root, comm_, w->request()));
+  return w;
+}
+
+WorkPtr MpiCommunicator::do_send(const void* buf, std::size_t count, DType type, int dst, int tag) {
+  auto w = std::make_unique<MpiWork>();
+  DIFFCP_MPI_CHECK(MPI_Isend(buf, to_int(count, "count"), mpi_type(type), dst, tag, comm_, w->request()));
+  return w;
+}
+
+WorkPtr MpiCommunicator::do_recv(void* buf, std::size_t count, DType type, int src, int tag) {
+  auto w = std::make_unique<MpiWork>();
+  DIFFCP_MPI_CHECK(MPI_Irecv(buf, to_int(count, "count"), mpi_type(type), src, tag, comm_, w->request()));
+  return w;
+}
+
+WorkPtr MpiCommunicator::do_barrier() {
+  auto w = std::make_unique<MpiWork>();
+  DIFFCP_MPI_CHECK(MPI_Ibarrier(comm_, w->request()));
+  return w;
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, const std::string& name) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  DIFFCP_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+  if (sub == MPI_COMM_NULL) return nullptr;
+  return std::unique_ptr<Communicator>(new MpiCommunicator(sub, name, true));
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::do_split_node_local(const std::string& name) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  DIFFCP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &sub));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(sub, name, true));
+}
+
+}  // namespace diffcp

@@ -1,0 +1,45 @@
+#include "comm/mpi_runtime.hpp"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "comm/mpi_communicator.hpp"
+
+namespace diffcp {
+
+namespace {
+[[noreturn]] void abort_job(const char* what) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::fprintf(stderr, "diffcp: error on rank %d of %d: %s\n", rank, size, what);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return; belt and braces
+}
+}  // namespace
+
+int run_mpi_main(int argc, char** argv, const std::function<int(Communicator& world)>& body) {
+  int provided = 0;
+  // FUNNELED: only the main thread calls MPI; OpenMP threads only compute.
+  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    std::fprintf(stderr, "diffcp: error: MPI_Init_thread failed\n");
+    return 1;
+  }
+  int rc = 0;
+  try {
+    MpiCommunicator world(MPI_COMM_WORLD, "world");
+    rc = body(world);
+  } catch (const std::exception& e) {
+    abort_job(e.what());
+  } catch (...) {
+    abort_job("unknown exception");
+  }
+  MPI_Finalize();
+  return rc;
+}
+
+}  // namespace diffcp

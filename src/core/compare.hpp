@@ -1,0 +1,34 @@
+// Comparing a computed tensor with its fp64 reference: |got - ref| <= atol + rtol * |ref|
+// elementwise (dtype-aware tolerances are chosen by the caller).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace diffcp {
+
+struct Tolerance {
+  double atol, rtol;
+};
+
+struct CompareResult {
+  double max_abs = 0;        // max |got - ref|
+  double max_rel = 0;        // max |got - ref| / max(|ref|, tiny) over elements
+  double worst_ratio = 0;    // max |got - ref| / (atol + rtol*|ref|); pass iff <= 1
+  std::int64_t worst = -1;   // index of the worst element
+  std::int64_t mismatched = 0;
+  bool pass() const { return mismatched == 0; }
+  void merge(const CompareResult& o);  // combine over several tensors
+};
+
+template <typename T>
+CompareResult compare(std::span<const T> got, std::span<const double> ref, Tolerance tol);
+
+// Sizes must match; NaN or inf where the reference is finite counts as a mismatch, and -inf
+// matches -inf (fully masked rows' lse).
+extern template CompareResult compare<float>(std::span<const float>, std::span<const double>, Tolerance);
+extern template CompareResult compare<double>(std::span<const double>, std::span<const double>, Tolerance);
+
+}  // namespace diffcp

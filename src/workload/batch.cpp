@@ -1,0 +1,93 @@
+#include "workload/batch.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <unordered_set>
+
+#include "core/error.hpp"
+
+namespace diffcp {
+
+void PackedBatch::validate() const {
+  DIFFCP_CHECK(block >= 1, "block size B = ", block, ", expected B >= 1");
+  DIFFCP_CHECK(anchors.size() == lengths.size(), "batch has ", lengths.size(), " sample lengths but ",
+               anchors.size(), " anchor lists; expected one anchor list per sample");
+  for (std::size_t u = 0; u < lengths.size(); ++u) {
+    DIFFCP_CHECK(lengths[u] >= 1, "sample ", u, " has length ", lengths[u], ", expected >= 1");
+    const auto& a = anchors[u];
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      DIFFCP_CHECK(a[i] >= 0, "sample ", u, " anchor ", i, " = ", a[i], " is negative");
+      DIFFCP_CHECK(a[i] + block <= lengths[u], "sample ", u, " anchor ", i, " = ", a[i],
+                   ": anchor + B = ", a[i] + block, " is past the sample end ", lengths[u],
+                   " (expected anchor <= length - B)");
+      DIFFCP_CHECK(i == 0 || a[i - 1] < a[i], "sample ", u, " anchors not strictly increasing: anchor ",
+                   i - 1, " = ", a[i - 1], " then anchor ", i, " = ", a[i]);
+    }
+  }
+}
+
+std::int64_t PackedBatch::context_rows() const {
+  return std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
+}
+
+std::int64_t PackedBatch::num_blocks() const {
+  std::int64_t n = 0;
+  for (const auto& a : anchors) n += static_cast<std::int64_t>(a.size());
+  return n;
+}
+
+std::vector<std::int64_t> PackedBatch::sample_starts() const {
+  std::vector<std::int64_t> s(lengths.size());
+  std::exclusive_scan(lengths.begin(), lengths.end(), s.begin(), std::int64_t{0});
+  return s;
+}
+
+std::vector<PackedBatch::BlockRef> PackedBatch::blocks() const {
+  const auto starts = sample_starts();
+  std::vector<BlockRef> out;
+  out.reserve(static_cast<std::size_t>(num_blocks()));
+  for (std::size_t u = 0; u < anchors.size(); ++u)
+    for (std::int64_t a : anchors[u])
+      out.push_back({static_cast<std::int64_t>(u), starts[u], starts[u] + a});
+  return out;
+}
+
+PackedBatch make_random_batch(std::int64_t samples, std::int64_t context,
+                              std::int64_t anchors_per_sample, std::int64_t block,
+                              double prompt_fraction, std::uint64_t seed) {
+  DIFFCP_CHECK(samples >= 1, "samples = ", samples, ", expected >= 1");
+  DIFFCP_CHECK(block >= 1, "block size B = ", block, ", expected B >= 1");
+  DIFFCP_CHECK(context >= block, "context = ", context, ", expected >= B = ", block);
+  DIFFCP_CHECK(anchors_per_sample >= 0, "anchors per sample = ", anchors_per_sample, ", expected >= 0");
+  DIFFCP_CHECK(prompt_fraction >= 0.0 && prompt_fraction < 1.0, "prompt fraction = ", prompt_fraction,
+               ", expected in [0, 1)");
+  const auto prompt = static_cast<std::int64_t>(std::llround(prompt_fraction * static_cast<double>(context)));
+  const std::int64_t first = std::min(prompt, context - block), last = context - block;  // x in [first, last]
+  const std::int64_t candidates = last - first + 1;
+  DIFFCP_CHECK(anchors_per_sample <= candidates, "anchors per sample = ", anchors_per_sample,
+               " exceeds the ", candidates, " response positions x with x + B <= context (context ",
+               context, ", prompt ", prompt, ", B ", block, ")");
+  PackedBatch batch;
+  batch.block = block;
+  std::mt19937_64 rng(seed);
+  for (std::int64_t u = 0; u < samples; ++u) {
+    batch.lengths.push_back(context);
+    // Floyd's algorithm: a uniform subset without replacement in O(A log A).
+    std::unordered_set<std::int64_t> seen;
+    std::vector<std::int64_t> picked;
+    for (std::int64_t j = candidates - anchors_per_sample; j < candidates; ++j) {
+      std::uniform_int_distribution<std::int64_t> dist(0, j);
+      const std::int64_t t = dist(rng);
+      const std::int64_t x = first + (seen.insert(t).second ? t : (seen.insert(j), j));
+      picked.push_back(x);
+    }
+    std::sort(picked.begin(), picked.end());
+    batch.anchors.push_back(std::move(picked));
+  }
+  batch.validate();
+  return batch;
+}
+
+}  // namespace diffcp
