@@ -1,7 +1,6 @@
 #include "attention/attention.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -24,7 +23,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // a degree-6 polynomial (Cephes exp2f coefficients, rel. error ~1e-7) for 2^(x-n) on [-0.5, 0.5],
 // and n put straight into the exponent bits. x <= -127 gives exactly 0.
 inline float exp2_nonpos(float x) {
-  x = std::max(x, -127.f);
+  x = x < -127.f ? -127.f : x;
   const float n = std::floor(x + 0.5f);
   const float f = x - n;
   float p = 1.535336188319500e-4f;
@@ -34,7 +33,10 @@ inline float exp2_nonpos(float x) {
   p = p * f + 2.402264791363012e-1f;
   p = p * f + 6.931472028550421e-1f;
   p = p * f + 1.f;
-  return p * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
+  const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);  // (GCC 12 does not vectorise std::bit_cast here)
+  return p * scale;
 }
 
 // Row-major C[M,N] = alpha * op(A) * op(B) + beta * C through oneDNN (single-threaded when called

@@ -13,6 +13,12 @@ struct Tolerance {
   double atol, rtol;
 };
 
+// fp32 storage and accumulation against fp64: a few ulps of the row sums (relative 1e-4) and an
+// absolute floor for values that cancel to ~0.
+inline constexpr Tolerance kTolF32{1e-5, 1e-4};
+// fp64 computations compared with each other (reassociation only).
+inline constexpr Tolerance kTolF64{1e-12, 1e-10};
+
 struct CompareResult {
   double max_abs = 0;        // max |got - ref|
   double max_rel = 0;        // max |got - ref| / max(|ref|, tiny) over elements

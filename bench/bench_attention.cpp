@@ -1,0 +1,140 @@
+// Attention kernel throughput next to oneDNN GEMM throughput measured in the same run.
+//
+// Reports GFLOP/s of the block-sparse forward and backward (FLOPs over visible pairs only, as
+// FlashAttention counts them: 4*d_h fwd, 10*d_h bwd per pair per query head) and of large oneDNN
+// f32 and bf16 matmuls on the same threads, then the ratios kernel / f32 GEMM. Medians of --reps
+// timed runs after one warm-up. Default workload (issue #2): n_q=32, n_kv=4, d_h=128, B=16,
+// 2 samples x 16k context, 256 anchors each, prompt 25 %.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "attention/attention.hpp"
+#include "attention/mask.hpp"
+#include "core/random.hpp"
+#include "workload/batch.hpp"
+
+namespace {
+
+double median_seconds(int reps, const std::function<void()>& fn) {
+  fn();  // warm-up (page faults, oneDNN JIT)
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// GFLOP/s of an n x n x n oneDNN matmul in the given data type (f32 or bf16 inputs, f32 output).
+double onednn_matmul_gflops(dnnl::memory::data_type dt, std::int64_t n, int reps) {
+  using namespace dnnl;
+  engine eng(engine::kind::cpu, 0);
+  stream strm(eng);
+  const memory::dims a_dims{n, n}, b_dims{n, n}, c_dims{n, n};
+  const memory::desc a_md(a_dims, dt, memory::format_tag::ab), b_md(b_dims, dt, memory::format_tag::ab),
+      c_md(c_dims, memory::data_type::f32, memory::format_tag::ab);
+  const matmul::primitive_desc pd(matmul::desc(a_md, b_md, c_md), eng);
+  memory a(a_md, eng), b(b_md, eng), c(c_md, eng);
+  // Fill inputs (f32: ones-ish; bf16: zero bytes are valid numbers too, but use 1.0 = 0x3f80).
+  const std::size_t elems = static_cast<std::size_t>(n * n);
+  if (dt == memory::data_type::f32) {
+    std::fill_n(static_cast<float*>(a.get_data_handle()), elems, 0.5f);
+    std::fill_n(static_cast<float*>(b.get_data_handle()), elems, 0.25f);
+  } else {
+    std::fill_n(static_cast<std::uint16_t*>(a.get_data_handle()), elems, std::uint16_t{0x3f80});
+    std::fill_n(static_cast<std::uint16_t*>(b.get_data_handle()), elems, std::uint16_t{0x3f80});
+  }
+  matmul prim(pd);
+  const double s = median_seconds(reps, [&] {
+    prim.execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    strm.wait();
+  });
+  return 2.0 * static_cast<double>(n) * n * n / s / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::int64_t samples = 2, context = 16384, anchors = 256, block = 16, n_q = 32, n_kv = 4, d_h = 128, gemm_n = 2048;
+  int reps = 5;
+  bool json = false;
+  CLI::App app{"diffcp attention benchmark (kernel GFLOP/s vs oneDNN GEMM GFLOP/s, same run)"};
+  app.add_option("--samples", samples)->capture_default_str();
+  app.add_option("--context", context, "context tokens per sample")->capture_default_str();
+  app.add_option("--anchors", anchors, "anchors per sample")->capture_default_str();
+  app.add_option("--block", block)->capture_default_str();
+  app.add_option("--n-q", n_q)->capture_default_str();
+  app.add_option("--n-kv", n_kv)->capture_default_str();
+  app.add_option("--d-h", d_h)->capture_default_str();
+  app.add_option("--gemm-n", gemm_n, "size of the square reference GEMM")->capture_default_str();
+  app.add_option("--reps", reps, "timed repetitions (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
+  app.add_flag("--json", json, "print one JSON object");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    using diffcp::head_rows;
+    const diffcp::PackedBatch batch = diffcp::make_random_batch(samples, context, anchors, block, 0.25, 1);
+    const diffcp::BlockMask mask = diffcp::full_mask(batch);
+    const std::int64_t Q = batch.query_rows(), Lk = mask.key_rows();
+    const auto q = diffcp::random_normal(static_cast<std::size_t>(Q * n_q * d_h), 1);
+    const auto k = diffcp::random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), 2);
+    const auto v = diffcp::random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), 3);
+    const auto dout = diffcp::random_normal(static_cast<std::size_t>(Q * n_q * d_h), 4);
+    std::vector<float> o(q.size()), lse(static_cast<std::size_t>(Q * n_q)), delta(lse.size()), dq(q.size()),
+        dk(k.size()), dv(v.size());
+
+    const double gemm_f32 = onednn_matmul_gflops(dnnl::memory::data_type::f32, gemm_n, reps);
+    const double gemm_bf16 = onednn_matmul_gflops(dnnl::memory::data_type::bf16, gemm_n, reps);
+    const double t_fwd = median_seconds(reps, [&] {
+      diffcp::attention_forward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h),
+                                head_rows(v, Lk, n_kv, d_h), head_rows(o, Q, n_q, d_h), lse);
+    });
+    diffcp::attention_delta(head_rows(dout, Q, n_q, d_h), head_rows(std::as_const(o), Q, n_q, d_h), delta);
+    const double t_bwd = median_seconds(reps, [&] {
+      diffcp::attention_backward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h),
+                                 head_rows(v, Lk, n_kv, d_h), head_rows(dout, Q, n_q, d_h), lse, delta,
+                                 head_rows(dq, Q, n_q, d_h), head_rows(dk, Lk, n_kv, d_h), head_rows(dv, Lk, n_kv, d_h));
+    });
+    const double fwd = diffcp::attention_forward_flops(mask, n_q, d_h) / t_fwd / 1e9;
+    const double bwd = diffcp::attention_backward_flops(mask, n_q, d_h) / t_bwd / 1e9;
+    const double density = static_cast<double>(mask.visible_pairs()) / (static_cast<double>(Q) * static_cast<double>(Lk));
+    if (json) {
+      std::cout << nlohmann::json{{"threads", omp_get_max_threads()}, {"samples", samples}, {"context", context},
+                                  {"anchors", anchors}, {"block", block}, {"n_q", n_q}, {"n_kv", n_kv}, {"d_h", d_h},
+                                  {"visible_pairs_per_head", mask.visible_pairs()}, {"mask_density", density},
+                                  {"fwd_ms", t_fwd * 1e3}, {"bwd_ms", t_bwd * 1e3}, {"fwd_gflops", fwd},
+                                  {"bwd_gflops", bwd}, {"gemm_f32_gflops", gemm_f32}, {"gemm_bf16_gflops", gemm_bf16},
+                                  {"fwd_over_f32_gemm", fwd / gemm_f32}, {"bwd_over_f32_gemm", bwd / gemm_f32}}
+                       .dump()
+                << std::endl;
+    } else {
+      std::printf("workload: %lld samples x %lld context, %lld anchors/sample, B=%lld, n_q=%lld n_kv=%lld d_h=%lld\n",
+                  static_cast<long long>(samples), static_cast<long long>(context), static_cast<long long>(anchors),
+                  static_cast<long long>(block), static_cast<long long>(n_q), static_cast<long long>(n_kv),
+                  static_cast<long long>(d_h));
+      std::printf("  Q=%lld, L_k=%lld, visible pairs/head=%lld (density %.3f), threads=%d, median of %d\n",
+                  static_cast<long long>(Q), static_cast<long long>(Lk), static_cast<long long>(mask.visible_pairs()),
+                  density, omp_get_max_threads(), reps);
+      std::printf("  oneDNN matmul %lld^3   f32: %8.1f GFLOP/s   bf16: %8.1f GFLOP/s\n",
+                  static_cast<long long>(gemm_n), gemm_f32, gemm_bf16);
+      std::printf("  attention forward : %8.1f ms %8.1f GFLOP/s = %5.1f %% of f32 GEMM (target >= 50 %%)\n",
+                  t_fwd * 1e3, fwd, 100 * fwd / gemm_f32);
+      std::printf("  attention backward: %8.1f ms %8.1f GFLOP/s = %5.1f %% of f32 GEMM (target >= 35 %%)\n",
+                  t_bwd * 1e3, bwd, 100 * bwd / gemm_f32);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_attention: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

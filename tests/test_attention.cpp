@@ -1,0 +1,381 @@
+// Block-sparse attention kernels (fwd, bwd, LSE, merge) against the fp64 reference, single process.
+// Shapes cover: several samples, overlapping blocks, an anchor at the first response position, a
+// sample with zero anchors, GQA ratios 1/4/8, d_h 64 and 128, key rows split into disjoint
+// segments held by several calls (merged by LSE), strided rows, fully masked rows, bad input.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "attention/attention.hpp"
+#include "attention/mask.hpp"
+#include "attention/merge.hpp"
+#include "attention/reference.hpp"
+#include "core/compare.hpp"
+#include "core/random.hpp"
+#include "workload/batch.hpp"
+
+namespace diffcp {
+namespace {
+
+std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+template <typename T>
+std::vector<T> gather_rows(const std::vector<T>& x, std::int64_t width, const std::vector<std::int64_t>& rows) {
+  std::vector<T> out;
+  for (std::int64_t r : rows) out.insert(out.end(), x.begin() + r * width, x.begin() + (r + 1) * width);
+  return out;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& ref, Tolerance tol, const char* what) {
+  const CompareResult r = compare<float>(got, ref, tol);
+  EXPECT_TRUE(r.pass()) << what << ": " << r.mismatched << " mismatches, max abs err " << r.max_abs
+                        << ", worst index " << r.worst << " (got " << got[static_cast<std::size_t>(std::max<std::int64_t>(r.worst, 0))]
+                        << ", ref " << ref[static_cast<std::size_t>(std::max<std::int64_t>(r.worst, 0))] << ")";
+}
+
+// One attention problem on the full (unsplit) layout with its fp64 reference results.
+struct Problem {
+  PackedBatch batch;
+  std::int64_t n_q, n_kv, d_h, S, Q, Lk;
+  std::vector<float> q, k, v, dout;  // q, dout: [Q, n_q, d_h]; k, v: [S + Q, n_kv, d_h]
+  std::vector<double> o_ref, lse_ref, delta_ref, dq_ref, dk_ref, dv_ref;
+
+  Problem(PackedBatch b, std::int64_t nq, std::int64_t nkv, std::int64_t d, std::uint64_t seed)
+      : batch(std::move(b)), n_q(nq), n_kv(nkv), d_h(d) {
+    S = batch.context_rows();
+    Q = batch.query_rows();
+    Lk = S + Q;
+    q = random_normal(static_cast<std::size_t>(Q * n_q * d_h), seed);
+    k = random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), seed + 1);
+    v = random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), seed + 2);
+    dout = random_normal(static_cast<std::size_t>(Q * n_q * d_h), seed + 3);
+    const BlockMask full = full_mask(batch);
+    const RefShape shape{n_q, n_kv, d_h};
+    reference_attention_forward(full, shape, to_double(q), to_double(k), to_double(v), o_ref, lse_ref);
+    delta_ref = reference_delta(to_double(dout), o_ref, Q * n_q, d_h);
+    reference_attention_backward(full, shape, to_double(q), to_double(k), to_double(v), to_double(dout), lse_ref,
+                                 delta_ref, dq_ref, dk_ref, dv_ref);
+  }
+};
+
+struct Case {
+  const char* name;
+  std::vector<std::int64_t> lengths;
+  std::vector<std::vector<std::int64_t>> anchors;
+  std::int64_t block, n_q, n_kv, d_h;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+PackedBatch batch_of(const Case& c) {
+  PackedBatch b;
+  b.block = c.block;
+  b.lengths = c.lengths;
+  b.anchors = c.anchors;
+  return b;
+}
+
+// Hand-made batches with the corner cases named in the test plan, plus random ones.
+std::vector<Case> cases() {
+  std::vector<Case> out = {
+      // sample 0: anchor at the first response position (prompt 25% of 256 = 64) and overlapping
+      // blocks (anchors 3 apart with B = 16); sample 1: zero anchors; sample 2: anchor at 0 (only
+      // its own block visible) and the last legal anchor (length - B).
+      {"corners_gqa1_d64", {256, 128, 200}, {{64, 67, 70, 150}, {}, {0, 100, 184}}, 16, 4, 4, 64},
+      {"corners_gqa4_d128", {256, 128, 200}, {{64, 67, 70, 150}, {}, {0, 100, 184}}, 16, 8, 2, 128},
+      {"corners_gqa8_d64", {300, 90}, {{75, 80, 81, 250, 284}, {22, 74}}, 16, 8, 1, 64},
+      {"small_block_b4", {64, 64}, {{16, 17, 40, 60}, {20}}, 4, 2, 1, 64},
+  };
+  for (std::uint64_t seed : {7u, 8u}) {
+    const PackedBatch rb = make_random_batch(3, 384, 10, 16, 0.25, seed);
+    out.push_back({seed == 7 ? "random_gqa8_d128" : "random_gqa4_d64", rb.lengths, rb.anchors, 16,
+                   seed == 7 ? 16 : 8, 2, seed == 7 ? 128 : 64});
+  }
+  return out;
+}
+
+class AttentionCase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionCase, ForwardAndBackwardMatchFp64Reference) {
+  const Case& c = GetParam();
+  const Problem pr(batch_of(c), c.n_q, c.n_kv, c.d_h, 42);
+  const BlockMask mask = full_mask(pr.batch);
+  std::vector<float> o(pr.q.size()), lse(static_cast<std::size_t>(pr.Q * pr.n_q));
+  attention_forward(mask, head_rows(pr.q, pr.Q, pr.n_q, pr.d_h), head_rows(pr.k, pr.Lk, pr.n_kv, pr.d_h),
+                    head_rows(pr.v, pr.Lk, pr.n_kv, pr.d_h), head_rows(o, pr.Q, pr.n_q, pr.d_h), lse);
+  expect_close(o, pr.o_ref, kTolF32, "o");
+  expect_close(lse, pr.lse_ref, kTolF32, "lse");
+
+  // Backward with the kernel's own statistics (the single-call case of the global ones).
+  std::vector<float> delta(lse.size());
+  attention_delta(head_rows(pr.dout, pr.Q, pr.n_q, pr.d_h), head_rows(std::as_const(o), pr.Q, pr.n_q, pr.d_h), delta);
+  expect_close(delta, pr.delta_ref, kTolF32, "delta");
+  std::vector<float> dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size());
+  attention_backward(mask, head_rows(pr.q, pr.Q, pr.n_q, pr.d_h), head_rows(pr.k, pr.Lk, pr.n_kv, pr.d_h),
+                     head_rows(pr.v, pr.Lk, pr.n_kv, pr.d_h), head_rows(pr.dout, pr.Q, pr.n_q, pr.d_h), lse,
+                     delta, head_rows(dq, pr.Q, pr.n_q, pr.d_h), head_rows(dk, pr.Lk, pr.n_kv, pr.d_h),
+                     head_rows(dv, pr.Lk, pr.n_kv, pr.d_h));
+  expect_close(dq, pr.dq_ref, kTolF32, "dq");
+  expect_close(dk, pr.dk_ref, kTolF32, "dk");
+  expect_close(dv, pr.dv_ref, kTolF32, "dv");
+}
+
+// The key rows split over several calls, each holding several disjoint context segments (in
+// shuffled order) and some blocks' own rows: LSE-merging the forward partials and summing the
+// backward partials (computed with the global lse and D) equals the unsplit result.
+TEST_P(AttentionCase, SplitKeyRangesMergeToUnsplitResult) {
+  const Case& c = GetParam();
+  const Problem pr(batch_of(c), c.n_q, c.n_kv, c.d_h, 43);
+  const std::int64_t hq = pr.n_q * pr.d_h, hkv = pr.n_kv * pr.d_h, N = pr.batch.num_blocks();
+  constexpr int kCalls = 3;
+  std::mt19937_64 rng(5);
+  // Cut [0, S) at random points into chunks; deal chunks and blocks to calls at random.
+  std::vector<std::int64_t> cuts{0, pr.S};
+  for (int j = 0; j < 9; ++j) cuts.push_back(std::uniform_int_distribution<std::int64_t>(0, pr.S)(rng));
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<std::vector<PosRange>> chunks(kCalls);
+  std::vector<std::vector<std::int64_t>> owned(kCalls);
+  for (std::size_t j = 0; j + 1 < cuts.size(); ++j) chunks[rng() % kCalls].push_back({cuts[j], cuts[j + 1]});
+  for (std::int64_t i = 0; i < N; ++i) owned[rng() % kCalls].push_back(i);
+  for (auto& ch : chunks) std::shuffle(ch.begin(), ch.end(), rng);
+
+  std::vector<std::vector<float>> o_parts(kCalls), lse_parts(kCalls);
+  std::vector<HeadRows<const float>> o_views;
+  std::vector<std::span<const float>> lse_views;
+  std::vector<BlockMask> masks;
+  std::vector<std::vector<std::int64_t>> rows(kCalls);
+  std::vector<std::vector<float>> k_loc(kCalls), v_loc(kCalls);
+  for (int p = 0; p < kCalls; ++p) {
+    masks.push_back(local_mask(pr.batch, chunks[p], owned[p]));
+    rows[p] = full_rows_of_local(pr.batch, chunks[p], owned[p]);
+    k_loc[p] = gather_rows(pr.k, hkv, rows[p]);
+    v_loc[p] = gather_rows(pr.v, hkv, rows[p]);
+    const std::int64_t Lk = masks[p].key_rows();
+    o_parts[p].resize(pr.q.size());
+    lse_parts[p].resize(static_cast<std::size_t>(pr.Q * pr.n_q));
+    attention_forward(masks[p], head_rows(pr.q, pr.Q, pr.n_q, pr.d_h), head_rows(k_loc[p], Lk, pr.n_kv, pr.d_h),
+                      head_rows(v_loc[p], Lk, pr.n_kv, pr.d_h), head_rows(o_parts[p], pr.Q, pr.n_q, pr.d_h),
+                      lse_parts[p]);
+  }
+  for (int p = 0; p < kCalls; ++p) {
+    o_views.push_back(head_rows(std::as_const(o_parts[p]), pr.Q, pr.n_q, pr.d_h));
+    lse_views.push_back(lse_parts[p]);
+  }
+  std::vector<float> o(pr.q.size()), lse(static_cast<std::size_t>(pr.Q * pr.n_q));
+  lse_merge(o_views, lse_views, head_rows(o, pr.Q, pr.n_q, pr.d_h), lse);
+  expect_close(o, pr.o_ref, kTolF32, "merged o");
+  expect_close(lse, pr.lse_ref, kTolF32, "merged lse");
+
+  std::vector<float> delta(lse.size());
+  attention_delta(head_rows(pr.dout, pr.Q, pr.n_q, pr.d_h), head_rows(std::as_const(o), pr.Q, pr.n_q, pr.d_h), delta);
+  std::vector<float> dq_sum(pr.q.size(), 0.f), dk(pr.k.size(), 0.f), dv(pr.v.size(), 0.f);
+  for (int p = 0; p < kCalls; ++p) {
+    const std::int64_t Lk = masks[p].key_rows();
+    std::vector<float> dq_p(pr.q.size()), dk_p(k_loc[p].size()), dv_p(v_loc[p].size());
+    attention_backward(masks[p], head_rows(pr.q, pr.Q, pr.n_q, pr.d_h), head_rows(k_loc[p], Lk, pr.n_kv, pr.d_h),
+                       head_rows(v_loc[p], Lk, pr.n_kv, pr.d_h), head_rows(pr.dout, pr.Q, pr.n_q, pr.d_h), lse,
+                       delta, head_rows(dq_p, pr.Q, pr.n_q, pr.d_h), head_rows(dk_p, Lk, pr.n_kv, pr.d_h),
+                       head_rows(dv_p, Lk, pr.n_kv, pr.d_h));
+    for (std::size_t j = 0; j < dq_sum.size(); ++j) dq_sum[j] += dq_p[j];
+    for (std::size_t r = 0; r < rows[p].size(); ++r)
+      for (std::int64_t c2 = 0; c2 < hkv; ++c2) {
+        dk[static_cast<std::size_t>(rows[p][r] * hkv + c2)] = dk_p[r * static_cast<std::size_t>(hkv) + static_cast<std::size_t>(c2)];
+        dv[static_cast<std::size_t>(rows[p][r] * hkv + c2)] = dv_p[r * static_cast<std::size_t>(hkv) + static_cast<std::size_t>(c2)];
+      }
+  }
+  expect_close(dq_sum, pr.dq_ref, kTolF32, "summed dq");
+  expect_close(dk, pr.dk_ref, kTolF32, "dk");
+  expect_close(dv, pr.dv_ref, kTolF32, "dv");
+  (void)hq;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCase, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Rows inside larger buffers (a fused q|k|v projection output): row_stride > heads * d_h.
+TEST(Attention, StridedRowsMatchContiguous) {
+  const PackedBatch b = make_random_batch(2, 200, 6, 8, 0.25, 3);
+  const BlockMask mask = full_mask(b);
+  const std::int64_t Q = b.query_rows(), Lk = mask.key_rows(), nq = 4, nkv = 2, d = 64;
+  const std::int64_t stride = (nq + 2 * nkv) * d + 16;  // padded fused row
+  const auto fused = random_normal(static_cast<std::size_t>(std::max(Q, Lk) * stride), 9);
+  const HeadRows<const float> q{fused.data(), Q, nq, d, stride}, k{fused.data() + nq * d, Lk, nkv, d, stride},
+      v{fused.data() + (nq + nkv) * d, Lk, nkv, d, stride};
+  auto copy = [](HeadRows<const float> x) {
+    std::vector<float> out;
+    for (std::int64_t r = 0; r < x.rows; ++r) out.insert(out.end(), x.at(r, 0), x.at(r, 0) + x.heads * x.dim);
+    return out;
+  };
+  const auto qc = copy(q), kc = copy(k), vc = copy(v);
+  std::vector<float> o1(static_cast<std::size_t>(Q * nq * d)), o2(o1.size()), l1(static_cast<std::size_t>(Q * nq)), l2(l1.size());
+  std::vector<float> o_strided(static_cast<std::size_t>(Q * (nq * d + 8)));
+  attention_forward(mask, q, k, v, HeadRows<float>{o_strided.data(), Q, nq, d, nq * d + 8}, l1);
+  attention_forward(mask, head_rows(qc, Q, nq, d), head_rows(kc, Lk, nkv, d), head_rows(vc, Lk, nkv, d),
+                    head_rows(o2, Q, nq, d), l2);
+  for (std::int64_t r = 0; r < Q; ++r)
+    for (std::int64_t c = 0; c < nq * d; ++c)
+      ASSERT_EQ(o_strided[static_cast<std::size_t>(r * (nq * d + 8) + c)], o2[static_cast<std::size_t>(r * nq * d + c)]);
+  EXPECT_EQ(l1, l2);
+}
+
+// A block that sees nothing in this call (anchor at its sample start, own rows held elsewhere)
+// gets lse = -inf and o = 0, never NaN, and contributes nothing to dq/dk/dv.
+TEST(Attention, FullyMaskedRowsGiveMinusInfLseAndZeroOutput) {
+  PackedBatch b;
+  b.block = 4;
+  b.lengths = {32, 32};
+  b.anchors = {{0, 10}, {5}};
+  // This call holds sample 0's context [0, 8) and block 2's own rows only.
+  const BlockMask mask = local_mask(b, {{0, 8}}, {2});
+  const std::int64_t Q = b.query_rows(), Lk = mask.key_rows(), nq = 2, nkv = 1, d = 64;
+  const auto q = random_normal(static_cast<std::size_t>(Q * nq * d), 1), k = random_normal(static_cast<std::size_t>(Lk * nkv * d), 2),
+             v = random_normal(static_cast<std::size_t>(Lk * nkv * d), 3), dout = random_normal(static_cast<std::size_t>(Q * nq * d), 4);
+  std::vector<float> o(q.size(), 7.f), lse(static_cast<std::size_t>(Q * nq), 7.f);
+  attention_forward(mask, head_rows(q, Q, nq, d), head_rows(k, Lk, nkv, d), head_rows(v, Lk, nkv, d),
+                    head_rows(o, Q, nq, d), lse);
+  for (std::int64_t r = 0; r < 4; ++r)  // block 0: anchor 0 -> empty context, own rows not held
+    for (std::int64_t h = 0; h < nq; ++h) {
+      EXPECT_EQ(lse[static_cast<std::size_t>(r * nq + h)], -std::numeric_limits<float>::infinity());
+      for (std::int64_t c = 0; c < d; ++c) EXPECT_EQ(o[static_cast<std::size_t>((r * nq + h) * d + c)], 0.f);
+    }
+  for (float x : o) EXPECT_FALSE(std::isnan(x));
+  for (std::int64_t r = 4; r < Q; ++r) EXPECT_TRUE(std::isfinite(lse[static_cast<std::size_t>(r * nq)])) << "row " << r;
+  // Backward with a -inf global lse on the empty block: zeros, no NaN.
+  std::vector<float> delta(lse.size()), dq(q.size()), dk(k.size()), dv(v.size());
+  attention_delta(head_rows(dout, Q, nq, d), head_rows(std::as_const(o), Q, nq, d), delta);
+  attention_backward(mask, head_rows(q, Q, nq, d), head_rows(k, Lk, nkv, d), head_rows(v, Lk, nkv, d),
+                     head_rows(dout, Q, nq, d), lse, delta, head_rows(dq, Q, nq, d), head_rows(dk, Lk, nkv, d),
+                     head_rows(dv, Lk, nkv, d));
+  for (std::int64_t j = 0; j < 4 * nq * d; ++j) EXPECT_EQ(dq[static_cast<std::size_t>(j)], 0.f);
+  for (float x : dq) EXPECT_FALSE(std::isnan(x));
+  for (float x : dk) EXPECT_FALSE(std::isnan(x));
+}
+
+// The fp64 reference's backward equals central finite differences of its forward, so the
+// reference every other test trusts is itself checked. loss = sum(o * w) for a fixed random w.
+TEST(Reference, BackwardMatchesFiniteDifferences) {
+  PackedBatch b;
+  b.block = 3;
+  b.lengths = {12, 9};
+  b.anchors = {{4, 6}, {2}};
+  const BlockMask mask = full_mask(b);
+  const RefShape s{4, 2, 5};
+  const std::int64_t Q = b.query_rows(), Lk = mask.key_rows();
+  auto q = random_normal<double>(static_cast<std::size_t>(Q * s.n_q * s.d_h), 1),
+       k = random_normal<double>(static_cast<std::size_t>(Lk * s.n_kv * s.d_h), 2),
+       v = random_normal<double>(static_cast<std::size_t>(Lk * s.n_kv * s.d_h), 3);
+  const auto w = random_normal<double>(q.size(), 4);
+  auto loss = [&]() {
+    std::vector<double> o, lse;
+    reference_attention_forward(mask, s, q, k, v, o, lse);
+    return std::inner_product(o.begin(), o.end(), w.begin(), 0.0);
+  };
+  std::vector<double> o, lse, dq, dk, dv;
+  reference_attention_forward(mask, s, q, k, v, o, lse);
+  reference_attention_backward(mask, s, q, k, v, w, lse, reference_delta(w, o, Q * s.n_q, s.d_h), dq, dk, dv);
+  const double h = 1e-6;
+  auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
+    std::vector<double> fd(x.size());
+    for (std::size_t j = 0; j < x.size(); ++j) {
+      const double keep = x[j];
+      x[j] = keep + h;
+      const double up = loss();
+      x[j] = keep - h;
+      const double down = loss();
+      x[j] = keep;
+      fd[j] = (up - down) / (2 * h);
+    }
+    const CompareResult r = compare<double>(grad, fd, Tolerance{1e-7, 1e-6});
+    EXPECT_TRUE(r.pass()) << name << ": max abs err " << r.max_abs << " at " << r.worst;
+  };
+  check(q, dq, "dq");
+  check(k, dk, "dk");
+  check(v, dv, "dv");
+}
+
+TEST(Attention, FlopCountsUseVisiblePairsOnly) {
+  PackedBatch b;
+  b.block = 2;
+  b.lengths = {10};
+  b.anchors = {{3, 7}};
+  const BlockMask mask = full_mask(b);
+  // block 0 sees context [0,3) + 2 own = 5 keys, block 1 sees [0,7) + 2 = 9; 2 query rows each.
+  EXPECT_EQ(mask.visible_pairs(), 2 * 5 + 2 * 9);
+  EXPECT_DOUBLE_EQ(attention_forward_flops(mask, 4, 8), 4.0 * 8 * 4 * 28);
+  EXPECT_DOUBLE_EQ(attention_backward_flops(mask, 4, 8), 10.0 * 8 * 4 * 28);
+}
+
+// ---- bad input: clear errors naming the value ----
+
+template <typename F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected diffcp::Error containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(BadInput, BatchValidation) {
+  PackedBatch b;
+  b.block = 4;
+  b.lengths = {20};
+  b.anchors = {{5, 3}};
+  expect_error([&] { b.validate(); }, "not strictly increasing: anchor 0 = 5 then anchor 1 = 3");
+  b.anchors = {{17}};
+  expect_error([&] { b.validate(); }, "anchor + B = 21 is past the sample end 20");
+  b.anchors = {{-1}};
+  expect_error([&] { b.validate(); }, "anchor 0 = -1 is negative");
+  b.anchors = {{2}};
+  b.block = 0;
+  expect_error([&] { b.validate(); }, "block size B = 0, expected B >= 1");
+  b.block = 4;
+  b.lengths = {-3};
+  expect_error([&] { b.validate(); }, "sample 0 has length -3");
+  b.lengths = {20, 20};
+  expect_error([&] { b.validate(); }, "2 sample lengths but 1 anchor lists");
+  expect_error([&] { make_random_batch(1, 100, 200, 16, 0.25, 1); }, "anchors per sample = 200 exceeds");
+  expect_error([&] { make_random_batch(1, 100, 2, 16, 1.5, 1); }, "prompt fraction = 1.5");
+  expect_error([&] { make_random_batch(-2, 100, 2, 16, 0.25, 1); }, "samples = -2");
+}
+
+TEST(BadInput, MaskValidation) {
+  expect_error([] { BlockMask(4, 10, {{0, 0, 6}, {4, 20, 6}}, {}); }, "overlap");  // rows 4,5 twice
+  expect_error([] { BlockMask(4, 20, {{0, 0, 6}, {6, 3, 6}}, {}); }, "overlap");  // positions 3..5 twice
+  expect_error([] { BlockMask(4, 10, {{0, 0, 6}}, {{0, 3, 8}}); }, "own_row = 8");
+  expect_error([] { BlockMask(4, 10, {{0, 0, 6}}, {{0, 3, 4}}); }, "overlap");  // own rows 4..7 vs ctx 4,5
+  expect_error([] { BlockMask(4, 20, {{0, 0, 20}}, {{0, 10, -1}, {5, 12, -1}}); }, "disjoint context");
+  expect_error([] { BlockMask(4, 20, {{0, 0, 20}}, {{6, 3, -1}}); }, "expected 0 <= begin <= end");
+  expect_error([] { BlockMask(0, 20, {}, {}); }, "block size B = 0");
+  expect_error([] { BlockMask(4, 20, {{0, 0, 30}}, {}); }, "row + len <= L_k = 20");
+}
+
+TEST(BadInput, KernelShapes) {
+  const PackedBatch b = make_random_batch(1, 64, 2, 4, 0.25, 1);
+  const BlockMask mask = full_mask(b);
+  const std::int64_t Q = b.query_rows(), Lk = mask.key_rows(), d = 8;
+  std::vector<float> q(static_cast<std::size_t>(Q * 6 * d)), k(static_cast<std::size_t>(Lk * 4 * d)), v(k.size()),
+      o(q.size()), lse(static_cast<std::size_t>(Q * 6));
+  expect_error([&] {
+    attention_forward(mask, head_rows(q, Q, 6, d), head_rows(k, Lk, 4, d), head_rows(v, Lk, 4, d), head_rows(o, Q, 6, d), lse);
+  }, "n_q = 6 is not a multiple of n_kv = 4");
+  std::vector<float> k2(static_cast<std::size_t>((Lk - 1) * 2 * d)), v2(k2.size()), q2(static_cast<std::size_t>(Q * 4 * d)),
+      o2(q2.size()), l2(static_cast<std::size_t>(Q * 4));
+  expect_error([&] {
+    attention_forward(mask, head_rows(q2, Q, 4, d), head_rows(k2, Lk - 1, 2, d), head_rows(v2, Lk - 1, 2, d),
+                      head_rows(o2, Q, 4, d), l2);
+  }, "k has shape [" + std::to_string(Lk - 1));
+  std::vector<float> short_lse(3);
+  std::vector<float> k3(static_cast<std::size_t>(Lk * 2 * d)), v3(k3.size());
+  expect_error([&] {
+    attention_forward(mask, head_rows(q2, Q, 4, d), head_rows(k3, Lk, 2, d), head_rows(v3, Lk, 2, d),
+                      head_rows(o2, Q, 4, d), short_lse);
+  }, "lse has 3 entries");
+}
+
+}  // namespace
+}  // namespace diffcp
