@@ -549,6 +549,23 @@ TEST_F(Comm, BadArgumentsThrowBeforeAnyCollective) {
        [&] { c.all_gather<double>(std::span(s).first(2), std::span(d).first(2 * uz(P) + 1)); }},
       {"typed all_to_all send != recv size",
        [&] { c.all_to_all<double>(std::span(s).first(uz(P)), std::span(d).first(2 * uz(P))); }},
+      // Typed v-variants check buffer sizes against the counts (ok: one element per rank).
+      {"typed all_gather_v recv != sum(counts)",
+       [&] { c.all_gather_v<double>(std::span(s).first(1), std::span(d).first(uz(P) + 1), ok); }},
+      {"typed reduce_scatter_v send != sum(counts)",
+       [&] { c.reduce_scatter_v<double>(std::span(s).first(uz(P) + 1), std::span(d).first(1), ok); }},
+      {"typed reduce_scatter_v recv != counts[rank]",
+       [&] { c.reduce_scatter_v<double>(std::span(s).first(uz(P)), std::span(d).first(2), ok); }},
+      {"typed all_to_all_v send != sum(send_counts)",
+       [&] { c.all_to_all_v<double>(std::span(s).first(uz(P) + 1), ok, std::span(d).first(uz(P)), ok); }},
+      {"typed all_to_all_v recv != sum(recv_counts)",
+       [&] { c.all_to_all_v<double>(std::span(s).first(uz(P)), ok, std::span(d).first(uz(P) - 1), ok); }},
+      // Rejected by the backend itself (after the interface's checks): still not counted.
+      {"mpi: reduction on u16",
+       [&] {
+         std::vector<std::uint16_t> h(1);
+         c.all_reduce<std::uint16_t>(h);
+       }},
       {"typed all_to_all size not divisible by size()",  // P = 1: an empty recv instead
        [&] {
          const std::size_t k = P > 1 ? uz(P) + 1 : 1;

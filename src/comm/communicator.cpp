@@ -75,6 +75,23 @@ void Communicator::check_counts(std::span<const std::size_t> counts, const char*
                " counts, expected one per rank (", size(), ")");
 }
 
+void Communicator::count(CommOp op, std::size_t sent, std::size_t recvd, DType type) {
+  OpCounter& c = stats_[op];
+  c.calls += 1;
+  c.bytes_sent += sent * dtype_size(type);
+  c.bytes_recv += recvd * dtype_size(type);
+}
+
+void Communicator::check_v_sizes(const char* what, std::span<const std::size_t> counts, std::size_t mine,
+                                 std::size_t whole, bool check_mine) const {
+  check_counts(counts, what);
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  DIFFCP_CHECK(total == whole, what, ": counts sum to ", total, " elements but the buffer holds ", whole);
+  DIFFCP_CHECK(!check_mine || counts[static_cast<std::size_t>(rank())] == mine, what, ": counts[rank ", rank(),
+               "] = ", counts[static_cast<std::size_t>(rank())], " but this rank's buffer holds ", mine);
+}
+
 void Communicator::check_peer(int peer, const char* what) const {
   DIFFCP_CHECK(peer >= 0 && peer < size(), what, ": rank ", peer, " outside [0, ", size(), ")");
 }
@@ -105,12 +122,9 @@ WorkPtr Communicator::all_gather_v_async(const void* send, void* recv,
                                          std::span<const std::size_t> counts, DType type) {
   check_counts(counts, "all_gather_v");
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
-  OpCounter& c = stats_[CommOp::all_gather];
-  c.calls += 1;
-  c.bytes_sent += me * static_cast<std::size_t>(size() - 1) * dtype_size(type);
-  c.bytes_recv += (all - me) * dtype_size(type);
-  const auto displs = exclusive_scan(counts);
-  return do_all_gather_v(send, me, recv, counts, displs, type);
+  WorkPtr w = do_all_gather_v(send, me, recv, counts, exclusive_scan(counts), type);
+  count(CommOp::all_gather, me * static_cast<std::size_t>(size() - 1), all - me, type);
+  return w;
 }
 
 WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv, std::size_t count,
@@ -124,22 +138,18 @@ WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
                                              ReduceOp op) {
   check_counts(counts, "reduce_scatter_v");
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
-  OpCounter& c = stats_[CommOp::reduce_scatter];
-  c.calls += 1;
-  c.bytes_sent += (all - me) * dtype_size(type);
-  c.bytes_recv += me * static_cast<std::size_t>(size() - 1) * dtype_size(type);
-  return do_reduce_scatter_v(send, recv, counts, type, op);
+  WorkPtr w = do_reduce_scatter_v(send, recv, counts, type, op);
+  count(CommOp::reduce_scatter, all - me, me * static_cast<std::size_t>(size() - 1), type);
+  return w;
 }
 
-WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t count, DType type,
+WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t n, DType type,
                                        ReduceOp op) {
   const std::size_t P = static_cast<std::size_t>(size()), p = static_cast<std::size_t>(rank());
-  const std::size_t share = count / P + (p < count % P ? 1 : 0);
-  OpCounter& c = stats_[CommOp::all_reduce];
-  c.calls += 1;
-  c.bytes_sent += 2 * (count - share) * dtype_size(type);
-  c.bytes_recv += 2 * (count - share) * dtype_size(type);
-  return do_all_reduce(send, recv, count, type, op);
+  const std::size_t share = n / P + (p < n % P ? 1 : 0);
+  WorkPtr w = do_all_reduce(send, recv, n, type, op);
+  count(CommOp::all_reduce, 2 * (n - share), 2 * (n - share), type);
+  return w;
 }
 
 WorkPtr Communicator::all_to_all_async(const void* send, void* recv, std::size_t count, DType type) {
@@ -153,46 +163,40 @@ WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::
   check_counts(send_counts, "all_to_all_v send_counts");
   check_counts(recv_counts, "all_to_all_v recv_counts");
   const std::size_t me = static_cast<std::size_t>(rank());
-  OpCounter& c = stats_[CommOp::all_to_all];
-  c.calls += 1;
-  c.bytes_sent += (sum(send_counts) - send_counts[me]) * dtype_size(type);
-  c.bytes_recv += (sum(recv_counts) - recv_counts[me]) * dtype_size(type);
-  const auto sd = exclusive_scan(send_counts), rd = exclusive_scan(recv_counts);
-  return do_all_to_all_v(send, send_counts, sd, recv, recv_counts, rd, type);
+  WorkPtr w = do_all_to_all_v(send, send_counts, exclusive_scan(send_counts), recv, recv_counts,
+                              exclusive_scan(recv_counts), type);
+  count(CommOp::all_to_all, sum(send_counts) - send_counts[me], sum(recv_counts) - recv_counts[me], type);
+  return w;
 }
 
-WorkPtr Communicator::broadcast_async(void* buf, std::size_t count, DType type, int root) {
+WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int root) {
   check_peer(root, "broadcast root");
-  OpCounter& c = stats_[CommOp::broadcast];
-  c.calls += 1;
-  if (rank() == root)
-    c.bytes_sent += count * static_cast<std::size_t>(size() - 1) * dtype_size(type);
-  else
-    c.bytes_recv += count * dtype_size(type);
-  return do_broadcast(buf, count, type, root);
+  WorkPtr w = do_broadcast(buf, n, type, root);
+  const bool is_root = rank() == root;
+  count(CommOp::broadcast, is_root ? n * static_cast<std::size_t>(size() - 1) : 0, is_root ? 0 : n, type);
+  return w;
 }
 
-WorkPtr Communicator::send_async(const void* buf, std::size_t count, DType type, int dst, int tag) {
+WorkPtr Communicator::send_async(const void* buf, std::size_t n, DType type, int dst, int tag) {
   check_peer(dst, "send destination");
   DIFFCP_CHECK(tag >= 0, "send: tag ", tag, " must be >= 0");
-  OpCounter& c = stats_[CommOp::send];
-  c.calls += 1;
-  c.bytes_sent += count * dtype_size(type);
-  return do_send(buf, count, type, dst, tag);
+  WorkPtr w = do_send(buf, n, type, dst, tag);
+  count(CommOp::send, n, 0, type);
+  return w;
 }
 
-WorkPtr Communicator::recv_async(void* buf, std::size_t count, DType type, int src, int tag) {
+WorkPtr Communicator::recv_async(void* buf, std::size_t n, DType type, int src, int tag) {
   check_peer(src, "recv source");
   DIFFCP_CHECK(tag >= 0, "recv: tag ", tag, " must be >= 0");
-  OpCounter& c = stats_[CommOp::recv];
-  c.calls += 1;
-  c.bytes_recv += count * dtype_size(type);
-  return do_recv(buf, count, type, src, tag);
+  WorkPtr w = do_recv(buf, n, type, src, tag);
+  count(CommOp::recv, 0, n, type);
+  return w;
 }
 
 WorkPtr Communicator::barrier_async() {
-  stats_[CommOp::barrier].calls += 1;
-  return do_barrier();
+  WorkPtr w = do_barrier();
+  count(CommOp::barrier, 0, 0, DType::u8);
+  return w;
 }
 
 }  // namespace diffcp

@@ -9,7 +9,8 @@
 // with matching sizes; point-to-point sends and receives must pair up. Violations are programming
 // errors that a backend may detect (then it throws) or not (then the job hangs or aborts).
 //
-// Byte accounting (what "bytes_sent"/"bytes_recv" mean): the logical volume that crosses between
+// Byte accounting (what "bytes_sent"/"bytes_recv" mean; an operation is counted once the backend
+// has accepted it, so a rejected call leaves the counters unchanged): the logical volume that crosses between
 // this rank and the other ranks, excluding a rank's copy to itself, independent of the algorithm the
 // backend picks:
 //   all_gather(v):       sent = my_count * (P-1);        recv = sum of the other ranks' counts
@@ -183,6 +184,13 @@ class Communicator {
  private:
   void check_counts(std::span<const std::size_t> counts, const char* what) const;
   void check_peer(int peer, const char* what) const;
+  // Counts an operation the backend accepted (elements sent / received by this rank).
+  void count(CommOp op, std::size_t sent, std::size_t recvd, DType type);
+
+  // Typed v-variants: counts has size() entries summing to `whole`; if check_mine, counts[rank()]
+  // equals `mine`. Throws diffcp::Error naming the mismatch.
+  void check_v_sizes(const char* what, std::span<const std::size_t> counts, std::size_t mine,
+                     std::size_t whole, bool check_mine) const;
 
   std::string name_;
   CommStats stats_;
@@ -198,9 +206,7 @@ template <typename T> void Communicator::all_gather(std::span<const T> send, std
 template <typename T>
 void Communicator::all_gather_v(std::span<const T> send, std::span<T> recv,
                                 std::span<const std::size_t> counts) {
-  DIFFCP_CHECK(counts.size() == static_cast<std::size_t>(size()) &&
-                   send.size() == counts[static_cast<std::size_t>(rank())],
-               "all_gather_v: send has ", send.size(), " elements, counts[rank] disagrees");
+  check_v_sizes("all_gather_v", counts, send.size(), recv.size(), true);
   all_gather_v_async(send.data(), recv.data(), counts, dtype_of<T>())->wait();
 }
 template <typename T>
@@ -213,6 +219,7 @@ void Communicator::reduce_scatter(std::span<const T> send, std::span<T> recv, Re
 template <typename T>
 void Communicator::reduce_scatter_v(std::span<const T> send, std::span<T> recv,
                                     std::span<const std::size_t> counts, ReduceOp op) {
+  check_v_sizes("reduce_scatter_v", counts, recv.size(), send.size(), true);
   reduce_scatter_v_async(send.data(), recv.data(), counts, dtype_of<T>(), op)->wait();
 }
 template <typename T> void Communicator::all_reduce(std::span<T> inout, ReduceOp op) {
@@ -228,6 +235,8 @@ template <typename T> void Communicator::all_to_all(std::span<const T> send, std
 template <typename T>
 void Communicator::all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
                                 std::span<T> recv, std::span<const std::size_t> recv_counts) {
+  check_v_sizes("all_to_all_v send", send_counts, 0, send.size(), false);
+  check_v_sizes("all_to_all_v recv", recv_counts, 0, recv.size(), false);
   all_to_all_v_async(send.data(), send_counts, recv.data(), recv_counts, dtype_of<T>())->wait();
 }
 template <typename T> void Communicator::broadcast(std::span<T> buf, int root) {
