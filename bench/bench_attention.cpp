@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
       diffcp::attention_forward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h),
                                 head_rows(v, Lk, n_kv, d_h), head_rows(o, Q, n_q, d_h), lse);
     });
-    diffcp::attention_delta(head_rows(dout, Q, n_q, d_h), head_rows(std::as_const(o), Q, n_q, d_h), delta);
+    diffcp::attention_delta(head_rows(dout, Q, n_q, d_h), head_rows(o, Q, n_q, d_h), delta);
     const double t_bwd = median_seconds(reps, [&] {
       diffcp::attention_backward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h),
                                  head_rows(v, Lk, n_kv, d_h), head_rows(dout, Q, n_q, d_h), lse, delta,

@@ -111,7 +111,7 @@ TEST_P(AttentionCase, ForwardAndBackwardMatchFp64Reference) {
 
   // Backward with the kernel's own statistics (the single-call case of the global ones).
   std::vector<float> delta(lse.size());
-  attention_delta(head_rows(pr.dout, pr.Q, pr.n_q, pr.d_h), head_rows(std::as_const(o), pr.Q, pr.n_q, pr.d_h), delta);
+  attention_delta(head_rows(pr.dout, pr.Q, pr.n_q, pr.d_h), head_rows(o, pr.Q, pr.n_q, pr.d_h), delta);
   expect_close(delta, pr.delta_ref, kTolF32, "delta");
   std::vector<float> dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size());
   attention_backward(mask, head_rows(pr.q, pr.Q, pr.n_q, pr.d_h), head_rows(pr.k, pr.Lk, pr.n_kv, pr.d_h),
@@ -161,7 +161,7 @@ TEST_P(AttentionCase, SplitKeyRangesMergeToUnsplitResult) {
                       lse_parts[p]);
   }
   for (int p = 0; p < kCalls; ++p) {
-    o_views.push_back(head_rows(std::as_const(o_parts[p]), pr.Q, pr.n_q, pr.d_h));
+    o_views.push_back(head_rows(o_parts[p], pr.Q, pr.n_q, pr.d_h));
     lse_views.push_back(lse_parts[p]);
   }
   std::vector<float> o(pr.q.size()), lse(static_cast<std::size_t>(pr.Q * pr.n_q));
@@ -170,7 +170,7 @@ TEST_P(AttentionCase, SplitKeyRangesMergeToUnsplitResult) {
   expect_close(lse, pr.lse_ref, kTolF32, "merged lse");
 
   std::vector<float> delta(lse.size());
-  attention_delta(head_rows(pr.dout, pr.Q, pr.n_q, pr.d_h), head_rows(std::as_const(o), pr.Q, pr.n_q, pr.d_h), delta);
+  attention_delta(head_rows(pr.dout, pr.Q, pr.n_q, pr.d_h), head_rows(o, pr.Q, pr.n_q, pr.d_h), delta);
   std::vector<float> dq_sum(pr.q.size(), 0.f), dk(pr.k.size(), 0.f), dv(pr.v.size(), 0.f);
   for (int p = 0; p < kCalls; ++p) {
     const std::int64_t Lk = masks[p].key_rows();
@@ -245,7 +245,7 @@ TEST(Attention, FullyMaskedRowsGiveMinusInfLseAndZeroOutput) {
   for (std::int64_t r = 4; r < Q; ++r) EXPECT_TRUE(std::isfinite(lse[static_cast<std::size_t>(r * nq)])) << "row " << r;
   // Backward with a -inf global lse on the empty block: zeros, no NaN.
   std::vector<float> delta(lse.size()), dq(q.size()), dk(k.size()), dv(v.size());
-  attention_delta(head_rows(dout, Q, nq, d), head_rows(std::as_const(o), Q, nq, d), delta);
+  attention_delta(head_rows(dout, Q, nq, d), head_rows(o, Q, nq, d), delta);
   attention_backward(mask, head_rows(q, Q, nq, d), head_rows(k, Lk, nkv, d), head_rows(v, Lk, nkv, d),
                      head_rows(dout, Q, nq, d), lse, delta, head_rows(dq, Q, nq, d), head_rows(dk, Lk, nkv, d),
                      head_rows(dv, Lk, nkv, d));

@@ -9,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 
 namespace diffcp {
 
@@ -245,13 +246,15 @@ void attention_forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<
   DIFFCP_CHECK(static_cast<std::int64_t>(lse.size()) == s.Q * s.n_q, "attention: lse has ", lse.size(),
                " entries, expected Q*n_q = ", s.Q * s.n_q);
   const std::int64_t items = mask.num_blocks() * s.n_kv;
+  ParallelErrors errors;
 #pragma omp parallel
   {
     ForwardScratch w(s);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t it = 0; it < items; ++it)
-      forward_item(mask, s, q, k, v, o, lse, it / s.n_kv, it % s.n_kv, w);
+      errors.run([&] { forward_item(mask, s, q, k, v, o, lse, it / s.n_kv, it % s.n_kv, w); });
   }
+  errors.rethrow();
 }
 
 void attention_delta(HeadRows<const float> do_, HeadRows<const float> o, std::span<float> delta) {
@@ -297,16 +300,18 @@ void attention_backward(const BlockMask& mask, HeadRows<const float> q, HeadRows
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return cost[a] > cost[b]; });
   const std::int64_t items = static_cast<std::int64_t>(groups.size()) * s.n_kv;
+  ParallelErrors errors;
 #pragma omp parallel
   {
     BackwardScratch w(s);
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t it = 0; it < items; ++it) {
-      const auto& group = groups[static_cast<std::size_t>(order[static_cast<std::size_t>(it / s.n_kv)])];
-      for (std::int64_t i : group)
-        backward_block(mask, s, q, k, v, do_, lse, delta, dq, dk, dv, i, it % s.n_kv, w);
-    }
+    for (std::int64_t it = 0; it < items; ++it)
+      errors.run([&] {
+        const auto& group = groups[static_cast<std::size_t>(order[static_cast<std::size_t>(it / s.n_kv)])];
+        for (std::int64_t i : group) backward_block(mask, s, q, k, v, do_, lse, delta, dq, dk, dv, i, it % s.n_kv, w);
+      });
   }
+  errors.rethrow();
 }
 
 double attention_forward_flops(const BlockMask& mask, std::int64_t n_q, std::int64_t d_h) {

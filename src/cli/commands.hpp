@@ -1,7 +1,8 @@
-// Subcommands of the diffcp CLI: options structs, registration and entry points.
+// Subcommands of the diffcp CLI: one options struct, registration and entry point each.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -9,17 +10,26 @@
 
 namespace diffcp::cli {
 
-// `diffcp demo`: the Split-KV attention core (all-gather q, local block-sparse attention, LSE
-// merge, reduce-scatter; and its backward) on a random packed micro-batch, checked against the
-// fp64 single-process reference.
-struct DemoOptions {
-  std::int64_t samples = 2, context = 1024, anchors = 16, block = 16;
-  std::int64_t n_q = 8, n_kv = 2, d_h = 64;
+// "16k" -> 16384, "2m" -> 2097152, "300" -> 300 (k = 1024, m = 1024^2). Throws diffcp::Error
+// naming the flag for anything else or a negative value.
+std::int64_t parse_count(const std::string& text, const char* flag);
+
+// `diffcp attn`: one drafter attention layer, forward + backward, with Split-KV over the ranks of
+// mpirun, on a seeded random packed micro-batch.
+struct AttnOptions {
+  std::int64_t samples = 2;
+  std::string context = "1k", queries = "256";  // per sample; anchors = queries / block
+  std::int64_t block = 16;
   double prompt_fraction = 0.25;
+  std::int64_t hidden = 256, n_q = 8, n_kv = 2, d_h = 32;
+  double rope_theta = 1e6, rms_eps = 1e-6;
+  std::string dtype = "f32";
   std::uint64_t seed = 1;
-  bool json = false;
+  int reps = 3;
+  bool check = false, json = false;
+  std::string dump;
 };
-void add_demo_command(CLI::App& app, DemoOptions& opt);
-int run_demo(Communicator& world, const DemoOptions& opt);
+void add_attn_command(CLI::App& app, AttnOptions& opt);
+int run_attn(Communicator& world, const AttnOptions& opt);
 
 }  // namespace diffcp::cli

@@ -7,8 +7,8 @@
 int main(int argc, char** argv) {
   CLI::App app{"diffcp: communication-efficient parallel attention for diffusion models"};
   app.require_subcommand(1);
-  diffcp::cli::DemoOptions demo;
-  diffcp::cli::add_demo_command(app, demo);
+  diffcp::cli::AttnOptions attn;
+  diffcp::cli::add_attn_command(app, attn);
   // Parse before MPI starts so --help and usage errors need no MPI; every rank parses the same argv.
   try {
     app.parse(argc, argv);
@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   return diffcp::run_mpi_main(argc, argv, [&](diffcp::Communicator& world) {
-    if (app.got_subcommand("demo")) return diffcp::cli::run_demo(world, demo);
+    if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);
     return 1;
   });
 }

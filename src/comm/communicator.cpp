@@ -12,6 +12,7 @@ std::size_t dtype_size(DType t) {
     case DType::u16: return 2;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::u64: return 8;
     case DType::f32: return 4;
     case DType::f64: return 8;
   }
@@ -24,6 +25,7 @@ const char* dtype_name(DType t) {
     case DType::u16: return "u16";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::u64: return "u64";
     case DType::f32: return "f32";
     case DType::f64: return "f64";
   }

@@ -37,19 +37,22 @@
 
 namespace diffcp {
 
-enum class DType : std::uint8_t { u8, u16, i32, i64, f32, f64 };
+enum class DType : std::uint8_t { u8, u16, i32, i64, u64, f32, f64 };
 std::size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
-template <typename T> constexpr DType dtype_of();
+template <typename T> constexpr DType dtype_of() = delete;  // only the types below move
 template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
 template <> constexpr DType dtype_of<std::uint16_t>() { return DType::u16; }
 template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<std::uint64_t>() { return DType::u64; }
 template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<double>() { return DType::f64; }
 
-enum class ReduceOp : std::uint8_t { sum, max };
+// logsumexp: x (+) y = log(exp(x) + exp(y)), computed stably, -inf the identity (f32/f64 only):
+// one all-reduce merges per-rank log-sum-exp values (SPEC A.2 step 4).
+enum class ReduceOp : std::uint8_t { sum, max, logsumexp };
 
 enum class CommOp : std::uint8_t {
   all_gather, reduce_scatter, all_reduce, all_to_all, send, recv, broadcast, barrier, count_

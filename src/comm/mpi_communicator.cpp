@@ -1,6 +1,9 @@
 #include "comm/mpi_communicator.hpp"
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
+#include <limits>
 #include <exception>
 
 namespace diffcp {
@@ -31,10 +34,32 @@ MPI_Datatype mpi_type(DType t) {
     case DType::u16: return MPI_UINT16_T;
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
+    case DType::u64: return MPI_UINT64_T;
     case DType::f32: return MPI_FLOAT;
     case DType::f64: return MPI_DOUBLE;
   }
   DIFFCP_FAIL("unknown DType ", static_cast<int>(t));
+}
+
+template <typename T>
+void logsumexp_combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const T hi = std::max(a[i], b[i]), lo = std::min(a[i], b[i]);
+    b[i] = hi == -std::numeric_limits<T>::infinity() ? hi : hi + std::log1p(std::exp(lo - hi));
+  }
+}
+
+// User-defined MPI ops, created on first use (after MPI_Init) and kept until MPI_Finalize.
+MPI_Op logsumexp_op(DType t) {
+  static MPI_Op op_f32 = MPI_OP_NULL, op_f64 = MPI_OP_NULL;
+  MPI_Op& op = t == DType::f32 ? op_f32 : op_f64;
+  if (op == MPI_OP_NULL) {
+    MPI_User_function* fn = t == DType::f32 ? &logsumexp_combine<float> : &logsumexp_combine<double>;
+    DIFFCP_MPI_CHECK(MPI_Op_create(fn, /*commute=*/1, &op));
+  }
+  return op;
 }
 
 MPI_Op mpi_op(ReduceOp op, DType t) {
@@ -43,6 +68,10 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
   switch (op) {
     case ReduceOp::sum: return MPI_SUM;
     case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::logsumexp:
+      DIFFCP_CHECK(t == DType::f32 || t == DType::f64, "mpi backend: logsumexp reduction on ", dtype_name(t),
+                   ", expected f32 or f64");
+      return logsumexp_op(t);
   }
   DIFFCP_FAIL("unknown ReduceOp ", static_cast<int>(op));
 }

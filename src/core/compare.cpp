@@ -35,7 +35,7 @@ CompareResult compare(std::span<const T> got, std::span<const double> ref, Toler
       ratio = err / (tol.atol + tol.rtol * std::abs(x));
     }
     r.max_abs = std::max(r.max_abs, err);
-    r.max_rel = std::max(r.max_rel, err / std::max(std::abs(x), 1e-30));
+    r.max_rel = std::max(r.max_rel, err / std::max(std::abs(x), tol.rtol > 0 ? tol.atol / tol.rtol : 1e-30));
     if (r.worst < 0 || ratio > r.worst_ratio) {
       r.worst_ratio = ratio;
       r.worst = static_cast<std::int64_t>(i);

@@ -21,7 +21,7 @@ inline constexpr Tolerance kTolF64{1e-12, 1e-10};
 
 struct CompareResult {
   double max_abs = 0;        // max |got - ref|
-  double max_rel = 0;        // max |got - ref| / max(|ref|, tiny) over elements
+  double max_rel = 0;        // max |got - ref| / max(|ref|, atol/rtol): relative where |ref| is not tiny
   double worst_ratio = 0;    // max |got - ref| / (atol + rtol*|ref|); pass iff <= 1
   std::int64_t worst = -1;   // index of the worst element
   std::int64_t mismatched = 0;

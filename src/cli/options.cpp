@@ -1,0 +1,20 @@
+#include <cctype>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+
+namespace diffcp::cli {
+
+std::int64_t parse_count(const std::string& text, const char* flag) {
+  std::size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  std::int64_t mult = 1;
+  const std::string suffix = text.substr(i);
+  if (suffix == "k" || suffix == "K") mult = 1024;
+  else if (suffix == "m" || suffix == "M") mult = 1024 * 1024;
+  DIFFCP_CHECK(i > 0 && i <= 15 && (suffix.empty() || mult > 1), flag, " = '", text,
+               "': expected a non-negative count like 300, 16k or 1m");
+  return std::stoll(text.substr(0, i)) * mult;
+}
+
+}  // namespace diffcp::cli

@@ -1,0 +1,80 @@
+// Split-KV: exact context parallelism for the drafter attention layer (SPEC A.2, Algorithm 1 of
+// seed 000). On rank p of a CP group of P:
+//   forward:  q_p = RoPE(RMSNorm_q(X_p W_q)); LAUNCH q = AllGather(q_p);
+//             k_p, v_p = KVProj([ctx_p; X_p]) while the all-gather flies; wait;
+//             (o_p, lse_p) = Attn(q, k_p, v_p) over LOCAL keys; lse = AllReduce_logsumexp(lse_p);
+//             obar_p = exp(lse_p - lse) o_p; ybar_p = obar_p W_o; Y_p = ReduceScatter_sum(ybar_p) + b_o
+//   backward: g = AllGather(dY_p); do = g W_o^T; D = AllReduce_sum(rowsum(do * obar_p));
+//             (dq, dk_p, dv_p) = AttnBwd(q, k_p, v_p, do; lse, D); LAUNCH dq_p = ReduceScatter_sum(dq);
+//             dU_p = KVProjBwd(dk_p, dv_p) while it flies (dk_p, dv_p never leave the rank); wait;
+//             dX_p = QProjBwd(dq_p) + dU_p[block rows]; dctx_p = dU_p[context rows].
+// Communication per layer: AG [Q, n_q d_h] + RS [Q, H] forward, AG [Q, H] + RS [Q, n_q d_h]
+// backward, and two [Q, n_q] all-reduces: independent of the context length S.
+// Parameter gradients are local shares; sum them over the CP (and DP) group with allreduce_grads.
+//
+// Call order: every rank of the group calls forward(), then backward(), with its own shard.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "attention/mask.hpp"
+#include "comm/communicator.hpp"
+#include "cp/attention_layer.hpp"
+#include "ops/rope.hpp"
+
+namespace diffcp {
+
+// Wall-clock of the last forward/backward on this rank, and the communication they left exposed.
+struct SplitKVTimings {
+  double fwd_ms = 0, bwd_ms = 0;
+  double fwd_ag_exposed_ms = 0;  // waiting for the q all-gather after the K/V projection
+  double bwd_rs_exposed_ms = 0;  // waiting for the dq reduce-scatter after the K/V projection backward
+  double blocking_comm_ms = 0;   // collectives with nothing to overlap (RS of Y, AG of dY, all-reduces)
+  double exposed_comm_ms() const { return fwd_ag_exposed_ms + bwd_rs_exposed_ms + blocking_comm_ms; }
+};
+
+class SplitKVLayer {
+ public:
+  // Collective-free. The communicator is the CP group; shard.P and shard.p must match it.
+  SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);
+
+  //   x_p:   [Q_p, H] hidden states of the owned blocks' rows (block order)
+  //   ctx_p: [C_p, H] context features of the held chunks (chunk order)
+  //   y_p:   [Q_p, H] out
+  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p);
+  //   dy_p: [Q_p, H]   dx_p: [Q_p, H] out   dctx_p: [C_p, H] out
+  //   grad: this rank's share of the parameter gradients is ADDED (sum over ranks = the gradient)
+  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad);
+
+  const SplitKVTimings& timings() const { return timings_; }
+  const std::vector<float>& lse() const { return lse_; }  // [Q, n_q] global, after forward
+  const CpShard& shard() const { return shard_; }
+  // (P-1)/P * 2Q(n_q d_h + H) + 2 * 2(P-1)/P * Q n_q elements of f32: the mean over ranks of the
+  // bytes each rank sends per layer (forward + backward), as the communicator counts them.
+  double predicted_bytes_per_layer() const;
+
+ private:
+  std::vector<std::size_t> row_counts(std::int64_t width) const;  // per-rank element counts of [Q_r, width]
+
+  Communicator& comm_;
+  AttnLayerConfig cfg_;
+  CpShard shard_;
+  BlockMask mask_;
+  std::int64_t Q_, Qp_, Cp_, Lk_;
+  std::vector<std::int64_t> key_pos_, query_pos_;  // RoPE positions: [L_k], [Q_p]
+  std::unique_ptr<RopeTable> rope_;
+  // Saved by forward for backward.
+  const float* x_p_ = nullptr;
+  const float* ctx_p_ = nullptr;
+  std::vector<float> q_lin_, q_rstd_;          // [Q_p, n_q d_h] pre-norm, [Q_p, n_q]
+  std::vector<float> k_lin_, k_rstd_, k_, v_;  // [L_k, n_kv d_h] pre-norm, [L_k, n_kv], k, v
+  std::vector<float> q_all_;                   // [Q, n_q d_h] gathered, normed and rotated
+  std::vector<float> obar_, lse_;              // [Q, n_q d_h] rescaled local output, [Q, n_q]
+  SplitKVTimings timings_;
+};
+
+// Sums parameter gradients over a group (CP, DP or both): one all-reduce of the whole buffer.
+void allreduce_grads(Communicator& group, AttnLayerParams& grad);
+
+}  // namespace diffcp

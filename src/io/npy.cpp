@@ -1,0 +1,82 @@
+#include "io/npy.hpp"
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace diffcp {
+
+namespace {
+
+template <typename T>
+void write_impl(const std::string& path, const T* data, const std::vector<std::int64_t>& shape, const char* descr) {
+  std::ostringstream dict;
+  dict << "{'descr': '" << descr << "', 'fortran_order': False, 'shape': (";
+  std::int64_t n = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    dict << shape[i] << (shape.size() == 1 ? "," : (i + 1 < shape.size() ? ", " : ""));
+    n *= shape[i];
+  }
+  dict << "), }";
+  std::string header = dict.str();
+  // magic (6) + version (2) + header length (2) + header, padded with spaces to a multiple of 64,
+  // ending in '\n'.
+  const std::size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header.push_back('\n');
+  std::ofstream f(path, std::ios::binary);
+  DIFFCP_CHECK(f.good(), "cannot open '", path, "' for writing");
+  const unsigned char magic[8] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  f.write(reinterpret_cast<const char*>(magic), 8);
+  const auto len = static_cast<std::uint16_t>(header.size());
+  const unsigned char len_le[2] = {static_cast<unsigned char>(len & 0xff), static_cast<unsigned char>(len >> 8)};
+  f.write(reinterpret_cast<const char*>(len_le), 2);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  f.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(static_cast<std::size_t>(n) * sizeof(T)));
+  DIFFCP_CHECK(f.good(), "write to '", path, "' failed");
+}
+
+}  // namespace
+
+void write_npy(const std::string& path, const float* data, const std::vector<std::int64_t>& shape) {
+  write_impl(path, data, shape, "<f4");
+}
+void write_npy(const std::string& path, const double* data, const std::vector<std::int64_t>& shape) {
+  write_impl(path, data, shape, "<f8");
+}
+void write_npy(const std::string& path, const std::int64_t* data, const std::vector<std::int64_t>& shape) {
+  write_impl(path, data, shape, "<i8");
+}
+
+std::vector<float> read_npy_f32(const std::string& path, std::vector<std::int64_t>& shape) {
+  std::ifstream f(path, std::ios::binary);
+  DIFFCP_CHECK(f.good(), "cannot open '", path, "'");
+  unsigned char pre[10];
+  f.read(reinterpret_cast<char*>(pre), 10);
+  DIFFCP_CHECK(f.good() && pre[0] == 0x93 && std::memcmp(pre + 1, "NUMPY", 5) == 0 && pre[6] == 1,
+               "'", path, "' is not a version-1 .npy file");
+  const std::size_t hlen = pre[8] | (static_cast<std::size_t>(pre[9]) << 8);
+  std::string header(hlen, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(hlen));
+  DIFFCP_CHECK(header.find("'descr': '<f4'") != std::string::npos, "'", path, "': expected dtype '<f4', header ", header);
+  DIFFCP_CHECK(header.find("'fortran_order': False") != std::string::npos, "'", path, "': Fortran order unsupported");
+  const auto open = header.find('('), close = header.find(')');
+  DIFFCP_CHECK(open != std::string::npos && close != std::string::npos && open < close, "'", path, "': no shape in header");
+  shape.clear();
+  std::int64_t n = 1;
+  std::istringstream dims(header.substr(open + 1, close - open - 1));
+  for (std::string tok; std::getline(dims, tok, ',');) {
+    if (tok.find_first_not_of(' ') == std::string::npos) continue;
+    shape.push_back(std::stoll(tok));
+    n *= shape.back();
+  }
+  std::vector<float> data(static_cast<std::size_t>(n));
+  f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size() * sizeof(float)));
+  DIFFCP_CHECK(f.gcount() == static_cast<std::streamsize>(data.size() * sizeof(float)), "'", path, "' is truncated: expected ",
+               n, " values");
+  return data;
+}
+
+}  // namespace diffcp

@@ -1,0 +1,159 @@
+// The Split-KV attention layer (cp/splitkv) at P ranks against the fp64 single-process reference:
+// output and every gradient (dX, d(context), dW_q, dW_k, dW_v, dW_o, db_o, q_norm, k_norm), on
+// layouts that stress it (P not dividing S or N, more ranks than blocks, a rank without context,
+// many scattered chunks per rank, GQA, overlapping blocks); and the communicator's counts against
+// the closed form, independent of the context length.
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "cp/layer_problem.hpp"
+#include "cp/splitkv.hpp"
+#include "mpi_test.hpp"
+
+namespace diffcp {
+namespace {
+
+using test::world;
+
+struct LayerRun {
+  LayerCheck check;
+  CommStats layer_stats;  // counters of forward + backward only
+  double predicted_bytes = 0;
+};
+
+LayerRun run_layer(const AttnLayerConfig& cfg, const PackedBatch& batch, const CpShard& shard, std::uint64_t seed = 5) {
+  Communicator& comm = world();
+  const LayerProblem pb(cfg, batch, seed);
+  const auto x_p = pb.x_rows(shard), dy_p = pb.dy_rows(shard), ctx_p = pb.ctx_rows(shard);
+  std::vector<float> y_p(x_p.size()), dx_p(x_p.size()), dctx_p(ctx_p.size());
+  AttnLayerParams grad(cfg);
+  SplitKVLayer layer(comm, cfg, shard);
+  comm.stats().reset();
+  layer.forward(pb.w, x_p.data(), ctx_p.data(), y_p.data());
+  layer.backward(pb.w, dy_p.data(), dx_p.data(), dctx_p.data(), grad);
+  LayerRun run;
+  run.layer_stats = comm.stats();
+  run.predicted_bytes = layer.predicted_bytes_per_layer();
+  allreduce_grads(comm, grad);
+  run.check = check_layer(pb.reference(), shard, cfg.hidden, y_p, dx_p, dctx_p, grad);
+  return run;
+}
+
+void expect_exact(const LayerCheck& c) {
+  EXPECT_TRUE(c.y.pass()) << "y: " << c.y.mismatched << " mismatches, max abs err " << c.y.max_abs;
+  EXPECT_TRUE(c.dx.pass()) << "dx: " << c.dx.mismatched << " mismatches, max abs err " << c.dx.max_abs;
+  EXPECT_TRUE(c.dctx.pass()) << "dctx: " << c.dctx.mismatched << " mismatches, max abs err " << c.dctx.max_abs;
+  EXPECT_TRUE(c.grad.pass()) << "param grads: " << c.grad.mismatched << " mismatches, max abs err " << c.grad.max_abs
+                             << " at flat index " << c.grad.worst;
+}
+
+struct Config {
+  const char* name;
+  std::int64_t samples, context, anchors, block;
+  AttnLayerConfig layer;
+};
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
+
+class SplitKVLayerTest : public ::testing::TestWithParam<Config> {};
+
+TEST_P(SplitKVLayerTest, ContiguousLayoutMatchesFp64Reference) {
+  const Config& c = GetParam();
+  const PackedBatch batch = make_random_batch(c.samples, c.context, c.anchors, c.block, 0.25, 3);
+  expect_exact(run_layer(c.layer, batch, contiguous_shard(batch, world().size(), world().rank())).check);
+}
+
+// The context cut into 3P+1 pieces dealt to ranks by a seeded shuffle, in shuffled order: what a
+// load balancer hands the layer.
+TEST_P(SplitKVLayerTest, ScatteredChunksMatchFp64Reference) {
+  const Config& c = GetParam();
+  const PackedBatch batch = make_random_batch(c.samples, c.context, c.anchors, c.block, 0.25, 4);
+  const int P = world().size();
+  std::vector<std::vector<PosRange>> chunks(static_cast<std::size_t>(P));
+  std::mt19937_64 rng(17);
+  const std::int64_t pieces = 3 * P + 1;
+  for (std::int64_t j = 0; j < pieces; ++j) {
+    const Shard s = even_shard(batch.context_rows(), pieces, j);
+    chunks[rng() % static_cast<std::size_t>(P)].push_back({s.begin, s.end});
+  }
+  for (auto& l : chunks) std::shuffle(l.begin(), l.end(), rng);
+  expect_exact(run_layer(c.layer, batch, chunked_shard(batch, P, world().rank(), chunks)).check);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, SplitKVLayerTest,
+    ::testing::Values(
+        // S = 3*331 and N = 21: no P in {2,3,4,8} divides both. H != n_q*d_h.
+        Config{"uneven_gqa2", 3, 331, 7, 16, {96, 4, 2, 32}},
+        // 12 anchors of B = 8 in ~150 response positions: overlapping blocks; GQA 8; theta 1e4.
+        Config{"overlapping_gqa8", 2, 200, 12, 8, {64, 8, 1, 16, 1e4, 1e-6}},
+        // 3 blocks in all: at P = 4, 8 some ranks own no block.
+        Config{"fewer_blocks_than_ranks", 1, 120, 3, 16, {48, 2, 2, 16}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Rank 0 holds no context row at all; the others share the context.
+TEST(SplitKVLayerLayout, RankWithoutContextRows) {
+  const int P = world().size();
+  if (P < 2) GTEST_SKIP() << "needs >= 2 ranks";
+  const PackedBatch batch = make_random_batch(2, 100, 4, 8, 0.25, 6);
+  std::vector<std::vector<PosRange>> chunks(static_cast<std::size_t>(P));
+  for (int r = 1; r < P; ++r) {
+    const Shard s = even_shard(batch.context_rows(), P - 1, r - 1);
+    chunks[static_cast<std::size_t>(r)].push_back({s.begin, s.end});
+  }
+  const CpShard shard = chunked_shard(batch, P, world().rank(), chunks);
+  if (world().rank() == 0) EXPECT_EQ(shard.context_rows(), 0);
+  expect_exact(run_layer({64, 4, 2, 16}, batch, shard).check);
+}
+
+// Per layer: AG [Q, n_q d_h] + RS [Q, H] forward, AG [Q, H] + RS [Q, n_q d_h] backward, and two
+// [Q, n_q] all-reduces — exactly, per rank; the mean over ranks equals the closed form
+// (P-1)/P * 2Q(n_q d_h + H) + 4(P-1)/P * Q n_q elements; and doubling S with Q fixed changes nothing.
+TEST(SplitKVLayerComm, CountersEqualClosedFormAndIgnoreContextLength) {
+  Communicator& comm = world();
+  const std::int64_t P = comm.size(), p = comm.rank();
+  const AttnLayerConfig cfg{80, 4, 2, 16};
+  std::vector<std::uint64_t> totals;
+  for (std::int64_t context : {256, 512}) {
+    const PackedBatch batch = make_random_batch(2, context, 5, 16, 0.25, 8);
+    const CpShard shard = contiguous_shard(batch, static_cast<int>(P), static_cast<int>(p));
+    const LayerRun run = run_layer(cfg, batch, shard);
+    expect_exact(run.check);
+    const std::uint64_t Q = static_cast<std::uint64_t>(batch.query_rows()), Qp = static_cast<std::uint64_t>(shard.own_query_rows());
+    const std::uint64_t qw = static_cast<std::uint64_t>(cfg.q_width()), H = static_cast<std::uint64_t>(cfg.hidden), f = 4;
+    const std::uint64_t Pm1 = static_cast<std::uint64_t>(P - 1);
+    const CommStats& st = run.layer_stats;
+    EXPECT_EQ(st[CommOp::all_gather].calls, 2u);
+    EXPECT_EQ(st[CommOp::all_gather].bytes_sent, Qp * Pm1 * (qw + H) * f);
+    EXPECT_EQ(st[CommOp::all_gather].bytes_recv, (Q - Qp) * (qw + H) * f);
+    EXPECT_EQ(st[CommOp::reduce_scatter].calls, 2u);
+    EXPECT_EQ(st[CommOp::reduce_scatter].bytes_sent, (Q - Qp) * (qw + H) * f);
+    EXPECT_EQ(st[CommOp::reduce_scatter].bytes_recv, Qp * Pm1 * (qw + H) * f);
+    const std::uint64_t n = Q * static_cast<std::uint64_t>(cfg.n_q);
+    const std::uint64_t share = n / static_cast<std::uint64_t>(P) + (static_cast<std::uint64_t>(p) < n % static_cast<std::uint64_t>(P));
+    EXPECT_EQ(st[CommOp::all_reduce].calls, 2u);
+    EXPECT_EQ(st[CommOp::all_reduce].bytes_sent, 2 * 2 * (n - share) * f);
+    EXPECT_EQ(st.total().calls, 6u);  // nothing else
+    // Mean over ranks = the formula.
+    std::vector<std::uint64_t> sent{st.total().bytes_sent};
+    comm.all_reduce<std::uint64_t>(sent);
+    EXPECT_NEAR(static_cast<double>(sent[0]) / static_cast<double>(P), run.predicted_bytes, 1e-6 * run.predicted_bytes + 1e-9);
+    EXPECT_EQ(sent[0], (Pm1 * 2 * Q * (qw + H) + 4 * Pm1 * n) * f);
+    totals.push_back(sent[0]);
+  }
+  EXPECT_EQ(totals[0], totals[1]);
+}
+
+TEST(SplitKVLayerBadInput, ShardMustMatchCommunicator) {
+  const PackedBatch batch = make_random_batch(1, 64, 2, 4, 0.25, 1);
+  const int P = world().size();
+  EXPECT_THROW(SplitKVLayer(world(), {32, 2, 1, 16}, contiguous_shard(batch, P + 1, 0)), Error);
+  EXPECT_THROW(SplitKVLayer(world(), {32, 3, 2, 16}, contiguous_shard(batch, P, world().rank())), Error);  // GQA
+  EXPECT_THROW(SplitKVLayer(world(), {32, 2, 1, 15}, contiguous_shard(batch, P, world().rank())), Error);  // odd d_h
+  std::vector<std::vector<PosRange>> holes(static_cast<std::size_t>(P));
+  holes[0].push_back({0, 10});  // the rest of the context is held by nobody
+  EXPECT_THROW(chunked_shard(batch, P, world().rank(), holes), Error);
+}
+
+}  // namespace
+}  // namespace diffcp
