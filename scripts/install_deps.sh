@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       libopenmpi-dev openmpi-bin libdnnl-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev)
+      libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libmetis-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

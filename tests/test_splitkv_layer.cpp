@@ -102,7 +102,9 @@ TEST(SplitKVLayerLayout, RankWithoutContextRows) {
     chunks[static_cast<std::size_t>(r)].push_back({s.begin, s.end});
   }
   const CpShard shard = chunked_shard(batch, P, world().rank(), chunks);
-  if (world().rank() == 0) EXPECT_EQ(shard.context_rows(), 0);
+  if (world().rank() == 0) {
+    EXPECT_EQ(shard.context_rows(), 0);
+  }
   expect_exact(run_layer({64, 4, 2, 16}, batch, shard).check);
 }
 

@@ -108,8 +108,9 @@ BlockMask full_mask(const PackedBatch& batch) {
 }
 
 BlockMask local_mask(const PackedBatch& batch, const std::vector<PosRange>& chunks,
-                     const std::vector<std::int64_t>& owned_blocks) {
+                     const std::vector<std::int64_t>& owned_blocks, std::int64_t bucket) {
   batch.validate();
+  DIFFCP_CHECK(bucket >= 1, "local mask: bucket = ", bucket, ", expected >= 1");
   const std::int64_t S = batch.context_rows(), B = batch.block, N = batch.num_blocks();
   std::vector<ContextSegment> segments;
   std::int64_t row = 0;
@@ -128,7 +129,8 @@ BlockMask local_mask(const PackedBatch& batch, const std::vector<PosRange>& chun
     blocks[static_cast<std::size_t>(i)].own_row = row;
     row += B;
   }
-  return BlockMask(B, row, std::move(segments), std::move(blocks));
+  const std::int64_t padded = (row + bucket - 1) / bucket * bucket;
+  return BlockMask(B, padded, std::move(segments), std::move(blocks));
 }
 
 std::vector<std::int64_t> full_rows_of_local(const PackedBatch& batch, const std::vector<PosRange>& chunks,

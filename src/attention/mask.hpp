@@ -84,9 +84,11 @@ struct PosRange {
 
 // The mask of one rank's call: it holds context `chunks` (packed position ranges, stored in this
 // order as local key rows 0..) followed by the own rows of `owned_blocks` (in this order), and the
-// query rows of ALL blocks (Split-KV gathers every query). L_k = sum chunk lengths + |owned|*B.
+// query rows of ALL blocks (Split-KV gathers every query). L_k = sum chunk lengths + |owned|*B,
+// rounded up to a multiple of `bucket` (static-shape buckets): padding rows are in no segment and
+// no block, so no query ever sees them.
 BlockMask local_mask(const PackedBatch& batch, const std::vector<PosRange>& chunks,
-                     const std::vector<std::int64_t>& owned_blocks);
+                     const std::vector<std::int64_t>& owned_blocks, std::int64_t bucket = 1);
 
 // For each local key row of local_mask(batch, chunks, owned_blocks), its row in full_mask(batch)'s
 // layout (context position x -> row x, block i's slot k -> row S + i*B + k). [L_k]

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "balance/balancer.hpp"
+#include "balance/redistribute.hpp"
 #include "cp/layer_problem.hpp"
 #include "cp/splitkv.hpp"
 #include "io/npy.hpp"
@@ -19,7 +21,7 @@ void add_attn_command(CLI::App& app, AttnOptions& opt) {
   CLI::App* c = app.add_subcommand("attn", "One drafter attention layer, forward + backward, with Split-KV "
                                            "context parallelism over the mpirun ranks");
   c->add_option("--samples", opt.samples, "samples packed in the micro-batch")->capture_default_str();
-  c->add_option("--context", opt.context, "context tokens per sample (16k-style sizes)")->capture_default_str();
+  c->add_option("--context", opt.context, "context tokens per sample (16k-style), or a range a:b to draw from")->capture_default_str();
   c->add_option("--queries", opt.queries, "query rows per sample; anchors = queries / block")->capture_default_str();
   c->add_option("--block", opt.block, "block size B")->capture_default_str();
   c->add_option("--prompt-fraction", opt.prompt_fraction, "prompt share of each sample (0.25 = 1:3)")->capture_default_str();
@@ -35,6 +37,9 @@ void add_attn_command(CLI::App& app, AttnOptions& opt) {
   c->add_flag("--check", opt.check, "compare output and all gradients with the fp64 single-process reference");
   c->add_flag("--json", opt.json, "print one JSON object");
   c->add_option("--dump", opt.dump, "write inputs and outputs as .npy files + meta.json into this directory");
+  c->add_option("--balancer", opt.balancer, "context layout: none | zigzag | lpt | partition")->capture_default_str();
+  c->add_option("--J", opt.J, "chunks per rank for lpt / partition")->capture_default_str();
+  c->add_option("--bucket", opt.bucket, "round the local K/V length up to a multiple of this (1 = off)")->capture_default_str();
 }
 
 namespace {
@@ -83,20 +88,36 @@ void prepare_dump_dir(Communicator& comm, const std::string& dir) {
 }  // namespace
 
 int run_attn(Communicator& world, const AttnOptions& opt) {
-  const std::int64_t context = parse_count(opt.context, "--context"), queries = parse_count(opt.queries, "--queries");
+  const CountRange context = parse_range(opt.context, "--context");
+  const std::int64_t queries = parse_count(opt.queries, "--queries");
   DIFFCP_CHECK(opt.dtype == "f32", "--dtype = '", opt.dtype, "': unknown or unsupported dtype (supported: f32)");
   DIFFCP_CHECK(opt.block >= 1, "--block = ", opt.block, ", expected >= 1");
   DIFFCP_CHECK(queries % opt.block == 0, "--queries = ", queries, " per sample is not a multiple of --block = ", opt.block);
   DIFFCP_CHECK(opt.reps >= 1, "--reps = ", opt.reps, ", expected >= 1");
+  DIFFCP_CHECK(opt.bucket >= 1, "--bucket = ", opt.bucket, ", expected >= 1");
+  const auto balancer = make_balancer(opt.balancer);
   const AttnLayerConfig cfg{opt.hidden, opt.n_q, opt.n_kv, opt.d_h, opt.rope_theta, opt.rms_eps};
   cfg.validate();
   if (!opt.dump.empty()) prepare_dump_dir(world, opt.dump);
 
   const int P = world.size(), p = world.rank();
-  const PackedBatch batch = make_random_batch(opt.samples, context, queries / opt.block, opt.block, opt.prompt_fraction, opt.seed);
-  const CpShard shard = contiguous_shard(batch, P, p);
+  const PackedBatch batch =
+      make_random_batch(opt.samples, context.min, queries / opt.block, opt.block, opt.prompt_fraction, opt.seed, context.max);
   const LayerProblem pb(cfg, batch, opt.seed);
-  const auto x_p = pb.x_rows(shard), dy_p = pb.dy_rows(shard), ctx_p = pb.ctx_rows(shard);
+
+  // Plan the context layout (every rank alike, no communication), then move the context rows from
+  // the loader's contiguous slices to their planned ranks: one all-to-all-v, counted on its own
+  // communicator apart from the layer's bytes.
+  const CostModel cost(batch);
+  const Plan plan = balancer->plan(batch, cost, P, opt.J);
+  const auto chunks_of_rank = plan.chunks_of_rank();
+  CpShard shard = chunked_shard(batch, P, p, chunks_of_rank);
+  shard.bucket = opt.bucket;
+  const PosRange loaded = loader_slices(batch.context_rows(), P)[static_cast<std::size_t>(p)];
+  std::vector<float> loaded_rows(pb.ctx.begin() + loaded.begin * cfg.hidden, pb.ctx.begin() + loaded.end * cfg.hidden);
+  const auto redist_comm = world.split(0, p, "redistribute");
+  const auto ctx_p = redistribute_rows(*redist_comm, batch, plan, loaded_rows, cfg.hidden);
+  const auto x_p = pb.x_rows(shard), dy_p = pb.dy_rows(shard);
   std::vector<float> y_p(x_p.size()), dx_p(x_p.size()), dctx_p(ctx_p.size());
   AttnLayerParams grad(cfg);
   SplitKVLayer layer(world, cfg, shard);
@@ -134,9 +155,12 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
     total_sent += sent[k];
   }
   const double per_layer = static_cast<double>(total_sent) / P;
+  std::vector<std::uint64_t> redist_sent{redist_comm->stats().total().bytes_sent};
+  world.all_reduce<std::uint64_t>(redist_sent);
 
   nlohmann::json out{
-      {"config", {{"P", P}, {"samples", opt.samples}, {"context", context}, {"queries", queries},
+      {"config", {{"P", P}, {"samples", opt.samples}, {"context", opt.context}, {"queries", queries},
+                  {"balancer", opt.balancer}, {"J", plan.J}, {"bucket", opt.bucket},
                   {"anchors", queries / opt.block}, {"block", opt.block}, {"prompt_fraction", opt.prompt_fraction},
                   {"hidden", cfg.hidden}, {"n_q", cfg.n_q}, {"n_kv", cfg.n_kv}, {"d_h", cfg.d_h},
                   {"rope_theta", cfg.rope_theta}, {"rms_eps", cfg.rms_eps}, {"dtype", opt.dtype}, {"seed", opt.seed},
@@ -144,6 +168,8 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       {"bytes", bytes},
       {"attention_bytes_per_layer", per_layer},
       {"predicted_bytes_per_layer", layer.predicted_bytes_per_layer()},
+      {"redistribution_bytes", static_cast<double>(redist_sent[0]) / P},
+      {"imbalance_pct", plan_load(batch, cost, plan).imbalance_pct()},
       {"fwd_ms", median(fwd)},
       {"bwd_ms", median(bwd)},
       {"exposed_comm_ms", median(exposed)},
@@ -168,12 +194,12 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
 
   if (!opt.dump.empty()) {
     const std::int64_t H = cfg.hidden, B = batch.block, Q = batch.query_rows(), S = batch.context_rows();
-    std::vector<std::vector<PosRange>> ctx_ranges, blk_ranges;
+    std::vector<std::vector<PosRange>> blk_ranges;
     for (int r = 0; r < P; ++r) {
-      const CpShard s = contiguous_shard(batch, P, r);
-      ctx_ranges.push_back(s.chunks);
-      blk_ranges.push_back({{s.blocks.begin * B, s.blocks.end * B}});
+      const Shard b = even_shard(batch.num_blocks(), P, r);
+      blk_ranges.push_back({{b.begin * B, b.end * B}});
     }
+    const auto& ctx_ranges = chunks_of_rank;
     const auto y = gather_rows(world, y_p, H, blk_ranges, Q), dx = gather_rows(world, dx_p, H, blk_ranges, Q);
     const auto dctx = gather_rows(world, dctx_p, H, ctx_ranges, S);
     if (p == 0) {
@@ -205,10 +231,13 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       std::cout << out.dump() << std::endl;
     } else {
       std::printf("diffcp attn: Split-KV drafter attention layer on %d ranks\n", P);
-      std::printf("  batch: %lld samples x %lld context, %lld queries/sample (%lld anchors, B=%lld): S=%lld, Q=%lld\n",
-                  static_cast<long long>(opt.samples), static_cast<long long>(context), static_cast<long long>(queries),
+      std::printf("  batch: %lld samples x %s context, %lld queries/sample (%lld anchors, B=%lld): S=%lld, Q=%lld\n",
+                  static_cast<long long>(opt.samples), opt.context.c_str(), static_cast<long long>(queries),
                   static_cast<long long>(queries / opt.block), static_cast<long long>(opt.block),
                   static_cast<long long>(batch.context_rows()), static_cast<long long>(batch.query_rows()));
+      std::printf("  context layout: %s (J=%d, bucket %lld): imbalance %.2f %%, redistribution %.0f bytes/rank\n",
+                  opt.balancer.c_str(), plan.J, static_cast<long long>(opt.bucket), out["imbalance_pct"].get<double>(),
+                  out["redistribution_bytes"].get<double>());
       std::printf("  layer: H=%lld n_q=%lld n_kv=%lld d_h=%lld, f32\n", static_cast<long long>(cfg.hidden),
                   static_cast<long long>(cfg.n_q), static_cast<long long>(cfg.n_kv), static_cast<long long>(cfg.d_h));
       std::printf("  time (median of %d, slowest rank): forward %.2f ms, backward %.2f ms, exposed communication %.2f ms\n",

@@ -13,12 +13,33 @@ namespace diffcp::cli {
 // "16k" -> 16384, "2m" -> 2097152, "300" -> 300 (k = 1024, m = 1024^2). Throws diffcp::Error
 // naming the flag for anything else or a negative value.
 std::int64_t parse_count(const std::string& text, const char* flag);
+// "8k" -> {8192, 0} (fixed); "8k:32k" -> {8192, 32768} (lengths drawn from the range).
+struct CountRange {
+  std::int64_t min, max;
+};
+CountRange parse_range(const std::string& text, const char* flag);
+
+// `diffcp plan` (no MPI): a workload, the chosen balancer(s), their loads and planning time.
+struct PlanOptions {
+  std::string balancer = "all";
+  int P = 8, J = 16;
+  std::int64_t samples = 4;
+  std::string context = "64k", queries = "8k";
+  std::int64_t block = 16;
+  double prompt_fraction = 0.25;
+  std::uint64_t seed = 1;
+  std::string anchors_file;
+  int reps = 11;
+  bool json = false;
+};
+void add_plan_command(CLI::App& app, PlanOptions& opt);
+int run_plan(const PlanOptions& opt);
 
 // `diffcp attn`: one drafter attention layer, forward + backward, with Split-KV over the ranks of
 // mpirun, on a seeded random packed micro-batch.
 struct AttnOptions {
   std::int64_t samples = 2;
-  std::string context = "1k", queries = "256";  // per sample; anchors = queries / block
+  std::string context = "1k", queries = "256";  // per sample (context may be a range a:b); anchors = queries / block
   std::int64_t block = 16;
   double prompt_fraction = 0.25;
   std::int64_t hidden = 256, n_q = 8, n_kv = 2, d_h = 32;
@@ -28,6 +49,9 @@ struct AttnOptions {
   int reps = 3;
   bool check = false, json = false;
   std::string dump;
+  std::string balancer = "none";  // context layout: none | zigzag | lpt | partition
+  int J = 16;
+  std::int64_t bucket = 1;  // static-shape bucket of the local K/V length (1 = none)
 };
 void add_attn_command(CLI::App& app, AttnOptions& opt);
 int run_attn(Communicator& world, const AttnOptions& opt);

@@ -1,4 +1,6 @@
 // `diffcp` command-line tool: one binary, one subcommand per job. Run MPI jobs under mpirun.
+#include <cstdio>
+
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.hpp"
@@ -8,12 +10,22 @@ int main(int argc, char** argv) {
   CLI::App app{"diffcp: communication-efficient parallel attention for diffusion models"};
   app.require_subcommand(1);
   diffcp::cli::AttnOptions attn;
+  diffcp::cli::PlanOptions plan;
   diffcp::cli::add_attn_command(app, attn);
+  diffcp::cli::add_plan_command(app, plan);
   // Parse before MPI starts so --help and usage errors need no MPI; every rank parses the same argv.
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (app.got_subcommand("plan")) {  // no MPI
+    try {
+      return diffcp::cli::run_plan(plan);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "diffcp: error: %s\n", e.what());
+      return 1;
+    }
   }
   return diffcp::run_mpi_main(argc, argv, [&](diffcp::Communicator& world) {
     if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);

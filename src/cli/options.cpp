@@ -17,4 +17,12 @@ std::int64_t parse_count(const std::string& text, const char* flag) {
   return std::stoll(text.substr(0, i)) * mult;
 }
 
+CountRange parse_range(const std::string& text, const char* flag) {
+  const auto colon = text.find(':');
+  if (colon == std::string::npos) return {parse_count(text, flag), 0};
+  const CountRange r{parse_count(text.substr(0, colon), flag), parse_count(text.substr(colon + 1), flag)};
+  DIFFCP_CHECK(r.max >= r.min, flag, " = '", text, "': the range's end is below its start");
+  return r;
+}
+
 }  // namespace diffcp::cli

@@ -4,6 +4,9 @@
 
 #include <cstdio>
 #include <exception>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "comm/mpi_communicator.hpp"
 
@@ -23,6 +26,15 @@ namespace {
 }  // namespace
 
 int run_mpi_main(int argc, char** argv, const std::function<int(Communicator& world)>& body) {
+#if defined(__GLIBC__)
+  // Keep freed memory in the process (a caching allocator in effect, as PyTorch has): glibc
+  // otherwise returns every large buffer to the OS with munmap and the next step page-faults it
+  // back in. Measured on a [8192 x 4096] f32 reduce-scatter inside a Split-KV layer step: 375 ms
+  // with fresh pages, 20 ms with reused ones.
+  // (M_MMAP_THRESHOLD caps at 32 MiB, so large blocks come from the heap via M_MMAP_MAX = 0.)
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
   int provided = 0;
   // FUNNELED: only the main thread calls MPI; OpenMP threads only compute.
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {

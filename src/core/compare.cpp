@@ -17,6 +17,13 @@ void CompareResult::merge(const CompareResult& o) {
   mismatched += o.mismatched;
 }
 
+Tolerance scaled_to(Tolerance t, std::span<const double> ref) {
+  double mx = 1.0;
+  for (double x : ref)
+    if (std::isfinite(x)) mx = std::max(mx, std::abs(x));
+  return {t.atol * mx, t.rtol};
+}
+
 template <typename T>
 CompareResult compare(std::span<const T> got, std::span<const double> ref, Tolerance tol) {
   DIFFCP_CHECK(got.size() == ref.size(), "compare: ", got.size(), " values vs ", ref.size(), " reference values");

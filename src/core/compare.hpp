@@ -19,6 +19,11 @@ inline constexpr Tolerance kTolF32{1e-5, 1e-4};
 // fp64 computations compared with each other (reassociation only).
 inline constexpr Tolerance kTolF64{1e-12, 1e-10};
 
+// Tolerance for a whole tensor: fp32 rounding in a sum grows with the magnitude of its terms, not
+// of the (possibly cancelled) result, so the absolute floor scales with the tensor's largest
+// reference value: atol' = atol * max(1, max|ref|).
+Tolerance scaled_to(Tolerance t, std::span<const double> ref);
+
 struct CompareResult {
   double max_abs = 0;        // max |got - ref|
   double max_rel = 0;        // max |got - ref| / max(|ref|, atol/rtol): relative where |ref| is not tiny

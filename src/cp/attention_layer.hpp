@@ -68,11 +68,16 @@ struct CpShard {
   std::vector<PosRange> chunks;
   Shard blocks{0, 0};
   std::vector<std::int64_t> query_rows;  // [P] query rows owned by each rank (B * its blocks)
+  // Static-shape bucket: the local K/V length is rounded up to a multiple of this (padding
+  // masked), so buffer shapes and allocations repeat across steps. 1 = no padding.
+  std::int64_t bucket = 1;
 
   std::int64_t context_rows() const;  // C_p: rows of chunks
   std::int64_t own_query_rows() const { return blocks.size() * batch.block; }  // Q_p
   std::vector<std::int64_t> owned_block_list() const;
-  BlockMask mask() const;  // local key rows: chunks' rows, then the owned blocks' own rows
+  std::int64_t key_rows() const { return context_rows() + own_query_rows(); }  // real rows, C_p + Q_p
+  // local key rows: chunks' rows, then the owned blocks' own rows, then padding to the bucket
+  BlockMask mask() const;
   // In-sample RoPE positions: [C_p] of the held context rows, [Q_p] of the owned block rows.
   std::vector<std::int64_t> context_positions() const;
   std::vector<std::int64_t> block_positions() const;

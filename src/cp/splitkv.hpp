@@ -38,6 +38,9 @@ class SplitKVLayer {
  public:
   // Collective-free. The communicator is the CP group; shard.P and shard.p must match it.
   SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);
+  // A new micro-batch (or plan) for the next step. Buffers are kept: with a bucketed shard whose
+  // padded K/V length and Q do not change, the step allocates nothing (see allocations()).
+  void reshard(CpShard shard);
 
   //   x_p:   [Q_p, H] hidden states of the owned blocks' rows (block order)
   //   ctx_p: [C_p, H] context features of the held chunks (chunk order)
@@ -50,27 +53,34 @@ class SplitKVLayer {
   const SplitKVTimings& timings() const { return timings_; }
   const std::vector<float>& lse() const { return lse_; }  // [Q, n_q] global, after forward
   const CpShard& shard() const { return shard_; }
+  // How many times a persistent buffer had to grow (0 after the first step while shapes repeat).
+  std::int64_t allocations() const { return allocations_; }
   // (P-1)/P * 2Q(n_q d_h + H) + 2 * 2(P-1)/P * Q n_q elements of f32: the mean over ranks of the
   // bytes each rank sends per layer (forward + backward), as the communicator counts them.
   double predicted_bytes_per_layer() const;
 
  private:
   std::vector<std::size_t> row_counts(std::int64_t width) const;  // per-rank element counts of [Q_r, width]
+  float* buffer(std::vector<float>& v, std::int64_t n);  // v resized to n, counting growth
 
   Communicator& comm_;
   AttnLayerConfig cfg_;
   CpShard shard_;
   BlockMask mask_;
-  std::int64_t Q_, Qp_, Cp_, Lk_;
-  std::vector<std::int64_t> key_pos_, query_pos_;  // RoPE positions: [L_k], [Q_p]
+  std::int64_t Q_ = 0, Qp_ = 0, Cp_ = 0;
+  std::int64_t Lr_ = 0, Lk_ = 0;                   // real key rows C_p + Q_p; padded to the bucket
+  std::vector<std::int64_t> key_pos_, query_pos_;  // RoPE positions: [L_r], [Q_p]
   std::unique_ptr<RopeTable> rope_;
   // Saved by forward for backward.
   const float* x_p_ = nullptr;
   const float* ctx_p_ = nullptr;
-  std::vector<float> q_lin_, q_rstd_;          // [Q_p, n_q d_h] pre-norm, [Q_p, n_q]
+  std::vector<float> q_lin_, q_rstd_, q_p_;    // [Q_p, n_q d_h] pre-norm, [Q_p, n_q], normed+rotated
   std::vector<float> k_lin_, k_rstd_, k_, v_;  // [L_k, n_kv d_h] pre-norm, [L_k, n_kv], k, v
   std::vector<float> q_all_;                   // [Q, n_q d_h] gathered, normed and rotated
-  std::vector<float> obar_, lse_;              // [Q, n_q d_h] rescaled local output, [Q, n_q]
+  std::vector<float> obar_, lse_, lse_p_;      // [Q, n_q d_h] rescaled local output, [Q, n_q] x2
+  // Step scratch, kept so that steps of equal shape reuse it.
+  std::vector<float> ybar_, g_, dout_, delta_, dq_all_, dk_, dv_, dq_p_;
+  std::int64_t allocations_ = 0;
   SplitKVTimings timings_;
 };
 

@@ -5,6 +5,10 @@
 #include <numeric>
 #include <random>
 #include <unordered_set>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 
@@ -56,25 +60,29 @@ std::vector<PackedBatch::BlockRef> PackedBatch::blocks() const {
 
 PackedBatch make_random_batch(std::int64_t samples, std::int64_t context,
                               std::int64_t anchors_per_sample, std::int64_t block,
-                              double prompt_fraction, std::uint64_t seed) {
+                              double prompt_fraction, std::uint64_t seed, std::int64_t context_max) {
   DIFFCP_CHECK(samples >= 1, "samples = ", samples, ", expected >= 1");
   DIFFCP_CHECK(block >= 1, "block size B = ", block, ", expected B >= 1");
   DIFFCP_CHECK(context >= block, "context = ", context, ", expected >= B = ", block);
   DIFFCP_CHECK(anchors_per_sample >= 0, "anchors per sample = ", anchors_per_sample, ", expected >= 0");
   DIFFCP_CHECK(prompt_fraction >= 0.0 && prompt_fraction < 1.0, "prompt fraction = ", prompt_fraction,
                ", expected in [0, 1)");
-  const auto prompt = static_cast<std::int64_t>(std::llround(prompt_fraction * static_cast<double>(context)));
-  const std::int64_t first = std::min(prompt, context - block), last = context - block;  // x in [first, last]
-  const std::int64_t candidates = last - first + 1;
-  DIFFCP_CHECK(anchors_per_sample <= candidates, "anchors per sample = ", anchors_per_sample,
-               " exceeds the ", candidates, " response positions x with x + B <= context (context ",
-               context, ", prompt ", prompt, ", B ", block, ")");
+  DIFFCP_CHECK(context_max == 0 || context_max >= context, "context range [", context, ", ", context_max,
+               "] is empty; expected max >= min");
   PackedBatch batch;
   batch.block = block;
   std::mt19937_64 rng(seed);
   for (std::int64_t u = 0; u < samples; ++u) {
-    batch.lengths.push_back(context);
-    // Floyd's algorithm: a uniform subset without replacement in O(A log A).
+    const std::int64_t length =
+        context_max > context ? std::uniform_int_distribution<std::int64_t>(context, context_max)(rng) : context;
+    const auto prompt = static_cast<std::int64_t>(std::llround(prompt_fraction * static_cast<double>(length)));
+    const std::int64_t first = std::min(prompt, length - block), last = length - block;  // x in [first, last]
+    const std::int64_t candidates = last - first + 1;
+    DIFFCP_CHECK(anchors_per_sample <= candidates, "anchors per sample = ", anchors_per_sample, " exceeds the ",
+                 candidates, " response positions x with x + B <= length (sample ", u, ": length ", length,
+                 ", prompt ", prompt, ", B ", block, ")");
+    batch.lengths.push_back(length);
+    // Floyd's algorithm: a uniform subset without replacement in O(A) expected time.
     std::unordered_set<std::int64_t> seen;
     std::vector<std::int64_t> picked;
     for (std::int64_t j = candidates - anchors_per_sample; j < candidates; ++j) {
@@ -86,6 +94,38 @@ PackedBatch make_random_batch(std::int64_t samples, std::int64_t context,
     std::sort(picked.begin(), picked.end());
     batch.anchors.push_back(std::move(picked));
   }
+  batch.validate();
+  return batch;
+}
+
+PackedBatch read_anchors_file(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  DIFFCP_CHECK(!ec, "--anchors-file '", path, "': cannot read it (", ec.message(), ")");
+  DIFFCP_CHECK(size <= (64u << 20), "--anchors-file '", path, "': ", size, " bytes, over the 64 MiB limit");
+  std::ifstream f(path);
+  DIFFCP_CHECK(f.good(), "--anchors-file '", path, "': cannot open it");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    DIFFCP_FAIL("--anchors-file '", path, "': not valid JSON: ", e.what());
+  }
+  PackedBatch batch;
+  try {
+    DIFFCP_CHECK(j.is_object() && j.contains("block") && j.contains("samples") && j["samples"].is_array(),
+                 "--anchors-file '", path, "': expected {\"block\": B, \"samples\": [{\"length\": L, \"anchors\": [...]}, ...]}");
+    batch.block = j["block"].get<std::int64_t>();
+    for (const auto& s : j["samples"]) {
+      DIFFCP_CHECK(s.is_object() && s.contains("length") && s.contains("anchors") && s["anchors"].is_array(),
+                   "--anchors-file '", path, "': sample ", batch.lengths.size(), " needs \"length\" and an \"anchors\" array");
+      batch.lengths.push_back(s["length"].get<std::int64_t>());
+      batch.anchors.push_back(s["anchors"].get<std::vector<std::int64_t>>());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    DIFFCP_FAIL("--anchors-file '", path, "': wrong type: ", e.what());
+  }
+  DIFFCP_CHECK(!batch.lengths.empty(), "--anchors-file '", path, "': no samples");
   batch.validate();
   return batch;
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace diffcp {
@@ -36,11 +37,17 @@ struct PackedBatch {
   std::vector<BlockRef> blocks() const;  // [N]
 };
 
-// The paper's workload protocol (SPEC A.5): `samples` samples of `context` tokens each, the first
-// round(prompt_fraction * context) being prompt; `anchors_per_sample` anchors drawn uniformly
-// without replacement among response positions x with x + B <= context, then sorted. Seeded.
+// The paper's workload protocol (SPEC A.5): `samples` samples of `context` tokens each (or, with
+// context_max > context, of lengths drawn uniformly from [context, context_max]), the first
+// round(prompt_fraction * length) being prompt; `anchors_per_sample` anchors drawn uniformly
+// without replacement among response positions x with x + B <= length, then sorted. Seeded.
 PackedBatch make_random_batch(std::int64_t samples, std::int64_t context,
                               std::int64_t anchors_per_sample, std::int64_t block,
-                              double prompt_fraction, std::uint64_t seed);
+                              double prompt_fraction, std::uint64_t seed, std::int64_t context_max = 0);
+
+// The explicit form: a JSON file {"block": B, "samples": [{"length": L, "anchors": [a, ...]}, ...]}
+// with anchors as positions inside their sample. Throws diffcp::Error naming the problem for an
+// unreadable, malformed or over-large (> 64 MiB) file and for any invalid value.
+PackedBatch read_anchors_file(const std::string& path);
 
 }  // namespace diffcp

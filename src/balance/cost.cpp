@@ -1,0 +1,91 @@
+#include "balance/cost.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.hpp"
+#include "cp/shard.hpp"
+
+namespace diffcp {
+
+CostModel::CostModel(const PackedBatch& batch) : B_(batch.block), S_(batch.context_rows()) {
+  batch.validate();
+  starts_ = batch.sample_starts();
+  anchors_ = batch.anchors;
+  sample_prefix_.assign(1, 0);
+  for (std::size_t u = 0; u < anchors_.size(); ++u) {
+    std::vector<std::int64_t> pre(1, 0);
+    for (std::int64_t a : anchors_[u]) pre.push_back(pre.back() + a);
+    // A sample's total: every anchor a contributes its a context keys before it.
+    sample_prefix_.push_back(sample_prefix_.back() + B_ * pre.back());
+    anchor_prefix_.push_back(std::move(pre));
+  }
+}
+
+std::int64_t CostModel::position_cost(std::int64_t x) const {
+  DIFFCP_CHECK(0 <= x && x < S_, "cost: position ", x, " outside [0, ", S_, ")");
+  const std::size_t u = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), x) - starts_.begin() - 1);
+  const auto& a = anchors_[u];
+  const std::int64_t t = x - starts_[u];  // in-sample position; visible to anchors a > t
+  return B_ * static_cast<std::int64_t>(a.end() - std::upper_bound(a.begin(), a.end(), t));
+}
+
+std::int64_t CostModel::prefix(std::int64_t x) const {
+  DIFFCP_CHECK(0 <= x && x <= S_, "cost: prefix end ", x, " outside [0, ", S_, "]");
+  if (x == S_) return sample_prefix_.back();
+  const std::size_t u = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), x) - starts_.begin() - 1);
+  const auto& a = anchors_[u];
+  const std::int64_t t = x - starts_[u];  // rows [0, t) of sample u are before x
+  // sum_i min(a_i, t): anchors <= t contribute a_i, the others t.
+  const std::size_t k = static_cast<std::size_t>(std::upper_bound(a.begin(), a.end(), t) - a.begin());
+  const std::int64_t within = anchor_prefix_[u][k] + static_cast<std::int64_t>(a.size() - k) * t;
+  return sample_prefix_[u] + B_ * within;
+}
+
+void Plan::validate(std::int64_t S) const {
+  DIFFCP_CHECK(P >= 1, "plan: P = ", P, ", expected >= 1");
+  DIFFCP_CHECK(chunks.size() == rank.size(), "plan: ", chunks.size(), " chunks but ", rank.size(), " rank entries");
+  std::int64_t next = 0;
+  for (std::size_t j = 0; j < chunks.size(); ++j) {
+    DIFFCP_CHECK(chunks[j].begin == next && chunks[j].end >= chunks[j].begin, "plan: chunk ", j, " [", chunks[j].begin,
+                 ", ", chunks[j].end, ") does not continue at position ", next);
+    DIFFCP_CHECK(0 <= rank[j] && rank[j] < P, "plan: chunk ", j, " goes to rank ", rank[j], " outside [0, ", P, ")");
+    next = chunks[j].end;
+  }
+  DIFFCP_CHECK(next == S, "plan: chunks cover [0, ", next, ") of the context [0, ", S, ")");
+}
+
+std::vector<std::vector<PosRange>> Plan::chunks_of_rank() const {
+  std::vector<std::vector<PosRange>> out(static_cast<std::size_t>(P));
+  for (std::size_t j = 0; j < chunks.size(); ++j) {
+    if (chunks[j].end == chunks[j].begin) continue;
+    auto& l = out[static_cast<std::size_t>(rank[j])];
+    if (!l.empty() && l.back().end == chunks[j].begin)
+      l.back().end = chunks[j].end;
+    else
+      l.push_back(chunks[j]);
+  }
+  return out;
+}
+
+PlanLoad plan_load(const PackedBatch& batch, const CostModel& cost, const Plan& plan) {
+  plan.validate(batch.context_rows());
+  const std::size_t P = static_cast<std::size_t>(plan.P);
+  PlanLoad load;
+  load.context_work.assign(P, 0);
+  load.block_work.assign(P, 0);
+  load.rank_work.assign(P, 0);
+  for (std::size_t j = 0; j < plan.chunks.size(); ++j)
+    load.context_work[static_cast<std::size_t>(plan.rank[j])] += cost.range_cost(plan.chunks[j].begin, plan.chunks[j].end);
+  const std::int64_t B = batch.block, N = batch.num_blocks();
+  for (std::size_t p = 0; p < P; ++p) {
+    load.block_work[p] = even_shard(N, plan.P, static_cast<std::int64_t>(p)).size() * B * B;
+    load.rank_work[p] = load.context_work[p] + load.block_work[p];
+  }
+  const std::int64_t total = std::accumulate(load.rank_work.begin(), load.rank_work.end(), std::int64_t{0});
+  const std::int64_t mx = *std::max_element(load.rank_work.begin(), load.rank_work.end());
+  load.rho = total == 0 ? 1.0 : static_cast<double>(mx) * static_cast<double>(P) / static_cast<double>(total);
+  return load;
+}
+
+}  // namespace diffcp

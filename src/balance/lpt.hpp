@@ -1,0 +1,17 @@
+// Cost-aware LPT (SPEC A.3, the paper's balancer): P*J global chunks priced by the cost model,
+// longest price first to the least-loaded rank that has fewer than J chunks; then a locality
+// matching maps the P bundles to physical ranks so that as many rows as possible stay where the
+// loader put them (loads unchanged). O(PJ log PJ + PJ log P) plus the matching.
+#pragma once
+
+#include "balance/balancer.hpp"
+
+namespace diffcp {
+
+class LptBalancer final : public Balancer {
+ public:
+  const char* name() const override { return "lpt"; }
+  Plan plan(const PackedBatch& batch, const CostModel& cost, int P, int J) const override;
+};
+
+}  // namespace diffcp
