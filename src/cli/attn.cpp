@@ -132,8 +132,8 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
     layer.forward(pb.w, x_p.data(), ctx_p.data(), y_p.data());
     layer.backward(pb.w, dy_p.data(), dx_p.data(), dctx_p.data(), grad);
     layer_stats = world.stats();
-    const SplitKVTimings& t = layer.timings();
-    std::vector<double> v{t.fwd_ms, t.bwd_ms, t.exposed_comm_ms(), t.fwd_ag_exposed_ms, t.bwd_rs_exposed_ms, t.blocking_comm_ms};
+    const CpTimings& t = layer.timings();
+    std::vector<double> v{t.fwd_ms, t.bwd_ms, t.exposed_comm_ms(), t.fwd_overlap_exposed_ms, t.bwd_overlap_exposed_ms, t.blocking_comm_ms};
     world.all_reduce<double>(v, ReduceOp::max);
     if (rep == 0) continue;
     fwd.push_back(v[0]), bwd.push_back(v[1]), exposed.push_back(v[2]);

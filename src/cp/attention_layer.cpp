@@ -4,7 +4,9 @@
 #include <cmath>
 #include <random>
 
+#include "comm/communicator.hpp"
 #include "core/error.hpp"
+#include "cp/cp_layer.hpp"
 
 namespace diffcp {
 
@@ -129,5 +131,7 @@ CpShard chunked_shard(const PackedBatch& batch, int P, int p, const std::vector<
                batch.context_rows(), ")");
   return make_shard(batch, P, p, chunks_of_rank[static_cast<std::size_t>(p)]);
 }
+
+void allreduce_grads(Communicator& group, AttnLayerParams& grad) { group.all_reduce<float>(grad.all()); }
 
 }  // namespace diffcp

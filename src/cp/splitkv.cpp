@@ -112,7 +112,7 @@ void SplitKVLayer::forward(const AttnLayerParams& w, const float* x_p, const flo
   rope_apply(k, Lr_, cfg_.n_kv, key_pos_, *rope_, false);
   auto tw = Clock::now();
   ag->wait();
-  timings_.fwd_ag_exposed_ms = ms_since(tw);
+  timings_.fwd_overlap_exposed_ms = ms_since(tw);
 
   // 3. Attention over local keys, then the global log-sum-exp and the rescaled local output.
   float* obar = buffer(obar_, Q_ * qw);
@@ -189,7 +189,7 @@ void SplitKVLayer::backward(const AttnLayerParams& w, const float* dy_p, float* 
   linear_backward_input(dv + Cp_ * kvw, Qp_, kvw, w[P::wv], H, dx_p, 1.f);
   tw = Clock::now();
   rs->wait();
-  timings_.bwd_rs_exposed_ms = ms_since(tw);
+  timings_.bwd_overlap_exposed_ms = ms_since(tw);
 
   // 5. Query projection backward: RoPE^-1, RMSNorm_q backward, then dX_p += dq_lin W_q^T.
   rope_apply(dq_p, Qp_, cfg_.n_q, query_pos_, *rope_, true);
@@ -198,7 +198,5 @@ void SplitKVLayer::backward(const AttnLayerParams& w, const float* dy_p, float* 
   linear_backward_input(dq_p, Qp_, qw, w[P::wq], H, dx_p, 1.f);
   timings_.bwd_ms = ms_since(t0);
 }
-
-void allreduce_grads(Communicator& group, AttnLayerParams& grad) { group.all_reduce<float>(grad.all()); }
 
 }  // namespace diffcp

@@ -20,44 +20,38 @@
 
 #include "attention/mask.hpp"
 #include "comm/communicator.hpp"
-#include "cp/attention_layer.hpp"
+#include "cp/cp_layer.hpp"
 #include "ops/rope.hpp"
 
 namespace diffcp {
 
-// Wall-clock of the last forward/backward on this rank, and the communication they left exposed.
-struct SplitKVTimings {
-  double fwd_ms = 0, bwd_ms = 0;
-  double fwd_ag_exposed_ms = 0;  // waiting for the q all-gather after the K/V projection
-  double bwd_rs_exposed_ms = 0;  // waiting for the dq reduce-scatter after the K/V projection backward
-  double blocking_comm_ms = 0;   // collectives with nothing to overlap (RS of Y, AG of dY, all-reduces)
-  double exposed_comm_ms() const { return fwd_ag_exposed_ms + bwd_rs_exposed_ms + blocking_comm_ms; }
-};
-
-class SplitKVLayer {
+// Timings: fwd_overlap_exposed_ms = waiting for the q all-gather after the K/V projection;
+// bwd_overlap_exposed_ms = waiting for the dq reduce-scatter after the K/V projection backward;
+// blocking_comm_ms = RS of Y, AG of dY and the two all-reduces.
+class SplitKVLayer final : public CpAttentionLayer {
  public:
   // Collective-free. The communicator is the CP group; shard.P and shard.p must match it.
   SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);
   // A new micro-batch (or plan) for the next step. Buffers are kept: with a bucketed shard whose
   // padded K/V length and Q do not change, the step allocates nothing (see allocations()).
-  void reshard(CpShard shard);
+  void reshard(CpShard shard) override;
+  const char* name() const override { return "splitkv"; }
 
   //   x_p:   [Q_p, H] hidden states of the owned blocks' rows (block order)
   //   ctx_p: [C_p, H] context features of the held chunks (chunk order)
   //   y_p:   [Q_p, H] out
-  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p);
+  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) override;
   //   dy_p: [Q_p, H]   dx_p: [Q_p, H] out   dctx_p: [C_p, H] out
   //   grad: this rank's share of the parameter gradients is ADDED (sum over ranks = the gradient)
-  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad);
+  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
 
-  const SplitKVTimings& timings() const { return timings_; }
   const std::vector<float>& lse() const { return lse_; }  // [Q, n_q] global, after forward
   const CpShard& shard() const { return shard_; }
   // How many times a persistent buffer had to grow (0 after the first step while shapes repeat).
   std::int64_t allocations() const { return allocations_; }
   // (P-1)/P * 2Q(n_q d_h + H) + 2 * 2(P-1)/P * Q n_q elements of f32: the mean over ranks of the
   // bytes each rank sends per layer (forward + backward), as the communicator counts them.
-  double predicted_bytes_per_layer() const;
+  double predicted_bytes_per_layer() const override;
 
  private:
   std::vector<std::size_t> row_counts(std::int64_t width) const;  // per-rank element counts of [Q_r, width]
@@ -81,10 +75,6 @@ class SplitKVLayer {
   // Step scratch, kept so that steps of equal shape reuse it.
   std::vector<float> ybar_, g_, dout_, delta_, dq_all_, dk_, dv_, dq_p_;
   std::int64_t allocations_ = 0;
-  SplitKVTimings timings_;
 };
-
-// Sums parameter gradients over a group (CP, DP or both): one all-reduce of the whole buffer.
-void allreduce_grads(Communicator& group, AttnLayerParams& grad);
 
 }  // namespace diffcp
