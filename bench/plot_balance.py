@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 rows = list(csv.DictReader(open(sys.argv[1])))
+COLOR = {"none": "tab:gray", "zigzag": "tab:blue", "partition": "tab:orange", "lpt": "tab:red"}
 fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
 panels = [("context", "context per sample (tokens)", "context", "P = 8"),
           ("P", "CP size P", "P", "context 256k per sample")]
@@ -19,7 +20,7 @@ for ax, (sweep, xlabel, xkey, title) in zip(axes[:2], panels):
         xs = [int(r[xkey]) for r in pts]
         ys = [max(float(r["imbalance_pct_mean"]), 1e-3) for r in pts]
         es = [float(r["imbalance_pct_std"]) for r in pts]
-        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=b)
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=b, color=COLOR[b])
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
@@ -30,7 +31,7 @@ for ax, (sweep, xlabel, xkey, title) in zip(axes[:2], panels):
 ax = axes[2]
 for b in ["zigzag", "partition", "lpt"]:
     pts = [r for r in rows if r["sweep"] == "P" and r["balancer"] == b]
-    ax.plot([int(r["P"]) for r in pts], [float(r["plan_ms_median"]) for r in pts], marker="o", label=b)
+    ax.plot([int(r["P"]) for r in pts], [float(r["plan_ms_median"]) for r in pts], marker="o", label=b, color=COLOR[b])
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("CP size P")

@@ -11,8 +11,14 @@ Plan LptBalancer::plan(const PackedBatch& batch, const CostModel& cost, int P, i
   check_plan_args(name(), S, P, J);
   Plan plan{name(), P, J, equal_chunks(S, static_cast<std::int64_t>(P) * J), {}};
   const std::size_t n = plan.chunks.size();
+  // Chunks are contiguous: one prefix-cost lookup per boundary.
   std::vector<std::int64_t> price(n);
-  for (std::size_t j = 0; j < n; ++j) price[j] = cost.range_cost(plan.chunks[j].begin, plan.chunks[j].end);
+  std::int64_t left = cost.prefix(0);
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::int64_t right = cost.prefix(plan.chunks[j].end);
+    price[j] = right - left;
+    left = right;
+  }
   std::vector<std::size_t> order(n);
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return price[a] > price[b]; });

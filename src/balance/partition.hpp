@@ -1,8 +1,9 @@
 // DCP-style baseline: a real graph partitioner (METIS k-way) on the chunk attention graph. The
 // paper's DCP partitions a hypergraph with KaHyPar; here vertices are the P*J equal chunks weighted
-// by their price (the cost model), and edges join consecutive chunks of the same sample weighted
-// by the blocks that see both (cutting them splits a sample's context across ranks). METIS
-// balances vertex weight within its ufactor (1 %). A baseline: it works and is measured, not tuned.
+// by their price (the cost model), and edges join chunks of one sample weighted by the blocks that
+// see both (a clique per sample; cutting an edge splits a block's context across ranks). METIS
+// balances vertex weight within its ufactor (0.1 % asked). A baseline: it works and is measured,
+// not tuned.
 #pragma once
 
 #include "balance/balancer.hpp"
