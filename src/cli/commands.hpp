@@ -51,7 +51,7 @@ struct AttnOptions {
   std::string dump;
   std::string balancer = "none";  // context layout: none | zigzag | lpt | partition
   int J = 16;
-  std::int64_t bucket = 1;  // static-shape bucket of the local K/V length (1 = none)
+  std::int64_t bucket = 4096;  // static-shape bucket of the local K/V length (1 = none)
 };
 void add_attn_command(CLI::App& app, AttnOptions& opt);
 int run_attn(Communicator& world, const AttnOptions& opt);
