@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "comm/communicator.hpp"
+#include "drafter/trainer.hpp"
 
 namespace diffcp::cli {
 
@@ -55,5 +56,9 @@ struct AttnOptions {
 };
 void add_attn_command(CLI::App& app, AttnOptions& opt);
 int run_attn(Communicator& world, const AttnOptions& opt);
+
+// `diffcp train`: the DFlash drafter trainer (drafter/trainer.hpp).
+void add_train_command(CLI::App& app, TrainOptions& opt);
+int run_train(Communicator& world, const TrainOptions& opt);
 
 }  // namespace diffcp::cli

@@ -11,8 +11,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   diffcp::cli::AttnOptions attn;
   diffcp::cli::PlanOptions plan;
+  diffcp::TrainOptions train;
   diffcp::cli::add_attn_command(app, attn);
   diffcp::cli::add_plan_command(app, plan);
+  diffcp::cli::add_train_command(app, train);
   // Parse before MPI starts so --help and usage errors need no MPI; every rank parses the same argv.
   try {
     app.parse(argc, argv);
@@ -29,6 +31,7 @@ int main(int argc, char** argv) {
   }
   return diffcp::run_mpi_main(argc, argv, [&](diffcp::Communicator& world) {
     if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);
+    if (app.got_subcommand("train")) return diffcp::cli::run_train(world, train);
     return 1;
   });
 }

@@ -19,7 +19,7 @@ void AttnLayerConfig::validate() const {
   DIFFCP_CHECK(rms_eps > 0, "rms eps = ", rms_eps, ", expected > 0");
 }
 
-AttnLayerParams::AttnLayerParams(const AttnLayerConfig& c) {
+void AttnLayerParams::layout(const AttnLayerConfig& c) {
   c.validate();
   const std::int64_t H = c.hidden;
   shape_[wq] = {H, c.q_width()};
@@ -35,7 +35,24 @@ AttnLayerParams::AttnLayerParams(const AttnLayerConfig& c) {
     for (std::int64_t d : shape_[static_cast<std::size_t>(i)]) n *= d;
     offset_[static_cast<std::size_t>(i) + 1] = offset_[static_cast<std::size_t>(i)] + n;
   }
-  data_.assign(static_cast<std::size_t>(offset_[kCount]), 0.f);
+}
+
+AttnLayerParams::AttnLayerParams(const AttnLayerConfig& c) {
+  layout(c);
+  owned_.assign(static_cast<std::size_t>(offset_[kCount]), 0.f);
+  base_ = owned_.data();
+}
+
+AttnLayerParams::AttnLayerParams(const AttnLayerConfig& c, float* external) : base_(external) {
+  layout(c);
+  DIFFCP_CHECK(external != nullptr, "AttnLayerParams: null external storage");
+}
+
+AttnLayerParams::AttnLayerParams(const AttnLayerParams& o)
+    : owned_(o.all().begin(), o.all().end()), base_(owned_.data()), offset_(o.offset_), shape_(o.shape_) {}
+
+std::int64_t AttnLayerParams::count(const AttnLayerConfig& c) {
+  return 2 * c.hidden * c.q_width() + 2 * c.hidden * c.kv_width() + c.hidden + 2 * c.d_h;  // wq wo, wk wv, bo, norms
 }
 
 const char* AttnLayerParams::name(Id id) {

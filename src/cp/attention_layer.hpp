@@ -38,12 +38,17 @@ struct AttnLayerConfig {
 class AttnLayerParams {
  public:
   enum Id { wq, wk, wv, wo, bo, q_norm, k_norm, kCount };
-  explicit AttnLayerParams(const AttnLayerConfig& cfg);  // all zeros
+  explicit AttnLayerParams(const AttnLayerConfig& cfg);  // owns its storage, all zeros
+  // A view of count(cfg) floats owned elsewhere (a model's single parameter allocation).
+  AttnLayerParams(const AttnLayerConfig& cfg, float* external);
+  AttnLayerParams(const AttnLayerParams& o);  // copies the values into owned storage
+  AttnLayerParams& operator=(const AttnLayerParams&) = delete;
+  static std::int64_t count(const AttnLayerConfig& cfg);  // floats in all tensors
 
-  float* operator[](Id id) { return data_.data() + offset_[id]; }
-  const float* operator[](Id id) const { return data_.data() + offset_[id]; }
-  std::span<float> all() { return data_; }
-  std::span<const float> all() const { return data_; }
+  float* operator[](Id id) { return base_ + offset_[id]; }
+  const float* operator[](Id id) const { return base_ + offset_[id]; }
+  std::span<float> all() { return {base_, static_cast<std::size_t>(offset_[kCount])}; }
+  std::span<const float> all() const { return {base_, static_cast<std::size_t>(offset_[kCount])}; }
   std::int64_t size(Id id) const { return offset_[id + 1] - offset_[id]; }
   const std::vector<std::int64_t>& shape(Id id) const { return shape_[id]; }
   static const char* name(Id id);
@@ -52,7 +57,9 @@ class AttnLayerParams {
   void init_random(std::uint64_t seed);
 
  private:
-  std::vector<float> data_;
+  void layout(const AttnLayerConfig& cfg);
+  std::vector<float> owned_;
+  float* base_ = nullptr;
   std::array<std::int64_t, kCount + 1> offset_{};
   std::array<std::vector<std::int64_t>, kCount> shape_;
 };

@@ -1,0 +1,235 @@
+#include "cp/cp_common.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "attention/attention.hpp"
+#include "attention/merge.hpp"
+#include "ops/linear.hpp"
+#include "ops/rmsnorm.hpp"
+
+namespace diffcp {
+
+namespace {
+// Row chunks of a projection that overlaps a nonblocking operation (see OwnRows::project_kv).
+constexpr int kPollChunks = 8;
+
+// y[M, N] = x[M, K] W[K, N], polling `inflight` (may be null) between row chunks.
+void linear_polled(const float* x, std::int64_t M, std::int64_t K, const float* W, std::int64_t N, float* y,
+                   Work* inflight) {
+  const std::int64_t chunk = std::max<std::int64_t>(1, (M + kPollChunks - 1) / kPollChunks);
+  for (std::int64_t r0 = 0; r0 < M; r0 += chunk) {
+    linear_forward(x + r0 * K, std::min(chunk, M - r0), K, W, N, y + r0 * N);
+    if (inflight) inflight->test();
+  }
+}
+void poll(Work* inflight) {
+  if (inflight) inflight->test();
+}
+}  // namespace
+
+std::int64_t KeyRows::rows(std::int64_t B) const {
+  std::int64_t n = blocks.size() * B;
+  for (const PosRange& c : chunks) n += c.end - c.begin;
+  return n;
+}
+
+std::vector<Shard> block_ranges(const CpShard& s) {
+  std::vector<Shard> out;
+  std::int64_t begin = 0;
+  for (std::int64_t rows : s.query_rows) {
+    DIFFCP_CHECK(rows % s.batch.block == 0, "shard: ", rows, " query rows is not a multiple of B = ", s.batch.block);
+    out.push_back({begin, begin + rows / s.batch.block});
+    begin = out.back().end;
+  }
+  DIFFCP_CHECK(static_cast<int>(out.size()) == s.P && begin == s.batch.num_blocks() &&
+                   out[static_cast<std::size_t>(s.p)].begin == s.blocks.begin &&
+                   out[static_cast<std::size_t>(s.p)].end == s.blocks.end,
+               "shard: query_rows of ", out.size(), " ranks cover ", begin, " of N = ", s.batch.num_blocks(),
+               " blocks or disagree with rank ", s.p, "'s blocks [", s.blocks.begin, ", ", s.blocks.end, ")");
+  return out;
+}
+
+KeyRows own_key_rows(const CpShard& s) { return {s.chunks, s.blocks}; }
+
+std::vector<KeyRows> gather_key_rows(Communicator& cp, const CpShard& s) {
+  const std::size_t P = static_cast<std::size_t>(cp.size());
+  std::vector<std::int64_t> mine;  // begin, end of each chunk
+  for (const PosRange& c : s.chunks) mine.insert(mine.end(), {c.begin, c.end});
+  std::vector<std::int64_t> n_mine{static_cast<std::int64_t>(mine.size())}, n_all(P);
+  cp.all_gather<std::int64_t>(n_mine, n_all);
+  std::vector<std::size_t> counts(n_all.begin(), n_all.end());
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  std::vector<std::int64_t> all(total);
+  cp.all_gather_v<std::int64_t>(mine, all, counts);
+  const std::vector<Shard> blocks = block_ranges(s);
+  std::vector<KeyRows> out(P);
+  std::size_t at = 0;
+  for (std::size_t r = 0; r < P; ++r) {
+    for (std::size_t j = 0; j < counts[r]; j += 2) out[r].chunks.push_back({all[at + j], all[at + j + 1]});
+    at += counts[r];
+    out[r].blocks = blocks[r];
+  }
+  return out;
+}
+
+BlockMask cross_mask(const PackedBatch& batch, Shard queries, std::span<const KeyRows> keys) {
+  const std::int64_t B = batch.block;
+  const auto refs = batch.blocks();
+  std::vector<MaskBlock> blocks;
+  for (std::int64_t i = queries.begin; i < queries.end; ++i)
+    blocks.push_back({refs[static_cast<std::size_t>(i)].sample_start, refs[static_cast<std::size_t>(i)].anchor, -1});
+  std::vector<ContextSegment> segments;
+  std::int64_t row = 0;
+  for (const KeyRows& k : keys) {
+    for (const PosRange& c : k.chunks) {
+      segments.push_back({row, c.begin, c.end - c.begin});
+      row += c.end - c.begin;
+    }
+    for (std::int64_t i = k.blocks.begin; i < k.blocks.end; ++i, row += B)
+      if (queries.begin <= i && i < queries.end) blocks[static_cast<std::size_t>(i - queries.begin)].own_row = row;
+  }
+  return BlockMask(B, row, std::move(segments), std::move(blocks));
+}
+
+void merge_two(HeadRows<const float> o_a, std::span<const float> lse_a, HeadRows<const float> o_b,
+               std::span<const float> lse_b, HeadRows<float> o_out, std::span<float> lse_out) {
+  const HeadRows<const float> o_parts[] = {o_a, o_b};
+  const std::span<const float> lse_parts[] = {lse_a, lse_b};
+  lse_merge(o_parts, lse_parts, o_out, lse_out);
+}
+
+void add_into(float* y, const float* x, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void pack_head_slices(std::span<const float* const> src, std::int64_t rows, std::int64_t P, std::int64_t hd,
+                      float* dst) {
+  const std::int64_t n = static_cast<std::int64_t>(src.size()), width = P * hd;
+  for (std::int64_t r = 0; r < P; ++r)
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        std::memcpy(dst + ((r * rows + i) * n + j) * hd, src[static_cast<std::size_t>(j)] + i * width + r * hd,
+                    sizeof(float) * static_cast<std::size_t>(hd));
+}
+
+void unpack_head_slices(const float* src, std::int64_t rows, std::int64_t P, std::int64_t hd,
+                        std::span<float* const> dst) {
+  const std::int64_t n = static_cast<std::int64_t>(dst.size()), width = P * hd;
+  for (std::int64_t r = 0; r < P; ++r)
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        std::memcpy(dst[static_cast<std::size_t>(j)] + i * width + r * hd, src + ((r * rows + i) * n + j) * hd,
+                    sizeof(float) * static_cast<std::size_t>(hd));
+}
+
+// ---- OwnRows ----
+
+void OwnRows::reshard(const AttnLayerConfig& cfg, const CpShard& s) {
+  cfg_ = cfg;
+  Qp_ = s.own_query_rows();
+  Cp_ = s.context_rows();
+  query_pos_ = s.block_positions();
+  key_pos_ = s.context_positions();
+  key_pos_.insert(key_pos_.end(), query_pos_.begin(), query_pos_.end());
+  const auto& len = s.batch.lengths;
+  const std::int64_t max_len = *std::max_element(len.begin(), len.end());
+  if (rope_.d_h() != cfg_.d_h || rope_.max_pos() < max_len) rope_ = RopeTable(cfg_.d_h, cfg_.rope_theta, max_len);
+  x_p_ = ctx_p_ = nullptr;
+  forward_done_ = false;
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  q_lin_.resize(n(Qp_ * cfg_.q_width()));
+  q_.resize(q_lin_.size());
+  q_rstd_.resize(n(Qp_ * cfg_.n_q));
+  k_lin_.resize(n(Lp() * cfg_.kv_width()));
+  k_rstd_.resize(n(Lp() * cfg_.n_kv));
+  kv_.resize(2 * k_lin_.size());
+  o_.resize(q_.size());
+  dout_.resize(q_.size());
+  lse_.resize(q_rstd_.size());
+  delta_.resize(q_rstd_.size());
+}
+
+void OwnRows::check_forward_done(const char* method) const {
+  DIFFCP_CHECK(forward_done_, method, ": backward() called before forward()");
+}
+
+void OwnRows::project_q(const AttnLayerParams& w, const float* x_p) {
+  using P = AttnLayerParams;
+  x_p_ = x_p;
+  linear_forward(x_p, Qp_, cfg_.hidden, w[P::wq], cfg_.q_width(), q_lin_.data());
+  rmsnorm_forward(q_lin_.data(), Qp_, cfg_.n_q, cfg_.d_h, w[P::q_norm], static_cast<float>(cfg_.rms_eps), q_.data(),
+                  q_rstd_.data());
+  rope_apply(q_.data(), Qp_, cfg_.n_q, query_pos_, rope_, false);
+}
+
+void OwnRows::project_kv(const AttnLayerParams& w, const float* ctx_p, Work* inflight) {
+  using P = AttnLayerParams;
+  ctx_p_ = ctx_p;
+  const std::int64_t H = cfg_.hidden, kvw = cfg_.kv_width();
+  float* k = kv_.data();
+  float* v = kv_.data() + Lp() * kvw;
+  linear_polled(ctx_p, Cp_, H, w[P::wk], kvw, k_lin_.data(), inflight);
+  linear_polled(x_p_, Qp_, H, w[P::wk], kvw, k_lin_.data() + Cp_ * kvw, inflight);
+  linear_polled(ctx_p, Cp_, H, w[P::wv], kvw, v, inflight);
+  linear_polled(x_p_, Qp_, H, w[P::wv], kvw, v + Cp_ * kvw, inflight);
+  rmsnorm_forward(k_lin_.data(), Lp(), cfg_.n_kv, cfg_.d_h, w[P::k_norm], static_cast<float>(cfg_.rms_eps), k,
+                  k_rstd_.data());
+  poll(inflight);
+  rope_apply(k, Lp(), cfg_.n_kv, key_pos_, rope_, false);
+  forward_done_ = true;
+}
+
+void OwnRows::output_forward(const AttnLayerParams& w, float* y_p) const {
+  using P = AttnLayerParams;
+  const std::int64_t H = cfg_.hidden;
+  linear_forward(o_.data(), Qp_, cfg_.q_width(), w[P::wo], H, y_p);
+  for (std::int64_t r = 0; r < Qp_; ++r)
+    for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[P::bo][c];
+}
+
+void OwnRows::output_backward(const AttnLayerParams& w, const float* dy_p, AttnLayerParams& grad, bool with_delta) {
+  using P = AttnLayerParams;
+  const std::int64_t H = cfg_.hidden, qw = cfg_.q_width();
+  bias_backward(dy_p, Qp_, H, grad[P::bo]);
+  linear_backward_weight(o_.data(), Qp_, qw, dy_p, H, grad[P::wo]);
+  linear_backward_input(dy_p, Qp_, H, w[P::wo], qw, dout_.data());
+  if (with_delta)
+    attention_delta(head_view(dout_.data(), Qp_, cfg_.n_q, cfg_.d_h), head_view(o_.data(), Qp_, cfg_.n_q, cfg_.d_h),
+                    delta_);
+}
+
+void OwnRows::backward_q(const AttnLayerParams& w, float* dq_p, float* dx_p, float beta, AttnLayerParams& grad) {
+  using P = AttnLayerParams;
+  const std::int64_t H = cfg_.hidden, qw = cfg_.q_width();
+  rope_apply(dq_p, Qp_, cfg_.n_q, query_pos_, rope_, true);
+  rmsnorm_backward(dq_p, q_lin_.data(), q_rstd_.data(), Qp_, cfg_.n_q, cfg_.d_h, w[P::q_norm], dq_p, grad[P::q_norm]);
+  linear_backward_weight(x_p_, Qp_, H, dq_p, qw, grad[P::wq]);
+  linear_backward_input(dq_p, Qp_, qw, w[P::wq], H, dx_p, beta);
+}
+
+void OwnRows::backward_kv(const AttnLayerParams& w, float* dkv_p, float* dx_p, float beta, float* dctx_p,
+                          AttnLayerParams& grad, Work* inflight) {
+  using P = AttnLayerParams;
+  const std::int64_t H = cfg_.hidden, kvw = cfg_.kv_width();
+  float* dk = dkv_p;
+  float* dv = dkv_p + Lp() * kvw;
+  rope_apply(dk, Lp(), cfg_.n_kv, key_pos_, rope_, true);
+  rmsnorm_backward(dk, k_lin_.data(), k_rstd_.data(), Lp(), cfg_.n_kv, cfg_.d_h, w[P::k_norm], dk, grad[P::k_norm]);
+  poll(inflight);
+  linear_backward_weight(ctx_p_, Cp_, H, dk, kvw, grad[P::wk]);
+  linear_backward_weight(x_p_, Qp_, H, dk + Cp_ * kvw, kvw, grad[P::wk]);
+  poll(inflight);
+  linear_backward_weight(ctx_p_, Cp_, H, dv, kvw, grad[P::wv]);
+  linear_backward_weight(x_p_, Qp_, H, dv + Cp_ * kvw, kvw, grad[P::wv]);
+  poll(inflight);
+  linear_backward_input(dk, Cp_, kvw, w[P::wk], H, dctx_p);
+  linear_backward_input(dv, Cp_, kvw, w[P::wv], H, dctx_p, 1.f);
+  poll(inflight);
+  linear_backward_input(dk + Cp_ * kvw, Qp_, kvw, w[P::wk], H, dx_p, beta);
+  linear_backward_input(dv + Cp_ * kvw, Qp_, kvw, w[P::wv], H, dx_p, 1.f);
+}
+
+}  // namespace diffcp

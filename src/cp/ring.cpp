@@ -1,0 +1,150 @@
+#include "cp/ring.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "attention/attention.hpp"
+
+namespace diffcp {
+
+namespace {
+constexpr int kTagKV = 0;   // a visiting K/V shard
+constexpr int kTagAcc = 1;  // a travelling dk/dv accumulator
+}  // namespace
+
+RingLayer::RingLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard)
+    : comm_(cp), cfg_(cfg), shard_(std::move(shard)) {
+  cfg_.validate();
+  reshard(shard_);
+}
+
+std::string RingLayer::unsupported_reason(const AttnLayerConfig&, int) { return ""; }
+
+void RingLayer::reshard(CpShard shard) {
+  DIFFCP_CHECK(shard.P == comm_.size() && shard.p == comm_.rank(), "ring: shard is for rank ", shard.p, " of ",
+               shard.P, " but the communicator is rank ", comm_.rank(), " of ", comm_.size());
+  shard_ = std::move(shard);
+  own_.reshard(cfg_, shard_);
+  const std::vector<KeyRows> keys = gather_key_rows(comm_, shard_);
+  masks_.clear();
+  key_rows_.clear();
+  for (const KeyRows& k : keys) {
+    masks_.push_back(cross_mask(shard_.batch, shard_.blocks, {&k, 1}));
+    key_rows_.push_back(k.rows(shard_.batch.block));
+  }
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  const std::int64_t L_max = *std::max_element(key_rows_.begin(), key_rows_.end());
+  const std::int64_t Qp = own_.Qp(), qw = cfg_.q_width(), kvw = cfg_.kv_width();
+  for (auto* v : {&kv_buf_[0], &kv_buf_[1], &dkv_in_, &dkv_out_[0], &dkv_out_[1]}) v->resize(n(2 * L_max * kvw));
+  dkv_own_.resize(n(2 * own_.Lp() * kvw));
+  for (auto* v : {&o_step_, &o_tmp_, &dq_, &dq_step_}) v->resize(n(Qp * qw));
+  for (auto* v : {&lse_step_, &lse_tmp_}) v->resize(n(Qp * cfg_.n_q));
+}
+
+HeadRows<const float> RingLayer::k_of(const float* kv, int r) const {
+  return head_view(kv, key_rows_[static_cast<std::size_t>(r)], cfg_.n_kv, cfg_.d_h);
+}
+HeadRows<const float> RingLayer::v_of(const float* kv, int r) const {
+  const std::int64_t L = key_rows_[static_cast<std::size_t>(r)];
+  return head_view(kv + L * cfg_.kv_width(), L, cfg_.n_kv, cfg_.d_h);
+}
+
+// Per layer, in f32 elements: every K/V shard [2, L_r, n_kv d_h] makes P-1 hops in the forward
+// and P-1 in the backward, and every dk/dv accumulator (same size) P-1 hops. Summed over ranks
+// (sum_r L_r = S + Q) and divided by P:
+//   bytes = 4 * 3 (P-1)/P * 2 (S+Q) n_kv d_h.
+// Paper, Table 1 (MHA n_kv d_h = H, even sharding): (P-1)/P * 6H(S + Q) elements.
+double RingLayer::predicted_bytes_per_layer() const {
+  const double P = shard_.P, L = static_cast<double>(shard_.batch.context_rows() + shard_.batch.query_rows());
+  return 4 * 3 * (P - 1) / P * 2 * L * static_cast<double>(cfg_.kv_width());
+}
+
+void RingLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {
+  const auto t0 = CpClock::now();
+  const int P = shard_.P, next = (shard_.p + 1) % P, prev = (shard_.p + P - 1) % P;
+  const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, d = cfg_.d_h;
+  timings_ = {};
+  own_.project_q(w, x_p);
+  own_.project_kv(w, ctx_p, nullptr);
+
+  const float* cur = own_.kv().data();
+  for (int t = 0; t < P; ++t) {
+    const int s = src_of_step(t);
+    WorkPtr send, recv;
+    if (t + 1 < P) {  // the next shard flies while this one is computed
+      recv = comm_.recv_async(kv_buf_[t % 2].data(), kv_count(src_of_step(t + 1)), DType::f32, prev, kTagKV);
+      send = comm_.send_async(cur, kv_count(s), DType::f32, next, kTagKV);
+    }
+    if (t == 0) {
+      attention_forward(masks_[static_cast<std::size_t>(s)], own_.q_view(), k_of(cur, s), v_of(cur, s),
+                        head_view(own_.o().data(), Qp, n_q, d), own_.lse());
+    } else {
+      attention_forward(masks_[static_cast<std::size_t>(s)], own_.q_view(), k_of(cur, s), v_of(cur, s),
+                        head_view(o_step_.data(), Qp, n_q, d), lse_step_);
+      merge_two(head_view(own_.o().data(), Qp, n_q, d), own_.lse(), head_view(o_step_.data(), Qp, n_q, d), lse_step_,
+                head_view(o_tmp_.data(), Qp, n_q, d), lse_tmp_);
+      std::swap(own_.o(), o_tmp_);
+      std::swap(own_.lse(), lse_tmp_);
+    }
+    if (send) {
+      timings_.fwd_overlap_exposed_ms += timed_wait(*recv) + timed_wait(*send);
+      cur = kv_buf_[t % 2].data();
+    }
+  }
+  own_.output_forward(w, y_p);
+  timings_.fwd_ms = elapsed_ms(t0);
+}
+
+void RingLayer::backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p,
+                         AttnLayerParams& grad) {
+  own_.check_forward_done("ring");
+  const auto t0 = CpClock::now();
+  const int P = shard_.P, p = shard_.p, next = (p + 1) % P, prev = (p + P - 1) % P;
+  const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, d = cfg_.d_h, kvw = cfg_.kv_width();
+  own_.output_backward(w, dy_p, grad);
+
+  const float* cur = own_.kv().data();
+  WorkPtr acc_send[2];
+  for (int t = 0; t < P; ++t) {
+    const int s = src_of_step(t);
+    const std::int64_t Ls = key_rows_[static_cast<std::size_t>(s)];
+    WorkPtr send, recv, acc_recv;
+    if (t + 1 < P) {
+      recv = comm_.recv_async(kv_buf_[t % 2].data(), kv_count(src_of_step(t + 1)), DType::f32, prev, kTagKV);
+      send = comm_.send_async(cur, kv_count(s), DType::f32, next, kTagKV);
+    }
+    // Rank s's accumulator, started at s+1 (t = 1), arrives from prev for t >= 2.
+    if (t >= 2) acc_recv = comm_.recv_async(dkv_in_.data(), kv_count(s), DType::f32, prev, kTagAcc);
+    if (t >= 1 && acc_send[t % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
+    float* dkv = t == 0 ? dkv_own_.data() : dkv_out_[t % 2].data();
+    float* dq = t == 0 ? dq_.data() : dq_step_.data();
+    attention_backward(masks_[static_cast<std::size_t>(s)], own_.q_view(), k_of(cur, s), v_of(cur, s),
+                       head_view(own_.dout().data(), Qp, n_q, d), own_.lse(), own_.delta(), head_view(dq, Qp, n_q, d),
+                       head_view(dkv, Ls, cfg_.n_kv, d), head_view(dkv + Ls * kvw, Ls, cfg_.n_kv, d));
+    if (t >= 1) {
+      add_into(dq_.data(), dq_step_.data(), Qp * cfg_.q_width());
+      if (acc_recv) {
+        timings_.bwd_overlap_exposed_ms += timed_wait(*acc_recv);
+        add_into(dkv, dkv_in_.data(), 2 * Ls * kvw);
+      }
+      acc_send[t % 2] = comm_.send_async(dkv, kv_count(s), DType::f32, next, kTagAcc);  // the last hop goes home
+    }
+    if (send) {
+      timings_.bwd_overlap_exposed_ms += timed_wait(*recv) + timed_wait(*send);
+      cur = kv_buf_[t % 2].data();
+    }
+  }
+  // This rank's accumulator comes home from prev; the q-side backward overlaps it.
+  WorkPtr home = P > 1 ? comm_.recv_async(dkv_in_.data(), kv_count(p), DType::f32, prev, kTagAcc) : nullptr;
+  own_.backward_q(w, dq_.data(), dx_p, 0.f, grad);
+  if (home) {
+    timings_.bwd_overlap_exposed_ms += timed_wait(*home);
+    add_into(dkv_own_.data(), dkv_in_.data(), 2 * own_.Lp() * kvw);
+  }
+  for (WorkPtr& a : acc_send)
+    if (a) timings_.bwd_overlap_exposed_ms += timed_wait(*a);
+  own_.backward_kv(w, dkv_own_.data(), dx_p, 1.f, dctx_p, grad, nullptr);
+  timings_.bwd_ms = elapsed_ms(t0);
+}
+
+}  // namespace diffcp

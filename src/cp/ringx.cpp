@@ -1,0 +1,142 @@
+#include "cp/ringx.hpp"
+
+#include <algorithm>
+#include <span>
+
+#include "attention/attention.hpp"
+#include "attention/merge.hpp"
+
+namespace diffcp {
+
+RingXLayer::RingXLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard)
+    : comm_(cp), cfg_(cfg), shard_(std::move(shard)) {
+  cfg_.validate();
+  reshard(shard_);
+}
+
+std::string RingXLayer::unsupported_reason(const AttnLayerConfig&, int) { return ""; }
+
+void RingXLayer::reshard(CpShard shard) {
+  DIFFCP_CHECK(shard.P == comm_.size() && shard.p == comm_.rank(), "ringx: shard is for rank ", shard.p, " of ",
+               shard.P, " but the communicator is rank ", comm_.rank(), " of ", comm_.size());
+  shard_ = std::move(shard);
+  own_.reshard(cfg_, shard_);
+  const std::vector<KeyRows> keys = gather_key_rows(comm_, shard_);
+  const KeyRows& mine = keys[static_cast<std::size_t>(shard_.p)];
+  fwd_masks_.clear();
+  bwd_masks_.clear();
+  query_rows_ = shard_.query_rows;
+  key_rows_.clear();
+  for (const KeyRows& k : keys) {
+    fwd_masks_.push_back(cross_mask(shard_.batch, k.blocks, {&mine, 1}));
+    bwd_masks_.push_back(cross_mask(shard_.batch, shard_.blocks, {&k, 1}));
+    key_rows_.push_back(k.rows(shard_.batch.block));
+  }
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  const std::int64_t Q_max = *std::max_element(query_rows_.begin(), query_rows_.end());
+  const std::int64_t L_max = *std::max_element(key_rows_.begin(), key_rows_.end());
+  const std::int64_t qw = cfg_.q_width(), kvw = cfg_.kv_width();
+  for (auto* v : {&buf_[0], &buf_[1]}) v->resize(n(std::max(Q_max * qw, 2 * L_max * kvw)));
+  o_part_.resize(n(Q_max * qw));
+  lse_part_.resize(n(Q_max * cfg_.n_q));
+  lse_all_.resize(lse_part_.size());
+  dq_.resize(n(own_.Qp() * qw));
+  dq_step_.resize(dq_.size());
+  dkv_part_.resize(n(2 * L_max * kvw));
+  dkv_own_.resize(n(2 * own_.Lp() * kvw));
+}
+
+std::vector<std::size_t> RingXLayer::rooted_counts(int root, std::int64_t n) const {
+  std::vector<std::size_t> c(static_cast<std::size_t>(shard_.P), 0);
+  c[static_cast<std::size_t>(root)] = static_cast<std::size_t>(n);
+  return c;
+}
+
+WorkPtr RingXLayer::post_broadcast(int t, float* own, float* buf, std::int64_t n) {
+  return comm_.broadcast_async(t == shard_.p ? own : buf, static_cast<std::size_t>(n), DType::f32, t);
+}
+
+// Per layer, in f32 elements, summed over ranks: the broadcasts send (P-1) Q_t n_q d_h (forward)
+// and (P-1) 2 L_t n_kv d_h (backward) from each root t; the reductions to t receive the same from
+// the P-1 other ranks; each [Q_t, n_q] logsumexp all-reduce sends 2(P-1) Q_t n_q in all
+// (bandwidth-optimal rule of comm/communicator.hpp). With sum_t Q_t = Q, sum_t L_t = S + Q, / P:
+//   bytes = 4 * (P-1)/P * (2 Q n_q d_h + 2 Q n_q + 4 (S+Q) n_kv d_h).
+// Paper, Table 1 (MHA n_q d_h = n_kv d_h = H, even sharding): (P-1)/P * (2QH + 4(S+Q)H) elements
+// plus the lower-order lse term 2(P-1)/P Q n_q.
+double RingXLayer::predicted_bytes_per_layer() const {
+  const double P = shard_.P, Q = static_cast<double>(shard_.batch.query_rows());
+  const double L = static_cast<double>(shard_.batch.context_rows()) + Q;
+  const double n_q = static_cast<double>(cfg_.n_q), qw = static_cast<double>(cfg_.q_width());
+  return 4 * (P - 1) / P * (2 * Q * qw + 2 * Q * n_q + 4 * L * static_cast<double>(cfg_.kv_width()));
+}
+
+void RingXLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {
+  const auto t0 = CpClock::now();
+  const int P = shard_.P, p = shard_.p;
+  const std::int64_t n_q = cfg_.n_q, d = cfg_.d_h, qw = cfg_.q_width();
+  timings_ = {};
+  own_.project_q(w, x_p);
+  WorkPtr bcast[2];
+  bcast[0] = post_broadcast(0, own_.q().data(), buf_[0].data(), query_rows_[0] * qw);
+  own_.project_kv(w, ctx_p, bcast[0].get());
+
+  for (int t = 0; t < P; ++t) {
+    const std::size_t ti = static_cast<std::size_t>(t);
+    if (t + 1 < P)
+      bcast[(t + 1) % 2] = post_broadcast(t + 1, own_.q().data(), buf_[(t + 1) % 2].data(), query_rows_[ti + 1] * qw);
+    timings_.fwd_overlap_exposed_ms += timed_wait(*bcast[t % 2]);
+    const float* q_t = t == p ? own_.q().data() : buf_[t % 2].data();
+    const std::int64_t Qt = query_rows_[ti];
+    const std::span<float> lse_part(lse_part_.data(), static_cast<std::size_t>(Qt * n_q));
+    const std::span<float> lse_t(lse_all_.data(), lse_part.size());
+    const HeadRows<float> o_part = head_view(o_part_.data(), Qt, n_q, d);
+    attention_forward(fwd_masks_[ti], head_view(q_t, Qt, n_q, d), own_.k_view(), own_.v_view(), o_part, lse_part);
+    std::copy(lse_part.begin(), lse_part.end(), lse_t.begin());
+    auto tw = CpClock::now();
+    comm_.all_reduce<float>(lse_t, ReduceOp::logsumexp);
+    timings_.blocking_comm_ms += elapsed_ms(tw);
+    lse_rescale(o_part, lse_part, lse_t);
+    tw = CpClock::now();
+    comm_.reduce_scatter_v_async(o_part_.data(), t == p ? own_.o().data() : nullptr, rooted_counts(t, Qt * qw),
+                                 DType::f32, ReduceOp::sum)->wait();
+    timings_.blocking_comm_ms += elapsed_ms(tw);
+    if (t == p) std::copy(lse_t.begin(), lse_t.end(), own_.lse().begin());
+  }
+  own_.output_forward(w, y_p);
+  timings_.fwd_ms = elapsed_ms(t0);
+}
+
+void RingXLayer::backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p,
+                          AttnLayerParams& grad) {
+  own_.check_forward_done("ringx");
+  const auto t0 = CpClock::now();
+  const int P = shard_.P, p = shard_.p;
+  const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, n_kv = cfg_.n_kv, d = cfg_.d_h, kvw = cfg_.kv_width();
+  own_.output_backward(w, dy_p, grad);
+  float* kv_own = own_.kv().data();
+  WorkPtr bcast[2];
+  bcast[0] = post_broadcast(0, kv_own, buf_[0].data(), 2 * key_rows_[0] * kvw);
+
+  for (int t = 0; t < P; ++t) {
+    const std::size_t ti = static_cast<std::size_t>(t);
+    if (t + 1 < P)
+      bcast[(t + 1) % 2] = post_broadcast(t + 1, kv_own, buf_[(t + 1) % 2].data(), 2 * key_rows_[ti + 1] * kvw);
+    timings_.bwd_overlap_exposed_ms += timed_wait(*bcast[t % 2]);
+    const float* kv_t = t == p ? kv_own : buf_[t % 2].data();
+    const std::int64_t Lt = key_rows_[ti];
+    float* dq = t == 0 ? dq_.data() : dq_step_.data();
+    attention_backward(bwd_masks_[ti], own_.q_view(), head_view(kv_t, Lt, n_kv, d), head_view(kv_t + Lt * kvw, Lt, n_kv, d),
+                       head_view(own_.dout().data(), Qp, n_q, d), own_.lse(), own_.delta(), head_view(dq, Qp, n_q, d),
+                       head_view(dkv_part_.data(), Lt, n_kv, d), head_view(dkv_part_.data() + Lt * kvw, Lt, n_kv, d));
+    if (t > 0) add_into(dq_.data(), dq_step_.data(), Qp * cfg_.q_width());
+    const auto tw = CpClock::now();
+    comm_.reduce_scatter_v_async(dkv_part_.data(), t == p ? dkv_own_.data() : nullptr, rooted_counts(t, 2 * Lt * kvw),
+                                 DType::f32, ReduceOp::sum)->wait();
+    timings_.blocking_comm_ms += elapsed_ms(tw);
+  }
+  own_.backward_q(w, dq_.data(), dx_p, 0.f, grad);
+  own_.backward_kv(w, dkv_own_.data(), dx_p, 1.f, dctx_p, grad, nullptr);
+  timings_.bwd_ms = elapsed_ms(t0);
+}
+
+}  // namespace diffcp

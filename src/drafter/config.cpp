@@ -1,0 +1,99 @@
+#include "drafter/config.hpp"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+
+namespace diffcp {
+
+void DrafterConfig::validate() const {
+  DIFFCP_CHECK(vocab >= 2 && hidden >= 1 && target_layers >= 1 && layers >= 1 && ffn >= 1, "drafter: vocab = ", vocab,
+               ", hidden = ", hidden, ", target_layers = ", target_layers, ", layers = ", layers, ", ffn = ", ffn,
+               "; expected vocab >= 2 and the rest >= 1");
+  DIFFCP_CHECK(block >= 2, "drafter: block = ", block, ", expected >= 2 (slot 0 is the anchor)");
+  DIFFCP_CHECK(gamma > 0, "drafter: gamma = ", gamma, ", expected > 0");
+  DIFFCP_CHECK(mask_token >= 0 && mask_token < vocab, "drafter: mask token ", mask_token, " outside [0, ", vocab, ")");
+  attn().validate();
+}
+
+nlohmann::json DrafterConfig::to_json() const {
+  return {{"vocab", vocab}, {"hidden", hidden}, {"target_layers", target_layers}, {"layers", layers}, {"n_q", n_q},
+          {"n_kv", n_kv}, {"d_h", d_h}, {"ffn", ffn}, {"block", block}, {"gamma", gamma}, {"mask_token", mask_token},
+          {"rope_theta", rope_theta}, {"rms_eps", rms_eps}};
+}
+
+DrafterConfig DrafterConfig::from_json(const nlohmann::json& j) {
+  DrafterConfig c;
+  c.vocab = j.at("vocab");
+  c.hidden = j.at("hidden");
+  c.target_layers = j.at("target_layers");
+  c.layers = j.at("layers");
+  c.n_q = j.at("n_q");
+  c.n_kv = j.at("n_kv");
+  c.d_h = j.at("d_h");
+  c.ffn = j.at("ffn");
+  c.block = j.at("block");
+  c.gamma = j.at("gamma");
+  c.mask_token = j.at("mask_token");
+  c.rope_theta = j.at("rope_theta");
+  c.rms_eps = j.at("rms_eps");
+  c.validate();
+  return c;
+}
+
+DrafterConfig drafter_preset(const std::string& name) {
+  DrafterConfig c;
+  if (name == "tiny") return c;
+  if (name == "qwen3.5-35b-a3b" || name == "qwen3.5-27b") {
+    const bool a3b = name == "qwen3.5-35b-a3b";
+    c.vocab = 151936;
+    c.hidden = a3b ? 2048 : 5120;
+    c.layers = a3b ? 8 : 5;
+    c.ffn = a3b ? 6144 : 17408;
+    c.n_q = 32;
+    c.n_kv = a3b ? 4 : 8;
+    c.d_h = 128;
+    c.target_layers = 5;
+    c.block = 16;
+    c.gamma = 7;
+    c.mask_token = static_cast<std::int32_t>(c.vocab - 1);
+    return c;
+  }
+  DIFFCP_FAIL("unknown preset '", name, "', expected tiny, qwen3.5-35b-a3b or qwen3.5-27b");
+}
+
+DrafterLayout::DrafterLayout(const DrafterConfig& c) {
+  c.validate();
+  const std::int64_t H = c.hidden, F = c.ffn;
+  std::int64_t off = 0;
+  auto take = [&](std::int64_t n, bool vector) {
+    const std::int64_t at = off;
+    off += n;
+    if (vector) vectors.push_back({at, n});
+    return at;
+  };
+  fc = take(c.target_layers * H * H, false);
+  fc_norm = take(H, true);
+  const AttnLayerConfig a = c.attn();
+  const std::int64_t n_attn = AttnLayerParams::count(a);
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    Layer L{};
+    L.attn_norm = take(H, true);
+    L.attn = off;
+    // Inside attn: wq, wk, wv, wo matrices; bo, q_norm, k_norm vectors (AttnLayerParams order).
+    const std::int64_t matrices = 2 * H * a.q_width() + 2 * H * a.kv_width();
+    take(matrices, false);
+    take(n_attn - matrices, true);
+    L.mlp_norm = take(H, true);
+    L.w_gate = take(H * F, false);
+    L.w_up = take(H * F, false);
+    L.w_down = take(F * H, false);
+    layer.push_back(L);
+  }
+  final_norm = take(H, true);
+  total = off;
+}
+
+}  // namespace diffcp

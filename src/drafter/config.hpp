@@ -1,0 +1,49 @@
+// The DFlash drafter (SPEC A.1): configuration, named presets, and the parameter layout.
+//
+// Legend: V vocab, H hidden, n_t target layers whose hidden states feed the context fusion,
+//         L drafter layers, F SwiGLU width, B block size, gamma loss decay.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "cp/attention_layer.hpp"
+
+namespace diffcp {
+
+struct DrafterConfig {
+  std::int64_t vocab = 64, hidden = 64, target_layers = 2, layers = 2;
+  std::int64_t n_q = 4, n_kv = 2, d_h = 16, ffn = 128;
+  std::int64_t block = 8;
+  double gamma = 4.0;  // 7 for B = 16, 5 for 10, 4 for 8 (SPEC A.1)
+  std::int32_t mask_token = 63;
+  double rope_theta = 1e6, rms_eps = 1e-6;
+
+  void validate() const;
+  AttnLayerConfig attn() const { return {hidden, n_q, n_kv, d_h, rope_theta, rms_eps}; }
+  nlohmann::json to_json() const;
+  static DrafterConfig from_json(const nlohmann::json& j);
+};
+
+// "tiny" (the default: trains on 2 cores in minutes), "qwen3.5-35b-a3b" and "qwen3.5-27b"
+// (SPEC A.1 Table 2 shapes; vocab 151936, the Qwen tokenizer's).
+DrafterConfig drafter_preset(const std::string& name);
+
+// Offsets of every trainable tensor in the drafter's single parameter allocation.
+// fc [n_t*H, H], fc_norm [H]; per layer: attn_norm [H], attn (AttnLayerParams), mlp_norm [H],
+// w_gate [H, F], w_up [H, F], w_down [F, H]; final_norm [H]. Stored [in, out].
+struct DrafterLayout {
+  struct Layer {
+    std::int64_t attn_norm, attn, mlp_norm, w_gate, w_up, w_down;
+  };
+  std::int64_t fc, fc_norm, final_norm, total;
+  std::vector<Layer> layer;
+  explicit DrafterLayout(const DrafterConfig& c);
+  // (offset, size) of the 1-D tensors (norm weights, biases): not weight-decayed.
+  std::vector<std::pair<std::int64_t, std::int64_t>> vectors;
+};
+
+}  // namespace diffcp

@@ -1,0 +1,211 @@
+#include "drafter/data.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <unordered_set>
+
+#include "core/error.hpp"
+#include "io/safetensors.hpp"
+
+namespace diffcp {
+
+namespace {
+
+// hidden state of one position: n_t layers of tanh([E(tok_x); E(tok_{x-1})] W_t), W_t: [2H, H].
+class SyntheticSource final : public DataSource {
+ public:
+  SyntheticSource(const DrafterConfig& cfg, const SyntheticSpec& spec) : cfg_(cfg), spec_(spec) {
+    DIFFCP_CHECK(spec.min_length >= cfg.block + 2 && spec.max_length >= spec.min_length, "synthetic data: lengths [",
+                 spec.min_length, ", ", spec.max_length, "] must be >= B + 2 = ", cfg.block + 2, " and ordered");
+    const std::int64_t V = cfg.vocab, H = cfg.hidden;
+    std::mt19937_64 rng(spec.seed);
+    std::normal_distribution<double> n01(0.0, 1.0);
+    embedding_.resize(static_cast<std::size_t>(V * H));
+    for (auto& x : embedding_) x = static_cast<float>(n01(rng));
+    lm_head_.resize(static_cast<std::size_t>(H * V));
+    for (auto& x : lm_head_) x = static_cast<float>(n01(rng) / std::sqrt(static_cast<double>(H)));
+    W_.resize(static_cast<std::size_t>(cfg.target_layers * 2 * H * H));
+    for (auto& x : W_) x = static_cast<float>(n01(rng) / std::sqrt(2.0 * static_cast<double>(H)));
+    // Markov chain over the text tokens (all but the mask token).
+    const std::int64_t text = V - 1;
+    std::uniform_int_distribution<std::int64_t> pick(0, text - 1);
+    next_.resize(static_cast<std::size_t>(text * 3));
+    for (auto& x : next_) x = static_cast<std::int32_t>(pick(rng));
+    auto make = [&](std::int64_t n, std::vector<Sample>& out) {
+      std::uniform_int_distribution<std::int64_t> len(spec.min_length, spec.max_length);
+      std::uniform_real_distribution<double> u(0.0, 1.0);
+      for (std::int64_t s = 0; s < n; ++s) {
+        Sample smp;
+        const std::int64_t L = len(rng);
+        const auto prompt = static_cast<std::int64_t>(std::llround(spec.prompt_fraction * static_cast<double>(L)));
+        std::int32_t tok = static_cast<std::int32_t>(pick(rng));
+        for (std::int64_t x = 0; x < L; ++x) {
+          smp.tokens.push_back(text_token(tok));
+          smp.loss_mask.push_back(x >= prompt ? 1 : 0);
+          const double r = u(rng);
+          tok = next_[static_cast<std::size_t>(tok * 3 + (r < 0.75 ? 0 : r < 0.9 ? 1 : 2))];
+        }
+        out.push_back(std::move(smp));
+      }
+    };
+    make(spec.train_samples, train_);
+    make(spec.heldout_samples, heldout_);
+  }
+  const std::vector<Sample>& train() const override { return train_; }
+  const std::vector<Sample>& heldout() const override { return heldout_; }
+  const std::vector<float>& embedding() const override { return embedding_; }
+  const std::vector<float>& lm_head() const override { return lm_head_; }
+  std::string describe() const override {
+    return "synthetic: Markov chain over " + std::to_string(cfg_.vocab - 1) + " tokens, " +
+           std::to_string(train_.size()) + " train / " + std::to_string(heldout_.size()) +
+           " held-out samples, frozen random target model (seed " + std::to_string(spec_.seed) + ")";
+  }
+  void hidden(bool held, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const override {
+    const Sample& smp = (held ? heldout_ : train_)[s];
+    const std::int64_t H = cfg_.hidden, T = cfg_.target_layers;
+    std::vector<float> in(static_cast<std::size_t>(2 * H));
+    for (std::int64_t x = begin; x < end; ++x) {
+      std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x)] * H, H, in.begin());
+      if (x > 0)
+        std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x - 1)] * H, H, in.begin() + H);
+      else
+        std::fill(in.begin() + H, in.end(), 0.f);
+      for (std::int64_t t = 0; t < T; ++t) {
+        const float* W = W_.data() + t * 2 * H * H;
+        float* o = out + ((x - begin) * T + t) * H;
+        for (std::int64_t c = 0; c < H; ++c) o[c] = 0.f;
+        for (std::int64_t r = 0; r < 2 * H; ++r)
+          for (std::int64_t c = 0; c < H; ++c) o[c] += in[static_cast<std::size_t>(r)] * W[r * H + c];
+        for (std::int64_t c = 0; c < H; ++c) o[c] = std::tanh(o[c]);
+      }
+    }
+  }
+
+ private:
+  // Text tokens skip the mask token id.
+  std::int32_t text_token(std::int32_t t) const { return t >= cfg_.mask_token ? t + 1 : t; }
+  DrafterConfig cfg_;
+  SyntheticSpec spec_;
+  std::vector<float> embedding_, lm_head_, W_;
+  std::vector<std::int32_t> next_;
+  std::vector<Sample> train_, heldout_;
+};
+
+class ShardSource final : public DataSource {
+ public:
+  ShardSource(const DrafterConfig& cfg, const std::string& dir, std::int64_t heldout) : cfg_(cfg), dir_(dir) {
+    const std::int64_t V = cfg.vocab, H = cfg.hidden, T = cfg.target_layers * H;
+    const SafeTensors model(dir + "/model.safetensors");
+    embedding_ = model.f32("embedding", 2);
+    lm_head_ = model.f32("lm_head", 2);
+    DIFFCP_CHECK(model.info("embedding").shape == std::vector<std::int64_t>({V, H}) &&
+                     model.info("lm_head").shape == std::vector<std::int64_t>({H, V}),
+                 "data '", dir, "': embedding must be [V, H] = [", V, ", ", H, "] and lm_head [H, V]");
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().filename().string().rfind("shard_", 0) == 0 && e.path().extension() == ".safetensors")
+        files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    DIFFCP_CHECK(!files.empty(), "data '", dir, "': no shard_*.safetensors files");
+    std::vector<Sample> all;
+    for (const auto& path : files) {
+      const SafeTensors st(path);
+      const auto tokens = st.i32("tokens", 1);
+      const auto mask = st.u8("loss_mask", 1);
+      const auto offsets = st.i64("offsets", 1);
+      auto hidden = st.f32("hidden", 2);
+      const auto rows = static_cast<std::int64_t>(tokens.size());
+      DIFFCP_CHECK(static_cast<std::int64_t>(mask.size()) == rows && st.info("hidden").shape == std::vector<std::int64_t>({rows, T}),
+                   "shard '", path, "': loss_mask must be [", rows, "] and hidden [", rows, ", n_t*H = ", T, "]");
+      DIFFCP_CHECK(offsets.size() >= 2 && offsets.front() == 0 && offsets.back() == rows, "shard '", path,
+                   "': offsets must run from 0 to the ", rows, " token rows");
+      for (std::size_t i = 0; i + 1 < offsets.size(); ++i) {
+        DIFFCP_CHECK(offsets[i] < offsets[i + 1], "shard '", path, "': offsets not increasing at ", i);
+        Sample s{{tokens.begin() + offsets[i], tokens.begin() + offsets[i + 1]}, {mask.begin() + offsets[i], mask.begin() + offsets[i + 1]}};
+        for (std::int32_t t : s.tokens)
+          DIFFCP_CHECK(t >= 0 && t < V, "shard '", path, "': token id ", t, " outside the vocabulary [0, ", V, ")");
+        all.push_back(std::move(s));
+        hidden_.push_back(std::vector<float>(hidden.begin() + offsets[i] * T, hidden.begin() + offsets[i + 1] * T));
+      }
+    }
+    DIFFCP_CHECK(heldout >= 0 && heldout < static_cast<std::int64_t>(all.size()), "data '", dir, "': ", all.size(),
+                 " samples cannot hold out ", heldout);
+    const std::size_t n_train = all.size() - static_cast<std::size_t>(heldout);
+    train_.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n_train));
+    heldout_.assign(all.begin() + static_cast<std::ptrdiff_t>(n_train), all.end());
+  }
+  const std::vector<Sample>& train() const override { return train_; }
+  const std::vector<Sample>& heldout() const override { return heldout_; }
+  const std::vector<float>& embedding() const override { return embedding_; }
+  const std::vector<float>& lm_head() const override { return lm_head_; }
+  std::string describe() const override {
+    return "shards in " + dir_ + ": " + std::to_string(train_.size()) + " train / " + std::to_string(heldout_.size()) + " held-out samples";
+  }
+  void hidden(bool held, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const override {
+    const std::int64_t T = cfg_.target_layers * cfg_.hidden;
+    const auto& h = hidden_[held ? train_.size() + s : s];
+    std::copy(h.begin() + begin * T, h.begin() + end * T, out);
+  }
+
+ private:
+  DrafterConfig cfg_;
+  std::string dir_;
+  std::vector<float> embedding_, lm_head_;
+  std::vector<std::vector<float>> hidden_;  // per sample (train then held-out) [L, n_t*H]
+  std::vector<Sample> train_, heldout_;
+};
+
+}  // namespace
+
+std::unique_ptr<DataSource> make_synthetic_source(const DrafterConfig& cfg, const SyntheticSpec& spec) {
+  return std::make_unique<SyntheticSource>(cfg, spec);
+}
+
+std::unique_ptr<DataSource> make_shard_source(const DrafterConfig& cfg, const std::string& dir, std::int64_t heldout) {
+  return std::make_unique<ShardSource>(cfg, dir, heldout);
+}
+
+std::vector<std::vector<std::size_t>> pack_samples(const std::vector<Sample>& samples, std::int64_t context) {
+  std::vector<std::vector<std::size_t>> out;
+  std::int64_t used = context;
+  for (std::size_t s = 0; s < samples.size(); ++s) {
+    const auto L = static_cast<std::int64_t>(samples[s].tokens.size());
+    DIFFCP_CHECK(L <= context, "packing: sample ", s, " has ", L, " tokens, longer than the micro-batch context ",
+                 context, " (samples are never split)");
+    if (used + L > context) {
+      out.emplace_back();
+      used = 0;
+    }
+    out.back().push_back(s);
+    used += L;
+  }
+  return out;
+}
+
+PackedBatch sample_anchors(const std::vector<Sample>& samples, const std::vector<std::size_t>& members,
+                           std::int64_t anchors, std::int64_t block, std::mt19937_64& rng) {
+  PackedBatch b;
+  b.block = block;
+  for (std::size_t s : members) {
+    const Sample& smp = samples[s];
+    const auto L = static_cast<std::int64_t>(smp.tokens.size());
+    std::vector<std::int64_t> cand;
+    for (std::int64_t x = 0; x + block <= L; ++x)
+      if (smp.loss_mask[static_cast<std::size_t>(x)]) cand.push_back(x);
+    const auto k = std::min<std::int64_t>(anchors, static_cast<std::int64_t>(cand.size()));
+    // Partial Fisher-Yates: the first k of a uniform shuffle.
+    for (std::int64_t i = 0; i < k; ++i) {
+      std::uniform_int_distribution<std::int64_t> d(i, static_cast<std::int64_t>(cand.size()) - 1);
+      std::swap(cand[static_cast<std::size_t>(i)], cand[static_cast<std::size_t>(d(rng))]);
+    }
+    std::vector<std::int64_t> picked(cand.begin(), cand.begin() + k);
+    std::sort(picked.begin(), picked.end());
+    b.lengths.push_back(L);
+    b.anchors.push_back(std::move(picked));
+  }
+  b.validate();
+  return b;
+}
+
+}  // namespace diffcp

@@ -1,0 +1,65 @@
+// Training data of the drafter: samples (token ids + loss mask), the target model's hidden states
+// of n_t layers for every token, packing into fixed-length micro-batches (samples never split),
+// and anchor sampling (SPEC A.1).
+//
+// Two sources share one interface: SyntheticSource (the embedded default: a seeded low-entropy
+// Markov chain over the vocabulary and a small frozen random "target model" of our own) and
+// ShardSource (safetensors shards written by tools/extract_shards.py from a real model).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "drafter/config.hpp"
+#include "workload/batch.hpp"
+
+namespace diffcp {
+
+struct Sample {
+  std::vector<std::int32_t> tokens;    // [L]
+  std::vector<std::uint8_t> loss_mask;  // [L] 1 on response tokens
+};
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual const std::vector<Sample>& train() const = 0;
+  virtual const std::vector<Sample>& heldout() const = 0;
+  // Target hidden states of positions [begin, end) of sample `s` of split `heldout`:
+  // out [end - begin, n_t * H].
+  virtual void hidden(bool heldout, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const = 0;
+  virtual const std::vector<float>& embedding() const = 0;  // [V, H] the target's, frozen
+  virtual const std::vector<float>& lm_head() const = 0;    // [H, V] the target's, frozen
+  virtual std::string describe() const = 0;
+};
+
+// Markov chain: every token has 3 likely successors (p = 0.75, 0.15, 0.1); the mask token never
+// occurs in text. Target model: layer t's hidden state at position x is
+// tanh([E(tok_x); E(tok_{x-1})] W_t) (a zero vector before the sample's first token).
+struct SyntheticSpec {
+  std::int64_t train_samples = 96, heldout_samples = 16;
+  std::int64_t min_length = 96, max_length = 256;
+  double prompt_fraction = 0.25;
+  std::uint64_t seed = 1;
+};
+std::unique_ptr<DataSource> make_synthetic_source(const DrafterConfig& cfg, const SyntheticSpec& spec);
+
+// A directory with model.safetensors (embedding [V, H] and lm_head [H, V], f32) and
+// shard_*.safetensors files, each with tokens (I32 [T]), loss_mask (U8 [T]), offsets (I64 [n+1],
+// sample boundaries into the T rows) and hidden (F32 [T, n_t*H]). The last `heldout` samples are
+// held out. Every offset, dtype and shape is validated.
+std::unique_ptr<DataSource> make_shard_source(const DrafterConfig& cfg, const std::string& dir, std::int64_t heldout);
+
+// Greedy packing of samples (in order) into micro-batches of at most `context` tokens; a sample
+// longer than `context` is rejected. Each micro-batch lists sample indices.
+std::vector<std::vector<std::size_t>> pack_samples(const std::vector<Sample>& samples, std::int64_t context);
+
+// Anchors of one packed micro-batch (SPEC A.1): per sample, up to `anchors` positions drawn
+// uniformly without replacement among x with loss_mask[x] = 1 and x + B <= length, sorted.
+PackedBatch sample_anchors(const std::vector<Sample>& samples, const std::vector<std::size_t>& members,
+                           std::int64_t anchors, std::int64_t block, std::mt19937_64& rng);
+
+}  // namespace diffcp

@@ -1,0 +1,250 @@
+#include "drafter/trainer.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "balance/balancer.hpp"
+#include "balance/redistribute.hpp"
+#include "core/error.hpp"
+#include "drafter/checkpoint.hpp"
+#include "drafter/data.hpp"
+#include "drafter/model.hpp"
+#include "drafter/optim.hpp"
+
+namespace diffcp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Anchors of global micro-batch g (train) or held-out micro-batch g (eval): the same on every CP
+// rank of the group, and the same whichever DP x accumulation split produced g.
+std::mt19937_64 anchor_rng(std::uint64_t seed, std::int64_t g, std::uint64_t salt) {
+  std::seed_seq seq{seed, static_cast<std::uint64_t>(g), salt};
+  return std::mt19937_64(seq);
+}
+
+// The context-parallel group's view of one packed micro-batch.
+struct MicroBatchBuilder {
+  const DataSource& data;
+  const DrafterConfig& cfg;
+  const Balancer& balancer;
+  Communicator& cp;
+  Communicator& redist;
+  int J;
+  std::int64_t bucket;
+
+  DrafterBatch build(bool heldout, const std::vector<std::size_t>& members, std::int64_t anchors, std::mt19937_64& rng) const {
+    const auto& samples = heldout ? data.heldout() : data.train();
+    DrafterBatch mb;
+    const PackedBatch batch = sample_anchors(samples, members, anchors, cfg.block, rng);
+    for (std::size_t s : members) {
+      mb.tokens.insert(mb.tokens.end(), samples[s].tokens.begin(), samples[s].tokens.end());
+      mb.loss_mask.insert(mb.loss_mask.end(), samples[s].loss_mask.begin(), samples[s].loss_mask.end());
+    }
+    const CostModel cost(batch);
+    const Plan plan = balancer.plan(batch, cost, cp.size(), J);
+    mb.shard = chunked_shard(batch, cp.size(), cp.rank(), plan.chunks_of_rank());
+    mb.shard.bucket = bucket;
+    // The loader's slice of the target hidden states, then one all-to-all-v to the planned ranks.
+    const std::int64_t T = cfg.target_layers * cfg.hidden;
+    const PosRange slice = loader_slices(batch.context_rows(), cp.size())[static_cast<std::size_t>(cp.rank())];
+    std::vector<float> loaded(static_cast<std::size_t>((slice.end - slice.begin) * T));
+    const auto starts = batch.sample_starts();
+    for (std::size_t u = 0; u < members.size(); ++u) {
+      const std::int64_t lo = std::max(slice.begin, starts[u]), hi = std::min(slice.end, starts[u] + batch.lengths[u]);
+      if (lo < hi) data.hidden(heldout, members[u], lo - starts[u], hi - starts[u], loaded.data() + (lo - slice.begin) * T);
+    }
+    mb.hidden_p = redistribute_rows(redist, batch, plan, loaded, T);
+    return mb;
+  }
+};
+
+std::string fmt_eta(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%02d:%02d", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  return buf;
+}
+
+}  // namespace
+
+TrainResult train(Communicator& world, const TrainOptions& opt) {
+  const int W = world.size();
+  DIFFCP_CHECK(opt.dp >= 1 && W % opt.dp == 0, "--dp = ", opt.dp, " does not divide the ", W, " ranks");
+  const int cp_size = opt.cp > 0 ? opt.cp : W / opt.dp;
+  DIFFCP_CHECK(cp_size * opt.dp == W, "--cp ", cp_size, " x --dp ", opt.dp, " = ", cp_size * opt.dp,
+               " ranks, but mpirun started ", W);
+  DIFFCP_CHECK(opt.steps >= 1 && opt.accum >= 1 && opt.anchors >= 1 && opt.context >= 1,
+               "--steps, --accum, --anchors and --context must be >= 1");
+  DIFFCP_CHECK(opt.lr > 0 && opt.clip > 0 && opt.warmup >= 0 && opt.warmup < 1, "--lr and --clip must be > 0, warm-up in [0, 1)");
+  DIFFCP_CHECK(!opt.resume || !opt.out.empty(), "--resume needs --out DIR (where the checkpoint is)");
+  const DrafterConfig cfg = drafter_preset(opt.preset);
+  const int rank = world.rank(), dp_rank = rank / cp_size;
+  // CP groups are consecutive ranks (node-local first); DP groups are the same CP index.
+  const auto cp = world.split(dp_rank, rank % cp_size, "cp");
+  const auto redist = cp->split(0, cp->rank(), "redistribute");
+
+  std::unique_ptr<DataSource> data;
+  if (opt.data.empty()) {
+    SyntheticSpec spec;
+    spec.seed = opt.seed;
+    spec.max_length = std::min<std::int64_t>(spec.max_length, opt.context);
+    spec.min_length = std::min(spec.min_length, spec.max_length);
+    data = make_synthetic_source(cfg, spec);
+  } else {
+    data = make_shard_source(cfg, opt.data, opt.heldout);
+  }
+  const auto train_packs = pack_samples(data->train(), opt.context), eval_packs = pack_samples(data->heldout(), opt.context);
+  const auto balancer = make_balancer(opt.balancer);
+  const MicroBatchBuilder builder{*data, cfg, *balancer, *cp, *redist, opt.J, opt.bucket};
+
+  Drafter drafter(*cp, cfg);
+  drafter.init_params(opt.seed + 7);
+  drafter.embedding() = data->embedding();
+  drafter.lm_head() = data->lm_head();
+  AdamW adam;
+  adam.lr = opt.lr;
+  adam.weight_decay = opt.weight_decay;
+  std::int64_t start = 0;
+  const std::string ckpt_path = opt.out.empty() ? "" : opt.out + "/checkpoint.bin";
+  if (opt.resume) {
+    const Checkpoint ck = load_checkpoint(ckpt_path);
+    DIFFCP_CHECK(ck.meta.at("config") == cfg.to_json(), "checkpoint '", ckpt_path, "' is for a different model: ",
+                 ck.meta.at("config").dump(), " vs ", cfg.to_json().dump());
+    DIFFCP_CHECK(ck.params.size() == drafter.params().size(), "checkpoint '", ckpt_path, "': ", ck.params.size(),
+                 " parameters, the model has ", drafter.params().size());
+    DIFFCP_CHECK(ck.meta.at("seed").get<std::uint64_t>() == opt.seed, "checkpoint '", ckpt_path, "' was trained with --seed ",
+                 ck.meta.at("seed").get<std::uint64_t>(), ", not ", opt.seed, " (the data order and anchors follow the seed)");
+    drafter.params() = ck.params;
+    adam.m = ck.m;
+    adam.v = ck.v;
+    adam.t = ck.meta.at("adam_t").get<std::int64_t>();
+    start = ck.meta.at("step").get<std::int64_t>();
+  }
+  if (rank == 0 && !opt.out.empty()) std::filesystem::create_directories(opt.out);
+  std::ofstream log;
+  if (rank == 0 && !opt.log.empty()) {
+    log.open(opt.log, opt.resume ? std::ios::app : std::ios::trunc);
+    DIFFCP_CHECK(log.good(), "--log '", opt.log, "': cannot write");
+  }
+
+  const std::int64_t B = cfg.block;
+  auto evaluate = [&]() {
+    // Greedy acceptance length on held-out micro-batches: per block 1 + matching prefix of the
+    // draft argmax and the true next tokens; averaged per response, then over responses.
+    double tau_sum = 0, responses = 0;
+    for (std::size_t e = static_cast<std::size_t>(dp_rank); e < eval_packs.size(); e += static_cast<std::size_t>(opt.dp)) {
+      auto rng = anchor_rng(opt.seed, static_cast<std::int64_t>(e), 0xe7a1);
+      const DrafterBatch mb = builder.build(true, eval_packs[e], opt.anchors, rng);
+      drafter.step(mb, false);
+      const auto& pred = drafter.predictions();
+      const auto refs = mb.shard.batch.blocks();
+      const std::size_t nsamp = mb.shard.batch.lengths.size();
+      std::vector<double> per(2 * nsamp, 0.0);  // [tau sum, blocks] per sample
+      for (std::int64_t i = mb.shard.blocks.begin; i < mb.shard.blocks.end; ++i) {
+        const auto& r = refs[static_cast<std::size_t>(i)];
+        std::int64_t accepted = 0;
+        for (std::int64_t k = 1; k < B; ++k) {
+          const auto row = static_cast<std::size_t>((i - mb.shard.blocks.begin) * B + k);
+          if (pred[row] != mb.tokens[static_cast<std::size_t>(r.anchor + k)]) break;
+          ++accepted;
+        }
+        per[2 * static_cast<std::size_t>(r.sample)] += 1.0 + static_cast<double>(accepted);
+        per[2 * static_cast<std::size_t>(r.sample) + 1] += 1.0;
+      }
+      cp->all_reduce<double>(per);
+      for (std::size_t u = 0; u < nsamp; ++u)
+        if (per[2 * u + 1] > 0) tau_sum += per[2 * u] / per[2 * u + 1], responses += 1;
+    }
+    std::vector<double> t{tau_sum, responses};
+    world.all_reduce<double>(t);  // every CP rank of a group holds the same sums: divide by cp
+    return t[1] > 0 ? t[0] / t[1] : 0.0;
+  };
+
+  TrainResult res;
+  res.uniform_loss = std::log(static_cast<double>(cfg.vocab));
+  res.checkpoint = ckpt_path;
+  const auto t_start = Clock::now();
+  const bool tty = isatty(2);
+  auto save = [&](std::int64_t done) {
+    if (rank == 0 && !ckpt_path.empty())
+      save_checkpoint(ckpt_path, {{{"config", cfg.to_json()}, {"step", done}, {"seed", opt.seed}, {"adam_t", adam.t},
+                                   {"cp", cp_size}, {"dp", opt.dp}},
+                                  drafter.params(), adam.m, adam.v});
+    world.barrier();
+  };
+  for (std::int64_t s = start; s < opt.steps; ++s) {
+    const auto t0 = Clock::now();
+    std::fill(drafter.grads().begin(), drafter.grads().end(), 0.f);
+    std::vector<double> stats(static_cast<std::size_t>(3 + 2 * B), 0.0);  // loss, weight, tokens, correct[B], counted[B]
+    for (std::int64_t j = 0; j < opt.accum; ++j) {
+      const std::int64_t g = (s * opt.dp + dp_rank) * opt.accum + j;  // global micro-batch number
+      const auto idx = static_cast<std::size_t>(g) % train_packs.size();
+      auto rng = anchor_rng(opt.seed, g, 0x7a1);
+      const DrafterBatch mb = builder.build(false, train_packs[idx], opt.anchors, rng);
+      const DrafterStats st = drafter.step(mb, true);
+      stats[0] += st.loss_sum;
+      stats[1] += st.weight_sum;
+      if (cp->rank() == 0) stats[2] += static_cast<double>(mb.tokens.size());
+      for (std::int64_t k = 0; k < B; ++k) {
+        stats[static_cast<std::size_t>(3 + k)] += static_cast<double>(st.correct[static_cast<std::size_t>(k)]);
+        stats[static_cast<std::size_t>(3 + B + k)] += static_cast<double>(st.counted[static_cast<std::size_t>(k)]);
+      }
+    }
+    // Sum over the whole mesh (CP shares and DP replicas alike), then normalise by the global weight.
+    world.all_reduce<float>(drafter.grads());
+    world.all_reduce<double>(stats);
+    const double inv = 1.0 / (stats[1] + 1e-6);
+    for (float& g : drafter.grads()) g = static_cast<float>(g * inv);
+    const double grad_norm = clip_grad_norm(drafter.grads(), opt.clip);
+    const double lr_now = cosine_lr(opt.lr, s, opt.steps, opt.warmup);
+    adam.step(drafter.params(), drafter.grads(), lr_now, drafter.layout().vectors);
+    res.loss = stats[0] * inv;
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double tok_s = stats[2] / secs;
+    const bool eval_now = (opt.eval_every > 0 && (s + 1) % opt.eval_every == 0) || s + 1 == opt.steps;
+    if (eval_now) res.tau = evaluate();
+    if (rank == 0) {
+      nlohmann::json line{{"step", s + 1}, {"loss", res.loss}, {"lr", lr_now}, {"grad_norm", grad_norm},
+                          {"tokens_per_s", tok_s}, {"step_ms", secs * 1e3}};
+      std::vector<double> acc;
+      for (std::int64_t k = 1; k < B; ++k) {
+        const double n = stats[static_cast<std::size_t>(3 + B + k)];
+        acc.push_back(n > 0 ? stats[static_cast<std::size_t>(3 + k)] / n : 0.0);
+      }
+      line["slot_accuracy"] = acc;
+      if (eval_now) line["tau"] = res.tau;
+      if (log.is_open()) log << line.dump() << "\n" << std::flush;
+      if (opt.progress) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
+        const double eta = elapsed / static_cast<double>(s + 1 - start) * static_cast<double>(opt.steps - s - 1);
+        const int width = 24, done = static_cast<int>(width * (s + 1) / opt.steps);
+        std::fprintf(stderr, "%s[%s%s] step %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s%s", tty ? "\r" : "",
+                     std::string(static_cast<std::size_t>(done), '#').c_str(),
+                     std::string(static_cast<std::size_t>(width - done), '.').c_str(), static_cast<long long>(s + 1),
+                     static_cast<long long>(opt.steps), res.loss, lr_now, tok_s, fmt_eta(eta).c_str(),
+                     eval_now ? (" | tau " + std::to_string(res.tau).substr(0, 5)).c_str() : "");
+        if (!tty || s + 1 == opt.steps) std::fprintf(stderr, "\n");
+      }
+    }
+    if (opt.save_every > 0 && (s + 1) % opt.save_every == 0 && s + 1 < opt.steps) save(s + 1);
+    if (opt.stop_at > 0 && s + 1 == opt.stop_at) {  // simulated kill (tests)
+      res.params = drafter.params();
+      return res;
+    }
+  }
+  save(opt.steps);
+  res.params = drafter.params();
+  return res;
+}
+
+}  // namespace diffcp

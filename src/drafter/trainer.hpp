@@ -1,0 +1,49 @@
+// `diffcp train`: DFlash drafter training with Split-KV on a data-parallel x context-parallel
+// mesh (SPEC A.1-A.3). Per step and DP rank: `accum` packed micro-batches, each with freshly
+// sampled anchors (seeded by seed, step, DP rank and micro-batch, so every CP rank agrees), an LPT
+// plan and one redistribution of the context rows; gradients are summed over the whole mesh,
+// divided by the global loss weight, clipped, and applied with AdamW on a cosine schedule.
+// Everything is deterministic in (seed, step): a run resumed from a checkpoint reproduces the
+// uninterrupted run bitwise on the same mesh.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+
+namespace diffcp {
+
+struct TrainOptions {
+  std::string preset = "tiny";
+  std::int64_t steps = 400;
+  int cp = 0, dp = 1;              // cp = 0: world size / dp
+  std::int64_t accum = 2;          // micro-batches per DP rank per step (global batch = dp * accum)
+  std::int64_t context = 1024;     // tokens per packed micro-batch
+  std::int64_t anchors = 12;       // anchors per sample
+  double lr = 5e-3, weight_decay = 0.1, clip = 1.0, warmup = 0.04;  // tiny default; the paper: 6e-4
+  std::uint64_t seed = 1;
+  std::string data;                // shard directory; empty = the synthetic default
+  std::int64_t heldout = 16;       // held-out samples when reading shards
+  std::string out;                 // checkpoint directory (empty = no checkpoints)
+  std::int64_t save_every = 0;     // 0 = only at the end
+  bool resume = false;
+  std::string log;                 // JSONL metrics file
+  std::int64_t eval_every = 100;
+  std::string balancer = "lpt";
+  int J = 4;
+  std::int64_t bucket = 512;
+  std::int64_t stop_at = 0;        // stop after this step as if killed (tests resume); 0 = off
+  bool progress = true;
+};
+
+struct TrainResult {
+  double loss = 0, tau = 0, uniform_loss = 0;  // last step's loss, last held-out tau, log(V)
+  std::string checkpoint;
+  std::vector<float> params;  // the trained parameters
+};
+
+TrainResult train(Communicator& world, const TrainOptions& opt);
+
+}  // namespace diffcp

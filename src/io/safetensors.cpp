@@ -1,0 +1,141 @@
+#include "io/safetensors.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+
+namespace diffcp {
+
+namespace {
+std::int64_t dtype_bytes(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "U8" || d == "I8" || d == "BOOL") return 1;
+  return 0;
+}
+constexpr std::uint64_t kMaxHeader = 100u << 20;
+}  // namespace
+
+SafeTensors::SafeTensors(const std::string& path) : path_(path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  DIFFCP_CHECK(f.good(), "safetensors '", path, "': cannot open it");
+  const auto size = static_cast<std::uint64_t>(f.tellg());
+  DIFFCP_CHECK(size >= 8, "safetensors '", path, "': ", size, " bytes, too short for the 8-byte header length");
+  f.seekg(0);
+  unsigned char len8[8];
+  f.read(reinterpret_cast<char*>(len8), 8);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len8[i];
+  DIFFCP_CHECK(n <= kMaxHeader && n <= size - 8, "safetensors '", path, "': header length ", n,
+               " exceeds the file (", size, " bytes) or the 100 MiB limit");
+  std::string header(n, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(n));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header);
+  } catch (const nlohmann::json::exception& e) {
+    DIFFCP_FAIL("safetensors '", path, "': header is not valid JSON: ", e.what());
+  }
+  DIFFCP_CHECK(j.is_object(), "safetensors '", path, "': header is not a JSON object");
+  const std::uint64_t data_size = size - 8 - n;
+  std::vector<std::pair<std::int64_t, std::int64_t>> spans;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const auto& t = it.value();
+    Info info;
+    try {
+      info.dtype = t.at("dtype").get<std::string>();
+      info.shape = t.at("shape").get<std::vector<std::int64_t>>();
+      const auto off = t.at("data_offsets").get<std::vector<std::int64_t>>();
+      DIFFCP_CHECK(off.size() == 2, "safetensors '", path, "': tensor '", it.key(), "' data_offsets needs 2 entries");
+      info.begin = off[0];
+      info.end = off[1];
+    } catch (const nlohmann::json::exception& e) {
+      DIFFCP_FAIL("safetensors '", path, "': tensor '", it.key(), "' entry malformed: ", e.what());
+    }
+    const std::int64_t eb = dtype_bytes(info.dtype);
+    DIFFCP_CHECK(eb > 0, "safetensors '", path, "': tensor '", it.key(), "' has unknown dtype '", info.dtype, "'");
+    std::int64_t count = 1;
+    for (std::int64_t d : info.shape) {
+      DIFFCP_CHECK(d >= 0 && (d == 0 || count <= (std::int64_t{1} << 50) / d), "safetensors '", path, "': tensor '",
+                   it.key(), "' has a bad shape");
+      count *= d;
+    }
+    DIFFCP_CHECK(0 <= info.begin && info.begin <= info.end && static_cast<std::uint64_t>(info.end) <= data_size,
+                 "safetensors '", path, "': tensor '", it.key(), "' offsets [", info.begin, ", ", info.end,
+                 ") outside the ", data_size, "-byte data section (truncated file?)");
+    DIFFCP_CHECK(info.end - info.begin == count * eb, "safetensors '", path, "': tensor '", it.key(), "' spans ",
+                 info.end - info.begin, " bytes but dtype ", info.dtype, " x shape needs ", count * eb);
+    spans.push_back({info.begin, info.end});
+    info_[it.key()] = std::move(info);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t i = 1; i < spans.size(); ++i)
+    DIFFCP_CHECK(spans[i - 1].second <= spans[i].first, "safetensors '", path, "': tensors overlap in the data section");
+  data_.resize(static_cast<std::size_t>(data_size));
+  f.read(data_.data(), static_cast<std::streamsize>(data_size));
+  DIFFCP_CHECK(f.gcount() == static_cast<std::streamsize>(data_size), "safetensors '", path, "': short read");
+}
+
+const SafeTensors::Info& SafeTensors::info(const std::string& name) const {
+  const auto it = info_.find(name);
+  DIFFCP_CHECK(it != info_.end(), "safetensors '", path_, "': no tensor named '", name, "'");
+  return it->second;
+}
+
+template <typename T>
+std::vector<T> SafeTensors::get(const std::string& name, const char* dtype, int rank) const {
+  const Info& i = info(name);
+  DIFFCP_CHECK(i.dtype == dtype, "safetensors '", path_, "': tensor '", name, "' is ", i.dtype, ", expected ", dtype);
+  DIFFCP_CHECK(rank < 0 || static_cast<int>(i.shape.size()) == rank, "safetensors '", path_, "': tensor '", name,
+               "' has rank ", i.shape.size(), ", expected ", rank);
+  std::vector<T> out(static_cast<std::size_t>(i.end - i.begin) / sizeof(T));
+  std::memcpy(out.data(), data_.data() + i.begin, static_cast<std::size_t>(i.end - i.begin));
+  return out;
+}
+
+std::vector<float> SafeTensors::f32(const std::string& n, int r) const { return get<float>(n, "F32", r); }
+std::vector<std::int32_t> SafeTensors::i32(const std::string& n, int r) const { return get<std::int32_t>(n, "I32", r); }
+std::vector<std::int64_t> SafeTensors::i64(const std::string& n, int r) const { return get<std::int64_t>(n, "I64", r); }
+std::vector<std::uint8_t> SafeTensors::u8(const std::string& n, int r) const { return get<std::uint8_t>(n, "U8", r); }
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors) {
+  nlohmann::json j = nlohmann::json::object();
+  std::int64_t off = 0;
+  for (const auto& t : tensors) {
+    std::int64_t count = 1;
+    for (std::int64_t d : t.shape) count *= d;
+    const std::int64_t bytes = count * dtype_bytes(t.dtype);
+    DIFFCP_CHECK(dtype_bytes(t.dtype) > 0, "write_safetensors: unknown dtype ", t.dtype);
+    j[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
+  }
+  std::string header = j.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    DIFFCP_CHECK(f.good(), "cannot write '", tmp, "'");
+    unsigned char len8[8];
+    std::uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) len8[i] = static_cast<unsigned char>(n >> (8 * i));
+    f.write(reinterpret_cast<const char*>(len8), 8);
+    f.write(header.data(), static_cast<std::streamsize>(header.size()));
+    for (const auto& t : tensors) {
+      std::int64_t count = 1;
+      for (std::int64_t d : t.shape) count *= d;
+      f.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(count * dtype_bytes(t.dtype)));
+    }
+    DIFFCP_CHECK(f.good(), "write to '", tmp, "' failed");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace diffcp
