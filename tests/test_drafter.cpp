@@ -1,0 +1,145 @@
+// Drafter building blocks, single process: safetensors reading (and every malformed-file case),
+// checkpoints (round trip, corruption, truncation), the optimizer schedule, packing and anchors.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "core/error.hpp"
+#include "drafter/checkpoint.hpp"
+#include "drafter/data.hpp"
+#include "drafter/optim.hpp"
+#include "io/safetensors.hpp"
+
+namespace diffcp {
+namespace {
+
+std::string tmp(const std::string& name) { return (std::filesystem::path(::testing::TempDir()) / name).string(); }
+
+template <typename F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+void write_raw(const std::string& path, const std::string& header, std::size_t data_bytes) {
+  std::ofstream f(path, std::ios::binary);
+  const std::uint64_t n = header.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << header << std::string(data_bytes, '\0');
+}
+
+TEST(SafeTensors, RoundTripAndEveryMalformedCase) {
+  const std::vector<float> a{1, 2, 3, 4, 5, 6};
+  const std::vector<std::int32_t> b{7, 8, 9};
+  write_safetensors(tmp("ok.safetensors"), {{"a", "F32", {2, 3}, a.data()}, {"b", "I32", {3}, b.data()}});
+  const SafeTensors st(tmp("ok.safetensors"));
+  EXPECT_EQ(st.f32("a", 2), a);
+  EXPECT_EQ(st.i32("b", 1), b);
+  EXPECT_EQ(st.info("a").shape, (std::vector<std::int64_t>{2, 3}));
+  expect_error([&] { st.i32("a"); }, "is F32, expected I32");
+  expect_error([&] { st.f32("a", 1); }, "has rank 2, expected 1");
+  expect_error([&] { st.f32("zzz"); }, "no tensor named 'zzz'");
+
+  // Header length past the end of the file.
+  {
+    std::ofstream f(tmp("hlen.safetensors"), std::ios::binary);
+    const std::uint64_t n = 1000;
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << "{}";
+  }
+  expect_error([] { SafeTensors s(tmp("hlen.safetensors")); }, "header length 1000 exceeds the file");
+  write_raw(tmp("json.safetensors"), "{not json", 0);
+  expect_error([] { SafeTensors s(tmp("json.safetensors")); }, "not valid JSON");
+  write_raw(tmp("past.safetensors"), R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8);
+  expect_error([] { SafeTensors s(tmp("past.safetensors")); }, "outside the 8-byte data section");
+  write_raw(tmp("shape.safetensors"), R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})", 16);
+  expect_error([] { SafeTensors s(tmp("shape.safetensors")); }, "spans 16 bytes but dtype F32 x shape needs 12");
+  write_raw(tmp("dtype.safetensors"), R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", 1);
+  expect_error([] { SafeTensors s(tmp("dtype.safetensors")); }, "unknown dtype 'Q7'");
+  write_raw(tmp("overlap.safetensors"),
+            R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})", 6);
+  expect_error([] { SafeTensors s(tmp("overlap.safetensors")); }, "overlap");
+  // Truncated: a valid file cut short.
+  std::filesystem::copy_file(tmp("ok.safetensors"), tmp("trunc.safetensors"), std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::resize_file(tmp("trunc.safetensors"), std::filesystem::file_size(tmp("ok.safetensors")) - 5);
+  expect_error([] { SafeTensors s(tmp("trunc.safetensors")); }, "truncated");
+  expect_error([] { SafeTensors s(tmp("none.safetensors")); }, "cannot open");
+}
+
+TEST(Checkpoint, RoundTripAndCorruptionIsRefused) {
+  Checkpoint ck{{{"step", 3}, {"seed", 1}}, {1.f, 2.f, 3.f}, {0.1f, 0.2f, 0.3f}, {4.f, 5.f, 6.f}};
+  save_checkpoint(tmp("ck.bin"), ck);
+  const Checkpoint back = load_checkpoint(tmp("ck.bin"));
+  EXPECT_EQ(back.params, ck.params);
+  EXPECT_EQ(back.m, ck.m);
+  EXPECT_EQ(back.v, ck.v);
+  EXPECT_EQ(back.meta.at("step"), 3);
+  EXPECT_FALSE(std::filesystem::exists(tmp("ck.bin.tmp")));  // written via temp file + rename
+  {
+    std::fstream f(tmp("ck.bin"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x5a');
+  }
+  expect_error([] { load_checkpoint(tmp("ck.bin")); }, "checksum mismatch");
+  save_checkpoint(tmp("ck2.bin"), ck);
+  std::filesystem::resize_file(tmp("ck2.bin"), 30);
+  expect_error([] { load_checkpoint(tmp("ck2.bin")); }, "checksum mismatch");
+  write_raw(tmp("notck.bin"), "hello", 40);
+  expect_error([] { load_checkpoint(tmp("notck.bin")); }, "not a diffcp checkpoint");
+}
+
+TEST(Optim, CosineScheduleWithWarmupAndClipping) {
+  EXPECT_NEAR(cosine_lr(1.0, 0, 100), 0.25, 1e-12);   // 4 warm-up steps: 1/4
+  EXPECT_NEAR(cosine_lr(1.0, 3, 100), 1.0, 1e-12);
+  EXPECT_NEAR(cosine_lr(1.0, 4, 100), 1.0, 1e-12);    // cosine starts at the peak
+  EXPECT_NEAR(cosine_lr(1.0, 52, 100), 0.5, 1e-12);   // half-way through the decay
+  EXPECT_LT(cosine_lr(1.0, 99, 100), 1e-3);
+  std::vector<float> g{3.f, 4.f};
+  EXPECT_NEAR(clip_grad_norm(g, 1.0), 5.0, 1e-9);
+  EXPECT_NEAR(std::hypot(g[0], g[1]), 1.0, 1e-5);
+  // AdamW moves a parameter against its gradient by about lr; 1-D spans are not decayed.
+  AdamW opt;
+  opt.lr = 0.1;
+  std::vector<float> p{1.f, 1.f};
+  opt.step(p, {1.f, 1.f}, 0.1, {{1, 1}});
+  EXPECT_NEAR(p[0], 1.f - 0.1f * (1.f + 0.1f), 1e-5);  // decayed
+  EXPECT_NEAR(p[1], 1.f - 0.1f, 1e-5);                 // not decayed
+}
+
+TEST(Data, PackingNeverSplitsSamplesAndAnchorsFollowTheSpec) {
+  const DrafterConfig cfg;
+  SyntheticSpec spec;
+  spec.train_samples = 40;
+  const auto src = make_synthetic_source(cfg, spec);
+  const auto packs = pack_samples(src->train(), 512);
+  std::size_t seen = 0;
+  for (const auto& p : packs) {
+    std::int64_t used = 0;
+    for (std::size_t s : p) used += static_cast<std::int64_t>(src->train()[s].tokens.size()), ++seen;
+    EXPECT_LE(used, 512);
+  }
+  EXPECT_EQ(seen, src->train().size());
+  std::mt19937_64 rng(3);
+  const PackedBatch b = sample_anchors(src->train(), packs[0], 8, cfg.block, rng);
+  for (std::size_t u = 0; u < b.anchors.size(); ++u) {
+    const Sample& smp = src->train()[packs[0][u]];
+    for (std::int64_t a : b.anchors[u]) {
+      EXPECT_EQ(smp.loss_mask[static_cast<std::size_t>(a)], 1);  // a response position
+      EXPECT_LE(a + cfg.block, static_cast<std::int64_t>(smp.tokens.size()));
+    }
+  }
+  // Tokens never use the mask id.
+  for (const Sample& s : src->train())
+    for (std::int32_t t : s.tokens) EXPECT_NE(t, cfg.mask_token);
+  expect_error([&] { pack_samples(src->train(), 50); }, "longer than the micro-batch context");
+  expect_error([] { drafter_preset("huge"); }, "unknown preset 'huge'");
+}
+
+}  // namespace
+}  // namespace diffcp
