@@ -34,9 +34,13 @@ void add_train_command(CLI::App& app, TrainOptions& opt) {
 
 int run_train(Communicator& world, const TrainOptions& opt) {
   const TrainResult r = train(world, opt);
-  if (world.rank() == 0)
-    std::printf("diffcp train: final loss %.4f (uniform prediction: %.4f), held-out acceptance length tau %.3f%s%s\n", r.loss,
-                r.uniform_loss, r.tau, r.checkpoint.empty() ? "" : ", checkpoint ", r.checkpoint.c_str());
+  if (world.rank() == 0) {
+    std::printf("diffcp train: %lld steps on %d ranks (cp x dp), median step %.1f ms, %.0f tokens/s, peak RSS %.0f MiB/rank\n",
+                static_cast<long long>(opt.steps), world.size(), r.step_ms, r.tokens_per_s, r.peak_rss_mb);
+    std::printf("diffcp train: final loss %.4f (uniform prediction: %.4f), held-out acceptance length tau %.3f\n", r.loss,
+                r.uniform_loss, r.tau);
+    std::printf("diffcp train: checkpoint %s\n", r.checkpoint.empty() ? "not written (no --out)" : r.checkpoint.c_str());
+  }
   return 0;
 }
 

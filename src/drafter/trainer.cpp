@@ -1,6 +1,9 @@
 #include "drafter/trainer.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <cmath>
@@ -182,6 +185,22 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
                                   drafter.params(), adam.m, adam.v});
     world.barrier();
   };
+  std::vector<double> step_ms;
+  double tokens = 0, busy = 0;
+  auto finish = [&]() {
+    res.params = drafter.params();
+    if (!step_ms.empty()) {
+      std::sort(step_ms.begin(), step_ms.end());
+      res.step_ms = step_ms[step_ms.size() / 2];
+      res.tokens_per_s = tokens / busy;
+    }
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    std::vector<double> rss{static_cast<double>(ru.ru_maxrss) / 1024.0};  // KiB -> MiB
+    world.all_reduce<double>(rss, ReduceOp::max);
+    res.peak_rss_mb = rss[0];
+    return res;
+  };
   for (std::int64_t s = start; s < opt.steps; ++s) {
     const auto t0 = Clock::now();
     std::fill(drafter.grads().begin(), drafter.grads().end(), 0.f);
@@ -211,6 +230,9 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     res.loss = stats[0] * inv;
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     const double tok_s = stats[2] / secs;
+    step_ms.push_back(secs * 1e3);
+    tokens += stats[2];
+    busy += secs;
     const bool eval_now = (opt.eval_every > 0 && (s + 1) % opt.eval_every == 0) || s + 1 == opt.steps;
     if (eval_now) res.tau = evaluate();
     if (rank == 0) {
@@ -224,7 +246,9 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
       line["slot_accuracy"] = acc;
       if (eval_now) line["tau"] = res.tau;
       if (log.is_open()) log << line.dump() << "\n" << std::flush;
-      if (opt.progress) {
+      // On a terminal the bar redraws every step; in a log, one line per 5 % of the run.
+      const std::int64_t every = tty ? 1 : std::max<std::int64_t>(1, opt.steps / 20);
+      if (opt.progress && ((s + 1) % every == 0 || eval_now || s + 1 == opt.steps)) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
         const double eta = elapsed / static_cast<double>(s + 1 - start) * static_cast<double>(opt.steps - s - 1);
         const int width = 24, done = static_cast<int>(width * (s + 1) / opt.steps);
@@ -237,14 +261,10 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
       }
     }
     if (opt.save_every > 0 && (s + 1) % opt.save_every == 0 && s + 1 < opt.steps) save(s + 1);
-    if (opt.stop_at > 0 && s + 1 == opt.stop_at) {  // simulated kill (tests)
-      res.params = drafter.params();
-      return res;
-    }
+    if (opt.stop_at > 0 && s + 1 == opt.stop_at) return finish();  // simulated kill (tests)
   }
   save(opt.steps);
-  res.params = drafter.params();
-  return res;
+  return finish();
 }
 
 }  // namespace diffcp

@@ -42,6 +42,9 @@ struct TrainResult {
   double loss = 0, tau = 0, uniform_loss = 0;  // last step's loss, last held-out tau, log(V)
   std::string checkpoint;
   std::vector<float> params;  // the trained parameters
+  double tokens_per_s = 0;    // mean over the steps of this run
+  double step_ms = 0;         // median step time of this run
+  double peak_rss_mb = 0;     // max over ranks of the process' peak resident memory
 };
 
 TrainResult train(Communicator& world, const TrainOptions& opt);
