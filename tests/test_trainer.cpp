@@ -9,7 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/compare.hpp"
+#include "drafter/data.hpp"
 #include "drafter/trainer.hpp"
+#include "io/safetensors.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {
@@ -105,6 +107,53 @@ TEST(Trainer, ResumeAfterAKillIsBitwiseEqualToTheUninterruptedRun) {
     EXPECT_EQ(a.size(), 6u);
     EXPECT_EQ(a, b);  // the loss curve of killed + resumed equals the uninterrupted one, bitwise
   }
+}
+
+// The synthetic corpus exported as safetensors shards (the format tools/extract_shards.py
+// writes) trains exactly like the in-memory synthetic source.
+TEST(Trainer, SafetensorsShardsTrainLikeTheSyntheticSource) {
+  const auto dir = std::filesystem::path(::testing::TempDir()) / ("shards_np" + std::to_string(world().size()));
+  const DrafterConfig cfg = drafter_preset("tiny");
+  if (world().rank() == 0) {
+    std::filesystem::create_directories(dir);
+    SyntheticSpec spec;
+    spec.max_length = 256;
+    const auto src = make_synthetic_source(cfg, spec);
+    write_safetensors((dir / "model.safetensors").string(),
+                      {{"embedding", "F32", {cfg.vocab, cfg.hidden}, src->embedding().data()},
+                       {"lm_head", "F32", {cfg.hidden, cfg.vocab}, src->lm_head().data()}});
+    std::vector<std::int32_t> tokens;
+    std::vector<std::uint8_t> mask;
+    std::vector<std::int64_t> offsets{0};
+    std::vector<float> hidden;
+    const std::int64_t T = cfg.target_layers * cfg.hidden;
+    for (bool held : {false, true}) {
+      const auto& samples = held ? src->heldout() : src->train();
+      for (std::size_t i = 0; i < samples.size(); ++i) {
+        const auto L = static_cast<std::int64_t>(samples[i].tokens.size());
+        tokens.insert(tokens.end(), samples[i].tokens.begin(), samples[i].tokens.end());
+        mask.insert(mask.end(), samples[i].loss_mask.begin(), samples[i].loss_mask.end());
+        offsets.push_back(offsets.back() + L);
+        hidden.resize(hidden.size() + static_cast<std::size_t>(L * T));
+        src->hidden(held, i, 0, L, hidden.data() + hidden.size() - static_cast<std::size_t>(L * T));
+      }
+    }
+    const auto rows = static_cast<std::int64_t>(tokens.size());
+    write_safetensors((dir / "shard_00000.safetensors").string(),
+                      {{"tokens", "I32", {rows}, tokens.data()},
+                       {"loss_mask", "U8", {rows}, mask.data()},
+                       {"offsets", "I64", {static_cast<std::int64_t>(offsets.size())}, offsets.data()},
+                       {"hidden", "F32", {rows, T}, hidden.data()}});
+  }
+  world().barrier();
+  TrainOptions o = small(2);
+  o.context = 256;
+  const TrainResult synthetic = train(world(), o);
+  o.data = dir.string();
+  o.heldout = 16;  // SyntheticSpec's held-out count: the same split
+  const TrainResult shards = train(world(), o);
+  EXPECT_EQ(shards.params, synthetic.params);
+  EXPECT_EQ(shards.loss, synthetic.loss);
 }
 
 TEST(Trainer, BadMeshIsRefusedOnEveryRank) {

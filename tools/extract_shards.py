@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Extract DFlash drafter training shards from a Hugging Face target model (not run in CI).
+
+Writes, into OUT_DIR, the files `diffcp train --data OUT_DIR` reads:
+  model.safetensors         embedding [V, H] (input embeddings) and lm_head [H, V] (float32)
+  shard_00000.safetensors   tokens I32 [T], loss_mask U8 [T], offsets I64 [n+1] (sample
+                            boundaries into the T rows), hidden F32 [T, n_t * H] (the target's
+                            hidden states of the chosen layers, concatenated per token)
+The chosen layers follow SPEC A.1: round(1 + i*(L-4)/(n_t-1)) for i = 0..n_t-1 (L//2 if n_t = 1).
+
+Usage:
+  pip install torch transformers safetensors datasets
+  tools/extract_shards.py --model Qwen/Qwen3-0.6B --dataset <hf dataset with "prompt"/"response">
+                          --out data/qwen --target-layers 5 --max-samples 1000 --max-length 4096
+Then: mpirun -np 2 diffcp train --data data/qwen --preset <a preset whose vocab/hidden match>
+"""
+import argparse
+import os
+
+import numpy as np
+import torch
+from datasets import load_dataset
+from safetensors.numpy import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def layer_ids(n_layers: int, n_t: int) -> list[int]:
+    if n_t == 1:
+        return [n_layers // 2]
+    return [round(1 + i * (n_layers - 4) / (n_t - 1)) for i in range(n_t)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--split", default="train")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--target-layers", type=int, default=5)
+    ap.add_argument("--max-samples", type=int, default=1000)
+    ap.add_argument("--max-length", type=int, default=4096)
+    ap.add_argument("--samples-per-shard", type=int, default=256)
+    args = ap.parse_args()
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32)
+    model.eval()
+    os.makedirs(args.out, exist_ok=True)
+    emb = model.get_input_embeddings().weight.detach().float().numpy()          # [V, H]
+    head = model.get_output_embeddings().weight.detach().float().numpy().T      # [H, V]
+    save_file({"embedding": np.ascontiguousarray(emb), "lm_head": np.ascontiguousarray(head)},
+              os.path.join(args.out, "model.safetensors"))
+    layers = layer_ids(model.config.num_hidden_layers, args.target_layers)
+
+    ds = load_dataset(args.dataset, split=args.split)
+    shard, buf = 0, []
+
+    def flush():
+        nonlocal shard, buf
+        if not buf:
+            return
+        tokens = np.concatenate([b[0] for b in buf]).astype(np.int32)
+        mask = np.concatenate([b[1] for b in buf]).astype(np.uint8)
+        hidden = np.concatenate([b[2] for b in buf]).astype(np.float32)
+        offsets = np.cumsum([0] + [len(b[0]) for b in buf]).astype(np.int64)
+        save_file({"tokens": tokens, "loss_mask": mask, "offsets": offsets, "hidden": hidden},
+                  os.path.join(args.out, f"shard_{shard:05d}.safetensors"))
+        shard, buf = shard + 1, []
+
+    for n, ex in enumerate(ds):
+        if n >= args.max_samples:
+            break
+        p = tok(ex["prompt"], add_special_tokens=False)["input_ids"]
+        r = tok(ex["response"], add_special_tokens=False)["input_ids"]
+        ids = (p + r)[: args.max_length]
+        mask = ([0] * len(p) + [1] * len(r))[: args.max_length]
+        with torch.no_grad():
+            out = model(torch.tensor([ids]), output_hidden_states=True)
+        # hidden_states[0] is the embedding output; layer l's output is hidden_states[l + 1].
+        h = torch.cat([out.hidden_states[l + 1][0] for l in layers], dim=-1).numpy()
+        buf.append((np.array(ids), np.array(mask), h))
+        if len(buf) == args.samples_per_shard:
+            flush()
+    flush()
+    print(f"wrote {shard} shard(s) and model.safetensors to {args.out}; target layers {layers}")
+
+
+if __name__ == "__main__":
+    main()
