@@ -46,6 +46,20 @@ DrafterConfig DrafterConfig::from_json(const nlohmann::json& j) {
 DrafterConfig drafter_preset(const std::string& name) {
   DrafterConfig c;
   if (name == "tiny") return c;
+  if (name == "small") {  // a larger config for benchmarks: still synthetic-data sized
+    c.vocab = 256;
+    c.hidden = 512;
+    c.layers = 4;
+    c.n_q = 8;
+    c.n_kv = 2;
+    c.d_h = 64;
+    c.ffn = 1536;
+    c.target_layers = 3;
+    c.block = 16;
+    c.gamma = 7;
+    c.mask_token = 255;
+    return c;
+  }
   if (name == "qwen3.5-35b-a3b" || name == "qwen3.5-27b") {
     const bool a3b = name == "qwen3.5-35b-a3b";
     c.vocab = 151936;
@@ -61,7 +75,7 @@ DrafterConfig drafter_preset(const std::string& name) {
     c.mask_token = static_cast<std::int32_t>(c.vocab - 1);
     return c;
   }
-  DIFFCP_FAIL("unknown preset '", name, "', expected tiny, qwen3.5-35b-a3b or qwen3.5-27b");
+  DIFFCP_FAIL("unknown preset '", name, "', expected tiny, small, qwen3.5-35b-a3b or qwen3.5-27b");
 }
 
 DrafterLayout::DrafterLayout(const DrafterConfig& c) {

@@ -28,7 +28,7 @@ struct DrafterConfig {
   static DrafterConfig from_json(const nlohmann::json& j);
 };
 
-// "tiny" (the default: trains on 2 cores in minutes), "qwen3.5-35b-a3b" and "qwen3.5-27b"
+// "tiny" (the default: trains on 2 cores in seconds), "small" (for benchmarks), "qwen3.5-35b-a3b" and "qwen3.5-27b"
 // (SPEC A.1 Table 2 shapes; vocab 151936, the Qwen tokenizer's).
 DrafterConfig drafter_preset(const std::string& name);
 

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
+#include "ops/linear.hpp"
 
 namespace diffcp {
 
@@ -63,22 +64,18 @@ class SyntheticSource final : public DataSource {
   }
   void hidden(bool held, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const override {
     const Sample& smp = (held ? heldout_ : train_)[s];
-    const std::int64_t H = cfg_.hidden, T = cfg_.target_layers;
-    std::vector<float> in(static_cast<std::size_t>(2 * H));
+    const std::int64_t H = cfg_.hidden, T = cfg_.target_layers, n = end - begin;
+    // in: [n, 2H] = [E(tok_x); E(tok_{x-1})]; per layer one GEMM [n, 2H] x [2H, H], then tanh.
+    std::vector<float> in(static_cast<std::size_t>(n * 2 * H), 0.f), h(static_cast<std::size_t>(n * H));
     for (std::int64_t x = begin; x < end; ++x) {
-      std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x)] * H, H, in.begin());
-      if (x > 0)
-        std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x - 1)] * H, H, in.begin() + H);
-      else
-        std::fill(in.begin() + H, in.end(), 0.f);
-      for (std::int64_t t = 0; t < T; ++t) {
-        const float* W = W_.data() + t * 2 * H * H;
-        float* o = out + ((x - begin) * T + t) * H;
-        for (std::int64_t c = 0; c < H; ++c) o[c] = 0.f;
-        for (std::int64_t r = 0; r < 2 * H; ++r)
-          for (std::int64_t c = 0; c < H; ++c) o[c] += in[static_cast<std::size_t>(r)] * W[r * H + c];
-        for (std::int64_t c = 0; c < H; ++c) o[c] = std::tanh(o[c]);
-      }
+      float* row = in.data() + (x - begin) * 2 * H;
+      std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x)] * H, H, row);
+      if (x > 0) std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x - 1)] * H, H, row + H);
+    }
+    for (std::int64_t t = 0; t < T; ++t) {
+      linear_forward(in.data(), n, 2 * H, W_.data() + t * 2 * H * H, H, h.data());
+      for (std::int64_t r = 0; r < n; ++r)
+        for (std::int64_t c = 0; c < H; ++c) out[(r * T + t) * H + c] = std::tanh(h[static_cast<std::size_t>(r * H + c)]);
     }
   }
 
