@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/compare.hpp"
+#include "core/error.hpp"
 #include "drafter/data.hpp"
 #include "drafter/trainer.hpp"
 #include "io/safetensors.hpp"
@@ -154,6 +155,31 @@ TEST(Trainer, SafetensorsShardsTrainLikeTheSyntheticSource) {
   const TrainResult shards = train(world(), o);
   EXPECT_EQ(shards.params, synthetic.params);
   EXPECT_EQ(shards.loss, synthetic.loss);
+}
+
+TEST(Trainer, MismatchedCheckpointIsRefused) {
+  const auto dir = std::filesystem::path(::testing::TempDir()) / ("mismatch_np" + std::to_string(world().size()));
+  TrainOptions o = small(1);
+  o.out = dir.string();
+  train(world(), o);
+  TrainOptions other = o;
+  other.resume = true;
+  other.seed = 2;  // the data order and anchors follow the seed: refuse
+  try {
+    train(world(), other);
+    ADD_FAILURE() << "resuming with another seed must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was trained with --seed 1"), std::string::npos) << e.what();
+  }
+  other = o;
+  other.resume = true;
+  other.preset = "small";  // another model shape: refuse
+  try {
+    train(world(), other);
+    ADD_FAILURE() << "resuming another model must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is for a different model"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Trainer, BadMeshIsRefusedOnEveryRank) {
