@@ -6,8 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-scripts/install_deps.sh
-cmake --preset release >/dev/null
-cmake --build --preset release
+scripts/build.sh
 mpirun -np 2 build/release/src/diffcp attn --check
 mpirun -np 2 build/release/src/diffcp train --out out/train --log out/train/metrics.jsonl

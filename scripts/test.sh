@@ -4,7 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-scripts/install_deps.sh
-cmake --preset release >/dev/null
-cmake --build --preset release
+scripts/build.sh
 ctest --preset release "$@"
