@@ -36,9 +36,10 @@ struct PlanOptions {
 void add_plan_command(CLI::App& app, PlanOptions& opt);
 int run_plan(const PlanOptions& opt);
 
-// `diffcp attn`: one drafter attention layer, forward + backward, with Split-KV over the ranks of
-// mpirun, on a seeded random packed micro-batch.
+// `diffcp attn`: one drafter attention layer, forward + backward, with one CP method (Split-KV by
+// default) over the ranks of mpirun, on a seeded random packed micro-batch.
 struct AttnOptions {
+  std::string method = "splitkv";  // cp/cp_methods.hpp
   std::int64_t samples = 2;
   std::string context = "1k", queries = "256";  // per sample (context may be a range a:b); anchors = queries / block
   std::int64_t block = 16;
@@ -47,7 +48,7 @@ struct AttnOptions {
   double rope_theta = 1e6, rms_eps = 1e-6;
   std::string dtype = "f32";
   std::uint64_t seed = 1;
-  int reps = 3;
+  int reps = 3, warmup = 1;
   bool check = false, json = false;
   std::string dump;
   std::string balancer = "none";  // context layout: none | zigzag | lpt | partition
@@ -56,6 +57,26 @@ struct AttnOptions {
 };
 void add_attn_command(CLI::App& app, AttnOptions& opt);
 int run_attn(Communicator& world, const AttnOptions& opt);
+
+// `diffcp bench cp`: several CP methods on one workload (the generator of `diffcp attn`), one row
+// each. Layout per method: splitkv --balancer (lpt), ring zigzag, the others contiguous (none),
+// unless --layout-for-all names one for all.
+struct BenchCpOptions {
+  AttnOptions layer;            // workload, shape, --reps, --warmup, --balancer, --J, --bucket, --check, --json
+  std::string methods = "all";  // comma list of cp_method_names(), or all
+  std::string layout_for_all;   // empty: each method's usual layout
+  std::string csv;              // also write the rows to this CSV file
+  BenchCpOptions() {
+    layer.reps = 5;
+    layer.balancer = "lpt";
+  }
+};
+void add_bench_command(CLI::App& app, BenchCpOptions& cp);  // `bench` with its subcommand `cp`
+int run_bench_cp(Communicator& world, const BenchCpOptions& opt);
+
+// `diffcp dit` (cli/dit.cpp, options kept there): DiT inference with Ulysses SP, Flat or TAPA.
+void add_dit_command(CLI::App& app);
+int run_dit(Communicator& world);
 
 // `diffcp train`: the DFlash drafter trainer (drafter/trainer.hpp).
 void add_train_command(CLI::App& app, TrainOptions& opt);

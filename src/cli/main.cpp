@@ -12,9 +12,12 @@ int main(int argc, char** argv) {
   diffcp::cli::AttnOptions attn;
   diffcp::cli::PlanOptions plan;
   diffcp::TrainOptions train;
+  diffcp::cli::BenchCpOptions bench_cp;
   diffcp::cli::add_attn_command(app, attn);
   diffcp::cli::add_plan_command(app, plan);
   diffcp::cli::add_train_command(app, train);
+  diffcp::cli::add_dit_command(app);
+  diffcp::cli::add_bench_command(app, bench_cp);
   // Parse before MPI starts so --help and usage errors need no MPI; every rank parses the same argv.
   try {
     app.parse(argc, argv);
@@ -32,6 +35,9 @@ int main(int argc, char** argv) {
   return diffcp::run_mpi_main(argc, argv, [&](diffcp::Communicator& world) {
     if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);
     if (app.got_subcommand("train")) return diffcp::cli::run_train(world, train);
+    if (app.got_subcommand("dit")) return diffcp::cli::run_dit(world);
+    if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("cp"))
+      return diffcp::cli::run_bench_cp(world, bench_cp);
     return 1;
   });
 }

@@ -1,0 +1,216 @@
+// `diffcp dit`: DiT inference (FLUX-style, dit/model.hpp) with Ulysses sequence parallelism over
+// the mpirun ranks; the attention exchange is Flat or TAPA (dit/exchange.hpp). Writes the image,
+// reports step time, bytes per link class, messages and (with --compare flat / --reference) the
+// quality against the Flat output.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "dit/image.hpp"
+#include "dit/metrics.hpp"
+#include "dit/sampler.hpp"
+#include "io/npy.hpp"
+
+namespace diffcp::cli {
+
+namespace {
+
+struct DitOptions {
+  std::string mode = "flat";
+  int steps = 50;
+  std::int64_t resolution = 512, batch = 1, text_tokens = 64;
+  std::uint64_t seed = 1, weight_seed = 1;
+  std::string prompt = "a lighthouse on a rocky coast at dusk";
+  int group_size = 0;
+  std::string weights, preset = "default";
+  std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;  // 0/-1: preset's
+  std::string out = "diffcp_dit.png", save_latent, reference, compare;
+  bool json = false;
+};
+
+// CLI11 binds the options to this object; run_dit reads it (one subcommand per process).
+DitOptions g_opt;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+DitConfig make_config(const DitOptions& o) {
+  DitConfig c = dit_preset(o.preset);
+  if (o.heads > 0) c.heads = o.heads;
+  if (o.head_dim > 0) {
+    c.head_dim = o.head_dim;
+    c.rope_axes = flux_rope_axes(o.head_dim);
+  }
+  if (o.double_blocks >= 0) c.double_blocks = o.double_blocks;
+  if (o.single_blocks >= 0) c.single_blocks = o.single_blocks;
+  if (o.mlp_hidden > 0) c.mlp_hidden = o.mlp_hidden;
+  c.validate();
+  return c;
+}
+
+// One sampling run with the given exchange: the final latent gathered on every rank, the timings
+// (per step: max over ranks) and the exchange's counters.
+struct RunResult {
+  std::vector<float> latent;  // [b, N_img, C_in]
+  std::vector<double> step_ms, comm_ms;
+  ExchangeStats stats;
+};
+
+RunResult sample(Communicator& world, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
+                 const DitConditioning& cond, std::uint64_t seed, int steps) {
+  DitModel model(w, shape, ex);
+  std::vector<float> x_p = shard_latent(initial_noise(w.config(), shape, seed), w.config(), shape, model.shard());
+  ex.reset_stats();
+  const SampleTimings t = euler_sample(model, x_p, cond, steps);
+  RunResult r{gather_latent(world, x_p, w.config(), shape, model.shard()), t.step_ms, t.comm_ms, ex.stats()};
+  world.all_reduce<double>(r.step_ms, ReduceOp::max);
+  world.all_reduce<double>(r.comm_ms, ReduceOp::max);
+  return r;
+}
+
+}  // namespace
+
+void add_dit_command(CLI::App& app) {
+  DitOptions& o = g_opt;
+  CLI::App* c = app.add_subcommand("dit", "DiT inference (FLUX-style) with Ulysses sequence parallelism over the mpirun "
+                                          "ranks: flow-matching Euler sampling, image out");
+  c->add_option("--mode", o.mode, "attention exchange: flat | tapa (vfirst, cocodiff: not implemented yet)")->capture_default_str();
+  c->add_option("--steps", o.steps, "denoising steps T")->capture_default_str();
+  c->add_option("--resolution", o.resolution, "image side in pixels, a multiple of 16 ((R/16)^2 image tokens)")->capture_default_str();
+  c->add_option("--batch", o.batch, "images generated together (same prompt, different noise)")->capture_default_str();
+  c->add_option("--text-tokens", o.text_tokens, "text tokens T")->capture_default_str();
+  c->add_option("--seed", o.seed, "seed of the initial noise")->capture_default_str();
+  c->add_option("--prompt", o.prompt, "prompt; hashed (FNV-1a) into the text conditioning")->capture_default_str();
+  c->add_option("--group-size", o.group_size, "ranks per group L sharing the fast link (0: the ranks of a node)")->capture_default_str();
+  c->add_option("--weights", o.weights, "safetensors file with every tensor of the model (names: dit/config.hpp); default: seeded random init");
+  c->add_option("--weight-seed", o.weight_seed, "seed of the random init when no --weights is given")->capture_default_str();
+  c->add_option("--preset", o.preset, "model shape: default | tiny")->capture_default_str();
+  c->add_option("--heads", o.heads, "attention heads (default: the preset's)");
+  c->add_option("--head-dim", o.head_dim, "head dimension (default: the preset's)");
+  c->add_option("--double-blocks", o.double_blocks, "double-stream blocks (default: the preset's)");
+  c->add_option("--single-blocks", o.single_blocks, "single-stream blocks (default: the preset's)");
+  c->add_option("--mlp-hidden", o.mlp_hidden, "MLP width (default: the preset's)");
+  c->add_option("--out", o.out, "PNG image to write (empty: none)")->capture_default_str();
+  c->add_option("--save-latent", o.save_latent, "also write the final latent [b, N_img, C_in] as .npy");
+  c->add_option("--reference", o.reference, "compare with this latent .npy (from --save-latent of a Flat run)");
+  c->add_option("--compare", o.compare, "compare with a run of this mode in the same job: flat");
+  c->add_flag("--json", o.json, "print one JSON object");
+}
+
+int run_dit(Communicator& world) {
+  const DitOptions& o = g_opt;
+  // Everything that can be refused is checked here, identically on every rank, before any
+  // communication: the mode, the shapes, P | heads and tokens, the weights and reference files.
+  const ExchangeMode mode = parse_exchange_mode(o.mode);
+  DIFFCP_CHECK(o.compare.empty() || o.compare == "flat", "--compare '", o.compare, "': only flat is supported");
+  DIFFCP_CHECK(o.compare.empty() || o.reference.empty(), "--compare and --reference: give one of them");
+  const DitConfig cfg = make_config(o);
+  const DitShape shape{o.batch, o.resolution, o.text_tokens};
+  flow_schedule(o.steps);                                  // validates --steps
+  make_dit_shard(cfg, shape, world.size(), world.rank());  // validates P | heads, tokens
+  DitWeights w(cfg);
+  if (o.weights.empty())
+    w.init_random(o.weight_seed);
+  else
+    w.load(o.weights);
+  std::vector<float> reference;
+  if (!o.reference.empty()) {
+    std::vector<std::int64_t> ref_shape;
+    reference = read_npy_f32(o.reference, ref_shape);
+    const std::vector<std::int64_t> want{shape.batch, shape.image_tokens(), cfg.in_channels()};
+    std::string got;
+    for (const std::int64_t d : ref_shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+    DIFFCP_CHECK(ref_shape == want, "--reference '", o.reference, "': latent of shape [", got, "], expected [b, N_img, C_in] = [",
+                 want[0], ", ", want[1], ", ", want[2], "]");
+  }
+
+  const auto ex = make_attention_exchange(mode, world, o.group_size);
+  const DitConditioning cond = prompt_conditioning(cfg, shape, o.prompt);
+  const RunResult run = sample(world, w, shape, *ex, cond, o.seed, o.steps);
+
+  const std::int64_t side = shape.grid() * cfg.patch;
+  const std::vector<float> rgb = latent_to_rgb(run.latent, cfg, shape);
+  if (world.rank() == 0) {
+    if (!o.out.empty()) write_png(o.out, tile_rgb8(rgb, shape.batch, side).data(), shape.batch * side, side);
+    if (!o.save_latent.empty()) write_npy(o.save_latent, run.latent.data(), {shape.batch, shape.image_tokens(), cfg.in_channels()});
+  }
+
+  // Per rank per denoising step, averaged over ranks.
+  std::vector<double> per_step{static_cast<double>(run.stats.bytes_intra), static_cast<double>(run.stats.bytes_inter),
+                               static_cast<double>(run.stats.messages)};
+  world.all_reduce<double>(per_step);
+  for (double& v : per_step) v /= static_cast<double>(world.size()) * o.steps;
+
+  // ordered_json: the keys print in the documented order.
+  nlohmann::ordered_json j{{"mode", exchange_mode_name(mode)},
+                   {"P", world.size()},
+                   {"group_size", ex->group_size()},
+                   {"steps", o.steps},
+                   {"step_ms", median(run.step_ms)},
+                   {"bytes_intra_group", per_step[0]},
+                   {"bytes_inter_group", per_step[1]},
+                   {"messages", per_step[2]},
+                   {"cache_bytes_per_rank", 0},
+                   {"exposed_comm_ms", median(run.comm_ms)},
+                   {"total_ms", [&] { double s = 0; for (double v : run.step_ms) s += v; return s; }()},
+                   {"resolution", shape.resolution},
+                   {"batch", shape.batch},
+                   {"image_tokens", shape.image_tokens()},
+                   {"text_tokens", shape.text_tokens},
+                   {"weights", o.weights.empty() ? "random" : o.weights},
+                   {"parameters", w.layout().total},
+                   {"config", cfg.to_json()},
+                   {"out", o.out}};
+
+  if (!o.compare.empty() || !o.reference.empty()) {
+    std::vector<float> ref_latent;
+    if (!o.compare.empty()) {
+      const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex->group_size());
+      ref_latent = sample(world, w, shape, *flat, cond, o.seed, o.steps).latent;
+    } else {
+      ref_latent = std::move(reference);
+    }
+    const std::vector<float> ref_rgb = latent_to_rgb(ref_latent, cfg, shape);
+    const double mse = image_mse(rgb, ref_rgb), psnr = psnr_from_mse(mse);
+    // JSON has no infinity: identical images give "psnr": null (documented in the README).
+    j["psnr"] = std::isinf(psnr) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(psnr);
+    j["ssim"] = ssim(rgb, ref_rgb, {shape.batch, side, side, 3});
+    j["mse"] = mse;
+    j["max_abs_diff"] = max_abs_diff(run.latent, ref_latent);
+    j["compared_with"] = o.compare.empty() ? o.reference : "flat";
+  }
+
+  if (world.rank() != 0) return 0;
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("diffcp dit: mode %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps\n",
+              exchange_mode_name(mode), world.size(), ex->group_size(), static_cast<long long>(shape.resolution),
+              static_cast<long long>(shape.resolution), static_cast<long long>(shape.image_tokens()),
+              static_cast<long long>(shape.text_tokens), static_cast<long long>(shape.batch), o.steps);
+  if (o.weights.empty())
+    std::printf("  weights: RANDOM (seeded init, --weight-seed %llu; no --weights given)\n",
+                static_cast<unsigned long long>(o.weight_seed));
+  else
+    std::printf("  weights: %s\n", o.weights.c_str());
+  std::printf("  step %.1f ms (median over steps, slowest rank), exposed communication %.2f ms/step, total %.2f s\n",
+              j["step_ms"].get<double>(), j["exposed_comm_ms"].get<double>(), j["total_ms"].get<double>() / 1e3);
+  std::printf("  per rank per step: %.0f bytes inside groups, %.0f bytes across groups, %.1f messages; cache 0 bytes/rank\n",
+              per_step[0], per_step[1], per_step[2]);
+  if (!o.out.empty())
+    std::printf("  image: %s (%lldx%lld, one pixel per latent pixel, latent->RGB map of dit/image.hpp)\n", o.out.c_str(),
+                static_cast<long long>(shape.batch * side), static_cast<long long>(side));
+  if (j.contains("psnr"))
+    std::printf("  vs %s: PSNR %s dB, SSIM %.6f, MSE %.3g, max |latent diff| %.3g\n", j["compared_with"].get<std::string>().c_str(),
+                j["psnr"].is_null() ? "inf" : std::to_string(j["psnr"].get<double>()).c_str(), j["ssim"].get<double>(),
+                j["mse"].get<double>(), j["max_abs_diff"].get<double>());
+  return 0;
+}
+
+}  // namespace diffcp::cli

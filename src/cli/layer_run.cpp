@@ -1,0 +1,203 @@
+#include "cli/layer_run.hpp"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "balance/balancer.hpp"
+#include "balance/redistribute.hpp"
+#include "cp/cp_methods.hpp"
+
+namespace diffcp::cli {
+
+void add_layer_options(CLI::App* c, AttnOptions& opt) {
+  c->add_option("--samples", opt.samples, "samples packed in the micro-batch")->capture_default_str();
+  c->add_option("--context", opt.context, "context tokens per sample (16k-style), or a range a:b to draw from")->capture_default_str();
+  c->add_option("--queries", opt.queries, "query rows per sample; anchors = queries / block")->capture_default_str();
+  c->add_option("--block", opt.block, "block size B")->capture_default_str();
+  c->add_option("--prompt-fraction", opt.prompt_fraction, "prompt share of each sample (0.25 = 1:3)")->capture_default_str();
+  c->add_option("--hidden", opt.hidden, "model width H")->capture_default_str();
+  c->add_option("--n-q", opt.n_q, "query heads")->capture_default_str();
+  c->add_option("--n-kv", opt.n_kv, "key/value heads (GQA)")->capture_default_str();
+  c->add_option("--d-h", opt.d_h, "head dimension")->capture_default_str();
+  c->add_option("--rope-theta", opt.rope_theta, "RoPE base")->capture_default_str();
+  c->add_option("--rms-eps", opt.rms_eps, "RMSNorm epsilon")->capture_default_str();
+  c->add_option("--dtype", opt.dtype, "storage type (f32)")->capture_default_str();
+  c->add_option("--seed", opt.seed, "seed of the batch, weights and inputs")->capture_default_str();
+  c->add_option("--reps", opt.reps, "timed repetitions after the warm-up (median of the slowest rank reported)")->capture_default_str();
+  c->add_option("--warmup", opt.warmup, "untimed repetitions before the timed ones")->capture_default_str();
+  c->add_flag("--check", opt.check, "compare output and all gradients with the fp64 single-process reference");
+  c->add_option("--J", opt.J, "chunks per rank for lpt / partition")->capture_default_str();
+  c->add_option("--bucket", opt.bucket, "round Split-KV's local K/V length up to a multiple of this (1 = off)")->capture_default_str();
+}
+
+LayerWorkload make_workload(const AttnOptions& opt) {
+  const CountRange context = parse_range(opt.context, "--context");
+  LayerWorkload w;
+  w.queries = parse_count(opt.queries, "--queries");
+  DIFFCP_CHECK(opt.dtype == "f32", "--dtype = '", opt.dtype, "': unknown or unsupported dtype (supported: f32)");
+  DIFFCP_CHECK(opt.block >= 1, "--block = ", opt.block, ", expected >= 1");
+  DIFFCP_CHECK(w.queries % opt.block == 0, "--queries = ", w.queries, " per sample is not a multiple of --block = ", opt.block);
+  DIFFCP_CHECK(opt.reps >= 1, "--reps = ", opt.reps, ", expected >= 1");
+  DIFFCP_CHECK(opt.warmup >= 0, "--warmup = ", opt.warmup, ", expected >= 0");
+  DIFFCP_CHECK(opt.bucket >= 1, "--bucket = ", opt.bucket, ", expected >= 1");
+  w.cfg = AttnLayerConfig{opt.hidden, opt.n_q, opt.n_kv, opt.d_h, opt.rope_theta, opt.rms_eps};
+  w.cfg.validate();
+  w.batch = make_random_batch(opt.samples, context.min, w.queries / opt.block, opt.block, opt.prompt_fraction, opt.seed,
+                              context.max);
+  return w;
+}
+
+Plan plan_layout(const PackedBatch& batch, const std::string& layout, int P, int J) {
+  return make_balancer(layout)->plan(batch, CostModel(batch), P, J);
+}
+
+const char* method_title(const std::string& method) {
+  if (method == "splitkv") return "Split-KV";
+  if (method == "ulysses") return "Ulysses";
+  if (method == "ring") return "Ring";
+  if (method == "ringx") return "RingX";
+  if (method == "lvxattn") return "LV-XAttn";
+  return method.c_str();
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Resident-memory probe of this process (Linux /proc). VmHWM is the peak resident set size;
+// writing "5" to /proc/self/clear_refs resets it to the current size (Linux >= 4.0), so the
+// peak of one run is measured apart from what ran before it in the same process.
+std::uint64_t status_kib(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(k, 0) == 0) return std::stoull(line.substr(k.size()));
+  return 0;
+}
+
+struct PeakProbe {
+  bool reset = false;
+  std::uint64_t start_bytes = 0;
+  PeakProbe() {
+    malloc_trim(0);  // hand memory freed by an earlier run back, so it does not count as resident now
+    std::ofstream f("/proc/self/clear_refs");
+    reset = static_cast<bool>(f << "5" << std::flush);
+    start_bytes = status_kib("VmRSS") * 1024;
+  }
+  std::uint64_t peak_bytes() const { return status_kib("VmHWM") * 1024; }
+};
+
+}  // namespace
+
+LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSpec& spec) {
+  const int P = world.size(), p = world.rank();
+  const AttnLayerConfig& cfg = pb.cfg;
+  const PackedBatch& batch = pb.batch;
+  // Everything that can be refused is refused here, alike on every rank, before communicating.
+  const std::string why = cp_unsupported_reason(spec.method, cfg, P);
+  DIFFCP_CHECK(why.empty(), why);
+  DIFFCP_CHECK(spec.reps >= 1 && spec.warmup >= 0, "run_layer: reps = ", spec.reps, ", warmup = ", spec.warmup,
+               "; expected reps >= 1, warmup >= 0");
+  const Plan plan = plan_layout(batch, spec.layout, P, spec.J);
+
+  LayerRun run;
+  run.method = spec.method;
+  run.layout = spec.layout;
+  run.J = plan.J;
+  const PeakProbe probe;
+
+  // Move the context rows from the loader's contiguous slices to their planned ranks: one
+  // all-to-all-v, counted on its own communicator apart from the layer's bytes.
+  run.chunks_of_rank = plan.chunks_of_rank();
+  run.shard = chunked_shard(batch, P, p, run.chunks_of_rank);
+  run.shard.bucket = spec.bucket;
+  const PosRange loaded = loader_slices(batch.context_rows(), P)[static_cast<std::size_t>(p)];
+  std::vector<float> loaded_rows(pb.ctx.begin() + loaded.begin * cfg.hidden, pb.ctx.begin() + loaded.end * cfg.hidden);
+  const auto redist_comm = world.split(0, p, "redistribute");
+  const auto ctx_p = redistribute_rows(*redist_comm, batch, plan, loaded_rows, cfg.hidden);
+  std::vector<float>().swap(loaded_rows);
+  const auto x_p = pb.x_rows(run.shard), dy_p = pb.dy_rows(run.shard);
+  run.y_p.resize(x_p.size());
+  run.dx_p.resize(x_p.size());
+  run.dctx_p.resize(ctx_p.size());
+  run.grad = std::make_unique<AttnLayerParams>(cfg);
+  AttnLayerParams& grad = *run.grad;
+  run.layer = make_cp_layer(spec.method, world, cfg, run.shard);
+  CpAttentionLayer& layer = *run.layer;
+
+  // `warmup` untimed runs, then `reps` timed ones; per run the slowest rank's time counts.
+  std::vector<double> fwd, bwd, step, exposed, fwd_exposed, bwd_exposed, blocking;
+  CommStats layer_stats;
+  for (int rep = 0; rep < spec.warmup + spec.reps; ++rep) {
+    std::fill(grad.all().begin(), grad.all().end(), 0.f);
+    world.barrier();
+    world.stats().reset();
+    layer.forward(pb.w, x_p.data(), ctx_p.data(), run.y_p.data());
+    layer.backward(pb.w, dy_p.data(), run.dx_p.data(), run.dctx_p.data(), grad);
+    layer_stats = world.stats();
+    const CpTimings& t = layer.timings();
+    std::vector<double> v{t.fwd_ms, t.bwd_ms, t.fwd_ms + t.bwd_ms, t.exposed_comm_ms(),
+                          t.fwd_overlap_exposed_ms, t.bwd_overlap_exposed_ms, t.blocking_comm_ms};
+    world.all_reduce<double>(v, ReduceOp::max);
+    if (rep < spec.warmup) continue;
+    fwd.push_back(v[0]), bwd.push_back(v[1]), step.push_back(v[2]), exposed.push_back(v[3]);
+    fwd_exposed.push_back(v[4]), bwd_exposed.push_back(v[5]), blocking.push_back(v[6]);
+  }
+  allreduce_grads(world, grad);
+  const std::uint64_t hwm = probe.peak_bytes();
+  std::vector<std::uint64_t> peak{hwm, hwm - std::min(hwm, probe.start_bytes)};
+  std::vector<std::uint64_t> resets{probe.reset ? 1u : 0u};
+  world.all_reduce<std::uint64_t>(peak, ReduceOp::max);
+  world.all_reduce<std::uint64_t>(resets);
+  run.peak_bytes = peak[0];
+  run.run_peak_bytes = peak[1];
+  run.peak_reset = resets[0] == static_cast<std::uint64_t>(P);
+
+  run.fwd_ms = median(fwd), run.bwd_ms = median(bwd), run.step_ms = median(step);
+  run.exposed_comm_ms = median(exposed), run.fwd_overlap_exposed_ms = median(fwd_exposed);
+  run.bwd_overlap_exposed_ms = median(bwd_exposed), run.blocking_comm_ms = median(blocking);
+
+  // Bytes of one layer (forward + backward), summed over ranks.
+  run.bytes = nlohmann::json::object();
+  std::vector<std::uint64_t> sent;
+  for (std::size_t k = 0; k < kNumCommOps; ++k) sent.push_back(layer_stats[static_cast<CommOp>(k)].bytes_sent);
+  world.all_reduce<std::uint64_t>(sent);
+  std::uint64_t total_sent = 0;
+  for (std::size_t k = 0; k < kNumCommOps; ++k) {
+    const OpCounter& c = layer_stats[static_cast<CommOp>(k)];
+    if (c.calls == 0) continue;
+    run.bytes[comm_op_name(static_cast<CommOp>(k))] = {{"calls", c.calls}, {"sent_total", sent[k]},
+                                                       {"sent_per_rank", static_cast<double>(sent[k]) / P}};
+    total_sent += sent[k];
+  }
+  run.bytes_per_layer = static_cast<double>(total_sent) / P;
+  run.predicted_bytes_per_layer = layer.predicted_bytes_per_layer();
+  std::vector<std::uint64_t> redist_sent{redist_comm->stats().total().bytes_sent};
+  world.all_reduce<std::uint64_t>(redist_sent);
+  run.redistribution_bytes = static_cast<double>(redist_sent[0]) / P;
+  run.imbalance_pct = plan_load(batch, CostModel(batch), plan).imbalance_pct();
+
+  if (spec.reference) {
+    const LayerCheck c = check_layer(*spec.reference, run.shard, cfg.hidden, run.y_p, run.dx_p, run.dctx_p, grad);
+    const CompareResult all = c.all();
+    std::vector<double> err{all.max_abs, all.max_rel};
+    std::vector<std::int64_t> bad{all.mismatched};
+    world.all_reduce<double>(err, ReduceOp::max);
+    world.all_reduce<std::int64_t>(bad);
+    run.checked = true;
+    run.check_passed = bad[0] == 0;
+    run.max_abs_err = err[0];
+    run.max_rel_err = err[1];
+    run.mismatches = bad[0];
+  }
+  return run;
+}
+
+}  // namespace diffcp::cli

@@ -1,0 +1,86 @@
+// What `diffcp attn` and `diffcp bench cp` share: the workload options turned into a validated,
+// seeded problem (same generator for both), and one routine that runs a CP method of the drafter
+// attention layer on it and measures it: context layout by a balancer with the rows moved from
+// the loader's slices, warm-up + timed repetitions (slowest rank per repetition, medians), bytes
+// per operation kind summed over ranks, peak memory, and the check against the fp64 reference.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "balance/cost.hpp"
+#include "cli/commands.hpp"
+#include "cp/cp_layer.hpp"
+#include "cp/layer_problem.hpp"
+
+namespace diffcp::cli {
+
+// Registers the options every layer command takes: workload (--samples, --context, --queries,
+// --block, --prompt-fraction, --seed), layer shape (--hidden, --n-q, --n-kv, --d-h, --rope-theta,
+// --rms-eps, --dtype), measurement (--reps, --warmup), --J, --bucket, --check, --json.
+void add_layer_options(CLI::App* c, AttnOptions& opt);
+
+// The options checked (throws diffcp::Error naming the bad value; no communication) and the
+// seeded packed batch + layer shape they describe.
+struct LayerWorkload {
+  std::int64_t queries = 0;  // per sample
+  PackedBatch batch;
+  AttnLayerConfig cfg;
+};
+LayerWorkload make_workload(const AttnOptions& opt);
+
+// The context layout `layout` (a balancer name) of `batch` over P ranks. No communication;
+// throws diffcp::Error for an unknown name or a J the context cannot serve.
+Plan plan_layout(const PackedBatch& batch, const std::string& layout, int P, int J);
+
+struct LayerRunSpec {
+  std::string method = "splitkv";  // cp/cp_methods.hpp
+  std::string layout = "none";     // balancer name
+  int J = 16;
+  std::int64_t bucket = 4096;
+  int warmup = 1, reps = 3;
+  const ReferenceLayerResult* reference = nullptr;  // check against it when set
+};
+
+// Result of run_layer. Times are medians over the timed repetitions of the slowest rank's time
+// (step_ms: of the slowest rank's forward + backward, so it can exceed fwd_ms + bwd_ms).
+struct LayerRun {
+  std::string method, layout;
+  int J = 0;  // chunks per rank the plan used
+  double fwd_ms = 0, bwd_ms = 0, step_ms = 0, exposed_comm_ms = 0;
+  double fwd_overlap_exposed_ms = 0, bwd_overlap_exposed_ms = 0, blocking_comm_ms = 0;
+  nlohmann::json bytes;        // per op kind: {"calls" (per rank), "sent_total", "sent_per_rank"}
+  double bytes_per_layer = 0;  // bytes sent by one forward + backward, mean over ranks
+  double predicted_bytes_per_layer = 0;
+  double redistribution_bytes = 0;  // the layout's one all-to-all-v, mean over ranks
+  double imbalance_pct = 0;         // Split-KV cost model (balance/cost.hpp) of the layout
+  // Peak resident memory, max over ranks: peak_bytes = the whole process's (VmHWM, reset at the
+  // start of the run when the kernel allows it: peak_reset), which includes the harness's copy
+  // of the full problem on every rank; run_peak_bytes = peak minus the resident size at the start
+  // of the run = what the run added: its input slices, outputs, the layer's buffers, the
+  // communication scratch.
+  std::uint64_t peak_bytes = 0, run_peak_bytes = 0;
+  bool peak_reset = false;
+  bool checked = false, check_passed = true;  // with spec.reference
+  double max_abs_err = 0, max_rel_err = 0;
+  std::int64_t mismatches = 0;
+  // This rank's share, for --dump.
+  std::vector<std::vector<PosRange>> chunks_of_rank;
+  CpShard shard;
+  std::vector<float> y_p, dx_p, dctx_p;         // [Q_p, H], [Q_p, H], [C_p, H]
+  std::unique_ptr<AttnLayerParams> grad;        // summed over the ranks
+  std::unique_ptr<CpAttentionLayer> layer;
+};
+
+// Collective over `world`: every rank calls it with the same problem and spec. Throws before any
+// communication when the method cannot serve world.size() ranks or the layout is invalid.
+LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSpec& spec);
+
+// "Split-KV", "Ulysses", "Ring", "RingX", "LV-XAttn" for the method names.
+const char* method_title(const std::string& method);
+
+}  // namespace diffcp::cli

@@ -1,0 +1,134 @@
+#include "dit/config.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+
+namespace diffcp {
+
+void DitConfig::validate() const {
+  DIFFCP_CHECK(heads >= 1 && head_dim >= 2 && head_dim % 2 == 0, "dit: heads = ", heads, ", head_dim = ", head_dim,
+               "; expected heads >= 1 and an even head_dim >= 2 (RoPE rotates pairs)");
+  DIFFCP_CHECK(double_blocks >= 0 && single_blocks >= 0 && double_blocks + single_blocks >= 1,
+               "dit: double_blocks = ", double_blocks, ", single_blocks = ", single_blocks,
+               "; expected >= 0 each and at least one block");
+  DIFFCP_CHECK(mlp_hidden >= 1 && latent_channels >= 1 && patch >= 1 && text_dim >= 1 && pooled_dim >= 1,
+               "dit: mlp_hidden = ", mlp_hidden, ", latent_channels = ", latent_channels, ", patch = ", patch,
+               ", text_dim = ", text_dim, ", pooled_dim = ", pooled_dim, "; expected all >= 1");
+  DIFFCP_CHECK(time_dim >= 2 && time_dim % 2 == 0, "dit: time_dim = ", time_dim, ", expected even and >= 2 (cos, sin halves)");
+  std::int64_t sum = 0;
+  for (const std::int64_t a : rope_axes) {
+    DIFFCP_CHECK(a >= 0 && a % 2 == 0, "dit: rope axis dim ", a, " is not even and >= 0");
+    sum += a;
+  }
+  DIFFCP_CHECK(sum == head_dim, "dit: rope axes [", rope_axes[0], ", ", rope_axes[1], ", ", rope_axes[2],
+               "] sum to ", sum, ", expected head_dim = ", head_dim);
+  DIFFCP_CHECK(rope_theta > 1 && eps > 0, "dit: rope_theta = ", rope_theta, ", eps = ", eps,
+               "; expected rope_theta > 1 and eps > 0");
+}
+
+nlohmann::json DitConfig::to_json() const {
+  return {{"hidden", hidden()}, {"heads", heads}, {"head_dim", head_dim}, {"double_blocks", double_blocks},
+          {"single_blocks", single_blocks}, {"mlp_hidden", mlp_hidden}, {"latent_channels", latent_channels},
+          {"patch", patch}, {"text_dim", text_dim}, {"pooled_dim", pooled_dim}, {"time_dim", time_dim},
+          {"rope_axes", rope_axes}, {"rope_theta", rope_theta}, {"eps", eps}};
+}
+
+std::array<std::int64_t, 3> flux_rope_axes(std::int64_t head_dim) {
+  const std::int64_t a = 2 * (7 * head_dim / 32);
+  return {head_dim - 2 * a, a, a};
+}
+
+DitConfig dit_preset(const std::string& name) {
+  DitConfig c;
+  if (name == "default") return c;
+  if (name == "tiny") {
+    c.heads = 8;
+    c.head_dim = 16;
+    c.double_blocks = 1;
+    c.single_blocks = 1;
+    c.mlp_hidden = 256;
+    c.latent_channels = 4;
+    c.text_dim = 32;
+    c.pooled_dim = 32;
+    c.time_dim = 64;
+    c.rope_axes = flux_rope_axes(c.head_dim);
+    return c;
+  }
+  DIFFCP_FAIL("dit: unknown preset '", name, "', expected default or tiny");
+}
+
+void DitShape::validate() const {
+  DIFFCP_CHECK(batch >= 1, "dit: batch = ", batch, ", expected >= 1");
+  DIFFCP_CHECK(resolution >= 16 && resolution % 16 == 0, "dit: resolution = ", resolution,
+               ", expected a positive multiple of 16 (8x VAE downsampling, then 2x2 patches)");
+  DIFFCP_CHECK(text_tokens >= 0, "dit: text_tokens = ", text_tokens, ", expected >= 0");
+}
+
+DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int p) {
+  cfg.validate();
+  shape.validate();
+  DIFFCP_CHECK(P >= 1 && p >= 0 && p < P, "dit: rank ", p, " of ", P, " is not a valid rank");
+  DIFFCP_CHECK(cfg.heads % P == 0, "dit: P = ", P, " ranks do not divide the ", cfg.heads,
+               " attention heads (Ulysses shards heads: P must divide the head count)");
+  DIFFCP_CHECK(shape.image_tokens() % P == 0, "dit: P = ", P, " ranks do not divide the ", shape.image_tokens(),
+               " image tokens (resolution ", shape.resolution, " -> ", shape.grid(), "^2 tokens)");
+  DIFFCP_CHECK(shape.text_tokens % P == 0, "dit: P = ", P, " ranks do not divide the ", shape.text_tokens,
+               " text tokens");
+  return {P, p, shape.text_tokens / P, shape.image_tokens() / P};
+}
+
+DitLinear DitLayout::linear(const std::string& name, std::int64_t in, std::int64_t out) {
+  DitLinear l{total, 0, in, out};
+  tensors.push_back({name + ".weight", {out, in}, total, in * out, true});
+  total += in * out;
+  l.b = vector(name + ".bias", out);
+  return l;
+}
+
+std::int64_t DitLayout::vector(const std::string& name, std::int64_t n) {
+  tensors.push_back({name, {n}, total, n, false});
+  total += n;
+  return total - n;
+}
+
+DitLayout::DitLayout(const DitConfig& c) {
+  c.validate();
+  const std::int64_t H = c.hidden(), M = c.mlp_hidden, d = c.head_dim;
+  img_in = linear("img_in", c.in_channels(), H);
+  time_in0 = linear("time_in.in_layer", c.time_dim, H);
+  time_in1 = linear("time_in.out_layer", H, H);
+  vector_in0 = linear("vector_in.in_layer", c.pooled_dim, H);
+  vector_in1 = linear("vector_in.out_layer", H, H);
+  txt_in = linear("txt_in", c.text_dim, H);
+  for (std::int64_t i = 0; i < c.double_blocks; ++i) {
+    const std::string pre = "double_blocks." + std::to_string(i) + ".";
+    DoubleBlock blk;
+    for (const char* s : {"img", "txt"}) {
+      Stream& st = std::string(s) == "img" ? blk.img : blk.txt;
+      const std::string sp = pre + s;
+      st.mod = linear(sp + "_mod.lin", H, 6 * H);
+      st.qkv = linear(sp + "_attn.qkv", H, 3 * H);
+      st.q_scale = vector(sp + "_attn.norm.query_norm.scale", d);
+      st.k_scale = vector(sp + "_attn.norm.key_norm.scale", d);
+      st.proj = linear(sp + "_attn.proj", H, H);
+      st.mlp0 = linear(sp + "_mlp.0", H, M);
+      st.mlp2 = linear(sp + "_mlp.2", M, H);
+    }
+    double_blocks.push_back(blk);
+  }
+  for (std::int64_t i = 0; i < c.single_blocks; ++i) {
+    const std::string pre = "single_blocks." + std::to_string(i) + ".";
+    SingleBlock blk;
+    blk.linear1 = linear(pre + "linear1", H, 3 * H + M);
+    blk.linear2 = linear(pre + "linear2", H + M, H);
+    blk.q_scale = vector(pre + "norm.query_norm.scale", d);
+    blk.k_scale = vector(pre + "norm.key_norm.scale", d);
+    blk.mod = linear(pre + "modulation.lin", H, 3 * H);
+    single_blocks.push_back(blk);
+  }
+  final_mod = linear("final_layer.adaLN_modulation.1", H, 2 * H);
+  final_linear = linear("final_layer.linear", H, c.in_channels());
+}
+
+}  // namespace diffcp

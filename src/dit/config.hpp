@@ -1,0 +1,127 @@
+// The DiT of CoCoDiff's experiments (SPEC B), FLUX-style, inference only: its configuration, the
+// token layout of one run, and the parameter layout with the documented tensor names.
+//
+// Legend: H hidden (= n_h * d_h), n_h heads, d_h head dim, M MLP width, C_in = C_lat * p^2 latent
+//         channels of one token (p = patch), T text tokens, N_img = g^2 image tokens of a g x g
+//         grid (g = resolution / 16: an 8x VAE then a 2x2 patch, as FLUX), N = T + N_img tokens
+//         per image, b images, P ranks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace diffcp {
+
+struct DitConfig {
+  std::int64_t heads = 24, head_dim = 32;  // n_h, d_h; H = n_h * d_h
+  std::int64_t double_blocks = 2, single_blocks = 4;
+  std::int64_t mlp_hidden = 3072;          // M (FLUX: 4H)
+  std::int64_t latent_channels = 16, patch = 2;
+  std::int64_t text_dim = 256, pooled_dim = 256;  // text token features, pooled text vector
+  std::int64_t time_dim = 256;             // sinusoidal timestep features (FLUX: 256)
+  // RoPE axes (token index, image row, image column): head-dim share of each, even, summing to
+  // d_h; FLUX's [16, 56, 56] for d_h = 128 is flux_rope_axes(128).
+  std::array<std::int64_t, 3> rope_axes{4, 14, 14};
+  double rope_theta = 10000, eps = 1e-6;   // eps of every LayerNorm and QK RMSNorm
+
+  std::int64_t hidden() const { return heads * head_dim; }            // H
+  std::int64_t in_channels() const { return latent_channels * patch * patch; }  // C_in
+  // Throws diffcp::Error naming the bad value.
+  void validate() const;
+  nlohmann::json to_json() const;
+};
+
+// FLUX's split of the head dim over the RoPE axes scaled to d_h: [d_h - 2a, a, a], a = 2*floor(7*d_h/32).
+std::array<std::int64_t, 3> flux_rope_axes(std::int64_t head_dim);
+
+// "default": the config above (H 768, 24 heads x 32, 2 double + 4 single blocks, M 3072, ~79M
+// parameters; 50 steps at 512^2 take ~15 s at P = 2 on 2 cores); "tiny": H 128, 8 heads x 16,
+// 1 + 1 blocks, M 256, 4 latent channels (the tests).
+DitConfig dit_preset(const std::string& name);
+
+// One run's tokens. Every image of the batch shares the prompt and the timestep; only the noise
+// differs.
+struct DitShape {
+  std::int64_t batch = 1;        // b
+  std::int64_t resolution = 512; // image side in pixels; a multiple of 16
+  std::int64_t text_tokens = 64; // T
+
+  std::int64_t grid() const { return resolution / 16; }              // g
+  std::int64_t image_tokens() const { return grid() * grid(); }      // N_img
+  std::int64_t tokens() const { return text_tokens + image_tokens(); }  // N
+  void validate() const;
+};
+
+// Rank p's tokens under Ulysses sequence parallelism (SPEC B.1): the text tokens [p*T_p,
+// (p+1)*T_p) and image tokens [p*I_p, (p+1)*I_p) of every image.
+struct DitShard {
+  int P = 1, p = 0;
+  std::int64_t text_p = 0, image_p = 0;  // T_p = T/P, I_p = N_img/P
+  std::int64_t tokens_p() const { return text_p + image_p; }  // n_p
+};
+// Throws diffcp::Error (the same on every rank, before any communication) unless P divides the
+// head count, the text tokens and the image tokens.
+DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int p);
+
+// A Linear layer's place in the parameter allocation: W at `w` stored [in, out] (y = x W), bias
+// at `b` [out].
+struct DitLinear {
+  std::int64_t w = 0, b = 0, in = 0, out = 0;
+};
+
+// Offsets of every parameter in the model's single allocation, and the documented tensor names.
+//
+// Tensor names are FLUX's (black-forest-labs/flux state-dict names, guidance_in left out), all
+// F32; in the file a Linear weight has PyTorch's shape [out, in] (it is transposed on load into
+// the [in, out] memory layout and back on save). `i` counts blocks from 0; `s` is img or txt.
+//   img_in.{weight [H, C_in], bias [H]}              txt_in.{weight [H, text_dim], bias [H]}
+//   time_in.in_layer.{weight [H, time_dim], bias}    time_in.out_layer.{weight [H, H], bias}
+//   vector_in.in_layer.{weight [H, pooled_dim], bias} vector_in.out_layer.{weight [H, H], bias}
+//   double_blocks.i.s_mod.lin.{weight [6H, H], bias [6H]}       (shift1, scale1, gate1, shift2, scale2, gate2)
+//   double_blocks.i.s_attn.qkv.{weight [3H, H], bias [3H]}      (rows: q heads, k heads, v heads)
+//   double_blocks.i.s_attn.norm.query_norm.scale [d_h], ...key_norm.scale [d_h]
+//   double_blocks.i.s_attn.proj.{weight [H, H], bias [H]}
+//   double_blocks.i.s_mlp.0.{weight [M, H], bias [M]}   double_blocks.i.s_mlp.2.{weight [H, M], bias [H]}
+//   single_blocks.i.modulation.lin.{weight [3H, H], bias [3H]}  (shift, scale, gate)
+//   single_blocks.i.linear1.{weight [3H + M, H], bias}          (q, k, v, then the MLP input)
+//   single_blocks.i.linear2.{weight [H, H + M], bias [H]}       (input: attention output, then GELU(MLP))
+//   single_blocks.i.norm.query_norm.scale [d_h], ...key_norm.scale [d_h]
+//   final_layer.adaLN_modulation.1.{weight [2H, H], bias [2H]}  (shift, scale)
+//   final_layer.linear.{weight [C_in, H], bias [C_in]}
+struct DitLayout {
+  struct Tensor {
+    std::string name;
+    std::vector<std::int64_t> shape;  // in the file (a Linear weight: [out, in])
+    std::int64_t offset = 0, size = 0;
+    bool linear_weight = false;       // stored transposed in memory: [in, out]
+  };
+  struct Stream {  // one stream (image or text) of a double-stream block
+    DitLinear mod, qkv, proj, mlp0, mlp2;
+    std::int64_t q_scale = 0, k_scale = 0;
+  };
+  struct DoubleBlock {
+    Stream img, txt;
+  };
+  struct SingleBlock {
+    DitLinear mod, linear1, linear2;
+    std::int64_t q_scale = 0, k_scale = 0;
+  };
+
+  explicit DitLayout(const DitConfig& cfg);
+
+  DitLinear img_in, txt_in, time_in0, time_in1, vector_in0, vector_in1, final_mod, final_linear;
+  std::vector<DoubleBlock> double_blocks;
+  std::vector<SingleBlock> single_blocks;
+  std::vector<Tensor> tensors;  // every parameter, in allocation order
+  std::int64_t total = 0;       // parameters
+
+ private:
+  DitLinear linear(const std::string& name, std::int64_t in, std::int64_t out);
+  std::int64_t vector(const std::string& name, std::int64_t n);
+};
+
+}  // namespace diffcp

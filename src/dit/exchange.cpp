@@ -1,0 +1,148 @@
+#include "dit/exchange.hpp"
+
+#include <chrono>
+#include <cstring>
+
+#include "attention/attention.hpp"
+#include "comm/tapa.hpp"
+#include "core/error.hpp"
+
+namespace diffcp {
+
+ExchangeMode parse_exchange_mode(const std::string& name) {
+  if (name == "flat") return ExchangeMode::flat;
+  if (name == "tapa") return ExchangeMode::tapa;
+  DIFFCP_CHECK(name != "vfirst" && name != "cocodiff", "--mode ", name,
+               ": not implemented yet (V-First / V-Major, SPEC B.3-B.4, are the next slice of issue #7); "
+               "available: flat, tapa");
+  DIFFCP_FAIL("--mode '", name, "': unknown mode, expected flat, tapa, vfirst or cocodiff");
+}
+
+const char* exchange_mode_name(ExchangeMode mode) {
+  switch (mode) {
+    case ExchangeMode::flat: return "flat";
+    case ExchangeMode::tapa: return "tapa";
+    case ExchangeMode::vfirst: return "vfirst";
+    case ExchangeMode::cocodiff: return "cocodiff";
+  }
+  return "?";
+}
+
+AttentionExchange::AttentionExchange(ExchangeMode mode, int rank, int P, int L) : mode_(mode), p_(rank), P_(P), L_(L) {}
+
+void AttentionExchange::set_layout(ExchangeLayout layout) {
+  const std::int64_t b = layout.batch, n = layout.tokens_p;
+  DIFFCP_CHECK(b >= 1 && n >= 1 && layout.heads >= 1 && layout.head_dim >= 1, "attention exchange: batch = ", b,
+               ", tokens_p = ", n, ", heads = ", layout.heads, ", head_dim = ", layout.head_dim, "; expected all >= 1");
+  DIFFCP_CHECK(layout.heads % P_ == 0, "attention exchange: P = ", P_, " ranks do not divide the ", layout.heads,
+               " heads");
+  DIFFCP_CHECK(static_cast<std::int64_t>(layout.rows.size()) == b * n, "attention exchange: ", layout.rows.size(),
+               " row indices, expected batch * tokens_p = ", b * n);
+  for (const std::int64_t r : layout.rows)
+    DIFFCP_CHECK(r >= 0 && r < layout.local_rows, "attention exchange: local row ", r, " outside [0, ",
+                 layout.local_rows, ")");
+  layout_ = std::move(layout);
+
+  // One query block per (source rank r, image j), n_p rows each, in the order the all-to-all
+  // delivers them; image j's keys are the P segments (r, j), placed at positions [j N, (j+1) N).
+  const std::int64_t N = P_ * n;
+  std::vector<ContextSegment> segments;
+  std::vector<MaskBlock> blocks;
+  for (std::int64_t r = 0; r < P_; ++r)
+    for (std::int64_t j = 0; j < b; ++j) {
+      segments.push_back({(r * b + j) * n, j * N + r * n, n});
+      blocks.push_back({j * N, (j + 1) * N, -1});
+    }
+  mask_.emplace(n, head_rows(), std::move(segments), std::move(blocks));
+
+  const auto sz = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  send_.resize(sz(head_rows() * 3 * hd()));
+  qkv_head_.resize(send_.size());
+  o_head_.resize(sz(head_rows() * hd()));
+  o_recv_.resize(o_head_.size());
+  lse_.resize(sz(head_rows() * layout_.heads / P_));
+}
+
+const BlockMask& AttentionExchange::mask() const {
+  DIFFCP_CHECK(mask_.has_value(), "attention exchange: set_layout() was not called");
+  return *mask_;
+}
+
+void AttentionExchange::timed_all_to_all(const float* send, float* recv, std::size_t count) {
+  const auto t0 = std::chrono::steady_clock::now();
+  all_to_all(send, recv, count);
+  stats_.comm_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ++stats_.calls;
+}
+
+void AttentionExchange::seq_to_head(HeadRows<const float> qkv) {
+  mask();  // layout set
+  const ExchangeLayout& l = layout_;
+  DIFFCP_CHECK(qkv.rows == l.local_rows && qkv.heads == 3 * l.heads && qkv.dim == l.head_dim,
+               "attention exchange: qkv has shape [", qkv.rows, ", ", qkv.heads, ", ", qkv.dim, "], expected [",
+               l.local_rows, ", ", 3 * l.heads, ", ", l.head_dim, "]");
+  const std::int64_t hp = l.heads / P_, h = hd(), bn = l.batch * l.tokens_p;
+  // send: [P][b n_p][3][hd]: for destination r, each token's q, k, v slices of r's heads.
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < P_; ++r)
+    for (std::int64_t i = 0; i < bn; ++i)
+      for (std::int64_t c = 0; c < 3; ++c)
+        std::memcpy(send_.data() + ((r * bn + i) * 3 + c) * h, qkv.at(l.rows[static_cast<std::size_t>(i)], c * l.heads + r * hp),
+                    sizeof(float) * static_cast<std::size_t>(h));
+  timed_all_to_all(send_.data(), qkv_head_.data(), static_cast<std::size_t>(bn * 3 * h));
+}
+
+HeadRows<const float> AttentionExchange::q() const {
+  return {qkv_head_.data(), head_rows(), layout_.heads / P_, layout_.head_dim, 3 * hd()};
+}
+HeadRows<const float> AttentionExchange::k() const {
+  return {qkv_head_.data() + hd(), head_rows(), layout_.heads / P_, layout_.head_dim, 3 * hd()};
+}
+HeadRows<const float> AttentionExchange::v() const {
+  return {qkv_head_.data() + 2 * hd(), head_rows(), layout_.heads / P_, layout_.head_dim, 3 * hd()};
+}
+HeadRows<float> AttentionExchange::o() { return {o_head_.data(), head_rows(), layout_.heads / P_, layout_.head_dim, hd()}; }
+
+void AttentionExchange::head_to_seq(HeadRows<float> out) {
+  const ExchangeLayout& l = layout_;
+  DIFFCP_CHECK(out.rows == l.local_rows && out.heads == l.heads && out.dim == l.head_dim,
+               "attention exchange: out has shape [", out.rows, ", ", out.heads, ", ", out.dim, "], expected [",
+               l.local_rows, ", ", l.heads, ", ", l.head_dim, "]");
+  const std::int64_t hp = l.heads / P_, h = hd(), bn = l.batch * l.tokens_p;
+  // o rows of source rank r are contiguous in head layout: block r goes back to rank r.
+  timed_all_to_all(o_head_.data(), o_recv_.data(), static_cast<std::size_t>(bn * h));
+  // o_recv: [P][b n_p][hd]: from rank r, this rank's tokens' outputs of r's heads.
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < P_; ++r)
+    for (std::int64_t i = 0; i < bn; ++i)
+      std::memcpy(out.at(l.rows[static_cast<std::size_t>(i)], r * hp), o_recv_.data() + (r * bn + i) * h,
+                  sizeof(float) * static_cast<std::size_t>(h));
+}
+
+void AttentionExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
+  seq_to_head(qkv);
+  attention_forward(mask(), q(), k(), v(), o(), lse_);
+  head_to_seq(out);
+}
+
+std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size) {
+  DIFFCP_CHECK(group_size >= 0, "--group-size = ", group_size, ", expected >= 1 (or 0: the ranks of a node)");
+  const int L = group_size == 0 ? node_local_group_size(world) : group_size;
+  DIFFCP_CHECK(world.size() % L == 0, "--group-size L = ", L, " does not divide P = ", world.size(),
+               " ranks (groups of L consecutive ranks)");
+  switch (mode) {
+    case ExchangeMode::flat: return make_flat_exchange(world, L);
+    case ExchangeMode::tapa: return make_tapa_exchange(world, L);
+    case ExchangeMode::vfirst:
+    case ExchangeMode::cocodiff: break;
+  }
+  DIFFCP_FAIL("attention exchange: mode ", exchange_mode_name(mode), " is not implemented yet (SPEC B.3-B.4)");
+}
+
+int node_local_group_size(Communicator& world) {
+  // TAPA's node-local constructor already checks equal node sizes and consecutive ranks on every
+  // rank alike; its sub-communicators are simply dropped.
+  return TapaAllToAll::node_local(world).group_size();
+}
+
+}  // namespace diffcp

@@ -1,0 +1,129 @@
+// The attention exchange of Ulysses sequence parallelism (SPEC B.1): the all-to-all that turns the
+// sequence layout (a rank's n_p tokens of each image, all n_h heads) into the head layout (all N
+// tokens, h_p = n_h / P heads) for q, k, v before attention, the attention itself, and the
+// all-to-all that turns o back. The modes differ only in how the all-to-all moves bytes:
+//   flat     Communicator::all_to_all on the flat group (one call for q|k|v, one for o)
+//   tapa     TapaAllToAll (SPEC B.2): phase 1 inside groups of L ranks, phase 2 across groups;
+//            bitwise the same result as flat
+//   vfirst, cocodiff (SPEC B.3, B.4): not implemented yet (parse_exchange_mode says so)
+//
+// Legend: P ranks in groups of L (G = P / L), b images, n_p tokens per image on a rank, N = P*n_p
+//         tokens per image, n_h heads of dim d_h, h_p = n_h / P, hd = h_p * d_h, M_p local rows.
+//
+// Head layout (what attention sees): row (r, j, t) = token t of image j held by rank r, rows in
+// that order ([P][b][n_p], the order the all-to-all delivers them, so nothing is reordered);
+// q, k, v interleaved per row ([3][hd], row stride 3 hd). The attention mask has one query block
+// of n_p rows per (r, j); it sees the N key rows of image j, given as P segments at positions
+// [j N, (j+1) N). A dense attention per image, in one call, over P*b*h_p work items.
+//
+// Call order (every rank of the group, same sequence): the constructor (collective), then any
+// number of attention() calls with equal layouts on all ranks; set_layout() is local.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention/mask.hpp"
+#include "comm/communicator.hpp"
+#include "core/tensor.hpp"
+
+namespace diffcp {
+
+enum class ExchangeMode : std::uint8_t { flat, tapa, vfirst, cocodiff };
+// "flat" | "tapa" (implemented) | "vfirst" | "cocodiff" (throw: not implemented yet); anything
+// else throws naming the modes.
+ExchangeMode parse_exchange_mode(const std::string& name);
+const char* exchange_mode_name(ExchangeMode mode);
+
+// What this rank's exchanges moved, by link class (SPEC B.2: a group of L ranks shares a fast link).
+struct ExchangeStats {
+  std::uint64_t bytes_intra = 0;  // bytes sent to ranks of its own group
+  std::uint64_t bytes_inter = 0;  // bytes sent to ranks of other groups
+  std::uint64_t messages = 0;     // point-to-point messages sent (an all-to-all: one per peer it sends a block to)
+  std::uint64_t calls = 0;        // all-to-alls (two per attention)
+  double comm_ms = 0;             // wall time inside the all-to-alls; all blocking here, so all exposed
+};
+
+// Where one rank's tokens live in its sequence-layout tensors.
+struct ExchangeLayout {
+  std::int64_t batch = 1;       // b
+  std::int64_t tokens_p = 0;    // n_p tokens of each image on this rank
+  std::int64_t heads = 0;       // n_h
+  std::int64_t head_dim = 0;    // d_h
+  std::int64_t local_rows = 0;  // M_p rows of the sequence-layout tensors (>= b * n_p)
+  // rows[j * n_p + t]: the local row of token t of image j (the rank's exchange order) [b * n_p]
+  std::vector<std::int64_t> rows;
+};
+
+class AttentionExchange {
+ public:
+  virtual ~AttentionExchange() = default;
+  AttentionExchange(const AttentionExchange&) = delete;
+  AttentionExchange& operator=(const AttentionExchange&) = delete;
+
+  ExchangeMode mode() const { return mode_; }
+  int rank() const { return p_; }        // p
+  int size() const { return P_; }        // P
+  int group_size() const { return L_; }  // L
+
+  // Checks the layout (P | n_h, rows inside [0, M_p)), sizes the buffers and builds the mask.
+  // Local: no communication. Every rank must set an equal (b, n_p, n_h, d_h).
+  void set_layout(ExchangeLayout layout);
+  const ExchangeLayout& layout() const { return layout_; }
+
+  // seq -> head, dense attention per image (softmax scale 1/sqrt(d_h)), head -> seq.
+  //   qkv: [M_p, 3 n_h, d_h]: q heads, k heads, v heads of each local row (row stride >= 3 n_h d_h)
+  //   out: [M_p, n_h, d_h] out; the layout's rows are written, other rows untouched. out may
+  //        alias the v columns of qkv (they are read before out is written).
+  void attention(HeadRows<const float> qkv, HeadRows<float> out);
+
+  // The two halves attention() is made of (for tests and later schedules).
+  void seq_to_head(HeadRows<const float> qkv);
+  HeadRows<const float> q() const;  // [P b n_p, h_p, d_h], valid after seq_to_head
+  HeadRows<const float> k() const;
+  HeadRows<const float> v() const;
+  HeadRows<float> o();              // [P b n_p, h_p, d_h] the head-layout output to fill
+  const BlockMask& mask() const;
+  void head_to_seq(HeadRows<float> out);
+
+  const ExchangeStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ protected:
+  AttentionExchange(ExchangeMode mode, int rank, int P, int L);
+  // Communicator::all_to_all semantics: send, recv [P * count] f32, block r to / from rank r.
+  // Implementations add their bytes and messages to stats_ (the caller adds calls and comm_ms).
+  virtual void all_to_all(const float* send, float* recv, std::size_t count) = 0;
+  ExchangeStats stats_;
+
+ private:
+  std::int64_t head_rows() const { return P_ * layout_.batch * layout_.tokens_p; }
+  std::int64_t hd() const { return layout_.heads / P_ * layout_.head_dim; }
+  void timed_all_to_all(const float* send, float* recv, std::size_t count);
+
+  ExchangeMode mode_;
+  int p_, P_, L_;
+  ExchangeLayout layout_;
+  std::optional<BlockMask> mask_;
+  std::vector<float> send_, qkv_head_, o_head_, o_recv_, lse_;
+};
+
+// The exchange for `mode` over the ranks of `world` in groups of `group_size` consecutive ranks
+// (0: the ranks sharing a node, Communicator::split_node_local). Collective over `world`, which
+// must outlive the exchange. Throws on every rank, before any exchange, for an unimplemented
+// mode, L < 1, P % L != 0, or nodes of unequal size / non-consecutive ranks (group_size 0).
+std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size);
+
+// The implementations, one file each (exchange_flat.cpp, exchange_tapa.cpp); L already checked.
+std::unique_ptr<AttentionExchange> make_flat_exchange(Communicator& world, int group_size);
+std::unique_ptr<AttentionExchange> make_tapa_exchange(Communicator& world, int group_size);
+
+// The size of this rank's node as a group size: checks (collectively) that every node holds the
+// same number L of ranks and that they are L consecutive ranks starting at a multiple of L.
+int node_local_group_size(Communicator& world);
+
+}  // namespace diffcp

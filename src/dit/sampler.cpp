@@ -1,0 +1,89 @@
+#include "dit/sampler.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.hpp"
+#include "core/random.hpp"
+
+namespace diffcp {
+
+std::uint64_t prompt_hash(const std::string& prompt) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const unsigned char c : prompt) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+DitConditioning prompt_conditioning(const DitConfig& cfg, const DitShape& shape, const std::string& prompt) {
+  const std::uint64_t h = prompt_hash(prompt);
+  return {random_normal(static_cast<std::size_t>(shape.text_tokens * cfg.text_dim), h),
+          random_normal(static_cast<std::size_t>(cfg.pooled_dim), h + 1)};
+}
+
+std::vector<float> initial_noise(const DitConfig& cfg, const DitShape& shape, std::uint64_t seed) {
+  return random_normal(static_cast<std::size_t>(shape.batch * shape.image_tokens() * cfg.in_channels()), seed);
+}
+
+std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig& cfg, const DitShape& shape,
+                                const DitShard& shard) {
+  const std::int64_t C = cfg.in_channels(), N = shape.image_tokens(), Ip = shard.image_p;
+  DIFFCP_CHECK(static_cast<std::int64_t>(full.size()) == shape.batch * N * C, "shard_latent: ", full.size(),
+               " values, expected b * N_img * C_in = ", shape.batch * N * C);
+  std::vector<float> out(static_cast<std::size_t>(shape.batch * Ip * C));
+  for (std::int64_t j = 0; j < shape.batch; ++j)
+    std::copy_n(full.begin() + (j * N + shard.p * Ip) * C, Ip * C, out.begin() + j * Ip * C);
+  return out;
+}
+
+std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x_p, const DitConfig& cfg,
+                                 const DitShape& shape, const DitShard& shard) {
+  DIFFCP_CHECK(comm.size() == shard.P && comm.rank() == shard.p, "gather_latent: communicator is rank ", comm.rank(),
+               " of ", comm.size(), ", the shard rank ", shard.p, " of ", shard.P);
+  const std::int64_t C = cfg.in_channels(), N = shape.image_tokens(), Ip = shard.image_p, b = shape.batch;
+  std::vector<float> all(x_p.size() * static_cast<std::size_t>(shard.P)), full(all.size());
+  comm.all_gather<float>(x_p, all);
+  // all: [P][b][I_p][C] -> full: [b][P I_p][C]
+  for (std::int64_t r = 0; r < shard.P; ++r)
+    for (std::int64_t j = 0; j < b; ++j)
+      std::copy_n(all.begin() + ((r * b + j) * Ip) * C, Ip * C, full.begin() + (j * N + r * Ip) * C);
+  return full;
+}
+
+std::vector<double> flow_schedule(int steps) {
+  DIFFCP_CHECK(steps >= 1, "--steps = ", steps, ", expected >= 1");
+  std::vector<double> t(static_cast<std::size_t>(steps) + 1);
+  for (int k = 0; k <= steps; ++k) t[static_cast<std::size_t>(k)] = 1.0 - static_cast<double>(k) / steps;
+  return t;
+}
+
+SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond, int steps) {
+  const std::vector<double> t = flow_schedule(steps);
+  const DitShard& s = model.shard();
+  const DitConfig& cfg = model.config();
+  const std::int64_t text_dim = cfg.text_dim;
+  DIFFCP_CHECK(static_cast<std::int64_t>(cond.txt.size()) == model.shape().text_tokens * text_dim &&
+                   static_cast<std::int64_t>(cond.pooled.size()) == cfg.pooled_dim,
+               "euler_sample: conditioning has ", cond.txt.size(), " text and ", cond.pooled.size(),
+               " pooled values, expected T * text_dim = ", model.shape().text_tokens * text_dim, " and ", cfg.pooled_dim);
+  DIFFCP_CHECK(static_cast<std::int64_t>(x_p.size()) == model.shape().batch * s.image_p * cfg.in_channels(),
+               "euler_sample: x_p has ", x_p.size(), " values, expected b * I_p * C_in = ",
+               model.shape().batch * s.image_p * cfg.in_channels());
+  std::vector<float> v(x_p.size());
+  SampleTimings out;
+  for (int k = 0; k < steps; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double comm0 = model.exchange().stats().comm_ms;
+    model.velocity(x_p.data(), cond.txt.data() + s.p * s.text_p * text_dim, cond.pooled.data(),
+                   t[static_cast<std::size_t>(k)], v.data());
+    const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - t[static_cast<std::size_t>(k)]);
+    for (std::size_t i = 0; i < x_p.size(); ++i) x_p[i] += dt * v[i];
+    out.step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    out.comm_ms.push_back(model.exchange().stats().comm_ms - comm0);
+  }
+  return out;
+}
+
+}  // namespace diffcp

@@ -1,0 +1,467 @@
+// Multi-rank tests of the DiT slice of CoCoDiff (SPEC B.1-B.2), at P = 1, 2, 3, 4, 8.
+//
+// Covered:
+//   * P that does not divide the heads, the text or the image tokens: a clear error on every rank,
+//     before any communication (the world still works afterwards).
+//   * the attention exchange alone (flat and TAPA) equals a plain fp64 dense attention per image.
+//   * Ulysses Flat at P equals the single-process run (each rank repeats it on its own
+//     communicator) within fp32 tolerance, over 3 denoising steps, for batch 1 and 2.
+//   * TAPA equals Flat bitwise, for every group size L dividing P; the per-link-class byte and
+//     message counters equal the closed forms (and Flat's equal the communicator's own counters).
+//   * weights: safetensors round trip is bitwise; wrong shape, wrong dtype, missing name and a
+//     truncated file are refused naming the problem.
+//   * ops: adjacent-pair 2-D RoPE, GELU (tanh form), LayerNorm modulation against their formulas;
+//     the flow schedule; the PNG writer (parsed back: signature, IHDR, CRCs, stored blocks, Adler-32);
+//     PSNR / SSIM / MSE sanity (identical -> inf / 1 / 0; a known offset -> 20 dB).
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "attention/reference.hpp"
+#include "comm/tapa.hpp"
+#include "core/compare.hpp"
+#include "core/random.hpp"
+#include "dit/image.hpp"
+#include "dit/metrics.hpp"
+#include "dit/sampler.hpp"
+#include "io/safetensors.hpp"
+#include "mpi_test.hpp"
+
+namespace diffcp {
+namespace {
+
+Communicator& world() { return test::world(); }
+
+std::vector<int> divisors(int P) {
+  std::vector<int> d;
+  for (int L = 1; L <= P; ++L)
+    if (P % L == 0) d.push_back(L);
+  return d;
+}
+
+// 24 heads (divisible by 1, 2, 3, 4, 8) of dim 8, one block of each kind; 192^2 pixels -> 144
+// image tokens and 24 text tokens, both divisible by every tested P.
+DitConfig test_config() {
+  DitConfig c = dit_preset("tiny");
+  c.heads = 24;
+  c.head_dim = 8;
+  c.rope_axes = flux_rope_axes(8);
+  c.mlp_hidden = 96;
+  c.text_dim = 16;
+  c.pooled_dim = 16;
+  c.time_dim = 32;
+  return c;
+}
+DitShape test_shape(std::int64_t batch) { return {batch, 192, 24}; }
+
+// A per-process file name (ranks and concurrent test runs never share one).
+std::string temp_path(const std::string& stem, const std::string& ext = ".safetensors") {
+  return (std::filesystem::temp_directory_path() /
+          (stem + "_" + std::to_string(::getpid()) + "_r" + std::to_string(world().rank()) + ext))
+      .string();
+}
+
+template <typename F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Full final latent [b, N_img, C_in] of `steps` Euler steps with `exchange` over `comm`.
+std::vector<float> run_sampler(Communicator& comm, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
+                               int steps) {
+  DitModel model(w, shape, ex);
+  std::vector<float> x_p = shard_latent(initial_noise(w.config(), shape, 7), w.config(), shape, model.shard());
+  euler_sample(model, x_p, prompt_conditioning(w.config(), shape, "a test prompt"), steps);
+  return gather_latent(comm, x_p, w.config(), shape, model.shard());
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(DitShard, IndivisibleCountsAreRefusedBeforeAnyCommunication) {
+  const int P = world().size();
+  DitConfig cfg = dit_preset("tiny");
+  EXPECT_NO_THROW(make_dit_shard(test_config(), test_shape(1), P, world().rank()));
+  if (P > 1) {
+    cfg.heads = 2 * P + 1;
+    EXPECT_NE(error_of([&] { make_dit_shard(cfg, test_shape(1), P, world().rank()); })
+                  .find("ranks do not divide the " + std::to_string(2 * P + 1) + " attention heads"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { make_dit_shard(test_config(), {1, 192, P + 1}, P, world().rank()); })
+                  .find("text tokens"), std::string::npos);
+    EXPECT_NE(error_of([&] { make_dit_shard(test_config(), {1, 16, 8 * P}, P, world().rank()); })
+                  .find("do not divide the 1 image tokens"), std::string::npos);
+    // The model refuses the same way (no collective is issued, so the ranks stay in step).
+    const DitWeights w(cfg);
+    const auto ex = make_attention_exchange(ExchangeMode::flat, world(), 1);
+    const std::uint64_t calls0 = world().stats().total().calls;
+    EXPECT_THROW(DitModel(w, test_shape(1), *ex), Error);
+    EXPECT_EQ(world().stats().total().calls, calls0);
+  }
+  world().barrier();
+}
+
+TEST(DitShard, ModesAndGroupSizes) {
+  EXPECT_EQ(parse_exchange_mode("flat"), ExchangeMode::flat);
+  EXPECT_EQ(parse_exchange_mode("tapa"), ExchangeMode::tapa);
+  EXPECT_NE(error_of([] { parse_exchange_mode("vfirst"); }).find("not implemented yet"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_exchange_mode("cocodiff"); }).find("not implemented yet"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_exchange_mode("ring"); }).find("unknown mode"), std::string::npos);
+  const int P = world().size();
+  if (P > 1) {
+    // L = P + 1 never divides P: refused on every rank before the sub-communicators are made.
+    EXPECT_NE(error_of([&] { make_attention_exchange(ExchangeMode::tapa, world(), P + 1); }).find("does not divide P"),
+              std::string::npos);
+  }
+  // Default grouping: the test ranks share one node, so L = P.
+  EXPECT_EQ(make_attention_exchange(ExchangeMode::flat, world(), 0)->group_size(), P);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The exchange + attention alone against a plain fp64 dense softmax attention per image.
+TEST(DitExchange, AttentionEqualsDenseReferencePerImage) {
+  const int P = world().size(), p = world().rank();
+  const std::int64_t b = 2, n_p = 5, N = P * n_p, heads = 2 * P, d = 4, H = heads * d;
+  // Local rows in a scrambled order (the exchange must follow the row table, not assume one).
+  ExchangeLayout l{b, n_p, heads, d, b * n_p + 3, {}};
+  for (std::int64_t i = 0; i < b * n_p; ++i) l.rows.push_back((i * 7 + 3) % (b * n_p + 3));
+  // Token t of image j on rank r is global token r*n_p + t of image j: qkv_all [b, N, 3H].
+  const std::vector<float> qkv_all = random_normal(static_cast<std::size_t>(b * N * 3 * H), 11);
+  for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa}) {
+    SCOPED_TRACE(exchange_mode_name(mode));
+    const auto ex = make_attention_exchange(mode, world(), 1);
+    ex->set_layout(l);
+    std::vector<float> qkv(static_cast<std::size_t>(l.local_rows * 3 * H), NAN), out(static_cast<std::size_t>(l.local_rows * H), -1.f);
+    for (std::int64_t j = 0; j < b; ++j)
+      for (std::int64_t t = 0; t < n_p; ++t)
+        std::memcpy(qkv.data() + l.rows[static_cast<std::size_t>(j * n_p + t)] * 3 * H,
+                    qkv_all.data() + (j * N + p * n_p + t) * 3 * H, sizeof(float) * static_cast<std::size_t>(3 * H));
+    ex->attention({qkv.data(), l.local_rows, 3 * heads, d, 3 * H}, {out.data(), l.local_rows, heads, d, H});
+
+    const BlockMask dense(N, N, {}, {{0, 0, 0}});
+    for (std::int64_t j = 0; j < b; ++j) {
+      std::vector<double> q, k, v, o, lse;
+      for (std::int64_t i = 0; i < N; ++i) {
+        const float* row = qkv_all.data() + (j * N + i) * 3 * H;
+        q.insert(q.end(), row, row + H);
+        k.insert(k.end(), row + H, row + 2 * H);
+        v.insert(v.end(), row + 2 * H, row + 3 * H);
+      }
+      reference_attention_forward(dense, {heads, heads, d}, q, k, v, o, lse);
+      std::vector<float> got;
+      std::vector<double> ref;
+      for (std::int64_t t = 0; t < n_p; ++t) {
+        const float* g = out.data() + l.rows[static_cast<std::size_t>(j * n_p + t)] * H;
+        got.insert(got.end(), g, g + H);
+        ref.insert(ref.end(), o.begin() + (p * n_p + t) * H, o.begin() + (p * n_p + t + 1) * H);
+      }
+      const CompareResult c = compare<float>(got, ref, scaled_to(kTolF32, ref));
+      EXPECT_TRUE(c.pass()) << "image " << j << ": max_abs " << c.max_abs;
+    }
+    // Rows outside the layout's table are untouched.
+    std::vector<char> listed(static_cast<std::size_t>(l.local_rows), 0);
+    for (const std::int64_t r : l.rows) listed[static_cast<std::size_t>(r)] = 1;
+    for (std::int64_t r = 0; r < l.local_rows; ++r)
+      if (!listed[static_cast<std::size_t>(r)]) {
+        EXPECT_EQ(out[static_cast<std::size_t>(r * H)], -1.f);
+      }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flat at P vs the same sampler on one rank (every rank repeats the P = 1 run on its own
+// communicator). Rows are identical operations either way; only GEMM blocking and the attention's
+// key order (P segments instead of one) round differently, so fp32 tolerance, scaled to the
+// latent's magnitude, over the whole 3-step trajectory (measured: worst 1% of the tolerance).
+TEST(DitModel, FlatEqualsSingleProcess) {
+  const DitConfig cfg = test_config();
+  DitWeights w(cfg);
+  w.init_random(3);
+  auto self = world().split(world().rank(), 0, "self");
+  for (const std::int64_t b : {1, 2}) {
+    SCOPED_TRACE("batch " + std::to_string(b));
+    const DitShape shape = test_shape(b);
+    const auto ex1 = make_attention_exchange(ExchangeMode::flat, *self, 1);
+    const std::vector<float> single = run_sampler(*self, w, shape, *ex1, 3);
+    const auto ex = make_attention_exchange(ExchangeMode::flat, world(), 1);
+    const std::vector<float> flat = run_sampler(world(), w, shape, *ex, 3);
+    const std::vector<double> ref(single.begin(), single.end());
+    const CompareResult c = compare<float>(flat, ref, scaled_to(kTolF32, ref));
+    EXPECT_TRUE(c.pass()) << "max_abs " << c.max_abs << " max_rel " << c.max_rel << " worst ratio " << c.worst_ratio;
+    for (const float v : flat) ASSERT_TRUE(std::isfinite(v));
+    if (world().size() == 1) {
+      EXPECT_EQ(0, std::memcmp(flat.data(), single.data(), flat.size() * sizeof(float)));
+    }
+  }
+}
+
+// TAPA moves the same bytes to the same places as the flat all-to-all, so the whole trajectory is
+// bitwise the same; its counters split the traffic by link class exactly as the closed form says.
+TEST(DitModel, TapaEqualsFlatBitwiseAndCountsBytesByLinkClass) {
+  const DitConfig cfg = test_config();
+  DitWeights w(cfg);
+  w.init_random(5);
+  const DitShape shape = test_shape(2);
+  const int P = world().size(), steps = 2;
+  const std::int64_t layers = cfg.double_blocks + cfg.single_blocks;
+  const std::size_t tokens_p = static_cast<std::size_t>(shape.batch * shape.tokens() / P);
+  const std::size_t hd = static_cast<std::size_t>(cfg.hidden() / P);
+  const std::size_t counts[2] = {tokens_p * 3 * hd, tokens_p * hd};  // per peer: q|k|v, then o
+
+  for (const int L : divisors(P)) {
+    SCOPED_TRACE("L = " + std::to_string(L));
+    const auto flat = make_attention_exchange(ExchangeMode::flat, world(), L);
+    const auto a2a0 = world().stats()[CommOp::all_to_all];
+    const std::vector<float> ref = run_sampler(world(), w, shape, *flat, steps);
+    const auto a2a1 = world().stats()[CommOp::all_to_all];
+    const auto tapa = make_attention_exchange(ExchangeMode::tapa, world(), L);
+    const std::vector<float> got = run_sampler(world(), w, shape, *tapa, steps);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)));
+
+    const std::uint64_t exchanges = static_cast<std::uint64_t>(steps * layers);
+    std::uint64_t flat_intra = 0, flat_inter = 0, tapa_intra = 0, tapa_inter = 0;
+    for (const std::size_t c : counts) {
+      flat_intra += exchanges * c * 4 * static_cast<std::uint64_t>(L - 1);
+      flat_inter += exchanges * c * 4 * static_cast<std::uint64_t>(P - L);
+      const TapaBytes t = tapa_uniform_bytes(P, L, c, 4, false);
+      tapa_intra += exchanges * t.phase1;
+      tapa_inter += exchanges * t.phase2;
+    }
+    EXPECT_EQ(flat->stats().bytes_intra, flat_intra);
+    EXPECT_EQ(flat->stats().bytes_inter, flat_inter);
+    EXPECT_EQ(flat->stats().bytes_intra + flat->stats().bytes_inter, a2a1.bytes_sent - a2a0.bytes_sent);
+    EXPECT_EQ(flat->stats().messages, 2 * exchanges * static_cast<std::uint64_t>(P - 1));
+    EXPECT_EQ(flat->stats().calls, 2 * exchanges);
+    EXPECT_EQ(tapa->stats().bytes_intra, tapa_intra);
+    EXPECT_EQ(tapa->stats().bytes_inter, tapa_inter);
+    // Phase 1: G blocks to each of the L-1 mates; phase 2: one block to each of the G-1 other groups.
+    const std::uint64_t G = static_cast<std::uint64_t>(P / L);
+    EXPECT_EQ(tapa->stats().messages, 2 * exchanges * (static_cast<std::uint64_t>(L - 1) * G + (G - 1)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(DitWeights, SafetensorsRoundTripAndMalformedFiles) {
+  const DitConfig cfg = test_config();
+  DitWeights w(cfg);
+  w.init_random(9);
+  const std::string good = temp_path("dit_good");
+  w.save(good);
+  DitWeights back(cfg);
+  back.load(good);
+  EXPECT_EQ(0, std::memcmp(back.params().data(), w.params().data(), w.params().size() * sizeof(float)));
+  // The file holds PyTorch's [out, in] for Linear weights: img_in.weight is [H, C_in].
+  const SafeTensors st(good);
+  EXPECT_EQ(st.info("img_in.weight").shape, (std::vector<std::int64_t>{cfg.hidden(), cfg.in_channels()}));
+  EXPECT_EQ(st.info("double_blocks.0.txt_attn.norm.key_norm.scale").shape, (std::vector<std::int64_t>{cfg.head_dim}));
+  EXPECT_TRUE(st.has("single_blocks.0.linear2.weight"));
+
+  // Rewrites the good file's tensors through `edit` (may drop or change entries).
+  const auto rewrite = [&](const std::string& path, auto edit) {
+    std::vector<std::vector<float>> data;
+    std::vector<NamedTensor> ts;
+    for (const DitLayout::Tensor& t : w.layout().tensors) data.push_back(st.f32(t.name));
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      const DitLayout::Tensor& t = w.layout().tensors[i];
+      ts.push_back({t.name, "F32", t.shape, data[i].data()});
+    }
+    edit(ts);
+    write_safetensors(path, ts);
+  };
+  const std::string bad = temp_path("dit_bad");
+  DitWeights r(cfg);
+
+  rewrite(bad, [](std::vector<NamedTensor>& ts) { ts.pop_back(); });  // final_layer.linear.bias
+  EXPECT_NE(error_of([&] { r.load(bad); }).find("missing tensor 'final_layer.linear.bias'"), std::string::npos);
+
+  rewrite(bad, [](std::vector<NamedTensor>& ts) { std::swap(ts[0].shape[0], ts[0].shape[1]); });  // img_in.weight [in, out]
+  const std::string shape_err = error_of([&] { r.load(bad); });
+  EXPECT_NE(shape_err.find("tensor 'img_in.weight' is F32 [" + std::to_string(cfg.in_channels())), std::string::npos) << shape_err;
+  EXPECT_NE(shape_err.find("expected F32 [" + std::to_string(cfg.hidden())), std::string::npos) << shape_err;
+
+  std::vector<double> f64(static_cast<std::size_t>(cfg.hidden()), 0.0);
+  rewrite(bad, [&](std::vector<NamedTensor>& ts) {
+    ts[1] = {ts[1].name, "F64", ts[1].shape, f64.data()};  // img_in.bias as F64
+  });
+  EXPECT_NE(error_of([&] { r.load(bad); }).find("tensor 'img_in.bias' is F64"), std::string::npos);
+
+  std::filesystem::copy_file(good, bad, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::resize_file(bad, std::filesystem::file_size(good) - 10);
+  EXPECT_NE(error_of([&] { r.load(bad); }).find(bad), std::string::npos);
+
+  EXPECT_NE(error_of([&] { r.load("/nonexistent/dit.safetensors"); }).find("cannot open"), std::string::npos);
+  std::filesystem::remove(good);
+  std::filesystem::remove(bad);
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(DitOps, RopeAdjacentPairsOverRowAndColumn) {
+  const DitConfig cfg = test_config();  // d_h 8, axes [4, 2, 2]
+  const AxialRope rope(cfg, {{3, 5}});
+  std::vector<float> x = random_normal(static_cast<std::size_t>(3 * cfg.heads * cfg.head_dim), 1);
+  const std::vector<float> x0 = x;
+  const std::vector<float> one(static_cast<std::size_t>(cfg.head_dim), 1.f);
+  qk_norm_rope(x.data(), 1, 3 * cfg.hidden(), cfg.heads, cfg.head_dim, one.data(), one.data(), 1e-6f, &rope);
+  // Head 0 of q: RMS-normalised, then pairs 0-1 (index axis, pos 0) unrotated, pair 2 rotated by
+  // 3 (row, i = 0 of its axis: frequency 1), pair 3 by 5 (column).
+  double ss = 0;
+  for (int c = 0; c < 8; ++c) ss += static_cast<double>(x0[static_cast<std::size_t>(c)]) * x0[static_cast<std::size_t>(c)];
+  const double rs = 1 / std::sqrt(ss / 8 + 1e-6);
+  const auto n = [&](int c) { return x0[static_cast<std::size_t>(c)] * rs; };
+  const double want[8] = {n(0), n(1), n(2), n(3),
+                          std::cos(3.0) * n(4) - std::sin(3.0) * n(5), std::sin(3.0) * n(4) + std::cos(3.0) * n(5),
+                          std::cos(5.0) * n(6) - std::sin(5.0) * n(7), std::sin(5.0) * n(6) + std::cos(5.0) * n(7)};
+  for (int c = 0; c < 8; ++c) EXPECT_NEAR(x[static_cast<std::size_t>(c)], want[c], 1e-5) << c;
+  // v is untouched.
+  for (std::int64_t c = 2 * cfg.hidden(); c < 3 * cfg.hidden(); ++c)
+    EXPECT_EQ(x[static_cast<std::size_t>(c)], x0[static_cast<std::size_t>(c)]);
+}
+
+TEST(DitOps, GeluLayerNormScheduleAndTimestep) {
+  std::vector<float> g;
+  for (int i = -400; i <= 400; ++i) g.push_back(static_cast<float>(i) / 40.f);
+  std::vector<float> out = g;
+  gelu_tanh_inplace(out.data(), 1, static_cast<std::int64_t>(out.size()), static_cast<std::int64_t>(out.size()));
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double x = g[i], want = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    EXPECT_NEAR(out[i], want, 1e-6 + 1e-6 * std::abs(want)) << x;
+  }
+  const std::int64_t H = 16;
+  const std::vector<float> x = random_normal(static_cast<std::size_t>(2 * H), 4, 3.0);
+  const std::vector<float> shift(H, 0.5f), scale(H, 1.f);
+  std::vector<float> y(x.size());
+  layernorm_modulate(x.data(), 2, H, shift.data(), scale.data(), 1e-6f, y.data());
+  for (int r = 0; r < 2; ++r) {  // (1 + 1) * LN(x) + 0.5: mean 0.5, variance 4
+    double m = 0, v = 0;
+    for (std::int64_t c = 0; c < H; ++c) m += y[static_cast<std::size_t>(r * H + c)];
+    m /= H;
+    for (std::int64_t c = 0; c < H; ++c) v += (y[static_cast<std::size_t>(r * H + c)] - m) * (y[static_cast<std::size_t>(r * H + c)] - m);
+    EXPECT_NEAR(m, 0.5, 1e-5);
+    EXPECT_NEAR(v / H, 4.0, 1e-4);
+  }
+  EXPECT_EQ(flow_schedule(4), (std::vector<double>{1.0, 0.75, 0.5, 0.25, 0.0}));
+  EXPECT_THROW(flow_schedule(0), Error);
+  const std::vector<float> e = timestep_embedding(0.5, 4);  // s = 500, f = {1, 0.01}
+  EXPECT_NEAR(e[0], std::cos(500.0), 1e-6);
+  EXPECT_NEAR(e[1], std::cos(5.0), 1e-6);
+  EXPECT_NEAR(e[3], std::sin(5.0), 1e-6);
+  EXPECT_NE(prompt_hash("a cat"), prompt_hash("a dog"));
+}
+
+// ---------------------------------------------------------------------------------------------
+std::uint32_t be32(const std::vector<std::uint8_t>& b, std::size_t at) {
+  return static_cast<std::uint32_t>(b[at]) << 24 | static_cast<std::uint32_t>(b[at + 1]) << 16 |
+         static_cast<std::uint32_t>(b[at + 2]) << 8 | b[at + 3];
+}
+
+// Parses a PNG that write_png made (stored deflate blocks only) back into RGB [h, w, 3].
+std::vector<std::uint8_t> read_stored_png(const std::string& path, std::int64_t& w, std::int64_t& h) {
+  std::ifstream f(path, std::ios::binary);
+  const std::vector<std::uint8_t> b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  EXPECT_EQ(0, std::memcmp(b.data(), sig, 8));
+  std::vector<std::uint8_t> z;
+  std::vector<std::string> types;
+  for (std::size_t at = 8; at + 12 <= b.size();) {
+    const std::uint32_t len = be32(b, at);
+    const std::string type(b.begin() + static_cast<std::ptrdiff_t>(at + 4), b.begin() + static_cast<std::ptrdiff_t>(at + 8));
+    types.push_back(type);
+    EXPECT_EQ(be32(b, at + 8 + len), crc32(b.data() + at + 4, len + 4)) << type;
+    if (type == "IHDR") {
+      w = be32(b, at + 8);
+      h = be32(b, at + 12);
+      EXPECT_EQ(b[at + 16], 8);  // bit depth
+      EXPECT_EQ(b[at + 17], 2);  // RGB
+    }
+    if (type == "IDAT") z.insert(z.end(), b.begin() + static_cast<std::ptrdiff_t>(at + 8), b.begin() + static_cast<std::ptrdiff_t>(at + 8 + len));
+    at += 12 + len;
+  }
+  EXPECT_EQ(types, (std::vector<std::string>{"IHDR", "IDAT", "IEND"}));
+  EXPECT_EQ((z[0] * 256 + z[1]) % 31, 0);
+  std::vector<std::uint8_t> raw;
+  std::size_t at = 2;
+  for (bool last = false; !last;) {
+    last = z[at] & 1;
+    EXPECT_EQ(z[at] & 6, 0);  // BTYPE 00: stored
+    const std::size_t len = z[at + 1] | z[at + 2] << 8, nlen = z[at + 3] | z[at + 4] << 8;
+    EXPECT_EQ(len ^ 0xFFFF, nlen);
+    raw.insert(raw.end(), z.begin() + static_cast<std::ptrdiff_t>(at + 5), z.begin() + static_cast<std::ptrdiff_t>(at + 5 + len));
+    at += 5 + len;
+  }
+  EXPECT_EQ(be32(z, at), adler32(raw.data(), raw.size()));
+  std::vector<std::uint8_t> rgb;
+  for (std::int64_t y = 0; y < h; ++y) {
+    EXPECT_EQ(raw[static_cast<std::size_t>(y * (3 * w + 1))], 0);  // filter none
+    const auto row = raw.begin() + y * (3 * w + 1) + 1;
+    rgb.insert(rgb.end(), row, row + 3 * w);
+  }
+  return rgb;
+}
+
+TEST(DitImage, PngWriterRoundTripsThroughStoredBlocks) {
+  if (world().rank() != 0) GTEST_SKIP() << "file I/O on rank 0 only";
+  for (const std::int64_t side : {3, 200}) {  // 200 x 200 x 3 > 65535 bytes: several stored blocks
+    std::vector<std::uint8_t> img(static_cast<std::size_t>(side * (side + 1) * 3));
+    for (std::size_t i = 0; i < img.size(); ++i) img[i] = static_cast<std::uint8_t>(i * 37 + 11);
+    const std::string path = temp_path("dit_png", ".png");
+    write_png(path, img.data(), side + 1, side);
+    std::int64_t w = 0, h = 0;
+    EXPECT_EQ(read_stored_png(path, w, h), img);
+    EXPECT_EQ(w, side + 1);
+    EXPECT_EQ(h, side);
+    std::filesystem::remove(path);
+  }
+  EXPECT_EQ(crc32(reinterpret_cast<const std::uint8_t*>("123456789"), 9), 0xCBF43926u);  // the CRC-32 check value
+  EXPECT_EQ(adler32(reinterpret_cast<const std::uint8_t*>("Wikipedia"), 9), 0x11E60398u);
+  EXPECT_NE(error_of([] { const std::uint8_t px[3] = {}; write_png("/proc/nope/x.png", px, 1, 1); }).find("cannot open"),
+            std::string::npos);
+}
+
+TEST(DitImage, LatentToRgbAndMetrics) {
+  DitConfig cfg = dit_preset("tiny");  // 4 latent channels, patch 2
+  const DitShape shape{2, 32, 0};      // 2 x 2 tokens -> 4 x 4 pixels per image
+  std::vector<float> latent(static_cast<std::size_t>(2 * 4 * cfg.in_channels()), 0.f);
+  // Token 1 (row 0, col 1) of image 0: channels 0 and 3 (red) = 2 at sub-pixel (0, 1).
+  latent[static_cast<std::size_t>(1 * cfg.in_channels() + 0 * 4 + 1)] = 2.f;
+  latent[static_cast<std::size_t>(1 * cfg.in_channels() + 3 * 4 + 1)] = 2.f;
+  const std::vector<float> rgb = latent_to_rgb(latent, cfg, shape);
+  ASSERT_EQ(rgb.size(), 2u * 4 * 4 * 3);
+  const std::size_t px = static_cast<std::size_t>((0 * 4 + 3) * 3);  // image 0, y 0, x = 1*2 + 1
+  EXPECT_NEAR(rgb[px], 0.5 + 0.5 * std::tanh(2.0), 1e-6);
+  EXPECT_NEAR(rgb[px + 1], 0.5, 1e-6);
+  EXPECT_NEAR(rgb[0], 0.5, 1e-6);
+  cfg.latent_channels = 2;
+  EXPECT_THROW(latent_to_rgb(std::vector<float>(static_cast<std::size_t>(2 * 4 * 8)), cfg, shape), Error);
+
+  const ImageSize size{2, 16, 16, 3};
+  std::vector<float> a(static_cast<std::size_t>(size.elements()));
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 7919) % 101) / 100.f;
+  EXPECT_EQ(image_mse(a, a), 0.0);
+  EXPECT_TRUE(std::isinf(psnr_from_mse(image_mse(a, a))));
+  EXPECT_EQ(ssim(a, a, size), 1.0);
+  EXPECT_EQ(max_abs_diff(a, a), 0.0);
+  std::vector<float> b = a;
+  for (float& v : b) v += 0.1f;
+  EXPECT_NEAR(image_mse(a, b), 0.01, 1e-7);
+  EXPECT_NEAR(psnr_from_mse(image_mse(a, b)), 20.0, 1e-4);
+  const std::vector<float> noise = random_normal(a.size(), 2, 0.2);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = a[i] + noise[i];
+  const double s = ssim(a, b, size);
+  EXPECT_LT(s, 0.9);
+  EXPECT_GT(s, -1.0);
+  EXPECT_THROW(ssim(a, std::vector<float>(3), size), Error);
+}
+
+}  // namespace
+}  // namespace diffcp
