@@ -8,6 +8,12 @@
 //     communicator) within fp32 tolerance, over 3 denoising steps, for batch 1 and 2.
 //   * TAPA equals Flat bitwise, for every group size L dividing P; the per-link-class byte and
 //     message counters equal the closed forms (and Flat's equal the communicator's own counters).
+//   * V-First equals TAPA bitwise with TAPA's bytes; every V phase 1 was started early.
+//   * CoCoDiff (V-Major) with a fixed r = 0 (every step after the first selective) equals TAPA
+//     bitwise; with the linear schedule its bytes per link class equal the closed form
+//     (vmajor_predicted_bytes), its cache holds 4 n H floats per layer, and it stays close to Flat.
+//   * the cache schedule: full steps, linear / fixed r, the paper's ~1.7x q|k|v prediction; r outside
+//     [0, 1] refused on every rank before any communication.
 //   * weights: safetensors round trip is bitwise; wrong shape, wrong dtype, missing name and a
 //     truncated file are refused naming the problem.
 //   * ops: adjacent-pair 2-D RoPE, GELU (tanh form), LayerNorm modulation against their formulas;
@@ -32,6 +38,7 @@
 #include "dit/image.hpp"
 #include "dit/metrics.hpp"
 #include "dit/sampler.hpp"
+#include "dit/vmajor.hpp"
 #include "io/safetensors.hpp"
 #include "mpi_test.hpp"
 
@@ -114,8 +121,8 @@ TEST(DitShard, IndivisibleCountsAreRefusedBeforeAnyCommunication) {
 TEST(DitShard, ModesAndGroupSizes) {
   EXPECT_EQ(parse_exchange_mode("flat"), ExchangeMode::flat);
   EXPECT_EQ(parse_exchange_mode("tapa"), ExchangeMode::tapa);
-  EXPECT_NE(error_of([] { parse_exchange_mode("vfirst"); }).find("not implemented yet"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_exchange_mode("cocodiff"); }).find("not implemented yet"), std::string::npos);
+  EXPECT_EQ(parse_exchange_mode("vfirst"), ExchangeMode::vfirst);
+  EXPECT_EQ(parse_exchange_mode("cocodiff"), ExchangeMode::cocodiff);
   EXPECT_NE(error_of([] { parse_exchange_mode("ring"); }).find("unknown mode"), std::string::npos);
   const int P = world().size();
   if (P > 1) {
@@ -249,6 +256,123 @@ TEST(DitModel, TapaEqualsFlatBitwiseAndCountsBytesByLinkClass) {
     const std::uint64_t G = static_cast<std::uint64_t>(P / L);
     EXPECT_EQ(tapa->stats().messages, 2 * exchanges * (static_cast<std::uint64_t>(L - 1) * G + (G - 1)));
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// V-First only reorders when V's bytes move: the same values land in the same head layout.
+TEST(DitModel, VFirstEqualsTapaBitwiseWithTapaBytes) {
+  const DitConfig cfg = test_config();
+  DitWeights w(cfg);
+  w.init_random(5);
+  const DitShape shape = test_shape(2);
+  const int P = world().size(), steps = 2;
+  const std::uint64_t layers = static_cast<std::uint64_t>(cfg.double_blocks + cfg.single_blocks);
+  for (const int L : divisors(P)) {
+    SCOPED_TRACE("L = " + std::to_string(L));
+    const auto tapa = make_attention_exchange(ExchangeMode::tapa, world(), L);
+    const std::vector<float> ref = run_sampler(world(), w, shape, *tapa, steps);
+    const auto vf = make_attention_exchange(ExchangeMode::vfirst, world(), L);
+    const std::vector<float> got = run_sampler(world(), w, shape, *vf, steps);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)));
+    EXPECT_EQ(vf->stats().bytes_intra, tapa->stats().bytes_intra);
+    EXPECT_EQ(vf->stats().bytes_inter, tapa->stats().bytes_inter);
+    EXPECT_EQ(vf->stats().calls, tapa->stats().calls);
+    EXPECT_EQ(vf->stats().v_started, steps * layers);
+    EXPECT_LE(vf->stats().v_hidden, vf->stats().v_started);
+    EXPECT_EQ(vf->cache_bytes(), 0u);
+  }
+}
+
+TEST(DitModel, CoCoDiffRatioZeroEqualsTapaBitwise) {
+  const DitConfig cfg = test_config();
+  DitWeights w(cfg);
+  w.init_random(5);
+  const DitShape shape = test_shape(2);
+  const int P = world().size(), steps = 3;
+  const CacheSchedule r0{CacheScheduleKind::fixed, 0.0, 0, 0};  // step 0 full, steps 1, 2 selective
+  for (const int L : divisors(P)) {
+    SCOPED_TRACE("L = " + std::to_string(L));
+    const auto tapa = make_attention_exchange(ExchangeMode::tapa, world(), L);
+    const std::vector<float> ref = run_sampler(world(), w, shape, *tapa, steps);
+    const auto cc = make_attention_exchange(ExchangeMode::cocodiff, world(), L, r0);
+    const std::vector<float> got = run_sampler(world(), w, shape, *cc, steps);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)));
+    const std::uint64_t layers = static_cast<std::uint64_t>(cfg.double_blocks + cfg.single_blocks);
+    EXPECT_EQ(cc->stats().selective, 2 * layers);
+    EXPECT_EQ(cc->stats().full, layers);
+    // Across groups: TAPA's q|k|v and o plus the all-gathered indices (all n tokens active).
+    const std::int64_t n = shape.batch * shape.tokens() / P, hd = cfg.hidden() / P;
+    const VMajorBytes pred = vmajor_predicted_bytes(P, L, n, hd, static_cast<std::int64_t>(layers), r0, steps, true);
+    EXPECT_EQ(cc->stats().bytes_inter, pred.inter);
+    EXPECT_EQ(cc->stats().bytes_intra, pred.intra);
+  }
+}
+
+TEST(DitModel, CoCoDiffBytesFollowTheScheduleAndQualityStaysClose) {
+  const DitConfig cfg = test_config();
+  DitWeights w(cfg);
+  w.init_random(5);
+  const DitShape shape = test_shape(1);
+  const int P = world().size(), steps = 8;
+  const CacheSchedule sched{CacheScheduleKind::linear, 1.0, 2, 4};  // full: 0, 1, 4; r 0 .. 1 over 2..7
+  const std::int64_t layers = cfg.double_blocks + cfg.single_blocks;
+  const std::int64_t n = shape.batch * shape.tokens() / P, hd = cfg.hidden() / P;
+  const auto flat = make_attention_exchange(ExchangeMode::flat, world(), 1);
+  const std::vector<float> ref = run_sampler(world(), w, shape, *flat, steps);
+  for (const int L : divisors(P)) {
+    SCOPED_TRACE("L = " + std::to_string(L));
+    const auto cc = make_attention_exchange(ExchangeMode::cocodiff, world(), L, sched);
+    const std::vector<float> got = run_sampler(world(), w, shape, *cc, steps);
+    const VMajorBytes pred = vmajor_predicted_bytes(P, L, n, hd, layers, sched, steps, true);
+    const VMajorBytes tapa = vmajor_predicted_bytes(P, L, n, hd, layers, sched, steps, false);
+    EXPECT_EQ(cc->stats().bytes_inter, pred.inter);
+    EXPECT_EQ(cc->stats().bytes_intra, pred.intra);
+    if (P / L > 1) {
+      EXPECT_LT(pred.inter_qkv, tapa.inter_qkv);
+    }
+    EXPECT_EQ(cc->stats().full, static_cast<std::uint64_t>(3 * layers));
+    EXPECT_EQ(cc->stats().selective, static_cast<std::uint64_t>(5 * layers));
+    EXPECT_EQ(cc->cache_bytes(), static_cast<std::uint64_t>(layers * 4 * n * cfg.hidden()) * sizeof(float));
+    // Cached rows are one step old at most between syncs: the latent stays near Flat's.
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i]));
+      num += (got[i] - ref[i]) * (got[i] - ref[i]);
+      den += static_cast<double>(ref[i]) * ref[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 0.2);
+  }
+}
+
+TEST(DitCacheSchedule, StepsRatiosPredictionAndBadRatio) {
+  const CacheSchedule paper;  // linear to 1, warm-up 5, sync every 10
+  EXPECT_TRUE(paper.full(0, 50) && paper.full(4, 50) && paper.full(10, 50) && paper.full(40, 50));
+  EXPECT_FALSE(paper.full(5, 50) || paper.full(11, 50) || paper.full(49, 50));
+  EXPECT_EQ(paper.ratio_at(5, 50), 0.0);
+  EXPECT_DOUBLE_EQ(paper.ratio_at(27, 50), 0.5);
+  EXPECT_EQ(paper.ratio_at(49, 50), 1.0);
+  EXPECT_EQ(paper.cached_tokens(49, 50, 100), 100);
+  EXPECT_EQ(paper.cached_tokens(27, 50, 101), 50);
+  const CacheSchedule fixed{CacheScheduleKind::fixed, 0.3, 0, 0};
+  EXPECT_EQ(fixed.cached_tokens(0, 50, 100), 0);  // step 0 fills the cache
+  EXPECT_EQ(fixed.cached_tokens(7, 50, 100), 30);
+  // The paper's setting predicts ~1.7x fewer q|k|v bytes across groups than TAPA.
+  const VMajorBytes v = vmajor_predicted_bytes(8, 2, 1000, 64, 1, paper, 50, true);
+  const VMajorBytes t = vmajor_predicted_bytes(8, 2, 1000, 64, 1, paper, 50, false);
+  EXPECT_NEAR(static_cast<double>(t.inter_qkv) / v.inter_qkv, 1.71, 0.02);
+  EXPECT_EQ(parse_cache_schedule("fixed"), CacheScheduleKind::fixed);
+  EXPECT_NE(error_of([] { parse_cache_schedule("cosine"); }).find("unknown schedule"), std::string::npos);
+  // r outside [0, 1]: refused on every rank, before any communication.
+  for (const double r : {-0.1, 1.5}) {
+    const std::uint64_t calls0 = world().stats().total().calls;
+    EXPECT_NE(error_of([&] { make_attention_exchange(ExchangeMode::cocodiff, world(), 1, {CacheScheduleKind::fixed, r, 0, 0}); })
+                  .find("expected a cache ratio r in [0, 1]"),
+              std::string::npos);
+    EXPECT_EQ(world().stats().total().calls, calls0);
+  }
+  world().barrier();
 }
 
 // ---------------------------------------------------------------------------------------------

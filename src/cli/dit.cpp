@@ -1,5 +1,6 @@
 // `diffcp dit`: DiT inference (FLUX-style, dit/model.hpp) with Ulysses sequence parallelism over
-// the mpirun ranks; the attention exchange is Flat or TAPA (dit/exchange.hpp). Writes the image,
+// the mpirun ranks; the attention exchange is Flat, TAPA, V-First or CoCoDiff (V-First + V-Major)
+// (dit/exchange.hpp, dit/vmajor.hpp). Writes the image,
 // reports step time, bytes per link class, messages and (with --compare flat / --reference) the
 // quality against the Flat output.
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "dit/image.hpp"
 #include "dit/metrics.hpp"
 #include "dit/sampler.hpp"
+#include "dit/vmajor.hpp"
 #include "io/npy.hpp"
 
 namespace diffcp::cli {
@@ -28,6 +30,9 @@ struct DitOptions {
   std::string weights, preset = "default";
   std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;  // 0/-1: preset's
   std::string out = "diffcp_dit.png", save_latent, reference, compare;
+  std::string cache_schedule = "linear";  // cocodiff's schedule (dit/cache_schedule.hpp)
+  double cache_ratio = 1.0;
+  int warmup = 5, sync_every = 10;
   bool json = false;
 };
 
@@ -59,6 +64,7 @@ struct RunResult {
   std::vector<float> latent;  // [b, N_img, C_in]
   std::vector<double> step_ms, comm_ms;
   ExchangeStats stats;
+  std::uint64_t cache_bytes = 0;  // this rank's
 };
 
 RunResult sample(Communicator& world, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
@@ -67,7 +73,8 @@ RunResult sample(Communicator& world, const DitWeights& w, const DitShape& shape
   std::vector<float> x_p = shard_latent(initial_noise(w.config(), shape, seed), w.config(), shape, model.shard());
   ex.reset_stats();
   const SampleTimings t = euler_sample(model, x_p, cond, steps);
-  RunResult r{gather_latent(world, x_p, w.config(), shape, model.shard()), t.step_ms, t.comm_ms, ex.stats()};
+  RunResult r{gather_latent(world, x_p, w.config(), shape, model.shard()), t.step_ms, t.comm_ms, ex.stats(),
+              ex.cache_bytes()};
   world.all_reduce<double>(r.step_ms, ReduceOp::max);
   world.all_reduce<double>(r.comm_ms, ReduceOp::max);
   return r;
@@ -79,7 +86,11 @@ void add_dit_command(CLI::App& app) {
   DitOptions& o = g_opt;
   CLI::App* c = app.add_subcommand("dit", "DiT inference (FLUX-style) with Ulysses sequence parallelism over the mpirun "
                                           "ranks: flow-matching Euler sampling, image out");
-  c->add_option("--mode", o.mode, "attention exchange: flat | tapa (vfirst, cocodiff: not implemented yet)")->capture_default_str();
+  c->add_option("--mode", o.mode, "attention exchange: flat | tapa | vfirst (TAPA + V-First) | cocodiff (V-First + V-Major)")->capture_default_str();
+  c->add_option("--cache-schedule", o.cache_schedule, "cocodiff: linear (r from 0 after the warm-up to --cache-ratio at the last step) | fixed (r = --cache-ratio)")->capture_default_str();
+  c->add_option("--cache-ratio", o.cache_ratio, "cocodiff: cache ratio r in [0, 1] (fixed: every selective step; linear: the last step's)")->capture_default_str();
+  c->add_option("--warmup", o.warmup, "cocodiff: full-exchange steps at the start")->capture_default_str();
+  c->add_option("--sync-every", o.sync_every, "cocodiff: a full exchange every this many steps (0: never)")->capture_default_str();
   c->add_option("--steps", o.steps, "denoising steps T")->capture_default_str();
   c->add_option("--resolution", o.resolution, "image side in pixels, a multiple of 16 ((R/16)^2 image tokens)")->capture_default_str();
   c->add_option("--batch", o.batch, "images generated together (same prompt, different noise)")->capture_default_str();
@@ -107,6 +118,8 @@ int run_dit(Communicator& world) {
   // Everything that can be refused is checked here, identically on every rank, before any
   // communication: the mode, the shapes, P | heads and tokens, the weights and reference files.
   const ExchangeMode mode = parse_exchange_mode(o.mode);
+  const CacheSchedule schedule{parse_cache_schedule(o.cache_schedule), o.cache_ratio, o.warmup, o.sync_every};
+  schedule.validate();
   DIFFCP_CHECK(o.compare.empty() || o.compare == "flat", "--compare '", o.compare, "': only flat is supported");
   DIFFCP_CHECK(o.compare.empty() || o.reference.empty(), "--compare and --reference: give one of them");
   const DitConfig cfg = make_config(o);
@@ -129,7 +142,7 @@ int run_dit(Communicator& world) {
                  want[0], ", ", want[1], ", ", want[2], "]");
   }
 
-  const auto ex = make_attention_exchange(mode, world, o.group_size);
+  const auto ex = make_attention_exchange(mode, world, o.group_size, schedule);
   const DitConditioning cond = prompt_conditioning(cfg, shape, o.prompt);
   const RunResult run = sample(world, w, shape, *ex, cond, o.seed, o.steps);
 
@@ -145,6 +158,20 @@ int run_dit(Communicator& world) {
                                static_cast<double>(run.stats.messages)};
   world.all_reduce<double>(per_step);
   for (double& v : per_step) v /= static_cast<double>(world.size()) * o.steps;
+  // Cache memory: the largest over ranks. V-First: fraction of V phase-1s complete before the wait.
+  std::vector<double> maxes{static_cast<double>(run.cache_bytes)};
+  world.all_reduce<double>(maxes, ReduceOp::max);
+  std::vector<double> vsum{static_cast<double>(run.stats.v_hidden), static_cast<double>(run.stats.v_started),
+                           run.stats.v_wait_ms};
+  world.all_reduce<double>(vsum);
+  // The closed forms of the bytes across groups per rank per step: TAPA's, and this run's (cocodiff:
+  // the schedule's prediction; the other modes move TAPA's).
+  const std::int64_t n_tok = shape.batch * (make_dit_shard(cfg, shape, world.size(), world.rank()).tokens_p());
+  const std::int64_t hdim = cfg.hidden() / world.size(), layers = cfg.double_blocks + cfg.single_blocks;
+  const VMajorBytes tapa_b = vmajor_predicted_bytes(world.size(), ex->group_size(), n_tok, hdim, layers, schedule, o.steps, false);
+  const VMajorBytes pred_b =
+      vmajor_predicted_bytes(world.size(), ex->group_size(), n_tok, hdim, layers, schedule, o.steps, mode == ExchangeMode::cocodiff);
+  const double inv = 1.0 / o.steps;
 
   // ordered_json: the keys print in the documented order.
   nlohmann::ordered_json j{{"mode", exchange_mode_name(mode)},
@@ -155,8 +182,20 @@ int run_dit(Communicator& world) {
                    {"bytes_intra_group", per_step[0]},
                    {"bytes_inter_group", per_step[1]},
                    {"messages", per_step[2]},
-                   {"cache_bytes_per_rank", 0},
+                   {"cache_bytes_per_rank", static_cast<std::uint64_t>(maxes[0])},
                    {"exposed_comm_ms", median(run.comm_ms)},
+                   {"mean_exposed_comm_ms", [&] { double s = 0; for (double v : run.comm_ms) s += v; return s / o.steps; }()},
+                   {"v_wait_ms", vsum[2] / world.size() / o.steps},
+                   {"v_phase1_hidden", vsum[1] > 0 ? vsum[0] / vsum[1] : 0.0},
+                   {"predicted_bytes_inter_group", pred_b.inter * inv},
+                   {"tapa_bytes_inter_group", tapa_b.inter * inv},
+                   {"predicted_inter_ratio_vs_tapa", pred_b.inter > 0 ? static_cast<double>(tapa_b.inter) / pred_b.inter : 1.0},
+                   {"measured_inter_ratio_vs_tapa", per_step[1] > 0 ? tapa_b.inter * inv / per_step[1] : 1.0},
+                   {"predicted_qkv_inter_ratio_vs_tapa", pred_b.inter_qkv > 0 ? static_cast<double>(tapa_b.inter_qkv) / pred_b.inter_qkv : 1.0},
+                   {"cache_schedule", mode == ExchangeMode::cocodiff ? cache_schedule_name(schedule.kind) : "none"},
+                   {"cache_ratio", schedule.ratio},
+                   {"warmup", schedule.warmup},
+                   {"sync_every", schedule.sync_every},
                    {"total_ms", [&] { double s = 0; for (double v : run.step_ms) s += v; return s; }()},
                    {"resolution", shape.resolution},
                    {"batch", shape.batch},
@@ -170,7 +209,7 @@ int run_dit(Communicator& world) {
   if (!o.compare.empty() || !o.reference.empty()) {
     std::vector<float> ref_latent;
     if (!o.compare.empty()) {
-      const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex->group_size());
+      const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex->group_size(), schedule);
       ref_latent = sample(world, w, shape, *flat, cond, o.seed, o.steps).latent;
     } else {
       ref_latent = std::move(reference);
@@ -201,8 +240,17 @@ int run_dit(Communicator& world) {
     std::printf("  weights: %s\n", o.weights.c_str());
   std::printf("  step %.1f ms (median over steps, slowest rank), exposed communication %.2f ms/step, total %.2f s\n",
               j["step_ms"].get<double>(), j["exposed_comm_ms"].get<double>(), j["total_ms"].get<double>() / 1e3);
-  std::printf("  per rank per step: %.0f bytes inside groups, %.0f bytes across groups, %.1f messages; cache 0 bytes/rank\n",
-              per_step[0], per_step[1], per_step[2]);
+  std::printf("  per rank per step: %.0f bytes inside groups, %.0f bytes across groups, %.1f messages; cache %.0f bytes/rank\n",
+              per_step[0], per_step[1], per_step[2], maxes[0]);
+  if (mode == ExchangeMode::vfirst || mode == ExchangeMode::cocodiff)
+    std::printf("  V-First: V phase 1 complete before the wait in %.0f%% of exchanges, blocked on it %.3f ms/step\n",
+                100.0 * j["v_phase1_hidden"].get<double>(), j["v_wait_ms"].get<double>());
+  if (mode == ExchangeMode::cocodiff)
+    std::printf("  V-Major (%s, r %.2f, warm-up %d, sync every %d): bytes across groups %.0f predicted, %.0f measured; "
+                "TAPA/CoCoDiff %.3fx predicted, %.3fx measured (q|k|v phase 2 alone: %.3fx predicted)\n",
+                cache_schedule_name(schedule.kind), schedule.ratio, schedule.warmup, schedule.sync_every, pred_b.inter * inv,
+                per_step[1], j["predicted_inter_ratio_vs_tapa"].get<double>(), j["measured_inter_ratio_vs_tapa"].get<double>(),
+                j["predicted_qkv_inter_ratio_vs_tapa"].get<double>());
   if (!o.out.empty())
     std::printf("  image: %s (%lldx%lld, one pixel per latent pixel, latent->RGB map of dit/image.hpp)\n", o.out.c_str(),
                 static_cast<long long>(shape.batch * side), static_cast<long long>(side));

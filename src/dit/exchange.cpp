@@ -12,9 +12,8 @@ namespace diffcp {
 ExchangeMode parse_exchange_mode(const std::string& name) {
   if (name == "flat") return ExchangeMode::flat;
   if (name == "tapa") return ExchangeMode::tapa;
-  DIFFCP_CHECK(name != "vfirst" && name != "cocodiff", "--mode ", name,
-               ": not implemented yet (V-First / V-Major, SPEC B.3-B.4, are the next slice of issue #7); "
-               "available: flat, tapa");
+  if (name == "vfirst") return ExchangeMode::vfirst;
+  if (name == "cocodiff") return ExchangeMode::cocodiff;
   DIFFCP_FAIL("--mode '", name, "': unknown mode, expected flat, tapa, vfirst or cocodiff");
 }
 
@@ -75,12 +74,17 @@ void AttentionExchange::timed_all_to_all(const float* send, float* recv, std::si
   ++stats_.calls;
 }
 
-void AttentionExchange::seq_to_head(HeadRows<const float> qkv) {
+void AttentionExchange::check_qkv(HeadRows<const float> qkv) const {
   mask();  // layout set
   const ExchangeLayout& l = layout_;
   DIFFCP_CHECK(qkv.rows == l.local_rows && qkv.heads == 3 * l.heads && qkv.dim == l.head_dim,
                "attention exchange: qkv has shape [", qkv.rows, ", ", qkv.heads, ", ", qkv.dim, "], expected [",
                l.local_rows, ", ", 3 * l.heads, ", ", l.head_dim, "]");
+}
+
+void AttentionExchange::seq_to_head(HeadRows<const float> qkv) {
+  check_qkv(qkv);
+  const ExchangeLayout& l = layout_;
   const std::int64_t hp = l.heads / P_, h = hd(), bn = l.batch * l.tokens_p;
   // send: [P][b n_p][3][hd]: for destination r, each token's q, k, v slices of r's heads.
 #pragma omp parallel for schedule(static)
@@ -119,24 +123,30 @@ void AttentionExchange::head_to_seq(HeadRows<float> out) {
                   sizeof(float) * static_cast<std::size_t>(h));
 }
 
-void AttentionExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
-  seq_to_head(qkv);
+void AttentionExchange::finish_attention(HeadRows<float> out) {
   attention_forward(mask(), q(), k(), v(), o(), lse_);
   head_to_seq(out);
 }
 
-std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size) {
+void AttentionExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
+  seq_to_head(qkv);
+  finish_attention(out);
+}
+
+std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size,
+                                                           const CacheSchedule& schedule) {
   DIFFCP_CHECK(group_size >= 0, "--group-size = ", group_size, ", expected >= 1 (or 0: the ranks of a node)");
+  schedule.validate();
   const int L = group_size == 0 ? node_local_group_size(world) : group_size;
   DIFFCP_CHECK(world.size() % L == 0, "--group-size L = ", L, " does not divide P = ", world.size(),
                " ranks (groups of L consecutive ranks)");
   switch (mode) {
     case ExchangeMode::flat: return make_flat_exchange(world, L);
     case ExchangeMode::tapa: return make_tapa_exchange(world, L);
-    case ExchangeMode::vfirst:
-    case ExchangeMode::cocodiff: break;
+    case ExchangeMode::vfirst: return make_vfirst_exchange(world, L);
+    case ExchangeMode::cocodiff: return make_vmajor_exchange(world, L, schedule);
   }
-  DIFFCP_FAIL("attention exchange: mode ", exchange_mode_name(mode), " is not implemented yet (SPEC B.3-B.4)");
+  DIFFCP_FAIL("attention exchange: unknown mode ", static_cast<int>(mode));
 }
 
 int node_local_group_size(Communicator& world) {

@@ -5,7 +5,12 @@
 //   flat     Communicator::all_to_all on the flat group (one call for q|k|v, one for o)
 //   tapa     TapaAllToAll (SPEC B.2): phase 1 inside groups of L ranks, phase 2 across groups;
 //            bitwise the same result as flat
-//   vfirst, cocodiff (SPEC B.3, B.4): not implemented yet (parse_exchange_mode says so)
+//   vfirst   TAPA with V-First (SPEC B.3, exchange_vfirst.cpp): the model calls start_v() once V's
+//            columns are projected; V's phase 1 flies (driven by poll() between the row chunks of the
+//            Q/K GEMMs) while q, k are computed; attention() then moves q|k through TAPA and finishes
+//            V's phase 2. Bitwise the same result as tapa.
+//   cocodiff V-First + V-Major selective communication (SPEC B.4, vmajor.hpp): per layer caches,
+//            only the active rows of q, k (phase 1 and 2) and v (phase 2) move on selective steps.
 //
 // Legend: P ranks in groups of L (G = P / L), b images, n_p tokens per image on a rank, N = P*n_p
 //         tokens per image, n_h heads of dim d_h, h_p = n_h / P, hd = h_p * d_h, M_p local rows.
@@ -30,12 +35,12 @@
 #include "attention/mask.hpp"
 #include "comm/communicator.hpp"
 #include "core/tensor.hpp"
+#include "dit/cache_schedule.hpp"
 
 namespace diffcp {
 
 enum class ExchangeMode : std::uint8_t { flat, tapa, vfirst, cocodiff };
-// "flat" | "tapa" (implemented) | "vfirst" | "cocodiff" (throw: not implemented yet); anything
-// else throws naming the modes.
+// "flat" | "tapa" | "vfirst" | "cocodiff"; anything else throws naming the modes.
 ExchangeMode parse_exchange_mode(const std::string& name);
 const char* exchange_mode_name(ExchangeMode mode);
 
@@ -45,7 +50,14 @@ struct ExchangeStats {
   std::uint64_t bytes_inter = 0;  // bytes sent to ranks of other groups
   std::uint64_t messages = 0;     // point-to-point messages sent (an all-to-all: one per peer it sends a block to)
   std::uint64_t calls = 0;        // all-to-alls (two per attention)
-  double comm_ms = 0;             // wall time inside the all-to-alls; all blocking here, so all exposed
+  double comm_ms = 0;             // wall time inside communication calls (post, test, wait, collectives):
+                                  // the communication the compute did not hide ("exposed")
+  // V-First (vfirst, cocodiff): exchanges whose V phase 1 was started early, and how many of them
+  // had completed (seen by a poll() between compute chunks) before attention() had to block on it.
+  std::uint64_t v_started = 0, v_hidden = 0;
+  double v_wait_ms = 0;           // of comm_ms: blocked waiting for V's phase 1 in attention()
+  // V-Major (cocodiff): exchanges that ran selective / full.
+  std::uint64_t selective = 0, full = 0;
 };
 
 // Where one rank's tokens live in its sequence-layout tensors.
@@ -79,7 +91,21 @@ class AttentionExchange {
   //   qkv: [M_p, 3 n_h, d_h]: q heads, k heads, v heads of each local row (row stride >= 3 n_h d_h)
   //   out: [M_p, n_h, d_h] out; the layout's rows are written, other rows untouched. out may
   //        alias the v columns of qkv (they are read before out is written).
-  void attention(HeadRows<const float> qkv, HeadRows<float> out);
+  virtual void attention(HeadRows<const float> qkv, HeadRows<float> out);
+
+  // The staged schedule of V-First (SPEC B.3). Call order per attention, every rank alike:
+  //   start_v(qkv)   once the v columns of qkv are final (q, k may still be garbage); vfirst and
+  //                  cocodiff start V's exchange here, flat and tapa do nothing
+  //   poll()         any number of times while q, k are computed (drives MPI progress; local)
+  //   attention(qkv, out)  with the same qkv, now with q, k final
+  // attention() without a start_v() is valid in every mode (V then starts inside it).
+  virtual void start_v(HeadRows<const float> /*qkv*/) {}
+  virtual void poll() {}
+  // Denoising step `step` of `steps` begins (the sampler calls it; cocodiff's schedule reads it;
+  // layers are counted by attention() calls since). Local.
+  virtual void begin_step(int /*step*/, int /*steps*/) {}
+  // Bytes of this rank's cross-step caches (cocodiff: V^p1, Q^p2, K^p2, V^p2 per layer).
+  virtual std::uint64_t cache_bytes() const { return 0; }
 
   // The two halves attention() is made of (for tests and later schedules).
   void seq_to_head(HeadRows<const float> qkv);
@@ -100,9 +126,16 @@ class AttentionExchange {
   virtual void all_to_all(const float* send, float* recv, std::size_t count) = 0;
   ExchangeStats stats_;
 
+  std::int64_t head_rows() const { return P_ * layout_.batch * layout_.tokens_p; }  // P b n_p
+  std::int64_t hd() const { return layout_.heads / P_ * layout_.head_dim; }         // h_p d_h
+  // The head-layout q|k|v [P b n_p][3][hd] that attention reads (subclasses fill it).
+  float* head_qkv() { return qkv_head_.data(); }
+  // Attention on head_qkv(), then head -> seq into out (as the second half of attention()).
+  void finish_attention(HeadRows<float> out);
+  // Checks qkv's shape against the layout.
+  void check_qkv(HeadRows<const float> qkv) const;
+
  private:
-  std::int64_t head_rows() const { return P_ * layout_.batch * layout_.tokens_p; }
-  std::int64_t hd() const { return layout_.heads / P_ * layout_.head_dim; }
   void timed_all_to_all(const float* send, float* recv, std::size_t count);
 
   ExchangeMode mode_;
@@ -114,13 +147,18 @@ class AttentionExchange {
 
 // The exchange for `mode` over the ranks of `world` in groups of `group_size` consecutive ranks
 // (0: the ranks sharing a node, Communicator::split_node_local). Collective over `world`, which
-// must outlive the exchange. Throws on every rank, before any exchange, for an unimplemented
-// mode, L < 1, P % L != 0, or nodes of unequal size / non-consecutive ranks (group_size 0).
-std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size);
+// must outlive the exchange. `schedule` is cocodiff's (ignored by the other modes). Throws on every
+// rank, before any exchange, for L < 1, P % L != 0, nodes of unequal size / non-consecutive ranks
+// (group_size 0) or an invalid schedule.
+std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size,
+                                                           const CacheSchedule& schedule = {});
 
-// The implementations, one file each (exchange_flat.cpp, exchange_tapa.cpp); L already checked.
+// The implementations, one file each (exchange_flat.cpp, exchange_tapa.cpp, exchange_vfirst.cpp,
+// vmajor.cpp); L already checked.
 std::unique_ptr<AttentionExchange> make_flat_exchange(Communicator& world, int group_size);
 std::unique_ptr<AttentionExchange> make_tapa_exchange(Communicator& world, int group_size);
+std::unique_ptr<AttentionExchange> make_vfirst_exchange(Communicator& world, int group_size);
+std::unique_ptr<AttentionExchange> make_vmajor_exchange(Communicator& world, int group_size, const CacheSchedule& schedule);
 
 // The size of this rank's node as a group size: checks (collectively) that every node holds the
 // same number L of ranks and that they are L consecutive ranks starting at a multiple of L.

@@ -113,6 +113,21 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   mod_.resize(sz(6 * H));
 }
 
+namespace {
+// Rows per projection chunk between two polls of the exchange (V-First, SPEC B.3).
+constexpr std::int64_t kPollRows = 64;
+}  // namespace
+
+void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
+                       std::int64_t ldy) {
+  const float* W = param(l.w) + c0;  // [in, out]: columns c0.. with row stride out
+  const float* b = param(l.b) + c0;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kPollRows) {
+    dit_linear(x + r0 * l.in, l.in, std::min(kPollRows, rows - r0), l.in, W, l.out, ncols, b, y + r0 * ldy, ldy);
+    ex_.poll();
+  }
+}
+
 void DitModel::modulation(const DitLinear& l, std::vector<float>& out) const {
   dit_linear(w_.params(), l, silu_vec_.data(), l.in, 1, out.data(), l.out);
 }
@@ -158,16 +173,23 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
   const std::pair<const DitLayout::Stream*, StreamRows> streams[] = {{&blk.txt, txt_rows_}, {&blk.img, img_rows_}};
   std::vector<float> mods[2];
 
-  // Each stream's modulated, normed, rotated q | k | v into big_ as [M_p, 3H] (rows in place).
+  // Each stream's modulated, normed, rotated q | k | v into big_ as [M_p, 3H] (rows in place). V-First
+  // (SPEC B.3): both streams' v columns first, V's exchange starts, then q | k + norm + RoPE.
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
     mods[s].resize(static_cast<std::size_t>(6 * H));
     modulation(w->mod, mods[s]);
     const float* mod = mods[s].data();  // shift1, scale1, gate1, shift2, scale2, gate2
     layernorm_modulate(x_.data() + r.row0 * H, r.rows, H, mod, mod + H, eps, xm_.data() + r.row0 * H);
+    project(w->qkv, xm_.data() + r.row0 * H, r.rows, 2 * H, H, big_.data() + r.row0 * 3 * H + 2 * H, 3 * H);
+  }
+  ex_.start_v({big_.data(), Mp_, 3 * cfg_.heads, d, 3 * H});
+  for (int s = 0; s < 2; ++s) {
+    const auto& [w, r] = streams[s];
     float* qkv = big_.data() + r.row0 * 3 * H;
-    dit_linear(P, w->qkv, xm_.data() + r.row0 * H, H, r.rows, qkv, 3 * H);
+    project(w->qkv, xm_.data() + r.row0 * H, r.rows, 0, 2 * H, qkv, 3 * H);
     qk_norm_rope(qkv, r.rows, 3 * H, cfg_.heads, d, param(w->q_scale), param(w->k_scale), eps, r.rope);
+    ex_.poll();
   }
 
   ex_.attention({big_.data(), Mp_, 3 * cfg_.heads, d, 3 * H}, {attn_.data(), Mp_, cfg_.heads, d, H});
@@ -193,9 +215,15 @@ void DitModel::single_block(const DitLayout::SingleBlock& blk) {
   const float eps = static_cast<float>(cfg_.eps);
   modulation(blk.mod, mod_);  // shift, scale, gate
   layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, eps, xm_.data());
-  dit_linear(P, blk.linear1, xm_.data(), H, Mp_, big_.data(), ld);  // [M_p, q | k | v | m]
-  for (const StreamRows& r : {txt_rows_, img_rows_})
+  // linear1 -> [M_p, q | k | v | m]: v first (V-First), then q | k + norm + RoPE, then m.
+  project(blk.linear1, xm_.data(), Mp_, 2 * H, H, big_.data() + 2 * H, ld);
+  ex_.start_v({big_.data(), Mp_, 3 * cfg_.heads, d, ld});
+  project(blk.linear1, xm_.data(), Mp_, 0, 2 * H, big_.data(), ld);
+  for (const StreamRows& r : {txt_rows_, img_rows_}) {
     qk_norm_rope(big_.data() + r.row0 * ld, r.rows, ld, cfg_.heads, d, param(blk.q_scale), param(blk.k_scale), eps, r.rope);
+    ex_.poll();
+  }
+  project(blk.linear1, xm_.data(), Mp_, 3 * H, M, big_.data() + 3 * H, ld);
   // The attention output overwrites the v columns, so [a | m] is linear2's input in place.
   ex_.attention({big_.data(), Mp_, 3 * cfg_.heads, d, ld}, {big_.data() + 2 * H, Mp_, cfg_.heads, d, ld});
   gelu_tanh_inplace(big_.data() + 3 * H, Mp_, M, ld);

@@ -12,13 +12,19 @@ namespace diffcp {
 
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t N,
                 const float* bias, float* y, std::int64_t ldy) {
-  DIFFCP_CHECK(M >= 0 && K >= 1 && N >= 1 && ldx >= K && ldy >= N, "dit_linear: M = ", M, ", K = ", K, ", N = ", N,
-               ", ldx = ", ldx, ", ldy = ", ldy, "; expected K, N >= 1 and row strides >= the row widths");
+  dit_linear(x, ldx, M, K, W, N, N, bias, y, ldy);
+}
+
+void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t ldw,
+                std::int64_t N, const float* bias, float* y, std::int64_t ldy) {
+  DIFFCP_CHECK(M >= 0 && K >= 1 && N >= 1 && ldx >= K && ldy >= N && ldw >= N, "dit_linear: M = ", M, ", K = ", K,
+               ", N = ", N, ", ldx = ", ldx, ", ldw = ", ldw, ", ldy = ", ldy,
+               "; expected K, N >= 1 and row strides >= the row widths");
   if (M == 0) return;
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < M; ++r)
     for (std::int64_t c = 0; c < N; ++c) y[r * ldy + c] = bias ? bias[c] : 0.f;
-  const dnnl_status_t st = dnnl_sgemm('N', 'N', M, N, K, 1.f, x, ldx, W, N, 1.f, y, ldy);
+  const dnnl_status_t st = dnnl_sgemm('N', 'N', M, N, K, 1.f, x, ldx, W, ldw, 1.f, y, ldy);
   DIFFCP_CHECK(st == dnnl_success, "dnnl_sgemm(M=", M, " N=", N, " K=", K, ") failed: status ", static_cast<int>(st));
 }
 

@@ -19,6 +19,10 @@ namespace diffcp {
 // columns of a wider row).
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t N,
                 const float* bias, float* y, std::int64_t ldy);
+// The same with W's row stride given: W[K, N] (row stride ldw >= N), e.g. a column slice of a
+// wider weight (V-First projects V's columns of the fused qkv weight first).
+void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t ldw,
+                std::int64_t N, const float* bias, float* y, std::int64_t ldy);
 // The same with the layer's parameters: x: [M, l.in], y: [M, l.out]; params: the model allocation.
 void dit_linear(const std::vector<float>& params, const DitLinear& l, const float* x, std::int64_t ldx,
                 std::int64_t M, float* y, std::int64_t ldy);

@@ -76,6 +76,7 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
   for (int k = 0; k < steps; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
     const double comm0 = model.exchange().stats().comm_ms;
+    model.exchange().begin_step(k, steps);
     model.velocity(x_p.data(), cond.txt.data() + s.p * s.text_p * text_dim, cond.pooled.data(),
                    t[static_cast<std::size_t>(k)], v.data());
     const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - t[static_cast<std::size_t>(k)]);

@@ -49,7 +49,8 @@ struct SampleTimings {
 };
 
 // Runs the T Euler steps of the schedule on this rank's tokens; collective over the model's
-// exchange. x_p: [b, I_p, C_in] in: x_1 (noise), out: x_0. cond: the full conditioning (each rank
+// exchange; calls exchange().begin_step(k, steps) before step k (cocodiff's schedule). x_p:
+// [b, I_p, C_in] in: x_1 (noise), out: x_0. cond: the full conditioning (each rank
 // reads its text rows). The exchange's statistics accumulate over all steps.
 SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond, int steps);
 

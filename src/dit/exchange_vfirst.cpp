@@ -1,0 +1,105 @@
+#include "dit/exchange_vfirst.hpp"
+
+#include <chrono>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace diffcp {
+
+double VFirstExchange::now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void VFirstExchange::start_v(HeadRows<const float> qkv) {
+  check_qkv(qkv);
+  DIFFCP_CHECK(!v_p1_, "V-First: start_v() called twice without attention() in between");
+  const ExchangeLayout& l = layout();
+  const std::int64_t P = size(), hp = l.heads / P, h = hd(), bn = tokens();
+  v_send_.resize(static_cast<std::size_t>(P * bn * h));
+  // v_send: [P][b n_p][hd]: for destination r, each token's v slice of r's heads.
+  for (std::int64_t r = 0; r < P; ++r)
+    for (std::int64_t i = 0; i < bn; ++i)
+      std::memcpy(v_send_.data() + (r * bn + i) * h, qkv.at(l.rows[static_cast<std::size_t>(i)], 2 * l.heads + r * hp),
+                  sizeof(float) * static_cast<std::size_t>(h));
+  v_before_ = counters();
+  const double t0 = now_ms();
+  v_p1_.emplace(tapa_.phase1_async(tapa_.plan_uniform(static_cast<std::size_t>(bn * h)), v_send_.data(), DType::f32));
+  stats_.comm_ms += now_ms() - t0;
+  v_done_ = false;
+  ++stats_.v_started;
+}
+
+void VFirstExchange::poll() {
+  if (!v_p1_ || v_done_) return;
+  const double t0 = now_ms();
+  v_done_ = v_p1_->test();
+  stats_.comm_ms += now_ms() - t0;
+}
+
+void VFirstExchange::wait_v() {
+  DIFFCP_CHECK(v_p1_.has_value(), "V-First: no V exchange in flight");
+  if (v_done_) ++stats_.v_hidden;
+  const double t0 = now_ms();
+  v_p1_->wait();
+  const double dt = now_ms() - t0;
+  stats_.v_wait_ms += dt;
+  stats_.comm_ms += dt;
+  v_done_ = true;
+}
+
+void VFirstExchange::pack_qk(HeadRows<const float> qkv, const std::int32_t* active, std::int64_t count, float* dst) const {
+  const ExchangeLayout& l = layout();
+  const std::int64_t P = size(), hp = l.heads / P, h = hd();
+  for (std::int64_t r = 0; r < P; ++r)
+    for (std::int64_t a = 0; a < count; ++a) {
+      const std::int64_t row = l.rows[static_cast<std::size_t>(active ? active[a] : a)];
+      for (std::int64_t c = 0; c < 2; ++c)
+        std::memcpy(dst + ((r * count + a) * 2 + c) * h, qkv.at(row, c * l.heads + r * hp), sizeof(float) * static_cast<std::size_t>(h));
+    }
+}
+
+void VFirstExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
+  exchange_qkv(qkv, nullptr);
+  finish_attention(out);
+}
+
+void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, std::vector<float>* v_p1_copy) {
+  check_qkv(qkv);
+  if (!v_p1_) start_v(qkv);
+  const std::int64_t P = size(), h = hd(), bn = tokens();
+  qk_send_.resize(static_cast<std::size_t>(P * bn * 2 * h));
+  qk_recv_.resize(qk_send_.size());
+  v_recv_.resize(v_send_.size());
+  pack_qk(qkv, nullptr, bn, qk_send_.data());
+
+  double t0 = now_ms();
+  TapaPhase1 qk_p1 = tapa_.phase1_async(tapa_.plan_uniform(static_cast<std::size_t>(bn * 2 * h)), qk_send_.data(), DType::f32);
+  stats_.comm_ms += now_ms() - t0;
+  wait_v();
+  if (v_p1_copy) {
+    const std::span<const std::byte> staged = v_p1_->output();
+    v_p1_copy->resize(staged.size() / sizeof(float));
+    std::memcpy(v_p1_copy->data(), staged.data(), staged.size());
+  }
+  t0 = now_ms();
+  tapa_.phase2(std::move(*v_p1_), v_recv_.data());
+  v_p1_.reset();
+  tapa_.phase2(std::move(qk_p1), qk_recv_.data());
+  stats_.comm_ms += now_ms() - t0;
+  count_since(v_before_);
+  ++stats_.calls;
+
+  // Head layout [P b n_p][3][hd]: q|k from the q|k exchange, v from V's.
+  float* head = head_qkv();
+  for (std::int64_t i = 0; i < P * bn; ++i) {
+    std::memcpy(head + i * 3 * h, qk_recv_.data() + i * 2 * h, sizeof(float) * static_cast<std::size_t>(2 * h));
+    std::memcpy(head + (i * 3 + 2) * h, v_recv_.data() + i * h, sizeof(float) * static_cast<std::size_t>(h));
+  }
+}
+
+std::unique_ptr<AttentionExchange> make_vfirst_exchange(Communicator& world, int group_size) {
+  return std::make_unique<VFirstExchange>(world, group_size);
+}
+
+}  // namespace diffcp
