@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-bin=build/release/src/diffcp
+bin=${DIFFCP_BIN:-build/release/src/diffcp}
 run() {  # name, np, args...
   local name=$1 np=$2
   shift 2

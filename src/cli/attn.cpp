@@ -2,6 +2,7 @@
 // Split-KV by default) on the ranks of mpirun; --check against the fp64 single-process reference,
 // --json, --dump DIR (.npy files). The run and its measurement are cli/layer_run's, shared with
 // `diffcp bench cp`.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
