@@ -9,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "core/error.hpp"
+#include "core/fastmath.hpp"
 #include "core/parallel.hpp"
 
 namespace diffcp {
@@ -20,39 +21,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// 2^x for x <= ~0 (scores minus their running max). Vectorisable (checked with -fopt-info-vec:
-// std::floor and std::bit_cast kept GCC 12 from vectorising it): adding 1.5*2^23 rounds x to the
-// nearest integer n and leaves n in the low mantissa bits; a degree-6 polynomial (Cephes exp2f
-// coefficients, rel. error ~1e-7) gives 2^(x-n) on [-0.5, 0.5]; n goes into the exponent bits.
-// x <= -127 gives exactly 0.
-inline float exp2_nonpos(float x) {
-  x = x < -127.f ? -127.f : x;
-  constexpr float kShifter = 12582912.f;  // 1.5 * 2^23, bit pattern 0x4B400000
-  const float t = x + kShifter;
-  const float n = t - kShifter;
-  const float f = x - n;
-  float p = 1.535336188319500e-4f;
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.f;
-  std::int32_t t_bits;
-  std::memcpy(&t_bits, &t, sizeof t_bits);
-  const std::int32_t bits = (t_bits - 0x4B400000 + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
 // p[j] = 2^(p[j] - shift) for j < n; returns their sum. Out of line: inlined into the tile loops,
 // GCC 12 did not vectorise it.
 [[gnu::noinline]] float exp2_shifted(float* __restrict p, std::int64_t n, float shift) {
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
   for (std::int64_t j = 0; j < n; ++j) {
-    p[j] = exp2_nonpos(p[j] - shift);
+    p[j] = fast_exp2(p[j] - shift);
     sum += p[j];
   }
   return sum;
@@ -155,7 +130,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const float> q,
 #pragma omp simd reduction(max : mx)
         for (std::int64_t j = 0; j < kt; ++j) mx = pr[j] > mx ? pr[j] : mx;  // std::max: not vectorised
         const float sum = exp2_shifted(pr, kt, mx);
-        const float alpha = exp2_nonpos(w.m[t] - mx);  // m = -inf on the first tile -> 0
+        const float alpha = fast_exp2(w.m[t] - mx);  // m = -inf on the first tile -> 0
         if (alpha != 1.f) {
           float* orow = w.o.data() + t * d;
           for (std::int64_t c = 0; c < d; ++c) orow[c] *= alpha;

@@ -7,6 +7,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "core/error.hpp"
+#include "core/fastmath.hpp"
 
 namespace diffcp {
 
@@ -38,35 +39,6 @@ void silu_inplace(float* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.f + std::exp(-x[i]));
 }
 
-namespace {
-
-// 2^x for any float x, clamped to [-126, 126] (so never inf or denormal), rel. error ~2e-7:
-// x = n + f with n the nearest integer (|f| <= 0.5); 2^f by the degree-6 polynomial of Cephes'
-// exp2f; n goes into the exponent bits. Branch-free, so the GELU loop vectorises (glibc's tanhf
-// does not, and took a third of a denoising step).
-inline float exp2_any(float x) {
-  x = x < -126.f ? -126.f : (x > 126.f ? 126.f : x);
-  constexpr float kShifter = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float t = x + kShifter;
-  const float n = t - kShifter;
-  const float f = x - n;
-  float p = 1.535336188319500e-4f;
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.f;
-  std::int32_t t_bits;
-  std::memcpy(&t_bits, &t, sizeof t_bits);
-  const std::int32_t bits = (t_bits - 0x4B400000 + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-}  // namespace
-
 void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
   // 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)) = x / (1 + 2^(-2 u log2(e))), u = k (x + 0.044715 x^3)
   const float k = static_cast<float>(std::sqrt(2.0 / std::numbers::pi)), m = -2.f * std::numbers::log2e_v<float> * k;
@@ -76,7 +48,7 @@ void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int6
 #pragma omp simd
     for (std::int64_t c = 0; c < cols; ++c) {
       const float v = row[c];
-      row[c] = v / (1.f + exp2_any(m * (v + 0.044715f * v * v * v)));
+      row[c] = v / (1.f + fast_exp2(m * (v + 0.044715f * v * v * v)));
     }
   }
 }
