@@ -66,18 +66,4 @@ void lse_rescale(HeadRows<float> o_p, std::span<const float> lse_p, std::span<co
     }
 }
 
-void lse_shifted_exp(std::span<const float> lse_p, std::span<const float> lse_max, std::span<float> out) {
-  check_same(lse_p.size(), lse_max.size(), "lse_shifted_exp: lse_p vs lse_max");
-  check_same(lse_p.size(), out.size(), "lse_shifted_exp: lse_p vs out");
-  for (std::size_t i = 0; i < out.size(); ++i)
-    out[i] = lse_max[i] == kNegInf ? 0.f : std::exp(lse_p[i] - lse_max[i]);
-}
-
-void lse_finish(std::span<const float> lse_max, std::span<const float> sum_exp, std::span<float> lse) {
-  check_same(lse_max.size(), sum_exp.size(), "lse_finish: lse_max vs sum_exp");
-  check_same(lse_max.size(), lse.size(), "lse_finish: lse_max vs lse");
-  for (std::size_t i = 0; i < lse.size(); ++i)
-    lse[i] = lse_max[i] == kNegInf ? kNegInf : lse_max[i] + std::log(sum_exp[i]);
-}
-
 }  // namespace diffcp

@@ -23,11 +23,4 @@ void lse_merge(std::span<const HeadRows<const float>> o_parts,
 //   o_p: [rows, heads, dim] in/out   lse_p, lse: [rows*heads]
 void lse_rescale(HeadRows<float> o_p, std::span<const float> lse_p, std::span<const float> lse);
 
-// Global lse from per-rank values already combined by two reductions:
-//   lse_max = max_p lse_p (all-reduce max), sum_exp = sum_p exp(lse_p - lse_max) (all-reduce sum).
-// lse_p_shifted_exp writes exp(lse_p - lse_max) (0 where lse_max = -inf) for the second step;
-// lse_finish turns (lse_max, sum_exp) into lse.
-void lse_shifted_exp(std::span<const float> lse_p, std::span<const float> lse_max, std::span<float> out);
-void lse_finish(std::span<const float> lse_max, std::span<const float> sum_exp, std::span<float> lse);
-
 }  // namespace diffcp

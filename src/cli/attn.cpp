@@ -77,7 +77,7 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
   const int P = world.size(), p = world.rank();
   const std::string why = cp_unsupported_reason(opt.method, cfg, P);
   DIFFCP_CHECK(why.empty(), "--method ", opt.method, ": ", why);
-  plan_layout(batch, opt.balancer, P, opt.J);
+  plan_layout(batch, opt.balancer, P, opt.J);  // a bad layout or J fails here, on every rank, before any communication
   if (!opt.dump.empty()) prepare_dump_dir(world, opt.dump);
 
   const LayerProblem pb(cfg, batch, opt.seed);

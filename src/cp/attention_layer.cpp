@@ -19,22 +19,26 @@ void AttnLayerConfig::validate() const {
   DIFFCP_CHECK(rms_eps > 0, "rms eps = ", rms_eps, ", expected > 0");
 }
 
-void AttnLayerParams::layout(const AttnLayerConfig& c) {
+std::array<std::vector<std::int64_t>, AttnLayerParams::kCount> AttnLayerParams::shapes(const AttnLayerConfig& c) {
   c.validate();
   const std::int64_t H = c.hidden;
-  shape_[wq] = {H, c.q_width()};
-  shape_[wk] = {H, c.kv_width()};
-  shape_[wv] = {H, c.kv_width()};
-  shape_[wo] = {c.q_width(), H};
-  shape_[bo] = {H};
-  shape_[q_norm] = {c.d_h};
-  shape_[k_norm] = {c.d_h};
-  offset_[0] = 0;
-  for (int i = 0; i < kCount; ++i) {
+  return {{{H, c.q_width()}, {H, c.kv_width()}, {H, c.kv_width()}, {c.q_width(), H}, {H}, {c.d_h}, {c.d_h}}};
+}
+
+std::array<std::int64_t, AttnLayerParams::kCount + 1> AttnLayerParams::offsets(const AttnLayerConfig& c) {
+  const auto sh = shapes(c);
+  std::array<std::int64_t, kCount + 1> off{};
+  for (std::size_t i = 0; i < static_cast<std::size_t>(kCount); ++i) {
     std::int64_t n = 1;
-    for (std::int64_t d : shape_[static_cast<std::size_t>(i)]) n *= d;
-    offset_[static_cast<std::size_t>(i) + 1] = offset_[static_cast<std::size_t>(i)] + n;
+    for (std::int64_t d : sh[i]) n *= d;
+    off[i + 1] = off[i] + n;
   }
+  return off;
+}
+
+void AttnLayerParams::layout(const AttnLayerConfig& c) {
+  shape_ = shapes(c);
+  offset_ = offsets(c);
 }
 
 AttnLayerParams::AttnLayerParams(const AttnLayerConfig& c) {
@@ -51,9 +55,6 @@ AttnLayerParams::AttnLayerParams(const AttnLayerConfig& c, float* external) : ba
 AttnLayerParams::AttnLayerParams(const AttnLayerParams& o)
     : owned_(o.all().begin(), o.all().end()), base_(owned_.data()), offset_(o.offset_), shape_(o.shape_) {}
 
-std::int64_t AttnLayerParams::count(const AttnLayerConfig& c) {
-  return 2 * c.hidden * c.q_width() + 2 * c.hidden * c.kv_width() + c.hidden + 2 * c.d_h;  // wq wo, wk wv, bo, norms
-}
 
 const char* AttnLayerParams::name(Id id) {
   static const char* names[] = {"wq", "wk", "wv", "wo", "bo", "q_norm", "k_norm"};

@@ -43,7 +43,10 @@ class AttnLayerParams {
   AttnLayerParams(const AttnLayerConfig& cfg, float* external);
   AttnLayerParams(const AttnLayerParams& o);  // copies the values into owned storage
   AttnLayerParams& operator=(const AttnLayerParams&) = delete;
-  static std::int64_t count(const AttnLayerConfig& cfg);  // floats in all tensors
+  // Offsets of every tensor in Id order (entry kCount = the total float count); the 1-D tensors
+  // (bo, q_norm, k_norm) come last, after the four matrices.
+  static std::array<std::int64_t, kCount + 1> offsets(const AttnLayerConfig& cfg);
+  static std::int64_t count(const AttnLayerConfig& cfg) { return offsets(cfg)[kCount]; }
 
   float* operator[](Id id) { return base_ + offset_[id]; }
   const float* operator[](Id id) const { return base_ + offset_[id]; }
@@ -57,6 +60,7 @@ class AttnLayerParams {
   void init_random(std::uint64_t seed);
 
  private:
+  static std::array<std::vector<std::int64_t>, kCount> shapes(const AttnLayerConfig& cfg);
   void layout(const AttnLayerConfig& cfg);
   std::vector<float> owned_;
   float* base_ = nullptr;

@@ -90,16 +90,13 @@ DrafterLayout::DrafterLayout(const DrafterConfig& c) {
   };
   fc = take(c.target_layers * H * H, false);
   fc_norm = take(H, true);
-  const AttnLayerConfig a = c.attn();
-  const std::int64_t n_attn = AttnLayerParams::count(a);
+  const auto attn_off = AttnLayerParams::offsets(c.attn());
   for (std::int64_t l = 0; l < c.layers; ++l) {
     Layer L{};
     L.attn_norm = take(H, true);
     L.attn = off;
-    // Inside attn: wq, wk, wv, wo matrices; bo, q_norm, k_norm vectors (AttnLayerParams order).
-    const std::int64_t matrices = 2 * H * a.q_width() + 2 * H * a.kv_width();
-    take(matrices, false);
-    take(n_attn - matrices, true);
+    take(attn_off[AttnLayerParams::bo], false);                                             // wq, wk, wv, wo
+    take(attn_off[AttnLayerParams::kCount] - attn_off[AttnLayerParams::bo], true);        // bo, q_norm, k_norm
     L.mlp_norm = take(H, true);
     L.w_gate = take(H * F, false);
     L.w_up = take(H * F, false);
