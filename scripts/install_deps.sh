@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Installs diffcp's build and run dependencies from Debian's packages (idempotent; skips apt when
-# everything is already installed). Needs root (or sudo) on Debian 12.
+# Installs everything diffcp's build, tests and scripts need from Debian 12's packages, on a machine
+# that has only Debian's minimal base (checked by scripts/check_fresh_machine.sh). Idempotent: skips
+# apt when everything is already installed. Needs root (or sudo).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
-      libopenmpi-dev openmpi-bin libdnnl-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libmetis-dev)
+      libopenmpi-dev openmpi-bin
+      # Debian's libdnnl-dev is built with the OpenCL GPU runtime: its CMake config runs
+      # find_package(OpenCL REQUIRED), so the OpenCL loader and headers are build dependencies.
+      libdnnl-dev ocl-icd-opencl-dev
+      libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libmetis-dev
+      # scripts/emucluster.sh (emulated hosts: ip, tc; unshare, nsenter, taskset) and its tests
+      iproute2 util-linux procps)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
