@@ -60,7 +60,7 @@ cleanup() {
   local m
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
     m=${mounts[i]}
-    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || say "could not unmount $m"
+    umount -R "$m" 2>/dev/null || umount -R -l "$m" 2>/dev/null || say "could not unmount $m"
   done
   # Whatever the commands started inside the root (e.g. a stray orted) must not outlive us.
   if [ -d "$root" ]; then

@@ -9,8 +9,8 @@ pkgs=(build-essential cmake ninja-build pkg-config
       # find_package(OpenCL REQUIRED), so the OpenCL loader and headers are build dependencies.
       libdnnl-dev ocl-icd-opencl-dev
       libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libmetis-dev
-      # scripts/emucluster.sh (emulated hosts: ip, tc; unshare, nsenter, taskset) and its tests
-      iproute2 util-linux procps)
+      # scripts/emucluster.sh (emulated hosts: ip, tc; unshare, taskset; jq reads its profiles)
+      iproute2 util-linux procps jq)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

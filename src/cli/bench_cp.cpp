@@ -22,7 +22,7 @@
 
 namespace diffcp::cli {
 
-void add_bench_command(CLI::App& app, BenchCpOptions& opt) {
+void add_bench_command(CLI::App& app, BenchCpOptions& opt, BenchP2pOptions& p2p) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks run under mpirun");
   bench->require_subcommand(1);
   CLI::App* c = bench->add_subcommand("cp", "The CP methods of the drafter attention layer on one workload, one row "
@@ -34,6 +34,7 @@ void add_bench_command(CLI::App& app, BenchCpOptions& opt) {
   c->add_option("--balancer", opt.layer.balancer, "Split-KV's context layout: none | zigzag | lpt | partition")->capture_default_str();
   c->add_option("--layout-for-all", opt.layout_for_all, "one context layout for every method (default: each method's "
                                                         "usual one: ring zigzag, ulysses/ringx/lvxattn none)");
+  add_bench_p2p_command(*bench, p2p);
 }
 
 namespace {

@@ -1,0 +1,121 @@
+// `diffcp bench p2p`: point-to-point latency and bandwidth from rank 0 to every other rank,
+// through the communicator (so through whatever transport mpirun chose: shared memory here, TCP
+// over the shaped links of scripts/emucluster.sh). Used to check that an emulated cluster delivers
+// what it was configured for, and to calibrate link models.
+//
+// Per peer k (one pair at a time, the other ranks wait in a barrier):
+//   latency:   ping-pong of an 8-byte message; latency_us = median round trip / 2
+//   bandwidth: rank 0 sends --bytes to k, k answers with 8 bytes; gbit_s = bytes*8 / median time
+//              of one transfer (the answer's latency is included: it is small next to the payload)
+// same_node tells whether k shares rank 0's node (Communicator::split_node_local).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+
+namespace diffcp::cli {
+
+void add_bench_p2p_command(CLI::App& bench, BenchP2pOptions& opt) {
+  CLI::App* c = bench.add_subcommand("p2p", "Point-to-point latency and bandwidth from rank 0 to every other rank");
+  c->add_option("--bytes", opt.bytes, "payload of a bandwidth transfer (k/m suffixes)")->capture_default_str();
+  c->add_option("--reps", opt.reps, "timed bandwidth transfers per peer (median reported)")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  c->add_option("--latency-reps", opt.latency_reps, "timed ping-pongs per peer (median reported)")
+      ->capture_default_str()->check(CLI::Range(1, 100000));
+  c->add_flag("--json", opt.json, "print one JSON object");
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int run_bench_p2p(Communicator& world, const BenchP2pOptions& opt) {
+  const std::int64_t bytes = parse_count(opt.bytes, "--bytes");
+  DIFFCP_CHECK(bytes >= 8, "--bytes = '", opt.bytes, "': at least 8 bytes");
+  const int P = world.size(), me = world.rank();
+  DIFFCP_CHECK(P >= 2, "diffcp bench p2p needs at least 2 ranks (mpirun -np 2 or more), got ", P);
+
+  // Node id = the smallest world rank of my node.
+  auto node = world.split_node_local("p2p.node");
+  std::vector<std::int64_t> node_id{-static_cast<std::int64_t>(me)};
+  node->all_reduce(std::span<std::int64_t>(node_id), ReduceOp::max);
+  std::vector<std::int64_t> nodes(static_cast<std::size_t>(P));
+  world.all_gather(std::span<const std::int64_t>(node_id), std::span<std::int64_t>(nodes));
+
+  std::vector<std::uint8_t> payload(static_cast<std::size_t>(bytes), 1);
+  std::vector<std::uint8_t> small(8, 0);
+  const std::span<std::uint8_t> ps(payload), ss(small);
+  nlohmann::json pairs = nlohmann::json::array();
+  for (int k = 1; k < P; ++k) {
+    world.barrier();
+    if (me != 0 && me != k) continue;
+    const int peer = me == 0 ? k : 0;
+    auto ping = [&] {  // rank 0 starts; returns the round trip seen by rank 0
+      const double t0 = now_s();
+      if (me == 0) {
+        world.send(std::span<const std::uint8_t>(ss), peer);
+        world.recv(ss, peer);
+      } else {
+        world.recv(ss, peer);
+        world.send(std::span<const std::uint8_t>(ss), peer);
+      }
+      return now_s() - t0;
+    };
+    auto transfer = [&] {
+      const double t0 = now_s();
+      if (me == 0) {
+        world.send(std::span<const std::uint8_t>(ps), peer);
+        world.recv(ss, peer);
+      } else {
+        world.recv(ps, peer);
+        world.send(std::span<const std::uint8_t>(ss), peer);
+      }
+      return now_s() - t0;
+    };
+    for (int w = 0; w < 10; ++w) ping();  // connection set-up, first-touch
+    transfer();
+    std::vector<double> rtt, tt;
+    for (int r = 0; r < opt.latency_reps; ++r) rtt.push_back(ping());
+    for (int r = 0; r < opt.reps; ++r) tt.push_back(transfer());
+    if (me == 0) {
+      const double t = median(tt);
+      pairs.push_back({{"src", 0},
+                       {"dst", k},
+                       {"same_node", nodes[0] == nodes[static_cast<std::size_t>(k)]},
+                       {"latency_us", median(rtt) / 2 * 1e6},
+                       {"transfer_ms", t * 1e3},
+                       {"gbit_s", static_cast<double>(bytes) * 8 / t / 1e9}});
+    }
+  }
+  world.barrier();
+  if (me != 0) return 0;
+  if (opt.json) {
+    std::cout << nlohmann::json{{"P", P}, {"bytes", bytes}, {"reps", opt.reps}, {"latency_reps", opt.latency_reps},
+                                {"pairs", pairs}}.dump()
+              << std::endl;
+    return 0;
+  }
+  std::printf("diffcp bench p2p: P=%d, %lld-byte transfers (median of %d), 8-byte ping-pong (median of %d)\n", P,
+              static_cast<long long>(bytes), opt.reps, opt.latency_reps);
+  std::printf("  %4s %4s %-9s %12s %12s\n", "src", "dst", "same node", "latency us", "Gbit/s");
+  for (const auto& p : pairs)
+    std::printf("  %4d %4d %-9s %12.1f %12.3f\n", p["src"].get<int>(), p["dst"].get<int>(),
+                p["same_node"].get<bool>() ? "yes" : "no", p["latency_us"].get<double>(), p["gbit_s"].get<double>());
+  return 0;
+}
+
+}  // namespace diffcp::cli
