@@ -15,12 +15,14 @@
 # switch (a bridge), shaped to the intra-node rate in both directions. Each node's switch reaches a
 # core switch through one uplink shaped to the inter-node rate in both directions, so a node's ranks
 # share its uplink (a NIC), as on a real cluster. Switches live in a fabric namespace; nothing is
-# added to the caller's namespace. A separate unshaped management network joins one namespace per
-# node (where that node's Open MPI daemon runs, hostname n<i>) to the fabric namespace (where mpirun
-# runs): launch and stdout forwarding never cross the shaped links. Each rank process enters its own
-# host namespace before it starts (so MPI sees N nodes of R ranks, and MPI_COMM_TYPE_SHARED splits
-# by emulated node) and all MPI traffic goes over TCP on the shaped links (--mca btl tcp,self,
-# pml ob1: no shared-memory transport). Ranks are pinned one per core when N*R <= cores; otherwise
+# added to the caller's namespace. A separate unshaped management network joins every host (second
+# interface mg0) to the fabric namespace, where mpirun runs: launch and output forwarding never
+# cross the shaped links. Each host runs its own Open MPI daemon (hostname r<node>x<local>); as
+# Open MPI's PMIx server talks to its ranks over loopback, a rank must share its daemon's
+# namespace, so to Open MPI every rank is a node of its own: the wrapper exports DIFFCP_NODE and
+# Communicator::split_node_local groups ranks by it (TAPA's groups, `bench p2p`'s same_node). All
+# MPI traffic goes over TCP on the shaped links (--mca btl tcp,self, pml ob1: no shared-memory
+# transport). Ranks are pinned one per core when N*R <= cores; otherwise
 # they float and timings are oversubscribed (a warning says so).
 #
 # Rates. A profile (profiles/*.json, fields in README "Emulated cluster") gives a real cluster's link
@@ -168,13 +170,6 @@ create() {  # uses nodes, rpn, intra_mbit, inter_mbit, name
   x ip -n "$fab" addr add "$mgmt_net.255.254/16" dev mgmt
   x ip -n "$fab" link set mgmt up
   for ((i = 0; i < nodes; i++)); do
-    local nns="$name-n$i"
-    x ip netns add "$nns"
-    x ip -n "$nns" link set lo up
-    x ip -n "$fab" link add "m$i" type veth peer name mg0 netns "$nns"
-    x ip -n "$fab" link set "m$i" master mgmt up
-    x ip -n "$nns" addr add "$mgmt_net.$i.1/16" dev mg0
-    x ip -n "$nns" link set mg0 up
     x ip -n "$fab" link add "b$i" type bridge
     x ip -n "$fab" link set "b$i" up
     x ip -n "$fab" link add "u$i" mtu 9000 type veth peer name "c$i" mtu 9000
@@ -183,40 +178,47 @@ create() {  # uses nodes, rpn, intra_mbit, inter_mbit, name
     shape "$fab" "u$i" "$inter_mbit"   # node -> core
     shape "$fab" "c$i" "$inter_mbit"   # core -> node
     for ((l = 0; l < rpn; l++)); do
-      local rns="$name-r${i}x$l"
+      local host="r${i}x$l" rns="$name-r${i}x$l"
       x ip netns add "$rns"
       x ip -n "$rns" link set lo up
-      x ip -n "$fab" link add "r${i}x$l" mtu 9000 type veth peer name eth0 mtu 9000 netns "$rns"
-      x ip -n "$fab" link set "r${i}x$l" master "b$i" up
+      # data: eth0 <-> a port of the node switch, shaped both ways
+      x ip -n "$fab" link add "$host" mtu 9000 type veth peer name eth0 mtu 9000 netns "$rns"
+      x ip -n "$fab" link set "$host" master "b$i" up
       x ip -n "$rns" addr add "$data_net.$i.$((l + 1))/16" dev eth0
       x ip -n "$rns" link set eth0 up
-      shape "$rns" eth0 "$intra_mbit"           # rank -> switch
-      shape "$fab" "r${i}x$l" "$intra_mbit"     # switch -> rank
+      shape "$rns" eth0 "$intra_mbit"      # rank -> switch
+      shape "$fab" "$host" "$intra_mbit"   # switch -> rank
+      # management (Open MPI's launch and I/O forwarding only): mg0 <-> the unshaped mgmt bridge
+      x ip -n "$fab" link add "m$host" type veth peer name mg0 netns "$rns"
+      x ip -n "$fab" link set "m$host" master mgmt up
+      x ip -n "$rns" addr add "$mgmt_net.$i.$((l + 1))/16" dev mg0
+      x ip -n "$rns" link set mg0 up
     done
   done
   local st="$state_root/$name"
-  # The rsh agent mpirun uses to start a daemon "on" node n<i>: in that node's namespace, with
-  # hostname n<i>. Arguments after the host form one shell command line, as with ssh.
+  # The rsh agent mpirun uses to start a daemon "on" host r<i>x<l>: inside that host's namespace
+  # with hostname r<i>x<l>. The arguments after the host form one shell command line, as with ssh.
   cat >"$st/rsh" <<EOF
 #!/bin/sh
 host=\$1; shift
 exec ip netns exec "$name-\$host" unshare --uts /bin/sh -c 'hostname "\$0" && exec /bin/sh -c "\$*"' "\$host" "\$@"
 EOF
-  # Each rank enters its own host namespace (node from the daemon's hostname, local rank from Open
-  # MPI) and, when ranks <= cores, its own core.
-  local cores; cores=$(nproc)
+  # Every rank: DIFFCP_NODE = its emulated node (Communicator::split_node_local groups by it, since
+  # to Open MPI every host is a node of its own) and, when ranks <= cores, its own core.
+  local cores; cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
   pin=0; [ $((nodes * rpn)) -le "$cores" ] && pin=1
   cat >"$st/exec" <<EOF
 #!/bin/sh
-node=\$(hostname); node=\${node#n}
-ns="$name-r\${node}x\${OMPI_COMM_WORLD_LOCAL_RANK:?not started by mpirun}"
-if [ $pin -eq 1 ]; then exec ip netns exec "\$ns" taskset -c "\$((OMPI_COMM_WORLD_RANK % $cores))" "\$@"; fi
+node=\$(hostname); node=\${node#r}; export DIFFCP_NODE=\${node%x*}
+if [ $pin -eq 1 ]; then exec taskset -c "\$((\${OMPI_COMM_WORLD_RANK:?not started by mpirun} % $cores))" "\$@"; fi
 export OMP_NUM_THREADS=\${OMP_NUM_THREADS:-1}   # ranks float over the cores: one thread each
-exec ip netns exec "\$ns" "\$@"
+exec "\$@"
 EOF
   chmod +x "$st/rsh" "$st/exec"
   : >"$st/hostfile"
-  for ((i = 0; i < nodes; i++)); do echo "n$i slots=$rpn" >>"$st/hostfile"; done
+  for ((i = 0; i < nodes; i++)); do
+    for ((l = 0; l < rpn; l++)); do echo "r${i}x$l slots=1" >>"$st/hostfile"; done
+  done
   cat >"$st/env" <<EOF
 nodes=$nodes
 rpn=$rpn
@@ -241,7 +243,7 @@ teardown() {  # $1 = cluster name: kill what runs in its namespaces, delete them
 }
 
 describe() {
-  local cores; cores=$(nproc)
+  local cores; cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
   say "cluster $name: $nodes node(s) x $rpn rank(s); profile ${profile:-raw}, scale $scale_used;" \
       "intra-node link per rank $( [ "$intra_mbit" -gt 0 ] && echo "${intra_mbit} Mbit/s" || echo unshaped )," \
       "node uplink $inter_mbit Mbit/s (tbf each direction); latency native (not emulated)"

@@ -1,5 +1,7 @@
 #include "comm/communicator.hpp"
 
+#include <cstdlib>
+
 #include <numeric>
 
 #include <nlohmann/json.hpp>
@@ -112,7 +114,23 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
 }
 
 std::unique_ptr<Communicator> Communicator::split_node_local(const std::string& name) {
-  return do_split_node_local(name);
+  // DIFFCP_NODE=<id> (every rank or none) overrides the backend's idea of a node: the emulated
+  // hosts of scripts/emucluster.sh are separate nodes to MPI but share an emulated node's switch.
+  std::int64_t node = -1;
+  if (const char* env = std::getenv("DIFFCP_NODE"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    DIFFCP_CHECK(*end == '\0' && v >= 0 && v <= (1 << 30), "DIFFCP_NODE = '", env,
+                 "': expected a non-negative integer (the node this rank belongs to)");
+    node = v;
+  }
+  // Agreement is set-up, like the split itself: it goes to the backend directly, uncounted.
+  std::int64_t have = node >= 0 ? 1 : 0, ranks_with_node = 0;
+  do_all_reduce(&have, &ranks_with_node, 1, DType::i64, ReduceOp::sum)->wait();
+  DIFFCP_CHECK(ranks_with_node == 0 || ranks_with_node == size(), "DIFFCP_NODE is set on ", ranks_with_node,
+               " of ", size(), " ranks: set it on every rank or on none");
+  if (ranks_with_node == 0) return do_split_node_local(name);
+  return do_split(static_cast<int>(node), rank(), name);
 }
 
 WorkPtr Communicator::all_gather_async(const void* send, void* recv, std::size_t count, DType type) {

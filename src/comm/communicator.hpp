@@ -112,7 +112,9 @@ class Communicator {
   // Ranks with equal color form a group, ordered by (key, old rank). color < 0: this rank joins
   // no group and gets nullptr. Collective over this communicator.
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name);
-  // Ranks that share memory (one node). Collective over this communicator.
+  // Ranks that share memory (one node), or, when the environment variable DIFFCP_NODE is set (on
+  // every rank: scripts/emucluster.sh does), the ranks with the same DIFFCP_NODE. Collective over
+  // this communicator.
   std::unique_ptr<Communicator> split_node_local(const std::string& name);
 
   // ---- collectives; counts are in elements of `type` ----
