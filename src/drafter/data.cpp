@@ -62,20 +62,31 @@ class SyntheticSource final : public DataSource {
            std::to_string(train_.size()) + " train / " + std::to_string(heldout_.size()) +
            " held-out samples, frozen random target model (seed " + std::to_string(spec_.seed) + ")";
   }
+  // Rows are computed in tiles of kTile positions aligned to the sample's start, whatever range is
+  // asked for: a position's hidden state then comes from the same GEMM call (same shape, same
+  // place in it) on every rank and for every split, so it is bitwise independent of P (oneDNN's
+  // kernels may round a row differently in a GEMM of another shape, as on AVX2 machines).
   void hidden(bool held, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const override {
     const Sample& smp = (held ? heldout_ : train_)[s];
-    const std::int64_t H = cfg_.hidden, T = cfg_.target_layers, n = end - begin;
-    // in: [n, 2H] = [E(tok_x); E(tok_{x-1})]; per layer one GEMM [n, 2H] x [2H, H], then tanh.
-    std::vector<float> in(static_cast<std::size_t>(n * 2 * H), 0.f), h(static_cast<std::size_t>(n * H));
-    for (std::int64_t x = begin; x < end; ++x) {
-      float* row = in.data() + (x - begin) * 2 * H;
-      std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x)] * H, H, row);
-      if (x > 0) std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x - 1)] * H, H, row + H);
-    }
-    for (std::int64_t t = 0; t < T; ++t) {
-      linear_forward(in.data(), n, 2 * H, W_.data() + t * 2 * H * H, H, h.data());
-      for (std::int64_t r = 0; r < n; ++r)
-        for (std::int64_t c = 0; c < H; ++c) out[(r * T + t) * H + c] = std::tanh(h[static_cast<std::size_t>(r * H + c)]);
+    const std::int64_t H = cfg_.hidden, T = cfg_.target_layers, L = static_cast<std::int64_t>(smp.tokens.size());
+    constexpr std::int64_t kTile = 64;
+    std::vector<float> in(static_cast<std::size_t>(kTile * 2 * H)), h(static_cast<std::size_t>(kTile * H));
+    for (std::int64_t t0 = begin / kTile * kTile; t0 < end; t0 += kTile) {
+      const std::int64_t n = std::min(kTile, L - t0);
+      // in: [n, 2H] = [E(tok_x); E(tok_{x-1})]; per layer one GEMM [n, 2H] x [2H, H], then tanh.
+      std::fill(in.begin(), in.end(), 0.f);
+      for (std::int64_t x = t0; x < t0 + n; ++x) {
+        float* row = in.data() + (x - t0) * 2 * H;
+        std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x)] * H, H, row);
+        if (x > 0) std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x - 1)] * H, H, row + H);
+      }
+      const std::int64_t r0 = std::max(begin, t0), r1 = std::min(end, t0 + n);
+      for (std::int64_t t = 0; t < T; ++t) {
+        linear_forward(in.data(), n, 2 * H, W_.data() + t * 2 * H * H, H, h.data());
+        for (std::int64_t r = r0; r < r1; ++r)
+          for (std::int64_t c = 0; c < H; ++c)
+            out[((r - begin) * T + t) * H + c] = std::tanh(h[static_cast<std::size_t>((r - t0) * H + c)]);
+      }
     }
   }
 
