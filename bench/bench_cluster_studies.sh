@@ -9,7 +9,7 @@
 #            samples) chosen so S/Q = 4, 8, 16, 32). 2 nodes x 1 rank (one rank per core: real
 #            times) and 2 x 2 (4 ranks on 2 cores: times OVERSUBSCRIBED, bytes exact).
 #   weak     weak scaling in S at 2 x 1 (h100-ib): 4 samples x $WEAK_QUERIES queries, context per
-#            sample 2k, 4k, 8k, 16k.
+#            sample $WEAK_CONTEXTS (default 2k 4k 8k).
 #   dit      CoCoDiff, profile aurora, 2 x 2 (L = 2 = one emulated node = one GPU's tiles):
 #            flat / tapa / vfirst / cocodiff end to end ($DIT_STEPS steps, $DIT_RES^2), times
 #            OVERSUBSCRIBED (4 ranks on 2 cores); and the all-to-all latency vs size, flat vs TAPA
@@ -24,8 +24,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 bin=${DIFFCP_BIN:-build/release/src/diffcp}
-REPS=${REPS:-3}
-QS_Q=${QS_Q:-2048}
+REPS=${REPS:-2}
+QS_Q=${QS_Q:-1024}
 QS_CTX=${QS_CTX:-4k}
 WEAK_QUERIES=${WEAK_QUERIES:-256}
 DIT_STEPS=${DIT_STEPS:-12}
@@ -71,7 +71,7 @@ for study in "${studies[@]}"; do
       done ;;
     weak)
       sc=$(scale_of h100-ib)
-      for ctx in 2k 4k 8k 16k; do
+      for ctx in ${WEAK_CONTEXTS:-2k 4k 8k}; do
         echo "weak: h100-ib 2x1 context $ctx" >&2
         "$emu" run --nodes 2 --ranks-per-node 1 --profile h100-ib -- "$bin" bench cp --methods all "${shape[@]}" \
           --samples 4 --queries "$WEAK_QUERIES" --context "$ctx" --reps "$REPS" --json > "$tmp/run.json"
