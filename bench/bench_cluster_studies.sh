@@ -25,8 +25,8 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 bin=${DIFFCP_BIN:-build/release/src/diffcp}
 REPS=${REPS:-2}
-QS_Q=${QS_Q:-1024}
-QS_CTX=${QS_CTX:-4k}
+QS_Q=${QS_Q:-512}
+QS_CTX=${QS_CTX:-2k}
 WEAK_QUERIES=${WEAK_QUERIES:-256}
 DIT_STEPS=${DIT_STEPS:-12}
 DIT_RES=${DIT_RES:-256}

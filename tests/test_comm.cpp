@@ -398,6 +398,34 @@ TEST_F(Comm, SeveralAsyncOperationsInFlight) {
                    {CommOp::broadcast, {1, bsent, brecv}}});
 }
 
+// Reduce-scatters in flight at once (the backend's point-to-point messages of two operations must
+// not mix), completed in reverse order, next to user point-to-point traffic on the same ring.
+TEST_F(Comm, OverlappingReduceScattersAndUserMessages) {
+  constexpr std::size_t n = 7;
+  std::vector<float> s1(n * uz(P)), s2(n * uz(P)), r1(n, -1.f), r2(n, -1.f);
+  for (std::size_t j = 0; j < s1.size(); ++j) {
+    s1[j] = static_cast<float>(r + 1) * static_cast<float>(j);
+    s2[j] = -static_cast<float>(r) - static_cast<float>(j);
+  }
+  std::vector<std::int32_t> token{r}, got{-1};
+  const int next = (r + 1) % P, prev = (r + P - 1) % P;
+  auto a = c.reduce_scatter_async(s1.data(), r1.data(), n, DType::f32, ReduceOp::sum);
+  auto rx = c.recv_async(got.data(), 1, DType::i32, prev, 5);
+  auto b = c.reduce_scatter_async(s2.data(), r2.data(), n, DType::f32, ReduceOp::max);
+  auto tx = c.send_async(token.data(), 1, DType::i32, next, 5);
+  b->wait();
+  a->wait();
+  tx->wait();
+  rx->wait();
+  EXPECT_EQ(got[0], prev);
+  const float tri = static_cast<float>(P * (P + 1) / 2);
+  for (std::size_t j = 0; j < n; ++j) {
+    const float idx = static_cast<float>(uz(r) * n + j);
+    EXPECT_EQ(r1[j], tri * idx);
+    EXPECT_EQ(r2[j], -idx);  // max over ranks q of -q - idx
+  }
+}
+
 TEST_F(Comm, BarrierCountsCallsOnly) {
   c.barrier();
   c.barrier_async()->wait();
@@ -542,6 +570,8 @@ TEST_F(Comm, BadArgumentsThrowBeforeAnyCollective) {
       {"recv src = -1", [&] { c.recv_async(d.data(), 1, f64, -1, 0); }},
       {"send tag -1", [&] { c.send_async(s.data(), 1, f64, r, -1); }},
       {"recv tag -1", [&] { c.recv_async(d.data(), 1, f64, r, -1); }},
+      {"send tag above the user range", [&] { c.send_async(s.data(), 1, f64, r, Communicator::kMaxUserTag + 1); }},
+      {"recv tag above the user range", [&] { c.recv_async(d.data(), 1, f64, r, Communicator::kMaxUserTag + 1); }},
       {"broadcast root = P", [&] { c.broadcast_async(d.data(), 1, f64, P); }},
       {"broadcast root = -1", [&] { c.broadcast_async(d.data(), 1, f64, -1); }},
       {"typed broadcast root = P", [&] { c.broadcast<double>(d, P); }},

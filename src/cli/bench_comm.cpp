@@ -1,4 +1,6 @@
-// `diffcp bench p2p`: point-to-point latency and bandwidth from rank 0 to every other rank,
+// `diffcp bench p2p` and `diffcp bench coll`: what the links and the collectives deliver.
+//
+// p2p: point-to-point latency and bandwidth from rank 0 to every other rank,
 // through the communicator (so through whatever transport mpirun chose: shared memory here, TCP
 // over the shaped links of scripts/emucluster.sh). Used to check that an emulated cluster delivers
 // what it was configured for, and to calibrate link models.
@@ -8,9 +10,15 @@
 //   bandwidth: rank 0 sends --bytes to k, k answers with 8 bytes; gbit_s = bytes*8 / median time
 //              of one transfer (the answer's latency is included: it is small next to the payload)
 // same_node tells whether k shares rank 0's node (Communicator::split_node_local).
+//
+// coll: each collective of the communicator on the whole world, --bytes per rank (all_gather:
+// each rank's block; reduce_scatter: each rank's result block; all_reduce, all_to_all: the whole
+// buffer), async + wait as the CP methods call them: median time of the slowest rank and the
+// "bus" bandwidth = bytes this rank sent by the accounting of comm/communicator.hpp / time.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <thread>
 #include <vector>
@@ -122,6 +130,66 @@ int run_bench_p2p(Communicator& world, const BenchP2pOptions& opt) {
   for (const auto& p : pairs)
     std::printf("  %4d %4d %-9s %12.1f %12.3f\n", p["src"].get<int>(), p["dst"].get<int>(),
                 p["same_node"].get<bool>() ? "yes" : "no", p["latency_us"].get<double>(), p["gbit_s"].get<double>());
+  return 0;
+}
+
+void add_bench_coll_command(CLI::App& bench, BenchCollOptions& opt) {
+  CLI::App* c = bench.add_subcommand("coll", "Time of each collective (all_gather, reduce_scatter, all_reduce, all_to_all)");
+  c->add_option("--bytes", opt.bytes, "bytes per rank (k/m suffixes)")->capture_default_str();
+  c->add_option("--reps", opt.reps, "timed repetitions per collective (median reported)")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  c->add_flag("--json", opt.json, "print one JSON object");
+}
+
+int run_bench_coll(Communicator& world, const BenchCollOptions& opt) {
+  const std::int64_t bytes = parse_count(opt.bytes, "--bytes");
+  const int P = world.size();
+  const auto n = static_cast<std::size_t>(bytes / 4);
+  DIFFCP_CHECK(n >= static_cast<std::size_t>(P), "--bytes = '", opt.bytes, "': at least 4 bytes per rank per rank");
+  std::vector<float> a(n * static_cast<std::size_t>(P), 1.f), b(n * static_cast<std::size_t>(P));
+  struct Coll {
+    const char* name;
+    CommOp op;
+    std::function<void()> run;
+  };
+  const std::size_t blk = n / static_cast<std::size_t>(P);
+  const std::vector<Coll> colls{
+      {"all_gather", CommOp::all_gather, [&] { world.all_gather_async(a.data(), b.data(), n, DType::f32)->wait(); }},
+      {"reduce_scatter", CommOp::reduce_scatter,
+       [&] { world.reduce_scatter_async(a.data(), b.data(), n, DType::f32, ReduceOp::sum)->wait(); }},
+      {"all_reduce", CommOp::all_reduce, [&] { world.all_reduce_async(a.data(), b.data(), n, DType::f32, ReduceOp::sum)->wait(); }},
+      {"all_to_all", CommOp::all_to_all, [&] { world.all_to_all_async(a.data(), b.data(), blk, DType::f32)->wait(); }},
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& c : colls) {
+    c.run();  // warm-up
+    world.stats().reset();
+    std::vector<double> t(1);
+    std::vector<double> times;
+    for (int r = 0; r < opt.reps; ++r) {
+      world.barrier();
+      const double t0 = now_s();
+      c.run();
+      t[0] = now_s() - t0;
+      world.all_reduce(std::span<double>(t), ReduceOp::max);
+      times.push_back(t[0]);
+    }
+    const double sent = static_cast<double>(world.stats()[c.op].bytes_sent) / opt.reps;
+    const double med = median(times);
+    rows.push_back({{"collective", c.name}, {"ms", med * 1e3}, {"bytes_sent_per_rank", sent},
+                    {"bus_gbit_s", sent * 8 / med / 1e9}});
+  }
+  if (world.rank() != 0) return 0;
+  if (opt.json) {
+    std::cout << nlohmann::json{{"P", P}, {"bytes", bytes}, {"reps", opt.reps}, {"collectives", rows}}.dump() << std::endl;
+    return 0;
+  }
+  std::printf("diffcp bench coll: P=%d, %lld bytes per rank, median of %d (slowest rank)\n", P,
+              static_cast<long long>(bytes), opt.reps);
+  std::printf("  %-15s %10s %16s %12s\n", "collective", "ms", "sent B/rank", "bus Gbit/s");
+  for (const auto& r : rows)
+    std::printf("  %-15s %10.2f %16.0f %12.3f\n", r["collective"].get<std::string>().c_str(), r["ms"].get<double>(),
+                r["bytes_sent_per_rank"].get<double>(), r["bus_gbit_s"].get<double>());
   return 0;
 }
 

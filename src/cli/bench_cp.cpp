@@ -22,7 +22,7 @@
 
 namespace diffcp::cli {
 
-void add_bench_command(CLI::App& app, BenchCpOptions& opt, BenchP2pOptions& p2p) {
+void add_bench_command(CLI::App& app, BenchCpOptions& opt, BenchP2pOptions& p2p, BenchCollOptions& coll) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks run under mpirun");
   bench->require_subcommand(1);
   CLI::App* c = bench->add_subcommand("cp", "The CP methods of the drafter attention layer on one workload, one row "
@@ -35,6 +35,7 @@ void add_bench_command(CLI::App& app, BenchCpOptions& opt, BenchP2pOptions& p2p)
   c->add_option("--layout-for-all", opt.layout_for_all, "one context layout for every method (default: each method's "
                                                         "usual one: ring zigzag, ulysses/ringx/lvxattn none)");
   add_bench_p2p_command(*bench, p2p);
+  add_bench_coll_command(*bench, coll);
 }
 
 namespace {

@@ -71,17 +71,25 @@ struct BenchCpOptions {
     layer.balancer = "lpt";
   }
 };
-// `diffcp bench p2p` (cli/bench_p2p.cpp): point-to-point latency and bandwidth, rank 0 <-> each rank.
+// `diffcp bench p2p` / `bench coll` (cli/bench_comm.cpp): point-to-point latency and bandwidth,
+// rank 0 <-> each rank; the time of each collective.
 struct BenchP2pOptions {
   std::string bytes = "4m";
   int reps = 10, latency_reps = 200;
   bool json = false;
 };
-// `bench` with its subcommands `cp` and `p2p`.
-void add_bench_command(CLI::App& app, BenchCpOptions& cp, BenchP2pOptions& p2p);
+struct BenchCollOptions {
+  std::string bytes = "4m";
+  int reps = 5;
+  bool json = false;
+};
+// `bench` with its subcommands `cp`, `p2p` and `coll`.
+void add_bench_command(CLI::App& app, BenchCpOptions& cp, BenchP2pOptions& p2p, BenchCollOptions& coll);
 void add_bench_p2p_command(CLI::App& bench, BenchP2pOptions& opt);
+void add_bench_coll_command(CLI::App& bench, BenchCollOptions& opt);
 int run_bench_cp(Communicator& world, const BenchCpOptions& opt);
 int run_bench_p2p(Communicator& world, const BenchP2pOptions& opt);
+int run_bench_coll(Communicator& world, const BenchCollOptions& opt);
 
 // `diffcp dit` (cli/dit.cpp, options kept there): DiT inference with Ulysses SP, Flat or TAPA.
 void add_dit_command(CLI::App& app);

@@ -14,11 +14,12 @@ int main(int argc, char** argv) {
   diffcp::TrainOptions train;
   diffcp::cli::BenchCpOptions bench_cp;
   diffcp::cli::BenchP2pOptions bench_p2p;
+  diffcp::cli::BenchCollOptions bench_coll;
   diffcp::cli::add_attn_command(app, attn);
   diffcp::cli::add_plan_command(app, plan);
   diffcp::cli::add_train_command(app, train);
   diffcp::cli::add_dit_command(app);
-  diffcp::cli::add_bench_command(app, bench_cp, bench_p2p);
+  diffcp::cli::add_bench_command(app, bench_cp, bench_p2p, bench_coll);
   // Parse before MPI starts so --help and usage errors need no MPI; every rank parses the same argv.
   try {
     app.parse(argc, argv);
@@ -41,6 +42,8 @@ int main(int argc, char** argv) {
       return diffcp::cli::run_bench_cp(world, bench_cp);
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("p2p"))
       return diffcp::cli::run_bench_p2p(world, bench_p2p);
+    if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("coll"))
+      return diffcp::cli::run_bench_coll(world, bench_coll);
     return 1;
   });
 }

@@ -199,7 +199,7 @@ WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int 
 
 WorkPtr Communicator::send_async(const void* buf, std::size_t n, DType type, int dst, int tag) {
   check_peer(dst, "send destination");
-  DIFFCP_CHECK(tag >= 0, "send: tag ", tag, " must be >= 0");
+  DIFFCP_CHECK(tag >= 0 && tag <= kMaxUserTag, "send: tag ", tag, " must be in [0, ", kMaxUserTag, "]");
   WorkPtr w = do_send(buf, n, type, dst, tag);
   count(CommOp::send, n, 0, type);
   return w;
@@ -207,7 +207,7 @@ WorkPtr Communicator::send_async(const void* buf, std::size_t n, DType type, int
 
 WorkPtr Communicator::recv_async(void* buf, std::size_t n, DType type, int src, int tag) {
   check_peer(src, "recv source");
-  DIFFCP_CHECK(tag >= 0, "recv: tag ", tag, " must be >= 0");
+  DIFFCP_CHECK(tag >= 0 && tag <= kMaxUserTag, "recv: tag ", tag, " must be in [0, ", kMaxUserTag, "]");
   WorkPtr w = do_recv(buf, n, type, src, tag);
   count(CommOp::recv, 0, n, type);
   return w;

@@ -140,6 +140,8 @@ class Communicator {
                              void* recv, std::span<const std::size_t> recv_counts, DType type);
   // buf: [count]; root's buffer is copied to every rank.
   WorkPtr broadcast_async(void* buf, std::size_t count, DType type, int root);
+  // Tags: 0 ... kMaxUserTag (backends reserve the tags above for their own collectives).
+  static constexpr int kMaxUserTag = 32000;
   WorkPtr send_async(const void* buf, std::size_t count, DType type, int dst, int tag = 0);
   WorkPtr recv_async(void* buf, std::size_t count, DType type, int src, int tag = 0);
   WorkPtr barrier_async();

@@ -1,5 +1,6 @@
 // Open MPI implementation of the Communicator interface: nonblocking MPI calls (MPI_Iallgatherv,
-// MPI_Ireduce_scatter, ...) whose requests are wrapped in a Work handle.
+// MPI_Iallreduce, ...) whose requests are wrapped in a Work handle; reduce-scatter is pairwise
+// point-to-point + a local reduction in rank order (libnbc's is a reduce to one rank + scatter).
 //
 // Progress: Open MPI advances a nonblocking collective only inside MPI calls, so an operation
 // overlaps compute only as far as the backend progresses it on its own (shared memory and TCP
