@@ -37,9 +37,16 @@ trap 'rm -rf "$tmp"' EXIT
 studies=("$@")
 [ ${#studies[@]} -eq 0 ] && studies=(cp weak dit balance)
 
-# scale of the profile on this machine (the value emucluster's --scale auto prints)
-scale_of() { "$emu" run --nodes 1 --ranks-per-node 1 --profile "$1" --dry-run -- true 2>&1 >/dev/null |
-             sed -n 's/.*-> factor \([0-9.e+-]*\).*/\1/p'; }
+# The scale of a profile on this machine (what emucluster's --scale auto measures), taken once per
+# study and passed to every run as --scale, so one study's runs share one factor (the measurement
+# itself varies by up to ~1.4x between runs on this noisy machine). H100_IB_SCALE / AURORA_SCALE
+# pin it, e.g. to redo part of a study with the factor recorded in its CSV.
+scale_of() {
+  local pin; pin=$(echo "${1//-/_}_SCALE" | tr '[:lower:]' '[:upper:]')
+  if [ -n "${!pin:-}" ]; then echo "${!pin}"; return; fi
+  "$emu" run --nodes 1 --ranks-per-node 1 --profile "$1" --dry-run -- true 2>&1 >/dev/null |
+    sed -n 's/.*-> factor \([0-9.e+-]*\).*/\1/p'
+}
 
 # csv_rows STUDY POINT TOPO SCALE JSON_ARRAY_FILE -> rows appended to $tmp/STUDY.csv
 csv_rows() {
@@ -63,7 +70,7 @@ for study in "${studies[@]}"; do
           ctx_rows=$(( $(echo "$QS_CTX" | sed 's/k$/*1024/') ))
           samples=$(( sq * QS_Q / ctx_rows )); [ "$samples" -ge 1 ] || samples=1
           echo "cp: h100-ib $topo Q:S 1:$sq ($samples samples x $((QS_Q / samples)) queries x $QS_CTX)" >&2
-          "$emu" run --nodes 2 --ranks-per-node "${topo#2x}" --profile h100-ib -- "$bin" bench cp --methods all \
+          "$emu" run --nodes 2 --ranks-per-node "${topo#2x}" --profile h100-ib --scale "$sc" -- "$bin" bench cp --methods all \
             "${shape[@]}" --samples "$samples" --queries $((QS_Q / samples)) --context "$QS_CTX" --reps "$REPS" --json \
             > "$tmp/run.json"
           csv_rows cp "$sq" "$topo" "$sc" "$tmp/run.json"
@@ -73,7 +80,7 @@ for study in "${studies[@]}"; do
       sc=$(scale_of h100-ib)
       for ctx in ${WEAK_CONTEXTS:-2k 4k 8k}; do
         echo "weak: h100-ib 2x1 context $ctx" >&2
-        "$emu" run --nodes 2 --ranks-per-node 1 --profile h100-ib -- "$bin" bench cp --methods all "${shape[@]}" \
+        "$emu" run --nodes 2 --ranks-per-node 1 --profile h100-ib --scale "$sc" -- "$bin" bench cp --methods all "${shape[@]}" \
           --samples 4 --queries "$WEAK_QUERIES" --context "$ctx" --reps "$REPS" --json > "$tmp/run.json"
         csv_rows weak "$ctx" 2x1 "$sc" "$tmp/run.json"
       done ;;
@@ -81,7 +88,7 @@ for study in "${studies[@]}"; do
       sc=$(scale_of h100-ib)
       for b in none zigzag lpt; do
         echo "balance: h100-ib 2x1 $b" >&2
-        "$emu" run --nodes 2 --ranks-per-node 1 --profile h100-ib -- "$bin" attn "${shape[@]}" --samples 4 \
+        "$emu" run --nodes 2 --ranks-per-node 1 --profile h100-ib --scale "$sc" -- "$bin" attn "${shape[@]}" --samples 4 \
           --context 1k:7k --queries 512 --reps "$REPS" --balancer "$b" --json > "$tmp/run.json"
         csv_rows balance "$b" 2x1 "$sc" "$tmp/run.json"
       done ;;
@@ -91,13 +98,13 @@ for study in "${studies[@]}"; do
       echo "mode,P,group_size,steps,resolution,scale,oversubscribed,step_ms,exposed_comm_ms,bytes_intra_group,bytes_inter_group" >"$out"
       for mode in flat tapa vfirst cocodiff; do
         echo "dit: aurora 2x2 $mode" >&2
-        "$emu" run --nodes 2 --ranks-per-node 2 --profile aurora -- "$bin" dit --mode "$mode" --group-size 0 \
+        "$emu" run --nodes 2 --ranks-per-node 2 --profile aurora --scale "$sc" -- "$bin" dit --mode "$mode" --group-size 0 \
           --steps "$DIT_STEPS" --resolution "$DIT_RES" --json --out "" > "$tmp/run.json"
         jq -r --arg sc "$sc" '[.mode, .P, .group_size, .steps, '"$DIT_RES"', $sc, 1, .step_ms, .exposed_comm_ms,
               .bytes_intra_group, .bytes_inter_group] | map(tostring) | join(",")' "$tmp/run.json" >>"$out"
       done
       echo "dit: aurora 2x2 all-to-all latency, flat vs TAPA" >&2
-      "$emu" run --nodes 2 --ranks-per-node 2 --profile aurora -- "${bin%/src/diffcp}/bench/bench_tapa" --group-size 2 \
+      "$emu" run --nodes 2 --ranks-per-node 2 --profile aurora --scale "$sc" -- "${bin%/src/diffcp}/bench/bench_tapa" --group-size 2 \
         --sizes 1,3,6,12,24 --reps 3 --warmup 1 --csv "$tmp/a2a.csv" >&2 ;;
     *) echo "unknown study '$study' (cp, weak, dit, balance)" >&2; exit 1 ;;
   esac

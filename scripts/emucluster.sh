@@ -113,7 +113,7 @@ measure_rank_gflops() {
   local cache="$state_root/.rank_gflops" stamp out g
   stamp="$(stat -c %Y "$bin") $(uname -n)"
   if [ -f "$cache" ] && [ "$(head -n1 "$cache")" = "$stamp" ]; then tail -n1 "$cache"; return; fi
-  out=$(OMP_NUM_THREADS=1 taskset -c 0 "$bin" --json --reps 3 --samples 1 --context 4096 --anchors 64 \
+  out=$(OMP_NUM_THREADS=1 taskset -c 0 "$bin" --json --reps 5 --samples 1 --context 4096 --anchors 64 \
         --n-q 8 --n-kv 2 --d-h 128 --gemm-n 256 2>&1) || die "bench_attention failed: $out"
   g=$(jq -r '.fwd_gflops' <<<"$out")
   { mkdir -p "$state_root" && printf '%s\n%s\n' "$stamp" "$g" >"$cache"; } || true
@@ -167,7 +167,10 @@ shape() {  # ns dev mbit
 create() {  # uses nodes, rpn, intra_mbit, inter_mbit, name
   local fab="$name-fab" i l
   mkdir -p "$state_root/$name"
-  x ip netns add "$fab"
+  if [ "$dry" -eq 1 ]; then echo ip netns add "$fab"
+  else ip netns add "$fab" 2>/dev/null ||
+    die "cannot create a network namespace ('ip netns add $fab' failed): this needs CAP_NET_ADMIN and CAP_SYS_ADMIN (root outside a restricted container)"
+  fi
   x ip -n "$fab" link set lo up
   x ip -n "$fab" link add core type bridge
   x ip -n "$fab" link set core up
