@@ -79,28 +79,21 @@ int run_bench_p2p(Communicator& world, const BenchP2pOptions& opt) {
     polite_barrier();
     if (me != 0 && me != k) continue;
     const int peer = me == 0 ? k : 0;
-    auto ping = [&] {  // rank 0 starts; returns the round trip seen by rank 0
+    // Rank 0 sends msg and waits for an 8-byte answer; returns the time rank 0 saw. A ping is a
+    // round trip of the 8-byte message itself.
+    auto round_trip = [&](std::span<std::uint8_t> msg) {
       const double t0 = now_s();
       if (me == 0) {
-        world.send(std::span<const std::uint8_t>(ss), peer);
+        world.send(std::span<const std::uint8_t>(msg), peer);
         world.recv(ss, peer);
       } else {
-        world.recv(ss, peer);
+        world.recv(msg, peer);
         world.send(std::span<const std::uint8_t>(ss), peer);
       }
       return now_s() - t0;
     };
-    auto transfer = [&] {
-      const double t0 = now_s();
-      if (me == 0) {
-        world.send(std::span<const std::uint8_t>(ps), peer);
-        world.recv(ss, peer);
-      } else {
-        world.recv(ps, peer);
-        world.send(std::span<const std::uint8_t>(ss), peer);
-      }
-      return now_s() - t0;
-    };
+    auto ping = [&] { return round_trip(ss); };
+    auto transfer = [&] { return round_trip(ps); };
     for (int w = 0; w < 10; ++w) ping();  // connection set-up, first-touch
     transfer();
     std::vector<double> rtt, tt;
