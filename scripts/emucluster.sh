@@ -270,6 +270,19 @@ mpirun_cmd() {  # the mpirun command line for the cluster in $name, program in "
     --mca orte_keep_fqdn_hostnames 1 $( [ "$pin" -eq 1 ] || echo --mca mpi_yield_when_idle 1 ) "$st/exec"
 }
 
+# Runs mpirun in the background and waits for it, so that a signal to this script alone (not to
+# its process group, e.g. `kill` or a test runner's timeout) runs the traps at once instead of
+# after the program ends; the EXIT trap then kills everything left in the cluster's namespaces.
+# Exits with the program's status.
+run_program() {
+  "$@" &
+  local child=$! rc=0
+  trap 'kill -TERM '"$child"' 2>/dev/null; exit 130' INT
+  trap 'kill -TERM '"$child"' 2>/dev/null; exit 143' TERM
+  wait "$child" || rc=$?
+  exit "$rc"
+}
+
 check_topology() {
   is_int "$nodes" && [ "$nodes" -ge 1 ] && [ "$nodes" -le 250 ] || die "--nodes '$nodes': expected 1..250"
   is_int "$rpn" && [ "$rpn" -ge 1 ] && [ "$rpn" -le 250 ] || die "--ranks-per-node '$rpn': expected 1..250"
@@ -288,8 +301,7 @@ case "$verb" in
       describe
       cmd=$(mpirun_cmd)
       [ "$dry" -eq 0 ] || { echo "$cmd ${prog[*]}"; exit 0; }
-      set +e; $cmd "${prog[@]}"; rc=$?; set -e
-      exit "$rc"
+      run_program $cmd "${prog[@]}"
     fi
     [ -n "$nodes" ] && [ -n "$rpn" ] || die "$verb needs --nodes N --ranks-per-node R"
     check_topology
@@ -321,8 +333,7 @@ case "$verb" in
     create
     if [ "$verb" = up ]; then echo "$name"; exit 0; fi
     [ "$keep" -eq 0 ] || say "--keep: cluster stays up; remove it with: scripts/emucluster.sh down --name $name"
-    set +e; $(mpirun_cmd) "${prog[@]}"; rc=$?; set -e
-    exit "$rc"
+    run_program $(mpirun_cmd) "${prog[@]}"
     ;;
   down)
     need_root
