@@ -114,6 +114,10 @@ commit=$(git -C "$repo" rev-parse --short HEAD)
 
 # 3. Mounts (recorded for the trap, which removes them on every exit path).
 mnt() { local dst=$1; shift; mount "$@" "$dst"; mounts+=("$dst"); }
+# The root itself is a mount point, as / is on a real machine (`ip netns exec`, used by the
+# emulated-cluster tests, remounts / and fails on a plain directory).
+mnt "$root" --bind "$root"
+mount --make-private "$root"
 mnt "$root/proc" -t proc proc
 mnt "$root/sys" -t sysfs sysfs
 mnt "$root/dev" --bind /dev

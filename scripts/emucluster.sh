@@ -75,6 +75,7 @@ done
 
 need_root() {
   [ "$(id -u)" -eq 0 ] || die "must run as root: network namespaces, veth links and tc need CAP_NET_ADMIN"
+  mountpoint -q / || die "/ is not a mount point here (a chroot?): 'ip netns exec' remounts / and cannot work; bind-mount the root onto itself first"
   for t in ip tc unshare taskset jq mpirun; do
     command -v "$t" >/dev/null || die "'$t' not found: run scripts/install_deps.sh (iproute2, util-linux, jq, openmpi-bin)"
   done
