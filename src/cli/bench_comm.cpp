@@ -41,11 +41,6 @@ void add_bench_p2p_command(CLI::App& bench, BenchP2pOptions& opt) {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -138,7 +133,7 @@ int run_bench_coll(Communicator& world, const BenchCollOptions& opt) {
   const std::int64_t bytes = parse_count(opt.bytes, "--bytes");
   const int P = world.size();
   const auto n = static_cast<std::size_t>(bytes / 4);
-  DIFFCP_CHECK(n >= static_cast<std::size_t>(P), "--bytes = '", opt.bytes, "': at least 4 bytes per rank per rank");
+  DIFFCP_CHECK(n >= static_cast<std::size_t>(P), "--bytes = '", opt.bytes, "': at least 4 bytes (one f32) per destination rank, i.e. 4 * P = ", 4 * P);
   std::vector<float> a(n * static_cast<std::size_t>(P), 1.f), b(n * static_cast<std::size_t>(P));
   struct Coll {
     const char* name;

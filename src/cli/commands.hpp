@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -19,6 +20,8 @@ struct CountRange {
   std::int64_t min, max;
 };
 CountRange parse_range(const std::string& text, const char* flag);
+// The median of timings (the upper one of an even count); v must not be empty.
+double median(std::vector<double> v);
 
 // `diffcp plan` (no MPI): a workload, the chosen balancer(s), their loads and planning time.
 struct PlanOptions {

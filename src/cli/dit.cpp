@@ -39,11 +39,6 @@ struct DitOptions {
 // CLI11 binds the options to this object; run_dit reads it (one subcommand per process).
 DitOptions g_opt;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 DitConfig make_config(const DitOptions& o) {
   DitConfig c = dit_preset(o.preset);
   if (o.heads > 0) c.heads = o.heads;

@@ -65,11 +65,6 @@ const char* method_title(const std::string& method) {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Resident-memory probe of this process (Linux /proc). VmHWM is the peak resident set size;
 // writing "5" to /proc/self/clear_refs resets it to the current size (Linux >= 4.0), so the
 // peak of one run is measured apart from what ran before it in the same process.

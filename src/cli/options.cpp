@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cctype>
 
 #include "cli/commands.hpp"
@@ -23,6 +24,12 @@ CountRange parse_range(const std::string& text, const char* flag) {
   const CountRange r{parse_count(text.substr(0, colon), flag), parse_count(text.substr(colon + 1), flag)};
   DIFFCP_CHECK(r.max >= r.min, flag, " = '", text, "': the range's end is below its start");
   return r;
+}
+
+double median(std::vector<double> v) {
+  DIFFCP_CHECK(!v.empty(), "median of no timings");
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 }  // namespace diffcp::cli

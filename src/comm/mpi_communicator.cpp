@@ -128,12 +128,12 @@ class ReduceScatterWork final : public Work {
  public:
   ReduceScatterWork(MPI_Comm comm, int rank, const void* send, void* recv, std::span<const std::size_t> counts,
                     DType type, MPI_Op op)
-      : recv_(recv), type_(type), op_(op), rank_(rank), mine_(counts[static_cast<std::size_t>(rank)]) {
+      : recv_(recv), type_(type), op_(op), rank_(rank), size_(static_cast<int>(counts.size())),
+        mine_(counts[static_cast<std::size_t>(rank)]) {
     const std::size_t P = counts.size(), es = dtype_size(type);
     const MPI_Datatype mt = mpi_type(type);
     std::size_t offset = 0;
     const auto* src = static_cast<const unsigned char*>(send);
-    own_ = src;
     tmp_.resize(mine_ * es * (P - 1));
     for (std::size_t r = 0; r < P; ++r) {
       const std::size_t n = counts[r];
@@ -153,7 +153,6 @@ class ReduceScatterWork final : public Work {
         DIFFCP_MPI_CHECK(MPI_Irecv(tmp_.data() + slot++ * mine_ * es, to_int(mine_, "count"), mt, static_cast<int>(r),
                                    kReduceScatterTag, comm, &reqs_.back()));
       }
-    size_ = static_cast<int>(P);
   }
   ~ReduceScatterWork() override {
     if (!done_ && std::uncaught_exceptions() == 0) {
@@ -195,7 +194,7 @@ class ReduceScatterWork final : public Work {
   void* recv_;
   DType type_;
   MPI_Op op_;
-  int rank_, size_ = 1;
+  int rank_, size_;
   std::size_t mine_;
   bool done_ = false;
 };
