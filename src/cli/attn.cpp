@@ -82,14 +82,7 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
 
   const LayerProblem pb(cfg, batch, opt.seed);
   const ReferenceLayerResult ref = opt.check ? pb.reference() : ReferenceLayerResult{};
-  LayerRunSpec spec;
-  spec.method = opt.method;
-  spec.layout = opt.balancer;
-  spec.J = opt.J;
-  spec.bucket = opt.bucket;
-  spec.warmup = opt.warmup;
-  spec.reps = opt.reps;
-  spec.reference = opt.check ? &ref : nullptr;
+  const LayerRunSpec spec = layer_run_spec(opt, opt.method, opt.balancer, opt.check ? &ref : nullptr);
   const LayerRun run = run_layer(world, pb, spec);
   const std::int64_t queries = wl.queries;
 
@@ -104,6 +97,8 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       {"bytes", run.bytes},
       {"attention_bytes_per_layer", run.bytes_per_layer},
       {"predicted_bytes_per_layer", run.predicted_bytes_per_layer},
+      {"inter_bytes_per_layer", run.inter_bytes_per_layer},
+      {"topology", run.topology},
       {"redistribution_bytes", run.redistribution_bytes},
       {"imbalance_pct", run.imbalance_pct},
       {"fwd_ms", run.fwd_ms},
@@ -118,6 +113,12 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       {"peak_reset", run.peak_reset}};
 
   const bool pass = run.check_passed;
+  if (opt.method == "splitkv") {
+    out["predicted_inter_bytes_per_layer"] = run.predicted_inter_bytes_per_layer;
+    out["oproj"] = run.oproj;
+    out["collectives"] = run.collectives;
+    if (opt.oproj == "auto") out["oproj_auto"] = {{"gemm_gflops", run.oproj_gemm_gflops}, {"link_gbit", run.oproj_link_gbit}};
+  }
   if (run.checked) {
     out["max_abs_err"] = run.max_abs_err;
     out["max_rel_err"] = run.max_rel_err;
@@ -178,8 +179,10 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
                   "exposed communication %.2f ms\n",
                   opt.reps, opt.warmup, run.fwd_ms, run.bwd_ms, run.step_ms, run.exposed_comm_ms);
       if (opt.method == "splitkv")
-        std::printf("  bytes per layer per rank: %.0f measured, %.0f predicted by (P-1)/P*2Q(n_q*d_h+H) + 4(P-1)/P*Q*n_q\n",
-                    run.bytes_per_layer, run.predicted_bytes_per_layer);
+        std::printf("  bytes per layer per rank: %.0f measured, %.0f predicted (cp/splitkv.hpp); to other nodes: %.0f "
+                    "measured, %.0f predicted; %s, oproj %s, %s collectives\n",
+                    run.bytes_per_layer, run.predicted_bytes_per_layer, run.inter_bytes_per_layer,
+                    run.predicted_inter_bytes_per_layer, run.topology.c_str(), run.oproj.c_str(), run.collectives.c_str());
       else
         std::printf("  bytes per layer per rank: %.0f measured, %.0f predicted by the %s closed form (cp/%s.hpp)\n",
                     run.bytes_per_layer, run.predicted_bytes_per_layer, method_title(opt.method), opt.method.c_str());

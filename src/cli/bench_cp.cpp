@@ -73,7 +73,7 @@ const char* const kCsvColumns[] = {
     "method", "P", "supported", "reason", "layout", "J", "samples", "context", "queries", "S", "Q", "hidden", "n_q",
     "n_kv", "d_h", "reps", "warmup", "fwd_ms", "bwd_ms", "step_ms", "exposed_comm_ms", "bytes_per_layer",
     "predicted_bytes_per_layer", "redistribution_bytes", "imbalance_pct", "peak_bytes", "run_peak_bytes",
-    "check_passed", "max_abs_err"};
+    "check_passed", "max_abs_err", "inter_bytes_per_layer", "topology", "oproj", "collectives"};
 
 }  // namespace
 
@@ -122,14 +122,7 @@ int run_bench_cp(Communicator& world, const BenchCpOptions& opt) {
       rows.push_back(row);
       continue;
     }
-    LayerRunSpec spec;
-    spec.method = e.method;
-    spec.layout = e.layout;
-    spec.J = o.J;
-    spec.bucket = o.bucket;
-    spec.warmup = o.warmup;
-    spec.reps = o.reps;
-    spec.reference = o.check ? &ref : nullptr;
+    const LayerRunSpec spec = layer_run_spec(o, e.method, e.layout, o.check ? &ref : nullptr);
     const LayerRun run = run_layer(world, pb, spec);
     row.update({{"layout", e.layout}, {"J", run.J}});
     row.update(workload);
@@ -137,10 +130,14 @@ int run_bench_cp(Communicator& world, const BenchCpOptions& opt) {
                 {"fwd_ms", run.fwd_ms}, {"bwd_ms", run.bwd_ms}, {"step_ms", run.step_ms},
                 {"exposed_comm_ms", run.exposed_comm_ms},
                 {"bytes_per_layer", run.bytes_per_layer}, {"predicted_bytes_per_layer", run.predicted_bytes_per_layer},
+                {"inter_bytes_per_layer", run.inter_bytes_per_layer}, {"topology", run.topology},
                 {"redistribution_bytes", run.redistribution_bytes}, {"imbalance_pct", run.imbalance_pct},
                 {"peak_bytes", run.peak_bytes}, {"run_peak_bytes", run.run_peak_bytes}, {"peak_reset", run.peak_reset},
                 {"check_passed", run.checked ? Json(run.check_passed) : Json()},
 });
+    if (e.method == "splitkv")
+      row.update({{"predicted_inter_bytes_per_layer", run.predicted_inter_bytes_per_layer}, {"oproj", run.oproj},
+                  {"collectives", run.collectives}});
     if (run.checked) row.update({{"max_abs_err", run.max_abs_err}, {"max_rel_err", run.max_rel_err}, {"mismatches", run.mismatches}});
     row["bytes"] = Json::parse(run.bytes.dump());
     all_pass = all_pass && run.check_passed;

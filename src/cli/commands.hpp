@@ -57,6 +57,9 @@ struct AttnOptions {
   std::string balancer = "none";  // context layout: none | zigzag | lpt | partition
   int J = 16;
   std::int64_t bucket = 4096;  // static-shape bucket of the local K/V length (1 = none)
+  std::string oproj = "all";         // Split-KV output projection: all | owned | auto
+  std::string collectives = "auto";  // Split-KV collectives: flat | hierarchical | auto (= hierarchical)
+  double link_gbit = 0;              // --oproj auto: per-rank link rate (0: measured)
 };
 void add_attn_command(CLI::App& app, AttnOptions& opt);
 int run_attn(Communicator& world, const AttnOptions& opt);

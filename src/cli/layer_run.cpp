@@ -3,12 +3,16 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <fstream>
 #include <string>
 
 #include "balance/balancer.hpp"
 #include "balance/redistribute.hpp"
 #include "cp/cp_methods.hpp"
+#include "cp/splitkv.hpp"
+#include "ops/linear.hpp"
 
 namespace diffcp::cli {
 
@@ -31,6 +35,11 @@ void add_layer_options(CLI::App* c, AttnOptions& opt) {
   c->add_flag("--check", opt.check, "compare output and all gradients with the fp64 single-process reference");
   c->add_option("--J", opt.J, "chunks per rank for lpt / partition")->capture_default_str();
   c->add_option("--bucket", opt.bucket, "round Split-KV's local K/V length up to a multiple of this (1 = off)")->capture_default_str();
+  c->add_option("--oproj", opt.oproj, "Split-KV output projection: all (every rank, all Q rows) | owned (reduce-scatter "
+                                      "the partial output, project owned rows) | auto (cost model)")->capture_default_str();
+  c->add_option("--collectives", opt.collectives, "Split-KV collectives: flat | hierarchical (two-level over nodes) | "
+                                                  "auto (hierarchical; flat on one node)")->capture_default_str();
+  c->add_option("--link-gbit", opt.link_gbit, "--oproj auto: one rank's link rate in Gbit/s (0: measure it)")->capture_default_str();
 }
 
 LayerWorkload make_workload(const AttnOptions& opt) {
@@ -43,11 +52,31 @@ LayerWorkload make_workload(const AttnOptions& opt) {
   DIFFCP_CHECK(opt.reps >= 1, "--reps = ", opt.reps, ", expected >= 1");
   DIFFCP_CHECK(opt.warmup >= 0, "--warmup = ", opt.warmup, ", expected >= 0");
   DIFFCP_CHECK(opt.bucket >= 1, "--bucket = ", opt.bucket, ", expected >= 1");
+  if (opt.oproj != "auto") parse_oproj(opt.oproj);
+  if (opt.collectives != "auto") parse_coll_algo(opt.collectives);
+  DIFFCP_CHECK(opt.link_gbit >= 0 && std::isfinite(opt.link_gbit), "--link-gbit = ", opt.link_gbit,
+               ", expected >= 0 (0: measure)");
   w.cfg = AttnLayerConfig{opt.hidden, opt.n_q, opt.n_kv, opt.d_h, opt.rope_theta, opt.rms_eps};
   w.cfg.validate();
   w.batch = make_random_batch(opt.samples, context.min, w.queries / opt.block, opt.block, opt.prompt_fraction, opt.seed,
                               context.max);
   return w;
+}
+
+LayerRunSpec layer_run_spec(const AttnOptions& opt, const std::string& method, const std::string& layout,
+                            const ReferenceLayerResult* reference) {
+  LayerRunSpec spec;
+  spec.method = method;
+  spec.layout = layout;
+  spec.J = opt.J;
+  spec.bucket = opt.bucket;
+  spec.warmup = opt.warmup;
+  spec.reps = opt.reps;
+  spec.reference = reference;
+  spec.oproj = opt.oproj;
+  spec.collectives = opt.collectives;
+  spec.link_gbit = opt.link_gbit;
+  return spec;
 }
 
 Plan plan_layout(const PackedBatch& batch, const std::string& layout, int P, int J) {
@@ -89,6 +118,41 @@ struct PeakProbe {
   std::uint64_t peak_bytes() const { return status_kib("VmHWM") * 1024; }
 };
 
+// --oproj auto (SplitKVLayer's choose_oproj): the W_o GEMM rate measured on this rank's share of
+// rows and, unless given, the link rate of one rank in the dY all-gather; slowest rank's times, so
+// every rank decides alike.
+OProj resolve_oproj(Communicator& world, const LayerProblem& pb, const LayerRunSpec& spec, CollAlgo algo,
+                    LayerRun& run) {
+  if (spec.oproj != "auto") return parse_oproj(spec.oproj);
+  const int P = world.size();
+  const std::int64_t Q = pb.batch.query_rows(), H = pb.cfg.hidden, qw = pb.cfg.q_width();
+  if (P == 1) return OProj::all;
+  const std::int64_t rows = std::max<std::int64_t>(1, Q / P);
+  std::vector<float> o(static_cast<std::size_t>(rows * qw), 0.5f), y(static_cast<std::size_t>(rows * H));
+  std::vector<float> wo(static_cast<std::size_t>(qw * H), 0.01f);
+  std::vector<std::size_t> counts;
+  for (int r = 0; r < P; ++r) counts.push_back(static_cast<std::size_t>((Q / P + (r < Q % P)) * H));
+  std::vector<float> mine(counts[static_cast<std::size_t>(world.rank())]), all(static_cast<std::size_t>(Q * H));
+  std::vector<double> gemm_ms, ag_ms;
+  for (int rep = 0; rep < 3; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    linear_forward(o.data(), rows, qw, wo.data(), H, y.data());
+    gemm_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (spec.link_gbit > 0) continue;
+    world.barrier();
+    t0 = std::chrono::steady_clock::now();
+    world.all_gather_v_async(mine.data(), all.data(), counts, DType::f32, algo)->wait();
+    ag_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::vector<double> t{median(gemm_ms), spec.link_gbit > 0 ? 0.0 : median(ag_ms)};
+  world.all_reduce<double>(t, ReduceOp::max);
+  run.oproj_gemm_gflops = 2.0 * static_cast<double>(rows * qw * H) / (std::max(t[0], 1e-6) * 1e6);
+  // A rank receives (P-1)/P of the gathered buffer.
+  run.oproj_link_gbit = spec.link_gbit > 0 ? spec.link_gbit
+                                           : 8.0 * 4.0 * static_cast<double>(Q * H) * (P - 1) / P / (std::max(t[1], 1e-6) * 1e6);
+  return choose_oproj(pb.cfg, Q, P, run.oproj_gemm_gflops, run.oproj_link_gbit);
+}
+
 }  // namespace
 
 LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSpec& spec) {
@@ -103,6 +167,8 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   const Plan plan = plan_layout(batch, spec.layout, P, spec.J);
 
   LayerRun run;
+  world.discover_topology();
+  run.topology = world.topology().describe();
   run.method = spec.method;
   run.layout = spec.layout;
   run.J = plan.J;
@@ -124,7 +190,16 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   run.dctx_p.resize(ctx_p.size());
   run.grad = std::make_unique<AttnLayerParams>(cfg);
   AttnLayerParams& grad = *run.grad;
-  run.layer = make_cp_layer(spec.method, world, cfg, run.shard);
+  SplitKVOptions skv;
+  if (spec.method == "splitkv") {
+    skv.collectives = spec.collectives == "auto" ? CollAlgo::hierarchical : parse_coll_algo(spec.collectives);
+    skv.oproj = resolve_oproj(world, pb, spec, skv.collectives, run);
+    run.oproj = oproj_name(skv.oproj);
+    const Topology& t = world.topology();
+    const bool hier = skv.collectives == CollAlgo::hierarchical && t.nodes() > 1 && t.nodes() < P;
+    run.collectives = hier ? "hierarchical" : "flat";
+  }
+  run.layer = make_cp_layer(spec.method, world, cfg, run.shard, skv);
   CpAttentionLayer& layer = *run.layer;
 
   // `warmup` untimed runs, then `reps` timed ones; per run the slowest rank's time counts.
@@ -163,7 +238,12 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   run.bytes = nlohmann::json::object();
   std::vector<std::uint64_t> sent;
   for (std::size_t k = 0; k < kNumCommOps; ++k) sent.push_back(layer_stats[static_cast<CommOp>(k)].bytes_sent);
+  sent.push_back(layer_stats.total().bytes_sent_inter);
   world.all_reduce<std::uint64_t>(sent);
+  run.inter_bytes_per_layer = static_cast<double>(sent.back()) / P;
+  run.predicted_inter_bytes_per_layer = std::nan("");
+  if (const auto* splitkv = dynamic_cast<const SplitKVLayer*>(run.layer.get()))
+    run.predicted_inter_bytes_per_layer = splitkv->predicted_inter_bytes_per_layer();
   std::uint64_t total_sent = 0;
   for (std::size_t k = 0; k < kNumCommOps; ++k) {
     const OpCounter& c = layer_stats[static_cast<CommOp>(k)];

@@ -44,7 +44,12 @@ struct LayerRunSpec {
   std::int64_t bucket = 4096;
   int warmup = 1, reps = 3;
   const ReferenceLayerResult* reference = nullptr;  // check against it when set
+  std::string oproj = "all", collectives = "auto";  // Split-KV only (AttnOptions)
+  double link_gbit = 0;
 };
+// The spec of `opt` for one method and layout.
+LayerRunSpec layer_run_spec(const AttnOptions& opt, const std::string& method, const std::string& layout,
+                            const ReferenceLayerResult* reference);
 
 // Result of run_layer. Times are medians over the timed repetitions of the slowest rank's time
 // (step_ms: of the slowest rank's forward + backward, so it can exceed fwd_ms + bwd_ms).
@@ -56,6 +61,12 @@ struct LayerRun {
   nlohmann::json bytes;        // per op kind: {"calls" (per rank), "sent_total", "sent_per_rank"}
   double bytes_per_layer = 0;  // bytes sent by one forward + backward, mean over ranks
   double predicted_bytes_per_layer = 0;
+  // Of bytes_per_layer, sent to ranks on other nodes (the world's topology: DIFFCP_NODE or shared
+  // memory); predicted by Split-KV's closed form (NaN for the other methods).
+  double inter_bytes_per_layer = 0, predicted_inter_bytes_per_layer = 0;
+  std::string topology;                   // Topology::describe()
+  std::string oproj, collectives;         // what Split-KV ran ("" for the other methods)
+  double oproj_gemm_gflops = 0, oproj_link_gbit = 0;  // --oproj auto: the rates it decided on
   double redistribution_bytes = 0;  // the layout's one all-to-all-v, mean over ranks
   double imbalance_pct = 0;         // Split-KV cost model (balance/cost.hpp) of the layout
   // Peak resident memory, max over ranks: peak_bytes = the whole process's (VmHWM, reset at the

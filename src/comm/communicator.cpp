@@ -55,13 +55,15 @@ OpCounter CommStats::total() const {
     t.calls += c.calls;
     t.bytes_sent += c.bytes_sent;
     t.bytes_recv += c.bytes_recv;
+    t.bytes_sent_inter += c.bytes_sent_inter;
   }
   return t;
 }
 
 nlohmann::json CommStats::to_json() const {
   auto one = [](const OpCounter& c) {
-    return nlohmann::json{{"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_recv", c.bytes_recv}};
+    return nlohmann::json{{"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_recv", c.bytes_recv},
+                          {"bytes_sent_inter", c.bytes_sent_inter}};
   };
   nlohmann::json j = nlohmann::json::object();
   for (std::size_t i = 0; i < kNumCommOps; ++i) j[comm_op_name(static_cast<CommOp>(i))] = one(ops_[i]);
@@ -79,11 +81,20 @@ void Communicator::check_counts(std::span<const std::size_t> counts, const char*
                " counts, expected one per rank (", size(), ")");
 }
 
-void Communicator::count(CommOp op, std::size_t sent, std::size_t recvd, DType type) {
+void Communicator::count(CommOp op, std::size_t sent, std::size_t recvd, DType type, std::size_t sent_inter) {
   OpCounter& c = stats_[op];
   c.calls += 1;
   c.bytes_sent += sent * dtype_size(type);
   c.bytes_recv += recvd * dtype_size(type);
+  c.bytes_sent_inter += sent_inter * dtype_size(type);
+}
+
+std::size_t Communicator::inter_part(std::span<const std::size_t> per_peer) const {
+  if (!topology_) return 0;
+  std::size_t n = 0;
+  for (std::size_t r = 0; r < per_peer.size(); ++r)
+    if (!topology_->same_node(rank(), static_cast<int>(r))) n += per_peer[r];
+  return n;
 }
 
 void Communicator::check_v_sizes(const char* what, std::span<const std::size_t> counts, std::size_t mine,
@@ -139,11 +150,13 @@ WorkPtr Communicator::all_gather_async(const void* send, void* recv, std::size_t
 }
 
 WorkPtr Communicator::all_gather_v_async(const void* send, void* recv,
-                                         std::span<const std::size_t> counts, DType type) {
+                                         std::span<const std::size_t> counts, DType type, CollAlgo algo) {
   check_counts(counts, "all_gather_v");
+  if (algo == CollAlgo::hierarchical && hierarchy_useful()) return hier_all_gather_v(send, recv, counts, type);
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
   WorkPtr w = do_all_gather_v(send, me, recv, counts, exclusive_scan(counts), type);
-  count(CommOp::all_gather, me * static_cast<std::size_t>(size() - 1), all - me, type);
+  const std::vector<std::size_t> to_peer(static_cast<std::size_t>(size()), me);
+  count(CommOp::all_gather, me * static_cast<std::size_t>(size() - 1), all - me, type, inter_part(to_peer));
   return w;
 }
 
@@ -155,20 +168,28 @@ WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv, std::si
 
 WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
                                              std::span<const std::size_t> counts, DType type,
-                                             ReduceOp op) {
+                                             ReduceOp op, CollAlgo algo) {
   check_counts(counts, "reduce_scatter_v");
+  if (algo == CollAlgo::hierarchical && hierarchy_useful()) {
+    DIFFCP_CHECK(op == ReduceOp::sum && (type == DType::f32 || type == DType::f64),
+                 "hierarchical reduce_scatter_v: supports sum of f32 / f64, got ", dtype_name(type));
+    return hier_reduce_scatter_v(send, recv, counts, type);
+  }
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
   WorkPtr w = do_reduce_scatter_v(send, recv, counts, type, op);
-  count(CommOp::reduce_scatter, all - me, me * static_cast<std::size_t>(size() - 1), type);
+  count(CommOp::reduce_scatter, all - me, me * static_cast<std::size_t>(size() - 1), type, inter_part(counts));
   return w;
 }
 
 WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t n, DType type,
-                                       ReduceOp op) {
+                                       ReduceOp op, CollAlgo algo) {
+  if (algo == CollAlgo::hierarchical && hierarchy_useful()) return hier_all_reduce(send, recv, n, type, op);
   const std::size_t P = static_cast<std::size_t>(size()), p = static_cast<std::size_t>(rank());
-  const std::size_t share = n / P + (p < n % P ? 1 : 0);
+  auto share = [&](std::size_t r) { return n / P + (r < n % P ? 1 : 0); };
   WorkPtr w = do_all_reduce(send, recv, n, type, op);
-  count(CommOp::all_reduce, 2 * (n - share), 2 * (n - share), type);
+  std::vector<std::size_t> to_peer(P);
+  for (std::size_t r = 0; r < P; ++r) to_peer[r] = share(r) + share(p);
+  count(CommOp::all_reduce, 2 * (n - share(p)), 2 * (n - share(p)), type, inter_part(to_peer));
   return w;
 }
 
@@ -185,7 +206,8 @@ WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::
   const std::size_t me = static_cast<std::size_t>(rank());
   WorkPtr w = do_all_to_all_v(send, send_counts, exclusive_scan(send_counts), recv, recv_counts,
                               exclusive_scan(recv_counts), type);
-  count(CommOp::all_to_all, sum(send_counts) - send_counts[me], sum(recv_counts) - recv_counts[me], type);
+  count(CommOp::all_to_all, sum(send_counts) - send_counts[me], sum(recv_counts) - recv_counts[me], type,
+        inter_part(send_counts));
   return w;
 }
 
@@ -193,7 +215,9 @@ WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int 
   check_peer(root, "broadcast root");
   WorkPtr w = do_broadcast(buf, n, type, root);
   const bool is_root = rank() == root;
-  count(CommOp::broadcast, is_root ? n * static_cast<std::size_t>(size() - 1) : 0, is_root ? 0 : n, type);
+  const std::vector<std::size_t> to_peer(static_cast<std::size_t>(size()), is_root ? n : 0);
+  count(CommOp::broadcast, is_root ? n * static_cast<std::size_t>(size() - 1) : 0, is_root ? 0 : n, type,
+        inter_part(to_peer));
   return w;
 }
 
@@ -201,7 +225,7 @@ WorkPtr Communicator::send_async(const void* buf, std::size_t n, DType type, int
   check_peer(dst, "send destination");
   DIFFCP_CHECK(tag >= 0 && tag <= kMaxUserTag, "send: tag ", tag, " must be in [0, ", kMaxUserTag, "]");
   WorkPtr w = do_send(buf, n, type, dst, tag);
-  count(CommOp::send, n, 0, type);
+  count(CommOp::send, n, 0, type, topology_ && !topology_->same_node(rank(), dst) ? n : 0);
   return w;
 }
 

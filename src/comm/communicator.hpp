@@ -21,6 +21,26 @@
 //   send / recv:         the message size (a self-send is counted, it is an explicit message)
 //   broadcast(n, root):  root: sent = n * (P-1); others: recv = n
 //   barrier:             calls only
+// Once the communicator knows its topology (set_topology / discover_topology), bytes_sent_inter
+// counts the part of bytes_sent addressed to ranks on other nodes, per peer as above (all_reduce:
+// its reduce-scatter + all-gather decomposition, share_r + share_p to peer r).
+//
+// Hierarchical collectives (CollAlgo::hierarchical, needs a topology; node n has L_n ranks, N
+// nodes). A rank r's block is handled in node n by local rank owner(r, n) = local(r) if r is in n,
+// else local(r) mod L_n:
+//   all_gather_v:     (1, inter) r sends its block to owner(r, n) of every other node n;
+//                     (2, intra) an all_gather_v inside each node of what each rank holds.
+//   reduce_scatter_v: (1, intra) a reduce_scatter_v inside the node to the owners;
+//                     (2, inter) the owner sends the node's sum of block r to r; r adds the
+//                     node sums in rank order of the senders. sum only, f32 / f64.
+//   all_reduce:       all_reduce inside the node, all_reduce among the nodes' local rank 0,
+//                     broadcast inside the node.
+// Each node's data crosses to each other node once: summed over ranks, all_gather_v and
+// reduce_scatter_v send sum(counts) * (N-1) inter-node and sum(counts) * (P-N) intra-node elements
+// (flat: sum(counts) * (P-1) in all, sum_r counts[r] * (P - L_node(r)) of it inter-node);
+// all_reduce(n) sends 2n(N-1) inter-node and 3n(P-N) intra-node. They count the bytes they really
+// move, under their base kind. Reductions run in another order than flat: sums are equal to
+// rounding, not bitwise (N = 1 or P = N: the flat path runs, bitwise).
 #pragma once
 
 #include <array>
@@ -64,7 +84,29 @@ struct OpCounter {
   std::uint64_t calls = 0;
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_recv = 0;
+  std::uint64_t bytes_sent_inter = 0;  // of bytes_sent, to ranks on other nodes (0 without a topology)
 };
+
+// Which node each rank of a communicator is on. Nodes are numbered by their lowest rank; a
+// node's ranks are its local ranks 0 .. L_n - 1 in rank order.
+struct Topology {
+  std::vector<int> node_of;               // [P]
+  std::vector<int> local_of;              // [P]
+  std::vector<std::vector<int>> members;  // [N][L_n] ranks of node n, ascending
+  int nodes() const { return static_cast<int>(members.size()); }
+  int node_size(int n) const { return static_cast<int>(members[static_cast<std::size_t>(n)].size()); }
+  bool same_node(int a, int b) const { return node_of[static_cast<std::size_t>(a)] == node_of[static_cast<std::size_t>(b)]; }
+  // Local rank of node n that holds rank r's block in the hierarchical collectives.
+  int owner(int r, int n) const;
+  std::string describe() const;  // e.g. "2 nodes (2+2 ranks)"
+  // From the node label of every rank (any ints; equal label = same node).
+  static Topology from_labels(std::span<const std::int64_t> labels);
+};
+
+enum class CollAlgo : std::uint8_t { flat, hierarchical };
+// "flat" | "hierarchical"; anything else throws naming the choices.
+CollAlgo parse_coll_algo(const std::string& name);
+const char* coll_algo_name(CollAlgo algo);
 
 // Counters of one communicator. The v-variants count under their base kind
 // (all_gather_v under all_gather, all_to_all_v under all_to_all, ...).
@@ -117,21 +159,31 @@ class Communicator {
   // this communicator.
   std::unique_ptr<Communicator> split_node_local(const std::string& name);
 
+  // ---- topology (inter-node byte counters, hierarchical collectives) ----
+  // Collective. node_label: any int naming this rank's node (equal = same node). Creates the node
+  // and node-leader sub-communicators the hierarchical collectives use; set-up traffic is uncounted.
+  void set_topology(std::int64_t node_label);
+  // Collective: set_topology with the nodes of split_node_local (DIFFCP_NODE when set).
+  void discover_topology();
+  bool has_topology() const { return topology_ != nullptr; }
+  const Topology& topology() const;  // throws if none was set
+
   // ---- collectives; counts are in elements of `type` ----
   // send: [count], recv: [size() * count] (rank r's block at r*count).
   WorkPtr all_gather_async(const void* send, void* recv, std::size_t count, DType type);
   // send: [counts[rank()]], recv: [sum(counts)] (rank r's block at sum(counts[0..r))).
   WorkPtr all_gather_v_async(const void* send, void* recv, std::span<const std::size_t> counts,
-                             DType type);
+                             DType type, CollAlgo algo = CollAlgo::flat);
   // send: [size() * count], recv: [count] = sum over ranks of their block rank().
   WorkPtr reduce_scatter_async(const void* send, void* recv, std::size_t count, DType type,
                                ReduceOp op);
   // send: [sum(counts)], recv: [counts[rank()]].
   WorkPtr reduce_scatter_v_async(const void* send, void* recv,
-                                 std::span<const std::size_t> counts, DType type, ReduceOp op);
+                                 std::span<const std::size_t> counts, DType type, ReduceOp op,
+                                 CollAlgo algo = CollAlgo::flat);
   // send, recv: [count]; send == recv means in place.
   WorkPtr all_reduce_async(const void* send, void* recv, std::size_t count, DType type,
-                           ReduceOp op);
+                           ReduceOp op, CollAlgo algo = CollAlgo::flat);
   // send, recv: [size() * count]; block r of send goes to rank r.
   WorkPtr all_to_all_async(const void* send, void* recv, std::size_t count, DType type);
   // send_counts[r] elements go to rank r (packed in rank order in send), recv_counts[r] come from
@@ -154,7 +206,8 @@ class Communicator {
   template <typename T>
   void reduce_scatter_v(std::span<const T> send, std::span<T> recv,
                         std::span<const std::size_t> counts, ReduceOp op = ReduceOp::sum);
-  template <typename T> void all_reduce(std::span<T> inout, ReduceOp op = ReduceOp::sum);
+  template <typename T>
+  void all_reduce(std::span<T> inout, ReduceOp op = ReduceOp::sum, CollAlgo algo = CollAlgo::flat);
   template <typename T> void all_to_all(std::span<const T> send, std::span<T> recv);
   template <typename T>
   void all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
@@ -191,8 +244,17 @@ class Communicator {
  private:
   void check_counts(std::span<const std::size_t> counts, const char* what) const;
   void check_peer(int peer, const char* what) const;
-  // Counts an operation the backend accepted (elements sent / received by this rank).
-  void count(CommOp op, std::size_t sent, std::size_t recvd, DType type);
+  // Counts an operation the backend accepted (elements sent / received by this rank; of the
+  // sent, sent_inter to other nodes).
+  void count(CommOp op, std::size_t sent, std::size_t recvd, DType type, std::size_t sent_inter = 0);
+  // Elements this rank sends to ranks on other nodes when it sends `per_peer[r]` to each rank r
+  // (0 without a topology).
+  std::size_t inter_part(std::span<const std::size_t> per_peer) const;
+  // The hierarchical collectives (comm/hierarchical.cpp); arguments validated by the callers.
+  bool hierarchy_useful() const;  // a topology with more than one node and a node of > 1 rank
+  WorkPtr hier_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, DType type);
+  WorkPtr hier_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, DType type);
+  WorkPtr hier_all_reduce(const void* send, void* recv, std::size_t n, DType type, ReduceOp op);
 
   // Typed v-variants: counts has size() entries summing to `whole`; if check_mine, counts[rank()]
   // equals `mine`. Throws diffcp::Error naming the mismatch.
@@ -201,6 +263,8 @@ class Communicator {
 
   std::string name_;
   CommStats stats_;
+  std::unique_ptr<Topology> topology_;
+  std::unique_ptr<Communicator> node_comm_, leader_comm_;  // leader_comm_: local rank 0 of each node, else null
 };
 
 // ---- template definitions ----
@@ -229,8 +293,8 @@ void Communicator::reduce_scatter_v(std::span<const T> send, std::span<T> recv,
   check_v_sizes("reduce_scatter_v", counts, recv.size(), send.size(), true);
   reduce_scatter_v_async(send.data(), recv.data(), counts, dtype_of<T>(), op)->wait();
 }
-template <typename T> void Communicator::all_reduce(std::span<T> inout, ReduceOp op) {
-  all_reduce_async(inout.data(), inout.data(), inout.size(), dtype_of<T>(), op)->wait();
+template <typename T> void Communicator::all_reduce(std::span<T> inout, ReduceOp op, CollAlgo algo) {
+  all_reduce_async(inout.data(), inout.data(), inout.size(), dtype_of<T>(), op, algo)->wait();
 }
 template <typename T> void Communicator::all_to_all(std::span<const T> send, std::span<T> recv) {
   DIFFCP_CHECK(send.size() == recv.size() && send.size() % static_cast<std::size_t>(size()) == 0,

@@ -38,10 +38,10 @@ std::string cp_method_default_layout(const std::string& name) {
 }
 
 std::unique_ptr<CpAttentionLayer> make_cp_layer(const std::string& name, Communicator& cp, const AttnLayerConfig& cfg,
-                                                CpShard shard) {
+                                                CpShard shard, const SplitKVOptions& splitkv) {
   const std::string why = cp_unsupported_reason(name, cfg, cp.size());
   DIFFCP_CHECK(why.empty(), why);
-  if (name == "splitkv") return std::make_unique<SplitKVLayer>(cp, cfg, std::move(shard));
+  if (name == "splitkv") return std::make_unique<SplitKVLayer>(cp, cfg, std::move(shard), splitkv);
   if (name == "ulysses") return std::make_unique<UlyssesLayer>(cp, cfg, std::move(shard));
   if (name == "ring") return std::make_unique<RingLayer>(cp, cfg, std::move(shard));
   if (name == "ringx") return std::make_unique<RingXLayer>(cp, cfg, std::move(shard));

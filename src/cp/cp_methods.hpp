@@ -16,6 +16,7 @@
 
 #include "comm/communicator.hpp"
 #include "cp/cp_layer.hpp"
+#include "cp/splitkv.hpp"
 
 namespace diffcp {
 
@@ -34,8 +35,8 @@ std::string cp_method_default_layout(const std::string& name);
 // Constructs the layer. Collective for ulysses, ring and ringx (their constructors all-gather the
 // ranks' chunk lists): every rank of `cp` must call it with the same name. Throws diffcp::Error
 // before any communication for an unknown name or when cp_unsupported_reason is not empty.
-// shard.P and shard.p must match `cp`.
+// shard.P and shard.p must match `cp`. splitkv takes `splitkv` (the others ignore it).
 std::unique_ptr<CpAttentionLayer> make_cp_layer(const std::string& name, Communicator& cp, const AttnLayerConfig& cfg,
-                                                CpShard shard);
+                                                CpShard shard, const SplitKVOptions& splitkv = {});
 
 }  // namespace diffcp

@@ -33,9 +33,33 @@ void linear_polled(const float* x, std::int64_t M, std::int64_t K, const float* 
 
 }  // namespace
 
-SplitKVLayer::SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard)
-    : comm_(cp), cfg_(cfg), shard_(std::move(shard)), mask_(shard_.mask()) {
+OProj parse_oproj(const std::string& name) {
+  if (name == "all") return OProj::all;
+  if (name == "owned") return OProj::owned;
+  DIFFCP_FAIL("--oproj = '", name, "': expected all, owned or auto");
+}
+
+const char* oproj_name(OProj o) { return o == OProj::all ? "all" : "owned"; }
+
+OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gemm_gflops, double link_gbit) {
+  DIFFCP_CHECK(gemm_gflops > 0 && link_gbit > 0, "choose_oproj: gemm_gflops = ", gemm_gflops, ", link_gbit = ",
+               link_gbit, "; expected > 0");
+  const double f = static_cast<double>(P - 1) / P, q = static_cast<double>(Q);
+  const double qw = static_cast<double>(cfg.q_width()), H = static_cast<double>(cfg.hidden);
+  const double saved_s = 6 * q * f * qw * H / (gemm_gflops * 1e9);
+  const double extra_s = 2 * f * q * (qw - H) * 4 * 8 / (link_gbit * 1e9);
+  return saved_s > extra_s ? OProj::owned : OProj::all;
+}
+
+SplitKVLayer::SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, SplitKVOptions opt)
+    : comm_(cp), cfg_(cfg), opt_(opt), shard_(std::move(shard)), mask_(shard_.mask()) {
   cfg_.validate();
+  DIFFCP_CHECK(opt_.collectives == CollAlgo::flat || cp.has_topology(),
+               "split-kv: hierarchical collectives need the communicator's topology (set_topology / discover_topology)");
+  if (opt_.collectives == CollAlgo::hierarchical) {
+    const Topology& t = cp.topology();
+    hier_ = t.nodes() > 1 && t.nodes() < cp.size();
+  }
   reshard(shard_);
 }
 
@@ -72,10 +96,33 @@ std::vector<std::size_t> SplitKVLayer::row_counts(std::int64_t width) const {
 }
 
 double SplitKVLayer::predicted_bytes_per_layer() const {
-  const double P = shard_.P, Q = static_cast<double>(Q_);
-  const double elems = (P - 1) / P * 2 * Q * static_cast<double>(cfg_.q_width() + cfg_.hidden) +
-                       2 * 2 * (P - 1) / P * Q * static_cast<double>(cfg_.n_q);
-  return 4 * elems;
+  const double P = shard_.P, Q = static_cast<double>(Q_), n = Q * static_cast<double>(cfg_.n_q);
+  const double w = static_cast<double>(opt_.oproj == OProj::owned ? cfg_.q_width() : cfg_.hidden);
+  const double rows = (P - 1) / P * 2 * Q * (static_cast<double>(cfg_.q_width()) + w);
+  if (!hier_) return 4 * (rows + 2 * 2 * (P - 1) / P * n);
+  const double N = comm_.topology().nodes();
+  return 4 * (rows + 2 * (2 * n * (N - 1) + 3 * n * (P - N)) / P);
+}
+
+double SplitKVLayer::predicted_inter_bytes_per_layer() const {
+  const Topology& t = comm_.topology();
+  const int P = shard_.P;
+  const double Q = static_cast<double>(Q_), qw = static_cast<double>(cfg_.q_width());
+  const double w = static_cast<double>(opt_.oproj == OProj::owned ? cfg_.q_width() : cfg_.hidden);
+  const std::int64_t n = Q_ * cfg_.n_q;
+  if (hier_) {
+    const double N = t.nodes();
+    return 4 * ((N - 1) * (2 * Q * qw + 2 * Q * w) + 2 * 2 * static_cast<double>(n) * (N - 1)) / P;
+  }
+  double rows = 0, reduce = 0;
+  auto share = [&](int r) { return static_cast<double>(n / P + (r < n % P ? 1 : 0)); };
+  for (int r = 0; r < P; ++r) {
+    const double off_node = P - t.node_size(t.node_of[static_cast<std::size_t>(r)]);
+    rows += static_cast<double>(shard_.query_rows[static_cast<std::size_t>(r)]) * (2 * qw + 2 * w) * off_node;
+    for (int o = 0; o < P; ++o)
+      if (!t.same_node(r, o)) reduce += share(o) + share(r);
+  }
+  return 4 * (rows + 2 * reduce) / P;
 }
 
 void SplitKVLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {
@@ -94,7 +141,7 @@ void SplitKVLayer::forward(const AttnLayerParams& w, const float* x_p, const flo
   rmsnorm_forward(q_lin, Qp_, cfg_.n_q, d, w[P::q_norm], eps, q_p, buffer(q_rstd_, Qp_ * cfg_.n_q));
   rope_apply(q_p, Qp_, cfg_.n_q, query_pos_, *rope_, false);
   float* q_all = buffer(q_all_, Q_ * qw);
-  WorkPtr ag = comm_.all_gather_v_async(q_p, q_all, row_counts(qw), DType::f32);
+  WorkPtr ag = comm_.all_gather_v_async(q_p, q_all, row_counts(qw), DType::f32, opt_.collectives);
 
   // 2. Local keys/values of [ctx_p; X_p] while the all-gather flies. Rows past L_r (bucket
   // padding) are zero and masked.
@@ -121,16 +168,25 @@ void SplitKVLayer::forward(const AttnLayerParams& w, const float* x_p, const flo
                     HeadRows<const float>{v, Lk_, cfg_.n_kv, d, kvw}, HeadRows<float>{obar, Q_, cfg_.n_q, d, qw}, lse_p_);
   lse_ = lse_p_;
   tw = Clock::now();
-  comm_.all_reduce<float>(lse_, ReduceOp::logsumexp);
+  comm_.all_reduce<float>(lse_, ReduceOp::logsumexp, opt_.collectives);
   timings_.blocking_comm_ms += ms_since(tw);
   lse_rescale(HeadRows<float>{obar, Q_, cfg_.n_q, d, qw}, lse_p_, lse_);
 
-  // 4. Output projection of all Q rows' partial output, reduce-scatter to the owners, bias once.
-  float* ybar = buffer(ybar_, Q_ * H);
-  linear_forward(obar, Q_, qw, w[P::wo], H, ybar);
-  tw = Clock::now();
-  comm_.reduce_scatter_v_async(ybar, y_p, row_counts(H), DType::f32, ReduceOp::sum)->wait();
-  timings_.blocking_comm_ms += ms_since(tw);
+  // 4. oproj all: output projection of all Q rows' partial output, reduce-scatter to the owners.
+  //    oproj owned: reduce-scatter the partial output, project the owned rows. Bias once.
+  if (opt_.oproj == OProj::all) {
+    float* ybar = buffer(ybar_, Q_ * H);
+    linear_forward(obar, Q_, qw, w[P::wo], H, ybar);
+    tw = Clock::now();
+    comm_.reduce_scatter_v_async(ybar, y_p, row_counts(H), DType::f32, ReduceOp::sum, opt_.collectives)->wait();
+    timings_.blocking_comm_ms += ms_since(tw);
+  } else {
+    float* o_p = buffer(o_p_, Qp_ * qw);
+    tw = Clock::now();
+    comm_.reduce_scatter_v_async(obar, o_p, row_counts(qw), DType::f32, ReduceOp::sum, opt_.collectives)->wait();
+    timings_.blocking_comm_ms += ms_since(tw);
+    linear_forward(o_p, Qp_, qw, w[P::wo], H, y_p);
+  }
   for (std::int64_t r = 0; r < Qp_; ++r)
     for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[P::bo][c];
   timings_.fwd_ms = ms_since(t0);
@@ -143,22 +199,32 @@ void SplitKVLayer::backward(const AttnLayerParams& w, const float* dy_p, float* 
   const auto t0 = Clock::now();
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width(), kvw = cfg_.kv_width(), d = cfg_.d_h;
 
-  // 1. Gather dY; do = g W_o^T and this rank's share of dW_o = obar_p^T g (sums to o^T g).
-  float* g = buffer(g_, Q_ * H);
-  auto tw = Clock::now();
-  comm_.all_gather_v_async(dy_p, g, row_counts(H), DType::f32)->wait();
-  timings_.blocking_comm_ms += ms_since(tw);
+  // 1. oproj all: gather dY; do = g W_o^T and this rank's share of dW_o = obar_p^T g (sums to o^T g).
+  //    oproj owned: do_p = dY_p W_o^T and dW_o share o_p^T dY_p locally, then gather do.
   bias_backward(dy_p, Qp_, H, grad[P::bo]);
   float* dout = buffer(dout_, Q_ * qw);
-  linear_backward_input(g, Q_, H, w[P::wo], qw, dout);
-  linear_backward_weight(obar_.data(), Q_, qw, g, H, grad[P::wo]);
+  auto tw = Clock::now();
+  if (opt_.oproj == OProj::all) {
+    float* g = buffer(g_, Q_ * H);
+    comm_.all_gather_v_async(dy_p, g, row_counts(H), DType::f32, opt_.collectives)->wait();
+    timings_.blocking_comm_ms += ms_since(tw);
+    linear_backward_input(g, Q_, H, w[P::wo], qw, dout);
+    linear_backward_weight(obar_.data(), Q_, qw, g, H, grad[P::wo]);
+  } else {
+    float* dout_p = buffer(g_, Qp_ * qw);
+    linear_backward_input(dy_p, Qp_, H, w[P::wo], qw, dout_p);
+    linear_backward_weight(o_p_.data(), Qp_, qw, dy_p, H, grad[P::wo]);
+    tw = Clock::now();
+    comm_.all_gather_v_async(dout_p, dout, row_counts(qw), DType::f32, opt_.collectives)->wait();
+    timings_.blocking_comm_ms += ms_since(tw);
+  }
 
   // 2. D = rowsum(do * o) needs the global output: sum the per-rank partials.
   buffer(delta_, Q_ * cfg_.n_q);
   attention_delta(HeadRows<const float>{dout, Q_, cfg_.n_q, d, qw}, HeadRows<const float>{obar_.data(), Q_, cfg_.n_q, d, qw},
                   delta_);
   tw = Clock::now();
-  comm_.all_reduce<float>(delta_, ReduceOp::sum);
+  comm_.all_reduce<float>(delta_, ReduceOp::sum, opt_.collectives);
   timings_.blocking_comm_ms += ms_since(tw);
 
   // 3. Local attention backward with the global lse and D; launch the dq reduce-scatter.
@@ -170,7 +236,7 @@ void SplitKVLayer::backward(const AttnLayerParams& w, const float* dy_p, float* 
                      HeadRows<const float>{k_.data(), Lk_, cfg_.n_kv, d, kvw}, HeadRows<const float>{v_.data(), Lk_, cfg_.n_kv, d, kvw},
                      HeadRows<const float>{dout, Q_, cfg_.n_q, d, qw}, lse_, delta_, HeadRows<float>{dq_all, Q_, cfg_.n_q, d, qw},
                      HeadRows<float>{dk, Lk_, cfg_.n_kv, d, kvw}, HeadRows<float>{dv, Lk_, cfg_.n_kv, d, kvw});
-  WorkPtr rs = comm_.reduce_scatter_v_async(dq_all, dq_p, row_counts(qw), DType::f32, ReduceOp::sum);
+  WorkPtr rs = comm_.reduce_scatter_v_async(dq_all, dq_p, row_counts(qw), DType::f32, ReduceOp::sum, opt_.collectives);
 
   // 4. K/V projection backward (real rows only) while dq travels; dk, dv stay on this rank.
   rope_apply(dk, Lr_, cfg_.n_kv, key_pos_, *rope_, true);
