@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # cluster_check.sh <diffcp binary> <nodes> <ranks-per-node> <inter Gbit/s> <intra Gbit/s>
 # The emulated cluster (scripts/emucluster.sh) verified like any component (ctest label `cluster`):
-#  1. `diffcp attn --check` across the emulated hosts is exact (every rank's check passes);
+#  1. `diffcp attn --check` across the emulated hosts is exact (every rank's check passes), with
+#     Split-KV's hierarchical collectives and owned output projection, and its bytes to other nodes
+#     equal the closed form;
 #  2. `diffcp bench p2p`: rank 0 -> each rank; same-node bandwidth within 20 % of the intra-node
 #     rate, other-node bandwidth within 20 % of min(intra, inter); latency (native, not emulated)
 #     below 1 ms (nothing adds delay: no netem here);
@@ -14,9 +16,16 @@ fail() { echo "cluster_check: FAIL: $*"; exit 1; }
 topo=(--nodes "$nodes" --ranks-per-node "$rpn" --inter-gbit "$inter" --intra-gbit "$intra")
 before=$(ip netns list | grep -c '^dcpemu-' || true)
 
-out=$("$emu" run "${topo[@]}" -- "$bin" attn --check --json --reps 1 --warmup 0) || fail "diffcp attn --check across the cluster failed: $out"
-echo "$out" | tail -n 1 | jq -e '.check_passed == true' >/dev/null || fail "attn --check did not pass: $out"
-echo "attn --check across $nodes x $rpn emulated hosts: passed"
+out=$("$emu" run "${topo[@]}" -- "$bin" attn --check --json --reps 1 --warmup 0 --oproj owned --collectives hierarchical) ||
+  fail "diffcp attn --check across the cluster failed: $out"
+json=$(echo "$out" | tail -n 1)
+echo "$json" | jq -e '.check_passed == true' >/dev/null || fail "attn --check did not pass: $out"
+# The topology comes from DIFFCP_NODE; Split-KV's bytes to other nodes equal its closed form.
+want_coll=flat; [ "$nodes" -gt 1 ] && [ "$rpn" -gt 1 ] && want_coll=hierarchical
+echo "$json" | jq -e --arg t "$nodes nodes" --arg c "$want_coll" '(.topology | startswith($t)) and .collectives == $c and
+  .oproj == "owned" and .inter_bytes_per_layer == .predicted_inter_bytes_per_layer and .inter_bytes_per_layer > 0' >/dev/null ||
+  fail "topology, collectives or inter-node bytes off: $(echo "$json" | jq -c '{topology, collectives, oproj, inter_bytes_per_layer, predicted_inter_bytes_per_layer}')"
+echo "attn --check (oproj owned, $want_coll collectives) across $nodes x $rpn emulated hosts: passed, inter-node bytes as predicted"
 
 out=$("$emu" run "${topo[@]}" -- "$bin" bench p2p --json --bytes 2m --reps 7 --latency-reps 100) || fail "bench p2p failed: $out"
 json=$(echo "$out" | tail -n 1)

@@ -14,6 +14,11 @@
 //     (vmajor_predicted_bytes), its cache holds 4 n H floats per layer, and it stays close to Flat.
 //   * the cache schedule: full steps, linear / fixed r, the paper's ~1.7x q|k|v prediction; r outside
 //     [0, 1] refused on every rank before any communication.
+//   * USP (Ulysses x Ring, 2 heads so U <= 2 < P): the degrees' defaults and every bad degree refused
+//     with its values; the exchange + Ring attention equals fp64 dense attention per image; every mode
+//     equals the single-process run within fp32 tolerance (bitwise Flat's at the same degrees, and
+//     bitwise today's path when R = 1); Ring's bytes equal the closed form and the ring
+//     communicator's counters, and land in the right link class.
 //   * weights: safetensors round trip is bitwise; wrong shape, wrong dtype, missing name and a
 //     truncated file are refused naming the problem.
 //   * ops: adjacent-pair 2-D RoPE, GELU (tanh form), LayerNorm modulation against their formulas;
@@ -24,7 +29,9 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -37,6 +44,7 @@
 #include "core/random.hpp"
 #include "dit/image.hpp"
 #include "dit/metrics.hpp"
+#include "dit/ring_attention.hpp"
 #include "dit/sampler.hpp"
 #include "dit/vmajor.hpp"
 #include "io/safetensors.hpp"
@@ -135,10 +143,11 @@ TEST(DitShard, ModesAndGroupSizes) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The exchange + attention alone against a plain fp64 dense softmax attention per image.
-TEST(DitExchange, AttentionEqualsDenseReferencePerImage) {
+// The exchange + attention alone against a plain fp64 dense softmax attention per image, for
+// `heads` heads and Ulysses degree U (0: P; U < P adds Ring attention over the P / U groups).
+void check_exchange_against_dense_reference(std::int64_t heads, int U) {
   const int P = world().size(), p = world().rank();
-  const std::int64_t b = 2, n_p = 5, N = P * n_p, heads = 2 * P, d = 4, H = heads * d;
+  const std::int64_t b = 2, n_p = 5, N = P * n_p, d = 4, H = heads * d;
   // Local rows in a scrambled order (the exchange must follow the row table, not assume one).
   ExchangeLayout l{b, n_p, heads, d, b * n_p + 3, {}};
   for (std::int64_t i = 0; i < b * n_p; ++i) l.rows.push_back((i * 7 + 3) % (b * n_p + 3));
@@ -146,7 +155,8 @@ TEST(DitExchange, AttentionEqualsDenseReferencePerImage) {
   const std::vector<float> qkv_all = random_normal(static_cast<std::size_t>(b * N * 3 * H), 11);
   for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa}) {
     SCOPED_TRACE(exchange_mode_name(mode));
-    const auto ex = make_attention_exchange(mode, world(), 1);
+    const auto ex = make_attention_exchange(mode, world(), 1, {}, U);
+    ASSERT_EQ(ex->seq_rank(), p);
     ex->set_layout(l);
     std::vector<float> qkv(static_cast<std::size_t>(l.local_rows * 3 * H), NAN), out(static_cast<std::size_t>(l.local_rows * H), -1.f);
     for (std::int64_t j = 0; j < b; ++j)
@@ -184,6 +194,8 @@ TEST(DitExchange, AttentionEqualsDenseReferencePerImage) {
       }
   }
 }
+
+TEST(DitExchange, AttentionEqualsDenseReferencePerImage) { check_exchange_against_dense_reference(2 * world().size(), 0); }
 
 // ---------------------------------------------------------------------------------------------
 // Flat at P vs the same sampler on one rank (every rank repeats the P = 1 run on its own
@@ -373,6 +385,164 @@ TEST(DitCacheSchedule, StepsRatiosPredictionAndBadRatio) {
     EXPECT_EQ(world().stats().total().calls, calls0);
   }
   world().barrier();
+}
+
+// ---------------------------------------------------------------------------------------------
+// USP (SPEC B.1, dit/ring_attention.hpp): Ulysses over U ranks x Ring over R = P / U groups. Two
+// heads, so at P = 2, 4, 8 the Ulysses degree is at most 2 and the other ranks form a ring; every U
+// dividing both P and the heads is run (U = 1: a pure ring).
+DitConfig usp_config() {
+  DitConfig c = test_config();
+  c.heads = 2;
+  return c;
+}
+
+std::vector<int> usp_ulysses_degrees(int P, std::int64_t heads) {
+  std::vector<int> out;
+  for (const int U : divisors(P))
+    if (heads % U == 0) out.push_back(U);
+  return out;
+}
+
+TEST(DitUsp, DegreesDefaultsAndBadDegreesAreRefusedClearly) {
+  // Defaults: the largest U dividing P and the heads, the other ranks a ring; one degree given:
+  // the other is P over it.
+  const auto degrees = [](int P, std::int64_t heads, std::optional<int> U, std::optional<int> R) {
+    const UspDegrees d = resolve_usp_degrees(P, heads, U, R);
+    return std::pair{d.ulysses, d.ring};
+  };
+  EXPECT_EQ(degrees(8, 2, {}, {}), std::pair(2, 4));
+  EXPECT_EQ(degrees(8, 24, {}, {}), std::pair(8, 1));
+  EXPECT_EQ(degrees(6, 4, {}, {}), std::pair(2, 3));
+  EXPECT_EQ(degrees(4, 5, {}, {}), std::pair(1, 4));
+  EXPECT_EQ(degrees(8, 8, 2, {}), std::pair(2, 4));
+  EXPECT_EQ(degrees(8, 8, {}, 4), std::pair(2, 4));
+  EXPECT_EQ(degrees(8, 8, 4, 2), std::pair(4, 2));
+  // Every bad degree names its values.
+  const auto refused = [](int P, std::int64_t heads, std::optional<int> U, std::optional<int> R) {
+    return error_of([&] { resolve_usp_degrees(P, heads, U, R); });
+  };
+  EXPECT_NE(refused(4, 8, 2, 3).find("--ulysses-degree U = 2 x --ring-degree R = 3 = 6, expected U x R = P = 4 ranks"),
+            std::string::npos);
+  EXPECT_NE(refused(4, 8, 0, {}).find("--ulysses-degree = 0, expected >= 1"), std::string::npos);
+  EXPECT_NE(refused(4, 8, {}, -2).find("--ring-degree = -2, expected >= 1"), std::string::npos);
+  EXPECT_NE(refused(4, 8, 3, {}).find("--ulysses-degree U = 3 does not divide P = 4 ranks"), std::string::npos);
+  EXPECT_NE(refused(4, 8, {}, 3).find("--ring-degree R = 3 does not divide P = 4 ranks"), std::string::npos);
+  EXPECT_NE(refused(4, 6, 4, {}).find("Ulysses degree U = 4 does not divide the 6 attention heads"), std::string::npos);
+  // Tokens are still sharded over all P = U x R ranks; the model refuses the same way.
+  EXPECT_NE(error_of([] { make_dit_shard(usp_config(), {1, 192, 6}, 4, 0, 2); })
+                .find("P = 4 ranks do not divide the 6 text tokens (P = U x R = 2 x 2)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { make_dit_shard(test_config(), {1, 192, 24}, 4, 0, 3); }).find("U = 3 does not divide P = 4"),
+            std::string::npos);
+  // Ulysses groups and link groups must tile.
+  EXPECT_EQ(usp_ulysses_group_size(4, 2), 2);
+  EXPECT_EQ(usp_ulysses_group_size(2, 4), 2);
+  EXPECT_NE(error_of([] { usp_ulysses_group_size(3, 2); })
+                .find("--group-size L = 3 and --ulysses-degree U = 2: one must divide the other"),
+            std::string::npos);
+  // The ring's closed form: R-1 hops of 2 b n_p H floats.
+  EXPECT_EQ(ring_kv_bytes(1, 10, 16), 0u);
+  EXPECT_EQ(ring_kv_bytes(4, 10, 16), 4u * 2 * 3 * 10 * 16);
+  EXPECT_FALSE(ring_next_in_group(0, 2, 2, 2));  // 0 -> 2: the next node
+  EXPECT_TRUE(ring_next_in_group(0, 1, 4, 2));   // 0 -> 1: the same node
+  EXPECT_FALSE(ring_next_in_group(3, 1, 4, 2));  // 3 -> 0: wraps to the first node
+  // An exchange with U not dividing P is refused on every rank before any communication.
+  const int P = world().size();
+  if (P > 1) {
+    const std::uint64_t calls0 = world().stats().total().calls;
+    EXPECT_NE(error_of([&] { make_attention_exchange(ExchangeMode::flat, world(), 1, {}, P + 1); })
+                  .find("--ulysses-degree U = " + std::to_string(P + 1) + " does not divide P = " + std::to_string(P)),
+              std::string::npos);
+    EXPECT_EQ(world().stats().total().calls, calls0);
+  }
+  world().barrier();
+}
+
+TEST(DitUsp, RingAttentionEqualsDenseReferencePerImage) {
+  for (const int U : usp_ulysses_degrees(world().size(), 2)) {
+    SCOPED_TRACE("U = " + std::to_string(U));
+    check_exchange_against_dense_reference(2, U);
+  }
+}
+
+// Every mode at every (U, R) against the single-process run (each rank repeats it on its own
+// communicator). Tolerance: |diff| <= 1e-5 max(1, max|ref|) + 1e-4 |ref| elementwise over the latent
+// after 3 steps (kTolF32 scaled_to the reference, as FlatEqualsSingleProcess): R partial softmaxes
+// merged by lse round differently from one. Modes differ only in how the Ulysses all-to-all moves
+// the same bytes and the ring is the same code, so tapa, vfirst and cocodiff (r = 0) are bitwise
+// Flat's at the same degrees; R = 1 is no ring at all, bitwise the plain exchange (today's path).
+TEST(DitUsp, EveryModeMatchesSingleProcessAndRingBytesFollowTheClosedForm) {
+  const DitConfig cfg = usp_config();
+  DitWeights w(cfg);
+  w.init_random(5);
+  const DitShape shape = test_shape(2);
+  const int P = world().size(), p = world().rank(), steps = 3;
+  const std::int64_t layers = cfg.double_blocks + cfg.single_blocks, n = shape.batch * shape.tokens() / P, H = cfg.hidden();
+  const std::uint64_t exchanges = static_cast<std::uint64_t>(steps * layers);
+  auto self = world().split(world().rank(), 0, "self");
+  const auto ex1 = make_attention_exchange(ExchangeMode::flat, *self, 1);
+  const std::vector<float> single = run_sampler(*self, w, shape, *ex1, steps);
+  const std::vector<double> ref(single.begin(), single.end());
+  const CacheSchedule r0{CacheScheduleKind::fixed, 0.0, 0, 0};  // step 0 full, steps 1, 2 selective
+
+  for (const int U : usp_ulysses_degrees(P, cfg.heads)) {
+    const int R = P / U;
+    SCOPED_TRACE("U = " + std::to_string(U) + ", R = " + std::to_string(R));
+    const auto flat = make_attention_exchange(ExchangeMode::flat, world(), 1, {}, U);
+    ASSERT_EQ(flat->size(), U);
+    ASSERT_EQ(flat->ring_degree(), R);
+    ASSERT_EQ(flat->seq_size(), P);
+    ASSERT_EQ(flat->seq_rank(), p);
+    const std::vector<float> got = run_sampler(world(), w, shape, *flat, steps);
+    for (const float v : got) ASSERT_TRUE(std::isfinite(v));
+    const CompareResult c = compare<float>(got, ref, scaled_to(kTolF32, ref));
+    EXPECT_TRUE(c.pass()) << "max_abs " << c.max_abs << " max_rel " << c.max_rel << " worst ratio " << c.worst_ratio;
+    if (R == 1) {
+      EXPECT_EQ(flat->ring_comm_stats(), nullptr);
+      const auto plain = make_attention_exchange(ExchangeMode::flat, world(), 1);
+      const std::vector<float> today = run_sampler(world(), w, shape, *plain, steps);
+      EXPECT_EQ(0, std::memcmp(got.data(), today.data(), got.size() * sizeof(float)));
+      if (P == 1) {
+        EXPECT_EQ(0, std::memcmp(got.data(), single.data(), got.size() * sizeof(float)));
+      }
+    }
+    // Ring's K|V: the closed form, and what the ring communicator itself counted.
+    const std::uint64_t ring = exchanges * ring_kv_bytes(R, n, H);
+    EXPECT_EQ(flat->stats().ring_bytes, ring);
+    if (R > 1) {
+      EXPECT_GT(ring, 0u);
+      EXPECT_EQ((*flat->ring_comm_stats())[CommOp::send].bytes_sent, ring);
+      EXPECT_EQ((*flat->ring_comm_stats())[CommOp::recv].bytes_recv, ring);
+    }
+
+    // L = U: Ulysses inside a link group, the ring across (xDiT / USP); L = P: one link group.
+    for (const int L : U == P ? std::vector<int>{P} : std::vector<int>{U, P}) {
+      const int Lu = std::min(L, U), G = U / Lu;
+      const bool ring_intra = L == P;
+      EXPECT_EQ(ring_next_in_group(p, U, R, L), ring_intra || R == 1);
+      for (const ExchangeMode mode : {ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff}) {
+        SCOPED_TRACE(std::string(exchange_mode_name(mode)) + ", L = " + std::to_string(L));
+        const auto ex = make_attention_exchange(mode, world(), L, r0, U);
+        EXPECT_EQ(ex->group_size(), Lu);
+        EXPECT_EQ(ex->link_group_size(), L);
+        const std::vector<float> m = run_sampler(world(), w, shape, *ex, steps);
+        ASSERT_EQ(m.size(), got.size());
+        EXPECT_EQ(0, std::memcmp(m.data(), got.data(), m.size() * sizeof(float)));
+        EXPECT_EQ(ex->stats().ring_bytes, ring);
+        // The Ulysses exchange's closed form over U ranks in groups of Lu (cocodiff: its schedule's),
+        // plus Ring's bytes in their link class.
+        const VMajorBytes ulysses =
+            vmajor_predicted_bytes(U, Lu, n, H / U, layers, r0, steps, mode == ExchangeMode::cocodiff);
+        EXPECT_EQ(ex->stats().bytes_intra, ulysses.intra + (ring_intra ? ring : 0));
+        EXPECT_EQ(ex->stats().bytes_inter, ulysses.inter + (ring_intra ? 0 : ring));
+        if (mode == ExchangeMode::tapa) {
+          const std::uint64_t a2a_msgs = static_cast<std::uint64_t>((Lu - 1) * G + (G - 1));
+          EXPECT_EQ(ex->stats().messages, 2 * exchanges * a2a_msgs + exchanges * static_cast<std::uint64_t>(R - 1));
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

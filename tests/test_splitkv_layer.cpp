@@ -4,6 +4,7 @@
 // many scattered chunks per rank, GQA, overlapping blocks); and the communicator's counts against
 // the closed form, independent of the context length.
 #include <random>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -19,24 +20,27 @@ using test::world;
 struct LayerRun {
   LayerCheck check;
   CommStats layer_stats;  // counters of forward + backward only
-  double predicted_bytes = 0;
+  double predicted_bytes = 0, predicted_inter_bytes = 0;
+  std::vector<float> y_p, dx_p, dctx_p;
 };
 
-LayerRun run_layer(const AttnLayerConfig& cfg, const PackedBatch& batch, const CpShard& shard, std::uint64_t seed = 5) {
-  Communicator& comm = world();
+LayerRun run_layer(const AttnLayerConfig& cfg, const PackedBatch& batch, const CpShard& shard, std::uint64_t seed = 5,
+                   Communicator& comm = world(), SplitKVOptions opt = {},
+                   const ReferenceLayerResult* reference = nullptr) {
   const LayerProblem pb(cfg, batch, seed);
   const auto x_p = pb.x_rows(shard), dy_p = pb.dy_rows(shard), ctx_p = pb.ctx_rows(shard);
-  std::vector<float> y_p(x_p.size()), dx_p(x_p.size()), dctx_p(ctx_p.size());
-  AttnLayerParams grad(cfg);
-  SplitKVLayer layer(comm, cfg, shard);
-  comm.stats().reset();
-  layer.forward(pb.w, x_p.data(), ctx_p.data(), y_p.data());
-  layer.backward(pb.w, dy_p.data(), dx_p.data(), dctx_p.data(), grad);
   LayerRun run;
+  run.y_p.resize(x_p.size()), run.dx_p.resize(x_p.size()), run.dctx_p.resize(ctx_p.size());
+  AttnLayerParams grad(cfg);
+  SplitKVLayer layer(comm, cfg, shard, opt);
+  comm.stats().reset();
+  layer.forward(pb.w, x_p.data(), ctx_p.data(), run.y_p.data());
+  layer.backward(pb.w, dy_p.data(), run.dx_p.data(), run.dctx_p.data(), grad);
   run.layer_stats = comm.stats();
   run.predicted_bytes = layer.predicted_bytes_per_layer();
+  if (comm.has_topology()) run.predicted_inter_bytes = layer.predicted_inter_bytes_per_layer();
   allreduce_grads(comm, grad);
-  run.check = check_layer(pb.reference(), shard, cfg.hidden, y_p, dx_p, dctx_p, grad);
+  run.check = check_layer(reference ? *reference : pb.reference(), shard, cfg.hidden, run.y_p, run.dx_p, run.dctx_p, grad);
   return run;
 }
 
@@ -144,6 +148,69 @@ TEST(SplitKVLayerComm, CountersEqualClosedFormAndIgnoreContextLength) {
     totals.push_back(sent[0]);
   }
   EXPECT_EQ(totals[0], totals[1]);
+}
+
+// Across nodes: every node grouping (even, uneven, one rank alone, interleaved, one rank per
+// node) x output projection (all, owned) x collectives (flat, hierarchical) against the fp64
+// reference; bytes sent and bytes sent to other nodes, summed over ranks, equal the closed forms
+// of cp/splitkv.hpp (written out here for the hierarchical case); with one rank per node the
+// hierarchical path is the flat one, bitwise.
+struct Grouping {
+  const char* name;
+  int (*node)(int r);
+};
+
+TEST(SplitKVLayerAcrossNodes, ExactAndBytesForEveryGroupingOprojAndCollectives) {
+  const Grouping groupings[] = {{"pairs", [](int r) { return r / 2; }},
+                                {"triples", [](int r) { return r / 3; }},
+                                {"first_alone", [](int r) { return r == 0 ? 0 : 1; }},
+                                {"interleaved", [](int r) { return r % 2; }},
+                                {"one_per_node", [](int r) { return r; }}};
+  const int P = world().size(), p = world().rank();
+  const AttnLayerConfig cfg{48, 2, 1, 32};  // n_q d_h = 64 != H: owned moves other bytes than all
+  const PackedBatch batch = make_random_batch(2, 150, 5, 8, 0.25, 3);
+  const CpShard shard = contiguous_shard(batch, P, p);
+  const double Q = static_cast<double>(batch.query_rows()), n = Q * static_cast<double>(cfg.n_q);
+  const ReferenceLayerResult ref = LayerProblem(cfg, batch, 5).reference();
+  for (const Grouping& g : groupings) {
+    auto comm = world().split(0, p, "skv");
+    comm->set_topology(g.node(p));
+    const int N = comm->topology().nodes();
+    const bool hier_runs = N > 1 && N < P;
+    for (OProj oproj : {OProj::all, OProj::owned}) {
+      std::vector<float> flat_y;
+      for (CollAlgo algo : {CollAlgo::flat, CollAlgo::hierarchical}) {
+        SCOPED_TRACE(std::string(g.name) + " oproj " + oproj_name(oproj) + " " + coll_algo_name(algo));
+        const LayerRun run = run_layer(cfg, batch, shard, 5, *comm, {oproj, algo}, &ref);
+        expect_exact(run.check);
+        std::vector<double> sent{static_cast<double>(run.layer_stats.total().bytes_sent),
+                                 static_cast<double>(run.layer_stats.total().bytes_sent_inter)};
+        comm->all_reduce<double>(sent);
+        EXPECT_NEAR(sent[0] / P, run.predicted_bytes, 1e-9 * run.predicted_bytes);
+        EXPECT_NEAR(sent[1] / P, run.predicted_inter_bytes, 1e-9 * run.predicted_bytes);
+        if (algo == CollAlgo::hierarchical && hier_runs) {
+          const double w = static_cast<double>(oproj == OProj::owned ? cfg.q_width() : cfg.hidden);
+          const double rows = 2 * Q * static_cast<double>(cfg.q_width()) + 2 * Q * w;
+          EXPECT_EQ(sent[0], 4 * (rows * (P - 1) + 2 * (2 * n * (N - 1) + 3 * n * (P - N))));
+          EXPECT_EQ(sent[1], 4 * (rows * (N - 1) + 2 * 2 * n * (N - 1)));
+        }
+        if (algo == CollAlgo::flat) {
+          flat_y = run.y_p;
+        } else if (!hier_runs) {
+          EXPECT_EQ(run.y_p, flat_y);  // the same path: bitwise
+        }
+      }
+    }
+  }
+}
+
+TEST(SplitKVLayerBadInput, HierarchicalNeedsATopology) {
+  const PackedBatch batch = make_random_batch(1, 64, 2, 4, 0.25, 1);
+  auto plain = world().split(0, world().rank(), "plain");
+  EXPECT_THROW(SplitKVLayer(*plain, {32, 2, 1, 16}, contiguous_shard(batch, world().size(), world().rank()),
+                            {OProj::all, CollAlgo::hierarchical}),
+               Error);
+  EXPECT_THROW(parse_oproj("some"), Error);
 }
 
 TEST(SplitKVLayerBadInput, ShardMustMatchCommunicator) {

@@ -5,7 +5,6 @@
 #include "balance/partition.hpp"
 #include "balance/zigzag.hpp"
 #include "core/error.hpp"
-#include "cp/shard.hpp"
 
 namespace diffcp {
 
@@ -24,9 +23,14 @@ std::unique_ptr<Balancer> make_balancer(const std::string& name) {
 
 std::vector<PosRange> equal_chunks(std::int64_t S, std::int64_t n) {
   std::vector<PosRange> out;
-  for (std::int64_t j = 0; j < n; ++j) {
-    const Shard s = even_shard(S, n, j);
-    out.push_back({s.begin, s.end});
+  if (n <= 0) return out;
+  DIFFCP_CHECK(S >= 0, "equal_chunks: S = ", S, ", expected >= 0");
+  out.reserve(static_cast<std::size_t>(n));
+  // even_shard(S, n, j) for every j, one division each: chunk j ends where j + 1 begins.
+  for (std::int64_t j = 0, begin = 0; j < n; ++j) {
+    const std::int64_t end = (j + 1) * S / n;
+    out.push_back({begin, end});
+    begin = end;
   }
   return out;
 }

@@ -23,8 +23,9 @@ class Balancer {
 std::unique_ptr<Balancer> make_balancer(const std::string& name);
 const std::vector<std::string>& balancer_names();
 
-// The packed context [0, S) cut into n chunks whose sizes differ by at most one row (the first
-// S % n chunks get the extra row): how S that P*J does not divide is handled.
+// The packed context [0, S) cut into n chunks whose sizes differ by at most one row (chunk j is
+// [j*S/n, (j+1)*S/n), so the S % n longer chunks are spread out): how S that P*J does not divide
+// is handled.
 std::vector<PosRange> equal_chunks(std::int64_t S, std::int64_t n);
 
 // The layout rows are in before any plan (the data loader's): rank r holds [r*S/P, (r+1)*S/P).

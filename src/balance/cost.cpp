@@ -42,6 +42,34 @@ std::int64_t CostModel::prefix(std::int64_t x) const {
   return sample_prefix_[u] + B_ * within;
 }
 
+std::vector<std::int64_t> CostModel::chunk_costs(const std::vector<PosRange>& chunks) const {
+  std::vector<std::int64_t> out(chunks.size());
+  std::size_t u = 0, k = 0;  // the sample holding x; anchors of u that are <= x - s_u
+  auto prefix_at = [&](std::int64_t x) {  // prefix(x) for x not below the previous call's
+    if (x == S_) return sample_prefix_.back();
+    while (u + 1 < starts_.size() && starts_[u + 1] <= x) {
+      ++u;
+      k = 0;
+    }
+    const auto& a = anchors_[u];
+    const std::int64_t t = x - starts_[u];
+    while (k < a.size() && a[k] <= t) ++k;
+    return sample_prefix_[u] + B_ * (anchor_prefix_[u][k] + static_cast<std::int64_t>(a.size() - k) * t);
+  };
+  std::int64_t end = chunks.empty() ? 0 : chunks[0].begin;
+  DIFFCP_CHECK(0 <= end && end <= S_, "cost: chunk 0 begins at ", end, ", outside [0, ", S_, "]");
+  std::int64_t left = prefix_at(end);
+  for (std::size_t j = 0; j < chunks.size(); ++j) {
+    DIFFCP_CHECK(chunks[j].begin == end && end <= chunks[j].end && chunks[j].end <= S_, "cost: chunk ", j, " [",
+                 chunks[j].begin, ", ", chunks[j].end, ") does not continue at ", end, " within [0, ", S_, "]");
+    end = chunks[j].end;
+    const std::int64_t right = prefix_at(end);
+    out[j] = right - left;
+    left = right;
+  }
+  return out;
+}
+
 void Plan::validate(std::int64_t S) const {
   DIFFCP_CHECK(P >= 1, "plan: P = ", P, ", expected >= 1");
   DIFFCP_CHECK(chunks.size() == rank.size(), "plan: ", chunks.size(), " chunks but ", rank.size(), " rank entries");
@@ -75,8 +103,8 @@ PlanLoad plan_load(const PackedBatch& batch, const CostModel& cost, const Plan& 
   load.context_work.assign(P, 0);
   load.block_work.assign(P, 0);
   load.rank_work.assign(P, 0);
-  for (std::size_t j = 0; j < plan.chunks.size(); ++j)
-    load.context_work[static_cast<std::size_t>(plan.rank[j])] += cost.range_cost(plan.chunks[j].begin, plan.chunks[j].end);
+  const std::vector<std::int64_t> price = cost.chunk_costs(plan.chunks);
+  for (std::size_t j = 0; j < plan.chunks.size(); ++j) load.context_work[static_cast<std::size_t>(plan.rank[j])] += price[j];
   const std::int64_t B = batch.block, N = batch.num_blocks();
   for (std::size_t p = 0; p < P; ++p) {
     load.block_work[p] = even_shard(N, plan.P, static_cast<std::int64_t>(p)).size() * B * B;

@@ -23,6 +23,10 @@ class CostModel {
   // sum_{t < x} c(t) for x in [0, S]: O(log b + log A) from per-sample prefix sums of anchors.
   std::int64_t prefix(std::int64_t x) const;
   std::int64_t range_cost(std::int64_t begin, std::int64_t end) const { return prefix(end) - prefix(begin); }
+  // range_cost of each chunk of contiguous `chunks` in packed order (chunk j ends where j + 1
+  // begins): one sweep over boundaries, samples and anchors, O(chunks + b + A), where calling
+  // range_cost per chunk pays two binary searches each. Throws unless contiguous within [0, S].
+  std::vector<std::int64_t> chunk_costs(const std::vector<PosRange>& chunks) const;
   std::int64_t context_rows() const { return S_; }
 
  private:

@@ -1,11 +1,13 @@
 // `diffcp dit`: DiT inference (FLUX-style, dit/model.hpp) with Ulysses sequence parallelism over
 // the mpirun ranks; the attention exchange is Flat, TAPA, V-First or CoCoDiff (V-First + V-Major)
-// (dit/exchange.hpp, dit/vmajor.hpp). Writes the image,
+// (dit/exchange.hpp, dit/vmajor.hpp); past the head limit USP: Ulysses over U ranks, Ring attention
+// over R = P / U groups (--ulysses-degree / --ring-degree, dit/ring_attention.hpp). Writes the image,
 // reports step time, bytes per link class, messages and (with --compare flat / --reference) the
 // quality against the Flat output.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -33,11 +35,18 @@ struct DitOptions {
   std::string cache_schedule = "linear";  // cocodiff's schedule (dit/cache_schedule.hpp)
   double cache_ratio = 1.0;
   int warmup = 5, sync_every = 10;
+  int ulysses_degree = 0, ring_degree = 0;  // read only when given (g_ulysses_opt / g_ring_opt)
   bool json = false;
 };
 
 // CLI11 binds the options to this object; run_dit reads it (one subcommand per process).
 DitOptions g_opt;
+CLI::Option* g_ulysses_opt = nullptr;
+CLI::Option* g_ring_opt = nullptr;
+
+std::optional<int> given(const CLI::Option* opt, int value) {
+  return opt != nullptr && opt->count() > 0 ? std::optional<int>(value) : std::nullopt;
+}
 
 DitConfig make_config(const DitOptions& o) {
   DitConfig c = dit_preset(o.preset);
@@ -93,6 +102,11 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--seed", o.seed, "seed of the initial noise")->capture_default_str();
   c->add_option("--prompt", o.prompt, "prompt; hashed (FNV-1a) into the text conditioning")->capture_default_str();
   c->add_option("--group-size", o.group_size, "ranks per group L sharing the fast link (0: the ranks of a node)")->capture_default_str();
+  g_ulysses_opt = c->add_option("--ulysses-degree", o.ulysses_degree,
+                                "USP: Ulysses over U consecutive ranks (must divide the heads); default: the largest "
+                                "divisor of P that divides the heads");
+  g_ring_opt = c->add_option("--ring-degree", o.ring_degree,
+                             "USP: Ring attention across R = P / U Ulysses groups (U x R = P); default: P / U");
   c->add_option("--weights", o.weights, "safetensors file with every tensor of the model (names: dit/config.hpp); default: seeded random init");
   c->add_option("--weight-seed", o.weight_seed, "seed of the random init when no --weights is given")->capture_default_str();
   c->add_option("--preset", o.preset, "model shape: default | tiny")->capture_default_str();
@@ -119,8 +133,10 @@ int run_dit(Communicator& world) {
   DIFFCP_CHECK(o.compare.empty() || o.reference.empty(), "--compare and --reference: give one of them");
   const DitConfig cfg = make_config(o);
   const DitShape shape{o.batch, o.resolution, o.text_tokens};
-  flow_schedule(o.steps);                                  // validates --steps
-  make_dit_shard(cfg, shape, world.size(), world.rank());  // validates P | heads, tokens
+  flow_schedule(o.steps);  // validates --steps
+  const UspDegrees deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree),
+                                             given(g_ring_opt, o.ring_degree));
+  const DitShard shard = make_dit_shard(cfg, shape, world.size(), world.rank(), deg.ulysses);  // U | heads, P | tokens
   DitWeights w(cfg);
   if (o.weights.empty())
     w.init_random(o.weight_seed);
@@ -137,7 +153,7 @@ int run_dit(Communicator& world) {
                  want[0], ", ", want[1], ", ", want[2], "]");
   }
 
-  const auto ex = make_attention_exchange(mode, world, o.group_size, schedule);
+  const auto ex = make_attention_exchange(mode, world, o.group_size, schedule, deg.ulysses);
   const DitConditioning cond = prompt_conditioning(cfg, shape, o.prompt);
   const RunResult run = sample(world, w, shape, *ex, cond, o.seed, o.steps);
 
@@ -150,7 +166,7 @@ int run_dit(Communicator& world) {
 
   // Per rank per denoising step, averaged over ranks.
   std::vector<double> per_step{static_cast<double>(run.stats.bytes_intra), static_cast<double>(run.stats.bytes_inter),
-                               static_cast<double>(run.stats.messages)};
+                               static_cast<double>(run.stats.messages), static_cast<double>(run.stats.ring_bytes)};
   world.all_reduce<double>(per_step);
   for (double& v : per_step) v /= static_cast<double>(world.size()) * o.steps;
   // Cache memory: the largest over ranks. V-First: fraction of V phase-1s complete before the wait.
@@ -160,18 +176,25 @@ int run_dit(Communicator& world) {
                            run.stats.v_wait_ms};
   world.all_reduce<double>(vsum);
   // The closed forms of the bytes across groups per rank per step: TAPA's, and this run's (cocodiff:
-  // the schedule's prediction; the other modes move TAPA's).
-  const std::int64_t n_tok = shape.batch * (make_dit_shard(cfg, shape, world.size(), world.rank()).tokens_p());
-  const std::int64_t hdim = cfg.hidden() / world.size(), layers = cfg.double_blocks + cfg.single_blocks;
-  const VMajorBytes tapa_b = vmajor_predicted_bytes(world.size(), ex->group_size(), n_tok, hdim, layers, schedule, o.steps, false);
-  const VMajorBytes pred_b =
-      vmajor_predicted_bytes(world.size(), ex->group_size(), n_tok, hdim, layers, schedule, o.steps, mode == ExchangeMode::cocodiff);
+  // the schedule's prediction; the other modes move TAPA's). USP: the exchange's U ranks in groups
+  // of min(L, U), plus Ring's K|V (full in every mode), counted across groups for the share of ranks
+  // whose ring successor lies in another link group.
+  const std::int64_t n_tok = shape.batch * shard.tokens_p();
+  const std::int64_t hdim = cfg.hidden() / deg.ulysses, layers = cfg.double_blocks + cfg.single_blocks;
+  VMajorBytes tapa_b = vmajor_predicted_bytes(deg.ulysses, ex->group_size(), n_tok, hdim, layers, schedule, o.steps, false);
+  VMajorBytes pred_b =
+      vmajor_predicted_bytes(deg.ulysses, ex->group_size(), n_tok, hdim, layers, schedule, o.steps, mode == ExchangeMode::cocodiff);
+  const std::uint64_t ring_b = static_cast<std::uint64_t>(o.steps * layers) * ring_kv_bytes(deg.ring, n_tok, cfg.hidden());
+  int ring_inter_ranks = 0;
+  for (int p = 0; p < world.size(); ++p) ring_inter_ranks += !ring_next_in_group(p, deg.ulysses, deg.ring, ex->link_group_size());
+  const std::uint64_t ring_inter = ring_b * static_cast<std::uint64_t>(ring_inter_ranks) / static_cast<std::uint64_t>(world.size());
+  for (VMajorBytes* b : {&tapa_b, &pred_b}) b->inter += ring_inter;
   const double inv = 1.0 / o.steps;
 
   // ordered_json: the keys print in the documented order.
   nlohmann::ordered_json j{{"mode", exchange_mode_name(mode)},
                    {"P", world.size()},
-                   {"group_size", ex->group_size()},
+                   {"group_size", ex->link_group_size()},
                    {"steps", o.steps},
                    {"step_ms", median(run.step_ms)},
                    {"bytes_intra_group", per_step[0]},
@@ -182,6 +205,10 @@ int run_dit(Communicator& world) {
                    {"mean_exposed_comm_ms", [&] { double s = 0; for (double v : run.comm_ms) s += v; return s / o.steps; }()},
                    {"v_wait_ms", vsum[2] / world.size() / o.steps},
                    {"v_phase1_hidden", vsum[1] > 0 ? vsum[0] / vsum[1] : 0.0},
+                   {"ulysses_degree", deg.ulysses},
+                   {"ring_degree", deg.ring},
+                   {"ring_bytes", per_step[3]},
+                   {"predicted_ring_bytes", ring_b * inv},
                    {"predicted_bytes_inter_group", pred_b.inter * inv},
                    {"tapa_bytes_inter_group", tapa_b.inter * inv},
                    {"predicted_inter_ratio_vs_tapa", pred_b.inter > 0 ? static_cast<double>(tapa_b.inter) / pred_b.inter : 1.0},
@@ -204,7 +231,7 @@ int run_dit(Communicator& world) {
   if (!o.compare.empty() || !o.reference.empty()) {
     std::vector<float> ref_latent;
     if (!o.compare.empty()) {
-      const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex->group_size(), schedule);
+      const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex->link_group_size(), schedule, deg.ulysses);
       ref_latent = sample(world, w, shape, *flat, cond, o.seed, o.steps).latent;
     } else {
       ref_latent = std::move(reference);
@@ -225,7 +252,7 @@ int run_dit(Communicator& world) {
     return 0;
   }
   std::printf("diffcp dit: mode %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps\n",
-              exchange_mode_name(mode), world.size(), ex->group_size(), static_cast<long long>(shape.resolution),
+              exchange_mode_name(mode), world.size(), ex->link_group_size(), static_cast<long long>(shape.resolution),
               static_cast<long long>(shape.resolution), static_cast<long long>(shape.image_tokens()),
               static_cast<long long>(shape.text_tokens), static_cast<long long>(shape.batch), o.steps);
   if (o.weights.empty())
@@ -237,6 +264,10 @@ int run_dit(Communicator& world) {
               j["step_ms"].get<double>(), j["exposed_comm_ms"].get<double>(), j["total_ms"].get<double>() / 1e3);
   std::printf("  per rank per step: %.0f bytes inside groups, %.0f bytes across groups, %.1f messages; cache %.0f bytes/rank\n",
               per_step[0], per_step[1], per_step[2], maxes[0]);
+  if (deg.ring > 1)
+    std::printf("  USP: Ulysses degree U = %d x Ring degree R = %d; Ring's K|V %.0f bytes per rank per step (of the above), "
+                "%.0f predicted\n",
+                deg.ulysses, deg.ring, per_step[3], ring_b * inv);
   if (mode == ExchangeMode::vfirst || mode == ExchangeMode::cocodiff)
     std::printf("  V-First: V phase 1 complete before the wait in %.0f%% of exchanges, blocked on it %.3f ms/step\n",
                 100.0 * j["v_phase1_hidden"].get<double>(), j["v_wait_ms"].get<double>());

@@ -170,10 +170,11 @@ WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
                                              std::span<const std::size_t> counts, DType type,
                                              ReduceOp op, CollAlgo algo) {
   check_counts(counts, "reduce_scatter_v");
-  if (algo == CollAlgo::hierarchical && hierarchy_useful()) {
+  if (algo == CollAlgo::hierarchical) {
     DIFFCP_CHECK(op == ReduceOp::sum && (type == DType::f32 || type == DType::f64),
-                 "hierarchical reduce_scatter_v: supports sum of f32 / f64, got ", dtype_name(type));
-    return hier_reduce_scatter_v(send, recv, counts, type);
+                 "hierarchical reduce_scatter_v: supports sum of f32 / f64, got ", dtype_name(type),
+                 op == ReduceOp::sum ? "" : " with another reduction than sum");
+    if (hierarchy_useful()) return hier_reduce_scatter_v(send, recv, counts, type);
   }
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
   WorkPtr w = do_reduce_scatter_v(send, recv, counts, type, op);

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,16 +57,28 @@ struct DitShape {
   void validate() const;
 };
 
-// Rank p's tokens under Ulysses sequence parallelism (SPEC B.1): the text tokens [p*T_p,
-// (p+1)*T_p) and image tokens [p*I_p, (p+1)*I_p) of every image.
+// Rank p's tokens under sequence parallelism (SPEC B.1): the text tokens [p*T_p, (p+1)*T_p) and
+// image tokens [p*I_p, (p+1)*I_p) of every image. The same under USP (P = U x R, rank p = g U + u,
+// dit/ring_attention.hpp): the tokens are sharded over all P ranks in rank order.
 struct DitShard {
   int P = 1, p = 0;
   std::int64_t text_p = 0, image_p = 0;  // T_p = T/P, I_p = N_img/P
   std::int64_t tokens_p() const { return text_p + image_p; }  // n_p
 };
-// Throws diffcp::Error (the same on every rank, before any communication) unless P divides the
-// head count, the text tokens and the image tokens.
-DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int p);
+// Throws diffcp::Error (the same on every rank, before any communication) unless the Ulysses degree
+// U (0: U = P, plain Ulysses) divides P and the head count, and P divides the text tokens and the
+// image tokens.
+DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int p, int ulysses = 0);
+
+// USP degrees: P = U x R ranks, Ulysses over U (it shards the heads), Ring over R groups.
+struct UspDegrees {
+  int ulysses = 1, ring = 1;  // U, R
+};
+// The degrees for P ranks and n_h heads from --ulysses-degree / --ring-degree (nullopt: not given).
+// Neither given: U = the largest divisor of P that divides n_h, R = P / U; one given: the other is
+// P over it. Throws diffcp::Error naming the values for a given degree < 1, one that does not divide
+// P, U x R != P, or U not dividing n_h. Local: no communication.
+UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> ulysses, std::optional<int> ring);
 
 // A Linear layer's place in the parameter allocation: W at `w` stored [in, out] (y = x W), bias
 // at `b` [out].

@@ -1,5 +1,6 @@
 #include "dit/exchange.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -27,14 +28,15 @@ const char* exchange_mode_name(ExchangeMode mode) {
   return "?";
 }
 
-AttentionExchange::AttentionExchange(ExchangeMode mode, int rank, int P, int L) : mode_(mode), p_(rank), P_(P), L_(L) {}
+AttentionExchange::AttentionExchange(ExchangeMode mode, int rank, int P, int L)
+    : mode_(mode), p_(rank), P_(P), L_(L), link_L_(L) {}
 
 void AttentionExchange::set_layout(ExchangeLayout layout) {
   const std::int64_t b = layout.batch, n = layout.tokens_p;
   DIFFCP_CHECK(b >= 1 && n >= 1 && layout.heads >= 1 && layout.head_dim >= 1, "attention exchange: batch = ", b,
                ", tokens_p = ", n, ", heads = ", layout.heads, ", head_dim = ", layout.head_dim, "; expected all >= 1");
   DIFFCP_CHECK(layout.heads % P_ == 0, "attention exchange: P = ", P_, " ranks do not divide the ", layout.heads,
-               " heads");
+               " heads", ring_ ? " (P here: the Ulysses degree U of USP)" : "");
   DIFFCP_CHECK(static_cast<std::int64_t>(layout.rows.size()) == b * n, "attention exchange: ", layout.rows.size(),
                " row indices, expected batch * tokens_p = ", b * n);
   for (const std::int64_t r : layout.rows)
@@ -124,7 +126,15 @@ void AttentionExchange::head_to_seq(HeadRows<float> out) {
 }
 
 void AttentionExchange::finish_attention(HeadRows<float> out) {
-  attention_forward(mask(), q(), k(), v(), o(), lse_);
+  if (ring_) {
+    const RingTraffic t = ring_->forward(mask(), q(), k(), v(), o(), lse_);
+    (ring_intra_ ? stats_.bytes_intra : stats_.bytes_inter) += t.bytes;
+    stats_.ring_bytes += t.bytes;
+    stats_.messages += t.messages;
+    stats_.comm_ms += t.comm_ms;
+  } else {
+    attention_forward(mask(), q(), k(), v(), o(), lse_);
+  }
   head_to_seq(out);
 }
 
@@ -133,20 +143,47 @@ void AttentionExchange::attention(HeadRows<const float> qkv, HeadRows<float> out
   finish_attention(out);
 }
 
-std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size,
-                                                           const CacheSchedule& schedule) {
-  DIFFCP_CHECK(group_size >= 0, "--group-size = ", group_size, ", expected >= 1 (or 0: the ranks of a node)");
-  schedule.validate();
-  const int L = group_size == 0 ? node_local_group_size(world) : group_size;
-  DIFFCP_CHECK(world.size() % L == 0, "--group-size L = ", L, " does not divide P = ", world.size(),
-               " ranks (groups of L consecutive ranks)");
+namespace {
+std::unique_ptr<AttentionExchange> make_mode_exchange(ExchangeMode mode, Communicator& comm, int L,
+                                                      const CacheSchedule& schedule) {
   switch (mode) {
-    case ExchangeMode::flat: return make_flat_exchange(world, L);
-    case ExchangeMode::tapa: return make_tapa_exchange(world, L);
-    case ExchangeMode::vfirst: return make_vfirst_exchange(world, L);
-    case ExchangeMode::cocodiff: return make_vmajor_exchange(world, L, schedule);
+    case ExchangeMode::flat: return make_flat_exchange(comm, L);
+    case ExchangeMode::tapa: return make_tapa_exchange(comm, L);
+    case ExchangeMode::vfirst: return make_vfirst_exchange(comm, L);
+    case ExchangeMode::cocodiff: return make_vmajor_exchange(comm, L, schedule);
   }
   DIFFCP_FAIL("attention exchange: unknown mode ", static_cast<int>(mode));
+}
+}  // namespace
+
+int usp_ulysses_group_size(int L, int U) {
+  DIFFCP_CHECK(L >= 1 && U >= 1 && (U % L == 0 || L % U == 0), "--group-size L = ", L, " and --ulysses-degree U = ", U,
+               ": one must divide the other (Ulysses groups of U consecutive ranks either span whole groups of L or lie"
+               " inside one)");
+  return std::min(L, U);
+}
+
+std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size,
+                                                           const CacheSchedule& schedule, int ulysses_degree) {
+  DIFFCP_CHECK(group_size >= 0, "--group-size = ", group_size, ", expected >= 1 (or 0: the ranks of a node)");
+  schedule.validate();
+  const int P = world.size(), U = ulysses_degree == 0 ? P : ulysses_degree;
+  DIFFCP_CHECK(U >= 1 && P % U == 0, "--ulysses-degree U = ", U, " does not divide P = ", P, " ranks");
+  const int L = group_size == 0 ? node_local_group_size(world) : group_size;
+  DIFFCP_CHECK(P % L == 0, "--group-size L = ", L, " does not divide P = ", P, " ranks (groups of L consecutive ranks)");
+  if (U == P) return make_mode_exchange(mode, world, L, schedule);
+
+  // USP: world rank p = g U + u; the Ulysses group g holds ranks [g U, (g+1) U), the ring joins the
+  // ranks with the same u (ring rank g).
+  const int p = world.rank(), Lu = usp_ulysses_group_size(L, U);
+  std::unique_ptr<Communicator> ulysses = world.split(p / U, p % U, "ulysses");
+  std::unique_ptr<Communicator> ring = world.split(p % U, p / U, "ring");
+  std::unique_ptr<AttentionExchange> ex = make_mode_exchange(mode, *ulysses, Lu, schedule);
+  ex->ulysses_comm_ = std::move(ulysses);
+  ex->ring_ = std::make_unique<RingAttention>(std::move(ring));
+  ex->ring_intra_ = ring_next_in_group(p, U, P / U, L);
+  ex->link_L_ = L;
+  return ex;
 }
 
 int node_local_group_size(Communicator& world) {

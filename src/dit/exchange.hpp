@@ -21,6 +21,11 @@
 // of n_p rows per (r, j); it sees the N key rows of image j, given as P segments at positions
 // [j N, (j+1) N). A dense attention per image, in one call, over P*b*h_p work items.
 //
+// USP (ring_attention.hpp): with a Ulysses degree U < P the exchange runs on the U ranks of one
+// Ulysses group (size(), rank(), group_size() are that group's), and the attention between the two
+// all-to-alls becomes Ring attention over the R = P / U groups; tokens stay sharded over all P
+// ranks (seq_size(), seq_rank()). U = P (the default): no ring, today's path unchanged.
+//
 // Call order (every rank of the group, same sequence): the constructor (collective), then any
 // number of attention() calls with equal layouts on all ranks; set_layout() is local.
 #pragma once
@@ -36,6 +41,7 @@
 #include "comm/communicator.hpp"
 #include "core/tensor.hpp"
 #include "dit/cache_schedule.hpp"
+#include "dit/ring_attention.hpp"
 
 namespace diffcp {
 
@@ -48,7 +54,9 @@ const char* exchange_mode_name(ExchangeMode mode);
 struct ExchangeStats {
   std::uint64_t bytes_intra = 0;  // bytes sent to ranks of its own group
   std::uint64_t bytes_inter = 0;  // bytes sent to ranks of other groups
-  std::uint64_t messages = 0;     // point-to-point messages sent (an all-to-all: one per peer it sends a block to)
+  std::uint64_t messages = 0;     // point-to-point messages sent (an all-to-all: one per peer it sends a block to;
+                                  // a ring hop: one)
+  std::uint64_t ring_bytes = 0;   // of bytes_intra + bytes_inter: Ring's K|V (USP; ring_kv_bytes per attention)
   std::uint64_t calls = 0;        // all-to-alls (two per attention)
   double comm_ms = 0;             // wall time inside communication calls (post, test, wait, collectives):
                                   // the communication the compute did not hide ("exposed")
@@ -78,16 +86,27 @@ class AttentionExchange {
   AttentionExchange& operator=(const AttentionExchange&) = delete;
 
   ExchangeMode mode() const { return mode_; }
-  int rank() const { return p_; }        // p
-  int size() const { return P_; }        // P
-  int group_size() const { return L_; }  // L
+  int rank() const { return p_; }        // p (USP: u, the rank inside the Ulysses group)
+  int size() const { return P_; }        // P (USP: U, the Ulysses degree)
+  int group_size() const { return L_; }  // L (USP: of the Ulysses group, min(L, U))
+  // USP: R Ulysses groups (this one: g); the tokens are sharded over P = U R ranks (this one:
+  // p = g U + u) in link groups of L ranks. Without a ring: R = 1, g = 0, and these are size(),
+  // rank(), group_size().
+  int ring_degree() const { return ring_ ? ring_->size() : 1; }   // R
+  int ring_rank() const { return ring_ ? ring_->rank() : 0; }     // g
+  int seq_size() const { return P_ * ring_degree(); }             // P = U R
+  int seq_rank() const { return ring_rank() * P_ + p_; }          // p = g U + u
+  int link_group_size() const { return link_L_; }                 // L of the world
+  // The ring communicator's own counters (tests check Ring's bytes against them); null when R = 1.
+  const CommStats* ring_comm_stats() const { return ring_ ? &ring_->comm_stats() : nullptr; }
 
   // Checks the layout (P | n_h, rows inside [0, M_p)), sizes the buffers and builds the mask.
   // Local: no communication. Every rank must set an equal (b, n_p, n_h, d_h).
-  void set_layout(ExchangeLayout layout);
+  void set_layout(ExchangeLayout layout);  // USP: U | n_h
   const ExchangeLayout& layout() const { return layout_; }
 
-  // seq -> head, dense attention per image (softmax scale 1/sqrt(d_h)), head -> seq.
+  // seq -> head, dense attention per image (softmax scale 1/sqrt(d_h); USP: over every group's keys,
+  // Ring attention), head -> seq.
   //   qkv: [M_p, 3 n_h, d_h]: q heads, k heads, v heads of each local row (row stride >= 3 n_h d_h)
   //   out: [M_p, n_h, d_h] out; the layout's rows are written, other rows untouched. out may
   //        alias the v columns of qkv (they are read before out is written).
@@ -130,16 +149,24 @@ class AttentionExchange {
   std::int64_t hd() const { return layout_.heads / P_ * layout_.head_dim; }         // h_p d_h
   // The head-layout q|k|v [P b n_p][3][hd] that attention reads (subclasses fill it).
   float* head_qkv() { return qkv_head_.data(); }
-  // Attention on head_qkv(), then head -> seq into out (as the second half of attention()).
+  // Attention on head_qkv() (USP: Ring attention over the groups), then head -> seq into out (as the
+  // second half of attention()).
   void finish_attention(HeadRows<float> out);
   // Checks qkv's shape against the layout.
   void check_qkv(HeadRows<const float> qkv) const;
 
  private:
   void timed_all_to_all(const float* send, float* recv, std::size_t count);
+  friend std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode, Communicator&, int,
+                                                                    const CacheSchedule&, int);
 
   ExchangeMode mode_;
-  int p_, P_, L_;
+  int p_, P_, L_, link_L_;
+  // USP only (make_attention_exchange): the Ulysses group's communicator that the subclass uses
+  // (destroyed after it), the ring, and whether Ring's bytes stay inside this rank's link group.
+  std::unique_ptr<Communicator> ulysses_comm_;
+  std::unique_ptr<RingAttention> ring_;
+  bool ring_intra_ = false;
   ExchangeLayout layout_;
   std::optional<BlockMask> mask_;
   std::vector<float> send_, qkv_head_, o_head_, o_recv_, lse_;
@@ -147,11 +174,19 @@ class AttentionExchange {
 
 // The exchange for `mode` over the ranks of `world` in groups of `group_size` consecutive ranks
 // (0: the ranks sharing a node, Communicator::split_node_local). Collective over `world`, which
-// must outlive the exchange. `schedule` is cocodiff's (ignored by the other modes). Throws on every
-// rank, before any exchange, for L < 1, P % L != 0, nodes of unequal size / non-consecutive ranks
-// (group_size 0) or an invalid schedule.
+// must outlive the exchange. `schedule` is cocodiff's (ignored by the other modes). `ulysses_degree`
+// U (0: P) < P makes USP: `mode`'s exchange on the Ulysses group of world rank p (ranks
+// [p/U U, p/U U + U), Communicator::split), groups of min(L, U) inside it, and Ring attention over
+// the ranks with the same p % U (ring_attention.hpp). Throws on every rank, before any exchange, for
+// L < 1, P % L != 0, nodes of unequal size / non-consecutive ranks (group_size 0), U < 0, P % U != 0,
+// U and L that do not tile (neither divides the other) or an invalid schedule.
 std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size,
-                                                           const CacheSchedule& schedule = {});
+                                                           const CacheSchedule& schedule = {}, int ulysses_degree = 0);
+
+// The group size of the Ulysses exchange under USP: min(L, U), after checking that Ulysses groups of
+// U consecutive ranks and link groups of L consecutive ranks tile (L | U or U | L), so that each
+// all-to-all block is either inside or across link groups. Throws naming both otherwise.
+int usp_ulysses_group_size(int L, int U);
 
 // The implementations, one file each (exchange_flat.cpp, exchange_tapa.cpp, exchange_vfirst.cpp,
 // vmajor.cpp); L already checked.

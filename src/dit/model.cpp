@@ -79,7 +79,7 @@ void DitWeights::save(const std::string& path) const {
 
 DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionExchange& exchange)
     : w_(weights), cfg_(weights.config()), shape_(shape),
-      shard_(make_dit_shard(cfg_, shape, exchange.size(), exchange.rank())), ex_(exchange) {
+      shard_(make_dit_shard(cfg_, shape, exchange.seq_size(), exchange.seq_rank(), exchange.size())), ex_(exchange) {
   const std::int64_t b = shape_.batch, Tp = shard_.text_p, Ip = shard_.image_p, H = cfg_.hidden();
   const std::int64_t Mt = b * Tp, Mi = b * Ip;
   Mp_ = Mt + Mi;

@@ -61,9 +61,10 @@ class DitWeights {
 
 class DitModel {
  public:
-  // The forward of rank exchange.rank() of exchange.size(); throws (before any communication)
-  // when P does not divide the heads or the token counts. Sets the exchange's layout, so one
-  // model uses an exchange at a time. `weights` and `exchange` must outlive the model.
+  // The forward of rank exchange.seq_rank() of exchange.seq_size() (P; USP: U x R, the exchange's
+  // Ulysses degree U = exchange.size()); throws (before any communication) when U does not divide
+  // the heads or P the token counts. Sets the exchange's layout, so one model uses an exchange at a
+  // time. `weights` and `exchange` must outlive the model.
   DitModel(const DitWeights& weights, const DitShape& shape, AttentionExchange& exchange);
 
   const DitConfig& config() const { return cfg_; }

@@ -1,0 +1,100 @@
+#include "dit/ring_attention.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "attention/attention.hpp"
+#include "attention/merge.hpp"
+#include "core/error.hpp"
+
+namespace diffcp {
+
+namespace {
+constexpr int kTagKV = 0;  // a visiting K|V block (the ring communicator carries nothing else)
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::size_t uz(std::int64_t v) { return static_cast<std::size_t>(v); }
+}  // namespace
+
+std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden) {
+  DIFFCP_CHECK(R >= 1 && tokens_p >= 0 && hidden >= 0, "ring_kv_bytes: R = ", R, ", tokens_p = ", tokens_p,
+               ", hidden = ", hidden, "; expected R >= 1, the others >= 0");
+  return 8 * static_cast<std::uint64_t>(R - 1) * static_cast<std::uint64_t>(tokens_p) * static_cast<std::uint64_t>(hidden);
+}
+
+bool ring_next_in_group(int p, int U, int R, int L) {
+  const int P = U * R;
+  DIFFCP_CHECK(U >= 1 && R >= 1 && L >= 1 && p >= 0 && p < P, "ring_next_in_group: rank ", p, " with U = ", U,
+               ", R = ", R, ", L = ", L);
+  return (p + U) % P / L == p / L;
+}
+
+RingAttention::RingAttention(std::unique_ptr<Communicator> ring) : ring_(std::move(ring)) {
+  DIFFCP_CHECK(ring_ != nullptr, "ring attention: no ring communicator");
+}
+
+RingTraffic RingAttention::forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
+                                   HeadRows<const float> v, HeadRows<float> o, std::span<float> lse) {
+  const std::int64_t M = q.rows, h = q.heads, d = q.dim, hd = h * d;
+  for (const HeadRows<const float>& t : {k, v, HeadRows<const float>(o)})
+    DIFFCP_CHECK(t.rows == M && t.heads == h && t.dim == d, "ring attention: a tensor has shape [", t.rows, ", ",
+                 t.heads, ", ", t.dim, "], expected q's [", M, ", ", h, ", ", d, "]");
+  DIFFCP_CHECK(mask.key_rows() == M && static_cast<std::int64_t>(lse.size()) == M * h, "ring attention: mask of ",
+               mask.key_rows(), " key rows and lse of ", lse.size(), ", expected ", M, " and ", M * h);
+  const int R = size(), g = rank(), next = (g + 1) % R, prev = (g + R - 1) % R;
+  const std::size_t count = uz(M * 2 * hd);
+  for (auto* b : {&kv_[0], &kv_[1]}) b->resize(count);
+  for (auto* b : {&o_run_, &o_part_, &o_tmp_}) b->resize(uz(M * hd));
+  for (auto* b : {&lse_run_, &lse_part_, &lse_tmp_}) b->resize(uz(M * h));
+  const auto view = [&](std::vector<float>& b) { return HeadRows<float>{b.data(), M, h, d, hd}; };
+
+  // This group's K|V, one contiguous message: kv[i] = [k row i | v row i], [M][2][hd].
+  for (std::int64_t i = 0; i < M; ++i) {
+    std::memcpy(kv_[0].data() + uz(i * 2 * hd), k.at(i, 0), sizeof(float) * uz(hd));
+    std::memcpy(kv_[0].data() + uz(i * 2 * hd + hd), v.at(i, 0), sizeof(float) * uz(hd));
+  }
+  RingTraffic traffic;
+  int cur = 0;
+  for (int t = 0; t < R; ++t) {
+    WorkPtr send, recv;
+    if (t + 1 < R) {  // group g-t-1's block flies while group g-t's is computed
+      const double t0 = now_ms();
+      recv = ring_->recv_async(kv_[1 - cur].data(), count, DType::f32, prev, kTagKV);
+      send = ring_->send_async(kv_[cur].data(), count, DType::f32, next, kTagKV);
+      traffic.comm_ms += now_ms() - t0;
+      traffic.bytes += count * sizeof(float);
+      ++traffic.messages;
+    }
+    const HeadRows<const float> kt{kv_[cur].data(), M, h, d, 2 * hd}, vt{kv_[cur].data() + hd, M, h, d, 2 * hd};
+    if (R == 1) {
+      attention_forward(mask, q, kt, vt, o, lse);
+    } else if (t == 0) {
+      attention_forward(mask, q, kt, vt, view(o_run_), lse_run_);
+    } else {
+      attention_forward(mask, q, kt, vt, view(o_part_), lse_part_);
+      const HeadRows<const float> o_parts[] = {view(o_run_), view(o_part_)};
+      const std::span<const float> lse_parts[] = {lse_run_, lse_part_};
+      if (t + 1 == R) {
+        lse_merge(o_parts, lse_parts, o, lse);  // the last partial merges straight into the output
+      } else {
+        lse_merge(o_parts, lse_parts, view(o_tmp_), lse_tmp_);
+        std::swap(o_run_, o_tmp_);
+        std::swap(lse_run_, lse_tmp_);
+      }
+    }
+    if (send) {
+      const double t0 = now_ms();
+      recv->wait();
+      send->wait();
+      traffic.comm_ms += now_ms() - t0;
+      cur = 1 - cur;
+    }
+  }
+  return traffic;
+}
+
+}  // namespace diffcp
