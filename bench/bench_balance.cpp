@@ -3,6 +3,7 @@
 //   sweep "context": queries/sample 8k (512 anchors), b = 4, context/sample 16k..256k, P = 8
 //   sweep "P":       queries/sample 8k, b = 4, context/sample 256k, P = 8..64
 //   sweep "J":       as sweep "P" at P = 64, J in {4, 8, 16, 32} (LPT only)
+//   sweep "lpt-P":   as sweep "P" for LPT alone, P = 64..1024: planning time at scale
 // Prints a table; --csv FILE writes the rows for bench/plot_balance.py.
 #include <algorithm>
 #include <chrono>
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
     for (int P : {8, 16, 32, 64})
       for (const auto& b : diffcp::balancer_names()) rows.push_back(measure("P", b, P, J, 262144, seeds, reps));
     for (int j : {4, 8, 16, 32}) rows.push_back(measure("J", "lpt", 64, j, 262144, seeds, reps));
+    for (int P : {64, 128, 256, 512, 1024}) rows.push_back(measure("lpt-P", "lpt", P, J, 262144, seeds, reps));
     std::printf("%-8s %-10s %4s %4s %8s %12s %10s %12s\n", "sweep", "balancer", "P", "J", "context", "imbalance%",
                 "std%", "plan_ms");
     for (const Row& r : rows)

@@ -3,7 +3,9 @@
 // every row covered once), locality matching never changing loads, the anchors file, bad input.
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -141,6 +143,105 @@ TEST(Balancers, LptReachesLowImbalanceOnThePaperWorkload) {
   const PlanLoad none = plan_load(b, cost, make_balancer("none")->plan(b, cost, 8, 16));
   EXPECT_LT(lpt.imbalance_pct(), 1.0);
   EXPECT_GT(none.imbalance_pct(), 10 * lpt.imbalance_pct());
+}
+
+TEST(Balancers, LptAtP1024OnTheIssueWorkload) {
+  // SPEC A.5 full size at the largest group: b = 4 samples x 256k, 512 anchors each, P = 1024,
+  // J = 16 (diffcp plan --balancer lpt --P 1024 --J 16 --samples 4 --context 256k --queries 8k).
+  const PackedBatch b = make_random_batch(4, 262144, 512, 16, 0.25, 1);
+  const CostModel cost(b);
+  const int P = 1024, J = 16;
+  const Plan plan = make_balancer("lpt")->plan(b, cost, P, J);
+  plan.validate(b.context_rows());
+  std::vector<int> chunks_per_rank(P, 0);
+  for (int r : plan.rank) chunks_per_rank[static_cast<std::size_t>(r)] += 1;
+  for (int r = 0; r < P; ++r) EXPECT_EQ(chunks_per_rank[static_cast<std::size_t>(r)], J) << "rank " << r;
+  EXPECT_LE(plan_load(b, cost, plan).imbalance_pct(), 0.3);
+}
+
+// LPT + locality matching written out plainly (O(P) scans for the least-loaded bundle, comparison
+// sorts, a map of (bundle, rank) rows): the balancer must give exactly this plan.
+Plan reference_lpt(const PackedBatch& b, const CostModel& cost, int P, int J) {
+  const std::int64_t S = b.context_rows();
+  Plan plan{"lpt", P, J, equal_chunks(S, static_cast<std::int64_t>(P) * J), {}};
+  const std::size_t n = plan.chunks.size();
+  std::vector<std::int64_t> price(n);
+  for (std::size_t j = 0; j < n; ++j) price[j] = cost.range_cost(plan.chunks[j].begin, plan.chunks[j].end);
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return price[x] > price[y]; });
+  std::vector<std::int64_t> load(P, 0);
+  std::vector<int> count(P, 0), bundle(n);
+  for (std::size_t j : order) {
+    int best = -1;  // least (load, bundle) with room
+    for (int q = 0; q < P; ++q)
+      if (count[q] < J && (best < 0 || load[q] < load[best])) best = q;
+    bundle[j] = best;
+    load[best] += price[j];
+    count[best] += 1;
+  }
+  std::map<std::pair<int, int>, std::int64_t> rows;  // (bundle, rank) -> rows already there
+  const auto slices = loader_slices(S, P);
+  for (std::size_t j = 0; j < n; ++j)
+    for (int r = 0; r < P; ++r) {
+      const std::int64_t o = std::min(plan.chunks[j].end, slices[r].end) - std::max(plan.chunks[j].begin, slices[r].begin);
+      if (o > 0) rows[{bundle[j], r}] += o;
+    }
+  std::vector<std::tuple<std::int64_t, int, int>> pairs;  // (-rows, bundle, rank): sorts largest first, ties in (b, r) order
+  for (const auto& [br, o] : rows) pairs.emplace_back(-o, br.first, br.second);
+  std::sort(pairs.begin(), pairs.end());
+  std::vector<int> rank_of(P, -1), bundle_of(P, -1);
+  auto match = [&](int q, int r) {
+    rank_of[q] = r;
+    bundle_of[r] = q;
+  };
+  for (const auto& [o, q, r] : pairs)
+    if (rank_of[q] < 0 && bundle_of[r] < 0) match(q, r);
+  for (int q = 0, r = 0; q < P; ++q)
+    if (rank_of[q] < 0) {
+      while (bundle_of[r] >= 0) ++r;
+      match(q, r);
+    }
+  for (std::size_t j = 0; j < n; ++j) plan.rank.push_back(rank_of[bundle[j]]);
+  return plan;
+}
+
+TEST(Balancers, LptEqualsThePlainReference) {
+  struct Case {
+    std::int64_t samples, context, anchors, context_max;
+    int P, J;
+  };
+  const std::vector<Case> cases{{4, 1000, 30, 3000, 1, 4},   {4, 1000, 30, 3000, 3, 4},  {4, 1000, 30, 3000, 8, 1},
+                                {5, 3000, 40, 9000, 13, 7},  {3, 4096, 64, 0, 64, 16},   {4, 2000, 40, 0, 8, 8},
+                                {16, 4096, 64, 8000, 100, 3}, {2, 65536, 512, 0, 1024, 16}};
+  for (std::uint64_t seed = 1; seed <= 3; ++seed)
+    for (const Case& c : cases) {
+      const PackedBatch b = make_random_batch(c.samples, c.context, c.anchors, 16, 0.25, seed, c.context_max);
+      const CostModel cost(b);
+      SCOPED_TRACE("seed " + std::to_string(seed) + " P=" + std::to_string(c.P) + " J=" + std::to_string(c.J));
+      const Plan got = LptBalancer().plan(b, cost, c.P, c.J), want = reference_lpt(b, cost, c.P, c.J);
+      ASSERT_EQ(got.chunks.size(), want.chunks.size());
+      for (std::size_t j = 0; j < got.chunks.size(); ++j)
+        ASSERT_TRUE(got.chunks[j].begin == want.chunks[j].begin && got.chunks[j].end == want.chunks[j].end) << j;
+      EXPECT_EQ(got.rank, want.rank);
+    }
+}
+
+TEST(CostModel, ChunkCostsEqualRangeCosts) {
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    const PackedBatch b = make_random_batch(5, 300, 20, 8, 0.25, seed, 900);  // uneven lengths
+    const CostModel cost(b);
+    for (std::int64_t n : {std::int64_t{1}, std::int64_t{7}, std::int64_t{100}, b.context_rows()}) {
+      const auto chunks = equal_chunks(b.context_rows(), n);
+      const std::vector<std::int64_t> got = cost.chunk_costs(chunks);
+      ASSERT_EQ(got.size(), chunks.size());
+      for (std::size_t j = 0; j < chunks.size(); ++j) ASSERT_EQ(got[j], cost.range_cost(chunks[j].begin, chunks[j].end)) << j;
+    }
+  }
+  const CostModel cost(figure5());
+  EXPECT_THROW(cost.chunk_costs({{0, 4}, {5, 8}}), Error);  // a gap
+  EXPECT_THROW(cost.chunk_costs({{20, 30}}), Error);        // past S = 24
+  EXPECT_EQ(cost.chunk_costs({{6, 10}, {10, 10}, {10, 24}}), (std::vector<std::int64_t>{24, 0, 40}));
 }
 
 TEST(AnchorsFile, ReadsTheDocumentedFormatAndRejectsBadFiles) {

@@ -11,10 +11,10 @@ namespace diffcp {
 namespace {
 
 // Indices of `key` (all >= 0) by decreasing key, equal keys in index order: a stable LSD radix sort
-// on the complemented key, 11 bits a pass, so O(n * bits(max key) / 11) without the data-dependent
-// branches that make a comparison sort mispredict about every other comparison.
+// on the complemented key, 12 bits a pass, so O(n * bits(max key) / 12) without the data-dependent
+// branches on which a comparison sort mispredicts about every other comparison.
 std::vector<int> decreasing_order(const std::vector<std::int64_t>& key) {
-  constexpr int kBits = 11;
+  constexpr int kBits = 12;
   constexpr std::int64_t kMask = (std::int64_t{1} << kBits) - 1;
   std::vector<int> order(key.size()), next(key.size());
   std::iota(order.begin(), order.end(), 0);
@@ -38,34 +38,29 @@ std::size_t pow2_at_least(std::size_t x) {
 
 // LPT: [chunk] its bundle in [0, P), each chunk taken dearest first (ties: lower chunk) to the
 // least-loaded bundle with fewer than J chunks (ties: lower bundle). The bundles sit in a winner
-// tree, leaves padded to a power of two L and a full bundle's load "infinite"; after a chunk its
-// bundle climbs from its leaf, meeting at each level the winner of the sibling subtree, which is
-// known before the climb, so the log2 L comparisons do not wait on loads and select without a
-// branch. It picks what a (load, bundle) min-heap would, for about a third of the time.
+// tree of keys load*L + bundle (L: P rounded up to a power of two; a full bundle's key is
+// "infinite"), so the root is the least (load, bundle), as a min-heap's top would be, and a chunk
+// costs one climb of log2 L min()s from its bundle's leaf, where a heap pays a pop and a push.
 std::vector<int> lpt_bundles(const std::vector<std::int64_t>& price, int P, int J) {
   constexpr std::int64_t kFull = std::numeric_limits<std::int64_t>::max();
-  const std::size_t L = pow2_at_least(static_cast<std::size_t>(P));
-  std::vector<std::int64_t> load(L, kFull);
-  std::fill_n(load.begin(), P, std::int64_t{0});
-  std::vector<int> win(2 * L);  // [i] the lightest bundle under node i (children 2i, 2i+1; b's leaf: L + b)
-  std::iota(win.begin() + static_cast<std::ptrdiff_t>(L), win.end(), 0);
-  for (std::size_t i = L - 1; i >= 1; --i) win[i] = win[2 * i];  // all loads equal: the leftmost bundle
+  const auto L = static_cast<std::int64_t>(pow2_at_least(static_cast<std::size_t>(P)));
+  const std::int64_t total = std::accumulate(price.begin(), price.end(), std::int64_t{0});
+  DIFFCP_CHECK(total <= (kFull - L) / L, "lpt: context work ", total, " at P = ", P,
+               " overflows the 64-bit (load, bundle) key; expected at most ", (kFull - L) / L);
+  std::vector<std::int64_t> key(static_cast<std::size_t>(2 * L), kFull);  // [i] least key under node i; b's leaf: L + b
+  std::iota(key.begin() + L, key.begin() + L + P, std::int64_t{0});      // load 0
+  for (std::size_t i = static_cast<std::size_t>(L) - 1; i >= 1; --i) key[i] = std::min(key[2 * i], key[2 * i + 1]);
   std::vector<int> bundle(price.size()), count(static_cast<std::size_t>(P), 0);
   for (int j : decreasing_order(price)) {
-    const auto b = static_cast<std::size_t>(win[1]);
+    const std::int64_t top = key[1];
+    const auto b = static_cast<std::size_t>(top & (L - 1));
     bundle[static_cast<std::size_t>(j)] = static_cast<int>(b);
-    load[b] = ++count[b] == J ? kFull : load[b] + price[static_cast<std::size_t>(j)];
-    int v = static_cast<int>(b);  // (w, v): the winner under node i
-    std::int64_t w = load[b];
-    for (std::size_t i = L + b; i > 1; i /= 2) {
-      const int s = win[i ^ 1];
-      const std::int64_t ws = load[static_cast<std::size_t>(s)];
-      // The sibling wins if lighter, or as light and to the left (odd i); as a mask, not a branch.
-      const std::int64_t sibling = (ws - static_cast<std::int64_t>(i & 1) - w) >> 63;  // all ones or 0
-      v ^= (v ^ s) & static_cast<int>(sibling);
-      w += (ws - w) & sibling;
-      win[i / 2] = v;
+    std::int64_t k = ++count[b] == J ? kFull : top + price[static_cast<std::size_t>(j)] * L;
+    for (std::size_t i = static_cast<std::size_t>(L) + b; i > 1; i /= 2) {
+      key[i] = k;
+      k = std::min(k, key[i ^ 1]);
     }
+    key[1] = k;
   }
   return bundle;
 }
@@ -80,10 +75,9 @@ std::vector<int> match_ranks(const std::vector<PosRange>& chunks, const std::vec
   const auto slices = loader_slices(S, P);
   const auto ranks = static_cast<std::size_t>(P);
   const auto L = static_cast<std::int64_t>(pow2_at_least(ranks));
-  std::vector<std::int64_t> pair_key;
-  std::vector<int> pair_rank, latest(ranks, -1);  // latest: [b] b's last pair
-  pair_key.reserve(chunks.size() + ranks);
-  pair_rank.reserve(chunks.size() + ranks);
+  std::vector<std::int64_t> pair_key(chunks.size() + ranks);  // at most one more pair per slice boundary
+  std::vector<int> pair_rank(chunks.size() + ranks), latest(ranks, -1);  // latest: [b] b's last pair
+  std::size_t pairs = 0;
   for (std::size_t j = 0, r = 0; j < chunks.size(); ++j) {
     const PosRange c = chunks[j];
     const int b = bundle[j];
@@ -94,15 +88,16 @@ std::vector<int> match_ranks(const std::vector<PosRange>& chunks, const std::vec
       if (last >= 0 && pair_rank[static_cast<std::size_t>(last)] == static_cast<int>(q)) {
         pair_key[static_cast<std::size_t>(last)] += rows * L;
       } else {
-        last = static_cast<int>(pair_key.size());
-        pair_key.push_back(rows * L + (L - 1 - b));
-        pair_rank.push_back(static_cast<int>(q));
+        last = static_cast<int>(pairs);
+        pair_key[pairs] = rows * L + (L - 1 - b);
+        pair_rank[pairs++] = static_cast<int>(q);
       }
     }
   }
+  pair_key.resize(pairs);
   std::vector<int> rank_of_bundle(ranks, -1), bundle_of_rank(ranks, -1);
   for (int q : decreasing_order(pair_key)) {
-    const auto b = static_cast<std::size_t>(L - 1 - pair_key[static_cast<std::size_t>(q)] % L);
+    const auto b = static_cast<std::size_t>(L - 1 - (pair_key[static_cast<std::size_t>(q)] & (L - 1)));
     const auto r = static_cast<std::size_t>(pair_rank[static_cast<std::size_t>(q)]);
     if (rank_of_bundle[b] < 0 && bundle_of_rank[r] < 0) {
       rank_of_bundle[b] = static_cast<int>(r);
