@@ -7,8 +7,8 @@
 #            (H 512: owned sends more). Q:S = 1:4 (2 x 2k queries, 8k context per sample).
 #   cluster  the emulated cluster (scripts/emucluster.sh), 2 nodes x 2 ranks, profile h100-ib at
 #            scale $SCALE: every CP method (bench cp, Split-KV with its defaults) and Split-KV's
-#            four variants {flat, hierarchical} x {all, owned}; Q:S 1:4 and 1:32 (Q = 512 packed
-#            query rows, 2k context per sample, as the cluster studies). 4 ranks on 2 cores: times are
+#            four variants {flat, hierarchical} x {all, owned}; Q:S 1:16 and 1:128 (Q = 512 packed
+#            query rows, 2k context per sample: 4 x 128 and 32 x 16 queries). 4 ranks on 2 cores: times are
 #            OVERSUBSCRIBED; bytes (total and to other nodes) are exact.
 #
 # Writes bench/splitkv_nodes.csv (one row per run). Usage: bench/bench_splitkv_nodes.sh [shm|cluster]...
@@ -53,7 +53,7 @@ for study in "${studies[@]}"; do
     cluster)
       emu=(scripts/emucluster.sh run --nodes 2 --ranks-per-node 2 --profile h100-ib --scale "$SCALE" --)
       shape=(--hidden 1024 --n-q 16 --n-kv 4 --d-h 64)
-      for qs in "128 4 1:4" "16 32 1:32"; do
+      for qs in "128 4 1:16" "16 32 1:128"; do
         set -- $qs
         work=(--queries "$1" --samples "$2" --context 2k --reps "$REPS" --warmup 1)
         "${emu[@]}" "$bin" bench cp "${shape[@]}" "${work[@]}" --json 2>/dev/null | tail -n 1 >"$tmp/r.json"
@@ -71,5 +71,11 @@ for study in "${studies[@]}"; do
     *) echo "unknown study '$study' (shm | cluster)" >&2; exit 2 ;;
   esac
 done
+# A run of one study keeps the other study's rows.
+if [ -f "$out" ]; then
+  for old in shm cluster; do
+    [[ " ${studies[*]} " == *" $old "* ]] || grep "^\"$old\"" "$out" >>"$tmp/rows.csv" || true
+  done
+fi
 cp "$tmp/rows.csv" "$out"
 column -s, -t <"$out"
