@@ -470,7 +470,8 @@ TEST_F(Comm, StatsJson) {
   auto expect_entry = [&](const std::string& key, const OpCounter& k) {
     SCOPED_TRACE(key);
     ASSERT_TRUE(ops.contains(key));
-    EXPECT_EQ(ops[key].size(), 3u);
+    EXPECT_EQ(ops[key].size(), 4u);
+    EXPECT_EQ(ops[key].at("bytes_sent_inter").get<u64>(), 0u);  // no topology: nothing is "inter-node"
     EXPECT_EQ(ops[key].at("calls").get<u64>(), k.calls);
     EXPECT_EQ(ops[key].at("bytes_sent").get<u64>(), k.bytes_sent);
     EXPECT_EQ(ops[key].at("bytes_recv").get<u64>(), k.bytes_recv);
