@@ -6,7 +6,8 @@
 //   * Work::test() alone drives a hierarchical operation to completion;
 //   * the byte counters, summed over ranks, equal the closed forms of comm/communicator.hpp, for
 //     bytes sent and bytes sent to other nodes, hierarchical and flat;
-//   * bad use throws diffcp::Error (no topology; a reduction other than sum).
+//   * bad use throws diffcp::Error (no topology; a reduction other than sum; another collective
+//     while a hierarchical one is in flight).
 #include <cmath>
 #include <functional>
 #include <numeric>
@@ -178,6 +179,21 @@ TEST_P(Hier, BadUseThrows) {
   EXPECT_THROW(plain->all_reduce<double>(a, ReduceOp::sum, CollAlgo::hierarchical), Error);
   EXPECT_THROW(parse_coll_algo("ring"), Error);
   comm->barrier();  // still in lockstep
+}
+
+// While a hierarchical operation is in flight (its later stages start inside test()/wait()), every
+// other collective and set_topology are refused on every rank alike; after wait() all is normal.
+TEST_P(Hier, NoOtherCollectiveWhileOneIsInFlight) {
+  if (!useful) GTEST_SKIP() << "the flat path runs: nothing staged";
+  const Counts c(uz(P), 3);
+  std::vector<float> send(3, 1.f), got(3 * uz(P));
+  WorkPtr w = comm->all_gather_v_async(send.data(), got.data(), c, DType::f32, CollAlgo::hierarchical);
+  EXPECT_THROW(comm->barrier(), Error);
+  EXPECT_THROW(comm->all_reduce<float>(send), Error);
+  EXPECT_THROW(comm->set_topology(0), Error);
+  w->wait();
+  comm->barrier();
+  for (float x : got) EXPECT_EQ(x, 1.f);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -151,6 +151,7 @@ WorkPtr Communicator::all_gather_async(const void* send, void* recv, std::size_t
 
 WorkPtr Communicator::all_gather_v_async(const void* send, void* recv,
                                          std::span<const std::size_t> counts, DType type, CollAlgo algo) {
+  check_no_staged_op("all_gather_v");
   check_counts(counts, "all_gather_v");
   if (algo == CollAlgo::hierarchical && hierarchy_useful()) return hier_all_gather_v(send, recv, counts, type);
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
@@ -169,6 +170,7 @@ WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv, std::si
 WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
                                              std::span<const std::size_t> counts, DType type,
                                              ReduceOp op, CollAlgo algo) {
+  check_no_staged_op("reduce_scatter_v");
   check_counts(counts, "reduce_scatter_v");
   if (algo == CollAlgo::hierarchical) {
     DIFFCP_CHECK(op == ReduceOp::sum && (type == DType::f32 || type == DType::f64),
@@ -184,6 +186,7 @@ WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
 
 WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t n, DType type,
                                        ReduceOp op, CollAlgo algo) {
+  check_no_staged_op("all_reduce");
   if (algo == CollAlgo::hierarchical && hierarchy_useful()) return hier_all_reduce(send, recv, n, type, op);
   const std::size_t P = static_cast<std::size_t>(size()), p = static_cast<std::size_t>(rank());
   auto share = [&](std::size_t r) { return n / P + (r < n % P ? 1 : 0); };
@@ -202,6 +205,7 @@ WorkPtr Communicator::all_to_all_async(const void* send, void* recv, std::size_t
 WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::size_t> send_counts,
                                          void* recv, std::span<const std::size_t> recv_counts,
                                          DType type) {
+  check_no_staged_op("all_to_all_v");
   check_counts(send_counts, "all_to_all_v send_counts");
   check_counts(recv_counts, "all_to_all_v recv_counts");
   const std::size_t me = static_cast<std::size_t>(rank());
@@ -213,6 +217,7 @@ WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::
 }
 
 WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int root) {
+  check_no_staged_op("broadcast");
   check_peer(root, "broadcast root");
   WorkPtr w = do_broadcast(buf, n, type, root);
   const bool is_root = rank() == root;
@@ -239,6 +244,7 @@ WorkPtr Communicator::recv_async(void* buf, std::size_t n, DType type, int src, 
 }
 
 WorkPtr Communicator::barrier_async() {
+  check_no_staged_op("barrier");
   WorkPtr w = do_barrier();
   count(CommOp::barrier, 0, 0, DType::u8);
   return w;

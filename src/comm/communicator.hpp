@@ -40,7 +40,10 @@
 // (flat: sum(counts) * (P-1) in all, sum_r counts[r] * (P - L_node(r)) of it inter-node);
 // all_reduce(n) sends 2n(N-1) inter-node and 3n(P-N) intra-node. They count the bytes they really
 // move, under their base kind. Reductions run in another order than flat: sums are equal to
-// rounding, not bitwise (N = 1 or P = N: the flat path runs, bitwise).
+// rounding, not bitwise (N = 1 or P = N: the flat path runs, bitwise). A hierarchical operation's
+// later stages are issued inside its test()/wait(): while one is in flight, the communicator
+// refuses every other collective and set_topology (it throws), so ranks cannot issue collectives
+// in different orders.
 #pragma once
 
 #include <array>
@@ -252,6 +255,7 @@ class Communicator {
   std::size_t inter_part(std::span<const std::size_t> per_peer) const;
   // The hierarchical collectives (comm/hierarchical.cpp); arguments validated by the callers.
   bool hierarchy_useful() const;  // a topology with more than one node and a node of > 1 rank
+  void check_no_staged_op(const char* what) const;  // throws while a hierarchical op is in flight
   WorkPtr hier_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, DType type);
   WorkPtr hier_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, DType type);
   WorkPtr hier_all_reduce(const void* send, void* recv, std::size_t n, DType type, ReduceOp op);
@@ -265,6 +269,7 @@ class Communicator {
   CommStats stats_;
   std::unique_ptr<Topology> topology_;
   std::unique_ptr<Communicator> node_comm_, leader_comm_;  // leader_comm_: local rank 0 of each node, else null
+  int staged_in_flight_ = 0;  // hierarchical operations not yet complete
 };
 
 // ---- template definitions ----

@@ -22,7 +22,11 @@ std::vector<std::size_t> exclusive_scan(std::span<const std::size_t> counts) {
 class StagedWork final : public Work {
  public:
   using Stage = std::function<WorkPtr()>;
-  explicit StagedWork(std::vector<Stage> stages) : stages_(std::move(stages)) { advance(); }
+  // in_flight: the communicator's count of unfinished staged operations (+1 until done).
+  StagedWork(std::vector<Stage> stages, int& in_flight) : stages_(std::move(stages)), in_flight_(in_flight) {
+    ++in_flight_;
+    advance();
+  }
   ~StagedWork() override {
     if (!done_ && std::uncaught_exceptions() == 0) wait();
   }
@@ -43,11 +47,13 @@ class StagedWork final : public Work {
     while (next_ < stages_.size())
       if ((cur_ = stages_[next_++]())) return;
     done_ = true;
+    --in_flight_;
   }
   std::vector<Stage> stages_;
   std::size_t next_ = 0;
   WorkPtr cur_;
   bool done_ = false;
+  int& in_flight_;
 };
 
 template <typename T> void add_into(T* out, const unsigned char* in, std::size_t n) {
@@ -98,6 +104,7 @@ CollAlgo parse_coll_algo(const std::string& name) {
 const char* coll_algo_name(CollAlgo algo) { return algo == CollAlgo::flat ? "flat" : "hierarchical"; }
 
 void Communicator::set_topology(std::int64_t node_label) {
+  check_no_staged_op("set_topology");
   const auto P = static_cast<std::size_t>(size());
   std::vector<std::int64_t> labels(P);
   const std::vector<std::size_t> ones(P, 1);
@@ -114,6 +121,12 @@ void Communicator::discover_topology() {
   std::int64_t neg = -static_cast<std::int64_t>(rank()), lowest = 0;
   local->do_all_reduce(&neg, &lowest, 1, DType::i64, ReduceOp::max)->wait();
   set_topology(-lowest);
+}
+
+void Communicator::check_no_staged_op(const char* what) const {
+  DIFFCP_CHECK(staged_in_flight_ == 0, what, " on communicator '", name_,
+               "' while a hierarchical operation is in flight: wait() for it first (its later stages start "
+               "inside test()/wait(), so another collective now could be issued in a different order on other ranks)");
 }
 
 const Topology& Communicator::topology() const {
@@ -180,7 +193,7 @@ WorkPtr Communicator::hier_all_gather_v(const void* send, void* recv, std::span<
       }
     return nullptr;
   });
-  auto w = std::make_unique<StagedWork>(std::move(stages));
+  auto w = std::make_unique<StagedWork>(std::move(stages), staged_in_flight_);
   const std::size_t inter = mine * static_cast<std::size_t>(N - 1);
   count(CommOp::all_gather, inter + held_mine * static_cast<std::size_t>(L - 1), rc_total + node_total - held_mine, type,
         inter);
@@ -242,7 +255,7 @@ WorkPtr Communicator::hier_reduce_scatter_v(const void* send, void* recv, std::s
   });
   const std::size_t total = s->packed.size() / es, held_mine = s->node_counts[static_cast<std::size_t>(l)];
   const std::size_t inter = std::accumulate(s->sc.begin(), s->sc.end(), std::size_t{0});
-  auto w = std::make_unique<StagedWork>(std::move(stages));
+  auto w = std::make_unique<StagedWork>(std::move(stages), staged_in_flight_);
   count(CommOp::reduce_scatter, total - held_mine + inter, held_mine * static_cast<std::size_t>(L - 1) + from, type,
         inter);
   return w;
@@ -258,7 +271,7 @@ WorkPtr Communicator::hier_all_reduce(const void* send, void* recv, std::size_t 
   if (leader_comm_)
     stages.emplace_back([this, recv, n, type, op] { return leader_comm_->do_all_reduce(recv, recv, n, type, op); });
   stages.emplace_back([this, recv, n, type] { return node_comm_->do_broadcast(recv, n, type, 0); });
-  auto w = std::make_unique<StagedWork>(std::move(stages));
+  auto w = std::make_unique<StagedWork>(std::move(stages), staged_in_flight_);
   const std::size_t intra_ar = 2 * (n - share(static_cast<std::size_t>(l), L));
   const std::size_t inter = leader_comm_ ? 2 * (n - share(static_cast<std::size_t>(node), N)) : 0;
   const std::size_t bcast_sent = l == 0 ? n * (L - 1) : 0, bcast_recv = l == 0 ? 0 : n;
