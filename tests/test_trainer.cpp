@@ -2,7 +2,9 @@
 // (loss and updated parameters), DP x CP equals P = 1 with the same global batch, the loss on the
 // synthetic default falls well below the uniform baseline, and a run killed at step k and resumed
 // equals the uninterrupted run bitwise.
+#include <cstdlib>
 #include <filesystem>
+#include <string>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -54,6 +56,23 @@ TEST(Trainer, ContextParallelStepEqualsSingleProcess) {
   const TrainResult ref = solo(o);
   const TrainResult cp = train(world(), o);  // cp = P, dp = 1
   expect_same_step(cp, ref);
+}
+
+// Ranks in emulated nodes of 2 (DIFFCP_NODE, as scripts/emucluster.sh sets it): the CP group's
+// topology has several nodes, so Split-KV runs its hierarchical collectives; the step still equals
+// the single-process one.
+TEST(Trainer, HierarchicalCollectivesAcrossNodesEqualSingleProcess) {
+  if (world().size() < 3) GTEST_SKIP() << "needs 2 nodes with 2 ranks in one: P >= 3";
+  TrainOptions o = small(2);
+  o.collectives = "hierarchical";
+  const TrainResult ref = solo(o);
+  ASSERT_EQ(setenv("DIFFCP_NODE", std::to_string(world().rank() / 2).c_str(), 1), 0);
+  const TrainResult cp = train(world(), o);
+  unsetenv("DIFFCP_NODE");
+  EXPECT_EQ(cp.collectives, "hierarchical") << cp.topology;
+  expect_same_step(cp, ref);
+  o.collectives = "ring";
+  EXPECT_THROW(train(world(), o), Error);
 }
 
 TEST(Trainer, DataTimesContextParallelEqualsSingleProcessWithTheSameGlobalBatch) {

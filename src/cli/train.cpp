@@ -28,6 +28,8 @@ void add_train_command(CLI::App& app, TrainOptions& opt) {
   c->add_option("--balancer", opt.balancer, "context layout per step: none | zigzag | lpt | partition")->capture_default_str();
   c->add_option("--J", opt.J, "LPT chunks per rank")->capture_default_str();
   c->add_option("--bucket", opt.bucket, "static-shape bucket of the local K/V length")->capture_default_str();
+  c->add_option("--collectives", opt.collectives, "Split-KV's collectives: flat | hierarchical (two-level over nodes) | "
+                                                  "auto (hierarchical; flat on one node)")->capture_default_str();
   c->add_option("--stop-at", opt.stop_at, "stop after this step as if killed (for resume tests)");
   c->add_flag("!--no-progress", opt.progress, "no progress bar");
 }
@@ -40,6 +42,7 @@ int run_train(Communicator& world, const TrainOptions& opt) {
     std::printf("diffcp train: final loss %.4f (uniform prediction: %.4f), held-out acceptance length tau %.3f\n", r.loss,
                 r.uniform_loss, r.tau);
     std::printf("diffcp train: checkpoint %s\n", r.checkpoint.empty() ? "not written (no --out)" : r.checkpoint.c_str());
+    std::printf("diffcp train: CP group on %s, Split-KV with %s collectives\n", r.topology.c_str(), r.collectives.c_str());
   }
   return 0;
 }

@@ -38,7 +38,8 @@ std::vector<float> norm_rows_bwd(const std::vector<float>& dy, const std::vector
 
 }  // namespace
 
-Drafter::Drafter(Communicator& cp, const DrafterConfig& cfg) : comm_(cp), cfg_(cfg), layout_(cfg) {
+Drafter::Drafter(Communicator& cp, const DrafterConfig& cfg, SplitKVOptions attn)
+    : comm_(cp), cfg_(cfg), attn_opt_(attn), layout_(cfg) {
   params_.assign(static_cast<std::size_t>(layout_.total), 0.f);
   grads_.assign(params_.size(), 0.f);
   embedding_.assign(static_cast<std::size_t>(cfg_.vocab * cfg_.hidden), 0.f);
@@ -111,7 +112,7 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
     LayerState& L = layers_[static_cast<std::size_t>(l)];
     const auto& off = layout_.layer[static_cast<std::size_t>(l)];
     if (!L.attn)
-      L.attn = std::make_unique<SplitKVLayer>(comm_, cfg_.attn(), s);
+      L.attn = std::make_unique<SplitKVLayer>(comm_, cfg_.attn(), s, attn_opt_);
     else
       L.attn->reshard(s);
     L.h_in = h_;

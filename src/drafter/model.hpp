@@ -37,7 +37,8 @@ struct DrafterStats {
 
 class Drafter {
  public:
-  Drafter(Communicator& cp, const DrafterConfig& cfg);
+  // attn: the Split-KV options of every layer (hierarchical collectives need cp's topology).
+  Drafter(Communicator& cp, const DrafterConfig& cfg, SplitKVOptions attn = {});
 
   const DrafterConfig& config() const { return cfg_; }
   const DrafterLayout& layout() const { return layout_; }
@@ -65,6 +66,7 @@ class Drafter {
 
   Communicator& comm_;
   DrafterConfig cfg_;
+  SplitKVOptions attn_opt_;
   DrafterLayout layout_;
   std::vector<float> params_, grads_, embedding_, lm_head_;
   std::vector<LayerState> layers_;

@@ -89,11 +89,13 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   DIFFCP_CHECK(opt.steps >= 1 && opt.accum >= 1 && opt.anchors >= 1 && opt.context >= 1,
                "--steps, --accum, --anchors and --context must be >= 1");
   DIFFCP_CHECK(opt.lr > 0 && opt.clip > 0 && opt.warmup >= 0 && opt.warmup < 1, "--lr and --clip must be > 0, warm-up in [0, 1)");
+  const CollAlgo collectives = opt.collectives == "auto" ? CollAlgo::hierarchical : parse_coll_algo(opt.collectives);
   DIFFCP_CHECK(!opt.resume || !opt.out.empty(), "--resume needs --out DIR (where the checkpoint is)");
   const DrafterConfig cfg = drafter_preset(opt.preset);
   const int rank = world.rank(), dp_rank = rank / cp_size;
   // CP groups are consecutive ranks (node-local first); DP groups are the same CP index.
   const auto cp = world.split(dp_rank, rank % cp_size, "cp");
+  cp->discover_topology();  // the nodes of the CP group: DIFFCP_NODE or shared memory
   const auto redist = cp->split(0, cp->rank(), "redistribute");
 
   std::unique_ptr<DataSource> data;
@@ -110,7 +112,7 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   const auto balancer = make_balancer(opt.balancer);
   const MicroBatchBuilder builder{*data, cfg, *balancer, *cp, *redist, opt.J, opt.bucket};
 
-  Drafter drafter(*cp, cfg);
+  Drafter drafter(*cp, cfg, {OProj::all, collectives});
   drafter.init_params(opt.seed + 7);
   drafter.embedding() = data->embedding();
   drafter.lm_head() = data->lm_head();
@@ -174,6 +176,9 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   };
 
   TrainResult res;
+  res.topology = cp->topology().describe();
+  const Topology& topo = cp->topology();
+  res.collectives = collectives == CollAlgo::hierarchical && topo.nodes() > 1 && topo.nodes() < cp->size() ? "hierarchical" : "flat";
   res.uniform_loss = std::log(static_cast<double>(cfg.vocab));
   res.checkpoint = ckpt_path;
   const auto t_start = Clock::now();

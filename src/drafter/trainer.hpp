@@ -34,6 +34,7 @@ struct TrainOptions {
   std::string balancer = "lpt";
   int J = 4;
   std::int64_t bucket = 512;
+  std::string collectives = "auto";  // Split-KV's: flat | hierarchical | auto (= hierarchical; flat on one node)
   std::int64_t stop_at = 0;        // stop after this step as if killed (tests resume); 0 = off
   bool progress = true;
 };
@@ -45,6 +46,8 @@ struct TrainResult {
   double tokens_per_s = 0;    // mean over the steps of this run
   double step_ms = 0;         // median step time of this run
   double peak_rss_mb = 0;     // max over ranks of the process' peak resident memory
+  std::string topology;       // of the CP group (Topology::describe)
+  std::string collectives;    // what Split-KV ran: flat | hierarchical
 };
 
 TrainResult train(Communicator& world, const TrainOptions& opt);
