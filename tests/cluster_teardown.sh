@@ -20,6 +20,8 @@ nothing_left() {  # $1 = what happened
   echo "$1: nothing left behind"
 }
 [ -z "$(ip netns list | grep '^dcpemu-')" ] || fail "another emulated cluster is up; this test needs none"
+marks=$(mktemp -d)
+trap 'rm -rf "$marks"' EXIT
 
 "$emu" run "${topo[@]}" -- sh -c 'exit 7' >/dev/null 2>&1
 rc=$?
@@ -29,10 +31,14 @@ nothing_left "program failed (exit 7)"
 for sig in INT TERM; do
   want=$([ $sig = INT ] && echo 130 || echo 143)
   # A background job of a script starts with SIGINT ignored (and then untrappable): restore it.
-  env --default-signal=INT "$emu" run "${topo[@]}" -- sh -c 'sleep 60 # emucluster-teardown-marker' >/dev/null 2>&1 &
+  # The program marks that it runs (a file: `pgrep -f` would also match run's own arguments and
+  # fire during set-up, before run traps the signal, where bash defers it until the step it waits
+  # for ends and then carries on).
+  started="$marks/started.$sig"
+  env --default-signal=INT "$emu" run "${topo[@]}" -- sh -c "touch $started; sleep 60 # emucluster-teardown-marker" >/dev/null 2>&1 &
   pid=$!
-  for _ in $(seq 50); do pgrep -f 'sleep 60 # emucluster-teardown-marker' >/dev/null && break; sleep 0.2; done
-  pgrep -f 'sleep 60 # emucluster-teardown-marker' >/dev/null || fail "the program did not start"
+  for _ in $(seq 150); do [ -e "$started" ] && break; sleep 0.2; done
+  [ -e "$started" ] || fail "the program did not start within 30 s"
   t0=$SECONDS
   kill -"$sig" "$pid"
   wait "$pid"; rc=$?
