@@ -195,9 +195,7 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
     skv.collectives = spec.collectives == "auto" ? CollAlgo::hierarchical : parse_coll_algo(spec.collectives);
     skv.oproj = resolve_oproj(world, pb, spec, skv.collectives, run);
     run.oproj = oproj_name(skv.oproj);
-    const Topology& t = world.topology();
-    const bool hier = skv.collectives == CollAlgo::hierarchical && t.nodes() > 1 && t.nodes() < P;
-    run.collectives = hier ? "hierarchical" : "flat";
+    run.collectives = skv.collectives == CollAlgo::hierarchical && world.hierarchy_useful() ? "hierarchical" : "flat";
   }
   run.layer = make_cp_layer(spec.method, world, cfg, run.shard, skv);
   CpAttentionLayer& layer = *run.layer;

@@ -89,6 +89,11 @@ void Communicator::count(CommOp op, std::size_t sent, std::size_t recvd, DType t
   c.bytes_sent_inter += sent_inter * dtype_size(type);
 }
 
+std::size_t Communicator::off_node_peers() const {
+  if (!topology_) return 0;
+  return static_cast<std::size_t>(size() - topology_->node_size(topology_->node_of[static_cast<std::size_t>(rank())]));
+}
+
 std::size_t Communicator::inter_part(std::span<const std::size_t> per_peer) const {
   if (!topology_) return 0;
   std::size_t n = 0;
@@ -111,12 +116,13 @@ void Communicator::check_peer(int peer, const char* what) const {
   DIFFCP_CHECK(peer >= 0 && peer < size(), what, ": rank ", peer, " outside [0, ", size(), ")");
 }
 
-namespace {
-std::vector<std::size_t> exclusive_scan(std::span<const std::size_t> counts) {
+std::vector<std::size_t> displacements(std::span<const std::size_t> counts) {
   std::vector<std::size_t> displs(counts.size());
   std::exclusive_scan(counts.begin(), counts.end(), displs.begin(), std::size_t{0});
   return displs;
 }
+
+namespace {
 std::size_t sum(std::span<const std::size_t> v) { return std::accumulate(v.begin(), v.end(), std::size_t{0}); }
 }  // namespace
 
@@ -155,9 +161,8 @@ WorkPtr Communicator::all_gather_v_async(const void* send, void* recv,
   check_counts(counts, "all_gather_v");
   if (algo == CollAlgo::hierarchical && hierarchy_useful()) return hier_all_gather_v(send, recv, counts, type);
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
-  WorkPtr w = do_all_gather_v(send, me, recv, counts, exclusive_scan(counts), type);
-  const std::vector<std::size_t> to_peer(static_cast<std::size_t>(size()), me);
-  count(CommOp::all_gather, me * static_cast<std::size_t>(size() - 1), all - me, type, inter_part(to_peer));
+  WorkPtr w = do_all_gather_v(send, me, recv, counts, displacements(counts), type);
+  count(CommOp::all_gather, me * static_cast<std::size_t>(size() - 1), all - me, type, me * off_node_peers());
   return w;
 }
 
@@ -191,9 +196,11 @@ WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t
   const std::size_t P = static_cast<std::size_t>(size()), p = static_cast<std::size_t>(rank());
   auto share = [&](std::size_t r) { return n / P + (r < n % P ? 1 : 0); };
   WorkPtr w = do_all_reduce(send, recv, n, type, op);
-  std::vector<std::size_t> to_peer(P);
-  for (std::size_t r = 0; r < P; ++r) to_peer[r] = share(r) + share(p);
-  count(CommOp::all_reduce, 2 * (n - share(p)), 2 * (n - share(p)), type, inter_part(to_peer));
+  std::size_t inter = 0;
+  if (topology_)
+    for (std::size_t r = 0; r < P; ++r)
+      if (!topology_->same_node(rank(), static_cast<int>(r))) inter += share(r) + share(p);
+  count(CommOp::all_reduce, 2 * (n - share(p)), 2 * (n - share(p)), type, inter);
   return w;
 }
 
@@ -209,8 +216,8 @@ WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::
   check_counts(send_counts, "all_to_all_v send_counts");
   check_counts(recv_counts, "all_to_all_v recv_counts");
   const std::size_t me = static_cast<std::size_t>(rank());
-  WorkPtr w = do_all_to_all_v(send, send_counts, exclusive_scan(send_counts), recv, recv_counts,
-                              exclusive_scan(recv_counts), type);
+  WorkPtr w = do_all_to_all_v(send, send_counts, displacements(send_counts), recv, recv_counts,
+                              displacements(recv_counts), type);
   count(CommOp::all_to_all, sum(send_counts) - send_counts[me], sum(recv_counts) - recv_counts[me], type,
         inter_part(send_counts));
   return w;
@@ -221,9 +228,8 @@ WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int 
   check_peer(root, "broadcast root");
   WorkPtr w = do_broadcast(buf, n, type, root);
   const bool is_root = rank() == root;
-  const std::vector<std::size_t> to_peer(static_cast<std::size_t>(size()), is_root ? n : 0);
   count(CommOp::broadcast, is_root ? n * static_cast<std::size_t>(size() - 1) : 0, is_root ? 0 : n, type,
-        inter_part(to_peer));
+        is_root ? n * off_node_peers() : 0);
   return w;
 }
 

@@ -61,6 +61,8 @@
 namespace diffcp {
 
 enum class DType : std::uint8_t { u8, u16, i32, i64, u64, f32, f64 };
+// Displacements of blocks packed in order: the exclusive prefix sum of `counts`.
+std::vector<std::size_t> displacements(std::span<const std::size_t> counts);
 std::size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
@@ -170,6 +172,9 @@ class Communicator {
   void discover_topology();
   bool has_topology() const { return topology_ != nullptr; }
   const Topology& topology() const;  // throws if none was set
+  // Whether CollAlgo::hierarchical runs the two-level path here: more than one node and a node of
+  // more than one rank (else it runs the flat one). Throws without a topology.
+  bool hierarchy_useful() const;
 
   // ---- collectives; counts are in elements of `type` ----
   // send: [count], recv: [size() * count] (rank r's block at r*count).
@@ -253,8 +258,8 @@ class Communicator {
   // Elements this rank sends to ranks on other nodes when it sends `per_peer[r]` to each rank r
   // (0 without a topology).
   std::size_t inter_part(std::span<const std::size_t> per_peer) const;
+  std::size_t off_node_peers() const;  // ranks on other nodes (0 without a topology)
   // The hierarchical collectives (comm/hierarchical.cpp); arguments validated by the callers.
-  bool hierarchy_useful() const;  // a topology with more than one node and a node of > 1 rank
   void check_no_staged_op(const char* what) const;  // throws while a hierarchical op is in flight
   WorkPtr hier_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, DType type);
   WorkPtr hier_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, DType type);

@@ -11,12 +11,6 @@ namespace diffcp {
 
 namespace {
 
-std::vector<std::size_t> exclusive_scan(std::span<const std::size_t> counts) {
-  std::vector<std::size_t> displs(counts.size());
-  std::exclusive_scan(counts.begin(), counts.end(), displs.begin(), std::size_t{0});
-  return displs;
-}
-
 // A chain of operations: each stage launches one backend operation (or does local work and
 // returns nullptr); test() advances through completed stages, wait() through all of them.
 class StagedWork final : public Work {
@@ -108,7 +102,7 @@ void Communicator::set_topology(std::int64_t node_label) {
   const auto P = static_cast<std::size_t>(size());
   std::vector<std::int64_t> labels(P);
   const std::vector<std::size_t> ones(P, 1);
-  do_all_gather_v(&node_label, 1, labels.data(), ones, exclusive_scan(ones), DType::i64)->wait();
+  do_all_gather_v(&node_label, 1, labels.data(), ones, displacements(ones), DType::i64)->wait();
   auto t = std::make_unique<Topology>(Topology::from_labels(labels));
   const int me = rank();
   node_comm_ = do_split(t->node_of[static_cast<std::size_t>(me)], me, name_ + ".node");
@@ -153,7 +147,7 @@ WorkPtr Communicator::hier_all_gather_v(const void* send, void* recv, std::span<
   };
   auto s = std::make_shared<State>();
   s->counts.assign(counts.begin(), counts.end());
-  s->displs = exclusive_scan(counts);
+  s->displs = displacements(counts);
   s->held.resize(static_cast<std::size_t>(L));
   s->sc.assign(P, 0), s->sd.assign(P, 0), s->rc.assign(P, 0), s->node_counts.assign(static_cast<std::size_t>(L), 0);
   for (std::size_t r = 0; r < P; ++r) {
@@ -174,14 +168,14 @@ WorkPtr Communicator::hier_all_gather_v(const void* send, void* recv, std::span<
   stages.emplace_back([this, s, send, out, type] {  // phase 1 (inter): blocks land in place
     return do_all_to_all_v(send, s->sc, s->sd, out, s->rc, s->displs, type);
   });
-  stages.emplace_back([this, s, out, l, es, type] {  // phase 2 (intra): all-gather what each holds
+  stages.emplace_back([this, s, out, l, es, node_total, type] {  // phase 2 (intra): all-gather what each holds
     s->contribution.clear();
     for (int r : s->held[static_cast<std::size_t>(l)])
       s->contribution.insert(s->contribution.end(), out + s->displs[static_cast<std::size_t>(r)] * es,
                              out + (s->displs[static_cast<std::size_t>(r)] + s->counts[static_cast<std::size_t>(r)]) * es);
-    s->stage.resize(std::accumulate(s->node_counts.begin(), s->node_counts.end(), std::size_t{0}) * es);
+    s->stage.resize(node_total * es);
     return node_comm_->do_all_gather_v(s->contribution.data(), s->node_counts[static_cast<std::size_t>(l)],
-                                       s->stage.data(), s->node_counts, exclusive_scan(s->node_counts), type);
+                                       s->stage.data(), s->node_counts, displacements(s->node_counts), type);
   });
   stages.emplace_back([s, out, l, es]() -> WorkPtr {  // unpack the other local ranks' blocks
     std::size_t off = 0;
@@ -213,7 +207,7 @@ WorkPtr Communicator::hier_reduce_scatter_v(const void* send, void* recv, std::s
     std::size_t own_offset = 0;  // of my own block in `held`, in elements
   };
   auto s = std::make_shared<State>();
-  const auto displs = exclusive_scan(counts);
+  const auto displs = displacements(counts);
   s->node_counts.assign(static_cast<std::size_t>(L), 0);
   s->sc.assign(P, 0), s->sd.assign(P, 0), s->rc.assign(P, 0), s->rd.assign(P, 0);
   // Phase 1 input: the blocks in order of the local rank that will hold them, rank order within.

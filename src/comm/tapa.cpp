@@ -9,12 +9,6 @@ namespace {
 
 std::size_t uz(int v) { return static_cast<std::size_t>(v); }
 
-std::vector<std::size_t> exclusive_scan(std::span<const std::size_t> counts) {
-  std::vector<std::size_t> out(counts.size());
-  std::exclusive_scan(counts.begin(), counts.end(), out.begin(), std::size_t{0});
-  return out;
-}
-
 void check_group_size(int P, int L) {
   DIFFCP_CHECK(P >= 1 && L >= 1 && P % L == 0, "TAPA: group size L = ", L,
                " does not divide the number of ranks P = ", P, " (need L >= 1 and P % L == 0)");
@@ -118,8 +112,8 @@ TapaPlan TapaAllToAll::make_plan(int P, int L, std::vector<std::size_t> send_cou
   TapaPlan plan;
   plan.P_ = P;
   plan.L_ = L;
-  plan.send_offsets_ = exclusive_scan(send_counts);
-  plan.staged_offsets_ = exclusive_scan(staged_counts);
+  plan.send_offsets_ = displacements(send_counts);
+  plan.staged_offsets_ = displacements(staged_counts);
   plan.staged_total_ = std::accumulate(staged_counts.begin(), staged_counts.end(), std::size_t{0});
   plan.phase2_send_counts_.assign(G, 0);
   plan.phase2_recv_counts_.assign(G, 0);

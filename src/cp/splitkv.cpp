@@ -56,10 +56,7 @@ SplitKVLayer::SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard
   cfg_.validate();
   DIFFCP_CHECK(opt_.collectives == CollAlgo::flat || cp.has_topology(),
                "split-kv: hierarchical collectives need the communicator's topology (set_topology / discover_topology)");
-  if (opt_.collectives == CollAlgo::hierarchical) {
-    const Topology& t = cp.topology();
-    hier_ = t.nodes() > 1 && t.nodes() < cp.size();
-  }
+  hier_ = opt_.collectives == CollAlgo::hierarchical && cp.hierarchy_useful();
   reshard(shard_);
 }
 

@@ -177,8 +177,7 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
 
   TrainResult res;
   res.topology = cp->topology().describe();
-  const Topology& topo = cp->topology();
-  res.collectives = collectives == CollAlgo::hierarchical && topo.nodes() > 1 && topo.nodes() < cp->size() ? "hierarchical" : "flat";
+  res.collectives = collectives == CollAlgo::hierarchical && cp->hierarchy_useful() ? "hierarchical" : "flat";
   res.uniform_loss = std::log(static_cast<double>(cfg.vocab));
   res.checkpoint = ckpt_path;
   const auto t_start = Clock::now();
