@@ -1,5 +1,7 @@
 // `diffcp` command-line tool: one binary, one subcommand per job. Run MPI jobs under mpirun.
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include <CLI/CLI.hpp>
 
@@ -9,6 +11,23 @@
 int main(int argc, char** argv) {
   CLI::App app{"diffcp: communication-efficient parallel attention for diffusion models"};
   app.require_subcommand(1);
+  // Global: allowed before or after the subcommand's name (fallthrough).
+  app.fallthrough();
+  double comm_timeout = 600;
+  app.add_option("--comm-timeout", comm_timeout,
+                 "seconds a collective or transfer may take before the watchdog aborts the whole job with a "
+                 "message naming it and the ranks that had not arrived (0 = off)")
+      ->envname("DIFFCP_COMM_TIMEOUT")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0)
+              return "'" + v + "': expected a number of seconds >= 0 (0 = no watchdog)";
+            return "";
+          },
+          "SECONDS"))
+      ->capture_default_str();
   diffcp::cli::AttnOptions attn;
   diffcp::cli::PlanOptions plan;
   diffcp::TrainOptions train;
@@ -34,6 +53,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  diffcp::Communicator::set_watchdog_timeout(comm_timeout);
   return diffcp::run_mpi_main(argc, argv, [&](diffcp::Communicator& world) {
     if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);
     if (app.got_subcommand("train")) return diffcp::cli::run_train(world, train);

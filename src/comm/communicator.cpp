@@ -81,14 +81,6 @@ void Communicator::check_counts(std::span<const std::size_t> counts, const char*
                " counts, expected one per rank (", size(), ")");
 }
 
-void Communicator::count(CommOp op, std::size_t sent, std::size_t recvd, DType type, std::size_t sent_inter) {
-  OpCounter& c = stats_[op];
-  c.calls += 1;
-  c.bytes_sent += sent * dtype_size(type);
-  c.bytes_recv += recvd * dtype_size(type);
-  c.bytes_sent_inter += sent_inter * dtype_size(type);
-}
-
 std::size_t Communicator::off_node_peers() const {
   if (!topology_) return 0;
   return static_cast<std::size_t>(size() - topology_->node_size(topology_->node_of[static_cast<std::size_t>(rank())]));
@@ -161,9 +153,8 @@ WorkPtr Communicator::all_gather_v_async(const void* send, void* recv,
   check_counts(counts, "all_gather_v");
   if (algo == CollAlgo::hierarchical && hierarchy_useful()) return hier_all_gather_v(send, recv, counts, type);
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
-  WorkPtr w = do_all_gather_v(send, me, recv, counts, displacements(counts), type);
-  count(CommOp::all_gather, me * static_cast<std::size_t>(size() - 1), all - me, type, me * off_node_peers());
-  return w;
+  return issued(do_all_gather_v(send, me, recv, counts, displacements(counts), type), CommOp::all_gather,
+                me * static_cast<std::size_t>(size() - 1), all - me, type, me * off_node_peers());
 }
 
 WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv, std::size_t count,
@@ -184,9 +175,8 @@ WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
     if (hierarchy_useful()) return hier_reduce_scatter_v(send, recv, counts, type);
   }
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
-  WorkPtr w = do_reduce_scatter_v(send, recv, counts, type, op);
-  count(CommOp::reduce_scatter, all - me, me * static_cast<std::size_t>(size() - 1), type, inter_part(counts));
-  return w;
+  return issued(do_reduce_scatter_v(send, recv, counts, type, op), CommOp::reduce_scatter, all - me,
+                me * static_cast<std::size_t>(size() - 1), type, inter_part(counts));
 }
 
 WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t n, DType type,
@@ -200,8 +190,7 @@ WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t
   if (topology_)
     for (std::size_t r = 0; r < P; ++r)
       if (!topology_->same_node(rank(), static_cast<int>(r))) inter += share(r) + share(p);
-  count(CommOp::all_reduce, 2 * (n - share(p)), 2 * (n - share(p)), type, inter);
-  return w;
+  return issued(std::move(w), CommOp::all_reduce, 2 * (n - share(p)), 2 * (n - share(p)), type, inter);
 }
 
 WorkPtr Communicator::all_to_all_async(const void* send, void* recv, std::size_t count, DType type) {
@@ -216,11 +205,10 @@ WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::
   check_counts(send_counts, "all_to_all_v send_counts");
   check_counts(recv_counts, "all_to_all_v recv_counts");
   const std::size_t me = static_cast<std::size_t>(rank());
-  WorkPtr w = do_all_to_all_v(send, send_counts, displacements(send_counts), recv, recv_counts,
-                              displacements(recv_counts), type);
-  count(CommOp::all_to_all, sum(send_counts) - send_counts[me], sum(recv_counts) - recv_counts[me], type,
-        inter_part(send_counts));
-  return w;
+  return issued(do_all_to_all_v(send, send_counts, displacements(send_counts), recv, recv_counts,
+                                displacements(recv_counts), type),
+                CommOp::all_to_all, sum(send_counts) - send_counts[me], sum(recv_counts) - recv_counts[me], type,
+                inter_part(send_counts));
 }
 
 WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int root) {
@@ -228,32 +216,26 @@ WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int 
   check_peer(root, "broadcast root");
   WorkPtr w = do_broadcast(buf, n, type, root);
   const bool is_root = rank() == root;
-  count(CommOp::broadcast, is_root ? n * static_cast<std::size_t>(size() - 1) : 0, is_root ? 0 : n, type,
-        is_root ? n * off_node_peers() : 0);
-  return w;
+  return issued(std::move(w), CommOp::broadcast, is_root ? n * static_cast<std::size_t>(size() - 1) : 0,
+                is_root ? 0 : n, type, is_root ? n * off_node_peers() : 0, root);
 }
 
 WorkPtr Communicator::send_async(const void* buf, std::size_t n, DType type, int dst, int tag) {
   check_peer(dst, "send destination");
   DIFFCP_CHECK(tag >= 0 && tag <= kMaxUserTag, "send: tag ", tag, " must be in [0, ", kMaxUserTag, "]");
-  WorkPtr w = do_send(buf, n, type, dst, tag);
-  count(CommOp::send, n, 0, type, topology_ && !topology_->same_node(rank(), dst) ? n : 0);
-  return w;
+  return issued(do_send(buf, n, type, dst, tag), CommOp::send, n, 0, type,
+                topology_ && !topology_->same_node(rank(), dst) ? n : 0, dst);
 }
 
 WorkPtr Communicator::recv_async(void* buf, std::size_t n, DType type, int src, int tag) {
   check_peer(src, "recv source");
   DIFFCP_CHECK(tag >= 0 && tag <= kMaxUserTag, "recv: tag ", tag, " must be in [0, ", kMaxUserTag, "]");
-  WorkPtr w = do_recv(buf, n, type, src, tag);
-  count(CommOp::recv, 0, n, type);
-  return w;
+  return issued(do_recv(buf, n, type, src, tag), CommOp::recv, 0, n, type, 0, src);
 }
 
 WorkPtr Communicator::barrier_async() {
   check_no_staged_op("barrier");
-  WorkPtr w = do_barrier();
-  count(CommOp::barrier, 0, 0, DType::u8);
-  return w;
+  return issued(do_barrier(), CommOp::barrier, 0, 0, DType::u8);
 }
 
 }  // namespace diffcp

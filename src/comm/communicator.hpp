@@ -44,12 +44,22 @@
 // later stages are issued inside its test()/wait(): while one is in flight, the communicator
 // refuses every other collective and set_topology (it throws), so ranks cannot issue collectives
 // in different orders.
+//
+// Watchdog (comm/watchdog.cpp). While watchdog_timeout() > 0, every operation must complete within
+// that many seconds of being issued; otherwise its wait()/test() asks the other ranks where they
+// are (each rank whose watchdog fires sends a WatchdogReport to all others and listens for up to
+// min(2 s, timeout)) and throws diffcp::Error naming the operation, its collective sequence
+// number, its size, the communicator and the ranks that had not arrived; under run_mpi_main that
+// aborts the whole job. A rank that does not answer is stalled, busy outside the communicator,
+// dead or unreachable. Timeout 0 (default, unless DIFFCP_COMM_TIMEOUT is set) is off: operations
+// are not wrapped and nothing is checked.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -109,6 +119,14 @@ struct Topology {
 };
 
 enum class CollAlgo : std::uint8_t { flat, hierarchical };
+
+// What a rank says about the operation its watchdog caught (sent to every other rank then).
+struct WatchdogReport {
+  std::uint64_t seq = 0;    // collective sequence number on the communicator (1 = its first)
+  std::uint32_t op = 0;     // CommOp
+  std::int32_t peer = -1;   // send / recv: the other rank; collectives: -1 (broadcast: root)
+  double waited_s = 0;      // since the operation was issued
+};
 // "flat" | "hierarchical"; anything else throws naming the choices.
 CollAlgo parse_coll_algo(const std::string& name);
 const char* coll_algo_name(CollAlgo algo);
@@ -175,6 +193,14 @@ class Communicator {
   // Whether CollAlgo::hierarchical runs the two-level path here: more than one node and a node of
   // more than one rank (else it runs the flat one). Throws without a topology.
   bool hierarchy_useful() const;
+
+  // ---- watchdog (process-wide; see the header comment) ----
+  // seconds >= 0, finite; 0 = off. Applies to operations issued afterwards.
+  static void set_watchdog_timeout(double seconds);
+  // The current timeout; until set, DIFFCP_COMM_TIMEOUT (seconds) when set, else 0.
+  static double watchdog_timeout();
+  // Collectives issued on this communicator so far (the sequence number of the latest).
+  std::uint64_t collective_seq() const { return coll_seq_; }
 
   // ---- collectives; counts are in elements of `type` ----
   // send: [count], recv: [size() * count] (rank r's block at r*count).
@@ -248,13 +274,26 @@ class Communicator {
   virtual WorkPtr do_barrier() = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name) = 0;
   virtual std::unique_ptr<Communicator> do_split_node_local(const std::string& name) = 0;
+  // Watchdog: sends `mine` to every other rank without blocking (best effort: a peer may be dead)
+  // and collects the other ranks' reports for up to grace_s seconds, or until every rank in
+  // `wanted` answered. Returns size() entries (nullopt: no answer). The default cannot reach the
+  // other ranks and returns no answers.
+  virtual std::vector<std::optional<WatchdogReport>> do_watchdog_exchange(const WatchdogReport& mine,
+                                                                          std::span<const int> wanted,
+                                                                          double grace_s);
 
  private:
+  friend class WatchedWork;
   void check_counts(std::span<const std::size_t> counts, const char* what) const;
   void check_peer(int peer, const char* what) const;
   // Counts an operation the backend accepted (elements sent / received by this rank; of the
-  // sent, sent_inter to other nodes).
-  void count(CommOp op, std::size_t sent, std::size_t recvd, DType type, std::size_t sent_inter = 0);
+  // sent, sent_inter to other nodes) and puts it under the watchdog when that is on. peer: the
+  // other rank of a send / recv, the root of a broadcast, else -1.
+  WorkPtr issued(WorkPtr w, CommOp op, std::size_t sent, std::size_t recvd, DType type,
+                 std::size_t sent_inter = 0, int peer = -1);
+  // The watchdog's verdict on an operation that did not complete in time (comm/watchdog.cpp).
+  [[noreturn]] void watchdog_expired(const WatchdogReport& mine, std::uint64_t bytes_sent,
+                                     std::uint64_t bytes_recv, double timeout_s);
   // Elements this rank sends to ranks on other nodes when it sends `per_peer[r]` to each rank r
   // (0 without a topology).
   std::size_t inter_part(std::span<const std::size_t> per_peer) const;
@@ -275,6 +314,7 @@ class Communicator {
   std::unique_ptr<Topology> topology_;
   std::unique_ptr<Communicator> node_comm_, leader_comm_;  // leader_comm_: local rank 0 of each node, else null
   int staged_in_flight_ = 0;  // hierarchical operations not yet complete
+  std::uint64_t coll_seq_ = 0;  // collectives issued (all ranks issue the same sequence)
 };
 
 // ---- template definitions ----

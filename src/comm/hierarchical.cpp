@@ -189,9 +189,8 @@ WorkPtr Communicator::hier_all_gather_v(const void* send, void* recv, std::span<
   });
   auto w = std::make_unique<StagedWork>(std::move(stages), staged_in_flight_);
   const std::size_t inter = mine * static_cast<std::size_t>(N - 1);
-  count(CommOp::all_gather, inter + held_mine * static_cast<std::size_t>(L - 1), rc_total + node_total - held_mine, type,
-        inter);
-  return w;
+  return issued(std::move(w), CommOp::all_gather, inter + held_mine * static_cast<std::size_t>(L - 1),
+                rc_total + node_total - held_mine, type, inter);
 }
 
 WorkPtr Communicator::hier_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts,
@@ -250,9 +249,8 @@ WorkPtr Communicator::hier_reduce_scatter_v(const void* send, void* recv, std::s
   const std::size_t total = s->packed.size() / es, held_mine = s->node_counts[static_cast<std::size_t>(l)];
   const std::size_t inter = std::accumulate(s->sc.begin(), s->sc.end(), std::size_t{0});
   auto w = std::make_unique<StagedWork>(std::move(stages), staged_in_flight_);
-  count(CommOp::reduce_scatter, total - held_mine + inter, held_mine * static_cast<std::size_t>(L - 1) + from, type,
-        inter);
-  return w;
+  return issued(std::move(w), CommOp::reduce_scatter, total - held_mine + inter,
+                held_mine * static_cast<std::size_t>(L - 1) + from, type, inter);
 }
 
 WorkPtr Communicator::hier_all_reduce(const void* send, void* recv, std::size_t n, DType type, ReduceOp op) {
@@ -269,8 +267,8 @@ WorkPtr Communicator::hier_all_reduce(const void* send, void* recv, std::size_t 
   const std::size_t intra_ar = 2 * (n - share(static_cast<std::size_t>(l), L));
   const std::size_t inter = leader_comm_ ? 2 * (n - share(static_cast<std::size_t>(node), N)) : 0;
   const std::size_t bcast_sent = l == 0 ? n * (L - 1) : 0, bcast_recv = l == 0 ? 0 : n;
-  count(CommOp::all_reduce, intra_ar + inter + bcast_sent, intra_ar + inter + bcast_recv, type, inter);
-  return w;
+  return issued(std::move(w), CommOp::all_reduce, intra_ar + inter + bcast_sent, intra_ar + inter + bcast_recv,
+                type, inter);
 }
 
 }  // namespace diffcp

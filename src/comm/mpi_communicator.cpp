@@ -1,7 +1,9 @@
 #include "comm/mpi_communicator.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <thread>
 #include <cmath>
 #include <limits>
 #include <exception>
@@ -123,6 +125,7 @@ class MpiWork final : public Work {
 // sends block r of its input to rank r (the accounting's sent = sum of the others' counts) and
 // reduces the P blocks of its own output in rank order 0, 1, ..., P-1 (deterministic).
 constexpr int kReduceScatterTag = 0x7ffe;  // reserved: Communicator::send/recv tags stay below
+constexpr int kWatchdogTag = 0x7ffd;       // reserved likewise
 
 class ReduceScatterWork final : public Work {
  public:
@@ -292,6 +295,39 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split_node_local(const std::st
   MPI_Comm sub = MPI_COMM_NULL;
   DIFFCP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &sub));
   return std::unique_ptr<Communicator>(new MpiCommunicator(sub, name, true));
+}
+
+std::vector<std::optional<WatchdogReport>> MpiCommunicator::do_watchdog_exchange(const WatchdogReport& mine,
+                                                                                 std::span<const int> wanted,
+                                                                                 double grace_s) {
+  // Best effort and never blocking: the job is about to end, and a peer may be stopped, dead or
+  // behind a link that is down. The send buffer is deliberately never freed (a send to such a peer
+  // never completes); errors are ignored.
+  auto* out = new WatchdogReport(mine);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Isend(out, sizeof(WatchdogReport), MPI_BYTE, r, kWatchdogTag, comm_, &req) == MPI_SUCCESS)
+      MPI_Request_free(&req);
+  }
+  std::vector<std::optional<WatchdogReport>> got(static_cast<std::size_t>(size_));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  auto all_in = [&] {
+    return std::all_of(wanted.begin(), wanted.end(), [&](int r) { return got[static_cast<std::size_t>(r)].has_value(); });
+  };
+  while (!all_in() && std::chrono::steady_clock::now() < until) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kWatchdogTag, comm_, &flag, &st) != MPI_SUCCESS) break;
+    if (!flag) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
+    WatchdogReport in;
+    if (MPI_Recv(&in, sizeof in, MPI_BYTE, st.MPI_SOURCE, kWatchdogTag, comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    got[static_cast<std::size_t>(st.MPI_SOURCE)] = in;
+  }
+  return got;
 }
 
 }  // namespace diffcp

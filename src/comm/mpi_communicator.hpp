@@ -2,6 +2,8 @@
 // MPI_Iallreduce, ...) whose requests are wrapped in a Work handle; reduce-scatter is pairwise
 // point-to-point + a local reduction in rank order (libnbc's is a reduce to one rank + scatter).
 //
+// Watchdog: the reports travel as point-to-point messages on the communicator with a reserved tag.
+//
 // Progress: Open MPI advances a nonblocking collective only inside MPI calls, so an operation
 // overlaps compute only as far as the backend progresses it on its own (shared memory and TCP
 // eager messages do; large rendezvous messages may wait for wait()). Work::test() drives progress.
@@ -43,6 +45,9 @@ class MpiCommunicator final : public Communicator {
   WorkPtr do_barrier() override;
   std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name) override;
   std::unique_ptr<Communicator> do_split_node_local(const std::string& name) override;
+  std::vector<std::optional<WatchdogReport>> do_watchdog_exchange(const WatchdogReport& mine,
+                                                                  std::span<const int> wanted,
+                                                                  double grace_s) override;
 
  private:
   MpiCommunicator(MPI_Comm owned, std::string name, bool /*adopt*/);
