@@ -10,7 +10,11 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libdnnl-dev ocl-icd-opencl-dev
       libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libmetis-dev
       # scripts/emucluster.sh (emulated hosts: ip, tc; unshare, taskset; jq reads its profiles)
-      iproute2 util-linux procps jq)
+      iproute2 util-linux procps jq
+      # fuzz/ (libFuzzer targets built with clang, ASan + UBSan, linked by lld)
+      clang libclang-rt-14-dev lld
+      # tools/dflash_reference.py (the numpy check of the DFlash format, tests/dflash_numpy_check.sh)
+      python3-numpy)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -263,7 +263,7 @@ TEST(AnchorsFile, ReadsTheDocumentedFormatAndRejectsBadFiles) {
     }
   };
   expect_error(write("trunc.json", R"({"block": 2, "samples": [)"), "not valid JSON");
-  expect_error(write("type.json", R"({"block": "two", "samples": []})"), "wrong type");
+  expect_error(write("type.json", R"({"block": "two", "samples": []})"), "\"block\" = \"two\", expected an integer");
   expect_error(write("shape.json", R"({"samples": []})"), "expected {");
   expect_error(write("past.json", R"({"block": 4, "samples": [{"length": 10, "anchors": [7]}]})"), "past the sample end");
   expect_error(write("unsorted.json", R"({"block": 2, "samples": [{"length": 10, "anchors": [5, 3]}]})"), "not strictly increasing");

@@ -126,7 +126,7 @@ TEST(Data, PackingNeverSplitsSamplesAndAnchorsFollowTheSpec) {
   }
   EXPECT_EQ(seen, src->train().size());
   std::mt19937_64 rng(3);
-  const PackedBatch b = sample_anchors(src->train(), packs[0], 8, cfg.block, rng);
+  const PackedBatch b = sample_anchors(src->train(), packs[0], 8, cfg.block, rng, 512);
   for (std::size_t u = 0; u < b.anchors.size(); ++u) {
     const Sample& smp = src->train()[packs[0][u]];
     for (std::int64_t a : b.anchors[u]) {
@@ -137,8 +137,38 @@ TEST(Data, PackingNeverSplitsSamplesAndAnchorsFollowTheSpec) {
   // Tokens never use the mask id.
   for (const Sample& s : src->train())
     for (std::int32_t t : s.tokens) EXPECT_NE(t, cfg.mask_token);
-  expect_error([&] { pack_samples(src->train(), 50); }, "longer than the micro-batch context");
   expect_error([] { drafter_preset("huge"); }, "unknown preset 'huge'");
+}
+
+TEST(Data, LongSamplesAreRightTruncatedAndCandidatesCounted) {
+  const DrafterConfig cfg;  // B = 8
+  SyntheticSpec spec;
+  spec.train_samples = 12;
+  const auto src = make_synthetic_source(cfg, spec);  // lengths 96 .. 256
+  const std::int64_t ctx = 64;
+  const auto packs = pack_samples(src->train(), ctx);
+  ASSERT_EQ(packs.size(), src->train().size());  // every sample is cut to the whole context: one per pack
+  std::mt19937_64 rng(5);
+  const PackedBatch b = sample_anchors(src->train(), packs[3], 4, cfg.block, rng, ctx);
+  ASSERT_EQ(b.lengths, std::vector<std::int64_t>{ctx});  // the first `ctx` tokens are kept
+  for (std::int64_t a : b.anchors[0]) EXPECT_LE(a + cfg.block, ctx);
+  // Candidates: response positions x with x + B <= the (truncated) length.
+  Sample s{{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1}, {}};
+  EXPECT_EQ(anchor_candidates(s, 8, 100), 3);  // x in {2, 3, 4}: 4 + 8 <= 12
+  EXPECT_EQ(anchor_candidates(s, 8, 11), 2);   // truncated to 11 tokens: x in {2, 3}
+  EXPECT_EQ(anchor_candidates(s, 8, 8), 0);
+}
+
+TEST(Config, TargetLayerIdsFollowTheReference) {
+  // The reference's rule round(1 + i (depth - 4) / (n - 1)): a 36-layer target, 5 features.
+  EXPECT_EQ(default_target_layer_ids(36, 5), (std::vector<std::int64_t>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(default_target_layer_ids(36, 1), (std::vector<std::int64_t>{18}));
+  DrafterConfig c;
+  c.target_layer_ids = {0, 5};
+  expect_error([&] { c.validate(); }, "target layer id 5 outside [0, 2)");
+  c.target_layer_ids = {0};
+  expect_error([&] { c.validate(); }, "1 target layer ids for 2 target layers");
+  EXPECT_EQ(DrafterConfig::from_json(DrafterConfig().to_json()).to_json(), DrafterConfig().to_json());
 }
 
 }  // namespace

@@ -2,10 +2,13 @@
 """Extract DFlash drafter training shards from a Hugging Face target model (not run in CI).
 
 Writes, into OUT_DIR, the files `diffcp train --data OUT_DIR` reads:
-  model.safetensors         embedding [V, H] (input embeddings) and lm_head [H, V] (float32)
+  model.safetensors         embedding [V, H] (input embeddings) and lm_head [H, V] (float32);
+                            metadata target_layer_ids (JSON list) and num_target_layers
   shard_00000.safetensors   tokens I32 [T], loss_mask U8 [T], offsets I64 [n+1] (sample
                             boundaries into the T rows), hidden F32 [T, n_t * H] (the target's
-                            hidden states of the chosen layers, concatenated per token)
+                            hidden states of the chosen layers, concatenated per token),
+                            target_greedy I32 [T] (the target's argmax for each position given
+                            the tokens before it: what the held-out tau compares drafts with)
 The chosen layers follow SPEC A.1: round(1 + i*(L-4)/(n_t-1)) for i = 0..n_t-1 (L//2 if n_t = 1).
 
 Usage:
@@ -15,6 +18,7 @@ Usage:
 Then: mpirun -np 2 diffcp train --data data/qwen --preset <a preset whose vocab/hidden match>
 """
 import argparse
+import json
 import os
 
 import numpy as np
@@ -48,9 +52,11 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     emb = model.get_input_embeddings().weight.detach().float().numpy()          # [V, H]
     head = model.get_output_embeddings().weight.detach().float().numpy().T      # [H, V]
-    save_file({"embedding": np.ascontiguousarray(emb), "lm_head": np.ascontiguousarray(head)},
-              os.path.join(args.out, "model.safetensors"))
     layers = layer_ids(model.config.num_hidden_layers, args.target_layers)
+    save_file({"embedding": np.ascontiguousarray(emb), "lm_head": np.ascontiguousarray(head)},
+              os.path.join(args.out, "model.safetensors"),
+              metadata={"target_layer_ids": json.dumps(layers),
+                        "num_target_layers": str(model.config.num_hidden_layers)})
 
     ds = load_dataset(args.dataset, split=args.split)
     shard, buf = 0, []
@@ -62,8 +68,10 @@ def main() -> None:
         tokens = np.concatenate([b[0] for b in buf]).astype(np.int32)
         mask = np.concatenate([b[1] for b in buf]).astype(np.uint8)
         hidden = np.concatenate([b[2] for b in buf]).astype(np.float32)
+        greedy = np.concatenate([b[3] for b in buf]).astype(np.int32)
         offsets = np.cumsum([0] + [len(b[0]) for b in buf]).astype(np.int64)
-        save_file({"tokens": tokens, "loss_mask": mask, "offsets": offsets, "hidden": hidden},
+        save_file({"tokens": tokens, "loss_mask": mask, "offsets": offsets, "hidden": hidden,
+                   "target_greedy": greedy},
                   os.path.join(args.out, f"shard_{shard:05d}.safetensors"))
         shard, buf = shard + 1, []
 
@@ -78,7 +86,9 @@ def main() -> None:
             out = model(torch.tensor([ids]), output_hidden_states=True)
         # hidden_states[0] is the embedding output; layer l's output is hidden_states[l + 1].
         h = torch.cat([out.hidden_states[l + 1][0] for l in layers], dim=-1).numpy()
-        buf.append((np.array(ids), np.array(mask), h))
+        # The target's greedy token for position x is the argmax of its logits at x - 1.
+        greedy = np.concatenate([[ids[0]], out.logits[0, :-1].argmax(-1).numpy()])
+        buf.append((np.array(ids), np.array(mask), h, greedy))
         if len(buf) == args.samples_per_shard:
             flush()
     flush()

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "comm/communicator.hpp"
 #include "drafter/trainer.hpp"
@@ -100,6 +101,22 @@ int run_bench_coll(Communicator& world, const BenchCollOptions& opt);
 // `diffcp dit` (cli/dit.cpp, options kept there): DiT inference with Ulysses SP, Flat or TAPA.
 void add_dit_command(CLI::App& app);
 int run_dit(Communicator& world);
+
+// `diffcp export` (no MPI): a checkpoint in the DFlash drafter format (drafter/hf_format.hpp).
+struct ExportOptions {
+  std::string checkpoint, out, dtype = "f32";
+  std::string target_layer_ids;        // comma list; empty = the checkpoint's
+  std::int64_t num_target_layers = 0;  // 0 = the checkpoint's
+};
+void add_export_command(CLI::App& app, ExportOptions& opt);
+int run_export(const ExportOptions& opt);
+
+// `diffcp draft`: one draft block of a DFlash drafter directory (drafter/draft.hpp).
+struct DraftOptions {
+  std::string model, target_hidden, noise, out, balancer = "lpt";
+};
+void add_draft_command(CLI::App& app, DraftOptions& opt);
+int run_draft(Communicator& world, const DraftOptions& opt);
 
 // `diffcp train`: the DFlash drafter trainer (drafter/trainer.hpp).
 void add_train_command(CLI::App& app, TrainOptions& opt);

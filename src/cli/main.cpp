@@ -34,10 +34,14 @@ int main(int argc, char** argv) {
   diffcp::cli::BenchCpOptions bench_cp;
   diffcp::cli::BenchP2pOptions bench_p2p;
   diffcp::cli::BenchCollOptions bench_coll;
+  diffcp::cli::ExportOptions export_opt;
+  diffcp::cli::DraftOptions draft;
   diffcp::cli::add_attn_command(app, attn);
   diffcp::cli::add_plan_command(app, plan);
   diffcp::cli::add_train_command(app, train);
   diffcp::cli::add_dit_command(app);
+  diffcp::cli::add_export_command(app, export_opt);
+  diffcp::cli::add_draft_command(app, draft);
   diffcp::cli::add_bench_command(app, bench_cp, bench_p2p, bench_coll);
   // Parse before MPI starts so --help and usage errors need no MPI; every rank parses the same argv.
   try {
@@ -45,9 +49,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (app.got_subcommand("plan")) {  // no MPI
+  if (app.got_subcommand("plan") || app.got_subcommand("export")) {  // no MPI
     try {
-      return diffcp::cli::run_plan(plan);
+      return app.got_subcommand("plan") ? diffcp::cli::run_plan(plan) : diffcp::cli::run_export(export_opt);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "diffcp: error: %s\n", e.what());
       return 1;
@@ -58,6 +62,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);
     if (app.got_subcommand("train")) return diffcp::cli::run_train(world, train);
     if (app.got_subcommand("dit")) return diffcp::cli::run_dit(world);
+    if (app.got_subcommand("draft")) return diffcp::cli::run_draft(world, draft);
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("cp"))
       return diffcp::cli::run_bench_cp(world, bench_cp);
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("p2p"))

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cctype>
+#include <limits>
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
@@ -15,7 +16,10 @@ std::int64_t parse_count(const std::string& text, const char* flag) {
   else if (suffix == "m" || suffix == "M") mult = 1024 * 1024;
   DIFFCP_CHECK(i > 0 && i <= 15 && (suffix.empty() || mult > 1), flag, " = '", text,
                "': expected a non-negative count like 300, 16k or 1m");
-  return std::stoll(text.substr(0, i)) * mult;
+  const std::int64_t value = std::stoll(text.substr(0, i));
+  DIFFCP_CHECK(value <= std::numeric_limits<std::int64_t>::max() / mult, flag, " = '", text,
+               "': too large (the largest count is 2^63 - 1)");
+  return value * mult;
 }
 
 CountRange parse_range(const std::string& text, const char* flag) {

@@ -7,14 +7,16 @@ namespace diffcp::cli {
 
 void add_train_command(CLI::App& app, TrainOptions& opt) {
   CLI::App* c = app.add_subcommand("train", "Train a DFlash drafter with Split-KV context parallelism over the mpirun ranks");
-  c->add_option("--preset", opt.preset, "model shape: tiny | qwen3.5-35b-a3b | qwen3.5-27b")->capture_default_str();
+  c->add_option("--preset", opt.preset, "model shape: tiny (default) | small | qwen3.5-35b-a3b | qwen3.5-27b");
+  c->add_option("--init", opt.init, "start from a DFlash drafter directory (config.json + model.safetensors, "
+                                    "e.g. from diffcp export or a released drafter); its config.json is the shape");
   c->add_option("--steps", opt.steps, "optimizer steps in total")->capture_default_str();
   c->add_option("--cp", opt.cp, "context-parallel group size (0 = ranks / dp)")->capture_default_str();
   c->add_option("--dp", opt.dp, "data-parallel replicas")->capture_default_str();
   c->add_option("--accum", opt.accum, "micro-batches per DP replica per step (global batch = dp * accum)")->capture_default_str();
   c->add_option("--context", opt.context, "tokens per packed micro-batch")->capture_default_str();
-  c->add_option("--anchors", opt.anchors, "anchors per sample")->capture_default_str();
-  c->add_option("--lr", opt.lr, "peak learning rate (cosine, 4 % warm-up)")->capture_default_str();
+  c->add_option("--anchors", opt.anchors, "anchors per sample (default: 12 for the synthetic shapes, 512 for real ones)");
+  c->add_option("--lr", opt.lr, "peak learning rate, cosine with 4 % warm-up (default: 5e-3 synthetic, 6e-4 real shapes)");
   c->add_option("--weight-decay", opt.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
   c->add_option("--clip", opt.clip, "gradient clipping (global L2 norm)")->capture_default_str();
   c->add_option("--seed", opt.seed, "seeds init, data order, anchors (and the synthetic corpus)")->capture_default_str();
@@ -39,8 +41,8 @@ int run_train(Communicator& world, const TrainOptions& opt) {
   if (world.rank() == 0) {
     std::printf("diffcp train: %lld steps on %d ranks (cp x dp), median step %.1f ms, %.0f tokens/s, peak RSS %.0f MiB/rank\n",
                 static_cast<long long>(opt.steps), world.size(), r.step_ms, r.tokens_per_s, r.peak_rss_mb);
-    std::printf("diffcp train: final loss %.4f (uniform prediction: %.4f), held-out acceptance length tau %.3f\n", r.loss,
-                r.uniform_loss, r.tau);
+    std::printf("diffcp train: final loss %.4f (uniform prediction: %.4f), held-out acceptance length tau %.3f "
+                "(against the %s)\n", r.loss, r.uniform_loss, r.tau, r.tau_reference.c_str());
     std::printf("diffcp train: checkpoint %s\n", r.checkpoint.empty() ? "not written (no --out)" : r.checkpoint.c_str());
     std::printf("diffcp train: CP group on %s, Split-KV with %s collectives\n", r.topology.c_str(), r.collectives.c_str());
   }

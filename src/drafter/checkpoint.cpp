@@ -54,7 +54,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
 
 Checkpoint load_checkpoint(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  DIFFCP_CHECK(in.good(), "checkpoint '", path, "': cannot open it");
+  DIFFCP_CHECK(in.good() && !std::filesystem::is_directory(path), "checkpoint '", path, "': cannot open it as a file");
   const auto size = static_cast<std::size_t>(in.tellg());
   in.seekg(0);
   std::string buf(size, '\0');
@@ -71,20 +71,24 @@ Checkpoint load_checkpoint(const std::string& path) {
   DIFFCP_CHECK(f.h == stored, "checkpoint '", path, "': checksum mismatch (corrupt or truncated file)");
   std::uint64_t js_len = 0;
   std::memcpy(&js_len, buf.data() + 12, 8);
-  DIFFCP_CHECK(20 + js_len <= size - 8, "checkpoint '", path, "': header length past the end");
+  DIFFCP_CHECK(js_len <= size - 28, "checkpoint '", path, "': header length ", js_len, " past the end of the ", size,
+               "-byte file");
   Checkpoint ck;
   try {
     ck.meta = nlohmann::json::parse(buf.substr(20, js_len));
   } catch (const nlohmann::json::exception& e) {
     DIFFCP_FAIL("checkpoint '", path, "': header is not valid JSON: ", e.what());
   }
-  const std::size_t n = ck.meta.at("n_params").get<std::size_t>();
-  DIFFCP_CHECK(20 + js_len + 3 * n * sizeof(float) + 8 == size, "checkpoint '", path, "': ", size,
-               " bytes do not match ", n, " parameters");
+  DIFFCP_CHECK(ck.meta.is_object() && ck.meta.contains("n_params") && ck.meta["n_params"].is_number_unsigned(),
+               "checkpoint '", path, "': header has no non-negative integer \"n_params\"");
+  const std::uint64_t n = ck.meta["n_params"].get<std::uint64_t>();
+  const std::uint64_t data_bytes = size - 28 - js_len;  // params, m, v
+  DIFFCP_CHECK(n <= data_bytes / (3 * sizeof(float)) && 3 * n * sizeof(float) == data_bytes, "checkpoint '", path, "': ",
+               size, " bytes do not match ", n, " parameters");
   const char* p = buf.data() + 20 + js_len;
   for (auto* v : {&ck.params, &ck.m, &ck.v}) {
     v->resize(n);
-    std::memcpy(v->data(), p, n * sizeof(float));
+    if (n > 0) std::memcpy(v->data(), p, n * sizeof(float));
     p += n * sizeof(float);
   }
   return ck;

@@ -1,5 +1,6 @@
 #include "drafter/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -15,13 +16,30 @@ void DrafterConfig::validate() const {
   DIFFCP_CHECK(block >= 2, "drafter: block = ", block, ", expected >= 2 (slot 0 is the anchor)");
   DIFFCP_CHECK(gamma > 0, "drafter: gamma = ", gamma, ", expected > 0");
   DIFFCP_CHECK(mask_token >= 0 && mask_token < vocab, "drafter: mask token ", mask_token, " outside [0, ", vocab, ")");
+  DIFFCP_CHECK(target_layer_ids.empty() || static_cast<std::int64_t>(target_layer_ids.size()) == target_layers,
+               "drafter: ", target_layer_ids.size(), " target layer ids for ", target_layers, " target layers (n_t)");
+  for (std::int64_t id : target_layer_ids)
+    DIFFCP_CHECK(id >= 0 && (target_depth == 0 || id < target_depth), "drafter: target layer id ", id, " outside [0, ",
+                 target_depth, ") (the target's layers)");
+  DIFFCP_CHECK(target_depth >= 0, "drafter: target depth ", target_depth, " < 0");
   attn().validate();
+}
+
+std::vector<std::int64_t> default_target_layer_ids(std::int64_t depth, std::int64_t n_t) {
+  DIFFCP_CHECK(n_t >= 1 && depth >= std::max<std::int64_t>(n_t, 4), "target layer ids: ", n_t, " of a ", depth,
+               "-layer target; expected 1 <= n_t and depth >= max(n_t, 4)");
+  if (n_t == 1) return {depth / 2};
+  std::vector<std::int64_t> ids;
+  for (std::int64_t i = 0; i < n_t; ++i)
+    ids.push_back(std::llround(1.0 + static_cast<double>(i) * static_cast<double>(depth - 4) / static_cast<double>(n_t - 1)));
+  return ids;
 }
 
 nlohmann::json DrafterConfig::to_json() const {
   return {{"vocab", vocab}, {"hidden", hidden}, {"target_layers", target_layers}, {"layers", layers}, {"n_q", n_q},
           {"n_kv", n_kv}, {"d_h", d_h}, {"ffn", ffn}, {"block", block}, {"gamma", gamma}, {"mask_token", mask_token},
-          {"rope_theta", rope_theta}, {"rms_eps", rms_eps}};
+          {"rope_theta", rope_theta}, {"rms_eps", rms_eps}, {"target_layer_ids", target_layer_ids},
+          {"target_depth", target_depth}};
 }
 
 DrafterConfig DrafterConfig::from_json(const nlohmann::json& j) {
@@ -39,6 +57,8 @@ DrafterConfig DrafterConfig::from_json(const nlohmann::json& j) {
   c.mask_token = j.at("mask_token");
   c.rope_theta = j.at("rope_theta");
   c.rms_eps = j.at("rms_eps");
+  c.target_layer_ids = j.value("target_layer_ids", std::vector<std::int64_t>{});
+  c.target_depth = j.value("target_depth", std::int64_t{0});
   c.validate();
   return c;
 }
@@ -58,6 +78,8 @@ DrafterConfig drafter_preset(const std::string& name) {
     c.block = 16;
     c.gamma = 7;
     c.mask_token = 255;
+    c.target_layer_ids = {0, 1, 2};  // the synthetic target's layers
+    c.target_depth = 3;
     return c;
   }
   if (name == "qwen3.5-35b-a3b" || name == "qwen3.5-27b") {
@@ -73,6 +95,8 @@ DrafterConfig drafter_preset(const std::string& name) {
     c.block = 16;
     c.gamma = 7;
     c.mask_token = static_cast<std::int32_t>(c.vocab - 1);
+    c.target_layer_ids = {};  // which layers of the real target: the shards' extraction decides
+    c.target_depth = 0;
     return c;
   }
   DIFFCP_FAIL("unknown preset '", name, "', expected tiny, small, qwen3.5-35b-a3b or qwen3.5-27b");

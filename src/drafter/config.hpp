@@ -21,12 +21,21 @@ struct DrafterConfig {
   double gamma = 4.0;  // 7 for B = 16, 5 for 10, 4 for 8 (SPEC A.1)
   std::int32_t mask_token = 63;
   double rope_theta = 1e6, rms_eps = 1e-6;
+  // Which layers of the target the n_t = target_layers context features come from, in feature
+  // order (the DFlash format's dflash_config.target_layer_ids), and how many layers the target
+  // has (its num_target_layers). Empty / 0 = not known (the real presets: their shards say).
+  std::vector<std::int64_t> target_layer_ids = {0, 1};
+  std::int64_t target_depth = 2;
 
   void validate() const;
   AttnLayerConfig attn() const { return {hidden, n_q, n_kv, d_h, rope_theta, rms_eps}; }
   nlohmann::json to_json() const;
   static DrafterConfig from_json(const nlohmann::json& j);
 };
+
+// The reference's default target layers for a target of `depth` layers and n_t features (SPEC
+// A.1): round(1 + i (depth - 4) / (n_t - 1)), i = 0 .. n_t - 1; depth / 2 when n_t = 1.
+std::vector<std::int64_t> default_target_layer_ids(std::int64_t depth, std::int64_t n_t);
 
 // "tiny" (the default: trains on 2 cores in seconds), "small" (for benchmarks), "qwen3.5-35b-a3b" and "qwen3.5-27b"
 // (SPEC A.1 Table 2 shapes; vocab 151936, the Qwen tokenizer's).

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <unordered_set>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "ops/linear.hpp"
@@ -105,6 +107,18 @@ class ShardSource final : public DataSource {
   ShardSource(const DrafterConfig& cfg, const std::string& dir, std::int64_t heldout) : cfg_(cfg), dir_(dir) {
     const std::int64_t V = cfg.vocab, H = cfg.hidden, T = cfg.target_layers * H;
     const SafeTensors model(dir + "/model.safetensors");
+    const auto& meta = model.metadata();
+    if (meta.count("target_layer_ids") != 0) {
+      try {
+        ids_ = nlohmann::json::parse(meta.at("target_layer_ids")).get<std::vector<std::int64_t>>();
+        if (meta.count("num_target_layers") != 0) depth_ = std::stoll(meta.at("num_target_layers"));
+      } catch (const std::exception&) {
+        DIFFCP_FAIL("data '", dir, "': model.safetensors metadata target_layer_ids = '", meta.at("target_layer_ids"),
+                    "' / num_target_layers: expected a JSON list of integers and an integer");
+      }
+      DIFFCP_CHECK(static_cast<std::int64_t>(ids_.size()) == cfg.target_layers, "data '", dir, "': hidden states of ",
+                   ids_.size(), " target layers (metadata), the model fuses ", cfg.target_layers);
+    }
     embedding_ = model.f32("embedding", 2);
     lm_head_ = model.f32("lm_head", 2);
     DIFFCP_CHECK(model.info("embedding").shape == std::vector<std::int64_t>({V, H}) &&
@@ -123,16 +137,23 @@ class ShardSource final : public DataSource {
       const auto mask = st.u8("loss_mask", 1);
       const auto offsets = st.i64("offsets", 1);
       auto hidden = st.f32("hidden", 2);
+      const auto greedy = st.has("target_greedy") ? st.i32("target_greedy", 1) : std::vector<std::int32_t>{};
+      DIFFCP_CHECK(greedy.empty() || greedy.size() == tokens.size(), "shard '", path, "': target_greedy has ",
+                   greedy.size(), " entries, expected one per token (", tokens.size(), ")");
       const auto rows = static_cast<std::int64_t>(tokens.size());
       DIFFCP_CHECK(static_cast<std::int64_t>(mask.size()) == rows && st.info("hidden").shape == std::vector<std::int64_t>({rows, T}),
                    "shard '", path, "': loss_mask must be [", rows, "] and hidden [", rows, ", n_t*H = ", T, "]");
       DIFFCP_CHECK(offsets.size() >= 2 && offsets.front() == 0 && offsets.back() == rows, "shard '", path,
                    "': offsets must run from 0 to the ", rows, " token rows");
       for (std::size_t i = 0; i + 1 < offsets.size(); ++i) {
-        DIFFCP_CHECK(offsets[i] < offsets[i + 1], "shard '", path, "': offsets not increasing at ", i);
-        Sample s{{tokens.begin() + offsets[i], tokens.begin() + offsets[i + 1]}, {mask.begin() + offsets[i], mask.begin() + offsets[i + 1]}};
+        DIFFCP_CHECK(offsets[i] < offsets[i + 1] && offsets[i + 1] <= rows, "shard '", path, "': offsets ", i, ", ", i + 1,
+                     " = ", offsets[i], ", ", offsets[i + 1], ": not increasing within the ", rows, " token rows");
+        Sample s{{tokens.begin() + offsets[i], tokens.begin() + offsets[i + 1]}, {mask.begin() + offsets[i], mask.begin() + offsets[i + 1]}, {}};
+        if (!greedy.empty()) s.greedy.assign(greedy.begin() + offsets[i], greedy.begin() + offsets[i + 1]);
         for (std::int32_t t : s.tokens)
           DIFFCP_CHECK(t >= 0 && t < V, "shard '", path, "': token id ", t, " outside the vocabulary [0, ", V, ")");
+        for (std::int32_t t : s.greedy)
+          DIFFCP_CHECK(t >= 0 && t < V, "shard '", path, "': target_greedy id ", t, " outside the vocabulary [0, ", V, ")");
         all.push_back(std::move(s));
         hidden_.push_back(std::vector<float>(hidden.begin() + offsets[i] * T, hidden.begin() + offsets[i + 1] * T));
       }
@@ -150,6 +171,8 @@ class ShardSource final : public DataSource {
   std::string describe() const override {
     return "shards in " + dir_ + ": " + std::to_string(train_.size()) + " train / " + std::to_string(heldout_.size()) + " held-out samples";
   }
+  std::vector<std::int64_t> target_layer_ids() const override { return ids_; }
+  std::int64_t target_depth() const override { return depth_; }
   void hidden(bool held, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const override {
     const std::int64_t T = cfg_.target_layers * cfg_.hidden;
     const auto& h = hidden_[held ? train_.size() + s : s];
@@ -161,6 +184,8 @@ class ShardSource final : public DataSource {
   std::string dir_;
   std::vector<float> embedding_, lm_head_;
   std::vector<std::vector<float>> hidden_;  // per sample (train then held-out) [L, n_t*H]
+  std::vector<std::int64_t> ids_;
+  std::int64_t depth_ = 0;
   std::vector<Sample> train_, heldout_;
 };
 
@@ -175,12 +200,11 @@ std::unique_ptr<DataSource> make_shard_source(const DrafterConfig& cfg, const st
 }
 
 std::vector<std::vector<std::size_t>> pack_samples(const std::vector<Sample>& samples, std::int64_t context) {
+  DIFFCP_CHECK(context >= 1, "packing: context ", context, ", expected >= 1");
   std::vector<std::vector<std::size_t>> out;
   std::int64_t used = context;
   for (std::size_t s = 0; s < samples.size(); ++s) {
-    const auto L = static_cast<std::int64_t>(samples[s].tokens.size());
-    DIFFCP_CHECK(L <= context, "packing: sample ", s, " has ", L, " tokens, longer than the micro-batch context ",
-                 context, " (samples are never split)");
+    const auto L = std::min(static_cast<std::int64_t>(samples[s].tokens.size()), context);
     if (used + L > context) {
       out.emplace_back();
       used = 0;
@@ -191,13 +215,20 @@ std::vector<std::vector<std::size_t>> pack_samples(const std::vector<Sample>& sa
   return out;
 }
 
+std::int64_t anchor_candidates(const Sample& s, std::int64_t block, std::int64_t max_length) {
+  const auto L = std::min(static_cast<std::int64_t>(s.tokens.size()), max_length);
+  std::int64_t n = 0;
+  for (std::int64_t x = 0; x + block <= L; ++x) n += s.loss_mask[static_cast<std::size_t>(x)] ? 1 : 0;
+  return n;
+}
+
 PackedBatch sample_anchors(const std::vector<Sample>& samples, const std::vector<std::size_t>& members,
-                           std::int64_t anchors, std::int64_t block, std::mt19937_64& rng) {
+                           std::int64_t anchors, std::int64_t block, std::mt19937_64& rng, std::int64_t max_length) {
   PackedBatch b;
   b.block = block;
   for (std::size_t s : members) {
     const Sample& smp = samples[s];
-    const auto L = static_cast<std::int64_t>(smp.tokens.size());
+    const auto L = std::min(static_cast<std::int64_t>(smp.tokens.size()), max_length);
     std::vector<std::int64_t> cand;
     for (std::int64_t x = 0; x + block <= L; ++x)
       if (smp.loss_mask[static_cast<std::size_t>(x)]) cand.push_back(x);

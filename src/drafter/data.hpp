@@ -21,6 +21,8 @@ namespace diffcp {
 struct Sample {
   std::vector<std::int32_t> tokens;    // [L]
   std::vector<std::uint8_t> loss_mask;  // [L] 1 on response tokens
+  std::vector<std::int32_t> greedy;    // [L] or empty: the target's greedy token for each position
+                                        // (argmax of its logits after tokens [0, x)), when known
 };
 
 class DataSource {
@@ -34,6 +36,10 @@ class DataSource {
   virtual const std::vector<float>& embedding() const = 0;  // [V, H] the target's, frozen
   virtual const std::vector<float>& lm_head() const = 0;    // [H, V] the target's, frozen
   virtual std::string describe() const = 0;
+  // Which target layers the hidden states come from and the target's depth, when the data says
+  // (shards from tools/extract_shards.py do); empty / 0 otherwise.
+  virtual std::vector<std::int64_t> target_layer_ids() const { return {}; }
+  virtual std::int64_t target_depth() const { return 0; }
 };
 
 // Markov chain: every token has 3 likely successors (p = 0.75, 0.15, 0.1); the mask token never
@@ -49,17 +55,24 @@ std::unique_ptr<DataSource> make_synthetic_source(const DrafterConfig& cfg, cons
 
 // A directory with model.safetensors (embedding [V, H] and lm_head [H, V], f32) and
 // shard_*.safetensors files, each with tokens (I32 [T]), loss_mask (U8 [T]), offsets (I64 [n+1],
-// sample boundaries into the T rows) and hidden (F32 [T, n_t*H]). The last `heldout` samples are
-// held out. Every offset, dtype and shape is validated.
+// sample boundaries into the T rows), hidden (F32 [T, n_t*H]) and optionally target_greedy (I32
+// [T], Sample::greedy); model.safetensors' metadata may name target_layer_ids (a JSON list) and
+// num_target_layers. The last `heldout` samples are held out. Every offset, dtype and shape is
+// validated.
 std::unique_ptr<DataSource> make_shard_source(const DrafterConfig& cfg, const std::string& dir, std::int64_t heldout);
 
 // Greedy packing of samples (in order) into micro-batches of at most `context` tokens; a sample
-// longer than `context` is rejected. Each micro-batch lists sample indices.
+// longer than `context` counts as its first `context` tokens (right-truncation: the reference's
+// max_length). Each micro-batch lists sample indices.
 std::vector<std::vector<std::size_t>> pack_samples(const std::vector<Sample>& samples, std::int64_t context);
 
-// Anchors of one packed micro-batch (SPEC A.1): per sample, up to `anchors` positions drawn
-// uniformly without replacement among x with loss_mask[x] = 1 and x + B <= length, sorted.
+// Candidate anchor positions of a sample's first `max_length` tokens: x with loss_mask[x] = 1 and
+// x + B <= length.
+std::int64_t anchor_candidates(const Sample& s, std::int64_t block, std::int64_t max_length);
+
+// Anchors of one packed micro-batch (SPEC A.1): per sample (its first `max_length` tokens), up to
+// `anchors` of its candidate positions drawn uniformly without replacement, sorted.
 PackedBatch sample_anchors(const std::vector<Sample>& samples, const std::vector<std::size_t>& members,
-                           std::int64_t anchors, std::int64_t block, std::mt19937_64& rng);
+                           std::int64_t anchors, std::int64_t block, std::mt19937_64& rng, std::int64_t max_length);
 
 }  // namespace diffcp

@@ -42,8 +42,6 @@ Drafter::Drafter(Communicator& cp, const DrafterConfig& cfg, SplitKVOptions attn
     : comm_(cp), cfg_(cfg), attn_opt_(attn), layout_(cfg) {
   params_.assign(static_cast<std::size_t>(layout_.total), 0.f);
   grads_.assign(params_.size(), 0.f);
-  embedding_.assign(static_cast<std::size_t>(cfg_.vocab * cfg_.hidden), 0.f);
-  lm_head_.assign(static_cast<std::size_t>(cfg_.hidden * cfg_.vocab), 0.f);
   layers_.resize(static_cast<std::size_t>(cfg_.layers));
 }
 
@@ -59,6 +57,7 @@ void Drafter::init_params(std::uint64_t seed) {
     const auto& L = layout_.layer[static_cast<std::size_t>(l)];
     AttnLayerParams a(cfg_.attn());
     a.init_random(seed + 1000 + static_cast<std::uint64_t>(l));
+    std::fill_n(a[AttnLayerParams::bo], a.size(AttnLayerParams::bo), 0.f);  // fixed at zero (no bias in the format)
     std::copy(a.all().begin(), a.all().end(), params_.begin() + L.attn);
     fill(L.w_gate, H * F, 0, 1 / std::sqrt(static_cast<double>(H)));
     fill(L.w_up, H * F, 0, 1 / std::sqrt(static_cast<double>(H)));
@@ -79,9 +78,17 @@ AttnLayerParams Drafter::attn_params(std::vector<float>& buf, std::int64_t l) co
 }
 
 void Drafter::embed(const DrafterBatch& mb) {
-  const std::int64_t H = cfg_.hidden, B = cfg_.block;
+  const std::int64_t H = cfg_.hidden, B = cfg_.block, Qp = mb.shard.own_query_rows();
+  if (!mb.block_input.empty() || Qp == 0) {
+    DIFFCP_CHECK(static_cast<std::int64_t>(mb.block_input.size()) == Qp * H, "drafter: block_input has ",
+                 mb.block_input.size(), " values, expected Q_p * H = ", Qp, " * ", H);
+    h_ = mb.block_input;
+    return;
+  }
+  DIFFCP_CHECK(static_cast<std::int64_t>(embedding_.size()) == cfg_.vocab * H, "drafter: the embedding has ",
+               embedding_.size(), " values, expected V * H = ", cfg_.vocab, " * ", H);
   const auto refs = mb.shard.batch.blocks();
-  h_.resize(static_cast<std::size_t>(mb.shard.own_query_rows() * H));
+  h_.resize(static_cast<std::size_t>(Qp * H));
   std::int64_t r = 0;
   for (std::int64_t i = mb.shard.blocks.begin; i < mb.shard.blocks.end; ++i)
     for (std::int64_t k = 0; k < B; ++k, ++r) {
@@ -90,8 +97,8 @@ void Drafter::embed(const DrafterBatch& mb) {
     }
 }
 
-DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
-  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, V = cfg_.vocab, B = cfg_.block, T = cfg_.target_layers * H;
+void Drafter::forward(const DrafterBatch& mb) {
+  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, B = cfg_.block, T = cfg_.target_layers * H;
   const CpShard& s = mb.shard;
   const std::int64_t S = s.batch.context_rows(), Qp = s.own_query_rows(), Cp = s.context_rows();
   DIFFCP_CHECK(s.batch.block == B, "drafter: batch block ", s.batch.block, " != config block ", B);
@@ -130,6 +137,21 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
     linear_forward(L.act.data(), Qp, F, P + off.w_down, H, h_.data(), 1.f);  // h += act W_down
   }
   norm_rows(h_, Qp, H, P + layout_.final_norm, cfg_.rms_eps, hf_, hf_rstd_);
+}
+
+const std::vector<float>& Drafter::forward_hidden(const DrafterBatch& mb) {
+  forward(mb);
+  return hf_;
+}
+
+DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
+  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, V = cfg_.vocab, B = cfg_.block, T = cfg_.target_layers * H;
+  const CpShard& s = mb.shard;
+  const std::int64_t Qp = s.own_query_rows(), Cp = s.context_rows();
+  DIFFCP_CHECK(static_cast<std::int64_t>(lm_head_.size()) == H * V, "drafter: the LM head has ", lm_head_.size(),
+               " values, expected H * V = ", H, " * ", V);
+  forward(mb);
+  const float* P = params_.data();
   logits_.resize(static_cast<std::size_t>(Qp * V));
   linear_forward(hf_.data(), Qp, H, lm_head_.data(), V, logits_.data());
 
@@ -187,6 +209,7 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
     // Attention: h_mid = h_in + SplitKV(a, c).
     AttnLayerParams gview = attn_params(grads_, l);
     L.attn->backward(attn_params(params_, l), dh.data(), da.data(), dc_l.data(), gview);
+    std::fill_n(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
     add_into(dh, norm_rows_bwd(da, L.h_in, L.a_rstd, Qp, H, P + off.attn_norm, G + off.attn_norm));
     add_into(dc, dc_l);
   }

@@ -20,6 +20,7 @@
 #include "core/error.hpp"
 #include "drafter/checkpoint.hpp"
 #include "drafter/data.hpp"
+#include "drafter/hf_format.hpp"
 #include "drafter/model.hpp"
 #include "drafter/optim.hpp"
 
@@ -45,15 +46,22 @@ struct MicroBatchBuilder {
   Communicator& redist;
   int J;
   std::int64_t bucket;
+  std::int64_t context;  // samples are right-truncated to it
 
-  DrafterBatch build(bool heldout, const std::vector<std::size_t>& members, std::int64_t anchors, std::mt19937_64& rng) const {
+  // greedy: also the packed target greedy tokens (empty unless every member has them).
+  DrafterBatch build(bool heldout, const std::vector<std::size_t>& members, std::int64_t anchors, std::mt19937_64& rng,
+                     std::vector<std::int32_t>* greedy = nullptr) const {
     const auto& samples = heldout ? data.heldout() : data.train();
     DrafterBatch mb;
-    const PackedBatch batch = sample_anchors(samples, members, anchors, cfg.block, rng);
-    for (std::size_t s : members) {
-      mb.tokens.insert(mb.tokens.end(), samples[s].tokens.begin(), samples[s].tokens.end());
-      mb.loss_mask.insert(mb.loss_mask.end(), samples[s].loss_mask.begin(), samples[s].loss_mask.end());
+    const PackedBatch batch = sample_anchors(samples, members, anchors, cfg.block, rng, context);
+    for (std::size_t u = 0; u < members.size(); ++u) {
+      const Sample& smp = samples[members[u]];
+      const auto L = static_cast<std::ptrdiff_t>(batch.lengths[u]);
+      mb.tokens.insert(mb.tokens.end(), smp.tokens.begin(), smp.tokens.begin() + L);
+      mb.loss_mask.insert(mb.loss_mask.end(), smp.loss_mask.begin(), smp.loss_mask.begin() + L);
+      if (greedy != nullptr && !smp.greedy.empty()) greedy->insert(greedy->end(), smp.greedy.begin(), smp.greedy.begin() + L);
     }
+    if (greedy != nullptr && greedy->size() != mb.tokens.size()) greedy->clear();
     const CostModel cost(batch);
     const Plan plan = balancer.plan(batch, cost, cp.size(), J);
     mb.shard = chunked_shard(batch, cp.size(), cp.rank(), plan.chunks_of_rank());
@@ -86,12 +94,21 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   const int cp_size = opt.cp > 0 ? opt.cp : W / opt.dp;
   DIFFCP_CHECK(cp_size * opt.dp == W, "--cp ", cp_size, " x --dp ", opt.dp, " = ", cp_size * opt.dp,
                " ranks, but mpirun started ", W);
-  DIFFCP_CHECK(opt.steps >= 1 && opt.accum >= 1 && opt.anchors >= 1 && opt.context >= 1,
-               "--steps, --accum, --anchors and --context must be >= 1");
-  DIFFCP_CHECK(opt.lr > 0 && opt.clip > 0 && opt.warmup >= 0 && opt.warmup < 1, "--lr and --clip must be > 0, warm-up in [0, 1)");
+  DIFFCP_CHECK(opt.steps >= 1 && opt.accum >= 1 && opt.anchors >= 0 && opt.context >= 1,
+               "--steps, --accum and --context must be >= 1, --anchors >= 1 (0: the preset's)");
+  DIFFCP_CHECK(opt.lr >= 0 && opt.clip > 0 && opt.warmup >= 0 && opt.warmup < 1,
+               "--lr must be > 0 (0: the preset's), --clip > 0, warm-up in [0, 1)");
   const CollAlgo collectives = opt.collectives == "auto" ? CollAlgo::hierarchical : parse_coll_algo(opt.collectives);
   DIFFCP_CHECK(!opt.resume || !opt.out.empty(), "--resume needs --out DIR (where the checkpoint is)");
-  const DrafterConfig cfg = drafter_preset(opt.preset);
+  DIFFCP_CHECK(opt.init.empty() || opt.preset.empty(), "--init '", opt.init, "' and --preset '", opt.preset,
+               "': give one (the drafter directory's config.json is the shape)");
+  DrafterWeights init;
+  if (!opt.init.empty()) init = import_dflash(opt.init);
+  DrafterConfig cfg = opt.init.empty() ? drafter_preset(opt.preset.empty() ? "tiny" : opt.preset) : init.config;
+  // The paper's recipe for real shapes (SPEC A.1); the tiny and small synthetic ones train faster with more.
+  const bool real_shape = cfg.vocab > 4096;
+  const double lr = opt.lr > 0 ? opt.lr : real_shape ? 6e-4 : 5e-3;
+  const std::int64_t anchors = opt.anchors > 0 ? opt.anchors : real_shape ? 512 : 12;
   const int rank = world.rank(), dp_rank = rank / cp_size;
   // CP groups are consecutive ranks (node-local first); DP groups are the same CP index.
   const auto cp = world.split(dp_rank, rank % cp_size, "cp");
@@ -108,20 +125,45 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   } else {
     data = make_shard_source(cfg, opt.data, opt.heldout);
   }
+  if (!data->target_layer_ids().empty()) {  // the shards say which target layers they hold
+    if (cfg.target_layer_ids.empty()) {
+      cfg.target_layer_ids = data->target_layer_ids();
+      cfg.target_depth = data->target_depth();
+    }
+    DIFFCP_CHECK(cfg.target_layer_ids == data->target_layer_ids(), "--data '", opt.data, "' holds target layers ",
+                 nlohmann::json(data->target_layer_ids()).dump(), ", the drafter fuses layers ",
+                 nlohmann::json(cfg.target_layer_ids).dump(), " (--init's config.json)");
+  }
   const auto train_packs = pack_samples(data->train(), opt.context), eval_packs = pack_samples(data->heldout(), opt.context);
   const auto balancer = make_balancer(opt.balancer);
-  const MicroBatchBuilder builder{*data, cfg, *balancer, *cp, *redist, opt.J, opt.bucket};
+  const MicroBatchBuilder builder{*data, cfg, *balancer, *cp, *redist, opt.J, opt.bucket, opt.context};
+  TrainResult res;
+  for (const Sample& smp : data->train()) {
+    res.truncated += static_cast<std::int64_t>(smp.tokens.size()) > opt.context ? 1 : 0;
+    res.few_anchors += anchor_candidates(smp, cfg.block, opt.context) < anchors ? 1 : 0;
+  }
+  bool greedy_known = !data->heldout().empty();
+  for (const Sample& smp : data->heldout()) greedy_known &= !smp.greedy.empty();
+  res.tau_reference = greedy_known ? "target greedy tokens" : "dataset tokens";
+  res.lr = lr;
+  res.anchors = anchors;
+  if (rank == 0 && (res.truncated > 0 || res.few_anchors > 0))
+    std::fprintf(stderr, "diffcp train: of %zu training samples, %lld are longer than --context %lld (right-truncated to it) and "
+                 "%lld have fewer than %lld candidate anchor positions (they get all of theirs)\n",
+                 data->train().size(), static_cast<long long>(res.truncated), static_cast<long long>(opt.context),
+                 static_cast<long long>(res.few_anchors), static_cast<long long>(anchors));
 
   Drafter drafter(*cp, cfg, {OProj::all, collectives});
   drafter.init_params(opt.seed + 7);
+  if (!opt.init.empty()) drafter.params() = init.params;
   drafter.embedding() = data->embedding();
   drafter.lm_head() = data->lm_head();
   AdamW adam;
-  adam.lr = opt.lr;
+  adam.lr = lr;
   adam.weight_decay = opt.weight_decay;
   std::int64_t start = 0;
   const std::string ckpt_path = opt.out.empty() ? "" : opt.out + "/checkpoint.bin";
-  if (opt.resume) {
+  if (opt.resume) try {
     const Checkpoint ck = load_checkpoint(ckpt_path);
     DIFFCP_CHECK(ck.meta.at("config") == cfg.to_json(), "checkpoint '", ckpt_path, "' is for a different model: ",
                  ck.meta.at("config").dump(), " vs ", cfg.to_json().dump());
@@ -134,6 +176,8 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     adam.v = ck.v;
     adam.t = ck.meta.at("adam_t").get<std::int64_t>();
     start = ck.meta.at("step").get<std::int64_t>();
+  } catch (const nlohmann::json::exception& e) {  // a checksummed file whose header lacks a field
+    DIFFCP_FAIL("checkpoint '", ckpt_path, "': header field missing or of the wrong type: ", e.what());
   }
   if (rank == 0 && !opt.out.empty()) std::filesystem::create_directories(opt.out);
   std::ofstream log;
@@ -149,7 +193,9 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     double tau_sum = 0, responses = 0;
     for (std::size_t e = static_cast<std::size_t>(dp_rank); e < eval_packs.size(); e += static_cast<std::size_t>(opt.dp)) {
       auto rng = anchor_rng(opt.seed, static_cast<std::int64_t>(e), 0xe7a1);
-      const DrafterBatch mb = builder.build(true, eval_packs[e], opt.anchors, rng);
+      std::vector<std::int32_t> greedy;
+      const DrafterBatch mb = builder.build(true, eval_packs[e], anchors, rng, &greedy);
+      const std::vector<std::int32_t>& want = greedy.empty() ? mb.tokens : greedy;  // SPEC: the target's argmax
       drafter.step(mb, false);
       const auto& pred = drafter.predictions();
       const auto refs = mb.shard.batch.blocks();
@@ -160,7 +206,7 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
         std::int64_t accepted = 0;
         for (std::int64_t k = 1; k < B; ++k) {
           const auto row = static_cast<std::size_t>((i - mb.shard.blocks.begin) * B + k);
-          if (pred[row] != mb.tokens[static_cast<std::size_t>(r.anchor + k)]) break;
+          if (pred[row] != want[static_cast<std::size_t>(r.anchor + k)]) break;
           ++accepted;
         }
         per[2 * static_cast<std::size_t>(r.sample)] += 1.0 + static_cast<double>(accepted);
@@ -175,7 +221,6 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     return t[1] > 0 ? t[0] / t[1] : 0.0;
   };
 
-  TrainResult res;
   res.topology = cp->topology().describe();
   res.collectives = collectives == CollAlgo::hierarchical && cp->hierarchy_useful() ? "hierarchical" : "flat";
   res.uniform_loss = std::log(static_cast<double>(cfg.vocab));
@@ -191,6 +236,20 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   };
   std::vector<double> step_ms;
   double tokens = 0, busy = 0;
+  // Global micro-batch g visits pack order_e[g mod n] in epoch e = g / n: a fresh order each epoch,
+  // a function of (seed, e) only, so resumed runs and any DP x accumulation split agree.
+  std::int64_t order_epoch = -1;
+  std::vector<std::size_t> order(train_packs.size());
+  auto pack_of = [&](std::int64_t g) {
+    const auto n = static_cast<std::int64_t>(train_packs.size());
+    if (g / n != order_epoch) {
+      order_epoch = g / n;
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      auto rng = anchor_rng(opt.seed, order_epoch, 0x5e9);
+      std::shuffle(order.begin(), order.end(), rng);
+    }
+    return order[static_cast<std::size_t>(g % n)];
+  };
   auto finish = [&]() {
     res.params = drafter.params();
     if (!step_ms.empty()) {
@@ -211,9 +270,9 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     std::vector<double> stats(static_cast<std::size_t>(3 + 2 * B), 0.0);  // loss, weight, tokens, correct[B], counted[B]
     for (std::int64_t j = 0; j < opt.accum; ++j) {
       const std::int64_t g = (s * opt.dp + dp_rank) * opt.accum + j;  // global micro-batch number
-      const auto idx = static_cast<std::size_t>(g) % train_packs.size();
+      const auto idx = pack_of(g);
       auto rng = anchor_rng(opt.seed, g, 0x7a1);
-      const DrafterBatch mb = builder.build(false, train_packs[idx], opt.anchors, rng);
+      const DrafterBatch mb = builder.build(false, train_packs[idx], anchors, rng);
       const DrafterStats st = drafter.step(mb, true);
       stats[0] += st.loss_sum;
       stats[1] += st.weight_sum;
@@ -229,7 +288,7 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     const double inv = 1.0 / (stats[1] + 1e-6);
     for (float& g : drafter.grads()) g = static_cast<float>(g * inv);
     const double grad_norm = clip_grad_norm(drafter.grads(), opt.clip);
-    const double lr_now = cosine_lr(opt.lr, s, opt.steps, opt.warmup);
+    const double lr_now = cosine_lr(lr, s, opt.steps, opt.warmup);
     adam.step(drafter.params(), drafter.grads(), lr_now, drafter.layout().vectors);
     res.loss = stats[0] * inv;
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -4,7 +4,11 @@
 // plan and one redistribution of the context rows; gradients are summed over the whole mesh,
 // divided by the global loss weight, clipped, and applied with AdamW on a cosine schedule.
 // Everything is deterministic in (seed, step): a run resumed from a checkpoint reproduces the
-// uninterrupted run bitwise on the same mesh.
+// uninterrupted run bitwise on the same mesh. Recipe (SPEC A.1, as the reference trainer): a
+// sample longer than --context is right-truncated (its first `context` tokens kept); the packs
+// are visited in a fresh seeded order every epoch; samples with fewer candidate anchor positions
+// than --anchors get all of theirs (and are counted); the held-out tau compares the draft with
+// the target's greedy tokens when the shards carry them (`target_greedy`), else with the dataset.
 #pragma once
 
 #include <cstdint>
@@ -16,13 +20,15 @@
 namespace diffcp {
 
 struct TrainOptions {
-  std::string preset = "tiny";
+  std::string preset;              // tiny | small | qwen3.5-35b-a3b | qwen3.5-27b; empty = tiny (or --init's)
+  std::string init;                // start from a DFlash drafter directory (its config.json gives the shape)
   std::int64_t steps = 400;
   int cp = 0, dp = 1;              // cp = 0: world size / dp
   std::int64_t accum = 2;          // micro-batches per DP rank per step (global batch = dp * accum)
   std::int64_t context = 1024;     // tokens per packed micro-batch
-  std::int64_t anchors = 12;       // anchors per sample
-  double lr = 5e-3, weight_decay = 0.1, clip = 1.0, warmup = 0.04;  // tiny default; the paper: 6e-4
+  std::int64_t anchors = 0;        // anchors per sample; 0 = the preset's (tiny, small: 12; real shapes: 512, SPEC A.1)
+  double lr = 0;                   // peak learning rate; 0 = the preset's (tiny, small: 5e-3; real shapes: 6e-4)
+  double weight_decay = 0.1, clip = 1.0, warmup = 0.04;
   std::uint64_t seed = 1;
   std::string data;                // shard directory; empty = the synthetic default
   std::int64_t heldout = 16;       // held-out samples when reading shards
@@ -48,6 +54,11 @@ struct TrainResult {
   double peak_rss_mb = 0;     // max over ranks of the process' peak resident memory
   std::string topology;       // of the CP group (Topology::describe)
   std::string collectives;    // what Split-KV ran: flat | hierarchical
+  std::string tau_reference;  // what tau compares the drafts with: "target greedy tokens" | "dataset tokens"
+  std::int64_t truncated = 0;      // training samples longer than --context, right-truncated to it
+  std::int64_t few_anchors = 0;    // training samples with fewer candidate anchor positions than --anchors
+  double lr = 0;                   // the peak learning rate used
+  std::int64_t anchors = 0;        // the anchors per sample used
 };
 
 TrainResult train(Communicator& world, const TrainOptions& opt);

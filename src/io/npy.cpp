@@ -1,6 +1,7 @@
 #include "io/npy.hpp"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -51,13 +52,16 @@ void write_npy(const std::string& path, const std::int64_t* data, const std::vec
 }
 
 std::vector<float> read_npy_f32(const std::string& path, std::vector<std::int64_t>& shape) {
-  std::ifstream f(path, std::ios::binary);
-  DIFFCP_CHECK(f.good(), "cannot open '", path, "'");
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  DIFFCP_CHECK(f.good() && !std::filesystem::is_directory(path), "cannot open '", path, "'");
+  const auto size = static_cast<std::uint64_t>(f.tellg());
+  f.seekg(0);
   unsigned char pre[10];
   f.read(reinterpret_cast<char*>(pre), 10);
   DIFFCP_CHECK(f.good() && pre[0] == 0x93 && std::memcmp(pre + 1, "NUMPY", 5) == 0 && pre[6] == 1,
                "'", path, "' is not a version-1 .npy file");
   const std::size_t hlen = pre[8] | (static_cast<std::size_t>(pre[9]) << 8);
+  DIFFCP_CHECK(10 + hlen <= size, "'", path, "': header of ", hlen, " bytes is past the end of the ", size, "-byte file");
   std::string header(hlen, '\0');
   f.read(header.data(), static_cast<std::streamsize>(hlen));
   DIFFCP_CHECK(header.find("'descr': '<f4'") != std::string::npos, "'", path, "': expected dtype '<f4', header ", header);
@@ -65,12 +69,21 @@ std::vector<float> read_npy_f32(const std::string& path, std::vector<std::int64_
   const auto open = header.find('('), close = header.find(')');
   DIFFCP_CHECK(open != std::string::npos && close != std::string::npos && open < close, "'", path, "': no shape in header");
   shape.clear();
+  // The values must fit in the file: a header claiming more is refused before anything is allocated.
+  const std::uint64_t max_values = (size - 10 - hlen) / sizeof(float);
   std::int64_t n = 1;
   std::istringstream dims(header.substr(open + 1, close - open - 1));
   for (std::string tok; std::getline(dims, tok, ',');) {
-    if (tok.find_first_not_of(' ') == std::string::npos) continue;
-    shape.push_back(std::stoll(tok));
-    n *= shape.back();
+    const auto first = tok.find_first_not_of(' ');
+    if (first == std::string::npos) continue;
+    tok = tok.substr(first, tok.find_last_not_of(' ') - first + 1);
+    DIFFCP_CHECK(tok.size() <= 18 && tok.find_first_not_of("0123456789") == std::string::npos, "'", path,
+                 "': shape entry '", tok, "' is not a non-negative integer");
+    const std::int64_t d = std::stoll(tok);
+    DIFFCP_CHECK(d == 0 || static_cast<std::uint64_t>(n) <= max_values / static_cast<std::uint64_t>(d), "'", path,
+                 "' is truncated: shape entry ", d, " makes more values than the file's ", max_values);
+    shape.push_back(d);
+    n *= d;
   }
   std::vector<float> data(static_cast<std::size_t>(n));
   f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size() * sizeof(float)));

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 
 namespace diffcp {
 
@@ -21,6 +22,20 @@ std::int64_t dtype_bytes(const std::string& d) {
   return 0;
 }
 constexpr std::uint64_t kMaxHeader = 100u << 20;
+// A JSON array of integers below 2^63. nlohmann's get<std::vector<std::int64_t>>() would also take
+// floats and cast them (undefined behaviour for 1e300).
+std::vector<std::int64_t> int_array(const nlohmann::json& a, const std::string& path, const std::string& tensor,
+                                    const char* field) {
+  DIFFCP_CHECK(a.is_array(), "safetensors '", path, "': tensor '", tensor, "' ", field, " is not an array");
+  std::vector<std::int64_t> out;
+  for (const auto& x : a) {
+    DIFFCP_CHECK(x.is_number_integer() && (!x.is_number_unsigned() || x.get<std::uint64_t>() <= (~std::uint64_t{0} >> 1)),
+                 "safetensors '", path, "': tensor '", tensor, "' ", field, " holds ", x.dump(),
+                 ", expected integers below 2^63");
+    out.push_back(x.get<std::int64_t>());
+  }
+  return out;
+}
 }  // namespace
 
 SafeTensors::SafeTensors(const std::string& path) : path_(path) {
@@ -47,13 +62,20 @@ SafeTensors::SafeTensors(const std::string& path) : path_(path) {
   const std::uint64_t data_size = size - 8 - n;
   std::vector<std::pair<std::int64_t, std::int64_t>> spans;
   for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
+    if (it.key() == "__metadata__") {
+      DIFFCP_CHECK(it.value().is_object(), "safetensors '", path, "': __metadata__ is not an object");
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        DIFFCP_CHECK(m.value().is_string(), "safetensors '", path, "': __metadata__ '", m.key(), "' is not a string");
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
     const auto& t = it.value();
     Info info;
     try {
       info.dtype = t.at("dtype").get<std::string>();
-      info.shape = t.at("shape").get<std::vector<std::int64_t>>();
-      const auto off = t.at("data_offsets").get<std::vector<std::int64_t>>();
+      info.shape = int_array(t.at("shape"), path, it.key(), "shape");
+      const auto off = int_array(t.at("data_offsets"), path, it.key(), "data_offsets");
       DIFFCP_CHECK(off.size() == 2, "safetensors '", path, "': tensor '", it.key(), "' data_offsets needs 2 entries");
       info.begin = off[0];
       info.end = off[1];
@@ -97,7 +119,7 @@ std::vector<T> SafeTensors::get(const std::string& name, const char* dtype, int 
   DIFFCP_CHECK(rank < 0 || static_cast<int>(i.shape.size()) == rank, "safetensors '", path_, "': tensor '", name,
                "' has rank ", i.shape.size(), ", expected ", rank);
   std::vector<T> out(static_cast<std::size_t>(i.end - i.begin) / sizeof(T));
-  std::memcpy(out.data(), data_.data() + i.begin, static_cast<std::size_t>(i.end - i.begin));
+  if (!out.empty()) std::memcpy(out.data(), data_.data() + i.begin, static_cast<std::size_t>(i.end - i.begin));
   return out;
 }
 
@@ -105,6 +127,23 @@ std::vector<float> SafeTensors::f32(const std::string& n, int r) const { return 
 std::vector<std::int32_t> SafeTensors::i32(const std::string& n, int r) const { return get<std::int32_t>(n, "I32", r); }
 std::vector<std::int64_t> SafeTensors::i64(const std::string& n, int r) const { return get<std::int64_t>(n, "I64", r); }
 std::vector<std::uint8_t> SafeTensors::u8(const std::string& n, int r) const { return get<std::uint8_t>(n, "U8", r); }
+
+std::vector<std::string> SafeTensors::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : info_) out.push_back(kv.first);
+  return out;
+}
+
+std::vector<float> SafeTensors::to_f32(const std::string& n, int r) const {
+  const std::string& dt = info(n).dtype;
+  if (dt == "F32") return get<float>(n, "F32", r);
+  DIFFCP_CHECK(dt == "BF16" || dt == "F16", "safetensors '", path_, "': tensor '", n, "' is ", dt,
+               ", expected a floating-point dtype (F32, BF16 or F16)");
+  const auto raw = get<std::uint16_t>(n, dt.c_str(), r);
+  std::vector<float> out(raw.size());
+  for (std::size_t i = 0; i < raw.size(); ++i) out[i] = dt == "BF16" ? bf16_to_f32(raw[i]) : f16_to_f32(raw[i]);
+  return out;
+}
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors) {
   nlohmann::json j = nlohmann::json::object();

@@ -23,12 +23,17 @@ class SafeTensors {
   explicit SafeTensors(const std::string& path);
 
   bool has(const std::string& name) const { return info_.count(name) != 0; }
+  std::vector<std::string> names() const;  // every tensor, sorted
+  // The header's __metadata__ (string values; others are refused at open).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const Info& info(const std::string& name) const;
   // Typed copies; throw unless the dtype matches (and the rank when `rank` >= 0).
   std::vector<float> f32(const std::string& name, int rank = -1) const;
   std::vector<std::int32_t> i32(const std::string& name, int rank = -1) const;
   std::vector<std::int64_t> i64(const std::string& name, int rank = -1) const;
   std::vector<std::uint8_t> u8(const std::string& name, int rank = -1) const;
+  // Floating-point tensors of any width as f32: F32 copied, BF16 and F16 converted exactly.
+  std::vector<float> to_f32(const std::string& name, int rank = -1) const;
   const std::string& path() const { return path_; }
 
  private:
@@ -36,6 +41,7 @@ class SafeTensors {
   std::vector<T> get(const std::string& name, const char* dtype, int rank) const;
   std::string path_;
   std::map<std::string, Info> info_;
+  std::map<std::string, std::string> metadata_;
   std::vector<char> data_;
 };
 

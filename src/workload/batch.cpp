@@ -7,6 +7,7 @@
 #include <unordered_set>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -15,21 +16,30 @@
 namespace diffcp {
 
 void PackedBatch::validate() const {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   DIFFCP_CHECK(block >= 1, "block size B = ", block, ", expected B >= 1");
   DIFFCP_CHECK(anchors.size() == lengths.size(), "batch has ", lengths.size(), " sample lengths but ",
                anchors.size(), " anchor lists; expected one anchor list per sample");
+  std::int64_t rows = 0, blocks = 0;
   for (std::size_t u = 0; u < lengths.size(); ++u) {
     DIFFCP_CHECK(lengths[u] >= 1, "sample ", u, " has length ", lengths[u], ", expected >= 1");
+    DIFFCP_CHECK(lengths[u] <= kMax - rows, "sample ", u, " has length ", lengths[u],
+                 ": the packed context S = sum of lengths exceeds 2^63 - 1");
+    rows += lengths[u];
     const auto& a = anchors[u];
+    blocks += static_cast<std::int64_t>(a.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
       DIFFCP_CHECK(a[i] >= 0, "sample ", u, " anchor ", i, " = ", a[i], " is negative");
-      DIFFCP_CHECK(a[i] + block <= lengths[u], "sample ", u, " anchor ", i, " = ", a[i],
-                   ": anchor + B = ", a[i] + block, " is past the sample end ", lengths[u],
-                   " (expected anchor <= length - B)");
+      // a + B in unsigned arithmetic for the message: both are >= 0, so it cannot wrap.
+      DIFFCP_CHECK(a[i] <= lengths[u] - block, "sample ", u, " anchor ", i, " = ", a[i], ": anchor + B = ",
+                   static_cast<std::uint64_t>(a[i]) + static_cast<std::uint64_t>(block), " is past the sample end ",
+                   lengths[u], " (expected anchor <= length - B)");
       DIFFCP_CHECK(i == 0 || a[i - 1] < a[i], "sample ", u, " anchors not strictly increasing: anchor ",
                    i - 1, " = ", a[i - 1], " then anchor ", i, " = ", a[i]);
     }
   }
+  DIFFCP_CHECK(blocks <= kMax / block, "batch has ", blocks, " blocks of B = ", block,
+               ": the query rows Q = N*B exceed 2^63 - 1");
 }
 
 std::int64_t PackedBatch::context_rows() const {
@@ -98,6 +108,17 @@ PackedBatch make_random_batch(std::int64_t samples, std::int64_t context,
   return batch;
 }
 
+namespace {
+// A JSON integer as int64. nlohmann's get<std::int64_t>() would also accept a float and cast it
+// (undefined behaviour for 1e300), so anything but an integer in range is refused here.
+std::int64_t json_int(const nlohmann::json& x, const std::string& path, const std::string& what) {
+  DIFFCP_CHECK(x.is_number_integer() && (!x.is_number_unsigned() ||
+                                         x.get<std::uint64_t>() <= std::numeric_limits<std::uint64_t>::max() / 2),
+               "--anchors-file '", path, "': ", what, " = ", x.dump(), ", expected an integer below 2^63");
+  return x.get<std::int64_t>();
+}
+}  // namespace
+
 PackedBatch read_anchors_file(const std::string& path) {
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
@@ -115,12 +136,15 @@ PackedBatch read_anchors_file(const std::string& path) {
   try {
     DIFFCP_CHECK(j.is_object() && j.contains("block") && j.contains("samples") && j["samples"].is_array(),
                  "--anchors-file '", path, "': expected {\"block\": B, \"samples\": [{\"length\": L, \"anchors\": [...]}, ...]}");
-    batch.block = j["block"].get<std::int64_t>();
+    batch.block = json_int(j["block"], path, "\"block\"");
     for (const auto& s : j["samples"]) {
+      const std::string u = std::to_string(batch.lengths.size());
       DIFFCP_CHECK(s.is_object() && s.contains("length") && s.contains("anchors") && s["anchors"].is_array(),
-                   "--anchors-file '", path, "': sample ", batch.lengths.size(), " needs \"length\" and an \"anchors\" array");
-      batch.lengths.push_back(s["length"].get<std::int64_t>());
-      batch.anchors.push_back(s["anchors"].get<std::vector<std::int64_t>>());
+                   "--anchors-file '", path, "': sample ", u, " needs \"length\" and an \"anchors\" array");
+      batch.lengths.push_back(json_int(s["length"], path, "sample " + u + " \"length\""));
+      std::vector<std::int64_t> anchors;
+      for (const auto& a : s["anchors"]) anchors.push_back(json_int(a, path, "sample " + u + " anchor"));
+      batch.anchors.push_back(std::move(anchors));
     }
   } catch (const nlohmann::json::exception& e) {
     DIFFCP_FAIL("--anchors-file '", path, "': wrong type: ", e.what());

@@ -1,0 +1,256 @@
+#include "drafter/hf_format.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "core/half.hpp"
+#include "cp/attention_layer.hpp"
+#include "io/safetensors.hpp"
+
+namespace diffcp {
+
+namespace {
+
+// One tensor of the format and where it lives in our parameters: a matrix stored [in, out] at
+// `offset` (exported transposed, as [out, in]) or a vector (in = 0).
+struct Entry {
+  std::string name;
+  std::int64_t offset, in, out;
+  std::vector<std::int64_t> shape() const { return in == 0 ? std::vector<std::int64_t>{out} : std::vector<std::int64_t>{out, in}; }
+  std::int64_t count() const { return in == 0 ? out : in * out; }
+};
+
+std::vector<Entry> entries(const DrafterConfig& c) {
+  const DrafterLayout lay(c);
+  const std::int64_t H = c.hidden, F = c.ffn, q = c.n_q * c.d_h, kv = c.n_kv * c.d_h;
+  using A = AttnLayerParams;
+  const auto a = A::offsets(c.attn());
+  std::vector<Entry> e{{"fc.weight", lay.fc, c.target_layers * H, H}, {"hidden_norm.weight", lay.fc_norm, 0, H}};
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const auto& L = lay.layer[static_cast<std::size_t>(l)];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    e.push_back({p + "input_layernorm.weight", L.attn_norm, 0, H});
+    e.push_back({p + "self_attn.q_proj.weight", L.attn + a[A::wq], H, q});
+    e.push_back({p + "self_attn.k_proj.weight", L.attn + a[A::wk], H, kv});
+    e.push_back({p + "self_attn.v_proj.weight", L.attn + a[A::wv], H, kv});
+    e.push_back({p + "self_attn.o_proj.weight", L.attn + a[A::wo], q, H});
+    e.push_back({p + "self_attn.q_norm.weight", L.attn + a[A::q_norm], 0, c.d_h});
+    e.push_back({p + "self_attn.k_norm.weight", L.attn + a[A::k_norm], 0, c.d_h});
+    e.push_back({p + "post_attention_layernorm.weight", L.mlp_norm, 0, H});
+    e.push_back({p + "mlp.gate_proj.weight", L.w_gate, H, F});
+    e.push_back({p + "mlp.up_proj.weight", L.w_up, H, F});
+    e.push_back({p + "mlp.down_proj.weight", L.w_down, F, H});
+  }
+  e.push_back({"norm.weight", lay.final_norm, 0, H});
+  return e;
+}
+
+// SPEC A.1's loss decay for the block sizes it names; 7 otherwise (the B = 16 value).
+double gamma_for_block(std::int64_t B) { return B == 8 ? 4.0 : B == 10 ? 5.0 : 7.0; }
+
+void write_text_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    DIFFCP_CHECK(f.good(), "cannot write '", tmp, "'");
+    f << text;
+    DIFFCP_CHECK(f.good(), "write to '", tmp, "' failed");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+template <typename T>
+T field(const nlohmann::json& j, const std::string& key, const std::string& path) {
+  DIFFCP_CHECK(j.contains(key), "'", path, "': field '", key, "' is missing");
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    DIFFCP_FAIL("'", path, "': field '", key, "' = ", j.at(key).dump(), " has the wrong type");
+  }
+}
+
+std::int64_t positive(const nlohmann::json& j, const std::string& key, const std::string& path) {
+  const nlohmann::json& v = j.contains(key) ? j.at(key) : nlohmann::json();
+  DIFFCP_CHECK(v.is_number_integer() && v.get<std::int64_t>() >= 1, "'", path, "': field '", key, "' = ",
+               j.contains(key) ? v.dump() : "missing", ", expected a positive integer");
+  return v.get<std::int64_t>();
+}
+
+DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
+  DIFFCP_CHECK(j.is_object(), "'", path, "' is not a JSON object");
+  const auto arch = j.value("architectures", nlohmann::json::array());
+  bool dflash = false;
+  for (const auto& a : arch) dflash |= a.is_string() && a.get<std::string>() == "DFlashDraftModel";
+  DIFFCP_CHECK(dflash, "'", path, "': architectures = ", arch.dump(), ", expected [\"DFlashDraftModel\"] (not a DFlash drafter)");
+  DIFFCP_CHECK(!j.value("attention_bias", false), "'", path,
+               "': attention_bias = true; DFlash drafters (Qwen3 layers) have no attention biases");
+  DIFFCP_CHECK(j.value("hidden_act", std::string("silu")) == "silu", "'", path, "': hidden_act = ",
+               j.at("hidden_act").dump(), ", expected \"silu\" (SwiGLU)");
+  const auto& rs = j.contains("rope_scaling") ? j.at("rope_scaling") : nlohmann::json();
+  DIFFCP_CHECK(rs.is_null(), "'", path, "': rope_scaling = ", rs.dump(), " is not supported (plain RoPE only)");
+  DIFFCP_CHECK(j.contains("dflash_config") && j.at("dflash_config").is_object(), "'", path,
+               "': dflash_config is missing (expected {target_layer_ids, mask_token_id})");
+  const auto& dc = j.at("dflash_config");
+  DrafterConfig c;
+  c.hidden = positive(j, "hidden_size", path);
+  c.layers = positive(j, "num_hidden_layers", path);
+  c.n_q = positive(j, "num_attention_heads", path);
+  c.n_kv = j.contains("num_key_value_heads") ? positive(j, "num_key_value_heads", path) : c.n_q;
+  c.d_h = j.contains("head_dim") && !j.at("head_dim").is_null() ? positive(j, "head_dim", path) : c.hidden / c.n_q;
+  c.ffn = positive(j, "intermediate_size", path);
+  c.vocab = positive(j, "vocab_size", path);
+  c.block = dc.contains("block_size") ? positive(dc, "block_size", path) : positive(j, "block_size", path);
+  c.rms_eps = j.contains("rms_norm_eps") ? field<double>(j, "rms_norm_eps", path) : 1e-6;
+  if (j.contains("rope_theta")) {
+    c.rope_theta = field<double>(j, "rope_theta", path);
+  } else {
+    DIFFCP_CHECK(j.contains("rope_parameters") && j.at("rope_parameters").contains("rope_theta"), "'", path,
+                 "': rope_theta is missing (top level or rope_parameters.rope_theta)");
+    const auto& rp = j.at("rope_parameters");
+    DIFFCP_CHECK(rp.value("rope_type", std::string("default")) == "default", "'", path, "': rope_parameters.rope_type = ",
+                 rp.at("rope_type").dump(), " is not supported (plain RoPE only)");
+    c.rope_theta = field<double>(rp, "rope_theta", path);
+  }
+  DIFFCP_CHECK(c.rope_theta > 0 && c.rms_eps > 0, "'", path, "': rope_theta = ", c.rope_theta, " and rms_norm_eps = ",
+               c.rms_eps, " must be > 0");
+  const auto mask = field<std::int64_t>(dc, "mask_token_id", path);
+  DIFFCP_CHECK(mask >= 0 && mask < c.vocab, "'", path, "': dflash_config.mask_token_id = ", mask, " outside the vocabulary [0, ",
+               c.vocab, ")");
+  c.mask_token = static_cast<std::int32_t>(mask);
+  c.target_depth = j.contains("num_target_layers") ? positive(j, "num_target_layers", path) : 0;
+  if (dc.contains("target_layer_ids")) {
+    c.target_layer_ids = field<std::vector<std::int64_t>>(dc, "target_layer_ids", path);
+    DIFFCP_CHECK(!c.target_layer_ids.empty(), "'", path, "': dflash_config.target_layer_ids is empty");
+  } else {  // the reference's default: one target layer per drafter layer
+    DIFFCP_CHECK(c.target_depth > 0, "'", path, "': neither dflash_config.target_layer_ids nor num_target_layers");
+    c.target_layer_ids = default_target_layer_ids(c.target_depth, c.layers);
+  }
+  c.target_layers = static_cast<std::int64_t>(c.target_layer_ids.size());
+  c.gamma = j.contains("diffcp") && j.at("diffcp").contains("gamma") ? field<double>(j.at("diffcp"), "gamma", path)
+                                                                      : gamma_for_block(c.block);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DIFFCP_FAIL("'", path, "': ", e.what());
+  }
+  return c;
+}
+
+}  // namespace
+
+void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<const float> params, const std::string& dtype) {
+  DIFFCP_CHECK(dtype == "f32" || dtype == "bf16", "export dtype '", dtype, "': expected f32 or bf16");
+  const DrafterLayout lay(c);
+  DIFFCP_CHECK(static_cast<std::int64_t>(params.size()) == lay.total, "export: ", params.size(),
+               " parameters, the model has ", lay.total);
+  DIFFCP_CHECK(!c.target_layer_ids.empty() && c.target_depth > 0,
+               "export: the model does not say which target layers its context features come from "
+               "(dflash_config.target_layer_ids, num_target_layers); give --target-layer-ids and --num-target-layers");
+  const auto a = AttnLayerParams::offsets(c.attn());
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    for (std::int64_t k = 0; k < c.hidden; ++k)
+      DIFFCP_CHECK(params[static_cast<std::size_t>(lay.layer[static_cast<std::size_t>(l)].attn + a[AttnLayerParams::bo] + k)] == 0.f,
+                   "export: layer ", l, " has a non-zero attention output bias (b_o[", k,
+                   "]); the DFlash format has none (a checkpoint from before b_o was fixed at zero?)");
+  std::filesystem::create_directories(dir);
+
+  nlohmann::json cfg = {
+      {"architectures", {"DFlashDraftModel"}},
+      {"model_type", "qwen3"},
+      {"auto_map", {{"AutoModel", "dflash.DFlashDraftModel"}}},
+      {"hidden_size", c.hidden},
+      {"num_hidden_layers", c.layers},
+      {"num_attention_heads", c.n_q},
+      {"num_key_value_heads", c.n_kv},
+      {"head_dim", c.d_h},
+      {"intermediate_size", c.ffn},
+      {"hidden_act", "silu"},
+      {"vocab_size", c.vocab},
+      {"rms_norm_eps", c.rms_eps},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", nullptr},
+      {"max_position_embeddings", 40960},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"tie_word_embeddings", false},
+      {"use_cache", true},
+      {"torch_dtype", dtype == "bf16" ? "bfloat16" : "float32"},
+      {"layer_types", std::vector<std::string>(static_cast<std::size_t>(c.layers), "full_attention")},
+      {"block_size", c.block},
+      {"num_target_layers", c.target_depth},
+      {"dflash_config", {{"target_layer_ids", c.target_layer_ids}, {"mask_token_id", c.mask_token}}},
+      {"diffcp", {{"gamma", c.gamma}}},
+  };
+
+  // Transposed [out, in] copies, in the storage dtype.
+  const auto list = entries(c);
+  std::vector<std::vector<float>> f32(list.size());
+  std::vector<std::vector<std::uint16_t>> b16(list.size());
+  std::vector<NamedTensor> tensors;
+  for (std::size_t t = 0; t < list.size(); ++t) {
+    const Entry& e = list[t];
+    std::vector<float> v(static_cast<std::size_t>(e.count()));
+    const float* src = params.data() + e.offset;
+    if (e.in == 0) std::copy_n(src, e.out, v.begin());
+    else
+      for (std::int64_t i = 0; i < e.in; ++i)
+        for (std::int64_t o = 0; o < e.out; ++o) v[static_cast<std::size_t>(o * e.in + i)] = src[i * e.out + o];
+    if (dtype == "bf16") {
+      b16[t].resize(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) b16[t][i] = f32_to_bf16(v[i]);
+      tensors.push_back({e.name, "BF16", e.shape(), b16[t].data()});
+    } else {
+      f32[t] = std::move(v);
+      tensors.push_back({e.name, "F32", e.shape(), f32[t].data()});
+    }
+  }
+  write_safetensors(dir + "/model.safetensors", tensors);
+  write_text_atomically(dir + "/config.json", cfg.dump(2) + "\n");
+}
+
+DrafterWeights import_dflash(const std::string& dir) {
+  const std::string cpath = dir + "/config.json", mpath = dir + "/model.safetensors";
+  DIFFCP_CHECK(std::filesystem::is_directory(dir), "--init '", dir, "': not a directory (expected config.json + model.safetensors)");
+  std::ifstream f(cpath);
+  DIFFCP_CHECK(f.good(), "'", cpath, "': cannot open it (a DFlash drafter directory has config.json + model.safetensors)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    DIFFCP_FAIL("'", cpath, "' is not valid JSON: ", e.what());
+  }
+  DrafterWeights w;
+  w.config = config_from_hf(j, cpath);
+  DIFFCP_CHECK(std::filesystem::exists(mpath), "'", mpath, "' is missing",
+               std::filesystem::exists(dir + "/model.safetensors.index.json")
+                   ? " (sharded files with an index are not supported: a drafter is one file)" : "");
+  const SafeTensors st(mpath);
+  const auto list = entries(w.config);
+  w.params.assign(static_cast<std::size_t>(DrafterLayout(w.config).total), 0.f);  // b_o stays zero
+  std::set<std::string> expected;
+  for (const Entry& e : list) {
+    expected.insert(e.name);
+    DIFFCP_CHECK(st.has(e.name), "'", mpath, "': tensor '", e.name, "' is missing (config: ", w.config.layers,
+                 " layers, hidden ", w.config.hidden, ")");
+    const auto& info = st.info(e.name);
+    DIFFCP_CHECK(info.shape == e.shape(), "'", mpath, "': tensor '", e.name, "' has shape ",
+                 nlohmann::json(info.shape).dump(), ", config.json implies ", nlohmann::json(e.shape()).dump());
+    const std::vector<float> v = st.to_f32(e.name);
+    float* dst = w.params.data() + e.offset;
+    if (e.in == 0) std::copy(v.begin(), v.end(), dst);
+    else
+      for (std::int64_t o = 0; o < e.out; ++o)
+        for (std::int64_t i = 0; i < e.in; ++i) dst[i * e.out + o] = v[static_cast<std::size_t>(o * e.in + i)];
+  }
+  for (const auto& name : st.names())
+    DIFFCP_CHECK(expected.count(name) != 0, "'", mpath, "': unexpected tensor '", name,
+                 "' (not part of a DFlash drafter with this config; biases are not supported)");
+  return w;
+}
+
+}  // namespace diffcp

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# dflash_numpy_check.sh DIFFCP: a drafter trained by `diffcp train`, exported in the DFlash format
+# (f32 and bf16), drafted with `mpirun -np 3 diffcp draft` (Split-KV over the context), equals an
+# independent numpy implementation of the reference forward reading the exported files
+# (tools/dflash_reference.py).
+set -euo pipefail
+bin=${1:?usage: dflash_numpy_check.sh DIFFCP}
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpirun -np 2 "$bin" train --preset small --steps 3 --context 512 --out "$work/train" --no-progress >/dev/null
+python3 - "$work" <<'PY'
+import sys, numpy as np
+rng = np.random.default_rng(7)
+np.save(f"{sys.argv[1]}/H.npy", rng.standard_normal((301, 3 * 512)).astype(np.float32))  # small: n_t = 3, H = 512
+np.save(f"{sys.argv[1]}/E.npy", rng.standard_normal((16, 512)).astype(np.float32))       # B = 16
+PY
+for dtype in f32 bf16; do
+  "$bin" export --checkpoint "$work/train/checkpoint.bin" --out "$work/$dtype" --dtype $dtype >/dev/null
+  mpirun --oversubscribe -np 3 "$bin" draft --model "$work/$dtype" --target-hidden "$work/H.npy" \
+    --noise-embedding "$work/E.npy" --out "$work/got_$dtype.npy" >/dev/null
+  echo "$dtype:"
+  python3 "$here/../tools/dflash_reference.py" "$work/$dtype" "$work/H.npy" "$work/E.npy" "$work/ref_$dtype.npy" \
+    --check "$work/got_$dtype.npy" --rtol 2e-5
+done
+echo "dflash_numpy_check: passed"

@@ -1,0 +1,342 @@
+// The DFlash drafter format (drafter/hf_format.hpp) and one-block drafting (drafter/draft.hpp),
+// at every rank count: export -> import is bitwise, bf16 re-export is bitwise, every malformed
+// directory is refused by name, `draft_block` equals an fp64 reference of the reference
+// implementation's forward, and a training run started from an imported drafter equals one
+// started from the same parameters natively.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/compare.hpp"
+#include "core/error.hpp"
+#include "core/half.hpp"
+#include "cp/attention_layer.hpp"
+#include "drafter/checkpoint.hpp"
+#include "drafter/draft.hpp"
+#include "drafter/hf_format.hpp"
+#include "drafter/model.hpp"
+#include "drafter/trainer.hpp"
+#include "io/safetensors.hpp"
+#include "mpi_test.hpp"
+
+namespace diffcp {
+namespace {
+
+namespace fs = std::filesystem;
+using Vec = std::vector<double>;
+
+template <typename F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what() << "\nexpected: " << needle;
+  }
+}
+
+// A directory shared by the ranks of this test run (rank 0 makes it empty).
+std::string shared_dir(const std::string& what) {
+  Communicator& w = test::world();
+  const std::string d = (fs::temp_directory_path() / ("diffcp_test_dflash_np" + std::to_string(w.size()) + "_" + what)).string();
+  if (w.rank() == 0) {
+    fs::remove_all(d);
+    fs::create_directories(d);
+  }
+  w.barrier();
+  return d;
+}
+
+// The tiny preset with trained-looking parameters: the seeded init, then every norm weight moved
+// off 1 (so a misplaced norm shows); b_o stays zero.
+std::vector<float> test_params(const DrafterConfig& cfg, std::uint64_t seed) {
+  Drafter d(test::world(), cfg);
+  d.init_params(seed);
+  std::vector<float> p = d.params();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> n(0.0, 0.2);
+  const DrafterLayout lay(cfg);
+  const auto a = AttnLayerParams::offsets(cfg.attn());
+  for (const auto& [off, len] : lay.vectors)
+    for (std::int64_t j = 0; j < len; ++j) p[static_cast<std::size_t>(off + j)] += static_cast<float>(n(rng));
+  for (const auto& L : lay.layer) std::fill_n(p.begin() + L.attn + a[AttnLayerParams::bo], cfg.hidden, 0.f);
+  return p;
+}
+
+// ---- fp64 reference of one draft block, written from the reference implementation's math:
+// ctx = RMSNorm(H fc); per layer x += o_proj(SDPA(q, [k_ctx; k_blk], [v_ctx; v_blk])) with q, k
+// per-head RMSNorm'ed then RoPE'd (rotate-half; context at 0..ctx-1, block at ctx..ctx+B-1), the
+// context straight into k/v (no input_layernorm), the block after input_layernorm; x += MLP; the
+// final norm.
+struct Ref {
+  const DrafterConfig& c;
+  const std::vector<float>& p;
+  DrafterLayout lay{c};
+  double at(std::int64_t off) const { return static_cast<double>(p[static_cast<std::size_t>(off)]); }
+  // y [n, out] = x [n, in] W, W stored [in, out] at off
+  Vec lin(const Vec& x, std::int64_t n, std::int64_t in, std::int64_t off, std::int64_t out) const {
+    Vec y(static_cast<std::size_t>(n * out), 0.0);
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t i = 0; i < in; ++i)
+        for (std::int64_t o = 0; o < out; ++o) y[static_cast<std::size_t>(r * out + o)] += x[static_cast<std::size_t>(r * in + i)] * at(off + i * out + o);
+    return y;
+  }
+  // RMSNorm of every `w`-wide group of x, weight at off
+  Vec norm(Vec x, std::int64_t w, std::int64_t off) const {
+    for (std::size_t g = 0; g < x.size(); g += static_cast<std::size_t>(w)) {
+      double ss = 0;
+      for (std::int64_t j = 0; j < w; ++j) ss += x[g + static_cast<std::size_t>(j)] * x[g + static_cast<std::size_t>(j)];
+      const double r = 1.0 / std::sqrt(ss / static_cast<double>(w) + c.rms_eps);
+      for (std::int64_t j = 0; j < w; ++j) x[g + static_cast<std::size_t>(j)] *= r * at(off + j);
+    }
+    return x;
+  }
+  void rope(Vec& x, std::int64_t n, std::int64_t heads, std::int64_t pos0) const {
+    const std::int64_t d = c.d_h, half = d / 2;
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t i = 0; i < half; ++i) {
+          const double ang = static_cast<double>(pos0 + r) * std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+          double& a = x[static_cast<std::size_t>((r * heads + h) * d + i)];
+          double& b = x[static_cast<std::size_t>((r * heads + h) * d + i + half)];
+          const double a0 = a, b0 = b;
+          a = a0 * std::cos(ang) - b0 * std::sin(ang);
+          b = b0 * std::cos(ang) + a0 * std::sin(ang);
+        }
+  }
+  Vec draft(const std::vector<float>& hid, std::int64_t ctx, const std::vector<float>& noise) const {
+    const std::int64_t H = c.hidden, B = c.block, F = c.ffn, nq = c.n_q, nkv = c.n_kv, d = c.d_h;
+    using A = AttnLayerParams;
+    const auto ao = A::offsets(c.attn());
+    const Vec ctxf = norm(lin(Vec(hid.begin(), hid.end()), ctx, c.target_layers * H, lay.fc, H), H, lay.fc_norm);
+    Vec x(noise.begin(), noise.end());
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      const auto& L = lay.layer[static_cast<std::size_t>(l)];
+      const Vec a = norm(x, H, L.attn_norm);
+      Vec q = norm(lin(a, B, H, L.attn + ao[A::wq], nq * d), d, L.attn + ao[A::q_norm]);
+      Vec kc = norm(lin(ctxf, ctx, H, L.attn + ao[A::wk], nkv * d), d, L.attn + ao[A::k_norm]);
+      Vec kb = norm(lin(a, B, H, L.attn + ao[A::wk], nkv * d), d, L.attn + ao[A::k_norm]);
+      const Vec vc = lin(ctxf, ctx, H, L.attn + ao[A::wv], nkv * d), vb = lin(a, B, H, L.attn + ao[A::wv], nkv * d);
+      rope(q, B, nq, ctx);
+      rope(kc, ctx, nkv, 0);
+      rope(kb, B, nkv, ctx);
+      Vec o(static_cast<std::size_t>(B * nq * d), 0.0);
+      for (std::int64_t r = 0; r < B; ++r)
+        for (std::int64_t h = 0; h < nq; ++h) {
+          const std::int64_t g = h / (nq / nkv);
+          auto key = [&](std::int64_t j) { return j < ctx ? &kc[static_cast<std::size_t>((j * nkv + g) * d)] : &kb[static_cast<std::size_t>(((j - ctx) * nkv + g) * d)]; };
+          auto val = [&](std::int64_t j) { return j < ctx ? &vc[static_cast<std::size_t>((j * nkv + g) * d)] : &vb[static_cast<std::size_t>(((j - ctx) * nkv + g) * d)]; };
+          Vec s(static_cast<std::size_t>(ctx + B));
+          double mx = -INFINITY;
+          for (std::int64_t j = 0; j < ctx + B; ++j) {
+            double dot = 0;
+            for (std::int64_t e = 0; e < d; ++e) dot += q[static_cast<std::size_t>((r * nq + h) * d + e)] * key(j)[e];
+            s[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(d));
+            mx = std::max(mx, s[static_cast<std::size_t>(j)]);
+          }
+          double z = 0;
+          for (double& v : s) z += (v = std::exp(v - mx));
+          for (std::int64_t j = 0; j < ctx + B; ++j)
+            for (std::int64_t e = 0; e < d; ++e) o[static_cast<std::size_t>((r * nq + h) * d + e)] += s[static_cast<std::size_t>(j)] / z * val(j)[e];
+        }
+      const Vec y = lin(o, B, nq * d, L.attn + ao[A::wo], H);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+      const Vec m = norm(x, H, L.mlp_norm);
+      const Vec gt = lin(m, B, H, L.w_gate, F), up = lin(m, B, H, L.w_up, F);
+      Vec act(gt.size());
+      for (std::size_t i = 0; i < act.size(); ++i) act[i] = gt[i] / (1.0 + std::exp(-gt[i])) * up[i];
+      const Vec dn = lin(act, B, F, L.w_down, H);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] += dn[i];
+    }
+    return norm(x, H, lay.final_norm);
+  }
+};
+
+std::vector<float> randn(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> d(0.0, 1.0);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(d(rng));
+  return v;
+}
+
+TEST(DFlashFormat, ExportImportRoundTripIsBitwise) {
+  Communicator& w = test::world();
+  const DrafterConfig cfg = drafter_preset("small");
+  const std::vector<float> p = test_params(cfg, 11);
+  const std::string dir = shared_dir("roundtrip");
+  if (w.rank() == 0) {
+    export_dflash(dir + "/f32", cfg, p, "f32");
+    export_dflash(dir + "/bf16", cfg, p, "bf16");
+  }
+  w.barrier();
+  const DrafterWeights f = import_dflash(dir + "/f32");
+  EXPECT_EQ(f.config.to_json(), cfg.to_json());
+  ASSERT_EQ(f.params.size(), p.size());
+  EXPECT_EQ(std::memcmp(f.params.data(), p.data(), p.size() * sizeof(float)), 0) << "f32 round trip not bitwise";
+  // bf16: the values are p rounded to nearest even, and exporting them again gives the same file.
+  const DrafterWeights b = import_dflash(dir + "/bf16");
+  for (std::size_t i = 0; i < p.size(); ++i) ASSERT_EQ(b.params[i], bf16_to_f32(f32_to_bf16(p[i]))) << "at " << i;
+  if (w.rank() == 0) {
+    export_dflash(dir + "/bf16_again", cfg, b.params, "bf16");
+    auto bytes = [](const std::string& path) {
+      std::ifstream in(path, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    EXPECT_EQ(bytes(dir + "/bf16/model.safetensors"), bytes(dir + "/bf16_again/model.safetensors"));
+    EXPECT_EQ(bytes(dir + "/bf16/config.json"), bytes(dir + "/bf16_again/config.json"));
+    // PyTorch's [out, in]: q_proj of layer 0 is [n_q d_h, H], fc is [H, n_t H].
+    const SafeTensors st(dir + "/f32/model.safetensors");
+    EXPECT_EQ(st.info("layers.0.self_attn.q_proj.weight").shape, (std::vector<std::int64_t>{cfg.n_q * cfg.d_h, cfg.hidden}));
+    EXPECT_EQ(st.info("fc.weight").shape, (std::vector<std::int64_t>{cfg.hidden, cfg.target_layers * cfg.hidden}));
+    EXPECT_EQ(st.names().size(), static_cast<std::size_t>(3 + 11 * cfg.layers));
+  }
+}
+
+// Rewrites DIR/config.json through `edit`.
+void edit_config(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  edit(j);
+  std::ofstream(dir + "/config.json") << j.dump();
+}
+
+TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
+  Communicator& w = test::world();
+  if (w.rank() != 0) return;  // files only
+  const DrafterConfig cfg;  // tiny
+  const std::vector<float> p = test_params(cfg, 3);
+  const std::string base = (fs::temp_directory_path() / "diffcp_test_dflash_malformed").string();
+  fs::remove_all(base);
+  auto fresh = [&](const std::string& name) {
+    const std::string d = base + "/" + name;
+    export_dflash(d, cfg, p, "f32");
+    return d;
+  };
+  expect_error([&] { import_dflash(base + "/nothing"); }, "not a directory");
+  {
+    const std::string d = fresh("no_config");
+    fs::remove(d + "/config.json");
+    expect_error([&] { import_dflash(d); }, "config.json': cannot open it");
+  }
+  {
+    const std::string d = fresh("not_json");
+    std::ofstream(d + "/config.json") << "{\"hidden_size\": 64,";
+    expect_error([&] { import_dflash(d); }, "is not valid JSON");
+  }
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> bad_configs = {
+      {[](nlohmann::json& j) { j["architectures"] = {"Qwen3ForCausalLM"}; }, "not a DFlash drafter"},
+      {[](nlohmann::json& j) { j.erase("hidden_size"); }, "field 'hidden_size' = missing"},
+      {[](nlohmann::json& j) { j["num_hidden_layers"] = -2; }, "field 'num_hidden_layers' = -2"},
+      {[](nlohmann::json& j) { j["attention_bias"] = true; }, "attention_bias = true"},
+      {[](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}}; }, "is not supported (plain RoPE only)"},
+      {[](nlohmann::json& j) { j["dflash_config"]["mask_token_id"] = 64; }, "mask_token_id = 64 outside the vocabulary"},
+      {[](nlohmann::json& j) { j.erase("dflash_config"); }, "dflash_config is missing"},
+      {[](nlohmann::json& j) { j["dflash_config"]["target_layer_ids"] = {0, 7}; }, "target layer id 7 outside [0, 2)"},
+      {[](nlohmann::json& j) { j["num_attention_heads"] = 3; }, "n_q = 3"},
+  };
+  for (std::size_t i = 0; i < bad_configs.size(); ++i) {
+    const std::string d = fresh("config" + std::to_string(i));
+    edit_config(d, bad_configs[i].first);
+    expect_error([&] { import_dflash(d); }, bad_configs[i].second);
+  }
+  {  // the config says 3 layers: layer 2's tensors are missing
+    const std::string d = fresh("missing_tensor");
+    edit_config(d, [](nlohmann::json& j) { j["num_hidden_layers"] = 3; });
+    expect_error([&] { import_dflash(d); }, "tensor 'layers.2.input_layernorm.weight' is missing");
+  }
+  {  // a wider MLP in the config than in the file
+    const std::string d = fresh("wrong_shape");
+    edit_config(d, [](nlohmann::json& j) { j["intermediate_size"] = 256; });
+    expect_error([&] { import_dflash(d); }, "tensor 'layers.0.mlp.gate_proj.weight' has shape [128,64], config.json implies [256,64]");
+  }
+  {  // an extra tensor (a bias) and an integer tensor
+    const std::string d = fresh("extra");
+    const SafeTensors st(d + "/model.safetensors");
+    std::vector<std::vector<float>> keep;
+    std::vector<NamedTensor> ts;
+    for (const auto& n : st.names()) {
+      keep.push_back(st.f32(n));
+      ts.push_back({n, "F32", st.info(n).shape, keep.back().data()});
+    }
+    const std::vector<float> bias(64, 0.f);
+    ts.push_back({"layers.0.self_attn.o_proj.bias", "F32", {64}, bias.data()});
+    write_safetensors(d + "/model.safetensors", ts);
+    expect_error([&] { import_dflash(d); }, "unexpected tensor 'layers.0.self_attn.o_proj.bias'");
+    ts.pop_back();
+    const std::vector<std::int32_t> ints(64, 1);
+    ts.back() = {"norm.weight", "I32", {64}, ints.data()};
+    write_safetensors(d + "/model.safetensors", ts);
+    expect_error([&] { import_dflash(d); }, "tensor 'norm.weight' is I32, expected a floating-point dtype");
+  }
+  // Export refuses what the format cannot say.
+  std::vector<float> biased = p;
+  biased[static_cast<std::size_t>(DrafterLayout(cfg).layer[1].attn + AttnLayerParams::offsets(cfg.attn())[AttnLayerParams::bo] + 5)] = 0.5f;
+  expect_error([&] { export_dflash(base + "/biased", cfg, biased, "f32"); }, "layer 1 has a non-zero attention output bias (b_o[5])");
+  DrafterConfig unknown = drafter_preset("qwen3.5-27b");
+  unknown.layers = 1, unknown.hidden = 64, unknown.ffn = 64, unknown.n_q = 2, unknown.n_kv = 1, unknown.d_h = 32, unknown.vocab = 8000;
+  unknown.mask_token = 7999;
+  expect_error([&] { export_dflash(base + "/unknown", unknown, std::vector<float>(static_cast<std::size_t>(DrafterLayout(unknown).total)), "f32"); },
+               "give --target-layer-ids and --num-target-layers");
+  expect_error([&] { export_dflash(base + "/dtype", cfg, p, "f16"); }, "export dtype 'f16': expected f32 or bf16");
+  fs::remove_all(base);
+}
+
+TEST(DFlashDraft, OneBlockEqualsTheFp64ReferenceAtEveryRankCount) {
+  for (const char* preset : {"tiny", "small"}) {
+    const DrafterConfig cfg = drafter_preset(preset);
+    const std::vector<float> p = test_params(cfg, 21);
+    for (std::int64_t ctx : {1, 2, 37, 300}) {
+      const auto hid = randn(static_cast<std::size_t>(ctx * cfg.target_layers * cfg.hidden), 5 + static_cast<std::uint64_t>(ctx));
+      const auto noise = randn(static_cast<std::size_t>(cfg.block * cfg.hidden), 9);
+      const std::vector<float> got = draft_block(test::world(), cfg, p, hid, ctx, noise);
+      const Vec ref = Ref{cfg, p}.draft(hid, ctx, noise);
+      const CompareResult r = compare<float>(got, ref, scaled_to(kTolF32, ref));
+      EXPECT_TRUE(r.pass()) << preset << " ctx " << ctx << ": max abs err " << r.max_abs << ", worst ratio " << r.worst_ratio;
+    }
+  }
+  const DrafterConfig cfg;
+  const auto p = test_params(cfg, 1);
+  expect_error([&] { draft_block(test::world(), cfg, p, std::vector<float>(10), 3, std::vector<float>(cfg.block * cfg.hidden)); },
+               "expected [ctx, n_t*H] = [3, 128]");
+}
+
+TEST(DFlashTrain, StartingFromAnImportedDrafterEqualsStartingNatively) {
+  Communicator& w = test::world();
+  const DrafterConfig cfg;  // tiny
+  const std::vector<float> p0 = test_params(cfg, 42);
+  const std::string dir = shared_dir("train");
+  if (w.rank() == 0) {
+    export_dflash(dir + "/drafter", cfg, p0, "f32");
+    // The same parameters as a step-0 checkpoint with fresh optimizer state.
+    fs::create_directories(dir + "/native");
+    save_checkpoint(dir + "/native/checkpoint.bin",
+                    {{{"config", cfg.to_json()}, {"step", 0}, {"seed", 1}, {"adam_t", 0}, {"cp", w.size()}, {"dp", 1}},
+                     p0, std::vector<float>(p0.size(), 0.f), std::vector<float>(p0.size(), 0.f)});
+  }
+  w.barrier();
+  TrainOptions opt;
+  opt.steps = 3;
+  opt.progress = false;
+  opt.eval_every = 0;
+  TrainOptions imported = opt, native = opt;
+  imported.init = dir + "/drafter";
+  imported.out = dir + "/imported";
+  native.out = dir + "/native";
+  native.resume = true;
+  const TrainResult a = train(w, imported), b = train(w, native);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)), 0);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_NE(a.params, p0);  // it trained
+  TrainOptions both = imported;
+  both.preset = "small";
+  expect_error([&] { train(w, both); }, "give one (the drafter directory's config.json is the shape)");
+}
+
+}  // namespace
+}  // namespace diffcp

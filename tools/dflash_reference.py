@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""One DFlash draft block in numpy (float64), from a drafter directory in the Hugging Face format,
+written from the reference implementation's published math (z-lab/dflash `DFlashDraftModel`):
+
+  ctx = RMSNorm_hidden_norm(fc(target_hidden))                      # [ctx, H]
+  per layer:  a = RMSNorm_input_layernorm(h)
+              q = RoPE(q_norm(q_proj(a)))          at positions ctx .. ctx+B-1
+              k = RoPE(k_norm(k_proj([ctx; a])))  at positions 0 .. ctx+B-1
+              v = v_proj([ctx; a])
+              h = h + o_proj(softmax(q k^T / sqrt(d)) v)     (no mask: the block sees all)
+              h = h + down_proj(silu(gate_proj(m)) * up_proj(m)),  m = RMSNorm_post(h)
+  out = RMSNorm_norm(h)                                               # [B, H]
+
+RoPE is rotate-half (pairs i, i + d/2) with inv_freq = theta^(-2i/d); GQA maps query head h to
+kv head h // (n_q / n_kv). Independent of diffcp's code: it parses config.json and the
+safetensors file itself (F32, BF16, F16).
+
+  tools/dflash_reference.py DIR H.npy E.npy OUT.npy [--check GOT.npy --rtol R]
+"""
+import argparse
+import json
+import struct
+import sys
+
+import numpy as np
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = t["data_offsets"]
+        raw = data[b:e]
+        if t["dtype"] == "F32":
+            a = np.frombuffer(raw, dtype="<f4").astype(np.float64)
+        elif t["dtype"] == "BF16":
+            a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        elif t["dtype"] == "F16":
+            a = np.frombuffer(raw, dtype="<f2").astype(np.float64)
+        else:
+            sys.exit(f"{path}: tensor {name} has dtype {t['dtype']}")
+        out[name] = a.reshape(t["shape"])
+    return out
+
+
+def rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, pos, theta):  # x [n, heads, d]
+    d = x.shape[-1]
+    inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = pos[:, None] * inv[None, :]
+    cos = np.concatenate([np.cos(ang)] * 2, axis=-1)[:, None, :]
+    sin = np.concatenate([np.sin(ang)] * 2, axis=-1)[:, None, :]
+    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
+    return x * cos + rot * sin
+
+
+def draft(model_dir, hidden, noise):
+    cfg = json.load(open(f"{model_dir}/config.json"))
+    w = read_safetensors(f"{model_dir}/model.safetensors")
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim") or cfg["hidden_size"] // nq
+    ctx_len, B = hidden.shape[0], noise.shape[0]
+    c = rms(hidden @ w["fc.weight"].T, w["hidden_norm.weight"], eps)
+    h = noise.astype(np.float64)
+    qpos = np.arange(ctx_len, ctx_len + B, dtype=np.float64)
+    kpos = np.arange(0, ctx_len + B, dtype=np.float64)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        a = rms(h, w[p + "input_layernorm.weight"], eps)
+        kv_in = np.concatenate([c, a], axis=0)
+        q = rms((a @ w[p + "self_attn.q_proj.weight"].T).reshape(B, nq, d), w[p + "self_attn.q_norm.weight"], eps)
+        k = rms((kv_in @ w[p + "self_attn.k_proj.weight"].T).reshape(-1, nkv, d), w[p + "self_attn.k_norm.weight"], eps)
+        v = (kv_in @ w[p + "self_attn.v_proj.weight"].T).reshape(-1, nkv, d)
+        q, k = rope(q, qpos, theta), rope(k, kpos, theta)
+        k, v = np.repeat(k, nq // nkv, axis=1), np.repeat(v, nq // nkv, axis=1)
+        s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        o = np.einsum("hqk,khd->qhd", s, v).reshape(B, nq * d)
+        h = h + o @ w[p + "self_attn.o_proj.weight"].T
+        m = rms(h, w[p + "post_attention_layernorm.weight"], eps)
+        g, u = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T
+        h = h + (g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+    return rms(h, w["norm.weight"], eps)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("hidden")
+    ap.add_argument("noise")
+    ap.add_argument("out")
+    ap.add_argument("--check", help="compare with this .npy (e.g. diffcp draft's output)")
+    ap.add_argument("--rtol", type=float, default=1e-4, help="max |got - ref| / max |ref| allowed")
+    args = ap.parse_args()
+    ref = draft(args.model, np.load(args.hidden).astype(np.float64), np.load(args.noise).astype(np.float64))
+    np.save(args.out, ref)
+    if args.check:
+        got = np.load(args.check).astype(np.float64)
+        if got.shape != ref.shape:
+            sys.exit(f"dflash_reference: shape {got.shape} vs reference {ref.shape}")
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        print(f"dflash_reference: max |got - ref| / max |ref| = {err:.3e} (limit {args.rtol:g})")
+        if not err <= args.rtol:
+            sys.exit("dflash_reference: MISMATCH")
+        print("dflash_reference: match")
+
+
+if __name__ == "__main__":
+    main()
