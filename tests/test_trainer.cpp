@@ -4,6 +4,7 @@
 // equals the uninterrupted run bitwise.
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <fstream>
 
@@ -12,6 +13,7 @@
 
 #include "core/compare.hpp"
 #include "core/error.hpp"
+#include "drafter/checkpoint.hpp"
 #include "drafter/data.hpp"
 #include "drafter/trainer.hpp"
 #include "io/safetensors.hpp"
@@ -131,49 +133,81 @@ TEST(Trainer, ResumeAfterAKillIsBitwiseEqualToTheUninterruptedRun) {
 
 // The synthetic corpus exported as safetensors shards (the format tools/extract_shards.py
 // writes) trains exactly like the in-memory synthetic source.
+// Shards holding the synthetic source's samples (tools/extract_shards.py's format). greedy: no
+// target_greedy (0), the dataset tokens themselves (1), or tokens + 1 (2); meta: metadata naming
+// target layers [3, 7] of a 12-layer target.
+void write_shards(const std::filesystem::path& dir, const DrafterConfig& cfg, int greedy, bool meta) {
+  std::filesystem::create_directories(dir);
+  SyntheticSpec spec;
+  spec.max_length = 256;
+  const auto src = make_synthetic_source(cfg, spec);
+  std::map<std::string, std::string> md;
+  if (meta) md = {{"target_layer_ids", "[3, 7]"}, {"num_target_layers", "12"}};
+  write_safetensors((dir / "model.safetensors").string(),
+                    {{"embedding", "F32", {cfg.vocab, cfg.hidden}, src->embedding().data()},
+                     {"lm_head", "F32", {cfg.hidden, cfg.vocab}, src->lm_head().data()}},
+                    md);
+  std::vector<std::int32_t> tokens, greedy_tokens;
+  std::vector<std::uint8_t> mask;
+  std::vector<std::int64_t> offsets{0};
+  std::vector<float> hidden;
+  const std::int64_t T = cfg.target_layers * cfg.hidden;
+  for (bool held : {false, true}) {
+    const auto& samples = held ? src->heldout() : src->train();
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      const auto L = static_cast<std::int64_t>(samples[i].tokens.size());
+      tokens.insert(tokens.end(), samples[i].tokens.begin(), samples[i].tokens.end());
+      mask.insert(mask.end(), samples[i].loss_mask.begin(), samples[i].loss_mask.end());
+      offsets.push_back(offsets.back() + L);
+      hidden.resize(hidden.size() + static_cast<std::size_t>(L * T));
+      src->hidden(held, i, 0, L, hidden.data() + hidden.size() - static_cast<std::size_t>(L * T));
+    }
+  }
+  for (std::int32_t t : tokens) greedy_tokens.push_back(greedy == 2 ? (t + 1) % static_cast<std::int32_t>(cfg.vocab) : t);
+  const auto rows = static_cast<std::int64_t>(tokens.size());
+  std::vector<NamedTensor> ts{{"tokens", "I32", {rows}, tokens.data()},
+                              {"loss_mask", "U8", {rows}, mask.data()},
+                              {"offsets", "I64", {static_cast<std::int64_t>(offsets.size())}, offsets.data()},
+                              {"hidden", "F32", {rows, T}, hidden.data()}};
+  if (greedy != 0) ts.push_back({"target_greedy", "I32", {rows}, greedy_tokens.data()});
+  write_safetensors((dir / "shard_00000.safetensors").string(), ts);
+}
+
 TEST(Trainer, SafetensorsShardsTrainLikeTheSyntheticSource) {
   const auto dir = std::filesystem::path(::testing::TempDir()) / ("shards_np" + std::to_string(world().size()));
   const DrafterConfig cfg = drafter_preset("tiny");
   if (world().rank() == 0) {
-    std::filesystem::create_directories(dir);
-    SyntheticSpec spec;
-    spec.max_length = 256;
-    const auto src = make_synthetic_source(cfg, spec);
-    write_safetensors((dir / "model.safetensors").string(),
-                      {{"embedding", "F32", {cfg.vocab, cfg.hidden}, src->embedding().data()},
-                       {"lm_head", "F32", {cfg.hidden, cfg.vocab}, src->lm_head().data()}});
-    std::vector<std::int32_t> tokens;
-    std::vector<std::uint8_t> mask;
-    std::vector<std::int64_t> offsets{0};
-    std::vector<float> hidden;
-    const std::int64_t T = cfg.target_layers * cfg.hidden;
-    for (bool held : {false, true}) {
-      const auto& samples = held ? src->heldout() : src->train();
-      for (std::size_t i = 0; i < samples.size(); ++i) {
-        const auto L = static_cast<std::int64_t>(samples[i].tokens.size());
-        tokens.insert(tokens.end(), samples[i].tokens.begin(), samples[i].tokens.end());
-        mask.insert(mask.end(), samples[i].loss_mask.begin(), samples[i].loss_mask.end());
-        offsets.push_back(offsets.back() + L);
-        hidden.resize(hidden.size() + static_cast<std::size_t>(L * T));
-        src->hidden(held, i, 0, L, hidden.data() + hidden.size() - static_cast<std::size_t>(L * T));
-      }
-    }
-    const auto rows = static_cast<std::int64_t>(tokens.size());
-    write_safetensors((dir / "shard_00000.safetensors").string(),
-                      {{"tokens", "I32", {rows}, tokens.data()},
-                       {"loss_mask", "U8", {rows}, mask.data()},
-                       {"offsets", "I64", {static_cast<std::int64_t>(offsets.size())}, offsets.data()},
-                       {"hidden", "F32", {rows, T}, hidden.data()}});
+    write_shards(dir / "plain", cfg, 0, false);
+    write_shards(dir / "greedy_same", cfg, 1, true);
+    write_shards(dir / "greedy_other", cfg, 2, false);
   }
   world().barrier();
   TrainOptions o = small(2);
   o.context = 256;
   const TrainResult synthetic = train(world(), o);
-  o.data = dir.string();
+  o.data = (dir / "plain").string();
   o.heldout = 16;  // SyntheticSpec's held-out count: the same split
   const TrainResult shards = train(world(), o);
   EXPECT_EQ(shards.params, synthetic.params);
   EXPECT_EQ(shards.loss, synthetic.loss);
+  EXPECT_EQ(shards.tau_reference, "dataset tokens");
+  // tau against the target's greedy tokens when the shards carry them: equal to the dataset's
+  // tau when they are the dataset tokens, different when they are not.
+  o.data = (dir / "greedy_same").string();
+  o.out = (dir / "out_np").string() + std::to_string(world().size());
+  const TrainResult same = train(world(), o);
+  EXPECT_EQ(same.tau_reference, "target greedy tokens");
+  EXPECT_EQ(same.tau, shards.tau);
+  EXPECT_EQ(same.params, shards.params);
+  // The shards' target layers reach the checkpoint (diffcp export needs them).
+  const Checkpoint ck = load_checkpoint(o.out + "/checkpoint.bin");
+  EXPECT_EQ(ck.meta.at("config").at("target_layer_ids"), nlohmann::json({3, 7}));
+  EXPECT_EQ(ck.meta.at("config").at("target_depth"), 12);
+  o.out.clear();
+  o.data = (dir / "greedy_other").string();
+  const TrainResult other = train(world(), o);
+  EXPECT_LT(other.tau, shards.tau);
+  EXPECT_GE(other.tau, 1.0);
 }
 
 TEST(Trainer, MismatchedCheckpointIsRefused) {

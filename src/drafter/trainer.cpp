@@ -126,13 +126,11 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     data = make_shard_source(cfg, opt.data, opt.heldout);
   }
   if (!data->target_layer_ids().empty()) {  // the shards say which target layers they hold
-    if (cfg.target_layer_ids.empty()) {
-      cfg.target_layer_ids = data->target_layer_ids();
-      cfg.target_depth = data->target_depth();
-    }
-    DIFFCP_CHECK(cfg.target_layer_ids == data->target_layer_ids(), "--data '", opt.data, "' holds target layers ",
-                 nlohmann::json(data->target_layer_ids()).dump(), ", the drafter fuses layers ",
-                 nlohmann::json(cfg.target_layer_ids).dump(), " (--init's config.json)");
+    DIFFCP_CHECK(opt.init.empty() || cfg.target_layer_ids == data->target_layer_ids(), "--data '", opt.data,
+                 "' holds target layers ", nlohmann::json(data->target_layer_ids()).dump(), ", the drafter of --init '",
+                 opt.init, "' fuses layers ", nlohmann::json(cfg.target_layer_ids).dump());
+    cfg.target_layer_ids = data->target_layer_ids();
+    cfg.target_depth = data->target_depth();
   }
   const auto train_packs = pack_samples(data->train(), opt.context), eval_packs = pack_samples(data->heldout(), opt.context);
   const auto balancer = make_balancer(opt.balancer);

@@ -145,8 +145,10 @@ std::vector<float> SafeTensors::to_f32(const std::string& n, int r) const {
   return out;
 }
 
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors) {
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
   nlohmann::json j = nlohmann::json::object();
+  if (!metadata.empty()) j["__metadata__"] = metadata;
   std::int64_t off = 0;
   for (const auto& t : tensors) {
     std::int64_t count = 1;

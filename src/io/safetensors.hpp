@@ -50,7 +50,8 @@ struct NamedTensor {
   std::vector<std::int64_t> shape;
   const void* data;  // prod(shape) * dtype size bytes
 };
-// Writes a safetensors file (atomically: temp file + rename).
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors);
+// Writes a safetensors file (atomically: temp file + rename), with an optional __metadata__.
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace diffcp
