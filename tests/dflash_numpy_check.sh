@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dflash_numpy_check.sh DIFFCP: a drafter trained by `diffcp train`, exported in the DFlash format
-# (f32 and bf16), drafted with `mpirun -np 3 diffcp draft` (Split-KV over the context), equals an
-# independent numpy implementation of the reference forward reading the exported files
+# (f32 and bf16; and the f32 files converted to F16 by numpy, as a half-precision release would
+# ship), drafted with `mpirun -np 3 diffcp draft` (Split-KV over the context), equals an
+# independent numpy implementation of the reference forward reading the same files
 # (tools/dflash_reference.py).
 set -euo pipefail
 bin=${1:?usage: dflash_numpy_check.sh DIFFCP}
@@ -15,8 +16,29 @@ rng = np.random.default_rng(7)
 np.save(f"{sys.argv[1]}/H.npy", rng.standard_normal((301, 3 * 512)).astype(np.float32))  # small: n_t = 3, H = 512
 np.save(f"{sys.argv[1]}/E.npy", rng.standard_normal((16, 512)).astype(np.float32))       # B = 16
 PY
-for dtype in f32 bf16; do
-  "$bin" export --checkpoint "$work/train/checkpoint.bin" --out "$work/$dtype" --dtype $dtype >/dev/null
+for dtype in f32 bf16 f16; do
+  if [ $dtype = f16 ]; then  # numpy rewrites the f32 export's tensors as F16
+    mkdir -p "$work/f16" && cp "$work/f32/config.json" "$work/f16/"
+    python3 - "$work/f32/model.safetensors" "$work/f16/model.safetensors" <<'PY'
+import json, struct, sys, numpy as np
+src, dst = sys.argv[1], sys.argv[2]
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+out, blobs, off = {}, [], 0
+for name, t in head.items():
+    b, e = t["data_offsets"]
+    a = np.frombuffer(data[b:e], dtype="<f4").astype("<f2").tobytes()
+    out[name] = {"dtype": "F16", "shape": t["shape"], "data_offsets": [off, off + len(a)]}
+    blobs.append(a)
+    off += len(a)
+h = json.dumps(out).encode()
+h += b" " * (-len(h) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PY
+  else
+    "$bin" export --checkpoint "$work/train/checkpoint.bin" --out "$work/$dtype" --dtype $dtype >/dev/null
+  fi
   mpirun --oversubscribe -np 3 "$bin" draft --model "$work/$dtype" --target-hidden "$work/H.npy" \
     --noise-embedding "$work/E.npy" --out "$work/got_$dtype.npy" >/dev/null
   echo "$dtype:"

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "drafter/checkpoint.hpp"
 #include "drafter/data.hpp"
 #include "drafter/optim.hpp"
@@ -169,6 +170,30 @@ TEST(Config, TargetLayerIdsFollowTheReference) {
   c.target_layer_ids = {0};
   expect_error([&] { c.validate(); }, "1 target layer ids for 2 target layers");
   EXPECT_EQ(DrafterConfig::from_json(DrafterConfig().to_json()).to_json(), DrafterConfig().to_json());
+}
+
+}  // namespace
+}  // namespace diffcp
+
+namespace diffcp {
+namespace {
+
+TEST(Half, Bf16RoundsToNearestEvenAndF16DecodesExactly) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);         // halfway, to the even neighbour 1.0
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);     // halfway, to the even 1 + 2^-6
+  EXPECT_EQ(f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);  // above halfway: up
+  EXPECT_EQ(bf16_to_f32(0x3F81), 1.0f + 0x1p-7f);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))));
+  EXPECT_EQ(f32_to_bf16(-INFINITY), 0xFF80);
+  EXPECT_EQ(f16_to_f32(0x3C00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0xC000), -2.0f);
+  EXPECT_EQ(f16_to_f32(0x7BFF), 65504.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), 0x1p-24f);  // smallest subnormal
+  EXPECT_EQ(f16_to_f32(0x03FF), 1023 * 0x1p-24f);
+  EXPECT_EQ(f16_to_f32(0x7C00), INFINITY);
+  EXPECT_TRUE(std::signbit(f16_to_f32(0x8000)));
+  EXPECT_TRUE(std::isnan(f16_to_f32(0x7E00)));
 }
 
 }  // namespace
