@@ -4,6 +4,8 @@
 //   sleep    rank 1 sleeps (busy elsewhere) past the timeout before that all_reduce
 //   recv     rank 0 receives from rank 1, which never sends
 //   none     nothing: 50 all_reduces complete under the watchdog (its normal path)
+//   hier     nodes of 2 ranks (set_topology(rank / 2)); rank 1 stops itself (SIGSTOP) before a
+//            hierarchical all_reduce (its later stages are issued inside wait())
 // The all_reduce is the third collective on "world" (two barriers first), so the message names #3.
 #include <signal.h>
 #include <unistd.h>
@@ -17,7 +19,7 @@
 #include "core/error.hpp"
 
 int main(int argc, char** argv) {
-  DIFFCP_CHECK(argc == 3, "usage: watchdog_helper SECONDS stall|sleep|recv|none");
+  DIFFCP_CHECK(argc == 3, "usage: watchdog_helper SECONDS stall|sleep|recv|none|hier");
   const double timeout = std::atof(argv[1]);
   const std::string mode = argv[2];
   diffcp::Communicator::set_watchdog_timeout(timeout);
@@ -31,6 +33,12 @@ int main(int argc, char** argv) {
         world.all_reduce<float>(x);
         DIFFCP_CHECK(x[0] == static_cast<float>(world.size()), "all_reduce under the watchdog gave ", x[0]);
       }
+      return 0;
+    }
+    if (mode == "hier") {
+      world.set_topology(world.rank() / 2);  // collective set-up: not a counted operation
+      if (world.rank() == 1) raise(SIGSTOP);
+      world.all_reduce<float>(x, diffcp::ReduceOp::sum, diffcp::CollAlgo::hierarchical);
       return 0;
     }
     if (mode == "recv") {
