@@ -79,15 +79,24 @@ fault_case() {  # $1 = case, $2 = regex the output must match, $3 = limit in sec
   [ -z "$left" ] || fail "$c: processes left on the emulated hosts: $(ps -o pid,stat,args -p "${left// /,}")"
   echo "cluster_faults: $c: job ended $dt s after the fault (limit $limit s) with: $(grep -Eo -m1 -- "$regex" "$dir.out")"
   [ -z "$results" ] || echo "$c,$timeout_s,$dt,$limit" >>"$results"
-  # The last checkpoint is intact: resume to the end, bitwise equal to the uninterrupted run.
-  local at; at=$(grep -o '"step":[0-9]*' "$dir/log.jsonl" | tail -1 | cut -d: -f2)
+  # The last checkpoint is intact: it is the last multiple of $every before the fault, and
+  # resuming from it (the log continues at its step + 1) ends bitwise equal to the uninterrupted run.
+  local at ck lines first
+  at=$(grep -o '"step":[0-9]*' "$dir/log.jsonl" | tail -1 | cut -d: -f2)
+  ck=$(grep -a -o '"step":[0-9]*' "$dir/checkpoint.bin" | head -1 | cut -d: -f2)
+  [ -n "$ck" ] && [ "$ck" -ge 10 ] && [ "$ck" -le "$at" ] && [ $((ck % every)) -eq 0 ] ||
+    fail "$c: the checkpoint is at step '${ck:-?}', expected the last multiple of $every <= $at"
+  lines=$(wc -l <"$dir/log.jsonl")
   train "$dir" --resume >"$dir.resume.out" 2>&1 || fail "$c: resume failed: $(tail -5 "$dir.resume.out")"
+  first=$(tail -n +$((lines + 1)) "$dir/log.jsonl" | head -1 | grep -o '"step":[0-9]*' | cut -d: -f2)
+  [ "$first" = $((ck + 1)) ] || fail "$c: the resumed run logged step '${first:-none}' first, expected $((ck + 1))"
   cmp -s "$dir/checkpoint.bin" "$work/ref/checkpoint.bin" || fail "$c: the resumed run's final checkpoint differs from the uninterrupted run's"
-  echo "cluster_faults: $c: hit after step $at; resumed from its last checkpoint (every $every steps); final checkpoint bitwise equal to the uninterrupted run's"
+  echo "cluster_faults: $c: hit after step $at; resumed from the checkpoint of step $ck; final checkpoint bitwise equal to the uninterrupted run's"
 }
 
 [ -z "$results" ] || [ -s "$results" ] || echo "fault,comm_timeout_s,fault_to_end_s,limit_s" >"$results"
 fault_case kill "rank 1 with PID [0-9]+ on node r1x0 exited on signal 9" 10
-fault_case link "watchdog: [a-z_]+ #[0-9]+ on communicator '[^']+' .*did not complete within $timeout_s s.*not arrived: rank 1" $((timeout_s + 5))
-fault_case stall "watchdog: [a-z_]+ #[0-9]+ on communicator '[^']+' .*did not complete within $timeout_s s.*not arrived: rank 1" $((timeout_s + 5))
+# watchdog cases: the timeout + its 2 s of listening + Open MPI's teardown, with margin
+fault_case link "watchdog: [a-z_]+ #[0-9]+ on communicator '[^']+' .*did not complete within $timeout_s s.*not arrived: rank 1" $((timeout_s + 7))
+fault_case stall "watchdog: [a-z_]+ #[0-9]+ on communicator '[^']+' .*did not complete within $timeout_s s.*not arrived: rank 1" $((timeout_s + 7))
 echo "cluster_faults: passed"

@@ -9,7 +9,9 @@ bin=${1:?usage: dflash_numpy_check.sh DIFFCP}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mpirun -np 2 "$bin" train --preset small --steps 3 --context 512 --out "$work/train" --no-progress >/dev/null
+# A large learning rate moves every weight (norms too) far from its init in 3 steps, so a
+# misplaced or swapped tensor shows.
+mpirun -np 2 "$bin" train --preset small --steps 3 --lr 0.2 --context 512 --out "$work/train" --no-progress >/dev/null
 python3 - "$work" <<'PY'
 import sys, numpy as np
 rng = np.random.default_rng(7)

@@ -238,6 +238,12 @@ TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
       {[](nlohmann::json& j) { j.erase("dflash_config"); }, "dflash_config is missing"},
       {[](nlohmann::json& j) { j["dflash_config"]["target_layer_ids"] = {0, 7}; }, "target layer id 7 outside [0, 2)"},
       {[](nlohmann::json& j) { j["num_attention_heads"] = 3; }, "n_q = 3"},
+      {[](nlohmann::json& j) { j["dflash_config"]["mask_token_id"] = 1e300; }, "field 'dflash_config.mask_token_id' = 1e+300, expected an integer"},
+      {[](nlohmann::json& j) { j["dflash_config"]["target_layer_ids"] = {0, 1.5}; }, "target_layer_ids' = 1.5, expected an integer"},
+      {[](nlohmann::json& j) { j["attention_bias"] = nullptr; }, "field 'attention_bias' = null has the wrong type"},
+      {[](nlohmann::json& j) { j["sliding_window"] = 4096; }, "sliding_window = 4096 is not supported"},
+      {[](nlohmann::json& j) { j.erase("rope_theta"); j["rope_parameters"] = {{"rope_theta", 1e6}, {"factor", 4}}; },
+       "rope_parameters.factor = 4 is not supported"},
   };
   for (std::size_t i = 0; i < bad_configs.size(); ++i) {
     const std::string d = fresh("config" + std::to_string(i));

@@ -4,6 +4,7 @@
 //   sleep    rank 1 sleeps (busy elsewhere) past the timeout before that all_reduce
 //   recv     rank 0 receives from rank 1, which never sends
 //   none     nothing: 50 all_reduces complete under the watchdog (its normal path)
+//   env      the timeout is left to DIFFCP_COMM_TIMEOUT (SECONDS is ignored)
 //   hier     nodes of 2 ranks (set_topology(rank / 2)); rank 1 stops itself (SIGSTOP) before a
 //            hierarchical all_reduce (its later stages are issued inside wait())
 // The all_reduce is the third collective on "world" (two barriers first), so the message names #3.
@@ -19,15 +20,15 @@
 #include "core/error.hpp"
 
 int main(int argc, char** argv) {
-  DIFFCP_CHECK(argc == 3, "usage: watchdog_helper SECONDS stall|sleep|recv|none|hier");
+  DIFFCP_CHECK(argc == 3, "usage: watchdog_helper SECONDS stall|sleep|recv|none|env|hier");
   const double timeout = std::atof(argv[1]);
   const std::string mode = argv[2];
-  diffcp::Communicator::set_watchdog_timeout(timeout);
+  if (mode != "env") diffcp::Communicator::set_watchdog_timeout(timeout);
   return diffcp::run_mpi_main(argc, argv, [&](diffcp::Communicator& world) {
     world.barrier();
     world.barrier();
     std::vector<float> x(1000, 1.0f);
-    if (mode == "none") {
+    if (mode == "none" || mode == "env") {
       for (int i = 0; i < 50; ++i) {
         std::fill(x.begin(), x.end(), 1.0f);
         world.all_reduce<float>(x);

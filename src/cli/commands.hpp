@@ -114,6 +114,7 @@ int run_export(const ExportOptions& opt);
 // `diffcp draft`: one draft block of a DFlash drafter directory (drafter/draft.hpp).
 struct DraftOptions {
   std::string model, target_hidden, noise, out, balancer = "lpt";
+  int reps = 1;
 };
 void add_draft_command(CLI::App& app, DraftOptions& opt);
 int run_draft(Communicator& world, const DraftOptions& opt);

@@ -135,7 +135,7 @@ std::unique_ptr<Communicator> Communicator::split_node_local(const std::string& 
   }
   // Agreement is set-up, like the split itself: it goes to the backend directly, uncounted.
   std::int64_t have = node >= 0 ? 1 : 0, ranks_with_node = 0;
-  do_all_reduce(&have, &ranks_with_node, 1, DType::i64, ReduceOp::sum)->wait();
+  setup_op(do_all_reduce(&have, &ranks_with_node, 1, DType::i64, ReduceOp::sum), CommOp::all_reduce)->wait();
   DIFFCP_CHECK(ranks_with_node == 0 || ranks_with_node == size(), "DIFFCP_NODE is set on ", ranks_with_node,
                " of ", size(), " ranks: set it on every rank or on none");
   if (ranks_with_node == 0) return do_split_node_local(name);

@@ -124,7 +124,9 @@ enum class CollAlgo : std::uint8_t { flat, hierarchical };
 struct WatchdogReport {
   std::uint64_t seq = 0;    // collective sequence number on the communicator (1 = its first)
   std::uint32_t op = 0;     // CommOp
-  std::int32_t peer = -1;   // send / recv: the other rank; collectives: -1 (broadcast: root)
+  std::int32_t peer = -1;   // send / recv: the other rank; collectives: -1 (broadcast: root);
+                            // kSetup: a set-up exchange (not numbered)
+  static constexpr std::int32_t kSetup = -2;
   double waited_s = 0;      // since the operation was issued
 };
 // "flat" | "hierarchical"; anything else throws naming the choices.
@@ -252,7 +254,8 @@ class Communicator {
   void barrier() { barrier_async()->wait(); }
 
  protected:
-  explicit Communicator(std::string name) : name_(std::move(name)) {}
+  // Reads the watchdog setting first, so a bad DIFFCP_COMM_TIMEOUT fails before any operation.
+  explicit Communicator(std::string name) : name_(std::move(name)) { watchdog_timeout(); }
 
   // Backend hooks. Arguments are already validated; counts fit the backend's limits are checked
   // by the backend itself. Displacements are in elements.
@@ -291,6 +294,10 @@ class Communicator {
   // other rank of a send / recv, the root of a broadcast, else -1.
   WorkPtr issued(WorkPtr w, CommOp op, std::size_t sent, std::size_t recvd, DType type,
                  std::size_t sent_inter = 0, int peer = -1);
+  // A set-up exchange (split_node_local's agreement, set_topology, discover_topology): watched
+  // like any operation, but not counted and not numbered. (MPI_Comm_split itself, a blocking call
+  // inside the backend, cannot be watched.)
+  WorkPtr setup_op(WorkPtr w, CommOp op);
   // The watchdog's verdict on an operation that did not complete in time (comm/watchdog.cpp).
   [[noreturn]] void watchdog_expired(const WatchdogReport& mine, std::uint64_t bytes_sent,
                                      std::uint64_t bytes_recv, double timeout_s);

@@ -102,7 +102,7 @@ void Communicator::set_topology(std::int64_t node_label) {
   const auto P = static_cast<std::size_t>(size());
   std::vector<std::int64_t> labels(P);
   const std::vector<std::size_t> ones(P, 1);
-  do_all_gather_v(&node_label, 1, labels.data(), ones, displacements(ones), DType::i64)->wait();
+  setup_op(do_all_gather_v(&node_label, 1, labels.data(), ones, displacements(ones), DType::i64), CommOp::all_gather)->wait();
   auto t = std::make_unique<Topology>(Topology::from_labels(labels));
   const int me = rank();
   node_comm_ = do_split(t->node_of[static_cast<std::size_t>(me)], me, name_ + ".node");
@@ -113,7 +113,7 @@ void Communicator::set_topology(std::int64_t node_label) {
 void Communicator::discover_topology() {
   const auto local = split_node_local(name_ + ".node_probe");
   std::int64_t neg = -static_cast<std::int64_t>(rank()), lowest = 0;
-  local->do_all_reduce(&neg, &lowest, 1, DType::i64, ReduceOp::max)->wait();
+  local->setup_op(local->do_all_reduce(&neg, &lowest, 1, DType::i64, ReduceOp::max), CommOp::all_reduce)->wait();
   set_topology(-lowest);
 }
 

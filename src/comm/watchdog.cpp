@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -18,17 +19,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double& timeout_setting() {
-  static double seconds = [] {
-    const char* env = std::getenv("DIFFCP_COMM_TIMEOUT");
-    if (env == nullptr || *env == '\0') return 0.0;
-    char* end = nullptr;
-    const double v = std::strtod(env, &end);
-    DIFFCP_CHECK(*end == '\0' && std::isfinite(v) && v >= 0, "DIFFCP_COMM_TIMEOUT = '", env,
-                 "': expected a number of seconds >= 0 (0 = no watchdog)");
-    return v;
-  }();
+// The process-wide timeout: unset until set_watchdog_timeout or the first read, which takes
+// DIFFCP_COMM_TIMEOUT (0 when unset).
+std::optional<double>& timeout_setting() {
+  static std::optional<double> seconds;
   return seconds;
+}
+
+double timeout_from_env() {
+  const char* env = std::getenv("DIFFCP_COMM_TIMEOUT");
+  if (env == nullptr || *env == '\0') return 0.0;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  DIFFCP_CHECK(*end == '\0' && std::isfinite(v) && v >= 0, "DIFFCP_COMM_TIMEOUT = '", env,
+               "': expected a number of seconds >= 0 (0 = no watchdog)");
+  return v;
 }
 
 bool is_p2p(CommOp op) { return op == CommOp::send || op == CommOp::recv; }
@@ -45,6 +50,8 @@ std::string human_bytes(std::uint64_t b) {
 
 std::string op_label(const WatchdogReport& r) {
   const auto op = static_cast<CommOp>(r.op);
+  if (r.peer == WatchdogReport::kSetup)
+    return std::string("set-up ") + comm_op_name(op) + " (split / topology, after collective #" + std::to_string(r.seq) + ")";
   if (is_p2p(op)) return std::string(comm_op_name(op)) + (op == CommOp::send ? " to rank " : " from rank ") +
                          std::to_string(r.peer);
   return std::string(comm_op_name(op)) + " #" + std::to_string(r.seq);
@@ -61,11 +68,16 @@ std::string rank_list(const std::vector<int>& ranks) {
 // An operation under the watchdog: completes as the backend's does, or fails at the deadline.
 class WatchedWork final : public Work {
  public:
+  // Saturating: a timeout beyond what the clock can count (~292 years) never expires.
+  static Clock::time_point deadline(Clock::time_point from, double seconds) {
+    const double room = std::chrono::duration<double>(Clock::time_point::max() - from).count();
+    if (seconds >= room * 0.5) return Clock::time_point::max();
+    return from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
   WatchedWork(WorkPtr inner, Communicator& comm, WatchdogReport what, std::uint64_t sent, std::uint64_t recvd,
               double timeout_s)
       : inner_(std::move(inner)), comm_(comm), what_(what), sent_(sent), recvd_(recvd), timeout_s_(timeout_s),
-        issued_(Clock::now()),
-        deadline_(issued_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))) {}
+        issued_(Clock::now()), deadline_(deadline(issued_, timeout_s)) {}
   ~WatchedWork() override {
     if (done_ || std::uncaught_exceptions() != 0) return;
     try {
@@ -107,7 +119,10 @@ void Communicator::set_watchdog_timeout(double seconds) {
   timeout_setting() = seconds;
 }
 
-double Communicator::watchdog_timeout() { return timeout_setting(); }
+double Communicator::watchdog_timeout() {
+  if (!timeout_setting()) timeout_setting() = timeout_from_env();
+  return *timeout_setting();
+}
 
 WorkPtr Communicator::issued(WorkPtr w, CommOp op, std::size_t sent, std::size_t recvd, DType type,
                              std::size_t sent_inter, int peer) {
@@ -124,6 +139,13 @@ WorkPtr Communicator::issued(WorkPtr w, CommOp op, std::size_t sent, std::size_t
   return std::make_unique<WatchedWork>(std::move(w), *this, what, sent_b, recvd_b, timeout);
 }
 
+WorkPtr Communicator::setup_op(WorkPtr w, CommOp op) {
+  const double timeout = watchdog_timeout();
+  if (timeout <= 0) return w;
+  const WatchdogReport what{coll_seq_, static_cast<std::uint32_t>(op), WatchdogReport::kSetup, 0.0};
+  return std::make_unique<WatchedWork>(std::move(w), *this, what, 0, 0, timeout);
+}
+
 std::vector<std::optional<WatchdogReport>> Communicator::do_watchdog_exchange(const WatchdogReport&,
                                                                               std::span<const int>, double) {
   return std::vector<std::optional<WatchdogReport>>(static_cast<std::size_t>(size()));
@@ -134,10 +156,12 @@ void Communicator::watchdog_expired(const WatchdogReport& mine, std::uint64_t by
   const auto op = static_cast<CommOp>(mine.op);
   // Who should be in this operation with us: the peer of a send / recv, else every rank.
   std::vector<int> wanted;
-  if (is_p2p(op)) wanted.push_back(mine.peer);
-  else
+  if (is_p2p(op)) {
+    if (mine.peer != rank()) wanted.push_back(mine.peer);
+  } else {
     for (int r = 0; r < size(); ++r)
       if (r != rank()) wanted.push_back(r);
+  }
   const double grace = std::min(2.0, timeout_s);
   const auto reports = do_watchdog_exchange(mine, wanted, grace);
 
@@ -146,7 +170,7 @@ void Communicator::watchdog_expired(const WatchdogReport& mine, std::uint64_t by
   for (int r : wanted) {
     const auto& got = reports[static_cast<std::size_t>(r)];
     if (!got) silent.push_back(r);
-    else if (!is_p2p(op) && got->seq == mine.seq && got->op == mine.op) same.push_back(r);
+    else if (!is_p2p(op) && got->seq == mine.seq && got->op == mine.op && got->peer == mine.peer) same.push_back(r);
     else {
       char waited[32];
       std::snprintf(waited, sizeof waited, "%.1f", got->waited_s);
@@ -154,9 +178,10 @@ void Communicator::watchdog_expired(const WatchdogReport& mine, std::uint64_t by
     }
   }
   std::ostringstream msg;
-  msg << "watchdog: " << op_label(mine) << " on communicator '" << name_ << "' (rank " << rank() << " of "
-      << size() << "; this rank sends " << human_bytes(bytes_sent) << ", receives " << human_bytes(bytes_recv)
-      << ") did not complete within " << timeout_s << " s (--comm-timeout / DIFFCP_COMM_TIMEOUT)";
+  msg << "watchdog: " << op_label(mine) << " on communicator '" << name_ << "' (rank " << rank() << " of " << size();
+  if (mine.peer != WatchdogReport::kSetup)
+    msg << "; this rank sends " << human_bytes(bytes_sent) << ", receives " << human_bytes(bytes_recv);
+  msg << ") did not complete within " << timeout_s << " s (--comm-timeout / DIFFCP_COMM_TIMEOUT)";
   if (!silent.empty())
     msg << "; not arrived: " << rank_list(silent) << " (no answer within " << grace
         << " s: stalled, busy outside the communicator, dead or unreachable)";

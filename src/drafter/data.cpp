@@ -109,12 +109,21 @@ class ShardSource final : public DataSource {
     const SafeTensors model(dir + "/model.safetensors");
     const auto& meta = model.metadata();
     if (meta.count("target_layer_ids") != 0) {
-      try {
-        ids_ = nlohmann::json::parse(meta.at("target_layer_ids")).get<std::vector<std::int64_t>>();
-        if (meta.count("num_target_layers") != 0) depth_ = std::stoll(meta.at("num_target_layers"));
-      } catch (const std::exception&) {
+      auto bad = [&] {
         DIFFCP_FAIL("data '", dir, "': model.safetensors metadata target_layer_ids = '", meta.at("target_layer_ids"),
-                    "' / num_target_layers: expected a JSON list of integers and an integer");
+                    "', num_target_layers = '", meta.count("num_target_layers") ? meta.at("num_target_layers") : "",
+                    "': expected a JSON list of non-negative integers and a positive integer");
+      };
+      nlohmann::json ids = nlohmann::json::parse(meta.at("target_layer_ids"), nullptr, false);
+      if (!ids.is_array()) bad();
+      for (const auto& id : ids) {
+        if (!id.is_number_integer() || id.get<std::int64_t>() < 0) bad();
+        ids_.push_back(id.get<std::int64_t>());
+      }
+      if (meta.count("num_target_layers") != 0) {
+        const std::string& d = meta.at("num_target_layers");
+        if (d.empty() || d.size() > 9 || d.find_first_not_of("0123456789") != std::string::npos) bad();
+        depth_ = std::stoll(d);
       }
       DIFFCP_CHECK(static_cast<std::int64_t>(ids_.size()) == cfg.target_layers, "data '", dir, "': hidden states of ",
                    ids_.size(), " target layers (metadata), the model fuses ", cfg.target_layers);

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -74,6 +75,20 @@ T field(const nlohmann::json& j, const std::string& key, const std::string& path
   }
 }
 
+// A JSON integer (not a float: nlohmann would cast 1e300 or truncate 63.9).
+std::int64_t integer(const nlohmann::json& v, const std::string& path, const std::string& key) {
+  DIFFCP_CHECK(v.is_number_integer() && (!v.is_number_unsigned() || v.get<std::uint64_t>() <= (~std::uint64_t{0} >> 1)),
+               "'", path, "': field '", key, "' = ", v.dump(), ", expected an integer");
+  return v.get<std::int64_t>();
+}
+
+// An optional field of the given JSON type (else the default), named when it has another type.
+template <typename T>
+T optional(const nlohmann::json& j, const std::string& key, T dflt, const std::string& path) {
+  if (!j.contains(key) || (j.at(key).is_null() && !std::is_same_v<T, bool>)) return dflt;
+  return field<T>(j, key, path);
+}
+
 std::int64_t positive(const nlohmann::json& j, const std::string& key, const std::string& path) {
   const nlohmann::json& v = j.contains(key) ? j.at(key) : nlohmann::json();
   DIFFCP_CHECK(v.is_number_integer() && v.get<std::int64_t>() >= 1, "'", path, "': field '", key, "' = ",
@@ -87,10 +102,15 @@ DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
   bool dflash = false;
   for (const auto& a : arch) dflash |= a.is_string() && a.get<std::string>() == "DFlashDraftModel";
   DIFFCP_CHECK(dflash, "'", path, "': architectures = ", arch.dump(), ", expected [\"DFlashDraftModel\"] (not a DFlash drafter)");
-  DIFFCP_CHECK(!j.value("attention_bias", false), "'", path,
+  DIFFCP_CHECK(!optional<bool>(j, "attention_bias", false, path), "'", path,
                "': attention_bias = true; DFlash drafters (Qwen3 layers) have no attention biases");
-  DIFFCP_CHECK(j.value("hidden_act", std::string("silu")) == "silu", "'", path, "': hidden_act = ",
+  DIFFCP_CHECK(optional<std::string>(j, "hidden_act", "silu", path) == "silu", "'", path, "': hidden_act = ",
                j.at("hidden_act").dump(), ", expected \"silu\" (SwiGLU)");
+  for (const char* key : {"sliding_window", "use_sliding_window"}) {
+    const nlohmann::json v = j.contains(key) ? j.at(key) : nlohmann::json();
+    DIFFCP_CHECK(v.is_null() || v == false, "'", path, "': ", key, " = ", v.dump(),
+                 " is not supported (full attention over the context only)");
+  }
   const auto& rs = j.contains("rope_scaling") ? j.at("rope_scaling") : nlohmann::json();
   DIFFCP_CHECK(rs.is_null(), "'", path, "': rope_scaling = ", rs.dump(), " is not supported (plain RoPE only)");
   DIFFCP_CHECK(j.contains("dflash_config") && j.at("dflash_config").is_object(), "'", path,
@@ -112,20 +132,25 @@ DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
     DIFFCP_CHECK(j.contains("rope_parameters") && j.at("rope_parameters").contains("rope_theta"), "'", path,
                  "': rope_theta is missing (top level or rope_parameters.rope_theta)");
     const auto& rp = j.at("rope_parameters");
-    DIFFCP_CHECK(rp.value("rope_type", std::string("default")) == "default", "'", path, "': rope_parameters.rope_type = ",
-                 rp.at("rope_type").dump(), " is not supported (plain RoPE only)");
+    for (auto it = rp.begin(); it != rp.end(); ++it)
+      DIFFCP_CHECK(it.key() == "rope_theta" || (it.key() == "rope_type" && it.value() == "default"), "'", path,
+                   "': rope_parameters.", it.key(), " = ", it.value().dump(), " is not supported (plain RoPE only)");
     c.rope_theta = field<double>(rp, "rope_theta", path);
   }
   DIFFCP_CHECK(c.rope_theta > 0 && c.rms_eps > 0, "'", path, "': rope_theta = ", c.rope_theta, " and rms_norm_eps = ",
                c.rms_eps, " must be > 0");
-  const auto mask = field<std::int64_t>(dc, "mask_token_id", path);
+  DIFFCP_CHECK(dc.contains("mask_token_id"), "'", path, "': dflash_config.mask_token_id is missing");
+  const auto mask = integer(dc.at("mask_token_id"), path, "dflash_config.mask_token_id");
   DIFFCP_CHECK(mask >= 0 && mask < c.vocab, "'", path, "': dflash_config.mask_token_id = ", mask, " outside the vocabulary [0, ",
                c.vocab, ")");
   c.mask_token = static_cast<std::int32_t>(mask);
   c.target_depth = j.contains("num_target_layers") ? positive(j, "num_target_layers", path) : 0;
   if (dc.contains("target_layer_ids")) {
-    c.target_layer_ids = field<std::vector<std::int64_t>>(dc, "target_layer_ids", path);
-    DIFFCP_CHECK(!c.target_layer_ids.empty(), "'", path, "': dflash_config.target_layer_ids is empty");
+    const auto& ids = dc.at("target_layer_ids");
+    DIFFCP_CHECK(ids.is_array() && !ids.empty(), "'", path, "': dflash_config.target_layer_ids = ", ids.dump(),
+                 ", expected a non-empty list of layer ids");
+    c.target_layer_ids.clear();
+    for (const auto& id : ids) c.target_layer_ids.push_back(integer(id, path, "dflash_config.target_layer_ids"));
   } else {  // the reference's default: one target layer per drafter layer
     DIFFCP_CHECK(c.target_depth > 0, "'", path, "': neither dflash_config.target_layer_ids nor num_target_layers");
     c.target_layer_ids = default_target_layer_ids(c.target_depth, c.layers);

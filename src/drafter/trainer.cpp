@@ -126,11 +126,14 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     data = make_shard_source(cfg, opt.data, opt.heldout);
   }
   if (!data->target_layer_ids().empty()) {  // the shards say which target layers they hold
-    DIFFCP_CHECK(opt.init.empty() || cfg.target_layer_ids == data->target_layer_ids(), "--data '", opt.data,
-                 "' holds target layers ", nlohmann::json(data->target_layer_ids()).dump(), ", the drafter of --init '",
-                 opt.init, "' fuses layers ", nlohmann::json(cfg.target_layer_ids).dump());
+    const bool depth_known = data->target_depth() > 0;
+    DIFFCP_CHECK(opt.init.empty() || (cfg.target_layer_ids == data->target_layer_ids() &&
+                                      (!depth_known || cfg.target_depth == data->target_depth())),
+                 "--data '", opt.data, "' holds target layers ", nlohmann::json(data->target_layer_ids()).dump(), " of ",
+                 data->target_depth(), ", the drafter of --init '", opt.init, "' fuses layers ",
+                 nlohmann::json(cfg.target_layer_ids).dump(), " of ", cfg.target_depth);
     cfg.target_layer_ids = data->target_layer_ids();
-    cfg.target_depth = data->target_depth();
+    if (depth_known || opt.init.empty()) cfg.target_depth = data->target_depth();
   }
   const auto train_packs = pack_samples(data->train(), opt.context), eval_packs = pack_samples(data->heldout(), opt.context);
   const auto balancer = make_balancer(opt.balancer);
