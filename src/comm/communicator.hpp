@@ -298,6 +298,8 @@ class Communicator {
   // like any operation, but not counted and not numbered. (MPI_Comm_split itself, a blocking call
   // inside the backend, cannot be watched.)
   WorkPtr setup_op(WorkPtr w, CommOp op);
+  // Wraps w in the watchdog when it is on (else returns w): what a rank reports if it expires.
+  WorkPtr watch(WorkPtr w, CommOp op, int peer, std::uint64_t sent_bytes, std::uint64_t recv_bytes);
   // The watchdog's verdict on an operation that did not complete in time (comm/watchdog.cpp).
   [[noreturn]] void watchdog_expired(const WatchdogReport& mine, std::uint64_t bytes_sent,
                                      std::uint64_t bytes_recv, double timeout_s);

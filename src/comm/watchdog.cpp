@@ -133,17 +133,16 @@ WorkPtr Communicator::issued(WorkPtr w, CommOp op, std::size_t sent, std::size_t
   c.bytes_recv += recvd_b;
   c.bytes_sent_inter += sent_inter * es;
   if (!is_p2p(op)) ++coll_seq_;
+  return watch(std::move(w), op, peer, sent_b, recvd_b);
+}
+
+WorkPtr Communicator::setup_op(WorkPtr w, CommOp op) { return watch(std::move(w), op, WatchdogReport::kSetup, 0, 0); }
+
+WorkPtr Communicator::watch(WorkPtr w, CommOp op, int peer, std::uint64_t sent_b, std::uint64_t recvd_b) {
   const double timeout = watchdog_timeout();
   if (timeout <= 0) return w;
   const WatchdogReport what{coll_seq_, static_cast<std::uint32_t>(op), peer, 0.0};
   return std::make_unique<WatchedWork>(std::move(w), *this, what, sent_b, recvd_b, timeout);
-}
-
-WorkPtr Communicator::setup_op(WorkPtr w, CommOp op) {
-  const double timeout = watchdog_timeout();
-  if (timeout <= 0) return w;
-  const WatchdogReport what{coll_seq_, static_cast<std::uint32_t>(op), WatchdogReport::kSetup, 0.0};
-  return std::make_unique<WatchedWork>(std::move(w), *this, what, 0, 0, timeout);
 }
 
 std::vector<std::optional<WatchdogReport>> Communicator::do_watchdog_exchange(const WatchdogReport&,

@@ -48,13 +48,11 @@ std::vector<float> draft_block(Communicator& cp, const DrafterConfig& cfg, std::
   d.params().assign(params.begin(), params.end());
   const std::vector<float>& out_p = d.forward_hidden(mb);
   // The owner of the block sends its rows to every rank.
-  std::vector<std::size_t> counts(static_cast<std::size_t>(cp.size()), 0);
   const std::size_t have = mine ? static_cast<std::size_t>(B * H) : 0;
-  std::vector<std::size_t> mine_count{have};
-  std::vector<std::size_t> all_counts(counts.size());
-  cp.all_gather<std::size_t>(std::span<const std::size_t>(mine_count), std::span<std::size_t>(all_counts));
+  std::vector<std::size_t> counts(static_cast<std::size_t>(cp.size()));
+  cp.all_gather<std::size_t>(std::span<const std::size_t>(&have, 1), std::span<std::size_t>(counts));
   std::vector<float> out(static_cast<std::size_t>(B * H));
-  cp.all_gather_v<float>(std::span<const float>(out_p.data(), have), std::span<float>(out), all_counts);
+  cp.all_gather_v<float>(std::span<const float>(out_p.data(), have), std::span<float>(out), counts);
   return out;
 }
 

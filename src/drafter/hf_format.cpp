@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "core/half.hpp"
+#include "core/json_int.hpp"
 #include "cp/attention_layer.hpp"
 #include "io/safetensors.hpp"
 
@@ -77,9 +78,9 @@ T field(const nlohmann::json& j, const std::string& key, const std::string& path
 
 // A JSON integer (not a float: nlohmann would cast 1e300 or truncate 63.9).
 std::int64_t integer(const nlohmann::json& v, const std::string& path, const std::string& key) {
-  DIFFCP_CHECK(v.is_number_integer() && (!v.is_number_unsigned() || v.get<std::uint64_t>() <= (~std::uint64_t{0} >> 1)),
-               "'", path, "': field '", key, "' = ", v.dump(), ", expected an integer");
-  return v.get<std::int64_t>();
+  const auto i = json_int64(v);
+  DIFFCP_CHECK(i.has_value(), "'", path, "': field '", key, "' = ", v.dump(), ", expected an integer");
+  return *i;
 }
 
 // An optional field of the given JSON type (else the default), named when it has another type.
@@ -91,9 +92,10 @@ T optional(const nlohmann::json& j, const std::string& key, T dflt, const std::s
 
 std::int64_t positive(const nlohmann::json& j, const std::string& key, const std::string& path) {
   const nlohmann::json& v = j.contains(key) ? j.at(key) : nlohmann::json();
-  DIFFCP_CHECK(v.is_number_integer() && v.get<std::int64_t>() >= 1, "'", path, "': field '", key, "' = ",
-               j.contains(key) ? v.dump() : "missing", ", expected a positive integer");
-  return v.get<std::int64_t>();
+  const auto i = json_int64(v);
+  DIFFCP_CHECK(i.has_value() && *i >= 1, "'", path, "': field '", key, "' = ", j.contains(key) ? v.dump() : "missing",
+               ", expected a positive integer");
+  return *i;
 }
 
 DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {

@@ -155,8 +155,8 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
                  static_cast<long long>(res.few_anchors), static_cast<long long>(anchors));
 
   Drafter drafter(*cp, cfg, {OProj::all, collectives});
-  drafter.init_params(opt.seed + 7);
-  if (!opt.init.empty()) drafter.params() = init.params;
+  if (opt.init.empty()) drafter.init_params(opt.seed + 7);
+  else drafter.params() = std::move(init.params);
   drafter.embedding() = data->embedding();
   drafter.lm_head() = data->lm_head();
   AdamW adam;

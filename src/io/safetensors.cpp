@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "core/half.hpp"
+#include "core/json_int.hpp"
 
 namespace diffcp {
 
@@ -29,10 +30,10 @@ std::vector<std::int64_t> int_array(const nlohmann::json& a, const std::string& 
   DIFFCP_CHECK(a.is_array(), "safetensors '", path, "': tensor '", tensor, "' ", field, " is not an array");
   std::vector<std::int64_t> out;
   for (const auto& x : a) {
-    DIFFCP_CHECK(x.is_number_integer() && (!x.is_number_unsigned() || x.get<std::uint64_t>() <= (~std::uint64_t{0} >> 1)),
-                 "safetensors '", path, "': tensor '", tensor, "' ", field, " holds ", x.dump(),
+    const auto v = json_int64(x);
+    DIFFCP_CHECK(v.has_value(), "safetensors '", path, "': tensor '", tensor, "' ", field, " holds ", x.dump(),
                  ", expected integers below 2^63");
-    out.push_back(x.get<std::int64_t>());
+    out.push_back(*v);
   }
   return out;
 }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_int.hpp"
 
 namespace diffcp {
 
@@ -112,10 +113,9 @@ namespace {
 // A JSON integer as int64. nlohmann's get<std::int64_t>() would also accept a float and cast it
 // (undefined behaviour for 1e300), so anything but an integer in range is refused here.
 std::int64_t json_int(const nlohmann::json& x, const std::string& path, const std::string& what) {
-  DIFFCP_CHECK(x.is_number_integer() && (!x.is_number_unsigned() ||
-                                         x.get<std::uint64_t>() <= std::numeric_limits<std::uint64_t>::max() / 2),
-               "--anchors-file '", path, "': ", what, " = ", x.dump(), ", expected an integer below 2^63");
-  return x.get<std::int64_t>();
+  const auto v = json_int64(x);
+  DIFFCP_CHECK(v.has_value(), "--anchors-file '", path, "': ", what, " = ", x.dump(), ", expected an integer below 2^63");
+  return *v;
 }
 }  // namespace
 
