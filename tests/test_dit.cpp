@@ -38,6 +38,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "attention/reference.hpp"
 #include "comm/tapa.hpp"
 #include "core/compare.hpp"
@@ -75,7 +77,7 @@ DitConfig test_config() {
   c.time_dim = 32;
   return c;
 }
-DitShape test_shape(std::int64_t batch) { return {batch, 192, 24}; }
+DitShape test_shape(std::int64_t batch) { return {batch, 192, 192, 24}; }
 
 // A per-process file name (ranks and concurrent test runs never share one).
 std::string temp_path(const std::string& stem, const std::string& ext = ".safetensors") {
@@ -98,7 +100,7 @@ std::vector<float> run_sampler(Communicator& comm, const DitWeights& w, const Di
                                int steps) {
   DitModel model(w, shape, ex);
   std::vector<float> x_p = shard_latent(initial_noise(w.config(), shape, 7), w.config(), shape, model.shard());
-  euler_sample(model, x_p, prompt_conditioning(w.config(), shape, "a test prompt"), steps);
+  euler_sample(model, x_p, prompt_conditioning(w.config(), shape, "a test prompt"), {flow_schedule(steps), 3.5, {}});
   return gather_latent(comm, x_p, w.config(), shape, model.shard());
 }
 
@@ -112,9 +114,9 @@ TEST(DitShard, IndivisibleCountsAreRefusedBeforeAnyCommunication) {
     EXPECT_NE(error_of([&] { make_dit_shard(cfg, test_shape(1), P, world().rank()); })
                   .find("ranks do not divide the " + std::to_string(2 * P + 1) + " attention heads"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { make_dit_shard(test_config(), {1, 192, P + 1}, P, world().rank()); })
+    EXPECT_NE(error_of([&] { make_dit_shard(test_config(), {1, 192, 192, P + 1}, P, world().rank()); })
                   .find("text tokens"), std::string::npos);
-    EXPECT_NE(error_of([&] { make_dit_shard(test_config(), {1, 16, 8 * P}, P, world().rank()); })
+    EXPECT_NE(error_of([&] { make_dit_shard(test_config(), {1, 16, 16, 8 * P}, P, world().rank()); })
                   .find("do not divide the 1 image tokens"), std::string::npos);
     // The model refuses the same way (no collective is issued, so the ranks stay in step).
     const DitWeights w(cfg);
@@ -221,6 +223,57 @@ TEST(DitModel, FlatEqualsSingleProcess) {
     if (world().size() == 1) {
       EXPECT_EQ(0, std::memcmp(flat.data(), single.data(), flat.size() * sizeof(float)));
     }
+  }
+}
+
+// A FLUX.1-dev-style checkpoint (guidance_in, no qkv bias) written in bf16, loaded with its shape
+// read off the tensors, sampled on a rectangular 192x96 image (12 x 6 tokens) with FLUX's shifted
+// schedule: every mode at P equals the single-process run (fp32 tolerance, as above), the guidance
+// scale reaches the output, and the file's shape is inferred exactly.
+TEST(DitModel, FluxCheckpointRectangularGuidedEqualsSingleProcess) {
+  DitConfig cfg = test_config();
+  cfg.guidance_embed = true;
+  cfg.qkv_bias = false;
+  const std::string path = temp_path("flux_dev_like");
+  {
+    DitWeights w(cfg);
+    w.init_random(11);
+    w.save(path, "BF16");
+  }
+  const SafeTensorsSet ck(path);
+  const DitConfig inferred = infer_dit_config(ck);
+  EXPECT_EQ(inferred.to_json(), cfg.to_json());
+  DitWeights w(inferred);
+  w.load(ck);
+  std::filesystem::remove(path);
+
+  const DitShape shape{1, 192, 96, 24};
+  ASSERT_EQ(shape.image_tokens(), 72);
+  const DitConditioning cond = prompt_conditioning(cfg, shape, "a rectangular test");
+  const std::vector<float> noise = initial_noise(cfg, shape, 5);
+  const SampleOptions opt{flow_schedule(3, TimeSchedule::flux, shape.image_tokens()), 4.0, {}};
+  const auto run = [&](Communicator& comm, AttentionExchange& ex, const SampleOptions& o) {
+    DitModel model(w, shape, ex);
+    std::vector<float> x_p = shard_latent(noise, cfg, shape, model.shard());
+    euler_sample(model, x_p, cond, o);
+    return gather_latent(comm, x_p, cfg, shape, model.shard());
+  };
+  auto self = world().split(world().rank(), 0, "self");
+  const auto ex1 = make_attention_exchange(ExchangeMode::flat, *self, 1);
+  const std::vector<float> single = run(*self, *ex1, opt);
+  const std::vector<double> ref(single.begin(), single.end());
+  SampleOptions other = opt;
+  other.guidance = 1.0;
+  const auto ex1b = make_attention_exchange(ExchangeMode::flat, *self, 1);
+  EXPECT_GT(max_abs_diff(run(*self, *ex1b, other), single), 1e-3) << "the guidance scale does not reach the output";
+
+  const CacheSchedule r0{CacheScheduleKind::fixed, 0.0, 0, 0};
+  for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff}) {
+    SCOPED_TRACE(exchange_mode_name(mode));
+    const auto ex = make_attention_exchange(mode, world(), 1, r0);
+    const std::vector<float> out = run(world(), *ex, opt);
+    const CompareResult c = compare<float>(out, ref, scaled_to(kTolF32, ref));
+    EXPECT_TRUE(c.pass()) << "max_abs " << c.max_abs << " max_rel " << c.max_rel << " worst ratio " << c.worst_ratio;
   }
 }
 
@@ -430,10 +483,10 @@ TEST(DitUsp, DegreesDefaultsAndBadDegreesAreRefusedClearly) {
   EXPECT_NE(refused(4, 8, {}, 3).find("--ring-degree R = 3 does not divide P = 4 ranks"), std::string::npos);
   EXPECT_NE(refused(4, 6, 4, {}).find("Ulysses degree U = 4 does not divide the 6 attention heads"), std::string::npos);
   // Tokens are still sharded over all P = U x R ranks; the model refuses the same way.
-  EXPECT_NE(error_of([] { make_dit_shard(usp_config(), {1, 192, 6}, 4, 0, 2); })
+  EXPECT_NE(error_of([] { make_dit_shard(usp_config(), {1, 192, 192, 6}, 4, 0, 2); })
                 .find("P = 4 ranks do not divide the 6 text tokens (P = U x R = 2 x 2)"),
             std::string::npos);
-  EXPECT_NE(error_of([] { make_dit_shard(test_config(), {1, 192, 24}, 4, 0, 3); }).find("U = 3 does not divide P = 4"),
+  EXPECT_NE(error_of([] { make_dit_shard(test_config(), {1, 192, 192, 24}, 4, 0, 3); }).find("U = 3 does not divide P = 4"),
             std::string::npos);
   // Ulysses groups and link groups must tile.
   EXPECT_EQ(usp_ulysses_group_size(4, 2), 2);
@@ -577,18 +630,35 @@ TEST(DitWeights, SafetensorsRoundTripAndMalformedFiles) {
   DitWeights r(cfg);
 
   rewrite(bad, [](std::vector<NamedTensor>& ts) { ts.pop_back(); });  // final_layer.linear.bias
-  EXPECT_NE(error_of([&] { r.load(bad); }).find("missing tensor 'final_layer.linear.bias'"), std::string::npos);
+  EXPECT_NE(error_of([&] { r.load(bad); }).find("1 missing tensors:\n    'final_layer.linear.bias' [" +
+                                               std::to_string(cfg.in_channels()) + "]"),
+            std::string::npos);
 
   rewrite(bad, [](std::vector<NamedTensor>& ts) { std::swap(ts[0].shape[0], ts[0].shape[1]); });  // img_in.weight [in, out]
   const std::string shape_err = error_of([&] { r.load(bad); });
-  EXPECT_NE(shape_err.find("tensor 'img_in.weight' is F32 [" + std::to_string(cfg.in_channels())), std::string::npos) << shape_err;
-  EXPECT_NE(shape_err.find("expected F32 [" + std::to_string(cfg.hidden())), std::string::npos) << shape_err;
+  EXPECT_NE(shape_err.find("'img_in.weight' is F32 [" + std::to_string(cfg.in_channels())), std::string::npos) << shape_err;
+  EXPECT_NE(shape_err.find("expected [" + std::to_string(cfg.hidden())), std::string::npos) << shape_err;
 
   std::vector<double> f64(static_cast<std::size_t>(cfg.hidden()), 0.0);
   rewrite(bad, [&](std::vector<NamedTensor>& ts) {
     ts[1] = {ts[1].name, "F64", ts[1].shape, f64.data()};  // img_in.bias as F64
   });
-  EXPECT_NE(error_of([&] { r.load(bad); }).find("tensor 'img_in.bias' is F64"), std::string::npos);
+  EXPECT_NE(error_of([&] { r.load(bad); }).find("'img_in.bias' is F64 [" + std::to_string(cfg.hidden()) + "], expected [" +
+                                               std::to_string(cfg.hidden()) + "] of F32, BF16 or F16"),
+            std::string::npos);
+
+  // Every problem at once: a missing, an extra and a misshapen tensor, each named.
+  std::vector<float> extra(3, 1.f);
+  rewrite(bad, [&](std::vector<NamedTensor>& ts) {
+    ts.erase(ts.begin() + 2);                                 // time_in.in_layer.weight
+    ts.push_back({"guidance_in.in_layer.weight", "F32", {3}, extra.data()});
+    std::swap(ts[0].shape[0], ts[0].shape[1]);                // img_in.weight
+  });
+  const std::string all = error_of([&] { r.load(bad); });
+  for (const char* want : {"1 missing tensors:\n    'time_in.in_layer.weight'", "1 tensors of the wrong dtype or shape:\n    'img_in.weight'",
+                           "1 tensors this model does not have:\n    'guidance_in.in_layer.weight' F32 [3]",
+                           "guidance_embed = true"})
+    EXPECT_NE(all.find(want), std::string::npos) << want << "\n" << all;
 
   std::filesystem::copy_file(good, bad, std::filesystem::copy_options::overwrite_existing);
   std::filesystem::resize_file(bad, std::filesystem::file_size(good) - 10);
@@ -724,7 +794,7 @@ TEST(DitImage, PngWriterRoundTripsThroughStoredBlocks) {
 
 TEST(DitImage, LatentToRgbAndMetrics) {
   DitConfig cfg = dit_preset("tiny");  // 4 latent channels, patch 2
-  const DitShape shape{2, 32, 0};      // 2 x 2 tokens -> 4 x 4 pixels per image
+  const DitShape shape{2, 32, 32, 0};  // 2 x 2 tokens -> 4 x 4 pixels per image
   std::vector<float> latent(static_cast<std::size_t>(2 * 4 * cfg.in_channels()), 0.f);
   // Token 1 (row 0, col 1) of image 0: channels 0 and 3 (red) = 2 at sub-pixel (0, 1).
   latent[static_cast<std::size_t>(1 * cfg.in_channels() + 0 * 4 + 1)] = 2.f;

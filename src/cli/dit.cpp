@@ -7,6 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -25,11 +29,14 @@ namespace {
 struct DitOptions {
   std::string mode = "flat";
   int steps = 50;
-  std::int64_t resolution = 512, batch = 1, text_tokens = 64;
+  std::int64_t resolution = 512, width = 0, height = 0, batch = 1, text_tokens = 64;  // width/height 0: --resolution
   std::uint64_t seed = 1, weight_seed = 1;
   std::string prompt = "a lighthouse on a rocky coast at dusk";
   int group_size = 0;
-  std::string weights, preset = "default";
+  std::string weights, preset = "default", config;
+  std::string text_embeddings, pooled, noise, schedule = "linear", dump_velocity;
+  double guidance = 3.5;
+  bool dry_run = false;
   std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;  // 0/-1: preset's
   std::string out = "diffcp_dit.png", save_latent, reference, compare;
   std::string cache_schedule = "linear";  // cocodiff's schedule (dit/cache_schedule.hpp)
@@ -43,9 +50,21 @@ struct DitOptions {
 DitOptions g_opt;
 CLI::Option* g_ulysses_opt = nullptr;
 CLI::Option* g_ring_opt = nullptr;
+CLI::Option* g_heads_opt = nullptr;
+CLI::Option* g_batch_opt = nullptr;
+CLI::Option* g_text_tokens_opt = nullptr;
+CLI::Option* g_guidance_opt = nullptr;
+std::vector<CLI::Option*> g_shape_opts;  // --preset, --head-dim, --double-blocks, --single-blocks, --mlp-hidden
 
-std::optional<int> given(const CLI::Option* opt, int value) {
-  return opt != nullptr && opt->count() > 0 ? std::optional<int>(value) : std::nullopt;
+template <typename T>
+std::optional<T> given(const CLI::Option* opt, T value) {
+  return opt != nullptr && opt->count() > 0 ? std::optional<T>(value) : std::nullopt;
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
 }
 
 DitConfig make_config(const DitOptions& o) {
@@ -62,6 +81,41 @@ DitConfig make_config(const DitOptions& o) {
   return c;
 }
 
+// The model shape: from --config (FluxParams), else read off the --weights checkpoint, else the
+// preset and its overrides (as before; with --weights the load then checks every tensor against it).
+DitConfig resolve_config(const DitOptions& o, const SafeTensorsSet* ck) {
+  bool shape_flags = false;
+  for (const CLI::Option* opt : g_shape_opts) shape_flags = shape_flags || opt->count() > 0;
+  const std::optional<std::int64_t> heads = given(g_heads_opt, o.heads);
+  if (!o.config.empty()) {
+    DIFFCP_CHECK(!shape_flags, "--config '", o.config, "' gives the model shape: drop --preset / --head-dim / "
+                 "--double-blocks / --single-blocks / --mlp-hidden");
+    const DitConfig c = read_dit_config(o.config);
+    DIFFCP_CHECK(!heads || *heads == c.heads, "--heads ", o.heads, " disagrees with --config '", o.config, "' (num_heads ",
+                 c.heads, ")");
+    return c;
+  }
+  if (ck != nullptr && !shape_flags) return infer_dit_config(*ck, heads);
+  return make_config(o);
+}
+
+// A float .npy input with its shape checked: `want` lists the accepted shapes (-1: any size).
+std::vector<float> read_input(const std::string& path, const char* flag, std::vector<std::int64_t>& shape,
+                              const std::vector<std::vector<std::int64_t>>& want, const char* legend) {
+  std::vector<float> v;
+  try {
+    v = read_npy_f32(path, shape);
+  } catch (const Error& e) {
+    DIFFCP_FAIL(flag, " '", path, "': ", e.what());
+  }
+  for (const auto& w : want) {
+    bool ok = w.size() == shape.size();
+    for (std::size_t i = 0; ok && i < w.size(); ++i) ok = w[i] < 0 || w[i] == shape[i];
+    if (ok) return v;
+  }
+  DIFFCP_FAIL(flag, " '", path, "': shape ", shape_str(shape), ", expected ", legend);
+}
+
 // One sampling run with the given exchange: the final latent gathered on every rank, the timings
 // (per step: max over ranks) and the exchange's counters.
 struct RunResult {
@@ -72,16 +126,84 @@ struct RunResult {
 };
 
 RunResult sample(Communicator& world, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
-                 const DitConditioning& cond, std::uint64_t seed, int steps) {
+                 const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt) {
   DitModel model(w, shape, ex);
-  std::vector<float> x_p = shard_latent(initial_noise(w.config(), shape, seed), w.config(), shape, model.shard());
+  std::vector<float> x_p = shard_latent(noise, w.config(), shape, model.shard());
   ex.reset_stats();
-  const SampleTimings t = euler_sample(model, x_p, cond, steps);
+  const SampleTimings t = euler_sample(model, x_p, cond, opt);
   RunResult r{gather_latent(world, x_p, w.config(), shape, model.shard()), t.step_ms, t.comm_ms, ex.stats(),
               ex.cache_bytes()};
   world.all_reduce<double>(r.step_ms, ReduceOp::max);
   world.all_reduce<double>(r.comm_ms, ReduceOp::max);
   return r;
+}
+
+// The run's inputs: conditioning and noise from the user's .npy files or made here (hashed prompt,
+// seeded noise); they fix the batch and the text tokens when given.
+struct DitInputs {
+  DitShape shape;
+  DitConditioning cond;
+  std::vector<float> noise;  // [b, N_img, C_in]
+};
+
+DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
+  DitInputs in;
+  in.shape = {o.batch, o.width > 0 ? o.width : o.resolution, o.height > 0 ? o.height : o.resolution, o.text_tokens};
+  DIFFCP_CHECK(o.text_embeddings.empty() == o.pooled.empty(), "--text-embeddings and --pooled come together (your T5's "
+               "tokens and your CLIP's pooled vector); give both or neither");
+  if (!o.text_embeddings.empty()) {
+    std::vector<std::int64_t> s;
+    const std::string legend = "[T, context_in_dim] or [1, T, context_in_dim] with context_in_dim = " +
+                               std::to_string(cfg.text_dim) + " (the model's txt_in; every image of the batch shares the prompt)";
+    in.cond.txt = read_input(o.text_embeddings, "--text-embeddings", s, {{-1, cfg.text_dim}, {1, -1, cfg.text_dim}}, legend.c_str());
+    const std::int64_t T = s[s.size() - 2];
+    DIFFCP_CHECK(!given(g_text_tokens_opt, o.text_tokens) || o.text_tokens == T, "--text-tokens ", o.text_tokens,
+                 " disagrees with --text-embeddings '", o.text_embeddings, "' (", T, " tokens)");
+    in.shape.text_tokens = T;
+    const std::string plegend = "[vec_in_dim] or [1, vec_in_dim] with vec_in_dim = " + std::to_string(cfg.pooled_dim);
+    in.cond.pooled = read_input(o.pooled, "--pooled", s, {{cfg.pooled_dim}, {1, cfg.pooled_dim}}, plegend.c_str());
+  }
+  if (!o.noise.empty()) {
+    std::vector<std::int64_t> s;
+    const std::string legend = "[b, N_img, in_channels] with in_channels = " + std::to_string(cfg.in_channels());
+    in.noise = read_input(o.noise, "--noise", s, {{-1, -1, cfg.in_channels()}}, legend.c_str());
+    DIFFCP_CHECK(!given(g_batch_opt, o.batch) || o.batch == s[0], "--batch ", o.batch, " disagrees with --noise '", o.noise,
+                 "' (", s[0], " images)");
+    in.shape.batch = s[0];
+    in.shape.validate();
+    DIFFCP_CHECK(s[1] == in.shape.image_tokens(), "--noise '", o.noise, "': ", s[1], " image tokens, but a ", in.shape.width,
+                 "x", in.shape.height, " image has (", in.shape.height, "/16) x (", in.shape.width, "/16) = ",
+                 in.shape.image_tokens(), " (give --width / --height)");
+  }
+  in.shape.validate();
+  if (o.text_embeddings.empty()) in.cond = prompt_conditioning(cfg, in.shape, o.prompt);
+  return in;
+}
+
+// Rank 0 writes DIR/timesteps.json now and DIR/velocity_<k>.npy at every step (the velocity
+// gathered from all ranks); the callback is collective.
+std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator& world, const DitOptions& o,
+                                                                     const DitConfig& cfg, const DitShape& shape,
+                                                                     const DitShard& shard, const SampleOptions& opt) {
+  if (o.dump_velocity.empty()) return {};
+  if (world.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.dump_velocity, ec);
+    DIFFCP_CHECK(!ec && std::filesystem::is_directory(o.dump_velocity), "--dump-velocity '", o.dump_velocity,
+                 "': cannot create the directory (", ec.message(), ")");
+    const nlohmann::ordered_json j{{"schedule", o.schedule}, {"timesteps", opt.timesteps}, {"guidance", opt.guidance},
+                                   {"guidance_embed", cfg.guidance_embed}, {"image_tokens", shape.image_tokens()},
+                                   {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
+                                   {"in_channels", cfg.in_channels()}, {"mode", o.mode}, {"P", world.size()}};
+    std::ofstream f(o.dump_velocity + "/timesteps.json");
+    f << j.dump(1) << "\n";
+    DIFFCP_CHECK(f.good(), "--dump-velocity: cannot write '", o.dump_velocity, "/timesteps.json'");
+  }
+  return [&world, dir = o.dump_velocity, cfg, shape, shard](int k, const std::vector<float>& v_p) {
+    const std::vector<float> v = gather_latent(world, v_p, cfg, shape, shard);
+    if (world.rank() == 0)
+      write_npy(dir + "/velocity_" + std::to_string(k) + ".npy", v.data(), {shape.batch, shape.image_tokens(), cfg.in_channels()});
+  };
 }
 
 }  // namespace
@@ -96,9 +218,18 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--warmup", o.warmup, "cocodiff: full-exchange steps at the start")->capture_default_str();
   c->add_option("--sync-every", o.sync_every, "cocodiff: a full exchange every this many steps (0: never)")->capture_default_str();
   c->add_option("--steps", o.steps, "denoising steps T")->capture_default_str();
-  c->add_option("--resolution", o.resolution, "image side in pixels, a multiple of 16 ((R/16)^2 image tokens)")->capture_default_str();
-  c->add_option("--batch", o.batch, "images generated together (same prompt, different noise)")->capture_default_str();
-  c->add_option("--text-tokens", o.text_tokens, "text tokens T")->capture_default_str();
+  c->add_option("--resolution", o.resolution, "image side in pixels, a multiple of 16 ((R/16)^2 image tokens); --width / --height override it")->capture_default_str();
+  c->add_option("--width", o.width, "image width in pixels, a multiple of 16 (default: --resolution)");
+  c->add_option("--height", o.height, "image height in pixels, a multiple of 16 (default: --resolution)");
+  g_batch_opt = c->add_option("--batch", o.batch, "images generated together (same prompt, different noise; default: --noise's b)")->capture_default_str();
+  g_text_tokens_opt = c->add_option("--text-tokens", o.text_tokens, "text tokens T (default: --text-embeddings' T)")->capture_default_str();
+  c->add_option("--text-embeddings", o.text_embeddings, "text tokens from your T5: .npy [T, context_in_dim] or [1, T, context_in_dim] (with --pooled; default: the hashed --prompt)");
+  c->add_option("--pooled", o.pooled, "pooled vector from your CLIP: .npy [vec_in_dim] or [1, vec_in_dim] (with --text-embeddings)");
+  c->add_option("--noise", o.noise, "initial noise, FLUX's packed 2x2 patches: .npy [b, N_img, in_channels] (default: seeded N(0, 1), --seed)");
+  g_guidance_opt = c->add_option("--guidance", o.guidance, "guidance scale for guidance-distilled models (guidance_in, FLUX.1-dev)")->capture_default_str();
+  c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev)")->capture_default_str();
+  c->add_option("--dump-velocity", o.dump_velocity, "write DIR/velocity_<k>.npy [b, N_img, in_channels] per step and DIR/timesteps.json");
+  c->add_flag("--dry-run", o.dry_run, "check every input, print the model shape and memory per rank; do not load the weights or sample");
   c->add_option("--seed", o.seed, "seed of the initial noise")->capture_default_str();
   c->add_option("--prompt", o.prompt, "prompt; hashed (FNV-1a) into the text conditioning")->capture_default_str();
   c->add_option("--group-size", o.group_size, "ranks per group L sharing the fast link (0: the ranks of a node)")->capture_default_str();
@@ -107,14 +238,16 @@ void add_dit_command(CLI::App& app) {
                                 "divisor of P that divides the heads");
   g_ring_opt = c->add_option("--ring-degree", o.ring_degree,
                              "USP: Ring attention across R = P / U Ulysses groups (U x R = P); default: P / U");
-  c->add_option("--weights", o.weights, "safetensors file with every tensor of the model (names: dit/config.hpp); default: seeded random init");
+  c->add_option("--weights", o.weights, "FLUX-format checkpoint: a .safetensors file or a sharded set's index .json (F32/BF16/F16; names: dit/config.hpp); the model shape is read off it unless --config or --preset is given; default: seeded random init");
+  c->add_option("--config", o.config, "model shape as FLUX's FluxParams JSON (in_channels, hidden_size, num_heads, depth, axes_dim, ...)");
   c->add_option("--weight-seed", o.weight_seed, "seed of the random init when no --weights is given")->capture_default_str();
-  c->add_option("--preset", o.preset, "model shape: default | tiny")->capture_default_str();
-  c->add_option("--heads", o.heads, "attention heads (default: the preset's)");
-  c->add_option("--head-dim", o.head_dim, "head dimension (default: the preset's)");
-  c->add_option("--double-blocks", o.double_blocks, "double-stream blocks (default: the preset's)");
-  c->add_option("--single-blocks", o.single_blocks, "single-stream blocks (default: the preset's)");
-  c->add_option("--mlp-hidden", o.mlp_hidden, "MLP width (default: the preset's)");
+  g_shape_opts.clear();
+  g_shape_opts.push_back(c->add_option("--preset", o.preset, "model shape without --weights / --config: default | tiny")->capture_default_str());
+  g_heads_opt = c->add_option("--heads", o.heads, "attention heads (default: the preset's, or read off --weights, which it must match)");
+  g_shape_opts.push_back(c->add_option("--head-dim", o.head_dim, "head dimension (default: the preset's)"));
+  g_shape_opts.push_back(c->add_option("--double-blocks", o.double_blocks, "double-stream blocks (default: the preset's)"));
+  g_shape_opts.push_back(c->add_option("--single-blocks", o.single_blocks, "single-stream blocks (default: the preset's)"));
+  g_shape_opts.push_back(c->add_option("--mlp-hidden", o.mlp_hidden, "MLP width (default: the preset's)"));
   c->add_option("--out", o.out, "PNG image to write (empty: none)")->capture_default_str();
   c->add_option("--save-latent", o.save_latent, "also write the final latent [b, N_img, C_in] as .npy");
   c->add_option("--reference", o.reference, "compare with this latent .npy (from --save-latent of a Flat run)");
@@ -125,42 +258,64 @@ void add_dit_command(CLI::App& app) {
 int run_dit(Communicator& world) {
   const DitOptions& o = g_opt;
   // Everything that can be refused is checked here, identically on every rank, before any
-  // communication: the mode, the shapes, P | heads and tokens, the weights and reference files.
+  // communication: the mode, the shapes, P | heads and tokens, the checkpoint's header, the input
+  // and reference files.
   const ExchangeMode mode = parse_exchange_mode(o.mode);
   const CacheSchedule schedule{parse_cache_schedule(o.cache_schedule), o.cache_ratio, o.warmup, o.sync_every};
   schedule.validate();
   DIFFCP_CHECK(o.compare.empty() || o.compare == "flat", "--compare '", o.compare, "': only flat is supported");
   DIFFCP_CHECK(o.compare.empty() || o.reference.empty(), "--compare and --reference: give one of them");
-  const DitConfig cfg = make_config(o);
-  const DitShape shape{o.batch, o.resolution, o.text_tokens};
-  flow_schedule(o.steps);  // validates --steps
+  const std::unique_ptr<SafeTensorsSet> ck = o.weights.empty() ? nullptr : std::make_unique<SafeTensorsSet>(o.weights);
+  const DitConfig cfg = resolve_config(o, ck.get());
+  DIFFCP_CHECK(cfg.guidance_embed || !given(g_guidance_opt, o.guidance), "--guidance ", o.guidance,
+               ": this model has no guidance_in (not guidance-distilled, e.g. FLUX.1-schnell); drop --guidance");
+  const DitInputs in = read_inputs(o, cfg);
+  const DitShape& shape = in.shape;
+  SampleOptions opt{flow_schedule(o.steps, parse_time_schedule(o.schedule), shape.image_tokens()), o.guidance, {}};
   const UspDegrees deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree),
                                              given(g_ring_opt, o.ring_degree));
   const DitShard shard = make_dit_shard(cfg, shape, world.size(), world.rank(), deg.ulysses);  // U | heads, P | tokens
-  DitWeights w(cfg);
-  if (o.weights.empty())
-    w.init_random(o.weight_seed);
-  else
-    w.load(o.weights);
+  if (ck) check_dit_checkpoint(cfg, *ck);  // names every missing, extra or misshapen tensor
   std::vector<float> reference;
   if (!o.reference.empty()) {
-    std::vector<std::int64_t> ref_shape;
-    reference = read_npy_f32(o.reference, ref_shape);
-    const std::vector<std::int64_t> want{shape.batch, shape.image_tokens(), cfg.in_channels()};
-    std::string got;
-    for (const std::int64_t d : ref_shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
-    DIFFCP_CHECK(ref_shape == want, "--reference '", o.reference, "': latent of shape [", got, "], expected [b, N_img, C_in] = [",
-                 want[0], ", ", want[1], ", ", want[2], "]");
+    std::vector<std::int64_t> s;
+    const std::string legend = "[b, N_img, C_in] = " + shape_str({shape.batch, shape.image_tokens(), cfg.in_channels()});
+    reference = read_input(o.reference, "--reference", s, {{shape.batch, shape.image_tokens(), cfg.in_channels()}}, legend.c_str());
   }
+  const DitLayout layout(cfg);
+  // Every rank holds all weights in f32 (Ulysses and Ring split tokens and heads of the
+  // activations, not the weights) and the model's activation buffers (dit/model.hpp).
+  const std::int64_t Mp = shape.batch * shard.tokens_p(), H = cfg.hidden();
+  const double weight_bytes = 4.0 * static_cast<double>(layout.total);
+  const double act_bytes = 4.0 * static_cast<double>(Mp * (4 * H + 3 * H + cfg.mlp_hidden));
+  if (o.dry_run) {
+    if (world.rank() == 0) {
+      const nlohmann::ordered_json j{{"dry_run", true}, {"config", cfg.to_json()}, {"flux_params", cfg.to_flux_params()},
+                                     {"parameters", layout.parameters}, {"weights", o.weights.empty() ? "random" : o.weights},
+                                     {"weight_bytes_per_rank", weight_bytes}, {"activation_bytes_per_rank", act_bytes},
+                                     {"P", world.size()}, {"ulysses_degree", deg.ulysses}, {"ring_degree", deg.ring},
+                                     {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
+                                     {"image_tokens", shape.image_tokens()}, {"text_tokens", shape.text_tokens},
+                                     {"schedule", o.schedule}, {"timesteps", opt.timesteps}};
+      std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(1).c_str());
+    }
+    return 0;
+  }
+  DitWeights w(cfg);
+  if (ck)
+    w.load(*ck);
+  else
+    w.init_random(o.weight_seed);
 
   const auto ex = make_attention_exchange(mode, world, o.group_size, schedule, deg.ulysses);
-  const DitConditioning cond = prompt_conditioning(cfg, shape, o.prompt);
-  const RunResult run = sample(world, w, shape, *ex, cond, o.seed, o.steps);
+  const std::vector<float> noise = in.noise.empty() ? initial_noise(cfg, shape, o.seed) : in.noise;
+  opt.on_velocity = velocity_dumper(world, o, cfg, shape, shard, opt);
+  const RunResult run = sample(world, w, shape, *ex, in.cond, noise, opt);
 
-  const std::int64_t side = shape.grid() * cfg.patch;
+  const std::int64_t side_h = shape.grid_h() * cfg.patch, side_w = shape.grid_w() * cfg.patch;
   const std::vector<float> rgb = latent_to_rgb(run.latent, cfg, shape);
   if (world.rank() == 0) {
-    if (!o.out.empty()) write_png(o.out, tile_rgb8(rgb, shape.batch, side).data(), shape.batch * side, side);
+    if (!o.out.empty()) write_png(o.out, tile_rgb8(rgb, shape.batch, side_h, side_w).data(), shape.batch * side_w, side_h);
     if (!o.save_latent.empty()) write_npy(o.save_latent, run.latent.data(), {shape.batch, shape.image_tokens(), cfg.in_channels()});
   }
 
@@ -219,7 +374,11 @@ int run_dit(Communicator& world) {
                    {"warmup", schedule.warmup},
                    {"sync_every", schedule.sync_every},
                    {"total_ms", [&] { double s = 0; for (double v : run.step_ms) s += v; return s; }()},
-                   {"resolution", shape.resolution},
+                   {"resolution", shape.width == shape.height ? nlohmann::ordered_json(shape.width) : nlohmann::ordered_json(nullptr)},
+                   {"width", shape.width},
+                   {"height", shape.height},
+                   {"schedule", o.schedule},
+                   {"guidance", cfg.guidance_embed ? nlohmann::ordered_json(o.guidance) : nlohmann::ordered_json(nullptr)},
                    {"batch", shape.batch},
                    {"image_tokens", shape.image_tokens()},
                    {"text_tokens", shape.text_tokens},
@@ -232,7 +391,9 @@ int run_dit(Communicator& world) {
     std::vector<float> ref_latent;
     if (!o.compare.empty()) {
       const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex->link_group_size(), schedule, deg.ulysses);
-      ref_latent = sample(world, w, shape, *flat, cond, o.seed, o.steps).latent;
+      SampleOptions flat_opt = opt;
+      flat_opt.on_velocity = {};  // --dump-velocity: the run above only
+      ref_latent = sample(world, w, shape, *flat, in.cond, noise, flat_opt).latent;
     } else {
       ref_latent = std::move(reference);
     }
@@ -240,7 +401,7 @@ int run_dit(Communicator& world) {
     const double mse = image_mse(rgb, ref_rgb), psnr = psnr_from_mse(mse);
     // JSON has no infinity: identical images give "psnr": null (documented in the README).
     j["psnr"] = std::isinf(psnr) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(psnr);
-    j["ssim"] = ssim(rgb, ref_rgb, {shape.batch, side, side, 3});
+    j["ssim"] = ssim(rgb, ref_rgb, {shape.batch, side_h, side_w, 3});
     j["mse"] = mse;
     j["max_abs_diff"] = max_abs_diff(run.latent, ref_latent);
     j["compared_with"] = o.compare.empty() ? o.reference : "flat";
@@ -251,15 +412,16 @@ int run_dit(Communicator& world) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("diffcp dit: mode %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps\n",
-              exchange_mode_name(mode), world.size(), ex->link_group_size(), static_cast<long long>(shape.resolution),
-              static_cast<long long>(shape.resolution), static_cast<long long>(shape.image_tokens()),
-              static_cast<long long>(shape.text_tokens), static_cast<long long>(shape.batch), o.steps);
+  std::printf("diffcp dit: mode %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps (%s schedule)\n",
+              exchange_mode_name(mode), world.size(), ex->link_group_size(), static_cast<long long>(shape.width),
+              static_cast<long long>(shape.height), static_cast<long long>(shape.image_tokens()),
+              static_cast<long long>(shape.text_tokens), static_cast<long long>(shape.batch), o.steps, o.schedule.c_str());
   if (o.weights.empty())
     std::printf("  weights: RANDOM (seeded init, --weight-seed %llu; no --weights given)\n",
                 static_cast<unsigned long long>(o.weight_seed));
   else
-    std::printf("  weights: %s\n", o.weights.c_str());
+    std::printf("  weights: %s (%lld parameters, %.2f GB f32 on every rank; activations %.2f GB per rank)\n", o.weights.c_str(),
+                static_cast<long long>(layout.parameters), weight_bytes / 1e9, act_bytes / 1e9);
   std::printf("  step %.1f ms (median over steps, slowest rank), exposed communication %.2f ms/step, total %.2f s\n",
               j["step_ms"].get<double>(), j["exposed_comm_ms"].get<double>(), j["total_ms"].get<double>() / 1e3);
   std::printf("  per rank per step: %.0f bytes inside groups, %.0f bytes across groups, %.1f messages; cache %.0f bytes/rank\n",
@@ -279,7 +441,7 @@ int run_dit(Communicator& world) {
                 j["predicted_qkv_inter_ratio_vs_tapa"].get<double>());
   if (!o.out.empty())
     std::printf("  image: %s (%lldx%lld, one pixel per latent pixel, latent->RGB map of dit/image.hpp)\n", o.out.c_str(),
-                static_cast<long long>(shape.batch * side), static_cast<long long>(side));
+                static_cast<long long>(shape.batch * side_w), static_cast<long long>(side_h));
   if (j.contains("psnr"))
     std::printf("  vs %s: PSNR %s dB, SSIM %.6f, MSE %.3g, max |latent diff| %.3g\n", j["compared_with"].get<std::string>().c_str(),
                 j["psnr"].is_null() ? "inf" : std::to_string(j["psnr"].get<double>()).c_str(), j["ssim"].get<double>(),

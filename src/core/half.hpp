@@ -43,4 +43,26 @@ inline float f16_to_f32(std::uint16_t h) {
   return f;
 }
 
+// Round to nearest, ties to even; overflow gives +-inf, tiny values f16 subnormals or +-0.
+inline std::uint16_t f32_to_f16(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu, man = x & 0x7fffffu;
+  if (exp == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00u | (man ? 0x200u : 0u));  // inf / quiet NaN
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  if (e <= 0) {  // f16 subnormal (value = m * 2^-24) or zero
+    if (e < -10) return static_cast<std::uint16_t>(sign);
+    const std::uint32_t m = man | 0x800000u, shift = static_cast<std::uint32_t>(14 - e);
+    std::uint32_t h = m >> shift;
+    const std::uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  std::uint32_t h = sign | (static_cast<std::uint32_t>(e) << 10) | (man >> 13);
+  const std::uint32_t rem = man & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right (up to inf)
+  return static_cast<std::uint16_t>(h);
+}
+
 }  // namespace diffcp

@@ -2,7 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <fstream>
+
 #include "core/error.hpp"
+#include "core/json_int.hpp"
 
 namespace diffcp {
 
@@ -31,7 +35,103 @@ nlohmann::json DitConfig::to_json() const {
   return {{"hidden", hidden()}, {"heads", heads}, {"head_dim", head_dim}, {"double_blocks", double_blocks},
           {"single_blocks", single_blocks}, {"mlp_hidden", mlp_hidden}, {"latent_channels", latent_channels},
           {"patch", patch}, {"text_dim", text_dim}, {"pooled_dim", pooled_dim}, {"time_dim", time_dim},
-          {"rope_axes", rope_axes}, {"rope_theta", rope_theta}, {"eps", eps}};
+          {"rope_axes", rope_axes}, {"rope_theta", rope_theta}, {"eps", eps}, {"guidance_embed", guidance_embed},
+          {"qkv_bias", qkv_bias}};
+}
+
+nlohmann::json DitConfig::to_flux_params() const {
+  return {{"in_channels", in_channels()}, {"out_channels", in_channels()}, {"vec_in_dim", pooled_dim},
+          {"context_in_dim", text_dim}, {"hidden_size", hidden()},
+          {"mlp_ratio", static_cast<double>(mlp_hidden) / static_cast<double>(hidden())}, {"num_heads", heads},
+          {"depth", double_blocks}, {"depth_single_blocks", single_blocks}, {"axes_dim", rope_axes},
+          {"theta", rope_theta}, {"qkv_bias", qkv_bias}, {"guidance_embed", guidance_embed}};
+}
+
+DitConfig dit_config_from_flux_params(const nlohmann::json& j, const std::string& source) {
+  DIFFCP_CHECK(j.is_object(), "config '", source, "': expected a JSON object of FluxParams fields");
+  static const char* const kFields[] = {"in_channels", "out_channels", "vec_in_dim", "context_in_dim", "hidden_size",
+                                        "mlp_ratio", "num_heads", "depth", "depth_single_blocks", "axes_dim", "theta",
+                                        "qkv_bias", "guidance_embed"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool known = false;
+    for (const char* f : kFields) known = known || it.key() == f;
+    DIFFCP_CHECK(known, "config '", source, "': unknown field '", it.key(),
+                 "'; expected FLUX's FluxParams fields (in_channels, out_channels, vec_in_dim, context_in_dim, hidden_size,"
+                 " mlp_ratio, num_heads, depth, depth_single_blocks, axes_dim, theta, qkv_bias, guidance_embed)",
+                 it.key() == "num_layers" || it.key() == "joint_attention_dim" || it.key() == "_class_name"
+                     ? "; this looks like a diffusers config, whose tensor names diffcp does not read: use BFL's "
+                       "flux1-*.safetensors names"
+                     : "");
+  }
+  const auto integer = [&](const char* f) {
+    DIFFCP_CHECK(j.contains(f), "config '", source, "': missing field '", f, "'");
+    const auto v = json_int64(j[f]);
+    DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': field '", f, "' = ", j[f].dump(),
+                 ", expected a non-negative integer");
+    return *v;
+  };
+  const auto boolean = [&](const char* f) {
+    DIFFCP_CHECK(j.contains(f) && j[f].is_boolean(), "config '", source, "': field '", f, "' ",
+                 j.contains(f) ? "= " + j[f].dump() + ", expected true or false" : std::string("is missing"));
+    return j[f].get<bool>();
+  };
+  const auto number = [&](const char* f) {
+    DIFFCP_CHECK(j.contains(f) && j[f].is_number(), "config '", source, "': field '", f, "' ",
+                 j.contains(f) ? "= " + j[f].dump() + ", expected a number" : std::string("is missing"));
+    return j[f].get<double>();
+  };
+  DitConfig c;
+  const std::int64_t in = integer("in_channels"), hidden = integer("hidden_size"), heads = integer("num_heads");
+  const std::int64_t out = j.contains("out_channels") ? integer("out_channels") : in;
+  DIFFCP_CHECK(in >= 4 && in % 4 == 0, "config '", source, "': in_channels = ", in,
+               ", expected a positive multiple of 4 (latent channels x FLUX's 2x2 patch)");
+  DIFFCP_CHECK(out == in, "config '", source, "': out_channels = ", out, " != in_channels = ", in,
+               "; the Euler sampler needs the velocity in the latent's shape (FLUX.1 Fill / Kontext-style inputs "
+               "are not supported)");
+  DIFFCP_CHECK(heads >= 1 && hidden >= 1 && hidden % heads == 0, "config '", source, "': hidden_size = ", hidden,
+               " is not a multiple of num_heads = ", heads);
+  const double ratio = number("mlp_ratio");
+  DIFFCP_CHECK(std::isfinite(ratio) && ratio > 0 && ratio * static_cast<double>(hidden) < 1e12, "config '", source,
+               "': mlp_ratio = ", ratio, ", expected a positive number");
+  DIFFCP_CHECK(j.contains("axes_dim") && j["axes_dim"].is_array() && j["axes_dim"].size() == 3, "config '", source,
+               "': field 'axes_dim' must be an array of 3 integers (token, row, column shares of the head dim)");
+  for (std::size_t a = 0; a < 3; ++a) {
+    const auto v = json_int64(j["axes_dim"][a]);
+    DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': axes_dim[", a, "] = ", j["axes_dim"][a].dump(),
+                 ", expected a non-negative integer");
+    c.rope_axes[a] = *v;
+  }
+  c.latent_channels = in / 4;
+  c.patch = 2;
+  c.heads = heads;
+  c.head_dim = hidden / heads;
+  c.mlp_hidden = static_cast<std::int64_t>(static_cast<double>(hidden) * ratio);  // Python's int(): truncation
+  c.double_blocks = integer("depth");
+  c.single_blocks = integer("depth_single_blocks");
+  c.text_dim = integer("context_in_dim");
+  c.pooled_dim = integer("vec_in_dim");
+  c.time_dim = 256;
+  c.rope_theta = number("theta");
+  c.qkv_bias = boolean("qkv_bias");
+  c.guidance_embed = boolean("guidance_embed");
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DIFFCP_FAIL("config '", source, "': ", e.what());
+  }
+  return c;
+}
+
+DitConfig read_dit_config(const std::string& path) {
+  std::ifstream f(path);
+  DIFFCP_CHECK(f.good(), "config '", path, "': cannot open it");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    DIFFCP_FAIL("config '", path, "': not valid JSON: ", e.what());
+  }
+  return dit_config_from_flux_params(j, path);
 }
 
 std::array<std::int64_t, 3> flux_rope_axes(std::int64_t head_dim) {
@@ -60,8 +160,8 @@ DitConfig dit_preset(const std::string& name) {
 
 void DitShape::validate() const {
   DIFFCP_CHECK(batch >= 1, "dit: batch = ", batch, ", expected >= 1");
-  DIFFCP_CHECK(resolution >= 16 && resolution % 16 == 0, "dit: resolution = ", resolution,
-               ", expected a positive multiple of 16 (8x VAE downsampling, then 2x2 patches)");
+  DIFFCP_CHECK(width >= 16 && width % 16 == 0 && height >= 16 && height % 16 == 0, "dit: image ", width, "x", height,
+               " pixels, expected positive multiples of 16 (8x VAE downsampling, then 2x2 patches)");
   DIFFCP_CHECK(text_tokens >= 0, "dit: text_tokens = ", text_tokens, ", expected >= 0");
 }
 
@@ -81,7 +181,7 @@ DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int 
   }
   const std::string usp = U == P ? "" : " (P = U x R = " + std::to_string(U) + " x " + std::to_string(P / U) + ")";
   DIFFCP_CHECK(shape.image_tokens() % P == 0, "dit: P = ", P, " ranks do not divide the ", shape.image_tokens(),
-               " image tokens (resolution ", shape.resolution, " -> ", shape.grid(), "^2 tokens)", usp);
+               " image tokens (", shape.width, "x", shape.height, " pixels -> ", shape.grid_h(), " x ", shape.grid_w(), " tokens)", usp);
   DIFFCP_CHECK(shape.text_tokens % P == 0, "dit: P = ", P, " ranks do not divide the ", shape.text_tokens,
                " text tokens", usp);
   return {P, p, shape.text_tokens / P, shape.image_tokens() / P};
@@ -117,17 +217,24 @@ UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> uly
   return d;
 }
 
-DitLinear DitLayout::linear(const std::string& name, std::int64_t in, std::int64_t out) {
+DitLinear DitLayout::linear(const std::string& name, std::int64_t in, std::int64_t out, bool bias_in_file) {
   DitLinear l{total, 0, in, out};
   tensors.push_back({name + ".weight", {out, in}, total, in * out, true});
   total += in * out;
-  l.b = vector(name + ".bias", out);
+  parameters += in * out;
+  if (bias_in_file) {
+    l.b = vector(name + ".bias", out);
+  } else {  // zeros, so every Linear has a bias to add
+    l.b = total;
+    total += out;
+  }
   return l;
 }
 
 std::int64_t DitLayout::vector(const std::string& name, std::int64_t n) {
   tensors.push_back({name, {n}, total, n, false});
   total += n;
+  parameters += n;
   return total - n;
 }
 
@@ -137,6 +244,10 @@ DitLayout::DitLayout(const DitConfig& c) {
   img_in = linear("img_in", c.in_channels(), H);
   time_in0 = linear("time_in.in_layer", c.time_dim, H);
   time_in1 = linear("time_in.out_layer", H, H);
+  if (c.guidance_embed) {
+    guidance_in0 = linear("guidance_in.in_layer", c.time_dim, H);
+    guidance_in1 = linear("guidance_in.out_layer", H, H);
+  }
   vector_in0 = linear("vector_in.in_layer", c.pooled_dim, H);
   vector_in1 = linear("vector_in.out_layer", H, H);
   txt_in = linear("txt_in", c.text_dim, H);
@@ -147,7 +258,7 @@ DitLayout::DitLayout(const DitConfig& c) {
       Stream& st = std::string(s) == "img" ? blk.img : blk.txt;
       const std::string sp = pre + s;
       st.mod = linear(sp + "_mod.lin", H, 6 * H);
-      st.qkv = linear(sp + "_attn.qkv", H, 3 * H);
+      st.qkv = linear(sp + "_attn.qkv", H, 3 * H, c.qkv_bias);
       st.q_scale = vector(sp + "_attn.norm.query_norm.scale", d);
       st.k_scale = vector(sp + "_attn.norm.key_norm.scale", d);
       st.proj = linear(sp + "_attn.proj", H, H);

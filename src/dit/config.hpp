@@ -2,9 +2,9 @@
 // token layout of one run, and the parameter layout with the documented tensor names.
 //
 // Legend: H hidden (= n_h * d_h), n_h heads, d_h head dim, M MLP width, C_in = C_lat * p^2 latent
-//         channels of one token (p = patch), T text tokens, N_img = g^2 image tokens of a g x g
-//         grid (g = resolution / 16: an 8x VAE then a 2x2 patch, as FLUX), N = T + N_img tokens
-//         per image, b images, P ranks.
+//         channels of one token (p = patch), T text tokens, N_img = g_h * g_w image tokens of a
+//         g_h x g_w grid (g_h = height / 16, g_w = width / 16: an 8x VAE then a 2x2 patch, as
+//         FLUX), N = T + N_img tokens per image, b images, P ranks.
 #pragma once
 
 #include <array>
@@ -28,13 +28,26 @@ struct DitConfig {
   // d_h; FLUX's [16, 56, 56] for d_h = 128 is flux_rope_axes(128).
   std::array<std::int64_t, 3> rope_axes{4, 14, 14};
   double rope_theta = 10000, eps = 1e-6;   // eps of every LayerNorm and QK RMSNorm
+  bool guidance_embed = false;  // FLUX.1-dev: guidance_in adds the embedded guidance scale to vec
+  bool qkv_bias = true;         // the double blocks' qkv Linears have a bias (FLUX.1: yes)
 
   std::int64_t hidden() const { return heads * head_dim; }            // H
   std::int64_t in_channels() const { return latent_channels * patch * patch; }  // C_in
   // Throws diffcp::Error naming the bad value.
   void validate() const;
   nlohmann::json to_json() const;
+  // FLUX's FluxParams (black-forest-labs/flux, model.py) with its field names: in_channels,
+  // out_channels, vec_in_dim, context_in_dim, hidden_size, mlp_ratio, num_heads, depth,
+  // depth_single_blocks, axes_dim, theta, qkv_bias, guidance_embed.
+  nlohmann::json to_flux_params() const;
 };
+
+// A config from FluxParams fields (to_flux_params()); `source` names the file in errors. Every
+// field is required except out_channels (= in_channels); unknown fields are refused by name.
+// in_channels must be 4 x the latent channels (FLUX's 2x2 packing), out_channels = in_channels,
+// mlp_hidden = int(hidden_size * mlp_ratio) as FLUX computes it, time_dim 256.
+DitConfig dit_config_from_flux_params(const nlohmann::json& j, const std::string& source);
+DitConfig read_dit_config(const std::string& path);  // a JSON file of FluxParams fields
 
 // FLUX's split of the head dim over the RoPE axes scaled to d_h: [d_h - 2a, a, a], a = 2*floor(7*d_h/32).
 std::array<std::int64_t, 3> flux_rope_axes(std::int64_t head_dim);
@@ -45,14 +58,15 @@ std::array<std::int64_t, 3> flux_rope_axes(std::int64_t head_dim);
 DitConfig dit_preset(const std::string& name);
 
 // One run's tokens. Every image of the batch shares the prompt and the timestep; only the noise
-// differs.
+// differs. Image token n sits at grid (row, col) = (n / g_w, n % g_w), FLUX's img_ids (0, row, col).
 struct DitShape {
   std::int64_t batch = 1;        // b
-  std::int64_t resolution = 512; // image side in pixels; a multiple of 16
+  std::int64_t width = 512, height = 512;  // image size in pixels; multiples of 16
   std::int64_t text_tokens = 64; // T
 
-  std::int64_t grid() const { return resolution / 16; }              // g
-  std::int64_t image_tokens() const { return grid() * grid(); }      // N_img
+  std::int64_t grid_h() const { return height / 16; }                 // g_h
+  std::int64_t grid_w() const { return width / 16; }                  // g_w
+  std::int64_t image_tokens() const { return grid_h() * grid_w(); }   // N_img
   std::int64_t tokens() const { return text_tokens + image_tokens(); }  // N
   void validate() const;
 };
@@ -88,14 +102,16 @@ struct DitLinear {
 
 // Offsets of every parameter in the model's single allocation, and the documented tensor names.
 //
-// Tensor names are FLUX's (black-forest-labs/flux state-dict names, guidance_in left out), all
-// F32; in the file a Linear weight has PyTorch's shape [out, in] (it is transposed on load into
-// the [in, out] memory layout and back on save). `i` counts blocks from 0; `s` is img or txt.
+// Tensor names are FLUX's (black-forest-labs/flux state-dict names, the format of BFL's
+// flux1-*.safetensors; diffusers renames them); in the file a Linear weight has PyTorch's shape
+// [out, in] (it is transposed on load into the [in, out] memory layout and back on save). `i`
+// counts blocks from 0; `s` is img or txt.
 //   img_in.{weight [H, C_in], bias [H]}              txt_in.{weight [H, text_dim], bias [H]}
 //   time_in.in_layer.{weight [H, time_dim], bias}    time_in.out_layer.{weight [H, H], bias}
+//   guidance_in.in_layer.{weight [H, time_dim], bias} guidance_in.out_layer.{weight [H, H], bias}  (guidance_embed)
 //   vector_in.in_layer.{weight [H, pooled_dim], bias} vector_in.out_layer.{weight [H, H], bias}
 //   double_blocks.i.s_mod.lin.{weight [6H, H], bias [6H]}       (shift1, scale1, gate1, shift2, scale2, gate2)
-//   double_blocks.i.s_attn.qkv.{weight [3H, H], bias [3H]}      (rows: q heads, k heads, v heads)
+//   double_blocks.i.s_attn.qkv.{weight [3H, H], bias [3H]}      (rows: q heads, k heads, v heads; bias: qkv_bias)
 //   double_blocks.i.s_attn.norm.query_norm.scale [d_h], ...key_norm.scale [d_h]
 //   double_blocks.i.s_attn.proj.{weight [H, H], bias [H]}
 //   double_blocks.i.s_mlp.0.{weight [M, H], bias [M]}   double_blocks.i.s_mlp.2.{weight [H, M], bias [H]}
@@ -127,13 +143,15 @@ struct DitLayout {
   explicit DitLayout(const DitConfig& cfg);
 
   DitLinear img_in, txt_in, time_in0, time_in1, vector_in0, vector_in1, final_mod, final_linear;
+  DitLinear guidance_in0, guidance_in1;  // allocated only when guidance_embed
   std::vector<DoubleBlock> double_blocks;
   std::vector<SingleBlock> single_blocks;
-  std::vector<Tensor> tensors;  // every parameter, in allocation order
-  std::int64_t total = 0;       // parameters
+  std::vector<Tensor> tensors;  // every tensor of the file, in allocation order
+  std::int64_t total = 0;       // parameters allocated (a qkv bias without qkv_bias: zeros, not in the file)
+  std::int64_t parameters = 0;  // parameters in the file (the sum over `tensors`)
 
  private:
-  DitLinear linear(const std::string& name, std::int64_t in, std::int64_t out);
+  DitLinear linear(const std::string& name, std::int64_t in, std::int64_t out, bool bias_in_file = true);
   std::int64_t vector(const std::string& name, std::int64_t n);
 };
 

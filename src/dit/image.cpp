@@ -10,37 +10,39 @@
 namespace diffcp {
 
 std::vector<float> latent_to_rgb(const std::vector<float>& latent, const DitConfig& cfg, const DitShape& shape) {
-  const std::int64_t C = cfg.latent_channels, p = cfg.patch, Cin = cfg.in_channels(), g = shape.grid(), S = g * p;
+  const std::int64_t C = cfg.latent_channels, p = cfg.patch, Cin = cfg.in_channels(), gh = shape.grid_h(),
+                     gw = shape.grid_w(), Sh = gh * p, Sw = gw * p;
   const std::int64_t b = shape.batch;
   DIFFCP_CHECK(C >= 3, "latent_to_rgb: latent_channels = ", C, ", expected >= 3 (one group per colour)");
-  DIFFCP_CHECK(static_cast<std::int64_t>(latent.size()) == b * g * g * Cin, "latent_to_rgb: ", latent.size(),
-               " values, expected b * N_img * C_in = ", b * g * g * Cin);
-  std::vector<float> rgb(static_cast<std::size_t>(b * S * S * 3));
+  DIFFCP_CHECK(static_cast<std::int64_t>(latent.size()) == b * gh * gw * Cin, "latent_to_rgb: ", latent.size(),
+               " values, expected b * N_img * C_in = ", b * gh * gw * Cin);
+  std::vector<float> rgb(static_cast<std::size_t>(b * Sh * Sw * 3));
   for (std::int64_t j = 0; j < b; ++j)
-    for (std::int64_t y = 0; y < S; ++y)
-      for (std::int64_t x = 0; x < S; ++x) {
-        const float* tok = latent.data() + ((j * g + y / p) * g + x / p) * Cin;
+    for (std::int64_t y = 0; y < Sh; ++y)
+      for (std::int64_t x = 0; x < Sw; ++x) {
+        const float* tok = latent.data() + ((j * gh + y / p) * gw + x / p) * Cin;
         const std::int64_t sub = (y % p) * p + x % p;  // (ph, pw)
         std::array<double, 3> sum{}, cnt{};
         for (std::int64_t c = 0; c < C; ++c) {
           sum[static_cast<std::size_t>(c % 3)] += tok[c * p * p + sub];
           cnt[static_cast<std::size_t>(c % 3)] += 1;
         }
-        float* out = rgb.data() + ((j * S + y) * S + x) * 3;
+        float* out = rgb.data() + ((j * Sh + y) * Sw + x) * 3;
         for (std::size_t k = 0; k < 3; ++k) out[k] = static_cast<float>(0.5 + 0.5 * std::tanh(sum[k] / cnt[k]));
       }
   return rgb;
 }
 
-std::vector<std::uint8_t> tile_rgb8(const std::vector<float>& rgb, std::int64_t batch, std::int64_t side) {
-  DIFFCP_CHECK(static_cast<std::int64_t>(rgb.size()) == batch * side * side * 3, "tile_rgb8: ", rgb.size(),
-               " values, expected batch * side^2 * 3 = ", batch * side * side * 3);
+std::vector<std::uint8_t> tile_rgb8(const std::vector<float>& rgb, std::int64_t batch, std::int64_t height,
+                                    std::int64_t width) {
+  DIFFCP_CHECK(static_cast<std::int64_t>(rgb.size()) == batch * height * width * 3, "tile_rgb8: ", rgb.size(),
+               " values, expected batch * height * width * 3 = ", batch * height * width * 3);
   std::vector<std::uint8_t> out(rgb.size());
   for (std::int64_t j = 0; j < batch; ++j)
-    for (std::int64_t y = 0; y < side; ++y)
-      for (std::int64_t x = 0; x < side * 3; ++x) {
-        const float v = std::clamp(rgb[static_cast<std::size_t>((j * side + y) * side * 3 + x)], 0.f, 1.f);
-        out[static_cast<std::size_t>((y * batch + j) * side * 3 + x)] = static_cast<std::uint8_t>(std::lround(255.f * v));
+    for (std::int64_t y = 0; y < height; ++y)
+      for (std::int64_t x = 0; x < width * 3; ++x) {
+        const float v = std::clamp(rgb[static_cast<std::size_t>((j * height + y) * width * 3 + x)], 0.f, 1.f);
+        out[static_cast<std::size_t>((y * batch + j) * width * 3 + x)] = static_cast<std::uint8_t>(std::lround(255.f * v));
       }
   return out;
 }

@@ -4,8 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "io/safetensors.hpp"
 
 namespace diffcp {
@@ -44,26 +48,93 @@ void DitWeights::init_random(std::uint64_t seed) {
   }
 }
 
-void DitWeights::load(const std::string& path) {
-  const SafeTensors st(path);
-  for (const DitLayout::Tensor& t : layout_.tensors) {
-    DIFFCP_CHECK(st.has(t.name), "weights '", path, "': missing tensor '", t.name, "' (expected F32 ", shape_str(t.shape),
-                 "; names and shapes: dit/config.hpp)");
-    const SafeTensors::Info& info = st.info(t.name);
-    DIFFCP_CHECK(info.dtype == "F32" && info.shape == t.shape, "weights '", path, "': tensor '", t.name, "' is ",
-                 info.dtype, " ", shape_str(info.shape), ", expected F32 ", shape_str(t.shape),
-                 t.linear_weight ? " ([out, in], PyTorch's Linear layout)" : "");
-    const std::vector<float> v = st.f32(t.name);
-    if (t.linear_weight)
-      transpose(v.data(), t.shape[0], t.shape[1], params_.data() + t.offset);
-    else
-      std::copy(v.begin(), v.end(), params_.begin() + t.offset);
+namespace {
+
+// One element of a floating-point tensor in the file as f32 (little-endian, as safetensors).
+float element_f32(const std::byte* p, const std::string& dtype, std::int64_t i) {
+  if (dtype == "F32") {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  std::uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return dtype == "BF16" ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+// src (file bytes, [rows, cols] of `dtype`) -> dst [cols, rows] f32, in 64 x 64 tiles.
+void convert_transpose(const std::byte* src, const std::string& dtype, std::int64_t rows, std::int64_t cols, float* dst) {
+  constexpr std::int64_t kTile = 64;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (std::int64_t c0 = 0; c0 < cols; c0 += kTile)
+      for (std::int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+        for (std::int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = element_f32(src, dtype, r * cols + c);
+}
+
+// Lists at most 20 lines, then how many more.
+void append_problems(std::string& out, const char* what, const std::vector<std::string>& items) {
+  if (items.empty()) return;
+  out += "\n  " + std::to_string(items.size()) + " " + what + ":";
+  for (std::size_t i = 0; i < items.size() && i < 20; ++i) out += "\n    " + items[i];
+  if (items.size() > 20) out += "\n    ... and " + std::to_string(items.size() - 20) + " more";
+}
+
+}  // namespace
+
+void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck) {
+  const DitLayout layout(cfg);
+  // The whole header first: every problem named in one error, before any data is read.
+  std::vector<std::string> missing, misshapen, extra;
+  std::set<std::string> expected;
+  for (const DitLayout::Tensor& t : layout.tensors) {
+    expected.insert(t.name);
+    if (!ck.has(t.name)) {
+      missing.push_back("'" + t.name + "' " + shape_str(t.shape));
+      continue;
+    }
+    const SafeTensors::Info& info = ck.info(t.name);
+    const bool fp = info.dtype == "F32" || info.dtype == "BF16" || info.dtype == "F16";
+    if (!fp || info.shape != t.shape)
+      misshapen.push_back("'" + t.name + "' is " + info.dtype + " " + shape_str(info.shape) + ", expected " +
+                          shape_str(t.shape) + (t.linear_weight ? " ([out, in], PyTorch's Linear layout)" : "") +
+                          (fp ? "" : " of F32, BF16 or F16"));
+  }
+  for (const std::string& n : ck.names())
+    if (!expected.count(n)) extra.push_back("'" + n + "' " + ck.info(n).dtype + " " + shape_str(ck.info(n).shape));
+  if (!missing.empty() || !misshapen.empty() || !extra.empty()) {
+    std::string msg;
+    append_problems(msg, "missing tensors", missing);
+    append_problems(msg, "tensors of the wrong dtype or shape", misshapen);
+    append_problems(msg, "tensors this model does not have", extra);
+    const nlohmann::json c = cfg.to_json();
+    DIFFCP_FAIL("weights '", ck.path(), "' do not match the model (", c.dump(), "; names and shapes: dit/config.hpp):", msg,
+                !cfg.guidance_embed && ck.has("guidance_in.in_layer.weight")
+                    ? "\n  (a guidance-distilled checkpoint such as FLUX.1-dev: its config needs guidance_embed = true)"
+                    : "");
   }
 }
 
-void DitWeights::save(const std::string& path) const {
-  // Linear weights go back to [out, in]; the transposed copies live until the file is written.
+void DitWeights::load(const SafeTensorsSet& ck) {
+  check_dit_checkpoint(cfg_, ck);
+  for (const DitLayout::Tensor& t : layout_.tensors) {
+    const SafeTensors& file = ck.file(t.name);
+    const std::string& dtype = file.info(t.name).dtype;
+    const std::byte* src = file.bytes(t.name).data();
+    float* dst = params_.data() + t.offset;
+    if (t.linear_weight)
+      convert_transpose(src, dtype, t.shape[0], t.shape[1], dst);
+    else
+      for (std::int64_t i = 0; i < t.size; ++i) dst[i] = element_f32(src, dtype, i);
+    file.release(t.name);
+  }
+}
+
+void DitWeights::save(const std::string& path, const std::string& dtype) const {
+  DIFFCP_CHECK(dtype == "F32" || dtype == "BF16" || dtype == "F16", "DitWeights::save: dtype '", dtype,
+               "', expected F32, BF16 or F16");
+  // Linear weights go back to [out, in]; the converted copies live until the file is written.
   std::vector<std::vector<float>> transposed;
+  std::vector<std::vector<std::uint16_t>> halves;
   std::vector<NamedTensor> out;
   for (const DitLayout::Tensor& t : layout_.tensors) {
     const float* data = params_.data() + t.offset;
@@ -72,9 +143,74 @@ void DitWeights::save(const std::string& path) const {
       transpose(data, t.shape[1], t.shape[0], transposed.back().data());
       data = transposed.back().data();
     }
-    out.push_back({t.name, "F32", t.shape, data});
+    if (dtype == "F32") {
+      out.push_back({t.name, "F32", t.shape, data});
+      continue;
+    }
+    halves.emplace_back(static_cast<std::size_t>(t.size));
+    for (std::int64_t i = 0; i < t.size; ++i)
+      halves.back()[static_cast<std::size_t>(i)] = dtype == "BF16" ? f32_to_bf16(data[i]) : f32_to_f16(data[i]);
+    out.push_back({t.name, dtype, t.shape, halves.back().data()});
   }
   write_safetensors(path, out);
+}
+
+DitConfig infer_dit_config(const SafeTensorsSet& ck, std::optional<std::int64_t> heads) {
+  const auto shape_of = [&](const std::string& name, std::size_t rank) {
+    DIFFCP_CHECK(ck.has(name), "weights '", ck.path(), "': cannot infer the model shape without tensor '", name,
+                 "' (expected a FLUX checkpoint with BFL's tensor names, as flux1-*.safetensors; diffusers' names such "
+                 "as 'x_embedder.weight' are not read)");
+    const std::vector<std::int64_t>& s = ck.info(name).shape;
+    DIFFCP_CHECK(s.size() == rank, "weights '", ck.path(), "': tensor '", name, "' has shape ", shape_str(s),
+                 ", expected ", rank, " dimensions");
+    return s;
+  };
+  // The number of blocks: 1 + the largest index i of "prefix.i." among the names.
+  const auto count_blocks = [&](const std::string& prefix) {
+    std::int64_t n = 0;
+    for (const std::string& name : ck.names()) {
+      if (!name.starts_with(prefix)) continue;
+      const std::size_t dot = name.find('.', prefix.size());
+      const std::string idx = name.substr(prefix.size(), dot == std::string::npos ? std::string::npos : dot - prefix.size());
+      if (idx.empty() || idx.size() > 6 || idx.find_first_not_of("0123456789") != std::string::npos) continue;
+      n = std::max<std::int64_t>(n, std::stoll(idx) + 1);
+    }
+    return n;
+  };
+  DitConfig c;
+  const auto img_in = shape_of("img_in.weight", 2);
+  const std::int64_t H = img_in[0], in = img_in[1];
+  DIFFCP_CHECK(in >= 4 && in % 4 == 0, "weights '", ck.path(), "': img_in.weight is ", shape_str(img_in),
+               ", expected C_in = 4 x latent channels (FLUX's 2x2 packing)");
+  c.latent_channels = in / 4;
+  c.patch = 2;
+  c.text_dim = shape_of("txt_in.weight", 2)[1];
+  c.pooled_dim = shape_of("vector_in.in_layer.weight", 2)[1];
+  c.time_dim = shape_of("time_in.in_layer.weight", 2)[1];
+  c.guidance_embed = ck.has("guidance_in.in_layer.weight");
+  c.double_blocks = count_blocks("double_blocks.");
+  c.single_blocks = count_blocks("single_blocks.");
+  DIFFCP_CHECK(c.double_blocks + c.single_blocks >= 1, "weights '", ck.path(), "': no double_blocks.* or single_blocks.* tensors");
+  const std::string norm = c.double_blocks > 0 ? "double_blocks.0.img_attn.norm.query_norm.scale" : "single_blocks.0.norm.query_norm.scale";
+  c.head_dim = shape_of(norm, 1)[0];
+  DIFFCP_CHECK(c.head_dim >= 1 && H % c.head_dim == 0, "weights '", ck.path(), "': '", norm, "' has d_h = ", c.head_dim,
+               ", which does not divide the hidden size ", H);
+  c.heads = H / c.head_dim;
+  DIFFCP_CHECK(!heads || *heads == c.heads, "--heads ", heads.value_or(0), " disagrees with the checkpoint: hidden ", H,
+               " / head dim ", c.head_dim, " (from '", norm, "') = ", c.heads, " heads");
+  if (c.double_blocks > 0) {
+    c.mlp_hidden = shape_of("double_blocks.0.img_mlp.0.weight", 2)[0];
+    c.qkv_bias = ck.has("double_blocks.0.img_attn.qkv.bias");
+  } else {
+    c.mlp_hidden = shape_of("single_blocks.0.linear1.weight", 2)[0] - 3 * H;
+  }
+  c.rope_axes = flux_rope_axes(c.head_dim);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DIFFCP_FAIL("weights '", ck.path(), "': the shape read off the tensors is not a valid model: ", e.what());
+  }
+  return c;
 }
 
 DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionExchange& exchange)
@@ -84,13 +220,13 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   const std::int64_t Mt = b * Tp, Mi = b * Ip;
   Mp_ = Mt + Mi;
 
-  // Image token n (row-major over the g x g grid) sits at (n / g, n % g); rank p holds
+  // Image token n (row-major over the g_h x g_w grid) sits at (n / g_w, n % g_w); rank p holds
   // n in [p I_p, (p+1) I_p) of every image.
   std::vector<std::array<std::int64_t, 2>> pos;
   for (std::int64_t j = 0; j < b; ++j)
     for (std::int64_t i = 0; i < Ip; ++i) {
       const std::int64_t n = shard_.p * Ip + i;
-      pos.push_back({n / shape_.grid(), n % shape_.grid()});
+      pos.push_back({n / shape_.grid_w(), n % shape_.grid_w()});
     }
   rope_ = std::make_unique<AxialRope>(cfg_, pos);
   txt_rows_ = {0, Mt, nullptr};
@@ -132,7 +268,8 @@ void DitModel::modulation(const DitLinear& l, std::vector<float>& out) const {
   dit_linear(w_.params(), l, silu_vec_.data(), l.in, 1, out.data(), l.out);
 }
 
-void DitModel::velocity(const float* x_p, const float* txt_p, const float* pooled, double t, float* v_p) {
+void DitModel::velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance,
+                        float* v_p) {
   const std::vector<float>& P = w_.params();
   const DitLayout& L = w_.layout();
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
@@ -143,6 +280,13 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   dit_linear(P, L.time_in0, temb.data(), cfg_.time_dim, 1, h.data(), H);
   silu_inplace(h.data(), H);
   dit_linear(P, L.time_in1, h.data(), H, 1, vec.data(), H);
+  if (cfg_.guidance_embed) {  // FLUX.1-dev: vec += MLP_guidance(timestep_embedding(guidance))
+    const std::vector<float> gemb = timestep_embedding(guidance, cfg_.time_dim);
+    dit_linear(P, L.guidance_in0, gemb.data(), cfg_.time_dim, 1, h.data(), H);
+    silu_inplace(h.data(), H);
+    dit_linear(P, L.guidance_in1, h.data(), H, 1, y_.data(), H);
+    for (std::int64_t c = 0; c < H; ++c) vec[static_cast<std::size_t>(c)] += y_[static_cast<std::size_t>(c)];
+  }
   dit_linear(P, L.vector_in0, pooled, cfg_.pooled_dim, 1, h.data(), H);
   silu_inplace(h.data(), H);
   dit_linear(P, L.vector_in1, h.data(), H, 1, y_.data(), H);

@@ -3,7 +3,8 @@
 //
 // Legend as in dit/config.hpp; T_p, I_p text / image tokens per rank and image, M_p = b (T_p + I_p).
 //
-//   vec  = MLP_time(timestep_embedding(t)) + MLP_vector(pooled)      MLP(x) = W2 silu(W1 x + b1) + b2
+//   vec  = MLP_time(timestep_embedding(t)) [+ MLP_guidance(timestep_embedding(guidance))] + MLP_vector(pooled)
+//          MLP(x) = W2 silu(W1 x + b1) + b2; the guidance term only with guidance_embed (FLUX.1-dev)
 //   img  = x_p W_img_in + b,  txt = txt_p W_txt_in + b                [b I_p, H], [b T_p, H]
 //   double-stream block (separate img / txt weights, joint attention):
 //     (shift1, scale1, gate1, shift2, scale2, gate2) = Lin_s(silu(vec))   per stream s
@@ -24,14 +25,27 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dit/config.hpp"
 #include "dit/exchange.hpp"
 #include "dit/ops.hpp"
+#include "io/safetensors.hpp"
 
 namespace diffcp {
+
+// The model shape of a FLUX-format checkpoint, read off its tensors: H and C_in from img_in,
+// text_dim from txt_in, pooled_dim from vector_in, time_dim from time_in, the depths from the
+// block indices present, M from the first MLP (or linear1), d_h from a QK-norm scale (so the heads
+// are H / d_h; `heads`, when given, must agree), guidance_embed from guidance_in, qkv_bias from the
+// first qkv bias. Not in the tensors: the RoPE axes (flux_rope_axes(d_h): FLUX.1's [16, 56, 56] at
+// d_h = 128) and theta (10000); give a --config for others. Throws naming the tensor it lacks.
+DitConfig infer_dit_config(const SafeTensorsSet& ck, std::optional<std::int64_t> heads = std::nullopt);
+// Checks the checkpoint's header against the model's layout, reading no data: throws one
+// diffcp::Error naming every missing, extra, mistyped (not F32 / BF16 / F16) and misshapen tensor.
+void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck);
 
 // The parameters, in one allocation laid out by DitLayout.
 class DitWeights {
@@ -46,12 +60,17 @@ class DitWeights {
   // Seeded init (same on every rank): Linear weights N(0, 1/in) (unit-variance outputs for
   // unit-variance inputs, so 50 steps of a random model stay finite), biases 0, norm scales 1.
   void init_random(std::uint64_t seed);
-  // Reads a safetensors file holding every tensor of the layout as F32 with the documented shape.
-  // Throws diffcp::Error naming the file and the first missing / mistyped / misshapen tensor (a
-  // truncated or malformed file is refused by the reader). Extra tensors are ignored.
-  void load(const std::string& path);
-  // Writes every tensor (Linear weights transposed back to [out, in]).
-  void save(const std::string& path) const;
+  // Reads every tensor of the layout from a checkpoint (one file or shards with an index JSON), as
+  // F32, BF16 or F16 (converted to f32 exactly), with the documented shape. First checks the whole
+  // header: throws one diffcp::Error naming every missing, extra, mistyped and misshapen tensor (a
+  // truncated or malformed file is refused by the reader). The file is mapped, not read: each
+  // tensor is converted straight into the parameters and its pages released, so loading holds
+  // the parameters plus at most one tensor of the file.
+  void load(const SafeTensorsSet& ck);
+  void load(const std::string& path) { load(SafeTensorsSet(path)); }
+  // Writes every tensor (Linear weights transposed back to [out, in]) as `dtype`: F32, BF16 (round
+  // to nearest even) or F16.
+  void save(const std::string& path, const std::string& dtype = "F32") const;
 
  private:
   DitConfig cfg_;
@@ -77,8 +96,9 @@ class DitModel {
   //   txt_p:  [T_p, text_dim] this rank's text rows (shared by the images)
   //   pooled: [pooled_dim] the pooled text vector
   //   t:      in [0, 1], 1 = pure noise
+  //   guidance: the guidance scale (read only with guidance_embed)
   //   v_p:    [b, I_p, C_in] out: the predicted velocity (flow matching: d x_t / d t)
-  void velocity(const float* x_p, const float* txt_p, const float* pooled, double t, float* v_p);
+  void velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance, float* v_p);
 
  private:
   // Rows [row0, row0 + rows) of the activations form one stream (text or image).

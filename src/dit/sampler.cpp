@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "core/error.hpp"
 #include "core/random.hpp"
@@ -52,15 +53,37 @@ std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x
   return full;
 }
 
-std::vector<double> flow_schedule(int steps) {
+TimeSchedule parse_time_schedule(const std::string& name) {
+  if (name == "linear") return TimeSchedule::linear;
+  if (name == "flux") return TimeSchedule::flux;
+  DIFFCP_FAIL("--schedule '", name, "': unknown schedule, expected linear or flux");
+}
+
+const char* time_schedule_name(TimeSchedule s) { return s == TimeSchedule::flux ? "flux" : "linear"; }
+
+double flux_shift_mu(std::int64_t image_tokens) {
+  constexpr double x1 = 256, y1 = 0.5, x2 = 4096, y2 = 1.15;
+  const double m = (y2 - y1) / (x2 - x1);
+  return m * static_cast<double>(image_tokens) + (y1 - m * x1);
+}
+
+std::vector<double> flow_schedule(int steps, TimeSchedule kind, std::int64_t image_tokens) {
   DIFFCP_CHECK(steps >= 1, "--steps = ", steps, ", expected >= 1");
+  DIFFCP_CHECK(kind == TimeSchedule::linear || image_tokens >= 1, "flow_schedule: flux needs the image token count");
   std::vector<double> t(static_cast<std::size_t>(steps) + 1);
-  for (int k = 0; k <= steps; ++k) t[static_cast<std::size_t>(k)] = 1.0 - static_cast<double>(k) / steps;
+  const double e_mu = std::exp(flux_shift_mu(image_tokens));
+  for (int k = 0; k <= steps; ++k) {
+    const double s = 1.0 - static_cast<double>(k) / steps;
+    t[static_cast<std::size_t>(k)] = kind == TimeSchedule::linear || s == 0.0 ? s : e_mu / (e_mu + (1.0 / s - 1.0));
+  }
   return t;
 }
 
-SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond, int steps) {
-  const std::vector<double> t = flow_schedule(steps);
+SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond,
+                           const SampleOptions& opt) {
+  const std::vector<double>& t = opt.timesteps;
+  DIFFCP_CHECK(t.size() >= 2, "euler_sample: ", t.size(), " timesteps, expected steps + 1 >= 2");
+  const int steps = static_cast<int>(t.size()) - 1;
   const DitShard& s = model.shard();
   const DitConfig& cfg = model.config();
   const std::int64_t text_dim = cfg.text_dim;
@@ -78,11 +101,12 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
     const double comm0 = model.exchange().stats().comm_ms;
     model.exchange().begin_step(k, steps);
     model.velocity(x_p.data(), cond.txt.data() + s.p * s.text_p * text_dim, cond.pooled.data(),
-                   t[static_cast<std::size_t>(k)], v.data());
+                   t[static_cast<std::size_t>(k)], opt.guidance, v.data());
     const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - t[static_cast<std::size_t>(k)]);
     for (std::size_t i = 0; i < x_p.size(); ++i) x_p[i] += dt * v[i];
     out.step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     out.comm_ms.push_back(model.exchange().stats().comm_ms - comm0);
+    if (opt.on_velocity) opt.on_velocity(k, v);
   }
   return out;
 }

@@ -2,13 +2,19 @@
 // and the flow-matching Euler sampler.
 //
 // Flow matching (rectified flow, FLUX's convention): x_t = (1 - t) x_0 + t noise, the model predicts
-// v = d x_t / d t = noise - x_0. Schedule: T steps on the uniform grid t_k = 1 - k/T, k = 0..T (no
-// timestep shift); step k: x <- x + (t_{k+1} - t_k) v(x, t_k), i.e. x_{t - 1/T} = x_t - v(x_t, t) / T.
+// v = d x_t / d t = noise - x_0. Schedules of T steps, t_0 = 1 > t_1 > ... > t_T = 0:
+//   linear: t_k = 1 - k/T (no shift; FLUX.1-schnell's)
+//   flux:   FLUX's time-shifted schedule (flux/sampling.py get_schedule, shift=True; FLUX.1-dev's):
+//           t_k = e^mu / (e^mu + 1/s_k - 1), s_k = 1 - k/T, mu = 0.5 + (1.15 - 0.5) (N_img - 256) /
+//           (4096 - 256), linear in the image token count N_img; t = 0 stays 0. Evaluated in double
+//           (FLUX evaluates it in torch's float32: values differ by < 1e-7).
+// Euler, as FLUX's denoise(): step k: x <- x + (t_{k+1} - t_k) v(x, t_k).
 //
 // Legend as in dit/config.hpp.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,18 +46,32 @@ std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig&
 std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x_p, const DitConfig& cfg,
                                  const DitShape& shape, const DitShard& shard);
 
-// t_0 = 1, ..., t_T = 0: [steps + 1]. Throws unless steps >= 1.
-std::vector<double> flow_schedule(int steps);
+enum class TimeSchedule { linear, flux };
+TimeSchedule parse_time_schedule(const std::string& name);  // "linear" | "flux"; throws naming it
+const char* time_schedule_name(TimeSchedule s);
+// FLUX's shift mu for N_img image tokens (the line through (256, 0.5) and (4096, 1.15)).
+double flux_shift_mu(std::int64_t image_tokens);
+// t_0 = 1, ..., t_T = 0: [steps + 1]. Throws unless steps >= 1 (and image_tokens >= 1 for flux).
+std::vector<double> flow_schedule(int steps, TimeSchedule kind = TimeSchedule::linear, std::int64_t image_tokens = 0);
 
 // Per step, this rank's wall time and the exchange's time in communication.
 struct SampleTimings {
   std::vector<double> step_ms, comm_ms;  // [steps]
 };
 
+struct SampleOptions {
+  std::vector<double> timesteps;  // [T + 1] from flow_schedule
+  double guidance = 3.5;          // read by models with guidance_embed (FLUX.1-dev's default scale)
+  // Called on every rank after step k's velocity v_p [b, I_p, C_in] (e.g. --dump-velocity); may
+  // communicate (every rank calls it at the same point). Not counted in the step time.
+  std::function<void(int k, const std::vector<float>& v_p)> on_velocity;
+};
+
 // Runs the T Euler steps of the schedule on this rank's tokens; collective over the model's
 // exchange; calls exchange().begin_step(k, steps) before step k (cocodiff's schedule). x_p:
 // [b, I_p, C_in] in: x_1 (noise), out: x_0. cond: the full conditioning (each rank
 // reads its text rows). The exchange's statistics accumulate over all steps.
-SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond, int steps);
+SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond,
+                           const SampleOptions& opt);
 
 }  // namespace diffcp

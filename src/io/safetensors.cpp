@@ -1,10 +1,16 @@
 #include "io/safetensors.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -40,19 +46,24 @@ std::vector<std::int64_t> int_array(const nlohmann::json& a, const std::string& 
 }  // namespace
 
 SafeTensors::SafeTensors(const std::string& path) : path_(path) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  DIFFCP_CHECK(f.good(), "safetensors '", path, "': cannot open it");
-  const auto size = static_cast<std::uint64_t>(f.tellg());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  DIFFCP_CHECK(fd >= 0, "safetensors '", path, "': cannot open it (", std::strerror(errno), ")");
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat sb {};
+  DIFFCP_CHECK(::fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode), "safetensors '", path, "': cannot open it (not a regular file)");
+  const auto size = static_cast<std::uint64_t>(sb.st_size);
   DIFFCP_CHECK(size >= 8, "safetensors '", path, "': ", size, " bytes, too short for the 8-byte header length");
-  f.seekg(0);
   unsigned char len8[8];
-  f.read(reinterpret_cast<char*>(len8), 8);
+  DIFFCP_CHECK(::pread(fd, len8, 8, 0) == 8, "safetensors '", path, "': short read");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len8[i];
   DIFFCP_CHECK(n <= kMaxHeader && n <= size - 8, "safetensors '", path, "': header length ", n,
                " exceeds the file (", size, " bytes) or the 100 MiB limit");
   std::string header(n, '\0');
-  f.read(header.data(), static_cast<std::streamsize>(n));
+  DIFFCP_CHECK(::pread(fd, header.data(), n, 8) == static_cast<ssize_t>(n), "safetensors '", path, "': short read");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(header);
@@ -102,9 +113,35 @@ SafeTensors::SafeTensors(const std::string& path) : path_(path) {
   std::sort(spans.begin(), spans.end());
   for (std::size_t i = 1; i < spans.size(); ++i)
     DIFFCP_CHECK(spans[i - 1].second <= spans[i].first, "safetensors '", path, "': tensors overlap in the data section");
-  data_.resize(static_cast<std::size_t>(data_size));
-  f.read(data_.data(), static_cast<std::streamsize>(data_size));
-  DIFFCP_CHECK(f.gcount() == static_cast<std::streamsize>(data_size), "safetensors '", path, "': short read");
+  // The whole file is mapped read-only (the header included: mmap offsets are page-aligned); the
+  // data is read in place and its pages can be handed back tensor by tensor (release()).
+  if (data_size > 0) {
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    DIFFCP_CHECK(m != MAP_FAILED, "safetensors '", path, "': cannot map it (", std::strerror(errno), ")");
+    map_ = static_cast<const char*>(m);
+    map_size_ = size;
+    data_ = map_ + 8 + n;
+  }
+}
+
+SafeTensors::~SafeTensors() {
+  if (map_ != nullptr) ::munmap(const_cast<char*>(map_), map_size_);
+}
+
+std::span<const std::byte> SafeTensors::bytes(const std::string& name) const {
+  const Info& i = info(name);
+  return {reinterpret_cast<const std::byte*>(data_ + i.begin), static_cast<std::size_t>(i.end - i.begin)};
+}
+
+void SafeTensors::release(const std::string& name) const {
+  const Info& i = info(name);
+  if (map_ == nullptr || i.end == i.begin) return;
+  // Whole pages around the tensor: a read-only private mapping re-reads a dropped page from the
+  // file if a neighbour needs it again, so rounding outward is safe.
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto lo = reinterpret_cast<std::uintptr_t>(data_ + i.begin) & ~(page - 1);
+  const auto hi = reinterpret_cast<std::uintptr_t>(data_ + i.end);
+  ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
 const SafeTensors::Info& SafeTensors::info(const std::string& name) const {
@@ -120,7 +157,7 @@ std::vector<T> SafeTensors::get(const std::string& name, const char* dtype, int 
   DIFFCP_CHECK(rank < 0 || static_cast<int>(i.shape.size()) == rank, "safetensors '", path_, "': tensor '", name,
                "' has rank ", i.shape.size(), ", expected ", rank);
   std::vector<T> out(static_cast<std::size_t>(i.end - i.begin) / sizeof(T));
-  if (!out.empty()) std::memcpy(out.data(), data_.data() + i.begin, static_cast<std::size_t>(i.end - i.begin));
+  if (!out.empty()) std::memcpy(out.data(), data_ + i.begin, static_cast<std::size_t>(i.end - i.begin));
   return out;
 }
 
@@ -178,6 +215,57 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     DIFFCP_CHECK(f.good(), "write to '", tmp, "' failed");
   }
   std::filesystem::rename(tmp, path);
+}
+
+SafeTensorsSet::SafeTensorsSet(const std::string& path) : path_(path) {
+  if (!path.ends_with(".json")) {
+    files_.push_back(std::make_unique<SafeTensors>(path));
+    for (const std::string& n : files_[0]->names()) where_[n] = 0;
+    return;
+  }
+  std::ifstream f(path);
+  DIFFCP_CHECK(f.good() && !std::filesystem::is_directory(path), "safetensors index '", path, "': cannot open it");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    DIFFCP_FAIL("safetensors index '", path, "': not valid JSON: ", e.what());
+  }
+  DIFFCP_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), "safetensors index '", path,
+               "': expected an object with a \"weight_map\" object {tensor: file} (Hugging Face's sharded format)");
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::map<std::string, std::size_t> file_index;  // shard name -> index into files_
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    DIFFCP_CHECK(it.value().is_string(), "safetensors index '", path, "': weight_map['", it.key(), "'] is not a file name");
+    const std::string shard = it.value().get<std::string>();
+    DIFFCP_CHECK(!shard.empty() && std::filesystem::path(shard).is_relative(), "safetensors index '", path,
+                 "': weight_map['", it.key(), "'] = '", shard, "', expected a file name relative to the index");
+    auto [fit, fresh] = file_index.emplace(shard, files_.size());
+    if (fresh) files_.push_back(std::make_unique<SafeTensors>((dir / shard).string()));
+    DIFFCP_CHECK(files_[fit->second]->has(it.key()), "safetensors index '", path, "': tensor '", it.key(),
+                 "' is mapped to '", shard, "', which does not hold it");
+    where_[it.key()] = fit->second;
+  }
+  for (std::size_t i = 0; i < files_.size(); ++i)
+    for (const std::string& n : files_[i]->names()) {
+      const auto w = where_.find(n);
+      DIFFCP_CHECK(w != where_.end(), "safetensors index '", path, "': shard '", files_[i]->path(), "' holds tensor '", n,
+                   "', which the weight_map does not list");
+      DIFFCP_CHECK(w->second == i, "safetensors index '", path, "': tensor '", n, "' is in both '", files_[i]->path(),
+                   "' and '", files_[w->second]->path(), "'");
+    }
+}
+
+std::vector<std::string> SafeTensorsSet::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : where_) out.push_back(kv.first);
+  return out;
+}
+
+const SafeTensors& SafeTensorsSet::file(const std::string& name) const {
+  const auto it = where_.find(name);
+  DIFFCP_CHECK(it != where_.end(), "checkpoint '", path_, "': no tensor named '", name, "'");
+  return *files_[it->second];
 }
 
 }  // namespace diffcp
