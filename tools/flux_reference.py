@@ -537,6 +537,30 @@ def cmd_check(a: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_header(a: argparse.Namespace) -> int:
+    """A real-shape checkpoint without its data: the full header of every tensor of the config in
+    BF16, the file extended (sparse, no disk blocks) to its true size, so a reader can open it and
+    read the shape off it (`diffcp dit --dry-run`) without 24 GB of weights."""
+    try:
+        p = load_config(Path(a.config))
+    except InputError as e:
+        print(f"header: {e}", file=sys.stderr)
+        return 2
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    off = 0
+    for name, shape in weight_shapes(p).items():
+        n = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(a.out, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        f.truncate(8 + len(h) + off)
+    print(f"header: {len(header) - 1} tensors, {off // 2} parameters, {8 + len(h) + off} bytes (sparse) -> {a.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -560,9 +584,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--dump")
     c.add_argument("--tol", type=float, default=1e-4)
     c.add_argument("--self-dump", help=argparse.SUPPRESS)  # developer: write the reference's own dump
+    hd = sub.add_parser("header", help="write a sparse, data-less BF16 checkpoint of a config's real shape")
+    hd.add_argument("--config", required=True)
+    hd.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "make":
         return cmd_make(a)
+    if a.cmd == "header":
+        return cmd_header(a)
     if not (a.dump or a.self_dump):
         c.error("--dump is required")
     try:

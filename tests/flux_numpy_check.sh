@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# flux_numpy_check.sh DIFFCP: `diffcp dit` on FLUX-format checkpoints written by an independent
+# numpy tool (tools/flux_reference.py make: BFL's tensor names, F32 / BF16 / F16, sharded with an
+# index JSON, with and without guidance_in and qkv biases, rectangular images), its velocity at
+# every step (--dump-velocity) against a numpy float64 implementation of FLUX's forward and
+# sampler written from FLUX's public code (tools/flux_reference.py check), under every mode and
+# several P; the shape is read off the checkpoint, or from the FluxParams --config where the RoPE
+# axes are not FLUX's default split.
+set -euo pipefail
+bin=${1:?usage: flux_numpy_check.sh DIFFCP}
+here=$(cd "$(dirname "$0")" && pwd)
+ref="$here/../tools/flux_reference.py"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# case: name, make options, P, mode, schedule, steps, extra diffcp options
+run_case() {
+  local name=$1 make=$2 P=$3 mode=$4 schedule=$5 steps=$6 extra=${7:-}
+  local d="$work/$name"
+  extra=${extra//CONFIG/$d/config.json}
+  # shellcheck disable=SC2086
+  python3 "$ref" make --out "$d" $make >/dev/null
+  local weights="$d/model.safetensors"
+  [ -f "$weights" ] || weights="$d/model.safetensors.index.json"
+  local W H
+  W=$(python3 -c "import sys; a=sys.argv[1].split(); print(a[a.index('--width')+1] if '--width' in a else 64)" "$make")
+  H=$(python3 -c "import sys; a=sys.argv[1].split(); print(a[a.index('--height')+1] if '--height' in a else 32)" "$make")
+  # shellcheck disable=SC2086
+  mpirun --oversubscribe -np "$P" "$bin" dit --weights "$weights" --text-embeddings "$d/txt.npy" --pooled "$d/pooled.npy" \
+    --noise "$d/noise.npy" --width "$W" --height "$H" --steps "$steps" --schedule "$schedule" --mode "$mode" \
+    --group-size 1 --dump-velocity "$d/dump" --out "" $extra >/dev/null
+  local g=3.5
+  [[ "$extra" == *"--guidance "* ]] && g=$(python3 -c "import sys; a=sys.argv[1].split(); print(a[a.index('--guidance')+1])" "$extra")
+  echo "== $name: P = $P, mode $mode, $schedule schedule, $steps steps, make: $make, diffcp: $extra"
+  python3 "$ref" check --weights "$weights" --config "$d/config.json" --txt "$d/txt.npy" --pooled "$d/pooled.npy" \
+    --noise "$d/noise.npy" --width "$W" --height "$H" --steps "$steps" --schedule "$schedule" --guidance "$g" \
+    --dump "$d/dump" --tol 2e-5
+}
+
+# FLUX.1-dev-like: guidance_in, bf16, two shards, flux schedule, TAPA at P = 2.
+run_case dev_bf16 "--dtype bf16 --shards 2 --guidance-embed 1 --width 64 --height 32" 2 tapa flux 4 "--guidance 4.5"
+# FLUX.1-schnell-like: no guidance_in, f16, linear schedule, no qkv bias; batch 2, 48x80 pixels,
+# P = 3 (15 image tokens and 9 text tokens per image: 5 and 3 a rank), CoCoDiff with r = 0 (exact).
+run_case schnell_f16 "--dtype f16 --qkv-bias 0 --batch 2 --width 80 --height 48 --text-tokens 9 --heads 3 --hidden 48 --axes-dim 4,6,6" \
+  3 cocodiff linear 3 "--cache-schedule fixed --cache-ratio 0 --warmup 0"
+# f32 with RoPE axes that are not FLUX's default split (the --config gives them), P = 4, V-First;
+# 2 double + 1 single blocks, mlp_ratio 3.5.
+run_case f32_axes "--dtype f32 --depth 2 --depth-single 1 --mlp-ratio 3.5 --axes-dim 2,8,6 --width 64 --height 64 --text-tokens 8" \
+  4 vfirst flux 3 "--config CONFIG"
+echo "flux_numpy_check: passed"
