@@ -13,13 +13,18 @@ ref="$here/../tools/flux_reference.py"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# case: name, make options, P, mode, schedule, steps, extra diffcp options
+# case: name, make options, P, mode, schedule, steps, extra diffcp options, inputs as "f2" / "f8"
+# (.npy in float16 / float64, which diffcp converts; default float32)
 run_case() {
-  local name=$1 make=$2 P=$3 mode=$4 schedule=$5 steps=$6 extra=${7:-}
+  local name=$1 make=$2 P=$3 mode=$4 schedule=$5 steps=$6 extra=${7:-} inputs=${8:-f4}
   local d="$work/$name"
   extra=${extra//CONFIG/$d/config.json}
   # shellcheck disable=SC2086
   python3 "$ref" make --out "$d" $make >/dev/null
+  if [ "$inputs" != f4 ]; then
+    python3 -c "import numpy as n, sys; [n.save(f, n.load(f).astype(sys.argv[1])) for f in sys.argv[2:]]" "<$inputs" \
+      "$d/txt.npy" "$d/pooled.npy" "$d/noise.npy"
+  fi
   local weights="$d/model.safetensors"
   [ -f "$weights" ] || weights="$d/model.safetensors.index.json"
   local W H
@@ -40,11 +45,12 @@ run_case() {
 # FLUX.1-dev-like: guidance_in, bf16, two shards, flux schedule, TAPA at P = 2.
 run_case dev_bf16 "--dtype bf16 --shards 2 --guidance-embed 1 --width 64 --height 32" 2 tapa flux 4 "--guidance 4.5"
 # FLUX.1-schnell-like: no guidance_in, f16, linear schedule, no qkv bias; batch 2, 48x80 pixels,
-# P = 3 (15 image tokens and 9 text tokens per image: 5 and 3 a rank), CoCoDiff with r = 0 (exact).
+# P = 3 (15 image tokens and 9 text tokens per image: 5 and 3 a rank), CoCoDiff with r = 0 (exact);
+# the inputs as float16 .npy.
 run_case schnell_f16 "--dtype f16 --qkv-bias 0 --batch 2 --width 80 --height 48 --text-tokens 9 --heads 3 --hidden 48 --axes-dim 4,6,6" \
-  3 cocodiff linear 3 "--cache-schedule fixed --cache-ratio 0 --warmup 0"
+  3 cocodiff linear 3 "--cache-schedule fixed --cache-ratio 0 --warmup 0" f2
 # f32 with RoPE axes that are not FLUX's default split (the --config gives them), P = 4, V-First;
-# 2 double + 1 single blocks, mlp_ratio 3.5.
+# 2 double + 1 single blocks, mlp_ratio 3.5; the inputs as float64 .npy.
 run_case f32_axes "--dtype f32 --depth 2 --depth-single 1 --mlp-ratio 3.5 --axes-dim 2,8,6 --width 64 --height 64 --text-tokens 8" \
-  4 vfirst flux 3 "--config CONFIG"
+  4 vfirst flux 3 "--config CONFIG" f8
 echo "flux_numpy_check: passed"

@@ -4,8 +4,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 
 namespace diffcp {
 
@@ -64,13 +66,17 @@ std::vector<float> read_npy_f32(const std::string& path, std::vector<std::int64_
   DIFFCP_CHECK(10 + hlen <= size, "'", path, "': header of ", hlen, " bytes is past the end of the ", size, "-byte file");
   std::string header(hlen, '\0');
   f.read(header.data(), static_cast<std::streamsize>(hlen));
-  DIFFCP_CHECK(header.find("'descr': '<f4'") != std::string::npos, "'", path, "': expected dtype '<f4', header ", header);
+  // float32 as is; float16 and float64 (what numpy writes for torch's half / double) converted.
+  std::size_t esize = 0;
+  for (const auto& [descr, size] : {std::pair<const char*, std::size_t>{"'<f4'", 4}, {"'<f2'", 2}, {"'<f8'", 8}})
+    if (header.find(std::string("'descr': ") + descr) != std::string::npos) esize = size;
+  DIFFCP_CHECK(esize != 0, "'", path, "': expected dtype float32 ('<f4'; '<f2' and '<f8' are converted), header ", header);
   DIFFCP_CHECK(header.find("'fortran_order': False") != std::string::npos, "'", path, "': Fortran order unsupported");
   const auto open = header.find('('), close = header.find(')');
   DIFFCP_CHECK(open != std::string::npos && close != std::string::npos && open < close, "'", path, "': no shape in header");
   shape.clear();
   // The values must fit in the file: a header claiming more is refused before anything is allocated.
-  const std::uint64_t max_values = (size - 10 - hlen) / sizeof(float);
+  const std::uint64_t max_values = (size - 10 - hlen) / esize;
   std::int64_t n = 1;
   std::istringstream dims(header.substr(open + 1, close - open - 1));
   for (std::string tok; std::getline(dims, tok, ',');) {
@@ -86,9 +92,22 @@ std::vector<float> read_npy_f32(const std::string& path, std::vector<std::int64_
     n *= d;
   }
   std::vector<float> data(static_cast<std::size_t>(n));
-  f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size() * sizeof(float)));
-  DIFFCP_CHECK(f.gcount() == static_cast<std::streamsize>(data.size() * sizeof(float)), "'", path, "' is truncated: expected ",
-               n, " values");
+  std::vector<char> raw(esize == 4 ? 0 : static_cast<std::size_t>(n) * esize);
+  char* dst = esize == 4 ? reinterpret_cast<char*>(data.data()) : raw.data();
+  f.read(dst, static_cast<std::streamsize>(static_cast<std::size_t>(n) * esize));
+  DIFFCP_CHECK(f.gcount() == static_cast<std::streamsize>(static_cast<std::size_t>(n) * esize), "'", path,
+               "' is truncated: expected ", n, " values");
+  for (std::size_t i = 0; esize != 4 && i < data.size(); ++i) {
+    if (esize == 2) {
+      std::uint16_t h;
+      std::memcpy(&h, raw.data() + 2 * i, 2);
+      data[i] = f16_to_f32(h);
+    } else {
+      double d;
+      std::memcpy(&d, raw.data() + 8 * i, 8);
+      data[i] = static_cast<float>(d);
+    }
+  }
   return data;
 }
 

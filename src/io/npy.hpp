@@ -13,7 +13,8 @@ void write_npy(const std::string& path, const float* data, const std::vector<std
 void write_npy(const std::string& path, const double* data, const std::vector<std::int64_t>& shape);
 void write_npy(const std::string& path, const std::int64_t* data, const std::vector<std::int64_t>& shape);
 
-// Reads a '<f4' C-order file; shape is filled in. Throws diffcp::Error naming what is wrong.
+// Reads a '<f4' C-order file ('<f2' and '<f8' converted to float32); shape is filled in. Throws
+// diffcp::Error naming what is wrong.
 std::vector<float> read_npy_f32(const std::string& path, std::vector<std::int64_t>& shape);
 
 }  // namespace diffcp
