@@ -16,7 +16,7 @@
 
 namespace diffcp::cli {
 
-void add_layer_options(CLI::App* c, AttnOptions& opt) {
+void add_workload_options(CLI::App* c, AttnOptions& opt) {
   c->add_option("--samples", opt.samples, "samples packed in the micro-batch")->capture_default_str();
   c->add_option("--context", opt.context, "context tokens per sample (16k-style), or a range a:b to draw from")->capture_default_str();
   c->add_option("--queries", opt.queries, "query rows per sample; anchors = queries / block")->capture_default_str();
@@ -30,10 +30,14 @@ void add_layer_options(CLI::App* c, AttnOptions& opt) {
   c->add_option("--rms-eps", opt.rms_eps, "RMSNorm epsilon")->capture_default_str();
   c->add_option("--dtype", opt.dtype, "storage type (f32)")->capture_default_str();
   c->add_option("--seed", opt.seed, "seed of the batch, weights and inputs")->capture_default_str();
+  c->add_option("--J", opt.J, "chunks per rank for lpt / partition")->capture_default_str();
+}
+
+void add_layer_options(CLI::App* c, AttnOptions& opt) {
+  add_workload_options(c, opt);
   c->add_option("--reps", opt.reps, "timed repetitions after the warm-up (median of the slowest rank reported)")->capture_default_str();
   c->add_option("--warmup", opt.warmup, "untimed repetitions before the timed ones")->capture_default_str();
   c->add_flag("--check", opt.check, "compare output and all gradients with the fp64 single-process reference");
-  c->add_option("--J", opt.J, "chunks per rank for lpt / partition")->capture_default_str();
   c->add_option("--bucket", opt.bucket, "round Split-KV's local K/V length up to a multiple of this (1 = off)")->capture_default_str();
   c->add_option("--oproj", opt.oproj, "Split-KV output projection: all (every rank, all Q rows) | owned (reduce-scatter "
                                       "the partial output, project owned rows) | auto (cost model)")->capture_default_str();

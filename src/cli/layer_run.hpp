@@ -19,6 +19,10 @@
 
 namespace diffcp::cli {
 
+// The workload and layer shape alone (--samples, --context, --queries, --block, --prompt-fraction,
+// --hidden, --n-q, --n-kv, --d-h, --rope-theta, --rms-eps, --dtype, --seed, --J): what `diffcp sim
+// cp` reads.
+void add_workload_options(CLI::App* c, AttnOptions& opt);
 // Registers the options every layer command takes: workload (--samples, --context, --queries,
 // --block, --prompt-fraction, --seed), layer shape (--hidden, --n-q, --n-kv, --d-h, --rope-theta,
 // --rms-eps, --dtype), measurement (--reps, --warmup), --J, --bucket, --check, --json.

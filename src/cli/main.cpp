@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.hpp"
+#include "cli/sim.hpp"
 #include "comm/mpi_runtime.hpp"
 
 int main(int argc, char** argv) {
@@ -43,14 +44,17 @@ int main(int argc, char** argv) {
   diffcp::cli::add_export_command(app, export_opt);
   diffcp::cli::add_draft_command(app, draft);
   diffcp::cli::add_bench_command(app, bench_cp, bench_p2p, bench_coll);
+  diffcp::cli::add_sim_command(app);
   // Parse before MPI starts so --help and usage errors need no MPI; every rank parses the same argv.
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (app.got_subcommand("plan") || app.got_subcommand("export")) {  // no MPI
+  const bool sim_model = app.got_subcommand("sim") && !diffcp::cli::sim_needs_mpi(app);
+  if (app.got_subcommand("plan") || app.got_subcommand("export") || sim_model) {  // no MPI
     try {
+      if (sim_model) return diffcp::cli::run_sim(app);
       return app.got_subcommand("plan") ? diffcp::cli::run_plan(plan) : diffcp::cli::run_export(export_opt);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "diffcp: error: %s\n", e.what());
@@ -69,6 +73,7 @@ int main(int argc, char** argv) {
       return diffcp::cli::run_bench_p2p(world, bench_p2p);
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("coll"))
       return diffcp::cli::run_bench_coll(world, bench_coll);
+    if (app.got_subcommand("sim")) return diffcp::cli::run_sim_calibrate(world);
     return 1;
   });
 }

@@ -4,6 +4,7 @@
 #include <span>
 
 #include "attention/attention.hpp"
+#include "cp/bytes.hpp"
 
 namespace diffcp {
 
@@ -45,8 +46,7 @@ void LvXAttnLayer::reshard(CpShard shard) {
 //   bytes = 4 * (P-1)/P * Q (5 n_q d_h + 3 n_q).
 // Paper, Table 1 (MHA n_q d_h = H): (P-1)/P * 5QH elements plus the lower-order 3(P-1)/P Q n_q.
 double LvXAttnLayer::predicted_bytes_per_layer() const {
-  const double P = shard_.P, Q = static_cast<double>(shard_.batch.query_rows());
-  return 4 * (P - 1) / P * Q * static_cast<double>(5 * cfg_.q_width() + 3 * cfg_.n_q);
+  return lvxattn_bytes_per_layer(cfg_, shard_.batch.query_rows(), shard_.P);
 }
 
 void LvXAttnLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {

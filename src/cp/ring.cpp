@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "attention/attention.hpp"
+#include "cp/bytes.hpp"
 
 namespace diffcp {
 
@@ -55,8 +56,7 @@ HeadRows<const float> RingLayer::v_of(const float* kv, int r) const {
 //   bytes = 4 * 3 (P-1)/P * 2 (S+Q) n_kv d_h.
 // Paper, Table 1 (MHA n_kv d_h = H, even sharding): (P-1)/P * 6H(S + Q) elements.
 double RingLayer::predicted_bytes_per_layer() const {
-  const double P = shard_.P, L = static_cast<double>(shard_.batch.context_rows() + shard_.batch.query_rows());
-  return 4 * 3 * (P - 1) / P * 2 * L * static_cast<double>(cfg_.kv_width());
+  return ring_bytes_per_layer(cfg_, shard_.batch.context_rows() + shard_.batch.query_rows(), shard_.P);
 }
 
 void RingLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {

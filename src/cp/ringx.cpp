@@ -5,6 +5,7 @@
 
 #include "attention/attention.hpp"
 #include "attention/merge.hpp"
+#include "cp/bytes.hpp"
 
 namespace diffcp {
 
@@ -64,10 +65,8 @@ WorkPtr RingXLayer::post_broadcast(int t, float* own, float* buf, std::int64_t n
 // Paper, Table 1 (MHA n_q d_h = n_kv d_h = H, even sharding): (P-1)/P * (2QH + 4(S+Q)H) elements
 // plus the lower-order lse term 2(P-1)/P Q n_q.
 double RingXLayer::predicted_bytes_per_layer() const {
-  const double P = shard_.P, Q = static_cast<double>(shard_.batch.query_rows());
-  const double L = static_cast<double>(shard_.batch.context_rows()) + Q;
-  const double n_q = static_cast<double>(cfg_.n_q), qw = static_cast<double>(cfg_.q_width());
-  return 4 * (P - 1) / P * (2 * Q * qw + 2 * Q * n_q + 4 * L * static_cast<double>(cfg_.kv_width()));
+  const std::int64_t Q = shard_.batch.query_rows();
+  return ringx_bytes_per_layer(cfg_, Q, shard_.batch.context_rows() + Q, shard_.P);
 }
 
 void RingXLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {

@@ -5,6 +5,7 @@
 
 #include "attention/attention.hpp"
 #include "attention/merge.hpp"
+#include "cp/bytes.hpp"
 #include "ops/linear.hpp"
 #include "ops/rmsnorm.hpp"
 
@@ -93,12 +94,7 @@ std::vector<std::size_t> SplitKVLayer::row_counts(std::int64_t width) const {
 }
 
 double SplitKVLayer::predicted_bytes_per_layer() const {
-  const double P = shard_.P, Q = static_cast<double>(Q_), n = Q * static_cast<double>(cfg_.n_q);
-  const double w = static_cast<double>(opt_.oproj == OProj::owned ? cfg_.q_width() : cfg_.hidden);
-  const double rows = (P - 1) / P * 2 * Q * (static_cast<double>(cfg_.q_width()) + w);
-  if (!hier_) return 4 * (rows + 2 * 2 * (P - 1) / P * n);
-  const double N = comm_.topology().nodes();
-  return 4 * (rows + 2 * (2 * n * (N - 1) + 3 * n * (P - N)) / P);
+  return splitkv_bytes_per_layer(cfg_, Q_, shard_.P, opt_.oproj == OProj::owned, hier_ ? comm_.topology().nodes() : 0);
 }
 
 double SplitKVLayer::predicted_inter_bytes_per_layer() const {

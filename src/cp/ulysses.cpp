@@ -1,6 +1,7 @@
 #include "cp/ulysses.hpp"
 
 #include "attention/attention.hpp"
+#include "cp/bytes.hpp"
 
 namespace diffcp {
 
@@ -62,11 +63,7 @@ void UlyssesLayer::reshard(CpShard shard) {
 // ranks and divided by P:
 //   bytes = 4 * (P-1)/P^2 * 4 * (Q n_q d_h + (S+Q) n_kv d_h).
 // Paper, Table 1 (MHA n_q d_h = n_kv d_h = H, even sharding): (P-1)/P * 4H(S + 2Q)/P elements.
-double UlyssesLayer::predicted_bytes_per_layer() const {
-  const double P = static_cast<double>(P_), Q = static_cast<double>(Q_), L = static_cast<double>(L_);
-  const double elems = (P - 1) / (P * P) * 4 * (Q * static_cast<double>(cfg_.q_width()) + L * static_cast<double>(cfg_.kv_width()));
-  return 4 * elems;
-}
+double UlyssesLayer::predicted_bytes_per_layer() const { return ulysses_bytes_per_layer(cfg_, Q_, L_, P_); }
 
 void UlyssesLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {
   const auto t0 = CpClock::now();

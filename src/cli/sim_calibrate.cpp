@@ -1,0 +1,203 @@
+// `diffcp sim calibrate --out FILE`: measures this machine into a profile (sim/profile.hpp) for
+// `diffcp sim`. Compute on rank 0, with the threads the ranks run with: the GEMM rate and the
+// fixed cost per call (two sizes of the layers' projection GEMM fitted to t = kernel_us + flops /
+// rate), the attention forward and backward rates (the kernels on a DFlash mask), a streaming
+// elementwise rate. Links, with 2 or more ranks: ping-pong between rank 0 and the first rank on
+// its node (intra) and the first on another node (inter; under scripts/emucluster.sh the
+// emulated links), an 8-byte round trip for the latency and 4 MiB for the bandwidth; one rank or
+// one node: the missing level copies the other (said in the file's notes).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "attention/attention.hpp"
+#include "cli/commands.hpp"
+#include "cli/sim.hpp"
+#include "core/random.hpp"
+#include "core/tensor.hpp"
+#include "ops/linear.hpp"
+#include "workload/batch.hpp"
+
+namespace diffcp::cli {
+
+namespace {
+struct CalibrateCli {
+  std::string out, name;
+  int reps = 5;
+};
+CalibrateCli g_cal;
+
+double now_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+template <typename F>
+double median_ms(int reps, F&& f) {
+  f();  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now_ms();
+    f();
+    t.push_back(now_ms() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// {kernel_us, gemm_tflops}: y[M, N] = x[M, K] W[K, N] at a small and a large M, fitted to
+// t = c + 2 M K N / rate.
+std::pair<double, double> measure_gemm(int reps) {
+  const std::int64_t K = 1024, N = 1024, small = 16, large = 2048;
+  const auto x = random_normal(static_cast<std::size_t>(large * K), 1);
+  const auto w = random_normal(static_cast<std::size_t>(K * N), 2);
+  std::vector<float> y(static_cast<std::size_t>(large * N));
+  const double ts = median_ms(reps * 4, [&] { linear_forward(x.data(), small, K, w.data(), N, y.data()); });
+  const double tl = median_ms(reps, [&] { linear_forward(x.data(), large, K, w.data(), N, y.data()); });
+  const double fs = 2.0 * small * K * N, fl = 2.0 * large * K * N;
+  const double per_flop_ms = std::max((tl - ts) / (fl - fs), 1e-15);
+  const double c_ms = std::max(0.0, ts - fs * per_flop_ms);
+  return {c_ms * 1e3, 1.0 / per_flop_ms / 1e9};
+}
+
+// {fwd, bwd} TFLOP/s of the attention kernels on a DFlash mask (FLOPs as FlashAttention counts).
+std::pair<double, double> measure_attention(int reps) {
+  const std::int64_t n_q = 8, n_kv = 2, d_h = 128;
+  const PackedBatch batch = make_random_batch(1, 4096, 64, 16, 0.25, 1);
+  const BlockMask mask = full_mask(batch);
+  const std::int64_t Q = batch.query_rows(), Lk = mask.key_rows();
+  const auto q = random_normal(static_cast<std::size_t>(Q * n_q * d_h), 1);
+  const auto k = random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), 2);
+  const auto v = random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), 3);
+  const auto dout = random_normal(q.size(), 4);
+  std::vector<float> o(q.size()), lse(static_cast<std::size_t>(Q * n_q)), delta(lse.size()), dq(q.size()), dk(k.size()),
+      dv(v.size());
+  const double tf = median_ms(reps, [&] {
+    attention_forward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h), head_rows(v, Lk, n_kv, d_h),
+                      head_rows(o, Q, n_q, d_h), lse);
+  });
+  attention_delta(head_rows(dout, Q, n_q, d_h), head_rows(o, Q, n_q, d_h), delta);
+  const double tb = median_ms(reps, [&] {
+    attention_backward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h), head_rows(v, Lk, n_kv, d_h),
+                       head_rows(dout, Q, n_q, d_h), lse, delta, head_rows(dq, Q, n_q, d_h), head_rows(dk, Lk, n_kv, d_h),
+                       head_rows(dv, Lk, n_kv, d_h));
+  });
+  return {attention_forward_flops(mask, n_q, d_h) / tf / 1e9, attention_backward_flops(mask, n_q, d_h) / tb / 1e9};
+}
+
+// GB/s of y = a x + y over 64 MiB (read 2, write 1).
+double measure_elementwise(int reps) {
+  std::vector<float> x(std::size_t{1} << 24, 1.f), y(x.size(), 2.f);
+  const double t = median_ms(reps, [&] {
+#pragma omp parallel for simd
+    for (std::size_t i = 0; i < x.size(); ++i) y[i] = 0.5f * x[i] + y[i];
+  });
+  return 3.0 * 4 * static_cast<double>(x.size()) / (t * 1e-3) / 1e9;
+}
+
+}  // namespace
+
+void add_sim_calibrate(CLI::App* sim) {
+  CalibrateCli& o = g_cal;
+  CLI::App* c = sim->add_subcommand("calibrate", "Measure this machine (compute on rank 0; links between rank 0 and a "
+                                                 "rank on its node and on another) into a profile; run under mpirun");
+  c->add_option("--out", o.out, "profile file to write")->required();
+  c->add_option("--name", o.name, "profile name (default: calibrated-<host>)");
+  c->add_option("--reps", o.reps, "timed repetitions per measurement (median)")->capture_default_str();
+}
+
+int run_sim_calibrate(Communicator& world) {
+  const CalibrateCli& o = g_cal;
+  DIFFCP_CHECK(o.reps >= 1 && o.reps <= 1000, "--reps = ", o.reps, ", expected 1..1000");
+  const int P = world.size(), me = world.rank();
+  // Node of every rank: the smallest world rank of its node.
+  auto node = world.split_node_local("calibrate.node");
+  std::vector<std::int64_t> id{-static_cast<std::int64_t>(me)};
+  node->all_reduce(std::span<std::int64_t>(id), ReduceOp::max);
+  std::vector<std::int64_t> nodes(static_cast<std::size_t>(P));
+  world.all_gather(std::span<const std::int64_t>(id), std::span<std::int64_t>(nodes));
+  int intra_peer = -1, inter_peer = -1;
+  for (int r = 1; r < P; ++r) {
+    if (nodes[static_cast<std::size_t>(r)] == nodes[0] && intra_peer < 0) intra_peer = r;
+    if (nodes[static_cast<std::size_t>(r)] != nodes[0] && inter_peer < 0) inter_peer = r;
+  }
+  // {latency_us, gbit} between rank 0 and `peer` (half round trips); every rank calls it.
+  const auto link = [&](int peer) -> std::pair<double, double> {
+    std::vector<std::uint8_t> small(8), big(std::size_t{4} << 20, 1);
+    double lat = 0, gbit = 0;
+    WorkPtr b = world.barrier_async();
+    while (!b->test()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (me == 0 || me == peer) {
+      const int other = me == 0 ? peer : 0;
+      const auto rt = [&](std::vector<std::uint8_t>& msg) {
+        if (me == 0) {
+          world.send(std::span<const std::uint8_t>(msg), other);
+          world.recv(std::span<std::uint8_t>(small), other);
+        } else {
+          world.recv(std::span<std::uint8_t>(msg), other);
+          world.send(std::span<const std::uint8_t>(small), other);
+        }
+      };
+      const double t_small = median_ms(o.reps * 20, [&] { rt(small); });
+      const double t_big = median_ms(o.reps, [&] { rt(big); });
+      lat = t_small / 2 * 1e3;
+      gbit = 8.0 * static_cast<double>(big.size()) / std::max(t_big - t_small, 1e-6) / 1e6;
+    }
+    std::vector<double> v{lat, gbit};
+    world.all_reduce(std::span<double>(v), ReduceOp::max);
+    return {v[0], v[1]};
+  };
+  std::pair<double, double> intra{0, 0}, inter{0, 0};
+  if (intra_peer >= 0) intra = link(intra_peer);
+  if (inter_peer >= 0) inter = link(inter_peer);
+
+  std::vector<double> compute(5, 0.0);
+  if (me == 0) {
+    const auto [kernel_us, gemm] = measure_gemm(o.reps);
+    const auto [fwd, bwd] = measure_attention(o.reps);
+    compute = {kernel_us, gemm, fwd, bwd, measure_elementwise(o.reps)};
+  }
+  world.all_reduce(std::span<double>(compute), ReduceOp::max);
+  if (me != 0) return 0;
+
+  char host[256] = "host";
+  ::gethostname(host, sizeof host - 1);
+  std::string notes = "measured by diffcp sim calibrate on " + std::string(host) + " with " + std::to_string(P) +
+                      " ranks; compute on one rank with its threads (OMP_NUM_THREADS)";
+  if (intra_peer < 0 && inter_peer < 0) notes += "; no second rank: links not measured (set from defaults)";
+  else if (intra_peer < 0) notes += "; one rank per node: intra link = the inter one";
+  else if (inter_peer < 0) notes += "; one node: inter link = the intra one";
+  if (intra_peer < 0) intra = inter_peer >= 0 ? inter : std::pair<double, double>{1.0, 100.0};
+  if (inter_peer < 0) inter = intra;
+  int per_node = 0;
+  for (const std::int64_t n : nodes) per_node += n == nodes[0];
+  const nlohmann::ordered_json j{{"name", o.name.empty() ? "calibrated-" + std::string(host) : o.name},
+                                 {"description", "this machine, as diffcp sim calibrate measured it"},
+                                 {"ranks_per_node", per_node},
+                                 {"rank_tflops", compute[2] / 1e3},
+                                 {"gemm_tflops", compute[1] / 1e3},
+                                 {"attn_bwd_tflops", compute[3] / 1e3},
+                                 {"elementwise_gbs", compute[4]},
+                                 {"kernel_us", compute[0]},
+                                 {"intra_gbit", intra.second},
+                                 {"inter_gbit", inter.second},
+                                 {"intra_latency_us", intra.first},
+                                 {"inter_latency_us", inter.first},
+                                 {"notes", notes}};
+  Profile::from_json(nlohmann::json(j), o.out);  // what sim reads back
+  const std::string tmp = o.out + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << j.dump(1) << "\n";
+    DIFFCP_CHECK(f.good(), "sim calibrate: cannot write '", tmp, "'");
+  }
+  std::rename(tmp.c_str(), o.out.c_str());
+  std::printf("%s\n", j.dump(1).c_str());
+  return 0;
+}
+
+}  // namespace diffcp::cli

@@ -1,0 +1,239 @@
+#include "sim/cp.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "balance/balancer.hpp"
+#include "core/error.hpp"
+#include "cp/bytes.hpp"
+#include "cp/cp_methods.hpp"
+#include "cp/shard.hpp"
+#include "cp/splitkv.hpp"
+
+namespace diffcp {
+
+WorkMatrix work_matrix(const PackedBatch& batch, const Plan& plan) {
+  const int P = plan.P;
+  const std::int64_t B = batch.block, N = batch.num_blocks();
+  WorkMatrix w{P, std::vector<double>(static_cast<std::size_t>(P) * static_cast<std::size_t>(P), 0.0),
+               std::vector<double>(static_cast<std::size_t>(P), 0.0)};
+  const std::vector<PackedBatch::BlockRef> blocks = batch.blocks();
+  for (int q = 0; q < P; ++q) {
+    const Shard own = even_shard(N, P, q);
+    w.D[static_cast<std::size_t>(q)] = static_cast<double>(own.size() * B * B);
+    for (std::int64_t i = own.begin; i < own.end; ++i) {
+      // Block i sees the context [s_u, a_i) of its sample: intersect with every chunk.
+      const std::int64_t lo = blocks[static_cast<std::size_t>(i)].sample_start, hi = blocks[static_cast<std::size_t>(i)].anchor;
+      auto it = std::upper_bound(plan.chunks.begin(), plan.chunks.end(), lo,
+                                 [](std::int64_t x, const PosRange& c) { return x < c.end; });
+      for (; it != plan.chunks.end() && it->begin < hi; ++it) {
+        const std::int64_t overlap = std::min(hi, it->end) - std::max(lo, it->begin);
+        if (overlap > 0) {
+          const int c = plan.rank[static_cast<std::size_t>(it - plan.chunks.begin())];
+          w.M[static_cast<std::size_t>(q) * static_cast<std::size_t>(P) + static_cast<std::size_t>(c)] +=
+              static_cast<double>(overlap * B);
+        }
+      }
+    }
+  }
+  return w;
+}
+
+namespace {
+
+struct LayoutData {
+  Plan plan;
+  WorkMatrix work;
+  std::vector<double> context_rows;  // [P] C_p
+  double plan_ms = 0;
+};
+
+double vmax(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
+
+}  // namespace
+
+std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& batch, const AttnLayerConfig& cfg,
+                                     const SimCpOptions& opt) {
+  m.validate();
+  cfg.validate();
+  batch.validate();
+  const int P = m.P;
+  const double e = opt.elem, H = static_cast<double>(cfg.hidden), qw = static_cast<double>(cfg.q_width());
+  const double kvw = static_cast<double>(cfg.kv_width()), nq = static_cast<double>(cfg.n_q), dh = static_cast<double>(cfg.d_h);
+  const std::int64_t Q = batch.query_rows(), S = batch.context_rows(), N = batch.num_blocks();
+  const double Qp = static_cast<double>((N + P - 1) / P * batch.block);  // the busiest rank's query rows
+  const double fwd_pair = 4 * dh * nq, bwd_pair = 10 * dh * nq;          // FLOPs per visible pair per head
+
+  std::map<std::string, LayoutData> layouts;
+  const auto layout = [&](const std::string& name) -> LayoutData& {
+    auto it = layouts.find(name);
+    if (it != layouts.end()) return it->second;
+    LayoutData d;
+    const auto t0 = std::chrono::steady_clock::now();
+    d.plan = make_balancer(name)->plan(batch, CostModel(batch), P, opt.J);
+    d.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    d.work = work_matrix(batch, d.plan);
+    d.context_rows.assign(static_cast<std::size_t>(P), 0.0);
+    for (std::size_t j = 0; j < d.plan.chunks.size(); ++j)
+      d.context_rows[static_cast<std::size_t>(d.plan.rank[j])] += static_cast<double>(d.plan.chunks[j].end - d.plan.chunks[j].begin);
+    return layouts.emplace(name, std::move(d)).first->second;
+  };
+
+  std::vector<SimCpResult> out;
+  for (const std::string& method : opt.methods) {
+    SimCpResult r;
+    r.method = method;
+    r.P = P;
+    r.reason = cp_unsupported_reason(method, cfg, P);
+    r.layout = method == "splitkv" ? opt.balancer : cp_method_default_layout(method);
+    if (!r.supported()) {
+      out.push_back(r);
+      continue;
+    }
+    LayoutData& L = layout(r.layout);
+    const WorkMatrix& W = L.work;
+    r.plan_ms = L.plan_ms;
+    const double Cp = vmax(L.context_rows);
+    // Projections of the busiest rank (forward; the backward is 2x: dX and dW).
+    const double g_q = m.gemm_ms(2 * Qp * H * qw), g_kv = m.gemm_ms(2 * (Cp + Qp) * H * 2 * kvw);
+    double g_o = m.gemm_ms(2 * Qp * qw * H);
+    // Each rank's attention work (pairs per head) in the whole layer, for the imbalance.
+    std::vector<double> rank_pairs(static_cast<std::size_t>(P), 0.0);
+    double attn_f = 0, attn_b = 0, fwd_exposed = 0, bwd_exposed = 0, comm = 0;
+    double f = 0, b = 0;
+    const double Lrows = static_cast<double>(S + Q);
+
+    if (method == "splitkv") {
+      bool owned = opt.oproj == "owned";
+      if (opt.oproj == "auto")
+        owned = choose_oproj(cfg, Q, P, m.profile.gemm_tflops * 1e3 * m.share,
+                            m.multi_node() ? m.profile.inter_gbit / m.R : m.profile.intra_gbit) == OProj::owned;
+      r.oproj = owned ? "owned" : "all";
+      if (!owned) g_o = m.gemm_ms(2 * static_cast<double>(Q) * qw * H);
+      const double w = owned ? qw : H;
+      const bool hier = m.multi_node() && opt.collectives != "flat";
+      const auto coll = [&](double bytes) { return hier ? m.hierarchical_ms(bytes) : m.uniform_ms(bytes); };
+      for (int p = 0; p < P; ++p) {
+        double s = W.D[static_cast<std::size_t>(p)];
+        for (int q = 0; q < P; ++q) s += W.at(q, p);
+        rank_pairs[static_cast<std::size_t>(p)] = s;
+      }
+      const double wmax = vmax(rank_pairs);
+      attn_f = m.attn_fwd_ms(wmax * fwd_pair);
+      attn_b = m.attn_bwd_ms(wmax * bwd_pair);
+      const double frac = (P - 1.0) / P, n = static_cast<double>(Q) * nq;
+      const double ag_q = coll(e * frac * Q * qw), rs_o = coll(e * frac * Q * w);
+      const double ar = m.allreduce_small_ms(e * 2 * frac * n);
+      const double ag_do = coll(e * frac * Q * w), rs_dq = coll(e * frac * Q * qw);
+      fwd_exposed = std::max(0.0, ag_q - g_kv) + rs_o + ar;
+      bwd_exposed = ag_do + ar + std::max(0.0, rs_dq - 2 * g_kv);
+      f = g_q + std::max(ag_q, g_kv) + attn_f + rs_o + ar + g_o;
+      b = ag_do + ar + attn_b + std::max(rs_dq, 2 * g_kv) + 2 * g_q + 2 * g_o;
+      comm = ag_q + rs_o + 2 * ar + ag_do + rs_dq;
+      r.bytes_per_layer = splitkv_bytes_per_layer(cfg, Q, P, owned, hier ? m.nodes() : 0, opt.elem);
+      r.inter_node_bytes_per_layer =
+          hier ? e * ((m.nodes() - 1.0) * (2 * Q * qw + 2 * Q * w) + 2 * 2 * n * (m.nodes() - 1.0)) / P
+               : r.bytes_per_layer * m.inter_fraction();
+      r.collectives = hier ? "hierarchical" : "flat";
+      r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + (Cp + Qp) * 2 * kvw * 2 + static_cast<double>(Q) * (2 * qw + w + 2 * nq));
+    } else if (method == "ulysses") {
+      double total = 0;
+      for (const double d : W.D) total += d;
+      for (const double x : W.M) total += x;
+      std::fill(rank_pairs.begin(), rank_pairs.end(), total / P);
+      attn_f = m.attn_fwd_ms(total / P * fwd_pair);
+      attn_b = m.attn_bwd_ms(total / P * bwd_pair);
+      const double frac = (P - 1.0) / (static_cast<double>(P) * P);
+      const double a_q = m.uniform_ms(e * frac * Q * qw), a_kv = m.uniform_ms(e * frac * 2 * Lrows * kvw);
+      fwd_exposed = std::max(0.0, a_q - g_kv) + a_kv + a_q;
+      bwd_exposed = a_q + a_q + a_kv;
+      f = g_q + std::max(a_q, g_kv) + a_kv + attn_f + a_q + g_o;
+      b = a_q + attn_b + a_q + a_kv + 2 * (g_q + g_kv + g_o);
+      comm = 4 * a_q + 2 * a_kv;
+      r.bytes_per_layer = ulysses_bytes_per_layer(cfg, Q, S + Q, P, opt.elem);
+      r.inter_node_bytes_per_layer = r.bytes_per_layer * m.inter_fraction();
+      r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + static_cast<double>(Q) * qw / P * 3 + Lrows * kvw * 2 / P * 3);
+    } else {
+      // The ring-like methods: per step t, rank p works on the pair (query owner, context owner).
+      const auto owner_pair = [&](int t, int p) -> std::pair<int, int> {
+        if (method == "ring") return {p, ((p - t) % P + P) % P};
+        if (method == "ringx") return {t, p};
+        return {((p - t) % P + P) % P, p};  // lvxattn
+      };
+      double step_kv = e * 2 * Lrows / P * kvw;  // ring: one k|v shard
+      for (int t = 0; t < P; ++t) {
+        double wf = 0;
+        for (int p = 0; p < P; ++p) {
+          const auto [qo, co] = owner_pair(t, p);
+          double pairs = W.at(qo, co) + (qo == co ? W.D[static_cast<std::size_t>(qo)] : 0.0);
+          rank_pairs[static_cast<std::size_t>(p)] += pairs;
+          wf = std::max(wf, pairs);
+        }
+        const double af = m.attn_fwd_ms(wf * fwd_pair), ab = m.attn_bwd_ms(wf * bwd_pair);
+        attn_f += af;
+        attn_b += ab;
+        const bool last = t == P - 1;
+        const double Qt = static_cast<double>(Q) / P;
+        if (method == "ring") {
+          const double hf = last ? 0 : m.hop_ms(step_kv), hb = last ? 0 : 2 * m.hop_ms(step_kv);
+          f += std::max(af, hf);
+          b += std::max(ab, hb);
+          fwd_exposed += std::max(0.0, hf - af);
+          bwd_exposed += std::max(0.0, hb - ab);
+          comm += hf + hb;
+        } else if (method == "ringx") {
+          // Broadcasts of q_t (next one posted ahead), lse all-reduce and o reduce at rank t;
+          // backward: broadcast k|v_t, reduce dk|dv at rank t.
+          const double frac = (P - 1.0) / P;
+          const double bq = m.uniform_ms(e * frac * Qt * qw), lse = m.allreduce_small_ms(e * 2 * frac * Qt * nq);
+          const double ro = m.uniform_ms(e * frac * Qt * qw);
+          const double bkv = m.uniform_ms(e * frac * 2 * Lrows / P * kvw), rkv = bkv;
+          f += std::max(af, bq) + lse + ro;
+          b += std::max(ab, bkv) + rkv;
+          fwd_exposed += std::max(0.0, bq - af) + lse + ro;
+          bwd_exposed += std::max(0.0, bkv - ab) + rkv;
+          comm += bq + lse + ro + bkv + rkv;
+        } else {  // lvxattn: q (and its backward inputs) hop ahead, the accumulators behind
+          const double hq = m.hop_ms(e * Qt * qw), hacc = m.hop_ms(e * Qt * (qw + nq));
+          const double hqb = m.hop_ms(e * Qt * (2 * qw + 2 * nq)), hdq = m.hop_ms(e * Qt * qw);
+          const double sf = last ? hacc : std::max({af, hq, hacc}), sb = last ? hdq : std::max({ab, hqb, hdq});
+          f += last ? af + hacc : sf;
+          b += last ? ab + hdq : sb;
+          fwd_exposed += last ? hacc : std::max(0.0, sf - af);
+          bwd_exposed += last ? hdq : std::max(0.0, sb - ab);
+          comm += (last ? 0 : hq + hqb) + hacc + hdq;
+        }
+      }
+      f += g_q + g_kv + g_o;
+      b += 2 * (g_q + g_kv + g_o);
+      if (method == "ring") {
+        r.bytes_per_layer = ring_bytes_per_layer(cfg, S + Q, P, opt.elem);
+        r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + 3 * step_kv / e + Qp * (2 * qw + nq));
+      } else if (method == "ringx") {
+        r.bytes_per_layer = ringx_bytes_per_layer(cfg, Q, S + Q, P, opt.elem);
+        r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + 2 * Qp * qw * 2 + 2 * step_kv / e + (Cp + Qp) * 2 * kvw * 2);
+      } else {
+        r.bytes_per_layer = lvxattn_bytes_per_layer(cfg, Q, P, opt.elem);
+        r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + (Cp + Qp) * 2 * kvw * 2 + 4 * Qp * (qw + nq));
+      }
+      // Ring hops cross nodes for one rank in R; the rooted collectives like a uniform one.
+      r.inter_node_bytes_per_layer =
+          r.bytes_per_layer * (method == "ringx" ? m.inter_fraction() : (m.multi_node() ? 1.0 / m.R : 0.0));
+    }
+    r.fwd_ms = f;
+    r.bwd_ms = b;
+    r.step_ms = f + b;
+    r.comm_ms = comm;
+    r.exposed_comm_ms = fwd_exposed + bwd_exposed;
+    r.compute_ms = r.step_ms - r.exposed_comm_ms;
+    double mean = 0;
+    for (const double x : rank_pairs) mean += x / P;
+    r.imbalance_pct = mean > 0 ? 100.0 * (vmax(rank_pairs) / mean - 1.0) : 0.0;
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace diffcp

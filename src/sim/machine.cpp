@@ -1,0 +1,70 @@
+#include "sim/machine.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+
+namespace diffcp {
+
+namespace {
+// Rates in the profile's units to per-millisecond ones.
+double flops_per_ms(double tflops) { return tflops * 1e9; }
+double bytes_per_ms(double gbit) { return gbit * 1e9 / 8 / 1e3; }
+}  // namespace
+
+void SimMachine::validate() const {
+  DIFFCP_CHECK(P >= 1 && P <= (1 << 20), "sim: P = ", P, ", expected 1 <= P <= 2^20");
+  DIFFCP_CHECK(R >= 1, "sim: ranks per node = ", R, ", expected >= 1");
+  DIFFCP_CHECK(share > 0 && share <= 1, "sim: --rank-share = ", share, ", expected a fraction in (0, 1]");
+}
+
+double SimMachine::gemm_ms(double flops, int calls) const {
+  return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.gemm_tflops) * share);
+}
+double SimMachine::attn_fwd_ms(double flops, int calls) const {
+  return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.rank_tflops) * share);
+}
+double SimMachine::attn_bwd_ms(double flops, int calls) const {
+  return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.attn_bwd_tflops) * share);
+}
+double SimMachine::elementwise_ms(double bytes) const {
+  return profile.elementwise_gbs > 0 ? bytes / (profile.elementwise_gbs * 1e9 / 1e3 * share) : 0.0;
+}
+
+double SimMachine::inter_fraction() const {
+  return P <= 1 || !multi_node() ? 0.0 : static_cast<double>(P - R) / static_cast<double>(P - 1);
+}
+
+double SimMachine::uniform_ms(double bytes) const {
+  if (P <= 1 || bytes <= 0) return 0;
+  const double inter = bytes * inter_fraction(), intra = bytes - inter;
+  const double lat = (P - 1) * (multi_node() ? profile.inter_latency_us : profile.intra_latency_us) * 1e-3;
+  const double ranks_on_uplink = std::min(R, P);
+  return lat + std::max(intra / bytes_per_ms(profile.intra_gbit), ranks_on_uplink * inter / bytes_per_ms(profile.inter_gbit));
+}
+
+double SimMachine::hierarchical_ms(double bytes) const {
+  if (!multi_node()) return uniform_ms(bytes);
+  const double N = nodes(), inter = bytes * (N - 1) / (P - 1.0);
+  const double intra = bytes * (R - 1.0) / (P - 1.0) + inter * (R - 1.0) / R;
+  const double lat = (N - 1) * profile.inter_latency_us * 1e-3 + 2 * (R - 1) * profile.intra_latency_us * 1e-3;
+  return lat + intra / bytes_per_ms(profile.intra_gbit) + R * inter / bytes_per_ms(profile.inter_gbit);
+}
+
+double SimMachine::allreduce_small_ms(double bytes) const {
+  if (P <= 1 || bytes <= 0) return 0;
+  const double lat = 2 * std::ceil(std::log2(static_cast<double>(P))) *
+                     (multi_node() ? profile.inter_latency_us : profile.intra_latency_us) * 1e-3;
+  const double bw = multi_node() ? std::min(bytes_per_ms(profile.inter_gbit), bytes_per_ms(profile.intra_gbit))
+                                 : bytes_per_ms(profile.intra_gbit);
+  return lat + bytes / bw;
+}
+
+double SimMachine::hop_ms(double bytes) const {
+  if (P <= 1 || bytes <= 0) return 0;
+  return multi_node() ? profile.inter_latency_us * 1e-3 + bytes / bytes_per_ms(profile.inter_gbit)
+                      : profile.intra_latency_us * 1e-3 + bytes / bytes_per_ms(profile.intra_gbit);
+}
+
+}  // namespace diffcp

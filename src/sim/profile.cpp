@@ -1,0 +1,109 @@
+#include "sim/profile.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "core/json_int.hpp"
+
+#ifndef DIFFCP_PROFILE_DIR
+#define DIFFCP_PROFILE_DIR "profiles"
+#endif
+
+namespace diffcp {
+
+Profile Profile::from_json(const nlohmann::json& j, const std::string& source) {
+  DIFFCP_CHECK(j.is_object(), "profile '", source, "': expected a JSON object");
+  static const char* const kFields[] = {"name", "description", "source", "notes", "ranks_per_node", "rank_tflops",
+                                        "gemm_tflops", "attn_bwd_tflops", "elementwise_gbs", "kernel_us",
+                                        "intra_gbit", "inter_gbit", "intra_latency_us", "inter_latency_us"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool known = false;
+    for (const char* f : kFields) known = known || it.key() == f;
+    DIFFCP_CHECK(known, "profile '", source, "': unknown field '", it.key(),
+                 "' (known: name description source notes ranks_per_node rank_tflops gemm_tflops attn_bwd_tflops "
+                 "elementwise_gbs kernel_us intra_gbit inter_gbit intra_latency_us inter_latency_us)");
+  }
+  const auto text = [&](const char* f, bool required) {
+    if (!j.contains(f)) {
+      DIFFCP_CHECK(!required, "profile '", source, "': field '", f, "' is missing");
+      return std::string();
+    }
+    DIFFCP_CHECK(j[f].is_string(), "profile '", source, "': field '", f, "' must be a string");
+    return j[f].get<std::string>();
+  };
+  // A number > 0 (positive) or >= 0; `fallback` when absent and not required.
+  const auto number = [&](const char* f, bool required, bool positive, double fallback) {
+    if (!j.contains(f)) {
+      DIFFCP_CHECK(!required, "profile '", source, "': field '", f, "' is missing");
+      return fallback;
+    }
+    const double v = j[f].is_number() ? j[f].get<double>() : NAN;
+    DIFFCP_CHECK(std::isfinite(v) && (positive ? v > 0 : v >= 0), "profile '", source, "': field '", f, "' = ",
+                 j[f].dump(), ", expected a ", positive ? "positive" : "non-negative", " number");
+    return v;
+  };
+  Profile p;
+  p.name = text("name", true);
+  p.description = text("description", false);
+  p.source = text("source", false);
+  p.notes = text("notes", false);
+  if (j.contains("ranks_per_node")) {
+    const auto r = json_int64(j["ranks_per_node"]);
+    DIFFCP_CHECK(r && *r >= 1 && *r <= (1 << 20), "profile '", source, "': field 'ranks_per_node' = ",
+                 j["ranks_per_node"].dump(), ", expected an integer >= 1");
+    p.ranks_per_node = static_cast<int>(*r);
+  }
+  p.rank_tflops = number("rank_tflops", true, true, 0);
+  p.gemm_tflops = number("gemm_tflops", false, true, p.rank_tflops);
+  p.attn_bwd_tflops = number("attn_bwd_tflops", false, true, p.rank_tflops);
+  p.elementwise_gbs = number("elementwise_gbs", false, false, 0);
+  p.kernel_us = number("kernel_us", false, false, 0);
+  p.intra_gbit = number("intra_gbit", true, true, 0);
+  p.inter_gbit = number("inter_gbit", true, true, 0);
+  p.intra_latency_us = number("intra_latency_us", false, false, 0);
+  p.inter_latency_us = number("inter_latency_us", false, false, 0);
+  return p;
+}
+
+nlohmann::json Profile::to_json() const {
+  nlohmann::ordered_json j{{"name", name}};
+  if (!description.empty()) j["description"] = description;
+  if (!source.empty()) j["source"] = source;
+  j["ranks_per_node"] = ranks_per_node;
+  j["rank_tflops"] = rank_tflops;
+  j["gemm_tflops"] = gemm_tflops;
+  j["attn_bwd_tflops"] = attn_bwd_tflops;
+  j["elementwise_gbs"] = elementwise_gbs;
+  j["kernel_us"] = kernel_us;
+  j["intra_gbit"] = intra_gbit;
+  j["inter_gbit"] = inter_gbit;
+  j["intra_latency_us"] = intra_latency_us;
+  j["inter_latency_us"] = inter_latency_us;
+  if (!notes.empty()) j["notes"] = notes;
+  return nlohmann::json(j);
+}
+
+Profile load_profile(const std::string& name_or_file) {
+  std::string path = name_or_file;
+  if (!std::filesystem::is_regular_file(path)) {
+    const char* env = std::getenv("DIFFCP_PROFILES");
+    path = std::string(env != nullptr && *env != '\0' ? env : DIFFCP_PROFILE_DIR) + "/" + name_or_file + ".json";
+  }
+  std::ifstream f(path);
+  DIFFCP_CHECK(f.good() && std::filesystem::is_regular_file(path), "profile '", name_or_file, "': no such file, nor ",
+               path, " (profiles: h100-ib, aurora, or a file from `diffcp sim calibrate`)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    DIFFCP_FAIL("profile '", path, "': not valid JSON: ", e.what());
+  }
+  return Profile::from_json(j, path);
+}
+
+}  // namespace diffcp

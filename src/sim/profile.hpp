@@ -1,0 +1,38 @@
+// A cluster profile: the rates `diffcp sim` predicts with and the links scripts/emucluster.sh
+// emulates, one JSON format for both (profiles/*.json; README "Emulated cluster").
+//
+// Required: name, rank_tflops, intra_gbit, inter_gbit. Optional: description, source, notes
+// (text), ranks_per_node (default 1), intra_latency_us, inter_latency_us (default 0), and the
+// compute classes gemm_tflops, attn_bwd_tflops (default: rank_tflops), elementwise_gbs (default 0:
+// not timed), kernel_us (default 0; a fixed cost per kernel call: the size-dependent efficiency
+// t = kernel_us + flops / rate). `diffcp sim calibrate` writes every field, measured here.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace diffcp {
+
+struct Profile {
+  std::string name, description, source, notes;
+  int ranks_per_node = 1;
+  double rank_tflops = 0;       // attention forward per rank, FLOPs as FlashAttention counts them
+  double gemm_tflops = 0;       // dense GEMMs (projections, MLP, LM head)
+  double attn_bwd_tflops = 0;   // attention backward (10 d_h FLOPs per visible pair per head)
+  double elementwise_gbs = 0;   // memory-bound ops (norms, activations, optimizer): bytes / s
+  double kernel_us = 0;         // fixed cost per kernel call
+  double intra_gbit = 0;        // per rank and direction, between ranks of one node
+  double inter_gbit = 0;        // per node uplink and direction, shared by its ranks
+  double intra_latency_us = 0, inter_latency_us = 0;
+
+  // Throws diffcp::Error naming the source and the field: unknown fields, missing required ones,
+  // non-positive rates, negative latencies.
+  static Profile from_json(const nlohmann::json& j, const std::string& source);
+  nlohmann::json to_json() const;
+};
+
+// NAME (profiles/NAME.json: $DIFFCP_PROFILES or the source tree's profiles/) or a file path.
+Profile load_profile(const std::string& name_or_file);
+
+}  // namespace diffcp
