@@ -49,19 +49,16 @@ double median_ms(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
-// {kernel_us, gemm_tflops}: y[M, N] = x[M, K] W[K, N] at a small and a large M, fitted to
-// t = c + 2 M K N / rate.
+// {kernel_us, gemm_tflops}: the fixed cost of a tiny call (4 x 32 x 32) and the rate of a large
+// one (2048 x 1024 x 1024) of the layers' GEMM (ops/linear.hpp).
 std::pair<double, double> measure_gemm(int reps) {
-  const std::int64_t K = 1024, N = 1024, small = 16, large = 2048;
-  const auto x = random_normal(static_cast<std::size_t>(large * K), 1);
+  const std::int64_t K = 1024, N = 1024, M = 2048;
+  const auto x = random_normal(static_cast<std::size_t>(M * K), 1);
   const auto w = random_normal(static_cast<std::size_t>(K * N), 2);
-  std::vector<float> y(static_cast<std::size_t>(large * N));
-  const double ts = median_ms(reps * 4, [&] { linear_forward(x.data(), small, K, w.data(), N, y.data()); });
-  const double tl = median_ms(reps, [&] { linear_forward(x.data(), large, K, w.data(), N, y.data()); });
-  const double fs = 2.0 * small * K * N, fl = 2.0 * large * K * N;
-  const double per_flop_ms = std::max((tl - ts) / (fl - fs), 1e-15);
-  const double c_ms = std::max(0.0, ts - fs * per_flop_ms);
-  return {c_ms * 1e3, 1.0 / per_flop_ms / 1e9};
+  std::vector<float> y(static_cast<std::size_t>(M * N));
+  const double tiny = median_ms(reps * 20, [&] { linear_forward(x.data(), 4, 32, w.data(), 32, y.data()); });
+  const double tl = median_ms(reps, [&] { linear_forward(x.data(), M, K, w.data(), N, y.data()); });
+  return {tiny * 1e3, 2.0 * M * K * N / std::max(tl - tiny, 1e-6) / 1e9};
 }
 
 // {fwd, bwd} TFLOP/s of the attention kernels on a DFlash mask (FLOPs as FlashAttention counts).
@@ -86,6 +83,7 @@ std::pair<double, double> measure_attention(int reps) {
                        head_rows(dout, Q, n_q, d_h), lse, delta, head_rows(dq, Q, n_q, d_h), head_rows(dk, Lk, n_kv, d_h),
                        head_rows(dv, Lk, n_kv, d_h));
   });
+  // FLOPs per ms / 1e9 = TFLOP/s
   return {attention_forward_flops(mask, n_q, d_h) / tf / 1e9, attention_backward_flops(mask, n_q, d_h) / tb / 1e9};
 }
 
@@ -178,9 +176,9 @@ int run_sim_calibrate(Communicator& world) {
   const nlohmann::ordered_json j{{"name", o.name.empty() ? "calibrated-" + std::string(host) : o.name},
                                  {"description", "this machine, as diffcp sim calibrate measured it"},
                                  {"ranks_per_node", per_node},
-                                 {"rank_tflops", compute[2] / 1e3},
-                                 {"gemm_tflops", compute[1] / 1e3},
-                                 {"attn_bwd_tflops", compute[3] / 1e3},
+                                 {"rank_tflops", compute[2]},
+                                 {"gemm_tflops", compute[1]},
+                                 {"attn_bwd_tflops", compute[3]},
                                  {"elementwise_gbs", compute[4]},
                                  {"kernel_us", compute[0]},
                                  {"intra_gbit", intra.second},

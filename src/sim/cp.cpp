@@ -97,8 +97,8 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
     r.plan_ms = L.plan_ms;
     const double Cp = vmax(L.context_rows);
     // Projections of the busiest rank (forward; the backward is 2x: dX and dW).
-    const double g_q = m.gemm_ms(2 * Qp * H * qw), g_kv = m.gemm_ms(2 * (Cp + Qp) * H * 2 * kvw);
-    double g_o = m.gemm_ms(2 * Qp * qw * H);
+    const double g_q = m.gemm_ms(Qp, H, qw), g_kv = 2 * m.gemm_ms(Cp + Qp, H, kvw);
+    double g_o = m.gemm_ms(Qp, qw, H);
     // Each rank's attention work (pairs per head) in the whole layer, for the imbalance.
     std::vector<double> rank_pairs(static_cast<std::size_t>(P), 0.0);
     double attn_f = 0, attn_b = 0, fwd_exposed = 0, bwd_exposed = 0, comm = 0;
@@ -111,7 +111,7 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
         owned = choose_oproj(cfg, Q, P, m.profile.gemm_tflops * 1e3 * m.share,
                             m.multi_node() ? m.profile.inter_gbit / m.R : m.profile.intra_gbit) == OProj::owned;
       r.oproj = owned ? "owned" : "all";
-      if (!owned) g_o = m.gemm_ms(2 * static_cast<double>(Q) * qw * H);
+      if (!owned) g_o = m.gemm_ms(static_cast<double>(Q), qw, H);
       const double w = owned ? qw : H;
       const bool hier = m.multi_node() && opt.collectives != "flat";
       const auto coll = [&](double bytes) { return hier ? m.hierarchical_ms(bytes) : m.uniform_ms(bytes); };

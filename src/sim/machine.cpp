@@ -22,6 +22,12 @@ void SimMachine::validate() const {
 double SimMachine::gemm_ms(double flops, int calls) const {
   return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.gemm_tflops) * share);
 }
+double SimMachine::gemm_ms(double M, double K, double N) const {
+  const double compute = 2 * M * K * N / (flops_per_ms(profile.gemm_tflops) * share);
+  const double memory = profile.elementwise_gbs > 0 ? 4 * (M * K + K * N + M * N) / (profile.elementwise_gbs * 1e6 * share) : 0;
+  return profile.kernel_us * 1e-3 + std::max(compute, memory);
+}
+
 double SimMachine::attn_fwd_ms(double flops, int calls) const {
   return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.rank_tflops) * share);
 }

@@ -1,8 +1,10 @@
 // The machine `diffcp sim` predicts on: a profile's rates and P ranks placed R to a node in rank
 // order (ranks p with equal p / R share a node, as mpirun --map-by core fills nodes).
 //
-// Compute, per kernel call: t = kernel_us + flops / rate (rate per op class; the fixed term is
-// the size-dependent efficiency: small calls run below the rate). `share` scales every compute
+// Compute, per kernel call: t = kernel_us + flops / rate (rate per op class). A GEMM given by its
+// shape is a roofline: t = kernel_us + max(2 M K N / gemm rate, 4 (M K + K N + M N) / memory
+// rate) with the elementwise rate as the memory rate: the size-dependent efficiency (a GEMM
+// with few rows streams its weights and runs far below the peak). `share` scales every compute
 // rate (0.5: two ranks on one core, the oversubscribed validation runs here).
 //
 // Communication, alpha-beta per link level. A uniform collective (all-gather, reduce-scatter,
@@ -30,6 +32,7 @@ struct SimMachine {
   bool multi_node() const { return P > R; }
 
   double gemm_ms(double flops, int calls = 1) const;
+  double gemm_ms(double M, double K, double N) const;  // y[M, N] = x[M, K] W[K, N], f32
   double attn_fwd_ms(double flops, int calls = 1) const;
   double attn_bwd_ms(double flops, int calls = 1) const;
   double elementwise_ms(double bytes) const;  // 0 when the profile has no elementwise rate

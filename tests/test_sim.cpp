@@ -1,0 +1,145 @@
+// `diffcp sim cp` (issue #12), single process: the profile format, the machine's link model, the
+// work matrix against the planner's own loads, and the predictions' structure (bytes from the
+// closed forms, Split-KV's bytes flat in S, unsupported methods named, P = 1 has no communication).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "balance/balancer.hpp"
+#include "core/error.hpp"
+#include "cp/bytes.hpp"
+#include "sim/cp.hpp"
+#include "sim/machine.hpp"
+#include "sim/profile.hpp"
+
+namespace diffcp {
+namespace {
+
+template <typename F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+nlohmann::json h100_json() {
+  return {{"name", "t"}, {"ranks_per_node", 8}, {"rank_tflops", 400}, {"intra_gbit", 2400}, {"inter_gbit", 400},
+          {"intra_latency_us", 3}, {"inter_latency_us", 5}};
+}
+
+SimMachine machine(int P, int R, double inter_gbit = 400) {
+  nlohmann::json j = h100_json();
+  j["inter_gbit"] = inter_gbit;
+  SimMachine m;
+  m.profile = Profile::from_json(j, "test");
+  m.P = P;
+  m.R = R;
+  return m;
+}
+
+TEST(SimProfile, FormatAndErrors) {
+  const Profile p = Profile::from_json(h100_json(), "t");
+  EXPECT_EQ(p.gemm_tflops, 400);  // defaults to rank_tflops
+  EXPECT_EQ(p.attn_bwd_tflops, 400);
+  EXPECT_EQ(p.ranks_per_node, 8);
+  EXPECT_EQ(Profile::from_json(p.to_json(), "round trip").to_json(), p.to_json());
+  const auto err = [](auto edit) {
+    nlohmann::json j = h100_json();
+    edit(j);
+    return error_of([&] { Profile::from_json(j, "p.json"); });
+  };
+  EXPECT_NE(err([](nlohmann::json& j) { j["bogus"] = 1; }).find("profile 'p.json': unknown field 'bogus'"), std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j.erase("inter_gbit"); }).find("field 'inter_gbit' is missing"), std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["rank_tflops"] = -1; }).find("'rank_tflops' = -1, expected a positive number"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["inter_latency_us"] = "fast"; }).find("'inter_latency_us' = \"fast\""),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["ranks_per_node"] = 0; }).find("'ranks_per_node' = 0"), std::string::npos);
+  // The shipped profiles load (the emulated cluster's files: one format).
+  for (const char* name : {"h100-ib", "aurora"}) EXPECT_NO_THROW(load_profile(name)) << name;
+  EXPECT_NE(error_of([] { load_profile("nope"); }).find("profile 'nope': no such file"), std::string::npos);
+}
+
+TEST(SimMachine, LinkLevelsAndSharedUplinks) {
+  // One node: everything intra; across nodes the shared uplink dominates and grows with R.
+  const SimMachine one = machine(8, 8), two = machine(16, 8), thin = machine(16, 8, 100);
+  EXPECT_EQ(one.inter_fraction(), 0.0);
+  EXPECT_NEAR(two.inter_fraction(), 8.0 / 15.0, 1e-12);
+  const double bytes = 64e6;
+  EXPECT_LT(one.uniform_ms(bytes), two.uniform_ms(bytes));
+  EXPECT_LT(two.uniform_ms(bytes), thin.uniform_ms(bytes));
+  // 8 ranks x 8/15 x 64 MB through a 400 Gbit/s (50 GB/s) uplink: ~5.5 ms.
+  EXPECT_NEAR(two.uniform_ms(bytes), 15 * 5e-3 + 8 * bytes * 8.0 / 15 / 50e6, 1e-9);
+  // The hierarchical form sends each node's data across once: less time on the uplink.
+  EXPECT_LT(two.hierarchical_ms(bytes), two.uniform_ms(bytes));
+  EXPECT_EQ(machine(1, 8).uniform_ms(bytes), 0.0);
+  SimMachine bad = one;
+  bad.share = 0;
+  EXPECT_NE(error_of([&] { bad.validate(); }).find("--rank-share = 0"), std::string::npos);
+}
+
+// The work matrix is the planner's cost model seen per (query owner, context owner): its column
+// sums plus the own blocks are exactly the planner's W_p, for every balancer and P.
+TEST(SimCp, WorkMatrixEqualsThePlannersLoads) {
+  const PackedBatch batch = make_random_batch(4, 2048, 32, 16, 0.25, 3);
+  const CostModel cost(batch);
+  for (const char* name : {"none", "zigzag", "lpt"})
+    for (const int P : {1, 3, 8}) {
+      SCOPED_TRACE(std::string(name) + " P " + std::to_string(P));
+      const Plan plan = make_balancer(name)->plan(batch, cost, P, 4);
+      const PlanLoad load = plan_load(batch, cost, plan);
+      const WorkMatrix w = work_matrix(batch, plan);
+      for (int p = 0; p < P; ++p) {
+        double col = w.D[static_cast<std::size_t>(p)];
+        for (int q = 0; q < P; ++q) col += w.at(q, p);
+        EXPECT_EQ(col, static_cast<double>(load.rank_work[static_cast<std::size_t>(p)])) << "rank " << p;
+      }
+    }
+}
+
+TEST(SimCp, PredictionsUseTheClosedFormsAndTheRealPlanner) {
+  const AttnLayerConfig cfg{1024, 8, 2, 128, 1e6, 1e-6};
+  const SimCpOptions opt{{"splitkv", "ulysses", "ring", "ringx", "lvxattn"}, "lpt", 16, "all", "flat", 4};
+  const auto run = [&](std::int64_t context, int P, int R) {
+    return simulate_cp(machine(P, R), make_random_batch(P, context, 16, 16, 0.25, 1), cfg, opt);
+  };
+  const std::vector<SimCpResult> a = run(4096, 16, 8), b = run(16384, 16, 8);
+  const PackedBatch batch = make_random_batch(16, 4096, 16, 16, 0.25, 1);
+  const std::int64_t Q = batch.query_rows(), S = batch.context_rows();
+  EXPECT_EQ(a[0].bytes_per_layer, splitkv_bytes_per_layer(cfg, Q, 16, false, 0));
+  EXPECT_EQ(a[2].bytes_per_layer, ring_bytes_per_layer(cfg, S + Q, 16));
+  EXPECT_EQ(a[3].bytes_per_layer, ringx_bytes_per_layer(cfg, Q, S + Q, 16));
+  EXPECT_EQ(a[4].bytes_per_layer, lvxattn_bytes_per_layer(cfg, Q, 16));
+  // Split-KV and LV-XAttn move Q-sized tensors: bytes flat in S; Ring's grow with it.
+  EXPECT_EQ(a[0].bytes_per_layer, b[0].bytes_per_layer);
+  EXPECT_EQ(a[4].bytes_per_layer, b[4].bytes_per_layer);
+  EXPECT_GT(b[2].bytes_per_layer, 3 * a[2].bytes_per_layer);
+  // Ulysses cannot shard 2 kv heads over 16 ranks: a reason, no numbers.
+  EXPECT_FALSE(a[1].supported());
+  EXPECT_NE(a[1].reason.find("n_kv"), std::string::npos);
+  for (const SimCpResult& r : a) {
+    if (!r.supported()) continue;
+    SCOPED_TRACE(r.method);
+    EXPECT_NEAR(r.step_ms, r.fwd_ms + r.bwd_ms, 1e-9);
+    EXPECT_NEAR(r.compute_ms + r.exposed_comm_ms, r.step_ms, 1e-9);
+    EXPECT_GE(r.comm_ms, r.exposed_comm_ms - 1e-12);
+    EXPECT_GT(r.inter_node_bytes_per_layer, 0);
+    EXPECT_LT(r.inter_node_bytes_per_layer, r.bytes_per_layer);
+    EXPECT_GT(r.peak_bytes, 0);
+  }
+  // LPT balances the attention work better than the contiguous layout the ring-likes run with.
+  EXPECT_LT(a[0].imbalance_pct, a[4].imbalance_pct);
+  // One rank: nothing to communicate.
+  for (const SimCpResult& r : run(4096, 1, 8)) {
+    EXPECT_EQ(r.bytes_per_layer, 0) << r.method;
+    EXPECT_EQ(r.exposed_comm_ms, 0) << r.method;
+  }
+}
+
+}  // namespace
+}  // namespace diffcp
