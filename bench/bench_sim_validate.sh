@@ -15,6 +15,7 @@ source scripts/env.sh
 bin=${DIFFCP_BIN:-build/release/src/diffcp}
 emu=scripts/emucluster.sh
 REPS=${REPS:-3}
+DIT_STEPS=${DIT_STEPS:-8}
 RATES=${RATES:-"1 4 16"}
 work=(--samples 2 --context 4k --queries 256 --hidden 1024 --n-q 16 --n-kv 4 --d-h 64)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
@@ -46,7 +47,7 @@ PY
 point() {
   local name=$1 P=$2 R=$3 share=$4; shift 4
   echo "== $name" >&2
-  "$@" "$bin" sim calibrate --out "$tmp/$name.json" >/dev/null
+  "$@" "$bin" sim calibrate --n-q 16 --n-kv 4 --d-h 64 --out "$tmp/$name.json" >/dev/null
   "$@" "$bin" bench cp --methods all "${work[@]}" --reps "$REPS" --json >"$tmp/$name.meas.json"
   "$bin" sim cp --profile "$tmp/$name.json" --P "$P" --ranks-per-node "$R" --rank-share "$share" "${work[@]}" --json \
     >"$tmp/$name.pred.json"
@@ -62,6 +63,23 @@ for g in $RATES; do
 done
 cluster=$("$emu" up --nodes 2 --ranks-per-node 2 --inter-gbit 4 --intra-gbit 16 2>/dev/null | tail -n1)
 point 2x2_4g 4 2 0.5 "$emu" run --name "$cluster" --
+# The four DiT modes on the same cluster (TAPA's group L = 2 = an emulated node), predicted from the
+# profile calibrated on it.
+dit=(--preset default --resolution 256 --text-tokens 64 --steps "$DIT_STEPS" --warmup 2 --sync-every 4)
+for mode in flat tapa vfirst cocodiff; do
+  echo "== dit $mode" >&2
+  "$emu" run --name "$cluster" -- "$bin" dit "${dit[@]}" --mode "$mode" --group-size 0 --json --out "" >"$tmp/dit.meas"
+  "$bin" sim dit --profile "$tmp/2x2_4g.json" --P 4 --ranks-per-node 2 --rank-share 0.5 "${dit[@]}" --mode "$mode" --json \
+    >"$tmp/dit.pred"
+  python3 - "$mode" "$tmp/dit.meas" "$tmp/dit.pred" >>"$out" <<'PY'
+import json, sys
+mode, m, p = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))[0]
+meas_bytes = m["bytes_intra_group"] + m["bytes_inter_group"]
+pred_bytes = p["bytes_intra_group"] + p["bytes_inter_group"]
+err = 100 * (p["step_ms"] / m["step_ms"] - 1)
+print(f'dit_2x2_4g,{mode},4,2,1,,,{m["step_ms"]:.3f},,,{p["step_ms"]:.3f},{err:.1f},{meas_bytes:.0f},{pred_bytes:.0f}')
+PY
+done
 "$emu" down --name "$cluster" >/dev/null; cluster=""
 
 python3 - "$out" <<'PY'

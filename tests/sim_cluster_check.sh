@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 shape=(--samples 2 --context 4k --queries 256 --hidden 1024 --n-q 16 --n-kv 4 --d-h 64)
 topo=(--nodes 2 --ranks-per-node 1 --inter-gbit 2 --intra-gbit 16)
-"$emu" run "${topo[@]}" -- "$bin" sim calibrate --out "$work/profile.json" >/dev/null
+"$emu" run "${topo[@]}" -- "$bin" sim calibrate --n-q 16 --n-kv 4 --d-h 64 --out "$work/profile.json" >/dev/null
 "$emu" run "${topo[@]}" -- "$bin" bench cp --methods splitkv,ring,lvxattn "${shape[@]}" --reps 3 --json >"$work/meas.json"
 "$bin" sim cp --profile "$work/profile.json" --P 2 --ranks-per-node 1 --methods splitkv,ring,lvxattn "${shape[@]}" --json \
   >"$work/pred.json"

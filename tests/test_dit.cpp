@@ -226,7 +226,7 @@ TEST(DitModel, FlatEqualsSingleProcess) {
   }
 }
 
-// A FLUX.1-dev-style checkpoint (guidance_in, no qkv bias) written in bf16, loaded with its shape
+// A FLUX.1-dev-style checkpoint (guidance_in, no qkv bias) written in bf16 and f32, loaded with its shape
 // read off the tensors, sampled on a rectangular 192x96 image (12 x 6 tokens) with FLUX's shifted
 // schedule: every mode at P equals the single-process run (fp32 tolerance, as above), the guidance
 // scale reaches the output, and the file's shape is inferred exactly.
@@ -234,11 +234,13 @@ TEST(DitModel, FluxCheckpointRectangularGuidedEqualsSingleProcess) {
   DitConfig cfg = test_config();
   cfg.guidance_embed = true;
   cfg.qkv_bias = false;
-  const std::string path = temp_path("flux_dev_like");
+  for (const char* dtype : {"BF16", "F32"}) {
+  SCOPED_TRACE(dtype);
+  const std::string path = temp_path(std::string("flux_dev_like_") + dtype);
   {
     DitWeights w(cfg);
     w.init_random(11);
-    w.save(path, "BF16");
+    w.save(path, dtype);
   }
   const SafeTensorsSet ck(path);
   const DitConfig inferred = infer_dit_config(ck);
@@ -274,6 +276,7 @@ TEST(DitModel, FluxCheckpointRectangularGuidedEqualsSingleProcess) {
     const std::vector<float> out = run(world(), *ex, opt);
     const CompareResult c = compare<float>(out, ref, scaled_to(kTolF32, ref));
     EXPECT_TRUE(c.pass()) << "max_abs " << c.max_abs << " max_rel " << c.max_rel << " worst ratio " << c.worst_ratio;
+  }
   }
 }
 

@@ -146,8 +146,8 @@ TEST(FluxCheckpoint, ShardedSetWithIndex) {
     write_json(dir / "bad.json", j);
     return error_of([&] { SafeTensorsSet s(dir / "bad.json"); });
   };
-  // A tensor mapped to the wrong shard; a shard tensor the map does not list; a missing shard; a
-  // path outside the folder; no weight_map.
+  // A tensor mapped to the wrong shard; a shard tensor the map does not list; a missing shard;
+  // paths outside the folder; no weight_map.
   const std::string other = index["weight_map"]["img_in.weight"] == "part-0.safetensors" ? "part-1.safetensors" : "part-0.safetensors";
   EXPECT_NE(bad_index([&](nlohmann::json& j) { j["weight_map"]["img_in.weight"] = other; })
                 .find("tensor 'img_in.weight' is mapped to '" + other + "', which does not hold it"),
@@ -157,9 +157,11 @@ TEST(FluxCheckpoint, ShardedSetWithIndex) {
             std::string::npos);
   EXPECT_NE(bad_index([](nlohmann::json& j) { j["weight_map"]["img_in.bias"] = "part-9.safetensors"; }).find("cannot open"),
             std::string::npos);
-  EXPECT_NE(bad_index([](nlohmann::json& j) { j["weight_map"]["img_in.bias"] = "/etc/passwd"; })
-                .find("expected a file name relative to the index"),
-            std::string::npos);
+  for (const char* outside : {"/etc/passwd", "../part-0.safetensors", "sub/../../x.safetensors"})
+    EXPECT_NE(bad_index([&](nlohmann::json& j) { j["weight_map"]["img_in.bias"] = outside; })
+                  .find("expected a file name relative to the index's folder (no '..')"),
+              std::string::npos)
+        << outside;
   EXPECT_NE(bad_index([](nlohmann::json& j) { j.erase("weight_map"); }).find("\"weight_map\""), std::string::npos);
   {
     std::ofstream f(dir / "bad.json");
@@ -190,11 +192,14 @@ TEST(FluxCheckpoint, ShapeInferenceAndItsErrors) {
   EXPECT_EQ(infer_dit_config(set, 4).heads, 4);
   EXPECT_NE(error_of([&] { infer_dit_config(set, 3); }).find("--heads 3 disagrees with the checkpoint: hidden 32 / head dim 8"),
             std::string::npos);
-  // diffusers' names: nothing to read the shape from, and the message says why.
+  // diffusers' and ComfyUI's names: nothing to read the shape from, and the message says why.
   std::vector<float> x(4, 0.f);
   write_safetensors(dir / "diffusers.safetensors", {{"x_embedder.weight", "F32", {2, 2}, x.data()}});
-  EXPECT_NE(error_of([&] { infer_dit_config(SafeTensorsSet(dir / "diffusers.safetensors")); })
-                .find("cannot infer the model shape without tensor 'img_in.weight'"),
+  const std::string diffusers = error_of([&] { infer_dit_config(SafeTensorsSet(dir / "diffusers.safetensors")); });
+  EXPECT_NE(diffusers.find("cannot infer the model shape without tensor 'img_in.weight'"), std::string::npos);
+  EXPECT_NE(diffusers.find("diffusers' names, e.g. 'x_embedder.weight'"), std::string::npos) << diffusers;
+  write_safetensors(dir / "comfy.safetensors", {{"model.diffusion_model.img_in.weight", "F32", {2, 2}, x.data()}});
+  EXPECT_NE(error_of([&] { check_dit_checkpoint(cfg, SafeTensorsSet(dir / "comfy.safetensors")); }).find("ComfyUI's layout"),
             std::string::npos);
   // A guidance-distilled file read with a config that says otherwise: the extra tensors are named.
   DitConfig no_guidance = cfg;

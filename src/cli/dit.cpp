@@ -34,7 +34,7 @@ struct DitOptions {
   std::string prompt = "a lighthouse on a rocky coast at dusk";
   int group_size = 0;
   std::string weights, preset = "default", config;
-  std::string text_embeddings, pooled, noise, schedule = "linear", dump_velocity;
+  std::string text_embeddings, pooled, noise, schedule = "auto", dump_velocity;
   double guidance = 3.5;
   bool dry_run = false;
   std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;  // 0/-1: preset's
@@ -52,6 +52,10 @@ CLI::Option* g_ulysses_opt = nullptr;
 CLI::Option* g_ring_opt = nullptr;
 CLI::Option* g_heads_opt = nullptr;
 CLI::Option* g_batch_opt = nullptr;
+CLI::Option* g_width_opt = nullptr;
+CLI::Option* g_height_opt = nullptr;
+CLI::Option* g_seed_opt = nullptr;
+CLI::Option* g_prompt_opt = nullptr;
 CLI::Option* g_text_tokens_opt = nullptr;
 CLI::Option* g_guidance_opt = nullptr;
 std::vector<CLI::Option*> g_shape_opts;  // --preset, --head-dim, --double-blocks, --single-blocks, --mlp-hidden
@@ -111,7 +115,10 @@ std::vector<float> read_input(const std::string& path, const char* flag, std::ve
   for (const auto& w : want) {
     bool ok = w.size() == shape.size();
     for (std::size_t i = 0; ok && i < w.size(); ++i) ok = w[i] < 0 || w[i] == shape[i];
-    if (ok) return v;
+    if (!ok) continue;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      DIFFCP_CHECK(std::isfinite(v[i]), flag, " '", path, "': value ", i, " is ", v[i], " (NaN or infinite, or beyond float32)");
+    return v;
   }
   DIFFCP_FAIL(flag, " '", path, "': shape ", shape_str(shape), ", expected ", legend);
 }
@@ -148,7 +155,12 @@ struct DitInputs {
 
 DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
   DitInputs in;
-  in.shape = {o.batch, o.width > 0 ? o.width : o.resolution, o.height > 0 ? o.height : o.resolution, o.text_tokens};
+  const bool w_given = g_width_opt->count() > 0, h_given = g_height_opt->count() > 0;
+  in.shape = {o.batch, w_given ? o.width : o.resolution, h_given ? o.height : o.resolution, o.text_tokens};
+  DIFFCP_CHECK(o.text_embeddings.empty() || g_prompt_opt->count() == 0, "--prompt is hashed into stand-in text "
+               "conditioning; with --text-embeddings / --pooled it would be ignored: give one or the other");
+  DIFFCP_CHECK(o.noise.empty() || g_seed_opt->count() == 0, "--seed draws the initial noise; with --noise it would be "
+               "ignored: give one or the other");
   DIFFCP_CHECK(o.text_embeddings.empty() == o.pooled.empty(), "--text-embeddings and --pooled come together (your T5's "
                "tokens and your CLIP's pooled vector); give both or neither");
   if (!o.text_embeddings.empty()) {
@@ -183,7 +195,7 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
 // Rank 0 writes DIR/timesteps.json now and DIR/velocity_<k>.npy at every step (the velocity
 // gathered from all ranks); the callback is collective.
 std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator& world, const DitOptions& o,
-                                                                     const DitConfig& cfg, const DitShape& shape,
+                                                                     const std::string& schedule, const DitConfig& cfg, const DitShape& shape,
                                                                      const DitShard& shard, const SampleOptions& opt) {
   if (o.dump_velocity.empty()) return {};
   if (world.rank() == 0) {
@@ -191,7 +203,7 @@ std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator
     std::filesystem::create_directories(o.dump_velocity, ec);
     DIFFCP_CHECK(!ec && std::filesystem::is_directory(o.dump_velocity), "--dump-velocity '", o.dump_velocity,
                  "': cannot create the directory (", ec.message(), ")");
-    const nlohmann::ordered_json j{{"schedule", o.schedule}, {"timesteps", opt.timesteps}, {"guidance", opt.guidance},
+    const nlohmann::ordered_json j{{"schedule", schedule}, {"timesteps", opt.timesteps}, {"guidance", opt.guidance},
                                    {"guidance_embed", cfg.guidance_embed}, {"image_tokens", shape.image_tokens()},
                                    {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
                                    {"in_channels", cfg.in_channels()}, {"mode", o.mode}, {"P", world.size()}};
@@ -219,19 +231,19 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--sync-every", o.sync_every, "cocodiff: a full exchange every this many steps (0: never)")->capture_default_str();
   c->add_option("--steps", o.steps, "denoising steps T")->capture_default_str();
   c->add_option("--resolution", o.resolution, "image side in pixels, a multiple of 16 ((R/16)^2 image tokens); --width / --height override it")->capture_default_str();
-  c->add_option("--width", o.width, "image width in pixels, a multiple of 16 (default: --resolution)");
-  c->add_option("--height", o.height, "image height in pixels, a multiple of 16 (default: --resolution)");
+  g_width_opt = c->add_option("--width", o.width, "image width in pixels, a multiple of 16 (default: --resolution)");
+  g_height_opt = c->add_option("--height", o.height, "image height in pixels, a multiple of 16 (default: --resolution)");
   g_batch_opt = c->add_option("--batch", o.batch, "images generated together (same prompt, different noise; default: --noise's b)")->capture_default_str();
   g_text_tokens_opt = c->add_option("--text-tokens", o.text_tokens, "text tokens T (default: --text-embeddings' T)")->capture_default_str();
   c->add_option("--text-embeddings", o.text_embeddings, "text tokens from your T5: .npy [T, context_in_dim] or [1, T, context_in_dim] (with --pooled; default: the hashed --prompt)");
   c->add_option("--pooled", o.pooled, "pooled vector from your CLIP: .npy [vec_in_dim] or [1, vec_in_dim] (with --text-embeddings)");
   c->add_option("--noise", o.noise, "initial noise, FLUX's packed 2x2 patches: .npy [b, N_img, in_channels] (default: seeded N(0, 1), --seed)");
   g_guidance_opt = c->add_option("--guidance", o.guidance, "guidance scale for guidance-distilled models (guidance_in, FLUX.1-dev)")->capture_default_str();
-  c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev)")->capture_default_str();
+  c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (flux for guidance-distilled models, else linear)")->capture_default_str();
   c->add_option("--dump-velocity", o.dump_velocity, "write DIR/velocity_<k>.npy [b, N_img, in_channels] per step and DIR/timesteps.json");
   c->add_flag("--dry-run", o.dry_run, "check every input, print the model shape and memory per rank; do not load the weights or sample");
-  c->add_option("--seed", o.seed, "seed of the initial noise")->capture_default_str();
-  c->add_option("--prompt", o.prompt, "prompt; hashed (FNV-1a) into the text conditioning")->capture_default_str();
+  g_seed_opt = c->add_option("--seed", o.seed, "seed of the initial noise (not with --noise)")->capture_default_str();
+  g_prompt_opt = c->add_option("--prompt", o.prompt, "prompt; hashed (FNV-1a) into the text conditioning (not with --text-embeddings)")->capture_default_str();
   c->add_option("--group-size", o.group_size, "ranks per group L sharing the fast link (0: the ranks of a node)")->capture_default_str();
   g_ulysses_opt = c->add_option("--ulysses-degree", o.ulysses_degree,
                                 "USP: Ulysses over U consecutive ranks (must divide the heads); default: the largest "
@@ -269,9 +281,12 @@ int run_dit(Communicator& world) {
   const DitConfig cfg = resolve_config(o, ck.get());
   DIFFCP_CHECK(cfg.guidance_embed || !given(g_guidance_opt, o.guidance), "--guidance ", o.guidance,
                ": this model has no guidance_in (not guidance-distilled, e.g. FLUX.1-schnell); drop --guidance");
+  DIFFCP_CHECK(std::isfinite(o.guidance), "--guidance ", o.guidance, ", expected a finite number");
+  // auto: FLUX's shifted schedule for guidance-distilled models (FLUX.1-dev), linear otherwise (schnell).
+  const std::string schedule_name = o.schedule == "auto" ? (cfg.guidance_embed ? "flux" : "linear") : o.schedule;
   const DitInputs in = read_inputs(o, cfg);
   const DitShape& shape = in.shape;
-  SampleOptions opt{flow_schedule(o.steps, parse_time_schedule(o.schedule), shape.image_tokens()), o.guidance, {}};
+  SampleOptions opt{flow_schedule(o.steps, parse_time_schedule(schedule_name), shape.image_tokens()), o.guidance, {}};
   const UspDegrees deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree),
                                              given(g_ring_opt, o.ring_degree));
   const DitShard shard = make_dit_shard(cfg, shape, world.size(), world.rank(), deg.ulysses);  // U | heads, P | tokens
@@ -296,7 +311,7 @@ int run_dit(Communicator& world) {
                                      {"P", world.size()}, {"ulysses_degree", deg.ulysses}, {"ring_degree", deg.ring},
                                      {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
                                      {"image_tokens", shape.image_tokens()}, {"text_tokens", shape.text_tokens},
-                                     {"schedule", o.schedule}, {"timesteps", opt.timesteps}};
+                                     {"schedule", schedule_name}, {"timesteps", opt.timesteps}};
       std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(1).c_str());
     }
     return 0;
@@ -309,7 +324,7 @@ int run_dit(Communicator& world) {
 
   const auto ex = make_attention_exchange(mode, world, o.group_size, schedule, deg.ulysses);
   const std::vector<float> noise = in.noise.empty() ? initial_noise(cfg, shape, o.seed) : in.noise;
-  opt.on_velocity = velocity_dumper(world, o, cfg, shape, shard, opt);
+  opt.on_velocity = velocity_dumper(world, o, schedule_name, cfg, shape, shard, opt);
   const RunResult run = sample(world, w, shape, *ex, in.cond, noise, opt);
 
   const std::int64_t side_h = shape.grid_h() * cfg.patch, side_w = shape.grid_w() * cfg.patch;
@@ -377,13 +392,13 @@ int run_dit(Communicator& world) {
                    {"resolution", shape.width == shape.height ? nlohmann::ordered_json(shape.width) : nlohmann::ordered_json(nullptr)},
                    {"width", shape.width},
                    {"height", shape.height},
-                   {"schedule", o.schedule},
+                   {"schedule", schedule_name},
                    {"guidance", cfg.guidance_embed ? nlohmann::ordered_json(o.guidance) : nlohmann::ordered_json(nullptr)},
                    {"batch", shape.batch},
                    {"image_tokens", shape.image_tokens()},
                    {"text_tokens", shape.text_tokens},
                    {"weights", o.weights.empty() ? "random" : o.weights},
-                   {"parameters", w.layout().total},
+                   {"parameters", layout.parameters},
                    {"config", cfg.to_json()},
                    {"out", o.out}};
 
@@ -415,7 +430,7 @@ int run_dit(Communicator& world) {
   std::printf("diffcp dit: mode %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps (%s schedule)\n",
               exchange_mode_name(mode), world.size(), ex->link_group_size(), static_cast<long long>(shape.width),
               static_cast<long long>(shape.height), static_cast<long long>(shape.image_tokens()),
-              static_cast<long long>(shape.text_tokens), static_cast<long long>(shape.batch), o.steps, o.schedule.c_str());
+              static_cast<long long>(shape.text_tokens), static_cast<long long>(shape.batch), o.steps, schedule_name.c_str());
   if (o.weights.empty())
     std::printf("  weights: RANDOM (seeded init, --weight-seed %llu; no --weights given)\n",
                 static_cast<unsigned long long>(o.weight_seed));

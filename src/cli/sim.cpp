@@ -32,6 +32,8 @@ void add_sim_command(CLI::App& app) {
                                             "calibrate one on this machine (under mpirun)");
   sim->require_subcommand(1);
   add_sim_cp(sim);
+  add_sim_dit(sim);
+  add_sim_train(sim);
   add_sim_calibrate(sim);
 }
 
@@ -43,6 +45,8 @@ bool sim_needs_mpi(const CLI::App& app) {
 int run_sim(const CLI::App& app) {
   const CLI::App* sim = app.get_subcommand("sim");
   if (sim->got_subcommand("cp")) return run_sim_cp();
+  if (sim->got_subcommand("dit")) return run_sim_dit();
+  if (sim->got_subcommand("train")) return run_sim_train();
   DIFFCP_FAIL("diffcp sim: no subcommand");
 }
 

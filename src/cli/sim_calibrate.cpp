@@ -5,7 +5,8 @@
 // elementwise rate. Links, with 2 or more ranks: ping-pong between rank 0 and the first rank on
 // its node (intra) and the first on another node (inter; under scripts/emucluster.sh the
 // emulated links), an 8-byte round trip for the latency and 4 MiB for the bandwidth; one rank or
-// one node: the missing level copies the other (said in the file's notes).
+// one node: the missing level copies the other (said in the file's notes). comm_overlap: how much
+// of a transfer hides under compute on this host (MPI progress and TCP run on the compute cores).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +32,7 @@ namespace {
 struct CalibrateCli {
   std::string out, name;
   int reps = 5;
+  std::int64_t n_q = 8, n_kv = 2, d_h = 128;  // the attention shape the kernel rates are measured at
 };
 CalibrateCli g_cal;
 
@@ -62,8 +64,7 @@ std::pair<double, double> measure_gemm(int reps) {
 }
 
 // {fwd, bwd} TFLOP/s of the attention kernels on a DFlash mask (FLOPs as FlashAttention counts).
-std::pair<double, double> measure_attention(int reps) {
-  const std::int64_t n_q = 8, n_kv = 2, d_h = 128;
+std::pair<double, double> measure_attention(int reps, std::int64_t n_q, std::int64_t n_kv, std::int64_t d_h) {
   const PackedBatch batch = make_random_batch(1, 4096, 64, 16, 0.25, 1);
   const BlockMask mask = full_mask(batch);
   const std::int64_t Q = batch.query_rows(), Lk = mask.key_rows();
@@ -106,11 +107,17 @@ void add_sim_calibrate(CLI::App* sim) {
   c->add_option("--out", o.out, "profile file to write")->required();
   c->add_option("--name", o.name, "profile name (default: calibrated-<host>)");
   c->add_option("--reps", o.reps, "timed repetitions per measurement (median)")->capture_default_str();
+  c->add_option("--n-q", o.n_q, "attention shape the kernel rates are measured at: query heads")->capture_default_str();
+  c->add_option("--n-kv", o.n_kv, "... key/value heads")->capture_default_str();
+  c->add_option("--d-h", o.d_h, "... head dimension (the rate depends on it: calibrate at the shape you predict)")->capture_default_str();
 }
 
 int run_sim_calibrate(Communicator& world) {
   const CalibrateCli& o = g_cal;
   DIFFCP_CHECK(o.reps >= 1 && o.reps <= 1000, "--reps = ", o.reps, ", expected 1..1000");
+  DIFFCP_CHECK(o.n_q >= 1 && o.n_kv >= 1 && o.n_q % o.n_kv == 0 && o.n_q <= 256 && o.d_h >= 2 && o.d_h % 2 == 0 && o.d_h <= 512,
+               "sim calibrate: --n-q ", o.n_q, " --n-kv ", o.n_kv, " --d-h ", o.d_h,
+               ", expected n_kv | n_q <= 256 and an even d_h <= 512");
   const int P = world.size(), me = world.rank();
   // Node of every rank: the smallest world rank of its node.
   auto node = world.split_node_local("calibrate.node");
@@ -153,10 +160,58 @@ int run_sim_calibrate(Communicator& world) {
   if (intra_peer >= 0) intra = link(intra_peer);
   if (inter_peer >= 0) inter = link(inter_peer);
 
+  // comm_overlap: rank 0 computes (GEMMs, ~T_c) while a message of ~T_c on the link arrives from
+  // the peer (inter-node when there is one), posted before the compute and waited for after it;
+  // overlap = (T_c + T_t - T_both) / min(T_c, T_t), clamped to [0, 1].
+  double overlap = 1;
+  const int ov_peer = inter_peer >= 0 ? inter_peer : intra_peer;
+  if (ov_peer >= 0) {
+    const double gbit = inter_peer >= 0 ? inter.second : intra.second;
+    const std::int64_t M = 256, K = 1024, N = 1024;
+    const auto x = random_normal(static_cast<std::size_t>(M * K), 5), w = random_normal(static_cast<std::size_t>(K * N), 6);
+    std::vector<float> y(static_cast<std::size_t>(M * N));
+    const auto compute = [&] {
+      for (int i = 0; i < 20; ++i) linear_forward(x.data(), M, K, w.data(), N, y.data());
+    };
+    std::vector<double> t{0, 0, 0};  // T_c, T_t, T_both (rank 0's)
+    if (me == 0) t[0] = median_ms(o.reps, compute);
+    world.all_reduce(std::span<double>(t), ReduceOp::max);
+    const std::size_t bytes = static_cast<std::size_t>(
+        std::clamp(t[0] * 1e-3 * gbit * 1e9 / 8, 65536.0, static_cast<double>(std::size_t{64} << 20)));
+    std::vector<std::uint8_t> buf(bytes, 1);
+    const auto transfer = [&](bool with_compute) {
+      WorkPtr b = world.barrier_async();
+      while (!b->test()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if (me != 0 && me != ov_peer) return 0.0;
+      const double t0 = now_ms();
+      if (me == ov_peer) {
+        world.send(std::span<const std::uint8_t>(buf), 0);
+      } else {
+        WorkPtr r = world.recv_async(buf.data(), buf.size(), DType::u8, ov_peer);
+        if (with_compute) compute();
+        r->wait();
+      }
+      return now_ms() - t0;
+    };
+    std::vector<double> tt, tb;
+    for (int i = 0; i < o.reps; ++i) tt.push_back(transfer(false));
+    for (int i = 0; i < o.reps; ++i) tb.push_back(transfer(true));
+    std::sort(tt.begin(), tt.end());
+    std::sort(tb.begin(), tb.end());
+    if (me == 0) {
+      t[1] = tt[tt.size() / 2];
+      t[2] = tb[tb.size() / 2];
+    } else {
+      t = {0, 0, 0};
+    }
+    world.all_reduce(std::span<double>(t), ReduceOp::max);
+    overlap = std::clamp((t[0] + t[1] - t[2]) / std::max(std::min(t[0], t[1]), 1e-9), 0.0, 1.0);
+  }
+
   std::vector<double> compute(5, 0.0);
   if (me == 0) {
     const auto [kernel_us, gemm] = measure_gemm(o.reps);
-    const auto [fwd, bwd] = measure_attention(o.reps);
+    const auto [fwd, bwd] = measure_attention(o.reps, o.n_q, o.n_kv, o.d_h);
     compute = {kernel_us, gemm, fwd, bwd, measure_elementwise(o.reps)};
   }
   world.all_reduce(std::span<double>(compute), ReduceOp::max);
@@ -165,7 +220,8 @@ int run_sim_calibrate(Communicator& world) {
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
   std::string notes = "measured by diffcp sim calibrate on " + std::string(host) + " with " + std::to_string(P) +
-                      " ranks; compute on one rank with its threads (OMP_NUM_THREADS)";
+                      " ranks; compute on one rank with its threads (OMP_NUM_THREADS); attention rates at " +
+                      std::to_string(o.n_q) + "/" + std::to_string(o.n_kv) + " heads x " + std::to_string(o.d_h);
   if (intra_peer < 0 && inter_peer < 0) notes += "; no second rank: links not measured (set from defaults)";
   else if (intra_peer < 0) notes += "; one rank per node: intra link = the inter one";
   else if (inter_peer < 0) notes += "; one node: inter link = the intra one";
@@ -185,6 +241,7 @@ int run_sim_calibrate(Communicator& world) {
                                  {"inter_gbit", inter.second},
                                  {"intra_latency_us", intra.first},
                                  {"inter_latency_us", inter.first},
+                                 {"comm_overlap", overlap},
                                  {"notes", notes}};
   Profile::from_json(nlohmann::json(j), o.out);  // what sim reads back
   const std::string tmp = o.out + ".tmp";

@@ -11,6 +11,21 @@
 namespace diffcp {
 
 void DitConfig::validate() const {
+  // Bounds first, so nothing below (nor the layout's offsets) can overflow int64: every size at
+  // most 2^24 and the parameter count under 2^40 (FLUX.1 has 1.2e10 = 2^33.5).
+  for (const std::int64_t v : {heads, head_dim, double_blocks, single_blocks, mlp_hidden, latent_channels, patch, text_dim,
+                               pooled_dim, time_dim})
+    DIFFCP_CHECK(v <= (std::int64_t{1} << 24), "dit: a model size of ", v, " is beyond 2^24 (heads = ", heads,
+                 ", head_dim = ", head_dim, ", blocks = ", double_blocks, " + ", single_blocks, ", mlp_hidden = ", mlp_hidden,
+                 ", channels = ", latent_channels, " x ", patch, "^2, text_dim = ", text_dim, ", pooled_dim = ", pooled_dim, ")");
+  {
+    const double H = static_cast<double>(heads) * static_cast<double>(head_dim), M = static_cast<double>(mlp_hidden);
+    const double params = static_cast<double>(double_blocks) * 2 * (10 * H * H + 2 * H * M) +
+                          static_cast<double>(single_blocks) * (7 * H * H + 2 * H * M) +
+                          H * static_cast<double>(latent_channels * patch * patch + text_dim + pooled_dim + 2 * time_dim + 4 * H);
+    DIFFCP_CHECK(params < std::ldexp(1.0, 40), "dit: the model would have ~", params, " parameters (hidden ", H,
+                 ", mlp ", M, ", ", double_blocks, " + ", single_blocks, " blocks), beyond 2^40");
+  }
   DIFFCP_CHECK(heads >= 1 && head_dim >= 2 && head_dim % 2 == 0, "dit: heads = ", heads, ", head_dim = ", head_dim,
                "; expected heads >= 1 and an even head_dim >= 2 (RoPE rotates pairs)");
   DIFFCP_CHECK(double_blocks >= 0 && single_blocks >= 0 && double_blocks + single_blocks >= 1,
@@ -160,8 +175,11 @@ DitConfig dit_preset(const std::string& name) {
 
 void DitShape::validate() const {
   DIFFCP_CHECK(batch >= 1, "dit: batch = ", batch, ", expected >= 1");
-  DIFFCP_CHECK(width >= 16 && width % 16 == 0 && height >= 16 && height % 16 == 0, "dit: image ", width, "x", height,
-               " pixels, expected positive multiples of 16 (8x VAE downsampling, then 2x2 patches)");
+  DIFFCP_CHECK(width >= 16 && width % 16 == 0 && height >= 16 && height % 16 == 0 && width <= 65536 && height <= 65536,
+               "dit: image ", width, "x", height,
+               " pixels, expected positive multiples of 16 (8x VAE downsampling, then 2x2 patches), at most 65536");
+  DIFFCP_CHECK(batch <= 65536 && text_tokens <= (std::int64_t{1} << 20), "dit: batch = ", batch, ", text_tokens = ",
+               text_tokens, "; expected at most 65536 and 2^20");
   DIFFCP_CHECK(text_tokens >= 0, "dit: text_tokens = ", text_tokens, ", expected >= 0");
 }
 

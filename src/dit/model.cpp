@@ -50,33 +50,59 @@ void DitWeights::init_random(std::uint64_t seed) {
 
 namespace {
 
-// One element of a floating-point tensor in the file as f32 (little-endian, as safetensors).
-float element_f32(const std::byte* p, const std::string& dtype, std::int64_t i) {
-  if (dtype == "F32") {
+// A floating-point tensor's bytes in the file (little-endian, as safetensors) as f32: `get(i)`.
+enum class FileDtype { f32, bf16, f16 };
+FileDtype file_dtype(const std::string& d) { return d == "F32" ? FileDtype::f32 : d == "BF16" ? FileDtype::bf16 : FileDtype::f16; }
+
+template <FileDtype D>
+inline float element(const std::byte* p, std::int64_t i) {
+  if constexpr (D == FileDtype::f32) {
     float f;
     std::memcpy(&f, p + 4 * i, 4);
     return f;
+  } else {
+    std::uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    return D == FileDtype::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
   }
-  std::uint16_t h;
-  std::memcpy(&h, p + 2 * i, 2);
-  return dtype == "BF16" ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
-// src (file bytes, [rows, cols] of `dtype`) -> dst [cols, rows] f32, in 64 x 64 tiles.
-void convert_transpose(const std::byte* src, const std::string& dtype, std::int64_t rows, std::int64_t cols, float* dst) {
+// src: file bytes [rows, cols] -> dst, transposed ([cols, rows]) or not; OpenMP over 64-row tiles.
+template <FileDtype D>
+void convert(const std::byte* src, std::int64_t rows, std::int64_t cols, bool transpose, float* dst) {
   constexpr std::int64_t kTile = 64;
+#pragma omp parallel for schedule(static)
   for (std::int64_t r0 = 0; r0 < rows; r0 += kTile)
     for (std::int64_t c0 = 0; c0 < cols; c0 += kTile)
       for (std::int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
-        for (std::int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = element_f32(src, dtype, r * cols + c);
+        for (std::int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
+          dst[transpose ? c * rows + r : r * cols + c] = element<D>(src, r * cols + c);
 }
 
-// Lists at most 20 lines, then how many more.
+void convert(const std::byte* src, FileDtype d, std::int64_t rows, std::int64_t cols, bool transpose, float* dst) {
+  if (d == FileDtype::f32) convert<FileDtype::f32>(src, rows, cols, transpose, dst);
+  else if (d == FileDtype::bf16) convert<FileDtype::bf16>(src, rows, cols, transpose, dst);
+  else convert<FileDtype::f16>(src, rows, cols, transpose, dst);
+}
+
+// Lists at most 50 lines, then how many more.
 void append_problems(std::string& out, const char* what, const std::vector<std::string>& items) {
+  constexpr std::size_t kMax = 50;
   if (items.empty()) return;
   out += "\n  " + std::to_string(items.size()) + " " + what + ":";
-  for (std::size_t i = 0; i < items.size() && i < 20; ++i) out += "\n    " + items[i];
-  if (items.size() > 20) out += "\n    ... and " + std::to_string(items.size() - 20) + " more";
+  for (std::size_t i = 0; i < items.size() && i < kMax; ++i) out += "\n    " + items[i];
+  if (items.size() > kMax) out += "\n    ... and " + std::to_string(items.size() - kMax) + " more";
+}
+
+// Names other tools give FLUX's tensors, so the error says what the file is.
+std::string foreign_format_hint(const SafeTensorsSet& ck) {
+  for (const std::string& n : ck.names()) {
+    if (n.starts_with("model.diffusion_model."))
+      return "\n  (ComfyUI's layout: the tensors carry the prefix 'model.diffusion_model.'; strip it to get BFL's names)";
+    if (n.starts_with("transformer_blocks.") || n.starts_with("x_embedder.") || n.starts_with("single_transformer_blocks."))
+      return "\n  (diffusers' names, e.g. '" + n + "': diffcp reads BFL's flux1-*.safetensors names (dit/config.hpp))";
+  }
+  return "";
 }
 
 }  // namespace
@@ -110,7 +136,8 @@ void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck) {
     DIFFCP_FAIL("weights '", ck.path(), "' do not match the model (", c.dump(), "; names and shapes: dit/config.hpp):", msg,
                 !cfg.guidance_embed && ck.has("guidance_in.in_layer.weight")
                     ? "\n  (a guidance-distilled checkpoint such as FLUX.1-dev: its config needs guidance_embed = true)"
-                    : "");
+                    : "",
+                foreign_format_hint(ck));
   }
 }
 
@@ -118,13 +145,9 @@ void DitWeights::load(const SafeTensorsSet& ck) {
   check_dit_checkpoint(cfg_, ck);
   for (const DitLayout::Tensor& t : layout_.tensors) {
     const SafeTensors& file = ck.file(t.name);
-    const std::string& dtype = file.info(t.name).dtype;
-    const std::byte* src = file.bytes(t.name).data();
-    float* dst = params_.data() + t.offset;
-    if (t.linear_weight)
-      convert_transpose(src, dtype, t.shape[0], t.shape[1], dst);
-    else
-      for (std::int64_t i = 0; i < t.size; ++i) dst[i] = element_f32(src, dtype, i);
+    const FileDtype d = file_dtype(file.info(t.name).dtype);
+    const std::int64_t rows = t.linear_weight ? t.shape[0] : 1, cols = t.linear_weight ? t.shape[1] : t.size;
+    convert(file.bytes(t.name).data(), d, rows, cols, t.linear_weight, params_.data() + t.offset);
     file.release(t.name);
   }
 }
@@ -158,8 +181,7 @@ void DitWeights::save(const std::string& path, const std::string& dtype) const {
 DitConfig infer_dit_config(const SafeTensorsSet& ck, std::optional<std::int64_t> heads) {
   const auto shape_of = [&](const std::string& name, std::size_t rank) {
     DIFFCP_CHECK(ck.has(name), "weights '", ck.path(), "': cannot infer the model shape without tensor '", name,
-                 "' (expected a FLUX checkpoint with BFL's tensor names, as flux1-*.safetensors; diffusers' names such "
-                 "as 'x_embedder.weight' are not read)");
+                 "' (expected a FLUX checkpoint with BFL's tensor names, as flux1-*.safetensors)", foreign_format_hint(ck));
     const std::vector<std::int64_t>& s = ck.info(name).shape;
     DIFFCP_CHECK(s.size() == rank, "weights '", ck.path(), "': tensor '", name, "' has shape ", shape_str(s),
                  ", expected ", rank, " dimensions");

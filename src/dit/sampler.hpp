@@ -61,7 +61,7 @@ struct SampleTimings {
 
 struct SampleOptions {
   std::vector<double> timesteps;  // [T + 1] from flow_schedule
-  double guidance = 3.5;          // read by models with guidance_embed (FLUX.1-dev's default scale)
+  double guidance = 3.5;          // read by models with guidance_embed (diffusers' FluxPipeline default; BFL's CLI: 2.5)
   // Called on every rank after step k's velocity v_p [b, I_p, C_in] (e.g. --dump-velocity); may
   // communicate (every rank calls it at the same point). Not counted in the step time.
   std::function<void(int k, const std::vector<float>& v_p)> on_velocity;

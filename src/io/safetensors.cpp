@@ -238,8 +238,10 @@ SafeTensorsSet::SafeTensorsSet(const std::string& path) : path_(path) {
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
     DIFFCP_CHECK(it.value().is_string(), "safetensors index '", path, "': weight_map['", it.key(), "'] is not a file name");
     const std::string shard = it.value().get<std::string>();
-    DIFFCP_CHECK(!shard.empty() && std::filesystem::path(shard).is_relative(), "safetensors index '", path,
-                 "': weight_map['", it.key(), "'] = '", shard, "', expected a file name relative to the index");
+    bool inside = !shard.empty() && std::filesystem::path(shard).is_relative();
+    for (const auto& part : std::filesystem::path(shard)) inside = inside && part != "..";
+    DIFFCP_CHECK(inside, "safetensors index '", path, "': weight_map['", it.key(), "'] = '", shard,
+                 "', expected a file name relative to the index's folder (no '..')");
     auto [fit, fresh] = file_index.emplace(shard, files_.size());
     if (fresh) files_.push_back(std::make_unique<SafeTensors>((dir / shard).string()));
     DIFFCP_CHECK(files_[fit->second]->has(it.key()), "safetensors index '", path, "': tensor '", it.key(),

@@ -127,10 +127,10 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       const double ag_q = coll(e * frac * Q * qw), rs_o = coll(e * frac * Q * w);
       const double ar = m.allreduce_small_ms(e * 2 * frac * n);
       const double ag_do = coll(e * frac * Q * w), rs_dq = coll(e * frac * Q * qw);
-      fwd_exposed = std::max(0.0, ag_q - g_kv) + rs_o + ar;
-      bwd_exposed = ag_do + ar + std::max(0.0, rs_dq - 2 * g_kv);
-      f = g_q + std::max(ag_q, g_kv) + attn_f + rs_o + ar + g_o;
-      b = ag_do + ar + attn_b + std::max(rs_dq, 2 * g_kv) + 2 * g_q + 2 * g_o;
+      fwd_exposed = m.overlapped(g_kv, ag_q) - g_kv + rs_o + ar;
+      bwd_exposed = ag_do + ar + m.overlapped(2 * g_kv, rs_dq) - 2 * g_kv;
+      f = g_q + m.overlapped(g_kv, ag_q) + attn_f + rs_o + ar + g_o;
+      b = ag_do + ar + attn_b + m.overlapped(2 * g_kv, rs_dq) + 2 * g_q + 2 * g_o;
       comm = ag_q + rs_o + 2 * ar + ag_do + rs_dq;
       r.bytes_per_layer = splitkv_bytes_per_layer(cfg, Q, P, owned, hier ? m.nodes() : 0, opt.elem);
       r.inter_node_bytes_per_layer =
@@ -147,9 +147,9 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       attn_b = m.attn_bwd_ms(total / P * bwd_pair);
       const double frac = (P - 1.0) / (static_cast<double>(P) * P);
       const double a_q = m.uniform_ms(e * frac * Q * qw), a_kv = m.uniform_ms(e * frac * 2 * Lrows * kvw);
-      fwd_exposed = std::max(0.0, a_q - g_kv) + a_kv + a_q;
+      fwd_exposed = m.overlapped(g_kv, a_q) - g_kv + a_kv + a_q;
       bwd_exposed = a_q + a_q + a_kv;
-      f = g_q + std::max(a_q, g_kv) + a_kv + attn_f + a_q + g_o;
+      f = g_q + m.overlapped(g_kv, a_q) + a_kv + attn_f + a_q + g_o;
       b = a_q + attn_b + a_q + a_kv + 2 * (g_q + g_kv + g_o);
       comm = 4 * a_q + 2 * a_kv;
       r.bytes_per_layer = ulysses_bytes_per_layer(cfg, Q, S + Q, P, opt.elem);
@@ -178,10 +178,10 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
         const double Qt = static_cast<double>(Q) / P;
         if (method == "ring") {
           const double hf = last ? 0 : m.hop_ms(step_kv), hb = last ? 0 : 2 * m.hop_ms(step_kv);
-          f += std::max(af, hf);
-          b += std::max(ab, hb);
-          fwd_exposed += std::max(0.0, hf - af);
-          bwd_exposed += std::max(0.0, hb - ab);
+          f += m.overlapped(af, hf);
+          b += m.overlapped(ab, hb);
+          fwd_exposed += m.overlapped(af, hf) - af;
+          bwd_exposed += m.overlapped(ab, hb) - ab;
           comm += hf + hb;
         } else if (method == "ringx") {
           // Broadcasts of q_t (next one posted ahead), lse all-reduce and o reduce at rank t;
@@ -190,19 +190,22 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
           const double bq = m.uniform_ms(e * frac * Qt * qw), lse = m.allreduce_small_ms(e * 2 * frac * Qt * nq);
           const double ro = m.uniform_ms(e * frac * Qt * qw);
           const double bkv = m.uniform_ms(e * frac * 2 * Lrows / P * kvw), rkv = bkv;
-          f += std::max(af, bq) + lse + ro;
-          b += std::max(ab, bkv) + rkv;
-          fwd_exposed += std::max(0.0, bq - af) + lse + ro;
-          bwd_exposed += std::max(0.0, bkv - ab) + rkv;
+          f += m.overlapped(af, bq) + lse + ro;
+          b += m.overlapped(ab, bkv) + rkv;
+          fwd_exposed += m.overlapped(af, bq) - af + lse + ro;
+          bwd_exposed += m.overlapped(ab, bkv) - ab + rkv;
           comm += bq + lse + ro + bkv + rkv;
         } else {  // lvxattn: q (and its backward inputs) hop ahead, the accumulators behind
           const double hq = m.hop_ms(e * Qt * qw), hacc = m.hop_ms(e * Qt * (qw + nq));
           const double hqb = m.hop_ms(e * Qt * (2 * qw + 2 * nq)), hdq = m.hop_ms(e * Qt * qw);
-          const double sf = last ? hacc : std::max({af, hq, hacc}), sb = last ? hdq : std::max({ab, hqb, hdq});
+          // The query state hops ahead (posted before the attention, so it can hide under it);
+          // the accumulator leaves only after the attention and the next rank merges it before
+          // passing it on: a dependent hop on every step.
+          const double sf = last ? hacc : m.overlapped(af, hq) + hacc, sb = last ? hdq : m.overlapped(ab, hqb) + hdq;
           f += last ? af + hacc : sf;
           b += last ? ab + hdq : sb;
-          fwd_exposed += last ? hacc : std::max(0.0, sf - af);
-          bwd_exposed += last ? hdq : std::max(0.0, sb - ab);
+          fwd_exposed += last ? hacc : sf - af;
+          bwd_exposed += last ? hdq : sb - ab;
           comm += (last ? 0 : hq + hqb) + hacc + hdq;
         }
       }

@@ -38,6 +38,8 @@ double SimMachine::elementwise_ms(double bytes) const {
   return profile.elementwise_gbs > 0 ? bytes / (profile.elementwise_gbs * 1e9 / 1e3 * share) : 0.0;
 }
 
+double SimMachine::overlapped(double x, double c) const { return x + c - profile.comm_overlap * std::min(x, c); }
+
 double SimMachine::inter_fraction() const {
   return P <= 1 || !multi_node() ? 0.0 : static_cast<double>(P - R) / static_cast<double>(P - 1);
 }

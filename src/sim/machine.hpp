@@ -44,6 +44,9 @@ struct SimMachine {
   double hierarchical_ms(double bytes_per_rank) const;
   double allreduce_small_ms(double bytes_per_rank) const;
   double hop_ms(double bytes) const;                     // one ring hop, every rank at once
+  // Compute and a transfer launched to overlap it: max(x, c) when comm_overlap = 1, x + c when 0:
+  // x + c - comm_overlap min(x, c).
+  double overlapped(double compute_ms, double comm_ms) const;
   // Of a uniform collective's bytes, the fraction that crosses nodes: (P - R) / (P - 1).
   double inter_fraction() const;
 };

@@ -20,13 +20,14 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& source) {
   DIFFCP_CHECK(j.is_object(), "profile '", source, "': expected a JSON object");
   static const char* const kFields[] = {"name", "description", "source", "notes", "ranks_per_node", "rank_tflops",
                                         "gemm_tflops", "attn_bwd_tflops", "elementwise_gbs", "kernel_us",
-                                        "intra_gbit", "inter_gbit", "intra_latency_us", "inter_latency_us"};
+                                        "intra_gbit", "inter_gbit", "intra_latency_us", "inter_latency_us",
+                                        "comm_overlap"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool known = false;
     for (const char* f : kFields) known = known || it.key() == f;
     DIFFCP_CHECK(known, "profile '", source, "': unknown field '", it.key(),
                  "' (known: name description source notes ranks_per_node rank_tflops gemm_tflops attn_bwd_tflops "
-                 "elementwise_gbs kernel_us intra_gbit inter_gbit intra_latency_us inter_latency_us)");
+                 "elementwise_gbs kernel_us intra_gbit inter_gbit intra_latency_us inter_latency_us comm_overlap)");
   }
   const auto text = [&](const char* f, bool required) {
     if (!j.contains(f)) {
@@ -67,6 +68,9 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& source) {
   p.inter_gbit = number("inter_gbit", true, true, 0);
   p.intra_latency_us = number("intra_latency_us", false, false, 0);
   p.inter_latency_us = number("inter_latency_us", false, false, 0);
+  p.comm_overlap = number("comm_overlap", false, false, 1);
+  DIFFCP_CHECK(p.comm_overlap <= 1, "profile '", source, "': field 'comm_overlap' = ", p.comm_overlap,
+               ", expected a fraction in [0, 1]");
   return p;
 }
 
@@ -84,6 +88,7 @@ nlohmann::json Profile::to_json() const {
   j["inter_gbit"] = inter_gbit;
   j["intra_latency_us"] = intra_latency_us;
   j["inter_latency_us"] = inter_latency_us;
+  j["comm_overlap"] = comm_overlap;
   if (!notes.empty()) j["notes"] = notes;
   return nlohmann::json(j);
 }

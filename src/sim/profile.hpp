@@ -5,7 +5,8 @@
 // (text), ranks_per_node (default 1), intra_latency_us, inter_latency_us (default 0), and the
 // compute classes gemm_tflops, attn_bwd_tflops (default: rank_tflops), elementwise_gbs (default 0:
 // not timed), kernel_us (default 0; a fixed cost per kernel call: the size-dependent efficiency
-// t = kernel_us + flops / rate). `diffcp sim calibrate` writes every field, measured here.
+// t = kernel_us + flops / rate), comm_overlap (default 1). `diffcp sim calibrate` writes every
+// field, measured here.
 #pragma once
 
 #include <string>
@@ -25,6 +26,10 @@ struct Profile {
   double intra_gbit = 0;        // per rank and direction, between ranks of one node
   double inter_gbit = 0;        // per node uplink and direction, shared by its ranks
   double intra_latency_us = 0, inter_latency_us = 0;
+  // Fraction of a transfer that can hide under compute: 1 where DMA engines / NICs move the data
+  // (GPUs, RDMA), less where the compute cores themselves run the transport (MPI over TCP or
+  // shared memory on a CPU host: calibrate measures it).
+  double comm_overlap = 1;
 
   // Throws diffcp::Error naming the source and the field: unknown fields, missing required ones,
   // non-positive rates, negative latencies.
