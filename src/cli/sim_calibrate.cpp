@@ -1,5 +1,6 @@
 // `diffcp sim calibrate --out FILE`: measures this machine into a profile (sim/profile.hpp) for
-// `diffcp sim`. Compute on rank 0, with the threads the ranks run with: the GEMM rate and the
+// `diffcp sim`. Compute on every rank at once (the slowest rank's rates), with the threads the
+// ranks run with: the GEMM rate and the
 // fixed cost per call (two sizes of the layers' projection GEMM fitted to t = kernel_us + flops /
 // rate), the attention forward and backward rates (the kernels on a DFlash mask), a streaming
 // elementwise rate. Links, with 2 or more ranks: ping-pong between rank 0 and the first rank on
@@ -102,8 +103,8 @@ double measure_elementwise(int reps) {
 
 void add_sim_calibrate(CLI::App* sim) {
   CalibrateCli& o = g_cal;
-  CLI::App* c = sim->add_subcommand("calibrate", "Measure this machine (compute on rank 0; links between rank 0 and a "
-                                                 "rank on its node and on another) into a profile; run under mpirun");
+  CLI::App* c = sim->add_subcommand("calibrate", "Measure this machine (compute on every rank at once; links between rank "
+                                                 "0 and a rank on its node and on another) into a profile; run under mpirun");
   c->add_option("--out", o.out, "profile file to write")->required();
   c->add_option("--name", o.name, "profile name (default: calibrated-<host>)");
   c->add_option("--reps", o.reps, "timed repetitions per measurement (median)")->capture_default_str();
@@ -208,19 +209,23 @@ int run_sim_calibrate(Communicator& world) {
     overlap = std::clamp((t[0] + t[1] - t[2]) / std::max(std::min(t[0], t[1]), 1e-9), 0.0, 1.0);
   }
 
-  std::vector<double> compute(5, 0.0);
-  if (me == 0) {
-    const auto [kernel_us, gemm] = measure_gemm(o.reps);
-    const auto [fwd, bwd] = measure_attention(o.reps, o.n_q, o.n_kv, o.d_h);
-    compute = {kernel_us, gemm, fwd, bwd, measure_elementwise(o.reps)};
-  }
+  // Every rank measures at once, as every rank computes at once in a run (they share the memory
+  // system, caches and clocks of the host; oversubscribed ranks share cores): the slowest rank's
+  // rates (and largest per-call cost) are the profile's.
+  WorkPtr start = world.barrier_async();
+  start->wait();
+  const auto [kernel_us, gemm] = measure_gemm(o.reps);
+  const auto [fwd, bwd] = measure_attention(o.reps, o.n_q, o.n_kv, o.d_h);
+  const double ew = measure_elementwise(o.reps);
+  std::vector<double> compute{kernel_us, -gemm, -fwd, -bwd, -ew};
   world.all_reduce(std::span<double>(compute), ReduceOp::max);
+  for (std::size_t i = 1; i < compute.size(); ++i) compute[i] = -compute[i];
   if (me != 0) return 0;
 
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
   std::string notes = "measured by diffcp sim calibrate on " + std::string(host) + " with " + std::to_string(P) +
-                      " ranks; compute on one rank with its threads (OMP_NUM_THREADS); attention rates at " +
+                      " ranks; compute on every rank at once (the slowest's), with its threads (OMP_NUM_THREADS); attention rates at " +
                       std::to_string(o.n_q) + "/" + std::to_string(o.n_kv) + " heads x " + std::to_string(o.d_h);
   if (intra_peer < 0 && inter_peer < 0) notes += "; no second rank: links not measured (set from defaults)";
   else if (intra_peer < 0) notes += "; one rank per node: intra link = the inter one";
