@@ -44,21 +44,6 @@ struct Entry {
   std::string method, layout, reason;  // reason empty: supported
 };
 
-std::vector<std::string> parse_methods(const std::string& text) {
-  if (text == "all") return cp_method_names();
-  std::vector<std::string> out;
-  std::set<std::string> seen;
-  std::stringstream ss(text);
-  std::string name;
-  while (std::getline(ss, name, ',')) {
-    DIFFCP_CHECK(!name.empty(), "--methods = '", text, "': empty method name in the list");
-    DIFFCP_CHECK(seen.insert(name).second, "--methods = '", text, "': '", name, "' is listed twice");
-    out.push_back(name);
-  }
-  DIFFCP_CHECK(!out.empty(), "--methods = '", text, "': expected a comma list of methods or all");
-  return out;
-}
-
 std::string csv_field(const nlohmann::ordered_json& v) {
   if (v.is_null()) return "";
   if (v.is_string()) {
@@ -86,7 +71,7 @@ int run_bench_cp(Communicator& world, const BenchCpOptions& opt) {
   const int P = world.size();
   const bool all = opt.methods == "all";
   std::vector<Entry> entries;
-  for (const std::string& m : parse_methods(opt.methods)) {
+  for (const std::string& m : parse_method_list(opt.methods)) {
     Entry e{m, "", cp_unsupported_reason(m, cfg, P)};  // throws for an unknown name, listing the names
     DIFFCP_CHECK(all || e.reason.empty(), "--methods ", m, ": ", e.reason,
                  " (drop it from --methods, or use --methods all to list it as unsupported)");

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "balance/balancer.hpp"
@@ -85,6 +87,21 @@ LayerRunSpec layer_run_spec(const AttnOptions& opt, const std::string& method, c
 
 Plan plan_layout(const PackedBatch& batch, const std::string& layout, int P, int J) {
   return make_balancer(layout)->plan(batch, CostModel(batch), P, J);
+}
+
+std::vector<std::string> parse_method_list(const std::string& text) {
+  if (text == "all") return cp_method_names();
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  std::stringstream ss(text);
+  std::string name;
+  while (std::getline(ss, name, ',')) {
+    DIFFCP_CHECK(!name.empty(), "--methods = '", text, "': empty method name in the list");
+    DIFFCP_CHECK(seen.insert(name).second, "--methods = '", text, "': '", name, "' is listed twice");
+    out.push_back(name);
+  }
+  DIFFCP_CHECK(!out.empty(), "--methods = '", text, "': expected a comma list of methods or all");
+  return out;
 }
 
 const char* method_title(const std::string& method) {

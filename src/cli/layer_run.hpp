@@ -95,6 +95,10 @@ struct LayerRun {
 // communication when the method cannot serve world.size() ranks or the layout is invalid.
 LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSpec& spec);
 
+// --methods: "all" or a comma list (no empty or repeated names; unknown names are refused where
+// they are used, by cp_unsupported_reason / make_cp_layer).
+std::vector<std::string> parse_method_list(const std::string& text);
+
 // "Split-KV", "Ulysses", "Ring", "RingX", "LV-XAttn" for the method names.
 const char* method_title(const std::string& method);
 

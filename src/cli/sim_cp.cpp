@@ -1,8 +1,6 @@
 // `diffcp sim cp`: the CP methods of the drafter attention layer predicted on a profile's machine
 // (sim/cp.hpp), on the workload `diffcp bench cp` would run (same options and generator).
 #include <cstdio>
-#include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -22,16 +20,8 @@ struct SimCpCli {
 SimCpCli g_cp;
 
 std::vector<std::string> method_list(const std::string& text) {
-  if (text == "all") return cp_method_names();
-  std::vector<std::string> out;
-  std::set<std::string> seen;
-  std::stringstream ss(text);
-  for (std::string name; std::getline(ss, name, ',');) {
-    DIFFCP_CHECK(!name.empty() && seen.insert(name).second, "--methods = '", text, "': empty or repeated method name");
-    cp_unsupported_reason(name, AttnLayerConfig{}, 1);  // throws naming the methods for an unknown name
-    out.push_back(name);
-  }
-  DIFFCP_CHECK(!out.empty(), "--methods = '", text, "': expected a comma list of methods or all");
+  std::vector<std::string> out = parse_method_list(text);
+  for (const std::string& name : out) cp_unsupported_reason(name, AttnLayerConfig{}, 1);  // names an unknown one
   return out;
 }
 }  // namespace
