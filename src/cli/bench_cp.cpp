@@ -10,8 +10,6 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
