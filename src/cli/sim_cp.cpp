@@ -48,6 +48,10 @@ int run_sim_cp() {
                o.collectives, "': expected flat, hierarchical or auto");
   SimCpOptions opt{method_list(o.methods), o.balancer, o.layer.J, o.oproj, o.collectives, 4};
   const std::vector<SimCpResult> rows = simulate_cp(m, w.batch, w.cfg, opt);
+  // As bench cp: with --methods all an unsupported method is a row with its reason; named
+  // explicitly, it is an error.
+  if (o.methods != "all")
+    for (const SimCpResult& r : rows) DIFFCP_CHECK(r.supported(), "sim cp: ", r.reason);
   nlohmann::ordered_json arr = nlohmann::ordered_json::array();
   for (const SimCpResult& r : rows) {
     nlohmann::ordered_json j{{"method", r.method}, {"P", r.P}, {"profile", m.profile.name},
