@@ -28,7 +28,7 @@ SimMachine make_sim_machine(const SimMachineOptions& o) {
 }
 
 void add_sim_command(CLI::App& app) {
-  CLI::App* sim = app.add_subcommand("sim", "Predict step times from a cost model (no MPI; any P up to 2^20) or "
+  CLI::App* sim = app.add_subcommand("sim", "Predict step times from a cost model (no MPI) or "
                                             "calibrate one on this machine (under mpirun)");
   sim->require_subcommand(1);
   add_sim_cp(sim);

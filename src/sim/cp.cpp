@@ -60,6 +60,8 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
   cfg.validate();
   batch.validate();
   const int P = m.P;
+  // The work matrix holds P x P doubles (8192: 512 MiB) and the ring-like methods walk it.
+  DIFFCP_CHECK(P <= 8192, "sim cp: P = ", P, " ranks; the per-rank work matrix is P x P, supported up to P = 8192");
   const double e = opt.elem, H = static_cast<double>(cfg.hidden), qw = static_cast<double>(cfg.q_width());
   const double kvw = static_cast<double>(cfg.kv_width()), nq = static_cast<double>(cfg.n_q), dh = static_cast<double>(cfg.d_h);
   const std::int64_t Q = batch.query_rows(), S = batch.context_rows(), N = batch.num_blocks();
