@@ -3,9 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
 
 #include "core/error.hpp"
+#include "core/json_file.hpp"
 #include "core/json_int.hpp"
 
 namespace diffcp {
@@ -138,15 +138,7 @@ DitConfig dit_config_from_flux_params(const nlohmann::json& j, const std::string
 }
 
 DitConfig read_dit_config(const std::string& path) {
-  std::ifstream f(path);
-  DIFFCP_CHECK(f.good(), "config '", path, "': cannot open it");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    DIFFCP_FAIL("config '", path, "': not valid JSON: ", e.what());
-  }
-  return dit_config_from_flux_params(j, path);
+  return dit_config_from_flux_params(read_json_file(path, "config"), path);
 }
 
 std::array<std::int64_t, 3> flux_rope_axes(std::int64_t head_dim) {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_file.hpp"
 #include "core/half.hpp"
 #include "core/json_int.hpp"
 
@@ -223,14 +224,7 @@ SafeTensorsSet::SafeTensorsSet(const std::string& path) : path_(path) {
     for (const std::string& n : files_[0]->names()) where_[n] = 0;
     return;
   }
-  std::ifstream f(path);
-  DIFFCP_CHECK(f.good() && !std::filesystem::is_directory(path), "safetensors index '", path, "': cannot open it");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    DIFFCP_FAIL("safetensors index '", path, "': not valid JSON: ", e.what());
-  }
+  nlohmann::json j = read_json_file(path, "safetensors index");
   DIFFCP_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), "safetensors index '", path,
                "': expected an object with a \"weight_map\" object {tensor: file} (Hugging Face's sharded format)");
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();

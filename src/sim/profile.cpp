@@ -3,11 +3,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_file.hpp"
 #include "core/json_int.hpp"
 
 #ifndef DIFFCP_PROFILE_DIR
@@ -99,16 +99,9 @@ Profile load_profile(const std::string& name_or_file) {
     const char* env = std::getenv("DIFFCP_PROFILES");
     path = std::string(env != nullptr && *env != '\0' ? env : DIFFCP_PROFILE_DIR) + "/" + name_or_file + ".json";
   }
-  std::ifstream f(path);
-  DIFFCP_CHECK(f.good() && std::filesystem::is_regular_file(path), "profile '", name_or_file, "': no such file, nor ",
-               path, " (profiles: h100-ib, aurora, or a file from `diffcp sim calibrate`)");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    DIFFCP_FAIL("profile '", path, "': not valid JSON: ", e.what());
-  }
-  return Profile::from_json(j, path);
+  DIFFCP_CHECK(std::filesystem::is_regular_file(path), "profile '", name_or_file, "': no such file, nor ", path,
+               " (profiles: h100-ib, aurora, or a file from `diffcp sim calibrate`)");
+  return Profile::from_json(read_json_file(path, "profile"), path);
 }
 
 }  // namespace diffcp

@@ -6,12 +6,12 @@
 #include <random>
 #include <unordered_set>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_file.hpp"
 #include "core/json_int.hpp"
 
 namespace diffcp {
@@ -124,14 +124,7 @@ PackedBatch read_anchors_file(const std::string& path) {
   const auto size = std::filesystem::file_size(path, ec);
   DIFFCP_CHECK(!ec, "--anchors-file '", path, "': cannot read it (", ec.message(), ")");
   DIFFCP_CHECK(size <= (64u << 20), "--anchors-file '", path, "': ", size, " bytes, over the 64 MiB limit");
-  std::ifstream f(path);
-  DIFFCP_CHECK(f.good(), "--anchors-file '", path, "': cannot open it");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    DIFFCP_FAIL("--anchors-file '", path, "': not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = read_json_file(path, "--anchors-file");
   PackedBatch batch;
   try {
     DIFFCP_CHECK(j.is_object() && j.contains("block") && j.contains("samples") && j["samples"].is_array(),
