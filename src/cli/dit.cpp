@@ -72,17 +72,7 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
 }
 
 DitConfig make_config(const DitOptions& o) {
-  DitConfig c = dit_preset(o.preset);
-  if (o.heads > 0) c.heads = o.heads;
-  if (o.head_dim > 0) {
-    c.head_dim = o.head_dim;
-    c.rope_axes = flux_rope_axes(o.head_dim);
-  }
-  if (o.double_blocks >= 0) c.double_blocks = o.double_blocks;
-  if (o.single_blocks >= 0) c.single_blocks = o.single_blocks;
-  if (o.mlp_hidden > 0) c.mlp_hidden = o.mlp_hidden;
-  c.validate();
-  return c;
+  return dit_preset(o.preset, {o.heads, o.head_dim, o.double_blocks, o.single_blocks, o.mlp_hidden});
 }
 
 // The model shape: from --config (FluxParams), else read off the --weights checkpoint, else the

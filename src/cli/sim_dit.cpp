@@ -43,17 +43,7 @@ std::vector<std::string> mode_list(const std::string& text) {
 // The model shape: --config (FluxParams JSON), else the preset with its overrides (as `diffcp dit`).
 DitConfig make_config(const SimDitCli& o) {
   if (!o.config.empty()) return read_dit_config(o.config);
-  DitConfig c = dit_preset(o.preset);
-  if (o.heads > 0) c.heads = o.heads;
-  if (o.head_dim > 0) {
-    c.head_dim = o.head_dim;
-    c.rope_axes = flux_rope_axes(o.head_dim);
-  }
-  if (o.double_blocks >= 0) c.double_blocks = o.double_blocks;
-  if (o.single_blocks >= 0) c.single_blocks = o.single_blocks;
-  if (o.mlp_hidden > 0) c.mlp_hidden = o.mlp_hidden;
-  c.validate();
-  return c;
+  return dit_preset(o.preset, {o.heads, o.head_dim, o.double_blocks, o.single_blocks, o.mlp_hidden});
 }
 }  // namespace
 
@@ -71,8 +61,8 @@ void add_sim_dit(CLI::App* sim) {
   c->add_option("--single-blocks", o.single_blocks, "single-stream blocks (default: the preset's)");
   c->add_option("--mlp-hidden", o.mlp_hidden, "MLP width (default: the preset's)");
   c->add_option("--resolution", o.resolution, "image side in pixels, a multiple of 16")->capture_default_str();
-  c->add_option("--width", o.width, "image width in pixels (default: --resolution)");
-  c->add_option("--height", o.height, "image height in pixels (default: --resolution)");
+  c->add_option("--width", o.width, "image width in pixels (default: --resolution)")->check(CLI::PositiveNumber);
+  c->add_option("--height", o.height, "image height in pixels (default: --resolution)")->check(CLI::PositiveNumber);
   c->add_option("--batch", o.batch, "images generated together")->capture_default_str();
   c->add_option("--text-tokens", o.text_tokens, "text tokens T")->capture_default_str();
   c->add_option("--steps", o.steps, "denoising steps")->capture_default_str();

@@ -165,6 +165,20 @@ DitConfig dit_preset(const std::string& name) {
   DIFFCP_FAIL("dit: unknown preset '", name, "', expected default or tiny");
 }
 
+DitConfig dit_preset(const std::string& name, const DitShapeOverrides& o) {
+  DitConfig c = dit_preset(name);
+  if (o.heads > 0) c.heads = o.heads;
+  if (o.head_dim > 0) {
+    c.head_dim = o.head_dim;
+    c.rope_axes = flux_rope_axes(o.head_dim);
+  }
+  if (o.double_blocks >= 0) c.double_blocks = o.double_blocks;
+  if (o.single_blocks >= 0) c.single_blocks = o.single_blocks;
+  if (o.mlp_hidden > 0) c.mlp_hidden = o.mlp_hidden;
+  c.validate();
+  return c;
+}
+
 void DitShape::validate() const {
   DIFFCP_CHECK(batch >= 1, "dit: batch = ", batch, ", expected >= 1");
   DIFFCP_CHECK(width >= 16 && width % 16 == 0 && height >= 16 && height % 16 == 0 && width <= 65536 && height <= 65536,

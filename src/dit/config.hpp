@@ -56,6 +56,12 @@ std::array<std::int64_t, 3> flux_rope_axes(std::int64_t head_dim);
 // parameters; 50 steps at 512^2 take ~15 s at P = 2 on 2 cores); "tiny": H 128, 8 heads x 16,
 // 1 + 1 blocks, M 256, 4 latent channels (the tests).
 DitConfig dit_preset(const std::string& name);
+// The preset with the CLI's overrides (0 / -1: keep the preset's); a new head_dim takes FLUX's RoPE
+// split of it (flux_rope_axes). Validated.
+struct DitShapeOverrides {
+  std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;
+};
+DitConfig dit_preset(const std::string& name, const DitShapeOverrides& o);
 
 // One run's tokens. Every image of the batch shares the prompt and the timestep; only the noise
 // differs. Image token n sits at grid (row, col) = (n / g_w, n % g_w), FLUX's img_ids (0, row, col).
