@@ -51,6 +51,7 @@
 #include "dit/vmajor.hpp"
 #include "io/safetensors.hpp"
 #include "mpi_test.hpp"
+#include "error_of.hpp"
 
 namespace diffcp {
 namespace {
@@ -84,15 +85,6 @@ std::string temp_path(const std::string& stem, const std::string& ext = ".safete
   return (std::filesystem::temp_directory_path() /
           (stem + "_" + std::to_string(::getpid()) + "_r" + std::to_string(world().rank()) + ext))
       .string();
-}
-
-template <typename F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Full final latent [b, N_img, C_in] of `steps` Euler steps with `exchange` over `comm`.

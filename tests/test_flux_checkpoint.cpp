@@ -19,20 +19,12 @@
 #include "dit/model.hpp"
 #include "dit/sampler.hpp"
 #include "io/safetensors.hpp"
+#include "error_of.hpp"
 
 namespace diffcp {
 namespace {
 
 namespace fs = std::filesystem;
-
-template <typename F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A fresh per-process folder, removed at the end of the test.
 struct TempDir {

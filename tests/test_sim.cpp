@@ -14,18 +14,10 @@
 #include "sim/cp.hpp"
 #include "sim/machine.hpp"
 #include "sim/profile.hpp"
+#include "error_of.hpp"
 
 namespace diffcp {
 namespace {
-
-template <typename F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 nlohmann::json h100_json() {
   return {{"name", "t"}, {"ranks_per_node", 8}, {"rank_tflops", 400}, {"intra_gbit", 2400}, {"inter_gbit", 400},
