@@ -101,15 +101,22 @@ TEST(Optim, CosineScheduleWithWarmupAndClipping) {
   EXPECT_NEAR(cosine_lr(1.0, 4, 100), 1.0, 1e-12);    // cosine starts at the peak
   EXPECT_NEAR(cosine_lr(1.0, 52, 100), 0.5, 1e-12);   // half-way through the decay
   EXPECT_LT(cosine_lr(1.0, 99, 100), 1e-3);
-  std::vector<float> g{3.f, 4.f};
-  EXPECT_NEAR(clip_grad_norm(g, 1.0), 5.0, 1e-9);
-  EXPECT_NEAR(std::hypot(g[0], g[1]), 1.0, 1e-5);
+  EXPECT_NEAR(clip_scale(5.0, 1.0), 0.2, 1e-6);  // a gradient of norm 5 is scaled to norm 1
+  EXPECT_EQ(clip_scale(0.5, 1.0), 1.0);
   // AdamW moves a parameter against its gradient by about lr; 1-D spans are not decayed.
   AdamW opt;
   opt.lr = 0.1;
-  std::vector<float> p{1.f, 1.f};
-  opt.step(p, {1.f, 1.f}, 0.1, {{1, 1}});
+  std::vector<float> p{1.f, 1.f, 1.f}, g{1.f, 1.f, -2.f}, m(3, 0.f), v(3, 0.f);
+  opt.begin_step();
+  opt.update(p.data(), g.data(), m.data(), v.data(), 0, 3, 0.1, {{1, 1}});
   EXPECT_NEAR(p[0], 1.f - 0.1f * (1.f + 0.1f), 1e-5);  // decayed
+  EXPECT_NEAR(p[1], 1.f - 0.1f, 1e-5);                 // not decayed
+  EXPECT_NEAR(p[2], 1.f + 0.1f * (1.f - 0.1f), 1e-5);
+  // Elementwise: the update of a shard (elements [1, 3) of the flat vector) has the same bits.
+  std::vector<float> q{1.f, 1.f, 1.f}, mq(3, 0.f), vq(3, 0.f);
+  opt.update(q.data(), g.data(), mq.data(), vq.data(), 0, 1, 0.1, {{1, 1}});
+  opt.update(q.data() + 1, g.data() + 1, mq.data() + 1, vq.data() + 1, 1, 2, 0.1, {{1, 1}});
+  EXPECT_EQ(p, q);
   EXPECT_NEAR(p[1], 1.f - 0.1f, 1e-5);                 // not decayed
 }
 

@@ -143,9 +143,14 @@ void write_shards(const std::filesystem::path& dir, const DrafterConfig& cfg, in
   const auto src = make_synthetic_source(cfg, spec);
   std::map<std::string, std::string> md;
   if (meta) md = {{"target_layer_ids", "[3, 7]"}, {"num_target_layers", "12"}};
+  std::vector<std::int32_t> all_tokens(static_cast<std::size_t>(cfg.vocab));
+  for (std::size_t v = 0; v < all_tokens.size(); ++v) all_tokens[v] = static_cast<std::int32_t>(v);
+  std::vector<float> embedding(static_cast<std::size_t>(cfg.vocab * cfg.hidden)), lm_head(embedding.size());
+  src->embedding_rows(all_tokens, embedding.data());
+  src->lm_head_columns(0, cfg.vocab, lm_head.data());
   write_safetensors((dir / "model.safetensors").string(),
-                    {{"embedding", "F32", {cfg.vocab, cfg.hidden}, src->embedding().data()},
-                     {"lm_head", "F32", {cfg.hidden, cfg.vocab}, src->lm_head().data()}},
+                    {{"embedding", "F32", {cfg.vocab, cfg.hidden}, embedding.data()},
+                     {"lm_head", "F32", {cfg.hidden, cfg.vocab}, lm_head.data()}},
                     md);
   std::vector<std::int32_t> tokens, greedy_tokens;
   std::vector<std::uint8_t> mask;

@@ -121,6 +121,6 @@ int run_draft(Communicator& world, const DraftOptions& opt);
 
 // `diffcp train`: the DFlash drafter trainer (drafter/trainer.hpp).
 void add_train_command(CLI::App& app, TrainOptions& opt);
-int run_train(Communicator& world, const TrainOptions& opt);
+int run_train(Communicator& world, TrainOptions opt);
 
 }  // namespace diffcp::cli

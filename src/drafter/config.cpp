@@ -129,6 +129,12 @@ DrafterLayout::DrafterLayout(const DrafterConfig& c) {
   }
   final_norm = take(H, true);
   total = off;
+  units.push_back({0, layer.empty() ? final_norm : layer[0].attn_norm});
+  for (std::size_t l = 0; l < layer.size(); ++l) {
+    const std::int64_t end = l + 1 < layer.size() ? layer[l + 1].attn_norm : final_norm;
+    units.push_back({layer[l].attn_norm, end - layer[l].attn_norm});
+  }
+  units.push_back({final_norm, total - final_norm});
 }
 
 }  // namespace diffcp

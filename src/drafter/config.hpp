@@ -50,6 +50,13 @@ struct DrafterLayout {
   };
   std::int64_t fc, fc_norm, final_norm, total;
   std::vector<Layer> layer;
+  // The units parameters are gathered and sharded by (drafter/sharded_state.hpp), in forward
+  // order, each a contiguous span (begin, size): 0 = fc + fc_norm, 1 .. L = layer u - 1,
+  // L + 1 = final_norm. They tile [0, total).
+  struct Unit {
+    std::int64_t begin, size;
+  };
+  std::vector<Unit> units;
   explicit DrafterLayout(const DrafterConfig& c);
   // (offset, size) of the 1-D tensors (norm weights, biases): not weight-decayed.
   std::vector<std::pair<std::int64_t, std::int64_t>> vectors;

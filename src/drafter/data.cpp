@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <unordered_set>
 
@@ -24,10 +25,6 @@ class SyntheticSource final : public DataSource {
     const std::int64_t V = cfg.vocab, H = cfg.hidden;
     std::mt19937_64 rng(spec.seed);
     std::normal_distribution<double> n01(0.0, 1.0);
-    embedding_.resize(static_cast<std::size_t>(V * H));
-    for (auto& x : embedding_) x = static_cast<float>(n01(rng));
-    lm_head_.resize(static_cast<std::size_t>(H * V));
-    for (auto& x : lm_head_) x = static_cast<float>(n01(rng) / std::sqrt(static_cast<double>(H)));
     W_.resize(static_cast<std::size_t>(cfg.target_layers * 2 * H * H));
     for (auto& x : W_) x = static_cast<float>(n01(rng) / std::sqrt(2.0 * static_cast<double>(H)));
     // Markov chain over the text tokens (all but the mask token).
@@ -57,8 +54,20 @@ class SyntheticSource final : public DataSource {
   }
   const std::vector<Sample>& train() const override { return train_; }
   const std::vector<Sample>& heldout() const override { return heldout_; }
-  const std::vector<float>& embedding() const override { return embedding_; }
-  const std::vector<float>& lm_head() const override { return lm_head_; }
+  void embedding_rows(std::span<const std::int32_t> tokens, float* out) const override {
+    for (std::size_t i = 0; i < tokens.size(); ++i) embedding_row(tokens[i], out + static_cast<std::int64_t>(i) * cfg_.hidden);
+  }
+  void lm_head_columns(std::int64_t v0, std::int64_t v1, float* out) const override {
+    const std::int64_t H = cfg_.hidden, n = v1 - v0;
+    DIFFCP_CHECK(0 <= v0 && v0 <= v1 && v1 <= cfg_.vocab, "synthetic LM head: columns [", v0, ", ", v1, ") of ", cfg_.vocab);
+    const double scale = 1 / std::sqrt(static_cast<double>(H));
+    for (std::int64_t v = v0; v < v1; ++v) {
+      std::seed_seq seq{spec_.seed, static_cast<std::uint64_t>(v), std::uint64_t{0x1e4d}};
+      std::mt19937_64 g(seq);
+      std::normal_distribution<double> n01(0.0, 1.0);
+      for (std::int64_t h = 0; h < H; ++h) out[h * n + (v - v0)] = static_cast<float>(n01(g) * scale);
+    }
+  }
   std::string describe() const override {
     return "synthetic: Markov chain over " + std::to_string(cfg_.vocab - 1) + " tokens, " +
            std::to_string(train_.size()) + " train / " + std::to_string(heldout_.size()) +
@@ -79,8 +88,9 @@ class SyntheticSource final : public DataSource {
       std::fill(in.begin(), in.end(), 0.f);
       for (std::int64_t x = t0; x < t0 + n; ++x) {
         float* row = in.data() + (x - t0) * 2 * H;
-        std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x)] * H, H, row);
-        if (x > 0) std::copy_n(embedding_.begin() + smp.tokens[static_cast<std::size_t>(x - 1)] * H, H, row + H);
+        embedding_row(smp.tokens[static_cast<std::size_t>(x)], row);
+        if (x == t0 && x > 0) embedding_row(smp.tokens[static_cast<std::size_t>(x - 1)], row + H);
+        if (x > t0) std::copy_n(row - 2 * H, H, row + H);  // the previous position's E(tok)
       }
       const std::int64_t r0 = std::max(begin, t0), r1 = std::min(end, t0 + n);
       for (std::int64_t t = 0; t < T; ++t) {
@@ -95,18 +105,27 @@ class SyntheticSource final : public DataSource {
  private:
   // Text tokens skip the mask token id.
   std::int32_t text_token(std::int32_t t) const { return t >= cfg_.mask_token ? t + 1 : t; }
+  // out [H]: N(0, 1) values seeded by (seed, v).
+  void embedding_row(std::int32_t v, float* out) const {
+    DIFFCP_CHECK(v >= 0 && v < cfg_.vocab, "synthetic embedding: token ", v, " outside [0, ", cfg_.vocab, ")");
+    std::seed_seq seq{spec_.seed, static_cast<std::uint64_t>(v), std::uint64_t{0xe3b}};
+    std::mt19937_64 g(seq);
+    std::normal_distribution<double> n01(0.0, 1.0);
+    for (std::int64_t h = 0; h < cfg_.hidden; ++h) out[h] = static_cast<float>(n01(g));
+  }
   DrafterConfig cfg_;
   SyntheticSpec spec_;
-  std::vector<float> embedding_, lm_head_, W_;
+  std::vector<float> W_;
   std::vector<std::int32_t> next_;
   std::vector<Sample> train_, heldout_;
 };
 
 class ShardSource final : public DataSource {
  public:
-  ShardSource(const DrafterConfig& cfg, const std::string& dir, std::int64_t heldout) : cfg_(cfg), dir_(dir) {
+  ShardSource(const DrafterConfig& cfg, const std::string& dir, std::int64_t heldout)
+      : cfg_(cfg), dir_(dir), model_(std::make_unique<SafeTensors>(dir + "/model.safetensors")) {
     const std::int64_t V = cfg.vocab, H = cfg.hidden, T = cfg.target_layers * H;
-    const SafeTensors model(dir + "/model.safetensors");
+    const SafeTensors& model = *model_;
     const auto& meta = model.metadata();
     if (meta.count("target_layer_ids") != 0) {
       auto bad = [&] {
@@ -128,8 +147,9 @@ class ShardSource final : public DataSource {
       DIFFCP_CHECK(static_cast<std::int64_t>(ids_.size()) == cfg.target_layers, "data '", dir, "': hidden states of ",
                    ids_.size(), " target layers (metadata), the model fuses ", cfg.target_layers);
     }
-    embedding_ = model.f32("embedding", 2);
-    lm_head_ = model.f32("lm_head", 2);
+    for (const char* name : {"embedding", "lm_head"})
+      DIFFCP_CHECK(model.has(name) && model.info(name).dtype == "F32", "data '", dir, "': model.safetensors needs an F32 '",
+                   name, "'", model.has(name) ? ", it is " + model.info(name).dtype : std::string(", it has none"));
     DIFFCP_CHECK(model.info("embedding").shape == std::vector<std::int64_t>({V, H}) &&
                      model.info("lm_head").shape == std::vector<std::int64_t>({H, V}),
                  "data '", dir, "': embedding must be [V, H] = [", V, ", ", H, "] and lm_head [H, V]");
@@ -175,8 +195,21 @@ class ShardSource final : public DataSource {
   }
   const std::vector<Sample>& train() const override { return train_; }
   const std::vector<Sample>& heldout() const override { return heldout_; }
-  const std::vector<float>& embedding() const override { return embedding_; }
-  const std::vector<float>& lm_head() const override { return lm_head_; }
+  // Read in place from the mapped model.safetensors: ranks on one node share its pages.
+  void embedding_rows(std::span<const std::int32_t> tokens, float* out) const override {
+    const std::int64_t H = cfg_.hidden;
+    const std::byte* E = model_->bytes("embedding").data();  // (maybe unaligned: memcpy only)
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      DIFFCP_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab, "data '", dir_, "': token ", tokens[i], " outside the vocabulary");
+      std::memcpy(out + static_cast<std::int64_t>(i) * H, E + tokens[i] * H * 4, static_cast<std::size_t>(H) * 4);
+    }
+  }
+  void lm_head_columns(std::int64_t v0, std::int64_t v1, float* out) const override {
+    const std::int64_t H = cfg_.hidden, V = cfg_.vocab, n = v1 - v0;
+    DIFFCP_CHECK(0 <= v0 && v0 <= v1 && v1 <= V, "data '", dir_, "': LM head columns [", v0, ", ", v1, ") of ", V);
+    const std::byte* W = model_->bytes("lm_head").data();
+    for (std::int64_t h = 0; h < H; ++h) std::memcpy(out + h * n, W + (h * V + v0) * 4, static_cast<std::size_t>(n) * 4);
+  }
   std::string describe() const override {
     return "shards in " + dir_ + ": " + std::to_string(train_.size()) + " train / " + std::to_string(heldout_.size()) + " held-out samples";
   }
@@ -191,7 +224,7 @@ class ShardSource final : public DataSource {
  private:
   DrafterConfig cfg_;
   std::string dir_;
-  std::vector<float> embedding_, lm_head_;
+  std::unique_ptr<SafeTensors> model_;  // embedding [V, H] and lm_head [H, V], mapped
   std::vector<std::vector<float>> hidden_;  // per sample (train then held-out) [L, n_t*H]
   std::vector<std::int64_t> ids_;
   std::int64_t depth_ = 0;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,11 @@ class DataSource {
   // Target hidden states of positions [begin, end) of sample `s` of split `heldout`:
   // out [end - begin, n_t * H].
   virtual void hidden(bool heldout, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const = 0;
-  virtual const std::vector<float>& embedding() const = 0;  // [V, H] the target's, frozen
-  virtual const std::vector<float>& lm_head() const = 0;    // [H, V] the target's, frozen
+  // The target's frozen embedding and LM head, read where they live (a mapped file, a generator):
+  // no rank needs a whole copy. out [n, H] = embedding rows of tokens [n]; out [H, v1 - v0] =
+  // LM head columns [v0, v1).
+  virtual void embedding_rows(std::span<const std::int32_t> tokens, float* out) const = 0;
+  virtual void lm_head_columns(std::int64_t v0, std::int64_t v1, float* out) const = 0;
   virtual std::string describe() const = 0;
   // Which target layers the hidden states come from and the target's depth, when the data says
   // (shards from tools/extract_shards.py do); empty / 0 otherwise.
@@ -44,7 +48,9 @@ class DataSource {
 
 // Markov chain: every token has 3 likely successors (p = 0.75, 0.15, 0.1); the mask token never
 // occurs in text. Target model: layer t's hidden state at position x is
-// tanh([E(tok_x); E(tok_{x-1})] W_t) (a zero vector before the sample's first token).
+// tanh([E(tok_x); E(tok_{x-1})] W_t) (a zero vector before the sample's first token). The
+// embedding row of token v and the LM head column v are generated from (seed, v) when asked for,
+// so a 151936-token vocabulary costs no memory. Sample lengths are uniform in [min, max].
 struct SyntheticSpec {
   std::int64_t train_samples = 96, heldout_samples = 16;
   std::int64_t min_length = 96, max_length = 256;

@@ -1,6 +1,7 @@
 #include "drafter/model.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -39,42 +40,61 @@ std::vector<float> norm_rows_bwd(const std::vector<float>& dy, const std::vector
 }  // namespace
 
 Drafter::Drafter(Communicator& cp, const DrafterConfig& cfg, SplitKVOptions attn)
-    : comm_(cp), cfg_(cfg), attn_opt_(attn), layout_(cfg) {
-  params_.assign(static_cast<std::size_t>(layout_.total), 0.f);
-  grads_.assign(params_.size(), 0.f);
+    : comm_(cp), cfg_(cfg), attn_opt_(attn), layout_(cfg),
+      own_state_(std::make_unique<ShardedState>(cp, layout_, ShardMode::none)), state_(own_state_.get()) {
   layers_.resize(static_cast<std::size_t>(cfg_.layers));
 }
 
-void Drafter::init_params(std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  auto fill = [&](std::int64_t off, std::int64_t n, double mean, double std) {
-    std::normal_distribution<double> d(mean, std);
-    for (std::int64_t j = 0; j < n; ++j) params_[static_cast<std::size_t>(off + j)] = static_cast<float>(d(rng));
-  };
-  const std::int64_t H = cfg_.hidden, F = cfg_.ffn;
-  fill(layout_.fc, cfg_.target_layers * H * H, 0, 1 / std::sqrt(static_cast<double>(cfg_.target_layers * H)));
-  for (std::int64_t l = 0; l < cfg_.layers; ++l) {
-    const auto& L = layout_.layer[static_cast<std::size_t>(l)];
-    AttnLayerParams a(cfg_.attn());
-    a.init_random(seed + 1000 + static_cast<std::uint64_t>(l));
-    std::fill_n(a[AttnLayerParams::bo], a.size(AttnLayerParams::bo), 0.f);  // fixed at zero (no bias in the format)
-    std::copy(a.all().begin(), a.all().end(), params_.begin() + L.attn);
-    fill(L.w_gate, H * F, 0, 1 / std::sqrt(static_cast<double>(H)));
-    fill(L.w_up, H * F, 0, 1 / std::sqrt(static_cast<double>(H)));
-    fill(L.w_down, F * H, 0, 1 / std::sqrt(static_cast<double>(F)) / std::sqrt(2.0 * static_cast<double>(cfg_.layers)));
-  }
-  // Norm weights start at 1 (attention's own q/k norms come from init_random above).
-  for (std::int64_t l = 0; l < cfg_.layers; ++l) {
-    const auto& L = layout_.layer[static_cast<std::size_t>(l)];
-    std::fill_n(params_.begin() + L.attn_norm, H, 1.f);
-    std::fill_n(params_.begin() + L.mlp_norm, H, 1.f);
-  }
-  std::fill_n(params_.begin() + layout_.fc_norm, H, 1.f);
-  std::fill_n(params_.begin() + layout_.final_norm, H, 1.f);
+void Drafter::use_state(ShardedState& state) {
+  DIFFCP_CHECK(state.layout().total == layout_.total && state.units() == static_cast<int>(layout_.units.size()),
+               "drafter: a state of ", state.layout().total, " parameters for a model of ", layout_.total);
+  state_ = &state;
+  own_state_.reset();
 }
 
-AttnLayerParams Drafter::attn_params(std::vector<float>& buf, std::int64_t l) const {
-  return AttnLayerParams(cfg_.attn(), buf.data() + layout_.layer[static_cast<std::size_t>(l)].attn);
+void Drafter::set_embedding(std::vector<float> table) {
+  const std::int64_t V = cfg_.vocab, H = cfg_.hidden;
+  DIFFCP_CHECK(static_cast<std::int64_t>(table.size()) == V * H, "drafter: the embedding has ", table.size(),
+               " values, expected V * H = ", V, " * ", H);
+  embedding_ = [t = std::move(table), H](std::span<const std::int32_t> tokens, float* out) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) std::copy_n(t.begin() + tokens[i] * H, H, out + static_cast<std::int64_t>(i) * H);
+  };
+}
+
+void Drafter::init_params(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);  // one stream through the units in order
+  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, L = cfg_.layers;
+  state_->init([&](int u, float* out) {
+    auto fill = [&](std::int64_t off, std::int64_t n, double std) {
+      std::normal_distribution<double> d(0.0, std);
+      for (std::int64_t j = 0; j < n; ++j) out[rel(u, off) + j] = static_cast<float>(d(rng));
+    };
+    auto ones = [&](std::int64_t off) { std::fill_n(out + rel(u, off), H, 1.f); };
+    if (u == 0) {
+      fill(layout_.fc, cfg_.target_layers * H * H, 1 / std::sqrt(static_cast<double>(cfg_.target_layers * H)));
+      ones(layout_.fc_norm);
+    } else if (u <= L) {
+      const auto& Ly = layout_.layer[static_cast<std::size_t>(u - 1)];
+      AttnLayerParams a(cfg_.attn());
+      a.init_random(seed + 1000 + static_cast<std::uint64_t>(u - 1));
+      std::fill_n(a[AttnLayerParams::bo], a.size(AttnLayerParams::bo), 0.f);  // fixed at zero (no bias in the format)
+      std::copy(a.all().begin(), a.all().end(), out + rel(u, Ly.attn));
+      fill(Ly.w_gate, H * F, 1 / std::sqrt(static_cast<double>(H)));
+      fill(Ly.w_up, H * F, 1 / std::sqrt(static_cast<double>(H)));
+      fill(Ly.w_down, F * H, 1 / std::sqrt(static_cast<double>(F)) / std::sqrt(2.0 * static_cast<double>(L)));
+      ones(Ly.attn_norm);  // attention's own q/k norms come from init_random above
+      ones(Ly.mlp_norm);
+    } else {
+      ones(layout_.final_norm);
+    }
+  });
+}
+
+const float* Drafter::acquire(int u, bool backward) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const float* p = state_->acquire(u, backward);
+  phases_.gather_wait += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return p;
 }
 
 void Drafter::embed(const DrafterBatch& mb) {
@@ -85,20 +105,21 @@ void Drafter::embed(const DrafterBatch& mb) {
     h_ = mb.block_input;
     return;
   }
-  DIFFCP_CHECK(static_cast<std::int64_t>(embedding_.size()) == cfg_.vocab * H, "drafter: the embedding has ",
-               embedding_.size(), " values, expected V * H = ", cfg_.vocab, " * ", H);
+  DIFFCP_CHECK(static_cast<bool>(embedding_), "drafter: no embedding set (set_embedding) and no block_input");
   const auto refs = mb.shard.batch.blocks();
-  h_.resize(static_cast<std::size_t>(Qp * H));
-  std::int64_t r = 0;
+  std::vector<std::int32_t> tokens;
   for (std::int64_t i = mb.shard.blocks.begin; i < mb.shard.blocks.end; ++i)
-    for (std::int64_t k = 0; k < B; ++k, ++r) {
-      const std::int32_t tok = k == 0 ? mb.tokens[static_cast<std::size_t>(refs[static_cast<std::size_t>(i)].anchor)] : cfg_.mask_token;
-      std::copy_n(embedding_.begin() + tok * H, H, h_.begin() + r * H);
-    }
+    for (std::int64_t k = 0; k < B; ++k)
+      tokens.push_back(k == 0 ? mb.tokens[static_cast<std::size_t>(refs[static_cast<std::size_t>(i)].anchor)] : cfg_.mask_token);
+  h_.resize(static_cast<std::size_t>(Qp * H));
+  embedding_(tokens, h_.data());
 }
 
 void Drafter::forward(const DrafterBatch& mb) {
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
   const std::int64_t H = cfg_.hidden, F = cfg_.ffn, B = cfg_.block, T = cfg_.target_layers * H;
+  const int Lu = static_cast<int>(cfg_.layers) + 1;  // the final norm's unit
   const CpShard& s = mb.shard;
   const std::int64_t S = s.batch.context_rows(), Qp = s.own_query_rows(), Cp = s.context_rows();
   DIFFCP_CHECK(s.batch.block == B, "drafter: batch block ", s.batch.block, " != config block ", B);
@@ -106,37 +127,49 @@ void Drafter::forward(const DrafterBatch& mb) {
                "drafter: ", mb.tokens.size(), " tokens and ", mb.loss_mask.size(), " mask entries for S = ", S);
   DIFFCP_CHECK(static_cast<std::int64_t>(mb.hidden_p.size()) == Cp * T, "drafter: hidden_p has ", mb.hidden_p.size(),
                " values, expected C_p * n_t * H = ", Cp, " * ", T);
-  const float* P = params_.data();
 
   // Context fusion: c = RMSNorm(hidden_p fc).
+  const float* P = acquire(0, false);
+  auto t0 = Clock::now();
   c_lin_.resize(static_cast<std::size_t>(Cp * H));
-  linear_forward(mb.hidden_p.data(), Cp, T, P + layout_.fc, H, c_lin_.data());
-  norm_rows(c_lin_, Cp, H, P + layout_.fc_norm, cfg_.rms_eps, c_, c_rstd_);
+  linear_forward(mb.hidden_p.data(), Cp, T, P + rel(0, layout_.fc), H, c_lin_.data());
+  norm_rows(c_lin_, Cp, H, P + rel(0, layout_.fc_norm), cfg_.rms_eps, c_, c_rstd_);
+  state_->release(0, false);
+  phases_.fusion += ms(t0);
 
   embed(mb);
   std::vector<float> y(h_.size());
   for (std::int64_t l = 0; l < cfg_.layers; ++l) {
+    const int u = static_cast<int>(l) + 1;
     LayerState& L = layers_[static_cast<std::size_t>(l)];
     const auto& off = layout_.layer[static_cast<std::size_t>(l)];
+    P = acquire(u, false);
+    t0 = Clock::now();
     if (!L.attn)
       L.attn = std::make_unique<SplitKVLayer>(comm_, cfg_.attn(), s, attn_opt_);
     else
       L.attn->reshard(s);
     L.h_in = h_;
-    norm_rows(h_, Qp, H, P + off.attn_norm, cfg_.rms_eps, L.a, L.a_rstd);
-    L.attn->forward(attn_params(params_, l), L.a.data(), c_.data(), y.data());
+    norm_rows(h_, Qp, H, P + rel(u, off.attn_norm), cfg_.rms_eps, L.a, L.a_rstd);
+    L.attn->forward(AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)), L.a.data(), c_.data(), y.data());
     add_into(h_, y);
+    phases_.attention += ms(t0);
+    t0 = Clock::now();
     L.h_mid = h_;
-    norm_rows(h_, Qp, H, P + off.mlp_norm, cfg_.rms_eps, L.m, L.m_rstd);
+    norm_rows(h_, Qp, H, P + rel(u, off.mlp_norm), cfg_.rms_eps, L.m, L.m_rstd);
     L.gate.resize(static_cast<std::size_t>(Qp * F));
     L.up.resize(L.gate.size());
     L.act.resize(L.gate.size());
-    linear_forward(L.m.data(), Qp, H, P + off.w_gate, F, L.gate.data());
-    linear_forward(L.m.data(), Qp, H, P + off.w_up, F, L.up.data());
+    linear_forward(L.m.data(), Qp, H, P + rel(u, off.w_gate), F, L.gate.data());
+    linear_forward(L.m.data(), Qp, H, P + rel(u, off.w_up), F, L.up.data());
     for (std::size_t j = 0; j < L.act.size(); ++j) L.act[j] = L.gate[j] * sigmoid(L.gate[j]) * L.up[j];
-    linear_forward(L.act.data(), Qp, F, P + off.w_down, H, h_.data(), 1.f);  // h += act W_down
+    linear_forward(L.act.data(), Qp, F, P + rel(u, off.w_down), H, h_.data(), 1.f);  // h += act W_down
+    state_->release(u, false);
+    phases_.mlp += ms(t0);
   }
-  norm_rows(h_, Qp, H, P + layout_.final_norm, cfg_.rms_eps, hf_, hf_rstd_);
+  P = acquire(Lu, false);
+  norm_rows(h_, Qp, H, P + rel(Lu, layout_.final_norm), cfg_.rms_eps, hf_, hf_rstd_);
+  state_->release(Lu, false);
 }
 
 const std::vector<float>& Drafter::forward_hidden(const DrafterBatch& mb) {
@@ -145,77 +178,90 @@ const std::vector<float>& Drafter::forward_hidden(const DrafterBatch& mb) {
 }
 
 DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
-  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, V = cfg_.vocab, B = cfg_.block, T = cfg_.target_layers * H;
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
+  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, B = cfg_.block, T = cfg_.target_layers * H;
+  const int Lu = static_cast<int>(cfg_.layers) + 1;
   const CpShard& s = mb.shard;
   const std::int64_t Qp = s.own_query_rows(), Cp = s.context_rows();
-  DIFFCP_CHECK(static_cast<std::int64_t>(lm_head_.size()) == H * V, "drafter: the LM head has ", lm_head_.size(),
-               " values, expected H * V = ", H, " * ", V);
+  DIFFCP_CHECK(lm_head_ != nullptr, "drafter: no LM head set (set_lm_head)");
   forward(mb);
-  const float* P = params_.data();
-  logits_.resize(static_cast<std::size_t>(Qp * V));
-  linear_forward(hf_.data(), Qp, H, lm_head_.data(), V, logits_.data());
 
-  // Decay-weighted cross-entropy; dlogits overwrite logits when training.
+  // Decay-weighted cross-entropy (lm_head.hpp: vocabulary-parallel when the head is split).
+  auto t0 = Clock::now();
   DrafterStats st;
   st.correct.assign(static_cast<std::size_t>(B), 0);
   st.counted.assign(static_cast<std::size_t>(B), 0);
   argmax_.assign(static_cast<std::size_t>(Qp), 0);
   const auto refs = s.batch.blocks();
+  std::vector<std::int32_t> target(static_cast<std::size_t>(Qp));
+  std::vector<double> weight(target.size()), ce(target.size());
   for (std::int64_t r = 0; r < Qp; ++r) {
     const std::int64_t k = r % B, anchor = refs[static_cast<std::size_t>(s.blocks.begin + r / B)].anchor;
-    const std::int32_t target = mb.tokens[static_cast<std::size_t>(anchor + k)];
-    const double w = k == 0 ? 0.0 : std::exp(-static_cast<double>(k - 1) / cfg_.gamma) * mb.loss_mask[static_cast<std::size_t>(anchor + k)];
-    float* lg = logits_.data() + r * V;
-    const auto best = static_cast<std::int32_t>(std::max_element(lg, lg + V) - lg);
-    argmax_[static_cast<std::size_t>(r)] = best;
-    double mx = lg[best], sum = 0;
-    for (std::int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(lg[v]) - mx);
-    const double lse = mx + std::log(sum);
-    if (w > 0) {
-      st.loss_sum += w * (lse - lg[target]);
-      st.weight_sum += w;
-      st.correct[static_cast<std::size_t>(k)] += best == target;
-      st.counted[static_cast<std::size_t>(k)] += 1;
-    }
-    if (backward) {
-      for (std::int64_t v = 0; v < V; ++v)
-        lg[v] = static_cast<float>(w * (std::exp(static_cast<double>(lg[v]) - lse) - (v == target ? 1.0 : 0.0)));
+    target[static_cast<std::size_t>(r)] = mb.tokens[static_cast<std::size_t>(anchor + k)];
+    weight[static_cast<std::size_t>(r)] =
+        k == 0 ? 0.0 : std::exp(-static_cast<double>(k - 1) / cfg_.gamma) * mb.loss_mask[static_cast<std::size_t>(anchor + k)];
+  }
+  std::vector<float> dhf(backward ? static_cast<std::size_t>(Qp * H) : 0);
+  lm_head_->run(hf_.data(), Qp, target.data(), weight.data(), ce.data(), argmax_.data(), backward, dhf.data());
+  for (std::int64_t r = 0; r < Qp; ++r) {
+    const auto i = static_cast<std::size_t>(r), k = static_cast<std::size_t>(r % B);
+    if (weight[i] > 0) {
+      st.loss_sum += weight[i] * ce[i];
+      st.weight_sum += weight[i];
+      st.correct[k] += argmax_[i] == target[i];
+      st.counted[k] += 1;
     }
   }
+  phases_.lm_head += ms(t0);
   if (!backward) return st;
 
-  float* G = grads_.data();
-  std::vector<float> dhf(static_cast<std::size_t>(Qp * H));
-  linear_backward_input(logits_.data(), Qp, V, lm_head_.data(), H, dhf.data());
-  std::vector<float> dh = norm_rows_bwd(dhf, h_, hf_rstd_, Qp, H, P + layout_.final_norm, G + layout_.final_norm);
+  const float* P = acquire(Lu, true);
+  std::vector<float> dh = norm_rows_bwd(dhf, h_, hf_rstd_, Qp, H, P + rel(Lu, layout_.final_norm),
+                                        state_->unit_grads(Lu) + rel(Lu, layout_.final_norm));
+  state_->release(Lu, true);
   std::vector<float> dc(static_cast<std::size_t>(Cp * H), 0.f), dc_l(dc.size()), da(dh.size());
   std::vector<float> dact(static_cast<std::size_t>(Qp * F)), dgate(dact.size()), dup(dact.size()), dm(dh.size());
   for (std::int64_t l = cfg_.layers - 1; l >= 0; --l) {
+    const int u = static_cast<int>(l) + 1;
     LayerState& L = layers_[static_cast<std::size_t>(l)];
     const auto& off = layout_.layer[static_cast<std::size_t>(l)];
+    P = acquire(u, true);
+    float* G = state_->unit_grads(u);
+    t0 = Clock::now();
     // MLP: h_out = h_mid + act W_down, act = silu(gate) * up.
-    linear_backward_weight(L.act.data(), Qp, F, dh.data(), H, G + off.w_down);
-    linear_backward_input(dh.data(), Qp, H, P + off.w_down, F, dact.data());
+    linear_backward_weight(L.act.data(), Qp, F, dh.data(), H, G + rel(u, off.w_down));
+    linear_backward_input(dh.data(), Qp, H, P + rel(u, off.w_down), F, dact.data());
     for (std::size_t j = 0; j < dact.size(); ++j) {
       const float sg = sigmoid(L.gate[j]);
       dup[j] = dact[j] * L.gate[j] * sg;
       dgate[j] = dact[j] * L.up[j] * sg * (1.f + L.gate[j] * (1.f - sg));
     }
-    linear_backward_weight(L.m.data(), Qp, H, dgate.data(), F, G + off.w_gate);
-    linear_backward_weight(L.m.data(), Qp, H, dup.data(), F, G + off.w_up);
-    linear_backward_input(dgate.data(), Qp, F, P + off.w_gate, H, dm.data());
-    linear_backward_input(dup.data(), Qp, F, P + off.w_up, H, dm.data(), 1.f);
-    add_into(dh, norm_rows_bwd(dm, L.h_mid, L.m_rstd, Qp, H, P + off.mlp_norm, G + off.mlp_norm));
+    linear_backward_weight(L.m.data(), Qp, H, dgate.data(), F, G + rel(u, off.w_gate));
+    linear_backward_weight(L.m.data(), Qp, H, dup.data(), F, G + rel(u, off.w_up));
+    linear_backward_input(dgate.data(), Qp, F, P + rel(u, off.w_gate), H, dm.data());
+    linear_backward_input(dup.data(), Qp, F, P + rel(u, off.w_up), H, dm.data(), 1.f);
+    add_into(dh, norm_rows_bwd(dm, L.h_mid, L.m_rstd, Qp, H, P + rel(u, off.mlp_norm), G + rel(u, off.mlp_norm)));
+    phases_.mlp += ms(t0);
+    t0 = Clock::now();
     // Attention: h_mid = h_in + SplitKV(a, c).
-    AttnLayerParams gview = attn_params(grads_, l);
-    L.attn->backward(attn_params(params_, l), dh.data(), da.data(), dc_l.data(), gview);
+    AttnLayerParams gview(cfg_.attn(), G + rel(u, off.attn));
+    L.attn->backward(AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)), dh.data(), da.data(),
+                     dc_l.data(), gview);
     std::fill_n(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
-    add_into(dh, norm_rows_bwd(da, L.h_in, L.a_rstd, Qp, H, P + off.attn_norm, G + off.attn_norm));
+    add_into(dh, norm_rows_bwd(da, L.h_in, L.a_rstd, Qp, H, P + rel(u, off.attn_norm), G + rel(u, off.attn_norm)));
     add_into(dc, dc_l);
+    phases_.attention += ms(t0);
+    state_->release(u, true);
   }
   // The embedding is frozen: dh stops here. Context fusion backward.
-  const std::vector<float> dc_lin = norm_rows_bwd(dc, c_lin_, c_rstd_, Cp, H, P + layout_.fc_norm, G + layout_.fc_norm);
-  linear_backward_weight(mb.hidden_p.data(), Cp, T, dc_lin.data(), H, G + layout_.fc);
+  P = acquire(0, true);
+  float* G = state_->unit_grads(0);
+  t0 = Clock::now();
+  const std::vector<float> dc_lin = norm_rows_bwd(dc, c_lin_, c_rstd_, Cp, H, P + rel(0, layout_.fc_norm), G + rel(0, layout_.fc_norm));
+  linear_backward_weight(mb.hidden_p.data(), Cp, T, dc_lin.data(), H, G + rel(0, layout_.fc));
+  phases_.fusion += ms(t0);
+  state_->release(0, true);
   return st;
 }
 

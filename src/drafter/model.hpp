@@ -15,11 +15,15 @@
 // format (Qwen3's attention_bias = false) has none.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "cp/splitkv.hpp"
 #include "drafter/config.hpp"
+#include "drafter/lm_head.hpp"
+#include "drafter/sharded_state.hpp"
 
 namespace diffcp {
 
@@ -39,29 +43,44 @@ struct DrafterStats {
   std::vector<std::int64_t> correct, counted;  // [B] per-slot argmax hits / predictions (w > 0)
 };
 
+// Embedding lookup: out [n, H] = the frozen embedding rows of tokens [n] (where they live: a
+// mapped file, a generator; the drafter never holds the table).
+using EmbeddingRows = std::function<void(std::span<const std::int32_t> tokens, float* out)>;
+
 class Drafter {
  public:
   // attn: the Split-KV options of every layer (hierarchical collectives need cp's topology).
+  // The trainable state starts resident (ShardMode::none); use_state() hands it to a sharded one.
   Drafter(Communicator& cp, const DrafterConfig& cfg, SplitKVOptions attn = {});
 
   const DrafterConfig& config() const { return cfg_; }
   const DrafterLayout& layout() const { return layout_; }
-  std::vector<float>& params() { return params_; }        // [layout().total]
-  std::vector<float>& grads() { return grads_; }          // [layout().total]
-  std::vector<float>& embedding() { return embedding_; }  // [V, H] frozen; set before step()
-  std::vector<float>& lm_head() { return lm_head_; }      // [H, V] frozen; set before step()
-  // Seeded init of the trainable parameters (matrices N(0, 1/in), norms 1).
+  std::vector<float>& params() { return state_->params(); }  // [layout().total] (not --shard full)
+  std::vector<float>& grads() { return state_->grads(); }    // [layout().total] (not --shard full)
+  ShardedState& state() { return *state_; }
+  // Runs on `state` from now on (it must be of this layout; it outlives the drafter's use of it).
+  void use_state(ShardedState& state);
+  void set_embedding(EmbeddingRows rows) { embedding_ = std::move(rows); }  // before step()
+  void set_embedding(std::vector<float> table);                             // [V, H]
+  void set_lm_head(LmHead head) { lm_head_ = std::make_unique<LmHead>(std::move(head)); }  // before step()
+  // Seeded init of the trainable parameters (matrices N(0, 1/in), norms 1), unit by unit.
   void init_params(std::uint64_t seed);
 
   // Forward of one micro-batch; with `backward`, dloss/dlogits = w * (softmax - onehot) (UNscaled:
   // the trainer divides the summed gradients by the global weight sum) and the gradients are
-  // ADDED to grads(). Returns this rank's loss pieces.
+  // ADDED to the state's gradients. Returns this rank's loss pieces.
   DrafterStats step(const DrafterBatch& mb, bool backward);
   // After step(): argmax token of every owned query row, [Q_p] (slot 0 rows included).
   const std::vector<std::int32_t>& predictions() const { return argmax_; }
   // The forward up to the final RMSNorm (no LM head, no loss): what a serving engine's drafter
   // returns. Needs the embedding only when mb.block_input is empty. Returns [Q_p, H].
   const std::vector<float>& forward_hidden(const DrafterBatch& mb);
+
+  // Wall time of the phases of the steps so far, ms (attention includes its collectives).
+  struct Phases {
+    double fusion = 0, attention = 0, mlp = 0, lm_head = 0, gather_wait = 0;
+  };
+  const Phases& phases() const { return phases_; }
 
  private:
   struct LayerState {
@@ -70,16 +89,22 @@ class Drafter {
   };
   void embed(const DrafterBatch& mb);
   void forward(const DrafterBatch& mb);  // -> hf_ (and the saved activations)
-  AttnLayerParams attn_params(std::vector<float>& buf, std::int64_t l) const;
+  const float* acquire(int u, bool backward);  // the unit's parameters, timing the wait
+  // Offset of layout offset `abs` inside unit u.
+  std::int64_t rel(int u, std::int64_t abs) const { return abs - layout_.units[static_cast<std::size_t>(u)].begin; }
 
   Communicator& comm_;
   DrafterConfig cfg_;
   SplitKVOptions attn_opt_;
   DrafterLayout layout_;
-  std::vector<float> params_, grads_, embedding_, lm_head_;
+  std::unique_ptr<ShardedState> own_state_;
+  ShardedState* state_ = nullptr;
+  EmbeddingRows embedding_;
+  std::unique_ptr<LmHead> lm_head_;
   std::vector<LayerState> layers_;
-  std::vector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_, logits_;
+  std::vector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_;
   std::vector<std::int32_t> argmax_;
+  Phases phases_;
 };
 
 }  // namespace diffcp

@@ -23,6 +23,7 @@
 #include "drafter/hf_format.hpp"
 #include "drafter/model.hpp"
 #include "drafter/optim.hpp"
+#include "drafter/sharded_state.hpp"
 
 namespace diffcp {
 
@@ -114,6 +115,7 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   const auto cp = world.split(dp_rank, rank % cp_size, "cp");
   cp->discover_topology();  // the nodes of the CP group: DIFFCP_NODE or shared memory
   const auto redist = cp->split(0, cp->rank(), "redistribute");
+  const auto vocab = cp->split(0, cp->rank(), "lm_head");  // the vocabulary-parallel LM head's
 
   std::unique_ptr<DataSource> data;
   if (opt.data.empty()) {
@@ -121,6 +123,12 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     spec.seed = opt.seed;
     spec.max_length = std::min<std::int64_t>(spec.max_length, opt.context);
     spec.min_length = std::min(spec.min_length, spec.max_length);
+    if (real_shape) {  // the paper's regime: long samples (half to all of --context), Q << S
+      spec.max_length = std::max<std::int64_t>(opt.context, cfg.block + 2);
+      spec.min_length = std::max<std::int64_t>(spec.max_length / 2, cfg.block + 2);
+      spec.train_samples = 16;
+      spec.heldout_samples = 2;
+    }
     data = make_synthetic_source(cfg, spec);
   } else {
     data = make_shard_source(cfg, opt.data, opt.heldout);
@@ -154,29 +162,38 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
                  data->train().size(), static_cast<long long>(res.truncated), static_cast<long long>(opt.context),
                  static_cast<long long>(res.few_anchors), static_cast<long long>(anchors));
 
+  const ShardMode shard = opt.shard == "auto" ? (W > 1 ? ShardMode::full : ShardMode::none) : parse_shard_mode(opt.shard);
+  res.shard = shard_mode_name(shard);
   Drafter drafter(*cp, cfg, {OProj::all, collectives});
+  ShardedState state(world, drafter.layout(), shard);
+  drafter.use_state(state);
   if (opt.init.empty()) drafter.init_params(opt.seed + 7);
-  else drafter.params() = std::move(init.params);
-  drafter.embedding() = data->embedding();
-  drafter.lm_head() = data->lm_head();
+  else state.set_params(init.params), init.params = {};
+  drafter.set_embedding([&data](std::span<const std::int32_t> tokens, float* out) { data->embedding_rows(tokens, out); });
+  {  // the LM head: whole (none) or this CP rank's vocabulary slice
+    const bool split = shard != ShardMode::none;
+    const auto [v0, v1] = split ? vocab_slice(cfg.vocab, cp->size(), cp->rank()) : std::pair<std::int64_t, std::int64_t>{0, cfg.vocab};
+    std::vector<float> w(static_cast<std::size_t>(cfg.hidden * (v1 - v0)));
+    data->lm_head_columns(v0, v1, w.data());
+    res.lm_head_mb = static_cast<double>(w.size()) * 4 / (1 << 20);
+    drafter.set_lm_head(LmHead(split ? vocab.get() : nullptr, cfg.hidden, cfg.vocab, std::move(w), v0));
+  }
   AdamW adam;
   adam.lr = lr;
   adam.weight_decay = opt.weight_decay;
   std::int64_t start = 0;
   const std::string ckpt_path = opt.out.empty() ? "" : opt.out + "/checkpoint.bin";
   if (opt.resume) try {
-    const Checkpoint ck = load_checkpoint(ckpt_path);
-    DIFFCP_CHECK(ck.meta.at("config") == cfg.to_json(), "checkpoint '", ckpt_path, "' is for a different model: ",
-                 ck.meta.at("config").dump(), " vs ", cfg.to_json().dump());
-    DIFFCP_CHECK(ck.params.size() == drafter.params().size(), "checkpoint '", ckpt_path, "': ", ck.params.size(),
-                 " parameters, the model has ", drafter.params().size());
-    DIFFCP_CHECK(ck.meta.at("seed").get<std::uint64_t>() == opt.seed, "checkpoint '", ckpt_path, "' was trained with --seed ",
-                 ck.meta.at("seed").get<std::uint64_t>(), ", not ", opt.seed, " (the data order and anchors follow the seed)");
-    drafter.params() = ck.params;
-    adam.m = ck.m;
-    adam.v = ck.v;
-    adam.t = ck.meta.at("adam_t").get<std::int64_t>();
-    start = ck.meta.at("step").get<std::int64_t>();
+    CheckpointReader ck(ckpt_path);
+    DIFFCP_CHECK(ck.meta().at("config") == cfg.to_json(), "checkpoint '", ckpt_path, "' is for a different model: ",
+                 ck.meta().at("config").dump(), " vs ", cfg.to_json().dump());
+    DIFFCP_CHECK(static_cast<std::int64_t>(ck.n()) == drafter.layout().total, "checkpoint '", ckpt_path, "': ", ck.n(),
+                 " parameters, the model has ", drafter.layout().total);
+    DIFFCP_CHECK(ck.meta().at("seed").get<std::uint64_t>() == opt.seed, "checkpoint '", ckpt_path, "' was trained with --seed ",
+                 ck.meta().at("seed").get<std::uint64_t>(), ", not ", opt.seed, " (the data order and anchors follow the seed)");
+    state.load(ck);  // this rank's slices, whatever mesh wrote the file
+    adam.t = ck.meta().at("adam_t").get<std::int64_t>();
+    start = ck.meta().at("step").get<std::int64_t>();
   } catch (const nlohmann::json::exception& e) {  // a checksummed file whose header lacks a field
     DIFFCP_FAIL("checkpoint '", ckpt_path, "': header field missing or of the wrong type: ", e.what());
   }
@@ -192,7 +209,14 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     // Greedy acceptance length on held-out micro-batches: per block 1 + matching prefix of the
     // draft argmax and the true next tokens; averaged per response, then over responses.
     double tau_sum = 0, responses = 0;
-    for (std::size_t e = static_cast<std::size_t>(dp_rank); e < eval_packs.size(); e += static_cast<std::size_t>(opt.dp)) {
+    // Every DP replica runs the same number of rounds: with --shard full each forward gathers the
+    // parameters over the whole mesh, so a replica without a pack in the last round still takes part.
+    const std::size_t dp = static_cast<std::size_t>(opt.dp), rounds = (eval_packs.size() + dp - 1) / dp;
+    for (std::size_t e = static_cast<std::size_t>(dp_rank); e < rounds * dp; e += dp) {
+      if (e >= eval_packs.size()) {
+        state.gather_rounds_only();
+        continue;
+      }
       auto rng = anchor_rng(opt.seed, static_cast<std::int64_t>(e), 0xe7a1);
       std::vector<std::int32_t> greedy;
       const DrafterBatch mb = builder.build(true, eval_packs[e], anchors, rng, &greedy);
@@ -229,14 +253,14 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   const auto t_start = Clock::now();
   const bool tty = isatty(2);
   auto save = [&](std::int64_t done) {
-    if (rank == 0 && !ckpt_path.empty())
-      save_checkpoint(ckpt_path, {{{"config", cfg.to_json()}, {"step", done}, {"seed", opt.seed}, {"adam_t", adam.t},
-                                   {"cp", cp_size}, {"dp", opt.dp}},
-                                  drafter.params(), adam.m, adam.v});
+    if (!ckpt_path.empty())
+      state.save(ckpt_path, {{"config", cfg.to_json()}, {"step", done}, {"seed", opt.seed}, {"adam_t", adam.t},
+                             {"cp", cp_size}, {"dp", opt.dp}, {"shard", res.shard}});
     world.barrier();
   };
   std::vector<double> step_ms;
-  double tokens = 0, busy = 0;
+  double tokens = 0, busy = 0, t_build = 0, t_reduce = 0, t_optim = 0;
+  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   // Global micro-batch g visits pack order_e[g mod n] in epoch e = g / n: a fresh order each epoch,
   // a function of (seed, e) only, so resumed runs and any DP x accumulation split agree.
   std::int64_t order_epoch = -1;
@@ -252,7 +276,20 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     return order[static_cast<std::size_t>(g % n)];
   };
   auto finish = [&]() {
-    res.params = drafter.params();
+    if (opt.keep_params) res.params = state.gather_params();
+    const std::int64_t steps_run = static_cast<std::int64_t>(step_ms.size());
+    if (steps_run > 0) {
+      const auto& ph = drafter.phases();
+      const double n = static_cast<double>(steps_run);
+      // The model's phases include the evaluation forwards; the trainer's are per step.
+      res.phases = {{"target_features", t_build / n}, {"fusion", ph.fusion / n}, {"attention", ph.attention / n},
+                    {"mlp", ph.mlp / n}, {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n},
+                    {"reduce", t_reduce / n}, {"optimizer", t_optim / n}};
+    }
+    std::vector<double> mem{static_cast<double>(state.resident_bytes()) / (1 << 20), res.lm_head_mb};
+    world.all_reduce<double>(mem, ReduceOp::max);
+    res.state_mb = mem[0];
+    res.lm_head_mb = mem[1];
     if (!step_ms.empty()) {
       std::sort(step_ms.begin(), step_ms.end());
       res.step_ms = step_ms[step_ms.size() / 2];
@@ -267,13 +304,15 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   };
   for (std::int64_t s = start; s < opt.steps; ++s) {
     const auto t0 = Clock::now();
-    std::fill(drafter.grads().begin(), drafter.grads().end(), 0.f);
+    state.zero_grads();
     std::vector<double> stats(static_cast<std::size_t>(3 + 2 * B), 0.0);  // loss, weight, tokens, correct[B], counted[B]
     for (std::int64_t j = 0; j < opt.accum; ++j) {
       const std::int64_t g = (s * opt.dp + dp_rank) * opt.accum + j;  // global micro-batch number
       const auto idx = pack_of(g);
       auto rng = anchor_rng(opt.seed, g, 0x7a1);
+      const auto tb = Clock::now();
       const DrafterBatch mb = builder.build(false, train_packs[idx], anchors, rng);
+      t_build += ms_since(tb);
       const DrafterStats st = drafter.step(mb, true);
       stats[0] += st.loss_sum;
       stats[1] += st.weight_sum;
@@ -283,14 +322,17 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
         stats[static_cast<std::size_t>(3 + B + k)] += static_cast<double>(st.counted[static_cast<std::size_t>(k)]);
       }
     }
-    // Sum over the whole mesh (CP shares and DP replicas alike), then normalise by the global weight.
-    world.all_reduce<float>(drafter.grads());
+    // Sum over the whole mesh (CP shares and DP replicas alike) to the owners, then normalise by
+    // the global weight, clip and update what this rank owns.
+    auto tr = Clock::now();
     world.all_reduce<double>(stats);
     const double inv = 1.0 / (stats[1] + 1e-6);
-    for (float& g : drafter.grads()) g = static_cast<float>(g * inv);
-    const double grad_norm = clip_grad_norm(drafter.grads(), opt.clip);
+    const double grad_norm = state.reduce_grads(inv);
+    t_reduce += ms_since(tr);
+    tr = Clock::now();
     const double lr_now = cosine_lr(lr, s, opt.steps, opt.warmup);
-    adam.step(drafter.params(), drafter.grads(), lr_now, drafter.layout().vectors);
+    state.apply(adam, lr_now, opt.clip);
+    t_optim += ms_since(tr);
     res.loss = stats[0] * inv;
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     const double tok_s = stats[2] / secs;

@@ -43,6 +43,12 @@ struct TrainOptions {
   std::string collectives = "auto";  // Split-KV's: flat | hierarchical | auto (= hierarchical; flat on one node)
   std::int64_t stop_at = 0;        // stop after this step as if killed (tests resume); 0 = off
   bool progress = true;
+  // Model state over the mesh (drafter/sharded_state.hpp): none | optimizer | full | auto (= full
+  // on more than one rank: the only mode whose memory per rank falls as 1/P for every part of the
+  // state; none on one rank). With optimizer or full the LM head is vocabulary-parallel over the
+  // CP group (drafter/lm_head.hpp).
+  std::string shard = "auto";
+  bool keep_params = true;         // gather the trained parameters into TrainResult::params
 };
 
 struct TrainResult {
@@ -59,6 +65,14 @@ struct TrainResult {
   std::int64_t few_anchors = 0;    // training samples with fewer candidate anchor positions than --anchors
   double lr = 0;                   // the peak learning rate used
   std::int64_t anchors = 0;        // the anchors per sample used
+  std::string shard;               // the --shard mode used
+  // Per-phase wall time, mean ms per step over this run (rank 0): target features (building
+  // the micro-batches: synthetic target or shard reads, plan, redistribution), fusion, attention,
+  // mlp, lm_head (+ loss), gather_wait (parameter all-gathers not hidden by prefetch),
+  // reduce (gradient reduction + norm), optimizer.
+  std::vector<std::pair<std::string, double>> phases;
+  double state_mb = 0;             // max over ranks of the model state's bytes (sharded_state.hpp)
+  double lm_head_mb = 0;           // max over ranks of the LM head slice held
 };
 
 TrainResult train(Communicator& world, const TrainOptions& opt);
