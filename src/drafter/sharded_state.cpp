@@ -25,7 +25,8 @@ double shard_bytes_per_step(const DrafterLayout& layout, ShardMode m, int W, std
   if (m == ShardMode::none) {  // all_reduce(total): the communicator's bandwidth-optimal count
     return 2.0 * static_cast<double>(layout.total) * f;
   }
-  return (m == ShardMode::optimizer ? 2.0 : 3.0 * static_cast<double>(accum)) * N * f;
+  // + the gradient norm's all_reduce of one double.
+  return (m == ShardMode::optimizer ? 2.0 : 3.0 * static_cast<double>(accum)) * N * f + 2.0 * 2 * f;
 }
 
 ShardedState::ShardedState(Communicator& mesh, const DrafterLayout& layout, ShardMode mode)

@@ -18,7 +18,8 @@
 //   none:      all_reduce(N)                      sends 2 N (W-1)/W
 //   optimizer: reduce_scatter + all_gather         sends 2 N (W-1)/W
 //   full:      A x (2 all_gather + reduce_scatter) sends 3 A N (W-1)/W
-// (shard_bytes_per_step below; the communicator counts the same bytes.)
+// (+ 16 (W-1)/W bytes for the gradient norm's all_reduce of one double in optimizer and full;
+// shard_bytes_per_step below; the communicator counts the same bytes, as a mean over ranks.)
 //
 // Exactness: the update is elementwise, so every mode applies the same arithmetic to each
 // element; only the gradient sums differ in order (MPI's all_reduce vs reduce_scatter, and per
