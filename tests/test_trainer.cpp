@@ -112,6 +112,14 @@ TEST(Trainer, ShardedStateTrainsLikeTheReplicatedOne) {
     EXPECT_EQ(sh.shard, mode);
     expect_same_step(sh, ref);
   }
+  // Activation recomputation reruns the same forward: bitwise the same step.
+  o.recompute = "off";
+  const TrainResult kept = train(world(), o);
+  o.recompute = "on";
+  const TrainResult again = train(world(), o);
+  EXPECT_TRUE(again.recompute);
+  EXPECT_EQ(again.params, kept.params);
+  EXPECT_EQ(again.loss, kept.loss);
 }
 
 // A checkpoint holds full vectors whatever mesh wrote it: written by the sharded P-rank run and

@@ -35,6 +35,8 @@ void add_train_command(CLI::App& app, TrainOptions& opt) {
   c->add_option("--stop-at", opt.stop_at, "stop after this step as if killed (for resume tests)");
   c->add_option("--shard", opt.shard, "model state over the mesh: none | optimizer | full | auto (= full on more than "
                  "one rank, none on one); optimizer and full also split the LM head over the CP group")->capture_default_str();
+  c->add_option("--recompute", opt.recompute, "activation recomputation: on | off | auto (= on with --shard full)")
+      ->capture_default_str();
   c->add_flag("!--no-progress", opt.progress, "no progress bar");
 }
 
@@ -48,8 +50,8 @@ int run_train(Communicator& world, TrainOptions opt) {
                 "(against the %s)\n", r.loss, r.uniform_loss, r.tau, r.tau_reference.c_str());
     std::printf("diffcp train: checkpoint %s\n", r.checkpoint.empty() ? "not written (no --out)" : r.checkpoint.c_str());
     std::printf("diffcp train: CP group on %s, Split-KV with %s collectives\n", r.topology.c_str(), r.collectives.c_str());
-    std::printf("diffcp train: --shard %s: model state %.0f MiB/rank, LM head %.0f MiB/rank; ms per step:", r.shard.c_str(),
-                r.state_mb, r.lm_head_mb);
+    std::printf("diffcp train: --shard %s%s: model state %.0f MiB/rank, LM head %.0f MiB/rank; ms per step:", r.shard.c_str(),
+                r.recompute ? ", activations recomputed" : "", r.state_mb, r.lm_head_mb);
     for (const auto& [name, ms] : r.phases) std::printf(" %s %.0f", name.c_str(), ms);
     std::printf("\n");
   }

@@ -115,10 +115,40 @@ void Drafter::embed(const DrafterBatch& mb) {
   embedding_(tokens, h_.data());
 }
 
+void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* P, const CpShard& s) {
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
+  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, Qp = s.own_query_rows();
+  const int u = static_cast<int>(l) + 1;
+  const auto& off = layout_.layer[static_cast<std::size_t>(l)];
+  auto t0 = Clock::now();
+  if (!L.attn)
+    L.attn = std::make_unique<SplitKVLayer>(comm_, cfg_.attn(), s, attn_opt_);
+  else
+    L.attn->reshard(s);
+  L.h_in = h_;
+  std::vector<float> y(h_.size());
+  norm_rows(h_, Qp, H, P + rel(u, off.attn_norm), cfg_.rms_eps, L.a, L.a_rstd);
+  L.attn->forward(AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)), L.a.data(), c_.data(), y.data());
+  add_into(h_, y);
+  phases_.attention += ms(t0);
+  t0 = Clock::now();
+  L.h_mid = h_;
+  norm_rows(h_, Qp, H, P + rel(u, off.mlp_norm), cfg_.rms_eps, L.m, L.m_rstd);
+  L.gate.resize(static_cast<std::size_t>(Qp * F));
+  L.up.resize(L.gate.size());
+  L.act.resize(L.gate.size());
+  linear_forward(L.m.data(), Qp, H, P + rel(u, off.w_gate), F, L.gate.data());
+  linear_forward(L.m.data(), Qp, H, P + rel(u, off.w_up), F, L.up.data());
+  for (std::size_t j = 0; j < L.act.size(); ++j) L.act[j] = L.gate[j] * sigmoid(L.gate[j]) * L.up[j];
+  linear_forward(L.act.data(), Qp, F, P + rel(u, off.w_down), H, h_.data(), 1.f);  // h += act W_down
+  phases_.mlp += ms(t0);
+}
+
 void Drafter::forward(const DrafterBatch& mb) {
   using Clock = std::chrono::steady_clock;
   auto ms = [](Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
-  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, B = cfg_.block, T = cfg_.target_layers * H;
+  const std::int64_t H = cfg_.hidden, B = cfg_.block, T = cfg_.target_layers * H;
   const int Lu = static_cast<int>(cfg_.layers) + 1;  // the final norm's unit
   const CpShard& s = mb.shard;
   const std::int64_t S = s.batch.context_rows(), Qp = s.own_query_rows(), Cp = s.context_rows();
@@ -138,34 +168,13 @@ void Drafter::forward(const DrafterBatch& mb) {
   phases_.fusion += ms(t0);
 
   embed(mb);
-  std::vector<float> y(h_.size());
   for (std::int64_t l = 0; l < cfg_.layers; ++l) {
     const int u = static_cast<int>(l) + 1;
-    LayerState& L = layers_[static_cast<std::size_t>(l)];
-    const auto& off = layout_.layer[static_cast<std::size_t>(l)];
+    LayerState& L = recompute_ ? scratch_ : layers_[static_cast<std::size_t>(l)];
     P = acquire(u, false);
-    t0 = Clock::now();
-    if (!L.attn)
-      L.attn = std::make_unique<SplitKVLayer>(comm_, cfg_.attn(), s, attn_opt_);
-    else
-      L.attn->reshard(s);
-    L.h_in = h_;
-    norm_rows(h_, Qp, H, P + rel(u, off.attn_norm), cfg_.rms_eps, L.a, L.a_rstd);
-    L.attn->forward(AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)), L.a.data(), c_.data(), y.data());
-    add_into(h_, y);
-    phases_.attention += ms(t0);
-    t0 = Clock::now();
-    L.h_mid = h_;
-    norm_rows(h_, Qp, H, P + rel(u, off.mlp_norm), cfg_.rms_eps, L.m, L.m_rstd);
-    L.gate.resize(static_cast<std::size_t>(Qp * F));
-    L.up.resize(L.gate.size());
-    L.act.resize(L.gate.size());
-    linear_forward(L.m.data(), Qp, H, P + rel(u, off.w_gate), F, L.gate.data());
-    linear_forward(L.m.data(), Qp, H, P + rel(u, off.w_up), F, L.up.data());
-    for (std::size_t j = 0; j < L.act.size(); ++j) L.act[j] = L.gate[j] * sigmoid(L.gate[j]) * L.up[j];
-    linear_forward(L.act.data(), Qp, F, P + rel(u, off.w_down), H, h_.data(), 1.f);  // h += act W_down
+    layer_forward(l, L, P, s);
+    if (recompute_) layers_[static_cast<std::size_t>(l)].h_in = std::move(scratch_.h_in);  // all the layer keeps
     state_->release(u, false);
-    phases_.mlp += ms(t0);
   }
   P = acquire(Lu, false);
   norm_rows(h_, Qp, H, P + rel(Lu, layout_.final_norm), cfg_.rms_eps, hf_, hf_rstd_);
@@ -224,10 +233,14 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
   std::vector<float> dact(static_cast<std::size_t>(Qp * F)), dgate(dact.size()), dup(dact.size()), dm(dh.size());
   for (std::int64_t l = cfg_.layers - 1; l >= 0; --l) {
     const int u = static_cast<int>(l) + 1;
-    LayerState& L = layers_[static_cast<std::size_t>(l)];
     const auto& off = layout_.layer[static_cast<std::size_t>(l)];
     P = acquire(u, true);
     float* G = state_->unit_grads(u);
+    if (recompute_) {  // the layer's forward again, from its input
+      h_ = layers_[static_cast<std::size_t>(l)].h_in;
+      layer_forward(l, scratch_, P, s);
+    }
+    LayerState& L = recompute_ ? scratch_ : layers_[static_cast<std::size_t>(l)];
     t0 = Clock::now();
     // MLP: h_out = h_mid + act W_down, act = silu(gate) * up.
     linear_backward_weight(L.act.data(), Qp, F, dh.data(), H, G + rel(u, off.w_down));

@@ -63,6 +63,10 @@ class Drafter {
   void set_embedding(EmbeddingRows rows) { embedding_ = std::move(rows); }  // before step()
   void set_embedding(std::vector<float> table);                             // [V, H]
   void set_lm_head(LmHead head) { lm_head_ = std::make_unique<LmHead>(std::move(head)); }  // before step()
+  // Activation recomputation: keep only each layer's input and run the layer's forward again in
+  // backward (one Split-KV layer and one layer's activations live at a time). Saves ~all the
+  // per-layer activation memory for one more forward; the results are bitwise the same.
+  void set_recompute(bool on) { recompute_ = on; }
   // Seeded init of the trainable parameters (matrices N(0, 1/in), norms 1), unit by unit.
   void init_params(std::uint64_t seed);
 
@@ -89,6 +93,8 @@ class Drafter {
   };
   void embed(const DrafterBatch& mb);
   void forward(const DrafterBatch& mb);  // -> hf_ (and the saved activations)
+  // Layer l on h_ (in: its input, out: its output), saving its activations in L.
+  void layer_forward(std::int64_t l, LayerState& L, const float* P, const CpShard& s);
   const float* acquire(int u, bool backward);  // the unit's parameters, timing the wait
   // Offset of layout offset `abs` inside unit u.
   std::int64_t rel(int u, std::int64_t abs) const { return abs - layout_.units[static_cast<std::size_t>(u)].begin; }
@@ -102,6 +108,8 @@ class Drafter {
   EmbeddingRows embedding_;
   std::unique_ptr<LmHead> lm_head_;
   std::vector<LayerState> layers_;
+  bool recompute_ = false;
+  LayerState scratch_;  // recompute: the activations of the layer being run
   std::vector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_;
   std::vector<std::int32_t> argmax_;
   Phases phases_;

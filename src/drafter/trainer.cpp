@@ -167,6 +167,10 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   Drafter drafter(*cp, cfg, {OProj::all, collectives});
   ShardedState state(world, drafter.layout(), shard);
   drafter.use_state(state);
+  DIFFCP_CHECK(opt.recompute == "auto" || opt.recompute == "on" || opt.recompute == "off", "--recompute '", opt.recompute,
+               "': expected on, off or auto");
+  res.recompute = opt.recompute == "on" || (opt.recompute == "auto" && shard == ShardMode::full);
+  drafter.set_recompute(res.recompute);
   if (opt.init.empty()) drafter.init_params(opt.seed + 7);
   else state.set_params(init.params), init.params = {};
   drafter.set_embedding([&data](std::span<const std::int32_t> tokens, float* out) { data->embedding_rows(tokens, out); });

@@ -48,6 +48,9 @@ struct TrainOptions {
   // state; none on one rank). With optimizer or full the LM head is vocabulary-parallel over the
   // CP group (drafter/lm_head.hpp).
   std::string shard = "auto";
+  // Activation recomputation (Drafter::set_recompute): on | off | auto (= on with --shard full,
+  // where memory is what the run is short of).
+  std::string recompute = "auto";
   bool keep_params = true;         // gather the trained parameters into TrainResult::params
 };
 
@@ -66,6 +69,7 @@ struct TrainResult {
   double lr = 0;                   // the peak learning rate used
   std::int64_t anchors = 0;        // the anchors per sample used
   std::string shard;               // the --shard mode used
+  bool recompute = false;          // whether activations were recomputed
   // Per-phase wall time, mean ms per step over this run (rank 0): target features (building
   // the micro-batches: synthetic target or shard reads, plan, redistribution), fusion, attention,
   // mlp, lm_head (+ loss), gather_wait (parameter all-gathers not hidden by prefetch),
