@@ -127,7 +127,7 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
       spec.max_length = std::max<std::int64_t>(opt.context, cfg.block + 2);
       spec.min_length = std::max<std::int64_t>(spec.max_length / 2, cfg.block + 2);
       spec.train_samples = 16;
-      spec.heldout_samples = 2;
+      spec.heldout_samples = std::min<std::int64_t>(opt.heldout, 2);  // --heldout 0: no evaluation
     }
     data = make_synthetic_source(cfg, spec);
   } else {
