@@ -19,7 +19,7 @@ run() {  # preset np context anchors shard
   [ "$np" -gt 2 ] && bind=(--oversubscribe --bind-to none)
   log=$(OMP_NUM_THREADS=1 timeout 1800 mpirun -np "$np" "${bind[@]}" "$bin" train --no-progress --preset "$preset" \
         --context "$ctx" --anchors "$anchors" --accum 1 --steps 1 --shard "$shard" --heldout 0 2>&1) || {
-    echo "$preset,$np,$ctx,$anchors,$shard,,failed (out of memory?),,,," >> "$out"; echo "$log" | tail -3; return 0; }
+    echo "$preset,$np,$ctx,$anchors,$shard,,failed (out of memory?),,,," | tee -a "$out"; echo "$log" | tail -3; return 0; }
   local rss step state lm rec phases
   rss=$(grep -o 'peak RSS [0-9]*' <<<"$log" | grep -o '[0-9]*$')
   step=$(grep -o 'median step [0-9.]*' <<<"$log" | grep -o '[0-9.]*$')
@@ -29,9 +29,9 @@ run() {  # preset np context anchors shard
   phases=$(grep -o 'ms per step:.*' <<<"$log" | sed 's/ms per step: //')
   echo "$preset,$np,$ctx,$anchors,$shard,$rec,$rss,$state,$lm,$step,$phases" | tee -a "$out"
 }
-run qwen3.5-35b-a3b 1 8192 64 none
-run qwen3.5-35b-a3b 2 8192 64 none
+run qwen3.5-35b-a3b 2 32768 64 full
 run qwen3.5-35b-a3b 2 8192 64 full
+run qwen3.5-35b-a3b 1 8192 64 none
 run qwen3.5-35b-a3b 4 8192 64 full
 run qwen3.5-35b-a3b 8 8192 64 full
-run qwen3.5-35b-a3b 2 32768 64 full
+run qwen3.5-35b-a3b 2 8192 64 none

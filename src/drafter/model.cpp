@@ -40,16 +40,23 @@ std::vector<float> norm_rows_bwd(const std::vector<float>& dy, const std::vector
 }  // namespace
 
 Drafter::Drafter(Communicator& cp, const DrafterConfig& cfg, SplitKVOptions attn)
-    : comm_(cp), cfg_(cfg), attn_opt_(attn), layout_(cfg),
-      own_state_(std::make_unique<ShardedState>(cp, layout_, ShardMode::none)), state_(own_state_.get()) {
+    : comm_(cp), cfg_(cfg), attn_opt_(attn), layout_(cfg) {
   layers_.resize(static_cast<std::size_t>(cfg_.layers));
 }
 
 void Drafter::use_state(ShardedState& state) {
   DIFFCP_CHECK(state.layout().total == layout_.total && state.units() == static_cast<int>(layout_.units.size()),
                "drafter: a state of ", state.layout().total, " parameters for a model of ", layout_.total);
+  DIFFCP_CHECK(own_state_ == nullptr, "drafter: use_state() after the resident state was used");
   state_ = &state;
-  own_state_.reset();
+}
+
+ShardedState& Drafter::state() {
+  if (state_ == nullptr) {  // made on first use: a sharded run never allocates the resident one
+    own_state_ = std::make_unique<ShardedState>(comm_, layout_, ShardMode::none);
+    state_ = own_state_.get();
+  }
+  return *state_;
 }
 
 void Drafter::set_embedding(std::vector<float> table) {
@@ -64,7 +71,7 @@ void Drafter::set_embedding(std::vector<float> table) {
 void Drafter::init_params(std::uint64_t seed) {
   std::mt19937_64 rng(seed);  // one stream through the units in order
   const std::int64_t H = cfg_.hidden, F = cfg_.ffn, L = cfg_.layers;
-  state_->init([&](int u, float* out) {
+  state().init([&](int u, float* out) {
     auto fill = [&](std::int64_t off, std::int64_t n, double std) {
       std::normal_distribution<double> d(0.0, std);
       for (std::int64_t j = 0; j < n; ++j) out[rel(u, off) + j] = static_cast<float>(d(rng));
@@ -92,7 +99,7 @@ void Drafter::init_params(std::uint64_t seed) {
 
 const float* Drafter::acquire(int u, bool backward) {
   const auto t0 = std::chrono::steady_clock::now();
-  const float* p = state_->acquire(u, backward);
+  const float* p = state().acquire(u, backward);
   phases_.gather_wait += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return p;
 }
@@ -164,7 +171,7 @@ void Drafter::forward(const DrafterBatch& mb) {
   c_lin_.resize(static_cast<std::size_t>(Cp * H));
   linear_forward(mb.hidden_p.data(), Cp, T, P + rel(0, layout_.fc), H, c_lin_.data());
   norm_rows(c_lin_, Cp, H, P + rel(0, layout_.fc_norm), cfg_.rms_eps, c_, c_rstd_);
-  state_->release(0, false);
+  state().release(0, false);
   phases_.fusion += ms(t0);
 
   embed(mb);
@@ -174,11 +181,11 @@ void Drafter::forward(const DrafterBatch& mb) {
     P = acquire(u, false);
     layer_forward(l, L, P, s);
     if (recompute_) layers_[static_cast<std::size_t>(l)].h_in = std::move(scratch_.h_in);  // all the layer keeps
-    state_->release(u, false);
+    state().release(u, false);
   }
   P = acquire(Lu, false);
   norm_rows(h_, Qp, H, P + rel(Lu, layout_.final_norm), cfg_.rms_eps, hf_, hf_rstd_);
-  state_->release(Lu, false);
+  state().release(Lu, false);
 }
 
 const std::vector<float>& Drafter::forward_hidden(const DrafterBatch& mb) {
@@ -227,15 +234,15 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
 
   const float* P = acquire(Lu, true);
   std::vector<float> dh = norm_rows_bwd(dhf, h_, hf_rstd_, Qp, H, P + rel(Lu, layout_.final_norm),
-                                        state_->unit_grads(Lu) + rel(Lu, layout_.final_norm));
-  state_->release(Lu, true);
+                                        state().unit_grads(Lu) + rel(Lu, layout_.final_norm));
+  state().release(Lu, true);
   std::vector<float> dc(static_cast<std::size_t>(Cp * H), 0.f), dc_l(dc.size()), da(dh.size());
   std::vector<float> dact(static_cast<std::size_t>(Qp * F)), dgate(dact.size()), dup(dact.size()), dm(dh.size());
   for (std::int64_t l = cfg_.layers - 1; l >= 0; --l) {
     const int u = static_cast<int>(l) + 1;
     const auto& off = layout_.layer[static_cast<std::size_t>(l)];
     P = acquire(u, true);
-    float* G = state_->unit_grads(u);
+    float* G = state().unit_grads(u);
     if (recompute_) {  // the layer's forward again, from its input
       h_ = layers_[static_cast<std::size_t>(l)].h_in;
       layer_forward(l, scratch_, P, s);
@@ -265,16 +272,16 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
     add_into(dh, norm_rows_bwd(da, L.h_in, L.a_rstd, Qp, H, P + rel(u, off.attn_norm), G + rel(u, off.attn_norm)));
     add_into(dc, dc_l);
     phases_.attention += ms(t0);
-    state_->release(u, true);
+    state().release(u, true);
   }
   // The embedding is frozen: dh stops here. Context fusion backward.
   P = acquire(0, true);
-  float* G = state_->unit_grads(0);
+  float* G = state().unit_grads(0);
   t0 = Clock::now();
   const std::vector<float> dc_lin = norm_rows_bwd(dc, c_lin_, c_rstd_, Cp, H, P + rel(0, layout_.fc_norm), G + rel(0, layout_.fc_norm));
   linear_backward_weight(mb.hidden_p.data(), Cp, T, dc_lin.data(), H, G + rel(0, layout_.fc));
   phases_.fusion += ms(t0);
-  state_->release(0, true);
+  state().release(0, true);
   return st;
 }
 

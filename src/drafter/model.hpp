@@ -55,10 +55,13 @@ class Drafter {
 
   const DrafterConfig& config() const { return cfg_; }
   const DrafterLayout& layout() const { return layout_; }
-  std::vector<float>& params() { return state_->params(); }  // [layout().total] (not --shard full)
-  std::vector<float>& grads() { return state_->grads(); }    // [layout().total] (not --shard full)
-  ShardedState& state() { return *state_; }
-  // Runs on `state` from now on (it must be of this layout; it outlives the drafter's use of it).
+  std::vector<float>& params() { return state().params(); }  // [layout().total] (not --shard full)
+  std::vector<float>& grads() { return state().grads(); }    // [layout().total] (not --shard full)
+  // The trainable state: the one given to use_state(), else a resident one (ShardMode::none),
+  // allocated on first use.
+  ShardedState& state();
+  // Runs on `state` (before anything used the resident one; it must be of this layout and
+  // outlive the drafter's use of it).
   void use_state(ShardedState& state);
   void set_embedding(EmbeddingRows rows) { embedding_ = std::move(rows); }  // before step()
   void set_embedding(std::vector<float> table);                             // [V, H]
