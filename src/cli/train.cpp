@@ -33,8 +33,8 @@ void add_train_command(CLI::App& app, TrainOptions& opt) {
   c->add_option("--collectives", opt.collectives, "Split-KV's collectives: flat | hierarchical (two-level over nodes) | "
                                                   "auto (hierarchical; flat on one node)")->capture_default_str();
   c->add_option("--stop-at", opt.stop_at, "stop after this step as if killed (for resume tests)");
-  c->add_option("--shard", opt.shard, "model state over the mesh: none | optimizer | full | auto (= full on more than "
-                 "one rank, none on one); optimizer and full also split the LM head over the CP group")->capture_default_str();
+  c->add_option("--shard", opt.shard, "model state over the mesh: none | optimizer | full | auto (= full for the real "
+                 "shapes on more than one rank, else none); optimizer and full also split the LM head over the CP group")->capture_default_str();
   c->add_option("--recompute", opt.recompute, "activation recomputation: on | off | auto (= on with --shard full)")
       ->capture_default_str();
   c->add_flag("!--no-progress", opt.progress, "no progress bar");

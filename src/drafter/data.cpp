@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numbers>
 #include <filesystem>
 #include <unordered_set>
 
@@ -61,11 +62,10 @@ class SyntheticSource final : public DataSource {
     const std::int64_t H = cfg_.hidden, n = v1 - v0;
     DIFFCP_CHECK(0 <= v0 && v0 <= v1 && v1 <= cfg_.vocab, "synthetic LM head: columns [", v0, ", ", v1, ") of ", cfg_.vocab);
     const double scale = 1 / std::sqrt(static_cast<double>(H));
+    std::vector<float> col(static_cast<std::size_t>(H));
     for (std::int64_t v = v0; v < v1; ++v) {
-      std::seed_seq seq{spec_.seed, static_cast<std::uint64_t>(v), std::uint64_t{0x1e4d}};
-      std::mt19937_64 g(seq);
-      std::normal_distribution<double> n01(0.0, 1.0);
-      for (std::int64_t h = 0; h < H; ++h) out[h * n + (v - v0)] = static_cast<float>(n01(g) * scale);
+      seeded_normals(v, 0x1e4d, col.data());
+      for (std::int64_t h = 0; h < H; ++h) out[h * n + (v - v0)] = static_cast<float>(col[static_cast<std::size_t>(h)] * scale);
     }
   }
   std::string describe() const override {
@@ -105,13 +105,26 @@ class SyntheticSource final : public DataSource {
  private:
   // Text tokens skip the mask token id.
   std::int32_t text_token(std::int32_t t) const { return t >= cfg_.mask_token ? t + 1 : t; }
-  // out [H]: N(0, 1) values seeded by (seed, v).
+  // out [H]: N(0, 1) values that depend on (seed, v, salt) only: SplitMix64 + Box-Muller, cheap
+  // enough to generate a row per position of every micro-batch.
+  void seeded_normals(std::int64_t v, std::uint64_t salt, float* out) const {
+    std::uint64_t x = spec_.seed * 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(v) * 0xbf58476d1ce4e5b9ull ^ salt;
+    auto next = [&x] {
+      std::uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      return z ^ (z >> 31);
+    };
+    for (std::int64_t h = 0; h < cfg_.hidden; h += 2) {
+      const double u1 = (static_cast<double>(next() >> 11) + 1.0) * 0x1.0p-53, u2 = static_cast<double>(next() >> 11) * 0x1.0p-53;
+      const double r = std::sqrt(-2.0 * std::log(u1)), t = 2.0 * std::numbers::pi * u2;
+      out[h] = static_cast<float>(r * std::cos(t));
+      if (h + 1 < cfg_.hidden) out[h + 1] = static_cast<float>(r * std::sin(t));
+    }
+  }
   void embedding_row(std::int32_t v, float* out) const {
     DIFFCP_CHECK(v >= 0 && v < cfg_.vocab, "synthetic embedding: token ", v, " outside [0, ", cfg_.vocab, ")");
-    std::seed_seq seq{spec_.seed, static_cast<std::uint64_t>(v), std::uint64_t{0xe3b}};
-    std::mt19937_64 g(seq);
-    std::normal_distribution<double> n01(0.0, 1.0);
-    for (std::int64_t h = 0; h < cfg_.hidden; ++h) out[h] = static_cast<float>(n01(g));
+    seeded_normals(v, 0xe3b, out);
   }
   DrafterConfig cfg_;
   SyntheticSpec spec_;

@@ -162,7 +162,9 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
                  data->train().size(), static_cast<long long>(res.truncated), static_cast<long long>(opt.context),
                  static_cast<long long>(res.few_anchors), static_cast<long long>(anchors));
 
-  const ShardMode shard = opt.shard == "auto" ? (W > 1 ? ShardMode::full : ShardMode::none) : parse_shard_mode(opt.shard);
+  // auto: full for the real shapes on more than one rank (their replicated state does not fit),
+  // none for the synthetic ones (it fits, and the per-layer gathers would only cost time).
+  const ShardMode shard = opt.shard == "auto" ? (W > 1 && real_shape ? ShardMode::full : ShardMode::none) : parse_shard_mode(opt.shard);
   res.shard = shard_mode_name(shard);
   Drafter drafter(*cp, cfg, {OProj::all, collectives});
   ShardedState state(world, drafter.layout(), shard);

@@ -44,9 +44,10 @@ struct TrainOptions {
   std::int64_t stop_at = 0;        // stop after this step as if killed (tests resume); 0 = off
   bool progress = true;
   // Model state over the mesh (drafter/sharded_state.hpp): none | optimizer | full | auto (= full
-  // on more than one rank: the only mode whose memory per rank falls as 1/P for every part of the
-  // state; none on one rank). With optimizer or full the LM head is vocabulary-parallel over the
-  // CP group (drafter/lm_head.hpp).
+  // for the real shapes (vocabulary > 4096) on more than one rank: the only mode whose memory per
+  // rank falls as 1/P for every part of the state; none for the synthetic shapes, whose state
+  // fits, and on one rank). With optimizer or full the LM head is vocabulary-parallel over the CP
+  // group (drafter/lm_head.hpp).
   std::string shard = "auto";
   // Activation recomputation (Drafter::set_recompute): on | off | auto (= on with --shard full,
   // where memory is what the run is short of).
