@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
+#include "core/random.hpp"
 #include "drafter/checkpoint.hpp"
 #include "drafter/config.hpp"
 #include "drafter/lm_head.hpp"
@@ -21,13 +22,6 @@ namespace {
 
 using test::world;
 
-std::vector<float> randn(std::size_t n, std::uint64_t seed, double scale = 1.0) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> d(0.0, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(d(g));
-  return v;
-}
 
 TEST(LmHead, VocabularyParallelEqualsTheFp64Reference) {
   const int P = world().size(), me = world().rank();
@@ -40,7 +34,7 @@ TEST(LmHead, VocabularyParallelEqualsTheFp64Reference) {
     if (r < me) off += rows[static_cast<std::size_t>(r)];
     Q += rows[static_cast<std::size_t>(r)];
   }
-  const std::vector<float> hf = randn(static_cast<std::size_t>(Q * H), 5), W = randn(static_cast<std::size_t>(H * V), 6, 0.5);
+  const std::vector<float> hf = random_normal(static_cast<std::size_t>(Q * H), 5), W = random_normal(static_cast<std::size_t>(H * V), 6, 0.5);
   std::vector<std::int32_t> target(static_cast<std::size_t>(Q));
   std::vector<double> weight(target.size());
   for (std::int64_t i = 0; i < Q; ++i) {
@@ -102,7 +96,7 @@ void fake_step(ShardedState& st, std::int64_t accum) {
 TEST(ShardedState, EveryModeAppliesTheSameUpdateAndSendsTheClosedFormBytes) {
   const DrafterConfig cfg;  // tiny
   const DrafterLayout lay(cfg);
-  const std::vector<float> init = randn(static_cast<std::size_t>(lay.total), 11, 0.1);
+  const std::vector<float> init = random_normal(static_cast<std::size_t>(lay.total), 11, 0.1);
   std::vector<std::vector<float>> after;
   for (ShardMode mode : {ShardMode::none, ShardMode::optimizer, ShardMode::full}) {
     auto mesh = world().split(0, world().rank(), "mesh");  // fresh counters
@@ -135,7 +129,7 @@ TEST(ShardedState, CheckpointWrittenOnThisMeshLoadsOnAnyOther) {
   const DrafterLayout lay(cfg);
   const auto path = (std::filesystem::path(::testing::TempDir()) / ("sharded_np" + std::to_string(world().size()) + ".ck")).string();
   ShardedState st(world(), lay, ShardMode::full);
-  st.set_params(randn(static_cast<std::size_t>(lay.total), 12, 0.1));
+  st.set_params(random_normal(static_cast<std::size_t>(lay.total), 12, 0.1));
   AdamW adam;
   fake_step(st, 1);
   st.reduce_grads(1.0);
