@@ -18,10 +18,10 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include "attention/attention.hpp"
-#include "attention/mask.hpp"
-#include "core/random.hpp"
-#include "workload/batch.hpp"
+#include "diffcp/attention/attention.hpp"
+#include "diffcp/attention/mask.hpp"
+#include "diffcp/core/random.hpp"
+#include "diffcp/workload/batch.hpp"
 
 namespace {
 

@@ -13,7 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "balance/balancer.hpp"
+#include "diffcp/balance/balancer.hpp"
 
 namespace {
 

@@ -18,8 +18,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "comm/mpi_runtime.hpp"
-#include "comm/tapa.hpp"
+#include "diffcp/comm/mpi_runtime.hpp"
+#include "diffcp/comm/tapa.hpp"
 
 namespace {
 

@@ -2,9 +2,9 @@
 // An accepted batch must be usable: its sizes and block list computed without overflow.
 #include <cstdint>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 #include "fuzz_common.hpp"
-#include "workload/batch.hpp"
+#include "diffcp/workload/batch.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static diffcp_fuzz::MemFile file;

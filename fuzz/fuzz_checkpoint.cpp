@@ -5,8 +5,8 @@
 #include <cstring>
 #include <vector>
 
-#include "core/error.hpp"
-#include "drafter/checkpoint.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/drafter/checkpoint.hpp"
 #include "fuzz_common.hpp"
 
 namespace {

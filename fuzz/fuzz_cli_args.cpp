@@ -5,7 +5,7 @@
 #include <string>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 #include "fuzz_common.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

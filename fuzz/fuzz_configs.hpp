@@ -3,8 +3,8 @@
 
 #include <string_view>
 
-#include "dit/config.hpp"
-#include "drafter/config.hpp"
+#include "diffcp/dit/config.hpp"
+#include "diffcp/drafter/config.hpp"
 
 namespace diffcp_fuzz {
 

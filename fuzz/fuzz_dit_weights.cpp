@@ -2,8 +2,8 @@
 // config (fuzz_configs.hpp, shared with the seed generator).
 #include <cstdint>
 
-#include "core/error.hpp"
-#include "dit/model.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/dit/model.hpp"
 #include "fuzz_common.hpp"
 #include "fuzz_configs.hpp"
 

@@ -1,9 +1,9 @@
 // libFuzzer target: read_npy_f32 (io/npy.hpp), the reader of --reference latents and dumps.
 #include <cstdint>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 #include "fuzz_common.hpp"
-#include "io/npy.hpp"
+#include "diffcp/io/npy.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static diffcp_fuzz::MemFile file;

@@ -2,9 +2,9 @@
 // A file either throws diffcp::Error or yields tensors whose typed copies hold prod(shape) values.
 #include <cstdint>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 #include "fuzz_common.hpp"
-#include "io/safetensors.hpp"
+#include "diffcp/io/safetensors.hpp"
 
 namespace {
 

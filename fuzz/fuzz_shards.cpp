@@ -12,8 +12,8 @@
 #include <fstream>
 #include <string_view>
 
-#include "core/error.hpp"
-#include "drafter/data.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/drafter/data.hpp"
 #include "fuzz_common.hpp"
 #include "fuzz_configs.hpp"
 

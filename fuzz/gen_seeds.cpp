@@ -12,13 +12,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dit/model.hpp"
-#include "drafter/checkpoint.hpp"
-#include "drafter/config.hpp"
+#include "diffcp/dit/model.hpp"
+#include "diffcp/drafter/checkpoint.hpp"
+#include "diffcp/drafter/config.hpp"
 #include "fuzz_configs.hpp"
-#include "io/npy.hpp"
-#include "io/safetensors.hpp"
-#include "workload/batch.hpp"
+#include "diffcp/io/npy.hpp"
+#include "diffcp/io/safetensors.hpp"
+#include "diffcp/workload/batch.hpp"
 
 namespace fs = std::filesystem;
 

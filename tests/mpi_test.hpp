@@ -1,7 +1,7 @@
 // Shared helpers of the multi-rank tests (linked with mpi_test_main.cpp).
 #pragma once
 
-#include "comm/communicator.hpp"
+#include "diffcp/comm/communicator.hpp"
 
 namespace diffcp::test {
 

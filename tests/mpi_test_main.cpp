@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "comm/mpi_communicator.hpp"
+#include "diffcp/comm/mpi_communicator.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp::test {

@@ -9,13 +9,13 @@
 
 #include <gtest/gtest.h>
 
-#include "attention/attention.hpp"
-#include "attention/mask.hpp"
-#include "attention/merge.hpp"
-#include "attention/reference.hpp"
-#include "core/compare.hpp"
-#include "core/random.hpp"
-#include "workload/batch.hpp"
+#include "diffcp/attention/attention.hpp"
+#include "diffcp/attention/mask.hpp"
+#include "diffcp/attention/merge.hpp"
+#include "diffcp/testing/attention_reference.hpp"
+#include "diffcp/testing/compare.hpp"
+#include "diffcp/core/random.hpp"
+#include "diffcp/workload/batch.hpp"
 
 namespace diffcp {
 namespace {

@@ -9,9 +9,9 @@
 
 #include <gtest/gtest.h>
 
-#include "balance/balancer.hpp"
-#include "balance/lpt.hpp"
-#include "core/error.hpp"
+#include "diffcp/balance/balancer.hpp"
+#include "diffcp/balance/lpt.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 namespace {

@@ -27,7 +27,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "comm/communicator.hpp"
+#include "diffcp/comm/communicator.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {

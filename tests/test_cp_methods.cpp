@@ -14,12 +14,12 @@
 
 #include <gtest/gtest.h>
 
-#include "balance/zigzag.hpp"
-#include "cp/layer_problem.hpp"
-#include "cp/lvxattn.hpp"
-#include "cp/ring.hpp"
-#include "cp/ringx.hpp"
-#include "cp/ulysses.hpp"
+#include "diffcp/balance/zigzag.hpp"
+#include "diffcp/testing/layer_problem.hpp"
+#include "diffcp/cp/lvxattn.hpp"
+#include "diffcp/cp/ring.hpp"
+#include "diffcp/cp/ringx.hpp"
+#include "diffcp/cp/ulysses.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {

@@ -12,16 +12,16 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/compare.hpp"
-#include "core/error.hpp"
-#include "core/half.hpp"
-#include "cp/attention_layer.hpp"
-#include "drafter/checkpoint.hpp"
-#include "drafter/draft.hpp"
-#include "drafter/hf_format.hpp"
-#include "drafter/model.hpp"
-#include "drafter/trainer.hpp"
-#include "io/safetensors.hpp"
+#include "diffcp/testing/compare.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
+#include "diffcp/cp/attention_layer.hpp"
+#include "diffcp/drafter/checkpoint.hpp"
+#include "diffcp/drafter/draft.hpp"
+#include "diffcp/drafter/hf_format.hpp"
+#include "diffcp/drafter/model.hpp"
+#include "diffcp/drafter/trainer.hpp"
+#include "diffcp/io/safetensors.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {

@@ -40,16 +40,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attention/reference.hpp"
-#include "comm/tapa.hpp"
-#include "core/compare.hpp"
-#include "core/random.hpp"
-#include "dit/image.hpp"
-#include "dit/metrics.hpp"
-#include "dit/ring_attention.hpp"
-#include "dit/sampler.hpp"
-#include "dit/vmajor.hpp"
-#include "io/safetensors.hpp"
+#include "diffcp/testing/attention_reference.hpp"
+#include "diffcp/comm/tapa.hpp"
+#include "diffcp/testing/compare.hpp"
+#include "diffcp/core/random.hpp"
+#include "diffcp/dit/image.hpp"
+#include "diffcp/dit/metrics.hpp"
+#include "diffcp/dit/ring_attention.hpp"
+#include "diffcp/dit/sampler.hpp"
+#include "diffcp/dit/vmajor.hpp"
+#include "diffcp/io/safetensors.hpp"
 #include "mpi_test.hpp"
 #include "error_of.hpp"
 

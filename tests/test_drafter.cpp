@@ -6,12 +6,12 @@
 
 #include <gtest/gtest.h>
 
-#include "core/error.hpp"
-#include "core/half.hpp"
-#include "drafter/checkpoint.hpp"
-#include "drafter/data.hpp"
-#include "drafter/optim.hpp"
-#include "io/safetensors.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
+#include "diffcp/drafter/checkpoint.hpp"
+#include "diffcp/drafter/data.hpp"
+#include "diffcp/drafter/optim.hpp"
+#include "diffcp/io/safetensors.hpp"
 
 namespace diffcp {
 namespace {

@@ -14,11 +14,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
-#include "core/half.hpp"
-#include "dit/model.hpp"
-#include "dit/sampler.hpp"
-#include "io/safetensors.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
+#include "diffcp/dit/model.hpp"
+#include "diffcp/dit/sampler.hpp"
+#include "diffcp/io/safetensors.hpp"
 #include "error_of.hpp"
 
 namespace diffcp {

@@ -16,7 +16,7 @@
 
 #include <gtest/gtest.h>
 
-#include "comm/communicator.hpp"
+#include "diffcp/comm/communicator.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {

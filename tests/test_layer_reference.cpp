@@ -4,11 +4,11 @@
 // the identity.
 #include <gtest/gtest.h>
 
-#include "core/compare.hpp"
-#include "core/random.hpp"
-#include "cp/reference_layer.hpp"
-#include "io/npy.hpp"
-#include "ops/rope.hpp"
+#include "diffcp/testing/compare.hpp"
+#include "diffcp/core/random.hpp"
+#include "diffcp/testing/reference_layer.hpp"
+#include "diffcp/io/npy.hpp"
+#include "diffcp/ops/rope.hpp"
 
 namespace diffcp {
 namespace {

@@ -12,12 +12,12 @@
 #include <gtest/gtest.h>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
-#include "drafter/checkpoint.hpp"
-#include "drafter/data.hpp"
-#include "io/npy.hpp"
-#include "io/safetensors.hpp"
-#include "workload/batch.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/drafter/checkpoint.hpp"
+#include "diffcp/drafter/data.hpp"
+#include "diffcp/io/npy.hpp"
+#include "diffcp/io/safetensors.hpp"
+#include "diffcp/workload/batch.hpp"
 
 namespace diffcp {
 namespace {

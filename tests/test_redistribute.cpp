@@ -3,10 +3,10 @@
 // never changes a result (bitwise) and lets steps of equal shape reuse buffers.
 #include <gtest/gtest.h>
 
-#include "balance/balancer.hpp"
-#include "balance/redistribute.hpp"
-#include "cp/layer_problem.hpp"
-#include "cp/splitkv.hpp"
+#include "diffcp/balance/balancer.hpp"
+#include "diffcp/balance/redistribute.hpp"
+#include "diffcp/testing/layer_problem.hpp"
+#include "diffcp/cp/splitkv.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {

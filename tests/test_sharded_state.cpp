@@ -9,12 +9,12 @@
 
 #include <gtest/gtest.h>
 
-#include "core/error.hpp"
-#include "core/random.hpp"
-#include "drafter/checkpoint.hpp"
-#include "drafter/config.hpp"
-#include "drafter/lm_head.hpp"
-#include "drafter/sharded_state.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/random.hpp"
+#include "diffcp/drafter/checkpoint.hpp"
+#include "diffcp/drafter/config.hpp"
+#include "diffcp/drafter/lm_head.hpp"
+#include "diffcp/drafter/sharded_state.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {

@@ -8,12 +8,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "balance/balancer.hpp"
-#include "core/error.hpp"
-#include "cp/bytes.hpp"
-#include "sim/cp.hpp"
-#include "sim/machine.hpp"
-#include "sim/profile.hpp"
+#include "diffcp/balance/balancer.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/cp/bytes.hpp"
+#include "diffcp/sim/cp.hpp"
+#include "diffcp/sim/machine.hpp"
+#include "diffcp/sim/profile.hpp"
 #include "error_of.hpp"
 
 namespace diffcp {

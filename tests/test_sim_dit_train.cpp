@@ -4,12 +4,12 @@
 
 #include <cmath>
 
-#include "core/error.hpp"
-#include "dit/vmajor.hpp"
-#include "sim/cp.hpp"
-#include "sim/dit.hpp"
-#include "sim/train.hpp"
-#include "workload/batch.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/dit/vmajor.hpp"
+#include "diffcp/sim/cp.hpp"
+#include "diffcp/sim/dit.hpp"
+#include "diffcp/sim/train.hpp"
+#include "diffcp/workload/batch.hpp"
 
 namespace diffcp {
 namespace {

@@ -8,8 +8,8 @@
 
 #include <gtest/gtest.h>
 
-#include "cp/layer_problem.hpp"
-#include "cp/splitkv.hpp"
+#include "diffcp/testing/layer_problem.hpp"
+#include "diffcp/cp/splitkv.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {

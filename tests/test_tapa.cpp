@@ -26,7 +26,7 @@
 
 #include <gtest/gtest.h>
 
-#include "comm/tapa.hpp"
+#include "diffcp/comm/tapa.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {

@@ -11,12 +11,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/compare.hpp"
-#include "core/error.hpp"
-#include "drafter/checkpoint.hpp"
-#include "drafter/data.hpp"
-#include "drafter/trainer.hpp"
-#include "io/safetensors.hpp"
+#include "diffcp/testing/compare.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/drafter/checkpoint.hpp"
+#include "diffcp/drafter/data.hpp"
+#include "diffcp/drafter/trainer.hpp"
+#include "diffcp/io/safetensors.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {

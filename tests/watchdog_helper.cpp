@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/mpi_runtime.hpp"
-#include "core/error.hpp"
+#include "diffcp/comm/mpi_runtime.hpp"
+#include "diffcp/core/error.hpp"
 
 int main(int argc, char** argv) {
   DIFFCP_CHECK(argc == 3, "usage: watchdog_helper SECONDS stall|sleep|recv|none|env|hier");

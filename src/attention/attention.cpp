@@ -1,4 +1,4 @@
-#include "attention/attention.hpp"
+#include "diffcp/attention/attention.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,9 +8,9 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
-#include "core/error.hpp"
-#include "core/fastmath.hpp"
-#include "core/parallel.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/fastmath.hpp"
+#include "diffcp/core/parallel.hpp"
 
 namespace diffcp {
 

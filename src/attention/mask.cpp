@@ -1,9 +1,9 @@
-#include "attention/mask.hpp"
+#include "diffcp/attention/mask.hpp"
 
 #include <algorithm>
 #include <map>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

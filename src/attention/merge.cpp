@@ -1,9 +1,9 @@
-#include "attention/merge.hpp"
+#include "diffcp/attention/merge.hpp"
 
 #include <cmath>
 #include <limits>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

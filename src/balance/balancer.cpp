@@ -1,10 +1,10 @@
-#include "balance/balancer.hpp"
+#include "diffcp/balance/balancer.hpp"
 
-#include "balance/lpt.hpp"
-#include "balance/none.hpp"
-#include "balance/partition.hpp"
-#include "balance/zigzag.hpp"
-#include "core/error.hpp"
+#include "diffcp/balance/lpt.hpp"
+#include "diffcp/balance/none.hpp"
+#include "diffcp/balance/partition.hpp"
+#include "diffcp/balance/zigzag.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

@@ -1,10 +1,10 @@
-#include "balance/cost.hpp"
+#include "diffcp/balance/cost.hpp"
 
 #include <algorithm>
 #include <numeric>
 
-#include "core/error.hpp"
-#include "cp/shard.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/cp/shard.hpp"
 
 namespace diffcp {
 

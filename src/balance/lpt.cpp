@@ -1,11 +1,11 @@
-#include "balance/lpt.hpp"
+#include "diffcp/balance/lpt.hpp"
 
 #include <algorithm>
 #include <climits>
 #include <limits>
 #include <numeric>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 namespace {

@@ -1,4 +1,4 @@
-#include "balance/none.hpp"
+#include "diffcp/balance/none.hpp"
 
 namespace diffcp {
 

@@ -1,10 +1,10 @@
-#include "balance/partition.hpp"
+#include "diffcp/balance/partition.hpp"
 
 #include <algorithm>
 
 #include <metis.h>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

@@ -1,9 +1,9 @@
-#include "balance/redistribute.hpp"
+#include "diffcp/balance/redistribute.hpp"
 
 #include <algorithm>
 
-#include "balance/balancer.hpp"
-#include "core/error.hpp"
+#include "diffcp/balance/balancer.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

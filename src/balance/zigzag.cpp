@@ -1,7 +1,7 @@
-#include "balance/zigzag.hpp"
+#include "diffcp/balance/zigzag.hpp"
 
-#include "core/error.hpp"
-#include "cp/shard.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/cp/shard.hpp"
 
 namespace diffcp {
 

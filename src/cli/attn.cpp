@@ -13,9 +13,9 @@
 
 #include "cli/commands.hpp"
 #include "cli/layer_run.hpp"
-#include "cp/cp_methods.hpp"
-#include "cp/splitkv.hpp"
-#include "io/npy.hpp"
+#include "diffcp/cp/cp_methods.hpp"
+#include "diffcp/cp/splitkv.hpp"
+#include "diffcp/io/npy.hpp"
 
 namespace diffcp::cli {
 

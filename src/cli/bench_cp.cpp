@@ -13,10 +13,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "balance/balancer.hpp"
+#include "diffcp/balance/balancer.hpp"
 #include "cli/commands.hpp"
 #include "cli/layer_run.hpp"
-#include "cp/cp_methods.hpp"
+#include "diffcp/cp/cp_methods.hpp"
 
 namespace diffcp::cli {
 

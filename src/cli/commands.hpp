@@ -8,8 +8,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "comm/communicator.hpp"
-#include "drafter/trainer.hpp"
+#include "diffcp/comm/communicator.hpp"
+#include "diffcp/drafter/trainer.hpp"
 
 namespace diffcp::cli {
 

@@ -16,11 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
-#include "dit/image.hpp"
-#include "dit/metrics.hpp"
-#include "dit/sampler.hpp"
-#include "dit/vmajor.hpp"
-#include "io/npy.hpp"
+#include "diffcp/dit/image.hpp"
+#include "diffcp/dit/metrics.hpp"
+#include "diffcp/dit/sampler.hpp"
+#include "diffcp/dit/vmajor.hpp"
+#include "diffcp/io/npy.hpp"
 
 namespace diffcp::cli {
 

@@ -4,10 +4,10 @@
 #include <cstdio>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
-#include "drafter/draft.hpp"
-#include "drafter/hf_format.hpp"
-#include "io/npy.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/drafter/draft.hpp"
+#include "diffcp/drafter/hf_format.hpp"
+#include "diffcp/io/npy.hpp"
 
 namespace diffcp::cli {
 

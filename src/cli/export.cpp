@@ -4,9 +4,9 @@
 #include <sstream>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
-#include "drafter/checkpoint.hpp"
-#include "drafter/hf_format.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/drafter/checkpoint.hpp"
+#include "diffcp/drafter/hf_format.hpp"
 
 namespace diffcp::cli {
 

@@ -10,11 +10,11 @@
 #include <sstream>
 #include <string>
 
-#include "balance/balancer.hpp"
-#include "balance/redistribute.hpp"
-#include "cp/cp_methods.hpp"
-#include "cp/splitkv.hpp"
-#include "ops/linear.hpp"
+#include "diffcp/balance/balancer.hpp"
+#include "diffcp/balance/redistribute.hpp"
+#include "diffcp/cp/cp_methods.hpp"
+#include "diffcp/cp/splitkv.hpp"
+#include "diffcp/ops/linear.hpp"
 
 namespace diffcp::cli {
 

@@ -12,10 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "balance/cost.hpp"
+#include "diffcp/balance/cost.hpp"
 #include "cli/commands.hpp"
-#include "cp/cp_layer.hpp"
-#include "cp/layer_problem.hpp"
+#include "diffcp/cp/cp_layer.hpp"
+#include "diffcp/testing/layer_problem.hpp"
 
 namespace diffcp::cli {
 

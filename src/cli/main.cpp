@@ -7,7 +7,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/sim.hpp"
-#include "comm/mpi_runtime.hpp"
+#include "diffcp/comm/mpi_runtime.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"diffcp: communication-efficient parallel attention for diffusion models"};

@@ -3,7 +3,7 @@
 #include <limits>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp::cli {
 

@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "balance/balancer.hpp"
+#include "diffcp/balance/balancer.hpp"
 #include "cli/commands.hpp"
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp::cli {
 

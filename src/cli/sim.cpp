@@ -1,7 +1,7 @@
 // `diffcp sim`: registration of its subcommands, and the machine options they share.
 #include "cli/sim.hpp"
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp::cli {
 

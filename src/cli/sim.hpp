@@ -7,8 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "comm/communicator.hpp"
-#include "sim/machine.hpp"
+#include "diffcp/comm/communicator.hpp"
+#include "diffcp/sim/machine.hpp"
 
 namespace diffcp::cli {
 

@@ -19,13 +19,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attention/attention.hpp"
+#include "diffcp/attention/attention.hpp"
 #include "cli/commands.hpp"
 #include "cli/sim.hpp"
-#include "core/random.hpp"
-#include "core/tensor.hpp"
-#include "ops/linear.hpp"
-#include "workload/batch.hpp"
+#include "diffcp/core/random.hpp"
+#include "diffcp/core/tensor.hpp"
+#include "diffcp/ops/linear.hpp"
+#include "diffcp/workload/batch.hpp"
 
 namespace diffcp::cli {
 

@@ -6,8 +6,8 @@
 
 #include "cli/layer_run.hpp"
 #include "cli/sim.hpp"
-#include "cp/cp_methods.hpp"
-#include "sim/cp.hpp"
+#include "diffcp/cp/cp_methods.hpp"
+#include "diffcp/sim/cp.hpp"
 
 namespace diffcp::cli {
 

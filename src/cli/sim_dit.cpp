@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/sim.hpp"
-#include "core/error.hpp"
-#include "dit/exchange.hpp"
-#include "sim/dit.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/dit/exchange.hpp"
+#include "diffcp/sim/dit.hpp"
 
 namespace diffcp::cli {
 

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/sim.hpp"
-#include "sim/train.hpp"
+#include "diffcp/sim/train.hpp"
 
 namespace diffcp::cli {
 

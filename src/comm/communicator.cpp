@@ -1,4 +1,4 @@
-#include "comm/communicator.hpp"
+#include "diffcp/comm/communicator.hpp"
 
 #include <cstdlib>
 

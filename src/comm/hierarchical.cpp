@@ -5,7 +5,7 @@
 #include <functional>
 #include <numeric>
 
-#include "comm/communicator.hpp"
+#include "diffcp/comm/communicator.hpp"
 
 namespace diffcp {
 

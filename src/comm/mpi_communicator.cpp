@@ -1,4 +1,4 @@
-#include "comm/mpi_communicator.hpp"
+#include "diffcp/comm/mpi_communicator.hpp"
 
 #include <algorithm>
 #include <chrono>

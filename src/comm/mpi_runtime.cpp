@@ -1,4 +1,4 @@
-#include "comm/mpi_runtime.hpp"
+#include "diffcp/comm/mpi_runtime.hpp"
 
 #include <mpi.h>
 
@@ -8,7 +8,7 @@
 #include <malloc.h>
 #endif
 
-#include "comm/mpi_communicator.hpp"
+#include "diffcp/comm/mpi_communicator.hpp"
 
 namespace diffcp {
 

@@ -1,4 +1,4 @@
-#include "comm/tapa.hpp"
+#include "diffcp/comm/tapa.hpp"
 
 #include <cstring>
 #include <numeric>

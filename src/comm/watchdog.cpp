@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/communicator.hpp"
+#include "diffcp/comm/communicator.hpp"
 
 namespace diffcp {
 

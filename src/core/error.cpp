@@ -1,4 +1,4 @@
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 #include <cstring>
 

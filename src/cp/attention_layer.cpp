@@ -1,12 +1,12 @@
-#include "cp/attention_layer.hpp"
+#include "diffcp/cp/attention_layer.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 
-#include "comm/communicator.hpp"
-#include "core/error.hpp"
-#include "cp/cp_layer.hpp"
+#include "diffcp/comm/communicator.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/cp/cp_layer.hpp"
 
 namespace diffcp {
 

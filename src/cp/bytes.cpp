@@ -1,4 +1,4 @@
-#include "cp/bytes.hpp"
+#include "diffcp/cp/bytes.hpp"
 
 namespace diffcp {
 

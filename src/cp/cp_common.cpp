@@ -1,12 +1,12 @@
-#include "cp/cp_common.hpp"
+#include "diffcp/cp/cp_common.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "attention/attention.hpp"
-#include "attention/merge.hpp"
-#include "ops/linear.hpp"
-#include "ops/rmsnorm.hpp"
+#include "diffcp/attention/attention.hpp"
+#include "diffcp/attention/merge.hpp"
+#include "diffcp/ops/linear.hpp"
+#include "diffcp/ops/rmsnorm.hpp"
 
 namespace diffcp {
 

@@ -1,10 +1,10 @@
-#include "cp/cp_methods.hpp"
+#include "diffcp/cp/cp_methods.hpp"
 
-#include "cp/lvxattn.hpp"
-#include "cp/ring.hpp"
-#include "cp/ringx.hpp"
-#include "cp/splitkv.hpp"
-#include "cp/ulysses.hpp"
+#include "diffcp/cp/lvxattn.hpp"
+#include "diffcp/cp/ring.hpp"
+#include "diffcp/cp/ringx.hpp"
+#include "diffcp/cp/splitkv.hpp"
+#include "diffcp/cp/ulysses.hpp"
 
 namespace diffcp {
 

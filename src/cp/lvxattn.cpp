@@ -1,10 +1,10 @@
-#include "cp/lvxattn.hpp"
+#include "diffcp/cp/lvxattn.hpp"
 
 #include <algorithm>
 #include <span>
 
-#include "attention/attention.hpp"
-#include "cp/bytes.hpp"
+#include "diffcp/attention/attention.hpp"
+#include "diffcp/cp/bytes.hpp"
 
 namespace diffcp {
 

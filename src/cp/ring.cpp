@@ -1,10 +1,10 @@
-#include "cp/ring.hpp"
+#include "diffcp/cp/ring.hpp"
 
 #include <algorithm>
 #include <utility>
 
-#include "attention/attention.hpp"
-#include "cp/bytes.hpp"
+#include "diffcp/attention/attention.hpp"
+#include "diffcp/cp/bytes.hpp"
 
 namespace diffcp {
 

@@ -1,11 +1,11 @@
-#include "cp/ringx.hpp"
+#include "diffcp/cp/ringx.hpp"
 
 #include <algorithm>
 #include <span>
 
-#include "attention/attention.hpp"
-#include "attention/merge.hpp"
-#include "cp/bytes.hpp"
+#include "diffcp/attention/attention.hpp"
+#include "diffcp/attention/merge.hpp"
+#include "diffcp/cp/bytes.hpp"
 
 namespace diffcp {
 

@@ -1,13 +1,13 @@
-#include "cp/splitkv.hpp"
+#include "diffcp/cp/splitkv.hpp"
 
 #include <algorithm>
 #include <chrono>
 
-#include "attention/attention.hpp"
-#include "attention/merge.hpp"
-#include "cp/bytes.hpp"
-#include "ops/linear.hpp"
-#include "ops/rmsnorm.hpp"
+#include "diffcp/attention/attention.hpp"
+#include "diffcp/attention/merge.hpp"
+#include "diffcp/cp/bytes.hpp"
+#include "diffcp/ops/linear.hpp"
+#include "diffcp/ops/rmsnorm.hpp"
 
 namespace diffcp {
 

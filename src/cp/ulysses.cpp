@@ -1,7 +1,7 @@
-#include "cp/ulysses.hpp"
+#include "diffcp/cp/ulysses.hpp"
 
-#include "attention/attention.hpp"
-#include "cp/bytes.hpp"
+#include "diffcp/attention/attention.hpp"
+#include "diffcp/cp/bytes.hpp"
 
 namespace diffcp {
 

@@ -1,9 +1,9 @@
-#include "dit/cache_schedule.hpp"
+#include "diffcp/dit/cache_schedule.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

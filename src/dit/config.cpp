@@ -1,12 +1,12 @@
-#include "dit/config.hpp"
+#include "diffcp/dit/config.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
 
-#include "core/error.hpp"
-#include "core/json_file.hpp"
-#include "core/json_int.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/json_file.hpp"
+#include "diffcp/core/json_int.hpp"
 
 namespace diffcp {
 

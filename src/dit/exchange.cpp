@@ -1,12 +1,12 @@
-#include "dit/exchange.hpp"
+#include "diffcp/dit/exchange.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include "attention/attention.hpp"
-#include "comm/tapa.hpp"
-#include "core/error.hpp"
+#include "diffcp/attention/attention.hpp"
+#include "diffcp/comm/tapa.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

@@ -1,5 +1,5 @@
 // Ulysses "Flat" (SPEC B.1): one Communicator::all_to_all on the flat group per exchange.
-#include "dit/exchange.hpp"
+#include "diffcp/dit/exchange.hpp"
 
 namespace diffcp {
 

@@ -1,7 +1,7 @@
 // TAPA (SPEC B.2): the same all-to-all as Flat in two topology-aligned phases, bitwise the same
 // result. Inside-group bytes are phase 1 (point-to-point on the intra communicator), across-group
 // bytes phase 2 (the inter all-to-all), read from the sub-communicators' own counters.
-#include "dit/exchange_tapa.hpp"
+#include "diffcp/dit/exchange_tapa.hpp"
 
 namespace diffcp {
 

@@ -1,9 +1,9 @@
-#include "dit/exchange_vfirst.hpp"
+#include "diffcp/dit/exchange_vfirst.hpp"
 
 #include <chrono>
 #include <cstring>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

@@ -1,11 +1,11 @@
-#include "dit/image.hpp"
+#include "diffcp/dit/image.hpp"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <fstream>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

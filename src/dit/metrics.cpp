@@ -1,11 +1,11 @@
-#include "dit/metrics.hpp"
+#include "diffcp/dit/metrics.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

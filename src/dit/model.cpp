@@ -1,4 +1,4 @@
-#include "dit/model.hpp"
+#include "diffcp/dit/model.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,9 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
-#include "core/half.hpp"
-#include "io/safetensors.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
+#include "diffcp/io/safetensors.hpp"
 
 namespace diffcp {
 

@@ -1,4 +1,4 @@
-#include "dit/ops.hpp"
+#include "diffcp/dit/ops.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -6,8 +6,8 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
-#include "core/error.hpp"
-#include "core/fastmath.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/fastmath.hpp"
 
 namespace diffcp {
 

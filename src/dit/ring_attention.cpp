@@ -1,12 +1,12 @@
-#include "dit/ring_attention.hpp"
+#include "diffcp/dit/ring_attention.hpp"
 
 #include <chrono>
 #include <cstring>
 #include <utility>
 
-#include "attention/attention.hpp"
-#include "attention/merge.hpp"
-#include "core/error.hpp"
+#include "diffcp/attention/attention.hpp"
+#include "diffcp/attention/merge.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

@@ -1,11 +1,11 @@
-#include "dit/sampler.hpp"
+#include "diffcp/dit/sampler.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
-#include "core/error.hpp"
-#include "core/random.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/random.hpp"
 
 namespace diffcp {
 

@@ -1,11 +1,11 @@
-#include "dit/vmajor.hpp"
+#include "diffcp/dit/vmajor.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

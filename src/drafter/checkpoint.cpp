@@ -1,10 +1,10 @@
-#include "drafter/checkpoint.hpp"
+#include "diffcp/drafter/checkpoint.hpp"
 
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

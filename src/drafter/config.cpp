@@ -1,11 +1,11 @@
-#include "drafter/config.hpp"
+#include "diffcp/drafter/config.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

@@ -1,4 +1,4 @@
-#include "drafter/data.hpp"
+#include "diffcp/drafter/data.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
-#include "io/safetensors.hpp"
-#include "ops/linear.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/io/safetensors.hpp"
+#include "diffcp/ops/linear.hpp"
 
 namespace diffcp {
 

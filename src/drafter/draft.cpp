@@ -1,10 +1,10 @@
-#include "drafter/draft.hpp"
+#include "diffcp/drafter/draft.hpp"
 
 #include <algorithm>
 
-#include "balance/balancer.hpp"
-#include "core/error.hpp"
-#include "drafter/model.hpp"
+#include "diffcp/balance/balancer.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/drafter/model.hpp"
 
 namespace diffcp {
 

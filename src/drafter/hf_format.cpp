@@ -1,4 +1,4 @@
-#include "drafter/hf_format.hpp"
+#include "diffcp/drafter/hf_format.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -8,11 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
-#include "core/half.hpp"
-#include "core/json_int.hpp"
-#include "cp/attention_layer.hpp"
-#include "io/safetensors.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
+#include "diffcp/core/json_int.hpp"
+#include "diffcp/cp/attention_layer.hpp"
+#include "diffcp/io/safetensors.hpp"
 
 namespace diffcp {
 

@@ -1,10 +1,10 @@
-#include "drafter/lm_head.hpp"
+#include "diffcp/drafter/lm_head.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.hpp"
-#include "ops/linear.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/ops/linear.hpp"
 
 namespace diffcp {
 

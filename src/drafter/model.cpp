@@ -1,4 +1,4 @@
-#include "drafter/model.hpp"
+#include "diffcp/drafter/model.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -6,9 +6,9 @@
 #include <limits>
 #include <random>
 
-#include "core/error.hpp"
-#include "ops/linear.hpp"
-#include "ops/rmsnorm.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/ops/linear.hpp"
+#include "diffcp/ops/rmsnorm.hpp"
 
 namespace diffcp {
 

@@ -1,4 +1,4 @@
-#include "drafter/optim.hpp"
+#include "diffcp/drafter/optim.hpp"
 
 #include <algorithm>
 #include <cmath>

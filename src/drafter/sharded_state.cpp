@@ -1,9 +1,9 @@
-#include "drafter/sharded_state.hpp"
+#include "diffcp/drafter/sharded_state.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

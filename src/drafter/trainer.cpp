@@ -1,4 +1,4 @@
-#include "drafter/trainer.hpp"
+#include "diffcp/drafter/trainer.hpp"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -15,15 +15,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "balance/balancer.hpp"
-#include "balance/redistribute.hpp"
-#include "core/error.hpp"
-#include "drafter/checkpoint.hpp"
-#include "drafter/data.hpp"
-#include "drafter/hf_format.hpp"
-#include "drafter/model.hpp"
-#include "drafter/optim.hpp"
-#include "drafter/sharded_state.hpp"
+#include "diffcp/balance/balancer.hpp"
+#include "diffcp/balance/redistribute.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/drafter/checkpoint.hpp"
+#include "diffcp/drafter/data.hpp"
+#include "diffcp/drafter/hf_format.hpp"
+#include "diffcp/drafter/model.hpp"
+#include "diffcp/drafter/optim.hpp"
+#include "diffcp/drafter/sharded_state.hpp"
 
 namespace diffcp {
 

@@ -1,4 +1,4 @@
-#include "io/npy.hpp"
+#include "diffcp/io/npy.hpp"
 
 #include <cstring>
 #include <filesystem>
@@ -6,8 +6,8 @@
 #include <sstream>
 #include <utility>
 
-#include "core/error.hpp"
-#include "core/half.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
 
 namespace diffcp {
 

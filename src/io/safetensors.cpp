@@ -1,4 +1,4 @@
-#include "io/safetensors.hpp"
+#include "diffcp/io/safetensors.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -14,10 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
-#include "core/json_file.hpp"
-#include "core/half.hpp"
-#include "core/json_int.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/json_file.hpp"
+#include "diffcp/core/half.hpp"
+#include "diffcp/core/json_int.hpp"
 
 namespace diffcp {
 

@@ -1,8 +1,8 @@
-#include "ops/linear.hpp"
+#include "diffcp/ops/linear.hpp"
 
 #include <oneapi/dnnl/dnnl.h>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

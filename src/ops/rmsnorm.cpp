@@ -1,4 +1,4 @@
-#include "ops/rmsnorm.hpp"
+#include "diffcp/ops/rmsnorm.hpp"
 
 #include <cmath>
 #include <vector>

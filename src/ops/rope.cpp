@@ -1,8 +1,8 @@
-#include "ops/rope.hpp"
+#include "diffcp/ops/rope.hpp"
 
 #include <cmath>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

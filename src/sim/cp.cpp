@@ -1,16 +1,16 @@
-#include "sim/cp.hpp"
+#include "diffcp/sim/cp.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
 
-#include "balance/balancer.hpp"
-#include "core/error.hpp"
-#include "cp/bytes.hpp"
-#include "cp/cp_methods.hpp"
-#include "cp/shard.hpp"
-#include "cp/splitkv.hpp"
+#include "diffcp/balance/balancer.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/cp/bytes.hpp"
+#include "diffcp/cp/cp_methods.hpp"
+#include "diffcp/cp/shard.hpp"
+#include "diffcp/cp/splitkv.hpp"
 
 namespace diffcp {
 

@@ -1,11 +1,11 @@
-#include "sim/dit.hpp"
+#include "diffcp/sim/dit.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.hpp"
-#include "dit/exchange.hpp"
-#include "dit/vmajor.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/dit/exchange.hpp"
+#include "diffcp/dit/vmajor.hpp"
 
 namespace diffcp {
 

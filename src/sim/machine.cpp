@@ -1,9 +1,9 @@
-#include "sim/machine.hpp"
+#include "diffcp/sim/machine.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp {
 

@@ -1,4 +1,4 @@
-#include "sim/profile.hpp"
+#include "diffcp/sim/profile.hpp"
 
 #include <cmath>
 #include <cstdlib>
@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
-#include "core/json_file.hpp"
-#include "core/json_int.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/json_file.hpp"
+#include "diffcp/core/json_int.hpp"
 
 #ifndef DIFFCP_PROFILE_DIR
 #define DIFFCP_PROFILE_DIR "profiles"

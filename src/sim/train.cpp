@@ -1,11 +1,11 @@
-#include "sim/train.hpp"
+#include "diffcp/sim/train.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.hpp"
-#include "sim/cp.hpp"
-#include "workload/batch.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/sim/cp.hpp"
+#include "diffcp/workload/batch.hpp"
 
 namespace diffcp {
 

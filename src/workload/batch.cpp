@@ -1,4 +1,4 @@
-#include "workload/batch.hpp"
+#include "diffcp/workload/batch.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -10,9 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
-#include "core/json_file.hpp"
-#include "core/json_int.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/json_file.hpp"
+#include "diffcp/core/json_int.hpp"
 
 namespace diffcp {
 

@@ -1,0 +1,382 @@
+// The one communicator interface. Every collective and point-to-point transfer of diffcp goes
+// through it, so every byte moved is counted (per operation kind, per communicator).
+//
+// Backends (MPI now, NCCL later) implement the protected do_* hooks; the public methods validate
+// arguments, count bytes and forward (non-virtual interface). Every operation has an async form
+// returning a Work handle with wait(); the blocking forms are async + wait.
+//
+// Call order: like MPI, every rank of a communicator must issue the same sequence of collectives
+// with matching sizes; point-to-point sends and receives must pair up. Violations are programming
+// errors that a backend may detect (then it throws) or not (then the job hangs or aborts).
+//
+// Byte accounting (what "bytes_sent"/"bytes_recv" mean; an operation is counted once the backend
+// has accepted it, so a rejected call leaves the counters unchanged): the logical volume that crosses between
+// this rank and the other ranks, excluding a rank's copy to itself, independent of the algorithm the
+// backend picks:
+//   all_gather(v):       sent = my_count * (P-1);        recv = sum of the other ranks' counts
+//   reduce_scatter(v):   sent = sum of others' counts;   recv = my_count * (P-1)
+//   all_reduce(n):       as reduce_scatter + all_gather of near-equal shares (bandwidth-optimal):
+//                        sent = recv = 2 * (n - share_p), share_p = n/P + (p < n%P)
+//   all_to_all(v):       sent = sum of send counts to other ranks; recv = sum from other ranks
+//   send / recv:         the message size (a self-send is counted, it is an explicit message)
+//   broadcast(n, root):  root: sent = n * (P-1); others: recv = n
+//   barrier:             calls only
+// Once the communicator knows its topology (set_topology / discover_topology), bytes_sent_inter
+// counts the part of bytes_sent addressed to ranks on other nodes, per peer as above (all_reduce:
+// its reduce-scatter + all-gather decomposition, share_r + share_p to peer r).
+//
+// Hierarchical collectives (CollAlgo::hierarchical, needs a topology; node n has L_n ranks, N
+// nodes). A rank r's block is handled in node n by local rank owner(r, n) = local(r) if r is in n,
+// else local(r) mod L_n:
+//   all_gather_v:     (1, inter) r sends its block to owner(r, n) of every other node n;
+//                     (2, intra) an all_gather_v inside each node of what each rank holds.
+//   reduce_scatter_v: (1, intra) a reduce_scatter_v inside the node to the owners;
+//                     (2, inter) the owner sends the node's sum of block r to r; r adds the
+//                     node sums in rank order of the senders. sum only, f32 / f64.
+//   all_reduce:       all_reduce inside the node, all_reduce among the nodes' local rank 0,
+//                     broadcast inside the node.
+// Each node's data crosses to each other node once: summed over ranks, all_gather_v and
+// reduce_scatter_v send sum(counts) * (N-1) inter-node and sum(counts) * (P-N) intra-node elements
+// (flat: sum(counts) * (P-1) in all, sum_r counts[r] * (P - L_node(r)) of it inter-node);
+// all_reduce(n) sends 2n(N-1) inter-node and 3n(P-N) intra-node. They count the bytes they really
+// move, under their base kind. Reductions run in another order than flat: sums are equal to
+// rounding, not bitwise (N = 1 or P = N: the flat path runs, bitwise). A hierarchical operation's
+// later stages are issued inside its test()/wait(): while one is in flight, the communicator
+// refuses every other collective and set_topology (it throws), so ranks cannot issue collectives
+// in different orders.
+//
+// Watchdog (comm/watchdog.cpp). While watchdog_timeout() > 0, every operation must complete within
+// that many seconds of being issued; otherwise its wait()/test() asks the other ranks where they
+// are (each rank whose watchdog fires sends a WatchdogReport to all others and listens for up to
+// min(2 s, timeout)) and throws diffcp::Error naming the operation, its collective sequence
+// number, its size, the communicator and the ranks that had not arrived; under run_mpi_main that
+// aborts the whole job. A rank that does not answer is stalled, busy outside the communicator,
+// dead or unreachable. Timeout 0 (default, unless DIFFCP_COMM_TIMEOUT is set) is off: operations
+// are not wrapped and nothing is checked.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "diffcp/core/error.hpp"
+
+namespace diffcp {
+
+enum class DType : std::uint8_t { u8, u16, i32, i64, u64, f32, f64 };
+// Displacements of blocks packed in order: the exclusive prefix sum of `counts`.
+std::vector<std::size_t> displacements(std::span<const std::size_t> counts);
+std::size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
+template <typename T> constexpr DType dtype_of() = delete;  // only the types below move
+template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
+template <> constexpr DType dtype_of<std::uint16_t>() { return DType::u16; }
+template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<std::uint64_t>() { return DType::u64; }
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
+
+// logsumexp: x (+) y = log(exp(x) + exp(y)), computed stably, -inf the identity (f32/f64 only):
+// one all-reduce merges per-rank log-sum-exp values (SPEC A.2 step 4).
+enum class ReduceOp : std::uint8_t { sum, max, logsumexp };
+
+enum class CommOp : std::uint8_t {
+  all_gather, reduce_scatter, all_reduce, all_to_all, send, recv, broadcast, barrier, count_
+};
+inline constexpr std::size_t kNumCommOps = static_cast<std::size_t>(CommOp::count_);
+const char* comm_op_name(CommOp op);
+
+struct OpCounter {
+  std::uint64_t calls = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_recv = 0;
+  std::uint64_t bytes_sent_inter = 0;  // of bytes_sent, to ranks on other nodes (0 without a topology)
+};
+
+// Which node each rank of a communicator is on. Nodes are numbered by their lowest rank; a
+// node's ranks are its local ranks 0 .. L_n - 1 in rank order.
+struct Topology {
+  std::vector<int> node_of;               // [P]
+  std::vector<int> local_of;              // [P]
+  std::vector<std::vector<int>> members;  // [N][L_n] ranks of node n, ascending
+  int nodes() const { return static_cast<int>(members.size()); }
+  int node_size(int n) const { return static_cast<int>(members[static_cast<std::size_t>(n)].size()); }
+  bool same_node(int a, int b) const { return node_of[static_cast<std::size_t>(a)] == node_of[static_cast<std::size_t>(b)]; }
+  // Local rank of node n that holds rank r's block in the hierarchical collectives.
+  int owner(int r, int n) const;
+  std::string describe() const;  // e.g. "2 nodes (2+2 ranks)"
+  // From the node label of every rank (any ints; equal label = same node).
+  static Topology from_labels(std::span<const std::int64_t> labels);
+};
+
+enum class CollAlgo : std::uint8_t { flat, hierarchical };
+
+// What a rank says about the operation its watchdog caught (sent to every other rank then).
+struct WatchdogReport {
+  std::uint64_t seq = 0;    // collective sequence number on the communicator (1 = its first)
+  std::uint32_t op = 0;     // CommOp
+  std::int32_t peer = -1;   // send / recv: the other rank; collectives: -1 (broadcast: root);
+                            // kSetup: a set-up exchange (not numbered)
+  static constexpr std::int32_t kSetup = -2;
+  double waited_s = 0;      // since the operation was issued
+};
+// "flat" | "hierarchical"; anything else throws naming the choices.
+CollAlgo parse_coll_algo(const std::string& name);
+const char* coll_algo_name(CollAlgo algo);
+
+// Counters of one communicator. The v-variants count under their base kind
+// (all_gather_v under all_gather, all_to_all_v under all_to_all, ...).
+class CommStats {
+ public:
+  const OpCounter& operator[](CommOp op) const { return ops_[static_cast<std::size_t>(op)]; }
+  OpCounter& operator[](CommOp op) { return ops_[static_cast<std::size_t>(op)]; }
+  OpCounter total() const;
+  void reset() { ops_ = {}; }
+  // {"all_gather": {"calls":..,"bytes_sent":..,"bytes_recv":..}, ..., "total": {...}}
+  nlohmann::json to_json() const;
+
+ private:
+  std::array<OpCounter, kNumCommOps> ops_{};
+};
+
+// Handle of an operation in flight. wait() blocks until the buffers may be reused and rethrows a
+// backend error. Destroying a handle that was never waited waits for it (except during stack
+// unwinding, when the job is about to abort anyway).
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  // Non-blocking completion test; also drives the backend's progress engine.
+  virtual bool test() = 0;
+};
+using WorkPtr = std::unique_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "mpi", later "nccl"
+  const std::string& name() const { return name_; }
+  CommStats& stats() { return stats_; }
+  const CommStats& stats() const { return stats_; }
+  // {"name":..., "backend":..., "rank":..., "size":..., "ops": stats().to_json()}
+  nlohmann::json stats_json() const;
+
+  // ---- sub-communicators (each has its own counters) ----
+  // Ranks with equal color form a group, ordered by (key, old rank). color < 0: this rank joins
+  // no group and gets nullptr. Collective over this communicator.
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name);
+  // Ranks that share memory (one node), or, when the environment variable DIFFCP_NODE is set (on
+  // every rank: scripts/emucluster.sh does), the ranks with the same DIFFCP_NODE. Collective over
+  // this communicator.
+  std::unique_ptr<Communicator> split_node_local(const std::string& name);
+
+  // ---- topology (inter-node byte counters, hierarchical collectives) ----
+  // Collective. node_label: any int naming this rank's node (equal = same node). Creates the node
+  // and node-leader sub-communicators the hierarchical collectives use; set-up traffic is uncounted.
+  void set_topology(std::int64_t node_label);
+  // Collective: set_topology with the nodes of split_node_local (DIFFCP_NODE when set).
+  void discover_topology();
+  bool has_topology() const { return topology_ != nullptr; }
+  const Topology& topology() const;  // throws if none was set
+  // Whether CollAlgo::hierarchical runs the two-level path here: more than one node and a node of
+  // more than one rank (else it runs the flat one). Throws without a topology.
+  bool hierarchy_useful() const;
+
+  // ---- watchdog (process-wide; see the header comment) ----
+  // seconds >= 0, finite; 0 = off. Applies to operations issued afterwards.
+  static void set_watchdog_timeout(double seconds);
+  // The current timeout; until set, DIFFCP_COMM_TIMEOUT (seconds) when set, else 0.
+  static double watchdog_timeout();
+  // Collectives issued on this communicator so far (the sequence number of the latest).
+  std::uint64_t collective_seq() const { return coll_seq_; }
+
+  // ---- collectives; counts are in elements of `type` ----
+  // send: [count], recv: [size() * count] (rank r's block at r*count).
+  WorkPtr all_gather_async(const void* send, void* recv, std::size_t count, DType type);
+  // send: [counts[rank()]], recv: [sum(counts)] (rank r's block at sum(counts[0..r))).
+  WorkPtr all_gather_v_async(const void* send, void* recv, std::span<const std::size_t> counts,
+                             DType type, CollAlgo algo = CollAlgo::flat);
+  // send: [size() * count], recv: [count] = sum over ranks of their block rank().
+  WorkPtr reduce_scatter_async(const void* send, void* recv, std::size_t count, DType type,
+                               ReduceOp op);
+  // send: [sum(counts)], recv: [counts[rank()]].
+  WorkPtr reduce_scatter_v_async(const void* send, void* recv,
+                                 std::span<const std::size_t> counts, DType type, ReduceOp op,
+                                 CollAlgo algo = CollAlgo::flat);
+  // send, recv: [count]; send == recv means in place.
+  WorkPtr all_reduce_async(const void* send, void* recv, std::size_t count, DType type,
+                           ReduceOp op, CollAlgo algo = CollAlgo::flat);
+  // send, recv: [size() * count]; block r of send goes to rank r.
+  WorkPtr all_to_all_async(const void* send, void* recv, std::size_t count, DType type);
+  // send_counts[r] elements go to rank r (packed in rank order in send), recv_counts[r] come from
+  // rank r (packed in rank order in recv). Both spans have size() entries; zeros are allowed.
+  WorkPtr all_to_all_v_async(const void* send, std::span<const std::size_t> send_counts,
+                             void* recv, std::span<const std::size_t> recv_counts, DType type);
+  // buf: [count]; root's buffer is copied to every rank.
+  WorkPtr broadcast_async(void* buf, std::size_t count, DType type, int root);
+  // Tags: 0 ... kMaxUserTag (backends reserve the tags above for their own collectives).
+  static constexpr int kMaxUserTag = 32000;
+  WorkPtr send_async(const void* buf, std::size_t count, DType type, int dst, int tag = 0);
+  WorkPtr recv_async(void* buf, std::size_t count, DType type, int src, int tag = 0);
+  WorkPtr barrier_async();
+
+  // ---- blocking, typed conveniences (async + wait) ----
+  template <typename T> void all_gather(std::span<const T> send, std::span<T> recv);
+  template <typename T>
+  void all_gather_v(std::span<const T> send, std::span<T> recv, std::span<const std::size_t> counts);
+  template <typename T> void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op = ReduceOp::sum);
+  template <typename T>
+  void reduce_scatter_v(std::span<const T> send, std::span<T> recv,
+                        std::span<const std::size_t> counts, ReduceOp op = ReduceOp::sum);
+  template <typename T>
+  void all_reduce(std::span<T> inout, ReduceOp op = ReduceOp::sum, CollAlgo algo = CollAlgo::flat);
+  template <typename T> void all_to_all(std::span<const T> send, std::span<T> recv);
+  template <typename T>
+  void all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
+                    std::span<T> recv, std::span<const std::size_t> recv_counts);
+  template <typename T> void broadcast(std::span<T> buf, int root);
+  template <typename T> void send(std::span<const T> buf, int dst, int tag = 0);
+  template <typename T> void recv(std::span<T> buf, int src, int tag = 0);
+  void barrier() { barrier_async()->wait(); }
+
+ protected:
+  // Reads the watchdog setting first, so a bad DIFFCP_COMM_TIMEOUT fails before any operation.
+  explicit Communicator(std::string name) : name_(std::move(name)) { watchdog_timeout(); }
+
+  // Backend hooks. Arguments are already validated; counts fit the backend's limits are checked
+  // by the backend itself. Displacements are in elements.
+  virtual WorkPtr do_all_gather_v(const void* send, std::size_t send_count, void* recv,
+                                  std::span<const std::size_t> counts,
+                                  std::span<const std::size_t> displs, DType type) = 0;
+  virtual WorkPtr do_reduce_scatter_v(const void* send, void* recv,
+                                      std::span<const std::size_t> counts, DType type,
+                                      ReduceOp op) = 0;
+  virtual WorkPtr do_all_reduce(const void* send, void* recv, std::size_t count, DType type,
+                                ReduceOp op) = 0;
+  virtual WorkPtr do_all_to_all_v(const void* send, std::span<const std::size_t> send_counts,
+                                  std::span<const std::size_t> send_displs, void* recv,
+                                  std::span<const std::size_t> recv_counts,
+                                  std::span<const std::size_t> recv_displs, DType type) = 0;
+  virtual WorkPtr do_broadcast(void* buf, std::size_t count, DType type, int root) = 0;
+  virtual WorkPtr do_send(const void* buf, std::size_t count, DType type, int dst, int tag) = 0;
+  virtual WorkPtr do_recv(void* buf, std::size_t count, DType type, int src, int tag) = 0;
+  virtual WorkPtr do_barrier() = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name) = 0;
+  virtual std::unique_ptr<Communicator> do_split_node_local(const std::string& name) = 0;
+  // Watchdog: sends `mine` to every other rank without blocking (best effort: a peer may be dead)
+  // and collects the other ranks' reports for up to grace_s seconds, or until every rank in
+  // `wanted` answered. Returns size() entries (nullopt: no answer). The default cannot reach the
+  // other ranks and returns no answers.
+  virtual std::vector<std::optional<WatchdogReport>> do_watchdog_exchange(const WatchdogReport& mine,
+                                                                          std::span<const int> wanted,
+                                                                          double grace_s);
+
+ private:
+  friend class WatchedWork;
+  void check_counts(std::span<const std::size_t> counts, const char* what) const;
+  void check_peer(int peer, const char* what) const;
+  // Counts an operation the backend accepted (elements sent / received by this rank; of the
+  // sent, sent_inter to other nodes) and puts it under the watchdog when that is on. peer: the
+  // other rank of a send / recv, the root of a broadcast, else -1.
+  WorkPtr issued(WorkPtr w, CommOp op, std::size_t sent, std::size_t recvd, DType type,
+                 std::size_t sent_inter = 0, int peer = -1);
+  // A set-up exchange (split_node_local's agreement, set_topology, discover_topology): watched
+  // like any operation, but not counted and not numbered. (MPI_Comm_split itself, a blocking call
+  // inside the backend, cannot be watched.)
+  WorkPtr setup_op(WorkPtr w, CommOp op);
+  // Wraps w in the watchdog when it is on (else returns w): what a rank reports if it expires.
+  WorkPtr watch(WorkPtr w, CommOp op, int peer, std::uint64_t sent_bytes, std::uint64_t recv_bytes);
+  // The watchdog's verdict on an operation that did not complete in time (comm/watchdog.cpp).
+  [[noreturn]] void watchdog_expired(const WatchdogReport& mine, std::uint64_t bytes_sent,
+                                     std::uint64_t bytes_recv, double timeout_s);
+  // Elements this rank sends to ranks on other nodes when it sends `per_peer[r]` to each rank r
+  // (0 without a topology).
+  std::size_t inter_part(std::span<const std::size_t> per_peer) const;
+  std::size_t off_node_peers() const;  // ranks on other nodes (0 without a topology)
+  // The hierarchical collectives (comm/hierarchical.cpp); arguments validated by the callers.
+  void check_no_staged_op(const char* what) const;  // throws while a hierarchical op is in flight
+  WorkPtr hier_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, DType type);
+  WorkPtr hier_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, DType type);
+  WorkPtr hier_all_reduce(const void* send, void* recv, std::size_t n, DType type, ReduceOp op);
+
+  // Typed v-variants: counts has size() entries summing to `whole`; if check_mine, counts[rank()]
+  // equals `mine`. Throws diffcp::Error naming the mismatch.
+  void check_v_sizes(const char* what, std::span<const std::size_t> counts, std::size_t mine,
+                     std::size_t whole, bool check_mine) const;
+
+  std::string name_;
+  CommStats stats_;
+  std::unique_ptr<Topology> topology_;
+  std::unique_ptr<Communicator> node_comm_, leader_comm_;  // leader_comm_: local rank 0 of each node, else null
+  int staged_in_flight_ = 0;  // hierarchical operations not yet complete
+  std::uint64_t coll_seq_ = 0;  // collectives issued (all ranks issue the same sequence)
+};
+
+// ---- template definitions ----
+template <typename T> void Communicator::all_gather(std::span<const T> send, std::span<T> recv) {
+  DIFFCP_CHECK(recv.size() == send.size() * static_cast<std::size_t>(size()),
+               "all_gather: recv has ", recv.size(), " elements, expected size() * send = ",
+               size(), " * ", send.size());
+  all_gather_async(send.data(), recv.data(), send.size(), dtype_of<T>())->wait();
+}
+template <typename T>
+void Communicator::all_gather_v(std::span<const T> send, std::span<T> recv,
+                                std::span<const std::size_t> counts) {
+  check_v_sizes("all_gather_v", counts, send.size(), recv.size(), true);
+  all_gather_v_async(send.data(), recv.data(), counts, dtype_of<T>())->wait();
+}
+template <typename T>
+void Communicator::reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+  DIFFCP_CHECK(send.size() == recv.size() * static_cast<std::size_t>(size()),
+               "reduce_scatter: send has ", send.size(), " elements, expected size() * recv = ",
+               size(), " * ", recv.size());
+  reduce_scatter_async(send.data(), recv.data(), recv.size(), dtype_of<T>(), op)->wait();
+}
+template <typename T>
+void Communicator::reduce_scatter_v(std::span<const T> send, std::span<T> recv,
+                                    std::span<const std::size_t> counts, ReduceOp op) {
+  check_v_sizes("reduce_scatter_v", counts, recv.size(), send.size(), true);
+  reduce_scatter_v_async(send.data(), recv.data(), counts, dtype_of<T>(), op)->wait();
+}
+template <typename T> void Communicator::all_reduce(std::span<T> inout, ReduceOp op, CollAlgo algo) {
+  all_reduce_async(inout.data(), inout.data(), inout.size(), dtype_of<T>(), op, algo)->wait();
+}
+template <typename T> void Communicator::all_to_all(std::span<const T> send, std::span<T> recv) {
+  DIFFCP_CHECK(send.size() == recv.size() && send.size() % static_cast<std::size_t>(size()) == 0,
+               "all_to_all: send has ", send.size(), " and recv ", recv.size(),
+               " elements; expected equal sizes divisible by size() = ", size());
+  all_to_all_async(send.data(), recv.data(), send.size() / static_cast<std::size_t>(size()),
+                   dtype_of<T>())->wait();
+}
+template <typename T>
+void Communicator::all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
+                                std::span<T> recv, std::span<const std::size_t> recv_counts) {
+  check_v_sizes("all_to_all_v send", send_counts, 0, send.size(), false);
+  check_v_sizes("all_to_all_v recv", recv_counts, 0, recv.size(), false);
+  all_to_all_v_async(send.data(), send_counts, recv.data(), recv_counts, dtype_of<T>())->wait();
+}
+template <typename T> void Communicator::broadcast(std::span<T> buf, int root) {
+  broadcast_async(buf.data(), buf.size(), dtype_of<T>(), root)->wait();
+}
+template <typename T> void Communicator::send(std::span<const T> buf, int dst, int tag) {
+  send_async(buf.data(), buf.size(), dtype_of<T>(), dst, tag)->wait();
+}
+template <typename T> void Communicator::recv(std::span<T> buf, int src, int tag) {
+  recv_async(buf.data(), buf.size(), dtype_of<T>(), src, tag)->wait();
+}
+
+}  // namespace diffcp

@@ -1,0 +1,141 @@
+// What the CP baselines of SPEC A.4 (ulysses, ring, ringx, lvxattn) share: where every rank's rows
+// are, the block-sparse mask of one "some query blocks x some ranks' key rows" attention call, the
+// rank-local ends of the layer (projections of the rows a rank owns, output projection of its own
+// query rows), and small helpers for the merge and the head-sharded all-to-all layout.
+//
+// Legend (as in cp/attention_layer.hpp): P ranks, rank p owns blocks [blocks_p) = Q_p query rows
+// and holds C_p context rows; L_p = C_p + Q_p key rows, in local order: its context chunks (chunk
+// order), then the B rows of each owned block (block order). qw = n_q*d_h, kvw = n_kv*d_h.
+// Unlike Split-KV, every baseline ends its forward with the merged attention output o_p [Q_p, qw]
+// of its OWN query rows, so the output projection is local (no reduce-scatter of Y).
+// The baselines use a rank's real rows only: CpShard::bucket (static-shape padding of the local
+// K/V length) is a Split-KV buffer-reuse option and is ignored here; results do not depend on it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "diffcp/attention/mask.hpp"
+#include "diffcp/comm/communicator.hpp"
+#include "diffcp/core/tensor.hpp"
+#include "diffcp/cp/attention_layer.hpp"
+#include "diffcp/ops/rope.hpp"
+
+namespace diffcp {
+
+// The key/value rows one rank projects, in its local row order: `chunks`' context rows, then the
+// B rows of each block in `blocks`.
+struct KeyRows {
+  std::vector<PosRange> chunks;
+  Shard blocks{0, 0};
+  std::int64_t rows(std::int64_t B) const;  // L_r
+};
+
+// Block range of every rank [P], from shard.query_rows (contiguous ranges in rank order).
+std::vector<Shard> block_ranges(const CpShard& s);
+// KeyRows of this rank (no communication).
+KeyRows own_key_rows(const CpShard& s);
+// KeyRows of every rank [P]. A rank knows only its own chunk list, so this is collective over `cp`
+// (two all-gathers of a few integers per chunk); methods call it in reshard(), once per step,
+// outside the per-layer traffic that predicted_bytes_per_layer() counts.
+std::vector<KeyRows> gather_key_rows(Communicator& cp, const CpShard& s);
+
+// Mask of one attention call whose query rows are the blocks [queries.begin, queries.end) (query
+// row j*B + r is row r of block queries.begin + j) and whose key rows are the concatenation of
+// `keys` (each rank's rows in its local order). A query block sees its own B rows only if one of
+// `keys` holds them; key rows of blocks outside `queries` are held but seen by no query.
+BlockMask cross_mask(const PackedBatch& batch, Shard queries, std::span<const KeyRows> keys);
+
+using CpClock = std::chrono::steady_clock;
+inline double elapsed_ms(CpClock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(CpClock::now() - t0).count();
+}
+// Waits for `w`; returns the milliseconds spent waiting (exposed communication).
+inline double timed_wait(Work& w) {
+  const auto t0 = CpClock::now();
+  w.wait();
+  return elapsed_ms(t0);
+}
+
+// A contiguous [rows, heads, dim] view of `data`.
+inline HeadRows<float> head_view(float* data, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
+  return {data, rows, heads, dim, heads * dim};
+}
+inline HeadRows<const float> head_view(const float* data, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
+  return {data, rows, heads, dim, heads * dim};
+}
+
+// Merges the partial (o_b, lse_b) into the running (o_a, lse_a) by log-sum-exp; writes the result
+// to (o_out, lse_out), which must not alias the inputs.
+//   o_*: [rows, n_q, d_h]   lse_*: [rows, n_q]
+void merge_two(HeadRows<const float> o_a, std::span<const float> lse_a, HeadRows<const float> o_b,
+               std::span<const float> lse_b, HeadRows<float> o_out, std::span<float> lse_out);
+
+// y[n] += x[n]
+void add_into(float* y, const float* x, std::int64_t n);
+
+// Head-sharded all-to-all layout (Ulysses). The tensors src[j]: [rows, P*hd] are cut into P
+// slices of hd columns; dst: [P][rows][n][hd] with n = src.size(), i.e. for destination rank r,
+// row i: slice r of src[0], slice r of src[1], ...
+void pack_head_slices(std::span<const float* const> src, std::int64_t rows, std::int64_t P, std::int64_t hd,
+                      float* dst);
+// The inverse: src: [P][rows][n][hd] -> dst[j]: [rows, P*hd].
+void unpack_head_slices(const float* src, std::int64_t rows, std::int64_t P, std::int64_t hd,
+                        std::span<float* const> dst);
+
+// The rank-local ends of the layer for the rows this rank owns. Forward: q_p = RoPE(RMSNorm_q(x_p
+// W_q)), [k_p; v_p] = (RoPE(RMSNorm_k(U_p W_k)), U_p W_v) with U_p = [ctx_p; x_p], normed and
+// rotated here before any exchange; after the method has filled o() (and lse()), y_p = o_p W_o +
+// b_o. Backward: do_p = dy_p W_o^T (+ dW_o, db_o shares), D_p = rowsum(do_p * o_p); after the
+// method has produced dq_p and dk_p, dv_p (gradients w.r.t. the normed, rotated q and k), the
+// projection backward gives dx_p, dctx_p and the dW_q, dW_k, dW_v, q_norm, k_norm shares.
+class OwnRows {
+ public:
+  void reshard(const AttnLayerConfig& cfg, const CpShard& s);
+  std::int64_t Qp() const { return Qp_; }  // Q_p
+  std::int64_t Cp() const { return Cp_; }  // C_p
+  std::int64_t Lp() const { return Cp_ + Qp_; }  // L_p
+
+  //   x_p: [Q_p, H], kept (by pointer) for the backward
+  void project_q(const AttnLayerParams& w, const float* x_p);
+  //   ctx_p: [C_p, H], kept for the backward. Polls `inflight` (may be null) between row chunks:
+  //   Open MPI progresses a nonblocking operation only inside MPI calls.
+  void project_kv(const AttnLayerParams& w, const float* ctx_p, Work* inflight);
+  //   y_p: [Q_p, H] out, from o()
+  void output_forward(const AttnLayerParams& w, float* y_p) const;
+  //   dy_p: [Q_p, H] -> dout() and, if with_delta, delta(); adds the dW_o, db_o shares to grad
+  void output_backward(const AttnLayerParams& w, const float* dy_p, AttnLayerParams& grad, bool with_delta = true);
+  //   dq_p: [Q_p, qw] (destroyed); dx_p: [Q_p, H] = beta*dx_p + dq_p-part; adds dW_q, q_norm shares
+  void backward_q(const AttnLayerParams& w, float* dq_p, float* dx_p, float beta, AttnLayerParams& grad);
+  //   dkv_p: [2, L_p, kvw] = dk rows then dv rows (destroyed); dx_p: [Q_p, H] = beta*dx_p + block-row
+  //   part; dctx_p: [C_p, H] out; adds dW_k, dW_v, k_norm shares; polls `inflight` (may be null)
+  void backward_kv(const AttnLayerParams& w, float* dkv_p, float* dx_p, float beta, float* dctx_p,
+                   AttnLayerParams& grad, Work* inflight);
+
+  std::vector<float>& q() { return q_; }      // [Q_p, qw] normed and rotated
+  std::vector<float>& kv() { return kv_; }    // [2, L_p, kvw]: k (normed, rotated) rows, then v rows
+  std::vector<float>& o() { return o_; }      // [Q_p, qw] merged attention output, set by the method
+  std::vector<float>& lse() { return lse_; }  // [Q_p, n_q] global lse of own rows, set by the method
+  std::vector<float>& dout() { return dout_; }    // [Q_p, qw] after output_backward
+  std::vector<float>& delta() { return delta_; }  // [Q_p, n_q] after output_backward
+  HeadRows<const float> q_view() const { return head_view(q_.data(), Qp_, cfg_.n_q, cfg_.d_h); }
+  HeadRows<const float> k_view() const { return head_view(kv_.data(), Lp(), cfg_.n_kv, cfg_.d_h); }
+  HeadRows<const float> v_view() const { return head_view(kv_.data() + Lp() * cfg_.kv_width(), Lp(), cfg_.n_kv, cfg_.d_h); }
+  void check_forward_done(const char* method) const;
+
+ private:
+  AttnLayerConfig cfg_;
+  std::int64_t Qp_ = 0, Cp_ = 0;
+  std::vector<std::int64_t> key_pos_, query_pos_;  // RoPE positions [L_p], [Q_p]
+  std::vector<float> q_lin_, q_rstd_, q_;          // [Q_p, qw] pre-norm, [Q_p, n_q], normed+rotated
+  std::vector<float> k_lin_, k_rstd_, kv_;         // [L_p, kvw] pre-norm, [L_p, n_kv], [2, L_p, kvw]
+  std::vector<float> o_, lse_, dout_, delta_;
+  const float* x_p_ = nullptr;
+  const float* ctx_p_ = nullptr;
+  bool forward_done_ = false;
+  RopeTable rope_{2, 1.0, 0};
+};
+
+}  // namespace diffcp

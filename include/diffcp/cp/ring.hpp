@@ -1,0 +1,64 @@
+// Ring attention (ring-flash-attention style) for the drafter attention layer (SPEC A.4): queries
+// stay on their owner, the K/V shards circulate around the ring. The context layout is the
+// caller's: zigzag (balance/zigzag) is ring attention's usual one, any CpShard works.
+// On rank p of a CP group of P, with next = p+1, prev = p-1 (mod P):
+//   forward:  q_p, kv_p = projections of its own rows; for t = 0..P-1 it holds the K/V of rank
+//             s = p - t: post send(kv_s -> next) and recv(kv_{s-1} <- prev), compute the partial
+//             (o, lse) of its own queries against kv_s, LSE-merge into the running (o_p, lse_p),
+//             wait; y_p = o_p W_o + b_o locally.
+//   backward: do_p, D_p local; K/V circulate again. At step t it computes dq (accumulated locally)
+//             and the contribution to rank s's dk, dv. Rank s's contributions travel in one
+//             accumulator that starts at s+1 (step 1) and hops next until it reaches s after the
+//             last step, where s adds its own step-0 contribution: P-1 hops, not P.
+// Each (query blocks, visiting rank) pair has its own BlockMask (cp_common cross_mask); a query
+// block sees its own B rows only at step 0.
+// Communication: 3 (P-1)/P * 2(S+Q) n_kv d_h elements per rank and layer: grows with S.
+//
+// Call order: collective. Every rank constructs the layer, calls reshard(), forward(), backward()
+// together (reshard all-gathers the ranks' chunk lists).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "diffcp/cp/cp_common.hpp"
+#include "diffcp/cp/cp_layer.hpp"
+
+namespace diffcp {
+
+// Timings: fwd_overlap_exposed_ms / bwd_overlap_exposed_ms = waiting for the ring transfers
+// (posted before the step's attention) after it; blocking_comm_ms = 0.
+class RingLayer final : public CpAttentionLayer {
+ public:
+  RingLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);  // collective (reshard)
+  void reshard(CpShard shard) override;                                    // collective
+  const char* name() const override { return "ring"; }
+  static std::string unsupported_reason(const AttnLayerConfig& cfg, int P);  // always "": any P
+
+  //   x_p: [Q_p, H]   ctx_p: [C_p, H]   y_p: [Q_p, H] out
+  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) override;
+  //   dy_p: [Q_p, H]   dx_p: [Q_p, H] out   dctx_p: [C_p, H] out   grad: this rank's share ADDED
+  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
+  // (P-1)/P * 6 (S+Q) n_kv d_h f32 elements, mean over ranks (see ring.cpp).
+  double predicted_bytes_per_layer() const override;
+
+ private:
+  int src_of_step(int t) const { return (shard_.p - t + 2 * shard_.P) % shard_.P; }
+  std::size_t kv_count(int r) const { return static_cast<std::size_t>(key_rows_[static_cast<std::size_t>(r)] * 2 * cfg_.kv_width()); }
+  HeadRows<const float> k_of(const float* kv, int r) const;  // kv: [2, L_r, kvw]
+  HeadRows<const float> v_of(const float* kv, int r) const;
+
+  Communicator& comm_;
+  AttnLayerConfig cfg_;
+  CpShard shard_;
+  OwnRows own_;
+  std::vector<BlockMask> masks_;         // [P]: own query blocks x rank r's key rows
+  std::vector<std::int64_t> key_rows_;   // [P] L_r
+  std::vector<float> kv_buf_[2];         // [2, L_max, kvw] visiting K/V, double-buffered
+  std::vector<float> o_step_, lse_step_, o_tmp_, lse_tmp_;  // [Q_p, n_q d_h], [Q_p, n_q]
+  std::vector<float> dq_, dq_step_;      // [Q_p, n_q d_h]
+  std::vector<float> dkv_own_, dkv_in_;  // [2, L_p, kvw] own contribution; [2, L_max, kvw] arriving accumulator
+  std::vector<float> dkv_out_[2];        // [2, L_max, kvw] outgoing accumulators, double-buffered
+};
+
+}  // namespace diffcp

@@ -1,0 +1,63 @@
+// RingX (RingX1, the bidirectional cross-attention variant) for the drafter attention layer
+// (SPEC A.4): broadcast the queries in the forward, broadcast K/V and reduce dK/dV in the backward;
+// nothing travels around a ring, every step is a collective rooted at one rank. On rank p of P:
+//   forward:  for t = 0..P-1: rank t broadcasts q_t [Q_t, n_q d_h] (the next broadcast is posted
+//             before this step's attention); every rank computes the partial (o, lse) of q_t
+//             against ITS local keys; lse_t = AllReduce_logsumexp(lse) [Q_t, n_q]; each rank
+//             rescales o *= exp(lse - lse_t) and the rescaled partials are summed AT RANK t (a
+//             reduce, expressed as reduce_scatter_v with all counts zero except rank t's).
+//             Rank t keeps (o_t, lse_t); y_t = o_t W_o + b_o locally.
+//   backward: do_p, D_p local; for t: rank t broadcasts its [k_t; v_t] [2, L_t, n_kv d_h] (next
+//             one posted ahead); every rank computes the backward of its LOCAL queries against
+//             them with the global lse and D: dq accumulates locally, the partial [dk_t; dv_t] is
+//             summed at rank t (reduce as above).
+// Communication per rank and layer: (P-1)/P * (2Q n_q d_h + 2Q n_q + 4(S+Q) n_kv d_h) elements.
+//
+// Call order: collective. Every rank constructs the layer, calls reshard(), forward(), backward()
+// together (reshard all-gathers the ranks' chunk lists).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "diffcp/cp/cp_common.hpp"
+#include "diffcp/cp/cp_layer.hpp"
+
+namespace diffcp {
+
+// Timings: fwd_overlap_exposed_ms / bwd_overlap_exposed_ms = waiting for the broadcast posted one
+// step ahead; blocking_comm_ms = the lse all-reduces and the reductions of o and dk/dv.
+class RingXLayer final : public CpAttentionLayer {
+ public:
+  RingXLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);  // collective (reshard)
+  void reshard(CpShard shard) override;                                     // collective
+  const char* name() const override { return "ringx"; }
+  static std::string unsupported_reason(const AttnLayerConfig& cfg, int P);  // always "": any P
+
+  //   x_p: [Q_p, H]   ctx_p: [C_p, H]   y_p: [Q_p, H] out
+  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) override;
+  //   dy_p: [Q_p, H]   dx_p: [Q_p, H] out   dctx_p: [C_p, H] out   grad: this rank's share ADDED
+  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
+  // (P-1)/P * (2Q n_q d_h + 2Q n_q + 4(S+Q) n_kv d_h) f32 elements, mean over ranks (see ringx.cpp).
+  double predicted_bytes_per_layer() const override;
+
+ private:
+  // Counts of a reduce to `root` of `n` elements: zero except at root.
+  std::vector<std::size_t> rooted_counts(int root, std::int64_t n) const;
+  // Posts the broadcast of step t's payload (root t's own buffer, or into buf elsewhere).
+  WorkPtr post_broadcast(int t, float* own, float* buf, std::int64_t n);
+
+  Communicator& comm_;
+  AttnLayerConfig cfg_;
+  CpShard shard_;
+  OwnRows own_;
+  std::vector<BlockMask> fwd_masks_;      // [P]: rank t's query blocks x local key rows
+  std::vector<BlockMask> bwd_masks_;      // [P]: local query blocks x rank t's key rows
+  std::vector<std::int64_t> query_rows_, key_rows_;  // [P] Q_t, L_t
+  std::vector<float> buf_[2];             // broadcast payloads, double-buffered: q_t or [2, L_t, kvw]
+  std::vector<float> o_part_, lse_part_, lse_all_;  // [Q_max, n_q d_h], [Q_max, n_q] x2
+  std::vector<float> dq_, dq_step_;       // [Q_p, n_q d_h]
+  std::vector<float> dkv_part_, dkv_own_; // [2, L_max, kvw], [2, L_p, kvw]
+};
+
+}  // namespace diffcp

@@ -1,0 +1,119 @@
+// Split-KV: exact context parallelism for the drafter attention layer (SPEC A.2, Algorithm 1 of
+// seed 000). On rank p of a CP group of P:
+//   forward:  q_p = RoPE(RMSNorm_q(X_p W_q)); LAUNCH q = AllGather(q_p);
+//             k_p, v_p = KVProj([ctx_p; X_p]) while the all-gather flies; wait;
+//             (o_p, lse_p) = Attn(q, k_p, v_p) over LOCAL keys; lse = AllReduce_logsumexp(lse_p);
+//             obar_p = exp(lse_p - lse) o_p; ybar_p = obar_p W_o; Y_p = ReduceScatter_sum(ybar_p) + b_o
+//   backward: g = AllGather(dY_p); do = g W_o^T; D = AllReduce_sum(rowsum(do * obar_p));
+//             (dq, dk_p, dv_p) = AttnBwd(q, k_p, v_p, do; lse, D); LAUNCH dq_p = ReduceScatter_sum(dq);
+//             dU_p = KVProjBwd(dk_p, dv_p) while it flies (dk_p, dv_p never leave the rank); wait;
+//             dX_p = QProjBwd(dq_p) + dU_p[block rows]; dctx_p = dU_p[context rows].
+// Communication per layer: AG [Q, n_q d_h] + RS [Q, H] forward, AG [Q, H] + RS [Q, n_q d_h]
+// backward, and two [Q, n_q] all-reduces: independent of the context length S.
+// Parameter gradients are local shares; sum them over the CP (and DP) group with allreduce_grads.
+//
+// Options (SplitKVOptions):
+//   oproj = owned: reduce-scatter the rescaled partial output obar_p [Q, n_q d_h] instead of
+//     ybar_p and apply W_o (forward and backward) to the owned rows only: y_p = o_p W_o + b_o with
+//     o_p = ReduceScatter_sum(obar_p); backward do_p = dY_p W_o^T, do = AllGather(do_p). The RS of
+//     the forward and the AG of the backward then carry [Q, n_q d_h] instead of [Q, H] (the drafter
+//     shapes have n_q d_h = 2H: twice the bytes) and the W_o GEMMs shrink from Q to Q_p rows.
+//   collectives = hierarchical: every collective runs two-level over the communicator's topology
+//     (comm/communicator.hpp): each node's rows cross each other node once.
+//
+// Call order: every rank of the group calls forward(), then backward(), with its own shard.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "diffcp/attention/mask.hpp"
+#include "diffcp/comm/communicator.hpp"
+#include "diffcp/cp/cp_layer.hpp"
+#include "diffcp/ops/rope.hpp"
+
+namespace diffcp {
+
+enum class OProj : std::uint8_t { all, owned };
+// "all" | "owned" (anything else throws; "auto" is resolved by the caller with choose_oproj).
+OProj parse_oproj(const std::string& name);
+const char* oproj_name(OProj o);
+
+struct SplitKVOptions {
+  OProj oproj = OProj::all;
+  CollAlgo collectives = CollAlgo::flat;  // hierarchical needs cp.has_topology()
+};
+
+// The cost model of --oproj auto: owned when the output-projection time it saves is larger than
+// the time of the extra bytes it sends (per rank, forward + backward):
+//   saved = 3 GEMMs of (Q - Q/P) x n_q d_h x H = 6 Q (P-1)/P n_q d_h H flop at gemm_gflops,
+//   extra = 2 (P-1)/P Q (n_q d_h - H) elements of 4 B at link_gbit.
+// Q: query rows of the micro-batch; link_gbit: what one rank's collective traffic gets.
+OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gemm_gflops, double link_gbit);
+
+// Timings: fwd_overlap_exposed_ms = waiting for the q all-gather after the K/V projection;
+// bwd_overlap_exposed_ms = waiting for the dq reduce-scatter after the K/V projection backward;
+// blocking_comm_ms = RS of Y, AG of dY and the two all-reduces.
+class SplitKVLayer final : public CpAttentionLayer {
+ public:
+  // Collective-free. The communicator is the CP group; shard.P and shard.p must match it.
+  SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, SplitKVOptions opt = {});
+  // A new micro-batch (or plan) for the next step. Buffers are kept: with a bucketed shard whose
+  // padded K/V length and Q do not change, the step allocates nothing (see allocations()).
+  void reshard(CpShard shard) override;
+  const char* name() const override { return "splitkv"; }
+
+  //   x_p:   [Q_p, H] hidden states of the owned blocks' rows (block order)
+  //   ctx_p: [C_p, H] context features of the held chunks (chunk order)
+  //   y_p:   [Q_p, H] out
+  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) override;
+  //   dy_p: [Q_p, H]   dx_p: [Q_p, H] out   dctx_p: [C_p, H] out
+  //   grad: this rank's share of the parameter gradients is ADDED (sum over ranks = the gradient)
+  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
+
+  const std::vector<float>& lse() const { return lse_; }  // [Q, n_q] global, after forward
+  const CpShard& shard() const { return shard_; }
+  // How many times a persistent buffer had to grow (0 after the first step while shapes repeat).
+  std::int64_t allocations() const { return allocations_; }
+  // The mean over ranks of the bytes each rank sends per layer (forward + backward), as the
+  // communicator counts them, in elements of f32 (w = H for oproj all, n_q d_h for owned;
+  // n = Q n_q; N nodes; the flat path when there is one node or one rank per node):
+  //   flat:         (P-1)/P * [2Q n_q d_h + 2Q w] + 2 * 2(P-1)/P * n
+  //   hierarchical: (P-1)/P * [2Q n_q d_h + 2Q w] + 2 * [2n(N-1) + 3n(P-N)] / P
+  double predicted_bytes_per_layer() const override;
+  // Of those, the mean sent to other nodes (needs cp.has_topology()):
+  //   flat:         1/P * [sum_r Q_r (2 n_q d_h + 2w) (P - L_node(r)) + 2 sum_p sum_{r off p's node} (s_r + s_p)]
+  //                 with s_r = n/P (+1 for r < n mod P) the all-reduce shares
+  //   hierarchical: 1/P * [(N-1) (2Q n_q d_h + 2Q w) + 2 * 2n(N-1)]
+  double predicted_inter_bytes_per_layer() const;
+  const SplitKVOptions& options() const { return opt_; }
+
+ private:
+  std::vector<std::size_t> row_counts(std::int64_t width) const;  // per-rank element counts of [Q_r, width]
+  float* buffer(std::vector<float>& v, std::int64_t n);  // v resized to n, counting growth
+
+  Communicator& comm_;
+  AttnLayerConfig cfg_;
+  SplitKVOptions opt_;
+  bool hier_ = false;  // the hierarchical path really runs (topology with 1 < N < P)
+  CpShard shard_;
+  BlockMask mask_;
+  std::int64_t Q_ = 0, Qp_ = 0, Cp_ = 0;
+  std::int64_t Lr_ = 0, Lk_ = 0;                   // real key rows C_p + Q_p; padded to the bucket
+  std::vector<std::int64_t> key_pos_, query_pos_;  // RoPE positions: [L_r], [Q_p]
+  std::unique_ptr<RopeTable> rope_;
+  // Saved by forward for backward.
+  const float* x_p_ = nullptr;
+  const float* ctx_p_ = nullptr;
+  std::vector<float> q_lin_, q_rstd_, q_p_;    // [Q_p, n_q d_h] pre-norm, [Q_p, n_q], normed+rotated
+  std::vector<float> k_lin_, k_rstd_, k_, v_;  // [L_k, n_kv d_h] pre-norm, [L_k, n_kv], k, v
+  std::vector<float> q_all_;                   // [Q, n_q d_h] gathered, normed and rotated
+  std::vector<float> obar_, lse_, lse_p_;      // [Q, n_q d_h] rescaled local output, [Q, n_q] x2
+  std::vector<float> o_p_;                     // oproj owned: [Q_p, n_q d_h] the owned rows' output
+  // Step scratch, kept so that steps of equal shape reuse it.
+  std::vector<float> ybar_, g_, dout_, delta_, dq_all_, dk_, dv_, dq_p_;
+  std::int64_t allocations_ = 0;
+};
+
+}  // namespace diffcp

@@ -1,0 +1,202 @@
+// The attention exchange of Ulysses sequence parallelism (SPEC B.1): the all-to-all that turns the
+// sequence layout (a rank's n_p tokens of each image, all n_h heads) into the head layout (all N
+// tokens, h_p = n_h / P heads) for q, k, v before attention, the attention itself, and the
+// all-to-all that turns o back. The modes differ only in how the all-to-all moves bytes:
+//   flat     Communicator::all_to_all on the flat group (one call for q|k|v, one for o)
+//   tapa     TapaAllToAll (SPEC B.2): phase 1 inside groups of L ranks, phase 2 across groups;
+//            bitwise the same result as flat
+//   vfirst   TAPA with V-First (SPEC B.3, exchange_vfirst.cpp): the model calls start_v() once V's
+//            columns are projected; V's phase 1 flies (driven by poll() between the row chunks of the
+//            Q/K GEMMs) while q, k are computed; attention() then moves q|k through TAPA and finishes
+//            V's phase 2. Bitwise the same result as tapa.
+//   cocodiff V-First + V-Major selective communication (SPEC B.4, vmajor.hpp): per layer caches,
+//            only the active rows of q, k (phase 1 and 2) and v (phase 2) move on selective steps.
+//
+// Legend: P ranks in groups of L (G = P / L), b images, n_p tokens per image on a rank, N = P*n_p
+//         tokens per image, n_h heads of dim d_h, h_p = n_h / P, hd = h_p * d_h, M_p local rows.
+//
+// Head layout (what attention sees): row (r, j, t) = token t of image j held by rank r, rows in
+// that order ([P][b][n_p], the order the all-to-all delivers them, so nothing is reordered);
+// q, k, v interleaved per row ([3][hd], row stride 3 hd). The attention mask has one query block
+// of n_p rows per (r, j); it sees the N key rows of image j, given as P segments at positions
+// [j N, (j+1) N). A dense attention per image, in one call, over P*b*h_p work items.
+//
+// USP (ring_attention.hpp): with a Ulysses degree U < P the exchange runs on the U ranks of one
+// Ulysses group (size(), rank(), group_size() are that group's), and the attention between the two
+// all-to-alls becomes Ring attention over the R = P / U groups; tokens stay sharded over all P
+// ranks (seq_size(), seq_rank()). U = P (the default): no ring, today's path unchanged.
+//
+// Call order (every rank of the group, same sequence): the constructor (collective), then any
+// number of attention() calls with equal layouts on all ranks; set_layout() is local.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "diffcp/attention/mask.hpp"
+#include "diffcp/comm/communicator.hpp"
+#include "diffcp/core/tensor.hpp"
+#include "diffcp/dit/cache_schedule.hpp"
+#include "diffcp/dit/ring_attention.hpp"
+
+namespace diffcp {
+
+enum class ExchangeMode : std::uint8_t { flat, tapa, vfirst, cocodiff };
+// "flat" | "tapa" | "vfirst" | "cocodiff"; anything else throws naming the modes.
+ExchangeMode parse_exchange_mode(const std::string& name);
+const char* exchange_mode_name(ExchangeMode mode);
+
+// What this rank's exchanges moved, by link class (SPEC B.2: a group of L ranks shares a fast link).
+struct ExchangeStats {
+  std::uint64_t bytes_intra = 0;  // bytes sent to ranks of its own group
+  std::uint64_t bytes_inter = 0;  // bytes sent to ranks of other groups
+  std::uint64_t messages = 0;     // point-to-point messages sent (an all-to-all: one per peer it sends a block to;
+                                  // a ring hop: one)
+  std::uint64_t ring_bytes = 0;   // of bytes_intra + bytes_inter: Ring's K|V (USP; ring_kv_bytes per attention)
+  std::uint64_t calls = 0;        // all-to-alls (two per attention)
+  double comm_ms = 0;             // wall time inside communication calls (post, test, wait, collectives):
+                                  // the communication the compute did not hide ("exposed")
+  // V-First (vfirst, cocodiff): exchanges whose V phase 1 was started early, and how many of them
+  // had completed (seen by a poll() between compute chunks) before attention() had to block on it.
+  std::uint64_t v_started = 0, v_hidden = 0;
+  double v_wait_ms = 0;           // of comm_ms: blocked waiting for V's phase 1 in attention()
+  // V-Major (cocodiff): exchanges that ran selective / full.
+  std::uint64_t selective = 0, full = 0;
+};
+
+// Where one rank's tokens live in its sequence-layout tensors.
+struct ExchangeLayout {
+  std::int64_t batch = 1;       // b
+  std::int64_t tokens_p = 0;    // n_p tokens of each image on this rank
+  std::int64_t heads = 0;       // n_h
+  std::int64_t head_dim = 0;    // d_h
+  std::int64_t local_rows = 0;  // M_p rows of the sequence-layout tensors (>= b * n_p)
+  // rows[j * n_p + t]: the local row of token t of image j (the rank's exchange order) [b * n_p]
+  std::vector<std::int64_t> rows;
+};
+
+class AttentionExchange {
+ public:
+  virtual ~AttentionExchange() = default;
+  AttentionExchange(const AttentionExchange&) = delete;
+  AttentionExchange& operator=(const AttentionExchange&) = delete;
+
+  ExchangeMode mode() const { return mode_; }
+  int rank() const { return p_; }        // p (USP: u, the rank inside the Ulysses group)
+  int size() const { return P_; }        // P (USP: U, the Ulysses degree)
+  int group_size() const { return L_; }  // L (USP: of the Ulysses group, min(L, U))
+  // USP: R Ulysses groups (this one: g); the tokens are sharded over P = U R ranks (this one:
+  // p = g U + u) in link groups of L ranks. Without a ring: R = 1, g = 0, and these are size(),
+  // rank(), group_size().
+  int ring_degree() const { return ring_ ? ring_->size() : 1; }   // R
+  int ring_rank() const { return ring_ ? ring_->rank() : 0; }     // g
+  int seq_size() const { return P_ * ring_degree(); }             // P = U R
+  int seq_rank() const { return ring_rank() * P_ + p_; }          // p = g U + u
+  int link_group_size() const { return link_L_; }                 // L of the world
+  // The ring communicator's own counters (tests check Ring's bytes against them); null when R = 1.
+  const CommStats* ring_comm_stats() const { return ring_ ? &ring_->comm_stats() : nullptr; }
+
+  // Checks the layout (P | n_h, rows inside [0, M_p)), sizes the buffers and builds the mask.
+  // Local: no communication. Every rank must set an equal (b, n_p, n_h, d_h).
+  void set_layout(ExchangeLayout layout);  // USP: U | n_h
+  const ExchangeLayout& layout() const { return layout_; }
+
+  // seq -> head, dense attention per image (softmax scale 1/sqrt(d_h); USP: over every group's keys,
+  // Ring attention), head -> seq.
+  //   qkv: [M_p, 3 n_h, d_h]: q heads, k heads, v heads of each local row (row stride >= 3 n_h d_h)
+  //   out: [M_p, n_h, d_h] out; the layout's rows are written, other rows untouched. out may
+  //        alias the v columns of qkv (they are read before out is written).
+  virtual void attention(HeadRows<const float> qkv, HeadRows<float> out);
+
+  // The staged schedule of V-First (SPEC B.3). Call order per attention, every rank alike:
+  //   start_v(qkv)   once the v columns of qkv are final (q, k may still be garbage); vfirst and
+  //                  cocodiff start V's exchange here, flat and tapa do nothing
+  //   poll()         any number of times while q, k are computed (drives MPI progress; local)
+  //   attention(qkv, out)  with the same qkv, now with q, k final
+  // attention() without a start_v() is valid in every mode (V then starts inside it).
+  virtual void start_v(HeadRows<const float> /*qkv*/) {}
+  virtual void poll() {}
+  // Denoising step `step` of `steps` begins (the sampler calls it; cocodiff's schedule reads it;
+  // layers are counted by attention() calls since). Local.
+  virtual void begin_step(int /*step*/, int /*steps*/) {}
+  // Bytes of this rank's cross-step caches (cocodiff: V^p1, Q^p2, K^p2, V^p2 per layer).
+  virtual std::uint64_t cache_bytes() const { return 0; }
+
+  // The two halves attention() is made of (for tests and later schedules).
+  void seq_to_head(HeadRows<const float> qkv);
+  HeadRows<const float> q() const;  // [P b n_p, h_p, d_h], valid after seq_to_head
+  HeadRows<const float> k() const;
+  HeadRows<const float> v() const;
+  HeadRows<float> o();              // [P b n_p, h_p, d_h] the head-layout output to fill
+  const BlockMask& mask() const;
+  void head_to_seq(HeadRows<float> out);
+
+  const ExchangeStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ protected:
+  AttentionExchange(ExchangeMode mode, int rank, int P, int L);
+  // Communicator::all_to_all semantics: send, recv [P * count] f32, block r to / from rank r.
+  // Implementations add their bytes and messages to stats_ (the caller adds calls and comm_ms).
+  virtual void all_to_all(const float* send, float* recv, std::size_t count) = 0;
+  ExchangeStats stats_;
+
+  std::int64_t head_rows() const { return P_ * layout_.batch * layout_.tokens_p; }  // P b n_p
+  std::int64_t hd() const { return layout_.heads / P_ * layout_.head_dim; }         // h_p d_h
+  // The head-layout q|k|v [P b n_p][3][hd] that attention reads (subclasses fill it).
+  float* head_qkv() { return qkv_head_.data(); }
+  // Attention on head_qkv() (USP: Ring attention over the groups), then head -> seq into out (as the
+  // second half of attention()).
+  void finish_attention(HeadRows<float> out);
+  // Checks qkv's shape against the layout.
+  void check_qkv(HeadRows<const float> qkv) const;
+
+ private:
+  void timed_all_to_all(const float* send, float* recv, std::size_t count);
+  friend std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode, Communicator&, int,
+                                                                    const CacheSchedule&, int);
+
+  ExchangeMode mode_;
+  int p_, P_, L_, link_L_;
+  // USP only (make_attention_exchange): the Ulysses group's communicator that the subclass uses
+  // (destroyed after it), the ring, and whether Ring's bytes stay inside this rank's link group.
+  std::unique_ptr<Communicator> ulysses_comm_;
+  std::unique_ptr<RingAttention> ring_;
+  bool ring_intra_ = false;
+  ExchangeLayout layout_;
+  std::optional<BlockMask> mask_;
+  std::vector<float> send_, qkv_head_, o_head_, o_recv_, lse_;
+};
+
+// The exchange for `mode` over the ranks of `world` in groups of `group_size` consecutive ranks
+// (0: the ranks sharing a node, Communicator::split_node_local). Collective over `world`, which
+// must outlive the exchange. `schedule` is cocodiff's (ignored by the other modes). `ulysses_degree`
+// U (0: P) < P makes USP: `mode`'s exchange on the Ulysses group of world rank p (ranks
+// [p/U U, p/U U + U), Communicator::split), groups of min(L, U) inside it, and Ring attention over
+// the ranks with the same p % U (ring_attention.hpp). Throws on every rank, before any exchange, for
+// L < 1, P % L != 0, nodes of unequal size / non-consecutive ranks (group_size 0), U < 0, P % U != 0,
+// U and L that do not tile (neither divides the other) or an invalid schedule.
+std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size,
+                                                           const CacheSchedule& schedule = {}, int ulysses_degree = 0);
+
+// The group size of the Ulysses exchange under USP: min(L, U), after checking that Ulysses groups of
+// U consecutive ranks and link groups of L consecutive ranks tile (L | U or U | L), so that each
+// all-to-all block is either inside or across link groups. Throws naming both otherwise.
+int usp_ulysses_group_size(int L, int U);
+
+// The implementations, one file each (exchange_flat.cpp, exchange_tapa.cpp, exchange_vfirst.cpp,
+// vmajor.cpp); L already checked.
+std::unique_ptr<AttentionExchange> make_flat_exchange(Communicator& world, int group_size);
+std::unique_ptr<AttentionExchange> make_tapa_exchange(Communicator& world, int group_size);
+std::unique_ptr<AttentionExchange> make_vfirst_exchange(Communicator& world, int group_size);
+std::unique_ptr<AttentionExchange> make_vmajor_exchange(Communicator& world, int group_size, const CacheSchedule& schedule);
+
+// The size of this rank's node as a group size: checks (collectively) that every node holds the
+// same number L of ranks and that they are L consecutive ranks starting at a multiple of L.
+int node_local_group_size(Communicator& world);
+
+}  // namespace diffcp

@@ -1,0 +1,132 @@
+// The DiT forward (one denoising step's velocity) on rank p of P under Ulysses sequence
+// parallelism, FLUX-style (SPEC B; names and layout in dit/config.hpp). Inference only.
+//
+// Legend as in dit/config.hpp; T_p, I_p text / image tokens per rank and image, M_p = b (T_p + I_p).
+//
+//   vec  = MLP_time(timestep_embedding(t)) [+ MLP_guidance(timestep_embedding(guidance))] + MLP_vector(pooled)
+//          MLP(x) = W2 silu(W1 x + b1) + b2; the guidance term only with guidance_embed (FLUX.1-dev)
+//   img  = x_p W_img_in + b,  txt = txt_p W_txt_in + b                [b I_p, H], [b T_p, H]
+//   double-stream block (separate img / txt weights, joint attention):
+//     (shift1, scale1, gate1, shift2, scale2, gate2) = Lin_s(silu(vec))   per stream s
+//     q, k, v = Lin_qkv((1 + scale1) LN(x_s) + shift1); q, k = RMSNorm per head; RoPE on image rows
+//     a = Attn over the concatenated txt and img tokens of each image (the exchange, sharded heads)
+//     x_s += gate1 * Lin_proj(a_s);  x_s += gate2 * MLP((1 + scale2) LN(x_s) + shift2)
+//     MLP = Lin(M -> H)(GELU_tanh(Lin(H -> M)))
+//   single-stream block (one weight set for all tokens):
+//     (shift, scale, gate) = Lin(silu(vec)); h = linear1((1 + scale) LN(x) + shift) = [q | k | v | m]
+//     x += gate * linear2([Attn(q, k, v) | GELU_tanh(m)])
+//   final layer: (shift, scale) = Lin(silu(vec)); v_p = Lin((1 + scale) LN(img) + shift)  [b I_p, C_in]
+// LN: LayerNorm without affine weights, eps; every image of the batch shares t and the prompt.
+//
+// Local row layout of the activations: the text rows of every image first (image-major, [b][T_p]),
+// then the image rows ([b][I_p]); so each stream's projection is one GEMM. The exchange's row table
+// lists, per image, its text rows then its image rows (dit/exchange.hpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "diffcp/dit/config.hpp"
+#include "diffcp/dit/exchange.hpp"
+#include "diffcp/dit/ops.hpp"
+#include "diffcp/io/safetensors.hpp"
+
+namespace diffcp {
+
+// The model shape of a FLUX-format checkpoint, read off its tensors: H and C_in from img_in,
+// text_dim from txt_in, pooled_dim from vector_in, time_dim from time_in, the depths from the
+// block indices present, M from the first MLP (or linear1), d_h from a QK-norm scale (so the heads
+// are H / d_h; `heads`, when given, must agree), guidance_embed from guidance_in, qkv_bias from the
+// first qkv bias. Not in the tensors: the RoPE axes (flux_rope_axes(d_h): FLUX.1's [16, 56, 56] at
+// d_h = 128) and theta (10000); give a --config for others. Throws naming the tensor it lacks.
+DitConfig infer_dit_config(const SafeTensorsSet& ck, std::optional<std::int64_t> heads = std::nullopt);
+// Checks the checkpoint's header against the model's layout, reading no data: throws one
+// diffcp::Error naming every missing, extra, mistyped (not F32 / BF16 / F16) and misshapen tensor.
+void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck);
+
+// The parameters, in one allocation laid out by DitLayout.
+class DitWeights {
+ public:
+  explicit DitWeights(const DitConfig& cfg);  // zero-filled
+
+  const DitConfig& config() const { return cfg_; }
+  const DitLayout& layout() const { return layout_; }
+  std::vector<float>& params() { return params_; }  // [layout().total]
+  const std::vector<float>& params() const { return params_; }
+
+  // Seeded init (same on every rank): Linear weights N(0, 1/in) (unit-variance outputs for
+  // unit-variance inputs, so 50 steps of a random model stay finite), biases 0, norm scales 1.
+  void init_random(std::uint64_t seed);
+  // Reads every tensor of the layout from a checkpoint (one file or shards with an index JSON), as
+  // F32, BF16 or F16 (converted to f32 exactly), with the documented shape. First checks the whole
+  // header: throws one diffcp::Error naming every missing, extra, mistyped and misshapen tensor (a
+  // truncated or malformed file is refused by the reader). The file is mapped, not read: each
+  // tensor is converted straight into the parameters and its pages released, so loading holds
+  // the parameters plus at most one tensor of the file.
+  void load(const SafeTensorsSet& ck);
+  void load(const std::string& path) { load(SafeTensorsSet(path)); }
+  // Writes every tensor (Linear weights transposed back to [out, in]) as `dtype`: F32, BF16 (round
+  // to nearest even) or F16.
+  void save(const std::string& path, const std::string& dtype = "F32") const;
+
+ private:
+  DitConfig cfg_;
+  DitLayout layout_;
+  std::vector<float> params_;
+};
+
+class DitModel {
+ public:
+  // The forward of rank exchange.seq_rank() of exchange.seq_size() (P; USP: U x R, the exchange's
+  // Ulysses degree U = exchange.size()); throws (before any communication) when U does not divide
+  // the heads or P the token counts. Sets the exchange's layout, so one model uses an exchange at a
+  // time. `weights` and `exchange` must outlive the model.
+  DitModel(const DitWeights& weights, const DitShape& shape, AttentionExchange& exchange);
+
+  const DitConfig& config() const { return cfg_; }
+  const DitShard& shard() const { return shard_; }
+  const DitShape& shape() const { return shape_; }
+  AttentionExchange& exchange() { return ex_; }
+
+  // One velocity evaluation. Collective over the exchange's ranks (two all-to-alls per block).
+  //   x_p:    [b, I_p, C_in] this rank's latent tokens of every image
+  //   txt_p:  [T_p, text_dim] this rank's text rows (shared by the images)
+  //   pooled: [pooled_dim] the pooled text vector
+  //   t:      in [0, 1], 1 = pure noise
+  //   guidance: the guidance scale (read only with guidance_embed)
+  //   v_p:    [b, I_p, C_in] out: the predicted velocity (flow matching: d x_t / d t)
+  void velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance, float* v_p);
+
+ private:
+  // Rows [row0, row0 + rows) of the activations form one stream (text or image).
+  struct StreamRows {
+    std::int64_t row0, rows;
+    const AxialRope* rope;  // null for text rows
+  };
+  void double_block(const DitLayout::DoubleBlock& blk);
+  void single_block(const DitLayout::SingleBlock& blk);
+  // y[rows, ncols] (row stride ldy) = x[rows, l.in] W[:, c0 : c0 + ncols] + bias[c0 : c0 + ncols], in
+  // chunks of kPollRows rows with exchange().poll() after each (V-First's progress). The chunks are
+  // the same in every mode, so every mode computes bitwise the same q, k, v.
+  void project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
+               std::int64_t ldy);
+  // out [n] = Lin(silu(vec)) for a modulation layer of n = k*H outputs
+  void modulation(const DitLinear& l, std::vector<float>& out) const;
+  const float* param(std::int64_t offset) const { return w_.params().data() + offset; }
+
+  const DitWeights& w_;
+  const DitConfig& cfg_;
+  DitShape shape_;
+  DitShard shard_;
+  AttentionExchange& ex_;
+  std::unique_ptr<AxialRope> rope_;    // [b I_p] image rows
+  StreamRows txt_rows_{}, img_rows_{};
+  std::int64_t Mp_ = 0;
+  std::vector<float> x_, xm_, big_, attn_, y_;  // [M_p, H], [M_p, H], [M_p, 3H + M], [M_p, H], [M_p, H]
+  std::vector<float> silu_vec_, mod_;           // [H], [6H]
+};
+
+}  // namespace diffcp

@@ -1,0 +1,85 @@
+// Ring attention across the Ulysses groups of DiT USP (SPEC B.1: the ranks beyond the head count
+// form a Ring dimension, as in xDiT / USP; CoCoDiff's multi-node runs past the head limit).
+//
+// Legend: P = U x R ranks; U the Ulysses degree (ranks sharing the heads of one group's tokens), R the
+//         Ring degree (Ulysses groups); b images, n_p tokens per image on a rank, M = U b n_p head-layout
+//         rows of a group, h_p = n_h / U heads per rank, hd = h_p d_h, H = n_h d_h.
+//
+// Rank mapping: world rank p = g U + u, g = p / U the ring index (Ulysses group), u = p % U the
+// Ulysses index. A Ulysses group is U consecutive ranks, so with the usual by-slot placement (and
+// with TAPA's groups of L consecutive ranks, --group-size / the node) Ulysses runs inside a node and
+// the ring across nodes, as xDiT / USP do; U and L must tile each other (L | U or U | L). Tokens
+// stay sharded over all P ranks in rank order (rank p holds tokens [p n_p, (p+1) n_p) of every image),
+// so group g holds the U n_p consecutive tokens [g U n_p, (g+1) U n_p).
+//
+// Per attention, after the Ulysses exchange (any mode: flat, tapa, vfirst, cocodiff) rank (g, u)
+// holds q, k, v of its group's M rows for heads [u h_p, (u+1) h_p). The ring communicator joins the
+// R ranks with the same u (ring rank g). For t = 0..R-1 the rank holds the K|V of group s = g - t:
+// it posts recv(K|V of s-1 <- g-1) and send(K|V of s -> g+1), computes the partial (o, lse) of its
+// queries against group s's keys, merges by log-sum-exp into the running (o, lse)
+// (attention/merge.hpp), then waits: the next block flies while the current one computes, as in
+// cp/ring.cpp. Every group has the same row layout, so one mask serves every step. Then the reverse
+// Ulysses all-to-all. Exact up to fp32 rounding (R partial softmaxes merged instead of one); R = 1
+// makes no ring at all (the exchange's plain attention, bitwise today's path).
+//
+// Ring's K/V traffic is full (unoptimised, as in the paper): V-Major's caches act inside the Ulysses
+// exchange only, every hop carries every row.
+//
+// Bytes (f32, per rank per attention, every rank alike): R-1 hops, each one group's K and V for h_p
+// heads, 2 M hd = 2 b n_p H floats:
+//   ring_kv_bytes = 4 * 2 b n_p H = 8 b N H / P            (N = P n_p tokens per image)
+// all to ring rank g+1 (world rank p + U mod P): inside the link group iff it shares p's group of L.
+// Compare the Ulysses all-to-alls (q|k|v in, o out): 16 (U-1)/U b n_p H. Summed over the P ranks,
+// Ulysses moves 16 (U-1)/U b N H and the ring 8 b N H: past the head limit (U fixed) the
+// ring's share grows linearly with R while each rank's compute shrinks as 1/P.
+//
+// Call order: every rank of the ring calls forward() the same number of times with equal shapes
+// (the exchange does, once per attention()).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "diffcp/attention/mask.hpp"
+#include "diffcp/comm/communicator.hpp"
+#include "diffcp/core/tensor.hpp"
+
+namespace diffcp {
+
+// ring_kv_bytes above: R the ring degree, tokens_p = b n_p, hidden = H. Throws for R < 1.
+std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden);
+// Whether world rank p's ring successor (p + U mod P) lies in p's group of L consecutive ranks.
+bool ring_next_in_group(int p, int U, int R, int L);
+
+// What one forward() moved (the exchange adds it to its ExchangeStats).
+struct RingTraffic {
+  std::uint64_t bytes = 0, messages = 0;
+  double comm_ms = 0;  // wall time inside the posts and waits (not hidden by the attention)
+};
+
+class RingAttention {
+ public:
+  // ring: the R ranks of equal Ulysses index, ring rank g = ring->rank(); owned.
+  explicit RingAttention(std::unique_ptr<Communicator> ring);
+
+  int size() const { return ring_->size(); }  // R
+  int rank() const { return ring_->rank(); }  // g
+  const CommStats& comm_stats() const { return ring_->stats(); }
+
+  // o, lse = softmax attention (scale 1/sqrt(d_h)) of q over the keys of every group:
+  //   mask: q's rows against one group's M key rows (the same for every group)
+  //   q, k, v: [M, h_p, d_h] this rank's head-layout tensors (any row stride)
+  //   o: [M, h_p, d_h] out   lse: [M h_p] out
+  RingTraffic forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
+                      HeadRows<const float> v, HeadRows<float> o, std::span<float> lse);
+
+ private:
+  std::unique_ptr<Communicator> ring_;
+  std::vector<float> kv_[2];                         // [M][2][hd] visiting K|V, double-buffered
+  std::vector<float> o_run_, o_part_, o_tmp_;        // [M, hd]
+  std::vector<float> lse_run_, lse_part_, lse_tmp_;  // [M h_p]
+};
+
+}  // namespace diffcp

@@ -1,0 +1,77 @@
+// Inputs and the sampler of a DiT run: the prompt's text conditioning, the seeded initial noise,
+// and the flow-matching Euler sampler.
+//
+// Flow matching (rectified flow, FLUX's convention): x_t = (1 - t) x_0 + t noise, the model predicts
+// v = d x_t / d t = noise - x_0. Schedules of T steps, t_0 = 1 > t_1 > ... > t_T = 0:
+//   linear: t_k = 1 - k/T (no shift; FLUX.1-schnell's)
+//   flux:   FLUX's time-shifted schedule (flux/sampling.py get_schedule, shift=True; FLUX.1-dev's):
+//           t_k = e^mu / (e^mu + 1/s_k - 1), s_k = 1 - k/T, mu = 0.5 + (1.15 - 0.5) (N_img - 256) /
+//           (4096 - 256), linear in the image token count N_img; t = 0 stays 0. Evaluated in double
+//           (FLUX evaluates it in torch's float32: values differ by < 1e-7).
+// Euler, as FLUX's denoise(): step k: x <- x + (t_{k+1} - t_k) v(x, t_k).
+//
+// Legend as in dit/config.hpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "diffcp/comm/communicator.hpp"
+#include "diffcp/dit/model.hpp"
+
+namespace diffcp {
+
+// FNV-1a (64 bit) of the prompt's bytes: the seed of its text conditioning.
+std::uint64_t prompt_hash(const std::string& prompt);
+
+// A stand-in for the text encoders (no T5 / CLIP here): the prompt's hash seeds N(0, 1) draws, so
+// equal prompts give equal conditioning and different prompts different ones.
+struct DitConditioning {
+  std::vector<float> txt;     // [T, text_dim] text tokens (seed prompt_hash(prompt))
+  std::vector<float> pooled;  // [pooled_dim] pooled vector (seed prompt_hash(prompt) + 1)
+};
+DitConditioning prompt_conditioning(const DitConfig& cfg, const DitShape& shape, const std::string& prompt);
+
+// x_1 ~ N(0, I): [b, N_img, C_in], one stream seeded by `seed`, image-major, tokens row-major over
+// the grid, channels (c, ph, pw) (FLUX's packing). The same for every P: a rank takes its rows.
+std::vector<float> initial_noise(const DitConfig& cfg, const DitShape& shape, std::uint64_t seed);
+
+// This rank's image rows of a full latent: full [b, N_img, C_in] -> [b, I_p, C_in].
+std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig& cfg, const DitShape& shape,
+                                const DitShard& shard);
+// The inverse, collective over `comm` (the P ranks of the shard, rank order = shard order): every
+// rank gets the full [b, N_img, C_in] from the ranks' [b, I_p, C_in].
+std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x_p, const DitConfig& cfg,
+                                 const DitShape& shape, const DitShard& shard);
+
+enum class TimeSchedule { linear, flux };
+TimeSchedule parse_time_schedule(const std::string& name);  // "linear" | "flux"; throws naming it
+const char* time_schedule_name(TimeSchedule s);
+// FLUX's shift mu for N_img image tokens (the line through (256, 0.5) and (4096, 1.15)).
+double flux_shift_mu(std::int64_t image_tokens);
+// t_0 = 1, ..., t_T = 0: [steps + 1]. Throws unless steps >= 1 (and image_tokens >= 1 for flux).
+std::vector<double> flow_schedule(int steps, TimeSchedule kind = TimeSchedule::linear, std::int64_t image_tokens = 0);
+
+// Per step, this rank's wall time and the exchange's time in communication.
+struct SampleTimings {
+  std::vector<double> step_ms, comm_ms;  // [steps]
+};
+
+struct SampleOptions {
+  std::vector<double> timesteps;  // [T + 1] from flow_schedule
+  double guidance = 3.5;          // read by models with guidance_embed (diffusers' FluxPipeline default; BFL's CLI: 2.5)
+  // Called on every rank after step k's velocity v_p [b, I_p, C_in] (e.g. --dump-velocity); may
+  // communicate (every rank calls it at the same point). Not counted in the step time.
+  std::function<void(int k, const std::vector<float>& v_p)> on_velocity;
+};
+
+// Runs the T Euler steps of the schedule on this rank's tokens; collective over the model's
+// exchange; calls exchange().begin_step(k, steps) before step k (cocodiff's schedule). x_p:
+// [b, I_p, C_in] in: x_1 (noise), out: x_0. cond: the full conditioning (each rank
+// reads its text rows). The exchange's statistics accumulate over all steps.
+SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond,
+                           const SampleOptions& opt);
+
+}  // namespace diffcp

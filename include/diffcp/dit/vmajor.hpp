@@ -1,0 +1,80 @@
+// V-Major selective communication (SPEC B.4) on top of V-First: the "cocodiff" exchange.
+//
+// Legend: P ranks in G groups of L, rank (g, i); n = b n_p tokens per rank per exchange (text and
+//         image rows, exchange order); hd = h_p d_h; r the step's cache ratio (cache_schedule.hpp);
+//         n_c = floor(r n) cached and k = n - n_c active tokens per rank.
+//
+// Per layer and rank the cache holds (what the paper's memory analysis counts):
+//   V^p1  [G][L][n][hd]    V's phase-1 output (all tokens of the group, this rank's lane of heads)
+//   QKV^p2 [P][n][3][hd]   the head-layout q|k|v the attention reads (Q^p2, K^p2, V^p2 interleaved,
+//                          so attention sees exactly TAPA's layout and strides)
+// i.e. 4 n H floats per layer (H = n_h d_h), independent of P for a fixed image.
+//
+// Full step (warm-up, sync, step 0): V-First's exchange; the outputs fill V^p1 and QKV^p2.
+// Selective step:
+//   1. V's phase 1 at full size (started by start_v, overlapped with Q/K compute by poll()).
+//   2. Per group token (source mate j, token t) the L1 distance between its phase-1 v and V^p1,
+//      over this rank's lane of heads; the L lanes' partial sums are all-gathered inside the group
+//      (L n floats) and added in lane order, so every mate holds the same full-head L1 (equal to
+//      the L1 over the token's whole v row) and makes the same choice.
+//   3. For every source rank of the group: its n_c tokens with the smallest L1 (ties: lower index)
+//      are cached, the other k are active (ascending). The group's active lists [L][k] are
+//      all-gathered across groups (inter communicator: every lane holds the same lists), so every
+//      rank knows every source's active list [P][k].
+//   4. V^p1 takes the active rows (so it mirrors what the receivers hold, and the next step's L1
+//      measures the change against the value they actually use: staleness accumulates and the
+//      token is sent once it matters).
+//   5. Q|K phase 1 sends only the active rows (TAPA, uniform count k 2 hd per destination);
+//      phase 2 is one inter all-to-all of the active rows' q|k|v ([h][j][k][3][hd]).
+//   6. Receivers scatter the rows into QKV^p2 (indexed by the all-gathered lists); cached rows keep
+//      their older values; attention runs on QKV^p2; o goes back through TAPA at full size.
+// r = 0 on a selective step moves every row through this path and is bitwise equal to TAPA.
+// Call order as AttentionExchange's; begin_step() each step (the sampler does it).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "diffcp/dit/cache_schedule.hpp"
+#include "diffcp/dit/exchange_vfirst.hpp"
+
+namespace diffcp {
+
+class VMajorExchange final : public VFirstExchange {
+ public:
+  // Throws diffcp::Error (schedule.validate()) before any communication.
+  VMajorExchange(Communicator& world, int L, const CacheSchedule& schedule);
+
+  const CacheSchedule& schedule() const { return schedule_; }
+  void begin_step(int step, int steps) override;
+  void attention(HeadRows<const float> qkv, HeadRows<float> out) override;
+  std::uint64_t cache_bytes() const override;
+
+ private:
+  struct LayerCache {
+    std::vector<float> v_p1;    // [G][L][n][hd]
+    std::vector<float> qkv_p2;  // [P][n][3][hd]
+  };
+  void full_exchange(HeadRows<const float> qkv, LayerCache& c);
+  void selective_exchange(HeadRows<const float> qkv, LayerCache& c, std::int64_t cached);
+
+  CacheSchedule schedule_;
+  int step_ = 0, steps_ = 1;
+  std::size_t layer_ = 0;
+  std::vector<LayerCache> caches_;
+  std::vector<float> l1_part_, l1_all_, p2_send_, p2_recv_;
+  std::vector<double> l1_;
+  std::vector<std::int32_t> act_group_, act_all_, order_;
+};
+
+// Bytes one rank sends in a run (closed form of the exchange above, every rank alike): `layers`
+// attention exchanges per step, n tokens and hd per rank, f32.
+struct VMajorBytes {
+  std::uint64_t intra = 0, inter = 0;  // inside / across groups, everything (as ExchangeStats)
+  std::uint64_t inter_qkv = 0;         // of inter: the q|k|v phase 2 alone (what V-Major shrinks)
+};
+// vmajor = false: TAPA's (every step full). Throws for P % L != 0.
+VMajorBytes vmajor_predicted_bytes(int P, int L, std::int64_t n, std::int64_t hd, std::int64_t layers,
+                                   const CacheSchedule& schedule, int steps, bool vmajor);
+
+}  // namespace diffcp

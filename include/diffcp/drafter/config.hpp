@@ -1,0 +1,65 @@
+// The DFlash drafter (SPEC A.1): configuration, named presets, and the parameter layout.
+//
+// Legend: V vocab, H hidden, n_t target layers whose hidden states feed the context fusion,
+//         L drafter layers, F SwiGLU width, B block size, gamma loss decay.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "diffcp/cp/attention_layer.hpp"
+
+namespace diffcp {
+
+struct DrafterConfig {
+  std::int64_t vocab = 64, hidden = 64, target_layers = 2, layers = 2;
+  std::int64_t n_q = 4, n_kv = 2, d_h = 16, ffn = 128;
+  std::int64_t block = 8;
+  double gamma = 4.0;  // 7 for B = 16, 5 for 10, 4 for 8 (SPEC A.1)
+  std::int32_t mask_token = 63;
+  double rope_theta = 1e6, rms_eps = 1e-6;
+  // Which layers of the target the n_t = target_layers context features come from, in feature
+  // order (the DFlash format's dflash_config.target_layer_ids), and how many layers the target
+  // has (its num_target_layers). Empty / 0 = not known (the real presets: their shards say).
+  std::vector<std::int64_t> target_layer_ids = {0, 1};
+  std::int64_t target_depth = 2;
+
+  void validate() const;
+  AttnLayerConfig attn() const { return {hidden, n_q, n_kv, d_h, rope_theta, rms_eps}; }
+  nlohmann::json to_json() const;
+  static DrafterConfig from_json(const nlohmann::json& j);
+};
+
+// The reference's default target layers for a target of `depth` layers and n_t features (SPEC
+// A.1): round(1 + i (depth - 4) / (n_t - 1)), i = 0 .. n_t - 1; depth / 2 when n_t = 1.
+std::vector<std::int64_t> default_target_layer_ids(std::int64_t depth, std::int64_t n_t);
+
+// "tiny" (the default: trains on 2 cores in seconds), "small" (for benchmarks), "qwen3.5-35b-a3b" and "qwen3.5-27b"
+// (SPEC A.1 Table 2 shapes; vocab 151936, the Qwen tokenizer's).
+DrafterConfig drafter_preset(const std::string& name);
+
+// Offsets of every trainable tensor in the drafter's single parameter allocation.
+// fc [n_t*H, H], fc_norm [H]; per layer: attn_norm [H], attn (AttnLayerParams), mlp_norm [H],
+// w_gate [H, F], w_up [H, F], w_down [F, H]; final_norm [H]. Stored [in, out].
+struct DrafterLayout {
+  struct Layer {
+    std::int64_t attn_norm, attn, mlp_norm, w_gate, w_up, w_down;
+  };
+  std::int64_t fc, fc_norm, final_norm, total;
+  std::vector<Layer> layer;
+  // The units parameters are gathered and sharded by (drafter/sharded_state.hpp), in forward
+  // order, each a contiguous span (begin, size): 0 = fc + fc_norm, 1 .. L = layer u - 1,
+  // L + 1 = final_norm. They tile [0, total).
+  struct Unit {
+    std::int64_t begin, size;
+  };
+  std::vector<Unit> units;
+  explicit DrafterLayout(const DrafterConfig& c);
+  // (offset, size) of the 1-D tensors (norm weights, biases): not weight-decayed.
+  std::vector<std::pair<std::int64_t, std::int64_t>> vectors;
+};
+
+}  // namespace diffcp

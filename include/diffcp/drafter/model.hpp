@@ -1,0 +1,121 @@
+// The DFlash drafter, forward and backward on rank p of a context-parallel group (llm.c style:
+// explicit per-layer forward/backward, trainable parameters and their gradients in one
+// allocation each). Every attention layer is a Split-KV layer.
+//
+//   c   = RMSNorm_fc(hidden_p @ fc)                         [C_p, H] fused context features
+//   h_0 = embedding(anchor token | mask token)              [Q_p, H] the owned blocks' rows
+//         (or the batch's block_input: a serving engine's noise embedding)
+//   h  += SplitKV(RMSNorm_attn(h), c)                        per layer
+//   h  += SwiGLU(RMSNorm_mlp(h)) = (silu(m W_gate) * (m W_up)) W_down
+//   logits = RMSNorm_final(h) @ lm_head                      [Q_p, V]
+// Loss (SPEC A.1): slot k of block i predicts token a_i + k with weight w_k = exp(-(k-1)/gamma)
+// for k >= 1 (w_0 = 0) times the loss mask of that token; loss = sum(CE * w) / (sum(w) + 1e-6)
+// over the whole global batch. The embedding and the LM head are the target's: frozen.
+// The attention layers' output bias b_o is fixed at zero (its gradient is dropped): the DFlash
+// format (Qwen3's attention_bias = false) has none.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "diffcp/cp/splitkv.hpp"
+#include "diffcp/drafter/config.hpp"
+#include "diffcp/drafter/lm_head.hpp"
+#include "diffcp/drafter/sharded_state.hpp"
+
+namespace diffcp {
+
+// One packed micro-batch as rank p of a CP group holds it.
+struct DrafterBatch {
+  CpShard shard;                          // samples, anchors (B = config block), chunks, owned blocks
+  std::vector<std::int32_t> tokens;       // [S] packed token ids (every rank has them all)
+  std::vector<std::uint8_t> loss_mask;    // [S]
+  std::vector<float> hidden_p;            // [C_p, n_t*H] target hidden states of the held context rows
+  std::vector<float> block_input;         // [Q_p, H] h_0 of the owned blocks; empty = embedding lookup
+};
+
+// Sums over this rank's rows (sum over CP ranks and micro-batches gives the global figures).
+struct DrafterStats {
+  double loss_sum = 0;    // sum of w * CE
+  double weight_sum = 0;  // sum of w
+  std::vector<std::int64_t> correct, counted;  // [B] per-slot argmax hits / predictions (w > 0)
+};
+
+// Embedding lookup: out [n, H] = the frozen embedding rows of tokens [n] (where they live: a
+// mapped file, a generator; the drafter never holds the table).
+using EmbeddingRows = std::function<void(std::span<const std::int32_t> tokens, float* out)>;
+
+class Drafter {
+ public:
+  // attn: the Split-KV options of every layer (hierarchical collectives need cp's topology).
+  // The trainable state starts resident (ShardMode::none); use_state() hands it to a sharded one.
+  Drafter(Communicator& cp, const DrafterConfig& cfg, SplitKVOptions attn = {});
+
+  const DrafterConfig& config() const { return cfg_; }
+  const DrafterLayout& layout() const { return layout_; }
+  std::vector<float>& params() { return state().params(); }  // [layout().total] (not --shard full)
+  std::vector<float>& grads() { return state().grads(); }    // [layout().total] (not --shard full)
+  // The trainable state: the one given to use_state(), else a resident one (ShardMode::none),
+  // allocated on first use.
+  ShardedState& state();
+  // Runs on `state` (before anything used the resident one; it must be of this layout and
+  // outlive the drafter's use of it).
+  void use_state(ShardedState& state);
+  void set_embedding(EmbeddingRows rows) { embedding_ = std::move(rows); }  // before step()
+  void set_embedding(std::vector<float> table);                             // [V, H]
+  void set_lm_head(LmHead head) { lm_head_ = std::make_unique<LmHead>(std::move(head)); }  // before step()
+  // Activation recomputation: keep only each layer's input and run the layer's forward again in
+  // backward (one Split-KV layer and one layer's activations live at a time). Saves ~all the
+  // per-layer activation memory for one more forward; the results are bitwise the same.
+  void set_recompute(bool on) { recompute_ = on; }
+  // Seeded init of the trainable parameters (matrices N(0, 1/in), norms 1), unit by unit.
+  void init_params(std::uint64_t seed);
+
+  // Forward of one micro-batch; with `backward`, dloss/dlogits = w * (softmax - onehot) (UNscaled:
+  // the trainer divides the summed gradients by the global weight sum) and the gradients are
+  // ADDED to the state's gradients. Returns this rank's loss pieces.
+  DrafterStats step(const DrafterBatch& mb, bool backward);
+  // After step(): argmax token of every owned query row, [Q_p] (slot 0 rows included).
+  const std::vector<std::int32_t>& predictions() const { return argmax_; }
+  // The forward up to the final RMSNorm (no LM head, no loss): what a serving engine's drafter
+  // returns. Needs the embedding only when mb.block_input is empty. Returns [Q_p, H].
+  const std::vector<float>& forward_hidden(const DrafterBatch& mb);
+
+  // Wall time of the phases of the steps so far, ms (attention includes its collectives).
+  struct Phases {
+    double fusion = 0, attention = 0, mlp = 0, lm_head = 0, gather_wait = 0;
+  };
+  const Phases& phases() const { return phases_; }
+
+ private:
+  struct LayerState {
+    std::unique_ptr<SplitKVLayer> attn;
+    std::vector<float> h_in, a, a_rstd, h_mid, m, m_rstd, gate, up, act;  // saved activations
+  };
+  void embed(const DrafterBatch& mb);
+  void forward(const DrafterBatch& mb);  // -> hf_ (and the saved activations)
+  // Layer l on h_ (in: its input, out: its output), saving its activations in L.
+  void layer_forward(std::int64_t l, LayerState& L, const float* P, const CpShard& s);
+  const float* acquire(int u, bool backward);  // the unit's parameters, timing the wait
+  // Offset of layout offset `abs` inside unit u.
+  std::int64_t rel(int u, std::int64_t abs) const { return abs - layout_.units[static_cast<std::size_t>(u)].begin; }
+
+  Communicator& comm_;
+  DrafterConfig cfg_;
+  SplitKVOptions attn_opt_;
+  DrafterLayout layout_;
+  std::unique_ptr<ShardedState> own_state_;
+  ShardedState* state_ = nullptr;
+  EmbeddingRows embedding_;
+  std::unique_ptr<LmHead> lm_head_;
+  std::vector<LayerState> layers_;
+  bool recompute_ = false;
+  LayerState scratch_;  // recompute: the activations of the layer being run
+  std::vector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_;
+  std::vector<std::int32_t> argmax_;
+  Phases phases_;
+};
+
+}  // namespace diffcp
