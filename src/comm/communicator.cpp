@@ -8,30 +8,8 @@
 
 namespace diffcp {
 
-std::size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::u8: return 1;
-    case DType::u16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u64: return 8;
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-  }
-  DIFFCP_FAIL("unknown DType ", static_cast<int>(t));
-}
-
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::u8: return "u8";
-    case DType::u16: return "u16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u64: return "u64";
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-  }
-  return "?";
+bool Communicator::supports_reduce(ReduceOp op, DType type) const {
+  return op != ReduceOp::logsumexp && type != DType::u16 && type != DType::bf16;
 }
 
 const char* comm_op_name(CommOp op) {

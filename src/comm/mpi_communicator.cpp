@@ -34,6 +34,7 @@ MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::u8: return MPI_UINT8_T;
     case DType::u16: return MPI_UINT16_T;
+    case DType::bf16: return MPI_UINT16_T;  // moved as its 16 bits; reductions refuse it (mpi_op)
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u64: return MPI_UINT64_T;
@@ -65,7 +66,7 @@ MPI_Op logsumexp_op(DType t) {
 }
 
 MPI_Op mpi_op(ReduceOp op, DType t) {
-  DIFFCP_CHECK(t != DType::u16, "mpi backend: reductions on ", dtype_name(t),
+  DIFFCP_CHECK(t != DType::u16 && t != DType::bf16, "mpi backend: reductions on ", dtype_name(t),
                " are not supported (u16 is storage for bf16; reduce in f32)");
   switch (op) {
     case ReduceOp::sum: return MPI_SUM;
@@ -203,6 +204,11 @@ class ReduceScatterWork final : public Work {
 };
 
 }  // namespace
+
+bool MpiCommunicator::supports_reduce(ReduceOp op, DType type) const {
+  if (type == DType::u16 || type == DType::bf16) return false;
+  return op != ReduceOp::logsumexp || type == DType::f32 || type == DType::f64;
+}
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : Communicator(std::move(name)) {
   DIFFCP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));

@@ -6,6 +6,7 @@
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/cp/bytes.hpp"
+#include "diffcp/cp/lse_reduce.hpp"
 
 namespace diffcp {
 
@@ -92,7 +93,7 @@ void RingXLayer::forward(const AttnLayerParams& w, const float* x_p, const float
     attention_forward(fwd_masks_[ti], head_view(q_t, Qt, n_q, d), own_.k_view(), own_.v_view(), o_part, lse_part);
     std::copy(lse_part.begin(), lse_part.end(), lse_t.begin());
     auto tw = CpClock::now();
-    comm_.all_reduce<float>(lse_t, ReduceOp::logsumexp);
+    all_reduce_lse(comm_, lse_t);
     timings_.blocking_comm_ms += elapsed_ms(tw);
     lse_rescale(o_part, lse_part, lse_t);
     tw = CpClock::now();

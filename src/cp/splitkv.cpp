@@ -6,6 +6,7 @@
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/cp/bytes.hpp"
+#include "diffcp/cp/lse_reduce.hpp"
 #include "diffcp/ops/linear.hpp"
 #include "diffcp/ops/rmsnorm.hpp"
 
@@ -161,7 +162,7 @@ void SplitKVLayer::forward(const AttnLayerParams& w, const float* x_p, const flo
                     HeadRows<const float>{v, Lk_, cfg_.n_kv, d, kvw}, HeadRows<float>{obar, Q_, cfg_.n_q, d, qw}, lse_p_);
   lse_ = lse_p_;
   tw = Clock::now();
-  comm_.all_reduce<float>(lse_, ReduceOp::logsumexp, opt_.collectives);
+  all_reduce_lse(comm_, lse_, opt_.collectives);
   timings_.blocking_comm_ms += ms_since(tw);
   lse_rescale(HeadRows<float>{obar, Q_, cfg_.n_q, d, qw}, lse_p_, lse_);
 

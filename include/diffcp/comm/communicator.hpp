@@ -66,27 +66,17 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "diffcp/core/dtype.hpp"
 #include "diffcp/core/error.hpp"
 
 namespace diffcp {
 
-enum class DType : std::uint8_t { u8, u16, i32, i64, u64, f32, f64 };
 // Displacements of blocks packed in order: the exclusive prefix sum of `counts`.
 std::vector<std::size_t> displacements(std::span<const std::size_t> counts);
-std::size_t dtype_size(DType t);
-const char* dtype_name(DType t);
 
-template <typename T> constexpr DType dtype_of() = delete;  // only the types below move
-template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
-template <> constexpr DType dtype_of<std::uint16_t>() { return DType::u16; }
-template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<std::uint64_t>() { return DType::u64; }
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-
-// logsumexp: x (+) y = log(exp(x) + exp(y)), computed stably, -inf the identity (f32/f64 only):
-// one all-reduce merges per-rank log-sum-exp values (SPEC A.2 step 4).
+// sum and max: every backend. logsumexp: x (+) y = log(exp(x) + exp(y)), computed stably, -inf the
+// identity (f32/f64), an OPTIONAL reduction (supports_reduce says whether a backend has it; NCCL
+// does not): call it through cp/lse_reduce.hpp's all_reduce_lse, which falls back to max + sum.
 enum class ReduceOp : std::uint8_t { sum, max, logsumexp };
 
 enum class CommOp : std::uint8_t {
@@ -169,6 +159,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "mpi", later "nccl"
+  // Whether all_reduce / reduce_scatter take `op` on `type` here. Default: sum and max on every
+  // type but u16 / bf16 (storage types: reduce in f32); logsumexp nowhere.
+  virtual bool supports_reduce(ReduceOp op, DType type) const;
   const std::string& name() const { return name_; }
   CommStats& stats() { return stats_; }
   const CommStats& stats() const { return stats_; }

@@ -25,6 +25,8 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  // sum, max and logsumexp (a user-defined MPI operator) on every type but u16 / bf16.
+  bool supports_reduce(ReduceOp op, DType type) const override;
   MPI_Comm handle() const { return comm_; }
 
  protected:

@@ -1,0 +1,35 @@
+// Element types of tensors and messages, and the devices memory lives on. Every element size in
+// diffcp (buffers, messages, closed-form byte counts) comes from dtype_size().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace diffcp {
+
+// f32 / bf16: compute and storage; f64: references and statistics; the integers: indices, labels,
+// raw payloads. bf16 is stored as its 16 bits (core/half.hpp converts).
+enum class DType : std::uint8_t { u8, u16, i32, i64, u64, f32, f64, bf16 };
+std::size_t dtype_size(DType t);
+const char* dtype_name(DType t);  // "f32", "bf16", ...
+bool dtype_is_float(DType t);     // f32, f64, bf16
+
+struct bf16_t {  // the storage type of DType::bf16
+  std::uint16_t bits = 0;
+};
+
+template <typename T> constexpr DType dtype_of() = delete;  // only the types below are tensor elements
+template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
+template <> constexpr DType dtype_of<std::uint16_t>() { return DType::u16; }
+template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<std::uint64_t>() { return DType::u64; }
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
+template <> constexpr DType dtype_of<bf16_t>() { return DType::bf16; }
+
+// Where a tensor's memory lives. host: this process's memory; a GPU backend adds its device.
+enum class Device : std::uint8_t { host };
+const char* device_name(Device d);
+
+}  // namespace diffcp
