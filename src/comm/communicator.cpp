@@ -8,6 +8,50 @@
 
 namespace diffcp {
 
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::max: return "max";
+    case ReduceOp::logsumexp: return "logsumexp";
+  }
+  return "?";
+}
+
+void Communicator::not_implemented(const char* op) const {
+  DIFFCP_FAIL("communicator backend '", backend(), "' does not implement ", op, " (communicator '", name(), "')");
+}
+WorkPtr Communicator::do_all_gather(const void*, void*, std::size_t, DType) { not_implemented("all_gather"); }
+WorkPtr Communicator::do_all_gather_v(const void*, std::size_t, void*, std::span<const std::size_t>,
+                                      std::span<const std::size_t>, DType) {
+  not_implemented("all_gather_v");
+}
+WorkPtr Communicator::do_reduce_scatter(const void*, void*, std::size_t, DType, ReduceOp) {
+  not_implemented("reduce_scatter");
+}
+WorkPtr Communicator::do_reduce_scatter_v(const void*, void*, std::span<const std::size_t>, DType, ReduceOp) {
+  not_implemented("reduce_scatter_v");
+}
+WorkPtr Communicator::do_all_reduce(const void*, void*, std::size_t, DType, ReduceOp) { not_implemented("all_reduce"); }
+WorkPtr Communicator::do_all_to_all(const void*, void*, std::size_t, DType) { not_implemented("all_to_all"); }
+WorkPtr Communicator::do_all_to_all_v(const void*, std::span<const std::size_t>, std::span<const std::size_t>, void*,
+                                      std::span<const std::size_t>, std::span<const std::size_t>, DType) {
+  not_implemented("all_to_all_v");
+}
+WorkPtr Communicator::do_broadcast(void*, std::size_t, DType, int) { not_implemented("broadcast"); }
+WorkPtr Communicator::do_send(const void*, std::size_t, DType, int, int) { not_implemented("send"); }
+WorkPtr Communicator::do_recv(void*, std::size_t, DType, int, int) { not_implemented("recv"); }
+WorkPtr Communicator::do_barrier() { not_implemented("barrier"); }
+std::unique_ptr<Communicator> Communicator::do_split(int, int, const std::string&) { not_implemented("split"); }
+std::unique_ptr<Communicator> Communicator::do_split_node_local(const std::string&) {
+  not_implemented("split_node_local");
+}
+
+void Communicator::check_reduce(ReduceOp op, DType type, const char* what) const {
+  DIFFCP_CHECK(supports_reduce(op, type), what, ": communicator backend '", backend(), "' does not support ",
+               reduce_op_name(op), " on ", dtype_name(type),
+               op == ReduceOp::logsumexp ? " (use all_reduce_lse, cp/lse_reduce.hpp)" : "");
+}
+
 bool Communicator::supports_reduce(ReduceOp op, DType type) const {
   return op != ReduceOp::logsumexp && type != DType::u16 && type != DType::bf16;
 }
@@ -121,8 +165,10 @@ std::unique_ptr<Communicator> Communicator::split_node_local(const std::string& 
 }
 
 WorkPtr Communicator::all_gather_async(const void* send, void* recv, std::size_t count, DType type) {
-  std::vector<std::size_t> counts(static_cast<std::size_t>(size()), count);
-  return all_gather_v_async(send, recv, counts, type);
+  check_no_staged_op("all_gather");
+  const std::size_t others = static_cast<std::size_t>(size() - 1);
+  return issued(do_all_gather(send, recv, count, type), CommOp::all_gather, count * others, count * others, type,
+                count * off_node_peers());
 }
 
 WorkPtr Communicator::all_gather_v_async(const void* send, void* recv,
@@ -137,8 +183,11 @@ WorkPtr Communicator::all_gather_v_async(const void* send, void* recv,
 
 WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv, std::size_t count,
                                            DType type, ReduceOp op) {
-  std::vector<std::size_t> counts(static_cast<std::size_t>(size()), count);
-  return reduce_scatter_v_async(send, recv, counts, type, op);
+  check_no_staged_op("reduce_scatter");
+  check_reduce(op, type, "reduce_scatter");
+  const std::size_t others = static_cast<std::size_t>(size() - 1);
+  return issued(do_reduce_scatter(send, recv, count, type, op), CommOp::reduce_scatter, count * others,
+                count * others, type, count * off_node_peers());
 }
 
 WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
@@ -146,6 +195,7 @@ WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
                                              ReduceOp op, CollAlgo algo) {
   check_no_staged_op("reduce_scatter_v");
   check_counts(counts, "reduce_scatter_v");
+  check_reduce(op, type, "reduce_scatter_v");
   if (algo == CollAlgo::hierarchical) {
     DIFFCP_CHECK(op == ReduceOp::sum && (type == DType::f32 || type == DType::f64),
                  "hierarchical reduce_scatter_v: supports sum of f32 / f64, got ", dtype_name(type),
@@ -160,6 +210,7 @@ WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
 WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t n, DType type,
                                        ReduceOp op, CollAlgo algo) {
   check_no_staged_op("all_reduce");
+  check_reduce(op, type, "all_reduce");
   if (algo == CollAlgo::hierarchical && hierarchy_useful()) return hier_all_reduce(send, recv, n, type, op);
   const std::size_t P = static_cast<std::size_t>(size()), p = static_cast<std::size_t>(rank());
   auto share = [&](std::size_t r) { return n / P + (r < n % P ? 1 : 0); };
@@ -172,8 +223,10 @@ WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t
 }
 
 WorkPtr Communicator::all_to_all_async(const void* send, void* recv, std::size_t count, DType type) {
-  std::vector<std::size_t> counts(static_cast<std::size_t>(size()), count);
-  return all_to_all_v_async(send, counts, recv, counts, type);
+  check_no_staged_op("all_to_all");
+  const std::size_t others = static_cast<std::size_t>(size() - 1);
+  return issued(do_all_to_all(send, recv, count, type), CommOp::all_to_all, count * others, count * others, type,
+                count * off_node_peers());
 }
 
 WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::size_t> send_counts,

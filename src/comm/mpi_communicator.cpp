@@ -230,6 +230,25 @@ MpiCommunicator::~MpiCommunicator() {
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
+WorkPtr MpiCommunicator::do_all_gather(const void* send, void* recv, std::size_t count, DType type) {
+  auto w = std::make_unique<MpiWork>();
+  DIFFCP_MPI_CHECK(MPI_Iallgather(send, to_int(count, "count"), mpi_type(type), recv, to_int(count, "count"),
+                                  mpi_type(type), comm_, w->request()));
+  return w;
+}
+
+WorkPtr MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) {
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(size_), count);
+  return do_reduce_scatter_v(send, recv, counts, type, op);  // the same pairwise exchange, equal blocks
+}
+
+WorkPtr MpiCommunicator::do_all_to_all(const void* send, void* recv, std::size_t count, DType type) {
+  auto w = std::make_unique<MpiWork>();
+  DIFFCP_MPI_CHECK(MPI_Ialltoall(send, to_int(count, "count"), mpi_type(type), recv, to_int(count, "count"),
+                                 mpi_type(type), comm_, w->request()));
+  return w;
+}
+
 WorkPtr MpiCommunicator::do_all_gather_v(const void* send, std::size_t send_count, void* recv,
                                          std::span<const std::size_t> counts,
                                          std::span<const std::size_t> displs, DType type) {

@@ -78,6 +78,7 @@ std::vector<std::size_t> displacements(std::span<const std::size_t> counts);
 // identity (f32/f64), an OPTIONAL reduction (supports_reduce says whether a backend has it; NCCL
 // does not): call it through cp/lse_reduce.hpp's all_reduce_lse, which falls back to max + sum.
 enum class ReduceOp : std::uint8_t { sum, max, logsumexp };
+const char* reduce_op_name(ReduceOp op);
 
 enum class CommOp : std::uint8_t {
   all_gather, reduce_scatter, all_reduce, all_to_all, send, recv, broadcast, barrier, count_
@@ -138,9 +139,13 @@ class CommStats {
   std::array<OpCounter, kNumCommOps> ops_{};
 };
 
-// Handle of an operation in flight. wait() blocks until the buffers may be reused and rethrows a
-// backend error. Destroying a handle that was never waited waits for it (except during stack
-// unwinding, when the job is about to abort anyway).
+// Handle of an operation in flight: "ordered completion". wait() returns once the operation's
+// results are ordered before everything this rank issues afterwards and its buffers may be reused
+// by later work; it rethrows a backend error. A host backend (MPI) blocks until the data is there;
+// a stream backend (NCCL) may instead make the caller's stream wait for the communication stream
+// and return at once: later ops on that stream see the data, the host may not read it yet.
+// Destroying a handle that was never waited waits for it (except during stack unwinding, when the
+// job is about to abort anyway).
 class Work {
  public:
   virtual ~Work() = default;
@@ -250,26 +255,38 @@ class Communicator {
   // Reads the watchdog setting first, so a bad DIFFCP_COMM_TIMEOUT fails before any operation.
   explicit Communicator(std::string name) : name_(std::move(name)) { watchdog_timeout(); }
 
-  // Backend hooks. Arguments are already validated; counts fit the backend's limits are checked
-  // by the backend itself. Displacements are in elements.
+  // Backend hooks. Arguments are already validated (sizes, peers, supports_reduce); counts that
+  // exceed the backend's own limits are checked by the backend. Displacements are in elements.
+  // Uniform collectives have their own hooks (NCCL has ncclAllGather but no all-gather-v), so a
+  // backend implements what it has natively. Every hook has a default that throws diffcp::Error
+  // "communicator backend '<backend()>' does not implement <op>": a partial backend fails clearly
+  // on the first operation it lacks.
+  // send: [count], recv: [size() * count].
+  virtual WorkPtr do_all_gather(const void* send, void* recv, std::size_t count, DType type);
   virtual WorkPtr do_all_gather_v(const void* send, std::size_t send_count, void* recv,
                                   std::span<const std::size_t> counts,
-                                  std::span<const std::size_t> displs, DType type) = 0;
+                                  std::span<const std::size_t> displs, DType type);
+  // send: [size() * count], recv: [count].
+  virtual WorkPtr do_reduce_scatter(const void* send, void* recv, std::size_t count, DType type, ReduceOp op);
   virtual WorkPtr do_reduce_scatter_v(const void* send, void* recv,
                                       std::span<const std::size_t> counts, DType type,
-                                      ReduceOp op) = 0;
+                                      ReduceOp op);
   virtual WorkPtr do_all_reduce(const void* send, void* recv, std::size_t count, DType type,
-                                ReduceOp op) = 0;
+                                ReduceOp op);
+  // send, recv: [size() * count].
+  virtual WorkPtr do_all_to_all(const void* send, void* recv, std::size_t count, DType type);
   virtual WorkPtr do_all_to_all_v(const void* send, std::span<const std::size_t> send_counts,
                                   std::span<const std::size_t> send_displs, void* recv,
                                   std::span<const std::size_t> recv_counts,
-                                  std::span<const std::size_t> recv_displs, DType type) = 0;
-  virtual WorkPtr do_broadcast(void* buf, std::size_t count, DType type, int root) = 0;
-  virtual WorkPtr do_send(const void* buf, std::size_t count, DType type, int dst, int tag) = 0;
-  virtual WorkPtr do_recv(void* buf, std::size_t count, DType type, int src, int tag) = 0;
-  virtual WorkPtr do_barrier() = 0;
-  virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name) = 0;
-  virtual std::unique_ptr<Communicator> do_split_node_local(const std::string& name) = 0;
+                                  std::span<const std::size_t> recv_displs, DType type);
+  virtual WorkPtr do_broadcast(void* buf, std::size_t count, DType type, int root);
+  virtual WorkPtr do_send(const void* buf, std::size_t count, DType type, int dst, int tag);
+  virtual WorkPtr do_recv(void* buf, std::size_t count, DType type, int src, int tag);
+  virtual WorkPtr do_barrier();
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name);
+  virtual std::unique_ptr<Communicator> do_split_node_local(const std::string& name);
+  // The error of every default hook.
+  [[noreturn]] void not_implemented(const char* op) const;
   // Watchdog: sends `mine` to every other rank without blocking (best effort: a peer may be dead)
   // and collects the other ranks' reports for up to grace_s seconds, or until every rank in
   // `wanted` answered. Returns size() entries (nullopt: no answer). The default cannot reach the
@@ -282,6 +299,8 @@ class Communicator {
   friend class WatchedWork;
   void check_counts(std::span<const std::size_t> counts, const char* what) const;
   void check_peer(int peer, const char* what) const;
+  // Throws unless supports_reduce(op, type), naming the backend, the operation and the type.
+  void check_reduce(ReduceOp op, DType type, const char* what) const;
   // Counts an operation the backend accepted (elements sent / received by this rank; of the
   // sent, sent_inter to other nodes) and puts it under the watchdog when that is on. peer: the
   // other rank of a send / recv, the root of a broadcast, else -1.

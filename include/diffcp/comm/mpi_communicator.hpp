@@ -1,6 +1,7 @@
 // Open MPI implementation of the Communicator interface: nonblocking MPI calls (MPI_Iallgatherv,
-// MPI_Iallreduce, ...) whose requests are wrapped in a Work handle; reduce-scatter is pairwise
-// point-to-point + a local reduction in rank order (libnbc's is a reduce to one rank + scatter).
+// MPI_Iallgather, MPI_Iallreduce, ...) whose requests are wrapped in a Work handle; reduce-scatter
+// (uniform and v) is pairwise point-to-point + a local reduction in rank order (libnbc's is a
+// reduce to one rank + scatter).
 //
 // Watchdog: the reports travel as point-to-point messages on the communicator with a reserved tag.
 //
@@ -30,6 +31,9 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm handle() const { return comm_; }
 
  protected:
+  WorkPtr do_all_gather(const void* send, void* recv, std::size_t count, DType type) override;
+  WorkPtr do_reduce_scatter(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override;
+  WorkPtr do_all_to_all(const void* send, void* recv, std::size_t count, DType type) override;
   WorkPtr do_all_gather_v(const void* send, std::size_t send_count, void* recv,
                           std::span<const std::size_t> counts, std::span<const std::size_t> displs,
                           DType type) override;
