@@ -327,7 +327,6 @@ TEST(DFlashTrain, StartingFromAnImportedDrafterEqualsStartingNatively) {
   w.barrier();
   TrainOptions opt;
   opt.steps = 3;
-  opt.progress = false;
   opt.eval_every = 0;
   TrainOptions imported = opt, native = opt;
   imported.init = dir + "/drafter";

@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <map>
 #include <string>
-#include <fstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -33,7 +32,6 @@ TrainOptions small(std::int64_t steps) {
   o.lr = 1e-2;
   o.eval_every = 0;
   o.bucket = 64;
-  o.progress = false;
   return o;
 }
 
@@ -98,7 +96,6 @@ TEST(Trainer, LossFallsWellBelowUniformOnTheSyntheticDefault) {
   o.steps = 250;
   o.lr = 1e-2;
   o.eval_every = 0;
-  o.progress = false;
   const TrainResult r = train(world(), o);
   EXPECT_LT(r.loss, 0.75 * r.uniform_loss) << "loss " << r.loss << " vs uniform " << r.uniform_loss;
 }
@@ -180,32 +177,72 @@ TEST(Trainer, ResumeAfterAKillIsBitwiseEqualToTheUninterruptedRun) {
       TrainOptions o = small(6);
       o.shard = shard;
       o.out = (dir / name).string();
-      o.log = (dir / (name + ".jsonl")).string();
       o.save_every = 1;
       return o;
     };
+    // The loss of every step, as the trainer reports it (the CLI's --log writes these).
+    auto into = [](std::vector<double>& losses) {
+      return [&losses](const TrainEvent& ev) {
+        if (ev.kind == TrainEvent::Kind::step) losses.push_back(ev.stats->loss);
+      };
+    };
     if (world().rank() == 0) std::filesystem::create_directories(dir);
     world().barrier();
-    const TrainResult full = train(world(), opts("full"));
+    std::vector<double> a, b;
+    const TrainResult full = train(world(), opts("full"), into(a));
     TrainOptions killed = opts("killed");
     killed.stop_at = 3;
-    train(world(), killed);
+    train(world(), killed, into(b));
     TrainOptions resumed = opts("killed");
     resumed.resume = true;
-    const TrainResult res = train(world(), resumed);
+    const TrainResult res = train(world(), resumed, into(b));
     EXPECT_EQ(res.params, full.params);  // bitwise
     EXPECT_EQ(res.loss, full.loss);
-    if (world().rank() == 0) {
-      auto losses = [](const std::string& path) {
-        std::vector<double> l;
-        std::ifstream f(path);
-        for (std::string line; std::getline(f, line);) l.push_back(nlohmann::json::parse(line).at("loss").get<double>());
-        return l;
-      };
-      const auto a = losses(opts("full").log), b = losses(opts("killed").log);
-      EXPECT_EQ(a.size(), 6u);
-      EXPECT_EQ(a, b);  // the loss curve of killed + resumed equals the uninterrupted one, bitwise
-    }
+    EXPECT_EQ(a.size(), 6u);
+    EXPECT_EQ(a, b);  // the loss curve of killed + resumed equals the uninterrupted one, bitwise
+  }
+}
+
+// The class the CLI drives: a loop of step() and save() is the run train() makes, bitwise;
+// step() evaluates as TrainOptions::eval_every says (and after the last step) and reports every
+// step and checkpoint to the logger; evaluate() changes no state.
+TEST(Trainer, StepLoopEqualsTrainAndReportsEveryStep) {
+  const auto dir = std::filesystem::path(::testing::TempDir()) / ("loop_np" + std::to_string(world().size()));
+  TrainOptions o = small(3);
+  o.eval_every = 2;
+  const TrainResult ref = train(world(), o);
+  std::vector<std::int64_t> reported;
+  std::vector<std::string> saved;
+  Trainer t(world(), o, [&](const TrainEvent& ev) {
+    if (ev.kind == TrainEvent::Kind::step) reported.push_back(ev.stats->step);
+    else saved.push_back(ev.checkpoint);
+  });
+  EXPECT_EQ(t.step_index(), 0);
+  std::vector<bool> evaluated;
+  double last_loss = 0;
+  while (t.step_index() < o.steps) {
+    const StepStats st = t.step();
+    EXPECT_EQ(st.step, t.step_index());
+    EXPECT_EQ(st.slot_accuracy.size(), static_cast<std::size_t>(drafter_preset("tiny").block - 1));
+    EXPECT_EQ(st.phases.size(), ref.phases.size());
+    EXPECT_GT(st.tokens, 0);
+    evaluated.push_back(st.tau.has_value());
+    last_loss = st.loss;
+  }
+  EXPECT_EQ(reported, (std::vector<std::int64_t>{1, 2, 3}));
+  EXPECT_EQ(evaluated, (std::vector<bool>{false, true, true}));
+  EXPECT_THROW(t.step(), Error);  // the run is done
+  const std::string path = (dir / "checkpoint.bin").string();
+  t.save(path);
+  EXPECT_EQ(saved, std::vector<std::string>{path});
+  EXPECT_EQ(t.evaluate(), ref.tau);
+  const TrainResult r = t.result();
+  EXPECT_EQ(r.params, ref.params);
+  EXPECT_EQ(r.loss, ref.loss);
+  EXPECT_EQ(last_loss, ref.loss);
+  EXPECT_EQ(r.tau, ref.tau);
+  if (world().rank() == 0) {
+    EXPECT_EQ(load_checkpoint(path).meta.at("step"), 3);
   }
 }
 
@@ -305,7 +342,7 @@ TEST(Trainer, MismatchedCheckpointIsRefused) {
     train(world(), other);
     ADD_FAILURE() << "resuming with another seed must fail";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("was trained with --seed 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("was trained with TrainOptions::seed 1"), std::string::npos) << e.what();
   }
   other = o;
   other.resume = true;

@@ -119,8 +119,14 @@ struct DraftOptions {
 void add_draft_command(CLI::App& app, DraftOptions& opt);
 int run_draft(Communicator& world, const DraftOptions& opt);
 
-// `diffcp train`: the DFlash drafter trainer (drafter/trainer.hpp).
-void add_train_command(CLI::App& app, TrainOptions& opt);
-int run_train(Communicator& world, TrainOptions opt);
+// `diffcp train`: the DFlash drafter trainer (drafter/trainer.hpp) with a progress bar on stderr
+// and a JSONL metrics file; the library's errors name TrainOptions::<field>, shown as --<field>.
+struct TrainCommand {
+  TrainOptions train;
+  std::string log;       // JSONL metrics, one object per step (appended to with --resume)
+  bool progress = true;  // the progress bar (rank 0, stderr)
+};
+void add_train_command(CLI::App& app, TrainCommand& cmd);
+int run_train(Communicator& world, TrainCommand cmd);
 
 }  // namespace diffcp::cli

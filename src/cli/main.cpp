@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   diffcp::cli::AttnOptions attn;
   diffcp::cli::PlanOptions plan;
-  diffcp::TrainOptions train;
+  diffcp::cli::TrainCommand train;
   diffcp::cli::BenchCpOptions bench_cp;
   diffcp::cli::BenchP2pOptions bench_p2p;
   diffcp::cli::BenchCollOptions bench_coll;

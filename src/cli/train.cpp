@@ -1,11 +1,51 @@
-// `diffcp train`: train the DFlash drafter with Split-KV (the project's main job).
+// `diffcp train`: train the DFlash drafter with Split-KV (the project's main job). The library's
+// Trainer (drafter/trainer.hpp) trains; this file owns the flags, the progress bar, the JSONL
+// metrics file and the summary lines (bench/bench_train.sh and bench/bench_shard.sh grep them).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <string>
 
 #include "cli/commands.hpp"
+#include "diffcp/core/error.hpp"
 
 namespace diffcp::cli {
 
-void add_train_command(CLI::App& app, TrainOptions& opt) {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string fmt_eta(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%02d:%02d", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  return buf;
+}
+
+// The library names its options `TrainOptions::<field>`; the flag of each is --<field> with '-'
+// for '_' (TrainOptions::save_every -> --save-every).
+std::string flag_names(const std::string& msg) {
+  static const std::string prefix = "TrainOptions::";
+  std::string out;
+  std::size_t at = 0;
+  for (std::size_t hit = msg.find(prefix); hit != std::string::npos; hit = msg.find(prefix, at)) {
+    out.append(msg, at, hit - at);
+    out += "--";
+    at = hit + prefix.size();
+    for (; at < msg.size() && (std::isalnum(static_cast<unsigned char>(msg[at])) || msg[at] == '_'); ++at)
+      out += msg[at] == '_' ? '-' : msg[at];
+  }
+  out.append(msg, at);
+  return out;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, TrainCommand& cmd) {
+  TrainOptions& opt = cmd.train;
   CLI::App* c = app.add_subcommand("train", "Train a DFlash drafter with Split-KV context parallelism over the mpirun ranks");
   c->add_option("--preset", opt.preset, "model shape: tiny (default) | small | qwen3.5-35b-a3b | qwen3.5-27b");
   c->add_option("--init", opt.init, "start from a DFlash drafter directory (config.json + model.safetensors, "
@@ -25,7 +65,7 @@ void add_train_command(CLI::App& app, TrainOptions& opt) {
   c->add_option("--out", opt.out, "checkpoint directory");
   c->add_option("--save-every", opt.save_every, "checkpoint every N steps (0: only at the end)")->capture_default_str();
   c->add_flag("--resume", opt.resume, "continue from DIR/checkpoint.bin");
-  c->add_option("--log", opt.log, "JSONL metrics, one object per step");
+  c->add_option("--log", cmd.log, "JSONL metrics, one object per step");
   c->add_option("--eval-every", opt.eval_every, "held-out acceptance length every N steps")->capture_default_str();
   c->add_option("--balancer", opt.balancer, "context layout per step: none | zigzag | lpt | partition")->capture_default_str();
   c->add_option("--J", opt.J, "LPT chunks per rank")->capture_default_str();
@@ -37,13 +77,59 @@ void add_train_command(CLI::App& app, TrainOptions& opt) {
                  "shapes on more than one rank, else none); optimizer and full also split the LM head over the CP group")->capture_default_str();
   c->add_option("--recompute", opt.recompute, "activation recomputation: on | off | auto (= on with --shard full)")
       ->capture_default_str();
-  c->add_flag("!--no-progress", opt.progress, "no progress bar");
+  c->add_flag("!--no-progress", cmd.progress, "no progress bar");
 }
 
-int run_train(Communicator& world, TrainOptions opt) {
+int run_train(Communicator& world, TrainCommand cmd) {
+  TrainOptions& opt = cmd.train;
   opt.keep_params = false;  // the checkpoint has them; no rank needs the whole vector
-  const TrainResult r = train(world, opt);
-  if (world.rank() == 0) {
+  const bool root = world.rank() == 0, tty = isatty(2);
+  std::ofstream log;
+  std::int64_t start = 0;
+  Clock::time_point t_start;
+  // Rank 0: one JSONL object per step; the bar redraws every step on a terminal and, in a log,
+  // prints one line per 5 % of the run (and at every evaluation and the end).
+  auto on_event = [&](const TrainEvent& ev) {
+    if (!root || ev.kind != TrainEvent::Kind::step) return;
+    const StepStats& st = *ev.stats;
+    nlohmann::json line{{"step", st.step}, {"loss", st.loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
+                        {"tokens_per_s", st.tokens_per_s}, {"step_ms", st.ms}};
+    line["slot_accuracy"] = st.slot_accuracy;
+    if (st.tau) line["tau"] = *st.tau;
+    if (log.is_open()) log << line.dump() << "\n" << std::flush;
+    const std::int64_t every = tty ? 1 : std::max<std::int64_t>(1, opt.steps / 20);
+    if (cmd.progress && (st.step % every == 0 || st.tau || st.step == opt.steps)) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
+      const double eta = elapsed / static_cast<double>(st.step - start) * static_cast<double>(opt.steps - st.step);
+      const int width = 24, done = static_cast<int>(width * st.step / opt.steps);
+      std::fprintf(stderr, "%s[%s%s] step %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s%s", tty ? "\r" : "",
+                   std::string(static_cast<std::size_t>(done), '#').c_str(),
+                   std::string(static_cast<std::size_t>(width - done), '.').c_str(), static_cast<long long>(st.step),
+                   static_cast<long long>(opt.steps), st.loss, st.lr, st.tokens_per_s, fmt_eta(eta).c_str(),
+                   st.tau ? (" | tau " + std::to_string(*st.tau).substr(0, 5)).c_str() : "");
+      if (!tty || st.step == opt.steps) std::fprintf(stderr, "\n");
+    }
+  };
+  TrainResult r;
+  try {
+    Trainer trainer(world, opt, on_event);
+    const TrainResult& s = trainer.summary();
+    if (root && (s.truncated > 0 || s.few_anchors > 0))
+      std::fprintf(stderr, "diffcp train: of %lld training samples, %lld are longer than --context %lld (right-truncated to it) "
+                   "and %lld have fewer than %lld candidate anchor positions (they get all of theirs)\n",
+                   static_cast<long long>(s.train_samples), static_cast<long long>(s.truncated),
+                   static_cast<long long>(opt.context), static_cast<long long>(s.few_anchors), static_cast<long long>(s.anchors));
+    if (root && !cmd.log.empty()) {
+      log.open(cmd.log, opt.resume ? std::ios::app : std::ios::trunc);
+      DIFFCP_CHECK(log.good(), "--log '", cmd.log, "': cannot write");
+    }
+    start = trainer.step_index();
+    t_start = Clock::now();
+    r = trainer.run();
+  } catch (const Error& e) {
+    throw Error(flag_names(e.what()));
+  }
+  if (root) {
     std::printf("diffcp train: %lld steps on %d ranks (cp x dp), median step %.1f ms, %.0f tokens/s, peak RSS %.0f MiB/rank\n",
                 static_cast<long long>(opt.steps), world.size(), r.step_ms, r.tokens_per_s, r.peak_rss_mb);
     std::printf("diffcp train: final loss %.4f (uniform prediction: %.4f), held-out acceptance length tau %.3f "

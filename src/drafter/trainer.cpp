@@ -1,15 +1,11 @@
 #include "diffcp/drafter/trainer.hpp"
 
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
-
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <random>
 
@@ -30,6 +26,8 @@ namespace diffcp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 // Anchors of global micro-batch g (train) or held-out micro-batch g (eval): the same on every CP
 // rank of the group, and the same whichever DP x accumulation split produced g.
@@ -81,53 +79,95 @@ struct MicroBatchBuilder {
   }
 };
 
-std::string fmt_eta(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%02d:%02d", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  return buf;
+// The option checks that need no communication: every rank fails the same way before any collective.
+void validate(const TrainOptions& opt, int W) {
+  DIFFCP_CHECK(opt.dp >= 1 && W % opt.dp == 0, "TrainOptions::dp = ", opt.dp, " does not divide the ", W, " ranks");
+  const int cp_size = opt.cp > 0 ? opt.cp : W / opt.dp;
+  DIFFCP_CHECK(cp_size * opt.dp == W, "TrainOptions::cp ", cp_size, " x TrainOptions::dp ", opt.dp, " = ", cp_size * opt.dp,
+               " ranks, but the world communicator has ", W);
+  DIFFCP_CHECK(opt.steps >= 1 && opt.accum >= 1 && opt.anchors >= 0 && opt.context >= 1,
+               "TrainOptions::steps, TrainOptions::accum and TrainOptions::context must be >= 1, TrainOptions::anchors >= 1 "
+               "(0: the preset's)");
+  DIFFCP_CHECK(opt.lr >= 0 && opt.clip > 0 && opt.warmup >= 0 && opt.warmup < 1,
+               "TrainOptions::lr must be > 0 (0: the preset's), TrainOptions::clip > 0, warm-up in [0, 1)");
+  DIFFCP_CHECK(opt.collectives == "auto" || opt.collectives == "flat" || opt.collectives == "hierarchical",
+               "TrainOptions::collectives '", opt.collectives, "': expected flat, hierarchical or auto");
+  DIFFCP_CHECK(opt.shard == "auto" || opt.shard == "none" || opt.shard == "optimizer" || opt.shard == "full",
+               "TrainOptions::shard '", opt.shard, "': expected none, optimizer, full or auto");
+  DIFFCP_CHECK(opt.recompute == "auto" || opt.recompute == "on" || opt.recompute == "off", "TrainOptions::recompute '",
+               opt.recompute, "': expected on, off or auto");
+  DIFFCP_CHECK(!opt.resume || !opt.out.empty(), "TrainOptions::resume needs TrainOptions::out (the directory of checkpoint.bin)");
+  DIFFCP_CHECK(opt.init.empty() || opt.preset.empty(), "TrainOptions::init '", opt.init, "' and TrainOptions::preset '",
+               opt.preset, "': give one (the drafter directory's config.json is the shape)");
 }
 
 }  // namespace
 
-TrainResult train(Communicator& world, const TrainOptions& opt) {
+struct Trainer::Impl {
+  Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_);
+
+  // The pack that global micro-batch g visits: pack order_e[g mod n] in epoch e = g / n, a fresh
+  // order each epoch, a function of (seed, e) only, so resumed runs and any DP x accumulation
+  // split agree.
+  std::size_t pack_of(std::int64_t g);
+
+  Communicator& world;
+  const TrainOptions opt;
+  const TrainLogger log;
+  int cp_size = 0, rank = 0, dp_rank = 0;
+  CollAlgo collectives = CollAlgo::hierarchical;
+  std::unique_ptr<Communicator> cp, redist, vocab;  // the CP group, its redistribution and LM head twins
+  DrafterConfig cfg;
+  std::int64_t anchors = 0;
+  std::unique_ptr<DataSource> data;
+  std::vector<std::vector<std::size_t>> train_packs, eval_packs;
+  std::unique_ptr<Balancer> balancer;
+  std::unique_ptr<MicroBatchBuilder> builder;
+  TrainResult res;  // summary()
+  ShardMode shard = ShardMode::none;
+  std::unique_ptr<Drafter> drafter;
+  std::unique_ptr<ShardedState> state;  // after the drafter: destroyed before it
+  AdamW adam;
+  std::int64_t step = 0;  // steps done
+  std::string ckpt_path;
+  std::int64_t order_epoch = -1;
+  std::vector<std::size_t> order;
+  // This run's measurements (result()).
+  std::vector<double> step_ms;
+  double tokens = 0, busy = 0, t_build = 0, t_reduce = 0, t_optim = 0;
+};
+
+Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
+    : world(world_), opt(std::move(opt_)), log(std::move(log_)) {
   const int W = world.size();
-  DIFFCP_CHECK(opt.dp >= 1 && W % opt.dp == 0, "--dp = ", opt.dp, " does not divide the ", W, " ranks");
-  const int cp_size = opt.cp > 0 ? opt.cp : W / opt.dp;
-  DIFFCP_CHECK(cp_size * opt.dp == W, "--cp ", cp_size, " x --dp ", opt.dp, " = ", cp_size * opt.dp,
-               " ranks, but mpirun started ", W);
-  DIFFCP_CHECK(opt.steps >= 1 && opt.accum >= 1 && opt.anchors >= 0 && opt.context >= 1,
-               "--steps, --accum and --context must be >= 1, --anchors >= 1 (0: the preset's)");
-  DIFFCP_CHECK(opt.lr >= 0 && opt.clip > 0 && opt.warmup >= 0 && opt.warmup < 1,
-               "--lr must be > 0 (0: the preset's), --clip > 0, warm-up in [0, 1)");
-  const CollAlgo collectives = opt.collectives == "auto" ? CollAlgo::hierarchical : parse_coll_algo(opt.collectives);
-  DIFFCP_CHECK(!opt.resume || !opt.out.empty(), "--resume needs --out DIR (where the checkpoint is)");
-  DIFFCP_CHECK(opt.init.empty() || opt.preset.empty(), "--init '", opt.init, "' and --preset '", opt.preset,
-               "': give one (the drafter directory's config.json is the shape)");
+  validate(opt, W);
+  cp_size = opt.cp > 0 ? opt.cp : W / opt.dp;
+  collectives = opt.collectives == "auto" ? CollAlgo::hierarchical : parse_coll_algo(opt.collectives);
   DrafterWeights init;
   if (!opt.init.empty()) init = import_dflash(opt.init);
-  DrafterConfig cfg = opt.init.empty() ? drafter_preset(opt.preset.empty() ? "tiny" : opt.preset) : init.config;
+  cfg = opt.init.empty() ? drafter_preset(opt.preset.empty() ? "tiny" : opt.preset) : init.config;
   // The paper's recipe for real shapes (SPEC A.1); the tiny and small synthetic ones train faster with more.
   const bool real_shape = cfg.vocab > 4096;
   const double lr = opt.lr > 0 ? opt.lr : real_shape ? 6e-4 : 5e-3;
-  const std::int64_t anchors = opt.anchors > 0 ? opt.anchors : real_shape ? 512 : 12;
-  const int rank = world.rank(), dp_rank = rank / cp_size;
+  anchors = opt.anchors > 0 ? opt.anchors : real_shape ? 512 : 12;
+  rank = world.rank();
+  dp_rank = rank / cp_size;
   // CP groups are consecutive ranks (node-local first); DP groups are the same CP index.
-  const auto cp = world.split(dp_rank, rank % cp_size, "cp");
+  cp = world.split(dp_rank, rank % cp_size, "cp");
   cp->discover_topology();  // the nodes of the CP group: DIFFCP_NODE or shared memory
-  const auto redist = cp->split(0, cp->rank(), "redistribute");
-  const auto vocab = cp->split(0, cp->rank(), "lm_head");  // the vocabulary-parallel LM head's
+  redist = cp->split(0, cp->rank(), "redistribute");
+  vocab = cp->split(0, cp->rank(), "lm_head");  // the vocabulary-parallel LM head's
 
-  std::unique_ptr<DataSource> data;
   if (opt.data.empty()) {
     SyntheticSpec spec;
     spec.seed = opt.seed;
     spec.max_length = std::min<std::int64_t>(spec.max_length, opt.context);
     spec.min_length = std::min(spec.min_length, spec.max_length);
-    if (real_shape) {  // the paper's regime: long samples (half to all of --context), Q << S
+    if (real_shape) {  // the paper's regime: long samples (half to all of the context), Q << S
       spec.max_length = std::max<std::int64_t>(opt.context, cfg.block + 2);
       spec.min_length = std::max<std::int64_t>(spec.max_length / 2, cfg.block + 2);
       spec.train_samples = 16;
-      spec.heldout_samples = std::min<std::int64_t>(opt.heldout, 2);  // --heldout 0: no evaluation
+      spec.heldout_samples = std::min<std::int64_t>(opt.heldout, 2);  // heldout 0: no evaluation
     }
     data = make_synthetic_source(cfg, spec);
   } else {
@@ -137,16 +177,19 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
     const bool depth_known = data->target_depth() > 0;
     DIFFCP_CHECK(opt.init.empty() || (cfg.target_layer_ids == data->target_layer_ids() &&
                                       (!depth_known || cfg.target_depth == data->target_depth())),
-                 "--data '", opt.data, "' holds target layers ", nlohmann::json(data->target_layer_ids()).dump(), " of ",
-                 data->target_depth(), ", the drafter of --init '", opt.init, "' fuses layers ",
+                 "TrainOptions::data '", opt.data, "' holds target layers ", nlohmann::json(data->target_layer_ids()).dump(),
+                 " of ", data->target_depth(), ", the drafter of TrainOptions::init '", opt.init, "' fuses layers ",
                  nlohmann::json(cfg.target_layer_ids).dump(), " of ", cfg.target_depth);
     cfg.target_layer_ids = data->target_layer_ids();
     if (depth_known || opt.init.empty()) cfg.target_depth = data->target_depth();
   }
-  const auto train_packs = pack_samples(data->train(), opt.context), eval_packs = pack_samples(data->heldout(), opt.context);
-  const auto balancer = make_balancer(opt.balancer);
-  const MicroBatchBuilder builder{*data, cfg, *balancer, *cp, *redist, opt.J, opt.bucket, opt.context};
-  TrainResult res;
+  train_packs = pack_samples(data->train(), opt.context);
+  eval_packs = pack_samples(data->heldout(), opt.context);
+  order.resize(train_packs.size());
+  balancer = make_balancer(opt.balancer);
+  builder = std::make_unique<MicroBatchBuilder>(
+      MicroBatchBuilder{*data, cfg, *balancer, *cp, *redist, opt.J, opt.bucket, opt.context});
+  res.train_samples = static_cast<std::int64_t>(data->train().size());
   for (const Sample& smp : data->train()) {
     res.truncated += static_cast<std::int64_t>(smp.tokens.size()) > opt.context ? 1 : 0;
     res.few_anchors += anchor_candidates(smp, cfg.block, opt.context) < anchors ? 1 : 0;
@@ -156,227 +199,240 @@ TrainResult train(Communicator& world, const TrainOptions& opt) {
   res.tau_reference = greedy_known ? "target greedy tokens" : "dataset tokens";
   res.lr = lr;
   res.anchors = anchors;
-  if (rank == 0 && (res.truncated > 0 || res.few_anchors > 0))
-    std::fprintf(stderr, "diffcp train: of %zu training samples, %lld are longer than --context %lld (right-truncated to it) and "
-                 "%lld have fewer than %lld candidate anchor positions (they get all of theirs)\n",
-                 data->train().size(), static_cast<long long>(res.truncated), static_cast<long long>(opt.context),
-                 static_cast<long long>(res.few_anchors), static_cast<long long>(anchors));
 
   // auto: full for the real shapes on more than one rank (their replicated state does not fit),
   // none for the synthetic ones (it fits, and the per-layer gathers would only cost time).
-  const ShardMode shard = opt.shard == "auto" ? (W > 1 && real_shape ? ShardMode::full : ShardMode::none) : parse_shard_mode(opt.shard);
+  shard = opt.shard == "auto" ? (W > 1 && real_shape ? ShardMode::full : ShardMode::none) : parse_shard_mode(opt.shard);
   res.shard = shard_mode_name(shard);
-  Drafter drafter(*cp, cfg, {OProj::all, collectives});
-  ShardedState state(world, drafter.layout(), shard);
-  drafter.use_state(state);
-  DIFFCP_CHECK(opt.recompute == "auto" || opt.recompute == "on" || opt.recompute == "off", "--recompute '", opt.recompute,
-               "': expected on, off or auto");
+  drafter = std::make_unique<Drafter>(*cp, cfg, SplitKVOptions{OProj::all, collectives});
+  state = std::make_unique<ShardedState>(world, drafter->layout(), shard);
+  drafter->use_state(*state);
   res.recompute = opt.recompute == "on" || (opt.recompute == "auto" && shard == ShardMode::full);
-  drafter.set_recompute(res.recompute);
-  if (opt.init.empty()) drafter.init_params(opt.seed + 7);
-  else state.set_params(init.params), init.params = {};
-  drafter.set_embedding([&data](std::span<const std::int32_t> tokens, float* out) { data->embedding_rows(tokens, out); });
+  drafter->set_recompute(res.recompute);
+  if (opt.init.empty()) drafter->init_params(opt.seed + 7);
+  else state->set_params(init.params), init.params = {};
+  drafter->set_embedding([src = data.get()](std::span<const std::int32_t> tokens, float* out) { src->embedding_rows(tokens, out); });
   {  // the LM head: whole (none) or this CP rank's vocabulary slice
     const bool split = shard != ShardMode::none;
     const auto [v0, v1] = split ? vocab_slice(cfg.vocab, cp->size(), cp->rank()) : std::pair<std::int64_t, std::int64_t>{0, cfg.vocab};
     std::vector<float> w(static_cast<std::size_t>(cfg.hidden * (v1 - v0)));
     data->lm_head_columns(v0, v1, w.data());
     res.lm_head_mb = static_cast<double>(w.size()) * 4 / (1 << 20);
-    drafter.set_lm_head(LmHead(split ? vocab.get() : nullptr, cfg.hidden, cfg.vocab, std::move(w), v0));
+    drafter->set_lm_head(LmHead(split ? vocab.get() : nullptr, cfg.hidden, cfg.vocab, std::move(w), v0));
   }
-  AdamW adam;
   adam.lr = lr;
   adam.weight_decay = opt.weight_decay;
-  std::int64_t start = 0;
-  const std::string ckpt_path = opt.out.empty() ? "" : opt.out + "/checkpoint.bin";
+  ckpt_path = opt.out.empty() ? "" : opt.out + "/checkpoint.bin";
   if (opt.resume) try {
     CheckpointReader ck(ckpt_path);
     DIFFCP_CHECK(ck.meta().at("config") == cfg.to_json(), "checkpoint '", ckpt_path, "' is for a different model: ",
                  ck.meta().at("config").dump(), " vs ", cfg.to_json().dump());
-    DIFFCP_CHECK(static_cast<std::int64_t>(ck.n()) == drafter.layout().total, "checkpoint '", ckpt_path, "': ", ck.n(),
-                 " parameters, the model has ", drafter.layout().total);
-    DIFFCP_CHECK(ck.meta().at("seed").get<std::uint64_t>() == opt.seed, "checkpoint '", ckpt_path, "' was trained with --seed ",
-                 ck.meta().at("seed").get<std::uint64_t>(), ", not ", opt.seed, " (the data order and anchors follow the seed)");
-    state.load(ck);  // this rank's slices, whatever mesh wrote the file
+    DIFFCP_CHECK(static_cast<std::int64_t>(ck.n()) == drafter->layout().total, "checkpoint '", ckpt_path, "': ", ck.n(),
+                 " parameters, the model has ", drafter->layout().total);
+    DIFFCP_CHECK(ck.meta().at("seed").get<std::uint64_t>() == opt.seed, "checkpoint '", ckpt_path,
+                 "' was trained with TrainOptions::seed ", ck.meta().at("seed").get<std::uint64_t>(), ", not ", opt.seed,
+                 " (the data order and anchors follow the seed)");
+    state->load(ck);  // this rank's slices, whatever mesh wrote the file
     adam.t = ck.meta().at("adam_t").get<std::int64_t>();
-    start = ck.meta().at("step").get<std::int64_t>();
+    step = ck.meta().at("step").get<std::int64_t>();
   } catch (const nlohmann::json::exception& e) {  // a checksummed file whose header lacks a field
     DIFFCP_FAIL("checkpoint '", ckpt_path, "': header field missing or of the wrong type: ", e.what());
   }
   if (rank == 0 && !opt.out.empty()) std::filesystem::create_directories(opt.out);
-  std::ofstream log;
-  if (rank == 0 && !opt.log.empty()) {
-    log.open(opt.log, opt.resume ? std::ios::app : std::ios::trunc);
-    DIFFCP_CHECK(log.good(), "--log '", opt.log, "': cannot write");
-  }
-
-  const std::int64_t B = cfg.block;
-  auto evaluate = [&]() {
-    // Greedy acceptance length on held-out micro-batches: per block 1 + matching prefix of the
-    // draft argmax and the true next tokens; averaged per response, then over responses.
-    double tau_sum = 0, responses = 0;
-    // Every DP replica runs the same number of rounds: with --shard full each forward gathers the
-    // parameters over the whole mesh, so a replica without a pack in the last round still takes part.
-    const std::size_t dp = static_cast<std::size_t>(opt.dp), rounds = (eval_packs.size() + dp - 1) / dp;
-    for (std::size_t e = static_cast<std::size_t>(dp_rank); e < rounds * dp; e += dp) {
-      if (e >= eval_packs.size()) {
-        state.gather_rounds_only();
-        continue;
-      }
-      auto rng = anchor_rng(opt.seed, static_cast<std::int64_t>(e), 0xe7a1);
-      std::vector<std::int32_t> greedy;
-      const DrafterBatch mb = builder.build(true, eval_packs[e], anchors, rng, &greedy);
-      const std::vector<std::int32_t>& want = greedy.empty() ? mb.tokens : greedy;  // SPEC: the target's argmax
-      drafter.step(mb, false);
-      const auto& pred = drafter.predictions();
-      const auto refs = mb.shard.batch.blocks();
-      const std::size_t nsamp = mb.shard.batch.lengths.size();
-      std::vector<double> per(2 * nsamp, 0.0);  // [tau sum, blocks] per sample
-      for (std::int64_t i = mb.shard.blocks.begin; i < mb.shard.blocks.end; ++i) {
-        const auto& r = refs[static_cast<std::size_t>(i)];
-        std::int64_t accepted = 0;
-        for (std::int64_t k = 1; k < B; ++k) {
-          const auto row = static_cast<std::size_t>((i - mb.shard.blocks.begin) * B + k);
-          if (pred[row] != want[static_cast<std::size_t>(r.anchor + k)]) break;
-          ++accepted;
-        }
-        per[2 * static_cast<std::size_t>(r.sample)] += 1.0 + static_cast<double>(accepted);
-        per[2 * static_cast<std::size_t>(r.sample) + 1] += 1.0;
-      }
-      cp->all_reduce<double>(per);
-      for (std::size_t u = 0; u < nsamp; ++u)
-        if (per[2 * u + 1] > 0) tau_sum += per[2 * u] / per[2 * u + 1], responses += 1;
-    }
-    std::vector<double> t{tau_sum, responses};
-    world.all_reduce<double>(t);  // every CP rank of a group holds the same sums: divide by cp
-    return t[1] > 0 ? t[0] / t[1] : 0.0;
-  };
-
   res.topology = cp->topology().describe();
   res.collectives = collectives == CollAlgo::hierarchical && cp->hierarchy_useful() ? "hierarchical" : "flat";
   res.uniform_loss = std::log(static_cast<double>(cfg.vocab));
   res.checkpoint = ckpt_path;
-  const auto t_start = Clock::now();
-  const bool tty = isatty(2);
-  auto save = [&](std::int64_t done) {
-    if (!ckpt_path.empty())
-      state.save(ckpt_path, {{"config", cfg.to_json()}, {"step", done}, {"seed", opt.seed}, {"adam_t", adam.t},
-                             {"cp", cp_size}, {"dp", opt.dp}, {"shard", res.shard}});
-    world.barrier();
-  };
-  std::vector<double> step_ms;
-  double tokens = 0, busy = 0, t_build = 0, t_reduce = 0, t_optim = 0;
-  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
-  // Global micro-batch g visits pack order_e[g mod n] in epoch e = g / n: a fresh order each epoch,
-  // a function of (seed, e) only, so resumed runs and any DP x accumulation split agree.
-  std::int64_t order_epoch = -1;
-  std::vector<std::size_t> order(train_packs.size());
-  auto pack_of = [&](std::int64_t g) {
-    const auto n = static_cast<std::int64_t>(train_packs.size());
-    if (g / n != order_epoch) {
-      order_epoch = g / n;
-      std::iota(order.begin(), order.end(), std::size_t{0});
-      auto rng = anchor_rng(opt.seed, order_epoch, 0x5e9);
-      std::shuffle(order.begin(), order.end(), rng);
-    }
-    return order[static_cast<std::size_t>(g % n)];
-  };
-  auto finish = [&]() {
-    if (opt.keep_params) res.params = state.gather_params();
-    const std::int64_t steps_run = static_cast<std::int64_t>(step_ms.size());
-    if (steps_run > 0) {
-      const auto& ph = drafter.phases();
-      const double n = static_cast<double>(steps_run);
-      // The model's phases include the evaluation forwards; the trainer's are per step.
-      res.phases = {{"target_features", t_build / n}, {"fusion", ph.fusion / n}, {"attention", ph.attention / n},
-                    {"mlp", ph.mlp / n}, {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n},
-                    {"reduce", t_reduce / n}, {"optimizer", t_optim / n}};
-    }
-    std::vector<double> mem{static_cast<double>(state.resident_bytes()) / (1 << 20), res.lm_head_mb};
-    world.all_reduce<double>(mem, ReduceOp::max);
-    res.state_mb = mem[0];
-    res.lm_head_mb = mem[1];
-    if (!step_ms.empty()) {
-      std::sort(step_ms.begin(), step_ms.end());
-      res.step_ms = step_ms[step_ms.size() / 2];
-      res.tokens_per_s = tokens / busy;
-    }
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    std::vector<double> rss{static_cast<double>(ru.ru_maxrss) / 1024.0};  // KiB -> MiB
-    world.all_reduce<double>(rss, ReduceOp::max);
-    res.peak_rss_mb = rss[0];
-    return res;
-  };
-  for (std::int64_t s = start; s < opt.steps; ++s) {
-    const auto t0 = Clock::now();
-    state.zero_grads();
-    std::vector<double> stats(static_cast<std::size_t>(3 + 2 * B), 0.0);  // loss, weight, tokens, correct[B], counted[B]
-    for (std::int64_t j = 0; j < opt.accum; ++j) {
-      const std::int64_t g = (s * opt.dp + dp_rank) * opt.accum + j;  // global micro-batch number
-      const auto idx = pack_of(g);
-      auto rng = anchor_rng(opt.seed, g, 0x7a1);
-      const auto tb = Clock::now();
-      const DrafterBatch mb = builder.build(false, train_packs[idx], anchors, rng);
-      t_build += ms_since(tb);
-      const DrafterStats st = drafter.step(mb, true);
-      stats[0] += st.loss_sum;
-      stats[1] += st.weight_sum;
-      if (cp->rank() == 0) stats[2] += static_cast<double>(mb.tokens.size());
-      for (std::int64_t k = 0; k < B; ++k) {
-        stats[static_cast<std::size_t>(3 + k)] += static_cast<double>(st.correct[static_cast<std::size_t>(k)]);
-        stats[static_cast<std::size_t>(3 + B + k)] += static_cast<double>(st.counted[static_cast<std::size_t>(k)]);
-      }
-    }
-    // Sum over the whole mesh (CP shares and DP replicas alike) to the owners, then normalise by
-    // the global weight, clip and update what this rank owns.
-    auto tr = Clock::now();
-    world.all_reduce<double>(stats);
-    const double inv = 1.0 / (stats[1] + 1e-6);
-    const double grad_norm = state.reduce_grads(inv);
-    t_reduce += ms_since(tr);
-    tr = Clock::now();
-    const double lr_now = cosine_lr(lr, s, opt.steps, opt.warmup);
-    state.apply(adam, lr_now, opt.clip);
-    t_optim += ms_since(tr);
-    res.loss = stats[0] * inv;
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double tok_s = stats[2] / secs;
-    step_ms.push_back(secs * 1e3);
-    tokens += stats[2];
-    busy += secs;
-    const bool eval_now = (opt.eval_every > 0 && (s + 1) % opt.eval_every == 0) || s + 1 == opt.steps;
-    if (eval_now) res.tau = evaluate();
-    if (rank == 0) {
-      nlohmann::json line{{"step", s + 1}, {"loss", res.loss}, {"lr", lr_now}, {"grad_norm", grad_norm},
-                          {"tokens_per_s", tok_s}, {"step_ms", secs * 1e3}};
-      std::vector<double> acc;
-      for (std::int64_t k = 1; k < B; ++k) {
-        const double n = stats[static_cast<std::size_t>(3 + B + k)];
-        acc.push_back(n > 0 ? stats[static_cast<std::size_t>(3 + k)] / n : 0.0);
-      }
-      line["slot_accuracy"] = acc;
-      if (eval_now) line["tau"] = res.tau;
-      if (log.is_open()) log << line.dump() << "\n" << std::flush;
-      // On a terminal the bar redraws every step; in a log, one line per 5 % of the run.
-      const std::int64_t every = tty ? 1 : std::max<std::int64_t>(1, opt.steps / 20);
-      if (opt.progress && ((s + 1) % every == 0 || eval_now || s + 1 == opt.steps)) {
-        const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-        const double eta = elapsed / static_cast<double>(s + 1 - start) * static_cast<double>(opt.steps - s - 1);
-        const int width = 24, done = static_cast<int>(width * (s + 1) / opt.steps);
-        std::fprintf(stderr, "%s[%s%s] step %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s%s", tty ? "\r" : "",
-                     std::string(static_cast<std::size_t>(done), '#').c_str(),
-                     std::string(static_cast<std::size_t>(width - done), '.').c_str(), static_cast<long long>(s + 1),
-                     static_cast<long long>(opt.steps), res.loss, lr_now, tok_s, fmt_eta(eta).c_str(),
-                     eval_now ? (" | tau " + std::to_string(res.tau).substr(0, 5)).c_str() : "");
-        if (!tty || s + 1 == opt.steps) std::fprintf(stderr, "\n");
-      }
-    }
-    if (opt.save_every > 0 && (s + 1) % opt.save_every == 0 && s + 1 < opt.steps) save(s + 1);
-    if (opt.stop_at > 0 && s + 1 == opt.stop_at) return finish();  // simulated kill (tests)
+}
+
+std::size_t Trainer::Impl::pack_of(std::int64_t g) {
+  const auto n = static_cast<std::int64_t>(train_packs.size());
+  if (g / n != order_epoch) {
+    order_epoch = g / n;
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    auto rng = anchor_rng(opt.seed, order_epoch, 0x5e9);
+    std::shuffle(order.begin(), order.end(), rng);
   }
-  save(opt.steps);
-  return finish();
+  return order[static_cast<std::size_t>(g % n)];
+}
+
+Trainer::Trainer(Communicator& world, TrainOptions opt, TrainLogger log)
+    : impl_(std::make_unique<Impl>(world, std::move(opt), std::move(log))) {}
+
+Trainer::~Trainer() = default;
+
+StepStats Trainer::step() {
+  Impl& m = *impl_;
+  const TrainOptions& opt = m.opt;
+  DIFFCP_CHECK(m.step < opt.steps, "Trainer::step: the run is done (", m.step, " of TrainOptions::steps = ", opt.steps, ")");
+  const std::int64_t s = m.step, B = m.cfg.block;
+  const auto t0 = Clock::now();
+  const Drafter::Phases ph0 = m.drafter->phases();
+  double t_build = 0;
+  m.state->zero_grads();
+  std::vector<double> stats(static_cast<std::size_t>(3 + 2 * B), 0.0);  // loss, weight, tokens, correct[B], counted[B]
+  for (std::int64_t j = 0; j < opt.accum; ++j) {
+    const std::int64_t g = (s * opt.dp + m.dp_rank) * opt.accum + j;  // global micro-batch number
+    const auto idx = m.pack_of(g);
+    auto rng = anchor_rng(opt.seed, g, 0x7a1);
+    const auto tb = Clock::now();
+    const DrafterBatch mb = m.builder->build(false, m.train_packs[idx], m.anchors, rng);
+    t_build += ms_since(tb);
+    const DrafterStats st = m.drafter->step(mb, true);
+    stats[0] += st.loss_sum;
+    stats[1] += st.weight_sum;
+    if (m.cp->rank() == 0) stats[2] += static_cast<double>(mb.tokens.size());
+    for (std::int64_t k = 0; k < B; ++k) {
+      stats[static_cast<std::size_t>(3 + k)] += static_cast<double>(st.correct[static_cast<std::size_t>(k)]);
+      stats[static_cast<std::size_t>(3 + B + k)] += static_cast<double>(st.counted[static_cast<std::size_t>(k)]);
+    }
+  }
+  // Sum over the whole mesh (CP shares and DP replicas alike) to the owners, then normalise by
+  // the global weight, clip and update what this rank owns.
+  auto tr = Clock::now();
+  m.world.all_reduce<double>(stats);
+  const double inv = 1.0 / (stats[1] + 1e-6);
+  StepStats out;
+  out.grad_norm = m.state->reduce_grads(inv);
+  const double t_reduce = ms_since(tr);
+  tr = Clock::now();
+  out.lr = cosine_lr(m.adam.lr, s, opt.steps, opt.warmup);
+  m.state->apply(m.adam, out.lr, opt.clip);
+  const double t_optim = ms_since(tr);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  m.step = s + 1;
+  out.step = m.step;
+  out.loss = stats[0] * inv;
+  out.tokens = stats[2];
+  out.ms = secs * 1e3;
+  out.tokens_per_s = stats[2] / secs;
+  for (std::int64_t k = 1; k < B; ++k) {
+    const double n = stats[static_cast<std::size_t>(3 + B + k)];
+    out.slot_accuracy.push_back(n > 0 ? stats[static_cast<std::size_t>(3 + k)] / n : 0.0);
+  }
+  const Drafter::Phases& ph = m.drafter->phases();
+  out.phases = {{"target_features", t_build},
+                {"fusion", ph.fusion - ph0.fusion},
+                {"attention", ph.attention - ph0.attention},
+                {"mlp", ph.mlp - ph0.mlp},
+                {"lm_head", ph.lm_head - ph0.lm_head},
+                {"gather_wait", ph.gather_wait - ph0.gather_wait},
+                {"reduce", t_reduce},
+                {"optimizer", t_optim}};
+  m.res.loss = out.loss;
+  m.step_ms.push_back(out.ms);
+  m.tokens += stats[2];
+  m.busy += secs;
+  m.t_build += t_build;
+  m.t_reduce += t_reduce;
+  m.t_optim += t_optim;
+  if ((opt.eval_every > 0 && m.step % opt.eval_every == 0) || m.step == opt.steps) out.tau = evaluate();
+  if (m.log) m.log(TrainEvent{TrainEvent::Kind::step, m.step, &out, {}});
+  return out;
+}
+
+double Trainer::evaluate() {
+  Impl& m = *impl_;
+  const std::int64_t B = m.cfg.block;
+  double tau_sum = 0, responses = 0;
+  // Every DP replica runs the same number of rounds: with shard full each forward gathers the
+  // parameters over the whole mesh, so a replica without a pack in the last round still takes part.
+  const auto dp = static_cast<std::size_t>(m.opt.dp), rounds = (m.eval_packs.size() + dp - 1) / dp;
+  for (auto e = static_cast<std::size_t>(m.dp_rank); e < rounds * dp; e += dp) {
+    if (e >= m.eval_packs.size()) {
+      m.state->gather_rounds_only();
+      continue;
+    }
+    auto rng = anchor_rng(m.opt.seed, static_cast<std::int64_t>(e), 0xe7a1);
+    std::vector<std::int32_t> greedy;
+    const DrafterBatch mb = m.builder->build(true, m.eval_packs[e], m.anchors, rng, &greedy);
+    const std::vector<std::int32_t>& want = greedy.empty() ? mb.tokens : greedy;  // SPEC: the target's argmax
+    m.drafter->step(mb, false);
+    const auto& pred = m.drafter->predictions();
+    const auto refs = mb.shard.batch.blocks();
+    const std::size_t nsamp = mb.shard.batch.lengths.size();
+    std::vector<double> per(2 * nsamp, 0.0);  // [tau sum, blocks] per sample
+    for (std::int64_t i = mb.shard.blocks.begin; i < mb.shard.blocks.end; ++i) {
+      const auto& r = refs[static_cast<std::size_t>(i)];
+      std::int64_t accepted = 0;
+      for (std::int64_t k = 1; k < B; ++k) {
+        const auto row = static_cast<std::size_t>((i - mb.shard.blocks.begin) * B + k);
+        if (pred[row] != want[static_cast<std::size_t>(r.anchor + k)]) break;
+        ++accepted;
+      }
+      per[2 * static_cast<std::size_t>(r.sample)] += 1.0 + static_cast<double>(accepted);
+      per[2 * static_cast<std::size_t>(r.sample) + 1] += 1.0;
+    }
+    m.cp->all_reduce<double>(per);
+    for (std::size_t u = 0; u < nsamp; ++u)
+      if (per[2 * u + 1] > 0) tau_sum += per[2 * u] / per[2 * u + 1], responses += 1;
+  }
+  std::vector<double> t{tau_sum, responses};
+  m.world.all_reduce<double>(t);  // every CP rank of a group holds the same sums: divide by cp
+  m.res.tau = t[1] > 0 ? t[0] / t[1] : 0.0;
+  return m.res.tau;
+}
+
+void Trainer::save(const std::string& path) {
+  Impl& m = *impl_;
+  const auto dir = std::filesystem::path(path).parent_path();
+  if (m.rank == 0 && !dir.empty()) std::filesystem::create_directories(dir);
+  m.state->save(path, {{"config", m.cfg.to_json()}, {"step", m.step}, {"seed", m.opt.seed}, {"adam_t", m.adam.t},
+                       {"cp", m.cp_size}, {"dp", m.opt.dp}, {"shard", m.res.shard}});
+  m.world.barrier();
+  if (m.log) m.log(TrainEvent{TrainEvent::Kind::checkpoint, m.step, nullptr, path});
+}
+
+TrainResult Trainer::run() {
+  const TrainOptions& opt = impl_->opt;
+  const std::string& path = checkpoint_path();
+  while (step_index() < opt.steps) {
+    const std::int64_t done = step().step;
+    if (opt.save_every > 0 && done % opt.save_every == 0 && done < opt.steps && !path.empty()) save(path);
+    if (opt.stop_at > 0 && done == opt.stop_at) return result();  // simulated kill (tests)
+  }
+  if (!path.empty()) save(path);
+  return result();
+}
+
+TrainResult Trainer::result() {
+  Impl& m = *impl_;
+  TrainResult res = m.res;
+  if (m.opt.keep_params) res.params = m.state->gather_params();
+  if (!m.step_ms.empty()) {
+    const auto& ph = m.drafter->phases();
+    const auto n = static_cast<double>(m.step_ms.size());
+    // The model's phases include the evaluation forwards; the trainer's are per step.
+    res.phases = {{"target_features", m.t_build / n}, {"fusion", ph.fusion / n}, {"attention", ph.attention / n},
+                  {"mlp", ph.mlp / n}, {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n},
+                  {"reduce", m.t_reduce / n}, {"optimizer", m.t_optim / n}};
+  }
+  std::vector<double> mem{static_cast<double>(m.state->resident_bytes()) / (1 << 20), res.lm_head_mb};
+  m.world.all_reduce<double>(mem, ReduceOp::max);
+  res.state_mb = mem[0];
+  res.lm_head_mb = mem[1];
+  if (!m.step_ms.empty()) {
+    std::vector<double> sorted = m.step_ms;
+    std::sort(sorted.begin(), sorted.end());
+    res.step_ms = sorted[sorted.size() / 2];
+    res.tokens_per_s = m.tokens / m.busy;
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::vector<double> rss{static_cast<double>(ru.ru_maxrss) / 1024.0};  // KiB -> MiB
+  m.world.all_reduce<double>(rss, ReduceOp::max);
+  res.peak_rss_mb = rss[0];
+  return res;
+}
+
+std::int64_t Trainer::step_index() const { return impl_->step; }
+const TrainOptions& Trainer::options() const { return impl_->opt; }
+const TrainResult& Trainer::summary() const { return impl_->res; }
+const std::string& Trainer::checkpoint_path() const { return impl_->ckpt_path; }
+
+TrainResult train(Communicator& world, const TrainOptions& opt, TrainLogger log) {
+  Trainer trainer(world, opt, std::move(log));
+  return trainer.run();
 }
 
 }  // namespace diffcp
