@@ -1,18 +1,19 @@
-#include "diffcp/attention/attention.hpp"
-
+// CPU block-sparse attention (attention/attention.hpp, SPEC A.1/A.2): flash-attention tiling with
+// online softmax over the visible key ranges of the DFlash mask; tile GEMMs call sgemm (gemm.cpp)
+// directly. Shapes: q, o, do, dq: [Q, n_q, d_h]  k, v, dk, dv: [L_k, n_kv, d_h]  lse, delta: [Q*n_q].
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 
-#include <oneapi/dnnl/dnnl.h>
-
+#include "cpu_backend.hpp"
+#include "diffcp/attention/mask.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/fastmath.hpp"
 #include "diffcp/core/parallel.hpp"
 
-namespace diffcp {
+namespace diffcp::cpu {
 
 namespace {
 
@@ -31,16 +32,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     sum += p[j];
   }
   return sum;
-}
-
-// Row-major C[M,N] = alpha * op(A) * op(B) + beta * C through oneDNN (single-threaded when called
-// inside an OpenMP parallel region).
-inline void gemm(char ta, char tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-                 const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
-                 float* C, std::int64_t ldc) {
-  const dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  DIFFCP_CHECK(st == dnnl_success, "dnnl_sgemm(", ta, tb, " M=", M, " N=", N, " K=", K,
-               ") failed with status ", static_cast<int>(st));
 }
 
 struct Dims {
@@ -123,7 +114,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const float> q,
   for (const RowRange& rr : w.ranges) {
     for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile) {
       const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
-      gemm('N', 'T', GB, kt, d, 1.f, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, w.p.data(), kKeyTile);
+      sgemm(false, true, GB, kt, d, 1.f, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, w.p.data(), kKeyTile);
       for (std::int64_t t = 0; t < GB; ++t) {
         float* pr = w.p.data() + t * kKeyTile;
         float mx = w.m[t];
@@ -138,7 +129,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const float> q,
         w.l[t] = w.l[t] * alpha + sum;
         w.m[t] = mx;
       }
-      gemm('N', 'N', GB, d, kt, 1.f, w.p.data(), kKeyTile, v.at(j0, h), v.row_stride, 1.f, w.o.data(), d);
+      sgemm(false, false, GB, d, kt, 1.f, w.p.data(), kKeyTile, v.at(j0, h), v.row_stride, 1.f, w.o.data(), d);
     }
   }
   for (std::int64_t t = 0; t < GB; ++t) {
@@ -182,14 +173,14 @@ void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const float> 
       const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
       float* P = w.p.data();
       float* dP = w.dp.data();
-      gemm('N', 'T', GB, kt, d, 1.f, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, P, kKeyTile);
+      sgemm(false, true, GB, kt, d, 1.f, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, P, kKeyTile);
       for (std::int64_t t = 0; t < GB; ++t) {
         exp2_shifted(P + t * kKeyTile, kt, w.lse2[t]);
       }
       // dV += P^T dO
-      gemm('T', 'N', kt, d, GB, 1.f, P, kKeyTile, w.dout.data(), d, 1.f, dv.at(j0, h), dv.row_stride);
+      sgemm(true, false, kt, d, GB, 1.f, P, kKeyTile, w.dout.data(), d, 1.f, dv.at(j0, h), dv.row_stride);
       // dP = dO V^T
-      gemm('N', 'T', GB, kt, d, 1.f, w.dout.data(), d, v.at(j0, h), v.row_stride, 0.f, dP, kKeyTile);
+      sgemm(false, true, GB, kt, d, 1.f, w.dout.data(), d, v.at(j0, h), v.row_stride, 0.f, dP, kKeyTile);
       for (std::int64_t t = 0; t < GB; ++t) {
         float* pr = P + t * kKeyTile;
         const float* dpr = dP + t * kKeyTile;
@@ -198,8 +189,8 @@ void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const float> 
         for (std::int64_t j = 0; j < kt; ++j) pr[j] = pr[j] * (dpr[j] - D);  // dS
       }
       // dQ += scale * dS K ; dK += scale * dS^T q = ln2 * dS^T (q * scale * log2e)
-      gemm('N', 'N', GB, d, kt, s.scale, P, kKeyTile, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d);
-      gemm('T', 'N', kt, d, GB, kLn2, P, kKeyTile, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride);
+      sgemm(false, false, GB, d, kt, s.scale, P, kKeyTile, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d);
+      sgemm(true, false, kt, d, GB, kLn2, P, kKeyTile, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride);
     }
   }
   for (std::int64_t t = 0; t < GB; ++t)
@@ -213,9 +204,11 @@ void zero_rows(HeadRows<float> x) {
 
 }  // namespace
 
-void attention_forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
-                       HeadRows<const float> v, HeadRows<float> o, std::span<float> lse,
-                       float softmax_scale) {
+void CpuBackend::attention_forward(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_v,
+                                   ConstTensorView v_v, TensorView o_v, TensorView lse_v, float softmax_scale) {
+  const auto q = rows_f32(q_v), k = rows_f32(k_v), v = rows_f32(v_v);
+  const auto o = rows_f32(o_v);
+  const auto lse = span_f32(lse_v);
   const Dims s = make_dims(mask, q, k, v, softmax_scale);
   check_rows("o", o, s.Q, s.n_q, s.d);
   DIFFCP_CHECK(static_cast<std::int64_t>(lse.size()) == s.Q * s.n_q, "attention: lse has ", lse.size(),
@@ -232,7 +225,9 @@ void attention_forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<
   errors.rethrow();
 }
 
-void attention_delta(HeadRows<const float> do_, HeadRows<const float> o, std::span<float> delta) {
+void CpuBackend::attention_delta(ConstTensorView do_v, ConstTensorView o_v, TensorView delta_v) {
+  const auto do_ = rows_f32(do_v), o = rows_f32(o_v);
+  const auto delta = span_f32(delta_v);
   check_rows("o", o, do_.rows, do_.heads, do_.dim);
   DIFFCP_CHECK(static_cast<std::int64_t>(delta.size()) == do_.rows * do_.heads, "attention_delta: delta has ",
                delta.size(), " entries, expected rows*heads = ", do_.rows * do_.heads);
@@ -248,11 +243,13 @@ void attention_delta(HeadRows<const float> do_, HeadRows<const float> o, std::sp
     }
 }
 
-void attention_backward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
-                        HeadRows<const float> v, HeadRows<const float> do_,
-                        std::span<const float> lse, std::span<const float> delta,
-                        HeadRows<float> dq, HeadRows<float> dk, HeadRows<float> dv,
-                        float softmax_scale) {
+void CpuBackend::attention_backward(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_v,
+                                    ConstTensorView v_v, ConstTensorView do_v, ConstTensorView lse_v,
+                                    ConstTensorView delta_v, TensorView dq_v, TensorView dk_v, TensorView dv_v,
+                                    float softmax_scale) {
+  const auto q = rows_f32(q_v), k = rows_f32(k_v), v = rows_f32(v_v), do_ = rows_f32(do_v);
+  const auto dq = rows_f32(dq_v), dk = rows_f32(dk_v), dv = rows_f32(dv_v);
+  const auto lse = span_f32(lse_v), delta = span_f32(delta_v);
   const Dims s = make_dims(mask, q, k, v, softmax_scale);
   check_rows("do", do_, s.Q, s.n_q, s.d);
   check_rows("dq", dq, s.Q, s.n_q, s.d);
@@ -289,12 +286,4 @@ void attention_backward(const BlockMask& mask, HeadRows<const float> q, HeadRows
   errors.rethrow();
 }
 
-double attention_forward_flops(const BlockMask& mask, std::int64_t n_q, std::int64_t d_h) {
-  return 4.0 * static_cast<double>(d_h) * static_cast<double>(n_q) * static_cast<double>(mask.visible_pairs());
-}
-
-double attention_backward_flops(const BlockMask& mask, std::int64_t n_q, std::int64_t d_h) {
-  return 2.5 * attention_forward_flops(mask, n_q, d_h);
-}
-
-}  // namespace diffcp
+}  // namespace diffcp::cpu

@@ -1,11 +1,12 @@
-#include "diffcp/attention/merge.hpp"
-
+// CPU log-sum-exp merge and rescale (attention/merge.hpp): OpenMP over rows.
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "cpu_backend.hpp"
 #include "diffcp/core/error.hpp"
 
-namespace diffcp {
+namespace diffcp::cpu {
 
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -15,9 +16,14 @@ void check_same(std::size_t a, std::size_t b, const char* what) {
 }
 }  // namespace
 
-void lse_merge(std::span<const HeadRows<const float>> o_parts,
-               std::span<const std::span<const float>> lse_parts, HeadRows<float> o,
-               std::span<float> lse) {
+void CpuBackend::lse_merge(std::span<const ConstTensorView> o_views, std::span<const ConstTensorView> lse_views,
+                           TensorView o_v, TensorView lse_v) {
+  const auto o = rows_f32(o_v);
+  const auto lse = span_f32(lse_v);
+  std::vector<HeadRows<const float>> o_parts;
+  std::vector<std::span<const float>> lse_parts;
+  for (const ConstTensorView& t : o_views) o_parts.push_back(rows_f32(t));
+  for (const ConstTensorView& t : lse_views) lse_parts.push_back(span_f32(t));
   check_same(o_parts.size(), lse_parts.size(), "lse_merge: o parts vs lse parts");
   const std::size_t n = static_cast<std::size_t>(o.rows * o.heads);
   check_same(lse.size(), n, "lse_merge: lse vs o rows*heads");
@@ -51,7 +57,9 @@ void lse_merge(std::span<const HeadRows<const float>> o_parts,
     }
 }
 
-void lse_rescale(HeadRows<float> o_p, std::span<const float> lse_p, std::span<const float> lse) {
+void CpuBackend::lse_rescale(TensorView o_v, ConstTensorView lse_p_v, ConstTensorView lse_v) {
+  const auto o_p = rows_f32(o_v);
+  const auto lse_p = span_f32(lse_p_v), lse = span_f32(lse_v);
   const std::size_t n = static_cast<std::size_t>(o_p.rows * o_p.heads);
   check_same(lse_p.size(), n, "lse_rescale: lse_p vs rows*heads");
   check_same(lse.size(), n, "lse_rescale: lse vs rows*heads");
@@ -66,4 +74,4 @@ void lse_rescale(HeadRows<float> o_p, std::span<const float> lse_p, std::span<co
     }
 }
 
-}  // namespace diffcp
+}  // namespace diffcp::cpu

@@ -1,14 +1,19 @@
-#include "diffcp/ops/rmsnorm.hpp"
-
+// CPU per-head RMSNorm (ops/rmsnorm.hpp): OpenMP over (row, head) vectors.
 #include <cmath>
 #include <vector>
 
 #include <omp.h>
 
-namespace diffcp {
+#include "cpu_backend.hpp"
 
-void rmsnorm_forward(const float* x, std::int64_t rows, std::int64_t heads, std::int64_t d, const float* w,
-                     float eps, float* y, float* rstd) {
+namespace diffcp::cpu {
+
+// x, y: [rows, heads, d]  w: [d]  rstd: [rows, heads]
+void CpuBackend::rmsnorm_forward(ConstTensorView x_v, ConstTensorView w_v, float eps, TensorView y_v,
+                                 TensorView rstd_v) {
+  const float *x = x_v.ptr<float>(), *w = w_v.ptr<float>();
+  float *y = y_v.ptr<float>(), *rstd = rstd_v.ptr<float>();
+  const std::int64_t rows = x_v.size(0), heads = x_v.size(1), d = x_v.size(2);
 #pragma omp parallel for schedule(static)
   for (std::int64_t v = 0; v < rows * heads; ++v) {
     const float* xv = x + v * d;
@@ -21,8 +26,12 @@ void rmsnorm_forward(const float* x, std::int64_t rows, std::int64_t heads, std:
   }
 }
 
-void rmsnorm_backward(const float* dy, const float* x, const float* rstd, std::int64_t rows, std::int64_t heads,
-                      std::int64_t d, const float* w, float* dx, float* dw) {
+// dy, x, dx: [rows, heads, d]  rstd: [rows, heads]  w, dw: [d]
+void CpuBackend::rmsnorm_backward(ConstTensorView dy_v, ConstTensorView x_v, ConstTensorView rstd_v,
+                                  ConstTensorView w_v, TensorView dx_v, TensorView dw_v) {
+  const float *dy = dy_v.ptr<float>(), *x = x_v.ptr<float>(), *rstd = rstd_v.ptr<float>(), *w = w_v.ptr<float>();
+  float *dx = dx_v.ptr<float>(), *dw = dw_v.ptr<float>();
+  const std::int64_t rows = x_v.size(0), heads = x_v.size(1), d = x_v.size(2);
   // dx_j = r * (g_j - x_j * r^2 * sum_i(g_i x_i) / d) with g = dy * w;  dw_j += dy_j * x_j * r.
   // dw is reduced through per-thread partials (fixed order per thread count: deterministic).
   const int T = omp_get_max_threads();
@@ -49,4 +58,4 @@ void rmsnorm_backward(const float* dy, const float* x, const float* rstd, std::i
     for (std::int64_t c = 0; c < d; ++c) dw[c] += partial[static_cast<std::size_t>(t * d + c)];
 }
 
-}  // namespace diffcp
+}  // namespace diffcp::cpu

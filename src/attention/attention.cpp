@@ -1,0 +1,45 @@
+// attention/attention.hpp: the public attention ops hand views of their arguments to the active
+// backend (ops/backend.hpp; the CPU kernels are src/cpu/attention.cpp), and FLOP counts.
+#include "diffcp/attention/attention.hpp"
+
+#include "diffcp/ops/backend.hpp"
+
+namespace diffcp {
+
+namespace {
+ConstTensorView flat(std::span<const float> x) {
+  return ConstTensorView::contiguous(x.data(), DType::f32, {static_cast<std::int64_t>(x.size())});
+}
+TensorView flat(std::span<float> x) {
+  return TensorView::contiguous(x.data(), DType::f32, {static_cast<std::int64_t>(x.size())});
+}
+}  // namespace
+
+void attention_forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
+                       HeadRows<const float> v, HeadRows<float> o, std::span<float> lse, float softmax_scale) {
+  backend_for(OpKind::attention_forward, DType::f32)
+      .attention_forward(mask, q.view(), k.view(), v.view(), o.view(), flat(lse), softmax_scale);
+}
+
+void attention_delta(HeadRows<const float> do_, HeadRows<const float> o, std::span<float> delta) {
+  backend_for(OpKind::attention_delta, DType::f32).attention_delta(do_.view(), o.view(), flat(delta));
+}
+
+void attention_backward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
+                        HeadRows<const float> v, HeadRows<const float> do_, std::span<const float> lse,
+                        std::span<const float> delta, HeadRows<float> dq, HeadRows<float> dk, HeadRows<float> dv,
+                        float softmax_scale) {
+  backend_for(OpKind::attention_backward, DType::f32)
+      .attention_backward(mask, q.view(), k.view(), v.view(), do_.view(), flat(lse), flat(delta), dq.view(),
+                          dk.view(), dv.view(), softmax_scale);
+}
+
+double attention_forward_flops(const BlockMask& mask, std::int64_t n_q, std::int64_t d_h) {
+  return 4.0 * static_cast<double>(d_h) * static_cast<double>(n_q) * static_cast<double>(mask.visible_pairs());
+}
+
+double attention_backward_flops(const BlockMask& mask, std::int64_t n_q, std::int64_t d_h) {
+  return 2.5 * attention_forward_flops(mask, n_q, d_h);
+}
+
+}  // namespace diffcp

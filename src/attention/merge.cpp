@@ -1,0 +1,29 @@
+// attention/merge.hpp: views of the partials to the active backend (CPU: src/cpu/merge.cpp).
+#include "diffcp/attention/merge.hpp"
+
+#include "diffcp/ops/backend.hpp"
+
+namespace diffcp {
+
+namespace {
+ConstTensorView flat(std::span<const float> x) {
+  return ConstTensorView::contiguous(x.data(), DType::f32, {static_cast<std::int64_t>(x.size())});
+}
+}  // namespace
+
+void lse_merge(std::span<const HeadRows<const float>> o_parts, std::span<const std::span<const float>> lse_parts,
+               HeadRows<float> o, std::span<float> lse) {
+  Backend& b = backend_for(OpKind::lse_merge, DType::f32);
+  std::vector<ConstTensorView> o_views, lse_views;
+  o_views.reserve(o_parts.size());
+  lse_views.reserve(lse_parts.size());
+  for (const auto& p : o_parts) o_views.push_back(p.view());
+  for (const auto& l : lse_parts) lse_views.push_back(flat(l));
+  b.lse_merge(o_views, lse_views, o.view(), TensorView::contiguous(lse.data(), DType::f32, {static_cast<std::int64_t>(lse.size())}));
+}
+
+void lse_rescale(HeadRows<float> o_p, std::span<const float> lse_p, std::span<const float> lse) {
+  backend_for(OpKind::lse_rescale, DType::f32).lse_rescale(o_p.view(), flat(lse_p), flat(lse));
+}
+
+}  // namespace diffcp
