@@ -1,69 +1,29 @@
+// attention/merge.hpp: views of the partials to the active backend (CPU: src/cpu/merge.cpp).
 #include "diffcp/attention/merge.hpp"
 
-#include <cmath>
-#include <limits>
-
-#include "diffcp/core/error.hpp"
+#include "diffcp/ops/backend.hpp"
 
 namespace diffcp {
 
 namespace {
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-void check_same(std::size_t a, std::size_t b, const char* what) {
-  DIFFCP_CHECK(a == b, what, ": sizes differ (", a, " vs ", b, ")");
+ConstTensorView flat(std::span<const float> x) {
+  return ConstTensorView::contiguous(x.data(), DType::f32, {static_cast<std::int64_t>(x.size())});
 }
 }  // namespace
 
-void lse_merge(std::span<const HeadRows<const float>> o_parts,
-               std::span<const std::span<const float>> lse_parts, HeadRows<float> o,
-               std::span<float> lse) {
-  check_same(o_parts.size(), lse_parts.size(), "lse_merge: o parts vs lse parts");
-  const std::size_t n = static_cast<std::size_t>(o.rows * o.heads);
-  check_same(lse.size(), n, "lse_merge: lse vs o rows*heads");
-  for (std::size_t p = 0; p < o_parts.size(); ++p) {
-    DIFFCP_CHECK(o_parts[p].rows == o.rows && o_parts[p].heads == o.heads && o_parts[p].dim == o.dim,
-                 "lse_merge: part ", p, " shape [", o_parts[p].rows, ", ", o_parts[p].heads, ", ",
-                 o_parts[p].dim, "] differs from the output [", o.rows, ", ", o.heads, ", ", o.dim, "]");
-    check_same(lse_parts[p].size(), n, "lse_merge: lse part vs rows*heads");
-  }
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < o.rows; ++r)
-    for (std::int64_t h = 0; h < o.heads; ++h) {
-      const std::size_t idx = static_cast<std::size_t>(r * o.heads + h);
-      float mx = kNegInf;
-      for (const auto& l : lse_parts) mx = std::max(mx, l[idx]);
-      float* dst = o.at(r, h);
-      for (std::int64_t c = 0; c < o.dim; ++c) dst[c] = 0.f;
-      if (mx == kNegInf) {
-        lse[idx] = kNegInf;
-        continue;
-      }
-      float sum = 0.f;
-      for (const auto& l : lse_parts) sum += std::exp(l[idx] - mx);
-      const float merged = mx + std::log(sum);
-      lse[idx] = merged;
-      for (std::size_t p = 0; p < o_parts.size(); ++p) {
-        const float wgt = std::exp(lse_parts[p][idx] - merged);
-        const float* src = o_parts[p].at(r, h);
-        for (std::int64_t c = 0; c < o.dim; ++c) dst[c] += wgt * src[c];
-      }
-    }
+void lse_merge(std::span<const HeadRows<const float>> o_parts, std::span<const std::span<const float>> lse_parts,
+               HeadRows<float> o, std::span<float> lse) {
+  Backend& b = backend_for(OpKind::lse_merge, DType::f32);
+  std::vector<ConstTensorView> o_views, lse_views;
+  o_views.reserve(o_parts.size());
+  lse_views.reserve(lse_parts.size());
+  for (const auto& p : o_parts) o_views.push_back(p.view());
+  for (const auto& l : lse_parts) lse_views.push_back(flat(l));
+  b.lse_merge(o_views, lse_views, o.view(), TensorView::contiguous(lse.data(), DType::f32, {static_cast<std::int64_t>(lse.size())}));
 }
 
 void lse_rescale(HeadRows<float> o_p, std::span<const float> lse_p, std::span<const float> lse) {
-  const std::size_t n = static_cast<std::size_t>(o_p.rows * o_p.heads);
-  check_same(lse_p.size(), n, "lse_rescale: lse_p vs rows*heads");
-  check_same(lse.size(), n, "lse_rescale: lse vs rows*heads");
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < o_p.rows; ++r)
-    for (std::int64_t h = 0; h < o_p.heads; ++h) {
-      const std::size_t idx = static_cast<std::size_t>(r * o_p.heads + h);
-      // lse_p = -inf: this partial saw nothing, its o_p is 0 and stays 0.
-      const float wgt = lse_p[idx] == kNegInf ? 0.f : std::exp(lse_p[idx] - lse[idx]);
-      float* x = o_p.at(r, h);
-      for (std::int64_t c = 0; c < o_p.dim; ++c) x[c] *= wgt;
-    }
+  backend_for(OpKind::lse_rescale, DType::f32).lse_rescale(o_p.view(), flat(lse_p), flat(lse));
 }
 
 }  // namespace diffcp

@@ -1,13 +1,12 @@
+// dit/ops.hpp: projections on the one GEMM (ops/gemm.hpp), the timestep features, the axial RoPE
+// table, and qk_norm_rope's views to the active backend (CPU: src/cpu/elementwise.cpp).
 #include "diffcp/dit/ops.hpp"
 
 #include <cmath>
-#include <cstring>
-#include <numbers>
-
-#include <oneapi/dnnl/dnnl.h>
 
 #include "diffcp/core/error.hpp"
-#include "diffcp/core/fastmath.hpp"
+#include "diffcp/ops/backend.hpp"
+#include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
 
@@ -25,56 +24,12 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < M; ++r)
     for (std::int64_t c = 0; c < N; ++c) y[r * ldy + c] = bias ? bias[c] : 0.f;
-  const dnnl_status_t st = dnnl_sgemm('N', 'N', M, N, K, 1.f, x, ldx, W, ldw, 1.f, y, ldy);
-  DIFFCP_CHECK(st == dnnl_success, "dnnl_sgemm(M=", M, " N=", N, " K=", K, ") failed: status ", static_cast<int>(st));
+  gemm(false, false, M, N, K, 1.f, x, ldx, W, ldw, 1.f, y, ldy);
 }
 
 void dit_linear(const std::vector<float>& params, const DitLinear& l, const float* x, std::int64_t ldx,
                 std::int64_t M, float* y, std::int64_t ldy) {
   dit_linear(x, ldx, M, l.in, params.data() + l.w, l.out, params.data() + l.b, y, ldy);
-}
-
-void silu_inplace(float* x, std::int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.f + std::exp(-x[i]));
-}
-
-void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-  // 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)) = x / (1 + 2^(-2 u log2(e))), u = k (x + 0.044715 x^3)
-  const float k = static_cast<float>(std::sqrt(2.0 / std::numbers::pi)), m = -2.f * std::numbers::log2e_v<float> * k;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* row = x + r * ld;
-#pragma omp simd
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const float v = row[c];
-      row[c] = v / (1.f + fast_exp2(m * (v + 0.044715f * v * v * v)));
-    }
-  }
-}
-
-void layernorm_modulate(const float* x, std::int64_t rows, std::int64_t H, const float* shift, const float* scale,
-                        float eps, float* y) {
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * H;
-    float* yr = y + r * H;
-    // Two passes in double: the mean of a wide row, then the centred variance (no cancellation).
-    double mean = 0;
-    for (std::int64_t c = 0; c < H; ++c) mean += xr[c];
-    mean /= static_cast<double>(H);
-    double var = 0;
-    for (std::int64_t c = 0; c < H; ++c) var += (xr[c] - mean) * (xr[c] - mean);
-    var /= static_cast<double>(H);
-    const float m = static_cast<float>(mean), rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
-    for (std::int64_t c = 0; c < H; ++c) yr[c] = (1.f + scale[c]) * ((xr[c] - m) * rstd) + shift[c];
-  }
-}
-
-void gated_add(float* x, std::int64_t rows, std::int64_t H, const float* gate, const float* y, std::int64_t ldy) {
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < H; ++c) x[r * H + c] += gate[c] * y[r * ldy + c];
 }
 
 std::vector<float> timestep_embedding(double t, std::int64_t dim) {
@@ -113,24 +68,16 @@ void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t h
   DIFFCP_CHECK(ld >= 3 * heads * d, "qk_norm_rope: row stride ", ld, " < 3 * heads * d_h = ", 3 * heads * d);
   DIFFCP_CHECK(!rope || rope->rows() == rows, "qk_norm_rope: RoPE table has ", rope ? rope->rows() : 0,
                " rows, expected ", rows);
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t h = 0; h < 2 * heads; ++h) {  // q heads, then k heads
-      float* x = qkv + r * ld + h * d;
-      const float* w = h < heads ? q_scale : k_scale;
-      float ss = 0.f;
-      for (std::int64_t c = 0; c < d; ++c) ss += x[c] * x[c];
-      const float rstd = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
-      for (std::int64_t c = 0; c < d; ++c) x[c] = x[c] * rstd * w[c];
-      if (!rope) continue;
-      const float* cs = rope->cos(r);
-      const float* sn = rope->sin(r);
-      for (std::int64_t k = 0; k < d / 2; ++k) {
-        const float x0 = x[2 * k], x1 = x[2 * k + 1];
-        x[2 * k] = cs[k] * x0 - sn[k] * x1;
-        x[2 * k + 1] = sn[k] * x0 + cs[k] * x1;
-      }
-    }
+  TensorView x = TensorView::contiguous(qkv, DType::f32, {rows, 3, heads, d});
+  x.stride[0] = ld;
+  ConstTensorView cos, sin;  // rank 0: no rotation
+  if (rope) {
+    cos = ConstTensorView::contiguous(rope->cos(0), DType::f32, {rows, d / 2});
+    sin = ConstTensorView::contiguous(rope->sin(0), DType::f32, {rows, d / 2});
+  }
+  backend_for(OpKind::qk_norm_rope, DType::f32)
+      .qk_norm_rope(x, ConstTensorView::contiguous(q_scale, DType::f32, {d}),
+                    ConstTensorView::contiguous(k_scale, DType::f32, {d}), eps, cos, sin);
 }
 
 }  // namespace diffcp

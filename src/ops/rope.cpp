@@ -1,8 +1,11 @@
+// ops/rope.hpp: the cos/sin table, and rope_apply's checks before the active backend (CPU:
+// src/cpu/rope.cpp).
 #include "diffcp/ops/rope.hpp"
 
 #include <cmath>
 
 #include "diffcp/core/error.hpp"
+#include "diffcp/ops/backend.hpp"
 
 namespace diffcp {
 
@@ -26,25 +29,11 @@ void rope_apply(float* x, std::int64_t rows, std::int64_t heads, std::span<const
                 const RopeTable& table, bool inverse) {
   DIFFCP_CHECK(static_cast<std::int64_t>(positions.size()) == rows, "RoPE: ", positions.size(),
                " positions for ", rows, " rows");
-  const std::int64_t d = table.d_h(), half = d / 2;
-  const float sign = inverse ? -1.f : 1.f;
-  for (std::int64_t pos : positions)  // validated before the parallel loop: no throw inside OpenMP
+  for (std::int64_t pos : positions)
     DIFFCP_CHECK(pos >= 0 && pos < table.max_pos(), "RoPE: position ", pos, " outside the table [0, ",
                  table.max_pos(), ")");
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t pos = positions[static_cast<std::size_t>(r)];
-    const float* c = table.cos(pos);
-    const float* s = table.sin(pos);
-    for (std::int64_t h = 0; h < heads; ++h) {
-      float* v = x + (r * heads + h) * d;
-      for (std::int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half], sn = sign * s[i];
-        v[i] = a * c[i] - b * sn;
-        v[i + half] = b * c[i] + a * sn;
-      }
-    }
-  }
+  backend_for(OpKind::rope, DType::f32)
+      .rope(TensorView::contiguous(x, DType::f32, {rows, heads, table.d_h()}), positions, table, inverse);
 }
 
 }  // namespace diffcp

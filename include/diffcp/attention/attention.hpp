@@ -1,13 +1,16 @@
-// CPU block-sparse attention for the DFlash mask (SPEC A.1): forward with log-sum-exp, and a
+// Block-sparse attention for the DFlash mask (SPEC A.1): forward with log-sum-exp, and a
 // backward that takes the GLOBAL lse and D so that it serves Split-KV (SPEC A.2) unchanged.
+// The functions run on the active backend (ops/backend.hpp); the algorithm below is the CPU
+// backend's (src/cpu/attention.cpp).
 //
 // Legend: Q = N*B query rows, L_k key rows held by this call, n_q query heads, n_kv kv heads
 //         (GQA: query head j uses kv head j / (n_q/n_kv)), d_h head dim.
 // Algorithm: flash-attention tiling with online softmax. Work item = (block, kv head): the
 // G = n_q/n_kv query heads of a kv head and the B rows of a block form one (G*B) x d_h query tile,
-// so each K/V tile is loaded once for all G heads. Tile GEMMs are oneDNN sgemm calls (single-
-// threaded inside our OpenMP loop); only visible key ranges are visited, so work is proportional
-// to the unmasked pairs. fp32 storage and fp32 accumulation.
+// so each K/V tile is loaded once for all G heads. Tile GEMMs are the CPU backend's oneDNN sgemm,
+// called directly (no dispatch per tile) and single-threaded inside our OpenMP loop; only visible
+// key ranges are visited, so work is proportional to the unmasked pairs. fp32 storage and fp32
+// accumulation.
 #pragma once
 
 #include <span>

@@ -2,7 +2,7 @@
 // "combine"): with partial (o_p, lse_p),
 //   lse = log sum_p exp(lse_p),   o = sum_p exp(lse_p - lse) * o_p.
 // Partials with lse_p = -inf (no visible key) contribute nothing; if all are -inf the merged row
-// is lse = -inf, o = 0.
+// is lse = -inf, o = 0. Both run on the active backend (ops/backend.hpp; CPU: src/cpu/merge.cpp).
 #pragma once
 
 #include <span>

@@ -1,6 +1,8 @@
-// The DiT's row-wise operations (FLUX semantics), fp32, OpenMP over rows. Every op treats rows
-// independently, so a row's result does not depend on how many rows a rank holds: only the GEMMs
-// and the attention can round differently between P = 1 and P > 1.
+// The DiT's operations (FLUX semantics), fp32: projections with row strides (on ops/gemm.hpp),
+// the timestep features, the axial RoPE table and the fused QK-norm + RoPE; the row-wise element
+// ops are ops/elementwise.hpp (included here). Every row-wise op treats rows independently, so a
+// row's result does not depend on how many rows a rank holds: only the GEMMs and the attention can
+// round differently between P = 1 and P > 1. The ops run on the active backend (ops/backend.hpp).
 //
 // Legend: rows of width H (hidden), ld = elements between consecutive rows (>= the row's width).
 #pragma once
@@ -10,11 +12,12 @@
 #include <vector>
 
 #include "diffcp/dit/config.hpp"
+#include "diffcp/ops/elementwise.hpp"
 
 namespace diffcp {
 
 // y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W[K, N] (row stride N) + bias[N] through
-// oneDNN sgemm (bias copied into y first, then accumulated with beta = 1). ops/linear.hpp has no
+// gemm (ops/gemm.hpp): bias (or 0 when null) copied into y first, then accumulated with beta = 1. ops/linear.hpp has no
 // row strides, which the fused single-block tensors need (e.g. linear2 reads [attention | MLP]
 // columns of a wider row).
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t N,
@@ -26,19 +29,6 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 // The same with the layer's parameters: x: [M, l.in], y: [M, l.out]; params: the model allocation.
 void dit_linear(const std::vector<float>& params, const DitLinear& l, const float* x, std::int64_t ldx,
                 std::int64_t M, float* y, std::int64_t ldy);
-
-// x[n] = silu(x) = x / (1 + exp(-x))
-void silu_inplace(float* x, std::int64_t n);
-// x[rows, cols] (row stride ld) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3) (GELU, tanh
-// form), evaluated as x / (1 + exp(-2u)) with a polynomial exp2 (relative error ~1e-6)
-void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld);
-
-// y[rows, H] = (1 + scale) * LayerNorm(x) + shift: LayerNorm without affine weights (mean and
-// variance over H, eps), shift, scale: [H] (adaLN modulation). x, y: contiguous, may not alias.
-void layernorm_modulate(const float* x, std::int64_t rows, std::int64_t H, const float* shift, const float* scale,
-                        float eps, float* y);
-// x[rows, H] += gate[H] * y[rows, H] (y row stride ldy): a gated residual.
-void gated_add(float* x, std::int64_t rows, std::int64_t H, const float* gate, const float* y, std::int64_t ldy);
 
 // FLUX's timestep features of t in [0, 1]: with s = 1000 t, half = dim/2 and
 // f_i = exp(-ln(10000) i / half): [cos(s f_0..s f_{half-1}), sin(s f_0..s f_{half-1})]. [dim]

@@ -1,4 +1,4 @@
-// Dense projections through oneDNN sgemm (row-major; multi-threaded by oneDNN's OpenMP).
+// Dense projections, row-major, on the one GEMM entry point (ops/gemm.hpp) of the active backend.
 // Weights are stored [in, out] (y = x W), the layout of the dump files and of llm.c.
 #pragma once
 

@@ -1,5 +1,6 @@
 // Per-head RMSNorm (Qwen3's q_norm / k_norm): each [d_h] vector x of a [rows, heads, d_h] tensor
 // becomes y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps) and a weight w: [d_h] shared by heads.
+// Runs on the active backend (ops/backend.hpp; CPU: src/cpu/rmsnorm.cpp).
 #pragma once
 
 #include <cstdint>

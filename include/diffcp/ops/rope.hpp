@@ -1,6 +1,7 @@
 // Rotary position embedding, rotate-half convention (Qwen/LLaMA): in each [d_h] head vector the
 // pairs (i, i + d_h/2), i < d_h/2, are rotated by angle pos * theta^(-2i/d_h). Backward is the
-// rotation by the negative angle (rotations are orthogonal).
+// rotation by the negative angle (rotations are orthogonal). rope_apply runs on the active backend
+// (ops/backend.hpp; CPU: src/cpu/rope.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,157 @@
+// The compute seam: every numerical op of diffcp runs on a Backend, chosen at run time.
+//
+// The public op functions (ops/gemm.hpp, ops/linear.hpp, ops/rmsnorm.hpp, ops/rope.hpp,
+// ops/elementwise.hpp, attention/attention.hpp, attention/merge.hpp, dit/ops.hpp's dit_linear and
+// qk_norm_rope) keep their plain signatures. Each one asks the active backend whether it
+// supports(op, dtype), then makes ONE virtual call with views of its arguments: dispatch costs two
+// virtual calls per op call, never anything per tile or per row.
+//
+// A backend overrides supports() and the hooks it implements. A hook it does not override, or an
+// op its supports() declines, fails with diffcp::Error
+//   "backend 'toy' does not support attention_forward on f32"
+// instead of crashing. The CPU backend (src/cpu/) implements every op on f32.
+//
+// Tensor arguments of the hooks are views (core/tensor.hpp) carrying dtype and device; shapes are
+// those of the public functions, repeated at each hook. Legend: Q query rows, L_k key rows, n_q /
+// n_kv query / kv heads, d_h head dim, H hidden width.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "diffcp/core/dtype.hpp"
+#include "diffcp/core/tensor.hpp"
+
+namespace diffcp {
+
+class BlockMask;  // attention/mask.hpp
+class RopeTable;  // ops/rope.hpp
+
+// One kind per public op; op_name() is the public function's name.
+enum class OpKind : std::uint8_t {
+  gemm,                // ops/gemm.hpp (linear_*, dit_linear go through it)
+  bias_backward,       // ops/linear.hpp
+  attention_forward,   // attention/attention.hpp
+  attention_backward,  //
+  attention_delta,     //
+  lse_merge,           // attention/merge.hpp
+  lse_rescale,         //
+  rmsnorm_forward,     // ops/rmsnorm.hpp
+  rmsnorm_backward,    //
+  rope,                // ops/rope.hpp (rope_apply)
+  silu,                // ops/elementwise.hpp
+  gelu_tanh,           //
+  layernorm_modulate,  //
+  gated_add,           //
+  qk_norm_rope,        //
+};
+inline constexpr int kOpKindCount = 15;
+const char* op_name(OpKind op);  // "attention_forward", ...
+
+// C[M, N] = alpha * op(A) * op(B) + beta * C, row-major; op(X) = X^T when trans_x.
+//   A: [M, K] (trans_a: [K, M]) with row stride lda;  B: [K, N] (trans_b: [N, K]), ldb;
+//   C: [M, N], ldc.  All three hold `dtype`. K = 0 gives C = beta * C; M = 0 or N = 0 does nothing.
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  std::int64_t M = 0, N = 0, K = 0;
+  float alpha = 1.f;
+  const void* A = nullptr;
+  std::int64_t lda = 0;
+  const void* B = nullptr;
+  std::int64_t ldb = 0;
+  float beta = 0.f;
+  void* C = nullptr;
+  std::int64_t ldc = 0;
+  DType dtype = DType::f32;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  // Whether the hook of `op` runs on tensors of `dtype`. Checked before every call.
+  virtual bool supports(OpKind op, DType dtype) const = 0;
+
+  // ---- hooks: each default fails naming this backend, the op and the dtype ----
+  virtual void gemm(const GemmArgs& args);
+  // dy: [M, N]  db: [N] += sum over rows of dy
+  virtual void bias_backward(ConstTensorView dy, TensorView db);
+
+  // q: [Q, n_q, d_h]  k, v: [L_k, n_kv, d_h]  o: [Q, n_q, d_h] out  lse: [Q*n_q] out.
+  // Rank-3 views have contiguous heads (strides {row_stride, d_h, 1}); softmax_scale <= 0: 1/sqrt(d_h).
+  virtual void attention_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                                 TensorView o, TensorView lse, float softmax_scale);
+  // q, do_: [Q, n_q, d_h]  k, v: [L_k, n_kv, d_h]  lse, delta: [Q*n_q] (global)
+  // dq: [Q, n_q, d_h] out  dk, dv: [L_k, n_kv, d_h] out
+  virtual void attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                                  ConstTensorView do_, ConstTensorView lse, ConstTensorView delta, TensorView dq,
+                                  TensorView dk, TensorView dv, float softmax_scale);
+  // do_, o: [Q, n_q, d_h]  delta: [Q*n_q] out
+  virtual void attention_delta(ConstTensorView do_, ConstTensorView o, TensorView delta);
+
+  // o_parts[p]: [rows, heads, dim]  lse_parts[p]: [rows*heads]  o: [rows, heads, dim] out  lse: [rows*heads] out
+  virtual void lse_merge(std::span<const ConstTensorView> o_parts, std::span<const ConstTensorView> lse_parts,
+                         TensorView o, TensorView lse);
+  // o_p: [rows, heads, dim] in/out  lse_p, lse: [rows*heads]
+  virtual void lse_rescale(TensorView o_p, ConstTensorView lse_p, ConstTensorView lse);
+
+  // x, y: [rows, heads, d] (may alias)  w: [d]  rstd: [rows, heads] out
+  virtual void rmsnorm_forward(ConstTensorView x, ConstTensorView w, float eps, TensorView y, TensorView rstd);
+  // dy, x: [rows, heads, d]  rstd: [rows, heads]  w: [d]  dx: [rows, heads, d] out (may alias dy)  dw: [d] +=
+  virtual void rmsnorm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView rstd, ConstTensorView w,
+                                TensorView dx, TensorView dw);
+  // x: [rows, heads, d_h] in place  positions: [rows], inside the table
+  virtual void rope(TensorView x, std::span<const std::int64_t> positions, const RopeTable& table, bool inverse);
+
+  // x: [n] in place
+  virtual void silu(TensorView x);
+  // x: [rows, cols] (row stride >= cols) in place
+  virtual void gelu_tanh(TensorView x);
+  // x, y: [rows, H] contiguous, no alias  shift, scale: [H]
+  virtual void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
+                                  TensorView y);
+  // x: [rows, H] contiguous, += gate[H] * y  y: [rows, H] (row stride >= H)
+  virtual void gated_add(TensorView x, ConstTensorView gate, ConstTensorView y);
+  // qkv: [rows, 3, heads, d_h] (row stride >= 3*heads*d_h; q and k parts in place)
+  // q_scale, k_scale: [d_h]  cos, sin: [rows, d_h/2], or rank 0 (null) for no rotation
+  virtual void qk_norm_rope(TensorView qkv, ConstTensorView q_scale, ConstTensorView k_scale, float eps,
+                            ConstTensorView cos, ConstTensorView sin);
+
+ protected:
+  [[noreturn]] void unsupported(OpKind op, DType dtype) const;
+};
+
+// The built-in CPU backend (src/cpu/): f32 for every op. Always registered, active by default.
+Backend& cpu_backend();
+
+// ---- the registry: a backend is registered by name and selected as the active one ----
+// Not thread-safe against running ops: select the backend before, not while, ops run.
+
+// Makes `b` known to find_backend. The caller keeps `b` alive while it is registered. A second
+// backend with the same name is an error; registering the same object again does nothing.
+void register_backend(Backend& b);
+// The registered backend called `name`; the error lists the registered names.
+Backend& find_backend(std::string_view name);
+// The backend the public ops run on (cpu_backend() until changed).
+Backend& active_backend();
+// Makes `b` the active backend (it need not be registered) and returns the previous one.
+Backend& set_backend(Backend& b);
+// The active backend after checking that it supports (op, dtype); otherwise the error
+// "backend '<name>' does not support <op> on <dtype>". What every public op calls first.
+Backend& backend_for(OpKind op, DType dtype);
+
+// Selects `b` for the lifetime of the guard, then restores the previous backend.
+class ScopedBackend {
+ public:
+  explicit ScopedBackend(Backend& b) : previous_(set_backend(b)) {}
+  ~ScopedBackend() { set_backend(previous_); }
+  ScopedBackend(const ScopedBackend&) = delete;
+  ScopedBackend& operator=(const ScopedBackend&) = delete;
+
+ private:
+  Backend& previous_;
+};
+
+}  // namespace diffcp

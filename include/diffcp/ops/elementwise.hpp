@@ -1,0 +1,25 @@
+// Row-wise element ops of the DiT (FLUX semantics), fp32. Every op treats rows independently, so
+// a row's result does not depend on how many rows a rank holds. Each runs on the active backend
+// (ops/backend.hpp; CPU: src/cpu/elementwise.cpp, OpenMP over rows).
+//
+// Legend: rows of width H (hidden), ld = elements between consecutive rows (>= the row's width).
+#pragma once
+
+#include <cstdint>
+
+namespace diffcp {
+
+// x[n] = silu(x) = x / (1 + exp(-x))
+void silu_inplace(float* x, std::int64_t n);
+// x[rows, cols] (row stride ld) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3) (GELU, tanh
+// form), evaluated as x / (1 + exp(-2u)) with a polynomial exp2 (relative error ~1e-6)
+void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld);
+
+// y[rows, H] = (1 + scale) * LayerNorm(x) + shift: LayerNorm without affine weights (mean and
+// variance over H, eps), shift, scale: [H] (adaLN modulation). x, y: contiguous, may not alias.
+void layernorm_modulate(const float* x, std::int64_t rows, std::int64_t H, const float* shift, const float* scale,
+                        float eps, float* y);
+// x[rows, H] += gate[H] * y[rows, H] (y row stride ldy): a gated residual.
+void gated_add(float* x, std::int64_t rows, std::int64_t H, const float* gate, const float* y, std::int64_t ldy);
+
+}  // namespace diffcp

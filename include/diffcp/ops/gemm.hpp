@@ -1,0 +1,21 @@
+// diffcp's one GEMM entry point, row-major: every dense product of the library (linear layers,
+// DiT projections) goes through it to the active backend (ops/backend.hpp). The CPU backend
+// runs it on oneDNN sgemm, multi-threaded by oneDNN's OpenMP (single-threaded when called from
+// inside a parallel region).
+#pragma once
+
+#include <cstdint>
+
+#include "diffcp/core/dtype.hpp"
+
+namespace diffcp {
+
+// C[M, N] = alpha * op(A) * op(B) + beta * C, op(X) = X^T when trans_x:
+//   A: [M, K] row stride lda (trans_a: [K, M])   B: [K, N] row stride ldb (trans_b: [N, K])
+//   C: [M, N] row stride ldc.  A, B, C hold `dtype`.
+// K = 0: C = beta * C (beta = 0 writes zeros). M = 0 or N = 0: nothing.
+void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,
+          std::int64_t lda, const void* B, std::int64_t ldb, float beta, void* C, std::int64_t ldc,
+          DType dtype = DType::f32);
+
+}  // namespace diffcp

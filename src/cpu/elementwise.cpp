@@ -1,0 +1,97 @@
+// CPU row-wise DiT ops (ops/elementwise.hpp, dit/ops.hpp's qk_norm_rope): OpenMP over rows, each
+// row computed alone (a row's result does not depend on how many rows a rank holds).
+#include <cmath>
+#include <numbers>
+
+#include "cpu_backend.hpp"
+#include "diffcp/core/fastmath.hpp"
+
+namespace diffcp::cpu {
+
+// x: [n] in place
+void CpuBackend::silu(TensorView x_v) {
+  float* x = x_v.ptr<float>();
+  const std::int64_t n = x_v.numel();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.f + std::exp(-x[i]));
+}
+
+// x: [rows, cols] (row stride ld) in place
+void CpuBackend::gelu_tanh(TensorView x_v) {
+  float* x = x_v.ptr<float>();
+  const std::int64_t rows = x_v.size(0), cols = x_v.size(1), ld = x_v.stride[0];
+  // 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)) = x / (1 + 2^(-2 u log2(e))), u = k (x + 0.044715 x^3)
+  const float k = static_cast<float>(std::sqrt(2.0 / std::numbers::pi)), m = -2.f * std::numbers::log2e_v<float> * k;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * ld;
+#pragma omp simd
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float v = row[c];
+      row[c] = v / (1.f + fast_exp2(m * (v + 0.044715f * v * v * v)));
+    }
+  }
+}
+
+// x, y: [rows, H] contiguous  shift, scale: [H]
+void CpuBackend::layernorm_modulate(ConstTensorView x_v, ConstTensorView shift_v, ConstTensorView scale_v, float eps,
+                                    TensorView y_v) {
+  const float *x = x_v.ptr<float>(), *shift = shift_v.ptr<float>(), *scale = scale_v.ptr<float>();
+  float* y = y_v.ptr<float>();
+  const std::int64_t rows = x_v.size(0), H = x_v.size(1);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * H;
+    float* yr = y + r * H;
+    // Two passes in double: the mean of a wide row, then the centred variance (no cancellation).
+    double mean = 0;
+    for (std::int64_t c = 0; c < H; ++c) mean += xr[c];
+    mean /= static_cast<double>(H);
+    double var = 0;
+    for (std::int64_t c = 0; c < H; ++c) var += (xr[c] - mean) * (xr[c] - mean);
+    var /= static_cast<double>(H);
+    const float m = static_cast<float>(mean), rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
+    for (std::int64_t c = 0; c < H; ++c) yr[c] = (1.f + scale[c]) * ((xr[c] - m) * rstd) + shift[c];
+  }
+}
+
+// x: [rows, H] contiguous  gate: [H]  y: [rows, H] (row stride ldy)
+void CpuBackend::gated_add(TensorView x_v, ConstTensorView gate_v, ConstTensorView y_v) {
+  float* x = x_v.ptr<float>();
+  const float *gate = gate_v.ptr<float>(), *y = y_v.ptr<float>();
+  const std::int64_t rows = x_v.size(0), H = x_v.size(1), ldy = y_v.stride[0];
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < H; ++c) x[r * H + c] += gate[c] * y[r * ldy + c];
+}
+
+// qkv: [rows, 3, heads, d] (row stride ld)  q_scale, k_scale: [d]  cos, sin: [rows, d/2] or rank 0
+void CpuBackend::qk_norm_rope(TensorView qkv_v, ConstTensorView q_scale_v, ConstTensorView k_scale_v, float eps,
+                              ConstTensorView cos_v, ConstTensorView sin_v) {
+  float* qkv = qkv_v.ptr<float>();
+  const float *q_scale = q_scale_v.ptr<float>(), *k_scale = k_scale_v.ptr<float>();
+  const bool rotate = cos_v.rank != 0;
+  const float* cos = rotate ? cos_v.ptr<float>() : nullptr;
+  const float* sin = rotate ? sin_v.ptr<float>() : nullptr;
+  const std::int64_t rows = qkv_v.size(0), heads = qkv_v.size(2), d = qkv_v.size(3), ld = qkv_v.stride[0];
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t h = 0; h < 2 * heads; ++h) {  // q heads, then k heads
+      float* x = qkv + r * ld + h * d;
+      const float* w = h < heads ? q_scale : k_scale;
+      float ss = 0.f;
+      for (std::int64_t c = 0; c < d; ++c) ss += x[c] * x[c];
+      const float rstd = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
+      for (std::int64_t c = 0; c < d; ++c) x[c] = x[c] * rstd * w[c];
+      if (!rotate) continue;
+      const float* cs = cos + r * (d / 2);
+      const float* sn = sin + r * (d / 2);
+      for (std::int64_t k = 0; k < d / 2; ++k) {
+        const float x0 = x[2 * k], x1 = x[2 * k + 1];
+        x[2 * k] = cs[k] * x0 - sn[k] * x1;
+        x[2 * k + 1] = sn[k] * x0 + cs[k] * x1;
+      }
+    }
+}
+
+}  // namespace diffcp::cpu

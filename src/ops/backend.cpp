@@ -1,0 +1,134 @@
+// The Backend hooks' defaults (fail naming backend, op and dtype) and the backend registry.
+#include "diffcp/ops/backend.hpp"
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "diffcp/core/error.hpp"
+
+namespace diffcp {
+
+const char* op_name(OpKind op) {
+  switch (op) {
+    case OpKind::gemm: return "gemm";
+    case OpKind::bias_backward: return "bias_backward";
+    case OpKind::attention_forward: return "attention_forward";
+    case OpKind::attention_backward: return "attention_backward";
+    case OpKind::attention_delta: return "attention_delta";
+    case OpKind::lse_merge: return "lse_merge";
+    case OpKind::lse_rescale: return "lse_rescale";
+    case OpKind::rmsnorm_forward: return "rmsnorm_forward";
+    case OpKind::rmsnorm_backward: return "rmsnorm_backward";
+    case OpKind::rope: return "rope";
+    case OpKind::silu: return "silu";
+    case OpKind::gelu_tanh: return "gelu_tanh";
+    case OpKind::layernorm_modulate: return "layernorm_modulate";
+    case OpKind::gated_add: return "gated_add";
+    case OpKind::qk_norm_rope: return "qk_norm_rope";
+  }
+  return "?";
+}
+
+namespace {
+[[noreturn]] void fail_unsupported(const Backend& b, OpKind op, DType dtype) {
+  DIFFCP_FAIL("backend '", b.name(), "' does not support ", op_name(op), " on ", dtype_name(dtype));
+}
+}  // namespace
+
+void Backend::unsupported(OpKind op, DType dtype) const { fail_unsupported(*this, op, dtype); }
+
+void Backend::gemm(const GemmArgs& a) { unsupported(OpKind::gemm, a.dtype); }
+void Backend::bias_backward(ConstTensorView dy, TensorView) { unsupported(OpKind::bias_backward, dy.dtype); }
+void Backend::attention_forward(const BlockMask&, ConstTensorView q, ConstTensorView, ConstTensorView, TensorView,
+                                TensorView, float) {
+  unsupported(OpKind::attention_forward, q.dtype);
+}
+void Backend::attention_backward(const BlockMask&, ConstTensorView q, ConstTensorView, ConstTensorView,
+                                 ConstTensorView, ConstTensorView, ConstTensorView, TensorView, TensorView,
+                                 TensorView, float) {
+  unsupported(OpKind::attention_backward, q.dtype);
+}
+void Backend::attention_delta(ConstTensorView do_, ConstTensorView, TensorView) {
+  unsupported(OpKind::attention_delta, do_.dtype);
+}
+void Backend::lse_merge(std::span<const ConstTensorView>, std::span<const ConstTensorView>, TensorView o,
+                        TensorView) {
+  unsupported(OpKind::lse_merge, o.dtype);
+}
+void Backend::lse_rescale(TensorView o_p, ConstTensorView, ConstTensorView) {
+  unsupported(OpKind::lse_rescale, o_p.dtype);
+}
+void Backend::rmsnorm_forward(ConstTensorView x, ConstTensorView, float, TensorView, TensorView) {
+  unsupported(OpKind::rmsnorm_forward, x.dtype);
+}
+void Backend::rmsnorm_backward(ConstTensorView dy, ConstTensorView, ConstTensorView, ConstTensorView, TensorView,
+                               TensorView) {
+  unsupported(OpKind::rmsnorm_backward, dy.dtype);
+}
+void Backend::rope(TensorView x, std::span<const std::int64_t>, const RopeTable&, bool) {
+  unsupported(OpKind::rope, x.dtype);
+}
+void Backend::silu(TensorView x) { unsupported(OpKind::silu, x.dtype); }
+void Backend::gelu_tanh(TensorView x) { unsupported(OpKind::gelu_tanh, x.dtype); }
+void Backend::layernorm_modulate(ConstTensorView x, ConstTensorView, ConstTensorView, float, TensorView) {
+  unsupported(OpKind::layernorm_modulate, x.dtype);
+}
+void Backend::gated_add(TensorView x, ConstTensorView, ConstTensorView) { unsupported(OpKind::gated_add, x.dtype); }
+void Backend::qk_norm_rope(TensorView qkv, ConstTensorView, ConstTensorView, float, ConstTensorView,
+                           ConstTensorView) {
+  unsupported(OpKind::qk_norm_rope, qkv.dtype);
+}
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::vector<Backend*> backends{&cpu_backend()};
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+// Plain pointer semantics; atomic so a stray concurrent read is not a data race.
+std::atomic<Backend*>& active() {
+  static std::atomic<Backend*> a{&cpu_backend()};
+  return a;
+}
+
+}  // namespace
+
+void register_backend(Backend& b) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (Backend* known : r.backends) {
+    if (known == &b) return;
+    DIFFCP_CHECK(std::string_view(known->name()) != b.name(), "register_backend: a backend named '", b.name(),
+                 "' is already registered");
+  }
+  r.backends.push_back(&b);
+}
+
+Backend& find_backend(std::string_view name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::string names;
+  for (Backend* b : r.backends) {
+    if (name == b->name()) return *b;
+    names += (names.empty() ? "" : ", ") + std::string(b->name());
+  }
+  DIFFCP_FAIL("unknown backend '", name, "'; registered backends: ", names);
+}
+
+Backend& active_backend() { return *active().load(std::memory_order_relaxed); }
+
+Backend& set_backend(Backend& b) { return *active().exchange(&b); }
+
+Backend& backend_for(OpKind op, DType dtype) {
+  Backend& b = active_backend();
+  if (!b.supports(op, dtype)) [[unlikely]]
+    fail_unsupported(b, op, dtype);
+  return b;
+}
+
+}  // namespace diffcp

@@ -1,0 +1,41 @@
+// ops/elementwise.hpp: views to the active backend (CPU: src/cpu/elementwise.cpp).
+#include "diffcp/ops/elementwise.hpp"
+
+#include "diffcp/ops/backend.hpp"
+
+namespace diffcp {
+
+namespace {
+// [rows, cols] with row stride ld.
+template <typename View, typename T>
+View strided_rows(T* p, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  View t = View::contiguous(p, DType::f32, {rows, cols});
+  t.stride[0] = ld;
+  return t;
+}
+}  // namespace
+
+void silu_inplace(float* x, std::int64_t n) {
+  backend_for(OpKind::silu, DType::f32).silu(TensorView::contiguous(x, DType::f32, {n}));
+}
+
+void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  backend_for(OpKind::gelu_tanh, DType::f32).gelu_tanh(strided_rows<TensorView>(x, rows, cols, ld));
+}
+
+void layernorm_modulate(const float* x, std::int64_t rows, std::int64_t H, const float* shift, const float* scale,
+                        float eps, float* y) {
+  backend_for(OpKind::layernorm_modulate, DType::f32)
+      .layernorm_modulate(ConstTensorView::contiguous(x, DType::f32, {rows, H}),
+                          ConstTensorView::contiguous(shift, DType::f32, {H}),
+                          ConstTensorView::contiguous(scale, DType::f32, {H}), eps,
+                          TensorView::contiguous(y, DType::f32, {rows, H}));
+}
+
+void gated_add(float* x, std::int64_t rows, std::int64_t H, const float* gate, const float* y, std::int64_t ldy) {
+  backend_for(OpKind::gated_add, DType::f32)
+      .gated_add(TensorView::contiguous(x, DType::f32, {rows, H}), ConstTensorView::contiguous(gate, DType::f32, {H}),
+                 strided_rows<ConstTensorView>(y, rows, H, ldy));
+}
+
+}  // namespace diffcp
