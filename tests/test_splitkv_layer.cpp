@@ -34,8 +34,10 @@ LayerRun run_layer(const AttnLayerConfig& cfg, const PackedBatch& batch, const C
   AttnLayerParams grad(cfg);
   SplitKVLayer layer(comm, cfg, shard, opt);
   comm.stats().reset();
-  layer.forward(pb.w, x_p.data(), ctx_p.data(), run.y_p.data());
-  layer.backward(pb.w, dy_p.data(), run.dx_p.data(), run.dctx_p.data(), grad);
+  const std::int64_t Qp = shard.own_query_rows(), Cp = shard.context_rows(), H = cfg.hidden;
+  CpSaved saved = layer.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(run.y_p, {Qp, H}));
+  layer.backward(std::move(saved), pb.w, view_of(dy_p, {Qp, H}), view_of(run.dx_p, {Qp, H}), view_of(run.dctx_p, {Cp, H}),
+                 grad);
   run.layer_stats = comm.stats();
   run.predicted_bytes = layer.predicted_bytes_per_layer();
   if (comm.has_topology()) run.predicted_inter_bytes = layer.predicted_inter_bytes_per_layer();

@@ -88,8 +88,9 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
     SimCpResult r;
     r.method = method;
     r.P = P;
-    r.reason = cp_unsupported_reason(method, cfg, P);
-    r.layout = method == "splitkv" ? opt.balancer : cp_method_default_layout(method);
+    const CpMethod& desc = cp_method(method);
+    r.reason = desc.unsupported_reason(cfg, P);
+    r.layout = method == "splitkv" ? opt.balancer : desc.default_layout;
     if (!r.supported()) {
       out.push_back(r);
       continue;
