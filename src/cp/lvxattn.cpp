@@ -36,10 +36,10 @@ void LvXAttnLayer::on_reshard() {
 // Per layer, in f32 elements, for the state of rank s (Q_s rows), each over P-1 hops: forward q
 // (n_q d_h) and running [o | lse] (n_q d_h + n_q); backward inputs [q | do | lse | D]
 // (2 n_q d_h + 2 n_q) and the dq accumulator (n_q d_h). Summed over s (sum Q_s = Q), / P:
-//   bytes = 4 * (P-1)/P * Q (5 n_q d_h + 3 n_q).
+//   bytes = (P-1)/P * Q (5 n_q d_h e + 3 n_q 4),  e = dtype_size(dtype()), lse and D f32.
 // Paper, Table 1 (MHA n_q d_h = H): (P-1)/P * 5QH elements plus the lower-order 3(P-1)/P Q n_q.
 double LvXAttnLayer::predicted_bytes_per_layer() const {
-  return lvxattn_bytes_per_layer(cfg_, shard_.batch.query_rows(), shard_.P);
+  return lvxattn_bytes_per_layer(cfg_, dtype(), shard_.batch.query_rows(), shard_.P);
 }
 
 void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,

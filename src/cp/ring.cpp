@@ -43,13 +43,13 @@ HeadRows<const float> RingLayer::v_of(const float* kv, int r) const {
   return head_view(kv + L * cfg_.kv_width(), L, cfg_.n_kv, cfg_.d_h);
 }
 
-// Per layer, in f32 elements: every K/V shard [2, L_r, n_kv d_h] makes P-1 hops in the forward
+// Per layer, in elements of dtype(): every K/V shard [2, L_r, n_kv d_h] makes P-1 hops in the forward
 // and P-1 in the backward, and every dk/dv accumulator (same size) P-1 hops. Summed over ranks
 // (sum_r L_r = S + Q) and divided by P:
-//   bytes = 4 * 3 (P-1)/P * 2 (S+Q) n_kv d_h.
+//   bytes = e * 3 (P-1)/P * 2 (S+Q) n_kv d_h,  e = dtype_size(dtype()).
 // Paper, Table 1 (MHA n_kv d_h = H, even sharding): (P-1)/P * 6H(S + Q) elements.
 double RingLayer::predicted_bytes_per_layer() const {
-  return ring_bytes_per_layer(cfg_, shard_.batch.context_rows() + shard_.batch.query_rows(), shard_.P);
+  return ring_bytes_per_layer(cfg_, dtype(), shard_.batch.context_rows() + shard_.batch.query_rows(), shard_.P);
 }
 
 void RingLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,

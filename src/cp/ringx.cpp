@@ -53,14 +53,15 @@ WorkPtr RingXLayer::post_broadcast(int t, float* own, float* buf, std::int64_t n
 
 // Per layer, in f32 elements, summed over ranks: the broadcasts send (P-1) Q_t n_q d_h (forward)
 // and (P-1) 2 L_t n_kv d_h (backward) from each root t; the reductions to t receive the same from
-// the P-1 other ranks; each [Q_t, n_q] logsumexp all-reduce sends 2(P-1) Q_t n_q in all
-// (bandwidth-optimal rule of comm/communicator.hpp). With sum_t Q_t = Q, sum_t L_t = S + Q, / P:
-//   bytes = 4 * (P-1)/P * (2 Q n_q d_h + 2 Q n_q + 4 (S+Q) n_kv d_h).
+// the P-1 other ranks; each [Q_t, n_q] f32 logsumexp all-reduce (a = lse_all_reduces of them)
+// sends 2(P-1) Q_t n_q in all (bandwidth-optimal rule of comm/communicator.hpp). With
+// sum_t Q_t = Q, sum_t L_t = S + Q, / P, e = dtype_size(dtype()):
+//   bytes = (P-1)/P * (e (2 Q n_q d_h + 4 (S+Q) n_kv d_h) + 4 a 2 Q n_q).
 // Paper, Table 1 (MHA n_q d_h = n_kv d_h = H, even sharding): (P-1)/P * (2QH + 4(S+Q)H) elements
 // plus the lower-order lse term 2(P-1)/P Q n_q.
 double RingXLayer::predicted_bytes_per_layer() const {
   const std::int64_t Q = shard_.batch.query_rows();
-  return ringx_bytes_per_layer(cfg_, Q, shard_.batch.context_rows() + Q, shard_.P);
+  return ringx_bytes_per_layer(cfg_, dtype(), Q, shard_.batch.context_rows() + Q, shard_.P, lse_all_reduces(comm_));
 }
 
 void RingXLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,

@@ -1,25 +1,14 @@
 #include "diffcp/cp/splitkv.hpp"
 
 #include <algorithm>
-#include <chrono>
 
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/cp/bytes.hpp"
 #include "diffcp/cp/lse_reduce.hpp"
 #include "diffcp/ops/linear.hpp"
-#include "diffcp/ops/rmsnorm.hpp"
 
 namespace diffcp {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-}  // namespace
 
 OProj parse_oproj(const std::string& name) {
   if (name == "all") return OProj::all;
@@ -29,13 +18,13 @@ OProj parse_oproj(const std::string& name) {
 
 const char* oproj_name(OProj o) { return o == OProj::all ? "all" : "owned"; }
 
-OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gemm_gflops, double link_gbit) {
+OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gemm_gflops, double link_gbit, DType dtype) {
   DIFFCP_CHECK(gemm_gflops > 0 && link_gbit > 0, "choose_oproj: gemm_gflops = ", gemm_gflops, ", link_gbit = ",
                link_gbit, "; expected > 0");
   const double f = static_cast<double>(P - 1) / P, q = static_cast<double>(Q);
   const double qw = static_cast<double>(cfg.q_width()), H = static_cast<double>(cfg.hidden);
   const double saved_s = 6 * q * f * qw * H / (gemm_gflops * 1e9);
-  const double extra_s = 2 * f * q * (qw - H) * 4 * 8 / (link_gbit * 1e9);
+  const double extra_s = 2 * f * q * (qw - H) * static_cast<double>(dtype_size(dtype)) * 8 / (link_gbit * 1e9);
   return saved_s > extra_s ? OProj::owned : OProj::all;
 }
 
@@ -72,7 +61,8 @@ std::vector<std::size_t> SplitKVLayer::row_counts(std::int64_t width) const {
 }
 
 double SplitKVLayer::predicted_bytes_per_layer() const {
-  return splitkv_bytes_per_layer(cfg_, Q_, shard_.P, opt_.oproj == OProj::owned, hier_ ? comm_.topology().nodes() : 0);
+  return splitkv_bytes_per_layer(cfg_, dtype(), Q_, shard_.P, opt_.oproj == OProj::owned, lse_all_reduces(comm_),
+                                 hier_ ? comm_.topology().nodes() : 0);
 }
 
 double SplitKVLayer::predicted_inter_bytes_per_layer() const {
@@ -81,9 +71,11 @@ double SplitKVLayer::predicted_inter_bytes_per_layer() const {
   const double Q = static_cast<double>(Q_), qw = static_cast<double>(cfg_.q_width());
   const double w = static_cast<double>(opt_.oproj == OProj::owned ? cfg_.q_width() : cfg_.hidden);
   const std::int64_t n = Q_ * cfg_.n_q;
+  const double e = static_cast<double>(dtype_size(dtype())), stat = 4;  // rows: dtype(); lse, D: f32
+  const double reduces = lse_all_reduces(comm_) + 1;                   // lse all-reduce(s), then D
   if (hier_) {
     const double N = t.nodes();
-    return 4 * ((N - 1) * (2 * Q * qw + 2 * Q * w) + 2 * 2 * static_cast<double>(n) * (N - 1)) / P;
+    return (e * (N - 1) * (2 * Q * qw + 2 * Q * w) + stat * reduces * 2 * static_cast<double>(n) * (N - 1)) / P;
   }
   double rows = 0, reduce = 0;
   auto share = [&](int r) { return static_cast<double>(n / P + (r < n % P ? 1 : 0)); };
@@ -93,14 +85,14 @@ double SplitKVLayer::predicted_inter_bytes_per_layer() const {
     for (int o = 0; o < P; ++o)
       if (!t.same_node(r, o)) reduce += share(o) + share(r);
   }
-  return 4 * (rows + 2 * reduce) / P;
+  return (e * rows + stat * reduces * reduce) / P;
 }
 
 void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                 float* y_p) {
   using P = AttnLayerParams;
   Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
-  const auto t0 = Clock::now();
+  const auto t0 = CpClock::now();
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width(), d = cfg_.d_h, Qp = own_.Qp();
   timings_ = {};
 
@@ -111,9 +103,9 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
 
   // 2. Local keys/values of [ctx_p; X_p] while the all-gather flies (polled between row chunks).
   own_.project_kv(w, x_p, ctx_p, st.own, ag.get());
-  auto tw = Clock::now();
+  auto tw = CpClock::now();
   ag->wait();
-  timings_.fwd_overlap_exposed_ms = ms_since(tw);
+  timings_.fwd_overlap_exposed_ms = elapsed_ms(tw);
 
   // 3. Attention over local keys, then the global log-sum-exp and the rescaled local output.
   float* obar = buffer(st.obar, Q_ * qw);
@@ -121,9 +113,9 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   attention_forward(*mask_, head_view(q_all, Q_, cfg_.n_q, d), own_.k_view(st.own), own_.v_view(st.own),
                     head_view(obar, Q_, cfg_.n_q, d), lse_p_);
   std::copy(lse_p, lse_p + Q_ * cfg_.n_q, buffer(st.lse, Q_ * cfg_.n_q));
-  tw = Clock::now();
+  tw = CpClock::now();
   all_reduce_lse(comm_, st.lse, opt_.collectives);
-  timings_.blocking_comm_ms += ms_since(tw);
+  timings_.blocking_comm_ms += elapsed_ms(tw);
   lse_rescale(head_view(obar, Q_, cfg_.n_q, d), lse_p_, st.lse);
 
   // 4. oproj all: output projection of all Q rows' partial output, reduce-scatter to the owners.
@@ -131,26 +123,26 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   if (opt_.oproj == OProj::all) {
     float* ybar = buffer(ybar_, Q_ * H);
     linear_forward(obar, Q_, qw, w[P::wo], H, ybar);
-    tw = Clock::now();
+    tw = CpClock::now();
     comm_.reduce_scatter_v_async(ybar, y_p, row_counts(H), DType::f32, ReduceOp::sum, opt_.collectives)->wait();
-    timings_.blocking_comm_ms += ms_since(tw);
+    timings_.blocking_comm_ms += elapsed_ms(tw);
   } else {
     float* o_p = st.own.o.data();  // [Q_p, n_q d_h], sized by project_q
-    tw = Clock::now();
+    tw = CpClock::now();
     comm_.reduce_scatter_v_async(obar, o_p, row_counts(qw), DType::f32, ReduceOp::sum, opt_.collectives)->wait();
-    timings_.blocking_comm_ms += ms_since(tw);
+    timings_.blocking_comm_ms += elapsed_ms(tw);
     linear_forward(o_p, Qp, qw, w[P::wo], H, y_p);
   }
   for (std::int64_t r = 0; r < Qp; ++r)
     for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[P::bo][c];
-  timings_.fwd_ms = ms_since(t0);
+  timings_.fwd_ms = elapsed_ms(t0);
 }
 
 void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                  const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
   using P = AttnLayerParams;
   Saved& st = static_cast<Saved&>(state);
-  const auto t0 = Clock::now();
+  const auto t0 = CpClock::now();
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width(), kvw = cfg_.kv_width(), d = cfg_.d_h;
   const std::int64_t Qp = own_.Qp(), Lk = own_.Lk();
 
@@ -158,28 +150,28 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   //    oproj owned: do_p = dY_p W_o^T and dW_o share o_p^T dY_p locally, then gather do.
   bias_backward(dy_p, Qp, H, grad[P::bo]);
   float* dout = buffer(dout_, Q_ * qw);
-  auto tw = Clock::now();
+  auto tw = CpClock::now();
   if (opt_.oproj == OProj::all) {
     float* g = buffer(g_, Q_ * H);
     comm_.all_gather_v_async(dy_p, g, row_counts(H), DType::f32, opt_.collectives)->wait();
-    timings_.blocking_comm_ms += ms_since(tw);
+    timings_.blocking_comm_ms += elapsed_ms(tw);
     linear_backward_input(g, Q_, H, w[P::wo], qw, dout);
     linear_backward_weight(st.obar.data(), Q_, qw, g, H, grad[P::wo]);
   } else {
     float* dout_p = buffer(g_, Qp * qw);
     linear_backward_input(dy_p, Qp, H, w[P::wo], qw, dout_p);
     linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[P::wo]);
-    tw = Clock::now();
+    tw = CpClock::now();
     comm_.all_gather_v_async(dout_p, dout, row_counts(qw), DType::f32, opt_.collectives)->wait();
-    timings_.blocking_comm_ms += ms_since(tw);
+    timings_.blocking_comm_ms += elapsed_ms(tw);
   }
 
   // 2. D = rowsum(do * o) needs the global output: sum the per-rank partials.
   buffer(delta_, Q_ * cfg_.n_q);
   attention_delta(head_view(dout, Q_, cfg_.n_q, d), head_view(st.obar.data(), Q_, cfg_.n_q, d), delta_);
-  tw = Clock::now();
+  tw = CpClock::now();
   comm_.all_reduce<float>(delta_, ReduceOp::sum, opt_.collectives);
-  timings_.blocking_comm_ms += ms_since(tw);
+  timings_.blocking_comm_ms += elapsed_ms(tw);
 
   // 3. Local attention backward with the global lse and D; launch the dq reduce-scatter.
   float* dq_all = buffer(dq_all_, Q_ * qw);
@@ -192,13 +184,13 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
 
   // 4. K/V projection backward (real rows only) while dq travels (polled); dk, dv stay on this rank.
   own_.backward_kv(w, st.own, x_p, ctx_p, dkv, dx_p, 0.f, dctx_p, grad, rs.get());
-  tw = Clock::now();
+  tw = CpClock::now();
   rs->wait();
-  timings_.bwd_overlap_exposed_ms = ms_since(tw);
+  timings_.bwd_overlap_exposed_ms = elapsed_ms(tw);
 
   // 5. Query projection backward: RoPE^-1, RMSNorm_q backward, then dX_p += dq_lin W_q^T.
   own_.backward_q(w, st.own, x_p, dq_p, dx_p, 1.f, grad);
-  timings_.bwd_ms = ms_since(t0);
+  timings_.bwd_ms = elapsed_ms(t0);
 }
 
 }  // namespace diffcp

@@ -48,13 +48,13 @@ void UlyssesLayer::on_reshard() {
   dkv_p_.resize(kv_send_.size());
 }
 
-// Per rank p, in f32 elements: it sends (P-1)/P of each all-to-all's local tensor, whose head
+// Per rank p, in elements of dtype(): it sends (P-1)/P of each all-to-all's local tensor, whose head
 // slice is 1/P of the row: q and o, do and dq move Q_p n_q d_h (P-1)/P each (o and dq: rows of
 // the other ranks, Q - Q_p, instead), k, v, dk, dv move L_p n_kv d_h (P-1)/P each. Summed over
 // ranks and divided by P:
-//   bytes = 4 * (P-1)/P^2 * 4 * (Q n_q d_h + (S+Q) n_kv d_h).
+//   bytes = e * (P-1)/P^2 * 4 * (Q n_q d_h + (S+Q) n_kv d_h),  e = dtype_size(dtype()).
 // Paper, Table 1 (MHA n_q d_h = n_kv d_h = H, even sharding): (P-1)/P * 4H(S + 2Q)/P elements.
-double UlyssesLayer::predicted_bytes_per_layer() const { return ulysses_bytes_per_layer(cfg_, Q_, L_, P_); }
+double UlyssesLayer::predicted_bytes_per_layer() const { return ulysses_bytes_per_layer(cfg_, dtype(), Q_, L_, P_); }
 
 void UlyssesLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                 float* y_p) {

@@ -52,9 +52,10 @@ struct SplitKVOptions {
 // The cost model of --oproj auto: owned when the output-projection time it saves is larger than
 // the time of the extra bytes it sends (per rank, forward + backward):
 //   saved = 3 GEMMs of (Q - Q/P) x n_q d_h x H = 6 Q (P-1)/P n_q d_h H flop at gemm_gflops,
-//   extra = 2 (P-1)/P Q (n_q d_h - H) elements of 4 B at link_gbit.
+//   extra = 2 (P-1)/P Q (n_q d_h - H) elements of dtype_size(dtype) bytes at link_gbit.
 // Q: query rows of the micro-batch; link_gbit: what one rank's collective traffic gets.
-OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gemm_gflops, double link_gbit);
+OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gemm_gflops, double link_gbit,
+                   DType dtype = DType::f32);
 
 // Timings: fwd_overlap_exposed_ms = waiting for the q all-gather after the K/V projection;
 // bwd_overlap_exposed_ms = waiting for the dq reduce-scatter after the K/V projection backward;
