@@ -1,4 +1,4 @@
-// The four CP baselines of SPEC A.4 (cp/ulysses, cp/ring, cp/ringx, cp/lvxattn) at P ranks
+// Every CP method of the table (cp/cp_methods.hpp: Split-KV and the four baselines of SPEC A.4) at P ranks
 // against the fp64 single-process reference: output and every gradient (dX, d(context), dW_q,
 // dW_k, dW_v, dW_o, db_o, q_norm, k_norm), for every method on configurations that stress them
 // (GQA 2 and 8, MHA with many heads, overlapping blocks, fewer blocks than ranks, P not dividing
@@ -15,59 +15,15 @@
 #include <gtest/gtest.h>
 
 #include "diffcp/balance/zigzag.hpp"
-#include "diffcp/testing/layer_problem.hpp"
-#include "diffcp/cp/lvxattn.hpp"
-#include "diffcp/cp/ring.hpp"
-#include "diffcp/cp/ringx.hpp"
+#include "diffcp/cp/cp_methods.hpp"
 #include "diffcp/cp/ulysses.hpp"
+#include "diffcp/testing/layer_problem.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {
 namespace {
 
 using test::world;
-
-enum class Method { ulysses, ring, ringx, lvxattn };
-const char* method_name(Method m) {
-  switch (m) {
-    case Method::ulysses: return "ulysses";
-    case Method::ring: return "ring";
-    case Method::ringx: return "ringx";
-    case Method::lvxattn: return "lvxattn";
-  }
-  return "?";
-}
-
-std::unique_ptr<CpAttentionLayer> make_layer(Method m, const AttnLayerConfig& cfg, const CpShard& shard) {
-  switch (m) {
-    case Method::ulysses: return std::make_unique<UlyssesLayer>(world(), cfg, shard);
-    case Method::ring: return std::make_unique<RingLayer>(world(), cfg, shard);
-    case Method::ringx: return std::make_unique<RingXLayer>(world(), cfg, shard);
-    case Method::lvxattn: return std::make_unique<LvXAttnLayer>(world(), cfg, shard);
-  }
-  return nullptr;
-}
-
-std::string unsupported_reason(Method m, const AttnLayerConfig& cfg, int P) {
-  switch (m) {
-    case Method::ulysses: return UlyssesLayer::unsupported_reason(cfg, P);
-    case Method::ring: return RingLayer::unsupported_reason(cfg, P);
-    case Method::ringx: return RingXLayer::unsupported_reason(cfg, P);
-    case Method::lvxattn: return LvXAttnLayer::unsupported_reason(cfg, P);
-  }
-  return "?";
-}
-
-// The operation kinds a method may use (anything else is a sign it is not the method it claims).
-std::vector<CommOp> allowed_ops(Method m) {
-  switch (m) {
-    case Method::ulysses: return {CommOp::all_to_all};
-    case Method::ring: return {CommOp::send, CommOp::recv};
-    case Method::ringx: return {CommOp::broadcast, CommOp::all_reduce, CommOp::reduce_scatter};
-    case Method::lvxattn: return {CommOp::send, CommOp::recv};
-  }
-  return {};
-}
 
 struct Config {
   const char* name;
@@ -76,10 +32,10 @@ struct Config {
 };
 
 struct Case {
-  Method method;
+  const CpMethod* method;
   Config config;
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << method_name(c.method) << "_" << c.config.name; }
+void PrintTo(const Case& c, std::ostream* os) { *os << c.method->name << "_" << c.config.name; }
 
 const Config kConfigs[] = {
     // S = 3*331 and N = 21: no P in {2,3,4,8} divides both. H != n_q*d_h. Ulysses: P | 2 only.
@@ -142,16 +98,17 @@ struct LayerRun {
   double predicted_bytes = 0;
 };
 
-LayerRun run_layer(Method m, const Config& c, const LayerProblem& pb, const CpShard& shard) {
+LayerRun run_layer(const CpMethod& m, const Config& c, const LayerProblem& pb, const CpShard& shard) {
   Communicator& comm = world();
   const auto x_p = pb.x_rows(shard), dy_p = pb.dy_rows(shard), ctx_p = pb.ctx_rows(shard);
   std::vector<float> y_p(x_p.size()), dx_p(x_p.size()), dctx_p(ctx_p.size());
   AttnLayerParams grad(c.layer);
-  auto layer = make_layer(m, c.layer, shard);
-  EXPECT_STREQ(layer->name(), method_name(m));
+  auto layer = m.make(world(), c.layer, shard);
+  EXPECT_STREQ(layer->name(), m.name);
   comm.stats().reset();
-  layer->forward(pb.w, x_p.data(), ctx_p.data(), y_p.data());
-  layer->backward(pb.w, dy_p.data(), dx_p.data(), dctx_p.data(), grad);
+  const std::int64_t Qp = shard.own_query_rows(), Cp = shard.context_rows(), H = c.layer.hidden;
+  CpSaved saved = layer->forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(y_p, {Qp, H}));
+  layer->backward(std::move(saved), pb.w, view_of(dy_p, {Qp, H}), view_of(dx_p, {Qp, H}), view_of(dctx_p, {Cp, H}), grad);
   LayerRun run;
   run.layer_stats = comm.stats();
   run.predicted_bytes = layer->predicted_bytes_per_layer();
@@ -172,15 +129,14 @@ void expect_exact(const LayerCheck& c, const std::string& where) {
 }
 
 // Mean bytes per rank = the closed form, exactly (the sum over ranks is an integer).
-void expect_counted_equals_predicted(Method m, const LayerRun& run, const std::string& where) {
+void expect_counted_equals_predicted(const CpMethod& m, const LayerRun& run, const std::string& where) {
   const double P = world().size();
   EXPECT_EQ(run.sent_sum, static_cast<std::uint64_t>(std::llround(run.predicted_bytes * P)))
       << where << ": counted " << static_cast<double>(run.sent_sum) / P << " bytes per rank, predicted "
       << run.predicted_bytes;
-  const auto ok = allowed_ops(m);
   for (std::size_t i = 0; i < kNumCommOps; ++i) {
     const CommOp op = static_cast<CommOp>(i);
-    if (std::find(ok.begin(), ok.end(), op) == ok.end()) {
+    if (std::find(m.ops.begin(), m.ops.end(), op) == m.ops.end()) {
       EXPECT_EQ(run.layer_stats[op].calls, 0u) << where << ": unexpected " << comm_op_name(op);
     }
   }
@@ -193,31 +149,33 @@ TEST_P(CpMethodTest, MatchesFp64ReferenceAndClosedFormOnEveryLayout) {
   const Config& c = k.config;
   const int P = world().size();
   const PackedBatch batch = make_random_batch(c.samples, c.context, c.anchors, c.block, 0.25, 3);
-  const std::string why = unsupported_reason(k.method, c.layer, P);
+  const CpMethod& m = *k.method;
+  const std::string why = m.unsupported_reason(c.layer, P);
   if (!why.empty()) {  // must refuse at once, naming the reason, without any communication
     const std::uint64_t calls = world().stats().total().calls;
-    EXPECT_THROW(make_layer(k.method, c.layer, contiguous_shard(batch, P, world().rank())), Error);
+    EXPECT_THROW(m.make(world(), c.layer, contiguous_shard(batch, P, world().rank())), Error);
+    EXPECT_THROW(m.factory(world(), c.layer, contiguous_shard(batch, P, world().rank()), {}), Error);  // the constructor too
     EXPECT_EQ(world().stats().total().calls, calls);
-    GTEST_SKIP() << method_name(k.method) << " cannot run here: " << why;
+    GTEST_SKIP() << m.name << " cannot run here: " << why;
   }
   const LayerProblem pb(c.layer, batch, 5);
   for (const Layout& l : layouts(batch)) {
-    const std::string where = std::string(method_name(k.method)) + "/" + c.name + "/" + l.name;
-    const LayerRun run = run_layer(k.method, c, pb, l.shard);
+    const std::string where = std::string(m.name) + "/" + c.name + "/" + l.name;
+    const LayerRun run = run_layer(m, c, pb, l.shard);
     expect_exact(run.check, where);
-    expect_counted_equals_predicted(k.method, run, where);
+    expect_counted_equals_predicted(m, run, where);
   }
 }
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (Method m : {Method::ulysses, Method::ring, Method::ringx, Method::lvxattn})
-    for (const Config& c : kConfigs) out.push_back({m, c});
+  for (const CpMethod& m : cp_methods())
+    for (const Config& c : kConfigs) out.push_back({&m, c});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Methods, CpMethodTest, ::testing::ValuesIn(all_cases()), [](const auto& info) {
-  return std::string(method_name(info.param.method)) + "_" + info.param.config.name;
+  return std::string(info.param.method->name) + "_" + info.param.config.name;
 });
 
 // LV-XAttn moves only query-side state: doubling S with Q fixed leaves its traffic unchanged;
@@ -225,22 +183,23 @@ INSTANTIATE_TEST_SUITE_P(Methods, CpMethodTest, ::testing::ValuesIn(all_cases())
 TEST(CpMethodComm, OnlyLvXAttnIgnoresContextLength) {
   const int P = world().size();
   const AttnLayerConfig cfg{80, 4, 2, 16};
-  std::map<Method, std::vector<std::uint64_t>> sent;
+  std::map<std::string, std::vector<std::uint64_t>> sent;
   for (std::int64_t context : {256, 512}) {
     const Config c{context == 256 ? "comm_s256" : "comm_s512", 2, context, 5, 16, cfg};
     const PackedBatch batch = make_random_batch(c.samples, c.context, c.anchors, c.block, 0.25, 8);
     const LayerProblem pb(cfg, batch, 5);
-    for (Method m : {Method::ring, Method::ringx, Method::lvxattn}) {
+    for (const char* name : {"ring", "ringx", "lvxattn"}) {
+      const CpMethod& m = cp_method(name);
       const LayerRun run = run_layer(m, c, pb, contiguous_shard(batch, P, world().rank()));
-      expect_exact(run.check, std::string(method_name(m)) + "/" + c.name);
-      expect_counted_equals_predicted(m, run, std::string(method_name(m)) + "/" + c.name);
-      sent[m].push_back(run.sent_sum);
+      expect_exact(run.check, std::string(name) + "/" + c.name);
+      expect_counted_equals_predicted(m, run, std::string(name) + "/" + c.name);
+      sent[name].push_back(run.sent_sum);
     }
   }
-  EXPECT_EQ(sent[Method::lvxattn][0], sent[Method::lvxattn][1]);
+  EXPECT_EQ(sent["lvxattn"][0], sent["lvxattn"][1]);
   if (P > 1) {
-    EXPECT_LT(sent[Method::ring][0], sent[Method::ring][1]);
-    EXPECT_LT(sent[Method::ringx][0], sent[Method::ringx][1]);
+    EXPECT_LT(sent["ring"][0], sent["ring"][1]);
+    EXPECT_LT(sent["ringx"][0], sent["ringx"][1]);
   }
 }
 
@@ -248,7 +207,7 @@ TEST(CpMethodBadInput, UlyssesNamesPAndKvHeads) {
   const PackedBatch batch = make_random_batch(1, 64, 2, 4, 0.25, 1);
   const AttnLayerConfig cfg{32, 6, 3, 8};  // n_kv = 3: P = 2, 4, 8 refused; 1, 3 served
   const int P = world().size();
-  const std::string why = UlyssesLayer::unsupported_reason(cfg, P);
+  const std::string why = cp_method("ulysses").unsupported_reason(cfg, P);
   EXPECT_EQ(why.empty(), 3 % P == 0);
   if (!why.empty()) {
     try {
@@ -265,9 +224,26 @@ TEST(CpMethodBadInput, ShardMustMatchCommunicator) {
   const PackedBatch batch = make_random_batch(1, 64, 2, 4, 0.25, 1);
   const AttnLayerConfig cfg{32, 2, 1, 16};
   const int P = world().size();
-  for (Method m : {Method::ring, Method::ringx, Method::lvxattn})
-    EXPECT_THROW(make_layer(m, cfg, contiguous_shard(batch, P + 1, 0)), Error) << method_name(m);
-  EXPECT_THROW(make_layer(Method::lvxattn, {32, 3, 2, 16}, contiguous_shard(batch, P, world().rank())), Error);  // GQA
+  for (const CpMethod& m : cp_methods()) {
+    if (m.unsupported_reason(cfg, P).empty()) {
+      EXPECT_THROW(m.make(world(), cfg, contiguous_shard(batch, P + 1, 0)), Error) << m.name;
+    }
+  }
+  EXPECT_THROW(cp_method("lvxattn").make(world(), {32, 3, 2, 16}, contiguous_shard(batch, P, world().rank())), Error);  // GQA
+}
+
+TEST(CpMethodTable, NamesAreUniqueAndUnknownNamesAreListed) {
+  std::map<std::string, int> seen;
+  for (const CpMethod& m : cp_methods()) EXPECT_EQ(seen[m.name]++, 0) << m.name;
+  EXPECT_EQ(seen.size(), 5u);
+  EXPECT_STREQ(cp_method("ring").default_layout, "zigzag");
+  try {
+    cp_method("rings");
+    ADD_FAILURE() << "cp_method accepted 'rings'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown CP method 'rings', expected one of splitkv, ulysses, ring, ringx, lvxattn"),
+              std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -43,8 +43,9 @@ TEST_P(EveryBalancer, RedistributedLayerIsExact) {
   std::vector<float> y_p(x_p.size()), dx_p(x_p.size()), dctx_p(ctx_p.size());
   AttnLayerParams grad(cfg);
   SplitKVLayer layer(comm, cfg, shard);
-  layer.forward(pb.w, x_p.data(), ctx_p.data(), y_p.data());
-  layer.backward(pb.w, dy_p.data(), dx_p.data(), dctx_p.data(), grad);
+  const std::int64_t Qp = shard.own_query_rows(), Cp = shard.context_rows(), H = cfg.hidden;
+  CpSaved saved = layer.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(y_p, {Qp, H}));
+  layer.backward(std::move(saved), pb.w, view_of(dy_p, {Qp, H}), view_of(dx_p, {Qp, H}), view_of(dctx_p, {Cp, H}), grad);
   allreduce_grads(comm, grad);
   const LayerCheck c = check_layer(pb.reference(), shard, cfg.hidden, y_p, dx_p, dctx_p, grad);
   EXPECT_TRUE(c.pass()) << "max abs err " << c.all().max_abs << ", " << c.all().mismatched << " mismatches";
@@ -70,8 +71,9 @@ TEST(Buckets, PaddingNeverChangesResultsAndBuffersAreReused) {
     Out o{std::vector<float>(x_p.size()), std::vector<float>(x_p.size()), std::vector<float>(ctx_p.size()), {}};
     AttnLayerParams grad(cfg);
     layer.reshard(shard);
-    layer.forward(pb.w, x_p.data(), ctx_p.data(), o.y.data());
-    layer.backward(pb.w, dy_p.data(), o.dx.data(), o.dctx.data(), grad);
+    const std::int64_t Qp = shard.own_query_rows(), Cp = shard.context_rows(), H = cfg.hidden;
+    CpSaved saved = layer.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(o.y, {Qp, H}));
+    layer.backward(std::move(saved), pb.w, view_of(dy_p, {Qp, H}), view_of(o.dx, {Qp, H}), view_of(o.dctx, {Cp, H}), grad);
     o.grad.assign(grad.all().begin(), grad.all().end());
     return o;
   };

@@ -94,6 +94,26 @@ TEST(SimCp, WorkMatrixEqualsThePlannersLoads) {
     }
 }
 
+// The closed forms count payload elements of the dtype's size and the lse / D statistics as f32;
+// the max + sum lse fallback adds one all-reduce of the statistics.
+TEST(CpBytes, ElementSizeFromTheDtypeStatisticsInF32) {
+  const AttnLayerConfig cfg{96, 4, 2, 32};
+  const std::int64_t Q = 64, L = 1000, P = 4;
+  const double f = (P - 1.0) / P, qw = 128, kvw = 64, H = 96, n = Q * 4.0;
+  for (DType t : {DType::f32, DType::bf16}) {
+    const double e = static_cast<double>(dtype_size(t));
+    SCOPED_TRACE(dtype_name(t));
+    EXPECT_DOUBLE_EQ(splitkv_bytes_per_layer(cfg, t, Q, P, false, 1), e * f * 2 * Q * (qw + H) + 4 * 2 * 2 * f * n);
+    EXPECT_DOUBLE_EQ(splitkv_bytes_per_layer(cfg, t, Q, P, true, 2), e * f * 2 * Q * (qw + qw) + 4 * 3 * 2 * f * n);
+    EXPECT_DOUBLE_EQ(splitkv_bytes_per_layer(cfg, t, Q, P, false, 1, 2),
+                     e * f * 2 * Q * (qw + H) + 4 * 2 * (2 * n * 1 + 3 * n * 2) / P);
+    EXPECT_DOUBLE_EQ(ulysses_bytes_per_layer(cfg, t, Q, L, P), e * f / P * 4 * (Q * qw + L * kvw));
+    EXPECT_DOUBLE_EQ(ring_bytes_per_layer(cfg, t, L, P), e * 3 * f * 2 * L * kvw);
+    EXPECT_DOUBLE_EQ(ringx_bytes_per_layer(cfg, t, Q, L, P, 2), f * (e * (2 * Q * qw + 4 * L * kvw) + 4 * 2 * 2 * Q * 4));
+    EXPECT_DOUBLE_EQ(lvxattn_bytes_per_layer(cfg, t, Q, P), f * Q * (e * 5 * qw + 4 * 3 * 4));
+  }
+}
+
 TEST(SimCp, PredictionsUseTheClosedFormsAndTheRealPlanner) {
   const AttnLayerConfig cfg{1024, 8, 2, 128, 1e6, 1e-6};
   const SimCpOptions opt{{"splitkv", "ulysses", "ring", "ringx", "lvxattn"}, "lpt", 16, "all", "flat", 4};
@@ -103,10 +123,10 @@ TEST(SimCp, PredictionsUseTheClosedFormsAndTheRealPlanner) {
   const std::vector<SimCpResult> a = run(4096, 16, 8), b = run(16384, 16, 8);
   const PackedBatch batch = make_random_batch(16, 4096, 16, 16, 0.25, 1);
   const std::int64_t Q = batch.query_rows(), S = batch.context_rows();
-  EXPECT_EQ(a[0].bytes_per_layer, splitkv_bytes_per_layer(cfg, Q, 16, false, 0));
-  EXPECT_EQ(a[2].bytes_per_layer, ring_bytes_per_layer(cfg, S + Q, 16));
-  EXPECT_EQ(a[3].bytes_per_layer, ringx_bytes_per_layer(cfg, Q, S + Q, 16));
-  EXPECT_EQ(a[4].bytes_per_layer, lvxattn_bytes_per_layer(cfg, Q, 16));
+  EXPECT_EQ(a[0].bytes_per_layer, splitkv_bytes_per_layer(cfg, DType::f32, Q, 16, false, 1, 0));
+  EXPECT_EQ(a[2].bytes_per_layer, ring_bytes_per_layer(cfg, DType::f32, S + Q, 16));
+  EXPECT_EQ(a[3].bytes_per_layer, ringx_bytes_per_layer(cfg, DType::f32, Q, S + Q, 16, 1));
+  EXPECT_EQ(a[4].bytes_per_layer, lvxattn_bytes_per_layer(cfg, DType::f32, Q, 16));
   // Split-KV and LV-XAttn move Q-sized tensors: bytes flat in S; Ring's grow with it.
   EXPECT_EQ(a[0].bytes_per_layer, b[0].bytes_per_layer);
   EXPECT_EQ(a[4].bytes_per_layer, b[4].bytes_per_layer);

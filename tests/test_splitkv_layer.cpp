@@ -34,8 +34,10 @@ LayerRun run_layer(const AttnLayerConfig& cfg, const PackedBatch& batch, const C
   AttnLayerParams grad(cfg);
   SplitKVLayer layer(comm, cfg, shard, opt);
   comm.stats().reset();
-  layer.forward(pb.w, x_p.data(), ctx_p.data(), run.y_p.data());
-  layer.backward(pb.w, dy_p.data(), run.dx_p.data(), run.dctx_p.data(), grad);
+  const std::int64_t Qp = shard.own_query_rows(), Cp = shard.context_rows(), H = cfg.hidden;
+  CpSaved saved = layer.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(run.y_p, {Qp, H}));
+  layer.backward(std::move(saved), pb.w, view_of(dy_p, {Qp, H}), view_of(run.dx_p, {Qp, H}), view_of(run.dctx_p, {Cp, H}),
+                 grad);
   run.layer_stats = comm.stats();
   run.predicted_bytes = layer.predicted_bytes_per_layer();
   if (comm.has_topology()) run.predicted_inter_bytes = layer.predicted_inter_bytes_per_layer();
@@ -202,6 +204,66 @@ TEST(SplitKVLayerAcrossNodes, ExactAndBytesForEveryGroupingOprojAndCollectives) 
       }
     }
   }
+}
+
+// The saved context: views are checked (shape and dtype, naming the tensor), backward refuses a
+// context of another layer, of a forward before the last reshard, or one already consumed; a
+// step of repeating shape allocates nothing once the context went back through backward/discard.
+TEST(SplitKVLayerSavedContext, MisuseIsAClearError) {
+  const int P = world().size(), p = world().rank();
+  const AttnLayerConfig cfg{32, 2, 1, 16};
+  const PackedBatch batch = make_random_batch(2, 64, 3, 4, 0.25, 1);
+  const LayerProblem pb(cfg, batch, 2);
+  CpShard shard = contiguous_shard(batch, P, p);
+  shard.bucket = 64;
+  const auto x_p = pb.x_rows(shard), dy_p = pb.dy_rows(shard), ctx_p = pb.ctx_rows(shard);
+  const std::int64_t Qp = shard.own_query_rows(), Cp = shard.context_rows(), H = cfg.hidden;
+  std::vector<float> y_p(x_p.size()), dx_p(x_p.size()), dctx_p(ctx_p.size());
+  AttnLayerParams grad(cfg);
+  SplitKVLayer a(world(), cfg, shard), b(world(), cfg, shard);
+  const auto expect_error = [](auto&& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error, expected one containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  // Views: a bf16 input (issue #14) and a wrong shape name the tensor; no communication happens.
+  std::vector<bf16_t> x_bf16(x_p.size());
+  expect_error([&] { a.forward(pb.w, view_of(x_bf16, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(y_p, {Qp, H})); },
+               "x_p: got bf16[");
+  expect_error([&] { a.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(dx_p, {H, Qp})); }, "y_p: got f32[");
+  // An empty context, one of another layer, one consumed.
+  expect_error([&] {
+    a.backward(CpSaved{}, pb.w, view_of(dy_p, {Qp, H}), view_of(dx_p, {Qp, H}), view_of(dctx_p, {Cp, H}), grad);
+  }, "splitkv: backward() needs the saved context");
+  CpSaved from_b = b.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(y_p, {Qp, H}));
+  CpSaved from_a = a.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(y_p, {Qp, H}));
+  expect_error([&] {
+    a.backward(std::move(from_b), pb.w, view_of(dy_p, {Qp, H}), view_of(dx_p, {Qp, H}), view_of(dctx_p, {Cp, H}), grad);
+  }, "another layer");
+  EXPECT_TRUE(from_b);  // a refused context is not consumed
+  a.backward(std::move(from_a), pb.w, view_of(dy_p, {Qp, H}), view_of(dx_p, {Qp, H}), view_of(dctx_p, {Cp, H}), grad);
+  EXPECT_FALSE(from_a);
+  expect_error([&] {
+    a.backward(std::move(from_a), pb.w, view_of(dy_p, {Qp, H}), view_of(dx_p, {Qp, H}), view_of(dctx_p, {Cp, H}), grad);
+  }, "empty");
+  // A context of the shard before reshard() is refused; discard() takes it back into the pool.
+  b.reshard(shard);
+  expect_error([&] {
+    b.backward(std::move(from_b), pb.w, view_of(dy_p, {Qp, H}), view_of(dx_p, {Qp, H}), view_of(dctx_p, {Cp, H}), grad);
+  }, "before the last reshard()");
+  b.discard(std::move(from_b));
+  // Steps of the same shape: after the first full step (b's backward scratch), no buffer grows.
+  std::int64_t before = 0;
+  for (int step = 0; step < 3; ++step) {
+    if (step == 1) before = b.allocations();
+    b.reshard(shard);
+    CpSaved s = b.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(y_p, {Qp, H}));
+    b.backward(std::move(s), pb.w, view_of(dy_p, {Qp, H}), view_of(dx_p, {Qp, H}), view_of(dctx_p, {Cp, H}), grad);
+  }
+  EXPECT_EQ(b.allocations(), before);
 }
 
 TEST(SplitKVLayerBadInput, HierarchicalNeedsATopology) {

@@ -75,7 +75,8 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
   const AttnLayerConfig& cfg = wl.cfg;
   const PackedBatch& batch = wl.batch;
   const int P = world.size(), p = world.rank();
-  const std::string why = cp_unsupported_reason(opt.method, cfg, P);
+  const CpMethod& method = cp_method(opt.method);
+  const std::string why = method.unsupported_reason(cfg, P);
   DIFFCP_CHECK(why.empty(), "--method ", opt.method, ": ", why);
   plan_layout(batch, opt.balancer, P, opt.J);  // a bad layout or J fails here, on every rank, before any communication
   if (!opt.dump.empty()) prepare_dump_dir(world, opt.dump);
@@ -143,8 +144,7 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       write_npy(d + "dx.npy", dx.data(), {Q, H});
       write_npy(d + "dctx.npy", dctx.data(), {S, H});
       // Only Split-KV keeps the global lse on every rank; the baselines keep their own rows' only.
-      if (const auto* splitkv = dynamic_cast<const SplitKVLayer*>(run.layer.get()))
-        write_npy(d + "lse.npy", splitkv->lse().data(), {Q, cfg.n_q});
+      if (!run.lse.empty()) write_npy(d + "lse.npy", run.lse.data(), {Q, cfg.n_q});
       const AttnLayerParams& grad = *run.grad;
       for (int i = 0; i < AttnLayerParams::kCount; ++i) {
         const auto id = static_cast<AttnLayerParams::Id>(i);
@@ -165,7 +165,7 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
     if (opt.json) {
       std::cout << out.dump() << std::endl;
     } else {
-      std::printf("diffcp attn: %s drafter attention layer on %d ranks\n", method_title(opt.method), P);
+      std::printf("diffcp attn: %s drafter attention layer on %d ranks\n", method.title, P);
       std::printf("  batch: %lld samples x %s context, %lld queries/sample (%lld anchors, B=%lld): S=%lld, Q=%lld\n",
                   static_cast<long long>(opt.samples), opt.context.c_str(), static_cast<long long>(queries),
                   static_cast<long long>(queries / opt.block), static_cast<long long>(opt.block),
@@ -185,7 +185,7 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
                     run.predicted_inter_bytes_per_layer, run.topology.c_str(), run.oproj.c_str(), run.collectives.c_str());
       else
         std::printf("  bytes per layer per rank: %.0f measured, %.0f predicted by the %s closed form (cp/%s.hpp)\n",
-                    run.bytes_per_layer, run.predicted_bytes_per_layer, method_title(opt.method), opt.method.c_str());
+                    run.bytes_per_layer, run.predicted_bytes_per_layer, method.title, opt.method.c_str());
       for (auto it = run.bytes.begin(); it != run.bytes.end(); ++it)
         std::printf("    %-15s %s\n", it.key().c_str(), it.value().dump().c_str());
       std::printf("  peak resident memory, max over ranks: %.1f MiB process (VmHWM%s), %.1f MiB added by the run\n",

@@ -70,10 +70,11 @@ int run_bench_cp(Communicator& world, const BenchCpOptions& opt) {
   const bool all = opt.methods == "all";
   std::vector<Entry> entries;
   for (const std::string& m : parse_method_list(opt.methods)) {
-    Entry e{m, "", cp_unsupported_reason(m, cfg, P)};  // throws for an unknown name, listing the names
+    const CpMethod& method = cp_method(m);  // throws for an unknown name, listing the names
+    Entry e{m, "", method.unsupported_reason(cfg, P)};
     DIFFCP_CHECK(all || e.reason.empty(), "--methods ", m, ": ", e.reason,
                  " (drop it from --methods, or use --methods all to list it as unsupported)");
-    e.layout = !opt.layout_for_all.empty() ? opt.layout_for_all : m == "splitkv" ? o.balancer : cp_method_default_layout(m);
+    e.layout = !opt.layout_for_all.empty() ? opt.layout_for_all : m == "splitkv" ? o.balancer : method.default_layout;
     if (e.reason.empty()) plan_layout(batch, e.layout, P, o.J);  // throws for a bad layout or J
     entries.push_back(e);
   }

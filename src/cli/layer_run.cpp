@@ -90,8 +90,11 @@ Plan plan_layout(const PackedBatch& batch, const std::string& layout, int P, int
 }
 
 std::vector<std::string> parse_method_list(const std::string& text) {
-  if (text == "all") return cp_method_names();
   std::vector<std::string> out;
+  if (text == "all") {
+    for (const CpMethod& m : cp_methods()) out.push_back(m.name);
+    return out;
+  }
   std::set<std::string> seen;
   std::stringstream ss(text);
   std::string name;
@@ -102,15 +105,6 @@ std::vector<std::string> parse_method_list(const std::string& text) {
   }
   DIFFCP_CHECK(!out.empty(), "--methods = '", text, "': expected a comma list of methods or all");
   return out;
-}
-
-const char* method_title(const std::string& method) {
-  if (method == "splitkv") return "Split-KV";
-  if (method == "ulysses") return "Ulysses";
-  if (method == "ring") return "Ring";
-  if (method == "ringx") return "RingX";
-  if (method == "lvxattn") return "LV-XAttn";
-  return method.c_str();
 }
 
 namespace {
@@ -181,7 +175,8 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   const AttnLayerConfig& cfg = pb.cfg;
   const PackedBatch& batch = pb.batch;
   // Everything that can be refused is refused here, alike on every rank, before communicating.
-  const std::string why = cp_unsupported_reason(spec.method, cfg, P);
+  const CpMethod& method = cp_method(spec.method);
+  const std::string why = method.unsupported_reason(cfg, P);
   DIFFCP_CHECK(why.empty(), why);
   DIFFCP_CHECK(spec.reps >= 1 && spec.warmup >= 0, "run_layer: reps = ", spec.reps, ", warmup = ", spec.warmup,
                "; expected reps >= 1, warmup >= 0");
@@ -218,8 +213,10 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
     run.oproj = oproj_name(skv.oproj);
     run.collectives = skv.collectives == CollAlgo::hierarchical && world.hierarchy_useful() ? "hierarchical" : "flat";
   }
-  run.layer = make_cp_layer(spec.method, world, cfg, run.shard, skv);
+  run.layer = method.make(world, cfg, run.shard, skv);
   CpAttentionLayer& layer = *run.layer;
+  const auto* splitkv = dynamic_cast<const SplitKVLayer*>(run.layer.get());
+  const std::int64_t Qp = run.shard.own_query_rows(), Cp = run.shard.context_rows(), H = cfg.hidden;
 
   // `warmup` untimed runs, then `reps` timed ones; per run the slowest rank's time counts.
   std::vector<double> fwd, bwd, step, exposed, fwd_exposed, bwd_exposed, blocking;
@@ -228,8 +225,13 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
     std::fill(grad.all().begin(), grad.all().end(), 0.f);
     world.barrier();
     world.stats().reset();
-    layer.forward(pb.w, x_p.data(), ctx_p.data(), run.y_p.data());
-    layer.backward(pb.w, dy_p.data(), run.dx_p.data(), run.dctx_p.data(), grad);
+    CpSaved saved = layer.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(run.y_p, {Qp, H}));
+    if (splitkv && rep + 1 == spec.warmup + spec.reps) {
+      const std::span<const float> lse = splitkv->lse(saved);
+      run.lse.assign(lse.begin(), lse.end());
+    }
+    layer.backward(std::move(saved), pb.w, view_of(dy_p, {Qp, H}), view_of(run.dx_p, {Qp, H}), view_of(run.dctx_p, {Cp, H}),
+                   grad);
     layer_stats = world.stats();
     const CpTimings& t = layer.timings();
     std::vector<double> v{t.fwd_ms, t.bwd_ms, t.fwd_ms + t.bwd_ms, t.exposed_comm_ms(),
@@ -261,8 +263,7 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   world.all_reduce<std::uint64_t>(sent);
   run.inter_bytes_per_layer = static_cast<double>(sent.back()) / P;
   run.predicted_inter_bytes_per_layer = std::nan("");
-  if (const auto* splitkv = dynamic_cast<const SplitKVLayer*>(run.layer.get()))
-    run.predicted_inter_bytes_per_layer = splitkv->predicted_inter_bytes_per_layer();
+  if (splitkv) run.predicted_inter_bytes_per_layer = splitkv->predicted_inter_bytes_per_layer();
   std::uint64_t total_sent = 0;
   for (std::size_t k = 0; k < kNumCommOps; ++k) {
     const OpCounter& c = layer_stats[static_cast<CommOp>(k)];

@@ -87,6 +87,7 @@ struct LayerRun {
   std::vector<std::vector<PosRange>> chunks_of_rank;
   CpShard shard;
   std::vector<float> y_p, dx_p, dctx_p;         // [Q_p, H], [Q_p, H], [C_p, H]
+  std::vector<float> lse;                       // Split-KV: the last forward's global lse [Q, n_q] (else empty)
   std::unique_ptr<AttnLayerParams> grad;        // summed over the ranks
   std::unique_ptr<CpAttentionLayer> layer;
 };
@@ -95,11 +96,8 @@ struct LayerRun {
 // communication when the method cannot serve world.size() ranks or the layout is invalid.
 LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSpec& spec);
 
-// --methods: "all" or a comma list (no empty or repeated names; unknown names are refused where
-// they are used, by cp_unsupported_reason / make_cp_layer).
+// --methods: "all" (every name of cp_methods()) or a comma list (no empty or repeated names;
+// unknown names are refused where they are used, by cp_method).
 std::vector<std::string> parse_method_list(const std::string& text);
-
-// "Split-KV", "Ulysses", "Ring", "RingX", "LV-XAttn" for the method names.
-const char* method_title(const std::string& method);
 
 }  // namespace diffcp::cli

@@ -4,9 +4,7 @@
 #include <cmath>
 #include <random>
 
-#include "diffcp/comm/communicator.hpp"
 #include "diffcp/core/error.hpp"
-#include "diffcp/cp/cp_layer.hpp"
 
 namespace diffcp {
 
@@ -149,7 +147,5 @@ CpShard chunked_shard(const PackedBatch& batch, int P, int p, const std::vector<
                batch.context_rows(), ")");
   return make_shard(batch, P, p, chunks_of_rank[static_cast<std::size_t>(p)]);
 }
-
-void allreduce_grads(Communicator& group, AttnLayerParams& grad) { group.all_reduce<float>(grad.all()); }
 
 }  // namespace diffcp

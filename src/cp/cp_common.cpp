@@ -127,103 +127,107 @@ void unpack_head_slices(const float* src, std::int64_t rows, std::int64_t P, std
 
 // ---- OwnRows ----
 
-void OwnRows::reshard(const AttnLayerConfig& cfg, const CpShard& s) {
+void OwnRows::reshard(const AttnLayerConfig& cfg, const CpShard& s, std::int64_t padded_key_rows) {
   cfg_ = cfg;
   Qp_ = s.own_query_rows();
   Cp_ = s.context_rows();
+  Lk_ = padded_key_rows > 0 ? padded_key_rows : Lp();
+  DIFFCP_CHECK(Lk_ >= Lp(), "OwnRows: padded key rows ", Lk_, " < real key rows ", Lp());
   query_pos_ = s.block_positions();
   key_pos_ = s.context_positions();
   key_pos_.insert(key_pos_.end(), query_pos_.begin(), query_pos_.end());
   const auto& len = s.batch.lengths;
   const std::int64_t max_len = *std::max_element(len.begin(), len.end());
   if (rope_.d_h() != cfg_.d_h || rope_.max_pos() < max_len) rope_ = RopeTable(cfg_.d_h, cfg_.rope_theta, max_len);
-  x_p_ = ctx_p_ = nullptr;
-  forward_done_ = false;
-  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-  q_lin_.resize(n(Qp_ * cfg_.q_width()));
-  q_.resize(q_lin_.size());
-  q_rstd_.resize(n(Qp_ * cfg_.n_q));
-  k_lin_.resize(n(Lp() * cfg_.kv_width()));
-  k_rstd_.resize(n(Lp() * cfg_.n_kv));
-  kv_.resize(2 * k_lin_.size());
-  o_.resize(q_.size());
-  dout_.resize(q_.size());
-  lse_.resize(q_rstd_.size());
-  delta_.resize(q_rstd_.size());
 }
 
-void OwnRows::check_forward_done(const char* method) const {
-  DIFFCP_CHECK(forward_done_, method, ": backward() called before forward()");
+float* OwnRows::grow(std::vector<float>& v, std::int64_t n) {
+  if (static_cast<std::size_t>(n) > v.capacity()) ++allocations_;
+  v.resize(static_cast<std::size_t>(n));
+  return v.data();
 }
 
-void OwnRows::project_q(const AttnLayerParams& w, const float* x_p) {
+void OwnRows::project_q(const AttnLayerParams& w, const float* x_p, OwnActivations& a) {
   using P = AttnLayerParams;
-  x_p_ = x_p;
-  linear_forward(x_p, Qp_, cfg_.hidden, w[P::wq], cfg_.q_width(), q_lin_.data());
-  rmsnorm_forward(q_lin_.data(), Qp_, cfg_.n_q, cfg_.d_h, w[P::q_norm], static_cast<float>(cfg_.rms_eps), q_.data(),
-                  q_rstd_.data());
-  rope_apply(q_.data(), Qp_, cfg_.n_q, query_pos_, rope_, false);
+  const std::int64_t qw = cfg_.q_width(), kvw = cfg_.kv_width();
+  grow(a.q_lin, Qp_ * qw);
+  grow(a.q, Qp_ * qw);
+  grow(a.q_rstd, Qp_ * cfg_.n_q);
+  grow(a.k_lin, Lk_ * kvw);
+  grow(a.k_rstd, Lk_ * cfg_.n_kv);
+  grow(a.kv, 2 * Lk_ * kvw);
+  grow(a.o, Qp_ * qw);
+  grow(a.lse, Qp_ * cfg_.n_q);
+  linear_forward(x_p, Qp_, cfg_.hidden, w[P::wq], qw, a.q_lin.data());
+  rmsnorm_forward(a.q_lin.data(), Qp_, cfg_.n_q, cfg_.d_h, w[P::q_norm], static_cast<float>(cfg_.rms_eps), a.q.data(),
+                  a.q_rstd.data());
+  rope_apply(a.q.data(), Qp_, cfg_.n_q, query_pos_, rope_, false);
 }
 
-void OwnRows::project_kv(const AttnLayerParams& w, const float* ctx_p, Work* inflight) {
+void OwnRows::project_kv(const AttnLayerParams& w, const float* x_p, const float* ctx_p, OwnActivations& a,
+                         Work* inflight) {
   using P = AttnLayerParams;
-  ctx_p_ = ctx_p;
-  const std::int64_t H = cfg_.hidden, kvw = cfg_.kv_width();
-  float* k = kv_.data();
-  float* v = kv_.data() + Lp() * kvw;
-  linear_polled(ctx_p, Cp_, H, w[P::wk], kvw, k_lin_.data(), inflight);
-  linear_polled(x_p_, Qp_, H, w[P::wk], kvw, k_lin_.data() + Cp_ * kvw, inflight);
+  const std::int64_t H = cfg_.hidden, kvw = cfg_.kv_width(), Lp = this->Lp();
+  float* k = a.kv.data();
+  float* v = a.kv.data() + Lk_ * kvw;
+  float* k_lin = a.k_lin.data();
+  linear_polled(ctx_p, Cp_, H, w[P::wk], kvw, k_lin, inflight);
+  linear_polled(x_p, Qp_, H, w[P::wk], kvw, k_lin + Cp_ * kvw, inflight);
   linear_polled(ctx_p, Cp_, H, w[P::wv], kvw, v, inflight);
-  linear_polled(x_p_, Qp_, H, w[P::wv], kvw, v + Cp_ * kvw, inflight);
-  rmsnorm_forward(k_lin_.data(), Lp(), cfg_.n_kv, cfg_.d_h, w[P::k_norm], static_cast<float>(cfg_.rms_eps), k,
-                  k_rstd_.data());
+  linear_polled(x_p, Qp_, H, w[P::wv], kvw, v + Cp_ * kvw, inflight);
+  std::fill(k + Lp * kvw, k + Lk_ * kvw, 0.f);  // padding rows: zero, and masked
+  std::fill(v + Lp * kvw, v + Lk_ * kvw, 0.f);
+  rmsnorm_forward(k_lin, Lp, cfg_.n_kv, cfg_.d_h, w[P::k_norm], static_cast<float>(cfg_.rms_eps), k, a.k_rstd.data());
   poll(inflight);
-  rope_apply(k, Lp(), cfg_.n_kv, key_pos_, rope_, false);
-  forward_done_ = true;
+  rope_apply(k, Lp, cfg_.n_kv, key_pos_, rope_, false);
 }
 
-void OwnRows::output_forward(const AttnLayerParams& w, float* y_p) const {
+void OwnRows::output_forward(const AttnLayerParams& w, const OwnActivations& a, float* y_p) const {
   using P = AttnLayerParams;
   const std::int64_t H = cfg_.hidden;
-  linear_forward(o_.data(), Qp_, cfg_.q_width(), w[P::wo], H, y_p);
+  linear_forward(a.o.data(), Qp_, cfg_.q_width(), w[P::wo], H, y_p);
   for (std::int64_t r = 0; r < Qp_; ++r)
     for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[P::bo][c];
 }
 
-void OwnRows::output_backward(const AttnLayerParams& w, const float* dy_p, AttnLayerParams& grad, bool with_delta) {
+void OwnRows::output_backward(const AttnLayerParams& w, const OwnActivations& a, const float* dy_p,
+                              AttnLayerParams& grad, bool with_delta) {
   using P = AttnLayerParams;
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width();
+  grow(dout_, Qp_ * qw);
+  grow(delta_, Qp_ * cfg_.n_q);
   bias_backward(dy_p, Qp_, H, grad[P::bo]);
-  linear_backward_weight(o_.data(), Qp_, qw, dy_p, H, grad[P::wo]);
+  linear_backward_weight(a.o.data(), Qp_, qw, dy_p, H, grad[P::wo]);
   linear_backward_input(dy_p, Qp_, H, w[P::wo], qw, dout_.data());
   if (with_delta)
-    attention_delta(head_view(dout_.data(), Qp_, cfg_.n_q, cfg_.d_h), head_view(o_.data(), Qp_, cfg_.n_q, cfg_.d_h),
+    attention_delta(head_view(dout_.data(), Qp_, cfg_.n_q, cfg_.d_h), head_view(a.o.data(), Qp_, cfg_.n_q, cfg_.d_h),
                     delta_);
 }
 
-void OwnRows::backward_q(const AttnLayerParams& w, float* dq_p, float* dx_p, float beta, AttnLayerParams& grad) {
+void OwnRows::backward_q(const AttnLayerParams& w, const OwnActivations& a, const float* x_p, float* dq_p, float* dx_p,
+                         float beta, AttnLayerParams& grad) {
   using P = AttnLayerParams;
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width();
   rope_apply(dq_p, Qp_, cfg_.n_q, query_pos_, rope_, true);
-  rmsnorm_backward(dq_p, q_lin_.data(), q_rstd_.data(), Qp_, cfg_.n_q, cfg_.d_h, w[P::q_norm], dq_p, grad[P::q_norm]);
-  linear_backward_weight(x_p_, Qp_, H, dq_p, qw, grad[P::wq]);
+  rmsnorm_backward(dq_p, a.q_lin.data(), a.q_rstd.data(), Qp_, cfg_.n_q, cfg_.d_h, w[P::q_norm], dq_p, grad[P::q_norm]);
+  linear_backward_weight(x_p, Qp_, H, dq_p, qw, grad[P::wq]);
   linear_backward_input(dq_p, Qp_, qw, w[P::wq], H, dx_p, beta);
 }
 
-void OwnRows::backward_kv(const AttnLayerParams& w, float* dkv_p, float* dx_p, float beta, float* dctx_p,
-                          AttnLayerParams& grad, Work* inflight) {
+void OwnRows::backward_kv(const AttnLayerParams& w, const OwnActivations& a, const float* x_p, const float* ctx_p,
+                          float* dkv_p, float* dx_p, float beta, float* dctx_p, AttnLayerParams& grad, Work* inflight) {
   using P = AttnLayerParams;
   const std::int64_t H = cfg_.hidden, kvw = cfg_.kv_width();
   float* dk = dkv_p;
-  float* dv = dkv_p + Lp() * kvw;
+  float* dv = dkv_p + Lk_ * kvw;
   rope_apply(dk, Lp(), cfg_.n_kv, key_pos_, rope_, true);
-  rmsnorm_backward(dk, k_lin_.data(), k_rstd_.data(), Lp(), cfg_.n_kv, cfg_.d_h, w[P::k_norm], dk, grad[P::k_norm]);
+  rmsnorm_backward(dk, a.k_lin.data(), a.k_rstd.data(), Lp(), cfg_.n_kv, cfg_.d_h, w[P::k_norm], dk, grad[P::k_norm]);
   poll(inflight);
-  linear_backward_weight(ctx_p_, Cp_, H, dk, kvw, grad[P::wk]);
-  linear_backward_weight(x_p_, Qp_, H, dk + Cp_ * kvw, kvw, grad[P::wk]);
+  linear_backward_weight(ctx_p, Cp_, H, dk, kvw, grad[P::wk]);
+  linear_backward_weight(x_p, Qp_, H, dk + Cp_ * kvw, kvw, grad[P::wk]);
   poll(inflight);
-  linear_backward_weight(ctx_p_, Cp_, H, dv, kvw, grad[P::wv]);
-  linear_backward_weight(x_p_, Qp_, H, dv + Cp_ * kvw, kvw, grad[P::wv]);
+  linear_backward_weight(ctx_p, Cp_, H, dv, kvw, grad[P::wv]);
+  linear_backward_weight(x_p, Qp_, H, dv + Cp_ * kvw, kvw, grad[P::wv]);
   poll(inflight);
   linear_backward_input(dk, Cp_, kvw, w[P::wk], H, dctx_p);
   linear_backward_input(dv, Cp_, kvw, w[P::wv], H, dctx_p, 1.f);

@@ -9,43 +9,51 @@
 namespace diffcp {
 
 namespace {
-[[noreturn]] void unknown_method(const std::string& name) {
-  std::string list;
-  for (const std::string& n : cp_method_names()) list += (list.empty() ? "" : ", ") + n;
-  DIFFCP_FAIL("unknown CP method '", name, "', expected one of ", list);
+
+std::string any_P(const AttnLayerConfig&, int) { return ""; }  // the method's collectives take any group size
+
+template <typename Layer>
+std::unique_ptr<CpAttentionLayer> make_layer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard,
+                                             const SplitKVOptions& splitkv) {
+  if constexpr (std::is_same_v<Layer, SplitKVLayer>) {
+    return std::make_unique<SplitKVLayer>(cp, cfg, std::move(shard), splitkv);
+  } else {
+    return std::make_unique<Layer>(cp, cfg, std::move(shard));
+  }
 }
+
+constexpr CommOp kSplitKVOps[] = {CommOp::all_gather, CommOp::reduce_scatter, CommOp::all_reduce};
+constexpr CommOp kUlyssesOps[] = {CommOp::all_to_all};
+constexpr CommOp kRingOps[] = {CommOp::send, CommOp::recv};
+constexpr CommOp kRingXOps[] = {CommOp::broadcast, CommOp::all_reduce, CommOp::reduce_scatter};
+constexpr CommOp kLvXAttnOps[] = {CommOp::send, CommOp::recv};
+
+const CpMethod kMethods[] = {
+    {"splitkv", "Split-KV", "lpt", any_P, make_layer<SplitKVLayer>, kSplitKVOps},
+    {"ulysses", "Ulysses", "none", UlyssesLayer::unsupported_reason, make_layer<UlyssesLayer>, kUlyssesOps},
+    {"ring", "Ring", "zigzag", any_P, make_layer<RingLayer>, kRingOps},
+    {"ringx", "RingX", "none", any_P, make_layer<RingXLayer>, kRingXOps},
+    {"lvxattn", "LV-XAttn", "none", any_P, make_layer<LvXAttnLayer>, kLvXAttnOps},
+};
+
 }  // namespace
 
-const std::vector<std::string>& cp_method_names() {
-  static const std::vector<std::string> names{"splitkv", "ulysses", "ring", "ringx", "lvxattn"};
-  return names;
+std::span<const CpMethod> cp_methods() { return kMethods; }
+
+const CpMethod& cp_method(std::string_view name) {
+  std::string list;
+  for (const CpMethod& m : kMethods) {
+    if (name == m.name) return m;
+    list += (list.empty() ? "" : ", ") + std::string(m.name);
+  }
+  DIFFCP_FAIL("unknown CP method '", name, "', expected one of ", list);
 }
 
-std::string cp_unsupported_reason(const std::string& name, const AttnLayerConfig& cfg, int P) {
-  if (name == "splitkv") return "";  // any P: the collectives take any group size
-  if (name == "ulysses") return UlyssesLayer::unsupported_reason(cfg, P);
-  if (name == "ring") return RingLayer::unsupported_reason(cfg, P);
-  if (name == "ringx") return RingXLayer::unsupported_reason(cfg, P);
-  if (name == "lvxattn") return LvXAttnLayer::unsupported_reason(cfg, P);
-  unknown_method(name);
-}
-
-std::string cp_method_default_layout(const std::string& name) {
-  if (name == "splitkv") return "lpt";
-  if (name == "ring") return "zigzag";
-  if (name == "ulysses" || name == "ringx" || name == "lvxattn") return "none";
-  unknown_method(name);
-}
-
-std::unique_ptr<CpAttentionLayer> make_cp_layer(const std::string& name, Communicator& cp, const AttnLayerConfig& cfg,
-                                                CpShard shard, const SplitKVOptions& splitkv) {
-  const std::string why = cp_unsupported_reason(name, cfg, cp.size());
+std::unique_ptr<CpAttentionLayer> CpMethod::make(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard,
+                                                 const SplitKVOptions& splitkv) const {
+  const std::string why = unsupported_reason(cfg, cp.size());
   DIFFCP_CHECK(why.empty(), why);
-  if (name == "splitkv") return std::make_unique<SplitKVLayer>(cp, cfg, std::move(shard), splitkv);
-  if (name == "ulysses") return std::make_unique<UlyssesLayer>(cp, cfg, std::move(shard));
-  if (name == "ring") return std::make_unique<RingLayer>(cp, cfg, std::move(shard));
-  if (name == "ringx") return std::make_unique<RingXLayer>(cp, cfg, std::move(shard));
-  return std::make_unique<LvXAttnLayer>(cp, cfg, std::move(shard));
+  return factory(cp, cfg, std::move(shard), splitkv);
 }
 
 }  // namespace diffcp

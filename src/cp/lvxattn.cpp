@@ -13,18 +13,11 @@ constexpr int kTagQuery = 0;    // q (forward) or the backward inputs [q | do | 
 constexpr int kTagRunning = 1;  // running [o | lse] (forward) or the dq accumulator (backward)
 }  // namespace
 
-LvXAttnLayer::LvXAttnLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard)
-    : comm_(cp), cfg_(cfg), shard_(std::move(shard)) {
-  cfg_.validate();
-  reshard(shard_);
+LvXAttnLayer::LvXAttnLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard) : CpAttentionLayer(cp, cfg) {
+  reshard(std::move(shard));
 }
 
-std::string LvXAttnLayer::unsupported_reason(const AttnLayerConfig&, int) { return ""; }
-
-void LvXAttnLayer::reshard(CpShard shard) {
-  DIFFCP_CHECK(shard.P == comm_.size() && shard.p == comm_.rank(), "lvxattn: shard is for rank ", shard.p, " of ",
-               shard.P, " but the communicator is rank ", comm_.rank(), " of ", comm_.size());
-  shard_ = std::move(shard);
+void LvXAttnLayer::on_reshard() {
   own_.reshard(cfg_, shard_);
   const KeyRows mine = own_key_rows(shard_);
   masks_.clear();
@@ -43,13 +36,15 @@ void LvXAttnLayer::reshard(CpShard shard) {
 // Per layer, in f32 elements, for the state of rank s (Q_s rows), each over P-1 hops: forward q
 // (n_q d_h) and running [o | lse] (n_q d_h + n_q); backward inputs [q | do | lse | D]
 // (2 n_q d_h + 2 n_q) and the dq accumulator (n_q d_h). Summed over s (sum Q_s = Q), / P:
-//   bytes = 4 * (P-1)/P * Q (5 n_q d_h + 3 n_q).
+//   bytes = (P-1)/P * Q (5 n_q d_h e + 3 n_q 4),  e = dtype_size(dtype()), lse and D f32.
 // Paper, Table 1 (MHA n_q d_h = H): (P-1)/P * 5QH elements plus the lower-order 3(P-1)/P Q n_q.
 double LvXAttnLayer::predicted_bytes_per_layer() const {
-  return lvxattn_bytes_per_layer(cfg_, shard_.batch.query_rows(), shard_.P);
+  return lvxattn_bytes_per_layer(cfg_, dtype(), shard_.batch.query_rows(), shard_.P);
 }
 
-void LvXAttnLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {
+void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                                float* y_p) {
+  Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
   const auto t0 = CpClock::now();
   const int P = shard_.P, p = shard_.p, next = (p + 1) % P, prev = (p + P - 1) % P;
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, d = cfg_.d_h, qw = cfg_.q_width();
@@ -59,14 +54,14 @@ void LvXAttnLayer::forward(const AttnLayerParams& w, const float* x_p, const flo
     return std::span<float>(buf + rows * qw, static_cast<std::size_t>(rows * n_q));
   };
   timings_ = {};
-  own_.project_q(w, x_p);
+  own_.project_q(w, x_p, st.own);
   WorkPtr q_send[2], q_recv[2], acc_send[2];
   if (P > 1) {  // first hop: own q to next; rank p-1's q arrives for step 1
-    q_send[0] = comm_.send_async(own_.q().data(), static_cast<std::size_t>(Qp * qw), DType::f32, next, kTagQuery);
+    q_send[0] = comm_.send_async(st.own.q.data(), static_cast<std::size_t>(Qp * qw), DType::f32, next, kTagQuery);
     q_recv[1] = comm_.recv_async(in_[1].data(), static_cast<std::size_t>(rows_of(prev) * qw), DType::f32, prev, kTagQuery);
   }
-  own_.project_kv(w, ctx_p, q_recv[1].get());
-  attention_forward(masks_[static_cast<std::size_t>(p)], own_.q_view(), own_.k_view(), own_.v_view(),
+  own_.project_kv(w, x_p, ctx_p, st.own, q_recv[1].get());
+  attention_forward(masks_[static_cast<std::size_t>(p)], own_.q_view(st.own), own_.k_view(st.own), own_.v_view(st.own),
                     o_of(own_part_.data(), Qp), lse_of(own_part_.data(), Qp));
 
   for (int t = 1; t < P; ++t) {
@@ -84,7 +79,7 @@ void LvXAttnLayer::forward(const AttnLayerParams& w, const float* x_p, const flo
     if (acc_send[t % 2]) timings_.fwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
     float* out = acc_out_[t % 2].data();
     float* part = t == 1 ? out : part_.data();  // the running state starts here at step 1
-    attention_forward(masks_[static_cast<std::size_t>(s)], head_view(q_s, Qs, n_q, d), own_.k_view(), own_.v_view(),
+    attention_forward(masks_[static_cast<std::size_t>(s)], head_view(q_s, Qs, n_q, d), own_.k_view(st.own), own_.v_view(st.own),
                       o_of(part, Qs), lse_of(part, Qs));
     if (acc_recv) {
       timings_.fwd_overlap_exposed_ms += timed_wait(*acc_recv);
@@ -97,20 +92,20 @@ void LvXAttnLayer::forward(const AttnLayerParams& w, const float* x_p, const flo
     WorkPtr home = comm_.recv_async(acc_in_.data(), state_count(Qp), DType::f32, prev, kTagRunning);
     timings_.fwd_overlap_exposed_ms += timed_wait(*home);
     merge_two(o_of(own_part_.data(), Qp), lse_of(own_part_.data(), Qp), o_of(acc_in_.data(), Qp),
-              lse_of(acc_in_.data(), Qp), o_of(own_.o().data(), Qp), own_.lse());
+              lse_of(acc_in_.data(), Qp), o_of(st.own.o.data(), Qp), st.own.lse);
   } else {
-    std::copy_n(own_part_.begin(), own_.o().size(), own_.o().begin());
-    std::copy_n(own_part_.begin() + static_cast<std::ptrdiff_t>(own_.o().size()), own_.lse().size(), own_.lse().begin());
+    std::copy_n(own_part_.begin(), st.own.o.size(), st.own.o.begin());
+    std::copy_n(own_part_.begin() + static_cast<std::ptrdiff_t>(st.own.o.size()), st.own.lse.size(), st.own.lse.begin());
   }
   for (WorkPtr* wk : {&q_send[0], &q_send[1], &acc_send[0], &acc_send[1]})
     if (*wk) timings_.fwd_overlap_exposed_ms += timed_wait(**wk);
-  own_.output_forward(w, y_p);
+  own_.output_forward(w, st.own, y_p);
   timings_.fwd_ms = elapsed_ms(t0);
 }
 
-void LvXAttnLayer::backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p,
-                            AttnLayerParams& grad) {
-  own_.check_forward_done("lvxattn");
+void LvXAttnLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                                 const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
+  Saved& st = static_cast<Saved&>(state);
   const auto t0 = CpClock::now();
   const int P = shard_.P, p = shard_.p, next = (p + 1) % P, prev = (p + P - 1) % P;
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, n_kv = cfg_.n_kv, d = cfg_.d_h, qw = cfg_.q_width();
@@ -128,28 +123,28 @@ void LvXAttnLayer::backward(const AttnLayerParams& w, const float* dy_p, float* 
   const auto dk_of = [&](float* dkv) { return head_view(dkv, Lp, n_kv, d); };
   const auto dv_of = [&](float* dkv) { return head_view(dkv + Lp * kvw, Lp, n_kv, d); };
 
-  own_.output_backward(w, dy_p, grad);
+  own_.output_backward(w, st.own, dy_p, grad);
   WorkPtr in_send[2], in_recv[2], acc_send[2];
   if (P > 1) {  // first hop: own inputs, packed
     float* mine = own_part_.data();
-    std::copy(own_.q().begin(), own_.q().end(), mine);
+    std::copy(st.own.q.begin(), st.own.q.end(), mine);
     std::copy(own_.dout().begin(), own_.dout().end(), mine + Qp * qw);
-    std::copy(own_.lse().begin(), own_.lse().end(), mine + 2 * Qp * qw);
+    std::copy(st.own.lse.begin(), st.own.lse.end(), mine + 2 * Qp * qw);
     std::copy(own_.delta().begin(), own_.delta().end(), mine + Qp * (2 * qw + n_q));
     in_send[0] = comm_.send_async(mine, in_count(Qp), DType::f32, next, kTagQuery);
     in_recv[1] = comm_.recv_async(in_[1].data(), in_count(rows_of(prev)), DType::f32, prev, kTagQuery);
   }
-  attention_backward(masks_[static_cast<std::size_t>(p)], own_.q_view(), own_.k_view(), own_.v_view(),
-                     head_view(own_.dout().data(), Qp, n_q, d), own_.lse(), own_.delta(),
+  attention_backward(masks_[static_cast<std::size_t>(p)], own_.q_view(st.own), own_.k_view(st.own), own_.v_view(st.own),
+                     head_view(own_.dout().data(), Qp, n_q, d), st.own.lse, own_.delta(),
                      head_view(dq_own_.data(), Qp, n_q, d), dk_of(dkv_.data()), dv_of(dkv_.data()));
 
   for (int t = 1; t < P; ++t) {
     const int s = src_of_step(t);
     const std::int64_t Qs = rows_of(s);
-    const float* st = in_[t % 2].data();
+    const float* in = in_[t % 2].data();
     timings_.bwd_overlap_exposed_ms += timed_wait(*in_recv[t % 2]);
     if (t + 1 < P) {
-      in_send[t % 2] = comm_.send_async(st, in_count(Qs), DType::f32, next, kTagQuery);
+      in_send[t % 2] = comm_.send_async(in, in_count(Qs), DType::f32, next, kTagQuery);
       if (in_send[(t + 1) % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*in_send[(t + 1) % 2]);
       in_recv[(t + 1) % 2] = comm_.recv_async(in_[(t + 1) % 2].data(), in_count(rows_of(src_of_step(t + 1))), DType::f32,
                                               prev, kTagQuery);
@@ -158,8 +153,8 @@ void LvXAttnLayer::backward(const AttnLayerParams& w, const float* dy_p, float* 
     WorkPtr acc_recv = t >= 2 ? comm_.recv_async(acc_in_.data(), dq_count, DType::f32, prev, kTagRunning) : nullptr;
     if (acc_send[t % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
     float* dq = acc_out_[t % 2].data();
-    attention_backward(masks_[static_cast<std::size_t>(s)], q_of(st, Qs), own_.k_view(), own_.v_view(), do_of(st, Qs),
-                       lse_of(st, Qs), delta_of(st, Qs), head_view(dq, Qs, n_q, d), dk_of(dkv_step_.data()),
+    attention_backward(masks_[static_cast<std::size_t>(s)], q_of(in, Qs), own_.k_view(st.own), own_.v_view(st.own), do_of(in, Qs),
+                       lse_of(in, Qs), delta_of(in, Qs), head_view(dq, Qs, n_q, d), dk_of(dkv_step_.data()),
                        dv_of(dkv_step_.data()));
     add_into(dkv_.data(), dkv_step_.data(), 2 * Lp * kvw);
     if (acc_recv) {
@@ -171,14 +166,14 @@ void LvXAttnLayer::backward(const AttnLayerParams& w, const float* dy_p, float* 
   // dk, dv are complete: their projection backward overlaps this rank's dq coming home.
   WorkPtr home = P > 1 ? comm_.recv_async(acc_in_.data(), static_cast<std::size_t>(Qp * qw), DType::f32, prev, kTagRunning)
                        : nullptr;
-  own_.backward_kv(w, dkv_.data(), dx_p, 0.f, dctx_p, grad, home.get());
+  own_.backward_kv(w, st.own, x_p, ctx_p, dkv_.data(), dx_p, 0.f, dctx_p, grad, home.get());
   if (home) {
     timings_.bwd_overlap_exposed_ms += timed_wait(*home);
     add_into(dq_own_.data(), acc_in_.data(), Qp * qw);
   }
   for (WorkPtr* wk : {&in_send[0], &in_send[1], &acc_send[0], &acc_send[1]})
     if (*wk) timings_.bwd_overlap_exposed_ms += timed_wait(**wk);
-  own_.backward_q(w, dq_own_.data(), dx_p, 1.f, grad);
+  own_.backward_q(w, st.own, x_p, dq_own_.data(), dx_p, 1.f, grad);
   timings_.bwd_ms = elapsed_ms(t0);
 }
 

@@ -13,18 +13,11 @@ constexpr int kTagKV = 0;   // a visiting K/V shard
 constexpr int kTagAcc = 1;  // a travelling dk/dv accumulator
 }  // namespace
 
-RingLayer::RingLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard)
-    : comm_(cp), cfg_(cfg), shard_(std::move(shard)) {
-  cfg_.validate();
-  reshard(shard_);
+RingLayer::RingLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard) : CpAttentionLayer(cp, cfg) {
+  reshard(std::move(shard));
 }
 
-std::string RingLayer::unsupported_reason(const AttnLayerConfig&, int) { return ""; }
-
-void RingLayer::reshard(CpShard shard) {
-  DIFFCP_CHECK(shard.P == comm_.size() && shard.p == comm_.rank(), "ring: shard is for rank ", shard.p, " of ",
-               shard.P, " but the communicator is rank ", comm_.rank(), " of ", comm_.size());
-  shard_ = std::move(shard);
+void RingLayer::on_reshard() {
   own_.reshard(cfg_, shard_);
   const std::vector<KeyRows> keys = gather_key_rows(comm_, shard_);
   masks_.clear();
@@ -50,24 +43,26 @@ HeadRows<const float> RingLayer::v_of(const float* kv, int r) const {
   return head_view(kv + L * cfg_.kv_width(), L, cfg_.n_kv, cfg_.d_h);
 }
 
-// Per layer, in f32 elements: every K/V shard [2, L_r, n_kv d_h] makes P-1 hops in the forward
+// Per layer, in elements of dtype(): every K/V shard [2, L_r, n_kv d_h] makes P-1 hops in the forward
 // and P-1 in the backward, and every dk/dv accumulator (same size) P-1 hops. Summed over ranks
 // (sum_r L_r = S + Q) and divided by P:
-//   bytes = 4 * 3 (P-1)/P * 2 (S+Q) n_kv d_h.
+//   bytes = e * 3 (P-1)/P * 2 (S+Q) n_kv d_h,  e = dtype_size(dtype()).
 // Paper, Table 1 (MHA n_kv d_h = H, even sharding): (P-1)/P * 6H(S + Q) elements.
 double RingLayer::predicted_bytes_per_layer() const {
-  return ring_bytes_per_layer(cfg_, shard_.batch.context_rows() + shard_.batch.query_rows(), shard_.P);
+  return ring_bytes_per_layer(cfg_, dtype(), shard_.batch.context_rows() + shard_.batch.query_rows(), shard_.P);
 }
 
-void RingLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {
+void RingLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                                float* y_p) {
+  Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
   const auto t0 = CpClock::now();
   const int P = shard_.P, next = (shard_.p + 1) % P, prev = (shard_.p + P - 1) % P;
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, d = cfg_.d_h;
   timings_ = {};
-  own_.project_q(w, x_p);
-  own_.project_kv(w, ctx_p, nullptr);
+  own_.project_q(w, x_p, st.own);
+  own_.project_kv(w, x_p, ctx_p, st.own, nullptr);
 
-  const float* cur = own_.kv().data();
+  const float* cur = st.own.kv.data();
   for (int t = 0; t < P; ++t) {
     const int s = src_of_step(t);
     WorkPtr send, recv;
@@ -76,34 +71,34 @@ void RingLayer::forward(const AttnLayerParams& w, const float* x_p, const float*
       send = comm_.send_async(cur, kv_count(s), DType::f32, next, kTagKV);
     }
     if (t == 0) {
-      attention_forward(masks_[static_cast<std::size_t>(s)], own_.q_view(), k_of(cur, s), v_of(cur, s),
-                        head_view(own_.o().data(), Qp, n_q, d), own_.lse());
+      attention_forward(masks_[static_cast<std::size_t>(s)], own_.q_view(st.own), k_of(cur, s), v_of(cur, s),
+                        head_view(st.own.o.data(), Qp, n_q, d), st.own.lse);
     } else {
-      attention_forward(masks_[static_cast<std::size_t>(s)], own_.q_view(), k_of(cur, s), v_of(cur, s),
+      attention_forward(masks_[static_cast<std::size_t>(s)], own_.q_view(st.own), k_of(cur, s), v_of(cur, s),
                         head_view(o_step_.data(), Qp, n_q, d), lse_step_);
-      merge_two(head_view(own_.o().data(), Qp, n_q, d), own_.lse(), head_view(o_step_.data(), Qp, n_q, d), lse_step_,
+      merge_two(head_view(st.own.o.data(), Qp, n_q, d), st.own.lse, head_view(o_step_.data(), Qp, n_q, d), lse_step_,
                 head_view(o_tmp_.data(), Qp, n_q, d), lse_tmp_);
-      std::swap(own_.o(), o_tmp_);
-      std::swap(own_.lse(), lse_tmp_);
+      std::swap(st.own.o, o_tmp_);
+      std::swap(st.own.lse, lse_tmp_);
     }
     if (send) {
       timings_.fwd_overlap_exposed_ms += timed_wait(*recv) + timed_wait(*send);
       cur = kv_buf_[t % 2].data();
     }
   }
-  own_.output_forward(w, y_p);
+  own_.output_forward(w, st.own, y_p);
   timings_.fwd_ms = elapsed_ms(t0);
 }
 
-void RingLayer::backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p,
-                         AttnLayerParams& grad) {
-  own_.check_forward_done("ring");
+void RingLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                                 const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
+  Saved& st = static_cast<Saved&>(state);
   const auto t0 = CpClock::now();
   const int P = shard_.P, p = shard_.p, next = (p + 1) % P, prev = (p + P - 1) % P;
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, d = cfg_.d_h, kvw = cfg_.kv_width();
-  own_.output_backward(w, dy_p, grad);
+  own_.output_backward(w, st.own, dy_p, grad);
 
-  const float* cur = own_.kv().data();
+  const float* cur = st.own.kv.data();
   WorkPtr acc_send[2];
   for (int t = 0; t < P; ++t) {
     const int s = src_of_step(t);
@@ -118,8 +113,8 @@ void RingLayer::backward(const AttnLayerParams& w, const float* dy_p, float* dx_
     if (t >= 1 && acc_send[t % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
     float* dkv = t == 0 ? dkv_own_.data() : dkv_out_[t % 2].data();
     float* dq = t == 0 ? dq_.data() : dq_step_.data();
-    attention_backward(masks_[static_cast<std::size_t>(s)], own_.q_view(), k_of(cur, s), v_of(cur, s),
-                       head_view(own_.dout().data(), Qp, n_q, d), own_.lse(), own_.delta(), head_view(dq, Qp, n_q, d),
+    attention_backward(masks_[static_cast<std::size_t>(s)], own_.q_view(st.own), k_of(cur, s), v_of(cur, s),
+                       head_view(own_.dout().data(), Qp, n_q, d), st.own.lse, own_.delta(), head_view(dq, Qp, n_q, d),
                        head_view(dkv, Ls, cfg_.n_kv, d), head_view(dkv + Ls * kvw, Ls, cfg_.n_kv, d));
     if (t >= 1) {
       add_into(dq_.data(), dq_step_.data(), Qp * cfg_.q_width());
@@ -136,14 +131,14 @@ void RingLayer::backward(const AttnLayerParams& w, const float* dy_p, float* dx_
   }
   // This rank's accumulator comes home from prev; the q-side backward overlaps it.
   WorkPtr home = P > 1 ? comm_.recv_async(dkv_in_.data(), kv_count(p), DType::f32, prev, kTagAcc) : nullptr;
-  own_.backward_q(w, dq_.data(), dx_p, 0.f, grad);
+  own_.backward_q(w, st.own, x_p, dq_.data(), dx_p, 0.f, grad);
   if (home) {
     timings_.bwd_overlap_exposed_ms += timed_wait(*home);
     add_into(dkv_own_.data(), dkv_in_.data(), 2 * own_.Lp() * kvw);
   }
   for (WorkPtr& a : acc_send)
     if (a) timings_.bwd_overlap_exposed_ms += timed_wait(*a);
-  own_.backward_kv(w, dkv_own_.data(), dx_p, 1.f, dctx_p, grad, nullptr);
+  own_.backward_kv(w, st.own, x_p, ctx_p, dkv_own_.data(), dx_p, 1.f, dctx_p, grad, nullptr);
   timings_.bwd_ms = elapsed_ms(t0);
 }
 

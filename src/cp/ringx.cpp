@@ -10,18 +10,11 @@
 
 namespace diffcp {
 
-RingXLayer::RingXLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard)
-    : comm_(cp), cfg_(cfg), shard_(std::move(shard)) {
-  cfg_.validate();
-  reshard(shard_);
+RingXLayer::RingXLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard) : CpAttentionLayer(cp, cfg) {
+  reshard(std::move(shard));
 }
 
-std::string RingXLayer::unsupported_reason(const AttnLayerConfig&, int) { return ""; }
-
-void RingXLayer::reshard(CpShard shard) {
-  DIFFCP_CHECK(shard.P == comm_.size() && shard.p == comm_.rank(), "ringx: shard is for rank ", shard.p, " of ",
-               shard.P, " but the communicator is rank ", comm_.rank(), " of ", comm_.size());
-  shard_ = std::move(shard);
+void RingXLayer::on_reshard() {
   own_.reshard(cfg_, shard_);
   const std::vector<KeyRows> keys = gather_key_rows(comm_, shard_);
   const KeyRows& mine = keys[static_cast<std::size_t>(shard_.p)];
@@ -60,60 +53,63 @@ WorkPtr RingXLayer::post_broadcast(int t, float* own, float* buf, std::int64_t n
 
 // Per layer, in f32 elements, summed over ranks: the broadcasts send (P-1) Q_t n_q d_h (forward)
 // and (P-1) 2 L_t n_kv d_h (backward) from each root t; the reductions to t receive the same from
-// the P-1 other ranks; each [Q_t, n_q] logsumexp all-reduce sends 2(P-1) Q_t n_q in all
-// (bandwidth-optimal rule of comm/communicator.hpp). With sum_t Q_t = Q, sum_t L_t = S + Q, / P:
-//   bytes = 4 * (P-1)/P * (2 Q n_q d_h + 2 Q n_q + 4 (S+Q) n_kv d_h).
+// the P-1 other ranks; each [Q_t, n_q] f32 logsumexp all-reduce (a = lse_all_reduces of them)
+// sends 2(P-1) Q_t n_q in all (bandwidth-optimal rule of comm/communicator.hpp). With
+// sum_t Q_t = Q, sum_t L_t = S + Q, / P, e = dtype_size(dtype()):
+//   bytes = (P-1)/P * (e (2 Q n_q d_h + 4 (S+Q) n_kv d_h) + 4 a 2 Q n_q).
 // Paper, Table 1 (MHA n_q d_h = n_kv d_h = H, even sharding): (P-1)/P * (2QH + 4(S+Q)H) elements
 // plus the lower-order lse term 2(P-1)/P Q n_q.
 double RingXLayer::predicted_bytes_per_layer() const {
   const std::int64_t Q = shard_.batch.query_rows();
-  return ringx_bytes_per_layer(cfg_, Q, shard_.batch.context_rows() + Q, shard_.P);
+  return ringx_bytes_per_layer(cfg_, dtype(), Q, shard_.batch.context_rows() + Q, shard_.P, lse_all_reduces(comm_));
 }
 
-void RingXLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {
+void RingXLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                                float* y_p) {
+  Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
   const auto t0 = CpClock::now();
   const int P = shard_.P, p = shard_.p;
   const std::int64_t n_q = cfg_.n_q, d = cfg_.d_h, qw = cfg_.q_width();
   timings_ = {};
-  own_.project_q(w, x_p);
+  own_.project_q(w, x_p, st.own);
   WorkPtr bcast[2];
-  bcast[0] = post_broadcast(0, own_.q().data(), buf_[0].data(), query_rows_[0] * qw);
-  own_.project_kv(w, ctx_p, bcast[0].get());
+  bcast[0] = post_broadcast(0, st.own.q.data(), buf_[0].data(), query_rows_[0] * qw);
+  own_.project_kv(w, x_p, ctx_p, st.own, bcast[0].get());
 
   for (int t = 0; t < P; ++t) {
     const std::size_t ti = static_cast<std::size_t>(t);
     if (t + 1 < P)
-      bcast[(t + 1) % 2] = post_broadcast(t + 1, own_.q().data(), buf_[(t + 1) % 2].data(), query_rows_[ti + 1] * qw);
+      bcast[(t + 1) % 2] = post_broadcast(t + 1, st.own.q.data(), buf_[(t + 1) % 2].data(), query_rows_[ti + 1] * qw);
     timings_.fwd_overlap_exposed_ms += timed_wait(*bcast[t % 2]);
-    const float* q_t = t == p ? own_.q().data() : buf_[t % 2].data();
+    const float* q_t = t == p ? st.own.q.data() : buf_[t % 2].data();
     const std::int64_t Qt = query_rows_[ti];
     const std::span<float> lse_part(lse_part_.data(), static_cast<std::size_t>(Qt * n_q));
     const std::span<float> lse_t(lse_all_.data(), lse_part.size());
     const HeadRows<float> o_part = head_view(o_part_.data(), Qt, n_q, d);
-    attention_forward(fwd_masks_[ti], head_view(q_t, Qt, n_q, d), own_.k_view(), own_.v_view(), o_part, lse_part);
+    attention_forward(fwd_masks_[ti], head_view(q_t, Qt, n_q, d), own_.k_view(st.own), own_.v_view(st.own), o_part, lse_part);
     std::copy(lse_part.begin(), lse_part.end(), lse_t.begin());
     auto tw = CpClock::now();
     all_reduce_lse(comm_, lse_t);
     timings_.blocking_comm_ms += elapsed_ms(tw);
     lse_rescale(o_part, lse_part, lse_t);
     tw = CpClock::now();
-    comm_.reduce_scatter_v_async(o_part_.data(), t == p ? own_.o().data() : nullptr, rooted_counts(t, Qt * qw),
+    comm_.reduce_scatter_v_async(o_part_.data(), t == p ? st.own.o.data() : nullptr, rooted_counts(t, Qt * qw),
                                  DType::f32, ReduceOp::sum)->wait();
     timings_.blocking_comm_ms += elapsed_ms(tw);
-    if (t == p) std::copy(lse_t.begin(), lse_t.end(), own_.lse().begin());
+    if (t == p) std::copy(lse_t.begin(), lse_t.end(), st.own.lse.begin());
   }
-  own_.output_forward(w, y_p);
+  own_.output_forward(w, st.own, y_p);
   timings_.fwd_ms = elapsed_ms(t0);
 }
 
-void RingXLayer::backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p,
-                          AttnLayerParams& grad) {
-  own_.check_forward_done("ringx");
+void RingXLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                                 const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
+  Saved& st = static_cast<Saved&>(state);
   const auto t0 = CpClock::now();
   const int P = shard_.P, p = shard_.p;
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, n_kv = cfg_.n_kv, d = cfg_.d_h, kvw = cfg_.kv_width();
-  own_.output_backward(w, dy_p, grad);
-  float* kv_own = own_.kv().data();
+  own_.output_backward(w, st.own, dy_p, grad);
+  float* kv_own = st.own.kv.data();
   WorkPtr bcast[2];
   bcast[0] = post_broadcast(0, kv_own, buf_[0].data(), 2 * key_rows_[0] * kvw);
 
@@ -125,8 +121,8 @@ void RingXLayer::backward(const AttnLayerParams& w, const float* dy_p, float* dx
     const float* kv_t = t == p ? kv_own : buf_[t % 2].data();
     const std::int64_t Lt = key_rows_[ti];
     float* dq = t == 0 ? dq_.data() : dq_step_.data();
-    attention_backward(bwd_masks_[ti], own_.q_view(), head_view(kv_t, Lt, n_kv, d), head_view(kv_t + Lt * kvw, Lt, n_kv, d),
-                       head_view(own_.dout().data(), Qp, n_q, d), own_.lse(), own_.delta(), head_view(dq, Qp, n_q, d),
+    attention_backward(bwd_masks_[ti], own_.q_view(st.own), head_view(kv_t, Lt, n_kv, d), head_view(kv_t + Lt * kvw, Lt, n_kv, d),
+                       head_view(own_.dout().data(), Qp, n_q, d), st.own.lse, own_.delta(), head_view(dq, Qp, n_q, d),
                        head_view(dkv_part_.data(), Lt, n_kv, d), head_view(dkv_part_.data() + Lt * kvw, Lt, n_kv, d));
     if (t > 0) add_into(dq_.data(), dq_step_.data(), Qp * cfg_.q_width());
     const auto tw = CpClock::now();
@@ -134,8 +130,8 @@ void RingXLayer::backward(const AttnLayerParams& w, const float* dy_p, float* dx
                                  DType::f32, ReduceOp::sum)->wait();
     timings_.blocking_comm_ms += elapsed_ms(tw);
   }
-  own_.backward_q(w, dq_.data(), dx_p, 0.f, grad);
-  own_.backward_kv(w, dkv_own_.data(), dx_p, 1.f, dctx_p, grad, nullptr);
+  own_.backward_q(w, st.own, x_p, dq_.data(), dx_p, 0.f, grad);
+  own_.backward_kv(w, st.own, x_p, ctx_p, dkv_own_.data(), dx_p, 1.f, dctx_p, grad, nullptr);
   timings_.bwd_ms = elapsed_ms(t0);
 }
 

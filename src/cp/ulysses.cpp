@@ -5,12 +5,10 @@
 
 namespace diffcp {
 
-UlyssesLayer::UlyssesLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard)
-    : comm_(cp), cfg_(cfg), shard_(std::move(shard)) {
-  cfg_.validate();
+UlyssesLayer::UlyssesLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard) : CpAttentionLayer(cp, cfg) {
   const std::string why = unsupported_reason(cfg_, cp.size());
   DIFFCP_CHECK(why.empty(), why);
-  reshard(shard_);
+  reshard(std::move(shard));
 }
 
 std::string UlyssesLayer::unsupported_reason(const AttnLayerConfig& cfg, int P) {
@@ -19,10 +17,7 @@ std::string UlyssesLayer::unsupported_reason(const AttnLayerConfig& cfg, int P) 
                         " kv heads (head sharding needs P | n_kv)");
 }
 
-void UlyssesLayer::reshard(CpShard shard) {
-  DIFFCP_CHECK(shard.P == comm_.size() && shard.p == comm_.rank(), "ulysses: shard is for rank ", shard.p, " of ",
-               shard.P, " but the communicator is rank ", comm_.rank(), " of ", comm_.size());
-  shard_ = std::move(shard);
+void UlyssesLayer::on_reshard() {
   own_.reshard(cfg_, shard_);
   const std::vector<KeyRows> keys = gather_key_rows(comm_, shard_);
   const std::int64_t B = shard_.batch.block, d = cfg_.d_h;
@@ -45,79 +40,82 @@ void UlyssesLayer::reshard(CpShard shard) {
   q_recv_.resize(q_send_.size());
   kv_send_.resize(n(own_.Lp() * 2 * cfg_.kv_width()));
   kv_recv_.resize(kv_send_.size());
-  q_head_.resize(n(Q_ * hq_ * d));
-  o_head_.resize(q_head_.size());
-  do_head_.resize(q_head_.size());
-  dq_head_.resize(q_head_.size());
-  lse_head_.resize(n(Q_ * hq_));
-  delta_head_.resize(lse_head_.size());
-  kv_head_.resize(n(L_ * 2 * hkv_ * d));
-  dkv_head_.resize(kv_head_.size());
+  do_head_.resize(n(Q_ * hq_ * d));
+  dq_head_.resize(do_head_.size());
+  delta_head_.resize(n(Q_ * hq_));
+  dkv_head_.resize(n(L_ * 2 * hkv_ * d));
   dq_p_.resize(q_send_.size());
   dkv_p_.resize(kv_send_.size());
 }
 
-// Per rank p, in f32 elements: it sends (P-1)/P of each all-to-all's local tensor, whose head
+// Per rank p, in elements of dtype(): it sends (P-1)/P of each all-to-all's local tensor, whose head
 // slice is 1/P of the row: q and o, do and dq move Q_p n_q d_h (P-1)/P each (o and dq: rows of
 // the other ranks, Q - Q_p, instead), k, v, dk, dv move L_p n_kv d_h (P-1)/P each. Summed over
 // ranks and divided by P:
-//   bytes = 4 * (P-1)/P^2 * 4 * (Q n_q d_h + (S+Q) n_kv d_h).
+//   bytes = e * (P-1)/P^2 * 4 * (Q n_q d_h + (S+Q) n_kv d_h),  e = dtype_size(dtype()).
 // Paper, Table 1 (MHA n_q d_h = n_kv d_h = H, even sharding): (P-1)/P * 4H(S + 2Q)/P elements.
-double UlyssesLayer::predicted_bytes_per_layer() const { return ulysses_bytes_per_layer(cfg_, Q_, L_, P_); }
+double UlyssesLayer::predicted_bytes_per_layer() const { return ulysses_bytes_per_layer(cfg_, dtype(), Q_, L_, P_); }
 
-void UlyssesLayer::forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) {
+void UlyssesLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                                float* y_p) {
+  Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
   const auto t0 = CpClock::now();
   const std::int64_t d = cfg_.d_h, Lp = own_.Lp();
   timings_ = {};
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  st.q_head.resize(n(Q_ * hq_ * d));  // the saved head-layout tensors (no-ops while shapes repeat)
+  st.o_head.resize(st.q_head.size());
+  st.lse_head.resize(n(Q_ * hq_));
+  st.kv_head.resize(n(L_ * 2 * hkv_ * d));
 
   // 1. Own queries to head layout (launched), own keys/values while it flies, then theirs.
-  own_.project_q(w, x_p);
-  const float* q_src[] = {own_.q().data()};
+  own_.project_q(w, x_p, st.own);
+  const float* q_src[] = {st.own.q.data()};
   pack_head_slices(q_src, own_.Qp(), P_, hq_ * d, q_send_.data());
-  WorkPtr a2a_q = comm_.all_to_all_v_async(q_send_.data(), q_own_counts_, q_head_.data(), q_all_counts_, DType::f32);
-  own_.project_kv(w, ctx_p, a2a_q.get());
-  const float* kv_src[] = {own_.kv().data(), own_.kv().data() + Lp * cfg_.kv_width()};
+  WorkPtr a2a_q = comm_.all_to_all_v_async(q_send_.data(), q_own_counts_, st.q_head.data(), q_all_counts_, DType::f32);
+  own_.project_kv(w, x_p, ctx_p, st.own, a2a_q.get());
+  const float* kv_src[] = {st.own.kv.data(), st.own.kv.data() + Lp * cfg_.kv_width()};
   pack_head_slices(kv_src, Lp, P_, hkv_ * d, kv_send_.data());
-  WorkPtr a2a_kv = comm_.all_to_all_v_async(kv_send_.data(), kv_own_counts_, kv_head_.data(), kv_all_counts_, DType::f32);
+  WorkPtr a2a_kv = comm_.all_to_all_v_async(kv_send_.data(), kv_own_counts_, st.kv_head.data(), kv_all_counts_, DType::f32);
   timings_.fwd_overlap_exposed_ms = timed_wait(*a2a_q);
   timings_.blocking_comm_ms += timed_wait(*a2a_kv);
 
   // 2. The whole sequence's attention for this rank's heads.
   const std::int64_t kv_stride = 2 * hkv_ * d;
-  attention_forward(*mask_, head_view(q_head_.data(), Q_, hq_, d), HeadRows<const float>{kv_head_.data(), L_, hkv_, d, kv_stride},
-                    HeadRows<const float>{kv_head_.data() + hkv_ * d, L_, hkv_, d, kv_stride},
-                    head_view(o_head_.data(), Q_, hq_, d), lse_head_);
+  attention_forward(*mask_, head_view(st.q_head.data(), Q_, hq_, d), HeadRows<const float>{st.kv_head.data(), L_, hkv_, d, kv_stride},
+                    HeadRows<const float>{st.kv_head.data() + hkv_ * d, L_, hkv_, d, kv_stride},
+                    head_view(st.o_head.data(), Q_, hq_, d), st.lse_head);
 
   // 3. Output rows back to their owners (rank r's rows are contiguous in o_head), projected there.
   auto tw = CpClock::now();
-  comm_.all_to_all_v_async(o_head_.data(), q_all_counts_, q_recv_.data(), q_own_counts_, DType::f32)->wait();
+  comm_.all_to_all_v_async(st.o_head.data(), q_all_counts_, q_recv_.data(), q_own_counts_, DType::f32)->wait();
   timings_.blocking_comm_ms += elapsed_ms(tw);
-  float* o_dst[] = {own_.o().data()};
+  float* o_dst[] = {st.own.o.data()};
   unpack_head_slices(q_recv_.data(), own_.Qp(), P_, hq_ * d, o_dst);
-  own_.output_forward(w, y_p);
+  own_.output_forward(w, st.own, y_p);
   timings_.fwd_ms = elapsed_ms(t0);
 }
 
-void UlyssesLayer::backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p,
-                            AttnLayerParams& grad) {
-  own_.check_forward_done("ulysses");
+void UlyssesLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                                 const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
+  Saved& st = static_cast<Saved&>(state);
   const auto t0 = CpClock::now();
   const std::int64_t d = cfg_.d_h, Lp = own_.Lp();
 
   // 1. do of own rows, to head layout; D from the head-layout o kept by the forward.
-  own_.output_backward(w, dy_p, grad, false);
+  own_.output_backward(w, st.own, dy_p, grad, false);
   const float* do_src[] = {own_.dout().data()};
   pack_head_slices(do_src, own_.Qp(), P_, hq_ * d, q_send_.data());
   auto tw = CpClock::now();
   comm_.all_to_all_v_async(q_send_.data(), q_own_counts_, do_head_.data(), q_all_counts_, DType::f32)->wait();
   timings_.blocking_comm_ms += elapsed_ms(tw);
-  attention_delta(head_view(do_head_.data(), Q_, hq_, d), head_view(o_head_.data(), Q_, hq_, d), delta_head_);
+  attention_delta(head_view(do_head_.data(), Q_, hq_, d), head_view(st.o_head.data(), Q_, hq_, d), delta_head_);
 
   // 2. Attention backward for this rank's heads over the whole sequence.
   const std::int64_t kv_stride = 2 * hkv_ * d;
-  attention_backward(*mask_, head_view(q_head_.data(), Q_, hq_, d), HeadRows<const float>{kv_head_.data(), L_, hkv_, d, kv_stride},
-                     HeadRows<const float>{kv_head_.data() + hkv_ * d, L_, hkv_, d, kv_stride},
-                     head_view(do_head_.data(), Q_, hq_, d), lse_head_, delta_head_, head_view(dq_head_.data(), Q_, hq_, d),
+  attention_backward(*mask_, head_view(st.q_head.data(), Q_, hq_, d), HeadRows<const float>{st.kv_head.data(), L_, hkv_, d, kv_stride},
+                     HeadRows<const float>{st.kv_head.data() + hkv_ * d, L_, hkv_, d, kv_stride},
+                     head_view(do_head_.data(), Q_, hq_, d), st.lse_head, delta_head_, head_view(dq_head_.data(), Q_, hq_, d),
                      HeadRows<float>{dkv_head_.data(), L_, hkv_, d, kv_stride},
                      HeadRows<float>{dkv_head_.data() + hkv_ * d, L_, hkv_, d, kv_stride});
 
@@ -129,11 +127,11 @@ void UlyssesLayer::backward(const AttnLayerParams& w, const float* dy_p, float* 
   float* dq_dst[] = {dq_p_.data()};
   unpack_head_slices(q_recv_.data(), own_.Qp(), P_, hq_ * d, dq_dst);
   a2a_kv->test();
-  own_.backward_q(w, dq_p_.data(), dx_p, 0.f, grad);
+  own_.backward_q(w, st.own, x_p, dq_p_.data(), dx_p, 0.f, grad);
   timings_.bwd_overlap_exposed_ms = timed_wait(*a2a_kv);
   float* dkv_dst[] = {dkv_p_.data(), dkv_p_.data() + Lp * cfg_.kv_width()};
   unpack_head_slices(kv_recv_.data(), Lp, P_, hkv_ * d, dkv_dst);
-  own_.backward_kv(w, dkv_p_.data(), dx_p, 1.f, dctx_p, grad, nullptr);
+  own_.backward_kv(w, st.own, x_p, ctx_p, dkv_p_.data(), dx_p, 1.f, dctx_p, grad, nullptr);
   timings_.bwd_ms = elapsed_ms(t0);
 }
 

@@ -136,7 +136,10 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* P, const
   L.h_in = h_;
   std::vector<float> y(h_.size());
   norm_rows(h_, Qp, H, P + rel(u, off.attn_norm), cfg_.rms_eps, L.a, L.a_rstd);
-  L.attn->forward(AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)), L.a.data(), c_.data(), y.data());
+  const std::int64_t Cp = s.context_rows();
+  if (L.attn_saved) L.attn->discard(std::move(L.attn_saved));  // its backward never ran (evaluation, recompute)
+  L.attn_saved = L.attn->forward(AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)),
+                                 view_of(L.a, {Qp, H}), view_of(c_, {Cp, H}), view_of(y, {Qp, H}));
   add_into(h_, y);
   phases_.attention += ms(t0);
   t0 = Clock::now();
@@ -266,8 +269,8 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
     t0 = Clock::now();
     // Attention: h_mid = h_in + SplitKV(a, c).
     AttnLayerParams gview(cfg_.attn(), G + rel(u, off.attn));
-    L.attn->backward(AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)), dh.data(), da.data(),
-                     dc_l.data(), gview);
+    L.attn->backward(std::move(L.attn_saved), AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)),
+                     view_of(dh, {Qp, H}), view_of(da, {Qp, H}), view_of(dc_l, {Cp, H}), gview);
     std::fill_n(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
     add_into(dh, norm_rows_bwd(da, L.h_in, L.a_rstd, Qp, H, P + rel(u, off.attn_norm), G + rel(u, off.attn_norm)));
     add_into(dc, dc_l);

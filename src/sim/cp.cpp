@@ -52,6 +52,15 @@ struct LayoutData {
 
 double vmax(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
 
+// SimCpOptions::elem (bytes per payload element) as the dtype the closed forms of cp/bytes.hpp take.
+DType payload_dtype(int elem) {
+  for (DType t : {DType::f32, DType::bf16, DType::f64})
+    if (static_cast<int>(dtype_size(t)) == elem) return t;
+  DIFFCP_FAIL("sim cp: elem = ", elem, " bytes per element; expected 4 (f32), 2 (bf16) or 8 (f64)");
+}
+// The simulated machine runs the fused log-sum-exp all-reduce (MPI's; cp/lse_reduce.hpp).
+constexpr int kLseReduces = 1;
+
 }  // namespace
 
 std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& batch, const AttnLayerConfig& cfg,
@@ -62,7 +71,9 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
   const int P = m.P;
   // The work matrix holds P x P doubles (8192: 512 MiB) and the ring-like methods walk it.
   DIFFCP_CHECK(P <= 8192, "sim cp: P = ", P, " ranks; the per-rank work matrix is P x P, supported up to P = 8192");
+  const DType dtype = payload_dtype(opt.elem);
   const double e = opt.elem, H = static_cast<double>(cfg.hidden), qw = static_cast<double>(cfg.q_width());
+  const double stat = 4;  // bytes of an lse / D entry: f32 whatever the payload dtype
   const double kvw = static_cast<double>(cfg.kv_width()), nq = static_cast<double>(cfg.n_q), dh = static_cast<double>(cfg.d_h);
   const std::int64_t Q = batch.query_rows(), S = batch.context_rows(), N = batch.num_blocks();
   const double Qp = static_cast<double>((N + P - 1) / P * batch.block);  // the busiest rank's query rows
@@ -88,8 +99,9 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
     SimCpResult r;
     r.method = method;
     r.P = P;
-    r.reason = cp_unsupported_reason(method, cfg, P);
-    r.layout = method == "splitkv" ? opt.balancer : cp_method_default_layout(method);
+    const CpMethod& desc = cp_method(method);
+    r.reason = desc.unsupported_reason(cfg, P);
+    r.layout = method == "splitkv" ? opt.balancer : desc.default_layout;
     if (!r.supported()) {
       out.push_back(r);
       continue;
@@ -111,7 +123,7 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       bool owned = opt.oproj == "owned";
       if (opt.oproj == "auto")
         owned = choose_oproj(cfg, Q, P, m.profile.gemm_tflops * 1e3 * m.share,
-                            m.multi_node() ? m.profile.inter_gbit / m.R : m.profile.intra_gbit) == OProj::owned;
+                            m.multi_node() ? m.profile.inter_gbit / m.R : m.profile.intra_gbit, dtype) == OProj::owned;
       r.oproj = owned ? "owned" : "all";
       if (!owned) g_o = m.gemm_ms(static_cast<double>(Q), qw, H);
       const double w = owned ? qw : H;
@@ -127,16 +139,16 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       attn_b = m.attn_bwd_ms(wmax * bwd_pair);
       const double frac = (P - 1.0) / P, n = static_cast<double>(Q) * nq;
       const double ag_q = coll(e * frac * Q * qw), rs_o = coll(e * frac * Q * w);
-      const double ar = m.allreduce_small_ms(e * 2 * frac * n);
+      const double ar = m.allreduce_small_ms(stat * 2 * frac * n);
       const double ag_do = coll(e * frac * Q * w), rs_dq = coll(e * frac * Q * qw);
       fwd_exposed = m.overlapped(g_kv, ag_q) - g_kv + rs_o + ar;
       bwd_exposed = ag_do + ar + m.overlapped(2 * g_kv, rs_dq) - 2 * g_kv;
       f = g_q + m.overlapped(g_kv, ag_q) + attn_f + rs_o + ar + g_o;
       b = ag_do + ar + attn_b + m.overlapped(2 * g_kv, rs_dq) + 2 * g_q + 2 * g_o;
       comm = ag_q + rs_o + 2 * ar + ag_do + rs_dq;
-      r.bytes_per_layer = splitkv_bytes_per_layer(cfg, Q, P, owned, hier ? m.nodes() : 0, opt.elem);
+      r.bytes_per_layer = splitkv_bytes_per_layer(cfg, dtype, Q, P, owned, kLseReduces, hier ? m.nodes() : 0);
       r.inter_node_bytes_per_layer =
-          hier ? e * ((m.nodes() - 1.0) * (2 * Q * qw + 2 * Q * w) + 2 * 2 * n * (m.nodes() - 1.0)) / P
+          hier ? (e * (m.nodes() - 1.0) * (2 * Q * qw + 2 * Q * w) + stat * (kLseReduces + 1) * 2 * n * (m.nodes() - 1.0)) / P
                : r.bytes_per_layer * m.inter_fraction();
       r.collectives = hier ? "hierarchical" : "flat";
       r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + (Cp + Qp) * 2 * kvw * 2 + static_cast<double>(Q) * (2 * qw + w + 2 * nq));
@@ -154,7 +166,7 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       f = g_q + m.overlapped(g_kv, a_q) + a_kv + attn_f + a_q + g_o;
       b = a_q + attn_b + a_q + a_kv + 2 * (g_q + g_kv + g_o);
       comm = 4 * a_q + 2 * a_kv;
-      r.bytes_per_layer = ulysses_bytes_per_layer(cfg, Q, S + Q, P, opt.elem);
+      r.bytes_per_layer = ulysses_bytes_per_layer(cfg, dtype, Q, S + Q, P);
       r.inter_node_bytes_per_layer = r.bytes_per_layer * m.inter_fraction();
       r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + static_cast<double>(Q) * qw / P * 3 + Lrows * kvw * 2 / P * 3);
     } else {
@@ -189,7 +201,7 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
           // Broadcasts of q_t (next one posted ahead), lse all-reduce and o reduce at rank t;
           // backward: broadcast k|v_t, reduce dk|dv at rank t.
           const double frac = (P - 1.0) / P;
-          const double bq = m.uniform_ms(e * frac * Qt * qw), lse = m.allreduce_small_ms(e * 2 * frac * Qt * nq);
+          const double bq = m.uniform_ms(e * frac * Qt * qw), lse = m.allreduce_small_ms(stat * 2 * frac * Qt * nq);
           const double ro = m.uniform_ms(e * frac * Qt * qw);
           const double bkv = m.uniform_ms(e * frac * 2 * Lrows / P * kvw), rkv = bkv;
           f += m.overlapped(af, bq) + lse + ro;
@@ -198,8 +210,8 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
           bwd_exposed += m.overlapped(ab, bkv) - ab + rkv;
           comm += bq + lse + ro + bkv + rkv;
         } else {  // lvxattn: q (and its backward inputs) hop ahead, the accumulators behind
-          const double hq = m.hop_ms(e * Qt * qw), hacc = m.hop_ms(e * Qt * (qw + nq));
-          const double hqb = m.hop_ms(e * Qt * (2 * qw + 2 * nq)), hdq = m.hop_ms(e * Qt * qw);
+          const double hq = m.hop_ms(e * Qt * qw), hacc = m.hop_ms(Qt * (e * qw + stat * nq));
+          const double hqb = m.hop_ms(Qt * (e * 2 * qw + stat * 2 * nq)), hdq = m.hop_ms(e * Qt * qw);
           // The query state hops ahead (posted before the attention, so it can hide under it);
           // the accumulator leaves only after the attention and the next rank merges it before
           // passing it on: a dependent hop on every step.
@@ -214,13 +226,13 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       f += g_q + g_kv + g_o;
       b += 2 * (g_q + g_kv + g_o);
       if (method == "ring") {
-        r.bytes_per_layer = ring_bytes_per_layer(cfg, S + Q, P, opt.elem);
+        r.bytes_per_layer = ring_bytes_per_layer(cfg, dtype, S + Q, P);
         r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + 3 * step_kv / e + Qp * (2 * qw + nq));
       } else if (method == "ringx") {
-        r.bytes_per_layer = ringx_bytes_per_layer(cfg, Q, S + Q, P, opt.elem);
+        r.bytes_per_layer = ringx_bytes_per_layer(cfg, dtype, Q, S + Q, P, kLseReduces);
         r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + 2 * Qp * qw * 2 + 2 * step_kv / e + (Cp + Qp) * 2 * kvw * 2);
       } else {
-        r.bytes_per_layer = lvxattn_bytes_per_layer(cfg, Q, P, opt.elem);
+        r.bytes_per_layer = lvxattn_bytes_per_layer(cfg, dtype, Q, P);
         r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + (Cp + Qp) * 2 * kvw * 2 + 4 * Qp * (qw + nq));
       }
       // Ring hops cross nodes for one rank in R; the rooted collectives like a uniform one.

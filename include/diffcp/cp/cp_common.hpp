@@ -85,56 +85,70 @@ void pack_head_slices(std::span<const float* const> src, std::int64_t rows, std:
 void unpack_head_slices(const float* src, std::int64_t rows, std::int64_t P, std::int64_t hd,
                         std::span<float* const> dst);
 
-// The rank-local ends of the layer for the rows this rank owns. Forward: q_p = RoPE(RMSNorm_q(x_p
-// W_q)), [k_p; v_p] = (RoPE(RMSNorm_k(U_p W_k)), U_p W_v) with U_p = [ctx_p; x_p], normed and
-// rotated here before any exchange; after the method has filled o() (and lse()), y_p = o_p W_o +
-// b_o. Backward: do_p = dy_p W_o^T (+ dW_o, db_o shares), D_p = rowsum(do_p * o_p); after the
-// method has produced dq_p and dk_p, dv_p (gradients w.r.t. the normed, rotated q and k), the
-// projection backward gives dx_p, dctx_p and the dW_q, dW_k, dW_v, q_norm, k_norm shares.
+// What the rank-local ends save for the backward: part of every method's saved state
+// (cp_layer.hpp CpSaved), sized by OwnRows::project_q. L_k >= L_p: see OwnRows::reshard.
+struct OwnActivations {
+  std::vector<float> q_lin, q_rstd, q;   // [Q_p, qw] pre-norm, [Q_p, n_q], normed and rotated
+  std::vector<float> k_lin, k_rstd, kv;  // [L_k, kvw] pre-norm, [L_k, n_kv], [2, L_k, kvw]: k (normed, rotated) rows, then v rows
+  std::vector<float> o, lse;             // [Q_p, qw] merged attention output, [Q_p, n_q] global lse of own rows: set by the method
+};
+
+// The rank-local ends of the layer for the rows this rank owns, shared by every method (the
+// projection math exists once). Forward: q_p = RoPE(RMSNorm_q(x_p W_q)), [k_p; v_p] =
+// (RoPE(RMSNorm_k(U_p W_k)), U_p W_v) with U_p = [ctx_p; x_p], normed and rotated here before any
+// exchange; after the method has filled o (and lse), y_p = o_p W_o + b_o. Backward: do_p = dy_p
+// W_o^T (+ dW_o, db_o shares), D_p = rowsum(do_p * o_p); after the method has produced dq_p and
+// dk_p, dv_p (gradients w.r.t. the normed, rotated q and k), the projection backward gives dx_p,
+// dctx_p and the dW_q, dW_k, dW_v, q_norm, k_norm shares. The activations live in the caller's
+// OwnActivations (the method's saved state); OwnRows keeps the shard's positions and scratch.
 class OwnRows {
  public:
-  void reshard(const AttnLayerConfig& cfg, const CpShard& s);
+  // padded_key_rows: L_k, the rows of k and v (Split-KV's bucket padding: rows [L_p, L_k) are
+  // zero and masked); 0 = L_p.
+  void reshard(const AttnLayerConfig& cfg, const CpShard& s, std::int64_t padded_key_rows = 0);
   std::int64_t Qp() const { return Qp_; }  // Q_p
   std::int64_t Cp() const { return Cp_; }  // C_p
   std::int64_t Lp() const { return Cp_ + Qp_; }  // L_p
+  std::int64_t Lk() const { return Lk_; }  // L_k
 
-  //   x_p: [Q_p, H], kept (by pointer) for the backward
-  void project_q(const AttnLayerParams& w, const float* x_p);
-  //   ctx_p: [C_p, H], kept for the backward. Polls `inflight` (may be null) between row chunks:
-  //   Open MPI progresses a nonblocking operation only inside MPI calls.
-  void project_kv(const AttnLayerParams& w, const float* ctx_p, Work* inflight);
-  //   y_p: [Q_p, H] out, from o()
-  void output_forward(const AttnLayerParams& w, float* y_p) const;
+  //   x_p: [Q_p, H]. Sizes every buffer of `a` for this shard, then computes a.q (and a.q_lin, a.q_rstd).
+  void project_q(const AttnLayerParams& w, const float* x_p, OwnActivations& a);
+  //   x_p: [Q_p, H], ctx_p: [C_p, H] -> a.kv (a.k_lin, a.k_rstd). Polls `inflight` (may be null)
+  //   between row chunks: Open MPI progresses a nonblocking operation only inside MPI calls.
+  void project_kv(const AttnLayerParams& w, const float* x_p, const float* ctx_p, OwnActivations& a, Work* inflight);
+  //   y_p: [Q_p, H] out, from a.o
+  void output_forward(const AttnLayerParams& w, const OwnActivations& a, float* y_p) const;
   //   dy_p: [Q_p, H] -> dout() and, if with_delta, delta(); adds the dW_o, db_o shares to grad
-  void output_backward(const AttnLayerParams& w, const float* dy_p, AttnLayerParams& grad, bool with_delta = true);
-  //   dq_p: [Q_p, qw] (destroyed); dx_p: [Q_p, H] = beta*dx_p + dq_p-part; adds dW_q, q_norm shares
-  void backward_q(const AttnLayerParams& w, float* dq_p, float* dx_p, float beta, AttnLayerParams& grad);
-  //   dkv_p: [2, L_p, kvw] = dk rows then dv rows (destroyed); dx_p: [Q_p, H] = beta*dx_p + block-row
-  //   part; dctx_p: [C_p, H] out; adds dW_k, dW_v, k_norm shares; polls `inflight` (may be null)
-  void backward_kv(const AttnLayerParams& w, float* dkv_p, float* dx_p, float beta, float* dctx_p,
-                   AttnLayerParams& grad, Work* inflight);
+  void output_backward(const AttnLayerParams& w, const OwnActivations& a, const float* dy_p, AttnLayerParams& grad,
+                       bool with_delta = true);
+  //   x_p: [Q_p, H] the forward's input; dq_p: [Q_p, qw] (destroyed); dx_p: [Q_p, H] = beta*dx_p +
+  //   dq_p-part; adds dW_q, q_norm shares
+  void backward_q(const AttnLayerParams& w, const OwnActivations& a, const float* x_p, float* dq_p, float* dx_p,
+                  float beta, AttnLayerParams& grad);
+  //   x_p, ctx_p: the forward's inputs; dkv_p: [2, L_k, kvw] = dk rows then dv rows (destroyed;
+  //   padding rows ignored); dx_p: [Q_p, H] = beta*dx_p + block-row part; dctx_p: [C_p, H] out;
+  //   adds dW_k, dW_v, k_norm shares; polls `inflight` (may be null)
+  void backward_kv(const AttnLayerParams& w, const OwnActivations& a, const float* x_p, const float* ctx_p,
+                   float* dkv_p, float* dx_p, float beta, float* dctx_p, AttnLayerParams& grad, Work* inflight);
 
-  std::vector<float>& q() { return q_; }      // [Q_p, qw] normed and rotated
-  std::vector<float>& kv() { return kv_; }    // [2, L_p, kvw]: k (normed, rotated) rows, then v rows
-  std::vector<float>& o() { return o_; }      // [Q_p, qw] merged attention output, set by the method
-  std::vector<float>& lse() { return lse_; }  // [Q_p, n_q] global lse of own rows, set by the method
   std::vector<float>& dout() { return dout_; }    // [Q_p, qw] after output_backward
   std::vector<float>& delta() { return delta_; }  // [Q_p, n_q] after output_backward
-  HeadRows<const float> q_view() const { return head_view(q_.data(), Qp_, cfg_.n_q, cfg_.d_h); }
-  HeadRows<const float> k_view() const { return head_view(kv_.data(), Lp(), cfg_.n_kv, cfg_.d_h); }
-  HeadRows<const float> v_view() const { return head_view(kv_.data() + Lp() * cfg_.kv_width(), Lp(), cfg_.n_kv, cfg_.d_h); }
-  void check_forward_done(const char* method) const;
+  HeadRows<const float> q_view(const OwnActivations& a) const { return head_view(a.q.data(), Qp_, cfg_.n_q, cfg_.d_h); }
+  HeadRows<const float> k_view(const OwnActivations& a) const { return head_view(a.kv.data(), Lk_, cfg_.n_kv, cfg_.d_h); }
+  HeadRows<const float> v_view(const OwnActivations& a) const {
+    return head_view(a.kv.data() + Lk_ * cfg_.kv_width(), Lk_, cfg_.n_kv, cfg_.d_h);
+  }
+  // How many times a buffer (activations or scratch) had to grow: 0 per step while shapes repeat.
+  std::int64_t allocations() const { return allocations_; }
 
  private:
+  float* grow(std::vector<float>& v, std::int64_t n);  // v resized to n, counting growth
+
   AttnLayerConfig cfg_;
-  std::int64_t Qp_ = 0, Cp_ = 0;
+  std::int64_t Qp_ = 0, Cp_ = 0, Lk_ = 0;
   std::vector<std::int64_t> key_pos_, query_pos_;  // RoPE positions [L_p], [Q_p]
-  std::vector<float> q_lin_, q_rstd_, q_;          // [Q_p, qw] pre-norm, [Q_p, n_q], normed+rotated
-  std::vector<float> k_lin_, k_rstd_, kv_;         // [L_p, kvw] pre-norm, [L_p, n_kv], [2, L_p, kvw]
-  std::vector<float> o_, lse_, dout_, delta_;
-  const float* x_p_ = nullptr;
-  const float* ctx_p_ = nullptr;
-  bool forward_done_ = false;
+  std::vector<float> dout_, delta_;
+  std::int64_t allocations_ = 0;
   RopeTable rope_{2, 1.0, 0};
 };
 

@@ -1,14 +1,31 @@
 // The interface every context-parallel method of the drafter attention layer implements, so the
-// paper's table of methods (SPEC A.4) is one factory away: same inputs, parameters and outputs,
-// forward and backward, exact against the same fp64 reference.
+// paper's table of methods (SPEC A.4, cp/cp_methods.hpp) is one factory away: same inputs,
+// parameters and outputs, forward and backward, exact against the same fp64 reference.
 //
 // Inputs on rank p (CpShard, cp/attention_layer.hpp): x_p [Q_p, H] = the rows of the blocks it
 // owns (contiguous even block ranges, rank order = block order), ctx_p [C_p, H] = the context
 // rows of its chunks (chunk order). Outputs: y_p, dx_p [Q_p, H], dctx_p [C_p, H], and this rank's
-// share of the parameter gradients (sum over the group with allreduce_grads).
+// share of the parameter gradients (sum over the group with allreduce_grads). Every tensor is a
+// contiguous host view of the layer's dtype() (f32; bf16 is issue #14), checked at the boundary:
+// a wrong shape or dtype is a diffcp::Error naming the tensor.
+//
+// forward() returns what the backward needs (CpSaved, flash-attn's autograd context): the input
+// views and the method's saved activations. backward() consumes it:
+//   CpSaved s = layer.forward(w, x_p, ctx_p, y_p);      // x_p, ctx_p: kept alive and unchanged
+//   layer.backward(std::move(s), w, dy_p, dx_p, dctx_p, grad);  // until this call
+// Wrong: backward with a context of another layer, or of a forward before the last reshard()
+// (an Error says which); two backwards of one context (the second gets an empty one).
+// The activation buffers come from the layer's pool and go back to it in backward() (or
+// discard() for a forward whose backward never runs), so steps of repeating shapes allocate
+// nothing.
 // Call order: every rank calls forward() then backward() (and reshard() between steps).
 #pragma once
 
+#include <cstdint>
+#include <memory>
+
+#include "diffcp/comm/communicator.hpp"
+#include "diffcp/core/tensor.hpp"
 #include "diffcp/cp/attention_layer.hpp"
 
 namespace diffcp {
@@ -23,23 +40,89 @@ struct CpTimings {
   double exposed_comm_ms() const { return fwd_overlap_exposed_ms + bwd_overlap_exposed_ms + blocking_comm_ms; }
 };
 
+class CpAttentionLayer;
+
+// A method's saved activations (each method derives its own; see e.g. SplitKVLayer).
+struct CpSavedState {
+  virtual ~CpSavedState() = default;
+};
+
+// What one forward() saved for its backward(): move-only, consumed by backward().
+class CpSaved {
+ public:
+  CpSaved() = default;
+  CpSaved(CpSaved&&) noexcept = default;
+  CpSaved& operator=(CpSaved&&) noexcept = default;
+  CpSaved(const CpSaved&) = delete;
+  CpSaved& operator=(const CpSaved&) = delete;
+
+  explicit operator bool() const { return state_ != nullptr; }  // false: empty or consumed
+  const ConstTensorView& x_p() const { return x_p_; }    // [Q_p, H] the forward's input
+  const ConstTensorView& ctx_p() const { return ctx_p_; }  // [C_p, H]
+  const CpSavedState* state() const { return state_.get(); }
+
+ private:
+  friend class CpAttentionLayer;
+  const CpAttentionLayer* layer_ = nullptr;  // the layer whose forward made it (identity only)
+  std::uint64_t generation_ = 0;             // that layer's reshard count at the forward
+  ConstTensorView x_p_, ctx_p_;
+  std::unique_ptr<CpSavedState> state_;
+};
+
 class CpAttentionLayer {
  public:
   virtual ~CpAttentionLayer() = default;
+  CpAttentionLayer(const CpAttentionLayer&) = delete;
+  CpAttentionLayer& operator=(const CpAttentionLayer&) = delete;
+
   virtual const char* name() const = 0;
-  virtual void reshard(CpShard shard) = 0;
+  // A new micro-batch (or plan) for the next step; contexts saved before it are refused by
+  // backward(). shard.P, shard.p must match the communicator. Collective for the methods whose
+  // reshard exchanges chunk lists (ulysses, ring, ringx).
+  void reshard(CpShard shard);
+
   //   x_p: [Q_p, H]   ctx_p: [C_p, H]   y_p: [Q_p, H] out
-  virtual void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) = 0;
+  CpSaved forward(const AttnLayerParams& w, ConstTensorView x_p, ConstTensorView ctx_p, TensorView y_p);
+  //   saved: what this layer's last-reshard forward returned (consumed)
   //   dy_p: [Q_p, H]  dx_p: [Q_p, H] out  dctx_p: [C_p, H] out  grad: this rank's share ADDED
-  virtual void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p,
-                        AttnLayerParams& grad) = 0;
+  void backward(CpSaved&& saved, const AttnLayerParams& w, ConstTensorView dy_p, TensorView dx_p, TensorView dctx_p,
+                AttnLayerParams& grad);
+  // Hands the buffers of a context whose backward will not run (evaluation, recompute) back to
+  // the pool. Any generation; a context of another layer is an Error.
+  void discard(CpSaved&& saved);
+
   // Closed-form bytes one layer (forward + backward) sends per rank, mean over ranks, as the
-  // communicator counts them.
+  // communicator counts them (cp/bytes.hpp, elements of dtype()).
   virtual double predicted_bytes_per_layer() const = 0;
+  DType dtype() const { return DType::f32; }  // of x, ctx, y and their gradients (bf16: issue #14)
+  const AttnLayerConfig& config() const { return cfg_; }
+  const CpShard& shard() const { return shard_; }
   const CpTimings& timings() const { return timings_; }
 
  protected:
+  // Validates cfg. The derived constructor calls reshard(shard) once it can.
+  CpAttentionLayer(Communicator& cp, const AttnLayerConfig& cfg);
+
+  // The method's part of reshard(), after shard_ is set.
+  virtual void on_reshard() = 0;
+  // An empty saved state of the method's type (the pool's first fill).
+  virtual std::unique_ptr<CpSavedState> new_state() const = 0;
+  // The method's forward and backward on checked contiguous f32 buffers (shapes as above). `st`
+  // is a state made by new_state(), reused across steps: the method sizes its buffers.
+  virtual void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                            float* y_p) = 0;
+  virtual void backward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                             const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) = 0;
+
+  Communicator& comm_;
+  AttnLayerConfig cfg_;
+  CpShard shard_;
   CpTimings timings_;
+
+ private:
+  std::unique_ptr<CpSavedState> take_state(CpSaved& saved, const char* what, bool any_generation) const;
+  std::uint64_t generation_ = 0;
+  std::unique_ptr<CpSavedState> spare_;  // the pool: one state, in use between forward and backward
 };
 
 // Sums parameter gradients over a group (CP, DP or both): one all-reduce of the whole buffer.

@@ -1,6 +1,6 @@
-// The CP methods of the drafter attention layer by name (SPEC A.2, A.4): one place that knows the
-// table of methods, so the CLI (`diffcp attn --method`, `diffcp bench cp --methods`) and the
-// benchmarks pick a method with a string and learn up front whether it can serve a configuration.
+// The CP methods of the drafter attention layer (SPEC A.2, A.4) as ONE descriptor table: the CLI
+// (`diffcp attn --method`, `diffcp bench cp --methods`, `diffcp sim cp`), the benchmarks and the
+// tests iterate cp_methods() or look a method up by name; nothing else lists the methods.
 //
 //   name      class (file)              can serve                 usual context layout
 //   splitkv   SplitKVLayer (splitkv)    any P                     lpt (any balancer)
@@ -11,8 +11,9 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
-#include <vector>
+#include <string_view>
 
 #include "diffcp/comm/communicator.hpp"
 #include "diffcp/cp/cp_layer.hpp"
@@ -20,23 +21,31 @@
 
 namespace diffcp {
 
-// {"splitkv", "ulysses", "ring", "ringx", "lvxattn"}: the order of the paper's tables.
-const std::vector<std::string>& cp_method_names();
+struct CpMethod {
+  const char* name;            // "splitkv": what --method takes
+  const char* title;           // "Split-KV": how tables and reports print it
+  const char* default_layout;  // balancer (balance/balancer.hpp) that lays the context out as the method is usually run
+  // "" when the method can run on P ranks with this layer shape, else why not (e.g. Ulysses with
+  // P not dividing n_kv). No communication: every rank can ask before constructing a layer.
+  std::string (*unsupported_reason)(const AttnLayerConfig& cfg, int P);
+  // Constructs the layer (no check of unsupported_reason: use make()). Collective for ulysses,
+  // ring and ringx (their constructors all-gather the ranks' chunk lists).
+  std::unique_ptr<CpAttentionLayer> (*factory)(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard,
+                                               const SplitKVOptions& splitkv);
+  // The communicator operation kinds one forward + backward issues (anything else would be a sign
+  // that the layer is not the method it claims; the tests assert it).
+  std::span<const CommOp> ops;
 
-// "" when `name` can run on P ranks with this layer shape, else the reason it cannot (e.g.
-// Ulysses with P not dividing n_kv). Throws diffcp::Error listing the names for an unknown name.
-// No communication: call it on every rank before constructing a layer.
-std::string cp_unsupported_reason(const std::string& name, const AttnLayerConfig& cfg, int P);
+  // The layer, after refusing (diffcp::Error, before any communication) a configuration
+  // unsupported_reason rejects. Every rank of `cp` must call it with the same method; shard.P and
+  // shard.p must match `cp`. Only splitkv reads `splitkv`.
+  std::unique_ptr<CpAttentionLayer> make(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard,
+                                         const SplitKVOptions& splitkv = {}) const;
+};
 
-// The balancer name (balance/balancer.hpp) that lays the context out the way the method is
-// usually run: "lpt" for splitkv, "zigzag" for ring, "none" (contiguous) for the others.
-std::string cp_method_default_layout(const std::string& name);
-
-// Constructs the layer. Collective for ulysses, ring and ringx (their constructors all-gather the
-// ranks' chunk lists): every rank of `cp` must call it with the same name. Throws diffcp::Error
-// before any communication for an unknown name or when cp_unsupported_reason is not empty.
-// shard.P and shard.p must match `cp`. splitkv takes `splitkv` (the others ignore it).
-std::unique_ptr<CpAttentionLayer> make_cp_layer(const std::string& name, Communicator& cp, const AttnLayerConfig& cfg,
-                                                CpShard shard, const SplitKVOptions& splitkv = {});
+// The methods in the order of the paper's tables: splitkv, ulysses, ring, ringx, lvxattn.
+std::span<const CpMethod> cp_methods();
+// The method called `name`; throws diffcp::Error listing the names for an unknown one.
+const CpMethod& cp_method(std::string_view name);
 
 }  // namespace diffcp

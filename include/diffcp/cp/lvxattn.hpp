@@ -31,24 +31,25 @@ namespace diffcp {
 class LvXAttnLayer final : public CpAttentionLayer {
  public:
   LvXAttnLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);  // collective-free
-  void reshard(CpShard shard) override;                                       // collective-free
   const char* name() const override { return "lvxattn"; }
-  static std::string unsupported_reason(const AttnLayerConfig& cfg, int P);  // always "": any P
 
-  //   x_p: [Q_p, H]   ctx_p: [C_p, H]   y_p: [Q_p, H] out
-  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) override;
-  //   dy_p: [Q_p, H]   dx_p: [Q_p, H] out   dctx_p: [C_p, H] out   grad: this rank's share ADDED
-  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   // (P-1)/P * Q (5 n_q d_h + 3 n_q) f32 elements, mean over ranks (see lvxattn.cpp).
   double predicted_bytes_per_layer() const override;
 
  private:
+  // What forward saves for backward (besides the input views).
+  struct Saved : CpSavedState {
+    OwnActivations own;  // q_p, [k_p; v_p], o_p, lse_p of the owned rows
+  };
+  void on_reshard() override;
+  std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
+  void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                    float* y_p) override;
+  void backward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                     const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   int src_of_step(int t) const { return (shard_.p - t + 2 * shard_.P) % shard_.P; }
   std::int64_t rows_of(int r) const { return shard_.query_rows[static_cast<std::size_t>(r)]; }
 
-  Communicator& comm_;
-  AttnLayerConfig cfg_;
-  CpShard shard_;
   OwnRows own_;
   std::vector<BlockMask> masks_;  // [P]: rank s's query blocks x local key rows
   // Rows of rank s's query state, Q_s each: forward q [Q_s, qw], running [o | lse] =

@@ -31,26 +31,27 @@ namespace diffcp {
 class RingLayer final : public CpAttentionLayer {
  public:
   RingLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);  // collective (reshard)
-  void reshard(CpShard shard) override;                                    // collective
   const char* name() const override { return "ring"; }
-  static std::string unsupported_reason(const AttnLayerConfig& cfg, int P);  // always "": any P
 
-  //   x_p: [Q_p, H]   ctx_p: [C_p, H]   y_p: [Q_p, H] out
-  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) override;
-  //   dy_p: [Q_p, H]   dx_p: [Q_p, H] out   dctx_p: [C_p, H] out   grad: this rank's share ADDED
-  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   // (P-1)/P * 6 (S+Q) n_kv d_h f32 elements, mean over ranks (see ring.cpp).
   double predicted_bytes_per_layer() const override;
 
  private:
+  // What forward saves for backward (besides the input views).
+  struct Saved : CpSavedState {
+    OwnActivations own;  // q_p, [k_p; v_p], o_p, lse_p of the owned rows
+  };
+  void on_reshard() override;
+  std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
+  void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                    float* y_p) override;
+  void backward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                     const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   int src_of_step(int t) const { return (shard_.p - t + 2 * shard_.P) % shard_.P; }
   std::size_t kv_count(int r) const { return static_cast<std::size_t>(key_rows_[static_cast<std::size_t>(r)] * 2 * cfg_.kv_width()); }
   HeadRows<const float> k_of(const float* kv, int r) const;  // kv: [2, L_r, kvw]
   HeadRows<const float> v_of(const float* kv, int r) const;
 
-  Communicator& comm_;
-  AttnLayerConfig cfg_;
-  CpShard shard_;
   OwnRows own_;
   std::vector<BlockMask> masks_;         // [P]: own query blocks x rank r's key rows
   std::vector<std::int64_t> key_rows_;   // [P] L_r

@@ -30,26 +30,27 @@ namespace diffcp {
 class RingXLayer final : public CpAttentionLayer {
  public:
   RingXLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);  // collective (reshard)
-  void reshard(CpShard shard) override;                                     // collective
   const char* name() const override { return "ringx"; }
-  static std::string unsupported_reason(const AttnLayerConfig& cfg, int P);  // always "": any P
 
-  //   x_p: [Q_p, H]   ctx_p: [C_p, H]   y_p: [Q_p, H] out
-  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) override;
-  //   dy_p: [Q_p, H]   dx_p: [Q_p, H] out   dctx_p: [C_p, H] out   grad: this rank's share ADDED
-  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   // (P-1)/P * (2Q n_q d_h + 2Q n_q + 4(S+Q) n_kv d_h) f32 elements, mean over ranks (see ringx.cpp).
   double predicted_bytes_per_layer() const override;
 
  private:
+  // What forward saves for backward (besides the input views).
+  struct Saved : CpSavedState {
+    OwnActivations own;  // q_p, [k_p; v_p], o_p, lse_p of the owned rows
+  };
+  void on_reshard() override;
+  std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
+  void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                    float* y_p) override;
+  void backward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                     const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   // Counts of a reduce to `root` of `n` elements: zero except at root.
   std::vector<std::size_t> rooted_counts(int root, std::int64_t n) const;
   // Posts the broadcast of step t's payload (root t's own buffer, or into buf elsewhere).
   WorkPtr post_broadcast(int t, float* own, float* buf, std::int64_t n);
 
-  Communicator& comm_;
-  AttnLayerConfig cfg_;
-  CpShard shard_;
   OwnRows own_;
   std::vector<BlockMask> fwd_masks_;      // [P]: rank t's query blocks x local key rows
   std::vector<BlockMask> bwd_masks_;      // [P]: local query blocks x rank t's key rows

@@ -21,17 +21,21 @@
 //   collectives = hierarchical: every collective runs two-level over the communicator's topology
 //     (comm/communicator.hpp): each node's rows cross each other node once.
 //
+// The projections of the rows a rank owns are the shared ones (cp_common.hpp OwnRows), run so that
+// the q all-gather flies under the K/V projection and the dq reduce-scatter under its backward.
 // Call order: every rank of the group calls forward(), then backward(), with its own shard.
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "diffcp/attention/mask.hpp"
 #include "diffcp/comm/communicator.hpp"
+#include "diffcp/cp/cp_common.hpp"
 #include "diffcp/cp/cp_layer.hpp"
-#include "diffcp/ops/rope.hpp"
 
 namespace diffcp {
 
@@ -48,9 +52,10 @@ struct SplitKVOptions {
 // The cost model of --oproj auto: owned when the output-projection time it saves is larger than
 // the time of the extra bytes it sends (per rank, forward + backward):
 //   saved = 3 GEMMs of (Q - Q/P) x n_q d_h x H = 6 Q (P-1)/P n_q d_h H flop at gemm_gflops,
-//   extra = 2 (P-1)/P Q (n_q d_h - H) elements of 4 B at link_gbit.
+//   extra = 2 (P-1)/P Q (n_q d_h - H) elements of dtype_size(dtype) bytes at link_gbit.
 // Q: query rows of the micro-batch; link_gbit: what one rank's collective traffic gets.
-OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gemm_gflops, double link_gbit);
+OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gemm_gflops, double link_gbit,
+                   DType dtype = DType::f32);
 
 // Timings: fwd_overlap_exposed_ms = waiting for the q all-gather after the K/V projection;
 // bwd_overlap_exposed_ms = waiting for the dq reduce-scatter after the K/V projection backward;
@@ -59,60 +64,53 @@ class SplitKVLayer final : public CpAttentionLayer {
  public:
   // Collective-free. The communicator is the CP group; shard.P and shard.p must match it.
   SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, SplitKVOptions opt = {});
-  // A new micro-batch (or plan) for the next step. Buffers are kept: with a bucketed shard whose
-  // padded K/V length and Q do not change, the step allocates nothing (see allocations()).
-  void reshard(CpShard shard) override;
   const char* name() const override { return "splitkv"; }
+  // reshard() (cp_layer.hpp): buffers are kept; with a bucketed shard whose padded K/V length and
+  // Q do not change, a step (forward + backward) allocates nothing (see allocations()).
 
-  //   x_p:   [Q_p, H] hidden states of the owned blocks' rows (block order)
-  //   ctx_p: [C_p, H] context features of the held chunks (chunk order)
-  //   y_p:   [Q_p, H] out
-  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) override;
-  //   dy_p: [Q_p, H]   dx_p: [Q_p, H] out   dctx_p: [C_p, H] out
-  //   grad: this rank's share of the parameter gradients is ADDED (sum over ranks = the gradient)
-  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
-
-  const std::vector<float>& lse() const { return lse_; }  // [Q, n_q] global, after forward
-  const CpShard& shard() const { return shard_; }
-  // How many times a persistent buffer had to grow (0 after the first step while shapes repeat).
-  std::int64_t allocations() const { return allocations_; }
+  // The global lse [Q, n_q] a forward of this layer saved (for dumps and tests).
+  std::span<const float> lse(const CpSaved& saved) const;
+  // How many times a buffer (saved activations or step scratch) had to grow (0 per step while
+  // shapes repeat and every forward's context goes back through backward() or discard()).
+  std::int64_t allocations() const { return allocations_ + own_.allocations(); }
   // The mean over ranks of the bytes each rank sends per layer (forward + backward), as the
-  // communicator counts them, in elements of f32 (w = H for oproj all, n_q d_h for owned;
-  // n = Q n_q; N nodes; the flat path when there is one node or one rank per node):
-  //   flat:         (P-1)/P * [2Q n_q d_h + 2Q w] + 2 * 2(P-1)/P * n
-  //   hierarchical: (P-1)/P * [2Q n_q d_h + 2Q w] + 2 * [2n(N-1) + 3n(P-N)] / P
+  // communicator counts them (w = H for oproj all, n_q d_h for owned; n = Q n_q; N nodes; the flat
+  // path when there is one node or one rank per node), elements of dtype() for the rows and f32 for
+  // the lse / D all-reduces, of which there are a = 1 + lse_all_reduces(comm) (cp/lse_reduce.hpp):
+  //   flat:         (P-1)/P * [2Q n_q d_h + 2Q w] + a * 2(P-1)/P * n
+  //   hierarchical: (P-1)/P * [2Q n_q d_h + 2Q w] + a * [2n(N-1) + 3n(P-N)] / P
   double predicted_bytes_per_layer() const override;
   // Of those, the mean sent to other nodes (needs cp.has_topology()):
-  //   flat:         1/P * [sum_r Q_r (2 n_q d_h + 2w) (P - L_node(r)) + 2 sum_p sum_{r off p's node} (s_r + s_p)]
+  //   flat:         1/P * [sum_r Q_r (2 n_q d_h + 2w) (P - L_node(r)) + a sum_p sum_{r off p's node} (s_r + s_p)]
   //                 with s_r = n/P (+1 for r < n mod P) the all-reduce shares
-  //   hierarchical: 1/P * [(N-1) (2Q n_q d_h + 2Q w) + 2 * 2n(N-1)]
+  //   hierarchical: 1/P * [(N-1) (2Q n_q d_h + 2Q w) + a * 2n(N-1)]
   double predicted_inter_bytes_per_layer() const;
   const SplitKVOptions& options() const { return opt_; }
 
  private:
+  // What forward saves for backward (besides the input views).
+  struct Saved : CpSavedState {
+    OwnActivations own;            // q_p, k_p, v_p (L_k padded rows); own.o = o_p with oproj owned
+    std::vector<float> q_all;      // [Q, n_q d_h] gathered, normed and rotated
+    std::vector<float> obar, lse;  // [Q, n_q d_h] rescaled local output, [Q, n_q] global lse
+  };
+  void on_reshard() override;
+  std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
+  void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                    float* y_p) override;
+  void backward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                     const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   std::vector<std::size_t> row_counts(std::int64_t width) const;  // per-rank element counts of [Q_r, width]
   float* buffer(std::vector<float>& v, std::int64_t n);  // v resized to n, counting growth
 
-  Communicator& comm_;
-  AttnLayerConfig cfg_;
   SplitKVOptions opt_;
   bool hier_ = false;  // the hierarchical path really runs (topology with 1 < N < P)
-  CpShard shard_;
-  BlockMask mask_;
-  std::int64_t Q_ = 0, Qp_ = 0, Cp_ = 0;
-  std::int64_t Lr_ = 0, Lk_ = 0;                   // real key rows C_p + Q_p; padded to the bucket
-  std::vector<std::int64_t> key_pos_, query_pos_;  // RoPE positions: [L_r], [Q_p]
-  std::unique_ptr<RopeTable> rope_;
-  // Saved by forward for backward.
-  const float* x_p_ = nullptr;
-  const float* ctx_p_ = nullptr;
-  std::vector<float> q_lin_, q_rstd_, q_p_;    // [Q_p, n_q d_h] pre-norm, [Q_p, n_q], normed+rotated
-  std::vector<float> k_lin_, k_rstd_, k_, v_;  // [L_k, n_kv d_h] pre-norm, [L_k, n_kv], k, v
-  std::vector<float> q_all_;                   // [Q, n_q d_h] gathered, normed and rotated
-  std::vector<float> obar_, lse_, lse_p_;      // [Q, n_q d_h] rescaled local output, [Q, n_q] x2
-  std::vector<float> o_p_;                     // oproj owned: [Q_p, n_q d_h] the owned rows' output
+  std::optional<BlockMask> mask_;
+  std::int64_t Q_ = 0;
+  OwnRows own_;  // the projections of the rows this rank owns (cp_common.hpp), K/V padded to the bucket
   // Step scratch, kept so that steps of equal shape reuse it.
-  std::vector<float> ybar_, g_, dout_, delta_, dq_all_, dk_, dv_, dq_p_;
+  std::vector<float> lse_p_;                        // [Q, n_q] local lse
+  std::vector<float> ybar_, g_, dout_, delta_, dq_all_, dkv_, dq_p_;
   std::int64_t allocations_ = 0;
 };
 

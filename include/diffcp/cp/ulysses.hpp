@@ -34,30 +34,32 @@ class UlyssesLayer final : public CpAttentionLayer {
   // Throws diffcp::Error, before any communication, when unsupported_reason(cfg, P) is not empty
   // or the shard does not match the communicator. Then all-gathers the chunk lists (reshard).
   UlyssesLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);
-  void reshard(CpShard shard) override;  // collective
   const char* name() const override { return "ulysses"; }
   // "" when Ulysses can run on P ranks, else why not (P must divide n_kv).
   static std::string unsupported_reason(const AttnLayerConfig& cfg, int P);
 
-  //   x_p: [Q_p, H]   ctx_p: [C_p, H]   y_p: [Q_p, H] out
-  void forward(const AttnLayerParams& w, const float* x_p, const float* ctx_p, float* y_p) override;
-  //   dy_p: [Q_p, H]   dx_p: [Q_p, H] out   dctx_p: [C_p, H] out   grad: this rank's share ADDED
-  void backward(const AttnLayerParams& w, const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   // (P-1)/P^2 * 4 (Q n_q d_h + (S+Q) n_kv d_h) f32 elements, mean over ranks (see ulysses.cpp).
   double predicted_bytes_per_layer() const override;
 
  private:
-  Communicator& comm_;
-  AttnLayerConfig cfg_;
-  CpShard shard_;
+  // What forward saves for backward (besides the input views).
+  struct Saved : CpSavedState {
+    OwnActivations own;  // q_p, [k_p; v_p], o_p, lse_p of the owned rows
+    std::vector<float> q_head, o_head, lse_head;  // [Q, hq, d_h], [Q, hq, d_h], [Q, hq]
+    std::vector<float> kv_head;                   // [S+Q, 2, hkv, d_h]: k | v per row
+  };
+  void on_reshard() override;
+  std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
+  void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                    float* y_p) override;
+  void backward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
+                     const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   OwnRows own_;
   std::optional<BlockMask> mask_;  // all N query blocks x all ranks' key rows in rank order
   std::int64_t P_ = 1, hq_ = 0, hkv_ = 0, Q_ = 0, L_ = 0;  // L_ = S + Q
   // all-to-all element counts per peer: query side [Q_r hq d_h], key side [L_r 2 hkv d_h]
   std::vector<std::size_t> q_own_counts_, q_all_counts_, kv_own_counts_, kv_all_counts_;
   std::vector<float> q_send_, q_recv_, kv_send_, kv_recv_;  // [P][rows, slice] packing scratch
-  std::vector<float> q_head_, o_head_, lse_head_;          // [Q, hq, d_h], [Q, hq, d_h], [Q, hq]
-  std::vector<float> kv_head_;                             // [S+Q, 2, hkv, d_h]: k | v per row
   std::vector<float> do_head_, delta_head_, dq_head_, dkv_head_;  // as their forward tensors
   std::vector<float> dq_p_, dkv_p_;                        // [Q_p, n_q d_h], [2, L_p, n_kv d_h]
 };

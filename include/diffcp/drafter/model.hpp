@@ -92,6 +92,7 @@ class Drafter {
  private:
   struct LayerState {
     std::unique_ptr<SplitKVLayer> attn;
+    CpSaved attn_saved;  // attn's forward context (views of a and the fused context c_), for its backward
     std::vector<float> h_in, a, a_rstd, h_mid, m, m_rstd, gate, up, act;  // saved activations
   };
   void embed(const DrafterBatch& mb);

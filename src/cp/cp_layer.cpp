@@ -1,0 +1,63 @@
+#include "diffcp/cp/cp_layer.hpp"
+
+#include <utility>
+
+namespace diffcp {
+
+CpAttentionLayer::CpAttentionLayer(Communicator& cp, const AttnLayerConfig& cfg) : comm_(cp), cfg_(cfg) {
+  cfg_.validate();
+}
+
+void CpAttentionLayer::reshard(CpShard shard) {
+  DIFFCP_CHECK(shard.P == comm_.size() && shard.p == comm_.rank(), name(), ": shard is for rank ", shard.p, " of ",
+               shard.P, " but the communicator is rank ", comm_.rank(), " of ", comm_.size());
+  shard_ = std::move(shard);
+  ++generation_;
+  on_reshard();
+}
+
+CpSaved CpAttentionLayer::forward(const AttnLayerParams& w, ConstTensorView x_p, ConstTensorView ctx_p, TensorView y_p) {
+  const std::int64_t Qp = shard_.own_query_rows(), Cp = shard_.context_rows(), H = cfg_.hidden;
+  check_view("x_p", x_p, dtype(), {Qp, H});
+  check_view("ctx_p", ctx_p, dtype(), {Cp, H});
+  check_view("y_p", y_p, dtype(), {Qp, H});
+  CpSaved saved;
+  saved.state_ = spare_ ? std::move(spare_) : new_state();
+  forward_impl(*saved.state_, w, x_p.ptr<float>(), ctx_p.ptr<float>(), y_p.ptr<float>());
+  saved.layer_ = this;
+  saved.generation_ = generation_;
+  saved.x_p_ = x_p;
+  saved.ctx_p_ = ctx_p;
+  return saved;
+}
+
+std::unique_ptr<CpSavedState> CpAttentionLayer::take_state(CpSaved& saved, const char* what, bool any_generation) const {
+  DIFFCP_CHECK(saved.state_ != nullptr, name(), ": ", what,
+               "() needs the saved context its forward() returned; this one is empty (default-made, moved from or "
+               "already consumed)");
+  DIFFCP_CHECK(saved.layer_ == this, name(), ": ", what, "() got a saved context made by another layer's forward()");
+  DIFFCP_CHECK(any_generation || saved.generation_ == generation_, name(), ": ", what,
+               "() got a saved context of a forward() before the last reshard(); run forward() on the new shard first");
+  return std::move(saved.state_);
+}
+
+void CpAttentionLayer::backward(CpSaved&& saved, const AttnLayerParams& w, ConstTensorView dy_p, TensorView dx_p,
+                                TensorView dctx_p, AttnLayerParams& grad) {
+  const std::int64_t Qp = shard_.own_query_rows(), Cp = shard_.context_rows(), H = cfg_.hidden;
+  check_view("dy_p", dy_p, dtype(), {Qp, H});
+  check_view("dx_p", dx_p, dtype(), {Qp, H});
+  check_view("dctx_p", dctx_p, dtype(), {Cp, H});
+  std::unique_ptr<CpSavedState> st = take_state(saved, "backward", false);
+  backward_impl(*st, w, saved.x_p_.ptr<float>(), saved.ctx_p_.ptr<float>(), dy_p.ptr<float>(), dx_p.ptr<float>(),
+                dctx_p.ptr<float>(), grad);
+  spare_ = std::move(st);
+}
+
+void CpAttentionLayer::discard(CpSaved&& saved) {
+  if (!saved) return;
+  spare_ = take_state(saved, "discard", true);
+}
+
+void allreduce_grads(Communicator& group, AttnLayerParams& grad) { group.all_reduce<float>(grad.all()); }
+
+}  // namespace diffcp
