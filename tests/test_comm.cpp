@@ -13,12 +13,18 @@
 //     under their base kind); stats_json() / CommStats::to_json().
 //   * split (reversed key order, opt-out with color < 0, separate counters) and split_node_local.
 //   * invalid arguments throw diffcp::Error identically on every rank, before any collective.
+//   * the seam for other backends: a partial backend (tests/forwarding_comm.hpp) fails naming
+//     itself and the operation it lacks; the log-sum-exp merge without the fused reduction (max,
+//     then sum of rescaled exponentials) equals the fused one and the fp64 value.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <numeric>
+#include <random>
 #include <source_location>
 #include <string>
 #include <utility>
@@ -28,6 +34,9 @@
 #include <nlohmann/json.hpp>
 
 #include "diffcp/comm/communicator.hpp"
+#include "diffcp/cp/lse_reduce.hpp"
+#include "error_of.hpp"
+#include "forwarding_comm.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {
@@ -613,6 +622,88 @@ TEST_F(Comm, BadArgumentsThrowBeforeAnyCollective) {
   std::vector<std::int32_t> v{r + 1};
   c.all_reduce<std::int32_t>(v);
   EXPECT_EQ(v[0], P * (P + 1) / 2);
+}
+
+// ---- the seam for other backends ----
+
+// A backend that implements only some hooks fails on the first operation it lacks with a message
+// naming itself and the operation (the same on every rank, so no rank is left in a collective),
+// and refuses a reduction it does not have before anything is issued.
+TEST_F(Comm, PartialBackendFailsNamingItselfAndTheOperation) {
+  test::ForwardingComm toy(c);
+  std::vector<float> s(uz(P), 1.f), d(uz(P));
+  const Counts one(uz(P), 1);
+  EXPECT_NE(error_of([&] { toy.all_to_all_v<float>(s, one, d, one); })
+                .find("communicator backend 'toy' does not implement all_to_all_v"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { toy.all_to_all<float>(s, d); }).find("backend 'toy' does not implement all_to_all"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { toy.broadcast<float>(std::span(s).first(1), 0); })
+                .find("backend 'toy' does not implement broadcast"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { toy.barrier(); }).find("backend 'toy' does not implement barrier"), std::string::npos);
+  EXPECT_NE(error_of([&] { toy.all_reduce<float>(std::span(s).first(1), ReduceOp::logsumexp); })
+                .find("communicator backend 'toy' does not support logsumexp on f32 (use all_reduce_lse"),
+            std::string::npos);
+  expect_stats(toy, {});
+  expect_stats(c, {});
+  // What it has works (and counts on both communicators).
+  std::vector<float> v{static_cast<float>(r + 1)};
+  toy.all_reduce<float>(v, ReduceOp::max);
+  EXPECT_EQ(v[0], static_cast<float>(P));
+  EXPECT_EQ(toy.stats()[CommOp::all_reduce].calls, 1u);
+}
+
+// lse rows of every kind: spread values, a large magnitude (exp would overflow f32 without the
+// max), rows some ranks never saw (-inf) and rows no rank saw. The fused reduction (MPI), the
+// max + sum fallback asked for explicitly and the fallback a backend without the fused operator
+// runs all equal the fp64 value to f32 rounding; the two fallbacks are bitwise equal.
+TEST_F(Comm, LseMergeFallbackEqualsFusedAndFp64) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int n = 61;
+  std::vector<std::vector<float>> all(uz(P), std::vector<float>(n));
+  for (int p = 0; p < P; ++p) {
+    std::mt19937_64 rng(1000 + static_cast<std::uint64_t>(p));
+    std::uniform_real_distribution<float> u(-30.f, 30.f);
+    for (int i = 0; i < n; ++i) {
+      float v = u(rng);
+      if (i % 9 == 4) v += 100.f;                    // exp(130) overflows f32
+      if (i % 5 == 0 && (p + i) % 3 == 0) v = kNegInf;  // this rank saw no key of row i
+      if (i % 7 == 3) v = kNegInf;                   // no rank did
+      all[uz(p)][uz(i)] = v;
+    }
+  }
+  std::vector<double> want(n);
+  for (int i = 0; i < n; ++i) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (int p = 0; p < P; ++p) m = std::max(m, static_cast<double>(all[uz(p)][uz(i)]));
+    double sum = 0;
+    for (int p = 0; p < P; ++p) sum += m == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(all[uz(p)][uz(i)] - m);
+    want[uz(i)] = m == -std::numeric_limits<double>::infinity() ? m : m + std::log(sum);
+  }
+  test::ForwardingComm toy(c);
+  EXPECT_EQ(lse_all_reduces(c), 1);
+  EXPECT_EQ(lse_all_reduces(c, LseReduce::fallback), 2);
+  EXPECT_EQ(lse_all_reduces(toy), 2);
+  auto fused = all[uz(r)], fallback = all[uz(r)], partial = all[uz(r)];
+  all_reduce_lse(c, fused);
+  all_reduce_lse(c, fallback, CollAlgo::flat, LseReduce::fallback);
+  all_reduce_lse(toy, partial);
+  EXPECT_EQ(c.stats()[CommOp::all_reduce].calls, 5u);  // fused 1, fallback 2, the toy's 2 forwarded
+  EXPECT_EQ(toy.stats()[CommOp::all_reduce].calls, 2u);
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE("row " + std::to_string(i));
+    const double w = want[uz(i)];
+    if (std::isinf(w)) {
+      EXPECT_EQ(fused[uz(i)], kNegInf);
+      EXPECT_EQ(fallback[uz(i)], kNegInf);
+    } else {
+      const double tol = 2e-6 * std::max(1.0, std::abs(w));
+      EXPECT_NEAR(fused[uz(i)], w, tol);
+      EXPECT_NEAR(fallback[uz(i)], w, tol);
+    }
+    EXPECT_EQ(partial[uz(i)], fallback[uz(i)]);
+  }
 }
 
 }  // namespace

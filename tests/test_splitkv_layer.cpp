@@ -10,6 +10,7 @@
 
 #include "diffcp/testing/layer_problem.hpp"
 #include "diffcp/cp/splitkv.hpp"
+#include "forwarding_comm.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {
@@ -150,6 +151,26 @@ TEST(SplitKVLayerComm, CountersEqualClosedFormAndIgnoreContextLength) {
     totals.push_back(sent[0]);
   }
   EXPECT_EQ(totals[0], totals[1]);
+}
+
+// On a backend without the fused log-sum-exp reduction (tests/forwarding_comm.hpp: NCCL's case) the
+// layer merges lse by max + sum: still exact, one all-reduce more, and the closed form counts it.
+TEST(SplitKVLayerComm, WithoutFusedLseReductionExactAndClosedForm) {
+  test::ForwardingComm toy(world());
+  const std::int64_t P = toy.size(), p = toy.rank();
+  const AttnLayerConfig cfg{80, 4, 2, 16};
+  const PackedBatch batch = make_random_batch(2, 256, 5, 16, 0.25, 8);
+  const CpShard shard = contiguous_shard(batch, static_cast<int>(P), static_cast<int>(p));
+  const LayerRun run = run_layer(cfg, batch, shard, 5, toy);
+  expect_exact(run.check);
+  EXPECT_EQ(run.layer_stats[CommOp::all_reduce].calls, 3u);  // lse: max, sum; D: sum
+  const std::uint64_t Q = static_cast<std::uint64_t>(batch.query_rows()), f = 4;
+  const std::uint64_t qw = static_cast<std::uint64_t>(cfg.q_width()), H = static_cast<std::uint64_t>(cfg.hidden);
+  const std::uint64_t Pm1 = static_cast<std::uint64_t>(P - 1), n = Q * static_cast<std::uint64_t>(cfg.n_q);
+  std::vector<std::uint64_t> sent{run.layer_stats.total().bytes_sent};
+  world().all_reduce<std::uint64_t>(sent);
+  EXPECT_EQ(sent[0], (Pm1 * 2 * Q * (qw + H) + 6 * Pm1 * n) * f);
+  EXPECT_NEAR(static_cast<double>(sent[0]) / static_cast<double>(P), run.predicted_bytes, 1e-6 * run.predicted_bytes + 1e-9);
 }
 
 // Across nodes: every node grouping (even, uneven, one rank alone, interleaved, one rank per

@@ -6,23 +6,14 @@
 
 namespace diffcp {
 
-namespace {
-ConstTensorView flat(std::span<const float> x) {
-  return ConstTensorView::contiguous(x.data(), DType::f32, {static_cast<std::int64_t>(x.size())});
-}
-TensorView flat(std::span<float> x) {
-  return TensorView::contiguous(x.data(), DType::f32, {static_cast<std::int64_t>(x.size())});
-}
-}  // namespace
-
 void attention_forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
                        HeadRows<const float> v, HeadRows<float> o, std::span<float> lse, float softmax_scale) {
   backend_for(OpKind::attention_forward, DType::f32)
-      .attention_forward(mask, q.view(), k.view(), v.view(), o.view(), flat(lse), softmax_scale);
+      .attention_forward(mask, q.view(), k.view(), v.view(), o.view(), view_of(lse), softmax_scale);
 }
 
 void attention_delta(HeadRows<const float> do_, HeadRows<const float> o, std::span<float> delta) {
-  backend_for(OpKind::attention_delta, DType::f32).attention_delta(do_.view(), o.view(), flat(delta));
+  backend_for(OpKind::attention_delta, DType::f32).attention_delta(do_.view(), o.view(), view_of(delta));
 }
 
 void attention_backward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
@@ -30,7 +21,7 @@ void attention_backward(const BlockMask& mask, HeadRows<const float> q, HeadRows
                         std::span<const float> delta, HeadRows<float> dq, HeadRows<float> dk, HeadRows<float> dv,
                         float softmax_scale) {
   backend_for(OpKind::attention_backward, DType::f32)
-      .attention_backward(mask, q.view(), k.view(), v.view(), do_.view(), flat(lse), flat(delta), dq.view(),
+      .attention_backward(mask, q.view(), k.view(), v.view(), do_.view(), view_of(lse), view_of(delta), dq.view(),
                           dk.view(), dv.view(), softmax_scale);
 }
 

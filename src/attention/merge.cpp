@@ -5,12 +5,6 @@
 
 namespace diffcp {
 
-namespace {
-ConstTensorView flat(std::span<const float> x) {
-  return ConstTensorView::contiguous(x.data(), DType::f32, {static_cast<std::int64_t>(x.size())});
-}
-}  // namespace
-
 void lse_merge(std::span<const HeadRows<const float>> o_parts, std::span<const std::span<const float>> lse_parts,
                HeadRows<float> o, std::span<float> lse) {
   Backend& b = backend_for(OpKind::lse_merge, DType::f32);
@@ -18,12 +12,12 @@ void lse_merge(std::span<const HeadRows<const float>> o_parts, std::span<const s
   o_views.reserve(o_parts.size());
   lse_views.reserve(lse_parts.size());
   for (const auto& p : o_parts) o_views.push_back(p.view());
-  for (const auto& l : lse_parts) lse_views.push_back(flat(l));
-  b.lse_merge(o_views, lse_views, o.view(), TensorView::contiguous(lse.data(), DType::f32, {static_cast<std::int64_t>(lse.size())}));
+  for (const auto& l : lse_parts) lse_views.push_back(view_of(l));
+  b.lse_merge(o_views, lse_views, o.view(), view_of(lse));
 }
 
 void lse_rescale(HeadRows<float> o_p, std::span<const float> lse_p, std::span<const float> lse) {
-  backend_for(OpKind::lse_rescale, DType::f32).lse_rescale(o_p.view(), flat(lse_p), flat(lse));
+  backend_for(OpKind::lse_rescale, DType::f32).lse_rescale(o_p.view(), view_of(lse_p), view_of(lse));
 }
 
 }  // namespace diffcp

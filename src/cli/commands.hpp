@@ -70,7 +70,7 @@ int run_attn(Communicator& world, const AttnOptions& opt);
 // unless --layout-for-all names one for all.
 struct BenchCpOptions {
   AttnOptions layer;            // workload, shape, --reps, --warmup, --balancer, --J, --bucket, --check, --json
-  std::string methods = "all";  // comma list of cp_method_names(), or all
+  std::string methods = "all";  // comma list of cp_methods() names, or all
   std::string layout_for_all;   // empty: each method's usual layout
   std::string csv;              // also write the rows to this CSV file
   BenchCpOptions() {

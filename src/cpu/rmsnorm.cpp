@@ -2,9 +2,16 @@
 #include <cmath>
 #include <vector>
 
-#include <omp.h>
-
 #include "cpu_backend.hpp"
+
+// Built without -fopenmp (the fuzz project), the pragmas are ignored and the loops run on one
+// thread; omp.h is then not needed (clang's copy comes from libomp-dev, which we do not install).
+#if defined(_OPENMP)
+#include <omp.h>
+#else
+static int omp_get_max_threads() { return 1; }
+static int omp_get_thread_num() { return 0; }
+#endif
 
 namespace diffcp::cpu {
 

@@ -115,6 +115,13 @@ ConstTensorView view_of(const std::vector<T>& v, std::initializer_list<std::int6
   return t;
 }
 
+// Rank-1 view [size] of a span: TensorView, or ConstTensorView for a span of const.
+template <typename T>
+auto view_of(std::span<T> s) {
+  using View = std::conditional_t<std::is_const_v<T>, ConstTensorView, TensorView>;
+  return View::contiguous(s.data(), dtype_of<std::remove_const_t<T>>(), {static_cast<std::int64_t>(s.size())});
+}
+
 // Checks that `t` (named `what` in the error) is a contiguous host tensor of dtype `dtype` and
 // shape `shape` (-1: any extent). E.g. check_view("x_p", x, DType::f32, {Q_p, H}).
 template <typename VoidPtr>
