@@ -5,6 +5,7 @@
 # independent numpy implementation of the reference forward reading the same files
 # (tools/dflash_reference.py).
 set -euo pipefail
+py=${DIFFCP_PYTHON:-python3}  # a python3 with numpy (tests/CMakeLists.txt)
 bin=${1:?usage: dflash_numpy_check.sh DIFFCP}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
@@ -12,7 +13,7 @@ trap 'rm -rf "$work"' EXIT
 # A large learning rate moves every weight (norms too) far from its init in 3 steps, so a
 # misplaced or swapped tensor shows.
 mpirun -np 2 "$bin" train --preset small --steps 3 --lr 0.2 --context 512 --out "$work/train" --no-progress >/dev/null
-python3 - "$work" <<'PY'
+"$py" - "$work" <<'PY'
 import sys, numpy as np
 rng = np.random.default_rng(7)
 np.save(f"{sys.argv[1]}/H.npy", rng.standard_normal((301, 3 * 512)).astype(np.float32))  # small: n_t = 3, H = 512
@@ -21,7 +22,7 @@ PY
 for dtype in f32 bf16 f16; do
   if [ $dtype = f16 ]; then  # numpy rewrites the f32 export's tensors as F16
     mkdir -p "$work/f16" && cp "$work/f32/config.json" "$work/f16/"
-    python3 - "$work/f32/model.safetensors" "$work/f16/model.safetensors" <<'PY'
+    "$py" - "$work/f32/model.safetensors" "$work/f16/model.safetensors" <<'PY'
 import json, struct, sys, numpy as np
 src, dst = sys.argv[1], sys.argv[2]
 raw = open(src, "rb").read()
@@ -44,7 +45,7 @@ PY
   mpirun --oversubscribe -np 3 "$bin" draft --model "$work/$dtype" --target-hidden "$work/H.npy" \
     --noise-embedding "$work/E.npy" --out "$work/got_$dtype.npy" >/dev/null
   echo "$dtype:"
-  python3 "$here/../tools/dflash_reference.py" "$work/$dtype" "$work/H.npy" "$work/E.npy" "$work/ref_$dtype.npy" \
+  "$py" "$here/../tools/dflash_reference.py" "$work/$dtype" "$work/H.npy" "$work/E.npy" "$work/ref_$dtype.npy" \
     --check "$work/got_$dtype.npy" --rtol 2e-5
 done
 echo "dflash_numpy_check: passed"

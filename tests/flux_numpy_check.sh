@@ -7,6 +7,7 @@
 # several P; the shape is read off the checkpoint, or from the FluxParams --config where the RoPE
 # axes are not FLUX's default split.
 set -euo pipefail
+py=${DIFFCP_PYTHON:-python3}  # a python3 with numpy (tests/CMakeLists.txt)
 bin=${1:?usage: flux_numpy_check.sh DIFFCP}
 here=$(cd "$(dirname "$0")" && pwd)
 ref="$here/../tools/flux_reference.py"
@@ -20,24 +21,24 @@ run_case() {
   local d="$work/$name"
   extra=${extra//CONFIG/$d/config.json}
   # shellcheck disable=SC2086
-  python3 "$ref" make --out "$d" $make >/dev/null
+  "$py" "$ref" make --out "$d" $make >/dev/null
   if [ "$inputs" != f4 ]; then
-    python3 -c "import numpy as n, sys; [n.save(f, n.load(f).astype(sys.argv[1])) for f in sys.argv[2:]]" "<$inputs" \
+    "$py" -c "import numpy as n, sys; [n.save(f, n.load(f).astype(sys.argv[1])) for f in sys.argv[2:]]" "<$inputs" \
       "$d/txt.npy" "$d/pooled.npy" "$d/noise.npy"
   fi
   local weights="$d/model.safetensors"
   [ -f "$weights" ] || weights="$d/model.safetensors.index.json"
   local W H
-  W=$(python3 -c "import sys; a=sys.argv[1].split(); print(a[a.index('--width')+1] if '--width' in a else 64)" "$make")
-  H=$(python3 -c "import sys; a=sys.argv[1].split(); print(a[a.index('--height')+1] if '--height' in a else 32)" "$make")
+  W=$("$py" -c "import sys; a=sys.argv[1].split(); print(a[a.index('--width')+1] if '--width' in a else 64)" "$make")
+  H=$("$py" -c "import sys; a=sys.argv[1].split(); print(a[a.index('--height')+1] if '--height' in a else 32)" "$make")
   # shellcheck disable=SC2086
   mpirun --oversubscribe -np "$P" "$bin" dit --weights "$weights" --text-embeddings "$d/txt.npy" --pooled "$d/pooled.npy" \
     --noise "$d/noise.npy" --width "$W" --height "$H" --steps "$steps" --schedule "$schedule" --mode "$mode" \
     --group-size 1 --dump-velocity "$d/dump" --out "" $extra >/dev/null
   local g=3.5
-  [[ "$extra" == *"--guidance "* ]] && g=$(python3 -c "import sys; a=sys.argv[1].split(); print(a[a.index('--guidance')+1])" "$extra")
+  [[ "$extra" == *"--guidance "* ]] && g=$("$py" -c "import sys; a=sys.argv[1].split(); print(a[a.index('--guidance')+1])" "$extra")
   echo "== $name: P = $P, mode $mode, $schedule schedule, $steps steps, make: $make, diffcp: $extra"
-  python3 "$ref" check --weights "$weights" --config "$d/config.json" --txt "$d/txt.npy" --pooled "$d/pooled.npy" \
+  "$py" "$ref" check --weights "$weights" --config "$d/config.json" --txt "$d/txt.npy" --pooled "$d/pooled.npy" \
     --noise "$d/noise.npy" --width "$W" --height "$H" --steps "$steps" --schedule "$schedule" --guidance "$g" \
     --dump "$d/dump" --tol 2e-5
 }

@@ -5,6 +5,7 @@
 # predicts them from the calibrated profile; each predicted step time must be within TOL_PCT % of
 # the measured one, and the bytes exact.
 set -euo pipefail
+py=${DIFFCP_PYTHON:-python3}  # a python3 with numpy (tests/CMakeLists.txt)
 bin=${1:?usage: sim_cluster_check.sh DIFFCP TOL_PCT}
 tol=${2:?}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,7 +19,7 @@ topo=(--nodes 2 --ranks-per-node 1 --inter-gbit 2 --intra-gbit 16)
 "$emu" run "${topo[@]}" -- "$bin" bench cp --methods splitkv,ring,lvxattn "${shape[@]}" --reps 3 --json >"$work/meas.json"
 "$bin" sim cp --profile "$work/profile.json" --P 2 --ranks-per-node 1 --methods splitkv,ring,lvxattn "${shape[@]}" --json \
   >"$work/pred.json"
-python3 - "$work/meas.json" "$work/pred.json" "$tol" <<'PY'
+"$py" - "$work/meas.json" "$work/pred.json" "$tol" <<'PY'
 import json, sys
 meas = {r["method"]: r for r in json.load(open(sys.argv[1]))}
 pred = json.load(open(sys.argv[2]))

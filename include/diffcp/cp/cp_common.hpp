@@ -21,6 +21,7 @@
 #include "diffcp/comm/communicator.hpp"
 #include "diffcp/core/tensor.hpp"
 #include "diffcp/cp/attention_layer.hpp"
+#include "diffcp/cp/cp_layer.hpp"
 #include "diffcp/ops/rope.hpp"
 
 namespace diffcp {
@@ -91,6 +92,12 @@ struct OwnActivations {
   std::vector<float> q_lin, q_rstd, q;   // [Q_p, qw] pre-norm, [Q_p, n_q], normed and rotated
   std::vector<float> k_lin, k_rstd, kv;  // [L_k, kvw] pre-norm, [L_k, n_kv], [2, L_k, kvw]: k (normed, rotated) rows, then v rows
   std::vector<float> o, lse;             // [Q_p, qw] merged attention output, [Q_p, n_q] global lse of own rows: set by the method
+};
+
+// The saved state of the methods that keep nothing but the owned rows' activations (Ring, RingX,
+// LV-XAttn).
+struct OwnSaved : CpSavedState {
+  OwnActivations own;  // q_p, [k_p; v_p], o_p, lse_p of the owned rows
 };
 
 // The rank-local ends of the layer for the rows this rank owns, shared by every method (the

@@ -36,10 +36,7 @@ class RingXLayer final : public CpAttentionLayer {
   double predicted_bytes_per_layer() const override;
 
  private:
-  // What forward saves for backward (besides the input views).
-  struct Saved : CpSavedState {
-    OwnActivations own;  // q_p, [k_p; v_p], o_p, lse_p of the owned rows
-  };
+  using Saved = OwnSaved;  // what forward saves for backward (besides the input views)
   void on_reshard() override;
   std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
   void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
