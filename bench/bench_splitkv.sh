@@ -8,7 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 bin=build/release/src/diffcp
-args=(attn --hidden 2048 --n-q 32 --n-kv 4 --d-h 128 --samples 2 --context 32k --queries 4k --reps 3 --json "$@")
+# Defaults; an extra "--option value" of the same name replaces one (CLI11 refuses an option twice).
+declare -A opt=([--hidden]=2048 [--n-q]=32 [--n-kv]=4 [--d-h]=128 [--samples]=2 [--context]=32k [--queries]=4k [--reps]=3)
+extra=()
+while (($#)); do
+  if [[ -v "opt[$1]" && $# -ge 2 ]]; then opt[$1]=$2; shift 2; else extra+=("$1"); shift; fi
+done
+args=(attn --json)
+for k in "${!opt[@]}"; do args+=("$k" "${opt[$k]}"); done
+args+=("${extra[@]}")
 for np in 1 2; do
   OMP_NUM_THREADS=1 mpirun -np "$np" --bind-to core "$bin" "${args[@]}" > "/tmp/bench_splitkv_np$np.json"
 done
