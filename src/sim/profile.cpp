@@ -13,6 +13,9 @@
 #ifndef DIFFCP_PROFILE_DIR
 #define DIFFCP_PROFILE_DIR "profiles"
 #endif
+#ifndef DIFFCP_INSTALLED_PROFILE_DIR
+#define DIFFCP_INSTALLED_PROFILE_DIR DIFFCP_PROFILE_DIR
+#endif
 
 namespace diffcp {
 
@@ -96,8 +99,12 @@ nlohmann::json Profile::to_json() const {
 Profile load_profile(const std::string& name_or_file) {
   std::string path = name_or_file;
   if (!std::filesystem::is_regular_file(path)) {
+    // $DIFFCP_PROFILES, else the source tree's profiles/, else the installed copy.
     const char* env = std::getenv("DIFFCP_PROFILES");
-    path = std::string(env != nullptr && *env != '\0' ? env : DIFFCP_PROFILE_DIR) + "/" + name_or_file + ".json";
+    std::string dir = DIFFCP_INSTALLED_PROFILE_DIR;
+    if (std::filesystem::is_directory(DIFFCP_PROFILE_DIR)) dir = DIFFCP_PROFILE_DIR;
+    if (env != nullptr && *env != '\0') dir = env;
+    path = dir + "/" + name_or_file + ".json";
   }
   DIFFCP_CHECK(std::filesystem::is_regular_file(path), "profile '", name_or_file, "': no such file, nor ", path,
                " (profiles: h100-ib, aurora, or a file from `diffcp sim calibrate`)");
