@@ -1,0 +1,105 @@
+"""diffcp: communication-efficient parallel attention for diffusion models.
+
+The Python face of the C++ library (see README.md, "Python"):
+
+* :func:`plan` — load-balance one packed DFlash micro-batch over ``P`` context-parallel ranks
+  (SPEC A.3): what a PyTorch trainer calls every step to lay out its context.
+* :mod:`diffcp.attention` — the block-sparse DFlash attention kernels (forward / backward) on
+  numpy arrays, zero-copy.
+
+Shapes use SPEC.md's names: ``b`` samples, ``S`` packed context rows, ``B`` block size,
+``N`` blocks, ``Q = N * B`` query rows, ``P`` ranks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from . import _core
+from . import attention
+
+__all__ = ["Plan", "plan", "balancer_names", "attention"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A chunk -> rank assignment of the packed context and the loads it gives.
+
+    Attributes:
+        balancer: the balancer that made it.
+        P, J: ranks and chunks per rank.
+        chunks: int64 ``[n_chunks, 2]`` — ``[begin, end)`` packed positions, in packed order,
+            covering ``[0, S)`` once.
+        rank: int32 ``[n_chunks]`` — the rank each chunk goes to.
+        context_work, block_work, rank_work: int64 ``[P]`` — ``C_p``, ``D_p``, ``W_p = C_p + D_p``
+            (attention pairs per head, SPEC A.3).
+        rho: ``max_p W_p / mean_p W_p``; imbalance_pct: ``100 * (rho - 1)``.
+    """
+
+    balancer: str
+    P: int
+    J: int
+    chunks: np.ndarray
+    rank: np.ndarray
+    context_work: np.ndarray
+    block_work: np.ndarray
+    rank_work: np.ndarray
+    rho: float
+    imbalance_pct: float
+
+    def chunks_of_rank(self, p: int) -> np.ndarray:
+        """int64 ``[k, 2]``: the ``[begin, end)`` ranges rank ``p`` holds, in packed order."""
+        if not 0 <= p < self.P:
+            raise ValueError(f"p = {p}: expected 0 <= p < P = {self.P}")
+        return self.chunks[self.rank == p]
+
+
+def _int_array(x, name: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
+        raise TypeError(f"{name}: expected integers, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array, got shape {list(a.shape)}")
+    return a.astype(np.int64, copy=False)
+
+
+def _batch_args(lengths, anchors, block: int):
+    lengths = _int_array(lengths, "lengths")
+    if isinstance(anchors, np.ndarray) and anchors.dtype != object:
+        raise TypeError("anchors: expected a sequence with one 1-D integer array per sample")
+    anchors = [_int_array(a, f"anchors[{u}]") for u, a in enumerate(anchors)]
+    if int(block) != block:
+        raise TypeError(f"block: expected an integer, got {block!r}")
+    return lengths, anchors, int(block)
+
+
+def plan(lengths: Sequence[int] | np.ndarray, anchors: Sequence[Sequence[int] | np.ndarray], block: int,
+         P: int, J: int = 16, balancer: str = "lpt") -> Plan:
+    """Load-balance a packed micro-batch over ``P`` ranks.
+
+    Args:
+        lengths: ``[b]`` sample lengths (tokens); samples are packed back to back into ``S`` rows.
+        anchors: ``b`` arrays, ``anchors[u]``: ``[A_u]`` sorted anchor positions *inside* sample
+            ``u`` (0-based; ``a + block <= lengths[u]``).
+        block: ``B``, query rows per anchor block.
+        P: ranks of the context-parallel group.
+        J: chunks per rank (lpt, partition); ``P * J <= S``.
+        balancer: ``"lpt"`` (default), ``"zigzag"``, ``"none"`` or ``"partition"`` (METIS).
+
+    Returns:
+        a :class:`Plan`. Deterministic: every rank that calls it gets the same plan.
+
+    Raises:
+        TypeError / ValueError naming the bad value (non-integer input, an anchor out of its
+        sample, ``P * J > S``, an unknown balancer, ...).
+    """
+    lengths, anchors, block = _batch_args(lengths, anchors, block)
+    d = _core.plan(lengths, anchors, block, int(P), int(J), str(balancer))
+    return Plan(**d)
+
+
+def balancer_names() -> list[str]:
+    """The balancers :func:`plan` accepts."""
+    return list(_core.balancer_names())

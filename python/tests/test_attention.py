@@ -1,0 +1,96 @@
+"""diffcp.attention forward/backward against a dense fp64 numpy reference of the DFlash mask."""
+import numpy as np
+import pytest
+
+import diffcp
+from conftest import packed
+
+LENGTHS = np.array([40, 30])
+ANCHORS = [np.array([10, 20, 31]), np.array([12])]
+B = 4
+
+
+def problem(rng, n_q=4, n_kv=2, d=8):
+    S = int(LENGTHS.sum())
+    Q = sum(len(a) for a in ANCHORS) * B
+    q = rng.standard_normal((Q, n_q, d)).astype(np.float32)
+    k = rng.standard_normal((S + Q, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((S + Q, n_kv, d)).astype(np.float32)
+    do = rng.standard_normal((Q, n_q, d)).astype(np.float32)
+    return q, k, v, do
+
+
+def dense_mask(Q):
+    S = int(LENGTHS.sum())
+    _, blocks = packed(LENGTHS, ANCHORS)
+    m = np.zeros((Q, S + Q), bool)
+    for i, (s, a) in enumerate(blocks):
+        m[i * B:(i + 1) * B, s:a] = True
+        m[i * B:(i + 1) * B, S + i * B:S + (i + 1) * B] = True
+    return m
+
+
+def reference(q, k, v, do):
+    """fp64 forward (o, lse) and backward (dq, dk, dv) per query head, GQA by head groups."""
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    Q, n_q, d = q.shape
+    G = n_q // k.shape[1]
+    scale = 1 / np.sqrt(d)
+    mask = dense_mask(Q)
+    o = np.zeros_like(q); lse = np.zeros((Q, n_q)); dq = np.zeros_like(q)
+    dk = np.zeros_like(k); dv = np.zeros_like(v)
+    for h in range(n_q):
+        kh, vh = k[:, h // G], v[:, h // G]
+        s = np.where(mask, scale * q[:, h] @ kh.T, -np.inf)
+        m = s.max(axis=1, keepdims=True)
+        p = np.exp(s - m)
+        lse[:, h] = (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0]
+        p /= p.sum(axis=1, keepdims=True)
+        o[:, h] = p @ vh
+        dp = do[:, h] @ vh.T
+        ds = p * (dp - (do[:, h] * o[:, h]).sum(axis=1, keepdims=True))
+        dq[:, h] = scale * ds @ kh
+        dk[:, h // G] += scale * ds.T @ q[:, h]
+        dv[:, h // G] += p.T @ do[:, h]
+    return o, lse, dq, dk, dv
+
+
+def close(got, want, what):
+    err = np.abs(got - want).max()
+    assert err <= 2e-5 * max(1.0, np.abs(want).max()), f"{what}: max abs error {err}"
+
+
+@pytest.mark.parametrize("n_q, n_kv", [(4, 2), (4, 4), (8, 1)])
+def test_forward_backward_match_fp64(rng, n_q, n_kv):
+    q, k, v, do = problem(rng, n_q, n_kv)
+    o, lse = diffcp.attention.forward(q, k, v, LENGTHS, ANCHORS, B)
+    assert o.dtype == np.float32 and o.shape == q.shape and lse.shape == q.shape[:2]
+    dq, dk, dv = diffcp.attention.backward(q, k, v, o, lse, do, LENGTHS, ANCHORS, B)
+    ro, rlse, rdq, rdk, rdv = reference(q, k, v, do)
+    for got, want, what in [(o, ro, "o"), (lse, rlse, "lse"), (dq, rdq, "dq"), (dk, rdk, "dk"), (dv, rdv, "dv")]:
+        close(got, want, what)
+
+
+def test_inputs_are_used_in_place_and_not_modified(rng):
+    q, k, v, _ = problem(rng)
+    before = q.copy()
+    diffcp.attention.forward(q, k, v, LENGTHS, ANCHORS, B)
+    np.testing.assert_array_equal(q, before)
+
+
+def test_bad_arrays_are_python_errors(rng):
+    q, k, v, do = problem(rng)
+    f = diffcp.attention.forward
+    with pytest.raises(TypeError, match="q: expected a numpy float32 array, got dtype float64"):
+        f(q.astype(np.float64), k, v, LENGTHS, ANCHORS, B)
+    with pytest.raises(ValueError, match="k: array must be C-contiguous"):
+        f(q, np.asfortranarray(k), v, LENGTHS, ANCHORS, B)
+    with pytest.raises(ValueError, match=r"v: shape \[85, 2, 8\], expected \[86, 2, 8\]"):
+        f(q, k, v[:-1].copy(), LENGTHS, ANCHORS, B)
+    with pytest.raises(ValueError, match="n_q = 4 is not a multiple of n_kv = 3"):
+        f(q, np.zeros((k.shape[0], 3, 8), np.float32), np.zeros((k.shape[0], 3, 8), np.float32), LENGTHS, ANCHORS, B)
+    with pytest.raises(ValueError, match="anchor"):
+        f(q, k, v, LENGTHS, [np.array([10, 20, 38]), np.array([12])], B)
+    o, lse = f(q, k, v, LENGTHS, ANCHORS, B)
+    with pytest.raises(ValueError, match=r"lse: shape"):
+        diffcp.attention.backward(q, k, v, o, lse[:-1].copy(), do, LENGTHS, ANCHORS, B)

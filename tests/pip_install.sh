@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# pip_install.sh SOURCE_DIR VENV_DIR: what the README promises after command 1 — `pip install .`
+# (PEP 517, scikit-build-core + pybind11 from PyPI in pip's isolated build env) into a venv made
+# with --system-site-packages (Debian's numpy and pytest), then the pytest suite against the
+# installed package, run from outside the source tree.
+set -euo pipefail
+src=$1 venv=$2
+py=${DIFFCP_PYTHON:-python3}
+fail() { echo "pip_install: FAIL: $*"; exit 1; }
+rm -rf "$venv"
+"$py" -m venv --system-site-packages "$venv" || fail "python3 -m venv (Debian package python3-venv)"
+"$venv/bin/pip" install --disable-pip-version-check -q "$src" || fail "pip install $src"
+cd "$venv"
+"$venv/bin/python" -c "import diffcp, os; assert os.path.dirname(diffcp.__file__).startswith('$venv'), diffcp.__file__" \
+  || fail "diffcp imported from outside the venv"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$src/python/tests" || fail "pytest on the installed package"
+echo "pip_install: passed"
