@@ -16,7 +16,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
       # tools/dflash_reference.py (the numpy check of the DFlash format, tests/dflash_numpy_check.sh)
       python3-numpy
       # the Python package (python/: pybind11 extension, pytest suite, `pip install .` in a venv)
-      python3-dev pybind11-dev python3-pytest python3-venv)
+      python3-dev pybind11-dev python3-pytest python3-venv python3-mpi4py)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

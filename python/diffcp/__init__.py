@@ -6,6 +6,7 @@ The Python face of the C++ library (see README.md, "Python"):
   (SPEC A.3): what a PyTorch trainer calls every step to lay out its context.
 * :mod:`diffcp.attention` — the block-sparse DFlash attention kernels (forward / backward) on
   numpy arrays, zero-copy.
+* :class:`SplitKV` — one Split-KV attention layer over an mpi4py communicator.
 
 Shapes use SPEC.md's names: ``b`` samples, ``S`` packed context rows, ``B`` block size,
 ``N`` blocks, ``Q = N * B`` query rows, ``P`` ranks.
@@ -19,8 +20,9 @@ import numpy as np
 
 from . import _core
 from . import attention
+from .splitkv import LayerConfig, SplitKV
 
-__all__ = ["Plan", "plan", "balancer_names", "attention"]
+__all__ = ["Plan", "plan", "balancer_names", "attention", "SplitKV", "LayerConfig"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,81 @@
+"""diffcp.SplitKV at P ranks (mpirun -np P python -m pytest python/tests_mpi) equals the same layer
+run single-process on every rank (MPI.COMM_SELF): outputs, input gradients and summed weight
+gradients, with contiguous slices and with an LPT plan; bytes sent equal the closed form."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import diffcp
+
+COMM = MPI.COMM_WORLD
+P, RANK = COMM.Get_size(), COMM.Get_rank()
+CFG = diffcp.LayerConfig(hidden=48, n_q=4, n_kv=2, d_h=16)
+LENGTHS = np.array([120, 90, 150])
+ANCHORS = [np.array([40, 60, 90]), np.array([30, 50]), np.array([60, 100, 120, 130])]
+B = 8
+
+
+def close(got, want, what):
+    err = float(np.abs(got - want).max()) if got.size else 0.0
+    assert err <= 1e-4 * max(1.0, float(np.abs(want).max())), f"rank {RANK}: {what}: max abs error {err}"
+
+
+@pytest.mark.parametrize("use_plan", [False, True])
+def test_splitkv_equals_single_process(use_plan):
+    rng = np.random.default_rng(7)
+    S, Q = int(LENGTHS.sum()), sum(len(a) for a in ANCHORS) * B
+    X = rng.standard_normal((Q, CFG.hidden)).astype(np.float32)
+    CTX = rng.standard_normal((S, CFG.hidden)).astype(np.float32)
+    DY = rng.standard_normal((Q, CFG.hidden)).astype(np.float32)
+
+    single = diffcp.SplitKV(MPI.COMM_SELF, CFG, LENGTHS, ANCHORS, B)
+    w = single.init_params(3)
+    y1, s1 = single.forward(w, X, CTX)
+    dx1, dctx1, g1 = single.backward(s1, w, DY)
+
+    plan = diffcp.plan(LENGTHS, ANCHORS, B, P, J=2) if use_plan else None
+    layer = diffcp.SplitKV(COMM, CFG, LENGTHS, ANCHORS, B, plan=plan)
+    q0, q1 = layer.owned_query_rows
+    rows = np.concatenate([np.arange(b, e) for b, e in layer.context_chunks] or [np.zeros(0, np.int64)])
+    ctx = np.ascontiguousarray(CTX[rows])
+    sent0 = layer.bytes_sent
+    y, saved = layer.forward(w, X[q0:q1].copy(), ctx)
+    dx, dctx, g = layer.backward(saved, w, DY[q0:q1].copy())
+    sent = COMM.allreduce(layer.bytes_sent - sent0)
+    g_all = np.empty_like(g)
+    COMM.Allreduce(g, g_all)
+
+    close(y, y1[q0:q1], "y")
+    close(dx, dx1[q0:q1], "dx")
+    close(dctx, dctx1[rows], "dctx")
+    close(g_all, g1, "weight gradients")
+    assert sent / P == pytest.approx(layer.predicted_bytes_per_layer, rel=1e-9)
+    if P == 1:
+        assert sent == 0
+
+
+def test_saved_context_is_consumed_once():
+    layer = diffcp.SplitKV(COMM, CFG, LENGTHS, ANCHORS, B)
+    w = layer.init_params(1)
+    q0, q1 = layer.owned_query_rows
+    C = sum(e - b for b, e in layer.context_chunks)
+    x = np.zeros((q1 - q0, CFG.hidden), np.float32)
+    y, saved = layer.forward(w, x, np.zeros((C, CFG.hidden), np.float32))
+    layer.backward(saved, w, x)
+    with pytest.raises(ValueError):
+        layer.backward(saved, w, x)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="mpi4py communicator"):
+        diffcp.SplitKV(object(), CFG, LENGTHS, ANCHORS, B)
+    wrong = diffcp.plan(LENGTHS, ANCHORS, B, P + 1, J=2)
+    with pytest.raises(ValueError, match=f"made for P = {P + 1}"):
+        diffcp.SplitKV(COMM, CFG, LENGTHS, ANCHORS, B, plan=wrong)
+    layer = diffcp.SplitKV(COMM, CFG, LENGTHS, ANCHORS, B)
+    w = layer.init_params(1)
+    q0, q1 = layer.owned_query_rows
+    with pytest.raises(ValueError, match=r"x: shape"):
+        layer.forward(w, np.zeros((q1 - q0 + 1, CFG.hidden), np.float32), np.zeros((0, CFG.hidden), np.float32))
+    with pytest.raises(TypeError, match="params: expected a numpy float32 array"):
+        layer.forward(w.astype(np.float64), np.zeros((q1 - q0, CFG.hidden), np.float32), np.zeros((0, CFG.hidden), np.float32))
