@@ -96,7 +96,8 @@ fi
 mkdir -p "$root"
 tar -C "$root" -xf "$base" || fail "cannot unpack the cached base $base (run with --rebuild-base)"
 
-# 2. This machine's apt sources and apt settings (as on a fresh machine of this kind), DNS, the tree.
+# 2. This machine's apt sources and apt settings (as on a fresh machine of this kind), DNS, CAs,
+#    the tree.
 rm -f "$root/etc/apt/sources.list"
 for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
   [ -f "$f" ] && cp "$f" "$root$f"
@@ -105,6 +106,18 @@ for f in /etc/apt/apt.conf.d/*; do
   [ -f "$f" ] && [ ! -e "$root$f" ] && cp "$f" "$root$f"
 done
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# HTTPS as on this machine: its locally added CAs (a fresh machine of this kind has them; egress
+# may go through a TLS proxy whose CA only they carry), its CA bundle until the ca-certificates
+# package (installed by command 1) regenerates it from them, and its pip settings. Without these
+# `pip install .` (PyPI for scikit-build-core) fails for a reason no fresh machine of this kind has.
+if [ -d /usr/local/share/ca-certificates ]; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
+fi
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  mkdir -p "$root/etc/ssl/certs" && cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"
+fi
+[ -f /etc/pip.conf ] && cp -L /etc/pip.conf "$root/etc/pip.conf"
 mkdir -p "$root/src/diffcp"
 git -C "$repo" archive HEAD | tar -x -C "$root/src/diffcp"
 if [ -d "$repo/../shared" ]; then   # CI lays ../shared beside the clone; so do we

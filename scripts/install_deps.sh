@@ -15,8 +15,9 @@ pkgs=(build-essential cmake ninja-build pkg-config
       clang libclang-rt-14-dev lld
       # tools/dflash_reference.py (the numpy check of the DFlash format, tests/dflash_numpy_check.sh)
       python3-numpy
-      # the Python package (python/: pybind11 extension, pytest suite, `pip install .` in a venv)
-      python3-dev pybind11-dev python3-pytest python3-venv python3-mpi4py)
+      # the Python package (python/: pybind11 extension, pytest suite, `pip install .` in a venv;
+      # pip fetches the build backend from PyPI over HTTPS, which needs the CA bundle)
+      python3-dev pybind11-dev python3-pytest python3-venv python3-mpi4py ca-certificates)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,9 +7,12 @@ set -euo pipefail
 src=$1 venv=$2
 py=${DIFFCP_PYTHON:-python3}
 fail() { echo "pip_install: FAIL: $*"; exit 1; }
-rm -rf "$venv"
+rm -rf "$venv" "$venv.pip.log"
 "$py" -m venv --system-site-packages "$venv" || fail "python3 -m venv (Debian package python3-venv)"
-"$venv/bin/pip" install --disable-pip-version-check -q "$src" || fail "pip install $src"
+if ! "$venv/bin/pip" install --disable-pip-version-check -q "$src" >"$venv.pip.log" 2>&1; then
+  tail -n 25 "$venv.pip.log"
+  fail "pip install $src: $(grep -m1 -E 'Error|error:|ERROR' "$venv.pip.log" || tail -n1 "$venv.pip.log")"
+fi
 cd "$venv"
 "$venv/bin/python" -c "import diffcp, os; assert os.path.dirname(diffcp.__file__).startswith('$venv'), diffcp.__file__" \
   || fail "diffcp imported from outside the venv"
