@@ -2,8 +2,8 @@
 //
 // Reports GFLOP/s of the block-sparse forward and backward (FLOPs over visible pairs only, as
 // FlashAttention counts them: 4*d_h fwd, 10*d_h bwd per pair per query head) and of large oneDNN
-// f32 and bf16 matmuls on the same threads, then the ratios kernel / f32 GEMM. Medians of --reps
-// timed runs after one warm-up. Default workload (issue #2): n_q=32, n_kv=4, d_h=128, B=16,
+// f32 and bf16 matmuls on the same threads, then the ratios kernel / GEMM of the same dtype and
+// bf16 kernel / f32 kernel (issue #14). Medians of --reps timed runs after one warm-up. Default workload (issue #2): n_q=32, n_kv=4, d_h=128, B=16,
 // 2 samples x 16k context, 256 anchors each, prompt 25 %.
 #include <algorithm>
 #include <chrono>
@@ -20,7 +20,9 @@
 
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/mask.hpp"
+#include "diffcp/core/half.hpp"
 #include "diffcp/core/random.hpp"
+#include "diffcp/ops/backend.hpp"
 #include "diffcp/workload/batch.hpp"
 
 namespace {
@@ -83,12 +85,46 @@ double tile_gemm_gflops(std::int64_t GB, std::int64_t kt, std::int64_t d, std::i
   return 4.0 * static_cast<double>(GB) * kt * d * iters * omp_get_max_threads() / s / 1e9;
 }
 
+struct KernelTimes {
+  double fwd_s, bwd_s;
+};
+
+// Median forward and backward seconds of the attention kernels on inputs of storage type T.
+template <typename T>
+KernelTimes time_kernels(const diffcp::BlockMask& mask, const std::vector<T>& q, const std::vector<T>& k,
+                         const std::vector<T>& v, const std::vector<T>& dout, std::int64_t n_q, std::int64_t n_kv,
+                         std::int64_t d_h, int reps) {
+  using diffcp::head_rows;
+  const std::int64_t Q = mask.query_rows(), Lk = mask.key_rows();
+  std::vector<T> o(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
+  std::vector<float> lse(static_cast<std::size_t>(Q * n_q)), delta(lse.size());
+  KernelTimes t{};
+  t.fwd_s = median_seconds(reps, [&] {
+    diffcp::attention_forward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h),
+                              head_rows(v, Lk, n_kv, d_h), head_rows(o, Q, n_q, d_h), lse);
+  });
+  diffcp::attention_delta(head_rows(dout, Q, n_q, d_h), head_rows(std::as_const(o), Q, n_q, d_h), delta);
+  t.bwd_s = median_seconds(reps, [&] {
+    diffcp::attention_backward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h),
+                               head_rows(v, Lk, n_kv, d_h), head_rows(dout, Q, n_q, d_h), lse, delta,
+                               head_rows(dq, Q, n_q, d_h), head_rows(dk, Lk, n_kv, d_h), head_rows(dv, Lk, n_kv, d_h));
+  });
+  return t;
+}
+
+std::vector<diffcp::bf16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<diffcp::bf16_t> out(x.size());
+  diffcp::convert_to_bf16(x.data(), reinterpret_cast<std::uint16_t*>(out.data()), static_cast<std::int64_t>(x.size()));
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::int64_t samples = 2, context = 16384, anchors = 256, block = 16, n_q = 32, n_kv = 4, d_h = 128, gemm_n = 2048;
   int reps = 5;
   bool json = false;
+  std::string dtype = "both";
   CLI::App app{"diffcp attention benchmark (kernel GFLOP/s vs oneDNN GEMM GFLOP/s, same run)"};
   app.add_option("--samples", samples)->capture_default_str();
   app.add_option("--context", context, "context tokens per sample")->capture_default_str();
@@ -99,11 +135,13 @@ int main(int argc, char** argv) {
   app.add_option("--d-h", d_h)->capture_default_str();
   app.add_option("--gemm-n", gemm_n, "size of the square reference GEMM")->capture_default_str();
   app.add_option("--reps", reps, "timed repetitions (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
+  app.add_option("--dtype", dtype, "storage type of the kernels timed: f32 | bf16 | both")
+      ->check(CLI::IsMember({"f32", "bf16", "both"}))
+      ->capture_default_str();
   app.add_flag("--json", json, "print one JSON object");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    using diffcp::head_rows;
     const diffcp::PackedBatch batch = diffcp::make_random_batch(samples, context, anchors, block, 0.25, 1);
     const diffcp::BlockMask mask = diffcp::full_mask(batch);
     const std::int64_t Q = batch.query_rows(), Lk = mask.key_rows();
@@ -111,9 +149,6 @@ int main(int argc, char** argv) {
     const auto k = diffcp::random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), 2);
     const auto v = diffcp::random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), 3);
     const auto dout = diffcp::random_normal(static_cast<std::size_t>(Q * n_q * d_h), 4);
-    std::vector<float> o(q.size()), lse(static_cast<std::size_t>(Q * n_q)), delta(lse.size()), dq(q.size()),
-        dk(k.size()), dv(v.size());
-
     const double gemm_f32 = onednn_matmul_gflops(dnnl::memory::data_type::f32, gemm_n, reps);
     // oneDNN has no bf16 matmul on CPUs without AVX-512 (e.g. AVX2-only machines): report it as
     // missing (null / n/a) rather than failing the whole benchmark.
@@ -123,16 +158,16 @@ int main(int argc, char** argv) {
     } catch (const dnnl::error&) {
     }
     const double gemm_tile = tile_gemm_gflops(block * (n_q / n_kv), 256, d_h, n_kv * d_h, reps);
-    const double t_fwd = median_seconds(reps, [&] {
-      diffcp::attention_forward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h),
-                                head_rows(v, Lk, n_kv, d_h), head_rows(o, Q, n_q, d_h), lse);
-    });
-    diffcp::attention_delta(head_rows(dout, Q, n_q, d_h), head_rows(o, Q, n_q, d_h), delta);
-    const double t_bwd = median_seconds(reps, [&] {
-      diffcp::attention_backward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h),
-                                 head_rows(v, Lk, n_kv, d_h), head_rows(dout, Q, n_q, d_h), lse, delta,
-                                 head_rows(dq, Q, n_q, d_h), head_rows(dk, Lk, n_kv, d_h), head_rows(dv, Lk, n_kv, d_h));
-    });
+    const bool run_f32 = dtype != "bf16", run_bf16 = dtype != "f32";
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const KernelTimes t32 = run_f32 ? time_kernels(mask, q, k, v, dout, n_q, n_kv, d_h, reps) : KernelTimes{nan, nan};
+    const KernelTimes t16 = run_bf16 ? time_kernels(mask, to_bf16(q), to_bf16(k), to_bf16(v), to_bf16(dout), n_q, n_kv,
+                                                    d_h, reps)
+                                     : KernelTimes{nan, nan};
+    const double t_fwd = t32.fwd_s, t_bwd = t32.bwd_s;
+    const double fwd16 = diffcp::attention_forward_flops(mask, n_q, d_h) / t16.fwd_s / 1e9;
+    const double bwd16 = diffcp::attention_backward_flops(mask, n_q, d_h) / t16.bwd_s / 1e9;
+    const std::string bf16_path = diffcp::active_backend().describe(diffcp::DType::bf16);
     const double fwd = diffcp::attention_forward_flops(mask, n_q, d_h) / t_fwd / 1e9;
     const double bwd = diffcp::attention_backward_flops(mask, n_q, d_h) / t_bwd / 1e9;
     const double density = static_cast<double>(mask.visible_pairs()) / (static_cast<double>(Q) * static_cast<double>(Lk));
@@ -142,7 +177,11 @@ int main(int argc, char** argv) {
                                   {"visible_pairs_per_head", mask.visible_pairs()}, {"mask_density", density},
                                   {"fwd_ms", t_fwd * 1e3}, {"bwd_ms", t_bwd * 1e3}, {"fwd_gflops", fwd},
                                   {"bwd_gflops", bwd}, {"gemm_f32_gflops", gemm_f32}, {"gemm_bf16_gflops", std::isnan(gemm_bf16) ? nlohmann::json() : nlohmann::json(gemm_bf16)}, {"tile_gemm_gflops", gemm_tile},
-                                  {"fwd_over_f32_gemm", fwd / gemm_f32}, {"bwd_over_f32_gemm", bwd / gemm_f32}}
+                                  {"fwd_over_f32_gemm", fwd / gemm_f32}, {"bwd_over_f32_gemm", bwd / gemm_f32},
+                                  {"bf16_path", bf16_path}, {"bf16_fwd_ms", t16.fwd_s * 1e3}, {"bf16_bwd_ms", t16.bwd_s * 1e3},
+                                  {"bf16_fwd_gflops", fwd16}, {"bf16_bwd_gflops", bwd16},
+                                  {"bf16_fwd_over_bf16_gemm", fwd16 / gemm_bf16}, {"bf16_bwd_over_bf16_gemm", bwd16 / gemm_bf16},
+                                  {"bf16_fwd_speedup", t_fwd / t16.fwd_s}, {"bf16_bwd_speedup", t_bwd / t16.bwd_s}}
                        .dump()
                 << std::endl;
     } else {
@@ -162,6 +201,13 @@ int main(int argc, char** argv) {
                   t_fwd * 1e3, fwd, 100 * fwd / gemm_f32);
       std::printf("  attention backward: %8.1f ms %8.1f GFLOP/s = %5.1f %% of f32 GEMM (target >= 35 %%)\n",
                   t_bwd * 1e3, bwd, 100 * bwd / gemm_f32);
+      if (run_bf16) {
+        std::printf("  bf16 path: %s\n", bf16_path.c_str());
+        std::printf("  bf16 forward      : %8.1f ms %8.1f GFLOP/s = %5.1f %% of bf16 GEMM (target >= 60 %%), %.2fx f32 kernel (target >= 1.6x)\n",
+                    t16.fwd_s * 1e3, fwd16, 100 * fwd16 / gemm_bf16, t_fwd / t16.fwd_s);
+        std::printf("  bf16 backward     : %8.1f ms %8.1f GFLOP/s = %5.1f %% of bf16 GEMM (target >= 45 %%), %.2fx f32 kernel (target >= 1.5x)\n",
+                    t16.bwd_s * 1e3, bwd16, 100 * bwd16 / gemm_bf16, t_bwd / t16.bwd_s);
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_attention: error: %s\n", e.what());

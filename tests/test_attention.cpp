@@ -3,6 +3,8 @@
 // sample with zero anchors, GQA ratios 1/4/8, d_h 64 and 128, key rows split into disjoint
 // segments held by several calls (merged by LSE), strided rows, fully masked rows, bad input.
 #include <algorithm>
+#include <cstdlib>
+#include <utility>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -14,7 +16,9 @@
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/testing/attention_reference.hpp"
 #include "diffcp/testing/compare.hpp"
+#include "diffcp/core/half.hpp"
 #include "diffcp/core/random.hpp"
+#include "diffcp/ops/backend.hpp"
 #include "diffcp/workload/batch.hpp"
 
 namespace diffcp {
@@ -43,7 +47,10 @@ struct Problem {
   std::vector<float> q, k, v, dout;  // q, dout: [Q, n_q, d_h]; k, v: [S + Q, n_kv, d_h]
   std::vector<double> o_ref, lse_ref, delta_ref, dq_ref, dk_ref, dv_ref;
 
-  Problem(PackedBatch b, std::int64_t nq, std::int64_t nkv, std::int64_t d, std::uint64_t seed)
+  // bf16_inputs: q, k, v, dout rounded to bf16 numbers (the reference sees exactly what a bf16
+  // kernel gets).
+  Problem(PackedBatch b, std::int64_t nq, std::int64_t nkv, std::int64_t d, std::uint64_t seed,
+          bool bf16_inputs = false)
       : batch(std::move(b)), n_q(nq), n_kv(nkv), d_h(d) {
     S = batch.context_rows();
     Q = batch.query_rows();
@@ -52,6 +59,9 @@ struct Problem {
     k = random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), seed + 1);
     v = random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), seed + 2);
     dout = random_normal(static_cast<std::size_t>(Q * n_q * d_h), seed + 3);
+    if (bf16_inputs)
+      for (auto* x : {&q, &k, &v, &dout})
+        for (float& e : *x) e = bf16_to_f32(f32_to_bf16(e));
     const BlockMask full = full_mask(batch);
     const RefShape shape{n_q, n_kv, d_h};
     reference_attention_forward(full, shape, to_double(q), to_double(k), to_double(v), o_ref, lse_ref);
@@ -190,6 +200,81 @@ TEST_P(AttentionCase, SplitKeyRangesMergeToUnsplitResult) {
   expect_close(dk, pr.dk_ref, kTolF32, "dk");
   expect_close(dv, pr.dv_ref, kTolF32, "dv");
   (void)hq;
+}
+
+std::vector<bf16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16_t> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i].bits = f32_to_bf16(x[i]);
+  return out;
+}
+std::vector<double> to_double(const std::vector<bf16_t>& x) {
+  std::vector<double> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = bf16_to_f32(x[i].bits);
+  return out;
+}
+// max |got - ref| / max |ref|: the normwise error of a tensor.
+double normwise_error(const std::vector<double>& got, const std::vector<double>& ref) {
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    err = std::max(err, std::abs(got[i] - ref[i]));
+    scale = std::max(scale, std::abs(ref[i]));
+  }
+  return scale > 0 ? err / scale : err;
+}
+// The normwise error of storing the exact (fp64) result in bf16: the least any bf16 kernel has.
+double storage_error(const std::vector<double>& ref) {
+  std::vector<double> rounded(ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) rounded[i] = bf16_to_f32(f32_to_bf16(static_cast<float>(ref[i])));
+  return normwise_error(rounded, ref);
+}
+
+// bf16 storage, f32 accumulation, against fp64 on the same (bf16) inputs. The gate is relative:
+// each bf16 output's normwise error may be at most kBf16Gate times the error of merely storing the
+// exact result in bf16 (what an ideal bf16 kernel has; P and dS rounded as GEMM operands and the
+// bf16 dO add about as much again), so a wrong scale, a lost tile or an f32 term computed in bf16
+// fails, while a correct kernel passes on every shape. lse and D are f32 and keep f32-like
+// accuracy up to the bf16 operands of the score GEMM (absolute 2^-10 on lse, relative 2^-8 on D).
+constexpr double kBf16Gate = 3.0;  // measured 1.0-2.1 on the shapes below
+TEST_P(AttentionCase, Bf16ErrorWithin3xStorageError) {
+  const Case& c = GetParam();
+  const Problem pr(batch_of(c), c.n_q, c.n_kv, c.d_h, 42, /*bf16_inputs=*/true);
+  const BlockMask mask = full_mask(pr.batch);
+  const auto q = to_bf16(pr.q), k = to_bf16(pr.k), v = to_bf16(pr.v), dout = to_bf16(pr.dout);
+  std::vector<bf16_t> o(q.size());
+  std::vector<float> lse(static_cast<std::size_t>(pr.Q * pr.n_q)), delta(lse.size());
+  attention_forward(mask, head_rows(q, pr.Q, pr.n_q, pr.d_h), head_rows(k, pr.Lk, pr.n_kv, pr.d_h),
+                    head_rows(v, pr.Lk, pr.n_kv, pr.d_h), head_rows(o, pr.Q, pr.n_q, pr.d_h), lse);
+  attention_delta(head_rows(dout, pr.Q, pr.n_q, pr.d_h), head_rows(std::as_const(o), pr.Q, pr.n_q, pr.d_h), delta);
+  std::vector<bf16_t> dq(q.size()), dk(k.size()), dv(v.size());
+  attention_backward(mask, head_rows(q, pr.Q, pr.n_q, pr.d_h), head_rows(k, pr.Lk, pr.n_kv, pr.d_h),
+                     head_rows(v, pr.Lk, pr.n_kv, pr.d_h), head_rows(dout, pr.Q, pr.n_q, pr.d_h), lse, delta,
+                     head_rows(dq, pr.Q, pr.n_q, pr.d_h), head_rows(dk, pr.Lk, pr.n_kv, pr.d_h),
+                     head_rows(dv, pr.Lk, pr.n_kv, pr.d_h));
+  const struct {
+    const char* name;
+    const std::vector<bf16_t>& got;
+    const std::vector<double>& ref;
+  } outs[] = {{"o", o, pr.o_ref}, {"dq", dq, pr.dq_ref}, {"dk", dk, pr.dk_ref}, {"dv", dv, pr.dv_ref}};
+  for (const auto& t : outs) {
+    const double err = normwise_error(to_double(t.got), t.ref), floor = storage_error(t.ref);
+    EXPECT_LE(err, kBf16Gate * floor + 1e-6) << t.name << ": normwise error " << err << ", bf16 storage error " << floor;
+    RecordProperty(std::string(t.name) + "_err_over_storage", std::to_string(err / floor));
+  }
+  double lse_err = 0;
+  for (std::size_t i = 0; i < lse.size(); ++i)
+    if (std::isfinite(pr.lse_ref[i])) lse_err = std::max(lse_err, std::abs(lse[i] - pr.lse_ref[i]));
+  EXPECT_LE(lse_err, 1.0 / 1024) << "lse";
+  EXPECT_LE(normwise_error({delta.begin(), delta.end()}, pr.delta_ref), 1.0 / 256) << "delta";
+}
+
+TEST(Attention, Bf16PathIsReported) {
+  const std::string path = cpu_backend().describe(DType::bf16);
+  EXPECT_NE(path.find("bf16"), std::string::npos) << path;
+  // The ctest entry attention_bf16_converted runs this binary with oneDNN capped at AVX2, where it
+  // has no bf16 matmul: the conversion path must be the one that runs (and the tests above pass).
+  if (const char* want = std::getenv("DIFFCP_EXPECT_BF16_PATH")) {
+    EXPECT_NE(path.find(want), std::string::npos) << "path '" << path << "' does not mention '" << want << "'";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCase, ::testing::ValuesIn(cases()),

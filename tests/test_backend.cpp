@@ -1,6 +1,7 @@
 // The compute seam (ops/backend.hpp): the CPU backend's supports() table, the registry, and a toy
 // second backend that runs GEMM (delegating to the CPU one) and declines attention, so that
 // linear_forward works on it and attention_forward fails naming the backend and the op.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <iterator>
@@ -12,6 +13,7 @@
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/mask.hpp"
 #include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
 #include "diffcp/core/random.hpp"
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/gemm.hpp"
@@ -53,22 +55,64 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::rope,         OpKind::silu,            OpKind::gelu_tanh,
                           OpKind::layernorm_modulate, OpKind::gated_add, OpKind::qk_norm_rope};
 
-TEST(Backend, CpuSupportsF32NotBf16ForEveryOp) {
+TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
   static_assert(std::size(kAllOps) == kOpKindCount);
   Backend& cpu = find_backend("cpu");
   EXPECT_EQ(&cpu, &cpu_backend());
   EXPECT_EQ(&active_backend(), &cpu);
   for (OpKind op : kAllOps) {
+    const bool bf16 = op == OpKind::gemm || op == OpKind::attention_forward || op == OpKind::attention_backward ||
+                      op == OpKind::attention_delta;
     EXPECT_TRUE(cpu.supports(op, DType::f32)) << op_name(op);
-    EXPECT_FALSE(cpu.supports(op, DType::bf16)) << op_name(op);
+    EXPECT_EQ(cpu.supports(op, DType::bf16), bf16) << op_name(op);
+    EXPECT_FALSE(cpu.supports(op, DType::f64)) << op_name(op);
     EXPECT_STRNE(op_name(op), "?");
   }
 }
 
-TEST(Backend, CpuDeclinesBf16GemmWithTheClearError) {
-  std::vector<std::uint16_t> a(4), b(4), c(4);
-  const std::string msg = error_of([&] { gemm(false, false, 2, 2, 2, 1.f, a.data(), 2, b.data(), 2, 0.f, c.data(), 2, DType::bf16); });
-  EXPECT_NE(msg.find("backend 'cpu' does not support gemm on bf16"), std::string::npos) << msg;
+TEST(Backend, CpuDeclinesBf16RmsnormWithTheClearError) {
+  const std::string msg = error_of([] { backend_for(OpKind::rmsnorm_forward, DType::bf16); });
+  EXPECT_NE(msg.find("backend 'cpu' does not support rmsnorm_forward on bf16"), std::string::npos) << msg;
+}
+
+// bf16 GEMM (bf16 A, B, C; f32 accumulation) against fp64 on the same bf16 numbers, every
+// transpose, beta 0 and 1, strided operands: the error is C's own bf16 rounding plus the f32 sums'.
+TEST(Backend, CpuBf16GemmMatchesFp64OnBf16Inputs) {
+  const std::int64_t M = 37, N = 50, K = 300, pad = 3;
+  for (int variant = 0; variant < 8; ++variant) {
+    const bool ta = variant & 1, tb = variant & 2;
+    const float beta = (variant & 4) ? 1.f : 0.f;
+    const std::int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+    const std::int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+    auto round = [](std::vector<float> x) {
+      std::vector<std::uint16_t> h(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) h[i] = f32_to_bf16(x[i]);
+      return h;
+    };
+    const auto a = round(random_normal(static_cast<std::size_t>(a_rows * lda), 1));
+    const auto b = round(random_normal(static_cast<std::size_t>(b_rows * ldb), 2));
+    auto c = round(random_normal(static_cast<std::size_t>(M * ldc), 3));
+    const auto c0 = c;
+    gemm(ta, tb, M, N, K, 0.5f, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, DType::bf16);
+    double worst = 0;
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j) {
+        double ref = beta * bf16_to_f32(c0[static_cast<std::size_t>(i * ldc + j)]), mag = std::abs(ref);
+        for (std::int64_t l = 0; l < K; ++l) {
+          const double x = bf16_to_f32(a[static_cast<std::size_t>(ta ? l * lda + i : i * lda + l)]);
+          const double y = bf16_to_f32(b[static_cast<std::size_t>(tb ? j * ldb + l : l * ldb + j)]);
+          ref += 0.5 * x * y;
+          mag += std::abs(0.5 * x * y);
+        }
+        const double got = bf16_to_f32(c[static_cast<std::size_t>(i * ldc + j)]);
+        // half a bf16 ulp of the result (2^-9 relative) + f32 accumulation (K * 2^-24 of the magnitude)
+        worst = std::max(worst, std::abs(got - ref) / (std::abs(ref) * 0x1p-8 + mag * K * 0x1p-24 + 1e-30));
+      }
+    EXPECT_LE(worst, 1.0) << "ta " << ta << " tb " << tb << " beta " << beta;
+    for (std::int64_t i = 0; i < M; ++i)  // the padding of C is untouched
+      for (std::int64_t j = N; j < ldc; ++j)
+        EXPECT_EQ(c[static_cast<std::size_t>(i * ldc + j)], c0[static_cast<std::size_t>(i * ldc + j)]);
+  }
 }
 
 TEST(Backend, FindUnknownListsTheRegisteredNames) {

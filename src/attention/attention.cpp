@@ -6,23 +6,58 @@
 
 namespace diffcp {
 
-void attention_forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
-                       HeadRows<const float> v, HeadRows<float> o, std::span<float> lse, float softmax_scale) {
-  backend_for(OpKind::attention_forward, DType::f32)
+namespace {
+
+template <typename T>
+void forward_t(const BlockMask& mask, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v, HeadRows<T> o,
+               std::span<float> lse, float softmax_scale) {
+  backend_for(OpKind::attention_forward, dtype_of<T>())
       .attention_forward(mask, q.view(), k.view(), v.view(), o.view(), view_of(lse), softmax_scale);
 }
 
+template <typename T>
+void delta_t(HeadRows<const T> do_, HeadRows<const T> o, std::span<float> delta) {
+  backend_for(OpKind::attention_delta, dtype_of<T>()).attention_delta(do_.view(), o.view(), view_of(delta));
+}
+
+template <typename T>
+void backward_t(const BlockMask& mask, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
+                HeadRows<const T> do_, std::span<const float> lse, std::span<const float> delta, HeadRows<T> dq,
+                HeadRows<T> dk, HeadRows<T> dv, float softmax_scale) {
+  backend_for(OpKind::attention_backward, dtype_of<T>())
+      .attention_backward(mask, q.view(), k.view(), v.view(), do_.view(), view_of(lse), view_of(delta), dq.view(),
+                          dk.view(), dv.view(), softmax_scale);
+}
+
+}  // namespace
+
+void attention_forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
+                       HeadRows<const float> v, HeadRows<float> o, std::span<float> lse, float softmax_scale) {
+  forward_t(mask, q, k, v, o, lse, softmax_scale);
+}
+void attention_forward(const BlockMask& mask, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
+                       HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse, float softmax_scale) {
+  forward_t(mask, q, k, v, o, lse, softmax_scale);
+}
+
 void attention_delta(HeadRows<const float> do_, HeadRows<const float> o, std::span<float> delta) {
-  backend_for(OpKind::attention_delta, DType::f32).attention_delta(do_.view(), o.view(), view_of(delta));
+  delta_t(do_, o, delta);
+}
+void attention_delta(HeadRows<const bf16_t> do_, HeadRows<const bf16_t> o, std::span<float> delta) {
+  delta_t(do_, o, delta);
 }
 
 void attention_backward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
                         HeadRows<const float> v, HeadRows<const float> do_, std::span<const float> lse,
                         std::span<const float> delta, HeadRows<float> dq, HeadRows<float> dk, HeadRows<float> dv,
                         float softmax_scale) {
-  backend_for(OpKind::attention_backward, DType::f32)
-      .attention_backward(mask, q.view(), k.view(), v.view(), do_.view(), view_of(lse), view_of(delta), dq.view(),
-                          dk.view(), dv.view(), softmax_scale);
+  backward_t(mask, q, k, v, do_, lse, delta, dq, dk, dv, softmax_scale);
+}
+void attention_backward(const BlockMask& mask, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
+                        HeadRows<const bf16_t> v, HeadRows<const bf16_t> do_, std::span<const float> lse,
+                        std::span<const float> delta, HeadRows<bf16_t> dq, HeadRows<bf16_t> dk, HeadRows<bf16_t> dv,
+                        float softmax_scale) {
+  backward_t(mask, q, k, v, do_, lse, delta, dq, dk, dv, softmax_scale);
 }
 
 double attention_forward_flops(const BlockMask& mask, std::int64_t n_q, std::int64_t d_h) {

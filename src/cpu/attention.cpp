@@ -1,16 +1,21 @@
 // CPU block-sparse attention (attention/attention.hpp, SPEC A.1/A.2): flash-attention tiling with
-// online softmax over the visible key ranges of the DFlash mask; tile GEMMs call sgemm (gemm.cpp)
+// online softmax over the visible key ranges of the DFlash mask; tile GEMMs call oneDNN (gemm.cpp)
 // directly. Shapes: q, o, do, dq: [Q, n_q, d_h]  k, v, dk, dv: [L_k, n_kv, d_h]  lse, delta: [Q*n_q].
+// One kernel for both storage types T: f32, and bf16 as FlashAttention runs it (bf16 operands
+// of every tile GEMM, f32 accumulation, f32 softmax, P and dS rounded to bf16 only as GEMM
+// operands, f32 lse / delta, dk / dv accumulated in f32 and rounded once at the end).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
 #include "cpu_backend.hpp"
 #include "diffcp/attention/mask.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/fastmath.hpp"
+#include "diffcp/core/half.hpp"
 #include "diffcp/core/parallel.hpp"
 
 namespace diffcp::cpu {
@@ -34,13 +39,56 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   return sum;
 }
 
+// ---- storage type T (float or bf16_t): tile GEMMs with f32 C, conversions ----
+
+// C[M, N] (f32) = alpha * op(A) * op(B) + beta * C, A and B of T (shapes as sgemm).
+void tile_gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
+               std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void tile_gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const bf16_t* A,
+               std::int64_t lda, const bf16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, DType::f32);
+}
+
+inline float to_f32(float x) { return x; }
+inline float to_f32(bf16_t x) { return bf16_to_f32(x.bits); }
+
+// dst[c] = T(src[c] * mul) for c < n.
+inline void store_row(const float* __restrict src, float mul, float* __restrict dst, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t c = 0; c < n; ++c) dst[c] = src[c] * mul;
+}
+inline void store_row(const float* __restrict src, float mul, bf16_t* __restrict dst, std::int64_t n) {
+  float tmp[256];
+  for (std::int64_t c0 = 0; c0 < n; c0 += 256) {
+    const std::int64_t m = std::min<std::int64_t>(256, n - c0);
+#pragma omp simd
+    for (std::int64_t c = 0; c < m; ++c) tmp[c] = src[c0 + c] * mul;
+    convert_to_bf16(tmp, reinterpret_cast<std::uint16_t*>(dst + c0), m);
+  }
+}
+
+// The f32 tile x ([rows, cols], row stride ld) as a GEMM operand of type T: x itself for f32,
+// else rounded into `lo` (same layout).
+template <typename T>
+const T* operand(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::vector<T>& lo) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    for (std::int64_t r = 0; r < rows; ++r)
+      convert_to_bf16(x + r * ld, reinterpret_cast<std::uint16_t*>(lo.data() + r * ld), cols);
+    return lo.data();
+  }
+}
+
 struct Dims {
   std::int64_t Q, Lk, n_q, n_kv, d, G, B, GB;
   float scale;
 };
 
-void check_rows(const char* name, HeadRows<const float> t, std::int64_t rows, std::int64_t heads,
-                std::int64_t dim) {
+template <typename T>
+void check_rows(const char* name, HeadRows<const T> t, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
   DIFFCP_CHECK(t.rows == rows && t.heads == heads && t.dim == dim, "attention: ", name, " has shape [",
                t.rows, ", ", t.heads, ", ", t.dim, "], expected [", rows, ", ", heads, ", ", dim, "]");
   DIFFCP_CHECK(t.row_stride >= heads * dim, "attention: ", name, " row_stride ", t.row_stride,
@@ -48,8 +96,9 @@ void check_rows(const char* name, HeadRows<const float> t, std::int64_t rows, st
   DIFFCP_CHECK(rows == 0 || t.data != nullptr, "attention: ", name, " is null");
 }
 
-Dims make_dims(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
-               HeadRows<const float> v, float softmax_scale) {
+template <typename T>
+Dims make_dims(const BlockMask& mask, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
+               float softmax_scale) {
   Dims s{};
   s.Q = mask.query_rows();
   s.Lk = mask.key_rows();
@@ -71,15 +120,12 @@ Dims make_dims(const BlockMask& mask, HeadRows<const float> q, HeadRows<const fl
 }
 
 // Packs the (G*B) x d tile of block i, kv head h: tile row t = g*B + r is query row i*B + r,
-// query head h*G + g, multiplied by `mul`.
-void pack_tile(HeadRows<const float> x, const Dims& s, std::int64_t i, std::int64_t h, float mul,
-               float* tile) {
+// query head h*G + g.
+template <typename T>
+void pack_tile(HeadRows<const T> x, const Dims& s, std::int64_t i, std::int64_t h, T* tile) {
   for (std::int64_t g = 0; g < s.G; ++g)
-    for (std::int64_t r = 0; r < s.B; ++r) {
-      const float* src = x.at(i * s.B + r, h * s.G + g);
-      float* dst = tile + (g * s.B + r) * s.d;
-      for (std::int64_t c = 0; c < s.d; ++c) dst[c] = src[c] * mul;
-    }
+    for (std::int64_t r = 0; r < s.B; ++r)
+      std::memcpy(tile + (g * s.B + r) * s.d, x.at(i * s.B + r, h * s.G + g), sizeof(T) * s.d);
 }
 
 // lse/delta entry of tile row t of block i, kv head h.
@@ -87,34 +133,39 @@ inline std::int64_t stat_index(const Dims& s, std::int64_t i, std::int64_t h, st
   return (i * s.B + t % s.B) * s.n_q + h * s.G + t / s.B;
 }
 
+template <typename T>
 struct ForwardScratch {
-  std::vector<float> q, o, p, m, l;
+  std::vector<T> q, p_lo;
+  std::vector<float> o, p, m, l;
   std::vector<RowRange> ranges;
   explicit ForwardScratch(const Dims& s)
-      : q(s.GB * s.d), o(s.GB * s.d), p(s.GB * kKeyTile), m(s.GB), l(s.GB) {}
+      : q(s.GB * s.d), p_lo(std::is_same_v<T, float> ? 0 : s.GB * kKeyTile), o(s.GB * s.d), p(s.GB * kKeyTile),
+        m(s.GB), l(s.GB) {}
 };
 
-void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const float> q,
-                  HeadRows<const float> k, HeadRows<const float> v, HeadRows<float> o,
-                  std::span<float> lse, std::int64_t i, std::int64_t h, ForwardScratch& w) {
+template <typename T>
+void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, HeadRows<const T> k,
+                  HeadRows<const T> v, HeadRows<T> o, std::span<float> lse, std::int64_t i, std::int64_t h,
+                  ForwardScratch<T>& w) {
   mask.visible_ranges(i, w.ranges);
   const std::int64_t GB = s.GB, d = s.d;
   if (w.ranges.empty()) {
     for (std::int64_t t = 0; t < GB; ++t) {
-      std::memset(o.at(i * s.B + t % s.B, h * s.G + t / s.B), 0, sizeof(float) * d);
+      std::memset(static_cast<void*>(o.at(i * s.B + t % s.B, h * s.G + t / s.B)), 0, sizeof(T) * d);
       lse[stat_index(s, i, h, t)] = kNegInf;
     }
     return;
   }
-  // Scores in base 2: q pre-scaled by scale*log2(e), so p = 2^(score - max).
-  pack_tile(q, s, i, h, s.scale * kLog2e, w.q.data());
+  // Scores in base 2: S = (scale * log2(e)) q k^T, so p = 2^(S - max).
+  pack_tile(q, s, i, h, w.q.data());
   std::fill(w.o.begin(), w.o.end(), 0.f);
   std::fill(w.m.begin(), w.m.end(), kNegInf);
   std::fill(w.l.begin(), w.l.end(), 0.f);
   for (const RowRange& rr : w.ranges) {
     for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile) {
       const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
-      sgemm(false, true, GB, kt, d, 1.f, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, w.p.data(), kKeyTile);
+      tile_gemm(false, true, GB, kt, d, s.scale * kLog2e, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, w.p.data(),
+                kKeyTile);
       for (std::int64_t t = 0; t < GB; ++t) {
         float* pr = w.p.data() + t * kKeyTile;
         float mx = w.m[t];
@@ -129,38 +180,39 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const float> q,
         w.l[t] = w.l[t] * alpha + sum;
         w.m[t] = mx;
       }
-      sgemm(false, false, GB, d, kt, 1.f, w.p.data(), kKeyTile, v.at(j0, h), v.row_stride, 1.f, w.o.data(), d);
+      const T* P = operand(w.p.data(), GB, kt, kKeyTile, w.p_lo);
+      tile_gemm(false, false, GB, d, kt, 1.f, P, kKeyTile, v.at(j0, h), v.row_stride, 1.f, w.o.data(), d);
     }
   }
   for (std::int64_t t = 0; t < GB; ++t) {
-    const float inv = 1.f / w.l[t];
-    const float* src = w.o.data() + t * d;
-    float* dst = o.at(i * s.B + t % s.B, h * s.G + t / s.B);
-    for (std::int64_t c = 0; c < d; ++c) dst[c] = src[c] * inv;
+    store_row(w.o.data() + t * d, 1.f / w.l[t], o.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
     lse[stat_index(s, i, h, t)] = (w.m[t] + std::log2(w.l[t])) * kLn2;
   }
 }
 
+template <typename T>
 struct BackwardScratch {
-  std::vector<float> q, dout, dq, p, dp, lse2, delta;
+  std::vector<T> q, dout, p_lo;
+  std::vector<float> dq, p, dp, lse2, delta;
   std::vector<RowRange> ranges;
   explicit BackwardScratch(const Dims& s)
-      : q(s.GB * s.d), dout(s.GB * s.d), dq(s.GB * s.d), p(s.GB * kKeyTile), dp(s.GB * kKeyTile),
-        lse2(s.GB), delta(s.GB) {}
+      : q(s.GB * s.d), dout(s.GB * s.d), p_lo(std::is_same_v<T, float> ? 0 : s.GB * kKeyTile), dq(s.GB * s.d),
+        p(s.GB * kKeyTile), dp(s.GB * kKeyTile), lse2(s.GB), delta(s.GB) {}
 };
 
-// Backward of block i, kv head h: accumulates into dk, dv (rows this block sees) and writes dq.
-void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const float> q,
-                    HeadRows<const float> k, HeadRows<const float> v, HeadRows<const float> dout,
-                    std::span<const float> lse, std::span<const float> delta, HeadRows<float> dq,
-                    HeadRows<float> dk, HeadRows<float> dv, std::int64_t i, std::int64_t h,
-                    BackwardScratch& w) {
+// Backward of block i, kv head h: accumulates into the f32 dk, dv (rows this block sees) and
+// writes dq.
+template <typename T>
+void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const T> q, HeadRows<const T> k,
+                    HeadRows<const T> v, HeadRows<const T> dout, std::span<const float> lse,
+                    std::span<const float> delta, HeadRows<T> dq, HeadRows<float> dk, HeadRows<float> dv,
+                    std::int64_t i, std::int64_t h, BackwardScratch<T>& w) {
   mask.visible_ranges(i, w.ranges);
   const std::int64_t GB = s.GB, d = s.d;
   std::fill(w.dq.begin(), w.dq.end(), 0.f);
   if (!w.ranges.empty()) {
-    pack_tile(q, s, i, h, s.scale * kLog2e, w.q.data());
-    pack_tile(dout, s, i, h, 1.f, w.dout.data());
+    pack_tile(q, s, i, h, w.q.data());
+    pack_tile(dout, s, i, h, w.dout.data());
     for (std::int64_t t = 0; t < GB; ++t) {
       const float l = lse[stat_index(s, i, h, t)];
       // A row whose global lse is -inf saw no key anywhere: its probabilities are 0.
@@ -173,14 +225,14 @@ void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const float> 
       const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
       float* P = w.p.data();
       float* dP = w.dp.data();
-      sgemm(false, true, GB, kt, d, 1.f, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, P, kKeyTile);
-      for (std::int64_t t = 0; t < GB; ++t) {
-        exp2_shifted(P + t * kKeyTile, kt, w.lse2[t]);
-      }
+      tile_gemm(false, true, GB, kt, d, s.scale * kLog2e, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, P,
+                kKeyTile);
+      for (std::int64_t t = 0; t < GB; ++t) exp2_shifted(P + t * kKeyTile, kt, w.lse2[t]);
       // dV += P^T dO
-      sgemm(true, false, kt, d, GB, 1.f, P, kKeyTile, w.dout.data(), d, 1.f, dv.at(j0, h), dv.row_stride);
+      tile_gemm(true, false, kt, d, GB, 1.f, operand(P, GB, kt, kKeyTile, w.p_lo), kKeyTile, w.dout.data(), d, 1.f,
+                dv.at(j0, h), dv.row_stride);
       // dP = dO V^T
-      sgemm(false, true, GB, kt, d, 1.f, w.dout.data(), d, v.at(j0, h), v.row_stride, 0.f, dP, kKeyTile);
+      tile_gemm(false, true, GB, kt, d, 1.f, w.dout.data(), d, v.at(j0, h), v.row_stride, 0.f, dP, kKeyTile);
       for (std::int64_t t = 0; t < GB; ++t) {
         float* pr = P + t * kKeyTile;
         const float* dpr = dP + t * kKeyTile;
@@ -188,13 +240,13 @@ void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const float> 
 #pragma omp simd
         for (std::int64_t j = 0; j < kt; ++j) pr[j] = pr[j] * (dpr[j] - D);  // dS
       }
-      // dQ += scale * dS K ; dK += scale * dS^T q = ln2 * dS^T (q * scale * log2e)
-      sgemm(false, false, GB, d, kt, s.scale, P, kKeyTile, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d);
-      sgemm(true, false, kt, d, GB, kLn2, P, kKeyTile, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride);
+      // dQ += scale * dS K ; dK += scale * dS^T q
+      const T* dS = operand(P, GB, kt, kKeyTile, w.p_lo);
+      tile_gemm(false, false, GB, d, kt, s.scale, dS, kKeyTile, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d);
+      tile_gemm(true, false, kt, d, GB, s.scale, dS, kKeyTile, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride);
     }
   }
-  for (std::int64_t t = 0; t < GB; ++t)
-    std::memcpy(dq.at(i * s.B + t % s.B, h * s.G + t / s.B), w.dq.data() + t * d, sizeof(float) * d);
+  for (std::int64_t t = 0; t < GB; ++t) store_row(w.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
 }
 
 void zero_rows(HeadRows<float> x) {
@@ -202,22 +254,21 @@ void zero_rows(HeadRows<float> x) {
   for (std::int64_t r = 0; r < x.rows; ++r) std::memset(x.at(r, 0), 0, sizeof(float) * x.heads * x.dim);
 }
 
-}  // namespace
-
-void CpuBackend::attention_forward(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_v,
-                                   ConstTensorView v_v, TensorView o_v, TensorView lse_v, float softmax_scale) {
-  const auto q = rows_f32(q_v), k = rows_f32(k_v), v = rows_f32(v_v);
-  const auto o = rows_f32(o_v);
+template <typename T>
+void forward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_v, ConstTensorView v_v,
+                  TensorView o_v, TensorView lse_v, float softmax_scale) {
+  const auto q = HeadRows<const T>::from(q_v), k = HeadRows<const T>::from(k_v), v = HeadRows<const T>::from(v_v);
+  const auto o = HeadRows<T>::from(o_v);
   const auto lse = span_f32(lse_v);
   const Dims s = make_dims(mask, q, k, v, softmax_scale);
-  check_rows("o", o, s.Q, s.n_q, s.d);
+  check_rows<T>("o", o, s.Q, s.n_q, s.d);
   DIFFCP_CHECK(static_cast<std::int64_t>(lse.size()) == s.Q * s.n_q, "attention: lse has ", lse.size(),
                " entries, expected Q*n_q = ", s.Q * s.n_q);
   const std::int64_t items = mask.num_blocks() * s.n_kv;
   ParallelErrors errors;
 #pragma omp parallel
   {
-    ForwardScratch w(s);
+    ForwardScratch<T> w(s);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t it = 0; it < items; ++it)
       errors.run([&] { forward_item(mask, s, q, k, v, o, lse, it / s.n_kv, it % s.n_kv, w); });
@@ -225,8 +276,9 @@ void CpuBackend::attention_forward(const BlockMask& mask, ConstTensorView q_v, C
   errors.rethrow();
 }
 
-void CpuBackend::attention_delta(ConstTensorView do_v, ConstTensorView o_v, TensorView delta_v) {
-  const auto do_ = rows_f32(do_v), o = rows_f32(o_v);
+template <typename T>
+void delta_impl(ConstTensorView do_v, ConstTensorView o_v, TensorView delta_v) {
+  const auto do_ = HeadRows<const T>::from(do_v), o = HeadRows<const T>::from(o_v);
   const auto delta = span_f32(delta_v);
   check_rows("o", o, do_.rows, do_.heads, do_.dim);
   DIFFCP_CHECK(static_cast<std::int64_t>(delta.size()) == do_.rows * do_.heads, "attention_delta: delta has ",
@@ -234,33 +286,47 @@ void CpuBackend::attention_delta(ConstTensorView do_v, ConstTensorView o_v, Tens
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < do_.rows; ++r)
     for (std::int64_t h = 0; h < do_.heads; ++h) {
-      const float* a = do_.at(r, h);
-      const float* b = o.at(r, h);
+      const T* a = do_.at(r, h);
+      const T* b = o.at(r, h);
       float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
-      for (std::int64_t c = 0; c < do_.dim; ++c) acc += a[c] * b[c];
+      for (std::int64_t c = 0; c < do_.dim; ++c) acc += to_f32(a[c]) * to_f32(b[c]);
       delta[static_cast<std::size_t>(r * do_.heads + h)] = acc;
     }
 }
 
-void CpuBackend::attention_backward(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_v,
-                                    ConstTensorView v_v, ConstTensorView do_v, ConstTensorView lse_v,
-                                    ConstTensorView delta_v, TensorView dq_v, TensorView dk_v, TensorView dv_v,
-                                    float softmax_scale) {
-  const auto q = rows_f32(q_v), k = rows_f32(k_v), v = rows_f32(v_v), do_ = rows_f32(do_v);
-  const auto dq = rows_f32(dq_v), dk = rows_f32(dk_v), dv = rows_f32(dv_v);
+template <typename T>
+void backward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_v, ConstTensorView v_v,
+                   ConstTensorView do_v, ConstTensorView lse_v, ConstTensorView delta_v, TensorView dq_v,
+                   TensorView dk_v, TensorView dv_v, float softmax_scale) {
+  const auto q = HeadRows<const T>::from(q_v), k = HeadRows<const T>::from(k_v), v = HeadRows<const T>::from(v_v);
+  const auto do_ = HeadRows<const T>::from(do_v);
+  const auto dq = HeadRows<T>::from(dq_v), dk = HeadRows<T>::from(dk_v), dv = HeadRows<T>::from(dv_v);
   const auto lse = span_f32(lse_v), delta = span_f32(delta_v);
   const Dims s = make_dims(mask, q, k, v, softmax_scale);
-  check_rows("do", do_, s.Q, s.n_q, s.d);
-  check_rows("dq", dq, s.Q, s.n_q, s.d);
-  check_rows("dk", dk, s.Lk, s.n_kv, s.d);
-  check_rows("dv", dv, s.Lk, s.n_kv, s.d);
+  check_rows<T>("do", do_, s.Q, s.n_q, s.d);
+  check_rows<T>("dq", dq, s.Q, s.n_q, s.d);
+  check_rows<T>("dk", dk, s.Lk, s.n_kv, s.d);
+  check_rows<T>("dv", dv, s.Lk, s.n_kv, s.d);
   DIFFCP_CHECK(static_cast<std::int64_t>(lse.size()) == s.Q * s.n_q &&
                    static_cast<std::int64_t>(delta.size()) == s.Q * s.n_q,
                "attention backward: lse has ", lse.size(), " and delta ", delta.size(),
                " entries, expected Q*n_q = ", s.Q * s.n_q);
-  zero_rows(dk);
-  zero_rows(dv);
+  // dk, dv accumulate over the blocks that see a key row: in place for f32, in f32 buffers
+  // rounded once at the end for bf16.
+  std::vector<float> dk32, dv32;
+  HeadRows<float> dk_acc, dv_acc;
+  if constexpr (std::is_same_v<T, float>) {
+    dk_acc = dk;
+    dv_acc = dv;
+  } else {
+    dk32.resize(static_cast<std::size_t>(s.Lk * s.n_kv * s.d));
+    dv32.resize(dk32.size());
+    dk_acc = head_rows(dk32, s.Lk, s.n_kv, s.d);
+    dv_acc = head_rows(dv32, s.Lk, s.n_kv, s.d);
+  }
+  zero_rows(dk_acc);
+  zero_rows(dv_acc);
   // Work item = (sample group, kv head). Groups touch disjoint key rows and their blocks own
   // disjoint query rows, so items never write the same dq/dk/dv element: no atomics, no
   // per-thread copies. Largest items first for the dynamic schedule.
@@ -275,15 +341,45 @@ void CpuBackend::attention_backward(const BlockMask& mask, ConstTensorView q_v, 
   ParallelErrors errors;
 #pragma omp parallel
   {
-    BackwardScratch w(s);
+    BackwardScratch<T> w(s);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t it = 0; it < items; ++it)
       errors.run([&] {
         const auto& group = groups[static_cast<std::size_t>(order[static_cast<std::size_t>(it / s.n_kv)])];
-        for (std::int64_t i : group) backward_block(mask, s, q, k, v, do_, lse, delta, dq, dk, dv, i, it % s.n_kv, w);
+        for (std::int64_t i : group)
+          backward_block(mask, s, q, k, v, do_, lse, delta, dq, dk_acc, dv_acc, i, it % s.n_kv, w);
       });
   }
   errors.rethrow();
+  if constexpr (!std::is_same_v<T, float>) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < s.Lk; ++r)
+      for (std::int64_t h = 0; h < s.n_kv; ++h) {
+        store_row(dk_acc.at(r, h), 1.f, dk.at(r, h), s.d);
+        store_row(dv_acc.at(r, h), 1.f, dv.at(r, h), s.d);
+      }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                                   TensorView o, TensorView lse, float softmax_scale) {
+  if (q.dtype == DType::bf16) return forward_impl<bf16_t>(mask, q, k, v, o, lse, softmax_scale);
+  forward_impl<float>(mask, q, k, v, o, lse, softmax_scale);
+}
+
+void CpuBackend::attention_delta(ConstTensorView do_, ConstTensorView o, TensorView delta) {
+  if (do_.dtype == DType::bf16) return delta_impl<bf16_t>(do_, o, delta);
+  delta_impl<float>(do_, o, delta);
+}
+
+void CpuBackend::attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                                    ConstTensorView do_, ConstTensorView lse, ConstTensorView delta, TensorView dq,
+                                    TensorView dk, TensorView dv, float softmax_scale) {
+  if (q.dtype == DType::bf16)
+    return backward_impl<bf16_t>(mask, q, k, v, do_, lse, delta, dq, dk, dv, softmax_scale);
+  backward_impl<float>(mask, q, k, v, do_, lse, delta, dq, dk, dv, softmax_scale);
 }
 
 }  // namespace diffcp::cpu

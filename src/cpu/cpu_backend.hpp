@@ -1,11 +1,12 @@
-// The CPU backend (ops/backend.hpp): f32 on every op, OpenMP over rows / work items, GEMMs on
-// oneDNN. One file per op family defines its hooks: gemm.cpp, attention.cpp, merge.cpp,
+// The CPU backend (ops/backend.hpp): f32 on every op; bf16 storage with f32 accumulation on GEMM
+// and attention. OpenMP over rows / work items, GEMMs on oneDNN. One file per op family defines its hooks: gemm.cpp, attention.cpp, merge.cpp,
 // rmsnorm.cpp, rope.cpp, elementwise.cpp; backend.cpp holds name(), supports() and the instance.
 // Private to src/cpu/.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "diffcp/ops/backend.hpp"
 
@@ -16,6 +17,14 @@ namespace diffcp::cpu {
 // tile); single-threaded when called from inside an OpenMP parallel region.
 void sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
            std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
+
+// Row-major C[M, N] = alpha * op(A) * op(B) + beta * C with bf16 A and B, f32 accumulation and C
+// of c_dtype (f32 or bf16); shapes as sgemm. oneDNN matmul where it has one for this CPU,
+// otherwise the operands converted to f32 + sgemm (bf16_gemm_path() says which, and why).
+void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+               const bf16_t* A, std::int64_t lda, const bf16_t* B, std::int64_t ldb, float beta, void* C,
+               std::int64_t ldc, DType c_dtype);
+std::string bf16_gemm_path();
 
 // Typed f32 access to the hooks' views (a wrong dtype or layout is an Error naming the view).
 inline HeadRows<const float> rows_f32(ConstTensorView t) { return HeadRows<const float>::from(t); }
@@ -29,6 +38,7 @@ class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
   bool supports(OpKind op, DType dtype) const override;
+  std::string describe(DType dtype) const override;
 
   void gemm(const GemmArgs& args) override;
   void bias_backward(ConstTensorView dy, TensorView db) override;

@@ -9,8 +9,8 @@
 // G = n_q/n_kv query heads of a kv head and the B rows of a block form one (G*B) x d_h query tile,
 // so each K/V tile is loaded once for all G heads. Tile GEMMs are the CPU backend's oneDNN sgemm,
 // called directly (no dispatch per tile) and single-threaded inside our OpenMP loop; only visible
-// key ranges are visited, so work is proportional to the unmasked pairs. fp32 storage and fp32
-// accumulation.
+// key ranges are visited, so work is proportional to the unmasked pairs. Storage f32 or bf16 (the
+// overloads below); accumulation, softmax, lse and D always f32.
 #pragma once
 
 #include <span>
@@ -42,6 +42,19 @@ void attention_backward(const BlockMask& mask, HeadRows<const float> q, HeadRows
                         HeadRows<const float> v, HeadRows<const float> do_,
                         std::span<const float> lse, std::span<const float> delta,
                         HeadRows<float> dq, HeadRows<float> dk, HeadRows<float> dv,
+                        float softmax_scale = 0.f);
+
+// The same three ops with bf16 storage of q, k, v, o, do, dq, dk, dv (shapes as above); lse and
+// delta stay f32. Tile GEMMs take bf16 operands with f32 accumulation (P and dS are rounded to
+// bf16 as GEMM operands, as FlashAttention does); dk and dv are accumulated in f32 and rounded once.
+void attention_forward(const BlockMask& mask, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
+                       HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse,
+                       float softmax_scale = 0.f);
+void attention_delta(HeadRows<const bf16_t> do_, HeadRows<const bf16_t> o, std::span<float> delta);
+void attention_backward(const BlockMask& mask, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
+                        HeadRows<const bf16_t> v, HeadRows<const bf16_t> do_,
+                        std::span<const float> lse, std::span<const float> delta,
+                        HeadRows<bf16_t> dq, HeadRows<bf16_t> dk, HeadRows<bf16_t> dv,
                         float softmax_scale = 0.f);
 
 // FLOPs as FlashAttention counts them, over visible pairs only: 4*d_h per pair per query head

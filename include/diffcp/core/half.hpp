@@ -65,4 +65,21 @@ inline std::uint16_t f32_to_f16(float f) {
   return static_cast<std::uint16_t>(h);
 }
 
+// Bulk conversions (vectorised; same rounding as the scalar functions above).
+inline void convert_to_f32(const std::uint16_t* __restrict bf16, float* __restrict out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t u = static_cast<std::uint32_t>(bf16[i]) << 16;
+    std::memcpy(out + i, &u, 4);
+  }
+}
+inline void convert_to_bf16(const float* __restrict x, std::uint16_t* __restrict out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const std::uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
+    out[i] = static_cast<std::uint16_t>((nan ? (u | 0x400000u) : r) >> 16);
+  }
+}
+
 }  // namespace diffcp

@@ -73,6 +73,9 @@ class Backend {
   virtual const char* name() const = 0;
   // Whether the hook of `op` runs on tensors of `dtype`. Checked before every call.
   virtual bool supports(OpKind op, DType dtype) const = 0;
+  // What runs ops of `dtype` here, for logs and benchmark output (e.g. which oneDNN kernel and
+  // instruction set serves bf16). Default: the backend's name.
+  virtual std::string describe(DType dtype) const { return std::string(name()) + " (" + dtype_name(dtype) + ")"; }
 
   // ---- hooks: each default fails naming this backend, the op and the dtype ----
   virtual void gemm(const GemmArgs& args);
