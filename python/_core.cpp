@@ -18,6 +18,8 @@
 
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/mask.hpp"
+#include "diffcp/core/half.hpp"
+#include "diffcp/ops/backend.hpp"
 #include "diffcp/balance/balancer.hpp"
 #include "diffcp/comm/mpi_communicator.hpp"
 #include "diffcp/core/error.hpp"
@@ -48,21 +50,34 @@ PackedBatch make_batch(const Ints& lengths, const std::vector<Ints>& anchors, st
   return b;
 }
 
-// A float32 C-contiguous array of exactly `shape`, used in place.
-const float* checked(const py::array& a, const char* name, const std::vector<std::int64_t>& shape) {
-  if (!a.dtype().is(py::dtype::of<float>()))
-    throw py::type_error(std::string(name) + ": expected a numpy float32 array, got dtype " +
-                         py::str(a.dtype()).cast<std::string>());
+std::string shape_str(const py::array& a) {
+  std::string got = "[";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) got += (i ? ", " : "") + std::to_string(a.shape(i));
+  return got + "]";
+}
+
+// A C-contiguous array of exactly `shape` and element type `dtype` (f32: float32; bf16: its bits
+// as uint16, numpy having no bfloat16), used in place; `writable` for outputs.
+const void* checked_any(const py::array& a, const char* name, const std::vector<std::int64_t>& shape, DType dtype,
+                        bool writable = false) {
+  const bool f32 = dtype == DType::f32;
+  if (!a.dtype().is(f32 ? py::dtype::of<float>() : py::dtype::of<std::uint16_t>()))
+    throw py::type_error(std::string(name) + ": expected a numpy " + (f32 ? "float32" : "uint16 (bf16 bits)") +
+                         " array, got dtype " + py::str(a.dtype()).cast<std::string>());
   if (!(a.flags() & py::array::c_style)) throw py::value_error(std::string(name) + ": array must be C-contiguous");
+  if (writable && !a.writeable()) throw py::value_error(std::string(name) + ": output array is read-only");
   bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
   for (std::size_t i = 0; ok && i < shape.size(); ++i) ok = a.shape(static_cast<py::ssize_t>(i)) == shape[i];
   if (!ok) {
-    std::string want = "[", got = "[";
+    std::string want = "[";
     for (std::size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
-    for (py::ssize_t i = 0; i < a.ndim(); ++i) got += (i ? ", " : "") + std::to_string(a.shape(i));
-    throw py::value_error(std::string(name) + ": shape " + got + "], expected " + want + "]");
+    throw py::value_error(std::string(name) + ": shape " + shape_str(a) + ", expected " + want + "]");
   }
-  return static_cast<const float*>(a.data());
+  return a.data();
+}
+// float32 only (the Split-KV layer's arrays).
+const float* checked(const py::array& a, const char* name, const std::vector<std::int64_t>& shape) {
+  return static_cast<const float*>(checked_any(a, name, shape, DType::f32));
 }
 
 Floats empty(std::vector<std::int64_t> shape) { return Floats(std::vector<py::ssize_t>(shape.begin(), shape.end())); }
@@ -107,52 +122,91 @@ Dims dims_of(const BlockMask& mask, const py::array& q, const py::array& k) {
   return {mask.query_rows(), mask.key_rows(), q.shape(1), k.shape(1), q.shape(2)};
 }
 
-py::tuple attention_forward_py(const py::array& q, const py::array& k, const py::array& v, const Ints& lengths,
-                               const std::vector<Ints>& anchors, std::int64_t block, float scale) {
-  const PackedBatch batch = make_batch(lengths, anchors, block);
-  const BlockMask mask = full_mask(batch);
-  const Dims d = dims_of(mask, q, k);
-  const float* qp = checked(q, "q", {d.Q, d.n_q, d.d_h});
-  const float* kp = checked(k, "k", {d.Lk, d.n_kv, d.d_h});
-  const float* vp = checked(v, "v", {d.Lk, d.n_kv, d.d_h});
-  if (d.n_kv < 1 || d.n_q % d.n_kv != 0)
-    throw py::value_error("q, k: n_q = " + std::to_string(d.n_q) + " is not a multiple of n_kv = " + std::to_string(d.n_kv));
-  Floats o = empty({d.Q, d.n_q, d.d_h}), lse = empty({d.Q, d.n_q});
-  {
-    py::gil_scoped_release nogil;
-    attention_forward(mask, {qp, d.Q, d.n_q, d.d_h, d.n_q * d.d_h}, {kp, d.Lk, d.n_kv, d.d_h, d.n_kv * d.d_h},
-                      {vp, d.Lk, d.n_kv, d.d_h, d.n_kv * d.d_h}, {o.mutable_data(), d.Q, d.n_q, d.d_h, d.n_q * d.d_h},
-                      {lse.mutable_data(), static_cast<std::size_t>(d.Q * d.n_q)}, scale);
-  }
-  return py::make_tuple(o, lse);
+// The storage type of an attention call: q's (float32 -> f32, uint16 -> bf16 bits).
+DType attention_dtype(const py::array& q) {
+  if (q.dtype().is(py::dtype::of<float>())) return DType::f32;
+  if (q.dtype().is(py::dtype::of<std::uint16_t>())) return DType::bf16;
+  throw py::type_error("q: expected a numpy float32 array or uint16 (bf16 bits), got dtype " +
+                       py::str(q.dtype()).cast<std::string>());
 }
 
-py::tuple attention_backward_py(const py::array& q, const py::array& k, const py::array& v, const py::array& o,
-                                const py::array& lse, const py::array& dout, const Ints& lengths,
-                                const std::vector<Ints>& anchors, std::int64_t block, float scale) {
+template <typename T>
+HeadRows<T> rows_of(const void* p, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
+  return {static_cast<T*>(const_cast<void*>(p)), rows, heads, dim, heads * dim};
+}
+
+void check_gqa(const Dims& d) {
+  if (d.n_kv < 1 || d.n_q % d.n_kv != 0)
+    throw py::value_error("q, k: n_q = " + std::to_string(d.n_q) + " is not a multiple of n_kv = " + std::to_string(d.n_kv));
+}
+
+// Writes o [Q, n_q, d_h] (q's dtype) and lse [Q, n_q] (float32).
+void attention_forward_py(const py::array& q, const py::array& k, const py::array& v, const py::array& o,
+                          const py::array& lse, const Ints& lengths, const std::vector<Ints>& anchors,
+                          std::int64_t block, float scale) {
   const PackedBatch batch = make_batch(lengths, anchors, block);
   const BlockMask mask = full_mask(batch);
   const Dims d = dims_of(mask, q, k);
-  const float* qp = checked(q, "q", {d.Q, d.n_q, d.d_h});
-  const float* kp = checked(k, "k", {d.Lk, d.n_kv, d.d_h});
-  const float* vp = checked(v, "v", {d.Lk, d.n_kv, d.d_h});
-  const float* op = checked(o, "o", {d.Q, d.n_q, d.d_h});
-  const float* lp = checked(lse, "lse", {d.Q, d.n_q});
-  const float* gp = checked(dout, "do", {d.Q, d.n_q, d.d_h});
-  if (d.n_kv < 1 || d.n_q % d.n_kv != 0)
-    throw py::value_error("q, k: n_q = " + std::to_string(d.n_q) + " is not a multiple of n_kv = " + std::to_string(d.n_kv));
-  Floats dq = empty({d.Q, d.n_q, d.d_h}), dk = empty({d.Lk, d.n_kv, d.d_h}), dv = empty({d.Lk, d.n_kv, d.d_h});
-  {
-    py::gil_scoped_release nogil;
-    const auto n = static_cast<std::size_t>(d.Q * d.n_q);
-    std::vector<float> delta(n);
-    const std::int64_t qs = d.n_q * d.d_h, ks = d.n_kv * d.d_h;
-    attention_delta({gp, d.Q, d.n_q, d.d_h, qs}, {op, d.Q, d.n_q, d.d_h, qs}, delta);
-    attention_backward(mask, {qp, d.Q, d.n_q, d.d_h, qs}, {kp, d.Lk, d.n_kv, d.d_h, ks}, {vp, d.Lk, d.n_kv, d.d_h, ks},
-                       {gp, d.Q, d.n_q, d.d_h, qs}, {lp, n}, delta, {dq.mutable_data(), d.Q, d.n_q, d.d_h, qs},
-                       {dk.mutable_data(), d.Lk, d.n_kv, d.d_h, ks}, {dv.mutable_data(), d.Lk, d.n_kv, d.d_h, ks}, scale);
-  }
-  return py::make_tuple(dq, dk, dv);
+  const DType t = attention_dtype(q);
+  const void* qp = checked_any(q, "q", {d.Q, d.n_q, d.d_h}, t);
+  const void* kp = checked_any(k, "k", {d.Lk, d.n_kv, d.d_h}, t);
+  const void* vp = checked_any(v, "v", {d.Lk, d.n_kv, d.d_h}, t);
+  const void* op = checked_any(o, "o", {d.Q, d.n_q, d.d_h}, t, true);
+  float* lp = const_cast<float*>(static_cast<const float*>(checked_any(lse, "lse", {d.Q, d.n_q}, DType::f32, true)));
+  check_gqa(d);
+  const std::span<float> lse_s(lp, static_cast<std::size_t>(d.Q * d.n_q));
+  py::gil_scoped_release nogil;
+  auto run = [&]<typename T>(T*) {
+    attention_forward(mask, rows_of<const T>(qp, d.Q, d.n_q, d.d_h), rows_of<const T>(kp, d.Lk, d.n_kv, d.d_h),
+                      rows_of<const T>(vp, d.Lk, d.n_kv, d.d_h), rows_of<T>(op, d.Q, d.n_q, d.d_h), lse_s, scale);
+  };
+  if (t == DType::bf16) run(static_cast<bf16_t*>(nullptr));
+  else run(static_cast<float*>(nullptr));
+}
+
+// Writes dq [Q, n_q, d_h], dk, dv [L_k, n_kv, d_h] (q's dtype) from the forward's o and lse.
+void attention_backward_py(const py::array& q, const py::array& k, const py::array& v, const py::array& o,
+                           const py::array& lse, const py::array& dout, const py::array& dq, const py::array& dk,
+                           const py::array& dv, const Ints& lengths, const std::vector<Ints>& anchors,
+                           std::int64_t block, float scale) {
+  const PackedBatch batch = make_batch(lengths, anchors, block);
+  const BlockMask mask = full_mask(batch);
+  const Dims d = dims_of(mask, q, k);
+  const DType t = attention_dtype(q);
+  const void* qp = checked_any(q, "q", {d.Q, d.n_q, d.d_h}, t);
+  const void* kp = checked_any(k, "k", {d.Lk, d.n_kv, d.d_h}, t);
+  const void* vp = checked_any(v, "v", {d.Lk, d.n_kv, d.d_h}, t);
+  const void* op = checked_any(o, "o", {d.Q, d.n_q, d.d_h}, t);
+  const auto* lp = static_cast<const float*>(checked_any(lse, "lse", {d.Q, d.n_q}, DType::f32));
+  const void* gp = checked_any(dout, "do", {d.Q, d.n_q, d.d_h}, t);
+  const void* dqp = checked_any(dq, "dq", {d.Q, d.n_q, d.d_h}, t, true);
+  const void* dkp = checked_any(dk, "dk", {d.Lk, d.n_kv, d.d_h}, t, true);
+  const void* dvp = checked_any(dv, "dv", {d.Lk, d.n_kv, d.d_h}, t, true);
+  check_gqa(d);
+  py::gil_scoped_release nogil;
+  const auto n = static_cast<std::size_t>(d.Q * d.n_q);
+  std::vector<float> delta(n);
+  auto run = [&]<typename T>(T*) {
+    attention_delta(rows_of<const T>(gp, d.Q, d.n_q, d.d_h), rows_of<const T>(op, d.Q, d.n_q, d.d_h), delta);
+    attention_backward(mask, rows_of<const T>(qp, d.Q, d.n_q, d.d_h), rows_of<const T>(kp, d.Lk, d.n_kv, d.d_h),
+                       rows_of<const T>(vp, d.Lk, d.n_kv, d.d_h), rows_of<const T>(gp, d.Q, d.n_q, d.d_h),
+                       {lp, n}, delta, rows_of<T>(dqp, d.Q, d.n_q, d.d_h), rows_of<T>(dkp, d.Lk, d.n_kv, d.d_h),
+                       rows_of<T>(dvp, d.Lk, d.n_kv, d.d_h), scale);
+  };
+  if (t == DType::bf16) run(static_cast<bf16_t*>(nullptr));
+  else run(static_cast<float*>(nullptr));
+}
+
+// bf16 <-> float32 (round to nearest even), what diffcp.to_bf16 / from_bf16 call.
+py::array_t<std::uint16_t> to_bf16_py(const py::array_t<float, py::array::c_style | py::array::forcecast>& x) {
+  py::array_t<std::uint16_t> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+  convert_to_bf16(x.data(), out.mutable_data(), x.size());
+  return out;
+}
+py::array_t<float> from_bf16_py(const py::array_t<std::uint16_t, py::array::c_style>& x) {
+  py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+  convert_to_f32(x.data(), out.mutable_data(), x.size());
+  return out;
 }
 
 // One Split-KV attention layer over an mpi4py communicator (the handle comes in as comm.py2f(), so
@@ -307,9 +361,12 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("bytes_sent", &SplitKVLayerPy::bytes_sent)
       .def("forward", &SplitKVLayerPy::forward, py::arg("params"), py::arg("x"), py::arg("ctx"))
       .def("backward", &SplitKVLayerPy::backward, py::arg("saved"), py::arg("params"), py::arg("dy"));
-  m.def("attention_forward", &attention_forward_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lengths"),
-        py::arg("anchors"), py::arg("block"), py::arg("softmax_scale"));
+  m.def("attention_forward", &attention_forward_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"),
+        py::arg("lse"), py::arg("lengths"), py::arg("anchors"), py::arg("block"), py::arg("softmax_scale"));
   m.def("attention_backward", &attention_backward_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"),
-        py::arg("lse"), py::arg("do"), py::arg("lengths"), py::arg("anchors"), py::arg("block"),
-        py::arg("softmax_scale"));
+        py::arg("lse"), py::arg("do"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("lengths"),
+        py::arg("anchors"), py::arg("block"), py::arg("softmax_scale"));
+  m.def("to_bf16", &to_bf16_py, py::arg("x"));
+  m.def("from_bf16", &from_bf16_py, py::arg("x"));
+  m.def("bf16_path", [] { return active_backend().describe(DType::bf16); });
 }

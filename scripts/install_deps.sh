@@ -17,7 +17,9 @@ pkgs=(build-essential cmake ninja-build pkg-config
       python3-numpy
       # the Python package (python/: pybind11 extension, pytest suite, `pip install .` in a venv;
       # pip fetches the build backend from PyPI over HTTPS, which needs the CA bundle)
-      python3-dev pybind11-dev python3-pytest python3-venv python3-mpi4py ca-certificates)
+      python3-dev pybind11-dev python3-pytest python3-venv python3-mpi4py ca-certificates
+      # diffcp.torch (the autograd Function) and its tests: Debian's CPU build of PyTorch
+      python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

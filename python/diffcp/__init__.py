@@ -5,7 +5,9 @@ The Python face of the C++ library (see README.md, "Python"):
 * :func:`plan` — load-balance one packed DFlash micro-batch over ``P`` context-parallel ranks
   (SPEC A.3): what a PyTorch trainer calls every step to lay out its context.
 * :mod:`diffcp.attention` — the block-sparse DFlash attention kernels (forward / backward) on
-  numpy arrays, zero-copy.
+  numpy arrays or CPU torch tensors, float32 or bf16, zero-copy; :mod:`diffcp.torch` (where
+  torch is installed) — the same as a ``torch.autograd.Function``.
+* :func:`to_bf16`, :func:`from_bf16` — float32 <-> bf16 bits (uint16; numpy has no bfloat16).
 * :class:`SplitKV` — one Split-KV attention layer over an mpi4py communicator.
 
 Shapes use SPEC.md's names: ``b`` samples, ``S`` packed context rows, ``B`` block size,
@@ -22,7 +24,8 @@ from . import _core
 from . import attention
 from .splitkv import LayerConfig, SplitKV
 
-__all__ = ["Plan", "plan", "balancer_names", "attention", "SplitKV", "LayerConfig"]
+__all__ = ["Plan", "plan", "balancer_names", "attention", "SplitKV", "LayerConfig", "to_bf16", "from_bf16",
+           "bf16_path"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +108,22 @@ def plan(lengths: Sequence[int] | np.ndarray, anchors: Sequence[Sequence[int] | 
 def balancer_names() -> list[str]:
     """The balancers :func:`plan` accepts."""
     return list(_core.balancer_names())
+
+
+def to_bf16(x) -> np.ndarray:
+    """float32 array -> uint16 ``[same shape]`` holding bf16 bits (round to nearest even, as torch)."""
+    return _core.to_bf16(np.asarray(x, np.float32))
+
+
+def from_bf16(x: np.ndarray) -> np.ndarray:
+    """uint16 array of bf16 bits -> float32 ``[same shape]`` (exact)."""
+    x = np.asarray(x)
+    if x.dtype != np.uint16:
+        raise TypeError(f"from_bf16: expected uint16 bf16 bits, got dtype {x.dtype}")
+    return _core.from_bf16(np.ascontiguousarray(x))
+
+
+def bf16_path() -> str:
+    """Which kernel runs bf16 here (e.g. oneDNN's bf16 matmul with native instructions, or the f32
+    conversion path on CPUs where oneDNN has none)."""
+    return _core.bf16_path()

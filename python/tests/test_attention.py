@@ -81,7 +81,7 @@ def test_inputs_are_used_in_place_and_not_modified(rng):
 def test_bad_arrays_are_python_errors(rng):
     q, k, v, do = problem(rng)
     f = diffcp.attention.forward
-    with pytest.raises(TypeError, match="q: expected a numpy float32 array, got dtype float64"):
+    with pytest.raises(TypeError, match=r"q: expected a numpy float32 array or uint16 \(bf16 bits\), got dtype float64"):
         f(q.astype(np.float64), k, v, LENGTHS, ANCHORS, B)
     with pytest.raises(ValueError, match="k: array must be C-contiguous"):
         f(q, np.asfortranarray(k), v, LENGTHS, ANCHORS, B)
@@ -94,3 +94,39 @@ def test_bad_arrays_are_python_errors(rng):
     o, lse = f(q, k, v, LENGTHS, ANCHORS, B)
     with pytest.raises(ValueError, match=r"lse: shape"):
         diffcp.attention.backward(q, k, v, o, lse[:-1].copy(), do, LENGTHS, ANCHORS, B)
+    with pytest.raises(TypeError, match=r"k: expected a numpy uint16 \(bf16 bits\) array, got dtype float32"):
+        f(diffcp.to_bf16(q), k, v, LENGTHS, ANCHORS, B)
+    with pytest.raises(TypeError, match="expected a numpy array or a torch tensor, got list"):
+        f(q.tolist(), k, v, LENGTHS, ANCHORS, B)
+
+
+def normwise(got, want):
+    return np.abs(got - want).max() / np.abs(want).max()
+
+
+def storage_error(want):
+    """The normwise error of merely storing the exact result in bf16 (what an ideal kernel has)."""
+    return normwise(diffcp.from_bf16(diffcp.to_bf16(want.astype(np.float32))).astype(np.float64), want)
+
+
+@pytest.mark.parametrize("n_q, n_kv", [(4, 2), (8, 1)])
+def test_bf16_within_3x_storage_error_of_fp64(rng, n_q, n_kv):
+    """bf16 bits in, bf16 bits out; the reference runs in fp64 on the same bf16 numbers. Gate as in
+    the C++ tests: each output within 3x the error of storing the exact result in bf16."""
+    q, k, v, do = (diffcp.to_bf16(x) for x in problem(rng, n_q, n_kv, d=64))
+    o, lse = diffcp.attention.forward(q, k, v, LENGTHS, ANCHORS, B)
+    assert o.dtype == np.uint16 and lse.dtype == np.float32
+    dq, dk, dv = diffcp.attention.backward(q, k, v, o, lse, do, LENGTHS, ANCHORS, B)
+    ro, rlse, rdq, rdk, rdv = reference(*(diffcp.from_bf16(x) for x in (q, k, v, do)))
+    for got, want, what in [(o, ro, "o"), (dq, rdq, "dq"), (dk, rdk, "dk"), (dv, rdv, "dv")]:
+        err, floor = normwise(diffcp.from_bf16(got).astype(np.float64), want), storage_error(want)
+        assert err <= 3 * floor + 1e-6, f"{what}: normwise error {err}, bf16 storage error {floor}"
+    assert np.abs(lse - rlse).max() <= 2 ** -10
+
+
+def test_bf16_round_trip_is_round_to_nearest_even():
+    x = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -2.5, np.inf, 0.0], np.float32)
+    b = diffcp.to_bf16(x)
+    assert b.dtype == np.uint16
+    np.testing.assert_array_equal(diffcp.from_bf16(b), np.array([1.0, 1.0, 1 + 4 * 2 ** -8, -2.5, np.inf, 0.0], np.float32))
+    assert "bf16" in diffcp.bf16_path()
