@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "diffcp/comm/communicator.hpp"
+#include "diffcp/core/half.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {
@@ -130,6 +131,31 @@ template <typename T> void reduce_scatter_case(Communicator& comm, int P, int r,
 TEST_P(Hier, ReduceScatterVSumsExactlyAndCountsClosedForm) {
   reduce_scatter_case<float>(*comm, P, r, N, useful);
   reduce_scatter_case<double>(*comm, P, r, N, useful);
+}
+
+// bf16 payloads (what Split-KV's bf16 mode reduce-scatters): integer values whose sums stay below
+// 256 are exact in bf16, so flat and hierarchical sums are exact; bytes are 2 per element. Each
+// pairwise step adds in f32 and rounds (the MPI user op, the hierarchical node sums).
+TEST_P(Hier, ReduceScatterVSumsBf16AndCountsTwoBytes) {
+  const Counts c = block_counts(P);
+  const std::size_t total = std::accumulate(c.begin(), c.end(), std::size_t{0});
+  auto value = [](int rank, std::size_t i) { return static_cast<float>((rank + 1) * 3 + static_cast<int>(i % 7)); };
+  std::vector<std::uint16_t> send(total);
+  for (std::size_t i = 0; i < total; ++i) send[i] = f32_to_bf16(value(r, i));
+  std::size_t off = 0;
+  for (int q = 0; q < r; ++q) off += c[uz(q)];
+  for (CollAlgo algo : {CollAlgo::hierarchical, CollAlgo::flat}) {
+    SCOPED_TRACE(coll_algo_name(algo));
+    std::vector<std::uint16_t> got(c[uz(r)]);
+    comm->stats().reset();
+    comm->reduce_scatter_v_async(send.data(), got.data(), c, DType::bf16, ReduceOp::sum, algo)->wait();
+    for (std::size_t j = 0; j < got.size(); ++j) {
+      float want = 0;
+      for (int s = 0; s < P; ++s) want += value(s, off + j);
+      ASSERT_EQ(bf16_to_f32(got[j]), want) << j;
+    }
+    EXPECT_EQ(summed(comm->stats()[CommOp::reduce_scatter].bytes_sent), total * uz(P - 1) * 2);
+  }
 }
 
 TEST_P(Hier, AllReduceSumMaxLogsumexp) {

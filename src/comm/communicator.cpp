@@ -197,8 +197,8 @@ WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
   check_counts(counts, "reduce_scatter_v");
   check_reduce(op, type, "reduce_scatter_v");
   if (algo == CollAlgo::hierarchical) {
-    DIFFCP_CHECK(op == ReduceOp::sum && (type == DType::f32 || type == DType::f64),
-                 "hierarchical reduce_scatter_v: supports sum of f32 / f64, got ", dtype_name(type),
+    DIFFCP_CHECK(op == ReduceOp::sum && (type == DType::f32 || type == DType::f64 || type == DType::bf16),
+                 "hierarchical reduce_scatter_v: supports sum of f32 / f64 / bf16, got ", dtype_name(type),
                  op == ReduceOp::sum ? "" : " with another reduction than sum");
     if (hierarchy_useful()) return hier_reduce_scatter_v(send, recv, counts, type);
   }

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "diffcp/comm/communicator.hpp"
+#include "diffcp/core/half.hpp"
 
 namespace diffcp {
 
@@ -53,6 +54,20 @@ class StagedWork final : public Work {
 template <typename T> void add_into(T* out, const unsigned char* in, std::size_t n) {
   const T* x = reinterpret_cast<const T*>(in);
   for (std::size_t i = 0; i < n; ++i) out[i] += x[i];
+}
+// out += in on `type` (the sums a reduce-scatter supports: f32, f64, bf16 added in f32 and rounded).
+void add_into(DType type, void* out, const unsigned char* in, std::size_t n) {
+  switch (type) {
+    case DType::f32: return add_into(static_cast<float*>(out), in, n);
+    case DType::f64: return add_into(static_cast<double*>(out), in, n);
+    case DType::bf16: {
+      auto* o = static_cast<std::uint16_t*>(out);
+      const auto* x = reinterpret_cast<const std::uint16_t*>(in);
+      for (std::size_t i = 0; i < n; ++i) o[i] = f32_to_bf16(bf16_to_f32(o[i]) + bf16_to_f32(x[i]));
+      return;
+    }
+    default: DIFFCP_FAIL("hierarchical reduce: sum on ", dtype_name(type), " is not supported");
+  }
 }
 
 }  // namespace
@@ -241,8 +256,7 @@ WorkPtr Communicator::hier_reduce_scatter_v(const void* send, void* recv, std::s
   stages.emplace_back([s, recv, mine, es, type]() -> WorkPtr {  // my node's sum + the others' in rank order
     std::memcpy(recv, s->held.data() + s->own_offset * es, mine * es);
     for (std::size_t off = 0; off < s->from_nodes.size(); off += mine * es) {
-      if (type == DType::f32) add_into(static_cast<float*>(recv), s->from_nodes.data() + off, mine);
-      else add_into(static_cast<double*>(recv), s->from_nodes.data() + off, mine);
+      add_into(type, recv, s->from_nodes.data() + off, mine);
     }
     return nullptr;
   });

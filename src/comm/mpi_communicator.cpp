@@ -1,5 +1,7 @@
 #include "diffcp/comm/mpi_communicator.hpp"
 
+#include "diffcp/core/half.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -34,7 +36,7 @@ MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::u8: return MPI_UINT8_T;
     case DType::u16: return MPI_UINT16_T;
-    case DType::bf16: return MPI_UINT16_T;  // moved as its 16 bits; reductions refuse it (mpi_op)
+    case DType::bf16: return MPI_UINT16_T;  // moved as its 16 bits; summed by bf16_sum_op
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u64: return MPI_UINT64_T;
@@ -65,9 +67,22 @@ MPI_Op logsumexp_op(DType t) {
   return op;
 }
 
+// bf16 sum: each pairwise step adds in f32 and rounds to bf16 (what NCCL's bf16 sum does).
+void bf16_sum_combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+MPI_Op bf16_sum_op() {
+  static MPI_Op op = MPI_OP_NULL;
+  if (op == MPI_OP_NULL) DIFFCP_MPI_CHECK(MPI_Op_create(&bf16_sum_combine, /*commute=*/1, &op));
+  return op;
+}
+
 MPI_Op mpi_op(ReduceOp op, DType t) {
-  DIFFCP_CHECK(t != DType::u16 && t != DType::bf16, "mpi backend: reductions on ", dtype_name(t),
-               " are not supported (u16 is storage for bf16; reduce in f32)");
+  DIFFCP_CHECK(t != DType::u16 && (t != DType::bf16 || op == ReduceOp::sum), "mpi backend: ",
+               reduce_op_name(op), " on ", dtype_name(t), " is not supported (u16 is storage; bf16 has sum only)");
+  if (t == DType::bf16) return bf16_sum_op();
   switch (op) {
     case ReduceOp::sum: return MPI_SUM;
     case ReduceOp::max: return MPI_MAX;
@@ -206,7 +221,8 @@ class ReduceScatterWork final : public Work {
 }  // namespace
 
 bool MpiCommunicator::supports_reduce(ReduceOp op, DType type) const {
-  if (type == DType::u16 || type == DType::bf16) return false;
+  if (type == DType::u16) return false;
+  if (type == DType::bf16) return op == ReduceOp::sum;
   return op != ReduceOp::logsumexp || type == DType::f32 || type == DType::f64;
 }
 

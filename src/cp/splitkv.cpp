@@ -6,6 +6,7 @@
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/cp/bytes.hpp"
 #include "diffcp/cp/lse_reduce.hpp"
+#include "diffcp/core/half.hpp"
 #include "diffcp/ops/linear.hpp"
 
 namespace diffcp {
@@ -32,6 +33,8 @@ SplitKVLayer::SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard
     : CpAttentionLayer(cp, cfg), opt_(opt) {
   DIFFCP_CHECK(opt_.collectives == CollAlgo::flat || cp.has_topology(),
                "split-kv: hierarchical collectives need the communicator's topology (set_topology / discover_topology)");
+  DIFFCP_CHECK(opt_.compute == DType::f32 || opt_.compute == DType::bf16, "split-kv: compute dtype ",
+               dtype_name(opt_.compute), "; expected f32 or bf16");
   hier_ = opt_.collectives == CollAlgo::hierarchical && cp.hierarchy_useful();
   reshard(std::move(shard));
 }
@@ -48,10 +51,45 @@ std::span<const float> SplitKVLayer::lse(const CpSaved& saved) const {
   return st->lse;
 }
 
-float* SplitKVLayer::buffer(std::vector<float>& v, std::int64_t n) {
+template <typename T>
+T* SplitKVLayer::buffer(std::vector<T>& v, std::int64_t n) {
   if (static_cast<std::size_t>(n) > v.capacity()) ++allocations_;
   v.resize(static_cast<std::size_t>(n));
   return v.data();
+}
+
+namespace {
+std::uint16_t* bits(bf16_t* p) { return reinterpret_cast<std::uint16_t*>(p); }
+HeadRows<const bf16_t> head_view16(const bf16_t* p, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
+  return {p, rows, heads, dim, heads * dim};
+}
+HeadRows<bf16_t> head_view16(bf16_t* p, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
+  return {p, rows, heads, dim, heads * dim};
+}
+}  // namespace
+
+void SplitKVLayer::gather_rows(const float* mine, std::int64_t width, float* all) {
+  const std::int64_t Qp = own_.Qp();
+  if (opt_.compute == DType::f32) {
+    comm_.all_gather_v_async(mine, all, row_counts(width), DType::f32, opt_.collectives)->wait();
+    return;
+  }
+  convert_to_bf16(mine, bits(buffer(send16_, Qp * width)), Qp * width);
+  comm_.all_gather_v_async(send16_.data(), buffer(recv16_, Q_ * width), row_counts(width), DType::bf16,
+                           opt_.collectives)->wait();
+  convert_to_f32(bits(recv16_.data()), all, Q_ * width);
+}
+
+void SplitKVLayer::reduce_scatter_rows(const float* all, std::int64_t width, float* mine) {
+  const std::int64_t Qp = own_.Qp();
+  if (opt_.compute == DType::f32) {
+    comm_.reduce_scatter_v_async(all, mine, row_counts(width), DType::f32, ReduceOp::sum, opt_.collectives)->wait();
+    return;
+  }
+  convert_to_bf16(all, bits(buffer(send16_, Q_ * width)), Q_ * width);
+  comm_.reduce_scatter_v_async(send16_.data(), buffer(recv16_, Qp * width), row_counts(width), DType::bf16,
+                               ReduceOp::sum, opt_.collectives)->wait();
+  convert_to_f32(bits(recv16_.data()), mine, Qp * width);
 }
 
 std::vector<std::size_t> SplitKVLayer::row_counts(std::int64_t width) const {
@@ -61,7 +99,7 @@ std::vector<std::size_t> SplitKVLayer::row_counts(std::int64_t width) const {
 }
 
 double SplitKVLayer::predicted_bytes_per_layer() const {
-  return splitkv_bytes_per_layer(cfg_, dtype(), Q_, shard_.P, opt_.oproj == OProj::owned, lse_all_reduces(comm_),
+  return splitkv_bytes_per_layer(cfg_, opt_.compute, Q_, shard_.P, opt_.oproj == OProj::owned, lse_all_reduces(comm_),
                                  hier_ ? comm_.topology().nodes() : 0);
 }
 
@@ -71,7 +109,7 @@ double SplitKVLayer::predicted_inter_bytes_per_layer() const {
   const double Q = static_cast<double>(Q_), qw = static_cast<double>(cfg_.q_width());
   const double w = static_cast<double>(opt_.oproj == OProj::owned ? cfg_.q_width() : cfg_.hidden);
   const std::int64_t n = Q_ * cfg_.n_q;
-  const double e = static_cast<double>(dtype_size(dtype())), stat = 4;  // rows: dtype(); lse, D: f32
+  const double e = static_cast<double>(dtype_size(opt_.compute)), stat = 4;  // rows: compute dtype; lse, D: f32
   const double reduces = lse_all_reduces(comm_) + 1;                   // lse all-reduce(s), then D
   if (hier_) {
     const double N = t.nodes();
@@ -96,10 +134,19 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width(), d = cfg_.d_h, Qp = own_.Qp();
   timings_ = {};
 
-  // 1. Local queries, normed and rotated, then launch their all-gather.
+  // 1. Local queries, normed and rotated, then launch their all-gather (bf16 mode: of bf16 rows).
+  const bool bf = opt_.compute == DType::bf16;
   own_.project_q(w, x_p, st.own);
-  float* q_all = buffer(st.q_all, Q_ * qw);
-  WorkPtr ag = comm_.all_gather_v_async(st.own.q.data(), q_all, row_counts(qw), DType::f32, opt_.collectives);
+  float* q_all = nullptr;
+  WorkPtr ag;
+  if (bf) {
+    bf16_t* q16 = buffer(q16_p_, Qp * qw);
+    convert_to_bf16(st.own.q.data(), bits(q16), Qp * qw);
+    ag = comm_.all_gather_v_async(q16, buffer(st.q_all16, Q_ * qw), row_counts(qw), DType::bf16, opt_.collectives);
+  } else {
+    q_all = buffer(st.q_all, Q_ * qw);
+    ag = comm_.all_gather_v_async(st.own.q.data(), q_all, row_counts(qw), DType::f32, opt_.collectives);
+  }
 
   // 2. Local keys/values of [ctx_p; X_p] while the all-gather flies (polled between row chunks).
   own_.project_kv(w, x_p, ctx_p, st.own, ag.get());
@@ -108,10 +155,20 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   timings_.fwd_overlap_exposed_ms = elapsed_ms(tw);
 
   // 3. Attention over local keys, then the global log-sum-exp and the rescaled local output.
+  const std::int64_t Lk = own_.Lk(), kvw = cfg_.kv_width();
   float* obar = buffer(st.obar, Q_ * qw);
   float* lse_p = buffer(lse_p_, Q_ * cfg_.n_q);
-  attention_forward(*mask_, head_view(q_all, Q_, cfg_.n_q, d), own_.k_view(st.own), own_.v_view(st.own),
-                    head_view(obar, Q_, cfg_.n_q, d), lse_p_);
+  if (bf) {
+    bf16_t* kv16 = buffer(st.kv16, 2 * Lk * kvw);
+    convert_to_bf16(st.own.kv.data(), bits(kv16), 2 * Lk * kvw);
+    bf16_t* obar16 = buffer(obar16_, Q_ * qw);
+    attention_forward(*mask_, head_view16(st.q_all16.data(), Q_, cfg_.n_q, d), head_view16(kv16, Lk, cfg_.n_kv, d),
+                      head_view16(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view16(obar16, Q_, cfg_.n_q, d), lse_p_);
+    convert_to_f32(bits(obar16), obar, Q_ * qw);
+  } else {
+    attention_forward(*mask_, head_view(q_all, Q_, cfg_.n_q, d), own_.k_view(st.own), own_.v_view(st.own),
+                      head_view(obar, Q_, cfg_.n_q, d), lse_p_);
+  }
   std::copy(lse_p, lse_p + Q_ * cfg_.n_q, buffer(st.lse, Q_ * cfg_.n_q));
   tw = CpClock::now();
   all_reduce_lse(comm_, st.lse, opt_.collectives);
@@ -124,12 +181,12 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     float* ybar = buffer(ybar_, Q_ * H);
     linear_forward(obar, Q_, qw, w[P::wo], H, ybar);
     tw = CpClock::now();
-    comm_.reduce_scatter_v_async(ybar, y_p, row_counts(H), DType::f32, ReduceOp::sum, opt_.collectives)->wait();
+    reduce_scatter_rows(ybar, H, y_p);
     timings_.blocking_comm_ms += elapsed_ms(tw);
   } else {
     float* o_p = st.own.o.data();  // [Q_p, n_q d_h], sized by project_q
     tw = CpClock::now();
-    comm_.reduce_scatter_v_async(obar, o_p, row_counts(qw), DType::f32, ReduceOp::sum, opt_.collectives)->wait();
+    reduce_scatter_rows(obar, qw, o_p);
     timings_.blocking_comm_ms += elapsed_ms(tw);
     linear_forward(o_p, Qp, qw, w[P::wo], H, y_p);
   }
@@ -148,12 +205,13 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
 
   // 1. oproj all: gather dY; do = g W_o^T and this rank's share of dW_o = obar_p^T g (sums to o^T g).
   //    oproj owned: do_p = dY_p W_o^T and dW_o share o_p^T dY_p locally, then gather do.
+  const bool bf = opt_.compute == DType::bf16;
   bias_backward(dy_p, Qp, H, grad[P::bo]);
   float* dout = buffer(dout_, Q_ * qw);
   auto tw = CpClock::now();
   if (opt_.oproj == OProj::all) {
     float* g = buffer(g_, Q_ * H);
-    comm_.all_gather_v_async(dy_p, g, row_counts(H), DType::f32, opt_.collectives)->wait();
+    gather_rows(dy_p, H, g);
     timings_.blocking_comm_ms += elapsed_ms(tw);
     linear_backward_input(g, Q_, H, w[P::wo], qw, dout);
     linear_backward_weight(st.obar.data(), Q_, qw, g, H, grad[P::wo]);
@@ -162,7 +220,7 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     linear_backward_input(dy_p, Qp, H, w[P::wo], qw, dout_p);
     linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[P::wo]);
     tw = CpClock::now();
-    comm_.all_gather_v_async(dout_p, dout, row_counts(qw), DType::f32, opt_.collectives)->wait();
+    gather_rows(dout_p, qw, dout);
     timings_.blocking_comm_ms += elapsed_ms(tw);
   }
 
@@ -174,19 +232,37 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   timings_.blocking_comm_ms += elapsed_ms(tw);
 
   // 3. Local attention backward with the global lse and D; launch the dq reduce-scatter.
-  float* dq_all = buffer(dq_all_, Q_ * qw);
   float* dkv = buffer(dkv_, 2 * Lk * kvw);  // [2, L_k, kvw]: dk rows, then dv rows
   float* dq_p = buffer(dq_p_, Qp * qw);
-  attention_backward(*mask_, head_view(st.q_all.data(), Q_, cfg_.n_q, d), own_.k_view(st.own), own_.v_view(st.own),
-                     head_view(dout, Q_, cfg_.n_q, d), st.lse, delta_, head_view(dq_all, Q_, cfg_.n_q, d),
-                     head_view(dkv, Lk, cfg_.n_kv, d), head_view(dkv + Lk * kvw, Lk, cfg_.n_kv, d));
-  WorkPtr rs = comm_.reduce_scatter_v_async(dq_all, dq_p, row_counts(qw), DType::f32, ReduceOp::sum, opt_.collectives);
+  WorkPtr rs;
+  if (bf) {
+    bf16_t* dout16 = buffer(dout16_, Q_ * qw);
+    convert_to_bf16(dout, bits(dout16), Q_ * qw);
+    bf16_t* dq16 = buffer(dq16_, Q_ * qw);
+    bf16_t* dkv16 = buffer(dkv16_, 2 * Lk * kvw);
+    const bf16_t* kv16 = st.kv16.data();
+    attention_backward(*mask_, head_view16(st.q_all16.data(), Q_, cfg_.n_q, d), head_view16(kv16, Lk, cfg_.n_kv, d),
+                       head_view16(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view16(dout16, Q_, cfg_.n_q, d), st.lse,
+                       delta_, head_view16(dq16, Q_, cfg_.n_q, d), head_view16(dkv16, Lk, cfg_.n_kv, d),
+                       head_view16(dkv16 + Lk * kvw, Lk, cfg_.n_kv, d));
+    rs = comm_.reduce_scatter_v_async(dq16, buffer(dq16_p_, Qp * qw), row_counts(qw), DType::bf16, ReduceOp::sum,
+                                      opt_.collectives);
+    convert_to_f32(bits(dkv16), dkv, 2 * Lk * kvw);
+  } else {
+    float* dq_all = buffer(dq_all_, Q_ * qw);
+    attention_backward(*mask_, head_view(st.q_all.data(), Q_, cfg_.n_q, d), own_.k_view(st.own),
+                       own_.v_view(st.own), head_view(dout, Q_, cfg_.n_q, d), st.lse, delta_,
+                       head_view(dq_all, Q_, cfg_.n_q, d), head_view(dkv, Lk, cfg_.n_kv, d),
+                       head_view(dkv + Lk * kvw, Lk, cfg_.n_kv, d));
+    rs = comm_.reduce_scatter_v_async(dq_all, dq_p, row_counts(qw), DType::f32, ReduceOp::sum, opt_.collectives);
+  }
 
   // 4. K/V projection backward (real rows only) while dq travels (polled); dk, dv stay on this rank.
   own_.backward_kv(w, st.own, x_p, ctx_p, dkv, dx_p, 0.f, dctx_p, grad, rs.get());
   tw = CpClock::now();
   rs->wait();
   timings_.bwd_overlap_exposed_ms = elapsed_ms(tw);
+  if (bf) convert_to_f32(bits(dq16_p_.data()), dq_p, Qp * qw);
 
   // 5. Query projection backward: RoPE^-1, RMSNorm_q backward, then dX_p += dq_lin W_q^T.
   own_.backward_q(w, st.own, x_p, dq_p, dx_p, 1.f, grad);

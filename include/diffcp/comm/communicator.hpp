@@ -165,7 +165,8 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "mpi", later "nccl"
   // Whether all_reduce / reduce_scatter take `op` on `type` here. Default: sum and max on every
-  // type but u16 / bf16 (storage types: reduce in f32); logsumexp nowhere.
+  // type but u16 / bf16 (storage types); logsumexp nowhere. A backend may add bf16 sum (MPI does:
+  // each pairwise step adds in f32 and rounds, as NCCL's bf16 sum).
   virtual bool supports_reduce(ReduceOp op, DType type) const;
   const std::string& name() const { return name_; }
   CommStats& stats() { return stats_; }

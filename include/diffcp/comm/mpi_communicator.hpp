@@ -26,7 +26,8 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
-  // sum, max and logsumexp (a user-defined MPI operator) on every type but u16 / bf16.
+  // sum, max and logsumexp (a user-defined MPI operator) on every type but u16 / bf16; bf16 sum
+  // (a user-defined operator adding in f32 and rounding each step).
   bool supports_reduce(ReduceOp op, DType type) const override;
   MPI_Comm handle() const { return comm_; }
 

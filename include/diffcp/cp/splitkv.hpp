@@ -20,6 +20,12 @@
 //     shapes have n_q d_h = 2H: twice the bytes) and the W_o GEMMs shrink from Q to Q_p rows.
 //   collectives = hierarchical: every collective runs two-level over the communicator's topology
 //     (comm/communicator.hpp): each node's rows cross each other node once.
+//   compute = bf16 (issue #14): the attention kernels run on bf16 q, k, v, do (f32 accumulation,
+//     f32 lse and D) and the four row collectives carry bf16 (the q and dY / do all-gathers, the
+//     Y / o and dq reduce-scatters, summed in f32 and rounded at each step): half the bytes. The
+//     layer's inputs, outputs, projections, norms, RoPE, the lse and D all-reduces stay f32
+//     (autocast-style mixed precision: f32 at the layer boundary, bf16 where the time and the
+//     bytes are).
 //
 // The projections of the rows a rank owns are the shared ones (cp_common.hpp OwnRows), run so that
 // the q all-gather flies under the K/V projection and the dq reduce-scatter under its backward.
@@ -47,6 +53,7 @@ const char* oproj_name(OProj o);
 struct SplitKVOptions {
   OProj oproj = OProj::all;
   CollAlgo collectives = CollAlgo::flat;  // hierarchical needs cp.has_topology()
+  DType compute = DType::f32;             // f32 | bf16: attention and row payloads
 };
 
 // The cost model of --oproj auto: owned when the output-projection time it saves is larger than
@@ -75,7 +82,7 @@ class SplitKVLayer final : public CpAttentionLayer {
   std::int64_t allocations() const { return allocations_ + own_.allocations(); }
   // The mean over ranks of the bytes each rank sends per layer (forward + backward), as the
   // communicator counts them (w = H for oproj all, n_q d_h for owned; n = Q n_q; N nodes; the flat
-  // path when there is one node or one rank per node), elements of dtype() for the rows and f32 for
+  // path when there is one node or one rank per node), elements of options().compute for the rows and f32 for
   // the lse / D all-reduces, of which there are a = 1 + lse_all_reduces(comm) (cp/lse_reduce.hpp):
   //   flat:         (P-1)/P * [2Q n_q d_h + 2Q w] + a * 2(P-1)/P * n
   //   hierarchical: (P-1)/P * [2Q n_q d_h + 2Q w] + a * [2n(N-1) + 3n(P-N)] / P
@@ -93,6 +100,7 @@ class SplitKVLayer final : public CpAttentionLayer {
     OwnActivations own;            // q_p, k_p, v_p (L_k padded rows); own.o = o_p with oproj owned
     std::vector<float> q_all;      // [Q, n_q d_h] gathered, normed and rotated
     std::vector<float> obar, lse;  // [Q, n_q d_h] rescaled local output, [Q, n_q] global lse
+    std::vector<bf16_t> q_all16, kv16;  // compute = bf16: q gathered, [2, L_k, kvw] k and v rows
   };
   void on_reshard() override;
   std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
@@ -101,7 +109,11 @@ class SplitKVLayer final : public CpAttentionLayer {
   void backward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                      const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   std::vector<std::size_t> row_counts(std::int64_t width) const;  // per-rank element counts of [Q_r, width]
-  float* buffer(std::vector<float>& v, std::int64_t n);  // v resized to n, counting growth
+  template <typename T>
+  T* buffer(std::vector<T>& v, std::int64_t n);  // v resized to n, counting growth
+  // The rows of a bf16 mode collective: f32 -> bf16 before, bf16 -> f32 after.
+  void gather_rows(const float* mine, std::int64_t width, float* all);
+  void reduce_scatter_rows(const float* all, std::int64_t width, float* mine);
 
   SplitKVOptions opt_;
   bool hier_ = false;  // the hierarchical path really runs (topology with 1 < N < P)
@@ -111,6 +123,7 @@ class SplitKVLayer final : public CpAttentionLayer {
   // Step scratch, kept so that steps of equal shape reuse it.
   std::vector<float> lse_p_;                        // [Q, n_q] local lse
   std::vector<float> ybar_, g_, dout_, delta_, dq_all_, dkv_, dq_p_;
+  std::vector<bf16_t> q16_p_, obar16_, send16_, recv16_, dout16_, dq16_, dkv16_, dq16_p_;  // compute = bf16
   std::int64_t allocations_ = 0;
 };
 
