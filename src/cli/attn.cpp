@@ -16,6 +16,7 @@
 #include "diffcp/cp/cp_methods.hpp"
 #include "diffcp/cp/splitkv.hpp"
 #include "diffcp/io/npy.hpp"
+#include "diffcp/ops/backend.hpp"
 
 namespace diffcp::cli {
 
@@ -173,8 +174,10 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       std::printf("  context layout: %s (J=%d, bucket %lld): imbalance %.2f %%, redistribution %.0f bytes/rank\n",
                   opt.balancer.c_str(), run.J, static_cast<long long>(opt.bucket), run.imbalance_pct,
                   run.redistribution_bytes);
-      std::printf("  layer: H=%lld n_q=%lld n_kv=%lld d_h=%lld, f32\n", static_cast<long long>(cfg.hidden),
-                  static_cast<long long>(cfg.n_q), static_cast<long long>(cfg.n_kv), static_cast<long long>(cfg.d_h));
+      std::printf("  layer: H=%lld n_q=%lld n_kv=%lld d_h=%lld, %s\n", static_cast<long long>(cfg.hidden),
+                  static_cast<long long>(cfg.n_q), static_cast<long long>(cfg.n_kv), static_cast<long long>(cfg.d_h),
+                  wl.dtype == DType::bf16 ? "bf16 attention and row payloads, f32 projections and boundary" : "f32");
+      if (wl.dtype == DType::bf16) std::printf("  bf16 path: %s\n", active_backend().describe(DType::bf16).c_str());
       std::printf("  time (median of %d after %d warm-up, slowest rank): forward %.2f ms, backward %.2f ms, step %.2f ms, "
                   "exposed communication %.2f ms\n",
                   opt.reps, opt.warmup, run.fwd_ms, run.bwd_ms, run.step_ms, run.exposed_comm_ms);

@@ -34,6 +34,7 @@ struct LayerWorkload {
   std::int64_t queries = 0;  // per sample
   PackedBatch batch;
   AttnLayerConfig cfg;
+  DType dtype = DType::f32;  // --dtype: f32 | bf16 (Split-KV's compute = bf16)
 };
 LayerWorkload make_workload(const AttnOptions& opt);
 
@@ -50,6 +51,7 @@ struct LayerRunSpec {
   const ReferenceLayerResult* reference = nullptr;  // check against it when set
   std::string oproj = "all", collectives = "auto";  // Split-KV only (AttnOptions)
   double link_gbit = 0;
+  DType dtype = DType::f32;  // bf16: Split-KV only (SplitKVOptions::compute)
 };
 // The spec of `opt` for one method and layout.
 LayerRunSpec layer_run_spec(const AttnOptions& opt, const std::string& method, const std::string& layout,

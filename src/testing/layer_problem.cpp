@@ -51,18 +51,19 @@ CompareResult LayerCheck::all() const {
 }
 
 LayerCheck check_layer(const ReferenceLayerResult& ref, const CpShard& s, std::int64_t H, const std::vector<float>& y_p,
-                       const std::vector<float>& dx_p, const std::vector<float>& dctx_p, const AttnLayerParams& grad) {
+                       const std::vector<float>& dx_p, const std::vector<float>& dctx_p, const AttnLayerParams& grad,
+                       Tolerance tol) {
   const std::int64_t B = s.batch.block;
   LayerCheck c;
   // Each tensor's tolerance scales with its own magnitude (over ALL rows, so ranks agree).
-  c.y = compare<float>(y_p, rows_of(ref.y, H, s.blocks.begin * B, s.blocks.end * B), scaled_to(kTolF32, ref.y));
-  c.dx = compare<float>(dx_p, rows_of(ref.dx, H, s.blocks.begin * B, s.blocks.end * B), scaled_to(kTolF32, ref.dx));
-  c.dctx = compare<float>(dctx_p, chunk_rows(ref.dctx, H, s.chunks), scaled_to(kTolF32, ref.dctx));
+  c.y = compare<float>(y_p, rows_of(ref.y, H, s.blocks.begin * B, s.blocks.end * B), scaled_to(tol, ref.y));
+  c.dx = compare<float>(dx_p, rows_of(ref.dx, H, s.blocks.begin * B, s.blocks.end * B), scaled_to(tol, ref.dx));
+  c.dctx = compare<float>(dctx_p, chunk_rows(ref.dctx, H, s.chunks), scaled_to(tol, ref.dctx));
   std::size_t off = 0;
   for (int i = 0; i < AttnLayerParams::kCount; ++i) {
     const auto n = static_cast<std::size_t>(grad.size(static_cast<AttnLayerParams::Id>(i)));
     const std::span<const double> r(ref.grad.data() + off, n);
-    c.grad.merge(compare<float>(grad.all().subspan(off, n), r, scaled_to(kTolF32, r)));
+    c.grad.merge(compare<float>(grad.all().subspan(off, n), r, scaled_to(tol, r)));
     off += n;
   }
   return c;

@@ -36,6 +36,6 @@ struct LayerCheck {
 // summed over the group. Tolerance: fp32 (kTolF32).
 LayerCheck check_layer(const ReferenceLayerResult& ref, const CpShard& s, std::int64_t hidden,
                        const std::vector<float>& y_p, const std::vector<float>& dx_p,
-                       const std::vector<float>& dctx_p, const AttnLayerParams& grad);
+                       const std::vector<float>& dctx_p, const AttnLayerParams& grad, Tolerance tol = kTolF32);
 
 }  // namespace diffcp
