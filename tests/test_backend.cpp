@@ -115,6 +115,47 @@ TEST(Backend, CpuBf16GemmMatchesFp64OnBf16Inputs) {
   }
 }
 
+// Autocast: under ScopedF32GemmCompute(bf16) an f32 GEMM multiplies the bf16-rounded operands with
+// f32 accumulation into f32 C (equal to fp64 on the rounded inputs up to f32 sums); outside the scope
+// it is f32 again.
+TEST(Backend, F32GemmUnderBf16ComputeRoundsTheOperandsOnly) {
+  const std::int64_t M = 9, N = 17, K = 130;
+  const auto a = random_normal(static_cast<std::size_t>(M * K), 4), b = random_normal(static_cast<std::size_t>(N * K), 5);
+  auto run = [&] {
+    std::vector<float> c(static_cast<std::size_t>(M * N), 1.f);
+    gemm(false, true, M, N, K, 1.f, a.data(), K, b.data(), K, 1.f, c.data(), N);  // B given as [N, K]
+    return c;
+  };
+  auto reference = [&](bool round) {
+    std::vector<double> c(static_cast<std::size_t>(M * N), 1.0);
+    auto r = [&](float x) { return round ? static_cast<double>(bf16_to_f32(f32_to_bf16(x))) : static_cast<double>(x); };
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j)
+        for (std::int64_t l = 0; l < K; ++l)
+          c[static_cast<std::size_t>(i * N + j)] += r(a[static_cast<std::size_t>(i * K + l)]) * r(b[static_cast<std::size_t>(j * K + l)]);
+    return c;
+  };
+  std::vector<float> c16;
+  {
+    ScopedF32GemmCompute bf16(DType::bf16);
+    EXPECT_EQ(f32_gemm_compute(), DType::bf16);
+    c16 = run();
+  }
+  EXPECT_EQ(f32_gemm_compute(), DType::f32);
+  const std::vector<float> c32 = run();
+  const auto r16 = reference(true), r32 = reference(false);
+  double e16 = 0, e32 = 0, gap = 0;
+  for (std::size_t i = 0; i < c16.size(); ++i) {
+    e16 = std::max(e16, std::abs(c16[i] - r16[i]));
+    e32 = std::max(e32, std::abs(c32[i] - r32[i]));
+    gap = std::max(gap, std::abs(r16[i] - r32[i]));
+  }
+  EXPECT_LT(e16, 1e-4) << "bf16 compute vs fp64 on the rounded operands";
+  EXPECT_LT(e32, 1e-4) << "f32 vs fp64";
+  EXPECT_GT(gap, 1e-3) << "the rounding is visible at this size, so the two checks above tell the modes apart";
+  EXPECT_THROW(set_f32_gemm_compute(DType::f64), Error);
+}
+
 TEST(Backend, FindUnknownListsTheRegisteredNames) {
   toy();
   const std::string msg = error_of([] { find_backend("nope"); });

@@ -21,9 +21,11 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int6
 // Row-major C[M, N] = alpha * op(A) * op(B) + beta * C with bf16 A and B, f32 accumulation and C
 // of c_dtype (f32 or bf16); shapes as sgemm. oneDNN matmul where it has one for this CPU,
 // otherwise the operands converted to f32 + sgemm (bf16_gemm_path() says which, and why).
+// fixed_shape: a primitive per (M, N, K), fastest for the few shapes of the attention tiles; else
+// one per N with M and K at run time (the layers' GEMMs, whose row counts change every step).
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                const bf16_t* A, std::int64_t lda, const bf16_t* B, std::int64_t ldb, float beta, void* C,
-               std::int64_t ldc, DType c_dtype);
+               std::int64_t ldc, DType c_dtype, bool fixed_shape = true);
 std::string bf16_gemm_path();
 
 // Typed f32 access to the hooks' views (a wrong dtype or layout is an Error naming the view).

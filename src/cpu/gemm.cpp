@@ -1,9 +1,11 @@
 // CPU GEMM (ops/gemm.hpp) on oneDNN, and the bias gradient of ops/linear.hpp.
 // Row-major throughout: C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C.
 //   f32:  oneDNN's sgemm.
-//   bf16: oneDNN matmul primitives (bf16 A and B, f32 accumulation, f32 or bf16 C), one per
-//         shape, cached per thread: oneDNN 2.x has no bf16 gemm in its C API, and a matmul with
-//         run-time shapes falls back to its reference kernel (measured: 1000x slower). Where
+//   bf16: oneDNN matmul primitives (bf16 A and B, f32 accumulation, f32 or bf16 C), cached per
+//         thread: oneDNN 2.x has no bf16 gemm in its C API. The attention tiles get one per fixed
+//         shape (brgemm kernels); the layers' GEMMs, whose rows change every step, one per
+//         (N, strides) with M and K given at run time (gemm:jit; creating a primitive costs
+//         0.1-0.5 ms). All three extents at run time select oneDNN's reference kernel. Where
 //         oneDNN has no bf16 matmul for the CPU (e.g. AVX2 only), the operands are converted and
 //         multiplied by sgemm; bf16_gemm_path() says which path runs.
 #include <oneapi/dnnl/dnnl.h>
@@ -39,14 +41,14 @@ namespace {
 using dnnl_dt = dnnl::memory::data_type;
 
 struct MatmulKey {
-  bool ta, tb, c_bf16;
+  bool ta, tb, c_bf16, runtime_mk;  // runtime_mk: M and K given per call (0 in the key)
   std::int64_t M, N, K, lda, ldb, ldc;
   float alpha, beta;
   bool operator==(const MatmulKey&) const = default;
 };
 struct MatmulKeyHash {
   std::size_t operator()(const MatmulKey& k) const {
-    std::size_t h = (k.ta ? 1u : 0u) | (k.tb ? 2u : 0u) | (k.c_bf16 ? 4u : 0u);
+    std::size_t h = (k.ta ? 1u : 0u) | (k.tb ? 2u : 0u) | (k.c_bf16 ? 4u : 0u) | (k.runtime_mk ? 8u : 0u);
     for (std::int64_t v : {k.M, k.N, k.K, k.lda, k.ldb, k.ldc}) h = h * 1000003u ^ static_cast<std::size_t>(v);
     std::uint32_t a, b;
     std::memcpy(&a, &k.alpha, 4);
@@ -84,10 +86,12 @@ class MatmulCache {
     if (it != map_.end()) return *it->second;
     if (map_.size() >= kMaxEntries) map_.clear();  // shapes of a run are few; bound pathological growth
     auto e = std::make_unique<MatmulEntry>();
-    const auto a = strided(k.M, k.K, k.lda, k.ta, dnnl_dt::bf16), b = strided(k.K, k.N, k.ldb, k.tb, dnnl_dt::bf16);
-    const dnnl::memory::desc c({k.M, k.N}, k.c_bf16 ? dnnl_dt::bf16 : dnnl_dt::f32, dnnl::memory::dims{k.ldc, 1});
+    const std::int64_t M = k.runtime_mk ? DNNL_RUNTIME_DIM_VAL : k.M, K = k.runtime_mk ? DNNL_RUNTIME_DIM_VAL : k.K;
+    const auto a = strided(M, K, k.lda, k.ta, dnnl_dt::bf16), b = strided(K, k.N, k.ldb, k.tb, dnnl_dt::bf16);
+    const dnnl::memory::desc c({M, k.N}, k.c_bf16 ? dnnl_dt::bf16 : dnnl_dt::f32, dnnl::memory::dims{k.ldc, 1});
     dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    // Fixed shapes: a user scratchpad per entry. Run-time shapes: oneDNN sizes its own per call.
+    if (!k.runtime_mk) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (k.alpha != 1.f) attr.set_output_scales(0, {k.alpha});
     if (k.beta != 0.f) {
       dnnl::post_ops po;
@@ -98,11 +102,13 @@ class MatmulCache {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng_);
       if (is_reference(pd)) return *map_.emplace(k, std::move(e)).first->second;  // converted path is faster
       e->prim = dnnl::matmul(pd);
-      e->a = dnnl::memory(a, eng_, DNNL_MEMORY_NONE);
-      e->b = dnnl::memory(b, eng_, DNNL_MEMORY_NONE);
-      e->c = dnnl::memory(c, eng_, DNNL_MEMORY_NONE);
-      e->scratch_buf.resize(pd.scratchpad_desc().get_size());
-      e->scratch = dnnl::memory(pd.scratchpad_desc(), eng_, e->scratch_buf.data());
+      if (!k.runtime_mk) {
+        e->a = dnnl::memory(a, eng_, DNNL_MEMORY_NONE);
+        e->b = dnnl::memory(b, eng_, DNNL_MEMORY_NONE);
+        e->c = dnnl::memory(c, eng_, DNNL_MEMORY_NONE);
+        e->scratch_buf.resize(pd.scratchpad_desc().get_size());
+        e->scratch = dnnl::memory(pd.scratchpad_desc(), eng_, e->scratch_buf.data());
+      }
       e->native = true;
     } catch (const dnnl::error& err) {
       DIFFCP_CHECK(err.status == dnnl_unimplemented, "oneDNN bf16 matmul (M=", k.M, " N=", k.N, " K=", k.K,
@@ -112,6 +118,7 @@ class MatmulCache {
     return *map_.emplace(k, std::move(e)).first->second;
   }
   dnnl::stream& stream() { return strm_; }
+  const dnnl::engine& engine() const { return eng_; }
   std::vector<float> a32, b32, c32;  // the conversion path's operands
   std::vector<float> tile;           // the product before it is added to C
 
@@ -139,7 +146,7 @@ void widen(const bf16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t l
 
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                const bf16_t* A, std::int64_t lda, const bf16_t* B, std::int64_t ldb, float beta, void* C,
-               std::int64_t ldc, DType c_dtype) {
+               std::int64_t ldc, DType c_dtype, bool fixed_shape) {
   DIFFCP_CHECK(c_dtype == DType::f32 || c_dtype == DType::bf16, "gemm_bf16: C must be f32 or bf16, got ",
                dtype_name(c_dtype));
   const bool c_bf16 = c_dtype == DType::bf16;
@@ -148,19 +155,29 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
   // f32 C += product: oneDNN's sum post-op halved the rate of the attention tile GEMMs (measured
   // 400 -> 180 GFLOP/s at 256 x 128 x 128), so the product goes to a scratch tile, added here.
   const bool add_here = !c_bf16 && beta != 0.f;
-  MatmulEntry* e =
-      K > 0 ? &mc.get({trans_a, trans_b, c_bf16, M, N, K, lda, ldb, add_here ? N : ldc, alpha, add_here ? 0.f : beta})
-            : nullptr;
+  const bool rt = !fixed_shape;
+  MatmulEntry* e = K > 0 ? &mc.get({trans_a, trans_b, c_bf16, rt, rt ? 0 : M, N, rt ? 0 : K, lda, ldb,
+                                    add_here ? N : ldc, alpha, add_here ? 0.f : beta})
+                         : nullptr;
   if (e != nullptr && e->native) {
     if (add_here) mc.tile.resize(static_cast<std::size_t>(M * N));
-    e->a.set_data_handle(const_cast<bf16_t*>(A));
-    e->b.set_data_handle(const_cast<bf16_t*>(B));
-    e->c.set_data_handle(add_here ? mc.tile.data() : C);
+    void* c_out = add_here ? static_cast<void*>(mc.tile.data()) : C;
+    if (rt) {  // memory objects of this call's shape
+      const dnnl::memory::desc cd({M, N}, c_bf16 ? dnnl_dt::bf16 : dnnl_dt::f32,
+                                  dnnl::memory::dims{add_here ? N : ldc, 1});
+      e->a = dnnl::memory(strided(M, K, lda, trans_a, dnnl_dt::bf16), mc.engine(), const_cast<bf16_t*>(A));
+      e->b = dnnl::memory(strided(K, N, ldb, trans_b, dnnl_dt::bf16), mc.engine(), const_cast<bf16_t*>(B));
+      e->c = dnnl::memory(cd, mc.engine(), c_out);
+    } else {
+      e->a.set_data_handle(const_cast<bf16_t*>(A));
+      e->b.set_data_handle(const_cast<bf16_t*>(B));
+      e->c.set_data_handle(c_out);
+    }
     const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e->a.get()},
                                     {DNNL_ARG_WEIGHTS, e->b.get()},
                                     {DNNL_ARG_DST, e->c.get()},
-                                    {DNNL_ARG_SCRATCHPAD, e->scratch.get()}};
-    const dnnl_status_t st = dnnl_primitive_execute(e->prim.get(), mc.stream().get(), 4, args);
+                                    {DNNL_ARG_SCRATCHPAD, rt ? nullptr : e->scratch.get()}};
+    const dnnl_status_t st = dnnl_primitive_execute(e->prim.get(), mc.stream().get(), rt ? 3 : 4, args);
     DIFFCP_CHECK(st == dnnl_success, "oneDNN bf16 matmul (M=", M, " N=", N, " K=", K, ") failed: status ",
                  static_cast<int>(st));
     if (add_here)
@@ -227,9 +244,10 @@ std::string bf16_gemm_path() {
 void CpuBackend::gemm(const GemmArgs& a) {
   if (a.dtype == DType::bf16) {
     gemm_bf16(a.trans_a, a.trans_b, a.M, a.N, a.K, a.alpha, static_cast<const bf16_t*>(a.A), a.lda,
-              static_cast<const bf16_t*>(a.B), a.ldb, a.beta, a.C, a.ldc, DType::bf16);
+              static_cast<const bf16_t*>(a.B), a.ldb, a.beta, a.C, a.ldc, a.c_dtype, /*fixed_shape=*/false);
     return;
   }
+  DIFFCP_CHECK(a.c_dtype == DType::f32, "cpu gemm: f32 A and B with C of ", dtype_name(a.c_dtype));
   sgemm(a.trans_a, a.trans_b, a.M, a.N, a.K, a.alpha, static_cast<const float*>(a.A), a.lda,
         static_cast<const float*>(a.B), a.ldb, a.beta, static_cast<float*>(a.C), a.ldc);
 }

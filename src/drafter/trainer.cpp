@@ -16,6 +16,7 @@
 #include "diffcp/core/error.hpp"
 #include "diffcp/drafter/checkpoint.hpp"
 #include "diffcp/drafter/data.hpp"
+#include "diffcp/ops/gemm.hpp"
 #include "diffcp/drafter/hf_format.hpp"
 #include "diffcp/drafter/model.hpp"
 #include "diffcp/drafter/optim.hpp"
@@ -96,6 +97,7 @@ void validate(const TrainOptions& opt, int W) {
                "TrainOptions::shard '", opt.shard, "': expected none, optimizer, full or auto");
   DIFFCP_CHECK(opt.recompute == "auto" || opt.recompute == "on" || opt.recompute == "off", "TrainOptions::recompute '",
                opt.recompute, "': expected on, off or auto");
+  DIFFCP_CHECK(opt.dtype == "f32" || opt.dtype == "bf16", "TrainOptions::dtype '", opt.dtype, "': expected f32 or bf16");
   DIFFCP_CHECK(!opt.resume || !opt.out.empty(), "TrainOptions::resume needs TrainOptions::out (the directory of checkpoint.bin)");
   DIFFCP_CHECK(opt.init.empty() || opt.preset.empty(), "TrainOptions::init '", opt.init, "' and TrainOptions::preset '",
                opt.preset, "': give one (the drafter directory's config.json is the shape)");
@@ -116,6 +118,7 @@ struct Trainer::Impl {
   const TrainLogger log;
   int cp_size = 0, rank = 0, dp_rank = 0;
   CollAlgo collectives = CollAlgo::hierarchical;
+  DType compute = DType::f32;  // TrainOptions::dtype
   std::unique_ptr<Communicator> cp, redist, vocab;  // the CP group, its redistribution and LM head twins
   DrafterConfig cfg;
   std::int64_t anchors = 0;
@@ -204,7 +207,9 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   // none for the synthetic ones (it fits, and the per-layer gathers would only cost time).
   shard = opt.shard == "auto" ? (W > 1 && real_shape ? ShardMode::full : ShardMode::none) : parse_shard_mode(opt.shard);
   res.shard = shard_mode_name(shard);
-  drafter = std::make_unique<Drafter>(*cp, cfg, SplitKVOptions{OProj::all, collectives});
+  compute = opt.dtype == "bf16" ? DType::bf16 : DType::f32;
+  res.dtype = opt.dtype;
+  drafter = std::make_unique<Drafter>(*cp, cfg, SplitKVOptions{OProj::all, collectives, compute});
   state = std::make_unique<ShardedState>(world, drafter->layout(), shard);
   drafter->use_state(*state);
   res.recompute = opt.recompute == "on" || (opt.recompute == "auto" && shard == ShardMode::full);
@@ -265,6 +270,7 @@ StepStats Trainer::step() {
   Impl& m = *impl_;
   const TrainOptions& opt = m.opt;
   DIFFCP_CHECK(m.step < opt.steps, "Trainer::step: the run is done (", m.step, " of TrainOptions::steps = ", opt.steps, ")");
+  const ScopedF32GemmCompute precision(m.compute);
   const std::int64_t s = m.step, B = m.cfg.block;
   const auto t0 = Clock::now();
   const Drafter::Phases ph0 = m.drafter->phases();
@@ -333,6 +339,7 @@ StepStats Trainer::step() {
 
 double Trainer::evaluate() {
   Impl& m = *impl_;
+  const ScopedF32GemmCompute precision(m.compute);
   const std::int64_t B = m.cfg.block;
   double tau_sum = 0, responses = 0;
   // Every DP replica runs the same number of rounds: with shard full each forward gathers the

@@ -1,10 +1,37 @@
 // gemm (ops/gemm.hpp): argument checks, then the active backend.
 #include "diffcp/ops/gemm.hpp"
 
+#include <atomic>
+#include <vector>
+
 #include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
 #include "diffcp/ops/backend.hpp"
 
 namespace diffcp {
+
+namespace {
+
+std::atomic<DType> g_f32_compute{DType::f32};
+
+// The stored [rows, cols] matrix at x (row stride ld) rounded into a dense bf16 one.
+const bf16_t* round_to_bf16(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                            std::vector<bf16_t>& out) {
+  out.resize(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    convert_to_bf16(x + r * ld, reinterpret_cast<std::uint16_t*>(out.data() + r * cols), cols);
+  return out.data();
+}
+
+}  // namespace
+
+DType f32_gemm_compute() { return g_f32_compute.load(std::memory_order_relaxed); }
+
+void set_f32_gemm_compute(DType compute) {
+  DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "f32 GEMM compute precision ", dtype_name(compute),
+               ": expected f32 or bf16");
+  g_f32_compute.store(compute, std::memory_order_relaxed);
+}
 
 void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,
           std::int64_t lda, const void* B, std::int64_t ldb, float beta, void* C, std::int64_t ldc, DType dtype) {
@@ -15,7 +42,17 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
                "gemm: lda = ", lda, ", ldb = ", ldb, ", ldc = ", ldc, " below the row widths ", a_cols, ", ",
                b_cols, ", ", N);
   if (M == 0 || N == 0) return;
-  backend_for(OpKind::gemm, dtype).gemm({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, dtype});
+  if (dtype == DType::f32 && f32_gemm_compute() == DType::bf16) {
+    Backend& b = backend_for(OpKind::gemm, DType::bf16);
+    thread_local std::vector<bf16_t> a16, b16;
+    const std::int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const std::int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    const bf16_t* a = round_to_bf16(static_cast<const float*>(A), a_rows, a_cols, lda, a16);
+    const bf16_t* bb = round_to_bf16(static_cast<const float*>(B), b_rows, b_cols, ldb, b16);
+    b.gemm({trans_a, trans_b, M, N, K, alpha, a, a_cols, bb, b_cols, beta, C, ldc, DType::bf16, DType::f32});
+    return;
+  }
+  backend_for(OpKind::gemm, dtype).gemm({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, dtype, dtype});
 }
 
 }  // namespace diffcp

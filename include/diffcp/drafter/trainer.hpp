@@ -65,6 +65,10 @@ struct TrainOptions {
   // Activation recomputation (Drafter::set_recompute): on | off | auto (= on with shard full,
   // where memory is what the run is short of).
   std::string recompute = "auto";
+  // Compute precision: f32, or bf16 mixed precision — the attention (Split-KV compute = bf16, its
+  // row payloads bf16) and every GEMM in bf16 with f32 accumulation (ScopedF32GemmCompute);
+  // master weights, AdamW state, activations between ops, the loss and the gradient reduction f32.
+  std::string dtype = "f32";
   bool keep_params = true;         // result() gathers the trained parameters into TrainResult::params
 };
 
@@ -87,6 +91,7 @@ struct TrainResult {
   std::int64_t anchors = 0;        // the anchors per sample used
   std::string shard;               // the shard mode used: none | optimizer | full
   bool recompute = false;          // whether activations are recomputed
+  std::string dtype;               // the compute precision used: f32 | bf16
   // Per-phase wall time, mean ms per step over this run (rank 0): target features (building
   // the micro-batches: synthetic target or shard reads, plan, redistribution), fusion, attention,
   // mlp, lm_head (+ loss), gather_wait (parameter all-gathers not hidden by prefetch),

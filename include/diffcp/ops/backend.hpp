@@ -52,7 +52,9 @@ const char* op_name(OpKind op);  // "attention_forward", ...
 
 // C[M, N] = alpha * op(A) * op(B) + beta * C, row-major; op(X) = X^T when trans_x.
 //   A: [M, K] (trans_a: [K, M]) with row stride lda;  B: [K, N] (trans_b: [N, K]), ldb;
-//   C: [M, N], ldc.  All three hold `dtype`. K = 0 gives C = beta * C; M = 0 or N = 0 does nothing.
+//   C: [M, N], ldc.  A and B hold `dtype`, C holds `c_dtype`: the same, or f32 with bf16 A and B
+//   (the f32 GEMMs under ScopedF32GemmCompute(bf16), ops/gemm.hpp). K = 0 gives C = beta * C;
+//   M = 0 or N = 0 does nothing.
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   std::int64_t M = 0, N = 0, K = 0;
@@ -65,6 +67,7 @@ struct GemmArgs {
   void* C = nullptr;
   std::int64_t ldc = 0;
   DType dtype = DType::f32;
+  DType c_dtype = DType::f32;
 };
 
 class Backend {

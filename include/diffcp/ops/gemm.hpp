@@ -18,4 +18,22 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
           std::int64_t lda, const void* B, std::int64_t ldb, float beta, void* C, std::int64_t ldc,
           DType dtype = DType::f32);
 
+// The compute precision of f32 GEMMs (autocast, as torch's set_float32_matmul_precision("medium")
+// or AMP): f32 (default), or bf16 — A and B rounded to bf16, products accumulated in f32, C f32.
+// What mixed-precision training runs: f32 master weights, optimizer, loss and gradient reduction,
+// bf16 GEMMs. Process-wide (every thread), not thread-safe against GEMMs running: set it between
+// steps. bf16 needs the active backend's bf16 GEMM.
+DType f32_gemm_compute();
+void set_f32_gemm_compute(DType compute);  // f32 | bf16
+class ScopedF32GemmCompute {
+ public:
+  explicit ScopedF32GemmCompute(DType compute) : previous_(f32_gemm_compute()) { set_f32_gemm_compute(compute); }
+  ~ScopedF32GemmCompute() { set_f32_gemm_compute(previous_); }
+  ScopedF32GemmCompute(const ScopedF32GemmCompute&) = delete;
+  ScopedF32GemmCompute& operator=(const ScopedF32GemmCompute&) = delete;
+
+ private:
+  DType previous_;
+};
+
 }  // namespace diffcp
