@@ -7,6 +7,7 @@
 #include "diffcp/cp/bytes.hpp"
 #include "diffcp/cp/lse_reduce.hpp"
 #include "diffcp/core/half.hpp"
+#include "diffcp/ops/gemm.hpp"
 #include "diffcp/ops/linear.hpp"
 
 namespace diffcp {
@@ -130,6 +131,7 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
                                 float* y_p) {
   using P = AttnLayerParams;
   Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
+  const ScopedF32GemmCompute precision(opt_.compute);  // bf16: the projections' GEMMs too
   const auto t0 = CpClock::now();
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width(), d = cfg_.d_h, Qp = own_.Qp();
   timings_ = {};
@@ -199,6 +201,7 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
                                  const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
   using P = AttnLayerParams;
   Saved& st = static_cast<Saved&>(state);
+  const ScopedF32GemmCompute precision(opt_.compute);
   const auto t0 = CpClock::now();
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width(), kvw = cfg_.kv_width(), d = cfg_.d_h;
   const std::int64_t Qp = own_.Qp(), Lk = own_.Lk();

@@ -21,11 +21,11 @@
 //   collectives = hierarchical: every collective runs two-level over the communicator's topology
 //     (comm/communicator.hpp): each node's rows cross each other node once.
 //   compute = bf16 (issue #14): the attention kernels run on bf16 q, k, v, do (f32 accumulation,
-//     f32 lse and D) and the four row collectives carry bf16 (the q and dY / do all-gathers, the
-//     Y / o and dq reduce-scatters, summed in f32 and rounded at each step): half the bytes. The
-//     layer's inputs, outputs, projections, norms, RoPE, the lse and D all-reduces stay f32
-//     (autocast-style mixed precision: f32 at the layer boundary, bf16 where the time and the
-//     bytes are).
+//     f32 lse and D), the projections' GEMMs on bf16-rounded operands (ScopedF32GemmCompute,
+//     f32 accumulation), and the four row collectives carry bf16 (the q and dY / do all-gathers,
+//     the Y / o and dq reduce-scatters, summed in f32 and rounded at each step): half the bytes.
+//     The layer's inputs, outputs, norms, RoPE, the lse and D all-reduces stay f32 (autocast-style
+//     mixed precision: f32 at the layer boundary, bf16 where the time and the bytes are).
 //
 // The projections of the rows a rank owns are the shared ones (cp_common.hpp OwnRows), run so that
 // the q all-gather flies under the K/V projection and the dq reduce-scatter under its backward.
