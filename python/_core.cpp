@@ -222,8 +222,10 @@ struct SavedPy {
 class SplitKVLayerPy {
  public:
   SplitKVLayerPy(MPI_Fint comm, const AttnLayerConfig& cfg, const Ints& lengths, const std::vector<Ints>& anchors,
-                 std::int64_t block, const std::optional<Ints>& chunks, const std::optional<Ints>& rank)
+                 std::int64_t block, const std::optional<Ints>& chunks, const std::optional<Ints>& rank,
+                 const std::string& dtype)
       : cfg_(cfg) {
+    if (dtype != "f32" && dtype != "bf16") throw py::value_error("SplitKV: dtype '" + dtype + "': expected f32 or bf16");
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw py::value_error("SplitKV: MPI is not initialized (import mpi4py.MPI first)");
@@ -246,7 +248,9 @@ class SplitKVLayerPy {
     } else {
       shard_ = std::make_unique<CpShard>(contiguous_shard(batch, P, p));
     }
-    layer_ = std::make_unique<SplitKVLayer>(*comm_, cfg_, *shard_);
+    SplitKVOptions opt;
+    opt.compute = dtype == "bf16" ? DType::bf16 : DType::f32;
+    layer_ = std::make_unique<SplitKVLayer>(*comm_, cfg_, *shard_, opt);
   }
 
   std::int64_t param_count() const { return AttnLayerParams::count(cfg_); }
@@ -349,9 +353,9 @@ PYBIND11_MODULE(_core, m) {
   py::class_<SavedPy, std::shared_ptr<SavedPy>>(m, "Saved");
   py::class_<SplitKVLayerPy>(m, "SplitKV")
       .def(py::init<MPI_Fint, const AttnLayerConfig&, const Ints&, const std::vector<Ints>&, std::int64_t,
-                    const std::optional<Ints>&, const std::optional<Ints>&>(),
+                    const std::optional<Ints>&, const std::optional<Ints>&, const std::string&>(),
            py::arg("comm_f"), py::arg("config"), py::arg("lengths"), py::arg("anchors"), py::arg("block"),
-           py::arg("chunks") = std::nullopt, py::arg("rank") = std::nullopt)
+           py::arg("chunks") = std::nullopt, py::arg("rank") = std::nullopt, py::arg("dtype") = "f32")
       .def_property_readonly("param_count", &SplitKVLayerPy::param_count)
       .def("param_layout", &SplitKVLayerPy::param_layout)
       .def("init_params", &SplitKVLayerPy::init_params, py::arg("seed"))

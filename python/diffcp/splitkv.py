@@ -28,9 +28,12 @@ class SplitKV:
         lengths, anchors, block: the packed micro-batch (as :func:`diffcp.plan`); the same on every rank.
         plan: a :class:`diffcp.Plan` for ``P = comm.Get_size()`` ranks (e.g. LPT), or ``None`` for
             contiguous slices.
+        dtype: ``"f32"``, or ``"bf16"``: attention and projection GEMMs in bf16 with f32
+            accumulation and the row collectives in bf16 (half the bytes); the arrays in and out,
+            norms, RoPE, lse and D stay float32 (C++ ``SplitKVOptions::compute``).
     """
 
-    def __init__(self, comm, config: LayerConfig, lengths, anchors, block: int, plan=None):
+    def __init__(self, comm, config: LayerConfig, lengths, anchors, block: int, plan=None, dtype: str = "f32"):
         from . import _batch_args
         if not hasattr(comm, "py2f") or not hasattr(comm, "Get_size"):
             raise TypeError(f"comm: expected an mpi4py communicator, got {type(comm).__name__}")
@@ -38,7 +41,8 @@ class SplitKV:
             raise ValueError(f"plan: made for P = {plan.P}, the communicator has {comm.Get_size()} ranks")
         lengths, anchors, block = _batch_args(lengths, anchors, block)
         self._layer = _core.SplitKV(comm.py2f(), config, lengths, anchors, block,
-                                    None if plan is None else plan.chunks, None if plan is None else plan.rank)
+                                    None if plan is None else plan.chunks, None if plan is None else plan.rank,
+                                    str(dtype))
         self.config = config
 
     @property

@@ -79,3 +79,43 @@ def test_bad_arguments():
         layer.forward(w, np.zeros((q1 - q0 + 1, CFG.hidden), np.float32), np.zeros((0, CFG.hidden), np.float32))
     with pytest.raises(TypeError, match="params: expected a numpy float32 array"):
         layer.forward(w.astype(np.float64), np.zeros((q1 - q0, CFG.hidden), np.float32), np.zeros((0, CFG.hidden), np.float32))
+
+
+def test_bf16_within_2_5x_single_process_bf16_error():
+    """dtype="bf16": against the f32 single-process layer, every output's error at P ranks is at most
+    2.5x that of the bf16 layer on COMM_SELF (+ 2^-12 of the peak); bytes are the bf16 closed form."""
+    rng = np.random.default_rng(11)
+    S, Q = int(LENGTHS.sum()), sum(len(a) for a in ANCHORS) * B
+    X = rng.standard_normal((Q, CFG.hidden)).astype(np.float32)
+    CTX = rng.standard_normal((S, CFG.hidden)).astype(np.float32)
+    DY = rng.standard_normal((Q, CFG.hidden)).astype(np.float32)
+    ref = diffcp.SplitKV(MPI.COMM_SELF, CFG, LENGTHS, ANCHORS, B)
+    w = ref.init_params(3)
+    y0, s0 = ref.forward(w, X, CTX)
+    dx0, dctx0, g0 = ref.backward(s0, w, DY)
+    one = diffcp.SplitKV(MPI.COMM_SELF, CFG, LENGTHS, ANCHORS, B, dtype="bf16")
+    y1, s1 = one.forward(w, X, CTX)
+    dx1, dctx1, g1 = one.backward(s1, w, DY)
+
+    layer = diffcp.SplitKV(COMM, CFG, LENGTHS, ANCHORS, B, dtype="bf16")
+    q0, q1 = layer.owned_query_rows
+    rows = np.concatenate([np.arange(b, e) for b, e in layer.context_chunks] or [np.zeros(0, np.int64)])
+    sent0 = layer.bytes_sent
+    y, saved = layer.forward(w, X[q0:q1].copy(), np.ascontiguousarray(CTX[rows]))
+    dx, dctx, g = layer.backward(saved, w, DY[q0:q1].copy())
+    sent = COMM.allreduce(layer.bytes_sent - sent0)
+    g_all = np.empty_like(g)
+    COMM.Allreduce(g, g_all)
+
+    def err(a, b):
+        return COMM.allreduce(float(np.abs(a - b).max()) if a.size else 0.0, op=MPI.MAX)
+
+    for what, got, one_rank, f32 in [("y", y, y1[q0:q1], y0[q0:q1]), ("dx", dx, dx1[q0:q1], dx0[q0:q1]),
+                                     ("dctx", dctx, dctx1[rows], dctx0[rows]), ("weight gradients", g_all, g1, g0)]:
+        peak = COMM.allreduce(float(np.abs(f32).max()) if f32.size else 0.0, op=MPI.MAX)
+        e_p, e_1 = err(got, f32), err(one_rank, f32)
+        assert e_1 > 2 ** -14 * peak, f"{what}: the bf16 path did not round anything"
+        assert e_p <= 2.5 * e_1 + 2 ** -12 * peak, f"rank {RANK}: {what}: error {e_p} at P = {P}, one rank {e_1}"
+    assert sent / P == pytest.approx(layer.predicted_bytes_per_layer, rel=1e-9)
+    with pytest.raises(ValueError, match="dtype 'fp8': expected f32 or bf16"):
+        diffcp.SplitKV(COMM, CFG, LENGTHS, ANCHORS, B, dtype="fp8")
