@@ -28,6 +28,7 @@ namespace {
 
 struct DitOptions {
   std::string mode = "flat";
+  std::string dtype = "f32";
   int steps = 50;
   std::int64_t resolution = 512, width = 0, height = 0, batch = 1, text_tokens = 64;  // width/height 0: --resolution
   std::uint64_t seed = 1, weight_seed = 1;
@@ -254,6 +255,10 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--save-latent", o.save_latent, "also write the final latent [b, N_img, C_in] as .npy");
   c->add_option("--reference", o.reference, "compare with this latent .npy (from --save-latent of a Flat run)");
   c->add_option("--compare", o.compare, "compare with a run of this mode in the same job: flat");
+  c->add_option("--dtype", o.dtype, "compute: f32 | bf16 (GEMMs and attention in bf16 with f32 accumulation; latents, "
+                                    "norms and the exchanges' payloads f32). PSNR against f32: --save-latent of an f32 "
+                                    "run, then --reference")
+      ->capture_default_str();
   c->add_flag("--json", o.json, "print one JSON object");
 }
 
@@ -267,6 +272,7 @@ int run_dit(Communicator& world) {
   schedule.validate();
   DIFFCP_CHECK(o.compare.empty() || o.compare == "flat", "--compare '", o.compare, "': only flat is supported");
   DIFFCP_CHECK(o.compare.empty() || o.reference.empty(), "--compare and --reference: give one of them");
+  DIFFCP_CHECK(o.dtype == "f32" || o.dtype == "bf16", "--dtype '", o.dtype, "': expected f32 or bf16");
   const std::unique_ptr<SafeTensorsSet> ck = o.weights.empty() ? nullptr : std::make_unique<SafeTensorsSet>(o.weights);
   const DitConfig cfg = resolve_config(o, ck.get());
   DIFFCP_CHECK(cfg.guidance_embed || !given(g_guidance_opt, o.guidance), "--guidance ", o.guidance,
@@ -276,9 +282,12 @@ int run_dit(Communicator& world) {
   const std::string schedule_name = o.schedule == "auto" ? (cfg.guidance_embed ? "flux" : "linear") : o.schedule;
   const DitInputs in = read_inputs(o, cfg);
   const DitShape& shape = in.shape;
-  SampleOptions opt{flow_schedule(o.steps, parse_time_schedule(schedule_name), shape.image_tokens()), o.guidance, {}};
+  SampleOptions opt{flow_schedule(o.steps, parse_time_schedule(schedule_name), shape.image_tokens()), o.guidance, {},
+                    o.dtype == "bf16" ? DType::bf16 : DType::f32};
   const UspDegrees deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree),
                                              given(g_ring_opt, o.ring_degree));
+  DIFFCP_CHECK(o.dtype != "bf16" || deg.ring == 1, "--dtype bf16 with ring degree ", deg.ring,
+               " > 1: bf16 Ring attention (USP) is not supported yet; use --ulysses-degree ", world.size());
   const DitShard shard = make_dit_shard(cfg, shape, world.size(), world.rank(), deg.ulysses);  // U | heads, P | tokens
   if (ck) check_dit_checkpoint(cfg, *ck);  // names every missing, extra or misshapen tensor
   std::vector<float> reference;
@@ -388,6 +397,7 @@ int run_dit(Communicator& world) {
                    {"image_tokens", shape.image_tokens()},
                    {"text_tokens", shape.text_tokens},
                    {"weights", o.weights.empty() ? "random" : o.weights},
+                   {"dtype", o.dtype},
                    {"parameters", layout.parameters},
                    {"config", cfg.to_json()},
                    {"out", o.out}};
@@ -417,8 +427,8 @@ int run_dit(Communicator& world) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("diffcp dit: mode %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps (%s schedule)\n",
-              exchange_mode_name(mode), world.size(), ex->link_group_size(), static_cast<long long>(shape.width),
+  std::printf("diffcp dit: mode %s, %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps (%s schedule)\n",
+              exchange_mode_name(mode), o.dtype == "bf16" ? "bf16 GEMMs and attention" : "f32", world.size(), ex->link_group_size(), static_cast<long long>(shape.width),
               static_cast<long long>(shape.height), static_cast<long long>(shape.image_tokens()),
               static_cast<long long>(shape.text_tokens), static_cast<long long>(shape.batch), o.steps, schedule_name.c_str());
   if (o.weights.empty())

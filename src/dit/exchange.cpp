@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "diffcp/attention/attention.hpp"
+#include "diffcp/core/half.hpp"
 #include "diffcp/comm/tapa.hpp"
 #include "diffcp/core/error.hpp"
 
@@ -125,8 +126,35 @@ void AttentionExchange::head_to_seq(HeadRows<float> out) {
                   sizeof(float) * static_cast<std::size_t>(h));
 }
 
+void AttentionExchange::set_compute(DType compute) {
+  DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "attention exchange: compute ", dtype_name(compute),
+               ", expected f32 or bf16");
+  compute_ = compute;
+}
+
+namespace {
+// x [rows, heads, dim] (any row stride) rounded into the contiguous bf16 `out`.
+HeadRows<const bf16_t> rounded(HeadRows<const float> x, std::vector<bf16_t>& out) {
+  const std::int64_t w = x.heads * x.dim;
+  out.resize(static_cast<std::size_t>(x.rows * w));
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < x.rows; ++r)
+    convert_to_bf16(x.at(r, 0), reinterpret_cast<std::uint16_t*>(out.data() + r * w), w);
+  return {out.data(), x.rows, x.heads, x.dim, w};
+}
+}  // namespace
+
 void AttentionExchange::finish_attention(HeadRows<float> out) {
-  if (ring_) {
+  if (compute_ == DType::bf16) {
+    DIFFCP_CHECK(!ring_, "dit: bf16 attention with Ring attention (USP ring degree > 1) is not supported yet");
+    const HeadRows<float> o32 = o();
+    o16_.resize(static_cast<std::size_t>(o32.rows * o32.heads * o32.dim));
+    const HeadRows<bf16_t> o16{o16_.data(), o32.rows, o32.heads, o32.dim, o32.heads * o32.dim};
+    attention_forward(mask(), rounded(q(), q16_), rounded(k(), k16_), rounded(v(), v16_), o16, lse_);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < o32.rows; ++r)
+      convert_to_f32(reinterpret_cast<const std::uint16_t*>(o16.at(r, 0)), o32.at(r, 0), o32.heads * o32.dim);
+  } else if (ring_) {
     const RingTraffic t = ring_->forward(mask(), q(), k(), v(), o(), lse_);
     (ring_intra_ ? stats_.bytes_intra : stats_.bytes_inter) += t.bytes;
     stats_.ring_bytes += t.bytes;

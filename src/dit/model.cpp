@@ -11,6 +11,7 @@
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
 #include "diffcp/io/safetensors.hpp"
+#include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
 
@@ -281,44 +282,63 @@ void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, st
   const float* W = param(l.w) + c0;  // [in, out]: columns c0.. with row stride out
   const float* b = param(l.b) + c0;
   for (std::int64_t r0 = 0; r0 < rows; r0 += kPollRows) {
-    dit_linear(x + r0 * l.in, l.in, std::min(kPollRows, rows - r0), l.in, W, l.out, ncols, b, y + r0 * ldy, ldy);
+    const std::int64_t m = std::min(kPollRows, rows - r0);
+    if (params16_.empty())
+      dit_linear(x + r0 * l.in, l.in, m, l.in, W, l.out, ncols, b, y + r0 * ldy, ldy);
+    else
+      dit_linear(x + r0 * l.in, l.in, m, l.in, params16_.data() + l.w + c0, l.out, ncols, b, y + r0 * ldy, ldy);
     ex_.poll();
   }
 }
 
+void DitModel::linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy) {
+  if (params16_.empty())
+    dit_linear(x, ldx, M, l.in, param(l.w), l.out, l.out, param(l.b), y, ldy);
+  else
+    dit_linear(x, ldx, M, l.in, params16_.data() + l.w, l.out, l.out, param(l.b), y, ldy);
+}
+
 void DitModel::modulation(const DitLinear& l, std::vector<float>& out) const {
-  dit_linear(w_.params(), l, silu_vec_.data(), l.in, 1, out.data(), l.out);
+  const_cast<DitModel*>(this)->linear(l, silu_vec_.data(), l.in, 1, out.data(), l.out);
 }
 
 void DitModel::velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance,
                         float* v_p) {
-  const std::vector<float>& P = w_.params();
   const DitLayout& L = w_.layout();
+  // bf16 compute: the weights rounded once (they are constant for the model's life), the
+  // activations at each GEMM; f32: the f32 weights.
+  if (f32_gemm_compute() == DType::bf16 && params16_.empty()) {
+    const std::vector<float>& P = w_.params();
+    params16_.resize(P.size());
+    convert_to_bf16(P.data(), reinterpret_cast<std::uint16_t*>(params16_.data()), static_cast<std::int64_t>(P.size()));
+  } else if (f32_gemm_compute() == DType::f32) {
+    std::vector<bf16_t>().swap(params16_);
+  }
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
 
   // vec = MLP_time(timestep features) + MLP_vector(pooled); the blocks use silu(vec).
   const std::vector<float> temb = timestep_embedding(t, cfg_.time_dim);
   std::vector<float> h(static_cast<std::size_t>(H)), vec(h.size());
-  dit_linear(P, L.time_in0, temb.data(), cfg_.time_dim, 1, h.data(), H);
+  linear(L.time_in0, temb.data(), cfg_.time_dim, 1, h.data(), H);
   silu_inplace(h.data(), H);
-  dit_linear(P, L.time_in1, h.data(), H, 1, vec.data(), H);
+  linear(L.time_in1, h.data(), H, 1, vec.data(), H);
   if (cfg_.guidance_embed) {  // FLUX.1-dev: vec += MLP_guidance(timestep_embedding(guidance))
     const std::vector<float> gemb = timestep_embedding(guidance, cfg_.time_dim);
-    dit_linear(P, L.guidance_in0, gemb.data(), cfg_.time_dim, 1, h.data(), H);
+    linear(L.guidance_in0, gemb.data(), cfg_.time_dim, 1, h.data(), H);
     silu_inplace(h.data(), H);
-    dit_linear(P, L.guidance_in1, h.data(), H, 1, y_.data(), H);
+    linear(L.guidance_in1, h.data(), H, 1, y_.data(), H);
     for (std::int64_t c = 0; c < H; ++c) vec[static_cast<std::size_t>(c)] += y_[static_cast<std::size_t>(c)];
   }
-  dit_linear(P, L.vector_in0, pooled, cfg_.pooled_dim, 1, h.data(), H);
+  linear(L.vector_in0, pooled, cfg_.pooled_dim, 1, h.data(), H);
   silu_inplace(h.data(), H);
-  dit_linear(P, L.vector_in1, h.data(), H, 1, y_.data(), H);
+  linear(L.vector_in1, h.data(), H, 1, y_.data(), H);
   for (std::int64_t c = 0; c < H; ++c) silu_vec_[static_cast<std::size_t>(c)] = vec[static_cast<std::size_t>(c)] + y_[static_cast<std::size_t>(c)];
   silu_inplace(silu_vec_.data(), H);
 
   // Embeddings: the text rows are the same for every image, projected once and copied.
-  dit_linear(P, L.img_in, x_p, cfg_.in_channels(), img_rows_.rows, x_.data() + img_rows_.row0 * H, H);
+  linear(L.img_in, x_p, cfg_.in_channels(), img_rows_.rows, x_.data() + img_rows_.row0 * H, H);
   if (Tp > 0) {
-    dit_linear(P, L.txt_in, txt_p, cfg_.text_dim, Tp, x_.data(), H);
+    linear(L.txt_in, txt_p, cfg_.text_dim, Tp, x_.data(), H);
     for (std::int64_t j = 1; j < shape_.batch; ++j) std::copy_n(x_.data(), Tp * H, x_.data() + j * Tp * H);
   }
 
@@ -329,7 +349,7 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   modulation(L.final_mod, mod_);
   const float* img = x_.data() + img_rows_.row0 * H;
   layernorm_modulate(img, img_rows_.rows, H, mod_.data(), mod_.data() + H, static_cast<float>(cfg_.eps), xm_.data());
-  dit_linear(P, L.final_linear, xm_.data(), H, img_rows_.rows, v_p, cfg_.in_channels());
+  linear(L.final_linear, xm_.data(), H, img_rows_.rows, v_p, cfg_.in_channels());
 }
 
 void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
@@ -365,12 +385,12 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
     const float* mod = mods[s].data();
     float* x = x_.data() + r.row0 * H;
     float* xm = xm_.data() + r.row0 * H;
-    dit_linear(P, w->proj, attn_.data() + r.row0 * H, H, r.rows, y_.data(), H);
+    linear(w->proj, attn_.data() + r.row0 * H, H, r.rows, y_.data(), H);
     gated_add(x, r.rows, H, mod + 2 * H, y_.data(), H);
     layernorm_modulate(x, r.rows, H, mod + 3 * H, mod + 4 * H, eps, xm);
-    dit_linear(P, w->mlp0, xm, H, r.rows, big_.data(), M);  // q | k | v are consumed: reuse
+    linear(w->mlp0, xm, H, r.rows, big_.data(), M);  // q | k | v are consumed: reuse
     gelu_tanh_inplace(big_.data(), r.rows, M, M);
-    dit_linear(P, w->mlp2, big_.data(), M, r.rows, y_.data(), H);
+    linear(w->mlp2, big_.data(), M, r.rows, y_.data(), H);
     gated_add(x, r.rows, H, mod + 5 * H, y_.data(), H);
   }
 }
@@ -393,7 +413,7 @@ void DitModel::single_block(const DitLayout::SingleBlock& blk) {
   // The attention output overwrites the v columns, so [a | m] is linear2's input in place.
   ex_.attention({big_.data(), Mp_, 3 * cfg_.heads, d, ld}, {big_.data() + 2 * H, Mp_, cfg_.heads, d, ld});
   gelu_tanh_inplace(big_.data() + 3 * H, Mp_, M, ld);
-  dit_linear(P, blk.linear2, big_.data() + 2 * H, ld, Mp_, y_.data(), H);
+  linear(blk.linear2, big_.data() + 2 * H, ld, Mp_, y_.data(), H);
   gated_add(x_.data(), Mp_, H, mod_.data() + 2 * H, y_.data(), H);
 }
 

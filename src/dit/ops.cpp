@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/gemm.hpp"
 
@@ -25,6 +26,23 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
   for (std::int64_t r = 0; r < M; ++r)
     for (std::int64_t c = 0; c < N; ++c) y[r * ldy + c] = bias ? bias[c] : 0.f;
   gemm(false, false, M, N, K, 1.f, x, ldx, W, ldw, 1.f, y, ldy);
+}
+
+void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const bf16_t* W16, std::int64_t ldw,
+                std::int64_t N, const float* bias, float* y, std::int64_t ldy) {
+  DIFFCP_CHECK(M >= 0 && K >= 1 && N >= 1 && ldx >= K && ldy >= N && ldw >= N, "dit_linear: M = ", M, ", K = ", K,
+               ", N = ", N, ", ldx = ", ldx, ", ldw = ", ldw, ", ldy = ", ldy,
+               "; expected K, N >= 1 and row strides >= the row widths");
+  if (M == 0) return;
+  thread_local std::vector<bf16_t> x16;  // the calling thread's: its pointer goes into the loop
+  x16.resize(static_cast<std::size_t>(M * K));
+  auto* x16p = reinterpret_cast<std::uint16_t*>(x16.data());
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < M; ++r) {
+    convert_to_bf16(x + r * ldx, x16p + r * K, K);
+    for (std::int64_t c = 0; c < N; ++c) y[r * ldy + c] = bias ? bias[c] : 0.f;
+  }
+  gemm_bf16_f32acc(false, false, M, N, K, 1.f, x16.data(), K, W16, ldw, 1.f, y, ldy);
 }
 
 void dit_linear(const std::vector<float>& params, const DitLinear& l, const float* x, std::int64_t ldx,

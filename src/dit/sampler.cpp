@@ -6,6 +6,7 @@
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/random.hpp"
+#include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
 
@@ -95,6 +96,8 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
                "euler_sample: x_p has ", x_p.size(), " values, expected b * I_p * C_in = ",
                model.shape().batch * s.image_p * cfg.in_channels());
   std::vector<float> v(x_p.size());
+  const ScopedF32GemmCompute precision(opt.compute);
+  model.exchange().set_compute(opt.compute);
   SampleTimings out;
   for (int k = 0; k < steps; ++k) {
     const auto t0 = std::chrono::steady_clock::now();

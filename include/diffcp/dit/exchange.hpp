@@ -126,6 +126,12 @@ class AttentionExchange {
   // Bytes of this rank's cross-step caches (cocodiff: V^p1, Q^p2, K^p2, V^p2 per layer).
   virtual std::uint64_t cache_bytes() const { return 0; }
 
+  // The storage type of the dense attention: f32, or bf16 (q, k, v rounded in head layout, the
+  // bf16 kernel with f32 accumulation, o back to f32). The exchanges' payloads stay f32. Not with
+  // USP's Ring attention (ring degree > 1): attention() then fails naming it.
+  void set_compute(DType compute);
+  DType compute() const { return compute_; }
+
   // The two halves attention() is made of (for tests and later schedules).
   void seq_to_head(HeadRows<const float> qkv);
   HeadRows<const float> q() const;  // [P b n_p, h_p, d_h], valid after seq_to_head
@@ -170,6 +176,8 @@ class AttentionExchange {
   ExchangeLayout layout_;
   std::optional<BlockMask> mask_;
   std::vector<float> send_, qkv_head_, o_head_, o_recv_, lse_;
+  DType compute_ = DType::f32;
+  std::vector<bf16_t> q16_, k16_, v16_, o16_;  // compute_ = bf16: contiguous [P b n_p, h_p, d_h]
 };
 
 // The exchange for `mode` over the ranks of `world` in groups of `group_size` consecutive ranks

@@ -113,6 +113,8 @@ class DitModel {
   // the same in every mode, so every mode computes bitwise the same q, k, v.
   void project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
                std::int64_t ldy);
+  // y[M, l.out] (row stride ldy) = x[M, l.in] (row stride ldx) W + b: f32, or with the bf16 weights.
+  void linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy);
   // out [n] = Lin(silu(vec)) for a modulation layer of n = k*H outputs
   void modulation(const DitLinear& l, std::vector<float>& out) const;
   const float* param(std::int64_t offset) const { return w_.params().data() + offset; }
@@ -127,6 +129,7 @@ class DitModel {
   std::int64_t Mp_ = 0;
   std::vector<float> x_, xm_, big_, attn_, y_;  // [M_p, H], [M_p, H], [M_p, 3H + M], [M_p, H], [M_p, H]
   std::vector<float> silu_vec_, mod_;           // [H], [6H]
+  std::vector<bf16_t> params16_;                // under bf16 compute (ScopedF32GemmCompute): the weights, rounded
 };
 
 }  // namespace diffcp

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "diffcp/core/dtype.hpp"
 #include "diffcp/dit/config.hpp"
 #include "diffcp/ops/elementwise.hpp"
 
@@ -25,6 +26,11 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 // The same with W's row stride given: W[K, N] (row stride ldw >= N), e.g. a column slice of a
 // wider weight (V-First projects V's columns of the fused qkv weight first).
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t ldw,
+                std::int64_t N, const float* bias, float* y, std::int64_t ldy);
+// The same with W already rounded to bf16 (W16: [K, N], row stride ldw): x is rounded per call, the
+// product accumulated in f32 (ops/gemm.hpp gemm_bf16_f32acc). What the model runs under bf16
+// compute, its weights rounded once (DitModel).
+void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const bf16_t* W16, std::int64_t ldw,
                 std::int64_t N, const float* bias, float* y, std::int64_t ldy);
 // The same with the layer's parameters: x: [M, l.in], y: [M, l.out]; params: the model allocation.
 void dit_linear(const std::vector<float>& params, const DitLinear& l, const float* x, std::int64_t ldx,

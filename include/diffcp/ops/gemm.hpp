@@ -18,6 +18,13 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
           std::int64_t lda, const void* B, std::int64_t ldb, float beta, void* C, std::int64_t ldc,
           DType dtype = DType::f32);
 
+// C[M, N] (f32) = alpha * op(A) * op(B) + beta * C with A and B already in bf16, f32 accumulation
+// (shapes as gemm): the mixed-precision GEMM for operands the caller keeps in bf16, e.g. weights
+// rounded once instead of at every call.
+void gemm_bf16_f32acc(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                      const bf16_t* A, std::int64_t lda, const bf16_t* B, std::int64_t ldb, float beta, float* C,
+                      std::int64_t ldc);
+
 // The compute precision of f32 GEMMs (autocast, as torch's set_float32_matmul_precision("medium")
 // or AMP): f32 (default), or bf16 — A and B rounded to bf16, products accumulated in f32, C f32.
 // What mixed-precision training runs: f32 master weights, optimizer, loss and gradient reduction,
