@@ -1,13 +1,18 @@
 #include "diffcp/cp/ulysses.hpp"
 
 #include "diffcp/attention/attention.hpp"
+#include "diffcp/core/half.hpp"
 #include "diffcp/cp/bytes.hpp"
+#include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
 
-UlyssesLayer::UlyssesLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard) : CpAttentionLayer(cp, cfg) {
+UlyssesLayer::UlyssesLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute)
+    : CpAttentionLayer(cp, cfg), compute_(compute) {
   const std::string why = unsupported_reason(cfg_, cp.size());
   DIFFCP_CHECK(why.empty(), why);
+  DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "ulysses: compute ", dtype_name(compute),
+               ", expected f32 or bf16");
   reshard(std::move(shard));
 }
 
@@ -54,41 +59,87 @@ void UlyssesLayer::on_reshard() {
 // ranks and divided by P:
 //   bytes = e * (P-1)/P^2 * 4 * (Q n_q d_h + (S+Q) n_kv d_h),  e = dtype_size(dtype()).
 // Paper, Table 1 (MHA n_q d_h = n_kv d_h = H, even sharding): (P-1)/P * 4H(S + 2Q)/P elements.
-double UlyssesLayer::predicted_bytes_per_layer() const { return ulysses_bytes_per_layer(cfg_, dtype(), Q_, L_, P_); }
+double UlyssesLayer::predicted_bytes_per_layer() const { return ulysses_bytes_per_layer(cfg_, compute_, Q_, L_, P_); }
+
+namespace {
+std::uint16_t* bits(bf16_t* p) { return reinterpret_cast<std::uint16_t*>(p); }
+std::size_t total(const std::vector<std::size_t>& c) {
+  std::size_t n = 0;
+  for (std::size_t v : c) n += v;
+  return n;
+}
+HeadRows<const bf16_t> rows16(const bf16_t* p, std::int64_t rows, std::int64_t heads, std::int64_t d, std::int64_t ld) {
+  return {p, rows, heads, d, ld};
+}
+HeadRows<bf16_t> rows16(bf16_t* p, std::int64_t rows, std::int64_t heads, std::int64_t d, std::int64_t ld) {
+  return {p, rows, heads, d, ld};
+}
+}  // namespace
+
+WorkPtr UlyssesLayer::exchange(const float* send, const std::vector<std::size_t>& send_counts, float* recv,
+                               bf16_t* recv16, const std::vector<std::size_t>& recv_counts,
+                               std::vector<bf16_t>& scratch) {
+  if (compute_ == DType::f32) return comm_.all_to_all_v_async(send, send_counts, recv, recv_counts, DType::f32);
+  const std::size_t n = total(send_counts);
+  scratch.resize(n);
+  convert_to_bf16(send, bits(scratch.data()), static_cast<std::int64_t>(n));
+  return comm_.all_to_all_v_async(scratch.data(), send_counts, recv16, recv_counts, DType::bf16);
+}
 
 void UlyssesLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                 float* y_p) {
   Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
+  const ScopedF32GemmCompute precision(compute_);
+  const bool bf = compute_ == DType::bf16;
   const auto t0 = CpClock::now();
   const std::int64_t d = cfg_.d_h, Lp = own_.Lp();
   timings_ = {};
   const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-  st.q_head.resize(n(Q_ * hq_ * d));  // the saved head-layout tensors (no-ops while shapes repeat)
-  st.o_head.resize(st.q_head.size());
+  // The saved head-layout tensors (no-ops while shapes repeat), in the compute dtype.
+  st.q_head.resize(bf ? 0 : n(Q_ * hq_ * d));
+  st.o_head.resize(bf ? 0 : n(Q_ * hq_ * d));
+  st.kv_head.resize(bf ? 0 : n(L_ * 2 * hkv_ * d));
+  st.q_head16.resize(bf ? n(Q_ * hq_ * d) : 0);
+  st.o_head16.resize(bf ? n(Q_ * hq_ * d) : 0);
+  st.kv_head16.resize(bf ? n(L_ * 2 * hkv_ * d) : 0);
   st.lse_head.resize(n(Q_ * hq_));
-  st.kv_head.resize(n(L_ * 2 * hkv_ * d));
 
   // 1. Own queries to head layout (launched), own keys/values while it flies, then theirs.
   own_.project_q(w, x_p, st.own);
   const float* q_src[] = {st.own.q.data()};
   pack_head_slices(q_src, own_.Qp(), P_, hq_ * d, q_send_.data());
-  WorkPtr a2a_q = comm_.all_to_all_v_async(q_send_.data(), q_own_counts_, st.q_head.data(), q_all_counts_, DType::f32);
+  WorkPtr a2a_q = exchange(q_send_.data(), q_own_counts_, st.q_head.data(), st.q_head16.data(), q_all_counts_, q_s16_);
   own_.project_kv(w, x_p, ctx_p, st.own, a2a_q.get());
   const float* kv_src[] = {st.own.kv.data(), st.own.kv.data() + Lp * cfg_.kv_width()};
   pack_head_slices(kv_src, Lp, P_, hkv_ * d, kv_send_.data());
-  WorkPtr a2a_kv = comm_.all_to_all_v_async(kv_send_.data(), kv_own_counts_, st.kv_head.data(), kv_all_counts_, DType::f32);
+  WorkPtr a2a_kv =
+      exchange(kv_send_.data(), kv_own_counts_, st.kv_head.data(), st.kv_head16.data(), kv_all_counts_, kv_s16_);
   timings_.fwd_overlap_exposed_ms = timed_wait(*a2a_q);
   timings_.blocking_comm_ms += timed_wait(*a2a_kv);
 
   // 2. The whole sequence's attention for this rank's heads.
   const std::int64_t kv_stride = 2 * hkv_ * d;
-  attention_forward(*mask_, head_view(st.q_head.data(), Q_, hq_, d), HeadRows<const float>{st.kv_head.data(), L_, hkv_, d, kv_stride},
-                    HeadRows<const float>{st.kv_head.data() + hkv_ * d, L_, hkv_, d, kv_stride},
-                    head_view(st.o_head.data(), Q_, hq_, d), st.lse_head);
+  if (bf) {
+    attention_forward(*mask_, rows16(st.q_head16.data(), Q_, hq_, d, hq_ * d),
+                      rows16(st.kv_head16.data(), L_, hkv_, d, kv_stride),
+                      rows16(st.kv_head16.data() + hkv_ * d, L_, hkv_, d, kv_stride),
+                      rows16(st.o_head16.data(), Q_, hq_, d, hq_ * d), st.lse_head);
+  } else {
+    attention_forward(*mask_, head_view(st.q_head.data(), Q_, hq_, d),
+                      HeadRows<const float>{st.kv_head.data(), L_, hkv_, d, kv_stride},
+                      HeadRows<const float>{st.kv_head.data() + hkv_ * d, L_, hkv_, d, kv_stride},
+                      head_view(st.o_head.data(), Q_, hq_, d), st.lse_head);
+  }
 
   // 3. Output rows back to their owners (rank r's rows are contiguous in o_head), projected there.
   auto tw = CpClock::now();
-  comm_.all_to_all_v_async(st.o_head.data(), q_all_counts_, q_recv_.data(), q_own_counts_, DType::f32)->wait();
+  if (bf) {
+    q_r16_.resize(q_recv_.size());
+    comm_.all_to_all_v_async(st.o_head16.data(), q_all_counts_, q_r16_.data(), q_own_counts_, DType::bf16)->wait();
+    convert_to_f32(bits(q_r16_.data()), q_recv_.data(), static_cast<std::int64_t>(q_recv_.size()));
+  } else {
+    comm_.all_to_all_v_async(st.o_head.data(), q_all_counts_, q_recv_.data(), q_own_counts_, DType::f32)->wait();
+  }
   timings_.blocking_comm_ms += elapsed_ms(tw);
   float* o_dst[] = {st.own.o.data()};
   unpack_head_slices(q_recv_.data(), own_.Qp(), P_, hq_ * d, o_dst);
@@ -99,36 +150,63 @@ void UlyssesLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
 void UlyssesLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                  const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
   Saved& st = static_cast<Saved&>(state);
+  const ScopedF32GemmCompute precision(compute_);
+  const bool bf = compute_ == DType::bf16;
   const auto t0 = CpClock::now();
   const std::int64_t d = cfg_.d_h, Lp = own_.Lp();
+  const std::int64_t kv_stride = 2 * hkv_ * d;
 
   // 1. do of own rows, to head layout; D from the head-layout o kept by the forward.
   own_.output_backward(w, st.own, dy_p, grad, false);
   const float* do_src[] = {own_.dout().data()};
   pack_head_slices(do_src, own_.Qp(), P_, hq_ * d, q_send_.data());
   auto tw = CpClock::now();
-  comm_.all_to_all_v_async(q_send_.data(), q_own_counts_, do_head_.data(), q_all_counts_, DType::f32)->wait();
+  do_head16_.resize(bf ? do_head_.size() : 0);
+  exchange(q_send_.data(), q_own_counts_, do_head_.data(), do_head16_.data(), q_all_counts_, q_s16_)->wait();
   timings_.blocking_comm_ms += elapsed_ms(tw);
-  attention_delta(head_view(do_head_.data(), Q_, hq_, d), head_view(st.o_head.data(), Q_, hq_, d), delta_head_);
 
   // 2. Attention backward for this rank's heads over the whole sequence.
-  const std::int64_t kv_stride = 2 * hkv_ * d;
-  attention_backward(*mask_, head_view(st.q_head.data(), Q_, hq_, d), HeadRows<const float>{st.kv_head.data(), L_, hkv_, d, kv_stride},
-                     HeadRows<const float>{st.kv_head.data() + hkv_ * d, L_, hkv_, d, kv_stride},
-                     head_view(do_head_.data(), Q_, hq_, d), st.lse_head, delta_head_, head_view(dq_head_.data(), Q_, hq_, d),
-                     HeadRows<float>{dkv_head_.data(), L_, hkv_, d, kv_stride},
-                     HeadRows<float>{dkv_head_.data() + hkv_ * d, L_, hkv_, d, kv_stride});
+  if (bf) {
+    dq_head16_.resize(dq_head_.size());
+    dkv_head16_.resize(dkv_head_.size());
+    attention_delta(rows16(do_head16_.data(), Q_, hq_, d, hq_ * d), rows16(st.o_head16.data(), Q_, hq_, d, hq_ * d),
+                    delta_head_);
+    attention_backward(*mask_, rows16(st.q_head16.data(), Q_, hq_, d, hq_ * d),
+                       rows16(st.kv_head16.data(), L_, hkv_, d, kv_stride),
+                       rows16(st.kv_head16.data() + hkv_ * d, L_, hkv_, d, kv_stride),
+                       rows16(do_head16_.data(), Q_, hq_, d, hq_ * d), st.lse_head, delta_head_,
+                       rows16(dq_head16_.data(), Q_, hq_, d, hq_ * d), rows16(dkv_head16_.data(), L_, hkv_, d, kv_stride),
+                       rows16(dkv_head16_.data() + hkv_ * d, L_, hkv_, d, kv_stride));
+  } else {
+    attention_delta(head_view(do_head_.data(), Q_, hq_, d), head_view(st.o_head.data(), Q_, hq_, d), delta_head_);
+    attention_backward(*mask_, head_view(st.q_head.data(), Q_, hq_, d),
+                       HeadRows<const float>{st.kv_head.data(), L_, hkv_, d, kv_stride},
+                       HeadRows<const float>{st.kv_head.data() + hkv_ * d, L_, hkv_, d, kv_stride},
+                       head_view(do_head_.data(), Q_, hq_, d), st.lse_head, delta_head_,
+                       head_view(dq_head_.data(), Q_, hq_, d), HeadRows<float>{dkv_head_.data(), L_, hkv_, d, kv_stride},
+                       HeadRows<float>{dkv_head_.data() + hkv_ * d, L_, hkv_, d, kv_stride});
+  }
 
   // 3. Gradients back to the rows' owners; the q-side projection backward overlaps the dk/dv one.
-  WorkPtr a2a_kv = comm_.all_to_all_v_async(dkv_head_.data(), kv_all_counts_, kv_recv_.data(), kv_own_counts_, DType::f32);
+  const DType t = bf ? DType::bf16 : DType::f32;
+  kv_r16_.resize(bf ? kv_recv_.size() : 0);
+  q_r16_.resize(bf ? q_recv_.size() : 0);
+  const void* dkv_send = bf ? static_cast<const void*>(dkv_head16_.data()) : dkv_head_.data();
+  const void* dq_send = bf ? static_cast<const void*>(dq_head16_.data()) : dq_head_.data();
+  WorkPtr a2a_kv = comm_.all_to_all_v_async(dkv_send, kv_all_counts_,
+                                            bf ? static_cast<void*>(kv_r16_.data()) : kv_recv_.data(), kv_own_counts_, t);
   tw = CpClock::now();
-  comm_.all_to_all_v_async(dq_head_.data(), q_all_counts_, q_recv_.data(), q_own_counts_, DType::f32)->wait();
+  comm_.all_to_all_v_async(dq_send, q_all_counts_, bf ? static_cast<void*>(q_r16_.data()) : q_recv_.data(),
+                           q_own_counts_, t)
+      ->wait();
   timings_.blocking_comm_ms += elapsed_ms(tw);
+  if (bf) convert_to_f32(bits(q_r16_.data()), q_recv_.data(), static_cast<std::int64_t>(q_recv_.size()));
   float* dq_dst[] = {dq_p_.data()};
   unpack_head_slices(q_recv_.data(), own_.Qp(), P_, hq_ * d, dq_dst);
   a2a_kv->test();
   own_.backward_q(w, st.own, x_p, dq_p_.data(), dx_p, 0.f, grad);
   timings_.bwd_overlap_exposed_ms = timed_wait(*a2a_kv);
+  if (bf) convert_to_f32(bits(kv_r16_.data()), kv_recv_.data(), static_cast<std::int64_t>(kv_recv_.size()));
   float* dkv_dst[] = {dkv_p_.data(), dkv_p_.data() + Lp * cfg_.kv_width()};
   unpack_head_slices(kv_recv_.data(), Lp, P_, hkv_ * d, dkv_dst);
   own_.backward_kv(w, st.own, x_p, ctx_p, dkv_p_.data(), dx_p, 1.f, dctx_p, grad, nullptr);

@@ -13,6 +13,9 @@
 // The key rows arrive in rank order (rank r's context chunks, then its blocks' rows); the mask
 // describes that order (cp_common cross_mask), so they are never permuted into full_mask's order.
 // Requires P | n_kv (the paper's N/A cells). Communication grows with S (k, v, dk, dv).
+// compute = bf16 (issue #14): every all-to-all carries bf16 (half the bytes), the head-layout
+// attention runs the bf16 kernel on them (f32 accumulation, f32 lse and D), the projections'
+// GEMMs run on bf16-rounded operands; the layer's inputs, outputs, norms and RoPE stay f32.
 //
 // Call order: collective. Every rank of the group constructs the layer, calls reshard(), forward(),
 // backward() together (reshard all-gathers the ranks' chunk lists).
@@ -33,12 +36,12 @@ class UlyssesLayer final : public CpAttentionLayer {
  public:
   // Throws diffcp::Error, before any communication, when unsupported_reason(cfg, P) is not empty
   // or the shard does not match the communicator. Then all-gathers the chunk lists (reshard).
-  UlyssesLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);
+  UlyssesLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute = DType::f32);
   const char* name() const override { return "ulysses"; }
   // "" when Ulysses can run on P ranks, else why not (P must divide n_kv).
   static std::string unsupported_reason(const AttnLayerConfig& cfg, int P);
 
-  // (P-1)/P^2 * 4 (Q n_q d_h + (S+Q) n_kv d_h) f32 elements, mean over ranks (see ulysses.cpp).
+  // (P-1)/P^2 * 4 (Q n_q d_h + (S+Q) n_kv d_h) elements of the compute dtype, mean over ranks.
   double predicted_bytes_per_layer() const override;
 
  private:
@@ -47,7 +50,12 @@ class UlyssesLayer final : public CpAttentionLayer {
     OwnActivations own;  // q_p, [k_p; v_p], o_p, lse_p of the owned rows
     std::vector<float> q_head, o_head, lse_head;  // [Q, hq, d_h], [Q, hq, d_h], [Q, hq]
     std::vector<float> kv_head;                   // [S+Q, 2, hkv, d_h]: k | v per row
+    std::vector<bf16_t> q_head16, o_head16, kv_head16;  // compute = bf16: the same three in bf16
   };
+  // One all-to-all-v of `send` ([sum send_counts] f32): as is, or (bf16) rounded into `scratch`
+  // and received into `recv16` instead of `recv`.
+  WorkPtr exchange(const float* send, const std::vector<std::size_t>& send_counts, float* recv, bf16_t* recv16,
+                   const std::vector<std::size_t>& recv_counts, std::vector<bf16_t>& scratch);
   void on_reshard() override;
   std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
   void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
@@ -62,6 +70,8 @@ class UlyssesLayer final : public CpAttentionLayer {
   std::vector<float> q_send_, q_recv_, kv_send_, kv_recv_;  // [P][rows, slice] packing scratch
   std::vector<float> do_head_, delta_head_, dq_head_, dkv_head_;  // as their forward tensors
   std::vector<float> dq_p_, dkv_p_;                        // [Q_p, n_q d_h], [2, L_p, n_kv d_h]
+  DType compute_ = DType::f32;
+  std::vector<bf16_t> q_s16_, kv_s16_, q_r16_, kv_r16_, do_head16_, dq_head16_, dkv_head16_;  // compute = bf16
 };
 
 }  // namespace diffcp
