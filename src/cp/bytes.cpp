@@ -26,7 +26,8 @@ double ulysses_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int
 
 double ring_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int64_t L_rows, int P_ranks) {
   const double P = P_ranks, L = static_cast<double>(L_rows);
-  return elem(dtype) * 3 * (P - 1) / P * 2 * L * static_cast<double>(cfg.kv_width());
+  // K/V shards hop twice (forward, backward) in `dtype`; the dk/dv accumulators once, always in f32.
+  return (2 * elem(dtype) + elem(DType::f32)) * (P - 1) / P * 2 * L * static_cast<double>(cfg.kv_width());
 }
 
 double ringx_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int64_t Q_rows, std::int64_t L_rows, int P_ranks,

@@ -26,7 +26,9 @@ double splitkv_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int
                                int lse_reduces, int nodes = 0);
 // Ulysses: four all-to-alls (q, k|v forward; their gradients back) of (P-1)/P^2 of q and k|v.
 double ulysses_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int64_t Q, std::int64_t L, int P);
-// Ring: P-1 hops of the k|v shard forward, 2(P-1) in the backward (k|v and dk|dv): 3 (P-1)/P 2 L kvw.
+// Ring: P-1 hops of the k|v shard forward, 2(P-1) in the backward (k|v and dk|dv): (P-1)/P 2 L kvw
+// (2 e + 4): the k|v hops in `dtype`, the dk|dv accumulators always f32 (summed over P-1 hops, as
+// ring-flash-attention keeps them); f32: 3 (P-1)/P 2 L kvw elements.
 double ring_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int64_t L, int P);
 // RingX: broadcast q and (backward) k|v rows, reduce the o partials and dk|dv: e (P-1)/P (2 Q qw +
 // 4 L kvw); plus lse_reduces f32 all-reduces of each [Q_t, n_q] lse: 4 lse_reduces (P-1)/P 2 Q n_q.

@@ -30,10 +30,13 @@ namespace diffcp {
 // (posted before the step's attention) after it; blocking_comm_ms = 0.
 class RingLayer final : public CpAttentionLayer {
  public:
-  RingLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);  // collective (reshard)
+  // compute = bf16 (issue #14): the visiting K/V shards in bf16, the attention kernels in bf16 (q,
+  // do rounded), the projections autocast; partial outputs merged and dk/dv accumulated (and sent)
+  // in f32.
+  RingLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute = DType::f32);  // collective
   const char* name() const override { return "ring"; }
 
-  // (P-1)/P * 6 (S+Q) n_kv d_h f32 elements, mean over ranks (see ring.cpp).
+  // (P-1)/P * 2 (S+Q) n_kv d_h (2 e + 4) bytes, mean over ranks (cp/bytes.hpp, ring.cpp).
   double predicted_bytes_per_layer() const override;
 
  private:
@@ -57,6 +60,13 @@ class RingLayer final : public CpAttentionLayer {
   std::vector<float> dq_, dq_step_;      // [Q_p, n_q d_h]
   std::vector<float> dkv_own_, dkv_in_;  // [2, L_p, kvw] own contribution; [2, L_max, kvw] arriving accumulator
   std::vector<float> dkv_out_[2];        // [2, L_max, kvw] outgoing accumulators, double-buffered
+  DType compute_ = DType::f32;
+  // compute = bf16: q, do of the own rows, own and visiting K/V shards, a step's o / dq / dk|dv.
+  std::vector<bf16_t> q16_, dout16_, kv16_own_, kv16_buf_[2], o16_, dq16_, dkv16_;
+  // One step's attention on the shard `cur` (f32 or bf16) of rank s: o, lse out (f32).
+  void step_forward(const OwnActivations& own, const void* cur, int s, float* o, std::vector<float>& lse);
+  // One step's attention backward on `cur`: dq [Q_p, qw] and dkv [2, L_s, kvw] out (f32).
+  void step_backward(const OwnActivations& own, const void* cur, int s, float* dq, float* dkv);
 };
 
 }  // namespace diffcp
