@@ -7,10 +7,15 @@
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/cp/bytes.hpp"
 #include "diffcp/cp/lse_reduce.hpp"
+#include "diffcp/core/half.hpp"
+#include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
 
-RingXLayer::RingXLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard) : CpAttentionLayer(cp, cfg) {
+RingXLayer::RingXLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute)
+    : CpAttentionLayer(cp, cfg), compute_(compute) {
+  DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "ringx: compute ", dtype_name(compute),
+               ", expected f32 or bf16");
   reshard(std::move(shard));
 }
 
@@ -39,7 +44,24 @@ void RingXLayer::on_reshard() {
   dq_step_.resize(dq_.size());
   dkv_part_.resize(n(2 * L_max * kvw));
   dkv_own_.resize(n(2 * own_.Lp() * kvw));
+  if (compute_ == DType::bf16) {
+    for (auto* v : {&buf16_[0], &buf16_[1]}) v->resize(buf_[0].size());
+    for (auto* v : {&q16_, &o16_own_, &dout16_, &dq16_}) v->resize(n(own_.Qp() * qw));
+    o16_part_.resize(o_part_.size());
+    for (auto* v : {&kv16_, &dkv16_own_}) v->resize(dkv_own_.size());
+    dkv16_part_.resize(dkv_part_.size());
+  }
 }
+
+namespace {
+std::uint16_t* bits(bf16_t* p) { return reinterpret_cast<std::uint16_t*>(p); }
+HeadRows<const bf16_t> rows16(const bf16_t* p, std::int64_t rows, std::int64_t heads, std::int64_t d) {
+  return {p, rows, heads, d, heads * d};
+}
+HeadRows<bf16_t> rows16(bf16_t* p, std::int64_t rows, std::int64_t heads, std::int64_t d) {
+  return {p, rows, heads, d, heads * d};
+}
+}  // namespace
 
 std::vector<std::size_t> RingXLayer::rooted_counts(int root, std::int64_t n) const {
   std::vector<std::size_t> c(static_cast<std::size_t>(shard_.P), 0);
@@ -47,8 +69,8 @@ std::vector<std::size_t> RingXLayer::rooted_counts(int root, std::int64_t n) con
   return c;
 }
 
-WorkPtr RingXLayer::post_broadcast(int t, float* own, float* buf, std::int64_t n) {
-  return comm_.broadcast_async(t == shard_.p ? own : buf, static_cast<std::size_t>(n), DType::f32, t);
+WorkPtr RingXLayer::post_broadcast(int t, void* own, void* buf, std::int64_t n) {
+  return comm_.broadcast_async(t == shard_.p ? own : buf, static_cast<std::size_t>(n), compute_, t);
 }
 
 // Per layer, in f32 elements, summed over ranks: the broadcasts send (P-1) Q_t n_q d_h (forward)
@@ -61,40 +83,62 @@ WorkPtr RingXLayer::post_broadcast(int t, float* own, float* buf, std::int64_t n
 // plus the lower-order lse term 2(P-1)/P Q n_q.
 double RingXLayer::predicted_bytes_per_layer() const {
   const std::int64_t Q = shard_.batch.query_rows();
-  return ringx_bytes_per_layer(cfg_, dtype(), Q, shard_.batch.context_rows() + Q, shard_.P, lse_all_reduces(comm_));
+  return ringx_bytes_per_layer(cfg_, compute_, Q, shard_.batch.context_rows() + Q, shard_.P, lse_all_reduces(comm_));
 }
 
 void RingXLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                 float* y_p) {
   Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
+  const ScopedF32GemmCompute precision(compute_);
+  const bool bf = compute_ == DType::bf16;
   const auto t0 = CpClock::now();
   const int P = shard_.P, p = shard_.p;
-  const std::int64_t n_q = cfg_.n_q, d = cfg_.d_h, qw = cfg_.q_width();
+  const std::int64_t n_q = cfg_.n_q, d = cfg_.d_h, qw = cfg_.q_width(), Qp = own_.Qp();
   timings_ = {};
   own_.project_q(w, x_p, st.own);
+  if (bf) convert_to_bf16(st.own.q.data(), bits(q16_.data()), Qp * qw);
+  void* q_own = bf ? static_cast<void*>(q16_.data()) : st.own.q.data();
+  auto buf = [&](int i) -> void* { return bf ? static_cast<void*>(buf16_[i].data()) : buf_[i].data(); };
   WorkPtr bcast[2];
-  bcast[0] = post_broadcast(0, st.own.q.data(), buf_[0].data(), query_rows_[0] * qw);
+  bcast[0] = post_broadcast(0, q_own, buf(0), query_rows_[0] * qw);
   own_.project_kv(w, x_p, ctx_p, st.own, bcast[0].get());
+  const std::int64_t Lp = own_.Lp(), kvw = cfg_.kv_width();
+  if (bf) convert_to_bf16(st.own.kv.data(), bits(kv16_.data()), 2 * Lp * kvw);
 
   for (int t = 0; t < P; ++t) {
     const std::size_t ti = static_cast<std::size_t>(t);
-    if (t + 1 < P)
-      bcast[(t + 1) % 2] = post_broadcast(t + 1, st.own.q.data(), buf_[(t + 1) % 2].data(), query_rows_[ti + 1] * qw);
+    if (t + 1 < P) bcast[(t + 1) % 2] = post_broadcast(t + 1, q_own, buf((t + 1) % 2), query_rows_[ti + 1] * qw);
     timings_.fwd_overlap_exposed_ms += timed_wait(*bcast[t % 2]);
-    const float* q_t = t == p ? st.own.q.data() : buf_[t % 2].data();
     const std::int64_t Qt = query_rows_[ti];
     const std::span<float> lse_part(lse_part_.data(), static_cast<std::size_t>(Qt * n_q));
     const std::span<float> lse_t(lse_all_.data(), lse_part.size());
     const HeadRows<float> o_part = head_view(o_part_.data(), Qt, n_q, d);
-    attention_forward(fwd_masks_[ti], head_view(q_t, Qt, n_q, d), own_.k_view(st.own), own_.v_view(st.own), o_part, lse_part);
+    if (bf) {
+      const bf16_t* q_t = t == p ? q16_.data() : buf16_[t % 2].data();
+      attention_forward(fwd_masks_[ti], rows16(q_t, Qt, n_q, d), HeadRows<const bf16_t>{kv16_.data(), Lp, cfg_.n_kv, d, kvw},
+                        HeadRows<const bf16_t>{kv16_.data() + Lp * kvw, Lp, cfg_.n_kv, d, kvw},
+                        rows16(o16_part_.data(), Qt, n_q, d), lse_part);
+      convert_to_f32(bits(o16_part_.data()), o_part_.data(), Qt * qw);
+    } else {
+      const float* q_t = t == p ? st.own.q.data() : buf_[t % 2].data();
+      attention_forward(fwd_masks_[ti], head_view(q_t, Qt, n_q, d), own_.k_view(st.own), own_.v_view(st.own), o_part,
+                        lse_part);
+    }
     std::copy(lse_part.begin(), lse_part.end(), lse_t.begin());
     auto tw = CpClock::now();
     all_reduce_lse(comm_, lse_t);
     timings_.blocking_comm_ms += elapsed_ms(tw);
     lse_rescale(o_part, lse_part, lse_t);
     tw = CpClock::now();
-    comm_.reduce_scatter_v_async(o_part_.data(), t == p ? st.own.o.data() : nullptr, rooted_counts(t, Qt * qw),
-                                 DType::f32, ReduceOp::sum)->wait();
+    if (bf) {
+      convert_to_bf16(o_part_.data(), bits(o16_part_.data()), Qt * qw);
+      comm_.reduce_scatter_v_async(o16_part_.data(), t == p ? o16_own_.data() : nullptr, rooted_counts(t, Qt * qw),
+                                   DType::bf16, ReduceOp::sum)->wait();
+      if (t == p) convert_to_f32(bits(o16_own_.data()), st.own.o.data(), Qp * qw);
+    } else {
+      comm_.reduce_scatter_v_async(o_part_.data(), t == p ? st.own.o.data() : nullptr, rooted_counts(t, Qt * qw),
+                                   DType::f32, ReduceOp::sum)->wait();
+    }
     timings_.blocking_comm_ms += elapsed_ms(tw);
     if (t == p) std::copy(lse_t.begin(), lse_t.end(), st.own.lse.begin());
   }
@@ -105,29 +149,53 @@ void RingXLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, con
 void RingXLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                  const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
   Saved& st = static_cast<Saved&>(state);
+  const ScopedF32GemmCompute precision(compute_);
+  const bool bf = compute_ == DType::bf16;
   const auto t0 = CpClock::now();
   const int P = shard_.P, p = shard_.p;
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, n_kv = cfg_.n_kv, d = cfg_.d_h, kvw = cfg_.kv_width();
+  const std::int64_t Lp = own_.Lp(), qw = cfg_.q_width();
   own_.output_backward(w, st.own, dy_p, grad);
-  float* kv_own = st.own.kv.data();
+  if (bf) {  // the saved f32 rows rounded again (a forward of another step may have run since)
+    convert_to_bf16(st.own.q.data(), bits(q16_.data()), Qp * qw);
+    convert_to_bf16(st.own.kv.data(), bits(kv16_.data()), 2 * Lp * kvw);
+    convert_to_bf16(own_.dout().data(), bits(dout16_.data()), Qp * qw);
+  }
+  void* kv_own = bf ? static_cast<void*>(kv16_.data()) : st.own.kv.data();
+  auto buf = [&](int i) -> void* { return bf ? static_cast<void*>(buf16_[i].data()) : buf_[i].data(); };
   WorkPtr bcast[2];
-  bcast[0] = post_broadcast(0, kv_own, buf_[0].data(), 2 * key_rows_[0] * kvw);
+  bcast[0] = post_broadcast(0, kv_own, buf(0), 2 * key_rows_[0] * kvw);
 
   for (int t = 0; t < P; ++t) {
     const std::size_t ti = static_cast<std::size_t>(t);
-    if (t + 1 < P)
-      bcast[(t + 1) % 2] = post_broadcast(t + 1, kv_own, buf_[(t + 1) % 2].data(), 2 * key_rows_[ti + 1] * kvw);
+    if (t + 1 < P) bcast[(t + 1) % 2] = post_broadcast(t + 1, kv_own, buf((t + 1) % 2), 2 * key_rows_[ti + 1] * kvw);
     timings_.bwd_overlap_exposed_ms += timed_wait(*bcast[t % 2]);
-    const float* kv_t = t == p ? kv_own : buf_[t % 2].data();
     const std::int64_t Lt = key_rows_[ti];
     float* dq = t == 0 ? dq_.data() : dq_step_.data();
-    attention_backward(bwd_masks_[ti], own_.q_view(st.own), head_view(kv_t, Lt, n_kv, d), head_view(kv_t + Lt * kvw, Lt, n_kv, d),
-                       head_view(own_.dout().data(), Qp, n_q, d), st.own.lse, own_.delta(), head_view(dq, Qp, n_q, d),
-                       head_view(dkv_part_.data(), Lt, n_kv, d), head_view(dkv_part_.data() + Lt * kvw, Lt, n_kv, d));
-    if (t > 0) add_into(dq_.data(), dq_step_.data(), Qp * cfg_.q_width());
+    if (bf) {
+      const bf16_t* kv_t = t == p ? kv16_.data() : buf16_[t % 2].data();
+      attention_backward(bwd_masks_[ti], rows16(q16_.data(), Qp, n_q, d), rows16(kv_t, Lt, n_kv, d),
+                         rows16(kv_t + Lt * kvw, Lt, n_kv, d), rows16(dout16_.data(), Qp, n_q, d), st.own.lse,
+                         own_.delta(), rows16(dq16_.data(), Qp, n_q, d), rows16(dkv16_part_.data(), Lt, n_kv, d),
+                         rows16(dkv16_part_.data() + Lt * kvw, Lt, n_kv, d));
+      convert_to_f32(bits(dq16_.data()), dq, Qp * qw);
+    } else {
+      const float* kv_t = t == p ? st.own.kv.data() : buf_[t % 2].data();
+      attention_backward(bwd_masks_[ti], own_.q_view(st.own), head_view(kv_t, Lt, n_kv, d),
+                         head_view(kv_t + Lt * kvw, Lt, n_kv, d), head_view(own_.dout().data(), Qp, n_q, d), st.own.lse,
+                         own_.delta(), head_view(dq, Qp, n_q, d), head_view(dkv_part_.data(), Lt, n_kv, d),
+                         head_view(dkv_part_.data() + Lt * kvw, Lt, n_kv, d));
+    }
+    if (t > 0) add_into(dq_.data(), dq_step_.data(), Qp * qw);
     const auto tw = CpClock::now();
-    comm_.reduce_scatter_v_async(dkv_part_.data(), t == p ? dkv_own_.data() : nullptr, rooted_counts(t, 2 * Lt * kvw),
-                                 DType::f32, ReduceOp::sum)->wait();
+    if (bf) {
+      comm_.reduce_scatter_v_async(dkv16_part_.data(), t == p ? dkv16_own_.data() : nullptr,
+                                   rooted_counts(t, 2 * Lt * kvw), DType::bf16, ReduceOp::sum)->wait();
+      if (t == p) convert_to_f32(bits(dkv16_own_.data()), dkv_own_.data(), 2 * Lp * kvw);
+    } else {
+      comm_.reduce_scatter_v_async(dkv_part_.data(), t == p ? dkv_own_.data() : nullptr, rooted_counts(t, 2 * Lt * kvw),
+                                   DType::f32, ReduceOp::sum)->wait();
+    }
     timings_.blocking_comm_ms += elapsed_ms(tw);
   }
   own_.backward_q(w, st.own, x_p, dq_.data(), dx_p, 0.f, grad);

@@ -29,10 +29,13 @@ namespace diffcp {
 // step ahead; blocking_comm_ms = the lse all-reduces and the reductions of o and dk/dv.
 class RingXLayer final : public CpAttentionLayer {
  public:
-  RingXLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);  // collective (reshard)
+  // compute = bf16 (issue #14): q and k|v broadcast in bf16, the o and dk|dv partials reduced in bf16
+  // (f32 add, rounded per step), the attention kernels in bf16, the projections autocast; lse, the
+  // rescale and dq's accumulation in f32.
+  RingXLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute = DType::f32);  // collective
   const char* name() const override { return "ringx"; }
 
-  // (P-1)/P * (2Q n_q d_h + 2Q n_q + 4(S+Q) n_kv d_h) f32 elements, mean over ranks (see ringx.cpp).
+  // (P-1)/P * (e (2Q n_q d_h + 4(S+Q) n_kv d_h) + 4 * 2Q n_q) bytes, mean over ranks (see ringx.cpp).
   double predicted_bytes_per_layer() const override;
 
  private:
@@ -46,7 +49,7 @@ class RingXLayer final : public CpAttentionLayer {
   // Counts of a reduce to `root` of `n` elements: zero except at root.
   std::vector<std::size_t> rooted_counts(int root, std::int64_t n) const;
   // Posts the broadcast of step t's payload (root t's own buffer, or into buf elsewhere).
-  WorkPtr post_broadcast(int t, float* own, float* buf, std::int64_t n);
+  WorkPtr post_broadcast(int t, void* own, void* buf, std::int64_t n);
 
   OwnRows own_;
   std::vector<BlockMask> fwd_masks_;      // [P]: rank t's query blocks x local key rows
@@ -56,6 +59,9 @@ class RingXLayer final : public CpAttentionLayer {
   std::vector<float> o_part_, lse_part_, lse_all_;  // [Q_max, n_q d_h], [Q_max, n_q] x2
   std::vector<float> dq_, dq_step_;       // [Q_p, n_q d_h]
   std::vector<float> dkv_part_, dkv_own_; // [2, L_max, kvw], [2, L_p, kvw]
+  DType compute_ = DType::f32;
+  // compute = bf16: the payloads and kernel operands above in bf16 (same shapes).
+  std::vector<bf16_t> buf16_[2], q16_, kv16_, o16_part_, o16_own_, dout16_, dq16_, dkv16_part_, dkv16_own_;
 };
 
 }  // namespace diffcp
