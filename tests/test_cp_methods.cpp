@@ -18,6 +18,7 @@
 #include "diffcp/cp/cp_methods.hpp"
 #include "diffcp/cp/ulysses.hpp"
 #include "diffcp/testing/layer_problem.hpp"
+#include "bf16_gate.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {
@@ -201,24 +202,7 @@ TEST(CpMethodBf16, EveryBf16MethodWithin2_5xOneRankOthersRefuse) {
     const LayerRun one = run_layer(m, c, pb, contiguous_shard(batch, 1, 0), *self, DType::bf16);
     const LayerRun many = run_layer(m, c, pb, contiguous_shard(batch, P, p), world(), DType::bf16);
     const LayerRun f32 = run_layer(m, c, pb, contiguous_shard(batch, P, p));
-    auto peak = [](const std::vector<double>& v) {
-      double mx = 0;
-      for (double x : v) mx = std::max(mx, std::abs(x));
-      return mx;
-    };
-    const struct {
-      const char* name;
-      double one, many, peak;
-    } t[] = {{"y", one.check.y.max_abs, many.check.y.max_abs, peak(ref.y)},
-             {"dx", one.check.dx.max_abs, many.check.dx.max_abs, peak(ref.dx)},
-             {"dctx", one.check.dctx.max_abs, many.check.dctx.max_abs, peak(ref.dctx)},
-             {"param grads", one.check.grad.max_abs, many.check.grad.max_abs, peak(ref.grad)}};
-    for (const auto& x : t) {
-      std::vector<double> e{x.many};
-      world().all_reduce<double>(e, ReduceOp::max);
-      EXPECT_LE(e[0], 2.5 * x.one + 0x1p-12 * x.peak) << x.name << ": P = " << P << " error " << e[0] << ", one rank " << x.one;
-      EXPECT_GT(x.one, 0x1p-14 * x.peak) << x.name << ": the bf16 path did not round anything";
-    }
+    test::expect_bf16_like_one_rank(world(), ref, one.check, many.check);
     expect_counted_equals_predicted(m, many, std::string(name) + " bf16/" + c.name);
     if (std::string(name) == "ulysses") {
       EXPECT_EQ(2 * many.sent_sum, f32.sent_sum) << "bf16 halves every all-to-all";

@@ -12,6 +12,7 @@
 
 #include "diffcp/testing/layer_problem.hpp"
 #include "diffcp/cp/splitkv.hpp"
+#include "bf16_gate.hpp"
 #include "forwarding_comm.hpp"
 #include "mpi_test.hpp"
 
@@ -101,11 +102,6 @@ TEST_P(SplitKVLayerTest, Bf16ErrorWithin2_5xSingleProcessBf16) {
   const int P = world().size(), p = world().rank();
   const LayerProblem pb(c.layer, batch, 5);
   const ReferenceLayerResult ref = pb.reference();
-  auto peak = [](const std::vector<double>& v) {
-    double m = 0;
-    for (double x : v) m = std::max(m, std::abs(x));
-    return m;
-  };
   std::unique_ptr<Communicator> self = world().split(p, 0, "self");
   for (OProj oproj : {OProj::all, OProj::owned}) {
     SCOPED_TRACE(oproj_name(oproj));
@@ -114,20 +110,7 @@ TEST_P(SplitKVLayerTest, Bf16ErrorWithin2_5xSingleProcessBf16) {
     opt.oproj = oproj;
     const LayerRun one = run_layer(c.layer, batch, contiguous_shard(batch, 1, 0), 5, *self, opt, &ref);
     const LayerRun many = run_layer(c.layer, batch, contiguous_shard(batch, P, p), 5, world(), opt, &ref);
-    const struct {
-      const char* name;
-      double err_one, err_many, peak;
-    } t[] = {{"y", one.check.y.max_abs, many.check.y.max_abs, peak(ref.y)},
-             {"dx", one.check.dx.max_abs, many.check.dx.max_abs, peak(ref.dx)},
-             {"dctx", one.check.dctx.max_abs, many.check.dctx.max_abs, peak(ref.dctx)},
-             {"param grads", one.check.grad.max_abs, many.check.grad.max_abs, peak(ref.grad)}};
-    for (const auto& x : t) {
-      std::vector<double> e{x.err_many};
-      world().all_reduce<double>(e, ReduceOp::max);
-      EXPECT_LE(e[0], 2.5 * x.err_one + 0x1p-12 * x.peak)
-          << x.name << ": P = " << P << " error " << e[0] << ", one rank " << x.err_one << ", peak " << x.peak;
-      EXPECT_GT(x.err_one, 0x1p-14 * x.peak) << x.name << ": no bf16 rounding at all? (the bf16 path did not run)";
-    }
+    test::expect_bf16_like_one_rank(world(), ref, one.check, many.check);
     std::vector<double> sent{static_cast<double>(many.layer_stats.total().bytes_sent)};
     world().all_reduce<double>(sent);
     EXPECT_NEAR(sent[0] / P, many.predicted_bytes, 1e-6 * many.predicted_bytes + 1e-9);

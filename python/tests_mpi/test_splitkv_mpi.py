@@ -15,6 +15,13 @@ ANCHORS = [np.array([40, 60, 90]), np.array([30, 50]), np.array([60, 100, 120, 1
 B = 8
 
 
+def inputs(seed):
+    """x [Q, H], ctx [S, H], dy [Q, H] of the whole batch, float32, the same on every rank."""
+    rng = np.random.default_rng(seed)
+    S, Q = int(LENGTHS.sum()), sum(len(a) for a in ANCHORS) * B
+    return tuple(rng.standard_normal((n, CFG.hidden)).astype(np.float32) for n in (Q, S, Q))
+
+
 def close(got, want, what):
     err = float(np.abs(got - want).max()) if got.size else 0.0
     assert err <= 1e-4 * max(1.0, float(np.abs(want).max())), f"rank {RANK}: {what}: max abs error {err}"
@@ -22,11 +29,7 @@ def close(got, want, what):
 
 @pytest.mark.parametrize("use_plan", [False, True])
 def test_splitkv_equals_single_process(use_plan):
-    rng = np.random.default_rng(7)
-    S, Q = int(LENGTHS.sum()), sum(len(a) for a in ANCHORS) * B
-    X = rng.standard_normal((Q, CFG.hidden)).astype(np.float32)
-    CTX = rng.standard_normal((S, CFG.hidden)).astype(np.float32)
-    DY = rng.standard_normal((Q, CFG.hidden)).astype(np.float32)
+    X, CTX, DY = inputs(7)
 
     single = diffcp.SplitKV(MPI.COMM_SELF, CFG, LENGTHS, ANCHORS, B)
     w = single.init_params(3)
@@ -84,11 +87,7 @@ def test_bad_arguments():
 def test_bf16_within_2_5x_single_process_bf16_error():
     """dtype="bf16": against the f32 single-process layer, every output's error at P ranks is at most
     2.5x that of the bf16 layer on COMM_SELF (+ 2^-12 of the peak); bytes are the bf16 closed form."""
-    rng = np.random.default_rng(11)
-    S, Q = int(LENGTHS.sum()), sum(len(a) for a in ANCHORS) * B
-    X = rng.standard_normal((Q, CFG.hidden)).astype(np.float32)
-    CTX = rng.standard_normal((S, CFG.hidden)).astype(np.float32)
-    DY = rng.standard_normal((Q, CFG.hidden)).astype(np.float32)
+    X, CTX, DY = inputs(11)
     ref = diffcp.SplitKV(MPI.COMM_SELF, CFG, LENGTHS, ANCHORS, B)
     w = ref.init_params(3)
     y0, s0 = ref.forward(w, X, CTX)

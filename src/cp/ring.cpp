@@ -47,10 +47,7 @@ void RingLayer::on_reshard() {
 
 namespace {
 void round_into(const float* x, std::vector<bf16_t>& out) {
-  convert_to_bf16(x, reinterpret_cast<std::uint16_t*>(out.data()), static_cast<std::int64_t>(out.size()));
-}
-void widen_into(const bf16_t* x, std::int64_t n, float* out) {
-  convert_to_f32(reinterpret_cast<const std::uint16_t*>(x), out, n);
+  convert_to_bf16(x, out.data(), static_cast<std::int64_t>(out.size()));
 }
 }  // namespace
 
@@ -67,7 +64,7 @@ void RingLayer::step_forward(const OwnActivations& own, const void* cur, int s, 
   attention_forward(mask, HeadRows<const bf16_t>{q16_.data(), Qp, n_q, d, n_q * d},
                     HeadRows<const bf16_t>{kv, L, cfg_.n_kv, d, kvw}, HeadRows<const bf16_t>{kv + L * kvw, L, cfg_.n_kv, d, kvw},
                     HeadRows<bf16_t>{o16_.data(), Qp, n_q, d, n_q * d}, lse);
-  widen_into(o16_.data(), Qp * n_q * d, o);
+  convert_to_f32(o16_.data(), o, Qp * n_q * d);
 }
 
 void RingLayer::step_backward(const OwnActivations& own, const void* cur, int s, float* dq, float* dkv) {
@@ -88,8 +85,8 @@ void RingLayer::step_backward(const OwnActivations& own, const void* cur, int s,
                      HeadRows<const bf16_t>{dout16_.data(), Qp, n_q, d, n_q * d}, own.lse, own_.delta(),
                      HeadRows<bf16_t>{dq16_.data(), Qp, n_q, d, n_q * d}, HeadRows<bf16_t>{dkv16_.data(), L, cfg_.n_kv, d, kvw},
                      HeadRows<bf16_t>{dkv16_.data() + L * kvw, L, cfg_.n_kv, d, kvw});
-  widen_into(dq16_.data(), Qp * n_q * d, dq);
-  widen_into(dkv16_.data(), 2 * L * kvw, dkv);
+  convert_to_f32(dq16_.data(), dq, Qp * n_q * d);
+  convert_to_f32(dkv16_.data(), dkv, 2 * L * kvw);
 }
 
 HeadRows<const float> RingLayer::k_of(const float* kv, int r) const {

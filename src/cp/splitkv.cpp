@@ -59,26 +59,16 @@ T* SplitKVLayer::buffer(std::vector<T>& v, std::int64_t n) {
   return v.data();
 }
 
-namespace {
-std::uint16_t* bits(bf16_t* p) { return reinterpret_cast<std::uint16_t*>(p); }
-HeadRows<const bf16_t> head_view16(const bf16_t* p, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
-  return {p, rows, heads, dim, heads * dim};
-}
-HeadRows<bf16_t> head_view16(bf16_t* p, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
-  return {p, rows, heads, dim, heads * dim};
-}
-}  // namespace
-
 void SplitKVLayer::gather_rows(const float* mine, std::int64_t width, float* all) {
   const std::int64_t Qp = own_.Qp();
   if (opt_.compute == DType::f32) {
     comm_.all_gather_v_async(mine, all, row_counts(width), DType::f32, opt_.collectives)->wait();
     return;
   }
-  convert_to_bf16(mine, bits(buffer(send16_, Qp * width)), Qp * width);
+  convert_to_bf16(mine, buffer(send16_, Qp * width), Qp * width);
   comm_.all_gather_v_async(send16_.data(), buffer(recv16_, Q_ * width), row_counts(width), DType::bf16,
                            opt_.collectives)->wait();
-  convert_to_f32(bits(recv16_.data()), all, Q_ * width);
+  convert_to_f32(recv16_.data(), all, Q_ * width);
 }
 
 void SplitKVLayer::reduce_scatter_rows(const float* all, std::int64_t width, float* mine) {
@@ -87,10 +77,10 @@ void SplitKVLayer::reduce_scatter_rows(const float* all, std::int64_t width, flo
     comm_.reduce_scatter_v_async(all, mine, row_counts(width), DType::f32, ReduceOp::sum, opt_.collectives)->wait();
     return;
   }
-  convert_to_bf16(all, bits(buffer(send16_, Q_ * width)), Q_ * width);
+  convert_to_bf16(all, buffer(send16_, Q_ * width), Q_ * width);
   comm_.reduce_scatter_v_async(send16_.data(), buffer(recv16_, Qp * width), row_counts(width), DType::bf16,
                                ReduceOp::sum, opt_.collectives)->wait();
-  convert_to_f32(bits(recv16_.data()), mine, Qp * width);
+  convert_to_f32(recv16_.data(), mine, Qp * width);
 }
 
 std::vector<std::size_t> SplitKVLayer::row_counts(std::int64_t width) const {
@@ -143,7 +133,7 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   WorkPtr ag;
   if (bf) {
     bf16_t* q16 = buffer(q16_p_, Qp * qw);
-    convert_to_bf16(st.own.q.data(), bits(q16), Qp * qw);
+    convert_to_bf16(st.own.q.data(), q16, Qp * qw);
     ag = comm_.all_gather_v_async(q16, buffer(st.q_all16, Q_ * qw), row_counts(qw), DType::bf16, opt_.collectives);
   } else {
     q_all = buffer(st.q_all, Q_ * qw);
@@ -162,11 +152,11 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   float* lse_p = buffer(lse_p_, Q_ * cfg_.n_q);
   if (bf) {
     bf16_t* kv16 = buffer(st.kv16, 2 * Lk * kvw);
-    convert_to_bf16(st.own.kv.data(), bits(kv16), 2 * Lk * kvw);
+    convert_to_bf16(st.own.kv.data(), kv16, 2 * Lk * kvw);
     bf16_t* obar16 = buffer(obar16_, Q_ * qw);
-    attention_forward(*mask_, head_view16(st.q_all16.data(), Q_, cfg_.n_q, d), head_view16(kv16, Lk, cfg_.n_kv, d),
-                      head_view16(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view16(obar16, Q_, cfg_.n_q, d), lse_p_);
-    convert_to_f32(bits(obar16), obar, Q_ * qw);
+    attention_forward(*mask_, head_view(st.q_all16.data(), Q_, cfg_.n_q, d), head_view(kv16, Lk, cfg_.n_kv, d),
+                      head_view(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view(obar16, Q_, cfg_.n_q, d), lse_p_);
+    convert_to_f32(obar16, obar, Q_ * qw);
   } else {
     attention_forward(*mask_, head_view(q_all, Q_, cfg_.n_q, d), own_.k_view(st.own), own_.v_view(st.own),
                       head_view(obar, Q_, cfg_.n_q, d), lse_p_);
@@ -240,17 +230,17 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   WorkPtr rs;
   if (bf) {
     bf16_t* dout16 = buffer(dout16_, Q_ * qw);
-    convert_to_bf16(dout, bits(dout16), Q_ * qw);
+    convert_to_bf16(dout, dout16, Q_ * qw);
     bf16_t* dq16 = buffer(dq16_, Q_ * qw);
     bf16_t* dkv16 = buffer(dkv16_, 2 * Lk * kvw);
     const bf16_t* kv16 = st.kv16.data();
-    attention_backward(*mask_, head_view16(st.q_all16.data(), Q_, cfg_.n_q, d), head_view16(kv16, Lk, cfg_.n_kv, d),
-                       head_view16(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view16(dout16, Q_, cfg_.n_q, d), st.lse,
-                       delta_, head_view16(dq16, Q_, cfg_.n_q, d), head_view16(dkv16, Lk, cfg_.n_kv, d),
-                       head_view16(dkv16 + Lk * kvw, Lk, cfg_.n_kv, d));
+    attention_backward(*mask_, head_view(st.q_all16.data(), Q_, cfg_.n_q, d), head_view(kv16, Lk, cfg_.n_kv, d),
+                       head_view(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view(dout16, Q_, cfg_.n_q, d), st.lse,
+                       delta_, head_view(dq16, Q_, cfg_.n_q, d), head_view(dkv16, Lk, cfg_.n_kv, d),
+                       head_view(dkv16 + Lk * kvw, Lk, cfg_.n_kv, d));
     rs = comm_.reduce_scatter_v_async(dq16, buffer(dq16_p_, Qp * qw), row_counts(qw), DType::bf16, ReduceOp::sum,
                                       opt_.collectives);
-    convert_to_f32(bits(dkv16), dkv, 2 * Lk * kvw);
+    convert_to_f32(dkv16, dkv, 2 * Lk * kvw);
   } else {
     float* dq_all = buffer(dq_all_, Q_ * qw);
     attention_backward(*mask_, head_view(st.q_all.data(), Q_, cfg_.n_q, d), own_.k_view(st.own),
@@ -265,7 +255,7 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   tw = CpClock::now();
   rs->wait();
   timings_.bwd_overlap_exposed_ms = elapsed_ms(tw);
-  if (bf) convert_to_f32(bits(dq16_p_.data()), dq_p, Qp * qw);
+  if (bf) convert_to_f32(dq16_p_.data(), dq_p, Qp * qw);
 
   // 5. Query projection backward: RoPE^-1, RMSNorm_q backward, then dX_p += dq_lin W_q^T.
   own_.backward_q(w, st.own, x_p, dq_p, dx_p, 1.f, grad);

@@ -62,17 +62,15 @@ void UlyssesLayer::on_reshard() {
 double UlyssesLayer::predicted_bytes_per_layer() const { return ulysses_bytes_per_layer(cfg_, compute_, Q_, L_, P_); }
 
 namespace {
-std::uint16_t* bits(bf16_t* p) { return reinterpret_cast<std::uint16_t*>(p); }
+// [rows, heads, d] with row stride ld (the k or v half of a [rows, 2, heads, d] tensor).
+template <typename T>
+HeadRows<T> strided(T* p, std::int64_t rows, std::int64_t heads, std::int64_t d, std::int64_t ld) {
+  return {p, rows, heads, d, ld};
+}
 std::size_t total(const std::vector<std::size_t>& c) {
   std::size_t n = 0;
   for (std::size_t v : c) n += v;
   return n;
-}
-HeadRows<const bf16_t> rows16(const bf16_t* p, std::int64_t rows, std::int64_t heads, std::int64_t d, std::int64_t ld) {
-  return {p, rows, heads, d, ld};
-}
-HeadRows<bf16_t> rows16(bf16_t* p, std::int64_t rows, std::int64_t heads, std::int64_t d, std::int64_t ld) {
-  return {p, rows, heads, d, ld};
 }
 }  // namespace
 
@@ -82,7 +80,7 @@ WorkPtr UlyssesLayer::exchange(const float* send, const std::vector<std::size_t>
   if (compute_ == DType::f32) return comm_.all_to_all_v_async(send, send_counts, recv, recv_counts, DType::f32);
   const std::size_t n = total(send_counts);
   scratch.resize(n);
-  convert_to_bf16(send, bits(scratch.data()), static_cast<std::int64_t>(n));
+  convert_to_bf16(send, scratch.data(), static_cast<std::int64_t>(n));
   return comm_.all_to_all_v_async(scratch.data(), send_counts, recv16, recv_counts, DType::bf16);
 }
 
@@ -120,10 +118,10 @@ void UlyssesLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   // 2. The whole sequence's attention for this rank's heads.
   const std::int64_t kv_stride = 2 * hkv_ * d;
   if (bf) {
-    attention_forward(*mask_, rows16(st.q_head16.data(), Q_, hq_, d, hq_ * d),
-                      rows16(st.kv_head16.data(), L_, hkv_, d, kv_stride),
-                      rows16(st.kv_head16.data() + hkv_ * d, L_, hkv_, d, kv_stride),
-                      rows16(st.o_head16.data(), Q_, hq_, d, hq_ * d), st.lse_head);
+    attention_forward(*mask_, head_view(st.q_head16.data(), Q_, hq_, d),
+                      strided(st.kv_head16.data(), L_, hkv_, d, kv_stride),
+                      strided(st.kv_head16.data() + hkv_ * d, L_, hkv_, d, kv_stride),
+                      head_view(st.o_head16.data(), Q_, hq_, d), st.lse_head);
   } else {
     attention_forward(*mask_, head_view(st.q_head.data(), Q_, hq_, d),
                       HeadRows<const float>{st.kv_head.data(), L_, hkv_, d, kv_stride},
@@ -136,7 +134,7 @@ void UlyssesLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   if (bf) {
     q_r16_.resize(q_recv_.size());
     comm_.all_to_all_v_async(st.o_head16.data(), q_all_counts_, q_r16_.data(), q_own_counts_, DType::bf16)->wait();
-    convert_to_f32(bits(q_r16_.data()), q_recv_.data(), static_cast<std::int64_t>(q_recv_.size()));
+    convert_to_f32(q_r16_.data(), q_recv_.data(), static_cast<std::int64_t>(q_recv_.size()));
   } else {
     comm_.all_to_all_v_async(st.o_head.data(), q_all_counts_, q_recv_.data(), q_own_counts_, DType::f32)->wait();
   }
@@ -169,14 +167,14 @@ void UlyssesLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   if (bf) {
     dq_head16_.resize(dq_head_.size());
     dkv_head16_.resize(dkv_head_.size());
-    attention_delta(rows16(do_head16_.data(), Q_, hq_, d, hq_ * d), rows16(st.o_head16.data(), Q_, hq_, d, hq_ * d),
+    attention_delta(head_view(do_head16_.data(), Q_, hq_, d), head_view(st.o_head16.data(), Q_, hq_, d),
                     delta_head_);
-    attention_backward(*mask_, rows16(st.q_head16.data(), Q_, hq_, d, hq_ * d),
-                       rows16(st.kv_head16.data(), L_, hkv_, d, kv_stride),
-                       rows16(st.kv_head16.data() + hkv_ * d, L_, hkv_, d, kv_stride),
-                       rows16(do_head16_.data(), Q_, hq_, d, hq_ * d), st.lse_head, delta_head_,
-                       rows16(dq_head16_.data(), Q_, hq_, d, hq_ * d), rows16(dkv_head16_.data(), L_, hkv_, d, kv_stride),
-                       rows16(dkv_head16_.data() + hkv_ * d, L_, hkv_, d, kv_stride));
+    attention_backward(*mask_, head_view(st.q_head16.data(), Q_, hq_, d),
+                       strided(st.kv_head16.data(), L_, hkv_, d, kv_stride),
+                       strided(st.kv_head16.data() + hkv_ * d, L_, hkv_, d, kv_stride),
+                       head_view(do_head16_.data(), Q_, hq_, d), st.lse_head, delta_head_,
+                       head_view(dq_head16_.data(), Q_, hq_, d), strided(dkv_head16_.data(), L_, hkv_, d, kv_stride),
+                       strided(dkv_head16_.data() + hkv_ * d, L_, hkv_, d, kv_stride));
   } else {
     attention_delta(head_view(do_head_.data(), Q_, hq_, d), head_view(st.o_head.data(), Q_, hq_, d), delta_head_);
     attention_backward(*mask_, head_view(st.q_head.data(), Q_, hq_, d),
@@ -200,13 +198,13 @@ void UlyssesLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
                            q_own_counts_, t)
       ->wait();
   timings_.blocking_comm_ms += elapsed_ms(tw);
-  if (bf) convert_to_f32(bits(q_r16_.data()), q_recv_.data(), static_cast<std::int64_t>(q_recv_.size()));
+  if (bf) convert_to_f32(q_r16_.data(), q_recv_.data(), static_cast<std::int64_t>(q_recv_.size()));
   float* dq_dst[] = {dq_p_.data()};
   unpack_head_slices(q_recv_.data(), own_.Qp(), P_, hq_ * d, dq_dst);
   a2a_kv->test();
   own_.backward_q(w, st.own, x_p, dq_p_.data(), dx_p, 0.f, grad);
   timings_.bwd_overlap_exposed_ms = timed_wait(*a2a_kv);
-  if (bf) convert_to_f32(bits(kv_r16_.data()), kv_recv_.data(), static_cast<std::int64_t>(kv_recv_.size()));
+  if (bf) convert_to_f32(kv_r16_.data(), kv_recv_.data(), static_cast<std::int64_t>(kv_recv_.size()));
   float* dkv_dst[] = {dkv_p_.data(), dkv_p_.data() + Lp * cfg_.kv_width()};
   unpack_head_slices(kv_recv_.data(), Lp, P_, hkv_ * d, dkv_dst);
   own_.backward_kv(w, st.own, x_p, ctx_p, dkv_p_.data(), dx_p, 1.f, dctx_p, grad, nullptr);

@@ -67,7 +67,7 @@ inline void store_row(const float* __restrict src, float mul, bf16_t* __restrict
     const std::int64_t m = std::min<std::int64_t>(256, n - c0);
 #pragma omp simd
     for (std::int64_t c = 0; c < m; ++c) tmp[c] = src[c0 + c] * mul;
-    convert_to_bf16(tmp, reinterpret_cast<std::uint16_t*>(dst + c0), m);
+    convert_to_bf16(tmp, dst + c0, m);
   }
 }
 
@@ -79,7 +79,7 @@ const T* operand(const float* x, std::int64_t rows, std::int64_t cols, std::int6
     return x;
   } else {
     for (std::int64_t r = 0; r < rows; ++r)
-      convert_to_bf16(x + r * ld, reinterpret_cast<std::uint16_t*>(lo.data() + r * ld), cols);
+      convert_to_bf16(x + r * ld, lo.data() + r * ld, cols);
     return lo.data();
   }
 }
@@ -382,7 +382,7 @@ Widened widen_rows(HeadRows<const bf16_t> x) {
   w.rows = head_rows(w.data, x.rows, x.heads, x.dim);
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < x.rows; ++r)
-    convert_to_f32(reinterpret_cast<const std::uint16_t*>(x.at(r, 0)), w.rows.at(r, 0), x.heads * x.dim);
+    convert_to_f32(x.at(r, 0), w.rows.at(r, 0), x.heads * x.dim);
   return w;
 }
 Widened f32_rows_like(HeadRows<bf16_t> x) {

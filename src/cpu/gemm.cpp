@@ -134,12 +134,11 @@ MatmulCache& cache() {
   return c;
 }
 
-const std::uint16_t* bits(const bf16_t* p) { return reinterpret_cast<const std::uint16_t*>(p); }
 
 // Converts the [rows, cols] matrix at x (row stride ld) into a dense f32 one.
 void widen(const bf16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::vector<float>& out) {
   out.resize(static_cast<std::size_t>(rows * cols));
-  for (std::int64_t r = 0; r < rows; ++r) convert_to_f32(bits(x + r * ld), out.data() + r * cols, cols);
+  for (std::int64_t r = 0; r < rows; ++r) convert_to_f32(x + r * ld, out.data() + r * cols, cols);
 }
 
 }  // namespace
@@ -202,7 +201,7 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
   sgemm(trans_a, trans_b, M, N, K, alpha, mc.a32.data(), trans_a ? M : K, mc.b32.data(), trans_b ? K : N, beta,
         mc.c32.data(), N);
   for (std::int64_t r = 0; r < M; ++r)
-    convert_to_bf16(mc.c32.data() + r * N, reinterpret_cast<std::uint16_t*>(c + r * ldc), N);
+    convert_to_bf16(mc.c32.data() + r * N, c + r * ldc, N);
 }
 
 std::string bf16_gemm_path() {

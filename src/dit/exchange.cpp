@@ -139,7 +139,7 @@ HeadRows<const bf16_t> rounded(HeadRows<const float> x, std::vector<bf16_t>& out
   out.resize(static_cast<std::size_t>(x.rows * w));
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < x.rows; ++r)
-    convert_to_bf16(x.at(r, 0), reinterpret_cast<std::uint16_t*>(out.data() + r * w), w);
+    convert_to_bf16(x.at(r, 0), out.data() + r * w, w);
   return {out.data(), x.rows, x.heads, x.dim, w};
 }
 }  // namespace
@@ -153,7 +153,7 @@ void AttentionExchange::finish_attention(HeadRows<float> out) {
     attention_forward(mask(), rounded(q(), q16_), rounded(k(), k16_), rounded(v(), v16_), o16, lse_);
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < o32.rows; ++r)
-      convert_to_f32(reinterpret_cast<const std::uint16_t*>(o16.at(r, 0)), o32.at(r, 0), o32.heads * o32.dim);
+      convert_to_f32(o16.at(r, 0), o32.at(r, 0), o32.heads * o32.dim);
   } else if (ring_) {
     const RingTraffic t = ring_->forward(mask(), q(), k(), v(), o(), lse_);
     (ring_intra_ ? stats_.bytes_intra : stats_.bytes_inter) += t.bytes;

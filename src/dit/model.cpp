@@ -310,7 +310,7 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   if (f32_gemm_compute() == DType::bf16 && params16_.empty()) {
     const std::vector<float>& P = w_.params();
     params16_.resize(P.size());
-    convert_to_bf16(P.data(), reinterpret_cast<std::uint16_t*>(params16_.data()), static_cast<std::int64_t>(P.size()));
+    convert_to_bf16(P.data(), params16_.data(), static_cast<std::int64_t>(P.size()));
   } else if (f32_gemm_compute() == DType::f32) {
     std::vector<bf16_t>().swap(params16_);
   }
@@ -353,7 +353,6 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
 }
 
 void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
-  const std::vector<float>& P = w_.params();
   const std::int64_t H = cfg_.hidden(), M = cfg_.mlp_hidden, d = cfg_.head_dim;
   const float eps = static_cast<float>(cfg_.eps);
   const std::pair<const DitLayout::Stream*, StreamRows> streams[] = {{&blk.txt, txt_rows_}, {&blk.img, img_rows_}};
@@ -396,7 +395,6 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
 }
 
 void DitModel::single_block(const DitLayout::SingleBlock& blk) {
-  const std::vector<float>& P = w_.params();
   const std::int64_t H = cfg_.hidden(), M = cfg_.mlp_hidden, d = cfg_.head_dim, ld = 3 * H + M;
   const float eps = static_cast<float>(cfg_.eps);
   modulation(blk.mod, mod_);  // shift, scale, gate

@@ -11,6 +11,14 @@
 
 namespace diffcp {
 
+namespace {
+void check_linear(std::int64_t M, std::int64_t K, std::int64_t N, std::int64_t ldx, std::int64_t ldw, std::int64_t ldy) {
+  DIFFCP_CHECK(M >= 0 && K >= 1 && N >= 1 && ldx >= K && ldy >= N && ldw >= N, "dit_linear: M = ", M, ", K = ", K,
+               ", N = ", N, ", ldx = ", ldx, ", ldw = ", ldw, ", ldy = ", ldy,
+               "; expected K, N >= 1 and row strides >= the row widths");
+}
+}  // namespace
+
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t N,
                 const float* bias, float* y, std::int64_t ldy) {
   dit_linear(x, ldx, M, K, W, N, N, bias, y, ldy);
@@ -18,9 +26,7 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t ldw,
                 std::int64_t N, const float* bias, float* y, std::int64_t ldy) {
-  DIFFCP_CHECK(M >= 0 && K >= 1 && N >= 1 && ldx >= K && ldy >= N && ldw >= N, "dit_linear: M = ", M, ", K = ", K,
-               ", N = ", N, ", ldx = ", ldx, ", ldw = ", ldw, ", ldy = ", ldy,
-               "; expected K, N >= 1 and row strides >= the row widths");
+  check_linear(M, K, N, ldx, ldw, ldy);
   if (M == 0) return;
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < M; ++r)
@@ -30,13 +36,11 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const bf16_t* W16, std::int64_t ldw,
                 std::int64_t N, const float* bias, float* y, std::int64_t ldy) {
-  DIFFCP_CHECK(M >= 0 && K >= 1 && N >= 1 && ldx >= K && ldy >= N && ldw >= N, "dit_linear: M = ", M, ", K = ", K,
-               ", N = ", N, ", ldx = ", ldx, ", ldw = ", ldw, ", ldy = ", ldy,
-               "; expected K, N >= 1 and row strides >= the row widths");
+  check_linear(M, K, N, ldx, ldw, ldy);
   if (M == 0) return;
   thread_local std::vector<bf16_t> x16;  // the calling thread's: its pointer goes into the loop
   x16.resize(static_cast<std::size_t>(M * K));
-  auto* x16p = reinterpret_cast<std::uint16_t*>(x16.data());
+  bf16_t* x16p = x16.data();
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < M; ++r) {
     convert_to_bf16(x + r * ldx, x16p + r * K, K);

@@ -19,7 +19,7 @@ const bf16_t* round_to_bf16(const float* x, std::int64_t rows, std::int64_t cols
                             std::vector<bf16_t>& out) {
   out.resize(static_cast<std::size_t>(rows * cols));
   for (std::int64_t r = 0; r < rows; ++r)
-    convert_to_bf16(x + r * ld, reinterpret_cast<std::uint16_t*>(out.data() + r * cols), cols);
+    convert_to_bf16(x + r * ld, out.data() + r * cols, cols);
   return out.data();
 }
 

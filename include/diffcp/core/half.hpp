@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "diffcp/core/dtype.hpp"
+
 namespace diffcp {
 
 inline float bf16_to_f32(std::uint16_t h) {
@@ -80,6 +82,13 @@ inline void convert_to_bf16(const float* __restrict x, std::uint16_t* __restrict
     const std::uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
     out[i] = static_cast<std::uint16_t>((nan ? (u | 0x400000u) : r) >> 16);
   }
+}
+
+inline void convert_to_f32(const bf16_t* x, float* out, std::int64_t n) {
+  convert_to_f32(reinterpret_cast<const std::uint16_t*>(x), out, n);
+}
+inline void convert_to_bf16(const float* x, bf16_t* out, std::int64_t n) {
+  convert_to_bf16(x, reinterpret_cast<std::uint16_t*>(out), n);
 }
 
 }  // namespace diffcp

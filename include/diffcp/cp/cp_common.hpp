@@ -60,11 +60,9 @@ inline double timed_wait(Work& w) {
   return elapsed_ms(t0);
 }
 
-// A contiguous [rows, heads, dim] view of `data`.
-inline HeadRows<float> head_view(float* data, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
-  return {data, rows, heads, dim, heads * dim};
-}
-inline HeadRows<const float> head_view(const float* data, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
+// A contiguous [rows, heads, dim] view of `data` (T: float or bf16_t, const or not).
+template <typename T>
+HeadRows<T> head_view(T* data, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
   return {data, rows, heads, dim, heads * dim};
 }
 
