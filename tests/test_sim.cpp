@@ -94,8 +94,8 @@ TEST(SimCp, WorkMatrixEqualsThePlannersLoads) {
     }
 }
 
-// The closed forms count payload elements of the dtype's size and the lse / D statistics as f32;
-// the max + sum lse fallback adds one all-reduce of the statistics.
+// The closed forms count payload elements of the dtype's size and the lse / D statistics (and
+// Ring's dk|dv accumulators) as f32; the max + sum lse fallback adds one all-reduce of the statistics.
 TEST(CpBytes, ElementSizeFromTheDtypeStatisticsInF32) {
   const AttnLayerConfig cfg{96, 4, 2, 32};
   const std::int64_t Q = 64, L = 1000, P = 4;
@@ -108,7 +108,8 @@ TEST(CpBytes, ElementSizeFromTheDtypeStatisticsInF32) {
     EXPECT_DOUBLE_EQ(splitkv_bytes_per_layer(cfg, t, Q, P, false, 1, 2),
                      e * f * 2 * Q * (qw + H) + 4 * 2 * (2 * n * 1 + 3 * n * 2) / P);
     EXPECT_DOUBLE_EQ(ulysses_bytes_per_layer(cfg, t, Q, L, P), e * f / P * 4 * (Q * qw + L * kvw));
-    EXPECT_DOUBLE_EQ(ring_bytes_per_layer(cfg, t, L, P), e * 3 * f * 2 * L * kvw);
+    // Ring: the k|v hops in the dtype, the dk|dv accumulators always f32.
+    EXPECT_DOUBLE_EQ(ring_bytes_per_layer(cfg, t, L, P), (2 * e + 4) * f * 2 * L * kvw);
     EXPECT_DOUBLE_EQ(ringx_bytes_per_layer(cfg, t, Q, L, P, 2), f * (e * (2 * Q * qw + 4 * L * kvw) + 4 * 2 * 2 * Q * 4));
     EXPECT_DOUBLE_EQ(lvxattn_bytes_per_layer(cfg, t, Q, P), f * Q * (e * 5 * qw + 4 * 3 * 4));
   }
