@@ -59,8 +59,14 @@ fault_case() {  # $1 = case, $2 = regex the output must match, $3 = limit in sec
     kill -0 "$pid" 2>/dev/null || fail "$c: the run ended before the fault: $(tail -5 "$dir.out")"
     sleep 0.1
   done
-  victim=$(rank_pid 1 "$dir")
-  [ -n "$victim" ] || fail "$c: rank 1's process not found"
+  victim=""
+  for _ in $(seq 20); do  # a process can be briefly unreadable (or not yet listed): retry, bounded
+    victim=$(rank_pid 1 "$dir")
+    [ -n "$victim" ] && break
+    sleep 0.1
+  done
+  [ -n "$victim" ] || fail "$c: rank 1's process not found (steps logged: $(grep -c '"step"' "$dir/log.jsonl" 2>/dev/null)," \
+    "job $(kill -0 "$pid" 2>/dev/null && echo running || echo ended); its output: $(tail -5 "$dir.out"))"
   t0=$(date +%s.%N)
   case $c in
     kill) kill -KILL "$victim" ;;
