@@ -57,8 +57,9 @@ struct MatmulKeyHash {
   }
 };
 
-// One shape's primitive and its memory objects (data handles are set per call). `prim` is null
-// when oneDNN has no bf16 matmul for this CPU: the caller converts and uses sgemm.
+// One shape's primitive and its memory objects (fixed shapes: data handles set per call; run-time
+// shapes: memory objects made per call). native = false when oneDNN has no (or only its reference)
+// bf16 matmul for this CPU: the caller converts and uses sgemm.
 struct MatmulEntry {
   dnnl::matmul prim;
   dnnl::memory a, b, c, scratch;
@@ -133,7 +134,6 @@ MatmulCache& cache() {
   thread_local MatmulCache c;  // oneDNN streams are per thread; the tile GEMMs run on every thread
   return c;
 }
-
 
 // Converts the [rows, cols] matrix at x (row stride ld) into a dense f32 one.
 void widen(const bf16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::vector<float>& out) {
