@@ -181,16 +181,16 @@ INSTANTIATE_TEST_SUITE_P(Methods, CpMethodTest, ::testing::ValuesIn(all_cases())
   return std::string(info.param.method->name) + "_" + info.param.config.name;
 });
 
-// compute = bf16 (issue #14): Ulysses' all-to-alls, Ring's K/V hops and RingX's broadcasts and
-// reductions carry bf16 and their
-// attention runs the bf16 kernel; against fp64, each tensor's max error at P ranks is at most 2.5x
-// that of the same bf16 layer on one rank + 2^-12 of the tensor's peak, and the bytes are the
-// closed form in bf16 (Ulysses: half of f32's; Ring: 8/12, its dk/dv accumulators stay f32). The
-// methods without bf16 yet refuse it by name before any communication.
-TEST(CpMethodBf16, EveryBf16MethodWithin2_5xOneRankOthersRefuse) {
+// compute = bf16 (issue #14): Ulysses' all-to-alls, Ring's K/V hops, RingX's broadcasts and
+// reductions and LV-XAttn's q / do hops carry bf16 and their attention runs the bf16 kernel;
+// against fp64, each tensor's max error at P ranks is at most 2.5x that of the same bf16 layer on
+// one rank + 2^-12 of the tensor's peak, and the bytes are the closed form in bf16 (Ulysses: half
+// of f32's; Ring: 8/12, its dk/dv accumulators stay f32; LV-XAttn: its o and dq accumulators stay
+// f32). A compute dtype other than f32 / bf16 is refused by name before any communication.
+TEST(CpMethodBf16, EveryMethodWithin2_5xOneRank) {
   const int P = world().size(), p = world().rank();
   auto self = world().split(p, 0, "self");
-  for (const char* name : {"ulysses", "ring", "ringx"})
+  for (const char* name : {"ulysses", "ring", "ringx", "lvxattn"})
   for (const Config& c : {kConfigs[3], kConfigs[4]}) {
     SCOPED_TRACE(std::string(name) + "/" + c.name);
     const CpMethod& m = cp_method(name);
@@ -206,28 +206,28 @@ TEST(CpMethodBf16, EveryBf16MethodWithin2_5xOneRankOthersRefuse) {
     expect_counted_equals_predicted(m, many, std::string(name) + " bf16/" + c.name);
     if (std::string(name) == "ulysses") {
       EXPECT_EQ(2 * many.sent_sum, f32.sent_sum) << "bf16 halves every all-to-all";
-    } else if (std::string(name) == "ringx") {
-      // rows halve, the lse all-reduces stay f32: between half and all of f32's (the closed form above is exact)
-      if (P > 1) {
-        EXPECT_GT(2 * many.sent_sum, f32.sent_sum);
-        EXPECT_LT(many.sent_sum, f32.sent_sum);
-      }
-    } else {
+    } else if (std::string(name) == "ring") {
       EXPECT_EQ(12 * many.sent_sum, 8 * f32.sent_sum) << "K/V hops halve, dk/dv accumulators stay f32";
+    } else if (P > 1) {
+      // RingX: rows halve, the lse all-reduces stay f32; LV-XAttn: q and do halve, the o and dq
+      // accumulators and lse / D stay f32: between half and all of f32's (the closed form is exact)
+      EXPECT_GT(2 * many.sent_sum, f32.sent_sum);
+      EXPECT_LT(many.sent_sum, f32.sent_sum);
     }
   }
   const PackedBatch batch = make_random_batch(1, 120, 3, 16, 0.25, 3);
-  SplitKVOptions bf16;
-  bf16.compute = DType::bf16;
-  for (const char* name : {"lvxattn"}) {
+  SplitKVOptions f64;
+  f64.compute = DType::f64;
+  for (const CpMethod& m : cp_methods()) {
+    if (!m.unsupported_reason(kConfigs[2].layer, P).empty()) continue;
     const std::uint64_t calls = world().stats().total().calls;
     try {
-      cp_method(name).make(world(), kConfigs[2].layer, contiguous_shard(batch, P, p), bf16);
-      ADD_FAILURE() << name << " accepted bf16";
+      m.make(world(), kConfigs[2].layer, contiguous_shard(batch, P, p), f64);
+      ADD_FAILURE() << m.name << " accepted compute f64";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("runs f32 only so far"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("compute f64"), std::string::npos) << e.what();
     }
-    EXPECT_EQ(world().stats().total().calls, calls) << name;
+    EXPECT_EQ(world().stats().total().calls, calls) << m.name;
   }
 }
 

@@ -111,7 +111,8 @@ TEST(CpBytes, ElementSizeFromTheDtypeStatisticsInF32) {
     // Ring: the k|v hops in the dtype, the dk|dv accumulators always f32.
     EXPECT_DOUBLE_EQ(ring_bytes_per_layer(cfg, t, L, P), (2 * e + 4) * f * 2 * L * kvw);
     EXPECT_DOUBLE_EQ(ringx_bytes_per_layer(cfg, t, Q, L, P, 2), f * (e * (2 * Q * qw + 4 * L * kvw) + 4 * 2 * 2 * Q * 4));
-    EXPECT_DOUBLE_EQ(lvxattn_bytes_per_layer(cfg, t, Q, P), f * Q * (e * 5 * qw + 4 * 3 * 4));
+    // LV-XAttn: q (twice) and do in the dtype, the running o and the dq accumulator always f32.
+    EXPECT_DOUBLE_EQ(lvxattn_bytes_per_layer(cfg, t, Q, P), f * Q * ((3 * e + 2 * 4) * qw + 4 * 3 * 4));
   }
 }
 

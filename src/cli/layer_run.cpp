@@ -209,8 +209,6 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   run.dctx_p.resize(ctx_p.size());
   run.grad = std::make_unique<AttnLayerParams>(cfg);
   AttnLayerParams& grad = *run.grad;
-  DIFFCP_CHECK(spec.dtype == DType::f32 || spec.method != "lvxattn",
-               "--dtype bf16: lvxattn runs f32 only so far (issue #14)");
   SplitKVOptions skv;
   skv.compute = spec.dtype;
   if (spec.method == "splitkv") {

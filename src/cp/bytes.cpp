@@ -40,8 +40,10 @@ double ringx_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int64
 
 double lvxattn_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int64_t Q_rows, int P_ranks) {
   const double P = P_ranks, Q = static_cast<double>(Q_rows);
+  // q (forward, backward) and do in `dtype`; the running o and the dq accumulator always f32.
   return (P - 1) / P * Q *
-         (elem(dtype) * 5 * static_cast<double>(cfg.q_width()) + kStat * 3 * static_cast<double>(cfg.n_q));
+         ((3 * elem(dtype) + 2 * elem(DType::f32)) * static_cast<double>(cfg.q_width()) +
+          kStat * 3 * static_cast<double>(cfg.n_q));
 }
 
 }  // namespace diffcp

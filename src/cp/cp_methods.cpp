@@ -17,13 +17,8 @@ std::unique_ptr<CpAttentionLayer> make_layer(Communicator& cp, const AttnLayerCo
                                              const SplitKVOptions& splitkv) {
   if constexpr (std::is_same_v<Layer, SplitKVLayer>) {
     return std::make_unique<SplitKVLayer>(cp, cfg, std::move(shard), splitkv);
-  } else if constexpr (std::is_same_v<Layer, UlyssesLayer> || std::is_same_v<Layer, RingLayer> ||
-                       std::is_same_v<Layer, RingXLayer>) {
-    return std::make_unique<Layer>(cp, cfg, std::move(shard), splitkv.compute);  // bf16 too
   } else {
-    DIFFCP_CHECK(splitkv.compute == DType::f32, "compute ", dtype_name(splitkv.compute),
-                 ": this CP method runs f32 only so far (bf16: splitkv, ulysses, ring, ringx; issue #14)");
-    return std::make_unique<Layer>(cp, cfg, std::move(shard));
+    return std::make_unique<Layer>(cp, cfg, std::move(shard), splitkv.compute);  // f32 or bf16
   }
 }
 

@@ -34,8 +34,8 @@ SplitKVLayer::SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard
     : CpAttentionLayer(cp, cfg), opt_(opt) {
   DIFFCP_CHECK(opt_.collectives == CollAlgo::flat || cp.has_topology(),
                "split-kv: hierarchical collectives need the communicator's topology (set_topology / discover_topology)");
-  DIFFCP_CHECK(opt_.compute == DType::f32 || opt_.compute == DType::bf16, "split-kv: compute dtype ",
-               dtype_name(opt_.compute), "; expected f32 or bf16");
+  DIFFCP_CHECK(opt_.compute == DType::f32 || opt_.compute == DType::bf16, "split-kv: compute ",
+               dtype_name(opt_.compute), ", expected f32 or bf16");
   hier_ = opt_.collectives == CollAlgo::hierarchical && cp.hierarchy_useful();
   reshard(std::move(shard));
 }

@@ -34,7 +34,9 @@ double ring_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int64_
 // 4 L kvw); plus lse_reduces f32 all-reduces of each [Q_t, n_q] lse: 4 lse_reduces (P-1)/P 2 Q n_q.
 double ringx_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int64_t Q, std::int64_t L, int P,
                              int lse_reduces);
-// LV-XAttn: queries and their (o, lse) accumulators travel the ring: (P-1)/P Q (5 qw e + 3 n_q 4).
+// LV-XAttn: queries and their (o, lse) and dq accumulators travel the ring: (P-1)/P Q ((3 e + 2 * 4)
+// qw + 3 n_q 4): q twice and do in `dtype`, the running o and dq accumulators always f32 (summed
+// over P-1 hops, as Ring's dk|dv); f32: (P-1)/P Q (5 qw + 3 n_q) elements.
 double lvxattn_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int64_t Q, int P);
 
 }  // namespace diffcp

@@ -14,6 +14,10 @@
 //             each rank adds AttnBwd(state, local K/V)'s dk, dv into its LOCAL dk_p, dv_p. Same
 //             schedule: inputs go first (P-1 hops), the dq accumulator follows (P-1 hops).
 // Communication per rank and layer: (P-1)/P * Q (5 n_q d_h + 3 n_q) elements: independent of S.
+// compute = bf16 (issue #14): q and do travel (and the attention runs) in bf16; the running o and
+// the dq accumulator, summed over P-1 hops, stay f32 (as Ring's dk/dv accumulators), lse and D too:
+// (P-1)/P * Q (3 n_q d_h 2 + 2 n_q d_h 4 + 3 n_q 4) bytes. The backward inputs then travel as one
+// packed byte message [q | do (bf16) | lse | D (f32)].
 //
 // Call order: every rank calls forward() then backward() (collective-free constructor/reshard).
 #pragma once
@@ -30,10 +34,11 @@ namespace diffcp {
 // state, running output or dq accumulator) posted before the step's attention; blocking_comm_ms = 0.
 class LvXAttnLayer final : public CpAttentionLayer {
  public:
-  LvXAttnLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard);  // collective-free
+  LvXAttnLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard,
+               DType compute = DType::f32);  // collective-free
   const char* name() const override { return "lvxattn"; }
 
-  // (P-1)/P * Q (5 n_q d_h + 3 n_q) f32 elements, mean over ranks (see lvxattn.cpp).
+  // (P-1)/P * Q (5 n_q d_h + 3 n_q) f32 elements, mean over ranks (cp/bytes.hpp, lvxattn.cpp).
   double predicted_bytes_per_layer() const override;
 
  private:
@@ -45,6 +50,14 @@ class LvXAttnLayer final : public CpAttentionLayer {
   void backward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                      const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   int src_of_step(int t) const { return (shard_.p - t + 2 * shard_.P) % shard_.P; }
+  bool bf16() const { return compute_ == DType::bf16; }
+  // f32 slots that [q | do] of `rows` rows take in the packed backward inputs (bf16: half).
+  std::int64_t qdo_floats(std::int64_t rows) const;
+  // One attention call of the query state at `q` (f32 or bf16) on the local K/V: o, lse out (f32).
+  void step_forward(const BlockMask& mask, const void* q, std::int64_t rows, float* o, float* lse);
+  // Its backward from the packed inputs `in` [q | do | lse | D]: dq [rows, qw], dkv [2, L_p, kvw]
+  // out (f32).
+  void step_backward(const BlockMask& mask, const float* in, std::int64_t rows, float* dq, float* dkv);
   std::int64_t rows_of(int r) const { return shard_.query_rows[static_cast<std::size_t>(r)]; }
 
   OwnRows own_;
@@ -56,6 +69,10 @@ class LvXAttnLayer final : public CpAttentionLayer {
   std::vector<float> acc_out_[2];          // outgoing running state, double-buffered
   std::vector<float> own_part_;            // forward: own [o | lse]; backward: own inputs [q|do|lse|D]
   std::vector<float> dq_own_, dkv_, dkv_step_;  // [Q_p, qw], [2, L_p, kvw] x2
+  const float* kv_ = nullptr;                   // the saved [2, L_p, kvw] k|v rows of this pass
+  DType compute_ = DType::f32;
+  // compute = bf16: the local k|v rows, own q, a step's o / dq / dk|dv (the kernels' outputs).
+  std::vector<bf16_t> kv16_, q16_, o16_, dq16_, dkv16_;
 };
 
 }  // namespace diffcp
