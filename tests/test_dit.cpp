@@ -636,6 +636,83 @@ TEST(DitUsp, EveryModeMatchesSingleProcessAndRingBytesFollowTheClosedForm) {
   }
 }
 
+// bf16 payloads (issue #14): every exchange, the head layout, V-Major's caches and USP's Ring K|V
+// carry bf16. The modes still move the same values, so in bf16 TAPA and V-First are bitwise Flat's
+// and cocodiff at r = 0 bitwise TAPA's; the bytes are the closed forms in bf16 (rows at half of f32's,
+// the L1 partials and the indices unchanged); cocodiff's caches are half of f32's; the latents (Flat,
+// and every Ulysses x Ring degree of USP) stay within 2.5x the one-rank bf16 error of the f32 image.
+TEST(DitModel, Bf16PayloadsInEveryModeAndTheUspRing) {
+  const int P = world().size(), steps = 3;
+  const CacheSchedule r0{CacheScheduleKind::fixed, 0.0, 0, 0};  // step 0 full, steps 1, 2 selective
+  const CacheSchedule lin{CacheScheduleKind::linear, 1.0, 1, 0};
+  auto self = world().split(world().rank(), 0, "self");
+  for (const bool usp : {false, true}) {
+    SCOPED_TRACE(usp ? "USP config (2 heads)" : "test config");
+    const DitConfig cfg = usp ? usp_config() : test_config();
+    DitWeights w(cfg);
+    w.init_random(9);
+    const DitShape shape = test_shape(1);
+    const std::int64_t layers = cfg.double_blocks + cfg.single_blocks, n = shape.batch * shape.tokens() / P;
+    const auto ex1 = make_attention_exchange(ExchangeMode::flat, *self, 1);
+    const std::vector<float> f32 = run_sampler(*self, w, shape, *ex1, steps);
+    const std::vector<float> one = run_sampler(*self, w, shape, *ex1, steps, DType::bf16);
+    double peak = 0, err_one = 0;
+    for (std::size_t i = 0; i < f32.size(); ++i) {
+      peak = std::max(peak, std::abs(static_cast<double>(f32[i])));
+      err_one = std::max(err_one, std::abs(static_cast<double>(one[i]) - f32[i]));
+    }
+    const auto expect_like_one_rank = [&](const std::vector<float>& got, const std::string& what) {
+      double err = 0;
+      for (std::size_t i = 0; i < f32.size(); ++i) err = std::max(err, std::abs(static_cast<double>(got[i]) - f32[i]));
+      EXPECT_LE(err, 2.5 * err_one + 0x1p-12 * peak) << what << ": P = " << P << " error " << err << ", one rank " << err_one;
+    };
+    if (usp) {  // every Ulysses x Ring degree, Ring's K|V in bf16
+      for (const int U : usp_ulysses_degrees(P, cfg.heads)) {
+        const int R = P / U;
+        SCOPED_TRACE("U = " + std::to_string(U) + ", R = " + std::to_string(R));
+        const auto ex = make_attention_exchange(ExchangeMode::flat, world(), 1, {}, U);
+        expect_like_one_rank(run_sampler(world(), w, shape, *ex, steps, DType::bf16), "usp");
+        const std::uint64_t ring = static_cast<std::uint64_t>(steps * layers) * ring_kv_bytes(R, n, cfg.hidden(), DType::bf16);
+        EXPECT_EQ(ex->stats().ring_bytes, ring);
+        EXPECT_EQ(2 * ring, static_cast<std::uint64_t>(steps * layers) * ring_kv_bytes(R, n, cfg.hidden()));
+        if (R > 1) EXPECT_EQ((*ex->ring_comm_stats())[CommOp::send].bytes_sent, ring);
+      }
+      continue;
+    }
+    const std::int64_t hd = cfg.hidden() / P;
+    const auto flat = make_attention_exchange(ExchangeMode::flat, world(), 1);
+    const std::vector<float> ref = run_sampler(world(), w, shape, *flat, steps, DType::bf16);
+    expect_like_one_rank(ref, "flat");
+    const VMajorBytes flat_b = vmajor_predicted_bytes(P, 1, n, hd, layers, r0, steps, false, DType::bf16);
+    EXPECT_EQ(flat->stats().bytes_inter, flat_b.inter);
+    EXPECT_EQ(2 * flat_b.inter, vmajor_predicted_bytes(P, 1, n, hd, layers, r0, steps, false).inter);
+    for (const int L : divisors(P)) {
+      SCOPED_TRACE("L = " + std::to_string(L));
+      std::vector<float> tapa_ref;
+      for (const ExchangeMode mode : {ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff}) {
+        SCOPED_TRACE(exchange_mode_name(mode));
+        const bool vmajor = mode == ExchangeMode::cocodiff;
+        const auto ex = make_attention_exchange(mode, world(), L, r0);
+        const std::vector<float> got = run_sampler(world(), w, shape, *ex, steps, DType::bf16);
+        EXPECT_EQ(0, std::memcmp(got.data(), (vmajor ? tapa_ref : ref).data(), got.size() * sizeof(float)));
+        if (mode == ExchangeMode::tapa) tapa_ref = got;
+        const VMajorBytes pred = vmajor_predicted_bytes(P, L, n, hd, layers, r0, steps, vmajor, DType::bf16);
+        EXPECT_EQ(ex->stats().bytes_intra, pred.intra);
+        EXPECT_EQ(ex->stats().bytes_inter, pred.inter);
+      }
+      // A schedule that caches rows: the bytes and the caches in bf16.
+      const auto cc = make_attention_exchange(ExchangeMode::cocodiff, world(), L, lin);
+      const std::vector<float> got = run_sampler(world(), w, shape, *cc, steps, DType::bf16);
+      for (const float v : got) ASSERT_TRUE(std::isfinite(v));
+      const VMajorBytes pred = vmajor_predicted_bytes(P, L, n, hd, layers, lin, steps, true, DType::bf16);
+      EXPECT_EQ(cc->stats().bytes_intra, pred.intra);
+      EXPECT_EQ(cc->stats().bytes_inter, pred.inter);
+      EXPECT_GT(cc->stats().selective, 0u);
+      EXPECT_EQ(cc->cache_bytes(), static_cast<std::uint64_t>(layers * 4 * n * cfg.hidden()) * 2);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 TEST(DitWeights, SafetensorsRoundTripAndMalformedFiles) {
   const DitConfig cfg = test_config();

@@ -255,9 +255,9 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--save-latent", o.save_latent, "also write the final latent [b, N_img, C_in] as .npy");
   c->add_option("--reference", o.reference, "compare with this latent .npy (from --save-latent of a Flat run)");
   c->add_option("--compare", o.compare, "compare with a run of this mode in the same job: flat");
-  c->add_option("--dtype", o.dtype, "compute: f32 | bf16 (GEMMs and attention in bf16 with f32 accumulation; latents, "
-                                    "norms and the exchanges' payloads f32). PSNR against f32: --save-latent of an f32 "
-                                    "run, then --reference")
+  c->add_option("--dtype", o.dtype, "compute: f32 | bf16 (GEMMs, attention, the exchanges' payloads, V-Major's caches "
+                                    "and Ring's K|V in bf16, f32 accumulation; latents and norms f32). PSNR against "
+                                    "f32: --save-latent of an f32 run, then --reference")
       ->capture_default_str();
   c->add_flag("--json", o.json, "print one JSON object");
 }
@@ -286,8 +286,6 @@ int run_dit(Communicator& world) {
                     o.dtype == "bf16" ? DType::bf16 : DType::f32};
   const UspDegrees deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree),
                                              given(g_ring_opt, o.ring_degree));
-  DIFFCP_CHECK(o.dtype != "bf16" || deg.ring == 1, "--dtype bf16 with ring degree ", deg.ring,
-               " > 1: bf16 Ring attention (USP) is not supported yet; use --ulysses-degree ", world.size());
   const DitShard shard = make_dit_shard(cfg, shape, world.size(), world.rank(), deg.ulysses);  // U | heads, P | tokens
   if (ck) check_dit_checkpoint(cfg, *ck);  // names every missing, extra or misshapen tensor
   std::vector<float> reference;
@@ -350,10 +348,12 @@ int run_dit(Communicator& world) {
   // whose ring successor lies in another link group.
   const std::int64_t n_tok = shape.batch * shard.tokens_p();
   const std::int64_t hdim = cfg.hidden() / deg.ulysses, layers = cfg.double_blocks + cfg.single_blocks;
-  VMajorBytes tapa_b = vmajor_predicted_bytes(deg.ulysses, ex->group_size(), n_tok, hdim, layers, schedule, o.steps, false);
-  VMajorBytes pred_b =
-      vmajor_predicted_bytes(deg.ulysses, ex->group_size(), n_tok, hdim, layers, schedule, o.steps, mode == ExchangeMode::cocodiff);
-  const std::uint64_t ring_b = static_cast<std::uint64_t>(o.steps * layers) * ring_kv_bytes(deg.ring, n_tok, cfg.hidden());
+  VMajorBytes tapa_b =
+      vmajor_predicted_bytes(deg.ulysses, ex->group_size(), n_tok, hdim, layers, schedule, o.steps, false, opt.compute);
+  VMajorBytes pred_b = vmajor_predicted_bytes(deg.ulysses, ex->group_size(), n_tok, hdim, layers, schedule, o.steps,
+                                              mode == ExchangeMode::cocodiff, opt.compute);
+  const std::uint64_t ring_b =
+      static_cast<std::uint64_t>(o.steps * layers) * ring_kv_bytes(deg.ring, n_tok, cfg.hidden(), opt.compute);
   int ring_inter_ranks = 0;
   for (int p = 0; p < world.size(); ++p) ring_inter_ranks += !ring_next_in_group(p, deg.ulysses, deg.ring, ex->link_group_size());
   const std::uint64_t ring_inter = ring_b * static_cast<std::uint64_t>(ring_inter_ranks) / static_cast<std::uint64_t>(world.size());
@@ -428,7 +428,7 @@ int run_dit(Communicator& world) {
     return 0;
   }
   std::printf("diffcp dit: mode %s, %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps (%s schedule)\n",
-              exchange_mode_name(mode), o.dtype == "bf16" ? "bf16 GEMMs and attention" : "f32", world.size(), ex->link_group_size(), static_cast<long long>(shape.width),
+              exchange_mode_name(mode), o.dtype == "bf16" ? "bf16 GEMMs, attention and exchanges" : "f32", world.size(), ex->link_group_size(), static_cast<long long>(shape.width),
               static_cast<long long>(shape.height), static_cast<long long>(shape.image_tokens()),
               static_cast<long long>(shape.text_tokens), static_cast<long long>(shape.batch), o.steps, schedule_name.c_str());
   if (o.weights.empty())

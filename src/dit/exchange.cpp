@@ -70,7 +70,7 @@ const BlockMask& AttentionExchange::mask() const {
   return *mask_;
 }
 
-void AttentionExchange::timed_all_to_all(const float* send, float* recv, std::size_t count) {
+void AttentionExchange::timed_all_to_all(const void* send, void* recv, std::size_t count) {
   const auto t0 = std::chrono::steady_clock::now();
   all_to_all(send, recv, count);
   stats_.comm_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -94,21 +94,23 @@ void AttentionExchange::seq_to_head(HeadRows<const float> qkv) {
   for (std::int64_t r = 0; r < P_; ++r)
     for (std::int64_t i = 0; i < bn; ++i)
       for (std::int64_t c = 0; c < 3; ++c)
-        std::memcpy(send_.data() + ((r * bn + i) * 3 + c) * h, qkv.at(l.rows[static_cast<std::size_t>(i)], c * l.heads + r * hp),
-                    sizeof(float) * static_cast<std::size_t>(h));
+        to_wire(qkv.at(l.rows[static_cast<std::size_t>(i)], c * l.heads + r * hp), wire_at(send_.data(), ((r * bn + i) * 3 + c) * h), h);
   timed_all_to_all(send_.data(), qkv_head_.data(), static_cast<std::size_t>(bn * 3 * h));
 }
 
-HeadRows<const float> AttentionExchange::q() const {
-  return {qkv_head_.data(), head_rows(), layout_.heads / P_, layout_.head_dim, 3 * hd()};
+void AttentionExchange::to_wire(const float* src, void* dst, std::int64_t n) const {
+  if (compute_ == DType::bf16)
+    convert_to_bf16(src, static_cast<bf16_t*>(dst), n);
+  else
+    std::memcpy(dst, src, sizeof(float) * static_cast<std::size_t>(n));
 }
-HeadRows<const float> AttentionExchange::k() const {
-  return {qkv_head_.data() + hd(), head_rows(), layout_.heads / P_, layout_.head_dim, 3 * hd()};
+
+void AttentionExchange::from_wire(const void* src, float* dst, std::int64_t n) const {
+  if (compute_ == DType::bf16)
+    convert_to_f32(static_cast<const bf16_t*>(src), dst, n);
+  else
+    std::memcpy(dst, src, sizeof(float) * static_cast<std::size_t>(n));
 }
-HeadRows<const float> AttentionExchange::v() const {
-  return {qkv_head_.data() + 2 * hd(), head_rows(), layout_.heads / P_, layout_.head_dim, 3 * hd()};
-}
-HeadRows<float> AttentionExchange::o() { return {o_head_.data(), head_rows(), layout_.heads / P_, layout_.head_dim, hd()}; }
 
 void AttentionExchange::head_to_seq(HeadRows<float> out) {
   const ExchangeLayout& l = layout_;
@@ -122,8 +124,7 @@ void AttentionExchange::head_to_seq(HeadRows<float> out) {
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < P_; ++r)
     for (std::int64_t i = 0; i < bn; ++i)
-      std::memcpy(out.at(l.rows[static_cast<std::size_t>(i)], r * hp), o_recv_.data() + (r * bn + i) * h,
-                  sizeof(float) * static_cast<std::size_t>(h));
+      from_wire(wire_at(o_recv_.data(), (r * bn + i) * h), out.at(l.rows[static_cast<std::size_t>(i)], r * hp), h);
 }
 
 void AttentionExchange::set_compute(DType compute) {
@@ -132,37 +133,28 @@ void AttentionExchange::set_compute(DType compute) {
   compute_ = compute;
 }
 
-namespace {
-// x [rows, heads, dim] (any row stride) rounded into the contiguous bf16 `out`.
-HeadRows<const bf16_t> rounded(HeadRows<const float> x, std::vector<bf16_t>& out) {
-  const std::int64_t w = x.heads * x.dim;
-  out.resize(static_cast<std::size_t>(x.rows * w));
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < x.rows; ++r)
-    convert_to_bf16(x.at(r, 0), out.data() + r * w, w);
-  return {out.data(), x.rows, x.heads, x.dim, w};
+template <typename T>
+void AttentionExchange::attend() {
+  const std::int64_t M = head_rows(), hp = layout_.heads / P_, d = layout_.head_dim, h = hd();
+  const T* qkv = reinterpret_cast<const T*>(qkv_head_.data());
+  const HeadRows<const T> q{qkv, M, hp, d, 3 * h}, k{qkv + h, M, hp, d, 3 * h}, v{qkv + 2 * h, M, hp, d, 3 * h};
+  const HeadRows<T> o{reinterpret_cast<T*>(o_head_.data()), M, hp, d, h};
+  if (!ring_) {
+    attention_forward(mask(), q, k, v, o, lse_);
+    return;
+  }
+  const RingTraffic t = ring_->forward(mask(), q, k, v, o, lse_);
+  (ring_intra_ ? stats_.bytes_intra : stats_.bytes_inter) += t.bytes;
+  stats_.ring_bytes += t.bytes;
+  stats_.messages += t.messages;
+  stats_.comm_ms += t.comm_ms;
 }
-}  // namespace
 
 void AttentionExchange::finish_attention(HeadRows<float> out) {
-  if (compute_ == DType::bf16) {
-    DIFFCP_CHECK(!ring_, "dit: bf16 attention with Ring attention (USP ring degree > 1) is not supported yet");
-    const HeadRows<float> o32 = o();
-    o16_.resize(static_cast<std::size_t>(o32.rows * o32.heads * o32.dim));
-    const HeadRows<bf16_t> o16{o16_.data(), o32.rows, o32.heads, o32.dim, o32.heads * o32.dim};
-    attention_forward(mask(), rounded(q(), q16_), rounded(k(), k16_), rounded(v(), v16_), o16, lse_);
-#pragma omp parallel for schedule(static)
-    for (std::int64_t r = 0; r < o32.rows; ++r)
-      convert_to_f32(o16.at(r, 0), o32.at(r, 0), o32.heads * o32.dim);
-  } else if (ring_) {
-    const RingTraffic t = ring_->forward(mask(), q(), k(), v(), o(), lse_);
-    (ring_intra_ ? stats_.bytes_intra : stats_.bytes_inter) += t.bytes;
-    stats_.ring_bytes += t.bytes;
-    stats_.messages += t.messages;
-    stats_.comm_ms += t.comm_ms;
-  } else {
-    attention_forward(mask(), q(), k(), v(), o(), lse_);
-  }
+  if (compute_ == DType::bf16)
+    attend<bf16_t>();
+  else
+    attend<float>();
   head_to_seq(out);
 }
 

@@ -29,9 +29,9 @@ void TapaExchange::count_since(const Counters& b) {
                      (intra_ag > 0 ? (n.intra_ag.calls - b.intra_ag.calls) * L1 : 0);
 }
 
-void TapaExchange::all_to_all(const float* send, float* recv, std::size_t count) {
+void TapaExchange::all_to_all(const void* send, void* recv, std::size_t count) {
   const Counters before = counters();
-  tapa_.all_to_all(send, recv, count, DType::f32);
+  tapa_.all_to_all(send, recv, count, wire());
   count_since(before);
 }
 

@@ -20,11 +20,10 @@ void VFirstExchange::start_v(HeadRows<const float> qkv) {
   // v_send: [P][b n_p][hd]: for destination r, each token's v slice of r's heads.
   for (std::int64_t r = 0; r < P; ++r)
     for (std::int64_t i = 0; i < bn; ++i)
-      std::memcpy(v_send_.data() + (r * bn + i) * h, qkv.at(l.rows[static_cast<std::size_t>(i)], 2 * l.heads + r * hp),
-                  sizeof(float) * static_cast<std::size_t>(h));
+      to_wire(qkv.at(l.rows[static_cast<std::size_t>(i)], 2 * l.heads + r * hp), wire_at(v_send_.data(), (r * bn + i) * h), h);
   v_before_ = counters();
   const double t0 = now_ms();
-  v_p1_.emplace(tapa_.phase1_async(tapa_.plan_uniform(static_cast<std::size_t>(bn * h)), v_send_.data(), DType::f32));
+  v_p1_.emplace(tapa_.phase1_async(tapa_.plan_uniform(static_cast<std::size_t>(bn * h)), v_send_.data(), wire()));
   stats_.comm_ms += now_ms() - t0;
   v_done_ = false;
   ++stats_.v_started;
@@ -48,14 +47,14 @@ void VFirstExchange::wait_v() {
   v_done_ = true;
 }
 
-void VFirstExchange::pack_qk(HeadRows<const float> qkv, const std::int32_t* active, std::int64_t count, float* dst) const {
+void VFirstExchange::pack_qk(HeadRows<const float> qkv, const std::int32_t* active, std::int64_t count, void* dst) const {
   const ExchangeLayout& l = layout();
   const std::int64_t P = size(), hp = l.heads / P, h = hd();
   for (std::int64_t r = 0; r < P; ++r)
     for (std::int64_t a = 0; a < count; ++a) {
       const std::int64_t row = l.rows[static_cast<std::size_t>(active ? active[a] : a)];
       for (std::int64_t c = 0; c < 2; ++c)
-        std::memcpy(dst + ((r * count + a) * 2 + c) * h, qkv.at(row, c * l.heads + r * hp), sizeof(float) * static_cast<std::size_t>(h));
+        to_wire(qkv.at(row, c * l.heads + r * hp), wire_at(dst, ((r * count + a) * 2 + c) * h), h);
     }
 }
 
@@ -64,7 +63,7 @@ void VFirstExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
   finish_attention(out);
 }
 
-void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, std::vector<float>* v_p1_copy) {
+void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, std::vector<std::byte>* v_p1_copy) {
   check_qkv(qkv);
   if (!v_p1_) start_v(qkv);
   const std::int64_t P = size(), h = hd(), bn = tokens();
@@ -74,13 +73,12 @@ void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, std::vector<float>*
   pack_qk(qkv, nullptr, bn, qk_send_.data());
 
   double t0 = now_ms();
-  TapaPhase1 qk_p1 = tapa_.phase1_async(tapa_.plan_uniform(static_cast<std::size_t>(bn * 2 * h)), qk_send_.data(), DType::f32);
+  TapaPhase1 qk_p1 = tapa_.phase1_async(tapa_.plan_uniform(static_cast<std::size_t>(bn * 2 * h)), qk_send_.data(), wire());
   stats_.comm_ms += now_ms() - t0;
   wait_v();
   if (v_p1_copy) {
     const std::span<const std::byte> staged = v_p1_->output();
-    v_p1_copy->resize(staged.size() / sizeof(float));
-    std::memcpy(v_p1_copy->data(), staged.data(), staged.size());
+    v_p1_copy->assign(staged.begin(), staged.end());
   }
   t0 = now_ms();
   tapa_.phase2(std::move(*v_p1_), v_recv_.data());
@@ -91,10 +89,11 @@ void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, std::vector<float>*
   ++stats_.calls;
 
   // Head layout [P b n_p][3][hd]: q|k from the q|k exchange, v from V's.
-  float* head = head_qkv();
+  void* head = head_qkv();
+  const std::size_t e = wire_size();
   for (std::int64_t i = 0; i < P * bn; ++i) {
-    std::memcpy(head + i * 3 * h, qk_recv_.data() + i * 2 * h, sizeof(float) * static_cast<std::size_t>(2 * h));
-    std::memcpy(head + (i * 3 + 2) * h, v_recv_.data() + i * h, sizeof(float) * static_cast<std::size_t>(h));
+    std::memcpy(wire_at(head, i * 3 * h), wire_at(qk_recv_.data(), i * 2 * h), e * static_cast<std::size_t>(2 * h));
+    std::memcpy(wire_at(head, (i * 3 + 2) * h), wire_at(v_recv_.data(), i * h), e * static_cast<std::size_t>(h));
   }
 }
 

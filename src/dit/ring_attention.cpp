@@ -2,11 +2,13 @@
 
 #include <chrono>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
 
 namespace diffcp {
 
@@ -20,10 +22,10 @@ double now_ms() {
 std::size_t uz(std::int64_t v) { return static_cast<std::size_t>(v); }
 }  // namespace
 
-std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden) {
+std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden, DType payload) {
   DIFFCP_CHECK(R >= 1 && tokens_p >= 0 && hidden >= 0, "ring_kv_bytes: R = ", R, ", tokens_p = ", tokens_p,
                ", hidden = ", hidden, "; expected R >= 1, the others >= 0");
-  return 8 * static_cast<std::uint64_t>(R - 1) * static_cast<std::uint64_t>(tokens_p) * static_cast<std::uint64_t>(hidden);
+  return 2 * dtype_size(payload) * static_cast<std::uint64_t>(R - 1) * static_cast<std::uint64_t>(tokens_p) * static_cast<std::uint64_t>(hidden);
 }
 
 bool ring_next_in_group(int p, int U, int R, int L) {
@@ -39,8 +41,19 @@ RingAttention::RingAttention(std::unique_ptr<Communicator> ring) : ring_(std::mo
 
 RingTraffic RingAttention::forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
                                    HeadRows<const float> v, HeadRows<float> o, std::span<float> lse) {
+  return forward_t(mask, q, k, v, o, lse);
+}
+RingTraffic RingAttention::forward(const BlockMask& mask, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
+                                   HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse) {
+  return forward_t(mask, q, k, v, o, lse);
+}
+
+template <typename T>
+RingTraffic RingAttention::forward_t(const BlockMask& mask, HeadRows<const T> q, HeadRows<const T> k,
+                                     HeadRows<const T> v, HeadRows<T> o, std::span<float> lse) {
+  constexpr bool bf16 = std::is_same_v<T, bf16_t>;
   const std::int64_t M = q.rows, h = q.heads, d = q.dim, hd = h * d;
-  for (const HeadRows<const float>& t : {k, v, HeadRows<const float>(o)})
+  for (const HeadRows<const T>& t : {k, v, HeadRows<const T>(o)})
     DIFFCP_CHECK(t.rows == M && t.heads == h && t.dim == d, "ring attention: a tensor has shape [", t.rows, ", ",
                  t.heads, ", ", t.dim, "], expected q's [", M, ", ", h, ", ", d, "]");
   DIFFCP_CHECK(mask.key_rows() == M && static_cast<std::int64_t>(lse.size()) == M * h, "ring attention: mask of ",
@@ -50,40 +63,53 @@ RingTraffic RingAttention::forward(const BlockMask& mask, HeadRows<const float> 
   for (auto* b : {&kv_[0], &kv_[1]}) b->resize(count);
   for (auto* b : {&o_run_, &o_part_, &o_tmp_}) b->resize(uz(M * hd));
   for (auto* b : {&lse_run_, &lse_part_, &lse_tmp_}) b->resize(uz(M * h));
+  if (bf16) o16_.resize(uz(M * hd));
   const auto view = [&](std::vector<float>& b) { return HeadRows<float>{b.data(), M, h, d, hd}; };
-
+  const auto kv = [&](int i) { return reinterpret_cast<T*>(kv_[i].data()); };
   // This group's K|V, one contiguous message: kv[i] = [k row i | v row i], [M][2][hd].
   for (std::int64_t i = 0; i < M; ++i) {
-    std::memcpy(kv_[0].data() + uz(i * 2 * hd), k.at(i, 0), sizeof(float) * uz(hd));
-    std::memcpy(kv_[0].data() + uz(i * 2 * hd + hd), v.at(i, 0), sizeof(float) * uz(hd));
+    std::memcpy(kv(0) + i * 2 * hd, k.at(i, 0), sizeof(T) * uz(hd));
+    std::memcpy(kv(0) + i * 2 * hd + hd, v.at(i, 0), sizeof(T) * uz(hd));
   }
+  // The partial (o, lse) of q against the K|V `kt`, `vt` into f32 `o32`, `l32` (bf16: widened).
+  const auto partial = [&](HeadRows<const T> kt, HeadRows<const T> vt, std::vector<float>& o32, std::vector<float>& l32) {
+    if constexpr (bf16) {
+      attention_forward(mask, q, kt, vt, HeadRows<bf16_t>{o16_.data(), M, h, d, hd}, l32);
+      convert_to_f32(o16_.data(), o32.data(), M * hd);
+    } else {
+      attention_forward(mask, q, kt, vt, view(o32), l32);
+    }
+  };
   RingTraffic traffic;
   int cur = 0;
   for (int t = 0; t < R; ++t) {
     WorkPtr send, recv;
     if (t + 1 < R) {  // group g-t-1's block flies while group g-t's is computed
       const double t0 = now_ms();
-      recv = ring_->recv_async(kv_[1 - cur].data(), count, DType::f32, prev, kTagKV);
-      send = ring_->send_async(kv_[cur].data(), count, DType::f32, next, kTagKV);
+      recv = ring_->recv_async(kv(1 - cur), count, dtype_of<T>(), prev, kTagKV);
+      send = ring_->send_async(kv(cur), count, dtype_of<T>(), next, kTagKV);
       traffic.comm_ms += now_ms() - t0;
-      traffic.bytes += count * sizeof(float);
+      traffic.bytes += count * sizeof(T);
       ++traffic.messages;
     }
-    const HeadRows<const float> kt{kv_[cur].data(), M, h, d, 2 * hd}, vt{kv_[cur].data() + hd, M, h, d, 2 * hd};
+    const HeadRows<const T> kt{kv(cur), M, h, d, 2 * hd}, vt{kv(cur) + hd, M, h, d, 2 * hd};
     if (R == 1) {
       attention_forward(mask, q, kt, vt, o, lse);
     } else if (t == 0) {
-      attention_forward(mask, q, kt, vt, view(o_run_), lse_run_);
+      partial(kt, vt, o_run_, lse_run_);
     } else {
-      attention_forward(mask, q, kt, vt, view(o_part_), lse_part_);
+      partial(kt, vt, o_part_, lse_part_);
       const HeadRows<const float> o_parts[] = {view(o_run_), view(o_part_)};
       const std::span<const float> lse_parts[] = {lse_run_, lse_part_};
-      if (t + 1 == R) {
-        lse_merge(o_parts, lse_parts, o, lse);  // the last partial merges straight into the output
-      } else {
+      if (t + 1 < R) {
         lse_merge(o_parts, lse_parts, view(o_tmp_), lse_tmp_);
         std::swap(o_run_, o_tmp_);
         std::swap(lse_run_, lse_tmp_);
+      } else if constexpr (bf16) {  // the merged output rounded once
+        lse_merge(o_parts, lse_parts, view(o_tmp_), lse);
+        for (std::int64_t i = 0; i < M; ++i) convert_to_bf16(o_tmp_.data() + i * hd, o.at(i, 0), hd);
+      } else {
+        lse_merge(o_parts, lse_parts, o, lse);  // the last partial merges straight into the output
       }
     }
     if (send) {

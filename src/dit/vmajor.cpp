@@ -27,7 +27,7 @@ void VMajorExchange::begin_step(int step, int steps) {
 
 std::uint64_t VMajorExchange::cache_bytes() const {
   std::uint64_t n = 0;
-  for (const LayerCache& c : caches_) n += (c.v_p1.size() + c.qkv_p2.size()) * sizeof(float);
+  for (const LayerCache& c : caches_) n += c.v_p1.size() + c.qkv_p2.size();
   return n;
 }
 
@@ -36,8 +36,9 @@ void VMajorExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
   if (!v_p1_) start_v(qkv);
   if (layer_ >= caches_.size()) caches_.emplace_back();
   LayerCache& c = caches_[layer_++];
-  const std::int64_t n = tokens(), h = hd();
-  const bool cached = c.qkv_p2.size() == uz(size() * n * 3 * h) && c.v_p1.size() == uz(size() * n * h);
+  const std::int64_t n = tokens(), h = hd(), e = static_cast<std::int64_t>(wire_size());
+  // (a cache of another shape or payload dtype is refilled)
+  const bool cached = c.qkv_p2.size() == uz(size() * n * 3 * h * e) && c.v_p1.size() == uz(size() * n * h * e);
   if (!cached || schedule_.full(step_, steps_)) {
     full_exchange(qkv, c);
   } else {
@@ -48,8 +49,8 @@ void VMajorExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
 
 void VMajorExchange::full_exchange(HeadRows<const float> qkv, LayerCache& c) {
   exchange_qkv(qkv, &c.v_p1);
-  const float* head = head_qkv();
-  c.qkv_p2.assign(head, head + head_rows() * 3 * hd());
+  const auto* head = static_cast<const std::byte*>(head_qkv());
+  c.qkv_p2.assign(head, wire_at(head, head_rows() * 3 * hd()));
   ++stats_.full;
 }
 
@@ -59,16 +60,21 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
 
   // 1. V's phase 1 (full): staged [G][L][n][hd], block hh*L + j = group mate j's tokens for (hh, i).
   wait_v();
-  const float* vs = reinterpret_cast<const float*>(v_p1_->output().data());
+  const std::byte* vs = v_p1_->output().data();
+  const std::size_t e = wire_size();
 
   // 2. Partial L1 over this lane's heads per group token [L][n], summed over the lanes in order.
   l1_part_.assign(uz(L * n), 0.f);
+  row_a_.resize(uz(h));
+  row_b_.resize(uz(h));
   for (std::int64_t j = 0; j < L; ++j)
     for (std::int64_t t = 0; t < n; ++t) {
       double s = 0;
       for (std::int64_t hh = 0; hh < G; ++hh) {
         const std::int64_t off = ((hh * L + j) * n + t) * h;
-        for (std::int64_t e = 0; e < h; ++e) s += std::abs(vs[off + e] - c.v_p1[uz(off + e)]);
+        from_wire(wire_at(vs, off), row_a_.data(), h);
+        from_wire(wire_at(c.v_p1.data(), off), row_b_.data(), h);
+        for (std::int64_t x = 0; x < h; ++x) s += std::abs(row_a_[uz(x)] - row_b_[uz(x)]);
       }
       l1_part_[uz(j * n + t)] = static_cast<float>(s);
     }
@@ -106,7 +112,7 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
     for (std::int64_t j = 0; j < L; ++j)
       for (std::int64_t a = 0; a < k; ++a) {
         const std::int64_t off = ((hh * L + j) * n + act_group_[uz(j * k + a)]) * h;
-        std::memcpy(c.v_p1.data() + off, vs + off, sizeof(float) * uz(h));
+        std::memcpy(wire_at(c.v_p1.data(), off), wire_at(vs, off), e * uz(h));
       }
 
   // 5. Q|K phase 1 of this rank's active rows, then one phase 2 of the active q|k|v rows.
@@ -116,19 +122,19 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   p2_recv_.resize(p2_send_.size());
   t0 = now_ms();
   if (k > 0) {
-    TapaPhase1 qk_p1 = tapa_.phase1_async(tapa_.plan_uniform(uz(k * 2 * h)), qk_send_.data(), DType::f32);
+    TapaPhase1 qk_p1 = tapa_.phase1_async(tapa_.plan_uniform(uz(k * 2 * h)), qk_send_.data(), wire());
     qk_p1.wait();
     stats_.comm_ms += now_ms() - t0;
-    const float* qs = reinterpret_cast<const float*>(qk_p1.output().data());  // [G][L][k][2][hd]
+    const std::byte* qs = qk_p1.output().data();  // [G][L][k][2][hd]
     for (std::int64_t hh = 0; hh < G; ++hh)
       for (std::int64_t j = 0; j < L; ++j)
         for (std::int64_t a = 0; a < k; ++a) {
-          float* dst = p2_send_.data() + ((hh * L + j) * k + a) * 3 * h;
-          std::memcpy(dst, qs + ((hh * L + j) * k + a) * 2 * h, sizeof(float) * uz(2 * h));
-          std::memcpy(dst + 2 * h, vs + ((hh * L + j) * n + act_group_[uz(j * k + a)]) * h, sizeof(float) * uz(h));
+          std::byte* dst = wire_at(p2_send_.data(), ((hh * L + j) * k + a) * 3 * h);
+          std::memcpy(dst, wire_at(qs, ((hh * L + j) * k + a) * 2 * h), e * uz(2 * h));
+          std::memcpy(dst + e * uz(2 * h), wire_at(vs, ((hh * L + j) * n + act_group_[uz(j * k + a)]) * h), e * uz(h));
         }
     t0 = now_ms();
-    tapa_.inter().all_to_all_async(p2_send_.data(), p2_recv_.data(), uz(L * k * 3 * h), DType::f32)->wait();
+    tapa_.inter().all_to_all_async(p2_send_.data(), p2_recv_.data(), uz(L * k * 3 * h), wire())->wait();
   }
   v_p1_.reset();
   stats_.comm_ms += now_ms() - t0;
@@ -139,15 +145,15 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   // 6. Scatter the active rows into QKV^p2 (source s = g' L + j), then attention reads it.
   for (std::int64_t s = 0; s < P; ++s)
     for (std::int64_t a = 0; a < k; ++a)
-      std::memcpy(c.qkv_p2.data() + (s * n + act_all_[uz(s * k + a)]) * 3 * h, p2_recv_.data() + (s * k + a) * 3 * h,
-                  sizeof(float) * uz(3 * h));
-  std::memcpy(head_qkv(), c.qkv_p2.data(), c.qkv_p2.size() * sizeof(float));
+      std::memcpy(wire_at(c.qkv_p2.data(), (s * n + act_all_[uz(s * k + a)]) * 3 * h), wire_at(p2_recv_.data(), (s * k + a) * 3 * h),
+                  e * uz(3 * h));
+  std::memcpy(head_qkv(), c.qkv_p2.data(), c.qkv_p2.size());
 }
 
 VMajorBytes vmajor_predicted_bytes(int P, int L, std::int64_t n, std::int64_t hd, std::int64_t layers,
-                                   const CacheSchedule& schedule, int steps, bool vmajor) {
+                                   const CacheSchedule& schedule, int steps, bool vmajor, DType payload) {
   DIFFCP_CHECK(P >= 1 && L >= 1 && P % L == 0, "vmajor_predicted_bytes: L = ", L, " does not divide P = ", P);
-  const std::uint64_t G = static_cast<std::uint64_t>(P / L), Lu = static_cast<std::uint64_t>(L), f = sizeof(float);
+  const std::uint64_t G = static_cast<std::uint64_t>(P / L), Lu = static_cast<std::uint64_t>(L), f = dtype_size(payload);
   const std::uint64_t N = static_cast<std::uint64_t>(n), h = static_cast<std::uint64_t>(hd);
   VMajorBytes out;
   for (int step = 0; step < steps; ++step) {
@@ -161,7 +167,7 @@ VMajorBytes vmajor_predicted_bytes(int P, int L, std::int64_t n, std::int64_t hd
     } else {
       const std::uint64_t k = N - static_cast<std::uint64_t>(schedule.cached_tokens(step, steps, n));
       intra += (Lu - 1) * G * N * h * f            // V phase 1, full
-               + (Lu - 1) * Lu * N * f              // L1 partials all-gathered in the group
+               + (Lu - 1) * Lu * N * sizeof(float)  // L1 partials (f32) all-gathered in the group
                + (Lu - 1) * G * k * 2 * h * f;      // Q|K phase 1, active rows
       inter_qkv = (G - 1) * Lu * k * 3 * h * f;     // phase 2, active q|k|v rows
       if (k > 0) inter += (G - 1) * Lu * k * sizeof(std::int32_t);  // active indices all-gathered

@@ -26,6 +26,11 @@
 // all-to-alls becomes Ring attention over the R = P / U groups; tokens stay sharded over all P
 // ranks (seq_size(), seq_rank()). U = P (the default): no ring, today's path unchanged.
 //
+// Payload (set_compute): f32, or bf16 — the sequence-layout rows are rounded once as they are packed,
+// every exchange, the head layout, V-Major's caches and Ring's K|V hops carry bf16 (half the bytes),
+// the bf16 attention kernel reads the head layout in place (f32 accumulation and softmax) and o
+// returns in bf16, widened to f32 as it is unpacked. lse and V-Major's L1 statistics stay f32.
+//
 // Call order (every rank of the group, same sequence): the constructor (collective), then any
 // number of attention() calls with equal layouts on all ranks; set_layout() is local.
 #pragma once
@@ -126,18 +131,13 @@ class AttentionExchange {
   // Bytes of this rank's cross-step caches (cocodiff: V^p1, Q^p2, K^p2, V^p2 per layer).
   virtual std::uint64_t cache_bytes() const { return 0; }
 
-  // The storage type of the dense attention: f32, or bf16 (q, k, v rounded in head layout, the
-  // bf16 kernel with f32 accumulation, o back to f32). The exchanges' payloads stay f32. Not with
-  // USP's Ring attention (ring degree > 1): attention() then fails naming it.
+  // The payload and attention dtype (see the header comment): f32 (default) or bf16. Set it before
+  // the first attention() or between steps (a change makes V-Major refill its caches).
   void set_compute(DType compute);
   DType compute() const { return compute_; }
 
   // The two halves attention() is made of (for tests and later schedules).
   void seq_to_head(HeadRows<const float> qkv);
-  HeadRows<const float> q() const;  // [P b n_p, h_p, d_h], valid after seq_to_head
-  HeadRows<const float> k() const;
-  HeadRows<const float> v() const;
-  HeadRows<float> o();              // [P b n_p, h_p, d_h] the head-layout output to fill
   const BlockMask& mask() const;
   void head_to_seq(HeadRows<float> out);
 
@@ -146,15 +146,26 @@ class AttentionExchange {
 
  protected:
   AttentionExchange(ExchangeMode mode, int rank, int P, int L);
-  // Communicator::all_to_all semantics: send, recv [P * count] f32, block r to / from rank r.
-  // Implementations add their bytes and messages to stats_ (the caller adds calls and comm_ms).
-  virtual void all_to_all(const float* send, float* recv, std::size_t count) = 0;
+  // Communicator::all_to_all semantics: send, recv [P * count] elements of wire(), block r to /
+  // from rank r. Implementations add their bytes and messages to stats_ (the caller adds calls and
+  // comm_ms).
+  virtual void all_to_all(const void* send, void* recv, std::size_t count) = 0;
   ExchangeStats stats_;
 
   std::int64_t head_rows() const { return P_ * layout_.batch * layout_.tokens_p; }  // P b n_p
   std::int64_t hd() const { return layout_.heads / P_ * layout_.head_dim; }         // h_p d_h
-  // The head-layout q|k|v [P b n_p][3][hd] that attention reads (subclasses fill it).
-  float* head_qkv() { return qkv_head_.data(); }
+  // The payload dtype (= compute()) and its element size; element i of a payload buffer; n f32
+  // values stored as payload elements at dst (copied or rounded), and back (copied or widened).
+  DType wire() const { return compute_; }
+  std::size_t wire_size() const { return dtype_size(compute_); }
+  std::byte* wire_at(void* base, std::int64_t i) const { return static_cast<std::byte*>(base) + i * wire_size(); }
+  const std::byte* wire_at(const void* base, std::int64_t i) const {
+    return static_cast<const std::byte*>(base) + i * wire_size();
+  }
+  void to_wire(const float* src, void* dst, std::int64_t n) const;
+  void from_wire(const void* src, float* dst, std::int64_t n) const;
+  // The head-layout q|k|v [P b n_p][3][hd] in wire() that attention reads (subclasses fill it).
+  void* head_qkv() { return qkv_head_.data(); }
   // Attention on head_qkv() (USP: Ring attention over the groups), then head -> seq into out (as the
   // second half of attention()).
   void finish_attention(HeadRows<float> out);
@@ -162,7 +173,10 @@ class AttentionExchange {
   void check_qkv(HeadRows<const float> qkv) const;
 
  private:
-  void timed_all_to_all(const float* send, float* recv, std::size_t count);
+  void timed_all_to_all(const void* send, void* recv, std::size_t count);
+  // The attention on the head layout in T (= wire()): o_head_ [P b n_p][hd] out.
+  template <typename T>
+  void attend();
   friend std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode, Communicator&, int,
                                                                     const CacheSchedule&, int);
 
@@ -175,9 +189,11 @@ class AttentionExchange {
   bool ring_intra_ = false;
   ExchangeLayout layout_;
   std::optional<BlockMask> mask_;
-  std::vector<float> send_, qkv_head_, o_head_, o_recv_, lse_;
+  // Payload buffers sized in f32 elements (bf16 uses half of each): send [P][b n_p][3][hd],
+  // head-layout q|k|v [P b n_p][3][hd], o [P b n_p][hd] and the o coming back [P][b n_p][hd].
+  std::vector<float> send_, qkv_head_, o_head_, o_recv_;
+  std::vector<float> lse_;  // [P b n_p, h_p]
   DType compute_ = DType::f32;
-  std::vector<bf16_t> q16_, k16_, v16_, o16_;  // compute_ = bf16: contiguous [P b n_p, h_p, d_h]
 };
 
 // The exchange for `mode` over the ranks of `world` in groups of `group_size` consecutive ranks

@@ -24,7 +24,7 @@ class TapaExchange : public AttentionExchange {
   void count_since(const Counters& before);
 
   // plan_uniform + phase 1 + phase 2, counted.
-  void all_to_all(const float* send, float* recv, std::size_t count) override;
+  void all_to_all(const void* send, void* recv, std::size_t count) override;
 
   TapaAllToAll tapa_;
 };

@@ -27,12 +27,12 @@ class VFirstExchange : public TapaExchange {
 
  protected:
   // Everything of attention() up to the filled head layout; v_p1_copy (optional) receives V's
-  // phase-1 output [G][L][b n_p][hd] (cocodiff's V^p1).
-  void exchange_qkv(HeadRows<const float> qkv, std::vector<float>* v_p1_copy);
+  // phase-1 output [G][L][b n_p][hd] in wire() (cocodiff's V^p1).
+  void exchange_qkv(HeadRows<const float> qkv, std::vector<std::byte>* v_p1_copy);
   std::int64_t tokens() const { return layout().batch * layout().tokens_p; }  // b n_p
   // Packs the q|k slices of the local rows `active` [count] (exchange-order token indices; null:
-  // all b n_p in order) for every destination: dst [P][count][2][hd].
-  void pack_qk(HeadRows<const float> qkv, const std::int32_t* active, std::int64_t count, float* dst) const;
+  // all b n_p in order) for every destination: dst [P][count][2][hd] in wire().
+  void pack_qk(HeadRows<const float> qkv, const std::int32_t* active, std::int64_t count, void* dst) const;
   // Blocks until V's phase 1 is complete (v_hidden when a poll saw it complete first; v_wait_ms).
   void wait_v();
   // Steady clock in ms (for the comm_ms intervals).
@@ -41,7 +41,7 @@ class VFirstExchange : public TapaExchange {
   std::optional<TapaPhase1> v_p1_;  // V's phase 1 in flight: [G][L][b n_p][hd] staged
   bool v_done_ = false;
   Counters v_before_{};             // counters when V's phase 1 was posted
-  std::vector<float> v_send_, qk_send_, v_recv_, qk_recv_;
+  std::vector<float> v_send_, qk_send_, v_recv_, qk_recv_;  // payload buffers (f32 slots; bf16 uses half)
 };
 
 }  // namespace diffcp

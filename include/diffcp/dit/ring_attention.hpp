@@ -25,9 +25,12 @@
 // Ring's K/V traffic is full (unoptimised, as in the paper): V-Major's caches act inside the Ulysses
 // exchange only, every hop carries every row.
 //
-// Bytes (f32, per rank per attention, every rank alike): R-1 hops, each one group's K and V for h_p
-// heads, 2 M hd = 2 b n_p H floats:
-//   ring_kv_bytes = 4 * 2 b n_p H = 8 b N H / P            (N = P n_p tokens per image)
+// bf16 (the exchange's payload): q, k, v, o and the K|V hops in bf16, the bf16 kernel; partial
+// outputs widened and merged in f32, the merged o rounded once.
+//
+// Bytes (per rank per attention, every rank alike, e = 4 for f32, 2 for bf16): R-1 hops, each one
+// group's K and V for h_p heads, 2 M hd = 2 b n_p H elements:
+//   ring_kv_bytes = e * 2 b n_p H = 2 e b N H / P           (N = P n_p tokens per image)
 // all to ring rank g+1 (world rank p + U mod P): inside the link group iff it shares p's group of L.
 // Compare the Ulysses all-to-alls (q|k|v in, o out): 16 (U-1)/U b n_p H. Summed over the P ranks,
 // Ulysses moves 16 (U-1)/U b N H and the ring 8 b N H: past the head limit (U fixed) the
@@ -49,7 +52,7 @@
 namespace diffcp {
 
 // ring_kv_bytes above: R the ring degree, tokens_p = b n_p, hidden = H. Throws for R < 1.
-std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden);
+std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden, DType payload = DType::f32);
 // Whether world rank p's ring successor (p + U mod P) lies in p's group of L consecutive ranks.
 bool ring_next_in_group(int p, int U, int R, int L);
 
@@ -70,14 +73,21 @@ class RingAttention {
 
   // o, lse = softmax attention (scale 1/sqrt(d_h)) of q over the keys of every group:
   //   mask: q's rows against one group's M key rows (the same for every group)
-  //   q, k, v: [M, h_p, d_h] this rank's head-layout tensors (any row stride)
+  //   q, k, v: [M, h_p, d_h] this rank's head-layout tensors (any row stride), f32 or bf16
   //   o: [M, h_p, d_h] out   lse: [M h_p] out
   RingTraffic forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
                       HeadRows<const float> v, HeadRows<float> o, std::span<float> lse);
+  RingTraffic forward(const BlockMask& mask, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
+                      HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse);
 
  private:
+  template <typename T>
+  RingTraffic forward_t(const BlockMask& mask, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
+                        HeadRows<T> o, std::span<float> lse);
+
   std::unique_ptr<Communicator> ring_;
-  std::vector<float> kv_[2];                         // [M][2][hd] visiting K|V, double-buffered
+  std::vector<float> kv_[2];                         // [M][2][hd] visiting K|V (f32 slots; bf16 uses half)
+  std::vector<bf16_t> o16_;                          // [M, hd] a bf16 partial
   std::vector<float> o_run_, o_part_, o_tmp_;        // [M, hd]
   std::vector<float> lse_run_, lse_part_, lse_tmp_;  // [M h_p]
 };

@@ -8,7 +8,9 @@
 //   V^p1  [G][L][n][hd]    V's phase-1 output (all tokens of the group, this rank's lane of heads)
 //   QKV^p2 [P][n][3][hd]   the head-layout q|k|v the attention reads (Q^p2, K^p2, V^p2 interleaved,
 //                          so attention sees exactly TAPA's layout and strides)
-// i.e. 4 n H floats per layer (H = n_h d_h), independent of P for a fixed image.
+// i.e. 4 n H elements of the payload dtype per layer (H = n_h d_h; f32, or bf16: half the bytes),
+// independent of P for a fixed image. The L1 statistics are computed in f32 (double sums) from the
+// payload values, and all-gathered in f32.
 //
 // Full step (warm-up, sync, step 0): V-First's exchange; the outputs fill V^p1 and QKV^p2.
 // Selective step:
@@ -51,9 +53,9 @@ class VMajorExchange final : public VFirstExchange {
   std::uint64_t cache_bytes() const override;
 
  private:
-  struct LayerCache {
-    std::vector<float> v_p1;    // [G][L][n][hd]
-    std::vector<float> qkv_p2;  // [P][n][3][hd]
+  struct LayerCache {  // in wire()
+    std::vector<std::byte> v_p1;    // [G][L][n][hd]
+    std::vector<std::byte> qkv_p2;  // [P][n][3][hd]
   };
   void full_exchange(HeadRows<const float> qkv, LayerCache& c);
   void selective_exchange(HeadRows<const float> qkv, LayerCache& c, std::int64_t cached);
@@ -62,19 +64,21 @@ class VMajorExchange final : public VFirstExchange {
   int step_ = 0, steps_ = 1;
   std::size_t layer_ = 0;
   std::vector<LayerCache> caches_;
-  std::vector<float> l1_part_, l1_all_, p2_send_, p2_recv_;
+  std::vector<float> l1_part_, l1_all_, row_a_, row_b_;
+  std::vector<float> p2_send_, p2_recv_;  // payload (f32 slots; bf16 uses half)
   std::vector<double> l1_;
   std::vector<std::int32_t> act_group_, act_all_, order_;
 };
 
 // Bytes one rank sends in a run (closed form of the exchange above, every rank alike): `layers`
-// attention exchanges per step, n tokens and hd per rank, f32.
+// attention exchanges per step, n tokens and hd per rank, rows in `payload` (f32 or bf16; the L1
+// partials f32, the active indices i32).
 struct VMajorBytes {
   std::uint64_t intra = 0, inter = 0;  // inside / across groups, everything (as ExchangeStats)
   std::uint64_t inter_qkv = 0;         // of inter: the q|k|v phase 2 alone (what V-Major shrinks)
 };
 // vmajor = false: TAPA's (every step full). Throws for P % L != 0.
 VMajorBytes vmajor_predicted_bytes(int P, int L, std::int64_t n, std::int64_t hd, std::int64_t layers,
-                                   const CacheSchedule& schedule, int steps, bool vmajor);
+                                   const CacheSchedule& schedule, int steps, bool vmajor, DType payload = DType::f32);
 
 }  // namespace diffcp
