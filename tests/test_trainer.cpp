@@ -118,8 +118,23 @@ TEST(Trainer, Bf16MixedPrecisionLossAtStep400Within2PercentOfF32) {
   EXPECT_THROW(train(world(), o), Error);
 }
 
-// --shard optimizer and full (parameters, gradients, moments sharded over the mesh; the LM head
-// vocabulary-parallel over the CP group) train like the replicated state: the same losses and
+// The auto choices: ZeRO-1 (--shard optimizer) for the synthetic shapes on more than one rank,
+// none alone; Split-KV's output projection owned when n_q d_h <= H (no more bytes, 1/P of the
+// FLOPs), else all; explicit values win, unknown ones are refused.
+TEST(Trainer, AutoShardsTheOptimizerAndPicksTheOutputProjectionByShape) {
+  TrainOptions o = small(1);
+  const TrainResult r = train(world(), o);
+  EXPECT_EQ(r.shard, world().size() > 1 ? "optimizer" : "none");
+  const DrafterConfig tiny = drafter_preset("tiny");
+  EXPECT_EQ(r.oproj, tiny.n_q * tiny.d_h <= tiny.hidden ? "owned" : "all");
+  o.oproj = "all";
+  EXPECT_EQ(train(world(), o).oproj, "all");
+  o.oproj = "rows";
+  EXPECT_THROW(train(world(), o), Error);
+}
+
+// --shard optimizer (AdamW moments sharded) and full (parameters, gradients, moments sharded over
+// the mesh; the LM head vocabulary-parallel over the CP group) train like the replicated state: the same losses and
 // parameters to fp32 rounding, with gradient accumulation (full reduce-scatters per micro-batch).
 TEST(Trainer, ShardedStateTrainsLikeTheReplicatedOne) {
   TrainOptions o = small(3);

@@ -74,7 +74,10 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
                                                   "auto (hierarchical; flat on one node)")->capture_default_str();
   c->add_option("--stop-at", opt.stop_at, "stop after this step as if killed (for resume tests)");
   c->add_option("--shard", opt.shard, "model state over the mesh: none | optimizer | full | auto (= full for the real "
-                 "shapes on more than one rank, else none); optimizer and full also split the LM head over the CP group")->capture_default_str();
+                 "shapes on more than one rank, optimizer for the synthetic ones, none on one rank); full also splits the "
+                 "frozen LM head over the CP group")->capture_default_str();
+  c->add_option("--oproj", opt.oproj, "Split-KV's output projection: all | owned | auto (= owned when n_q d_h <= hidden)")
+      ->capture_default_str();
   c->add_option("--recompute", opt.recompute, "activation recomputation: on | off | auto (= on with --shard full)")
       ->capture_default_str();
   c->add_option("--dtype", opt.dtype, "compute precision: f32 | bf16 (mixed precision: bf16 attention, payloads and GEMMs; "
@@ -138,8 +141,8 @@ int run_train(Communicator& world, TrainCommand cmd) {
     std::printf("diffcp train: final loss %.4f (uniform prediction: %.4f), held-out acceptance length tau %.3f "
                 "(against the %s)\n", r.loss, r.uniform_loss, r.tau, r.tau_reference.c_str());
     std::printf("diffcp train: checkpoint %s\n", r.checkpoint.empty() ? "not written (no --out)" : r.checkpoint.c_str());
-    std::printf("diffcp train: CP group on %s, Split-KV with %s collectives, %s compute\n", r.topology.c_str(),
-                r.collectives.c_str(), r.dtype == "bf16" ? "bf16 mixed-precision" : "f32");
+    std::printf("diffcp train: CP group on %s, Split-KV with %s collectives and output projection %s, %s compute\n",
+                r.topology.c_str(), r.collectives.c_str(), r.oproj.c_str(), r.dtype == "bf16" ? "bf16 mixed-precision" : "f32");
     std::printf("diffcp train: --shard %s%s: model state %.0f MiB/rank, LM head %.0f MiB/rank; ms per step:", r.shard.c_str(),
                 r.recompute ? ", activations recomputed" : "", r.state_mb, r.lm_head_mb);
     for (const auto& [name, ms] : r.phases) std::printf(" %s %.0f", name.c_str(), ms);

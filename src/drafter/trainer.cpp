@@ -95,6 +95,8 @@ void validate(const TrainOptions& opt, int W) {
                "TrainOptions::collectives '", opt.collectives, "': expected flat, hierarchical or auto");
   DIFFCP_CHECK(opt.shard == "auto" || opt.shard == "none" || opt.shard == "optimizer" || opt.shard == "full",
                "TrainOptions::shard '", opt.shard, "': expected none, optimizer, full or auto");
+  DIFFCP_CHECK(opt.oproj == "auto" || opt.oproj == "all" || opt.oproj == "owned", "TrainOptions::oproj '", opt.oproj,
+               "': expected all, owned or auto");
   DIFFCP_CHECK(opt.recompute == "auto" || opt.recompute == "on" || opt.recompute == "off", "TrainOptions::recompute '",
                opt.recompute, "': expected on, off or auto");
   DIFFCP_CHECK(opt.dtype == "f32" || opt.dtype == "bf16", "TrainOptions::dtype '", opt.dtype, "': expected f32 or bf16");
@@ -203,13 +205,19 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   res.lr = lr;
   res.anchors = anchors;
 
-  // auto: full for the real shapes on more than one rank (their replicated state does not fit),
-  // none for the synthetic ones (it fits, and the per-layer gathers would only cost time).
-  shard = opt.shard == "auto" ? (W > 1 && real_shape ? ShardMode::full : ShardMode::none) : parse_shard_mode(opt.shard);
+  // auto: full for the real shapes on more than one rank (their replicated state does not fit);
+  // optimizer for the synthetic ones (the parameters fit, so no per-layer gathers, but a replicated
+  // AdamW step would be the one phase that does not scale); none on one rank.
+  shard = opt.shard != "auto" ? parse_shard_mode(opt.shard)
+          : W == 1            ? ShardMode::none
+          : real_shape        ? ShardMode::full
+                              : ShardMode::optimizer;
   res.shard = shard_mode_name(shard);
   compute = opt.dtype == "bf16" ? DType::bf16 : DType::f32;
   res.dtype = opt.dtype;
-  drafter = std::make_unique<Drafter>(*cp, cfg, SplitKVOptions{OProj::all, collectives, compute});
+  const OProj oproj = opt.oproj != "auto" ? parse_oproj(opt.oproj) : cfg.n_q * cfg.d_h <= cfg.hidden ? OProj::owned : OProj::all;
+  res.oproj = oproj_name(oproj);
+  drafter = std::make_unique<Drafter>(*cp, cfg, SplitKVOptions{oproj, collectives, compute});
   state = std::make_unique<ShardedState>(world, drafter->layout(), shard);
   drafter->use_state(*state);
   res.recompute = opt.recompute == "on" || (opt.recompute == "auto" && shard == ShardMode::full);
@@ -217,8 +225,8 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   if (opt.init.empty()) drafter->init_params(opt.seed + 7);
   else state->set_params(init.params), init.params = {};
   drafter->set_embedding([src = data.get()](std::span<const std::int32_t> tokens, float* out) { src->embedding_rows(tokens, out); });
-  {  // the LM head: whole (none) or this CP rank's vocabulary slice
-    const bool split = shard != ShardMode::none;
+  {  // the LM head: whole (none, optimizer) or this CP rank's vocabulary slice (full)
+    const bool split = shard == ShardMode::full;
     const auto [v0, v1] = split ? vocab_slice(cfg.vocab, cp->size(), cp->rank()) : std::pair<std::int64_t, std::int64_t>{0, cfg.vocab};
     std::vector<float> w(static_cast<std::size_t>(cfg.hidden * (v1 - v0)));
     data->lm_head_columns(v0, v1, w.data());
@@ -412,8 +420,7 @@ TrainResult Trainer::result() {
     // The model's phases include the evaluation forwards; the trainer's are per step.
     res.phases = {{"target_features", m.t_build / n}, {"fusion", ph.fusion / n}, {"attention", ph.attention / n},
                   {"mlp", ph.mlp / n}, {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n},
-                  {"reduce", m.t_reduce / n}, {"optimizer", m.t_optim / n}};
-  }
+                  {"reduce", m.t_reduce / n}, {"optimizer", m.t_optim / n}};  }
   std::vector<double> mem{static_cast<double>(m.state->resident_bytes()) / (1 << 20), res.lm_head_mb};
   m.world.all_reduce<double>(mem, ReduceOp::max);
   res.state_mb = mem[0];

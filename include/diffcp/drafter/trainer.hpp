@@ -58,10 +58,16 @@ struct TrainOptions {
   std::int64_t stop_at = 0;        // run(): stop after this step as if killed (tests resume); 0 = off
   // Model state over the mesh (drafter/sharded_state.hpp): none | optimizer | full | auto (= full
   // for the real shapes (vocabulary > 4096) on more than one rank: the only mode whose memory per
-  // rank falls as 1/P for every part of the state; none for the synthetic shapes, whose state
-  // fits, and on one rank). With optimizer or full the LM head is vocabulary-parallel over the CP
-  // group (drafter/lm_head.hpp).
+  // rank falls as 1/P for every part of the state; optimizer (ZeRO-1) for the synthetic shapes on
+  // more than one rank: the replicated AdamW step would not scale, the parameters fit; none on one
+  // rank). With full the frozen LM head is vocabulary-parallel over the CP group too
+  // (drafter/lm_head.hpp); optimizer (ZeRO-1) shards the optimizer state only and keeps it whole:
+  // a split head computes the logits of every row of the group, so it saves memory, not time.
   std::string shard = "auto";
+  // Split-KV's output projection (cp/splitkv.hpp): all | owned | auto (= owned when n_q d_h <= H:
+  // its reduce-scatter moves no more bytes than all's and the projection's FLOPs divide by P; all
+  // otherwise, e.g. the real presets' n_q d_h = 2 H, where all moves fewer bytes).
+  std::string oproj = "auto";
   // Activation recomputation (Drafter::set_recompute): on | off | auto (= on with shard full,
   // where memory is what the run is short of).
   std::string recompute = "auto";
@@ -90,6 +96,7 @@ struct TrainResult {
   double lr = 0;                   // the peak learning rate used
   std::int64_t anchors = 0;        // the anchors per sample used
   std::string shard;               // the shard mode used: none | optimizer | full
+  std::string oproj;               // Split-KV's output projection used: all | owned
   bool recompute = false;          // whether activations are recomputed
   std::string dtype;               // the compute precision used: f32 | bf16
   // Per-phase wall time, mean ms per step over this run (rank 0): target features (building
