@@ -27,17 +27,23 @@ echo "$json" | jq -e --arg t "$nodes nodes" --arg c "$want_coll" '(.topology | s
   fail "topology, collectives or inter-node bytes off: $(echo "$json" | jq -c '{topology, collectives, oproj, inter_bytes_per_layer, predicted_inter_bytes_per_layer}')"
 echo "attn --check (oproj owned, $want_coll collectives) across $nodes x $rpn emulated hosts: passed, inter-node bytes as predicted"
 
-out=$("$emu" run "${topo[@]}" -- "$bin" bench p2p --json --bytes 2m --reps 7 --latency-reps 100) || fail "bench p2p failed: $out"
-json=$(echo "$out" | tail -n 1)
-echo "$json" | jq -c '.pairs[]'
-[ "$(echo "$json" | jq '.pairs | length')" -eq $((nodes * rpn - 1)) ] || fail "expected $((nodes * rpn - 1)) pairs: $json"
-ok=$(echo "$json" | jq --argjson inter "$inter" --argjson intra "$intra" --argjson rpn "$rpn" '
-  [.pairs[] | (.dst / $rpn | floor) as $node
-   | (if $node == 0 then $intra else ([$intra, $inter] | min) end) as $want
-   | {dst, same_node, want: $want, got: .gbit_s, lat: .latency_us,
-      ok: ((.same_node == ($node == 0)) and (.gbit_s >= 0.8 * $want) and (.gbit_s <= 1.2 * $want) and (.latency_us < 1000))}]')
-echo "$ok" | jq -c '.[]'
-echo "$ok" | jq -e 'all(.ok)' >/dev/null || fail "a link is off by more than 20 % of its configured rate (or latency >= 1 ms, or node membership wrong)"
+# A measurement on a shared 2-core VM: an attempt whose rates are off is repeated, at most 3 in all
+# (a link that is really misconfigured is off every time; a steal-time hiccup is not).
+for attempt in 1 2 3; do
+  out=$("$emu" run "${topo[@]}" -- "$bin" bench p2p --json --bytes 2m --reps 7 --latency-reps 100) || fail "bench p2p failed: $out"
+  json=$(echo "$out" | tail -n 1)
+  echo "$json" | jq -c '.pairs[]'
+  [ "$(echo "$json" | jq '.pairs | length')" -eq $((nodes * rpn - 1)) ] || fail "expected $((nodes * rpn - 1)) pairs: $json"
+  ok=$(echo "$json" | jq --argjson inter "$inter" --argjson intra "$intra" --argjson rpn "$rpn" '
+    [.pairs[] | (.dst / $rpn | floor) as $node
+     | (if $node == 0 then $intra else ([$intra, $inter] | min) end) as $want
+     | {dst, same_node, want: $want, got: .gbit_s, lat: .latency_us,
+        ok: ((.same_node == ($node == 0)) and (.gbit_s >= 0.8 * $want) and (.gbit_s <= 1.2 * $want) and (.latency_us < 1000))}]')
+  echo "$ok" | jq -c '.[]'
+  echo "$ok" | jq -e 'all(.ok)' >/dev/null && break
+  [ "$attempt" -lt 3 ] || fail "a link is off by more than 20 % of its configured rate in 3 attempts (or latency >= 1 ms, or node membership wrong)"
+  echo "cluster_check: attempt $attempt: a link off by more than 20 %; measuring again"
+done
 
 after=$(ip netns list | grep -c '^dcpemu-' || true)
 [ "$after" -le "$before" ] || fail "namespaces left behind: $(ip netns list | grep '^dcpemu-' | paste -sd' ')"
