@@ -4,8 +4,11 @@
 
 namespace diffcp {
 
-CpAttentionLayer::CpAttentionLayer(Communicator& cp, const AttnLayerConfig& cfg) : comm_(cp), cfg_(cfg) {
+CpAttentionLayer::CpAttentionLayer(Communicator& cp, const AttnLayerConfig& cfg, const char* method, DType compute)
+    : comm_(cp), cfg_(cfg), compute_(compute) {
   cfg_.validate();
+  DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, method, ": compute ", dtype_name(compute),
+               ", expected f32 or bf16");
 }
 
 void CpAttentionLayer::reshard(CpShard shard) {

@@ -16,9 +16,7 @@ constexpr int kTagRunning = 1;  // running [o | lse] (forward) or the dq accumul
 }  // namespace
 
 LvXAttnLayer::LvXAttnLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute)
-    : CpAttentionLayer(cp, cfg), compute_(compute) {
-  DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "lvxattn: compute ", dtype_name(compute),
-               ", expected f32 or bf16");
+    : CpAttentionLayer(cp, cfg, "lvxattn", compute) {
   reshard(std::move(shard));
 }
 

@@ -16,9 +16,7 @@ constexpr int kTagAcc = 1;  // a travelling dk/dv accumulator
 }  // namespace
 
 RingLayer::RingLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute)
-    : CpAttentionLayer(cp, cfg), compute_(compute) {
-  DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "ring: compute ", dtype_name(compute),
-               ", expected f32 or bf16");
+    : CpAttentionLayer(cp, cfg, "ring", compute) {
   reshard(std::move(shard));
 }
 
@@ -97,10 +95,10 @@ HeadRows<const float> RingLayer::v_of(const float* kv, int r) const {
   return head_view(kv + L * cfg_.kv_width(), L, cfg_.n_kv, cfg_.d_h);
 }
 
-// Per layer, in elements of dtype(): every K/V shard [2, L_r, n_kv d_h] makes P-1 hops in the forward
-// and P-1 in the backward, and every dk/dv accumulator (same size) P-1 hops. Summed over ranks
-// (sum_r L_r = S + Q) and divided by P:
-//   bytes = e * 3 (P-1)/P * 2 (S+Q) n_kv d_h,  e = dtype_size(dtype()).
+// Per layer: every K/V shard [2, L_r, n_kv d_h] makes P-1 hops in the forward and P-1 in the
+// backward (elements of compute()), and every dk/dv accumulator (same size, f32) P-1 hops. Summed
+// over ranks (sum_r L_r = S + Q) and divided by P:
+//   bytes = (2 e + 4) (P-1)/P * 2 (S+Q) n_kv d_h,  e = dtype_size(compute()).
 // Paper, Table 1 (MHA n_kv d_h = H, even sharding): (P-1)/P * 6H(S + Q) elements.
 double RingLayer::predicted_bytes_per_layer() const {
   return ring_bytes_per_layer(cfg_, compute_, shard_.batch.context_rows() + shard_.batch.query_rows(), shard_.P);

@@ -13,9 +13,7 @@
 namespace diffcp {
 
 RingXLayer::RingXLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute)
-    : CpAttentionLayer(cp, cfg), compute_(compute) {
-  DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "ringx: compute ", dtype_name(compute),
-               ", expected f32 or bf16");
+    : CpAttentionLayer(cp, cfg, "ringx", compute) {
   reshard(std::move(shard));
 }
 
@@ -63,11 +61,11 @@ WorkPtr RingXLayer::post_broadcast(int t, void* own, void* buf, std::int64_t n) 
   return comm_.broadcast_async(t == shard_.p ? own : buf, static_cast<std::size_t>(n), compute_, t);
 }
 
-// Per layer, in f32 elements, summed over ranks: the broadcasts send (P-1) Q_t n_q d_h (forward)
+// Per layer, in elements of compute() (lse f32), summed over ranks: the broadcasts send (P-1) Q_t n_q d_h (forward)
 // and (P-1) 2 L_t n_kv d_h (backward) from each root t; the reductions to t receive the same from
 // the P-1 other ranks; each [Q_t, n_q] f32 logsumexp all-reduce (a = lse_all_reduces of them)
 // sends 2(P-1) Q_t n_q in all (bandwidth-optimal rule of comm/communicator.hpp). With
-// sum_t Q_t = Q, sum_t L_t = S + Q, / P, e = dtype_size(dtype()):
+// sum_t Q_t = Q, sum_t L_t = S + Q, / P, e = dtype_size(compute()):
 //   bytes = (P-1)/P * (e (2 Q n_q d_h + 4 (S+Q) n_kv d_h) + 4 a 2 Q n_q).
 // Paper, Table 1 (MHA n_q d_h = n_kv d_h = H, even sharding): (P-1)/P * (2QH + 4(S+Q)H) elements
 // plus the lower-order lse term 2(P-1)/P Q n_q.

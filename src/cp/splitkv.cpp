@@ -31,11 +31,9 @@ OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gem
 }
 
 SplitKVLayer::SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, SplitKVOptions opt)
-    : CpAttentionLayer(cp, cfg), opt_(opt) {
+    : CpAttentionLayer(cp, cfg, "split-kv", opt.compute), opt_(opt) {
   DIFFCP_CHECK(opt_.collectives == CollAlgo::flat || cp.has_topology(),
                "split-kv: hierarchical collectives need the communicator's topology (set_topology / discover_topology)");
-  DIFFCP_CHECK(opt_.compute == DType::f32 || opt_.compute == DType::bf16, "split-kv: compute ",
-               dtype_name(opt_.compute), ", expected f32 or bf16");
   hier_ = opt_.collectives == CollAlgo::hierarchical && cp.hierarchy_useful();
   reshard(std::move(shard));
 }

@@ -8,11 +8,9 @@
 namespace diffcp {
 
 UlyssesLayer::UlyssesLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute)
-    : CpAttentionLayer(cp, cfg), compute_(compute) {
+    : CpAttentionLayer(cp, cfg, "ulysses", compute) {
   const std::string why = unsupported_reason(cfg_, cp.size());
   DIFFCP_CHECK(why.empty(), why);
-  DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "ulysses: compute ", dtype_name(compute),
-               ", expected f32 or bf16");
   reshard(std::move(shard));
 }
 
@@ -53,11 +51,11 @@ void UlyssesLayer::on_reshard() {
   dkv_p_.resize(kv_send_.size());
 }
 
-// Per rank p, in elements of dtype(): it sends (P-1)/P of each all-to-all's local tensor, whose head
+// Per rank p, in elements of compute(): it sends (P-1)/P of each all-to-all's local tensor, whose head
 // slice is 1/P of the row: q and o, do and dq move Q_p n_q d_h (P-1)/P each (o and dq: rows of
 // the other ranks, Q - Q_p, instead), k, v, dk, dv move L_p n_kv d_h (P-1)/P each. Summed over
 // ranks and divided by P:
-//   bytes = e * (P-1)/P^2 * 4 * (Q n_q d_h + (S+Q) n_kv d_h),  e = dtype_size(dtype()).
+//   bytes = e * (P-1)/P^2 * 4 * (Q n_q d_h + (S+Q) n_kv d_h),  e = dtype_size(compute()).
 // Paper, Table 1 (MHA n_q d_h = n_kv d_h = H, even sharding): (P-1)/P * 4H(S + 2Q)/P elements.
 double UlyssesLayer::predicted_bytes_per_layer() const { return ulysses_bytes_per_layer(cfg_, compute_, Q_, L_, P_); }
 

@@ -6,8 +6,10 @@
 // owns (contiguous even block ranges, rank order = block order), ctx_p [C_p, H] = the context
 // rows of its chunks (chunk order). Outputs: y_p, dx_p [Q_p, H], dctx_p [C_p, H], and this rank's
 // share of the parameter gradients (sum over the group with allreduce_grads). Every tensor is a
-// contiguous host view of the layer's dtype() (f32; bf16 is issue #14), checked at the boundary:
-// a wrong shape or dtype is a diffcp::Error naming the tensor.
+// contiguous host view of the layer's dtype() (f32), checked at the boundary: a wrong shape or
+// dtype is a diffcp::Error naming the tensor. Inside, a method computes and communicates in its
+// compute() dtype: f32, or bf16 (bf16 kernels and payloads, f32 accumulation; each method's header
+// says which of its tensors stay f32).
 //
 // forward() returns what the backward needs (CpSaved, flash-attn's autograd context): the input
 // views and the method's saved activations. backward() consumes it:
@@ -92,16 +94,18 @@ class CpAttentionLayer {
   void discard(CpSaved&& saved);
 
   // Closed-form bytes one layer (forward + backward) sends per rank, mean over ranks, as the
-  // communicator counts them (cp/bytes.hpp, elements of dtype()).
+  // communicator counts them (cp/bytes.hpp; payloads in compute(), lse and D in f32).
   virtual double predicted_bytes_per_layer() const = 0;
-  DType dtype() const { return DType::f32; }  // of x, ctx, y and their gradients (bf16: issue #14)
+  DType dtype() const { return DType::f32; }  // of x, ctx, y and their gradients
+  DType compute() const { return compute_; }  // of the kernels and payloads inside: f32 or bf16
   const AttnLayerConfig& config() const { return cfg_; }
   const CpShard& shard() const { return shard_; }
   const CpTimings& timings() const { return timings_; }
 
  protected:
-  // Validates cfg. The derived constructor calls reshard(shard) once it can.
-  CpAttentionLayer(Communicator& cp, const AttnLayerConfig& cfg);
+  // Validates cfg and compute (f32 or bf16; `method` names it in the error), before any
+  // communication. The derived constructor calls reshard(shard) once it can.
+  CpAttentionLayer(Communicator& cp, const AttnLayerConfig& cfg, const char* method, DType compute);
 
   // The method's part of reshard(), after shard_ is set.
   virtual void on_reshard() = 0;
@@ -118,6 +122,7 @@ class CpAttentionLayer {
   AttnLayerConfig cfg_;
   CpShard shard_;
   CpTimings timings_;
+  const DType compute_;
 
  private:
   std::unique_ptr<CpSavedState> take_state(CpSaved& saved, const char* what, bool any_generation) const;

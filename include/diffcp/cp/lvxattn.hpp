@@ -70,7 +70,6 @@ class LvXAttnLayer final : public CpAttentionLayer {
   std::vector<float> own_part_;            // forward: own [o | lse]; backward: own inputs [q|do|lse|D]
   std::vector<float> dq_own_, dkv_, dkv_step_;  // [Q_p, qw], [2, L_p, kvw] x2
   const float* kv_ = nullptr;                   // the saved [2, L_p, kvw] k|v rows of this pass
-  DType compute_ = DType::f32;
   // compute = bf16: the local k|v rows, own q, a step's o / dq / dk|dv (the kernels' outputs).
   std::vector<bf16_t> kv16_, q16_, o16_, dq16_, dkv16_;
 };

@@ -60,7 +60,6 @@ class RingLayer final : public CpAttentionLayer {
   std::vector<float> dq_, dq_step_;      // [Q_p, n_q d_h]
   std::vector<float> dkv_own_, dkv_in_;  // [2, L_p, kvw] own contribution; [2, L_max, kvw] arriving accumulator
   std::vector<float> dkv_out_[2];        // [2, L_max, kvw] outgoing accumulators, double-buffered
-  DType compute_ = DType::f32;
   // compute = bf16: q, do of the own rows, own and visiting K/V shards, a step's o / dq / dk|dv.
   std::vector<bf16_t> q16_, dout16_, kv16_own_, kv16_buf_[2], o16_, dq16_, dkv16_;
   // One step's attention on the shard `cur` (f32 or bf16) of rank s: o, lse out (f32).

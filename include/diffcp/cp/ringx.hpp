@@ -59,7 +59,6 @@ class RingXLayer final : public CpAttentionLayer {
   std::vector<float> o_part_, lse_part_, lse_all_;  // [Q_max, n_q d_h], [Q_max, n_q] x2
   std::vector<float> dq_, dq_step_;       // [Q_p, n_q d_h]
   std::vector<float> dkv_part_, dkv_own_; // [2, L_max, kvw], [2, L_p, kvw]
-  DType compute_ = DType::f32;
   // compute = bf16: the payloads and kernel operands above in bf16 (same shapes).
   std::vector<bf16_t> buf16_[2], q16_, kv16_, o16_part_, o16_own_, dout16_, dq16_, dkv16_part_, dkv16_own_;
 };

@@ -70,7 +70,6 @@ class UlyssesLayer final : public CpAttentionLayer {
   std::vector<float> q_send_, q_recv_, kv_send_, kv_recv_;  // [P][rows, slice] packing scratch
   std::vector<float> do_head_, delta_head_, dq_head_, dkv_head_;  // as their forward tensors
   std::vector<float> dq_p_, dkv_p_;                        // [Q_p, n_q d_h], [2, L_p, n_kv d_h]
-  DType compute_ = DType::f32;
   std::vector<bf16_t> q_s16_, kv_s16_, q_r16_, kv_r16_, do_head16_, dq_head16_, dkv_head16_;  // compute = bf16
 };
 
