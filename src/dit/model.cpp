@@ -279,27 +279,23 @@ constexpr std::int64_t kPollRows = 64;
 
 void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
                        std::int64_t ldy) {
-  const float* W = param(l.w) + c0;  // [in, out]: columns c0.. with row stride out
-  const float* b = param(l.b) + c0;
   for (std::int64_t r0 = 0; r0 < rows; r0 += kPollRows) {
-    const std::int64_t m = std::min(kPollRows, rows - r0);
-    if (params16_.empty())
-      dit_linear(x + r0 * l.in, l.in, m, l.in, W, l.out, ncols, b, y + r0 * ldy, ldy);
-    else
-      dit_linear(x + r0 * l.in, l.in, m, l.in, params16_.data() + l.w + c0, l.out, ncols, b, y + r0 * ldy, ldy);
+    linear(l, x + r0 * l.in, l.in, std::min(kPollRows, rows - r0), c0, ncols, y + r0 * ldy, ldy);
     ex_.poll();
   }
 }
 
-void DitModel::linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy) {
+void DitModel::linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, std::int64_t c0,
+                      std::int64_t ncols, float* y, std::int64_t ldy) const {
+  // W: [in, out], columns c0.. with row stride out
   if (params16_.empty())
-    dit_linear(x, ldx, M, l.in, param(l.w), l.out, l.out, param(l.b), y, ldy);
+    dit_linear(x, ldx, M, l.in, param(l.w) + c0, l.out, ncols, param(l.b) + c0, y, ldy);
   else
-    dit_linear(x, ldx, M, l.in, params16_.data() + l.w, l.out, l.out, param(l.b), y, ldy);
+    dit_linear(x, ldx, M, l.in, params16_.data() + l.w + c0, l.out, ncols, param(l.b) + c0, y, ldy);
 }
 
 void DitModel::modulation(const DitLinear& l, std::vector<float>& out) const {
-  const_cast<DitModel*>(this)->linear(l, silu_vec_.data(), l.in, 1, out.data(), l.out);
+  linear(l, silu_vec_.data(), l.in, 1, out.data(), l.out);
 }
 
 void DitModel::velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance,

@@ -19,11 +19,6 @@ void check_linear(std::int64_t M, std::int64_t K, std::int64_t N, std::int64_t l
 }
 }  // namespace
 
-void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t N,
-                const float* bias, float* y, std::int64_t ldy) {
-  dit_linear(x, ldx, M, K, W, N, N, bias, y, ldy);
-}
-
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t ldw,
                 std::int64_t N, const float* bias, float* y, std::int64_t ldy) {
   check_linear(M, K, N, ldx, ldw, ldy);
@@ -47,11 +42,6 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
     for (std::int64_t c = 0; c < N; ++c) y[r * ldy + c] = bias ? bias[c] : 0.f;
   }
   gemm_bf16_f32acc(false, false, M, N, K, 1.f, x16.data(), K, W16, ldw, 1.f, y, ldy);
-}
-
-void dit_linear(const std::vector<float>& params, const DitLinear& l, const float* x, std::int64_t ldx,
-                std::int64_t M, float* y, std::int64_t ldy) {
-  dit_linear(x, ldx, M, l.in, params.data() + l.w, l.out, params.data() + l.b, y, ldy);
 }
 
 std::vector<float> timestep_embedding(double t, std::int64_t dim) {

@@ -6,11 +6,22 @@
 #include <numeric>
 
 #include "diffcp/core/error.hpp"
+#include "diffcp/core/half.hpp"
 
 namespace diffcp {
 
 namespace {
 std::size_t uz(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+float value(float x) { return x; }
+float value(bf16_t x) { return bf16_to_f32(x.bits); }
+// s += sum_i |a_i - b_i| over n payload elements of type T (f32 differences, added in order).
+template <typename T>
+void add_l1(double& s, const std::byte* a, const std::byte* b, std::int64_t n) {
+  const T* x = reinterpret_cast<const T*>(a);
+  const T* y = reinterpret_cast<const T*>(b);
+  for (std::int64_t i = 0; i < n; ++i) s += std::abs(value(x[i]) - value(y[i]));
+}
 }  // namespace
 
 VMajorExchange::VMajorExchange(Communicator& world, int L, const CacheSchedule& schedule)
@@ -65,16 +76,16 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
 
   // 2. Partial L1 over this lane's heads per group token [L][n], summed over the lanes in order.
   l1_part_.assign(uz(L * n), 0.f);
-  row_a_.resize(uz(h));
-  row_b_.resize(uz(h));
   for (std::int64_t j = 0; j < L; ++j)
     for (std::int64_t t = 0; t < n; ++t) {
       double s = 0;
       for (std::int64_t hh = 0; hh < G; ++hh) {
         const std::int64_t off = ((hh * L + j) * n + t) * h;
-        from_wire(wire_at(vs, off), row_a_.data(), h);
-        from_wire(wire_at(c.v_p1.data(), off), row_b_.data(), h);
-        for (std::int64_t x = 0; x < h; ++x) s += std::abs(row_a_[uz(x)] - row_b_[uz(x)]);
+        const std::byte *now = wire_at(vs, off), *then = wire_at(c.v_p1.data(), off);
+        if (wire() == DType::bf16)
+          add_l1<bf16_t>(s, now, then, h);
+        else
+          add_l1<float>(s, now, then, h);
       }
       l1_part_[uz(j * n + t)] = static_cast<float>(s);
     }

@@ -113,8 +113,14 @@ class DitModel {
   // the same in every mode, so every mode computes bitwise the same q, k, v.
   void project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
                std::int64_t ldy);
-  // y[M, l.out] (row stride ldy) = x[M, l.in] (row stride ldx) W + b: f32, or with the bf16 weights.
-  void linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy);
+  // y[M, ncols] (row stride ldy) = x[M, l.in] (row stride ldx) W[:, c0 : c0 + ncols] + b[c0 : c0 +
+  // ncols]: with the f32 weights, or the bf16 ones under bf16 compute (params16_).
+  void linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, std::int64_t c0, std::int64_t ncols,
+              float* y, std::int64_t ldy) const;
+  // The whole layer: y[M, l.out].
+  void linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy) const {
+    linear(l, x, ldx, M, 0, l.out, y, ldy);
+  }
   // out [n] = Lin(silu(vec)) for a modulation layer of n = k*H outputs
   void modulation(const DitLinear& l, std::vector<float>& out) const;
   const float* param(std::int64_t offset) const { return w_.params().data() + offset; }

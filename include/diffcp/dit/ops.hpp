@@ -17,14 +17,11 @@
 
 namespace diffcp {
 
-// y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W[K, N] (row stride N) + bias[N] through
-// gemm (ops/gemm.hpp): bias (or 0 when null) copied into y first, then accumulated with beta = 1. ops/linear.hpp has no
-// row strides, which the fused single-block tensors need (e.g. linear2 reads [attention | MLP]
-// columns of a wider row).
-void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t N,
-                const float* bias, float* y, std::int64_t ldy);
-// The same with W's row stride given: W[K, N] (row stride ldw >= N), e.g. a column slice of a
-// wider weight (V-First projects V's columns of the fused qkv weight first).
+// y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W[K, N] (row stride ldw >= N) + bias[N]
+// through gemm (ops/gemm.hpp): bias (or 0 when null) copied into y first, then accumulated with
+// beta = 1. ops/linear.hpp has no row strides, which the fused single-block tensors need (e.g.
+// linear2 reads [attention | MLP] columns of a wider row; V-First projects V's columns of the fused
+// qkv weight first: a column slice of a wider weight).
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t ldw,
                 std::int64_t N, const float* bias, float* y, std::int64_t ldy);
 // The same with W already rounded to bf16 (W16: [K, N], row stride ldw): x is rounded per call, the
@@ -32,9 +29,6 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 // compute, its weights rounded once (DitModel).
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const bf16_t* W16, std::int64_t ldw,
                 std::int64_t N, const float* bias, float* y, std::int64_t ldy);
-// The same with the layer's parameters: x: [M, l.in], y: [M, l.out]; params: the model allocation.
-void dit_linear(const std::vector<float>& params, const DitLinear& l, const float* x, std::int64_t ldx,
-                std::int64_t M, float* y, std::int64_t ldy);
 
 // FLUX's timestep features of t in [0, 1]: with s = 1000 t, half = dim/2 and
 // f_i = exp(-ln(10000) i / half): [cos(s f_0..s f_{half-1}), sin(s f_0..s f_{half-1})]. [dim]

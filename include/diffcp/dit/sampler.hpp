@@ -65,9 +65,9 @@ struct SampleOptions {
   // Called on every rank after step k's velocity v_p [b, I_p, C_in] (e.g. --dump-velocity); may
   // communicate (every rank calls it at the same point). Not counted in the step time.
   std::function<void(int k, const std::vector<float>& v_p)> on_velocity;
-  // f32, or bf16: the model's GEMMs on bf16-rounded operands (ScopedF32GemmCompute) and the dense
-  // attention in bf16 (AttentionExchange::set_compute); latents, norms, modulation, the exchanges'
-  // payloads and the Euler update stay f32.
+  // f32, or bf16: the model's GEMMs on bf16-rounded operands (ScopedF32GemmCompute), the exchanges'
+  // payloads, caches and the dense attention in bf16 (AttentionExchange::set_compute); latents,
+  // norms, modulation and the Euler update stay f32.
   DType compute = DType::f32;
 };
 

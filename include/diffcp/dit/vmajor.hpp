@@ -64,7 +64,7 @@ class VMajorExchange final : public VFirstExchange {
   int step_ = 0, steps_ = 1;
   std::size_t layer_ = 0;
   std::vector<LayerCache> caches_;
-  std::vector<float> l1_part_, l1_all_, row_a_, row_b_;
+  std::vector<float> l1_part_, l1_all_;
   std::vector<float> p2_send_, p2_recv_;  // payload (f32 slots; bf16 uses half)
   std::vector<double> l1_;
   std::vector<std::int32_t> act_group_, act_all_, order_;
