@@ -5,7 +5,7 @@
 #   kill   rank 1 gets SIGKILL: the job ends within 10 s with Open MPI's message;
 #   link   node 1's uplink goes down (ip link set u1 down in the fabric): the watchdog message,
 #          then a clean exit; the link comes back up before the resume;
-#   stall  rank 1 gets SIGSTOP: the watchdog message names the collective it left waiting.
+#   stall  rank 1 gets SIGSTOP: the watchdog message names the operation it left waiting.
 # After each: no process of the job is left on any emulated host, and the last checkpoint resumes
 # to a final checkpoint bitwise equal to an uninterrupted run's. Prints (and with RESULTS.csv,
 # appends) the time from the fault to the end of the job.
@@ -103,6 +103,9 @@ fault_case() {  # $1 = case, $2 = regex the output must match, $3 = limit in sec
 [ -z "$results" ] || [ -s "$results" ] || echo "fault,comm_timeout_s,fault_to_end_s,limit_s" >"$results"
 fault_case kill "rank 1 with PID [0-9]+ on node r1x0 exited on signal 9" 10
 # watchdog cases: the timeout + its 2 s of listening + Open MPI's teardown, with margin
-fault_case link "watchdog: [a-z_]+ #[0-9]+ on communicator '[^']+' .*did not complete within $timeout_s s.*not arrived: rank 1" $((timeout_s + 7))
-fault_case stall "watchdog: [a-z_]+ #[0-9]+ on communicator '[^']+' .*did not complete within $timeout_s s.*not arrived: rank 1" $((timeout_s + 7))
+# The operation named is a collective (all_reduce #N, ...) or, when the fault lands while a
+# checkpoint gathers rank 1's ZeRO-1 shard, the point-to-point one (recv from rank 1).
+waited="watchdog: ([a-z_]+ #[0-9]+|recv from rank 1|send to rank 1) on communicator '[^']+' .*did not complete within $timeout_s s.*not arrived: rank 1"
+fault_case link "$waited" $((timeout_s + 7))
+fault_case stall "$waited" $((timeout_s + 7))
 echo "cluster_faults: passed"
