@@ -52,6 +52,9 @@ TEST(SimProfile, FormatAndErrors) {
   EXPECT_NE(err([](nlohmann::json& j) { j["inter_latency_us"] = "fast"; }).find("'inter_latency_us' = \"fast\""),
             std::string::npos);
   EXPECT_NE(err([](nlohmann::json& j) { j["ranks_per_node"] = 0; }).find("'ranks_per_node' = 0"), std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["sync_loss"] = -0.1; }).find("'sync_loss' = -0.1, expected a non-negative"),
+            std::string::npos);
+  EXPECT_EQ(p.sync_loss, 0.0);  // absent: a quiet machine
   // The shipped profiles load (the emulated cluster's files: one format).
   for (const char* name : {"h100-ib", "aurora"}) EXPECT_NO_THROW(load_profile(name)) << name;
   EXPECT_NE(error_of([] { load_profile("nope"); }).find("profile 'nope': no such file"), std::string::npos);
@@ -70,6 +73,15 @@ TEST(SimMachine, LinkLevelsAndSharedUplinks) {
   // The hierarchical form sends each node's data across once: less time on the uplink.
   EXPECT_LT(two.hierarchical_ms(bytes), two.uniform_ms(bytes));
   EXPECT_EQ(machine(1, 8).uniform_ms(bytes), 0.0);
+  // sync_loss slows compute only where ranks synchronise (P > 1): rates / (1 + sync_loss).
+  SimMachine noisy = two, solo = machine(1, 8);
+  noisy.profile.sync_loss = 0.25;
+  solo.profile.sync_loss = 0.25;
+  EXPECT_NEAR(noisy.attn_fwd_ms(1e12), 1.25 * two.attn_fwd_ms(1e12), 1e-9);
+  EXPECT_NEAR(noisy.gemm_ms(4096, 4096, 4096) - 1.25 * two.gemm_ms(4096, 4096, 4096),
+              -0.25 * two.profile.kernel_us * 1e-3, 1e-9);  // the per-call cost is not scaled
+  EXPECT_EQ(solo.attn_fwd_ms(1e12), machine(1, 8).attn_fwd_ms(1e12));
+  EXPECT_EQ(noisy.uniform_ms(bytes), two.uniform_ms(bytes));  // links are not
   SimMachine bad = one;
   bad.share = 0;
   EXPECT_NE(error_of([&] { bad.validate(); }).find("--rank-share = 0"), std::string::npos);

@@ -99,6 +99,40 @@ double measure_elementwise(int reps) {
   return 3.0 * 4 * static_cast<double>(x.size()) / (t * 1e-3) / 1e9;
 }
 
+// sync_loss: every rank runs the same compute segment, then a blocking barrier, `iters` times.
+// Synchronised ranks go at the pace of the slowest in each segment, and on a shared host a rank's
+// segment sometimes stretches (preemption, steal, a noisy neighbour): the mean segment + barrier
+// time over the median segment time, minus 1 (>= 0), is what this costs a parallel run on top of
+// the median rates the profile's compute classes hold. Needs 2 or more ranks (0 with one).
+double measure_sync_loss(Communicator& world, int iters) {
+  if (world.size() < 2) return 0.0;
+  const std::int64_t M = 256, K = 1024, N = 1024;  // ~1-5 ms a segment: a layer's span between collectives
+  const auto x = random_normal(static_cast<std::size_t>(M * K), 7), w = random_normal(static_cast<std::size_t>(K * N), 8);
+  std::vector<float> y(static_cast<std::size_t>(M * N));
+  const auto segment = [&] {
+    for (int i = 0; i < 4; ++i) linear_forward(x.data(), M, K, w.data(), N, y.data());
+  };
+  segment();  // warm-up
+  world.barrier_async()->wait();
+  std::vector<double> own, wall;
+  for (int i = 0; i < iters; ++i) {
+    const double t0 = now_ms();
+    segment();
+    const double t1 = now_ms();
+    world.barrier_async()->wait();
+    own.push_back(t1 - t0);
+    wall.push_back(now_ms() - t0);
+  }
+  std::sort(own.begin(), own.end());
+  double mean_wall = 0;
+  for (double t : wall) mean_wall += t / iters;
+  // The ranks' median segments and rank 0's mean synchronised time (every rank's is the same).
+  std::vector<double> v{own[own.size() / 2], mean_wall};
+  world.all_reduce(std::span<double>(v), ReduceOp::sum);
+  const double median_own = v[0] / world.size(), mean_sync = v[1] / world.size();
+  return std::max(0.0, mean_sync / median_own - 1.0);
+}
+
 }  // namespace
 
 void add_sim_calibrate(CLI::App* sim) {
@@ -217,6 +251,7 @@ int run_sim_calibrate(Communicator& world) {
   const auto [kernel_us, gemm] = measure_gemm(o.reps);
   const auto [fwd, bwd] = measure_attention(o.reps, o.n_q, o.n_kv, o.d_h);
   const double ew = measure_elementwise(o.reps);
+  const double sync_loss = measure_sync_loss(world, 20 * o.reps);
   std::vector<double> compute{kernel_us, -gemm, -fwd, -bwd, -ew};
   world.all_reduce(std::span<double>(compute), ReduceOp::max);
   for (std::size_t i = 1; i < compute.size(); ++i) compute[i] = -compute[i];
@@ -247,6 +282,7 @@ int run_sim_calibrate(Communicator& world) {
                                  {"intra_latency_us", intra.first},
                                  {"inter_latency_us", inter.first},
                                  {"comm_overlap", overlap},
+                                 {"sync_loss", sync_loss},
                                  {"notes", notes}};
   Profile::from_json(nlohmann::json(j), o.out);  // what sim reads back
   const std::string tmp = o.out + ".tmp";

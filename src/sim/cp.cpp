@@ -122,7 +122,7 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
     if (method == "splitkv") {
       bool owned = opt.oproj == "owned";
       if (opt.oproj == "auto")
-        owned = choose_oproj(cfg, Q, P, m.profile.gemm_tflops * 1e3 * m.share,
+        owned = choose_oproj(cfg, Q, P, m.profile.gemm_tflops * 1e3 * m.rate_share(),
                             m.multi_node() ? m.profile.inter_gbit / m.R : m.profile.intra_gbit, dtype) == OProj::owned;
       r.oproj = owned ? "owned" : "all";
       if (!owned) g_o = m.gemm_ms(static_cast<double>(Q), qw, H);

@@ -19,23 +19,26 @@ void SimMachine::validate() const {
   DIFFCP_CHECK(share > 0 && share <= 1, "sim: --rank-share = ", share, ", expected a fraction in (0, 1]");
 }
 
+double SimMachine::rate_share() const { return share / (P > 1 ? 1.0 + profile.sync_loss : 1.0); }
+
 double SimMachine::gemm_ms(double flops, int calls) const {
-  return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.gemm_tflops) * share);
+  return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.gemm_tflops) * rate_share());
 }
 double SimMachine::gemm_ms(double M, double K, double N) const {
-  const double compute = 2 * M * K * N / (flops_per_ms(profile.gemm_tflops) * share);
-  const double memory = profile.elementwise_gbs > 0 ? 4 * (M * K + K * N + M * N) / (profile.elementwise_gbs * 1e6 * share) : 0;
+  const double compute = 2 * M * K * N / (flops_per_ms(profile.gemm_tflops) * rate_share());
+  const double memory =
+      profile.elementwise_gbs > 0 ? 4 * (M * K + K * N + M * N) / (profile.elementwise_gbs * 1e6 * rate_share()) : 0;
   return profile.kernel_us * 1e-3 + std::max(compute, memory);
 }
 
 double SimMachine::attn_fwd_ms(double flops, int calls) const {
-  return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.rank_tflops) * share);
+  return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.rank_tflops) * rate_share());
 }
 double SimMachine::attn_bwd_ms(double flops, int calls) const {
-  return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.attn_bwd_tflops) * share);
+  return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.attn_bwd_tflops) * rate_share());
 }
 double SimMachine::elementwise_ms(double bytes) const {
-  return profile.elementwise_gbs > 0 ? bytes / (profile.elementwise_gbs * 1e9 / 1e3 * share) : 0.0;
+  return profile.elementwise_gbs > 0 ? bytes / (profile.elementwise_gbs * 1e9 / 1e3 * rate_share()) : 0.0;
 }
 
 double SimMachine::overlapped(double x, double c) const { return x + c - profile.comm_overlap * std::min(x, c); }

@@ -24,13 +24,13 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& source) {
   static const char* const kFields[] = {"name", "description", "source", "notes", "ranks_per_node", "rank_tflops",
                                         "gemm_tflops", "attn_bwd_tflops", "elementwise_gbs", "kernel_us",
                                         "intra_gbit", "inter_gbit", "intra_latency_us", "inter_latency_us",
-                                        "comm_overlap"};
+                                        "comm_overlap", "sync_loss"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool known = false;
     for (const char* f : kFields) known = known || it.key() == f;
     DIFFCP_CHECK(known, "profile '", source, "': unknown field '", it.key(),
                  "' (known: name description source notes ranks_per_node rank_tflops gemm_tflops attn_bwd_tflops "
-                 "elementwise_gbs kernel_us intra_gbit inter_gbit intra_latency_us inter_latency_us comm_overlap)");
+                 "elementwise_gbs kernel_us intra_gbit inter_gbit intra_latency_us inter_latency_us comm_overlap sync_loss)");
   }
   const auto text = [&](const char* f, bool required) {
     if (!j.contains(f)) {
@@ -72,6 +72,7 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& source) {
   p.intra_latency_us = number("intra_latency_us", false, false, 0);
   p.inter_latency_us = number("inter_latency_us", false, false, 0);
   p.comm_overlap = number("comm_overlap", false, false, 1);
+  p.sync_loss = number("sync_loss", false, false, 0);
   DIFFCP_CHECK(p.comm_overlap <= 1, "profile '", source, "': field 'comm_overlap' = ", p.comm_overlap,
                ", expected a fraction in [0, 1]");
   return p;
@@ -92,6 +93,7 @@ nlohmann::json Profile::to_json() const {
   j["intra_latency_us"] = intra_latency_us;
   j["inter_latency_us"] = inter_latency_us;
   j["comm_overlap"] = comm_overlap;
+  j["sync_loss"] = sync_loss;
   if (!notes.empty()) j["notes"] = notes;
   return nlohmann::json(j);
 }

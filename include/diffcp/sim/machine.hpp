@@ -5,7 +5,8 @@
 // shape is a roofline: t = kernel_us + max(2 M K N / gemm rate, 4 (M K + K N + M N) / memory
 // rate) with the elementwise rate as the memory rate: the size-dependent efficiency (a GEMM
 // with few rows streams its weights and runs far below the peak). `share` scales every compute
-// rate (0.5: two ranks on one core, the oversubscribed validation runs here).
+// rate (0.5: two ranks on one core, the oversubscribed validation runs here); with P > 1 the rates
+// are also divided by 1 + the profile's sync_loss (ranks that synchronise wait for the slowest).
 //
 // Communication, alpha-beta per link level. A uniform collective (all-gather, reduce-scatter,
 // all-to-all; flat, pairwise or ring algorithms: P - 1 rounds) in which a rank sends `bytes`
@@ -31,6 +32,9 @@ struct SimMachine {
   int nodes() const { return (P + R - 1) / R; }
   bool multi_node() const { return P > R; }
 
+  // share / (1 + profile.sync_loss) when P > 1 (synchronised ranks), else share: what every
+  // compute rate is scaled by.
+  double rate_share() const;
   double gemm_ms(double flops, int calls = 1) const;
   double gemm_ms(double M, double K, double N) const;  // y[M, N] = x[M, K] W[K, N], f32
   double attn_fwd_ms(double flops, int calls = 1) const;

@@ -5,7 +5,7 @@
 // (text), ranks_per_node (default 1), intra_latency_us, inter_latency_us (default 0), and the
 // compute classes gemm_tflops, attn_bwd_tflops (default: rank_tflops), elementwise_gbs (default 0:
 // not timed), kernel_us (default 0; a fixed cost per kernel call: the size-dependent efficiency
-// t = kernel_us + flops / rate), comm_overlap (default 1). `diffcp sim calibrate` writes every
+// t = kernel_us + flops / rate), comm_overlap (default 1), sync_loss (default 0). `diffcp sim calibrate` writes every
 // field, measured here.
 #pragma once
 
@@ -30,6 +30,11 @@ struct Profile {
   // (GPUs, RDMA), less where the compute cores themselves run the transport (MPI over TCP or
   // shared memory on a CPU host: calibrate measures it).
   double comm_overlap = 1;
+  // How much slower compute runs when P > 1 ranks synchronise between its segments than the
+  // compute rates above (medians of one rank's kernels) say: each segment waits for the slowest
+  // rank, and on a shared host some segments stretch (system noise). 0 on a quiet machine;
+  // calibrate measures it at its P (the loss grows with P, which is not modelled).
+  double sync_loss = 0;
 
   // Throws diffcp::Error naming the source and the field: unknown fields, missing required ones,
   // non-positive rates, negative latencies.
