@@ -6,7 +6,8 @@
 #   shm      P = 2 on shared memory (one rank per core)
 #   2x1_G    2 emulated nodes x 1 rank, inter-node link G Gbit/s (G in $RATES; one rank per core)
 #   2x2      2 nodes x 2 ranks (4 ranks on 2 cores: OVERSUBSCRIBED; calibrate measures compute on all
-#            4 ranks at once, so the profile's rates already carry the sharing)
+#            4 ranks at once, so the profile's rates already carry the sharing; sim cp --cores 2: a
+#            rank that ends a step early yields its core)
 #   dit_*    the four DiT modes on 2 x 2 (`diffcp sim dit` vs `diffcp dit`), when sim dit exists
 # Writes bench/sim_validation.csv (point, method, measured and predicted fwd/bwd/step ms, error).
 # Usage: bench/bench_sim_validate.sh   (needs root for the emulated cluster and a release build)
@@ -50,7 +51,9 @@ point() {
   echo "== $name" >&2
   "$@" "$bin" sim calibrate --n-q 16 --n-kv 4 --d-h 64 --out "$tmp/$name.json" >/dev/null
   "$@" "$bin" bench cp --methods all "${work[@]}" --reps "$REPS" --json >"$tmp/$name.meas.json"
-  "$bin" sim cp --profile "$tmp/$name.json" --P "$P" --ranks-per-node "$R" --rank-share "$share" "${work[@]}" --json \
+  local n; n=$(getconf _NPROCESSORS_ONLN)  # not nproc: it honours the exported OMP_NUM_THREADS
+  local cores=$(( P < n ? P : n ))        # fewer than P: the ranks share the cores (oversubscribed)
+  "$bin" sim cp --profile "$tmp/$name.json" --P "$P" --ranks-per-node "$R" --rank-share "$share" --cores "$cores" "${work[@]}" --json \
     >"$tmp/$name.pred.json"
   local over=0; [ "$P" -le 2 ] || over=1
   compare "$name" "$over" "$tmp/$name.meas.json" "$tmp/$name.pred.json"

@@ -82,6 +82,17 @@ TEST(SimMachine, LinkLevelsAndSharedUplinks) {
               -0.25 * two.profile.kernel_us * 1e-3, 1e-9);  // the per-call cost is not scaled
   EXPECT_EQ(solo.attn_fwd_ms(1e12), machine(1, 8).attn_fwd_ms(1e12));
   EXPECT_EQ(noisy.uniform_ms(bytes), two.uniform_ms(bytes));  // links are not
+  // A step's work: the slowest rank's with a core each; oversubscribed (4 ranks, 2 cores) the
+  // early ranks yield their cores: max(2/4 x max, mean).
+  SimMachine four = machine(4, 2);
+  const std::vector<double> w{4, 1, 1, 2};
+  EXPECT_EQ(four.step_work(w), 4.0);
+  four.cores = 2;
+  EXPECT_EQ(four.step_work(w), 2.0);
+  EXPECT_EQ(four.step_work({1, 1, 1, 5}), 2.5);
+  EXPECT_EQ(four.step_work({3, 3, 3, 3}), 3.0);  // balanced: no difference
+  four.cores = 5;
+  EXPECT_NE(error_of([&] { four.validate(); }).find("--cores = 5, expected 1..P = 4"), std::string::npos);
   SimMachine bad = one;
   bad.share = 0;
   EXPECT_NE(error_of([&] { bad.validate(); }).find("--rank-share = 0"), std::string::npos);

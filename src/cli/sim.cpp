@@ -11,6 +11,8 @@ void add_sim_machine_options(CLI::App* c, SimMachineOptions& o) {
   c->add_option("--ranks-per-node", o.ranks_per_node, "ranks per node, placed in rank order (default: the profile's)");
   c->add_option("--rank-share", o.rank_share, "fraction of the profile's compute rate a rank gets (0.5: two ranks per "
                                               "core, as the oversubscribed runs here)")->capture_default_str();
+  c->add_option("--cores", o.cores, "cores the P ranks run on, when fewer than P (oversubscribed: a rank that "
+                                    "finishes a step early yields its core); 0 = one per rank")->capture_default_str();
   c->add_flag("--json", o.json, "print JSON");
 }
 
@@ -21,6 +23,7 @@ SimMachine make_sim_machine(const SimMachineOptions& o) {
   m.R = o.ranks_per_node > 0 ? o.ranks_per_node : m.profile.ranks_per_node;
   DIFFCP_CHECK(o.ranks_per_node >= 0, "--ranks-per-node = ", o.ranks_per_node, ", expected >= 1");
   m.share = o.rank_share;
+  m.cores = o.cores;
   m.validate();
   DIFFCP_CHECK(m.P % m.R == 0 || m.P < m.R, "--P = ", m.P, " ranks do not fill nodes of ", m.R,
                " ranks (--ranks-per-node; the profile's nodes have ", m.profile.ranks_per_node, ")");

@@ -18,6 +18,7 @@ struct SimMachineOptions {
   int P = 8;
   int ranks_per_node = 0;  // 0: the profile's
   double rank_share = 1.0;
+  int cores = 0;  // 0: one per rank
   bool json = false;
 };
 void add_sim_machine_options(CLI::App* c, SimMachineOptions& o);

@@ -134,7 +134,7 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
         for (int q = 0; q < P; ++q) s += W.at(q, p);
         rank_pairs[static_cast<std::size_t>(p)] = s;
       }
-      const double wmax = vmax(rank_pairs);
+      const double wmax = m.step_work(rank_pairs);
       attn_f = m.attn_fwd_ms(wmax * fwd_pair);
       attn_b = m.attn_bwd_ms(wmax * bwd_pair);
       const double frac = (P - 1.0) / P, n = static_cast<double>(Q) * nq;
@@ -177,14 +177,15 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
         return {((p - t) % P + P) % P, p};  // lvxattn
       };
       double step_kv = e * 2 * Lrows / P * kvw;  // ring: one k|v shard
+      std::vector<double> step_pairs(static_cast<std::size_t>(P));
       for (int t = 0; t < P; ++t) {
-        double wf = 0;
         for (int p = 0; p < P; ++p) {
           const auto [qo, co] = owner_pair(t, p);
-          double pairs = W.at(qo, co) + (qo == co ? W.D[static_cast<std::size_t>(qo)] : 0.0);
+          const double pairs = W.at(qo, co) + (qo == co ? W.D[static_cast<std::size_t>(qo)] : 0.0);
           rank_pairs[static_cast<std::size_t>(p)] += pairs;
-          wf = std::max(wf, pairs);
+          step_pairs[static_cast<std::size_t>(p)] = pairs;
         }
+        const double wf = m.step_work(step_pairs);
         const double af = m.attn_fwd_ms(wf * fwd_pair), ab = m.attn_bwd_ms(wf * bwd_pair);
         attn_f += af;
         attn_b += ab;

@@ -17,6 +17,18 @@ void SimMachine::validate() const {
   DIFFCP_CHECK(P >= 1 && P <= (1 << 20), "sim: P = ", P, ", expected 1 <= P <= 2^20");
   DIFFCP_CHECK(R >= 1, "sim: ranks per node = ", R, ", expected >= 1");
   DIFFCP_CHECK(share > 0 && share <= 1, "sim: --rank-share = ", share, ", expected a fraction in (0, 1]");
+  DIFFCP_CHECK(cores >= 0 && cores <= P, "sim: --cores = ", cores, ", expected 1..P = ", P, " (0: one core per rank)");
+}
+
+double SimMachine::step_work(const std::vector<double>& w) const {
+  if (w.empty()) return 0;
+  double mx = 0, mean = 0;
+  for (const double x : w) {
+    mx = std::max(mx, x);
+    mean += x / static_cast<double>(w.size());
+  }
+  if (cores == 0 || cores >= P) return mx;
+  return std::max(mx * cores / P, mean);
 }
 
 double SimMachine::rate_share() const { return share / (P > 1 ? 1.0 + profile.sync_loss : 1.0); }

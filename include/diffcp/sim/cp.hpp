@@ -6,7 +6,8 @@
 //     contiguous ranges, as CpShard) gives each step's per-rank load: Split-KV rank p does
 //     sum_q M[q][p] + D_p (the planner's W_p), Ulysses 1/P of all pairs, Ring rank p at step t
 //     the shard of p - t, RingX at step t the queries of rank t, LV-XAttn at step t the queries
-//     of p - t; a step lasts as long as its slowest rank;
+//     of p - t; a step lasts as long as its slowest rank
+//     (SimMachine::step_work: on fewer cores than ranks, the mean rank's when that is longer);
 //   - FLOPs: attention 4 d_h (forward) / 10 d_h (backward) per pair per query head, projections
 //     2 m k n (backward 2x);
 //   - bytes: the closed forms of cp/bytes.hpp (the ones the tests assert), split into the

@@ -18,6 +18,8 @@
 // Small all-reduces (lse, D) take 2 log2(P) latencies (a tree) plus their bytes.
 #pragma once
 
+#include <vector>
+
 #include "diffcp/sim/profile.hpp"
 
 namespace diffcp {
@@ -26,8 +28,9 @@ struct SimMachine {
   Profile profile;
   int P = 1, R = 1;      // ranks, ranks per node
   double share = 1.0;    // fraction of the calibrated compute rates each rank gets
+  int cores = 0;         // cores the P ranks run on (0: P, one each; fewer: oversubscribed)
 
-  // Throws diffcp::Error naming the value: P < 1, R < 1, share outside (0, 1].
+  // Throws diffcp::Error naming the value: P < 1, R < 1, share outside (0, 1], cores outside [0, P].
   void validate() const;
   int nodes() const { return (P + R - 1) / R; }
   bool multi_node() const { return P > R; }
@@ -40,6 +43,12 @@ struct SimMachine {
   double attn_fwd_ms(double flops, int calls = 1) const;
   double attn_bwd_ms(double flops, int calls = 1) const;
   double elementwise_ms(double bytes) const;  // 0 when the profile has no elementwise rate
+
+  // The work that sets the length of a step in which rank p does w[p] (the rates being per rank
+  // with every rank busy): the slowest rank's, max_p w_p, when each rank has a core; on fewer
+  // cores C (oversubscribed) a rank that finishes early yields its core to the others, so the
+  // step lasts max(C / P x max_p w_p, mean_p w_p).
+  double step_work(const std::vector<double>& w) const;
 
   double uniform_ms(double bytes_per_rank) const;        // all-gather / reduce-scatter / all-to-all
   // The two-level (hierarchical) form of a uniform collective with the same flat volume: across
