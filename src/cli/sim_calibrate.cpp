@@ -99,7 +99,8 @@ double measure_elementwise(int reps) {
   return 3.0 * 4 * static_cast<double>(x.size()) / (t * 1e-3) / 1e9;
 }
 
-// sync_loss: every rank runs the same compute segment, then a blocking barrier, `iters` times.
+// sync_loss: every rank runs the same compute segment, then a blocking barrier, in `windows`
+// windows of 10.
 // Synchronised ranks go at the pace of the slowest in each segment, and on a shared host a rank's
 // segment sometimes stretches (preemption, steal, a noisy neighbour). A run is judged by its
 // median step, a step spans ~10-20 such segments, so the loss is taken the same way: the mean
@@ -110,7 +111,7 @@ double measure_elementwise(int reps) {
 double measure_sync_loss(Communicator& world, int windows) {
   constexpr int kWindow = 10;
   if (world.size() < 2) return 0.0;
-  const std::int64_t M = 256, K = 1024, N = 1024;  // ~2.5 ms a GEMM here: a layer's span between collectives
+  const std::int64_t M = 256, K = 1024, N = 1024;  // 4 GEMMs, ~10 ms here: a layer's span between collectives
   const auto x = random_normal(static_cast<std::size_t>(M * K), 7), w = random_normal(static_cast<std::size_t>(K * N), 8);
   std::vector<float> y(static_cast<std::size_t>(M * N));
   const auto segment = [&] {

@@ -5,8 +5,8 @@
 // (text), ranks_per_node (default 1), intra_latency_us, inter_latency_us (default 0), and the
 // compute classes gemm_tflops, attn_bwd_tflops (default: rank_tflops), elementwise_gbs (default 0:
 // not timed), kernel_us (default 0; a fixed cost per kernel call: the size-dependent efficiency
-// t = kernel_us + flops / rate), comm_overlap (default 1), sync_loss (default 0). `diffcp sim calibrate` writes every
-// field, measured here.
+// t = kernel_us + flops / rate), comm_overlap (default 1), sync_loss (default 0). `diffcp sim
+// calibrate` writes every field, measured here.
 #pragma once
 
 #include <string>
