@@ -12,6 +12,7 @@
 
 #include "diffcp/testing/compare.hpp"
 #include "diffcp/core/error.hpp"
+#include "diffcp/cp/splitkv.hpp"
 #include "diffcp/drafter/checkpoint.hpp"
 #include "diffcp/drafter/data.hpp"
 #include "diffcp/drafter/trainer.hpp"
@@ -127,6 +128,11 @@ TEST(Trainer, AutoShardsTheOptimizerAndPicksTheOutputProjectionByShape) {
   EXPECT_EQ(r.shard, world().size() > 1 ? "optimizer" : "none");
   const DrafterConfig tiny = drafter_preset("tiny");
   EXPECT_EQ(r.oproj, tiny.n_q * tiny.d_h <= tiny.hidden ? "owned" : "all");
+  const DrafterConfig wide = drafter_preset("qwen3.5-35b-a3b"), narrow = drafter_preset("qwen3.5-27b");
+  ASSERT_EQ(wide.n_q * wide.d_h, 2 * wide.hidden);  // owned would send more bytes
+  EXPECT_EQ(choose_oproj_by_shape(wide.attn()), OProj::all);
+  ASSERT_LT(narrow.n_q * narrow.d_h, narrow.hidden);  // 4096 < 5120: owned sends fewer
+  EXPECT_EQ(choose_oproj_by_shape(narrow.attn()), OProj::owned);
   o.oproj = "all";
   EXPECT_EQ(train(world(), o).oproj, "all");
   o.oproj = "rows";
@@ -134,8 +140,9 @@ TEST(Trainer, AutoShardsTheOptimizerAndPicksTheOutputProjectionByShape) {
 }
 
 // --shard optimizer (AdamW moments sharded) and full (parameters, gradients, moments sharded over
-// the mesh; the LM head vocabulary-parallel over the CP group) train like the replicated state: the same losses and
-// parameters to fp32 rounding, with gradient accumulation (full reduce-scatters per micro-batch).
+// the mesh; the LM head vocabulary-parallel over the CP group) train like the replicated state:
+// the same losses and parameters to fp32 rounding, with gradient accumulation (full
+// reduce-scatters per micro-batch).
 TEST(Trainer, ShardedStateTrainsLikeTheReplicatedOne) {
   TrainOptions o = small(3);
   o.accum = 2;

@@ -30,6 +30,10 @@ OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gem
   return saved_s > extra_s ? OProj::owned : OProj::all;
 }
 
+OProj choose_oproj_by_shape(const AttnLayerConfig& cfg) {
+  return cfg.q_width() <= cfg.hidden ? OProj::owned : OProj::all;
+}
+
 SplitKVLayer::SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, SplitKVOptions opt)
     : CpAttentionLayer(cp, cfg, "split-kv", opt.compute), opt_(opt) {
   DIFFCP_CHECK(opt_.collectives == CollAlgo::flat || cp.has_topology(),

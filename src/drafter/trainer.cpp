@@ -215,7 +215,7 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   res.shard = shard_mode_name(shard);
   compute = opt.dtype == "bf16" ? DType::bf16 : DType::f32;
   res.dtype = opt.dtype;
-  const OProj oproj = opt.oproj != "auto" ? parse_oproj(opt.oproj) : cfg.n_q * cfg.d_h <= cfg.hidden ? OProj::owned : OProj::all;
+  const OProj oproj = opt.oproj != "auto" ? parse_oproj(opt.oproj) : choose_oproj_by_shape(cfg.attn());
   res.oproj = oproj_name(oproj);
   drafter = std::make_unique<Drafter>(*cp, cfg, SplitKVOptions{oproj, collectives, compute});
   state = std::make_unique<ShardedState>(world, drafter->layout(), shard);
@@ -420,7 +420,8 @@ TrainResult Trainer::result() {
     // The model's phases include the evaluation forwards; the trainer's are per step.
     res.phases = {{"target_features", m.t_build / n}, {"fusion", ph.fusion / n}, {"attention", ph.attention / n},
                   {"mlp", ph.mlp / n}, {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n},
-                  {"reduce", m.t_reduce / n}, {"optimizer", m.t_optim / n}};  }
+                  {"reduce", m.t_reduce / n}, {"optimizer", m.t_optim / n}};
+  }
   std::vector<double> mem{static_cast<double>(m.state->resident_bytes()) / (1 << 20), res.lm_head_mb};
   m.world.all_reduce<double>(mem, ReduceOp::max);
   res.state_mb = mem[0];

@@ -63,6 +63,9 @@ struct SplitKVOptions {
 // Q: query rows of the micro-batch; link_gbit: what one rank's collective traffic gets.
 OProj choose_oproj(const AttnLayerConfig& cfg, std::int64_t Q, int P, double gemm_gflops, double link_gbit,
                    DType dtype = DType::f32);
+// The same decision without rates (the trainer's --oproj auto): owned when n_q d_h <= H, where
+// owned's extra bytes are <= 0 and it always wins; all otherwise.
+OProj choose_oproj_by_shape(const AttnLayerConfig& cfg);
 
 // Timings: fwd_overlap_exposed_ms = waiting for the q all-gather after the K/V projection;
 // bwd_overlap_exposed_ms = waiting for the dq reduce-scatter after the K/V projection backward;

@@ -66,7 +66,8 @@ struct TrainOptions {
   std::string shard = "auto";
   // Split-KV's output projection (cp/splitkv.hpp): all | owned | auto (= owned when n_q d_h <= H:
   // its reduce-scatter moves no more bytes than all's and the projection's FLOPs divide by P; all
-  // otherwise, e.g. the real presets' n_q d_h = 2 H, where all moves fewer bytes).
+  // otherwise, e.g. qwen3.5-35b-a3b's n_q d_h = 2 H, where all moves fewer bytes; qwen3.5-27b's
+  // n_q d_h = 0.8 H gets owned).
   std::string oproj = "auto";
   // Activation recomputation (Drafter::set_recompute): on | off | auto (= on with shard full,
   // where memory is what the run is short of).
