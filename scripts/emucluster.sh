@@ -85,7 +85,7 @@ is_int() { [[ "$1" =~ ^[0-9]+$ ]]; }
 
 # ---------------------------------------------------------------------------------------------
 # Profiles: profiles/NAME.json or a file. Unknown fields and bad values are errors.
-profile_fields='name description source ranks_per_node rank_tflops intra_gbit inter_gbit intra_latency_us inter_latency_us notes gemm_tflops attn_bwd_tflops elementwise_gbs kernel_us comm_overlap sync_loss'
+profile_fields='name description source ranks_per_node rank_tflops intra_gbit inter_gbit intra_latency_us inter_latency_us notes gemm_tflops gemm_n_half attn_bwd_tflops elementwise_gbs kernel_us comm_overlap sync_loss'
 load_profile() {  # $1 = NAME|FILE; sets p_* variables
   local f=$1
   [ -f "$f" ] || f="$repo/profiles/$1.json"

@@ -55,6 +55,9 @@ TEST(SimProfile, FormatAndErrors) {
   EXPECT_NE(err([](nlohmann::json& j) { j["sync_loss"] = -0.1; }).find("'sync_loss' = -0.1, expected a non-negative"),
             std::string::npos);
   EXPECT_EQ(p.sync_loss, 0.0);  // absent: a quiet machine
+  EXPECT_EQ(p.gemm_n_half, 0.0);  // absent: no width dependence
+  EXPECT_NE(err([](nlohmann::json& j) { j["gemm_n_half"] = -5; }).find("'gemm_n_half' = -5, expected a non-negative"),
+            std::string::npos);
   // The shipped profiles load (the emulated cluster's files: one format).
   for (const char* name : {"h100-ib", "aurora"}) EXPECT_NO_THROW(load_profile(name)) << name;
   EXPECT_NE(error_of([] { load_profile("nope"); }).find("profile 'nope': no such file"), std::string::npos);
@@ -82,6 +85,19 @@ TEST(SimMachine, LinkLevelsAndSharedUplinks) {
               -0.25 * two.profile.kernel_us * 1e-3, 1e-9);  // the per-call cost is not scaled
   EXPECT_EQ(solo.attn_fwd_ms(1e12), machine(1, 8).attn_fwd_ms(1e12));
   EXPECT_EQ(noisy.uniform_ms(bytes), two.uniform_ms(bytes));  // links are not
+  // The GEMM's width efficiency: 1 without n_half and at 1024 wide or more; below, n / (n + n_half)
+  // normalised to 1024; n_half is what calibrate solves from the narrow / wide rate ratio.
+  SimMachine narrow = one;
+  EXPECT_EQ(narrow.gemm_efficiency(1024, 256), 1.0);
+  narrow.profile.gemm_n_half = 64;
+  EXPECT_EQ(narrow.gemm_efficiency(4096, 1024), 1.0);
+  EXPECT_NEAR(narrow.gemm_efficiency(1024, 256), 256.0 * 1088 / (1024.0 * 320), 1e-12);
+  EXPECT_NEAR(narrow.gemm_efficiency(128, 4096), 128.0 * 1088 / (1024.0 * 192), 1e-12);  // the smaller of K, N
+  EXPECT_NEAR(gemm_n_half_from_ratio(256, narrow.gemm_efficiency(1024, 256)), 64, 1e-9);
+  EXPECT_EQ(gemm_n_half_from_ratio(256, 1.1), 0.0);  // the narrow GEMM no slower: no fall
+  EXPECT_GT(gemm_n_half_from_ratio(256, 0.2), 1024.0);  // at or below linear: a steep, finite fall
+  EXPECT_NEAR(narrow.gemm_ms(4096, 1024, 256) - narrow.profile.kernel_us * 1e-3,
+              (one.gemm_ms(4096, 1024, 256) - one.profile.kernel_us * 1e-3) / narrow.gemm_efficiency(1024, 256), 1e-9);
   // A step's work: the slowest rank's with a core each; oversubscribed (4 ranks, 2 cores) the
   // early ranks yield their cores: max(2/4 x max, mean).
   SimMachine four = machine(4, 2);

@@ -36,8 +36,14 @@ double SimMachine::rate_share() const { return share / (P > 1 ? 1.0 + profile.sy
 double SimMachine::gemm_ms(double flops, int calls) const {
   return calls * profile.kernel_us * 1e-3 + flops / (flops_per_ms(profile.gemm_tflops) * rate_share());
 }
+double SimMachine::gemm_efficiency(double K, double N) const {
+  const double n = std::min(K, N), h = profile.gemm_n_half;
+  if (h <= 0 || n >= kGemmWideWidth) return 1.0;
+  return n * (kGemmWideWidth + h) / (kGemmWideWidth * (n + h));
+}
+
 double SimMachine::gemm_ms(double M, double K, double N) const {
-  const double compute = 2 * M * K * N / (flops_per_ms(profile.gemm_tflops) * rate_share());
+  const double compute = 2 * M * K * N / (flops_per_ms(profile.gemm_tflops) * gemm_efficiency(K, N) * rate_share());
   const double memory =
       profile.elementwise_gbs > 0 ? 4 * (M * K + K * N + M * N) / (profile.elementwise_gbs * 1e6 * rate_share()) : 0;
   return profile.kernel_us * 1e-3 + std::max(compute, memory);

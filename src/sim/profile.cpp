@@ -19,17 +19,27 @@
 
 namespace diffcp {
 
+double gemm_n_half_from_ratio(double narrow, double rho) {
+  const double W = kGemmWideWidth;
+  DIFFCP_CHECK(narrow > 0 && narrow < W && std::isfinite(rho) && rho > 0, "gemm_n_half_from_ratio: width ", narrow,
+               " ratio ", rho);
+  if (rho >= 1) return 0;
+  // rho W (narrow + h) = narrow (W + h)  =>  h (rho W - narrow) = narrow W (1 - rho)
+  const double denom = rho * W - narrow;
+  return denom > 0 ? narrow * W * (1 - rho) / denom : 16 * W;  // rho <= narrow / W: a rate that falls at least linearly
+}
+
 Profile Profile::from_json(const nlohmann::json& j, const std::string& source) {
   DIFFCP_CHECK(j.is_object(), "profile '", source, "': expected a JSON object");
   static const char* const kFields[] = {"name", "description", "source", "notes", "ranks_per_node", "rank_tflops",
-                                        "gemm_tflops", "attn_bwd_tflops", "elementwise_gbs", "kernel_us",
+                                        "gemm_tflops", "gemm_n_half", "attn_bwd_tflops", "elementwise_gbs", "kernel_us",
                                         "intra_gbit", "inter_gbit", "intra_latency_us", "inter_latency_us",
                                         "comm_overlap", "sync_loss"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool known = false;
     for (const char* f : kFields) known = known || it.key() == f;
     DIFFCP_CHECK(known, "profile '", source, "': unknown field '", it.key(),
-                 "' (known: name description source notes ranks_per_node rank_tflops gemm_tflops attn_bwd_tflops "
+                 "' (known: name description source notes ranks_per_node rank_tflops gemm_tflops gemm_n_half attn_bwd_tflops "
                  "elementwise_gbs kernel_us intra_gbit inter_gbit intra_latency_us inter_latency_us comm_overlap sync_loss)");
   }
   const auto text = [&](const char* f, bool required) {
@@ -64,6 +74,7 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& source) {
   }
   p.rank_tflops = number("rank_tflops", true, true, 0);
   p.gemm_tflops = number("gemm_tflops", false, true, p.rank_tflops);
+  p.gemm_n_half = number("gemm_n_half", false, false, 0);
   p.attn_bwd_tflops = number("attn_bwd_tflops", false, true, p.rank_tflops);
   p.elementwise_gbs = number("elementwise_gbs", false, false, 0);
   p.kernel_us = number("kernel_us", false, false, 0);
@@ -85,6 +96,7 @@ nlohmann::json Profile::to_json() const {
   j["ranks_per_node"] = ranks_per_node;
   j["rank_tflops"] = rank_tflops;
   j["gemm_tflops"] = gemm_tflops;
+  j["gemm_n_half"] = gemm_n_half;
   j["attn_bwd_tflops"] = attn_bwd_tflops;
   j["elementwise_gbs"] = elementwise_gbs;
   j["kernel_us"] = kernel_us;

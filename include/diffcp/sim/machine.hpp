@@ -2,9 +2,11 @@
 // order (ranks p with equal p / R share a node, as mpirun --map-by core fills nodes).
 //
 // Compute, per kernel call: t = kernel_us + flops / rate (rate per op class). A GEMM given by its
-// shape is a roofline: t = kernel_us + max(2 M K N / gemm rate, 4 (M K + K N + M N) / memory
-// rate) with the elementwise rate as the memory rate: the size-dependent efficiency (a GEMM
-// with few rows streams its weights and runs far below the peak). `share` scales every compute
+// shape is a roofline: t = kernel_us + max(2 M K N / (gemm rate x eff), 4 (M K + K N + M N) /
+// memory rate) with the elementwise rate as the memory rate and eff the width efficiency
+// n (W + n_half) / (W (n + n_half)) of its narrow width n = min(K, N) < W = 1024 (1 at W and
+// above): the size-dependent efficiency (a GEMM with few rows streams its weights and runs far
+// below the peak; a narrow one, e.g. the K/V projection at n_kv d_h = 256, runs ~15 % below it). `share` scales every compute
 // rate (0.5: two ranks on one core, the oversubscribed validation runs here); with P > 1 the rates
 // are also divided by 1 + the profile's sync_loss (ranks that synchronise wait for the slowest).
 //
@@ -40,6 +42,7 @@ struct SimMachine {
   double rate_share() const;
   double gemm_ms(double flops, int calls = 1) const;
   double gemm_ms(double M, double K, double N) const;  // y[M, N] = x[M, K] W[K, N], f32
+  double gemm_efficiency(double K, double N) const;     // the width efficiency eff above, in (0, 1]
   double attn_fwd_ms(double flops, int calls = 1) const;
   double attn_bwd_ms(double flops, int calls = 1) const;
   double elementwise_ms(double bytes) const;  // 0 when the profile has no elementwise rate

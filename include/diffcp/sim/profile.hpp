@@ -3,10 +3,10 @@
 //
 // Required: name, rank_tflops, intra_gbit, inter_gbit. Optional: description, source, notes
 // (text), ranks_per_node (default 1), intra_latency_us, inter_latency_us (default 0), and the
-// compute classes gemm_tflops, attn_bwd_tflops (default: rank_tflops), elementwise_gbs (default 0:
-// not timed), kernel_us (default 0; a fixed cost per kernel call: the size-dependent efficiency
-// t = kernel_us + flops / rate), comm_overlap (default 1), sync_loss (default 0). `diffcp sim
-// calibrate` writes every field, measured here.
+// compute classes gemm_tflops, attn_bwd_tflops (default: rank_tflops), gemm_n_half (default 0),
+// elementwise_gbs (default 0: not timed), kernel_us (default 0; a fixed cost per kernel call: with
+// gemm_n_half and the roofline, the size-dependent efficiency of sim/machine.hpp), comm_overlap
+// (default 1), sync_loss (default 0). `diffcp sim calibrate` writes every field, measured here.
 #pragma once
 
 #include <string>
@@ -15,11 +15,21 @@
 
 namespace diffcp {
 
+// The width at which calibrate measures gemm_tflops (a 2048 x 1024 x 1024 GEMM).
+inline constexpr double kGemmWideWidth = 1024;
+
+// gemm_n_half from the measured rate ratio rho = rate(narrow) / rate(kGemmWideWidth) at a width
+// narrow < kGemmWideWidth: solves rho = narrow (W + h) / (W (narrow + h)); 0 when rho >= 1.
+double gemm_n_half_from_ratio(double narrow, double rho);
+
 struct Profile {
   std::string name, description, source, notes;
   int ranks_per_node = 1;
   double rank_tflops = 0;       // attention forward per rank, FLOPs as FlashAttention counts them
-  double gemm_tflops = 0;       // dense GEMMs (projections, MLP, LM head)
+  double gemm_tflops = 0;       // dense GEMMs (projections, MLP, LM head), at widths >= kGemmWideWidth
+  // Hockney's n_half of the GEMM's narrow width (the smaller of K and N): below kGemmWideWidth the
+  // rate falls as n / (n + n_half), normalised to gemm_tflops at kGemmWideWidth (0: no fall).
+  double gemm_n_half = 0;
   double attn_bwd_tflops = 0;   // attention backward (10 d_h FLOPs per visible pair per head)
   double elementwise_gbs = 0;   // memory-bound ops (norms, activations, optimizer): bytes / s
   double kernel_us = 0;         // fixed cost per kernel call
