@@ -210,18 +210,30 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
           fwd_exposed += m.overlapped(af, bq) - af + lse + ro;
           bwd_exposed += m.overlapped(ab, bkv) - ab + rkv;
           comm += bq + lse + ro + bkv + rkv;
-        } else {  // lvxattn: q (and its backward inputs) hop ahead, the accumulators behind
+        } else {  // lvxattn, as cp/lvxattn.cpp runs it: q (and its backward inputs) hop ahead, the accumulators behind
           const double hq = m.hop_ms(e * Qt * qw), hacc = m.hop_ms(Qt * (e * qw + stat * nq));
           const double hqb = m.hop_ms(Qt * (e * 2 * qw + stat * 2 * nq)), hdq = m.hop_ms(e * Qt * qw);
-          // The query state hops ahead (posted before the attention, so it can hide under it);
-          // the accumulator leaves only after the attention and the next rank merges it before
-          // passing it on: a dependent hop on every step.
-          const double sf = last ? hacc : m.overlapped(af, hq) + hacc, sb = last ? hdq : m.overlapped(ab, hqb) + hdq;
-          f += last ? af + hacc : sf;
-          b += last ? ab + hdq : sb;
-          fwd_exposed += last ? hacc : sf - af;
-          bwd_exposed += last ? hdq : sb - ab;
-          comm += (last ? 0 : hq + hqb) + hacc + hdq;
+          // During step t the query state for step t + 1 arrives (posted one step ahead; step 0's
+          // own block also covers the forward's K/V projection) and, from step 2 on, the running
+          // accumulator of step t - 1 (the previous rank's, merged after this step's attention):
+          // both share the link into this rank. After the last step the accumulator goes home:
+          // exposed in the forward, under the K/V projection's backward in the backward.
+          const double cf = (last ? 0 : hq) + (t >= 2 ? hacc : 0), cb = (last ? 0 : hqb) + (t >= 2 ? hdq : 0);
+          const double window = t == 0 ? g_kv : 0;  // compute besides the attention the transfer hides under
+          const double sf = cf > 0 ? m.overlapped(window + af, cf) - window : af, sb = m.overlapped(ab, cb);
+          f += sf;
+          b += sb;
+          fwd_exposed += sf - af;
+          bwd_exposed += sb - ab;
+          comm += cf + cb;
+          if (last && P > 1) {
+            f += hacc;
+            fwd_exposed += hacc;
+            const double home = m.overlapped(2 * g_kv, hdq) - 2 * g_kv;
+            b += home;
+            bwd_exposed += home;
+            comm += hacc + hdq;
+          }
         }
       }
       f += g_q + g_kv + g_o;

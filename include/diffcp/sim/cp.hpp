@@ -14,9 +14,11 @@
 //     collectives each method issues, each timed by the machine's alpha-beta model;
 //   - the overlap each method has: Split-KV's q all-gather under the K/V projection and dq
 //     reduce-scatter under the K/V backward; Ulysses' q all-to-all under the K/V projection;
-//     Ring's next hop and LV-XAttn's query hop under the current step's attention (LV-XAttn's
-//     accumulator hop follows the attention: never hidden); RingX's next broadcast under the
-//     current step; all scaled by the profile's comm_overlap (how much a transfer really hides).
+//     Ring's next hop under the current step's attention; LV-XAttn's next query hop and, from
+//     step 2, the previous step's accumulator under the current step (the layer merges it after
+//     the attention), the last accumulator hop home exposed (forward) or under the K/V backward;
+//     RingX's next broadcast under the current step; all scaled by the profile's comm_overlap
+//     (how much a transfer really hides).
 #pragma once
 
 #include <string>
