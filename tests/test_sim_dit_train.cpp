@@ -246,10 +246,41 @@ TEST(SimTrain, ContextParallelAttentionIsSimulateCpsLayer) {
   const PackedBatch batch = make_random_batch(4, 256, 12, cfg.block, 0.25, o.seed);
   ASSERT_EQ(r.tokens_per_micro_batch, batch.context_rows());
   SimMachine mc = machine(4, 4);
-  const SimCpResult layer = simulate_cp(mc, batch, cfg.attn(), {{"splitkv"}, "lpt", 4, "all", "auto", 4}).at(0);
+  // The output projection as the trainer's --oproj auto: owned for small (n_q d_h = H).
+  EXPECT_EQ(r.oproj, "owned");
+  const SimCpResult layer = simulate_cp(mc, batch, cfg.attn(), {{"splitkv"}, "lpt", 4, "owned", "auto", 4}).at(0);
   EXPECT_NEAR(r.phases.attention, 3.0 * cfg.layers * layer.step_ms, 1e-9 * r.phases.attention);
   EXPECT_GT(r.phases.redistribute, 0);
   EXPECT_NEAR(r.tokens_per_s, 2 * 3 * 1024 / (r.step_ms * 1e-3), 1e-6 * r.tokens_per_s);
+}
+
+// --shard as the trainer: auto = none on one rank, optimizer (ZeRO-1) for the synthetic shapes,
+// full for the real ones; the state's bytes are shard_bytes_per_step's, the AdamW step shrinks by
+// P when sharded, full recomputes each layer's forward.
+TEST(SimTrain, ShardModesAsTheTrainer) {
+  const DrafterConfig small = drafter_preset("small");
+  SimTrainOptions o = train_options(0, 0, 0);
+  EXPECT_EQ(simulate_train(machine(1, 1), "small", small, o).shard, "none");
+  const SimTrainResult z1 = simulate_train(machine(4, 4), "small", small, o);
+  EXPECT_EQ(z1.shard, "optimizer");
+  o.shard = "none";
+  const SimTrainResult none = simulate_train(machine(4, 4), "small", small, o);
+  EXPECT_NEAR(z1.phases.optimizer, none.phases.optimizer / 4, 1e-12);
+  // Reduce-scatter + all-gather move what the all-reduce moves (up to the pieces' padding).
+  EXPECT_NEAR(z1.phases.grad_allreduce / none.phases.grad_allreduce, 1.0, 0.01);
+  o.shard = "full";
+  const SimTrainResult full = simulate_train(machine(4, 4), "small", small, o);
+  EXPECT_GT(full.phases.grad_allreduce, 1.5 * z1.phases.grad_allreduce);  // 3 A = 6 gathers / scatters vs 2
+  EXPECT_GT(full.phases.attention, z1.phases.attention);                   // recomputed forwards
+  EXPECT_GT(full.phases.projections_mlp, z1.phases.projections_mlp);
+  o.shard = "auto";
+  o.context = 8192;
+  const DrafterConfig real = drafter_preset("qwen3.5-35b-a3b");
+  const SimTrainResult r = simulate_train(machine(2, 2), "qwen3.5-35b-a3b", real, o);
+  EXPECT_EQ(r.shard, "full");
+  EXPECT_EQ(r.oproj, "all");  // n_q d_h = 2 H
+  o.shard = "zero3";
+  EXPECT_THROW(simulate_train(machine(2, 2), "small", small, o), Error);
 }
 
 TEST(SimTrain, BadMeshesAreErrorsNamingTheValue) {

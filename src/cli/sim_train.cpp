@@ -36,6 +36,8 @@ void add_sim_train(CLI::App* sim) {
   c->add_option("--balancer", o.opt.balancer, "context layout: none | zigzag | lpt | partition")->capture_default_str();
   c->add_option("--J", o.opt.J, "LPT chunks per rank")->capture_default_str();
   c->add_option("--collectives", o.opt.collectives, "Split-KV's collectives: flat | hierarchical | auto")->capture_default_str();
+  c->add_option("--shard", o.opt.shard, "model state over the mesh, as diffcp train: none | optimizer | full | auto")
+      ->capture_default_str();
   c->add_option("--seed", o.opt.seed, "seed of the micro-batch's anchors")->capture_default_str();
 }
 
@@ -60,6 +62,8 @@ int run_sim_train() {
                                    {"tokens_per_micro_batch", r.tokens_per_micro_batch},
                                    {"query_rows", r.query_rows},
                                    {"parameters", r.parameters},
+                                   {"shard", r.shard},
+                                   {"oproj", r.oproj},
                                    {"imbalance_pct", r.imbalance_pct},
                                    {"step_ms", r.step_ms},
                                    {"tokens_per_s", r.tokens_per_s},
@@ -68,10 +72,10 @@ int run_sim_train() {
     return 0;
   }
   std::printf("diffcp sim train: preset %s, profile %s, P = %d = DP %d x CP %d (%d per node), accum %lld, "
-              "%lld tokens / %lld query rows per micro-batch, %lld parameters\n",
+              "%lld tokens / %lld query rows per micro-batch, %lld parameters, --shard %s, output projection %s\n",
               r.preset.c_str(), m.profile.name.c_str(), r.P, r.dp, r.cp, m.R, static_cast<long long>(r.accum),
               static_cast<long long>(r.tokens_per_micro_batch), static_cast<long long>(r.query_rows),
-              static_cast<long long>(r.parameters));
+              static_cast<long long>(r.parameters), r.shard.c_str(), r.oproj.c_str());
   std::printf("  step %.3f ms, %.4g tokens/s (attention imbalance %.2f %%)\n", r.step_ms, r.tokens_per_s, r.imbalance_pct);
   for (const auto& [name, ms] : phases.items())
     std::printf("  %-16s %10.3f ms\n", name.c_str(), ms.get<double>());

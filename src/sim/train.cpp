@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "diffcp/core/error.hpp"
+#include "diffcp/cp/splitkv.hpp"
+#include "diffcp/drafter/sharded_state.hpp"
 #include "diffcp/sim/cp.hpp"
 #include "diffcp/workload/batch.hpp"
 
@@ -34,7 +36,15 @@ SimTrainResult simulate_train(const SimMachine& m, const std::string& preset, co
   DIFFCP_CHECK(opt.global_batch >= 0 && A >= 1, "sim train: --accum = ", A, ", expected >= 1 micro-batch per replica");
   DIFFCP_CHECK(opt.collectives == "auto" || opt.collectives == "flat" || opt.collectives == "hierarchical",
                "sim train: --collectives '", opt.collectives, "': expected flat, hierarchical or auto");
+  DIFFCP_CHECK(opt.shard == "auto" || opt.shard == "none" || opt.shard == "optimizer" || opt.shard == "full",
+               "sim train: --shard '", opt.shard, "': expected none, optimizer, full or auto");
   const bool real_shape = cfg.vocab > 4096;  // as the trainer decides its defaults
+  // The trainer's --shard auto and --oproj auto (drafter/trainer.cpp).
+  const ShardMode shard = opt.shard != "auto" ? parse_shard_mode(opt.shard)
+                          : P == 1            ? ShardMode::none
+                          : real_shape        ? ShardMode::full
+                                              : ShardMode::optimizer;
+  const bool recompute = shard == ShardMode::full;  // --recompute auto
   const std::int64_t length = opt.sample_length > 0 ? opt.sample_length : real_shape ? opt.context : std::min<std::int64_t>(256, opt.context);
   DIFFCP_CHECK(opt.context >= 1 && length >= cfg.block && length <= opt.context, "sim train: sample length ", length,
                " tokens (--sample-length), --context ", opt.context, ": expected block B = ", cfg.block,
@@ -51,7 +61,8 @@ SimTrainResult simulate_train(const SimMachine& m, const std::string& preset, co
   SimMachine mc = m;
   mc.P = C;
   mc.R = std::min(m.R, C);
-  const SimCpOptions cp_opt{{"splitkv"}, opt.balancer, opt.J, "all", opt.collectives, 4};
+  const char* oproj = choose_oproj_by_shape(cfg.attn()) == OProj::owned ? "owned" : "all";
+  const SimCpOptions cp_opt{{"splitkv"}, opt.balancer, opt.J, oproj, opt.collectives, 4};
   const SimCpResult layer = simulate_cp(mc, batch, cfg.attn(), cp_opt).at(0);
   DIFFCP_CHECK(layer.supported(), "sim train: Split-KV cannot serve the layer: ", layer.reason);
 
@@ -68,6 +79,7 @@ SimTrainResult simulate_train(const SimMachine& m, const std::string& preset, co
   // Per micro-batch on the busiest CP rank. RMSNorm: forward 8 B, backward 12 B per element;
   // residual add / gradient add 12 B, activation copies 8 B.
   const double fusion = gemm(Cp, T, H) + gemm(T, Cp, H) + ew(8 * Cp * H) + ew(12 * Cp * H);
+  const double mlp_forward = 2 * gemm(Qp, H, F) + gemm(Qp, F, H) + ew(12 * Qp * F);
   const double mlp_layer = 2 * gemm(Qp, H, F) + gemm(Qp, F, H)                 // forward
                            + gemm(F, Qp, H) + gemm(Qp, H, F)                   // W_down: dW, dX
                            + 2 * (gemm(H, Qp, F) + gemm(Qp, F, H))             // W_gate, W_up: dW, dX
@@ -89,12 +101,16 @@ SimTrainResult simulate_train(const SimMachine& m, const std::string& preset, co
   r.parameters = layout.total;
   r.imbalance_pct = layer.imbalance_pct;
   const double a = static_cast<double>(A);
-  r.phases.attention = a * Ld * layer.step_ms;
-  r.phases.projections_mlp = a * projections_mlp;
+  r.shard = shard_mode_name(shard);
+  r.oproj = oproj;
+  // Recomputation (with full) runs each layer's forward again in the backward.
+  r.phases.attention = a * Ld * (layer.step_ms + (recompute ? layer.fwd_ms : 0.0));
+  r.phases.projections_mlp = a * (projections_mlp + (recompute ? Ld * mlp_forward : 0.0));
   r.phases.lm_head_loss = a * lm_head;
   r.phases.redistribute = a * redistribute;
-  r.phases.grad_allreduce = m.uniform_ms(2.0 * (P - 1.0) / P * 4 * W) + m.allreduce_small_ms(8.0 * (3 + 2 * cfg.block));
-  r.phases.optimizer = ew(54 * W);
+  // The model state's bytes: the closed form the trainer's tests assert (drafter/sharded_state.hpp).
+  r.phases.grad_allreduce = m.uniform_ms(shard_bytes_per_step(layout, shard, P, A)) + m.allreduce_small_ms(8.0 * (3 + 2 * cfg.block));
+  r.phases.optimizer = ew(54 * W / (shard == ShardMode::none ? 1.0 : P));
   r.phases.planner = a * layer.plan_ms;
   r.step_ms = r.phases.sum();
   r.tokens_per_s = r.step_ms > 0 ? DP * a * S / (r.step_ms * 1e-3) : 0.0;

@@ -16,7 +16,9 @@
 // the gradients over the whole mesh, the normalisation, clipping and AdamW; nothing overlaps):
 //   attention        A x L x the Split-KV layer's fwd + bwd on the CP group (simulate_cp: its
 //                    real LPT plan of the micro-batch, the q / k|v / o projections, the kernels,
-//                    the collectives and their overlap; oproj = all, as the trainer)
+//                    the collectives and their overlap; the output projection as the
+//                    trainer's --oproj auto, choose_oproj_by_shape); with --shard full (whose
+//                    --recompute auto is on) each layer's forward once more in the backward
 //   projections_mlp  A x [context fusion c = RMSNorm(hidden_p fc): [C_p, n_t H] x [n_t H, H]
 //                    forward + the weight gradient (hidden_p needs none); per layer SwiGLU
 //                    [Q_p, H] x [H, F] x 2 and [Q_p, F] x [F, H], forward + 2x backward (dX, dW);
@@ -26,11 +28,14 @@
 //                    the softmax cross-entropy over [Q_p, V] (read logits, write dlogits)]
 //   redistribute     A x the all-to-all-v of the context rows' target hidden states from the
 //                    loader slices to their plan owners ((C - 1)/C of C_p rows x n_t H floats)
-//   grad_allreduce   ring all-reduce of the W f32 gradients over all P ranks: machine.uniform_ms
-//                    of 2 (P - 1)/P x 4 W bytes, plus the small all-reduce of the loss statistics
-//   optimizer        elementwise over 54 B per parameter: zero the gradients (4), normalise by the
-//                    loss weight (8), clipping's norm (4) and scale (8), AdamW (read p, g, m, v,
-//                    the decay mask; write p, m, v: 30)
+//   grad_allreduce   the model state's collectives over all P ranks as the trainer's --shard (auto:
+//                    none on one rank, full for the real shapes, optimizer = ZeRO-1 for the
+//                    synthetic ones): machine.uniform_ms of shard_bytes_per_step (all-reduce;
+//                    reduce-scatter + all-gather; A x (2 all-gathers + reduce-scatter)), plus the
+//                    small all-reduce of the loss statistics
+//   optimizer        elementwise over 54 B per parameter this rank updates (W, or W / P sharded):
+//                    zero the gradients (4), normalise by the loss weight (8), clipping's norm (4)
+//                    and scale (8), AdamW (read p, g, m, v, the decay mask; write p, m, v: 30)
 //   planner          A x the balancer's wall time on this machine (simulate_cp's plan_ms: the
 //                    trainer plans every micro-batch)
 // tokens_per_s = DP x A x S / step time (the trainer's tokens: packed context rows).
@@ -56,6 +61,7 @@ struct SimTrainOptions {
   std::string balancer = "lpt";
   int J = 4;                         // chunks per rank (the trainer's default)
   std::string collectives = "auto";  // Split-KV's: flat | hierarchical | auto
+  std::string shard = "auto";        // model state: none | optimizer | full | auto (the trainer's rule)
   std::uint64_t seed = 1;
 };
 
@@ -72,6 +78,7 @@ struct SimTrainResult {
   std::int64_t tokens_per_micro_batch = 0;  // S
   std::int64_t query_rows = 0;              // Q of a micro-batch
   std::int64_t parameters = 0;              // W
+  std::string shard, oproj;                 // the modes predicted (auto resolved as the trainer does)
   double step_ms = 0, tokens_per_s = 0;
   double imbalance_pct = 0;                 // the attention work's, of the CP group's plan
   SimTrainPhases phases;
@@ -79,7 +86,7 @@ struct SimTrainResult {
 
 // Throws diffcp::Error naming the bad value: cp or dp < 0, C x DP != P, C not tiling the nodes
 // (neither C nor the ranks per node divides the other), global_batch not a multiple of DP,
-// accum / context / sample_length < 1, an unknown balancer or collectives.
+// accum / context / sample_length < 1, an unknown balancer, collectives or shard mode.
 SimTrainResult simulate_train(const SimMachine& m, const std::string& preset, const DrafterConfig& cfg,
                               const SimTrainOptions& opt);
 
