@@ -6,9 +6,10 @@
 // memory rate) with the elementwise rate as the memory rate and eff the width efficiency
 // n (W + n_half) / (W (n + n_half)) of its narrow width n = min(K, N) < W = 1024 (1 at W and
 // above): the size-dependent efficiency (a GEMM with few rows streams its weights and runs far
-// below the peak; a narrow one, e.g. the K/V projection at n_kv d_h = 256, runs ~15 % below it). `share` scales every compute
-// rate (0.5: two ranks on one core, the oversubscribed validation runs here); with P > 1 the rates
-// are also divided by 1 + the profile's sync_loss (ranks that synchronise wait for the slowest).
+// below the peak; a narrow one, e.g. the K/V projection at n_kv d_h = 256, runs 10-16 % below
+// it here). `share` scales every compute rate (0.5: two ranks on one core, the oversubscribed
+// validation runs here); with P > 1 the rates are also divided by 1 + the profile's sync_loss
+// (ranks that synchronise wait for the slowest).
 //
 // Communication, alpha-beta per link level. A uniform collective (all-gather, reduce-scatter,
 // all-to-all; flat, pairwise or ring algorithms: P - 1 rounds) in which a rank sends `bytes`
