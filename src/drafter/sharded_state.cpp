@@ -14,6 +14,13 @@ ShardMode parse_shard_mode(const std::string& name) {
   DIFFCP_FAIL("--shard '", name, "': expected none, optimizer or full");
 }
 
+ShardMode resolve_shard_mode(const std::string& name, bool real_shape, int ranks) {
+  DIFFCP_CHECK(name == "auto" || name == "none" || name == "optimizer" || name == "full", "--shard '", name,
+               "': expected none, optimizer, full or auto");
+  if (name != "auto") return parse_shard_mode(name);
+  return ranks == 1 ? ShardMode::none : real_shape ? ShardMode::full : ShardMode::optimizer;
+}
+
 const char* shard_mode_name(ShardMode m) {
   return m == ShardMode::none ? "none" : m == ShardMode::optimizer ? "optimizer" : "full";
 }

@@ -205,13 +205,7 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   res.lr = lr;
   res.anchors = anchors;
 
-  // auto: full for the real shapes on more than one rank (their replicated state does not fit);
-  // optimizer for the synthetic ones (the parameters fit, so no per-layer gathers, but a replicated
-  // AdamW step would be the one phase that does not scale); none on one rank.
-  shard = opt.shard != "auto" ? parse_shard_mode(opt.shard)
-          : W == 1            ? ShardMode::none
-          : real_shape        ? ShardMode::full
-                              : ShardMode::optimizer;
+  shard = resolve_shard_mode(opt.shard, real_shape, W);
   res.shard = shard_mode_name(shard);
   compute = opt.dtype == "bf16" ? DType::bf16 : DType::f32;
   res.dtype = opt.dtype;

@@ -36,14 +36,8 @@ SimTrainResult simulate_train(const SimMachine& m, const std::string& preset, co
   DIFFCP_CHECK(opt.global_batch >= 0 && A >= 1, "sim train: --accum = ", A, ", expected >= 1 micro-batch per replica");
   DIFFCP_CHECK(opt.collectives == "auto" || opt.collectives == "flat" || opt.collectives == "hierarchical",
                "sim train: --collectives '", opt.collectives, "': expected flat, hierarchical or auto");
-  DIFFCP_CHECK(opt.shard == "auto" || opt.shard == "none" || opt.shard == "optimizer" || opt.shard == "full",
-               "sim train: --shard '", opt.shard, "': expected none, optimizer, full or auto");
   const bool real_shape = cfg.vocab > 4096;  // as the trainer decides its defaults
-  // The trainer's --shard auto and --oproj auto (drafter/trainer.cpp).
-  const ShardMode shard = opt.shard != "auto" ? parse_shard_mode(opt.shard)
-                          : P == 1            ? ShardMode::none
-                          : real_shape        ? ShardMode::full
-                                              : ShardMode::optimizer;
+  const ShardMode shard = resolve_shard_mode(opt.shard, real_shape, P);  // the trainer's --shard
   const bool recompute = shard == ShardMode::full;  // --recompute auto
   const std::int64_t length = opt.sample_length > 0 ? opt.sample_length : real_shape ? opt.context : std::min<std::int64_t>(256, opt.context);
   DIFFCP_CHECK(opt.context >= 1 && length >= cfg.block && length <= opt.context, "sim train: sample length ", length,

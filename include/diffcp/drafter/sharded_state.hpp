@@ -42,6 +42,12 @@ namespace diffcp {
 
 enum class ShardMode : std::uint8_t { none, optimizer, full };
 ShardMode parse_shard_mode(const std::string& name);  // "none" | "optimizer" | "full"
+// --shard as the trainer resolves it on `ranks` ranks (diffcp sim train predicts the same):
+// "none" | "optimizer" | "full", or "auto" = full for the real shapes (real_shape: vocab > 4096)
+// on more than one rank (their replicated state does not fit), optimizer for the synthetic ones
+// (the parameters fit, so no per-layer gathers, but a replicated AdamW step would be the one phase
+// that does not scale), none on one rank. Throws diffcp::Error naming a bad value.
+ShardMode resolve_shard_mode(const std::string& name, bool real_shape, int ranks);
 const char* shard_mode_name(ShardMode m);
 
 // Bytes each rank sends per optimizer step for the model state (see the table above).
