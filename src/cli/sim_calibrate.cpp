@@ -55,8 +55,9 @@ double median_ms(int reps, F&& f) {
 // The layers' GEMM (ops/linear.hpp): the fixed cost of a tiny call (4 x 32 x 32), the rate of a
 // large one (2048 x 1024 x 1024) and the ratio rho of its rate at a narrow output width (N = 256,
 // the K/V projections' n_kv d_h) to it, from which the width's n_half (sim/machine.hpp). The
-// narrow and the wide GEMM run back to back, 3 x reps pairs, and rho is the median pair's ratio:
-// a slow spell (or, oversubscribed, the scheduler) moves both of a pair, not the ratio.
+// wide and the narrow GEMM run back to back, 3 x reps pairs: the rate is the median wide one's,
+// rho the median pair's ratio (a slow spell, or oversubscribed the scheduler, moves both of a
+// pair, not the ratio).
 struct GemmRates {
   double kernel_us = 0, tflops = 0, rho = 1;
 };
@@ -66,19 +67,20 @@ GemmRates measure_gemm(int reps) {
   const auto w = random_normal(static_cast<std::size_t>(K * N), 2);
   std::vector<float> y(static_cast<std::size_t>(M * N));
   const double tiny = median_ms(reps * 20, [&] { linear_forward(x.data(), 4, 32, w.data(), 32, y.data()); });
-  const double tl = median_ms(reps, [&] { linear_forward(x.data(), M, K, w.data(), N, y.data()); });
-  std::vector<double> rho;
+  linear_forward(x.data(), M, K, w.data(), N, y.data());  // warm-up
+  std::vector<double> wide, rho;
   for (int i = 0; i < 3 * reps; ++i) {
     double t0 = now_ms();
     linear_forward(x.data(), M, K, w.data(), N, y.data());
-    const double wide = now_ms() - t0 - tiny;
+    wide.push_back(std::max(now_ms() - t0 - tiny, 1e-6));
     t0 = now_ms();
     linear_forward(x.data(), M, K, w.data(), narrow, y.data());
-    const double thin = now_ms() - t0 - tiny;
-    rho.push_back(static_cast<double>(narrow) / static_cast<double>(N) * wide / std::max(thin, 1e-6));
+    const double thin = std::max(now_ms() - t0 - tiny, 1e-6);
+    rho.push_back(static_cast<double>(narrow) / static_cast<double>(N) * wide.back() / thin);
   }
+  std::sort(wide.begin(), wide.end());
   std::sort(rho.begin(), rho.end());
-  return {tiny * 1e3, 2.0 * M * K * N / std::max(tl - tiny, 1e-6) / 1e9, rho[rho.size() / 2]};
+  return {tiny * 1e3, 2.0 * M * K * N / wide[wide.size() / 2] / 1e9, rho[rho.size() / 2]};
 }
 
 // {fwd, bwd} TFLOP/s of the attention kernels on a DFlash mask (FLOPs as FlashAttention counts).
