@@ -265,6 +265,16 @@ TEST(Trainer, StepLoopEqualsTrainAndReportsEveryStep) {
     EXPECT_EQ(st.step, t.step_index());
     EXPECT_EQ(st.slot_accuracy.size(), static_cast<std::size_t>(drafter_preset("tiny").block - 1));
     EXPECT_EQ(st.phases.size(), ref.phases.size());
+    std::map<std::string, double> ph(st.phases.begin(), st.phases.end());
+    ASSERT_EQ(ph.size(), st.phases.size()) << "phase names repeat";
+    for (const char* name : {"target_features", "redistribution", "fusion", "attention", "attention_comm", "mlp",
+                             "lm_head", "gather_wait", "reduce", "optimizer"}) {
+      ASSERT_TRUE(ph.count(name)) << name;
+      EXPECT_GE(ph[name], 0) << name;
+    }
+    EXPECT_LE(ph["attention_comm"], ph["attention"]);  // a part of attention, not a phase beside it
+    EXPECT_GT(ph["attention"], 0);
+    EXPECT_GT(ph["redistribution"], 0);
     EXPECT_GT(st.tokens, 0);
     evaluated.push_back(st.tau.has_value());
     last_loss = st.loss;

@@ -140,6 +140,8 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* P, const
   if (L.attn_saved) L.attn->discard(std::move(L.attn_saved));  // its backward never ran (evaluation, recompute)
   L.attn_saved = L.attn->forward(AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)),
                                  view_of(L.a, {Qp, H}), view_of(c_, {Cp, H}), view_of(y, {Qp, H}));
+  L.attn_fwd_comm = L.attn->timings().exposed_comm_ms();
+  phases_.attention_comm += L.attn_fwd_comm;
   add_into(h_, y);
   phases_.attention += ms(t0);
   t0 = Clock::now();
@@ -272,6 +274,7 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
     L.attn->backward(std::move(L.attn_saved), AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)),
                      view_of(dh, {Qp, H}), view_of(da, {Qp, H}), view_of(dc_l, {Cp, H}), gview);
     std::fill_n(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
+    phases_.attention_comm += L.attn->timings().exposed_comm_ms() - L.attn_fwd_comm;  // timings(): forward + backward
     add_into(dh, norm_rows_bwd(da, L.h_in, L.a_rstd, Qp, H, P + rel(u, off.attn_norm), G + rel(u, off.attn_norm)));
     add_into(dc, dc_l);
     phases_.attention += ms(t0);

@@ -47,6 +47,7 @@ struct MicroBatchBuilder {
   int J;
   std::int64_t bucket;
   std::int64_t context;  // samples are right-truncated to it
+  mutable double redist_ms = 0;  // time in redistribute_rows, summed over the builds
 
   // greedy: also the packed target greedy tokens (empty unless every member has them).
   DrafterBatch build(bool heldout, const std::vector<std::size_t>& members, std::int64_t anchors, std::mt19937_64& rng,
@@ -75,7 +76,9 @@ struct MicroBatchBuilder {
       const std::int64_t lo = std::max(slice.begin, starts[u]), hi = std::min(slice.end, starts[u] + batch.lengths[u]);
       if (lo < hi) data.hidden(heldout, members[u], lo - starts[u], hi - starts[u], loaded.data() + (lo - slice.begin) * T);
     }
+    const auto t0 = Clock::now();
     mb.hidden_p = redistribute_rows(redist, batch, plan, loaded, T);
+    redist_ms += ms_since(t0);
     return mb;
   }
 };
@@ -139,7 +142,7 @@ struct Trainer::Impl {
   std::vector<std::size_t> order;
   // This run's measurements (result()).
   std::vector<double> step_ms;
-  double tokens = 0, busy = 0, t_build = 0, t_reduce = 0, t_optim = 0;
+  double tokens = 0, busy = 0, t_build = 0, t_redist = 0, t_reduce = 0, t_optim = 0;
 };
 
 Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
@@ -276,6 +279,7 @@ StepStats Trainer::step() {
   const std::int64_t s = m.step, B = m.cfg.block;
   const auto t0 = Clock::now();
   const Drafter::Phases ph0 = m.drafter->phases();
+  const double redist0 = m.builder->redist_ms;
   double t_build = 0;
   m.state->zero_grads();
   std::vector<double> stats(static_cast<std::size_t>(3 + 2 * B), 0.0);  // loss, weight, tokens, correct[B], counted[B]
@@ -319,9 +323,12 @@ StepStats Trainer::step() {
     out.slot_accuracy.push_back(n > 0 ? stats[static_cast<std::size_t>(3 + k)] / n : 0.0);
   }
   const Drafter::Phases& ph = m.drafter->phases();
-  out.phases = {{"target_features", t_build},
+  const double t_redist = m.builder->redist_ms - redist0;
+  out.phases = {{"target_features", t_build - t_redist},
+                {"redistribution", t_redist},
                 {"fusion", ph.fusion - ph0.fusion},
                 {"attention", ph.attention - ph0.attention},
+                {"attention_comm", ph.attention_comm - ph0.attention_comm},
                 {"mlp", ph.mlp - ph0.mlp},
                 {"lm_head", ph.lm_head - ph0.lm_head},
                 {"gather_wait", ph.gather_wait - ph0.gather_wait},
@@ -331,7 +338,8 @@ StepStats Trainer::step() {
   m.step_ms.push_back(out.ms);
   m.tokens += stats[2];
   m.busy += secs;
-  m.t_build += t_build;
+  m.t_build += t_build - t_redist;
+  m.t_redist += t_redist;
   m.t_reduce += t_reduce;
   m.t_optim += t_optim;
   if ((opt.eval_every > 0 && m.step % opt.eval_every == 0) || m.step == opt.steps) out.tau = evaluate();
@@ -412,8 +420,8 @@ TrainResult Trainer::result() {
     const auto& ph = m.drafter->phases();
     const auto n = static_cast<double>(m.step_ms.size());
     // The model's phases include the evaluation forwards; the trainer's are per step.
-    res.phases = {{"target_features", m.t_build / n}, {"fusion", ph.fusion / n}, {"attention", ph.attention / n},
-                  {"mlp", ph.mlp / n}, {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n},
+    res.phases = {{"target_features", m.t_build / n}, {"redistribution", m.t_redist / n}, {"fusion", ph.fusion / n},
+                  {"attention", ph.attention / n}, {"attention_comm", ph.attention_comm / n}, {"mlp", ph.mlp / n}, {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n},
                   {"reduce", m.t_reduce / n}, {"optimizer", m.t_optim / n}};
   }
   std::vector<double> mem{static_cast<double>(m.state->resident_bytes()) / (1 << 20), res.lm_head_mb};

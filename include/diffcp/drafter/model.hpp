@@ -84,8 +84,10 @@ class Drafter {
   const std::vector<float>& forward_hidden(const DrafterBatch& mb);
 
   // Wall time of the phases of the steps so far, ms (attention includes its collectives).
+  // attention_comm: the part of attention spent in Split-KV's exposed collectives (the
+  // CpTimings::exposed_comm_ms of every call: transfers and waits for the other ranks).
   struct Phases {
-    double fusion = 0, attention = 0, mlp = 0, lm_head = 0, gather_wait = 0;
+    double fusion = 0, attention = 0, attention_comm = 0, mlp = 0, lm_head = 0, gather_wait = 0;
   };
   const Phases& phases() const { return phases_; }
 
@@ -93,6 +95,7 @@ class Drafter {
   struct LayerState {
     std::unique_ptr<SplitKVLayer> attn;
     CpSaved attn_saved;  // attn's forward context (views of a and the fused context c_), for its backward
+    double attn_fwd_comm = 0;  // the exposed collectives of attn's last forward, ms (its backward adds the rest)
     std::vector<float> h_in, a, a_rstd, h_mid, m, m_rstd, gate, up, act;  // saved activations
   };
   void embed(const DrafterBatch& mb);

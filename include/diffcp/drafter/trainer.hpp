@@ -100,11 +100,13 @@ struct TrainResult {
   std::string oproj;               // Split-KV's output projection used: all | owned
   bool recompute = false;          // whether activations are recomputed
   std::string dtype;               // the compute precision used: f32 | bf16
-  // Per-phase wall time, mean ms per step over this run (rank 0): target features (building
-  // the micro-batches: synthetic target or shard reads, plan, redistribution), fusion, attention,
-  // mlp, lm_head (+ loss), gather_wait (parameter all-gathers not hidden by prefetch),
-  // reduce (gradient reduction + norm), optimizer. The model's phases include the evaluations'
-  // forwards.
+  // Per-phase wall time, mean ms per step over this run (rank 0): target_features (building
+  // the micro-batches: synthetic target or shard reads, anchors, plan), redistribution (the
+  // all-to-all of the context features to their planned ranks), fusion, attention (Split-KV with
+  // its projections and collectives) and attention_comm (the part of attention in its exposed
+  // collectives: transfers and waits for the other ranks; not added again in a sum), mlp,
+  // lm_head (+ loss), gather_wait (parameter all-gathers not hidden by prefetch), reduce
+  // (gradient reduction + norm), optimizer. The model's phases include the evaluations' forwards.
   std::vector<std::pair<std::string, double>> phases;
   double state_mb = 0;             // max over ranks of the model state's bytes (sharded_state.hpp)
   double lm_head_mb = 0;           // max over ranks of the LM head slice held (this rank's in summary())
