@@ -421,8 +421,9 @@ TrainResult Trainer::result() {
     const auto n = static_cast<double>(m.step_ms.size());
     // The model's phases include the evaluation forwards; the trainer's are per step.
     res.phases = {{"target_features", m.t_build / n}, {"redistribution", m.t_redist / n}, {"fusion", ph.fusion / n},
-                  {"attention", ph.attention / n}, {"attention_comm", ph.attention_comm / n}, {"mlp", ph.mlp / n}, {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n},
-                  {"reduce", m.t_reduce / n}, {"optimizer", m.t_optim / n}};
+                  {"attention", ph.attention / n}, {"attention_comm", ph.attention_comm / n}, {"mlp", ph.mlp / n},
+                  {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n}, {"reduce", m.t_reduce / n},
+                  {"optimizer", m.t_optim / n}};
   }
   std::vector<double> mem{static_cast<double>(m.state->resident_bytes()) / (1 << 20), res.lm_head_mb};
   m.world.all_reduce<double>(mem, ReduceOp::max);
