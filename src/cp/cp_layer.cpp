@@ -26,6 +26,7 @@ CpSaved CpAttentionLayer::forward(const AttnLayerParams& w, ConstTensorView x_p,
   check_view("y_p", y_p, dtype(), {Qp, H});
   CpSaved saved;
   saved.state_ = spare_ ? std::move(spare_) : new_state();
+  timings_ = {};
   forward_impl(*saved.state_, w, x_p.ptr<float>(), ctx_p.ptr<float>(), y_p.ptr<float>());
   saved.layer_ = this;
   saved.generation_ = generation_;

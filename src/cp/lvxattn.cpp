@@ -104,7 +104,6 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   const auto lse_of = [&](float* buf, std::int64_t rows) {
     return std::span<float>(buf + rows * qw, static_cast<std::size_t>(rows * n_q));
   };
-  timings_ = {};
   own_.project_q(w, x_p, st.own);
   if (bf16()) convert_to_bf16(st.own.q.data(), q16_.data(), Qp * qw);
   const void* q_own = bf16() ? static_cast<const void*>(q16_.data()) : st.own.q.data();

@@ -113,7 +113,6 @@ void RingLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, cons
   const auto t0 = CpClock::now();
   const int P = shard_.P, next = (shard_.p + 1) % P, prev = (shard_.p + P - 1) % P;
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, d = cfg_.d_h;
-  timings_ = {};
   own_.project_q(w, x_p, st.own);
   own_.project_kv(w, x_p, ctx_p, st.own, nullptr);
   if (bf) {

@@ -82,7 +82,6 @@ void RingXLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, con
   const auto t0 = CpClock::now();
   const int P = shard_.P, p = shard_.p;
   const std::int64_t n_q = cfg_.n_q, d = cfg_.d_h, qw = cfg_.q_width(), Qp = own_.Qp();
-  timings_ = {};
   own_.project_q(w, x_p, st.own);
   if (bf) convert_to_bf16(st.own.q.data(), q16_.data(), Qp * qw);
   void* q_own = bf ? static_cast<void*>(q16_.data()) : st.own.q.data();

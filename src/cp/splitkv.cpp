@@ -126,7 +126,6 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   const ScopedF32GemmCompute precision(opt_.compute);  // bf16: the projections' GEMMs too
   const auto t0 = CpClock::now();
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width(), d = cfg_.d_h, Qp = own_.Qp();
-  timings_ = {};
 
   // 1. Local queries, normed and rotated, then launch their all-gather (bf16 mode: of bf16 rows).
   const bool bf = opt_.compute == DType::bf16;

@@ -89,7 +89,6 @@ void UlyssesLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   const bool bf = compute_ == DType::bf16;
   const auto t0 = CpClock::now();
   const std::int64_t d = cfg_.d_h, Lp = own_.Lp();
-  timings_ = {};
   const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
   // The saved head-layout tensors (no-ops while shapes repeat), in the compute dtype.
   st.q_head.resize(bf ? 0 : n(Q_ * hq_ * d));

@@ -47,11 +47,11 @@ struct MicroBatchBuilder {
   int J;
   std::int64_t bucket;
   std::int64_t context;  // samples are right-truncated to it
-  mutable double redist_ms = 0;  // time in redistribute_rows, summed over the builds
+  double redist_ms = 0;  // time in redistribute_rows, summed over the builds
 
   // greedy: also the packed target greedy tokens (empty unless every member has them).
   DrafterBatch build(bool heldout, const std::vector<std::size_t>& members, std::int64_t anchors, std::mt19937_64& rng,
-                     std::vector<std::int32_t>* greedy = nullptr) const {
+                     std::vector<std::int32_t>* greedy = nullptr) {
     const auto& samples = heldout ? data.heldout() : data.train();
     DrafterBatch mb;
     const PackedBatch batch = sample_anchors(samples, members, anchors, cfg.block, rng, context);

@@ -100,6 +100,8 @@ class CpAttentionLayer {
   DType compute() const { return compute_; }  // of the kernels and payloads inside: f32 or bf16
   const AttnLayerConfig& config() const { return cfg_; }
   const CpShard& shard() const { return shard_; }
+  // This rank's timings: forward() resets them, backward() adds its part, so after a backward
+  // they cover that forward and backward (the drafter's attention_comm phase relies on it).
   const CpTimings& timings() const { return timings_; }
 
  protected:
