@@ -143,7 +143,11 @@ TEST(CpBytes, ElementSizeFromTheDtypeStatisticsInF32) {
     const double e = static_cast<double>(dtype_size(t));
     SCOPED_TRACE(dtype_name(t));
     EXPECT_DOUBLE_EQ(splitkv_bytes_per_layer(cfg, t, Q, P, false, 1), e * f * 2 * Q * (qw + H) + 4 * 2 * 2 * f * n);
-    EXPECT_DOUBLE_EQ(splitkv_bytes_per_layer(cfg, t, Q, P, true, 2), e * f * 2 * Q * (qw + qw) + 4 * 3 * 2 * f * n);
+    // Owned, flat: the owner merge (lse partials all-to-all, [lse | D] all-gather), whatever lse_reduces.
+    EXPECT_DOUBLE_EQ(splitkv_bytes_per_layer(cfg, t, Q, P, true, 2), e * f * 2 * Q * (qw + qw) + 4 * 3 * f * n);
+    EXPECT_DOUBLE_EQ(splitkv_bytes_per_layer(cfg, t, Q, P, true, 1), e * f * 2 * Q * (qw + qw) + 4 * 3 * f * n);
+    EXPECT_DOUBLE_EQ(splitkv_bytes_per_layer(cfg, t, Q, P, true, 1, 2),
+                     e * f * 2 * Q * (qw + qw) + 4 * 2 * (2 * n * 1 + 3 * n * 2) / P);
     EXPECT_DOUBLE_EQ(splitkv_bytes_per_layer(cfg, t, Q, P, false, 1, 2),
                      e * f * 2 * Q * (qw + H) + 4 * 2 * (2 * n * 1 + 3 * n * 2) / P);
     EXPECT_DOUBLE_EQ(ulysses_bytes_per_layer(cfg, t, Q, L, P), e * f / P * 4 * (Q * qw + L * kvw));

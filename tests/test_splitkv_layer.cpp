@@ -67,10 +67,16 @@ void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
 
 class SplitKVLayerTest : public ::testing::TestWithParam<Config> {};
 
+// oproj all, and owned (with flat collectives: the owner merge).
 TEST_P(SplitKVLayerTest, ContiguousLayoutMatchesFp64Reference) {
   const Config& c = GetParam();
   const PackedBatch batch = make_random_batch(c.samples, c.context, c.anchors, c.block, 0.25, 3);
-  expect_exact(run_layer(c.layer, batch, contiguous_shard(batch, world().size(), world().rank())).check);
+  for (OProj oproj : {OProj::all, OProj::owned}) {
+    SCOPED_TRACE(oproj_name(oproj));
+    expect_exact(run_layer(c.layer, batch, contiguous_shard(batch, world().size(), world().rank()), 5, world(),
+                           {.oproj = oproj})
+                     .check);
+  }
 }
 
 // The context cut into 3P+1 pieces dealt to ranks by a seeded shuffle, in shuffled order: what a
@@ -87,7 +93,11 @@ TEST_P(SplitKVLayerTest, ScatteredChunksMatchFp64Reference) {
     chunks[rng() % static_cast<std::size_t>(P)].push_back({s.begin, s.end});
   }
   for (auto& l : chunks) std::shuffle(l.begin(), l.end(), rng);
-  expect_exact(run_layer(c.layer, batch, chunked_shard(batch, P, world().rank(), chunks)).check);
+  for (OProj oproj : {OProj::all, OProj::owned}) {
+    SCOPED_TRACE(oproj_name(oproj));
+    expect_exact(run_layer(c.layer, batch, chunked_shard(batch, P, world().rank(), chunks), 5, world(), {.oproj = oproj})
+                     .check);
+  }
 }
 
 // compute = bf16 (issue #14), oproj all and owned: against the fp64 reference, every tensor's

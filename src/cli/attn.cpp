@@ -136,6 +136,9 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
     }
     const auto y = gather_rows(world, run.y_p, H, blk_ranges, Q), dx = gather_rows(world, run.dx_p, H, blk_ranges, Q);
     const auto dctx = gather_rows(world, run.dctx_p, H, run.chunks_of_rank, S);
+    // Only Split-KV saves the lse of its rows (the baselines keep per-step partials).
+    const bool has_lse = opt.method == "splitkv";
+    const auto lse = has_lse ? gather_rows(world, run.lse, cfg.n_q, blk_ranges, Q) : std::vector<float>{};
     if (p == 0) {
       const std::string d = opt.dump + "/";
       write_npy(d + "x.npy", pb.x.data(), {Q, H});
@@ -144,8 +147,7 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       write_npy(d + "y.npy", y.data(), {Q, H});
       write_npy(d + "dx.npy", dx.data(), {Q, H});
       write_npy(d + "dctx.npy", dctx.data(), {S, H});
-      // Only Split-KV keeps the global lse on every rank; the baselines keep their own rows' only.
-      if (!run.lse.empty()) write_npy(d + "lse.npy", run.lse.data(), {Q, cfg.n_q});
+      if (has_lse) write_npy(d + "lse.npy", lse.data(), {Q, cfg.n_q});
       const AttnLayerParams& grad = *run.grad;
       for (int i = 0; i < AttnLayerParams::kCount; ++i) {
         const auto id = static_cast<AttnLayerParams::Id>(i);

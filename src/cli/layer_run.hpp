@@ -89,7 +89,7 @@ struct LayerRun {
   std::vector<std::vector<PosRange>> chunks_of_rank;
   CpShard shard;
   std::vector<float> y_p, dx_p, dctx_p;         // [Q_p, H], [Q_p, H], [C_p, H]
-  std::vector<float> lse;                       // Split-KV: the last forward's global lse [Q, n_q] (else empty)
+  std::vector<float> lse;                       // Split-KV: the last forward's lse of the owned rows [Q_p, n_q] (else empty)
   std::unique_ptr<AttnLayerParams> grad;        // summed over the ranks
   std::unique_ptr<CpAttentionLayer> layer;
 };

@@ -12,6 +12,7 @@ double splitkv_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int
   const double P = P_ranks, Q = static_cast<double>(Q_rows), n = Q * static_cast<double>(cfg.n_q);
   const double w = static_cast<double>(oproj_owned ? cfg.q_width() : cfg.hidden);
   const double rows = elem(dtype) * (P - 1) / P * 2 * Q * (static_cast<double>(cfg.q_width()) + w);
+  if (oproj_owned && nodes <= 0) return rows + kStat * 3 * (P - 1) / P * n;  // owner merge: lse, then [lse | D]
   const double reduces = lse_reduces + 1;  // the lse all-reduce(s), then D
   if (nodes <= 0) return rows + kStat * reduces * 2 * (P - 1) / P * n;
   const double N = nodes;

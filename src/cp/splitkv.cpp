@@ -39,6 +39,7 @@ SplitKVLayer::SplitKVLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard
   DIFFCP_CHECK(opt_.collectives == CollAlgo::flat || cp.has_topology(),
                "split-kv: hierarchical collectives need the communicator's topology (set_topology / discover_topology)");
   hier_ = opt_.collectives == CollAlgo::hierarchical && cp.hierarchy_useful();
+  merge_ = opt_.oproj == OProj::owned && !hier_;
   reshard(std::move(shard));
 }
 
@@ -51,7 +52,11 @@ void SplitKVLayer::on_reshard() {
 std::span<const float> SplitKVLayer::lse(const CpSaved& saved) const {
   const auto* st = dynamic_cast<const Saved*>(saved.state());
   DIFFCP_CHECK(st != nullptr, "split-kv: lse() of a saved context that is empty or not Split-KV's");
-  return st->lse;
+  if (merge_) return st->lse;  // the owner merge keeps the owned rows only
+  std::int64_t first = 0;      // the owned rows' offset in the global [Q, n_q]
+  for (int r = 0; r < shard_.p; ++r) first += shard_.query_rows[static_cast<std::size_t>(r)];
+  return std::span<const float>(st->lse).subspan(static_cast<std::size_t>(first * cfg_.n_q),
+                                                 static_cast<std::size_t>(own_.Qp() * cfg_.n_q));
 }
 
 template <typename T>
@@ -108,15 +113,17 @@ double SplitKVLayer::predicted_inter_bytes_per_layer() const {
     const double N = t.nodes();
     return (e * (N - 1) * (2 * Q * qw + 2 * Q * w) + stat * reduces * 2 * static_cast<double>(n) * (N - 1)) / P;
   }
-  double rows = 0, reduce = 0;
+  double rows = 0, reduce = 0, merge = 0;
   auto share = [&](int r) { return static_cast<double>(n / P + (r < n % P ? 1 : 0)); };
   for (int r = 0; r < P; ++r) {
     const double off_node = P - t.node_size(t.node_of[static_cast<std::size_t>(r)]);
-    rows += static_cast<double>(shard_.query_rows[static_cast<std::size_t>(r)]) * (2 * qw + 2 * w) * off_node;
+    const double Qr = static_cast<double>(shard_.query_rows[static_cast<std::size_t>(r)]);
+    rows += Qr * (2 * qw + 2 * w) * off_node;
+    merge += Qr * 3 * static_cast<double>(cfg_.n_q) * off_node;  // owner merge: lse to r, r's [lse | D] to all
     for (int o = 0; o < P; ++o)
       if (!t.same_node(r, o)) reduce += share(o) + share(r);
   }
-  return (e * rows + stat * reduces * reduce) / P;
+  return (e * rows + stat * (merge_ ? merge : reduces * reduce)) / P;
 }
 
 void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
@@ -147,41 +154,70 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   ag->wait();
   timings_.fwd_overlap_exposed_ms = elapsed_ms(tw);
 
-  // 3. Attention over local keys, then the global log-sum-exp and the rescaled local output.
-  const std::int64_t Lk = own_.Lk(), kvw = cfg_.kv_width();
-  float* obar = buffer(st.obar, Q_ * qw);
-  float* lse_p = buffer(lse_p_, Q_ * cfg_.n_q);
+  // 3. Attention over local keys: this rank's partial (o, lse) of every query row.
+  const std::int64_t Lk = own_.Lk(), kvw = cfg_.kv_width(), n_q = cfg_.n_q;
+  float* lse_p = buffer(lse_p_, Q_ * n_q);
+  // [Q, n_q d_h] f32 partial output: saved for the backward's D unless the owner merge runs.
+  float* obar = merge_ ? (bf ? nullptr : buffer(obar_, Q_ * qw)) : buffer(st.obar, Q_ * qw);
+  bf16_t* obar16 = bf ? buffer(obar16_, Q_ * qw) : nullptr;
   if (bf) {
     bf16_t* kv16 = buffer(st.kv16, 2 * Lk * kvw);
     convert_to_bf16(st.own.kv.data(), kv16, 2 * Lk * kvw);
-    bf16_t* obar16 = buffer(obar16_, Q_ * qw);
-    attention_forward(*mask_, head_view(st.q_all16.data(), Q_, cfg_.n_q, d), head_view(kv16, Lk, cfg_.n_kv, d),
-                      head_view(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view(obar16, Q_, cfg_.n_q, d), lse_p_);
-    convert_to_f32(obar16, obar, Q_ * qw);
+    attention_forward(*mask_, head_view(st.q_all16.data(), Q_, n_q, d), head_view(kv16, Lk, cfg_.n_kv, d),
+                      head_view(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view(obar16, Q_, n_q, d), lse_p_);
+    if (!merge_) convert_to_f32(obar16, obar, Q_ * qw);
   } else {
-    attention_forward(*mask_, head_view(q_all, Q_, cfg_.n_q, d), own_.k_view(st.own), own_.v_view(st.own),
-                      head_view(obar, Q_, cfg_.n_q, d), lse_p_);
+    attention_forward(*mask_, head_view(q_all, Q_, n_q, d), own_.k_view(st.own), own_.v_view(st.own),
+                      head_view(obar, Q_, n_q, d), lse_p_);
   }
-  std::copy(lse_p, lse_p + Q_ * cfg_.n_q, buffer(st.lse, Q_ * cfg_.n_q));
-  tw = CpClock::now();
-  all_reduce_lse(comm_, st.lse, opt_.collectives);
-  timings_.blocking_comm_ms += elapsed_ms(tw);
-  lse_rescale(head_view(obar, Q_, cfg_.n_q, d), lse_p_, st.lse);
 
-  // 4. oproj all: output projection of all Q rows' partial output, reduce-scatter to the owners.
-  //    oproj owned: reduce-scatter the partial output, project the owned rows. Bias once.
-  if (opt_.oproj == OProj::all) {
-    float* ybar = buffer(ybar_, Q_ * H);
-    linear_forward(obar, Q_, qw, w[P::wo], H, ybar);
+  float* o_p = st.own.o.data();  // [Q_p, n_q d_h], sized by project_q; used with oproj owned
+  if (merge_) {
+    // 4. Owner merge: every row's P partials (o in the compute dtype, lse in f32) go to the row's
+    //    owner in one all-to-all; the owner merges them in rank order (attention/merge.hpp).
+    const int nP = shard_.P;
+    const std::vector<std::size_t> recv_o(static_cast<std::size_t>(nP), static_cast<std::size_t>(Qp * qw));
+    const std::vector<std::size_t> recv_l(static_cast<std::size_t>(nP), static_cast<std::size_t>(Qp * n_q));
+    float* parts = buffer(parts_, nP * Qp * qw);
+    float* lse_parts = buffer(lse_parts_, nP * Qp * n_q);
     tw = CpClock::now();
-    reduce_scatter_rows(ybar, H, y_p);
+    WorkPtr a2a_o = bf ? comm_.all_to_all_v_async(obar16, row_counts(qw), buffer(recv16_, nP * Qp * qw), recv_o,
+                                                  DType::bf16)
+                       : comm_.all_to_all_v_async(obar, row_counts(qw), parts, recv_o, DType::f32);
+    WorkPtr a2a_l = comm_.all_to_all_v_async(lse_p, row_counts(n_q), lse_parts, recv_l, DType::f32);
+    a2a_o->wait();
+    a2a_l->wait();
     timings_.blocking_comm_ms += elapsed_ms(tw);
-  } else {
-    float* o_p = st.own.o.data();  // [Q_p, n_q d_h], sized by project_q
-    tw = CpClock::now();
-    reduce_scatter_rows(obar, qw, o_p);
-    timings_.blocking_comm_ms += elapsed_ms(tw);
+    if (bf) convert_to_f32(recv16_.data(), parts, nP * Qp * qw);
+    std::vector<HeadRows<const float>> o_parts;
+    std::vector<std::span<const float>> l_parts;
+    for (int r = 0; r < nP; ++r) {
+      o_parts.push_back(head_view<const float>(parts + r * Qp * qw, Qp, n_q, d));
+      l_parts.emplace_back(lse_parts + r * Qp * n_q, static_cast<std::size_t>(Qp * n_q));
+    }
+    lse_merge(o_parts, l_parts, head_view(o_p, Qp, n_q, d), std::span<float>(buffer(st.lse, Qp * n_q), Qp * n_q));
     linear_forward(o_p, Qp, qw, w[P::wo], H, y_p);
+  } else {
+    // 4. The global log-sum-exp and the rescaled local output; then
+    //    oproj all: output projection of all Q rows' partial output, reduce-scatter to the owners;
+    //    oproj owned (hierarchical collectives): reduce-scatter the partial output, project the owned rows.
+    std::copy(lse_p, lse_p + Q_ * n_q, buffer(st.lse, Q_ * n_q));
+    tw = CpClock::now();
+    all_reduce_lse(comm_, st.lse, opt_.collectives);
+    timings_.blocking_comm_ms += elapsed_ms(tw);
+    lse_rescale(head_view(obar, Q_, n_q, d), lse_p_, st.lse);
+    if (opt_.oproj == OProj::all) {
+      float* ybar = buffer(ybar_, Q_ * H);
+      linear_forward(obar, Q_, qw, w[P::wo], H, ybar);
+      tw = CpClock::now();
+      reduce_scatter_rows(ybar, H, y_p);
+      timings_.blocking_comm_ms += elapsed_ms(tw);
+    } else {
+      tw = CpClock::now();
+      reduce_scatter_rows(obar, qw, o_p);
+      timings_.blocking_comm_ms += elapsed_ms(tw);
+      linear_forward(o_p, Qp, qw, w[P::wo], H, y_p);
+    }
   }
   for (std::int64_t r = 0; r < Qp; ++r)
     for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[P::bo][c];
@@ -200,53 +236,90 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   // 1. oproj all: gather dY; do = g W_o^T and this rank's share of dW_o = obar_p^T g (sums to o^T g).
   //    oproj owned: do_p = dY_p W_o^T and dW_o share o_p^T dY_p locally, then gather do.
   const bool bf = opt_.compute == DType::bf16;
+  const std::int64_t n_q = cfg_.n_q;
   bias_backward(dy_p, Qp, H, grad[P::bo]);
-  float* dout = buffer(dout_, Q_ * qw);
+  float* dout = bf && merge_ ? nullptr : buffer(dout_, Q_ * qw);        // [Q, n_q d_h] f32 do
+  bf16_t* dout16 = bf ? buffer(dout16_, Q_ * qw) : nullptr;            // [Q, n_q d_h] bf16 do
+  float* lse = st.lse.data();                                          // [Q, n_q] global lse
   auto tw = CpClock::now();
-  if (opt_.oproj == OProj::all) {
-    float* g = buffer(g_, Q_ * H);
-    gather_rows(dy_p, H, g);
-    timings_.blocking_comm_ms += elapsed_ms(tw);
-    linear_backward_input(g, Q_, H, w[P::wo], qw, dout);
-    linear_backward_weight(st.obar.data(), Q_, qw, g, H, grad[P::wo]);
-  } else {
+  if (merge_) {
+    // 2. Owner merge: the owner holds its rows' merged o_p and lse_p, so D_p = rowsum(do_p * o_p) is
+    //    local; do (compute dtype) and [lse_p | D_p] (f32) are gathered together.
     float* dout_p = buffer(g_, Qp * qw);
     linear_backward_input(dy_p, Qp, H, w[P::wo], qw, dout_p);
     linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[P::wo]);
+    float* stats_p = buffer(stats_p_, Qp * 2 * n_q);  // [Q_p, 2, n_q]: lse row, then D row
+    float* delta_p = buffer(delta_, Qp * n_q);
+    attention_delta(head_view<const float>(dout_p, Qp, n_q, d), head_view<const float>(st.own.o.data(), Qp, n_q, d),
+                    std::span<float>(delta_p, static_cast<std::size_t>(Qp * n_q)));
+    for (std::int64_t r = 0; r < Qp; ++r) {
+      std::copy_n(st.lse.data() + r * n_q, n_q, stats_p + r * 2 * n_q);
+      std::copy_n(delta_p + r * n_q, n_q, stats_p + r * 2 * n_q + n_q);
+    }
+    float* stats = buffer(stats_all_, Q_ * 2 * n_q);
     tw = CpClock::now();
-    gather_rows(dout_p, qw, dout);
+    WorkPtr ag_do;
+    if (bf) {
+      convert_to_bf16(dout_p, buffer(send16_, Qp * qw), Qp * qw);
+      ag_do = comm_.all_gather_v_async(send16_.data(), dout16, row_counts(qw), DType::bf16, opt_.collectives);
+    } else {
+      ag_do = comm_.all_gather_v_async(dout_p, dout, row_counts(qw), DType::f32, opt_.collectives);
+    }
+    WorkPtr ag_stats = comm_.all_gather_v_async(stats_p, stats, row_counts(2 * n_q), DType::f32, opt_.collectives);
+    ag_do->wait();
+    ag_stats->wait();
     timings_.blocking_comm_ms += elapsed_ms(tw);
+    lse = buffer(lse_all_, Q_ * n_q);
+    buffer(delta_, Q_ * n_q);
+    for (std::int64_t r = 0; r < Q_; ++r) {
+      std::copy_n(stats + r * 2 * n_q, n_q, lse + r * n_q);
+      std::copy_n(stats + r * 2 * n_q + n_q, n_q, delta_.data() + r * n_q);
+    }
+  } else {
+    if (opt_.oproj == OProj::all) {
+      float* g = buffer(g_, Q_ * H);
+      gather_rows(dy_p, H, g);
+      timings_.blocking_comm_ms += elapsed_ms(tw);
+      linear_backward_input(g, Q_, H, w[P::wo], qw, dout);
+      linear_backward_weight(st.obar.data(), Q_, qw, g, H, grad[P::wo]);
+    } else {
+      float* dout_p = buffer(g_, Qp * qw);
+      linear_backward_input(dy_p, Qp, H, w[P::wo], qw, dout_p);
+      linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[P::wo]);
+      tw = CpClock::now();
+      gather_rows(dout_p, qw, dout);
+      timings_.blocking_comm_ms += elapsed_ms(tw);
+    }
+    // 2. D = rowsum(do * o) needs the global output: sum the per-rank partials.
+    buffer(delta_, Q_ * n_q);
+    attention_delta(head_view(dout, Q_, n_q, d), head_view(st.obar.data(), Q_, n_q, d), delta_);
+    tw = CpClock::now();
+    comm_.all_reduce<float>(delta_, ReduceOp::sum, opt_.collectives);
+    timings_.blocking_comm_ms += elapsed_ms(tw);
+    if (bf) convert_to_bf16(dout, dout16, Q_ * qw);
   }
-
-  // 2. D = rowsum(do * o) needs the global output: sum the per-rank partials.
-  buffer(delta_, Q_ * cfg_.n_q);
-  attention_delta(head_view(dout, Q_, cfg_.n_q, d), head_view(st.obar.data(), Q_, cfg_.n_q, d), delta_);
-  tw = CpClock::now();
-  comm_.all_reduce<float>(delta_, ReduceOp::sum, opt_.collectives);
-  timings_.blocking_comm_ms += elapsed_ms(tw);
+  const std::span<const float> lse_all(lse, static_cast<std::size_t>(Q_ * n_q));
 
   // 3. Local attention backward with the global lse and D; launch the dq reduce-scatter.
   float* dkv = buffer(dkv_, 2 * Lk * kvw);  // [2, L_k, kvw]: dk rows, then dv rows
   float* dq_p = buffer(dq_p_, Qp * qw);
   WorkPtr rs;
   if (bf) {
-    bf16_t* dout16 = buffer(dout16_, Q_ * qw);
-    convert_to_bf16(dout, dout16, Q_ * qw);
     bf16_t* dq16 = buffer(dq16_, Q_ * qw);
     bf16_t* dkv16 = buffer(dkv16_, 2 * Lk * kvw);
     const bf16_t* kv16 = st.kv16.data();
-    attention_backward(*mask_, head_view(st.q_all16.data(), Q_, cfg_.n_q, d), head_view(kv16, Lk, cfg_.n_kv, d),
-                       head_view(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view(dout16, Q_, cfg_.n_q, d), st.lse,
-                       delta_, head_view(dq16, Q_, cfg_.n_q, d), head_view(dkv16, Lk, cfg_.n_kv, d),
+    attention_backward(*mask_, head_view(st.q_all16.data(), Q_, n_q, d), head_view(kv16, Lk, cfg_.n_kv, d),
+                       head_view(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view(dout16, Q_, n_q, d), lse_all,
+                       delta_, head_view(dq16, Q_, n_q, d), head_view(dkv16, Lk, cfg_.n_kv, d),
                        head_view(dkv16 + Lk * kvw, Lk, cfg_.n_kv, d));
     rs = comm_.reduce_scatter_v_async(dq16, buffer(dq16_p_, Qp * qw), row_counts(qw), DType::bf16, ReduceOp::sum,
                                       opt_.collectives);
     convert_to_f32(dkv16, dkv, 2 * Lk * kvw);
   } else {
     float* dq_all = buffer(dq_all_, Q_ * qw);
-    attention_backward(*mask_, head_view(st.q_all.data(), Q_, cfg_.n_q, d), own_.k_view(st.own),
-                       own_.v_view(st.own), head_view(dout, Q_, cfg_.n_q, d), st.lse, delta_,
-                       head_view(dq_all, Q_, cfg_.n_q, d), head_view(dkv, Lk, cfg_.n_kv, d),
+    attention_backward(*mask_, head_view(st.q_all.data(), Q_, n_q, d), own_.k_view(st.own),
+                       own_.v_view(st.own), head_view(dout, Q_, n_q, d), lse_all, delta_,
+                       head_view(dq_all, Q_, n_q, d), head_view(dkv, Lk, cfg_.n_kv, d),
                        head_view(dkv + Lk * kvw, Lk, cfg_.n_kv, d));
     rs = comm_.reduce_scatter_v_async(dq_all, dq_p, row_counts(qw), DType::f32, ReduceOp::sum, opt_.collectives);
   }

@@ -138,9 +138,12 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       attn_f = m.attn_fwd_ms(wmax * fwd_pair);
       attn_b = m.attn_bwd_ms(wmax * bwd_pair);
       const double frac = (P - 1.0) / P, n = static_cast<double>(Q) * nq;
-      const double ag_q = coll(e * frac * Q * qw), rs_o = coll(e * frac * Q * w);
-      const double ar = m.allreduce_small_ms(stat * 2 * frac * n);
-      const double ag_do = coll(e * frac * Q * w), rs_dq = coll(e * frac * Q * qw);
+      const double ag_q = coll(e * frac * Q * qw), rs_dq = coll(e * frac * Q * qw);
+      // The owner merge (owned, flat) carries the statistics with the rows and has no all-reduce.
+      const bool merge = owned && !hier;
+      const double ar = merge ? 0 : m.allreduce_small_ms(stat * 2 * frac * n);
+      const double rs_o = coll(e * frac * Q * w + (merge ? stat * frac * n : 0));
+      const double ag_do = coll(e * frac * Q * w + (merge ? stat * 2 * frac * n : 0));
       fwd_exposed = m.overlapped(g_kv, ag_q) - g_kv + rs_o + ar;
       bwd_exposed = ag_do + ar + m.overlapped(2 * g_kv, rs_dq) - 2 * g_kv;
       f = g_q + m.overlapped(g_kv, ag_q) + attn_f + rs_o + ar + g_o;

@@ -17,11 +17,14 @@
 
 namespace diffcp {
 
-// Split-KV (SPEC A.2): all-gather q (forward) and dO (backward) rows, reduce-scatter o / dq
-// partials: e (P-1)/P 2 Q (qw + w) bytes, w = qw with the owned o-projection (`oproj_owned`), H
-// otherwise; plus (lse_reduces + 1) [Q, n_q] f32 all-reduces (lse, then D): 4 (lse_reduces + 1)
-// 2 (P-1)/P n flat, or with the hierarchical collectives over `nodes` nodes
-// 4 (lse_reduces + 1) (2 n (N-1) + 3 n (P-N)) / P.
+// Split-KV (SPEC A.2): all-gather q (forward) and dO (backward) rows, reduce-scatter (or, owner
+// merge, all-to-all) o and reduce-scatter dq partials: e (P-1)/P 2 Q (qw + w) bytes, w = qw with
+// the owned o-projection (`oproj_owned`), H otherwise. The softmax statistics, f32:
+//   oproj all:          (lse_reduces + 1) [Q, n_q] all-reduces (lse, then D): 4 (lse_reduces + 1)
+//                       2 (P-1)/P n flat, or with the hierarchical collectives over `nodes` nodes
+//                       4 (lse_reduces + 1) (2 n (N-1) + 3 n (P-N)) / P (so is oproj owned there);
+//   owned, flat:        the owner merge: the lse partials' all-to-all and the [lse | D] all-gather
+//                       of the owned rows, 4 * 3 (P-1)/P n (lse_reduces plays no part).
 double splitkv_bytes_per_layer(const AttnLayerConfig& cfg, DType dtype, std::int64_t Q, int P, bool oproj_owned,
                                int lse_reduces, int nodes = 0);
 // Ulysses: four all-to-alls (q, k|v forward; their gradients back) of (P-1)/P^2 of q and k|v.

@@ -13,11 +13,17 @@
 // Parameter gradients are local shares; sum them over the CP (and DP) group with allreduce_grads.
 //
 // Options (SplitKVOptions):
-//   oproj = owned: reduce-scatter the rescaled partial output obar_p [Q, n_q d_h] instead of
-//     ybar_p and apply W_o (forward and backward) to the owned rows only: y_p = o_p W_o + b_o with
-//     o_p = ReduceScatter_sum(obar_p); backward do_p = dY_p W_o^T, do = AllGather(do_p). The RS of
-//     the forward and the AG of the backward then carry [Q, n_q d_h] instead of [Q, H] (the drafter
-//     shapes have n_q d_h = 2H: twice the bytes) and the W_o GEMMs shrink from Q to Q_p rows.
+//   oproj = owned: apply W_o (forward and backward) to the owned rows only: y_p = o_p W_o + b_o,
+//     backward do_p = dY_p W_o^T, do = AllGather(do_p). The forward then moves the partial output
+//     [Q, n_q d_h] instead of ybar_p [Q, H], and so does the backward's all-gather (the drafter
+//     shapes have n_q d_h = 2H: twice the bytes), and the W_o GEMMs shrink from Q to Q_p rows.
+//     With flat collectives it runs as an OWNER MERGE, one blocking exchange per pass instead of
+//     two: forward (o_p^r, lse_p^r) = AllToAll(o_p, lse_p) (the P partials of the owned rows, o in
+//     the compute dtype, lse f32), merged at the owner in rank order (attention/merge.hpp) to o_p,
+//     lse; backward D_p = rowsum(do_p * o_p) locally, then do = AllGather(do_p) together with
+//     [lse | D] = AllGather([lse_p | D_p]) (f32): no all-reduce, 3 (P-1)/P n f32 statistics
+//     instead of 2 (P-1)/P n per all-reduce. With hierarchical collectives: lse all-reduce,
+//     o_p = ReduceScatter_sum(obar_p), D all-reduce, as oproj all.
 //   collectives = hierarchical: every collective runs two-level over the communicator's topology
 //     (comm/communicator.hpp): each node's rows cross each other node once.
 //   compute = bf16 (issue #14): the attention kernels run on bf16 q, k, v, do (f32 accumulation,
@@ -69,7 +75,8 @@ OProj choose_oproj_by_shape(const AttnLayerConfig& cfg);
 
 // Timings: fwd_overlap_exposed_ms = waiting for the q all-gather after the K/V projection;
 // bwd_overlap_exposed_ms = waiting for the dq reduce-scatter after the K/V projection backward;
-// blocking_comm_ms = RS of Y, AG of dY and the two all-reduces.
+// blocking_comm_ms = RS of Y (or o), AG of dY (or do) and the all-reduces; with the owner merge its
+// all-to-all and the do + [lse | D] all-gather.
 class SplitKVLayer final : public CpAttentionLayer {
  public:
   // Collective-free. The communicator is the CP group; shard.P and shard.p must match it.
@@ -78,7 +85,8 @@ class SplitKVLayer final : public CpAttentionLayer {
   // reshard() (cp_layer.hpp): buffers are kept; with a bucketed shard whose padded K/V length and
   // Q do not change, a step (forward + backward) allocates nothing (see allocations()).
 
-  // The global lse [Q, n_q] a forward of this layer saved (for dumps and tests).
+  // The lse [Q_p, n_q] of the query rows this rank owns, as a forward of this layer saved it (for
+  // dumps and tests).
   std::span<const float> lse(const CpSaved& saved) const;
   // How many times a buffer (saved activations or step scratch) had to grow (0 per step while
   // shapes repeat and every forward's context goes back through backward() or discard()).
@@ -86,13 +94,16 @@ class SplitKVLayer final : public CpAttentionLayer {
   // The mean over ranks of the bytes each rank sends per layer (forward + backward), as the
   // communicator counts them (w = H for oproj all, n_q d_h for owned; n = Q n_q; N nodes; the flat
   // path when there is one node or one rank per node), elements of options().compute for the rows and f32 for
-  // the lse / D all-reduces, of which there are a = 1 + lse_all_reduces(comm) (cp/lse_reduce.hpp):
-  //   flat:         (P-1)/P * [2Q n_q d_h + 2Q w] + a * 2(P-1)/P * n
+  // the lse / D statistics: with the owner merge (owned, flat) the lse partials' all-to-all and the
+  // [lse | D] all-gather, 3 (P-1)/P n; otherwise a = 1 + lse_all_reduces(comm) (cp/lse_reduce.hpp)
+  // all-reduces:
+  //   flat:         (P-1)/P * [2Q n_q d_h + 2Q w] + a * 2(P-1)/P * n       (owner merge: + 3(P-1)/P n)
   //   hierarchical: (P-1)/P * [2Q n_q d_h + 2Q w] + a * [2n(N-1) + 3n(P-N)] / P
   double predicted_bytes_per_layer() const override;
   // Of those, the mean sent to other nodes (needs cp.has_topology()):
   //   flat:         1/P * [sum_r Q_r (2 n_q d_h + 2w) (P - L_node(r)) + a sum_p sum_{r off p's node} (s_r + s_p)]
-  //                 with s_r = n/P (+1 for r < n mod P) the all-reduce shares
+  //                 with s_r = n/P (+1 for r < n mod P) the all-reduce shares; the owner merge's
+  //                 statistics instead: sum_r 3 Q_r n_q (P - L_node(r))
   //   hierarchical: 1/P * [(N-1) (2Q n_q d_h + 2Q w) + a * 2n(N-1)]
   double predicted_inter_bytes_per_layer() const;
   const SplitKVOptions& options() const { return opt_; }
@@ -102,7 +113,8 @@ class SplitKVLayer final : public CpAttentionLayer {
   struct Saved : CpSavedState {
     OwnActivations own;            // q_p, k_p, v_p (L_k padded rows); own.o = o_p with oproj owned
     std::vector<float> q_all;      // [Q, n_q d_h] gathered, normed and rotated
-    std::vector<float> obar, lse;  // [Q, n_q d_h] rescaled local output, [Q, n_q] global lse
+    std::vector<float> obar;       // [Q, n_q d_h] rescaled local output (empty with the owner merge)
+    std::vector<float> lse;        // [Q, n_q] global lse; owner merge: [Q_p, n_q] the owned rows'
     std::vector<bf16_t> q_all16, kv16;  // compute = bf16: q gathered, [2, L_k, kvw] k and v rows
   };
   void on_reshard() override;
@@ -119,13 +131,15 @@ class SplitKVLayer final : public CpAttentionLayer {
   void reduce_scatter_rows(const float* all, std::int64_t width, float* mine);
 
   SplitKVOptions opt_;
-  bool hier_ = false;  // the hierarchical path really runs (topology with 1 < N < P)
+  bool hier_ = false;   // the hierarchical path really runs (topology with 1 < N < P)
+  bool merge_ = false;  // the owner merge runs: oproj owned with flat collectives
   std::optional<BlockMask> mask_;
   std::int64_t Q_ = 0;
   OwnRows own_;  // the projections of the rows this rank owns (cp_common.hpp), K/V padded to the bucket
   // Step scratch, kept so that steps of equal shape reuse it.
   std::vector<float> lse_p_;                        // [Q, n_q] local lse
   std::vector<float> ybar_, g_, dout_, delta_, dq_all_, dkv_, dq_p_;
+  std::vector<float> obar_, parts_, lse_parts_, stats_p_, stats_all_, lse_all_;  // the owner merge
   std::vector<bf16_t> q16_p_, obar16_, send16_, recv16_, dout16_, dq16_, dkv16_, dq16_p_;  // compute = bf16
   std::int64_t allocations_ = 0;
 };
