@@ -6,21 +6,43 @@
 
 namespace diffcp {
 
+namespace {
+// Elements [lo, hi) of one update with one weight-decay factor; float math as fused AdamW kernels
+// do it (the moments are f32 anyway), one expression per element: vectorised, and any split of the
+// range gives the same bits.
+void adamw_span(float* p, const float* g, float* m, float* v, std::int64_t lo, std::int64_t hi, float b1, float b2,
+                float step, float inv_sqrt_c2, float eps, float decay) {
+#pragma omp simd
+  for (std::int64_t i = lo; i < hi; ++i) {
+    const float mi = b1 * m[i] + (1.f - b1) * g[i];
+    const float vi = b2 * v[i] + (1.f - b2) * g[i] * g[i];
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - step * mi / (__builtin_sqrtf(vi) * inv_sqrt_c2 + eps);
+  }
+}
+}  // namespace
+
 void AdamW::update(float* p, const float* g, float* m, float* v, std::int64_t at, std::int64_t n, double lr_now,
                    const std::vector<std::pair<std::int64_t, std::int64_t>>& no_decay) const {
-  std::vector<char> decay(static_cast<std::size_t>(n), 1);
+  const double c1 = 1 - std::pow(beta1, static_cast<double>(t)), c2 = 1 - std::pow(beta2, static_cast<double>(t));
+  const auto b1 = static_cast<float>(beta1), b2 = static_cast<float>(beta2), e = static_cast<float>(eps);
+  const auto step = static_cast<float>(lr_now / c1), inv_sqrt_c2 = static_cast<float>(1 / std::sqrt(c2));
+  const auto decay = static_cast<float>(1 - lr_now * weight_decay);
+  // Walk [at, at + n) in flat indices: decayed stretches between the no-decay spans (sorted or not).
+  std::vector<std::pair<std::int64_t, std::int64_t>> keep;  // [lo, hi) local, not decayed
   for (const auto& [off, len] : no_decay) {
     const std::int64_t lo = std::max(off, at), hi = std::min(off + len, at + n);
-    if (lo < hi) std::fill(decay.begin() + (lo - at), decay.begin() + (hi - at), 0);
+    if (lo < hi) keep.emplace_back(lo - at, hi - at);
   }
-  const double c1 = 1 - std::pow(beta1, static_cast<double>(t)), c2 = 1 - std::pow(beta2, static_cast<double>(t));
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double gi = g[i];
-    m[i] = static_cast<float>(beta1 * m[i] + (1 - beta1) * gi);
-    v[i] = static_cast<float>(beta2 * v[i] + (1 - beta2) * gi * gi);
-    const double step = (m[i] / c1) / (std::sqrt(v[i] / c2) + eps) + (decay[static_cast<std::size_t>(i)] ? weight_decay * p[i] : 0.0);
-    p[i] = static_cast<float>(p[i] - lr_now * step);
+  std::sort(keep.begin(), keep.end());
+  std::int64_t i = 0;
+  for (const auto& [lo, hi] : keep) {
+    if (i < lo) adamw_span(p, g, m, v, i, lo, b1, b2, step, inv_sqrt_c2, e, decay);
+    adamw_span(p, g, m, v, std::max(i, lo), hi, b1, b2, step, inv_sqrt_c2, e, 1.f);
+    i = std::max(i, hi);
   }
+  if (i < n) adamw_span(p, g, m, v, i, n, b1, b2, step, inv_sqrt_c2, e, decay);
 }
 
 double cosine_lr(double lr, std::int64_t step, std::int64_t total, double warmup_frac) {

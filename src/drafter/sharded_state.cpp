@@ -28,12 +28,10 @@ const char* shard_mode_name(ShardMode m) {
 double shard_bytes_per_step(const DrafterLayout& layout, ShardMode m, int W, std::int64_t accum) {
   double N = 0;
   for (const auto& u : layout.units) N += static_cast<double>(W) * static_cast<double>((u.size + W - 1) / W);
-  const double f = static_cast<double>(W - 1) / W * 4.0;
-  if (m == ShardMode::none) {  // all_reduce(total): the communicator's bandwidth-optimal count
-    return 2.0 * static_cast<double>(layout.total) * f;
-  }
+  const double f = static_cast<double>(W - 1) / W * 4.0, total = static_cast<double>(layout.total);
+  if (m == ShardMode::none) return 2.0 * total * f;  // all_reduce(total): the bandwidth-optimal count
   // + the gradient norm's all_reduce of one double.
-  return (m == ShardMode::optimizer ? 2.0 : 3.0 * static_cast<double>(accum)) * N * f + 2.0 * 2 * f;
+  return (m == ShardMode::optimizer ? 2.0 * total : 3.0 * static_cast<double>(accum) * N) * f + 2.0 * 2 * f;
 }
 
 ShardedState::ShardedState(Communicator& mesh, const DrafterLayout& layout, ShardMode mode)
@@ -132,13 +130,11 @@ double ShardedState::reduce_grads(double scale) {
     scale_and_square(grads_.data(), layout_.total);
     return grad_norm_ = std::sqrt(ss);
   }
-  if (mode_ == ShardMode::optimizer) {
-    std::vector<float> send;
+  if (mode_ == ShardMode::optimizer) {  // straight from the whole vector: no padded copy
     for (int u = 0; u < units(); ++u) {
       const auto& U = layout_.units[static_cast<std::size_t>(u)];
-      send.assign(static_cast<std::size_t>(W_ * piece(u)), 0.f);
-      std::copy_n(grads_.begin() + U.begin, U.size, send.begin());
-      mesh_.reduce_scatter<float>(send, std::span<float>(own(g_own_, u), static_cast<std::size_t>(piece(u))));
+      mesh_.reduce_scatter_v_async(grads_.data() + U.begin, own(g_own_, u), piece_counts(u), DType::f32, ReduceOp::sum)
+          ->wait();
     }
   }
   scale_and_square(g_own_.data(), static_cast<std::int64_t>(g_own_.size()));  // padding is zero
@@ -160,22 +156,29 @@ void ShardedState::apply(AdamW& adam, double lr_now, double clip) {
     return;
   }
   clip_all(g_own_);
+  std::vector<float> mine;
   for (int u = 0; u < units(); ++u) {
     const auto [lo, hi] = owned(u, r_);
-    float* p = mode_ == ShardMode::full ? own(p_own_, u) : params_.data() + lo;
-    adam.update(p, own(g_own_, u), own(m_, u), own(v_, u), lo, hi - lo, lr_now, layout_.vectors);
-  }
-  if (mode_ != ShardMode::optimizer) return;
-  std::vector<float> mine, all;
-  for (int u = 0; u < units(); ++u) {  // every rank's updated piece back to every rank
+    if (mode_ == ShardMode::full) {
+      adam.update(own(p_own_, u), own(g_own_, u), own(m_, u), own(v_, u), lo, hi - lo, lr_now, layout_.vectors);
+      continue;
+    }
+    // optimizer: update a copy of the owned piece, then every rank's piece back into every
+    // rank's whole vector (the all-gather's send must not alias its receive buffer).
+    mine.assign(params_.begin() + lo, params_.begin() + hi);
+    adam.update(mine.data(), own(g_own_, u), own(m_, u), own(v_, u), lo, hi - lo, lr_now, layout_.vectors);
     const auto& U = layout_.units[static_cast<std::size_t>(u)];
-    const auto [lo, hi] = owned(u, r_);
-    mine.assign(static_cast<std::size_t>(piece(u)), 0.f);
-    std::copy(params_.begin() + lo, params_.begin() + hi, mine.begin());
-    all.resize(static_cast<std::size_t>(W_ * piece(u)));
-    mesh_.all_gather<float>(mine, all);
-    std::copy_n(all.begin(), U.size, params_.begin() + U.begin);
+    mesh_.all_gather_v_async(mine.data(), params_.data() + U.begin, piece_counts(u), DType::f32)->wait();
   }
+}
+
+std::vector<std::size_t> ShardedState::piece_counts(int u) const {
+  std::vector<std::size_t> c;
+  for (int r = 0; r < W_; ++r) {
+    const auto [lo, hi] = owned(u, r);
+    c.push_back(static_cast<std::size_t>(hi - lo));
+  }
+  return c;
 }
 
 std::vector<float>& ShardedState::params() {

@@ -13,11 +13,13 @@
 //
 // Unit u of n_u parameters is split into W pieces of c_u = ceil(n_u / W) elements: rank r owns
 // flat elements [begin_u + r c_u, begin_u + min((r + 1) c_u, n_u)) (the last pieces may be short
-// or empty; collectives carry them zero-padded to c_u). Elements moved per rank and step, with
-// N = sum_u W c_u (>= the parameter count) and A micro-batches per step (f32, 4 B each):
-//   none:      all_reduce(N)                      sends 2 N (W-1)/W
-//   optimizer: reduce_scatter + all_gather         sends 2 N (W-1)/W
-//   full:      A x (2 all_gather + reduce_scatter) sends 3 A N (W-1)/W
+// or empty). optimizer's collectives run on the whole vectors in place (v-collectives of the
+// pieces' true sizes); full's carry the pieces zero-padded to c_u. Elements moved per rank and
+// step, with n = sum_u n_u the parameter count, N = sum_u W c_u (>= n) and A micro-batches per
+// step (f32, 4 B each):
+//   none:      all_reduce(n)                        sends 2 n (W-1)/W
+//   optimizer: reduce_scatter_v + all_gather_v      sends 2 n (W-1)/W
+//   full:      A x (2 all_gather + reduce_scatter)  sends 3 A N (W-1)/W
 // (+ 16 (W-1)/W bytes for the gradient norm's all_reduce of one double in optimizer and full;
 // shard_bytes_per_step below; the communicator counts the same bytes, as a mean over ranks.)
 //
@@ -102,6 +104,7 @@ class ShardedState {
  private:
   std::int64_t piece(int u) const;                 // c_u
   std::pair<std::int64_t, std::int64_t> owned(int u, int r) const;  // flat [lo, hi) of rank r's piece
+  std::vector<std::size_t> piece_counts(int u) const;  // [W] the pieces' true sizes hi - lo
   float* own(std::vector<float>& v, int u) { return v.data() + own_off_[static_cast<std::size_t>(u)]; }
   void gather_unit(int u, bool async);  // full: into gathered_[u]
   // Rank 0 appends unit u of one array (resident: all of it is in `full` on every rank).
