@@ -104,7 +104,7 @@ SimTrainResult simulate_train(const SimMachine& m, const std::string& preset, co
   r.phases.redistribute = a * redistribute;
   // The model state's bytes: the closed form the trainer's tests assert (drafter/sharded_state.hpp).
   r.phases.grad_allreduce = m.uniform_ms(shard_bytes_per_step(layout, shard, P, A)) + m.allreduce_small_ms(8.0 * (3 + 2 * cfg.block));
-  r.phases.optimizer = ew(54 * W / (shard == ShardMode::none ? 1.0 : P));
+  r.phases.optimizer = ew(52 * W / (shard == ShardMode::none ? 1.0 : P));
   r.phases.planner = a * layer.plan_ms;
   r.step_ms = r.phases.sum();
   r.tokens_per_s = r.step_ms > 0 ? DP * a * S / (r.step_ms * 1e-3) : 0.0;

@@ -33,9 +33,9 @@
 //                    synthetic ones): machine.uniform_ms of shard_bytes_per_step (all-reduce;
 //                    reduce-scatter + all-gather; A x (2 all-gathers + reduce-scatter)), plus the
 //                    small all-reduce of the loss statistics
-//   optimizer        elementwise over 54 B per parameter this rank updates (W, or W / P sharded):
+//   optimizer        elementwise over 52 B per parameter this rank updates (W, or W / P sharded):
 //                    zero the gradients (4), normalise by the loss weight (8), clipping's norm (4)
-//                    and scale (8), AdamW (read p, g, m, v, the decay mask; write p, m, v: 30)
+//                    and scale (8), AdamW (read p, g, m, v; write p, m, v: 28)
 //   planner          A x the balancer's wall time on this machine (simulate_cp's plan_ms: the
 //                    trainer plans every micro-batch)
 // tokens_per_s = DP x A x S / step time (the trainer's tokens: packed context rows).
