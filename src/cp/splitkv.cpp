@@ -240,7 +240,7 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   bias_backward(dy_p, Qp, H, grad[P::bo]);
   float* dout = bf && merge_ ? nullptr : buffer(dout_, Q_ * qw);        // [Q, n_q d_h] f32 do
   bf16_t* dout16 = bf ? buffer(dout16_, Q_ * qw) : nullptr;            // [Q, n_q d_h] bf16 do
-  float* lse = st.lse.data();                                          // [Q, n_q] global lse
+  float* lse = st.lse.data();  // [Q, n_q] the global lse (the owner merge gathers it below)
   auto tw = CpClock::now();
   if (merge_) {
     // 2. Owner merge: the owner holds its rows' merged o_p and lse_p, so D_p = rowsum(do_p * o_p) is
@@ -248,6 +248,10 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     float* dout_p = buffer(g_, Qp * qw);
     linear_backward_input(dy_p, Qp, H, w[P::wo], qw, dout_p);
     linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[P::wo]);
+    if (bf) {  // do travels and enters the kernel rounded to bf16: D of the same rounded rows
+      convert_to_bf16(dout_p, buffer(send16_, Qp * qw), Qp * qw);
+      convert_to_f32(send16_.data(), dout_p, Qp * qw);
+    }
     float* stats_p = buffer(stats_p_, Qp * 2 * n_q);  // [Q_p, 2, n_q]: lse row, then D row
     float* delta_p = buffer(delta_, Qp * n_q);
     attention_delta(head_view<const float>(dout_p, Qp, n_q, d), head_view<const float>(st.own.o.data(), Qp, n_q, d),
@@ -260,7 +264,6 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     tw = CpClock::now();
     WorkPtr ag_do;
     if (bf) {
-      convert_to_bf16(dout_p, buffer(send16_, Qp * qw), Qp * qw);
       ag_do = comm_.all_gather_v_async(send16_.data(), dout16, row_counts(qw), DType::bf16, opt_.collectives);
     } else {
       ag_do = comm_.all_gather_v_async(dout_p, dout, row_counts(qw), DType::f32, opt_.collectives);

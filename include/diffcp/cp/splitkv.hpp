@@ -29,8 +29,9 @@
 //   compute = bf16 (issue #14): the attention kernels run on bf16 q, k, v, do (f32 accumulation,
 //     f32 lse and D), the projections' GEMMs on bf16-rounded operands (ScopedF32GemmCompute,
 //     f32 accumulation), and the four row collectives carry bf16 (the q and dY / do all-gathers,
-//     the Y / o and dq reduce-scatters, summed in f32 and rounded at each step): half the bytes.
-//     The layer's inputs, outputs, norms, RoPE, the lse and D all-reduces stay f32 (autocast-style
+//     the Y / o reduce-scatter or the owner merge's o all-to-all, the dq reduce-scatter; sums in
+//     f32, rounded at each step): half the bytes. The layer's inputs, outputs, norms, RoPE, the lse
+//     and D statistics (all-reduced, or exchanged by the owner merge) stay f32 (autocast-style
 //     mixed precision: f32 at the layer boundary, bf16 where the time and the bytes are).
 //
 // The projections of the rows a rank owns are the shared ones (cp_common.hpp OwnRows), run so that
@@ -97,7 +98,7 @@ class SplitKVLayer final : public CpAttentionLayer {
   // the lse / D statistics: with the owner merge (owned, flat) the lse partials' all-to-all and the
   // [lse | D] all-gather, 3 (P-1)/P n; otherwise a = 1 + lse_all_reduces(comm) (cp/lse_reduce.hpp)
   // all-reduces:
-  //   flat:         (P-1)/P * [2Q n_q d_h + 2Q w] + a * 2(P-1)/P * n       (owner merge: + 3(P-1)/P n)
+  //   flat:         (P-1)/P * [2Q n_q d_h + 2Q w] + a * 2(P-1)/P * n   (owner merge: 3(P-1)/P n instead)
   //   hierarchical: (P-1)/P * [2Q n_q d_h + 2Q w] + a * [2n(N-1) + 3n(P-N)] / P
   double predicted_bytes_per_layer() const override;
   // Of those, the mean sent to other nodes (needs cp.has_topology()):

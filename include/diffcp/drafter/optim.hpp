@@ -18,9 +18,10 @@ struct AdamW {
   void begin_step() { t += 1; }
   // p -= lr_now * (mhat / (sqrt(vhat) + eps) + wd * p) on elements [at, at + n) of the flat
   // parameter vector (p, g, m, v: [n] each), with no decay inside the `no_decay` spans
-  // ((offset, size) in flat indices). f32 arithmetic (as PyTorch's fused AdamW on f32 state),
-  // written p * (1 - lr wd) - (lr / c1) m / (sqrt(v) / sqrt(c2) + eps), c_i = 1 - beta_i^t.
-  // Elementwise: any split of the vector gives the same bits.
+  // ((offset, size) in flat indices). f32 arithmetic (as fused AdamW kernels on f32 state; not
+  // PyTorch's bits), p * (1 - lr wd) - (lr / c1) m / (sqrt(v) / sqrt(c2) + eps), c_i = 1 - beta_i^t.
+  // Elementwise: any split of the vector gives the same bits (optim.cpp is built without FMA
+  // contraction, so the vectorised loop and its scalar tail round alike).
   void update(float* p, const float* g, float* m, float* v, std::int64_t at, std::int64_t n, double lr_now,
               const std::vector<std::pair<std::int64_t, std::int64_t>>& no_decay) const;
 };

@@ -13,8 +13,8 @@
 //
 // Unit u of n_u parameters is split into W pieces of c_u = ceil(n_u / W) elements: rank r owns
 // flat elements [begin_u + r c_u, begin_u + min((r + 1) c_u, n_u)) (the last pieces may be short
-// or empty). optimizer's collectives run on the whole vectors in place (v-collectives of the
-// pieces' true sizes); full's carry the pieces zero-padded to c_u. Elements moved per rank and
+// or empty). optimizer's collectives run directly on the whole vectors (v-collectives of the
+// pieces' true sizes, no padded copy); full's carry the pieces zero-padded to c_u. Elements moved per rank and
 // step, with n = sum_u n_u the parameter count, N = sum_u W c_u (>= n) and A micro-batches per
 // step (f32, 4 B each):
 //   none:      all_reduce(n)                        sends 2 n (W-1)/W
