@@ -53,8 +53,7 @@ std::span<const float> SplitKVLayer::lse(const CpSaved& saved) const {
   const auto* st = dynamic_cast<const Saved*>(saved.state());
   DIFFCP_CHECK(st != nullptr, "split-kv: lse() of a saved context that is empty or not Split-KV's");
   if (merge_) return st->lse;  // the owner merge keeps the owned rows only
-  std::int64_t first = 0;      // the owned rows' offset in the global [Q, n_q]
-  for (int r = 0; r < shard_.p; ++r) first += shard_.query_rows[static_cast<std::size_t>(r)];
+  const std::int64_t first = shard_.blocks.begin * shard_.batch.block;  // the owned rows in [Q, n_q]
   return std::span<const float>(st->lse).subspan(static_cast<std::size_t>(first * cfg_.n_q),
                                                  static_cast<std::size_t>(own_.Qp() * cfg_.n_q));
 }

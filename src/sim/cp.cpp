@@ -127,8 +127,7 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       r.oproj = owned ? "owned" : "all";
       if (!owned) g_o = m.gemm_ms(static_cast<double>(Q), qw, H);
       const double w = owned ? qw : H;
-      // As the layer: two-level only when 1 < N < P (one rank per node runs the flat path).
-      const bool hier = m.multi_node() && m.R > 1 && opt.collectives != "flat";
+      const bool hier = m.hierarchy_useful() && opt.collectives != "flat";  // as the layer decides
       const auto coll = [&](double bytes) { return hier ? m.hierarchical_ms(bytes) : m.uniform_ms(bytes); };
       for (int p = 0; p < P; ++p) {
         double s = W.D[static_cast<std::size_t>(p)];

@@ -74,7 +74,7 @@ double SimMachine::uniform_ms(double bytes) const {
 }
 
 double SimMachine::hierarchical_ms(double bytes) const {
-  if (!multi_node()) return uniform_ms(bytes);
+  if (!hierarchy_useful()) return uniform_ms(bytes);  // one node, or one rank per node: the flat path
   const double N = nodes(), inter = bytes * (N - 1) / (P - 1.0);
   const double intra = bytes * (R - 1.0) / (P - 1.0) + inter * (R - 1.0) / R;
   const double lat = (N - 1) * profile.inter_latency_us * 1e-3 + 2 * (R - 1) * profile.intra_latency_us * 1e-3;

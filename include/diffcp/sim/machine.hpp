@@ -37,6 +37,8 @@ struct SimMachine {
   void validate() const;
   int nodes() const { return (P + R - 1) / R; }
   bool multi_node() const { return P > R; }
+  // Two-level collectives differ from flat ones (1 < N < P), as Communicator::hierarchy_useful().
+  bool hierarchy_useful() const { return multi_node() && R > 1; }
 
   // share / (1 + profile.sync_loss) when P > 1 (synchronised ranks), else share: what every
   // compute rate is scaled by.
