@@ -19,6 +19,8 @@
 //     equals the single-process run within fp32 tolerance (bitwise Flat's at the same degrees, and
 //     bitwise today's path when R = 1); Ring's bytes equal the closed form and the ring
 //     communicator's counters, and land in the right link class.
+//   * --compare flat's reference is never the run itself (every mode, degree, P <= 8); USP against
+//     it passes with a finite PSNR and fails once one output value is perturbed.
 //   * weights: safetensors round trip is bitwise; wrong shape, wrong dtype, missing name and a
 //     truncated file are refused naming the problem.
 //   * ops: adjacent-pair 2-D RoPE, GELU (tanh form), LayerNorm modulation against their formulas;
@@ -43,6 +45,7 @@
 #include "diffcp/testing/attention_reference.hpp"
 #include "diffcp/comm/tapa.hpp"
 #include "diffcp/testing/compare.hpp"
+#include "diffcp/testing/dit_compare.hpp"
 #include "diffcp/core/random.hpp"
 #include "diffcp/dit/image.hpp"
 #include "diffcp/dit/metrics.hpp"
@@ -634,6 +637,90 @@ TEST(DitUsp, EveryModeMatchesSingleProcessAndRingBytesFollowTheClosedForm) {
       }
     }
   }
+}
+
+// `dit --compare flat` (issue #41): the reference is never the run's own configuration (flat
+// Ulysses over the same ranks, else the one-rank run; refused for flat on one rank), and the
+// comparison fails once the run's output is perturbed.
+TEST(DitCompare, FlatReferenceIsNeverTheRunItself) {
+  for (int P = 1; P <= 8; ++P)
+    for (const std::int64_t heads : {1, 2, 3, 4, 5, 6, 8, 24})
+      for (const int U : divisors(P)) {
+        if (heads % U != 0) continue;
+        const UspDegrees deg{U, P / U};
+        for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff}) {
+          SCOPED_TRACE(std::string(exchange_mode_name(mode)) + " P = " + std::to_string(P) + " heads " +
+                       std::to_string(heads) + " U = " + std::to_string(U));
+          if (mode == ExchangeMode::flat && P == 1) {
+            EXPECT_NE(error_of([&] { flat_reference_for(mode, deg, P, heads); }).find("nothing to compare it with"),
+                      std::string::npos);
+            continue;
+          }
+          const DitReferenceRun ref = flat_reference_for(mode, deg, P, heads);
+          if (ref.single_rank) {
+            EXPECT_EQ(ref.deg.ulysses, 1);
+            EXPECT_EQ(ref.deg.ring, 1);
+            EXPECT_NE(ref.describe(P).find("one rank"), std::string::npos);
+          } else {
+            // Flat Ulysses over all P ranks, which P's heads allow, and not the run itself.
+            EXPECT_EQ(ref.deg.ulysses, P);
+            EXPECT_EQ(ref.deg.ring, 1);
+            EXPECT_EQ(heads % P, 0);
+            EXPECT_FALSE(mode == ExchangeMode::flat && deg.ring == 1);
+          }
+          // The reference differs from the run in its exchange, its degrees or its rank count.
+          const bool same = mode == ExchangeMode::flat && (ref.single_rank ? P == 1 : deg.ulysses == ref.deg.ulysses);
+          EXPECT_FALSE(same);
+          // Where P divides the heads and the run is not flat Ulysses, the reference uses the same ranks.
+          if (heads % P == 0 && !(mode == ExchangeMode::flat && deg.ring == 1)) EXPECT_FALSE(ref.single_rank);
+        }
+      }
+}
+
+TEST(DitCompare, UspAgainstItsReferencePassesAndFailsOncePerturbed) {
+  const int P = world().size();
+  if (P == 1) GTEST_SKIP() << "USP needs P > 1";
+  const DitConfig cfg = usp_config();  // 2 heads: a flat reference over P > 2 ranks is impossible, the one-rank run it is
+  DitWeights w(cfg);
+  w.init_random(9);
+  const DitShape shape = test_shape(1);
+  const int steps = 2;
+  const UspDegrees deg{1, P};
+  const auto usp = make_attention_exchange(ExchangeMode::tapa, world(), 1, {}, deg.ulysses);
+  ASSERT_EQ(usp->ring_degree(), P);
+  std::vector<float> got = run_sampler(world(), w, shape, *usp, steps);
+  const DitReferenceRun ref = flat_reference_for(ExchangeMode::tapa, deg, P, cfg.heads);
+  EXPECT_EQ(ref.single_rank, cfg.heads % P != 0);
+  std::vector<float> ref_latent;
+  if (ref.single_rank) {
+    auto self = world().split(world().rank(), 0, "self");
+    const auto flat = make_attention_exchange(ExchangeMode::flat, *self, 1);
+    ref_latent = run_sampler(*self, w, shape, *flat, steps);
+  } else {
+    const auto flat = make_attention_exchange(ExchangeMode::flat, world(), 1, {}, ref.deg.ulysses);
+    ref_latent = run_sampler(world(), w, shape, *flat, steps);
+  }
+  const std::optional<Tolerance> tol = dit_check_tolerance(ExchangeMode::tapa, {}, DType::f32);
+  ASSERT_TRUE(tol.has_value());
+  const DitComparison ok = compare_dit_latents(got, ref_latent, cfg, shape, tol);
+  EXPECT_TRUE(ok.pass()) << "worst ratio " << ok.latent.worst_ratio;
+  EXPECT_FALSE(ok.identical());  // Ring's merges round differently: a genuine second computation
+  EXPECT_TRUE(std::isfinite(ok.psnr));
+  EXPECT_GT(ok.psnr, 100.0);
+  EXPECT_LT(ok.latent.worst_ratio, 1.0);
+  // One value of USP's output moved by 1e-3 of the latent's scale: the check fails and says so.
+  float peak = 0;
+  for (const float v : ref_latent) peak = std::max(peak, std::abs(v));
+  got[got.size() / 3] += 1e-3f * std::max(peak, 1.0f);
+  const DitComparison bad = compare_dit_latents(got, ref_latent, cfg, shape, tol);
+  EXPECT_FALSE(bad.pass());
+  EXPECT_EQ(bad.latent.mismatched, 1);
+  EXPECT_GT(bad.latent.worst_ratio, 1.0);
+  EXPECT_LT(bad.psnr, ok.psnr);
+  // CoCoDiff with reuse is lossy by design: not judged by a tolerance, only by PSNR.
+  EXPECT_FALSE(dit_check_tolerance(ExchangeMode::cocodiff, {CacheScheduleKind::fixed, 0.5, 0, 0}, DType::f32).has_value());
+  EXPECT_TRUE(dit_check_tolerance(ExchangeMode::cocodiff, {CacheScheduleKind::fixed, 0.0, 0, 0}, DType::f32).has_value());
+  EXPECT_TRUE(compare_dit_latents(got, ref_latent, cfg, shape, std::nullopt).pass());
 }
 
 // bf16 payloads (issue #14): every exchange, the head layout, V-Major's caches and USP's Ring K|V

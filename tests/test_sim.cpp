@@ -2,6 +2,8 @@
 // work matrix against the planner's own loads, and the predictions' structure (bytes from the
 // closed forms, Split-KV's bytes flat in S, unsupported methods named, P = 1 has no communication).
 #include <cmath>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -11,7 +13,9 @@
 #include "diffcp/balance/balancer.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/cp/bytes.hpp"
+#include "diffcp/cp/cp_methods.hpp"
 #include "diffcp/sim/cp.hpp"
+#include "diffcp/workload/batch.hpp"
 #include "diffcp/sim/machine.hpp"
 #include "diffcp/sim/profile.hpp"
 #include "error_of.hpp"
@@ -61,6 +65,68 @@ TEST(SimProfile, FormatAndErrors) {
   // The shipped profiles load (the emulated cluster's files: one format).
   for (const char* name : {"h100-ib", "aurora"}) EXPECT_NO_THROW(load_profile(name)) << name;
   EXPECT_NE(error_of([] { load_profile("nope"); }).find("profile 'nope': no such file"), std::string::npos);
+}
+
+// Issue #41: a profile says what calibrate measured; a prediction that leans on a defaulted link,
+// or runs another attention shape than the rates were measured at, is told so.
+TEST(SimProfile, MeasuredFieldsAndFitWarnings) {
+  nlohmann::json j = h100_json();
+  j["measured"] = {{"compute", true}, {"intra_link", true}, {"inter_link", false}, {"comm_overlap", true}, {"sync_loss", true}};
+  j["attention_shape"] = {{"n_q", 16}, {"n_kv", 4}, {"d_h", 64}};
+  const Profile p = Profile::from_json(j, "t");
+  EXPECT_FALSE(p.measured.at("inter_link"));
+  EXPECT_EQ(p.attn_d_h, 64);
+  EXPECT_EQ(Profile::from_json(p.to_json(), "round trip").to_json(), p.to_json());
+  SimMachine m{p, 8, 8};  // one node: the defaulted inter link is not used
+  EXPECT_TRUE(m.fit_warnings(16, 4, 64).empty());
+  m.P = 16;  // two nodes
+  std::vector<std::string> w = m.fit_warnings(16, 4, 64);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("inter-node link"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("was not measured"), std::string::npos) << w[0];
+  w = m.fit_warnings(16, 4, 128);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_NE(w[1].find("measured at 16/4 heads x 64, this workload has 16/4 heads x 128"), std::string::npos) << w[1];
+  m.P = 1;  // one rank uses no link
+  EXPECT_TRUE(m.fit_warnings(16, 4, 64).empty());
+  // Hand-written profiles (published figures) record neither: nothing to warn about.
+  EXPECT_TRUE((SimMachine{load_profile("h100-ib"), 64, 8}).fit_warnings(1, 1, 7).empty());
+  const auto err = [](auto edit) {
+    nlohmann::json jj = h100_json();
+    edit(jj);
+    return error_of([&] { Profile::from_json(jj, "p.json"); });
+  };
+  EXPECT_NE(err([](nlohmann::json& jj) { jj["measured"] = {{"links", false}}; }).find("measured: unknown group 'links'"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& jj) { jj["measured"] = {{"compute", 1}}; }).find("measured.compute = 1, expected true or false"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& jj) { jj["attention_shape"] = {{"n_q", 8}, {"n_kv", 2}}; }).find("attention_shape"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& jj) { jj["attention_shape"] = {{"n_q", 8}, {"n_kv", 2}, {"d_h", 0}}; })
+                .find("attention_shape.d_h = 0, expected an integer in 1..4096"),
+            std::string::npos);
+}
+
+// Issue #41: the descriptor table lists the methods in CpMethodId order, and the simulator names
+// every method it predicts as itself (its dispatch is a switch over the ids with no default:
+// test cp_method_dispatch_exhaustive checks that an unhandled id does not compile).
+TEST(SimCp, EveryMethodIsSimulatedAsItself) {
+  const std::span<const CpMethod> methods = cp_methods();
+  for (std::size_t i = 0; i < methods.size(); ++i) EXPECT_EQ(static_cast<std::size_t>(methods[i].id), i) << methods[i].name;
+  const PackedBatch batch = make_random_batch(2, 1024, 16, 16, 0.25, 3);
+  const AttnLayerConfig cfg{256, 8, 2, 32, 1e6, 1e-6};
+  SimCpOptions opt;
+  for (const CpMethod& mth : methods) opt.methods.push_back(mth.name);
+  const SimMachine m{load_profile("h100-ib"), 2, 1};  // two nodes; Ulysses needs P | n_kv = 2
+  const std::vector<SimCpResult> rows = simulate_cp(m, batch, cfg, opt);
+  ASSERT_EQ(rows.size(), methods.size());
+  std::set<double> steps;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].method, methods[i].name);
+    EXPECT_TRUE(rows[i].supported()) << rows[i].reason;
+    steps.insert(rows[i].step_ms);
+  }
+  EXPECT_EQ(steps.size(), rows.size());  // five different cost models, not one repeated
 }
 
 TEST(SimMachine, LinkLevelsAndSharedUplinks) {

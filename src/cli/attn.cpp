@@ -121,12 +121,9 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
     out["collectives"] = run.collectives;
     if (opt.oproj == "auto") out["oproj_auto"] = {{"gemm_gflops", run.oproj_gemm_gflops}, {"link_gbit", run.oproj_link_gbit}};
   }
-  if (run.checked) {
-    out["max_abs_err"] = run.max_abs_err;
-    out["max_rel_err"] = run.max_rel_err;
-    out["check_passed"] = pass;
-    out["mismatches"] = run.mismatches;
-  }
+  if (run.checked)
+    add_check_json(out, pass, run.max_abs_err, run.max_rel_err, run.max_tol_ratio, run.mismatches, run.tolerance,
+                   kLayerAtolScale);
   if (!opt.dump.empty()) {
     const std::int64_t H = cfg.hidden, B = batch.block, Q = batch.query_rows(), S = batch.context_rows();
     std::vector<std::vector<PosRange>> blk_ranges;
@@ -198,8 +195,10 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
                   static_cast<double>(run.run_peak_bytes) / (1 << 20));
       if (run.checked)
         std::printf("  check vs fp64 single-process reference (y, dX, dctx, all parameter gradients): max abs err %.3g, "
-                    "max rel err %.3g -> %s\n",
-                    run.max_abs_err, run.max_rel_err, pass ? "PASSED" : "FAILED");
+                    "max rel err %.3g (of each tensor's max |ref|), worst error %.3g of its tolerance (atol %.3g x max(1, "
+                    "max|ref|) + rtol %.3g |ref|; <= 1 passes), %lld mismatches -> %s\n",
+                    run.max_abs_err, run.max_rel_err, run.max_tol_ratio, run.tolerance.atol, run.tolerance.rtol,
+                    static_cast<long long>(run.mismatches), pass ? "PASSED" : "FAILED");
       if (!opt.dump.empty()) std::printf("  wrote .npy files and meta.json to %s\n", opt.dump.c_str());
     }
   }

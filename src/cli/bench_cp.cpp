@@ -56,7 +56,7 @@ const char* const kCsvColumns[] = {
     "method", "P", "supported", "reason", "layout", "J", "samples", "context", "queries", "S", "Q", "hidden", "n_q",
     "n_kv", "d_h", "reps", "warmup", "fwd_ms", "bwd_ms", "step_ms", "exposed_comm_ms", "bytes_per_layer",
     "predicted_bytes_per_layer", "redistribution_bytes", "imbalance_pct", "peak_bytes", "run_peak_bytes",
-    "check_passed", "max_abs_err", "inter_bytes_per_layer", "topology", "oproj", "collectives"};
+    "check_passed", "max_abs_err", "inter_bytes_per_layer", "topology", "oproj", "collectives", "max_tol_ratio"};
 
 }  // namespace
 
@@ -122,7 +122,9 @@ int run_bench_cp(Communicator& world, const BenchCpOptions& opt) {
     if (e.method == "splitkv")
       row.update({{"predicted_inter_bytes_per_layer", run.predicted_inter_bytes_per_layer}, {"oproj", run.oproj},
                   {"collectives", run.collectives}});
-    if (run.checked) row.update({{"max_abs_err", run.max_abs_err}, {"max_rel_err", run.max_rel_err}, {"mismatches", run.mismatches}});
+    if (run.checked)
+      add_check_json(row, run.check_passed, run.max_abs_err, run.max_rel_err, run.max_tol_ratio, run.mismatches, run.tolerance,
+                     kLayerAtolScale);
     row["bytes"] = Json::parse(run.bytes.dump());
     all_pass = all_pass && run.check_passed;
     rows.push_back(row);

@@ -1,6 +1,7 @@
 // Subcommands of the diffcp CLI: one options struct, registration and entry point each.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 
 #include "diffcp/comm/communicator.hpp"
 #include "diffcp/drafter/trainer.hpp"
+#include "diffcp/testing/compare.hpp"
 
 namespace diffcp::cli {
 
@@ -23,6 +25,24 @@ struct CountRange {
 CountRange parse_range(const std::string& text, const char* flag);
 // The median of timings (the upper one of an even count); v must not be empty.
 double median(std::vector<double> v);
+
+// What every printed check adds to its JSON object `out` (`attn`, `bench cp`, `dit --compare /
+// --reference`), from a comparison already reduced over ranks and tensors: check_passed,
+// max_abs_err, max_rel_err (scale-relative: max |d| / max |ref|), max_tol_ratio (max |d| /
+// (atol' + rtol |ref|), <= 1 passes), mismatches, and "tolerance": {atol, rtol, atol_scale} with
+// atol_scale saying what atol was multiplied by (atol' = atol x atol_scale). JSON has no
+// infinity: an infinite error (NaN or inf where the reference is finite) prints null.
+template <typename Json>
+void add_check_json(Json& out, bool passed, double max_abs, double max_rel, double max_tol_ratio, std::int64_t mismatches,
+                    Tolerance tol, const char* atol_scale) {
+  const auto num = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
+  out["check_passed"] = passed;
+  out["max_abs_err"] = num(max_abs);
+  out["max_rel_err"] = num(max_rel);
+  out["max_tol_ratio"] = num(max_tol_ratio);
+  out["mismatches"] = mismatches;
+  out["tolerance"] = Json{{"atol", tol.atol}, {"rtol", tol.rtol}, {"atol_scale", atol_scale}};
+}
 
 // `diffcp plan` (no MPI): a workload, the chosen balancer(s), their loads and planning time.
 struct PlanOptions {

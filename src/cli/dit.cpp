@@ -21,6 +21,7 @@
 #include "diffcp/dit/sampler.hpp"
 #include "diffcp/dit/vmajor.hpp"
 #include "diffcp/io/npy.hpp"
+#include "diffcp/testing/dit_compare.hpp"
 
 namespace diffcp::cli {
 
@@ -254,7 +255,8 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--out", o.out, "PNG image to write (empty: none)")->capture_default_str();
   c->add_option("--save-latent", o.save_latent, "also write the final latent [b, N_img, C_in] as .npy");
   c->add_option("--reference", o.reference, "compare with this latent .npy (from --save-latent of a Flat run)");
-  c->add_option("--compare", o.compare, "compare with a run of this mode in the same job: flat");
+  c->add_option("--compare", o.compare, "compare with a flat reference run in the same job: flat (flat Ulysses over the same ranks where P divides "
+                "the heads and this run is not that, else the one-rank run; refused for flat on one rank)");
   c->add_option("--dtype", o.dtype, "compute: f32 | bf16 (GEMMs, attention, the exchanges' payloads, V-Major's caches "
                                     "and Ring's K|V in bf16, f32 accumulation; latents and norms f32). PSNR against "
                                     "f32: --save-latent of an f32 run, then --reference")
@@ -288,6 +290,9 @@ int run_dit(Communicator& world) {
                                              given(g_ring_opt, o.ring_degree));
   const DitShard shard = make_dit_shard(cfg, shape, world.size(), world.rank(), deg.ulysses);  // U | heads, P | tokens
   if (ck) check_dit_checkpoint(cfg, *ck);  // names every missing, extra or misshapen tensor
+  // --compare flat: a genuine reference, never this run's own configuration (refused where none).
+  const std::optional<DitReferenceRun> compare_ref =
+      o.compare.empty() ? std::nullopt : std::optional<DitReferenceRun>(flat_reference_for(mode, deg, world.size(), cfg.heads));
   std::vector<float> reference;
   if (!o.reference.empty()) {
     std::vector<std::int64_t> s;
@@ -402,30 +407,50 @@ int run_dit(Communicator& world) {
                    {"config", cfg.to_json()},
                    {"out", o.out}};
 
+  bool passed = true;
   if (!o.compare.empty() || !o.reference.empty()) {
     std::vector<float> ref_latent;
+    std::string reference_run = "the latent in " + o.reference;
     if (!o.compare.empty()) {
-      const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex->link_group_size(), schedule, deg.ulysses);
       SampleOptions flat_opt = opt;
       flat_opt.on_velocity = {};  // --dump-velocity: the run above only
-      ref_latent = sample(world, w, shape, *flat, in.cond, noise, flat_opt).latent;
+      reference_run = compare_ref->describe(world.size());
+      if (compare_ref->single_rank) {
+        // Every rank samples the whole image alone (P = 1); all of them hold the same latent.
+        const std::unique_ptr<Communicator> self = world.split(world.rank(), 0, "compare.self");
+        const auto flat = make_attention_exchange(ExchangeMode::flat, *self, 1, schedule, 1);
+        ref_latent = sample(*self, w, shape, *flat, in.cond, noise, flat_opt).latent;
+      } else {
+        const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex->link_group_size(), schedule,
+                                                  compare_ref->deg.ulysses);
+        ref_latent = sample(world, w, shape, *flat, in.cond, noise, flat_opt).latent;
+      }
     } else {
       ref_latent = std::move(reference);
     }
-    const std::vector<float> ref_rgb = latent_to_rgb(ref_latent, cfg, shape);
-    const double mse = image_mse(rgb, ref_rgb), psnr = psnr_from_mse(mse);
-    // JSON has no infinity: identical images give "psnr": null (documented in the README).
-    j["psnr"] = std::isinf(psnr) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(psnr);
-    j["ssim"] = ssim(rgb, ref_rgb, {shape.batch, side_h, side_w, 3});
-    j["mse"] = mse;
-    j["max_abs_diff"] = max_abs_diff(run.latent, ref_latent);
+    const DitComparison c = compare_dit_latents(run.latent, ref_latent, cfg, shape, dit_check_tolerance(mode, schedule, opt.compute));
+    passed = c.pass();
+    // JSON has no infinity: identical images give "psnr": null (documented in docs/dit.md).
+    j["psnr"] = std::isinf(c.psnr) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(c.psnr);
+    j["ssim"] = c.ssim;
+    j["mse"] = c.mse;
+    j["max_abs_diff"] = c.max_abs_diff;
     j["compared_with"] = o.compare.empty() ? o.reference : "flat";
+    j["reference_run"] = reference_run;
+    if (c.tolerance) {
+      add_check_json(j, passed, c.latent.max_abs, c.latent.max_rel, c.latent.worst_ratio, c.latent.mismatched, *c.tolerance,
+                     "max(1, max|reference latent|)");
+    } else {
+      j["check_passed"] = nullptr;  // lossy by design (V-Major reuses stale rows): PSNR / SSIM only
+      j["tolerance"] = nullptr;
+    }
   }
 
-  if (world.rank() != 0) return 0;
+  const int rc = passed ? 0 : 2;
+  if (world.rank() != 0) return rc;
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
-    return 0;
+    return rc;
   }
   std::printf("diffcp dit: mode %s, %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps (%s schedule)\n",
               exchange_mode_name(mode), o.dtype == "bf16" ? "bf16 GEMMs, attention and exchanges" : "f32", world.size(), ex->link_group_size(), static_cast<long long>(shape.width),
@@ -457,11 +482,20 @@ int run_dit(Communicator& world) {
   if (!o.out.empty())
     std::printf("  image: %s (%lldx%lld, one pixel per latent pixel, latent->RGB map of dit/image.hpp)\n", o.out.c_str(),
                 static_cast<long long>(shape.batch * side_w), static_cast<long long>(side_h));
-  if (j.contains("psnr"))
-    std::printf("  vs %s: PSNR %s dB, SSIM %.6f, MSE %.3g, max |latent diff| %.3g\n", j["compared_with"].get<std::string>().c_str(),
-                j["psnr"].is_null() ? "inf" : std::to_string(j["psnr"].get<double>()).c_str(), j["ssim"].get<double>(),
+  if (j.contains("psnr")) {
+    std::printf("  vs %s: PSNR %s dB, SSIM %.6f, MSE %.3g, max |latent diff| %.3g\n", j["reference_run"].get<std::string>().c_str(),
+                j["psnr"].is_null() ? "inf (identical)" : std::to_string(j["psnr"].get<double>()).c_str(), j["ssim"].get<double>(),
                 j["mse"].get<double>(), j["max_abs_diff"].get<double>());
-  return 0;
+    if (j["tolerance"].is_null())
+      std::printf("  not judged by a tolerance: V-Major reuses stale rows by design (PSNR / SSIM above say how close)\n");
+    else
+      std::printf("  latent check: worst error %.3g of its tolerance (atol %.3g x max(1, max|ref|) + rtol %.3g |ref|; <= 1 "
+                  "passes), %lld mismatches -> %s\n",
+                  j["max_tol_ratio"].is_null() ? INFINITY : j["max_tol_ratio"].get<double>(), j["tolerance"]["atol"].get<double>(),
+                  j["tolerance"]["rtol"].get<double>(), static_cast<long long>(j["mismatches"].get<std::int64_t>()),
+                  passed ? "PASSED" : "FAILED");
+  }
+  return rc;
 }
 
 }  // namespace diffcp::cli

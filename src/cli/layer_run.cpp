@@ -284,10 +284,10 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   run.imbalance_pct = plan_load(batch, CostModel(batch), plan).imbalance_pct();
 
   if (spec.reference) {
-    const LayerCheck c = check_layer(*spec.reference, run.shard, cfg.hidden, run.y_p, run.dx_p, run.dctx_p, grad,
-                                     spec.dtype == DType::bf16 ? kTolBf16Layer : kTolF32);
+    run.tolerance = spec.dtype == DType::bf16 ? kTolBf16Layer : kTolF32;
+    const LayerCheck c = check_layer(*spec.reference, run.shard, cfg.hidden, run.y_p, run.dx_p, run.dctx_p, grad, run.tolerance);
     const CompareResult all = c.all();
-    std::vector<double> err{all.max_abs, all.max_rel};
+    std::vector<double> err{all.max_abs, all.max_rel, all.worst_ratio};
     std::vector<std::int64_t> bad{all.mismatched};
     world.all_reduce<double>(err, ReduceOp::max);
     world.all_reduce<std::int64_t>(bad);
@@ -295,6 +295,7 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
     run.check_passed = bad[0] == 0;
     run.max_abs_err = err[0];
     run.max_rel_err = err[1];
+    run.max_tol_ratio = err[2];
     run.mismatches = bad[0];
   }
   return run;

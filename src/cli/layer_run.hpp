@@ -57,6 +57,9 @@ struct LayerRunSpec {
 LayerRunSpec layer_run_spec(const AttnOptions& opt, const std::string& method, const std::string& layout,
                             const ReferenceLayerResult* reference);
 
+// The layer check's atol scale (testing/layer_problem.hpp: scaled_to per tensor), as reported.
+inline constexpr const char* kLayerAtolScale = "max(1, max|ref|) of each tensor";
+
 // Result of run_layer. Times are medians over the timed repetitions of the slowest rank's time
 // (step_ms: of the slowest rank's forward + backward, so it can exceed fwd_ms + bwd_ms).
 struct LayerRun {
@@ -82,8 +85,13 @@ struct LayerRun {
   // communication scratch.
   std::uint64_t peak_bytes = 0, run_peak_bytes = 0;
   bool peak_reset = false;
-  bool checked = false, check_passed = true;  // with spec.reference
-  double max_abs_err = 0, max_rel_err = 0;
+  // With spec.reference: every output and gradient against the fp64 reference, max over ranks
+  // and tensors (testing/compare.hpp): max_rel_err = max |d| / max |ref| of the worst tensor,
+  // max_tol_ratio = max |d| / (atol' + rtol |ref|) with atol' = atol max(1, max|ref|) per tensor
+  // (<= 1 passes), mismatches = elements with a ratio > 1.
+  bool checked = false, check_passed = true;
+  Tolerance tolerance{0, 0};
+  double max_abs_err = 0, max_rel_err = 0, max_tol_ratio = 0;
   std::int64_t mismatches = 0;
   // This rank's share, for --dump.
   std::vector<std::vector<PosRange>> chunks_of_rank;

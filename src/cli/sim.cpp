@@ -1,6 +1,8 @@
 // `diffcp sim`: registration of its subcommands, and the machine options they share.
 #include "cli/sim.hpp"
 
+#include <cstdio>
+
 #include "diffcp/core/error.hpp"
 
 namespace diffcp::cli {
@@ -28,6 +30,10 @@ SimMachine make_sim_machine(const SimMachineOptions& o) {
   DIFFCP_CHECK(m.P % m.R == 0 || m.P < m.R, "--P = ", m.P, " ranks do not fill nodes of ", m.R,
                " ranks (--ranks-per-node; the profile's nodes have ", m.profile.ranks_per_node, ")");
   return m;
+}
+
+void warn_profile_fit(const SimMachine& m, std::int64_t n_q, std::int64_t n_kv, std::int64_t d_h) {
+  for (const std::string& w : m.fit_warnings(n_q, n_kv, d_h)) std::fprintf(stderr, "diffcp sim: warning: %s\n", w.c_str());
 }
 
 void add_sim_command(CLI::App& app) {

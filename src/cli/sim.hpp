@@ -24,6 +24,9 @@ struct SimMachineOptions {
 void add_sim_machine_options(CLI::App* c, SimMachineOptions& o);
 // The profile loaded and the placement checked (throws naming the bad value).
 SimMachine make_sim_machine(const SimMachineOptions& o);
+// Prints SimMachine::fit_warnings for the workload's attention shape to stderr, one line each
+// ("diffcp sim: warning: ..."), before any prediction is printed.
+void warn_profile_fit(const SimMachine& m, std::int64_t n_q, std::int64_t n_kv, std::int64_t d_h);
 
 void add_sim_command(CLI::App& app);
 // True when the chosen subcommand measures (calibrate: run under mpirun); the others are pure

@@ -296,6 +296,24 @@ int run_sim_calibrate(Communicator& world) {
   if (intra_peer < 0 && inter_peer < 0) notes += "; no second rank: links not measured (set from defaults)";
   else if (intra_peer < 0) notes += "; one rank per node: intra link = the inter one";
   else if (inter_peer < 0) notes += "; one node: inter link = the intra one";
+  // What was measured here and what was not: said in the file (measured) and on stderr.
+  const bool any_peer = intra_peer >= 0 || inter_peer >= 0;
+  const nlohmann::ordered_json measured{{"compute", true},
+                                        {"intra_link", intra_peer >= 0},
+                                        {"inter_link", inter_peer >= 0},
+                                        {"comm_overlap", any_peer},
+                                        {"sync_loss", P > 1}};
+  if (!any_peer)
+    std::fprintf(stderr, "diffcp sim calibrate: warning: one rank, so no link was measured: intra and inter links are "
+                         "DEFAULTS (100 Gbit/s, 1 us), comm_overlap 1 and sync_loss 0 are not measured either; predictions "
+                         "at P > 1 from this profile are not this machine's. Run it as the README says: mpirun -np 2 "
+                         "diffcp sim calibrate ... (ranks on two nodes to measure the inter link)\n");
+  else if (intra_peer < 0)
+    std::fprintf(stderr, "diffcp sim calibrate: warning: one rank per node, so the intra-node link was not measured: "
+                         "it is set to the measured inter-node one\n");
+  else if (inter_peer < 0)
+    std::fprintf(stderr, "diffcp sim calibrate: warning: one node, so the inter-node link was not measured: it is set to "
+                         "the measured intra-node one (run across nodes, e.g. scripts/emucluster.sh, to measure it)\n");
   if (intra_peer < 0) intra = inter_peer >= 0 ? inter : std::pair<double, double>{1.0, 100.0};
   if (inter_peer < 0) inter = intra;
   int per_node = 0;
@@ -315,6 +333,8 @@ int run_sim_calibrate(Communicator& world) {
                                  {"inter_latency_us", inter.first},
                                  {"comm_overlap", overlap},
                                  {"sync_loss", sync_loss},
+                                 {"measured", measured},
+                                 {"attention_shape", {{"n_q", o.n_q}, {"n_kv", o.n_kv}, {"d_h", o.d_h}}},
                                  {"notes", notes}};
   Profile::from_json(nlohmann::json(j), o.out);  // what sim reads back
   const std::string tmp = o.out + ".tmp";

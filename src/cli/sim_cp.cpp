@@ -48,6 +48,7 @@ int run_sim_cp() {
   DIFFCP_CHECK(o.collectives == "auto" || o.collectives == "flat" || o.collectives == "hierarchical", "--collectives '",
                o.collectives, "': expected flat, hierarchical or auto");
   SimCpOptions opt{method_list(o.methods), o.balancer, o.layer.J, o.oproj, o.collectives, 4};
+  warn_profile_fit(m, w.cfg.n_q, w.cfg.n_kv, w.cfg.d_h);
   const std::vector<SimCpResult> rows = simulate_cp(m, w.batch, w.cfg, opt);
   // As bench cp: with --methods all an unsupported method is a row with its reason; named
   // explicitly, it is an error.

@@ -83,6 +83,7 @@ int run_sim_dit() {
   opt.group_size = o.group_size;
   opt.steps = o.steps;
   opt.schedule = {parse_cache_schedule(o.cache_schedule), o.cache_ratio, o.warmup, o.sync_every};
+  warn_profile_fit(m, cfg.heads, cfg.heads, cfg.head_dim);
   const std::vector<SimDitResult> rows = simulate_dit(m, cfg, shape, opt);
 
   nlohmann::ordered_json arr = nlohmann::ordered_json::array();

@@ -45,6 +45,7 @@ int run_sim_train() {
   const SimTrainCli& o = g_train;
   const SimMachine m = make_sim_machine(o.machine);
   const DrafterConfig cfg = drafter_preset(o.preset);  // throws naming the presets
+  warn_profile_fit(m, cfg.n_q, cfg.n_kv, cfg.d_h);
   const SimTrainResult r = simulate_train(m, o.preset, cfg, o.opt);
   const SimTrainPhases& ph = r.phases;
   const nlohmann::ordered_json phases{{"attention", ph.attention},       {"projections_mlp", ph.projections_mlp},

@@ -58,6 +58,20 @@ DType payload_dtype(int elem) {
     if (static_cast<int>(dtype_size(t)) == elem) return t;
   DIFFCP_FAIL("sim cp: elem = ", elem, " bytes per element; expected 4 (f32), 2 (bf16) or 8 (f64)");
 }
+// The ring-like methods' schedule: the (query owner, context owner) pair rank p of P works on at
+// step t (cp/ring.cpp, cp/ringx.cpp, cp/lvxattn.cpp).
+std::pair<int, int> ring_owner_pair(CpMethodId id, int t, int p, int P) {
+  const int behind = ((p - t) % P + P) % P;
+  switch (id) {
+  case CpMethodId::ring: return {p, behind};     // K/V shards travel, queries stay
+  case CpMethodId::ringx: return {t, p};         // rank t's queries are broadcast
+  case CpMethodId::lvxattn: return {behind, p};  // queries travel, K/V shards stay
+  case CpMethodId::splitkv:
+  case CpMethodId::ulysses: break;
+  }
+  DIFFCP_FAIL("sim cp: method ", static_cast<int>(id), " has no ring schedule");
+}
+
 // The simulated machine runs the fused log-sum-exp all-reduce (MPI's; cp/lse_reduce.hpp).
 constexpr int kLseReduces = 1;
 
@@ -101,7 +115,7 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
     r.P = P;
     const CpMethod& desc = cp_method(method);
     r.reason = desc.unsupported_reason(cfg, P);
-    r.layout = method == "splitkv" ? opt.balancer : desc.default_layout;
+    r.layout = desc.id == CpMethodId::splitkv ? opt.balancer : desc.default_layout;
     if (!r.supported()) {
       out.push_back(r);
       continue;
@@ -119,7 +133,8 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
     double f = 0, b = 0;
     const double Lrows = static_cast<double>(S + Q);
 
-    if (method == "splitkv") {
+    switch (desc.id) {
+    case CpMethodId::splitkv: {
       bool owned = opt.oproj == "owned";
       if (opt.oproj == "auto")
         owned = choose_oproj(cfg, Q, P, m.profile.gemm_tflops * 1e3 * m.rate_share(),
@@ -155,7 +170,9 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
                : r.bytes_per_layer * m.inter_fraction();
       r.collectives = hier ? "hierarchical" : "flat";
       r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + (Cp + Qp) * 2 * kvw * 2 + static_cast<double>(Q) * (2 * qw + w + 2 * nq));
-    } else if (method == "ulysses") {
+      break;
+    }
+    case CpMethodId::ulysses: {
       double total = 0;
       for (const double d : W.D) total += d;
       for (const double x : W.M) total += x;
@@ -172,13 +189,13 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       r.bytes_per_layer = ulysses_bytes_per_layer(cfg, dtype, Q, S + Q, P);
       r.inter_node_bytes_per_layer = r.bytes_per_layer * m.inter_fraction();
       r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + static_cast<double>(Q) * qw / P * 3 + Lrows * kvw * 2 / P * 3);
-    } else {
+      break;
+    }
+    case CpMethodId::ring:
+    case CpMethodId::ringx:
+    case CpMethodId::lvxattn: {
       // The ring-like methods: per step t, rank p works on the pair (query owner, context owner).
-      const auto owner_pair = [&](int t, int p) -> std::pair<int, int> {
-        if (method == "ring") return {p, ((p - t) % P + P) % P};
-        if (method == "ringx") return {t, p};
-        return {((p - t) % P + P) % P, p};  // lvxattn
-      };
+      const auto owner_pair = [&](int t, int p) { return ring_owner_pair(desc.id, t, p, P); };
       double step_kv = e * 2 * Lrows / P * kvw;  // ring: one k|v shard
       std::vector<double> step_pairs(static_cast<std::size_t>(P));
       for (int t = 0; t < P; ++t) {
@@ -194,14 +211,14 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
         attn_b += ab;
         const bool last = t == P - 1;
         const double Qt = static_cast<double>(Q) / P;
-        if (method == "ring") {
+        if (desc.id == CpMethodId::ring) {
           const double hf = last ? 0 : m.hop_ms(step_kv), hb = last ? 0 : 2 * m.hop_ms(step_kv);
           f += m.overlapped(af, hf);
           b += m.overlapped(ab, hb);
           fwd_exposed += m.overlapped(af, hf) - af;
           bwd_exposed += m.overlapped(ab, hb) - ab;
           comm += hf + hb;
-        } else if (method == "ringx") {
+        } else if (desc.id == CpMethodId::ringx) {
           // Broadcasts of q_t (next one posted ahead), lse all-reduce and o reduce at rank t;
           // backward: broadcast k|v_t, reduce dk|dv at rank t.
           const double frac = (P - 1.0) / P;
@@ -241,10 +258,10 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       }
       f += g_q + g_kv + g_o;
       b += 2 * (g_q + g_kv + g_o);
-      if (method == "ring") {
+      if (desc.id == CpMethodId::ring) {
         r.bytes_per_layer = ring_bytes_per_layer(cfg, dtype, S + Q, P);
         r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + 3 * step_kv / e + Qp * (2 * qw + nq));
-      } else if (method == "ringx") {
+      } else if (desc.id == CpMethodId::ringx) {
         r.bytes_per_layer = ringx_bytes_per_layer(cfg, dtype, Q, S + Q, P, kLseReduces);
         r.peak_bytes = e * (Qp * H * 4 + Cp * H * 2 + 2 * Qp * qw * 2 + 2 * step_kv / e + (Cp + Qp) * 2 * kvw * 2);
       } else {
@@ -253,8 +270,10 @@ std::vector<SimCpResult> simulate_cp(const SimMachine& m, const PackedBatch& bat
       }
       // Ring hops cross nodes for one rank in R; the rooted collectives like a uniform one.
       r.inter_node_bytes_per_layer =
-          r.bytes_per_layer * (method == "ringx" ? m.inter_fraction() : (m.multi_node() ? 1.0 / m.R : 0.0));
+          r.bytes_per_layer * (desc.id == CpMethodId::ringx ? m.inter_fraction() : (m.multi_node() ? 1.0 / m.R : 0.0));
+      break;
     }
+    }  // no default: a new CpMethodId is a compile error here until it is simulated
     r.fwd_ms = f;
     r.bwd_ms = b;
     r.step_ms = f + b;

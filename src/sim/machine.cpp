@@ -96,4 +96,28 @@ double SimMachine::hop_ms(double bytes) const {
                       : profile.intra_latency_us * 1e-3 + bytes / bytes_per_ms(profile.intra_gbit);
 }
 
+std::vector<std::string> SimMachine::fit_warnings(std::int64_t n_q, std::int64_t n_kv, std::int64_t d_h) const {
+  std::vector<std::string> out;
+  const auto unmeasured = [&](const char* group) {
+    const auto it = profile.measured.find(group);
+    return it != profile.measured.end() && !it->second;
+  };
+  const auto link = [&](const char* group, const char* where, double gbit, double us) {
+    out.push_back("profile '" + profile.name + "': the " + where + " link (" + std::to_string(gbit) + " Gbit/s, " +
+                  std::to_string(us) + " us) was not measured by sim calibrate (defaults, or copied from the other " +
+                  "level), yet this prediction at P = " + std::to_string(P) + " uses it: calibrate under mpirun with " +
+                  "ranks on " + (std::string(group) == "inter_link" ? "two nodes" : "one node") +
+                  " (its measured." + group + " is false)");
+  };
+  if (P > 1 && R > 1 && unmeasured("intra_link")) link("intra_link", "intra-node", profile.intra_gbit, profile.intra_latency_us);
+  if (multi_node() && unmeasured("inter_link")) link("inter_link", "inter-node", profile.inter_gbit, profile.inter_latency_us);
+  if (profile.attn_d_h > 0 && (n_q != profile.attn_n_q || n_kv != profile.attn_n_kv || d_h != profile.attn_d_h))
+    out.push_back("profile '" + profile.name + "': its attention rates were measured at " + std::to_string(profile.attn_n_q) +
+                  "/" + std::to_string(profile.attn_n_kv) + " heads x " + std::to_string(profile.attn_d_h) +
+                  ", this workload has " + std::to_string(n_q) + "/" + std::to_string(n_kv) + " heads x " +
+                  std::to_string(d_h) + " (the kernels' rate depends on the shape: calibrate with --n-q " +
+                  std::to_string(n_q) + " --n-kv " + std::to_string(n_kv) + " --d-h " + std::to_string(d_h) + ")");
+  return out;
+}
+
 }  // namespace diffcp

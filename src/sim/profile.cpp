@@ -34,13 +34,14 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& source) {
   static const char* const kFields[] = {"name", "description", "source", "notes", "ranks_per_node", "rank_tflops",
                                         "gemm_tflops", "gemm_n_half", "attn_bwd_tflops", "elementwise_gbs", "kernel_us",
                                         "intra_gbit", "inter_gbit", "intra_latency_us", "inter_latency_us",
-                                        "comm_overlap", "sync_loss"};
+                                        "comm_overlap", "sync_loss", "measured", "attention_shape"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool known = false;
     for (const char* f : kFields) known = known || it.key() == f;
     DIFFCP_CHECK(known, "profile '", source, "': unknown field '", it.key(),
                  "' (known: name description source notes ranks_per_node rank_tflops gemm_tflops gemm_n_half attn_bwd_tflops "
-                 "elementwise_gbs kernel_us intra_gbit inter_gbit intra_latency_us inter_latency_us comm_overlap sync_loss)");
+                 "elementwise_gbs kernel_us intra_gbit inter_gbit intra_latency_us inter_latency_us comm_overlap sync_loss measured "
+                 "attention_shape)");
   }
   const auto text = [&](const char* f, bool required) {
     if (!j.contains(f)) {
@@ -86,6 +87,33 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& source) {
   p.sync_loss = number("sync_loss", false, false, 0);
   DIFFCP_CHECK(p.comm_overlap <= 1, "profile '", source, "': field 'comm_overlap' = ", p.comm_overlap,
                ", expected a fraction in [0, 1]");
+  if (j.contains("measured")) {
+    const nlohmann::json& m = j["measured"];
+    DIFFCP_CHECK(m.is_object(), "profile '", source, "': field 'measured' must be an object of booleans");
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      bool known = false;
+      for (const char* g : kMeasuredGroups) known = known || it.key() == g;
+      DIFFCP_CHECK(known, "profile '", source, "': measured: unknown group '", it.key(),
+                   "' (known: compute intra_link inter_link comm_overlap sync_loss)");
+      DIFFCP_CHECK(it.value().is_boolean(), "profile '", source, "': measured.", it.key(), " = ", it.value().dump(),
+                   ", expected true or false");
+      p.measured[it.key()] = it.value().get<bool>();
+    }
+  }
+  if (j.contains("attention_shape")) {
+    const nlohmann::json& a = j["attention_shape"];
+    const auto dim = [&](const char* f) {
+      const auto v = a.is_object() && a.contains(f) ? json_int64(a[f]) : std::nullopt;
+      DIFFCP_CHECK(v && *v >= 1 && *v <= 4096, "profile '", source, "': attention_shape.", f, " = ",
+                   a.is_object() && a.contains(f) ? a[f].dump() : std::string("missing"), ", expected an integer in 1..4096");
+      return *v;
+    };
+    DIFFCP_CHECK(a.is_object() && a.size() == 3, "profile '", source, "': field 'attention_shape' = ", a.dump(),
+                 ", expected {\"n_q\": .., \"n_kv\": .., \"d_h\": ..}");
+    p.attn_n_q = dim("n_q");
+    p.attn_n_kv = dim("n_kv");
+    p.attn_d_h = dim("d_h");
+  }
   return p;
 }
 
@@ -106,6 +134,8 @@ nlohmann::json Profile::to_json() const {
   j["inter_latency_us"] = inter_latency_us;
   j["comm_overlap"] = comm_overlap;
   j["sync_loss"] = sync_loss;
+  if (!measured.empty()) j["measured"] = measured;
+  if (attn_d_h > 0) j["attention_shape"] = {{"n_q", attn_n_q}, {"n_kv", attn_n_kv}, {"d_h", attn_d_h}};
   if (!notes.empty()) j["notes"] = notes;
   return nlohmann::json(j);
 }

@@ -9,6 +9,7 @@ namespace diffcp {
 
 void CompareResult::merge(const CompareResult& o) {
   max_abs = std::max(max_abs, o.max_abs);
+  max_ref = std::max(max_ref, o.max_ref);
   max_rel = std::max(max_rel, o.max_rel);
   if (o.worst_ratio > worst_ratio) {
     worst_ratio = o.worst_ratio;
@@ -42,13 +43,14 @@ CompareResult compare(std::span<const T> got, std::span<const double> ref, Toler
       ratio = err / (tol.atol + tol.rtol * std::abs(x));
     }
     r.max_abs = std::max(r.max_abs, err);
-    r.max_rel = std::max(r.max_rel, err / std::max(std::abs(x), tol.rtol > 0 ? tol.atol / tol.rtol : 1e-30));
+    if (std::isfinite(x)) r.max_ref = std::max(r.max_ref, std::abs(x));
     if (r.worst < 0 || ratio > r.worst_ratio) {
       r.worst_ratio = ratio;
       r.worst = static_cast<std::int64_t>(i);
     }
     if (!(ratio <= 1.0)) r.mismatched += 1;
   }
+  r.max_rel = r.max_abs == 0 ? 0.0 : r.max_ref > 0 ? r.max_abs / r.max_ref : std::numeric_limits<double>::infinity();
   return r;
 }
 

@@ -10,6 +10,7 @@
 //   lvxattn   LvXAttnLayer (lvxattn)    any P                     none (contiguous)
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -21,7 +22,23 @@
 
 namespace diffcp {
 
+// One id per method. Every dispatch over the methods (the simulator's costs, sim/cp.cpp) is a
+// switch over it with no default: a method added here does not compile (-Werror=switch) until
+// each dispatch handles it. The test cp_method_dispatch_exhaustive compiles the dispatches with
+// the extra enumerator below and expects exactly that error.
+enum class CpMethodId : std::uint8_t {
+  splitkv,
+  ulysses,
+  ring,
+  ringx,
+  lvxattn,
+#ifdef DIFFCP_TEST_UNHANDLED_CP_METHOD
+  unhandled_for_test,
+#endif
+};
+
 struct CpMethod {
+  CpMethodId id;
   const char* name;            // "splitkv": what --method takes
   const char* title;           // "Split-KV": how tables and reports print it
   const char* default_layout;  // balancer (balance/balancer.hpp) that lays the context out as the method is usually run

@@ -21,6 +21,7 @@
 // Small all-reduces (lse, D) take 2 log2(P) latencies (a tree) plus their bytes.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "diffcp/sim/profile.hpp"
@@ -68,6 +69,12 @@ struct SimMachine {
   double overlapped(double compute_ms, double comm_ms) const;
   // Of a uniform collective's bytes, the fraction that crosses nodes: (P - R) / (P - 1).
   double inter_fraction() const;
+
+  // What a prediction on this machine should be told about its profile (empty: nothing): a link
+  // level it uses (inside a node when R > 1, across nodes when P > R; none at P = 1) that the
+  // profile says calibrate did not measure, and an attention shape (n_q, n_kv, d_h) other than the
+  // one the profile's kernel rates were measured at. Hand-written profiles say neither.
+  std::vector<std::string> fit_warnings(std::int64_t n_q, std::int64_t n_kv, std::int64_t d_h) const;
 };
 
 }  // namespace diffcp

@@ -6,9 +6,12 @@
 // compute classes gemm_tflops, attn_bwd_tflops (default: rank_tflops), gemm_n_half (default 0),
 // elementwise_gbs (default 0: not timed), kernel_us (default 0; a fixed cost per kernel call: with
 // gemm_n_half and the roofline, the size-dependent efficiency of sim/machine.hpp), comm_overlap
-// (default 1), sync_loss (default 0). `diffcp sim calibrate` writes every field, measured here.
+// (default 1), sync_loss (default 0), measured and attention_shape (below). `diffcp sim calibrate`
+// writes every field, and says in `measured` which it could not measure on its ranks.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -21,6 +24,8 @@ inline constexpr double kGemmWideWidth = 1024;
 // gemm_n_half from the measured rate ratio rho = rate(narrow) / rate(kGemmWideWidth) at a width
 // narrow < kGemmWideWidth: solves rho = narrow (W + h) / (W (narrow + h)); 0 when rho >= 1.
 double gemm_n_half_from_ratio(double narrow, double rho);
+
+inline constexpr const char* kMeasuredGroups[] = {"compute", "intra_link", "inter_link", "comm_overlap", "sync_loss"};
 
 struct Profile {
   std::string name, description, source, notes;
@@ -45,6 +50,13 @@ struct Profile {
   // rank, and on a shared host some segments stretch (system noise). 0 on a quiet machine;
   // calibrate measures it at its P (the loss grows with P, which is not modelled).
   double sync_loss = 0;
+  // What `diffcp sim calibrate` measured (true) and what it set from defaults or copied from the
+  // other link level (false), by group: compute, intra_link, inter_link, comm_overlap, sync_loss
+  // (kMeasuredGroups). Empty for profiles written by hand (published figures).
+  std::map<std::string, bool> measured;
+  // The attention shape the kernel rates (rank_tflops, attn_bwd_tflops) were measured at:
+  // calibrate's --n-q / --n-kv / --d-h (JSON "attention_shape"); 0: not recorded.
+  std::int64_t attn_n_q = 0, attn_n_kv = 0, attn_d_h = 0;
 
   // Throws diffcp::Error naming the source and the field: unknown fields, missing required ones,
   // non-positive rates, negative latencies.

@@ -30,12 +30,17 @@ Tolerance scaled_to(Tolerance t, std::span<const double> ref);
 
 struct CompareResult {
   double max_abs = 0;        // max |got - ref|
-  double max_rel = 0;        // max |got - ref| / max(|ref|, atol/rtol): relative where |ref| is not tiny
-  double worst_ratio = 0;    // max |got - ref| / (atol + rtol*|ref|); pass iff <= 1
+  double max_ref = 0;        // max |ref| over the finite reference values (the tensor's scale)
+  // Scale-relative error: max |got - ref| / max |ref| (0 when both are 0, inf when only the
+  // reference is all zeros). Elementwise |d| / |ref| of near-zero values would mean nothing.
+  double max_rel = 0;
+  double worst_ratio = 0;    // max |got - ref| / (atol + rtol*|ref|), the tolerance-normalised error; pass iff <= 1
   std::int64_t worst = -1;   // index of the worst element
   std::int64_t mismatched = 0;
   bool pass() const { return mismatched == 0; }
-  void merge(const CompareResult& o);  // combine over several tensors
+  // Combine over several tensors: the maxima (max_rel: the worst tensor's, each against its own
+  // scale) and the mismatch count.
+  void merge(const CompareResult& o);
 };
 
 template <typename T>

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""json_check.py [--rc N] EXPR... -- COMMAND...
+
+Runs COMMAND, requires its exit status to be N (default 0), reads the last line of its stdout
+that parses as JSON into `j`, and evaluates each Python EXPR with `j` (and math) in scope: every
+one must be true. Prints each expression with its verdict, then "json_check: passed" or exits 1.
+Unlike a ctest PASS_REGULAR_EXPRESSION, a failing program or a wrong number fails the test.
+"""
+import json
+import math
+import subprocess
+import sys
+
+
+def main(argv):
+    want_rc = 0
+    if argv[:1] == ["--rc"]:
+        want_rc, argv = int(argv[1]), argv[2:]
+    if "--" not in argv:
+        sys.exit("usage: json_check.py [--rc N] EXPR... -- COMMAND...")
+    split = argv.index("--")
+    exprs, cmd = argv[:split], argv[split + 1:]
+    if not exprs or not cmd:
+        sys.exit("json_check: give at least one EXPR and a COMMAND")
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+    sys.stderr.write(p.stderr[-4000:])
+    if p.returncode != want_rc:
+        print(p.stdout[-4000:])
+        sys.exit(f"json_check: exit status {p.returncode}, expected {want_rc}")
+    j = None
+    for line in reversed(p.stdout.strip().splitlines()):
+        try:
+            j = json.loads(line)
+            break
+        except ValueError:
+            continue
+    if j is None:
+        print(p.stdout[-4000:])
+        sys.exit("json_check: no JSON line in the output")
+    failed = 0
+    for e in exprs:
+        ok = bool(eval(e, {"math": math}, {"j": j}))  # noqa: S307 - the test's own expressions
+        print(f"  {'ok  ' if ok else 'FAIL'} {e}")
+        failed += not ok
+    if failed:
+        print(json.dumps(j)[:4000])
+        sys.exit(f"json_check: {failed} of {len(exprs)} expressions false")
+    print("json_check: passed")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
