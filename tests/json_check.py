@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""json_check.py [--rc N] EXPR... -- COMMAND...
+"""json_check.py [--rc N] [--file PATH] EXPR... -- COMMAND...
 
-Runs COMMAND, requires its exit status to be N (default 0), reads the last line of its stdout
-that parses as JSON into `j`, and evaluates each Python EXPR with `j` (and math) in scope: every
+Runs COMMAND, requires its exit status to be N (default 0), reads its stdout as JSON (the whole
+of it, else its last line that parses; with --file, the file PATH the command wrote) into `j`, and evaluates each Python EXPR with `j` (and math) in scope: every
 one must be true. Prints each expression with its verdict, then "json_check: passed" or exits 1.
 Unlike a ctest PASS_REGULAR_EXPRESSION, a failing program or a wrong number fails the test.
 """
@@ -13,11 +13,15 @@ import sys
 
 
 def main(argv):
-    want_rc = 0
-    if argv[:1] == ["--rc"]:
-        want_rc, argv = int(argv[1]), argv[2:]
+    want_rc, path = 0, None
+    while argv[:1] in (["--rc"], ["--file"]):
+        if argv[0] == "--rc":
+            want_rc = int(argv[1])
+        else:
+            path = argv[1]
+        argv = argv[2:]
     if "--" not in argv:
-        sys.exit("usage: json_check.py [--rc N] EXPR... -- COMMAND...")
+        sys.exit("usage: json_check.py [--rc N] [--file PATH] EXPR... -- COMMAND...")
     split = argv.index("--")
     exprs, cmd = argv[:split], argv[split + 1:]
     if not exprs or not cmd:
@@ -28,7 +32,15 @@ def main(argv):
         print(p.stdout[-4000:])
         sys.exit(f"json_check: exit status {p.returncode}, expected {want_rc}")
     j = None
-    for line in reversed(p.stdout.strip().splitlines()):
+    if path is not None:
+        with open(path) as f:
+            j = json.load(f)
+    else:
+        try:
+            j = json.loads(p.stdout)
+        except ValueError:
+            pass
+    for line in ([] if j is not None else reversed(p.stdout.strip().splitlines())):
         try:
             j = json.loads(line)
             break
@@ -39,7 +51,7 @@ def main(argv):
         sys.exit("json_check: no JSON line in the output")
     failed = 0
     for e in exprs:
-        ok = bool(eval(e, {"math": math}, {"j": j}))  # noqa: S307 - the test's own expressions
+        ok = bool(eval(e, {"math": math, "j": j}))  # noqa: S307 - the test's own expressions (j global: comprehensions see it)
         print(f"  {'ok  ' if ok else 'FAIL'} {e}")
         failed += not ok
     if failed:
