@@ -1,5 +1,6 @@
 // The fp64 reference of the drafter attention layer is itself checked: its backward equals central
 // finite differences of its forward (loss = sum(y * dy)) for X, the context and every parameter.
+// Its mask is SPEC A.1 written out from the batch, equal to the library's BlockMask (two derivations).
 // Plus properties of the fast ops it is compared with: RoPE's inverse undoes it, position 0 is
 // the identity.
 #include <gtest/gtest.h>
@@ -7,6 +8,8 @@
 #include "diffcp/testing/compare.hpp"
 #include "diffcp/core/random.hpp"
 #include "diffcp/testing/reference_layer.hpp"
+#include "diffcp/attention/mask.hpp"
+#include "diffcp/workload/batch.hpp"
 #include "diffcp/io/npy.hpp"
 #include "diffcp/ops/rope.hpp"
 
@@ -62,6 +65,34 @@ TEST(ReferenceLayer, BackwardMatchesFiniteDifferences) {
   }
   const CompareResult g = compare<double>(r.grad, fd, Tolerance{1e-4, 1e-3});  // O(hf^2) truncation
   EXPECT_TRUE(g.pass()) << "param grads: max abs err " << g.max_abs << " at " << g.worst;
+}
+
+// The layer reference's mask comes from SPEC A.1 and the batch's numbers, the kernels' from the
+// library's BlockMask (full_mask): two derivations, equal on random batches (uneven lengths, a
+// sample without anchors, anchors at the sample's start and blocks that overlap), and a wrong
+// library mask would make them differ.
+TEST(ReferenceLayer, SpecVisibilityEqualsTheLibrarysMaskIndependently) {
+  for (const std::uint64_t seed : {1, 2, 3}) {
+    PackedBatch b = make_random_batch(3, 40, 3, 4, 0.25, seed, 90);
+    b.lengths.push_back(9);  // a sample with no anchors: no block sees it
+    b.anchors.push_back({});
+    b.anchors[0] = {0, 1, 2};  // anchor at the start (sees no context), overlapping blocks
+    const DenseVisibility spec = spec_visibility(b), lib = dense_visibility(full_mask(b));
+    EXPECT_EQ(spec.blocks, lib.blocks);
+    EXPECT_EQ(spec.key_rows, lib.key_rows);
+    EXPECT_EQ(spec.visible, lib.visible) << "seed " << seed;
+    // Row 0 (anchor 0 of sample 0) sees only its own B block rows.
+    std::int64_t seen = 0;
+    for (std::int64_t j = 0; j < spec.key_rows; ++j) seen += spec.visible[static_cast<std::size_t>(j)];
+    EXPECT_EQ(seen, b.block);
+  }
+  // A mask that lets a block see its own anchor token (off by one) differs from the spec's.
+  const PackedBatch b = make_random_batch(2, 64, 2, 4, 0.25, 5);
+  const BlockMask good = full_mask(b);
+  std::vector<MaskBlock> blocks = good.blocks();
+  for (MaskBlock& m : blocks) m.ctx_end += 1;
+  const BlockMask off_by_one(good.block(), good.key_rows(), good.segments(), blocks);
+  EXPECT_NE(spec_visibility(b).visible, dense_visibility(off_by_one).visible);
 }
 
 TEST(Rope, InverseUndoesForwardAndPositionZeroIsIdentity) {

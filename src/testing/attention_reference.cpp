@@ -15,6 +15,9 @@ void check_size(const std::vector<double>& x, std::int64_t n, const char* name) 
   DIFFCP_CHECK(static_cast<std::int64_t>(x.size()) == n, "reference: ", name, " has ", x.size(),
                " elements, expected ", n);
 }
+void check_size_char(const std::vector<char>& x, std::int64_t n) {
+  DIFFCP_CHECK(static_cast<std::int64_t>(x.size()) == n, "reference: visibility has ", x.size(), " cells, expected ", n);
+}
 double dot(const double* a, const double* b, std::int64_t n) {
   double s = 0;
   for (std::int64_t c = 0; c < n; ++c) s += a[c] * b[c];
@@ -45,16 +48,35 @@ std::vector<char> reference_visibility(const BlockMask& mask) {
   return vis;
 }
 
+DenseVisibility dense_visibility(const BlockMask& mask) {
+  return {mask.num_blocks(), mask.block(), mask.key_rows(), reference_visibility(mask)};
+}
+
 void reference_attention_forward(const BlockMask& mask, const RefShape& s, const std::vector<double>& q,
                                  const std::vector<double>& k, const std::vector<double>& v,
                                  std::vector<double>& o, std::vector<double>& lse) {
-  const std::int64_t Q = mask.query_rows(), Lk = mask.key_rows(), B = mask.block(), d = s.d_h;
+  reference_attention_forward(dense_visibility(mask), s, q, k, v, o, lse);
+}
+
+void reference_attention_backward(const BlockMask& mask, const RefShape& s, const std::vector<double>& q,
+                                  const std::vector<double>& k, const std::vector<double>& v,
+                                  const std::vector<double>& dout, const std::vector<double>& lse,
+                                  const std::vector<double>& delta, std::vector<double>& dq,
+                                  std::vector<double>& dk, std::vector<double>& dv) {
+  reference_attention_backward(dense_visibility(mask), s, q, k, v, dout, lse, delta, dq, dk, dv);
+}
+
+void reference_attention_forward(const DenseVisibility& dv, const RefShape& s, const std::vector<double>& q,
+                                 const std::vector<double>& k, const std::vector<double>& v,
+                                 std::vector<double>& o, std::vector<double>& lse) {
+  const std::int64_t Q = dv.query_rows(), Lk = dv.key_rows, B = dv.block, d = s.d_h;
   const std::int64_t G = s.n_q / s.n_kv;
   check_size(q, Q * s.n_q * d, "q");
   check_size(k, Lk * s.n_kv * d, "k");
   check_size(v, Lk * s.n_kv * d, "v");
+  check_size_char(dv.visible, dv.blocks * Lk);
   const double scale = scale_of(s);
-  const auto vis = reference_visibility(mask);
+  const std::vector<char>& vis = dv.visible;
   o.assign(static_cast<std::size_t>(Q * s.n_q * d), 0.0);
   lse.assign(static_cast<std::size_t>(Q * s.n_q), -std::numeric_limits<double>::infinity());
   std::vector<double> score(static_cast<std::size_t>(Lk));
@@ -84,12 +106,12 @@ void reference_attention_forward(const BlockMask& mask, const RefShape& s, const
     }
 }
 
-void reference_attention_backward(const BlockMask& mask, const RefShape& s, const std::vector<double>& q,
+void reference_attention_backward(const DenseVisibility& visibility, const RefShape& s, const std::vector<double>& q,
                                   const std::vector<double>& k, const std::vector<double>& v,
                                   const std::vector<double>& dout, const std::vector<double>& lse,
                                   const std::vector<double>& delta, std::vector<double>& dq,
                                   std::vector<double>& dk, std::vector<double>& dv) {
-  const std::int64_t Q = mask.query_rows(), Lk = mask.key_rows(), B = mask.block(), d = s.d_h;
+  const std::int64_t Q = visibility.query_rows(), Lk = visibility.key_rows, B = visibility.block, d = s.d_h;
   const std::int64_t G = s.n_q / s.n_kv;
   check_size(q, Q * s.n_q * d, "q");
   check_size(dout, Q * s.n_q * d, "do");
@@ -97,8 +119,9 @@ void reference_attention_backward(const BlockMask& mask, const RefShape& s, cons
   check_size(v, Lk * s.n_kv * d, "v");
   check_size(lse, Q * s.n_q, "lse");
   check_size(delta, Q * s.n_q, "delta");
+  check_size_char(visibility.visible, visibility.blocks * Lk);
   const double scale = scale_of(s);
-  const auto vis = reference_visibility(mask);
+  const std::vector<char>& vis = visibility.visible;
   dq.assign(q.size(), 0.0);
   dk.assign(k.size(), 0.0);
   dv.assign(v.size(), 0.0);

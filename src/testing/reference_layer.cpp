@@ -87,6 +87,33 @@ void rope(Vec& x, const std::vector<std::int64_t>& pos, std::int64_t heads, std:
 
 }  // namespace
 
+// SPEC A.1's mask written out from the batch's own numbers (lengths, in-sample anchors, B), not
+// from the library's BlockMask, so that a bug in the mask code cannot hide in the reference.
+// Keys: the packed context (samples one after the other) and then the blocks' rows in block order
+// (samples in order, anchors in order); block i of sample u with anchor a sees the context keys of
+// sample u at in-sample positions < a, and its own B rows.
+DenseVisibility spec_visibility(const PackedBatch& batch) {
+  const std::int64_t B = batch.block;
+  std::int64_t S = 0, N = 0;
+  for (std::size_t u = 0; u < batch.lengths.size(); ++u) {
+    S += batch.lengths[u];
+    N += static_cast<std::int64_t>(batch.anchors[u].size());
+  }
+  DenseVisibility v{N, B, S + N * B, {}};
+  v.visible.assign(static_cast<std::size_t>(N * v.key_rows), 0);
+  std::int64_t i = 0, start = 0;
+  for (std::size_t u = 0; u < batch.lengths.size(); ++u) {
+    for (const std::int64_t a : batch.anchors[u]) {
+      char* row = &v.visible[static_cast<std::size_t>(i * v.key_rows)];
+      for (std::int64_t x = 0; x < a; ++x) row[start + x] = 1;        // context strictly before the anchor
+      for (std::int64_t k = 0; k < B; ++k) row[S + i * B + k] = 1;    // its own block, both ways
+      ++i;
+    }
+    start += batch.lengths[u];
+  }
+  return v;
+}
+
 ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const PackedBatch& batch,
                                                const AttnLayerParams& w, const Vec& x, const Vec& ctx, const Vec& dy) {
   using P = AttnLayerParams;
@@ -100,8 +127,9 @@ ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const
   std::vector<std::int64_t> qpos, kpos;
   for (std::size_t u = 0; u < batch.lengths.size(); ++u)
     for (std::int64_t t = 0; t < batch.lengths[u]; ++t) kpos.push_back(t);
-  for (const auto& b : batch.blocks())
-    for (std::int64_t k = 0; k < batch.block; ++k) qpos.push_back(b.anchor - b.sample_start + k);
+  for (std::size_t u = 0; u < batch.anchors.size(); ++u)
+    for (const std::int64_t a : batch.anchors[u])
+      for (std::int64_t k = 0; k < batch.block; ++k) qpos.push_back(a + k);
   kpos.insert(kpos.end(), qpos.begin(), qpos.end());
 
   Vec U(ctx);
@@ -116,7 +144,7 @@ ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const
   const Vec v = matmul(U, Wv, L, H, kvw);
 
   ReferenceLayerResult r;
-  const BlockMask mask = full_mask(batch);
+  const DenseVisibility mask = spec_visibility(batch);  // not the library's BlockMask
   const RefShape shape{cfg.n_q, cfg.n_kv, cfg.d_h};
   Vec o;
   reference_attention_forward(mask, shape, q, k, v, o, r.lse);

@@ -18,6 +18,21 @@ struct RefShape {
 // visible[i * L_k + j]: does block i see local key row j (dense, for reference use only).
 std::vector<char> reference_visibility(const BlockMask& mask);
 
+// Which key rows each block's queries see, dense: blocks x key_rows, row i * key_rows + j; the
+// queries are blocks x block rows in block order. From a BlockMask (reference_visibility), or
+// built straight from SPEC A.1 where the reference must not share the library's mask code
+// (testing/reference_layer.hpp).
+struct DenseVisibility {
+  std::int64_t blocks = 0, block = 0, key_rows = 0;
+  std::vector<char> visible;
+  std::int64_t query_rows() const { return blocks * block; }
+};
+DenseVisibility dense_visibility(const BlockMask& mask);
+
+void reference_attention_forward(const DenseVisibility& vis, const RefShape& shape,
+                                 const std::vector<double>& q, const std::vector<double>& k,
+                                 const std::vector<double>& v, std::vector<double>& o,
+                                 std::vector<double>& lse);
 void reference_attention_forward(const BlockMask& mask, const RefShape& shape,
                                  const std::vector<double>& q, const std::vector<double>& k,
                                  const std::vector<double>& v, std::vector<double>& o,
@@ -25,6 +40,12 @@ void reference_attention_forward(const BlockMask& mask, const RefShape& shape,
 
 // With the GLOBAL lse and delta (as the kernel's backward): P = exp(scale*q.k - lse),
 // dS = P * (do.v - delta); dq = scale*dS k, dk = scale*dS^T q, dv = P^T do.
+void reference_attention_backward(const DenseVisibility& vis, const RefShape& shape,
+                                  const std::vector<double>& q, const std::vector<double>& k,
+                                  const std::vector<double>& v, const std::vector<double>& dout,
+                                  const std::vector<double>& lse, const std::vector<double>& delta,
+                                  std::vector<double>& dq, std::vector<double>& dk,
+                                  std::vector<double>& dv);
 void reference_attention_backward(const BlockMask& mask, const RefShape& shape,
                                   const std::vector<double>& q, const std::vector<double>& k,
                                   const std::vector<double>& v, const std::vector<double>& dout,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "diffcp/cp/attention_layer.hpp"
+#include "diffcp/testing/attention_reference.hpp"
 
 namespace diffcp {
 
@@ -15,6 +16,10 @@ struct ReferenceLayerResult {
   std::vector<double> dctx;  // [S, H]
   std::vector<double> grad;  // parameter gradients, in AttnLayerParams' layout
 };
+
+// SPEC A.1's visibility built from the batch's lengths, anchors and block alone (no BlockMask):
+// what the layer reference attends with, so that a bug in attention/mask.cpp cannot be shared.
+DenseVisibility spec_visibility(const PackedBatch& batch);
 
 //   x: [Q, H] block rows in block order   ctx: [S, H] packed context   dy: [Q, H]
 ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const PackedBatch& batch,
