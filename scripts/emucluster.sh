@@ -25,7 +25,7 @@
 # transport). Ranks are pinned one per core when N*R <= cores; otherwise
 # they float and timings are oversubscribed (a warning says so).
 #
-# Rates. A profile (profiles/*.json, fields in README "Emulated cluster") gives a real cluster's link
+# Rates. A profile (profiles/*.json, fields in docs/emucluster.md) gives a real cluster's link
 # rates and its accelerators' attainable FLOP/s. --scale auto measures this machine's per-rank
 # attention-kernel rate (bench_attention on one core) and multiplies every bandwidth by
 # local FLOP/s / profile FLOP/s, so communication/computation matches the real cluster; --scale F

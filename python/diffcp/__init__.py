@@ -1,6 +1,6 @@
 """diffcp: communication-efficient parallel attention for diffusion models.
 
-The Python face of the C++ library (see README.md, "Python"):
+The Python face of the C++ library (see docs/python.md):
 
 * :func:`plan` — load-balance one packed DFlash micro-batch over ``P`` context-parallel ranks
   (SPEC A.3): what a PyTorch trainer calls every step to lay out its context.

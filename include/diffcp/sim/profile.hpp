@@ -1,5 +1,5 @@
 // A cluster profile: the rates `diffcp sim` predicts with and the links scripts/emucluster.sh
-// emulates, one JSON format for both (profiles/*.json; README "Emulated cluster").
+// emulates, one JSON format for both (profiles/*.json; docs/emucluster.md).
 //
 // Required: name, rank_tflops, intra_gbit, inter_gbit. Optional: description, source, notes
 // (text), ranks_per_node (default 1), intra_latency_us, inter_latency_us (default 0), and the
