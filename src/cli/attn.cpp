@@ -115,7 +115,7 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       {"peak_reset", run.peak_reset}};
 
   const bool pass = run.check_passed;
-  if (opt.method == "splitkv") {
+  if (method.splitkv_options) {
     out["predicted_inter_bytes_per_layer"] = run.predicted_inter_bytes_per_layer;
     out["oproj"] = run.oproj;
     out["collectives"] = run.collectives;
@@ -133,8 +133,11 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
     }
     const auto y = gather_rows(world, run.y_p, H, blk_ranges, Q), dx = gather_rows(world, run.dx_p, H, blk_ranges, Q);
     const auto dctx = gather_rows(world, run.dctx_p, H, run.chunks_of_rank, S);
-    // Only Split-KV saves the lse of its rows (the baselines keep per-step partials).
-    const bool has_lse = opt.method == "splitkv";
+    // Only a method that keeps the global lse has one (Split-KV; the baselines keep per-step
+    // partials): decided alike on every rank (a rank may own no rows).
+    std::vector<std::int64_t> lse_values{static_cast<std::int64_t>(run.lse.size())};
+    world.all_reduce<std::int64_t>(lse_values);
+    const bool has_lse = lse_values[0] > 0;
     const auto lse = has_lse ? gather_rows(world, run.lse, cfg.n_q, blk_ranges, Q) : std::vector<float>{};
     if (p == 0) {
       const std::string d = opt.dump + "/";
@@ -180,7 +183,7 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       std::printf("  time (median of %d after %d warm-up, slowest rank): forward %.2f ms, backward %.2f ms, step %.2f ms, "
                   "exposed communication %.2f ms\n",
                   opt.reps, opt.warmup, run.fwd_ms, run.bwd_ms, run.step_ms, run.exposed_comm_ms);
-      if (opt.method == "splitkv")
+      if (method.splitkv_options)
         std::printf("  bytes per layer per rank: %.0f measured, %.0f predicted (cp/splitkv.hpp); to other nodes: %.0f "
                     "measured, %.0f predicted; %s, oproj %s, %s collectives\n",
                     run.bytes_per_layer, run.predicted_bytes_per_layer, run.inter_bytes_per_layer,

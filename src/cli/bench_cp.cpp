@@ -74,7 +74,7 @@ int run_bench_cp(Communicator& world, const BenchCpOptions& opt) {
     Entry e{m, "", method.unsupported_reason(cfg, P)};
     DIFFCP_CHECK(all || e.reason.empty(), "--methods ", m, ": ", e.reason,
                  " (drop it from --methods, or use --methods all to list it as unsupported)");
-    e.layout = !opt.layout_for_all.empty() ? opt.layout_for_all : m == "splitkv" ? o.balancer : method.default_layout;
+    e.layout = !opt.layout_for_all.empty() ? opt.layout_for_all : method.splitkv_options ? o.balancer : method.default_layout;
     if (e.reason.empty()) plan_layout(batch, e.layout, P, o.J);  // throws for a bad layout or J
     entries.push_back(e);
   }
@@ -119,7 +119,7 @@ int run_bench_cp(Communicator& world, const BenchCpOptions& opt) {
                 {"peak_bytes", run.peak_bytes}, {"run_peak_bytes", run.run_peak_bytes}, {"peak_reset", run.peak_reset},
                 {"check_passed", run.checked ? Json(run.check_passed) : Json()},
 });
-    if (e.method == "splitkv")
+    if (cp_method(e.method).splitkv_options)
       row.update({{"predicted_inter_bytes_per_layer", run.predicted_inter_bytes_per_layer}, {"oproj", run.oproj},
                   {"collectives", run.collectives}});
     if (run.checked)

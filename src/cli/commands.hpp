@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "diffcp/comm/communicator.hpp"
+#include "diffcp/core/stats.hpp"
 #include "diffcp/drafter/trainer.hpp"
 #include "diffcp/testing/compare.hpp"
 
@@ -23,8 +24,6 @@ struct CountRange {
   std::int64_t min, max;
 };
 CountRange parse_range(const std::string& text, const char* flag);
-// The median of timings (the upper one of an even count); v must not be empty.
-double median(std::vector<double> v);
 
 // What every printed check adds to its JSON object `out` (`attn`, `bench cp`, `dit --compare /
 // --reference`), from a comparison already reduced over ranks and tensors: check_passed,

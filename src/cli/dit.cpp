@@ -18,6 +18,7 @@
 #include "cli/commands.hpp"
 #include "diffcp/dit/image.hpp"
 #include "diffcp/dit/metrics.hpp"
+#include "diffcp/dit/run.hpp"
 #include "diffcp/dit/sampler.hpp"
 #include "diffcp/dit/vmajor.hpp"
 #include "diffcp/io/npy.hpp"
@@ -113,28 +114,6 @@ std::vector<float> read_input(const std::string& path, const char* flag, std::ve
     return v;
   }
   DIFFCP_FAIL(flag, " '", path, "': shape ", shape_str(shape), ", expected ", legend);
-}
-
-// One sampling run with the given exchange: the final latent gathered on every rank, the timings
-// (per step: max over ranks) and the exchange's counters.
-struct RunResult {
-  std::vector<float> latent;  // [b, N_img, C_in]
-  std::vector<double> step_ms, comm_ms;
-  ExchangeStats stats;
-  std::uint64_t cache_bytes = 0;  // this rank's
-};
-
-RunResult sample(Communicator& world, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
-                 const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt) {
-  DitModel model(w, shape, ex);
-  std::vector<float> x_p = shard_latent(noise, w.config(), shape, model.shard());
-  ex.reset_stats();
-  const SampleTimings t = euler_sample(model, x_p, cond, opt);
-  RunResult r{gather_latent(world, x_p, w.config(), shape, model.shard()), t.step_ms, t.comm_ms, ex.stats(),
-              ex.cache_bytes()};
-  world.all_reduce<double>(r.step_ms, ReduceOp::max);
-  world.all_reduce<double>(r.comm_ms, ReduceOp::max);
-  return r;
 }
 
 // The run's inputs: conditioning and noise from the user's .npy files or made here (hashed prompt,
@@ -264,78 +243,77 @@ void add_dit_command(CLI::App& app) {
   c->add_flag("--json", o.json, "print one JSON object");
 }
 
-int run_dit(Communicator& world) {
-  const DitOptions& o = g_opt;
-  // Everything that can be refused is checked here, identically on every rank, before any
-  // communication: the mode, the shapes, P | heads and tokens, the checkpoint's header, the input
-  // and reference files.
-  const ExchangeMode mode = parse_exchange_mode(o.mode);
-  const CacheSchedule schedule{parse_cache_schedule(o.cache_schedule), o.cache_ratio, o.warmup, o.sync_every};
-  schedule.validate();
+namespace {
+
+// Everything a run needs, resolved and checked identically on every rank before any
+// communication: the mode, the shapes, P | heads and tokens, the checkpoint's header, the input
+// and reference files, --compare's reference run.
+struct DitPlan {
+  ExchangeMode mode = ExchangeMode::flat;
+  CacheSchedule schedule;
+  std::unique_ptr<SafeTensorsSet> ck;
+  DitConfig cfg;
+  std::string schedule_name;
+  DitInputs in;
+  SampleOptions opt;
+  UspDegrees deg;
+  DitShard shard;
+  std::optional<DitReferenceRun> compare_ref;  // --compare flat
+  std::vector<float> reference;                // --reference's latent
+};
+
+DitPlan plan_dit(Communicator& world, const DitOptions& o) {
+  DitPlan pl;
+  pl.mode = parse_exchange_mode(o.mode);
+  pl.schedule = {parse_cache_schedule(o.cache_schedule), o.cache_ratio, o.warmup, o.sync_every};
+  pl.schedule.validate();
   DIFFCP_CHECK(o.compare.empty() || o.compare == "flat", "--compare '", o.compare, "': only flat is supported");
   DIFFCP_CHECK(o.compare.empty() || o.reference.empty(), "--compare and --reference: give one of them");
   DIFFCP_CHECK(o.dtype == "f32" || o.dtype == "bf16", "--dtype '", o.dtype, "': expected f32 or bf16");
-  const std::unique_ptr<SafeTensorsSet> ck = o.weights.empty() ? nullptr : std::make_unique<SafeTensorsSet>(o.weights);
-  const DitConfig cfg = resolve_config(o, ck.get());
+  pl.ck = o.weights.empty() ? nullptr : std::make_unique<SafeTensorsSet>(o.weights);
+  pl.cfg = resolve_config(o, pl.ck.get());
+  const DitConfig& cfg = pl.cfg;
   DIFFCP_CHECK(cfg.guidance_embed || !given(g_guidance_opt, o.guidance), "--guidance ", o.guidance,
                ": this model has no guidance_in (not guidance-distilled, e.g. FLUX.1-schnell); drop --guidance");
   DIFFCP_CHECK(std::isfinite(o.guidance), "--guidance ", o.guidance, ", expected a finite number");
   // auto: FLUX's shifted schedule for guidance-distilled models (FLUX.1-dev), linear otherwise (schnell).
-  const std::string schedule_name = o.schedule == "auto" ? (cfg.guidance_embed ? "flux" : "linear") : o.schedule;
-  const DitInputs in = read_inputs(o, cfg);
-  const DitShape& shape = in.shape;
-  SampleOptions opt{flow_schedule(o.steps, parse_time_schedule(schedule_name), shape.image_tokens()), o.guidance, {},
-                    o.dtype == "bf16" ? DType::bf16 : DType::f32};
-  const UspDegrees deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree),
-                                             given(g_ring_opt, o.ring_degree));
-  const DitShard shard = make_dit_shard(cfg, shape, world.size(), world.rank(), deg.ulysses);  // U | heads, P | tokens
-  if (ck) check_dit_checkpoint(cfg, *ck);  // names every missing, extra or misshapen tensor
+  pl.schedule_name = o.schedule == "auto" ? (cfg.guidance_embed ? "flux" : "linear") : o.schedule;
+  pl.in = read_inputs(o, cfg);
+  const DitShape& shape = pl.in.shape;
+  pl.opt = {flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()), o.guidance, {},
+            o.dtype == "bf16" ? DType::bf16 : DType::f32};
+  pl.deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree), given(g_ring_opt, o.ring_degree));
+  pl.shard = make_dit_shard(cfg, shape, world.size(), world.rank(), pl.deg.ulysses);  // U | heads, P | tokens
+  if (pl.ck) check_dit_checkpoint(cfg, *pl.ck);  // names every missing, extra or misshapen tensor
   // --compare flat: a genuine reference, never this run's own configuration (refused where none).
-  const std::optional<DitReferenceRun> compare_ref =
-      o.compare.empty() ? std::nullopt : std::optional<DitReferenceRun>(flat_reference_for(mode, deg, world.size(), cfg.heads));
-  std::vector<float> reference;
+  if (!o.compare.empty()) pl.compare_ref = flat_reference_for(pl.mode, pl.deg, world.size(), cfg.heads);
   if (!o.reference.empty()) {
     std::vector<std::int64_t> s;
     const std::string legend = "[b, N_img, C_in] = " + shape_str({shape.batch, shape.image_tokens(), cfg.in_channels()});
-    reference = read_input(o.reference, "--reference", s, {{shape.batch, shape.image_tokens(), cfg.in_channels()}}, legend.c_str());
+    pl.reference = read_input(o.reference, "--reference", s, {{shape.batch, shape.image_tokens(), cfg.in_channels()}}, legend.c_str());
   }
-  const DitLayout layout(cfg);
-  // Every rank holds all weights in f32 (Ulysses and Ring split tokens and heads of the
-  // activations, not the weights) and the model's activation buffers (dit/model.hpp).
-  const std::int64_t Mp = shape.batch * shard.tokens_p(), H = cfg.hidden();
-  const double weight_bytes = 4.0 * static_cast<double>(layout.total);
-  const double act_bytes = 4.0 * static_cast<double>(Mp * (4 * H + 3 * H + cfg.mlp_hidden));
-  if (o.dry_run) {
-    if (world.rank() == 0) {
-      const nlohmann::ordered_json j{{"dry_run", true}, {"config", cfg.to_json()}, {"flux_params", cfg.to_flux_params()},
-                                     {"parameters", layout.parameters}, {"weights", o.weights.empty() ? "random" : o.weights},
-                                     {"weight_bytes_per_rank", weight_bytes}, {"activation_bytes_per_rank", act_bytes},
-                                     {"P", world.size()}, {"ulysses_degree", deg.ulysses}, {"ring_degree", deg.ring},
-                                     {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
-                                     {"image_tokens", shape.image_tokens()}, {"text_tokens", shape.text_tokens},
-                                     {"schedule", schedule_name}, {"timesteps", opt.timesteps}};
-      std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(1).c_str());
-    }
-    return 0;
-  }
-  DitWeights w(cfg);
-  if (ck)
-    w.load(*ck);
-  else
-    w.init_random(o.weight_seed);
+  return pl;
+}
 
-  const auto ex = make_attention_exchange(mode, world, o.group_size, schedule, deg.ulysses);
-  const std::vector<float> noise = in.noise.empty() ? initial_noise(cfg, shape, o.seed) : in.noise;
-  opt.on_velocity = velocity_dumper(world, o, schedule_name, cfg, shape, shard, opt);
-  const RunResult run = sample(world, w, shape, *ex, in.cond, noise, opt);
+void print_dry_run(Communicator& world, const DitOptions& o, const DitPlan& pl) {
+  if (world.rank() != 0) return;
+  const DitShape& shape = pl.in.shape;
+  const DitMemory mem = dit_memory_per_rank(pl.cfg, shape, pl.shard);
+  const nlohmann::ordered_json j{{"dry_run", true}, {"config", pl.cfg.to_json()}, {"flux_params", pl.cfg.to_flux_params()},
+                                 {"parameters", DitLayout(pl.cfg).parameters}, {"weights", o.weights.empty() ? "random" : o.weights},
+                                 {"weight_bytes_per_rank", mem.weight_bytes}, {"activation_bytes_per_rank", mem.activation_bytes},
+                                 {"P", world.size()}, {"ulysses_degree", pl.deg.ulysses}, {"ring_degree", pl.deg.ring},
+                                 {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
+                                 {"image_tokens", shape.image_tokens()}, {"text_tokens", shape.text_tokens},
+                                 {"schedule", pl.schedule_name}, {"timesteps", pl.opt.timesteps}};
+  std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(1).c_str());
+}
 
-  const std::int64_t side_h = shape.grid_h() * cfg.patch, side_w = shape.grid_w() * cfg.patch;
-  const std::vector<float> rgb = latent_to_rgb(run.latent, cfg, shape);
-  if (world.rank() == 0) {
-    if (!o.out.empty()) write_png(o.out, tile_rgb8(rgb, shape.batch, side_h, side_w).data(), shape.batch * side_w, side_h);
-    if (!o.save_latent.empty()) write_npy(o.save_latent, run.latent.data(), {shape.batch, shape.image_tokens(), cfg.in_channels()});
-  }
-
+// The run's report (printed as JSON or text): times, bytes per link class against their closed
+// forms, the cache, V-First's overlap; the keys print in the documented order (docs/dit.md).
+nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, const DitPlan& pl, const DitRun& run,
+                                   const AttentionExchange& ex) {
+  const DitShape& shape = pl.in.shape;
   // Per rank per denoising step, averaged over ranks.
   std::vector<double> per_step{static_cast<double>(run.stats.bytes_intra), static_cast<double>(run.stats.bytes_inter),
                                static_cast<double>(run.stats.messages), static_cast<double>(run.stats.ring_bytes)};
@@ -344,157 +322,189 @@ int run_dit(Communicator& world) {
   // Cache memory: the largest over ranks. V-First: fraction of V phase-1s complete before the wait.
   std::vector<double> maxes{static_cast<double>(run.cache_bytes)};
   world.all_reduce<double>(maxes, ReduceOp::max);
-  std::vector<double> vsum{static_cast<double>(run.stats.v_hidden), static_cast<double>(run.stats.v_started),
-                           run.stats.v_wait_ms};
+  std::vector<double> vsum{static_cast<double>(run.stats.v_hidden), static_cast<double>(run.stats.v_started), run.stats.v_wait_ms};
   world.all_reduce<double>(vsum);
-  // The closed forms of the bytes across groups per rank per step: TAPA's, and this run's (cocodiff:
-  // the schedule's prediction; the other modes move TAPA's). USP: the exchange's U ranks in groups
-  // of min(L, U), plus Ring's K|V (full in every mode), counted across groups for the share of ranks
-  // whose ring successor lies in another link group.
-  const std::int64_t n_tok = shape.batch * shard.tokens_p();
-  const std::int64_t hdim = cfg.hidden() / deg.ulysses, layers = cfg.double_blocks + cfg.single_blocks;
-  VMajorBytes tapa_b =
-      vmajor_predicted_bytes(deg.ulysses, ex->group_size(), n_tok, hdim, layers, schedule, o.steps, false, opt.compute);
-  VMajorBytes pred_b = vmajor_predicted_bytes(deg.ulysses, ex->group_size(), n_tok, hdim, layers, schedule, o.steps,
-                                              mode == ExchangeMode::cocodiff, opt.compute);
-  const std::uint64_t ring_b =
-      static_cast<std::uint64_t>(o.steps * layers) * ring_kv_bytes(deg.ring, n_tok, cfg.hidden(), opt.compute);
-  int ring_inter_ranks = 0;
-  for (int p = 0; p < world.size(); ++p) ring_inter_ranks += !ring_next_in_group(p, deg.ulysses, deg.ring, ex->link_group_size());
-  const std::uint64_t ring_inter = ring_b * static_cast<std::uint64_t>(ring_inter_ranks) / static_cast<std::uint64_t>(world.size());
-  for (VMajorBytes* b : {&tapa_b, &pred_b}) b->inter += ring_inter;
-  const double inv = 1.0 / o.steps;
+  const DitBytesPrediction pred = dit_predicted_bytes(pl.cfg, shape, pl.shard, pl.deg, world.size(), pl.mode, pl.schedule,
+                                                      o.steps, ex.group_size(), ex.link_group_size(), pl.opt.compute);
+  double total = 0, mean_comm = 0;
+  for (const double v : run.step_ms) total += v;
+  for (const double v : run.comm_ms) mean_comm += v / o.steps;
+  const bool cocodiff = pl.mode == ExchangeMode::cocodiff;
+  return {{"mode", exchange_mode_name(pl.mode)},
+          {"P", world.size()},
+          {"group_size", ex.link_group_size()},
+          {"steps", o.steps},
+          {"step_ms", median(run.step_ms)},
+          {"bytes_intra_group", per_step[0]},
+          {"bytes_inter_group", per_step[1]},
+          {"messages", per_step[2]},
+          {"cache_bytes_per_rank", static_cast<std::uint64_t>(maxes[0])},
+          {"exposed_comm_ms", median(run.comm_ms)},
+          {"mean_exposed_comm_ms", mean_comm},
+          {"v_wait_ms", vsum[2] / world.size() / o.steps},
+          {"v_phase1_hidden", vsum[1] > 0 ? vsum[0] / vsum[1] : 0.0},
+          {"ulysses_degree", pl.deg.ulysses},
+          {"ring_degree", pl.deg.ring},
+          {"ring_bytes", per_step[3]},
+          {"predicted_ring_bytes", pred.ring},
+          {"predicted_bytes_inter_group", pred.inter},
+          {"tapa_bytes_inter_group", pred.tapa_inter},
+          {"predicted_inter_ratio_vs_tapa", pred.inter_ratio()},
+          {"measured_inter_ratio_vs_tapa", per_step[1] > 0 ? pred.tapa_inter / per_step[1] : 1.0},
+          {"predicted_qkv_inter_ratio_vs_tapa", pred.qkv_ratio},
+          {"cache_schedule", cocodiff ? cache_schedule_name(pl.schedule.kind) : "none"},
+          {"cache_ratio", pl.schedule.ratio},
+          {"warmup", pl.schedule.warmup},
+          {"sync_every", pl.schedule.sync_every},
+          {"total_ms", total},
+          {"resolution", shape.width == shape.height ? nlohmann::ordered_json(shape.width) : nlohmann::ordered_json(nullptr)},
+          {"width", shape.width},
+          {"height", shape.height},
+          {"schedule", pl.schedule_name},
+          {"guidance", pl.cfg.guidance_embed ? nlohmann::ordered_json(o.guidance) : nlohmann::ordered_json(nullptr)},
+          {"batch", shape.batch},
+          {"image_tokens", shape.image_tokens()},
+          {"text_tokens", shape.text_tokens},
+          {"weights", o.weights.empty() ? "random" : o.weights},
+          {"dtype", o.dtype},
+          {"parameters", DitLayout(pl.cfg).parameters},
+          {"config", pl.cfg.to_json()},
+          {"out", o.out}};
+}
 
-  // ordered_json: the keys print in the documented order.
-  nlohmann::ordered_json j{{"mode", exchange_mode_name(mode)},
-                   {"P", world.size()},
-                   {"group_size", ex->link_group_size()},
-                   {"steps", o.steps},
-                   {"step_ms", median(run.step_ms)},
-                   {"bytes_intra_group", per_step[0]},
-                   {"bytes_inter_group", per_step[1]},
-                   {"messages", per_step[2]},
-                   {"cache_bytes_per_rank", static_cast<std::uint64_t>(maxes[0])},
-                   {"exposed_comm_ms", median(run.comm_ms)},
-                   {"mean_exposed_comm_ms", [&] { double s = 0; for (double v : run.comm_ms) s += v; return s / o.steps; }()},
-                   {"v_wait_ms", vsum[2] / world.size() / o.steps},
-                   {"v_phase1_hidden", vsum[1] > 0 ? vsum[0] / vsum[1] : 0.0},
-                   {"ulysses_degree", deg.ulysses},
-                   {"ring_degree", deg.ring},
-                   {"ring_bytes", per_step[3]},
-                   {"predicted_ring_bytes", ring_b * inv},
-                   {"predicted_bytes_inter_group", pred_b.inter * inv},
-                   {"tapa_bytes_inter_group", tapa_b.inter * inv},
-                   {"predicted_inter_ratio_vs_tapa", pred_b.inter > 0 ? static_cast<double>(tapa_b.inter) / pred_b.inter : 1.0},
-                   {"measured_inter_ratio_vs_tapa", per_step[1] > 0 ? tapa_b.inter * inv / per_step[1] : 1.0},
-                   {"predicted_qkv_inter_ratio_vs_tapa", pred_b.inter_qkv > 0 ? static_cast<double>(tapa_b.inter_qkv) / pred_b.inter_qkv : 1.0},
-                   {"cache_schedule", mode == ExchangeMode::cocodiff ? cache_schedule_name(schedule.kind) : "none"},
-                   {"cache_ratio", schedule.ratio},
-                   {"warmup", schedule.warmup},
-                   {"sync_every", schedule.sync_every},
-                   {"total_ms", [&] { double s = 0; for (double v : run.step_ms) s += v; return s; }()},
-                   {"resolution", shape.width == shape.height ? nlohmann::ordered_json(shape.width) : nlohmann::ordered_json(nullptr)},
-                   {"width", shape.width},
-                   {"height", shape.height},
-                   {"schedule", schedule_name},
-                   {"guidance", cfg.guidance_embed ? nlohmann::ordered_json(o.guidance) : nlohmann::ordered_json(nullptr)},
-                   {"batch", shape.batch},
-                   {"image_tokens", shape.image_tokens()},
-                   {"text_tokens", shape.text_tokens},
-                   {"weights", o.weights.empty() ? "random" : o.weights},
-                   {"dtype", o.dtype},
-                   {"parameters", layout.parameters},
-                   {"config", cfg.to_json()},
-                   {"out", o.out}};
-
-  bool passed = true;
-  if (!o.compare.empty() || !o.reference.empty()) {
-    std::vector<float> ref_latent;
-    std::string reference_run = "the latent in " + o.reference;
-    if (!o.compare.empty()) {
-      SampleOptions flat_opt = opt;
-      flat_opt.on_velocity = {};  // --dump-velocity: the run above only
-      reference_run = compare_ref->describe(world.size());
-      if (compare_ref->single_rank) {
-        // Every rank samples the whole image alone (P = 1); all of them hold the same latent.
-        const std::unique_ptr<Communicator> self = world.split(world.rank(), 0, "compare.self");
-        const auto flat = make_attention_exchange(ExchangeMode::flat, *self, 1, schedule, 1);
-        ref_latent = sample(*self, w, shape, *flat, in.cond, noise, flat_opt).latent;
-      } else {
-        const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex->link_group_size(), schedule,
-                                                  compare_ref->deg.ulysses);
-        ref_latent = sample(world, w, shape, *flat, in.cond, noise, flat_opt).latent;
-      }
+// --compare flat / --reference: the reference latent (sampled here, or the file's), the
+// comparison into `j`; false when the latent check fails.
+bool compare_with_reference(Communicator& world, const DitOptions& o, DitPlan& pl, const DitWeights& w,
+                            const std::vector<float>& noise, const DitRun& run, const AttentionExchange& ex,
+                            nlohmann::ordered_json& j) {
+  std::vector<float> ref_latent;
+  std::string reference_run = "the latent in " + o.reference;
+  if (pl.compare_ref) {
+    SampleOptions flat_opt = pl.opt;
+    flat_opt.on_velocity = {};  // --dump-velocity: the run itself only
+    reference_run = pl.compare_ref->describe(world.size());
+    if (pl.compare_ref->single_rank) {
+      // Every rank samples the whole image alone (P = 1); all of them hold the same latent.
+      const std::unique_ptr<Communicator> self = world.split(world.rank(), 0, "compare.self");
+      const auto flat = make_attention_exchange(ExchangeMode::flat, *self, 1, pl.schedule, 1);
+      ref_latent = run_dit_sampling(*self, w, pl.in.shape, *flat, pl.in.cond, noise, flat_opt).latent;
     } else {
-      ref_latent = std::move(reference);
+      const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex.link_group_size(), pl.schedule,
+                                                pl.compare_ref->deg.ulysses);
+      ref_latent = run_dit_sampling(world, w, pl.in.shape, *flat, pl.in.cond, noise, flat_opt).latent;
     }
-    const DitComparison c = compare_dit_latents(run.latent, ref_latent, cfg, shape, dit_check_tolerance(mode, schedule, opt.compute));
-    passed = c.pass();
-    // JSON has no infinity: identical images give "psnr": null (documented in docs/dit.md).
-    j["psnr"] = std::isinf(c.psnr) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(c.psnr);
-    j["ssim"] = c.ssim;
-    j["mse"] = c.mse;
-    j["max_abs_diff"] = c.max_abs_diff;
-    j["compared_with"] = o.compare.empty() ? o.reference : "flat";
-    j["reference_run"] = reference_run;
-    if (c.tolerance) {
-      add_check_json(j, passed, c.latent.max_abs, c.latent.max_rel, c.latent.worst_ratio, c.latent.mismatched, *c.tolerance,
-                     "max(1, max|reference latent|)");
-    } else {
-      j["check_passed"] = nullptr;  // lossy by design (V-Major reuses stale rows): PSNR / SSIM only
-      j["tolerance"] = nullptr;
-    }
+  } else {
+    ref_latent = std::move(pl.reference);
   }
+  const DitComparison c = compare_dit_latents(run.latent, ref_latent, pl.cfg, pl.in.shape,
+                                              dit_check_tolerance(pl.mode, pl.schedule, pl.opt.compute));
+  // JSON has no infinity: identical images give "psnr": null (documented in docs/dit.md).
+  j["psnr"] = std::isinf(c.psnr) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(c.psnr);
+  j["ssim"] = c.ssim;
+  j["mse"] = c.mse;
+  j["max_abs_diff"] = c.max_abs_diff;
+  j["compared_with"] = o.compare.empty() ? o.reference : "flat";
+  j["reference_run"] = reference_run;
+  if (c.tolerance) {
+    add_check_json(j, c.pass(), c.latent.max_abs, c.latent.max_rel, c.latent.worst_ratio, c.latent.mismatched, *c.tolerance,
+                   "max(1, max|reference latent|)");
+  } else {
+    j["check_passed"] = nullptr;  // lossy by design (V-Major reuses stale rows): PSNR / SSIM only
+    j["tolerance"] = nullptr;
+  }
+  return c.pass();
+}
 
-  const int rc = passed ? 0 : 2;
-  if (world.rank() != 0) return rc;
-  if (o.json) {
-    std::printf("%s\n", j.dump().c_str());
-    return rc;
-  }
+void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_json& j, const AttentionExchange& ex,
+                int P, bool passed) {
+  const DitShape& shape = pl.in.shape;
+  const DitConfig& cfg = pl.cfg;
   std::printf("diffcp dit: mode %s, %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps (%s schedule)\n",
-              exchange_mode_name(mode), o.dtype == "bf16" ? "bf16 GEMMs, attention and exchanges" : "f32", world.size(), ex->link_group_size(), static_cast<long long>(shape.width),
-              static_cast<long long>(shape.height), static_cast<long long>(shape.image_tokens()),
-              static_cast<long long>(shape.text_tokens), static_cast<long long>(shape.batch), o.steps, schedule_name.c_str());
-  if (o.weights.empty())
+              exchange_mode_name(pl.mode), o.dtype == "bf16" ? "bf16 GEMMs, attention and exchanges" : "f32", P,
+              ex.link_group_size(), static_cast<long long>(shape.width), static_cast<long long>(shape.height),
+              static_cast<long long>(shape.image_tokens()), static_cast<long long>(shape.text_tokens),
+              static_cast<long long>(shape.batch), o.steps, pl.schedule_name.c_str());
+  if (o.weights.empty()) {
     std::printf("  weights: RANDOM (seeded init, --weight-seed %llu; no --weights given)\n",
                 static_cast<unsigned long long>(o.weight_seed));
-  else
+  } else {
+    const DitMemory mem = dit_memory_per_rank(cfg, shape, pl.shard);
     std::printf("  weights: %s (%lld parameters, %.2f GB f32 on every rank; activations %.2f GB per rank)\n", o.weights.c_str(),
-                static_cast<long long>(layout.parameters), weight_bytes / 1e9, act_bytes / 1e9);
+                static_cast<long long>(j["parameters"].get<std::int64_t>()), mem.weight_bytes / 1e9, mem.activation_bytes / 1e9);
+  }
   std::printf("  step %.1f ms (median over steps, slowest rank), exposed communication %.2f ms/step, total %.2f s\n",
               j["step_ms"].get<double>(), j["exposed_comm_ms"].get<double>(), j["total_ms"].get<double>() / 1e3);
   std::printf("  per rank per step: %.0f bytes inside groups, %.0f bytes across groups, %.1f messages; cache %.0f bytes/rank\n",
-              per_step[0], per_step[1], per_step[2], maxes[0]);
-  if (deg.ring > 1)
+              j["bytes_intra_group"].get<double>(), j["bytes_inter_group"].get<double>(), j["messages"].get<double>(),
+              static_cast<double>(j["cache_bytes_per_rank"].get<std::uint64_t>()));
+  if (pl.deg.ring > 1)
     std::printf("  USP: Ulysses degree U = %d x Ring degree R = %d; Ring's K|V %.0f bytes per rank per step (of the above), "
                 "%.0f predicted\n",
-                deg.ulysses, deg.ring, per_step[3], ring_b * inv);
-  if (mode == ExchangeMode::vfirst || mode == ExchangeMode::cocodiff)
+                pl.deg.ulysses, pl.deg.ring, j["ring_bytes"].get<double>(), j["predicted_ring_bytes"].get<double>());
+  if (pl.mode == ExchangeMode::vfirst || pl.mode == ExchangeMode::cocodiff)
     std::printf("  V-First: V phase 1 complete before the wait in %.0f%% of exchanges, blocked on it %.3f ms/step\n",
                 100.0 * j["v_phase1_hidden"].get<double>(), j["v_wait_ms"].get<double>());
-  if (mode == ExchangeMode::cocodiff)
+  if (pl.mode == ExchangeMode::cocodiff)
     std::printf("  V-Major (%s, r %.2f, warm-up %d, sync every %d): bytes across groups %.0f predicted, %.0f measured; "
                 "TAPA/CoCoDiff %.3fx predicted, %.3fx measured (q|k|v phase 2 alone: %.3fx predicted)\n",
-                cache_schedule_name(schedule.kind), schedule.ratio, schedule.warmup, schedule.sync_every, pred_b.inter * inv,
-                per_step[1], j["predicted_inter_ratio_vs_tapa"].get<double>(), j["measured_inter_ratio_vs_tapa"].get<double>(),
+                cache_schedule_name(pl.schedule.kind), pl.schedule.ratio, pl.schedule.warmup, pl.schedule.sync_every,
+                j["predicted_bytes_inter_group"].get<double>(), j["bytes_inter_group"].get<double>(),
+                j["predicted_inter_ratio_vs_tapa"].get<double>(), j["measured_inter_ratio_vs_tapa"].get<double>(),
                 j["predicted_qkv_inter_ratio_vs_tapa"].get<double>());
   if (!o.out.empty())
     std::printf("  image: %s (%lldx%lld, one pixel per latent pixel, latent->RGB map of dit/image.hpp)\n", o.out.c_str(),
-                static_cast<long long>(shape.batch * side_w), static_cast<long long>(side_h));
-  if (j.contains("psnr")) {
-    std::printf("  vs %s: PSNR %s dB, SSIM %.6f, MSE %.3g, max |latent diff| %.3g\n", j["reference_run"].get<std::string>().c_str(),
-                j["psnr"].is_null() ? "inf (identical)" : std::to_string(j["psnr"].get<double>()).c_str(), j["ssim"].get<double>(),
-                j["mse"].get<double>(), j["max_abs_diff"].get<double>());
-    if (j["tolerance"].is_null())
-      std::printf("  not judged by a tolerance: V-Major reuses stale rows by design (PSNR / SSIM above say how close)\n");
-    else
-      std::printf("  latent check: worst error %.3g of its tolerance (atol %.3g x max(1, max|ref|) + rtol %.3g |ref|; <= 1 "
-                  "passes), %lld mismatches -> %s\n",
-                  j["max_tol_ratio"].is_null() ? INFINITY : j["max_tol_ratio"].get<double>(), j["tolerance"]["atol"].get<double>(),
-                  j["tolerance"]["rtol"].get<double>(), static_cast<long long>(j["mismatches"].get<std::int64_t>()),
-                  passed ? "PASSED" : "FAILED");
+                static_cast<long long>(shape.batch * shape.grid_w() * cfg.patch), static_cast<long long>(shape.grid_h() * cfg.patch));
+  if (!j.contains("psnr")) return;
+  std::printf("  vs %s: PSNR %s dB, SSIM %.6f, MSE %.3g, max |latent diff| %.3g\n", j["reference_run"].get<std::string>().c_str(),
+              j["psnr"].is_null() ? "inf (identical)" : std::to_string(j["psnr"].get<double>()).c_str(), j["ssim"].get<double>(),
+              j["mse"].get<double>(), j["max_abs_diff"].get<double>());
+  if (j["tolerance"].is_null()) {
+    std::printf("  not judged by a tolerance: V-Major reuses stale rows by design (PSNR / SSIM above say how close)\n");
+    return;
   }
+  std::printf("  latent check: worst error %.3g of its tolerance (atol %.3g x max(1, max|ref|) + rtol %.3g |ref|; <= 1 "
+              "passes), %lld mismatches -> %s\n",
+              j["max_tol_ratio"].is_null() ? INFINITY : j["max_tol_ratio"].get<double>(), j["tolerance"]["atol"].get<double>(),
+              j["tolerance"]["rtol"].get<double>(), static_cast<long long>(j["mismatches"].get<std::int64_t>()),
+              passed ? "PASSED" : "FAILED");
+}
+
+}  // namespace
+
+int run_dit(Communicator& world) {
+  const DitOptions& o = g_opt;
+  DitPlan pl = plan_dit(world, o);  // every refusal, on every rank, before any communication
+  if (o.dry_run) {
+    print_dry_run(world, o, pl);
+    return 0;
+  }
+  const DitConfig& cfg = pl.cfg;
+  const DitShape& shape = pl.in.shape;
+  DitWeights w(cfg);
+  if (pl.ck)
+    w.load(*pl.ck);
+  else
+    w.init_random(o.weight_seed);
+
+  const auto ex = make_attention_exchange(pl.mode, world, o.group_size, pl.schedule, pl.deg.ulysses);
+  const std::vector<float> noise = pl.in.noise.empty() ? initial_noise(cfg, shape, o.seed) : pl.in.noise;
+  pl.opt.on_velocity = velocity_dumper(world, o, pl.schedule_name, cfg, shape, pl.shard, pl.opt);
+  const DitRun run = run_dit_sampling(world, w, shape, *ex, pl.in.cond, noise, pl.opt);
+  if (world.rank() == 0) {
+    const std::int64_t side_h = shape.grid_h() * cfg.patch, side_w = shape.grid_w() * cfg.patch;
+    if (!o.out.empty())
+      write_png(o.out, tile_rgb8(latent_to_rgb(run.latent, cfg, shape), shape.batch, side_h, side_w).data(),
+                shape.batch * side_w, side_h);
+    if (!o.save_latent.empty()) write_npy(o.save_latent, run.latent.data(), {shape.batch, shape.image_tokens(), cfg.in_channels()});
+  }
+  nlohmann::ordered_json j = report_json(world, o, pl, run, *ex);
+  const bool passed = (o.compare.empty() && o.reference.empty()) || compare_with_reference(world, o, pl, w, noise, run, *ex, j);
+  const int rc = passed ? 0 : 2;
+  if (world.rank() != 0) return rc;
+  if (o.json)
+    std::printf("%s\n", j.dump().c_str());
+  else
+    print_text(o, pl, j, *ex, world.size(), passed);
   return rc;
 }
 

@@ -211,7 +211,7 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   AttnLayerParams& grad = *run.grad;
   SplitKVOptions skv;
   skv.compute = spec.dtype;
-  if (spec.method == "splitkv") {
+  if (method.splitkv_options) {
     skv.collectives = spec.collectives == "auto" ? CollAlgo::hierarchical : parse_coll_algo(spec.collectives);
     skv.oproj = resolve_oproj(world, pb, spec, skv.collectives, run);
     run.oproj = oproj_name(skv.oproj);
@@ -219,7 +219,6 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   }
   run.layer = method.make(world, cfg, run.shard, skv);
   CpAttentionLayer& layer = *run.layer;
-  const auto* splitkv = dynamic_cast<const SplitKVLayer*>(run.layer.get());
   const std::int64_t Qp = run.shard.own_query_rows(), Cp = run.shard.context_rows(), H = cfg.hidden;
 
   // `warmup` untimed runs, then `reps` timed ones; per run the slowest rank's time counts.
@@ -230,8 +229,8 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
     world.barrier();
     world.stats().reset();
     CpSaved saved = layer.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(run.y_p, {Qp, H}));
-    if (splitkv && rep + 1 == spec.warmup + spec.reps) {
-      const std::span<const float> lse = splitkv->lse(saved);
+    if (rep + 1 == spec.warmup + spec.reps) {
+      const std::span<const float> lse = layer.saved_lse(saved);
       run.lse.assign(lse.begin(), lse.end());
     }
     layer.backward(std::move(saved), pb.w, view_of(dy_p, {Qp, H}), view_of(run.dx_p, {Qp, H}), view_of(run.dctx_p, {Cp, H}),
@@ -266,8 +265,7 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   sent.push_back(layer_stats.total().bytes_sent_inter);
   world.all_reduce<std::uint64_t>(sent);
   run.inter_bytes_per_layer = static_cast<double>(sent.back()) / P;
-  run.predicted_inter_bytes_per_layer = std::nan("");
-  if (splitkv) run.predicted_inter_bytes_per_layer = splitkv->predicted_inter_bytes_per_layer();
+  run.predicted_inter_bytes_per_layer = layer.predicted_inter_bytes_per_layer();
   std::uint64_t total_sent = 0;
   for (std::size_t k = 0; k < kNumCommOps; ++k) {
     const OpCounter& c = layer_stats[static_cast<CommOp>(k)];

@@ -30,10 +30,5 @@ CountRange parse_range(const std::string& text, const char* flag) {
   return r;
 }
 
-double median(std::vector<double> v) {
-  DIFFCP_CHECK(!v.empty(), "median of no timings");
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace diffcp::cli

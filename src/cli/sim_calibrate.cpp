@@ -1,164 +1,22 @@
-// `diffcp sim calibrate --out FILE`: measures this machine into a profile (sim/profile.hpp) for
-// `diffcp sim`. Compute on every rank at once (the slowest rank's rates), with the threads the
-// ranks run with: the GEMM rate and the
-// fixed cost per call (two sizes of the layers' projection GEMM fitted to t = kernel_us + flops /
-// rate), the attention forward and backward rates (the kernels on a DFlash mask), a streaming
-// elementwise rate. Links, with 2 or more ranks: ping-pong between rank 0 and the first rank on
-// its node (intra) and the first on another node (inter; under scripts/emucluster.sh the
-// emulated links), an 8-byte round trip for the latency and 4 MiB for the bandwidth; one rank or
-// one node: the missing level copies the other (said in the file's notes). comm_overlap: how much
-// of a transfer hides under compute on this host (MPI progress and TCP run on the compute cores).
-#include <algorithm>
-#include <chrono>
+// `diffcp sim calibrate --out FILE`: measures this machine into a profile for `diffcp sim`
+// (sim/calibrate.hpp does the measuring; this file parses, warns, writes and prints).
 #include <cstdio>
 #include <fstream>
-#include <thread>
-#include <vector>
-
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
-#include "diffcp/attention/attention.hpp"
 #include "cli/commands.hpp"
 #include "cli/sim.hpp"
-#include "diffcp/core/random.hpp"
-#include "diffcp/core/tensor.hpp"
-#include "diffcp/ops/linear.hpp"
-#include "diffcp/workload/batch.hpp"
+#include "diffcp/sim/calibrate.hpp"
 
 namespace diffcp::cli {
 
 namespace {
 struct CalibrateCli {
-  std::string out, name;
-  int reps = 5;
-  std::int64_t n_q = 8, n_kv = 2, d_h = 128;  // the attention shape the kernel rates are measured at
+  std::string out;
+  CalibrateOptions opt;
 };
 CalibrateCli g_cal;
-
-double now_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-template <typename F>
-double median_ms(int reps, F&& f) {
-  f();  // warm-up
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = now_ms();
-    f();
-    t.push_back(now_ms() - t0);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// The layers' GEMM (ops/linear.hpp): the fixed cost of a tiny call (4 x 32 x 32), the rate of a
-// large one (2048 x 1024 x 1024) and the ratio rho of its rate at a narrow output width (N = 256,
-// the K/V projections' n_kv d_h) to it, from which the width's n_half (sim/machine.hpp). The
-// wide and the narrow GEMM run back to back, 3 x reps pairs: the rate is the median wide one's,
-// rho the median pair's ratio (a slow spell, or oversubscribed the scheduler, moves both of a
-// pair, not the ratio).
-struct GemmRates {
-  double kernel_us = 0, tflops = 0, rho = 1;
-};
-GemmRates measure_gemm(int reps) {
-  const std::int64_t K = 1024, N = 1024, M = 2048, narrow = 256;
-  const auto x = random_normal(static_cast<std::size_t>(M * K), 1);
-  const auto w = random_normal(static_cast<std::size_t>(K * N), 2);
-  std::vector<float> y(static_cast<std::size_t>(M * N));
-  const double tiny = median_ms(reps * 20, [&] { linear_forward(x.data(), 4, 32, w.data(), 32, y.data()); });
-  linear_forward(x.data(), M, K, w.data(), N, y.data());  // warm-up
-  std::vector<double> wide, rho;
-  for (int i = 0; i < 3 * reps; ++i) {
-    double t0 = now_ms();
-    linear_forward(x.data(), M, K, w.data(), N, y.data());
-    wide.push_back(std::max(now_ms() - t0 - tiny, 1e-6));
-    t0 = now_ms();
-    linear_forward(x.data(), M, K, w.data(), narrow, y.data());
-    const double thin = std::max(now_ms() - t0 - tiny, 1e-6);
-    rho.push_back(static_cast<double>(narrow) / static_cast<double>(N) * wide.back() / thin);
-  }
-  std::sort(wide.begin(), wide.end());
-  std::sort(rho.begin(), rho.end());
-  return {tiny * 1e3, 2.0 * M * K * N / wide[wide.size() / 2] / 1e9, rho[rho.size() / 2]};
-}
-
-// {fwd, bwd} TFLOP/s of the attention kernels on a DFlash mask (FLOPs as FlashAttention counts).
-std::pair<double, double> measure_attention(int reps, std::int64_t n_q, std::int64_t n_kv, std::int64_t d_h) {
-  const PackedBatch batch = make_random_batch(1, 4096, 64, 16, 0.25, 1);
-  const BlockMask mask = full_mask(batch);
-  const std::int64_t Q = batch.query_rows(), Lk = mask.key_rows();
-  const auto q = random_normal(static_cast<std::size_t>(Q * n_q * d_h), 1);
-  const auto k = random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), 2);
-  const auto v = random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), 3);
-  const auto dout = random_normal(q.size(), 4);
-  std::vector<float> o(q.size()), lse(static_cast<std::size_t>(Q * n_q)), delta(lse.size()), dq(q.size()), dk(k.size()),
-      dv(v.size());
-  const double tf = median_ms(reps, [&] {
-    attention_forward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h), head_rows(v, Lk, n_kv, d_h),
-                      head_rows(o, Q, n_q, d_h), lse);
-  });
-  attention_delta(head_rows(dout, Q, n_q, d_h), head_rows(o, Q, n_q, d_h), delta);
-  const double tb = median_ms(reps, [&] {
-    attention_backward(mask, head_rows(q, Q, n_q, d_h), head_rows(k, Lk, n_kv, d_h), head_rows(v, Lk, n_kv, d_h),
-                       head_rows(dout, Q, n_q, d_h), lse, delta, head_rows(dq, Q, n_q, d_h), head_rows(dk, Lk, n_kv, d_h),
-                       head_rows(dv, Lk, n_kv, d_h));
-  });
-  // FLOPs per ms / 1e9 = TFLOP/s
-  return {attention_forward_flops(mask, n_q, d_h) / tf / 1e9, attention_backward_flops(mask, n_q, d_h) / tb / 1e9};
-}
-
-// GB/s of y = a x + y over 64 MiB (read 2, write 1).
-double measure_elementwise(int reps) {
-  std::vector<float> x(std::size_t{1} << 24, 1.f), y(x.size(), 2.f);
-  const double t = median_ms(reps, [&] {
-#pragma omp parallel for simd
-    for (std::size_t i = 0; i < x.size(); ++i) y[i] = 0.5f * x[i] + y[i];
-  });
-  return 3.0 * 4 * static_cast<double>(x.size()) / (t * 1e-3) / 1e9;
-}
-
-// sync_loss: every rank runs the same compute segment, then a blocking barrier, in `windows`
-// windows of 10.
-// Synchronised ranks go at the pace of the slowest in each segment, and on a shared host a rank's
-// segment sometimes stretches (preemption, steal, a noisy neighbour). A run is judged by its
-// median step, a step spans ~10-20 such segments, so the loss is taken the same way: the mean
-// synchronised segment of each window of 10, its median over the windows (a rare long stall,
-// which a run's median step also drops, does not count), over the median segment, minus 1 (>= 0).
-// This is what synchronising costs on top of the median rates of the profile's compute classes.
-// Needs 2 or more ranks (0 with one).
-double measure_sync_loss(Communicator& world, int windows) {
-  constexpr int kWindow = 10;
-  if (world.size() < 2) return 0.0;
-  const std::int64_t M = 256, K = 1024, N = 1024;  // 4 GEMMs, ~10 ms here: a layer's span between collectives
-  const auto x = random_normal(static_cast<std::size_t>(M * K), 7), w = random_normal(static_cast<std::size_t>(K * N), 8);
-  std::vector<float> y(static_cast<std::size_t>(M * N));
-  const auto segment = [&] {
-    for (int i = 0; i < 4; ++i) linear_forward(x.data(), M, K, w.data(), N, y.data());
-  };
-  segment();  // warm-up
-  world.barrier_async()->wait();
-  std::vector<double> own, window;
-  for (int b = 0; b < windows; ++b) {
-    double wall = 0;
-    for (int i = 0; i < kWindow; ++i) {
-      const double t0 = now_ms();
-      segment();
-      const double t1 = now_ms();
-      world.barrier_async()->wait();
-      own.push_back(t1 - t0);
-      wall += (now_ms() - t0) / kWindow;
-    }
-    window.push_back(wall);
-  }
-  std::sort(own.begin(), own.end());
-  std::sort(window.begin(), window.end());
-  // The ranks' median segments and median windows (every rank's windows are the same length).
-  std::vector<double> v{own[own.size() / 2], window[window.size() / 2]};
-  world.all_reduce(std::span<double>(v), ReduceOp::sum);
-  return std::max(0.0, v[1] / v[0] - 1.0);
-}
-
 }  // namespace
 
 void add_sim_calibrate(CLI::App* sim) {
@@ -166,184 +24,28 @@ void add_sim_calibrate(CLI::App* sim) {
   CLI::App* c = sim->add_subcommand("calibrate", "Measure this machine (compute on every rank at once; links between rank "
                                                  "0 and a rank on its node and on another) into a profile; run under mpirun");
   c->add_option("--out", o.out, "profile file to write")->required();
-  c->add_option("--name", o.name, "profile name (default: calibrated-<host>)");
-  c->add_option("--reps", o.reps, "timed repetitions per measurement (median)")->capture_default_str();
-  c->add_option("--n-q", o.n_q, "attention shape the kernel rates are measured at: query heads")->capture_default_str();
-  c->add_option("--n-kv", o.n_kv, "... key/value heads")->capture_default_str();
-  c->add_option("--d-h", o.d_h, "... head dimension (the rate depends on it: calibrate at the shape you predict)")->capture_default_str();
+  c->add_option("--name", o.opt.name, "profile name (default: calibrated-<host>)");
+  c->add_option("--reps", o.opt.reps, "timed repetitions per measurement (median)")->capture_default_str();
+  c->add_option("--n-q", o.opt.n_q, "attention shape the kernel rates are measured at: query heads")->capture_default_str();
+  c->add_option("--n-kv", o.opt.n_kv, "... key/value heads")->capture_default_str();
+  c->add_option("--d-h", o.opt.d_h, "... head dimension (the rate depends on it: calibrate at the shape you predict)")->capture_default_str();
 }
 
 int run_sim_calibrate(Communicator& world) {
   const CalibrateCli& o = g_cal;
-  DIFFCP_CHECK(o.reps >= 1 && o.reps <= 1000, "--reps = ", o.reps, ", expected 1..1000");
-  DIFFCP_CHECK(o.n_q >= 1 && o.n_kv >= 1 && o.n_q % o.n_kv == 0 && o.n_q <= 256 && o.d_h >= 2 && o.d_h % 2 == 0 && o.d_h <= 512,
-               "sim calibrate: --n-q ", o.n_q, " --n-kv ", o.n_kv, " --d-h ", o.d_h,
-               ", expected n_kv | n_q <= 256 and an even d_h <= 512");
-  const int P = world.size(), me = world.rank();
-  // Node of every rank: the smallest world rank of its node.
-  auto node = world.split_node_local("calibrate.node");
-  std::vector<std::int64_t> id{-static_cast<std::int64_t>(me)};
-  node->all_reduce(std::span<std::int64_t>(id), ReduceOp::max);
-  std::vector<std::int64_t> nodes(static_cast<std::size_t>(P));
-  world.all_gather(std::span<const std::int64_t>(id), std::span<std::int64_t>(nodes));
-  int intra_peer = -1, inter_peer = -1;
-  for (int r = 1; r < P; ++r) {
-    if (nodes[static_cast<std::size_t>(r)] == nodes[0] && intra_peer < 0) intra_peer = r;
-    if (nodes[static_cast<std::size_t>(r)] != nodes[0] && inter_peer < 0) inter_peer = r;
-  }
-  // {latency_us, gbit} between rank 0 and `peer` (half round trips); every rank calls it.
-  const auto link = [&](int peer) -> std::pair<double, double> {
-    std::vector<std::uint8_t> small(8), big(std::size_t{4} << 20, 1);
-    double lat = 0, gbit = 0;
-    WorkPtr b = world.barrier_async();
-    while (!b->test()) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    if (me == 0 || me == peer) {
-      const int other = me == 0 ? peer : 0;
-      const auto rt = [&](std::vector<std::uint8_t>& msg) {
-        if (me == 0) {
-          world.send(std::span<const std::uint8_t>(msg), other);
-          world.recv(std::span<std::uint8_t>(small), other);
-        } else {
-          world.recv(std::span<std::uint8_t>(msg), other);
-          world.send(std::span<const std::uint8_t>(small), other);
-        }
-      };
-      const double t_small = median_ms(o.reps * 20, [&] { rt(small); });
-      const double t_big = median_ms(o.reps, [&] { rt(big); });
-      lat = t_small / 2 * 1e3;
-      gbit = 8.0 * static_cast<double>(big.size()) / std::max(t_big - t_small, 1e-6) / 1e6;
-    }
-    std::vector<double> v{lat, gbit};
-    world.all_reduce(std::span<double>(v), ReduceOp::max);
-    return {v[0], v[1]};
-  };
-  std::pair<double, double> intra{0, 0}, inter{0, 0};
-  if (intra_peer >= 0) intra = link(intra_peer);
-  if (inter_peer >= 0) inter = link(inter_peer);
-
-  // comm_overlap: rank 0 computes (GEMMs, ~T_c) while a message of ~T_c on the link arrives from
-  // the peer (inter-node when there is one), posted before the compute and waited for after it;
-  // overlap = (T_c + T_t - T_both) / min(T_c, T_t), clamped to [0, 1].
-  double overlap = 1;
-  const int ov_peer = inter_peer >= 0 ? inter_peer : intra_peer;
-  if (ov_peer >= 0) {
-    const double gbit = inter_peer >= 0 ? inter.second : intra.second;
-    const std::int64_t M = 256, K = 1024, N = 1024;
-    const auto x = random_normal(static_cast<std::size_t>(M * K), 5), w = random_normal(static_cast<std::size_t>(K * N), 6);
-    std::vector<float> y(static_cast<std::size_t>(M * N));
-    const auto compute = [&] {
-      for (int i = 0; i < 20; ++i) linear_forward(x.data(), M, K, w.data(), N, y.data());
-    };
-    std::vector<double> t{0, 0, 0};  // T_c, T_t, T_both (rank 0's)
-    if (me == 0) t[0] = median_ms(o.reps, compute);
-    world.all_reduce(std::span<double>(t), ReduceOp::max);
-    const std::size_t bytes = static_cast<std::size_t>(
-        std::clamp(t[0] * 1e-3 * gbit * 1e9 / 8, 65536.0, static_cast<double>(std::size_t{64} << 20)));
-    std::vector<std::uint8_t> buf(bytes, 1);
-    const auto transfer = [&](bool with_compute) {
-      WorkPtr b = world.barrier_async();
-      while (!b->test()) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      if (me != 0 && me != ov_peer) return 0.0;
-      const double t0 = now_ms();
-      if (me == ov_peer) {
-        world.send(std::span<const std::uint8_t>(buf), 0);
-      } else {
-        WorkPtr r = world.recv_async(buf.data(), buf.size(), DType::u8, ov_peer);
-        if (with_compute) compute();
-        r->wait();
-      }
-      return now_ms() - t0;
-    };
-    std::vector<double> tt, tb;
-    for (int i = 0; i < o.reps; ++i) tt.push_back(transfer(false));
-    for (int i = 0; i < o.reps; ++i) tb.push_back(transfer(true));
-    std::sort(tt.begin(), tt.end());
-    std::sort(tb.begin(), tb.end());
-    if (me == 0) {
-      t[1] = tt[tt.size() / 2];
-      t[2] = tb[tb.size() / 2];
-    } else {
-      t = {0, 0, 0};
-    }
-    world.all_reduce(std::span<double>(t), ReduceOp::max);
-    overlap = std::clamp((t[0] + t[1] - t[2]) / std::max(std::min(t[0], t[1]), 1e-9), 0.0, 1.0);
-  }
-
-  // Every rank measures at once, as every rank computes at once in a run (they share the memory
-  // system, caches and clocks of the host; oversubscribed ranks share cores): the slowest rank's
-  // rates (and largest per-call cost) are the profile's.
-  WorkPtr start = world.barrier_async();
-  start->wait();
-  const GemmRates gemm = measure_gemm(o.reps);
-  const auto [fwd, bwd] = measure_attention(o.reps, o.n_q, o.n_kv, o.d_h);
-  const double ew = measure_elementwise(o.reps);
-  const double sync_loss = measure_sync_loss(world, 3 * o.reps);
-  // The largest per-call cost, the smallest rates (negated for one max-reduce); the narrow GEMM's
-  // rate ratio is a shape property, not a rank's speed: the mean over the ranks.
-  std::vector<double> compute{gemm.kernel_us, -gemm.tflops, -fwd, -bwd, -ew};
-  world.all_reduce(std::span<double>(compute), ReduceOp::max);
-  for (std::size_t i = 1; i < compute.size(); ++i) compute[i] = -compute[i];
-  std::vector<double> rho{gemm.rho / P};
-  world.all_reduce(std::span<double>(rho), ReduceOp::sum);
-  const double n_half = gemm_n_half_from_ratio(256, rho[0]);
-  if (me != 0) return 0;
-
-  char host[256] = "host";
-  ::gethostname(host, sizeof host - 1);
-  std::string notes = "measured by diffcp sim calibrate on " + std::string(host) + " with " + std::to_string(P) +
-                      " ranks; compute on every rank at once (the slowest's), with its threads (OMP_NUM_THREADS); attention rates at " +
-                      std::to_string(o.n_q) + "/" + std::to_string(o.n_kv) + " heads x " + std::to_string(o.d_h);
-  if (intra_peer < 0 && inter_peer < 0) notes += "; no second rank: links not measured (set from defaults)";
-  else if (intra_peer < 0) notes += "; one rank per node: intra link = the inter one";
-  else if (inter_peer < 0) notes += "; one node: inter link = the intra one";
-  // What was measured here and what was not: said in the file (measured) and on stderr.
-  const bool any_peer = intra_peer >= 0 || inter_peer >= 0;
-  const nlohmann::ordered_json measured{{"compute", true},
-                                        {"intra_link", intra_peer >= 0},
-                                        {"inter_link", inter_peer >= 0},
-                                        {"comm_overlap", any_peer},
-                                        {"sync_loss", P > 1}};
-  if (!any_peer)
-    std::fprintf(stderr, "diffcp sim calibrate: warning: one rank, so no link was measured: intra and inter links are "
-                         "DEFAULTS (100 Gbit/s, 1 us), comm_overlap 1 and sync_loss 0 are not measured either; predictions "
-                         "at P > 1 from this profile are not this machine's. Run it as the README says: mpirun -np 2 "
-                         "diffcp sim calibrate ... (ranks on two nodes to measure the inter link)\n");
-  else if (intra_peer < 0)
-    std::fprintf(stderr, "diffcp sim calibrate: warning: one rank per node, so the intra-node link was not measured: "
-                         "it is set to the measured inter-node one\n");
-  else if (inter_peer < 0)
-    std::fprintf(stderr, "diffcp sim calibrate: warning: one node, so the inter-node link was not measured: it is set to "
-                         "the measured intra-node one (run across nodes, e.g. scripts/emucluster.sh, to measure it)\n");
-  if (intra_peer < 0) intra = inter_peer >= 0 ? inter : std::pair<double, double>{1.0, 100.0};
-  if (inter_peer < 0) inter = intra;
-  int per_node = 0;
-  for (const std::int64_t n : nodes) per_node += n == nodes[0];
-  const nlohmann::ordered_json j{{"name", o.name.empty() ? "calibrated-" + std::string(host) : o.name},
-                                 {"description", "this machine, as diffcp sim calibrate measured it"},
-                                 {"ranks_per_node", per_node},
-                                 {"rank_tflops", compute[2]},
-                                 {"gemm_tflops", compute[1]},
-                                 {"gemm_n_half", n_half},
-                                 {"attn_bwd_tflops", compute[3]},
-                                 {"elementwise_gbs", compute[4]},
-                                 {"kernel_us", compute[0]},
-                                 {"intra_gbit", intra.second},
-                                 {"inter_gbit", inter.second},
-                                 {"intra_latency_us", intra.first},
-                                 {"inter_latency_us", inter.first},
-                                 {"comm_overlap", overlap},
-                                 {"sync_loss", sync_loss},
-                                 {"measured", measured},
-                                 {"attention_shape", {{"n_q", o.n_q}, {"n_kv", o.n_kv}, {"d_h", o.d_h}}},
-                                 {"notes", notes}};
-  Profile::from_json(nlohmann::json(j), o.out);  // what sim reads back
+  o.opt.validate();  // on every rank, before any communication
+  const Calibration cal = calibrate_machine(world, o.opt);
+  if (world.rank() != 0) return 0;
+  for (const std::string& w : cal.warnings) std::fprintf(stderr, "diffcp sim calibrate: warning: %s\n", w.c_str());
+  const nlohmann::json j = cal.profile.to_json();
+  Profile::from_json(j, o.out);  // what sim reads back
   const std::string tmp = o.out + ".tmp";
   {
     std::ofstream f(tmp);
     f << j.dump(1) << "\n";
     DIFFCP_CHECK(f.good(), "sim calibrate: cannot write '", tmp, "'");
   }
-  std::rename(tmp.c_str(), o.out.c_str());
+  DIFFCP_CHECK(std::rename(tmp.c_str(), o.out.c_str()) == 0, "sim calibrate: cannot write '", o.out, "'");
   std::printf("%s\n", j.dump(1).c_str());
   return 0;
 }

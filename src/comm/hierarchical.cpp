@@ -51,15 +51,15 @@ class StagedWork final : public Work {
   int& in_flight_;
 };
 
-template <typename T> void add_into(T* out, const unsigned char* in, std::size_t n) {
+template <typename T> void add_received(T* out, const unsigned char* in, std::size_t n) {
   const T* x = reinterpret_cast<const T*>(in);
   for (std::size_t i = 0; i < n; ++i) out[i] += x[i];
 }
-// out += in on `type` (the sums a reduce-scatter supports: f32, f64, bf16 added in f32 and rounded).
-void add_into(DType type, void* out, const unsigned char* in, std::size_t n) {
+// out += in (bytes received from another node) on `type` (the sums a reduce-scatter supports: f32, f64, bf16 added in f32 and rounded).
+void add_received(DType type, void* out, const unsigned char* in, std::size_t n) {
   switch (type) {
-    case DType::f32: return add_into(static_cast<float*>(out), in, n);
-    case DType::f64: return add_into(static_cast<double*>(out), in, n);
+    case DType::f32: return add_received(static_cast<float*>(out), in, n);
+    case DType::f64: return add_received(static_cast<double*>(out), in, n);
     case DType::bf16: {
       auto* o = static_cast<std::uint16_t*>(out);
       const auto* x = reinterpret_cast<const std::uint16_t*>(in);
@@ -256,7 +256,7 @@ WorkPtr Communicator::hier_reduce_scatter_v(const void* send, void* recv, std::s
   stages.emplace_back([s, recv, mine, es, type]() -> WorkPtr {  // my node's sum + the others' in rank order
     std::memcpy(recv, s->held.data() + s->own_offset * es, mine * es);
     for (std::size_t off = 0; off < s->from_nodes.size(); off += mine * es) {
-      add_into(type, recv, s->from_nodes.data() + off, mine);
+      add_received(type, recv, s->from_nodes.data() + off, mine);
     }
     return nullptr;
   });

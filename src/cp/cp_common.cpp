@@ -148,7 +148,7 @@ float* OwnRows::grow(std::vector<float>& v, std::int64_t n) {
 }
 
 void OwnRows::project_q(const AttnLayerParams& w, const float* x_p, OwnActivations& a) {
-  using P = AttnLayerParams;
+  using Params = AttnLayerParams;
   const std::int64_t qw = cfg_.q_width(), kvw = cfg_.kv_width();
   grow(a.q_lin, Qp_ * qw);
   grow(a.q, Qp_ * qw);
@@ -158,47 +158,47 @@ void OwnRows::project_q(const AttnLayerParams& w, const float* x_p, OwnActivatio
   grow(a.kv, 2 * Lk_ * kvw);
   grow(a.o, Qp_ * qw);
   grow(a.lse, Qp_ * cfg_.n_q);
-  linear_forward(x_p, Qp_, cfg_.hidden, w[P::wq], qw, a.q_lin.data());
-  rmsnorm_forward(a.q_lin.data(), Qp_, cfg_.n_q, cfg_.d_h, w[P::q_norm], static_cast<float>(cfg_.rms_eps), a.q.data(),
+  linear_forward(x_p, Qp_, cfg_.hidden, w[Params::wq], qw, a.q_lin.data());
+  rmsnorm_forward(a.q_lin.data(), Qp_, cfg_.n_q, cfg_.d_h, w[Params::q_norm], static_cast<float>(cfg_.rms_eps), a.q.data(),
                   a.q_rstd.data());
   rope_apply(a.q.data(), Qp_, cfg_.n_q, query_pos_, rope_, false);
 }
 
 void OwnRows::project_kv(const AttnLayerParams& w, const float* x_p, const float* ctx_p, OwnActivations& a,
                          Work* inflight) {
-  using P = AttnLayerParams;
+  using Params = AttnLayerParams;
   const std::int64_t H = cfg_.hidden, kvw = cfg_.kv_width(), Lp = this->Lp();
   float* k = a.kv.data();
   float* v = a.kv.data() + Lk_ * kvw;
   float* k_lin = a.k_lin.data();
-  linear_polled(ctx_p, Cp_, H, w[P::wk], kvw, k_lin, inflight);
-  linear_polled(x_p, Qp_, H, w[P::wk], kvw, k_lin + Cp_ * kvw, inflight);
-  linear_polled(ctx_p, Cp_, H, w[P::wv], kvw, v, inflight);
-  linear_polled(x_p, Qp_, H, w[P::wv], kvw, v + Cp_ * kvw, inflight);
+  linear_polled(ctx_p, Cp_, H, w[Params::wk], kvw, k_lin, inflight);
+  linear_polled(x_p, Qp_, H, w[Params::wk], kvw, k_lin + Cp_ * kvw, inflight);
+  linear_polled(ctx_p, Cp_, H, w[Params::wv], kvw, v, inflight);
+  linear_polled(x_p, Qp_, H, w[Params::wv], kvw, v + Cp_ * kvw, inflight);
   std::fill(k + Lp * kvw, k + Lk_ * kvw, 0.f);  // padding rows: zero, and masked
   std::fill(v + Lp * kvw, v + Lk_ * kvw, 0.f);
-  rmsnorm_forward(k_lin, Lp, cfg_.n_kv, cfg_.d_h, w[P::k_norm], static_cast<float>(cfg_.rms_eps), k, a.k_rstd.data());
+  rmsnorm_forward(k_lin, Lp, cfg_.n_kv, cfg_.d_h, w[Params::k_norm], static_cast<float>(cfg_.rms_eps), k, a.k_rstd.data());
   poll(inflight);
   rope_apply(k, Lp, cfg_.n_kv, key_pos_, rope_, false);
 }
 
 void OwnRows::output_forward(const AttnLayerParams& w, const OwnActivations& a, float* y_p) const {
-  using P = AttnLayerParams;
+  using Params = AttnLayerParams;
   const std::int64_t H = cfg_.hidden;
-  linear_forward(a.o.data(), Qp_, cfg_.q_width(), w[P::wo], H, y_p);
+  linear_forward(a.o.data(), Qp_, cfg_.q_width(), w[Params::wo], H, y_p);
   for (std::int64_t r = 0; r < Qp_; ++r)
-    for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[P::bo][c];
+    for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[Params::bo][c];
 }
 
 void OwnRows::output_backward(const AttnLayerParams& w, const OwnActivations& a, const float* dy_p,
                               AttnLayerParams& grad, bool with_delta) {
-  using P = AttnLayerParams;
+  using Params = AttnLayerParams;
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width();
   grow(dout_, Qp_ * qw);
   grow(delta_, Qp_ * cfg_.n_q);
-  bias_backward(dy_p, Qp_, H, grad[P::bo]);
-  linear_backward_weight(a.o.data(), Qp_, qw, dy_p, H, grad[P::wo]);
-  linear_backward_input(dy_p, Qp_, H, w[P::wo], qw, dout_.data());
+  bias_backward(dy_p, Qp_, H, grad[Params::bo]);
+  linear_backward_weight(a.o.data(), Qp_, qw, dy_p, H, grad[Params::wo]);
+  linear_backward_input(dy_p, Qp_, H, w[Params::wo], qw, dout_.data());
   if (with_delta)
     attention_delta(head_view(dout_.data(), Qp_, cfg_.n_q, cfg_.d_h), head_view(a.o.data(), Qp_, cfg_.n_q, cfg_.d_h),
                     delta_);
@@ -206,34 +206,34 @@ void OwnRows::output_backward(const AttnLayerParams& w, const OwnActivations& a,
 
 void OwnRows::backward_q(const AttnLayerParams& w, const OwnActivations& a, const float* x_p, float* dq_p, float* dx_p,
                          float beta, AttnLayerParams& grad) {
-  using P = AttnLayerParams;
+  using Params = AttnLayerParams;
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width();
   rope_apply(dq_p, Qp_, cfg_.n_q, query_pos_, rope_, true);
-  rmsnorm_backward(dq_p, a.q_lin.data(), a.q_rstd.data(), Qp_, cfg_.n_q, cfg_.d_h, w[P::q_norm], dq_p, grad[P::q_norm]);
-  linear_backward_weight(x_p, Qp_, H, dq_p, qw, grad[P::wq]);
-  linear_backward_input(dq_p, Qp_, qw, w[P::wq], H, dx_p, beta);
+  rmsnorm_backward(dq_p, a.q_lin.data(), a.q_rstd.data(), Qp_, cfg_.n_q, cfg_.d_h, w[Params::q_norm], dq_p, grad[Params::q_norm]);
+  linear_backward_weight(x_p, Qp_, H, dq_p, qw, grad[Params::wq]);
+  linear_backward_input(dq_p, Qp_, qw, w[Params::wq], H, dx_p, beta);
 }
 
 void OwnRows::backward_kv(const AttnLayerParams& w, const OwnActivations& a, const float* x_p, const float* ctx_p,
                           float* dkv_p, float* dx_p, float beta, float* dctx_p, AttnLayerParams& grad, Work* inflight) {
-  using P = AttnLayerParams;
+  using Params = AttnLayerParams;
   const std::int64_t H = cfg_.hidden, kvw = cfg_.kv_width();
   float* dk = dkv_p;
   float* dv = dkv_p + Lk_ * kvw;
   rope_apply(dk, Lp(), cfg_.n_kv, key_pos_, rope_, true);
-  rmsnorm_backward(dk, a.k_lin.data(), a.k_rstd.data(), Lp(), cfg_.n_kv, cfg_.d_h, w[P::k_norm], dk, grad[P::k_norm]);
+  rmsnorm_backward(dk, a.k_lin.data(), a.k_rstd.data(), Lp(), cfg_.n_kv, cfg_.d_h, w[Params::k_norm], dk, grad[Params::k_norm]);
   poll(inflight);
-  linear_backward_weight(ctx_p, Cp_, H, dk, kvw, grad[P::wk]);
-  linear_backward_weight(x_p, Qp_, H, dk + Cp_ * kvw, kvw, grad[P::wk]);
+  linear_backward_weight(ctx_p, Cp_, H, dk, kvw, grad[Params::wk]);
+  linear_backward_weight(x_p, Qp_, H, dk + Cp_ * kvw, kvw, grad[Params::wk]);
   poll(inflight);
-  linear_backward_weight(ctx_p, Cp_, H, dv, kvw, grad[P::wv]);
-  linear_backward_weight(x_p, Qp_, H, dv + Cp_ * kvw, kvw, grad[P::wv]);
+  linear_backward_weight(ctx_p, Cp_, H, dv, kvw, grad[Params::wv]);
+  linear_backward_weight(x_p, Qp_, H, dv + Cp_ * kvw, kvw, grad[Params::wv]);
   poll(inflight);
-  linear_backward_input(dk, Cp_, kvw, w[P::wk], H, dctx_p);
-  linear_backward_input(dv, Cp_, kvw, w[P::wv], H, dctx_p, 1.f);
+  linear_backward_input(dk, Cp_, kvw, w[Params::wk], H, dctx_p);
+  linear_backward_input(dv, Cp_, kvw, w[Params::wv], H, dctx_p, 1.f);
   poll(inflight);
-  linear_backward_input(dk + Cp_ * kvw, Qp_, kvw, w[P::wk], H, dx_p, beta);
-  linear_backward_input(dv + Cp_ * kvw, Qp_, kvw, w[P::wv], H, dx_p, 1.f);
+  linear_backward_input(dk + Cp_ * kvw, Qp_, kvw, w[Params::wk], H, dx_p, beta);
+  linear_backward_input(dv + Cp_ * kvw, Qp_, kvw, w[Params::wv], H, dx_p, 1.f);
 }
 
 }  // namespace diffcp

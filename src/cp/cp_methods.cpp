@@ -29,11 +29,11 @@ constexpr CommOp kRingXOps[] = {CommOp::broadcast, CommOp::all_reduce, CommOp::r
 constexpr CommOp kLvXAttnOps[] = {CommOp::send, CommOp::recv};
 
 const CpMethod kMethods[] = {
-    {CpMethodId::splitkv, "splitkv", "Split-KV", "lpt", any_P, make_layer<SplitKVLayer>, kSplitKVOps},
-    {CpMethodId::ulysses, "ulysses", "Ulysses", "none", UlyssesLayer::unsupported_reason, make_layer<UlyssesLayer>, kUlyssesOps},
-    {CpMethodId::ring, "ring", "Ring", "zigzag", any_P, make_layer<RingLayer>, kRingOps},
-    {CpMethodId::ringx, "ringx", "RingX", "none", any_P, make_layer<RingXLayer>, kRingXOps},
-    {CpMethodId::lvxattn, "lvxattn", "LV-XAttn", "none", any_P, make_layer<LvXAttnLayer>, kLvXAttnOps},
+    {CpMethodId::splitkv, "splitkv", "Split-KV", "lpt", true, any_P, make_layer<SplitKVLayer>, kSplitKVOps},
+    {CpMethodId::ulysses, "ulysses", "Ulysses", "none", false, UlyssesLayer::unsupported_reason, make_layer<UlyssesLayer>, kUlyssesOps},
+    {CpMethodId::ring, "ring", "Ring", "zigzag", false, any_P, make_layer<RingLayer>, kRingOps},
+    {CpMethodId::ringx, "ringx", "RingX", "none", false, any_P, make_layer<RingXLayer>, kRingXOps},
+    {CpMethodId::lvxattn, "lvxattn", "LV-XAttn", "none", false, any_P, make_layer<LvXAttnLayer>, kLvXAttnOps},
 };
 
 }  // namespace

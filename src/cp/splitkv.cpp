@@ -127,7 +127,7 @@ double SplitKVLayer::predicted_inter_bytes_per_layer() const {
 
 void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                 float* y_p) {
-  using P = AttnLayerParams;
+  using Params = AttnLayerParams;
   Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
   const ScopedF32GemmCompute precision(opt_.compute);  // bf16: the projections' GEMMs too
   const auto t0 = CpClock::now();
@@ -195,7 +195,7 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
       l_parts.emplace_back(lse_parts + r * Qp * n_q, static_cast<std::size_t>(Qp * n_q));
     }
     lse_merge(o_parts, l_parts, head_view(o_p, Qp, n_q, d), std::span<float>(buffer(st.lse, Qp * n_q), Qp * n_q));
-    linear_forward(o_p, Qp, qw, w[P::wo], H, y_p);
+    linear_forward(o_p, Qp, qw, w[Params::wo], H, y_p);
   } else {
     // 4. The global log-sum-exp and the rescaled local output; then
     //    oproj all: output projection of all Q rows' partial output, reduce-scatter to the owners;
@@ -207,7 +207,7 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     lse_rescale(head_view(obar, Q_, n_q, d), lse_p_, st.lse);
     if (opt_.oproj == OProj::all) {
       float* ybar = buffer(ybar_, Q_ * H);
-      linear_forward(obar, Q_, qw, w[P::wo], H, ybar);
+      linear_forward(obar, Q_, qw, w[Params::wo], H, ybar);
       tw = CpClock::now();
       reduce_scatter_rows(ybar, H, y_p);
       timings_.blocking_comm_ms += elapsed_ms(tw);
@@ -215,17 +215,17 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
       tw = CpClock::now();
       reduce_scatter_rows(obar, qw, o_p);
       timings_.blocking_comm_ms += elapsed_ms(tw);
-      linear_forward(o_p, Qp, qw, w[P::wo], H, y_p);
+      linear_forward(o_p, Qp, qw, w[Params::wo], H, y_p);
     }
   }
   for (std::int64_t r = 0; r < Qp; ++r)
-    for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[P::bo][c];
+    for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[Params::bo][c];
   timings_.fwd_ms = elapsed_ms(t0);
 }
 
 void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                  const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
-  using P = AttnLayerParams;
+  using Params = AttnLayerParams;
   Saved& st = static_cast<Saved&>(state);
   const ScopedF32GemmCompute precision(opt_.compute);
   const auto t0 = CpClock::now();
@@ -236,7 +236,7 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   //    oproj owned: do_p = dY_p W_o^T and dW_o share o_p^T dY_p locally, then gather do.
   const bool bf = opt_.compute == DType::bf16;
   const std::int64_t n_q = cfg_.n_q;
-  bias_backward(dy_p, Qp, H, grad[P::bo]);
+  bias_backward(dy_p, Qp, H, grad[Params::bo]);
   float* dout = bf && merge_ ? nullptr : buffer(dout_, Q_ * qw);        // [Q, n_q d_h] f32 do
   bf16_t* dout16 = bf ? buffer(dout16_, Q_ * qw) : nullptr;            // [Q, n_q d_h] bf16 do
   float* lse = st.lse.data();  // [Q, n_q] the global lse (the owner merge gathers it below)
@@ -245,8 +245,8 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     // 2. Owner merge: the owner holds its rows' merged o_p and lse_p, so D_p = rowsum(do_p * o_p) is
     //    local; do (compute dtype) and [lse_p | D_p] (f32) are gathered together.
     float* dout_p = buffer(g_, Qp * qw);
-    linear_backward_input(dy_p, Qp, H, w[P::wo], qw, dout_p);
-    linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[P::wo]);
+    linear_backward_input(dy_p, Qp, H, w[Params::wo], qw, dout_p);
+    linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[Params::wo]);
     if (bf) {  // do travels and enters the kernel rounded to bf16: D of the same rounded rows
       convert_to_bf16(dout_p, buffer(send16_, Qp * qw), Qp * qw);
       convert_to_f32(send16_.data(), dout_p, Qp * qw);
@@ -282,12 +282,12 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
       float* g = buffer(g_, Q_ * H);
       gather_rows(dy_p, H, g);
       timings_.blocking_comm_ms += elapsed_ms(tw);
-      linear_backward_input(g, Q_, H, w[P::wo], qw, dout);
-      linear_backward_weight(st.obar.data(), Q_, qw, g, H, grad[P::wo]);
+      linear_backward_input(g, Q_, H, w[Params::wo], qw, dout);
+      linear_backward_weight(st.obar.data(), Q_, qw, g, H, grad[Params::wo]);
     } else {
       float* dout_p = buffer(g_, Qp * qw);
-      linear_backward_input(dy_p, Qp, H, w[P::wo], qw, dout_p);
-      linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[P::wo]);
+      linear_backward_input(dy_p, Qp, H, w[Params::wo], qw, dout_p);
+      linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[Params::wo]);
       tw = CpClock::now();
       gather_rows(dout_p, qw, dout);
       timings_.blocking_comm_ms += elapsed_ms(tw);

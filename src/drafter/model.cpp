@@ -122,7 +122,7 @@ void Drafter::embed(const DrafterBatch& mb) {
   embedding_(tokens, h_.data());
 }
 
-void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* P, const CpShard& s) {
+void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, const CpShard& s) {
   using Clock = std::chrono::steady_clock;
   auto ms = [](Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
   const std::int64_t H = cfg_.hidden, F = cfg_.ffn, Qp = s.own_query_rows();
@@ -135,10 +135,10 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* P, const
     L.attn->reshard(s);
   L.h_in = h_;
   std::vector<float> y(h_.size());
-  norm_rows(h_, Qp, H, P + rel(u, off.attn_norm), cfg_.rms_eps, L.a, L.a_rstd);
+  norm_rows(h_, Qp, H, params + rel(u, off.attn_norm), cfg_.rms_eps, L.a, L.a_rstd);
   const std::int64_t Cp = s.context_rows();
   if (L.attn_saved) L.attn->discard(std::move(L.attn_saved));  // its backward never ran (evaluation, recompute)
-  L.attn_saved = L.attn->forward(AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)),
+  L.attn_saved = L.attn->forward(AttnLayerParams::view(cfg_.attn(), params + rel(u, off.attn)),
                                  view_of(L.a, {Qp, H}), view_of(c_, {Cp, H}), view_of(y, {Qp, H}));
   L.attn_fwd_comm = L.attn->timings().exposed_comm_ms();
   phases_.attention_comm += L.attn_fwd_comm;
@@ -146,14 +146,14 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* P, const
   phases_.attention += ms(t0);
   t0 = Clock::now();
   L.h_mid = h_;
-  norm_rows(h_, Qp, H, P + rel(u, off.mlp_norm), cfg_.rms_eps, L.m, L.m_rstd);
+  norm_rows(h_, Qp, H, params + rel(u, off.mlp_norm), cfg_.rms_eps, L.m, L.m_rstd);
   L.gate.resize(static_cast<std::size_t>(Qp * F));
   L.up.resize(L.gate.size());
   L.act.resize(L.gate.size());
-  linear_forward(L.m.data(), Qp, H, P + rel(u, off.w_gate), F, L.gate.data());
-  linear_forward(L.m.data(), Qp, H, P + rel(u, off.w_up), F, L.up.data());
+  linear_forward(L.m.data(), Qp, H, params + rel(u, off.w_gate), F, L.gate.data());
+  linear_forward(L.m.data(), Qp, H, params + rel(u, off.w_up), F, L.up.data());
   for (std::size_t j = 0; j < L.act.size(); ++j) L.act[j] = L.gate[j] * sigmoid(L.gate[j]) * L.up[j];
-  linear_forward(L.act.data(), Qp, F, P + rel(u, off.w_down), H, h_.data(), 1.f);  // h += act W_down
+  linear_forward(L.act.data(), Qp, F, params + rel(u, off.w_down), H, h_.data(), 1.f);  // h += act W_down
   phases_.mlp += ms(t0);
 }
 
@@ -171,11 +171,11 @@ void Drafter::forward(const DrafterBatch& mb) {
                " values, expected C_p * n_t * H = ", Cp, " * ", T);
 
   // Context fusion: c = RMSNorm(hidden_p fc).
-  const float* P = acquire(0, false);
+  const float* params = acquire(0, false);
   auto t0 = Clock::now();
   c_lin_.resize(static_cast<std::size_t>(Cp * H));
-  linear_forward(mb.hidden_p.data(), Cp, T, P + rel(0, layout_.fc), H, c_lin_.data());
-  norm_rows(c_lin_, Cp, H, P + rel(0, layout_.fc_norm), cfg_.rms_eps, c_, c_rstd_);
+  linear_forward(mb.hidden_p.data(), Cp, T, params + rel(0, layout_.fc), H, c_lin_.data());
+  norm_rows(c_lin_, Cp, H, params + rel(0, layout_.fc_norm), cfg_.rms_eps, c_, c_rstd_);
   state().release(0, false);
   phases_.fusion += ms(t0);
 
@@ -183,13 +183,13 @@ void Drafter::forward(const DrafterBatch& mb) {
   for (std::int64_t l = 0; l < cfg_.layers; ++l) {
     const int u = static_cast<int>(l) + 1;
     LayerState& L = recompute_ ? scratch_ : layers_[static_cast<std::size_t>(l)];
-    P = acquire(u, false);
-    layer_forward(l, L, P, s);
+    params = acquire(u, false);
+    layer_forward(l, L, params, s);
     if (recompute_) layers_[static_cast<std::size_t>(l)].h_in = std::move(scratch_.h_in);  // all the layer keeps
     state().release(u, false);
   }
-  P = acquire(Lu, false);
-  norm_rows(h_, Qp, H, P + rel(Lu, layout_.final_norm), cfg_.rms_eps, hf_, hf_rstd_);
+  params = acquire(Lu, false);
+  norm_rows(h_, Qp, H, params + rel(Lu, layout_.final_norm), cfg_.rms_eps, hf_, hf_rstd_);
   state().release(Lu, false);
 }
 
@@ -237,8 +237,8 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
   phases_.lm_head += ms(t0);
   if (!backward) return st;
 
-  const float* P = acquire(Lu, true);
-  std::vector<float> dh = norm_rows_bwd(dhf, h_, hf_rstd_, Qp, H, P + rel(Lu, layout_.final_norm),
+  const float* params = acquire(Lu, true);
+  std::vector<float> dh = norm_rows_bwd(dhf, h_, hf_rstd_, Qp, H, params + rel(Lu, layout_.final_norm),
                                         state().unit_grads(Lu) + rel(Lu, layout_.final_norm));
   state().release(Lu, true);
   std::vector<float> dc(static_cast<std::size_t>(Cp * H), 0.f), dc_l(dc.size()), da(dh.size());
@@ -246,17 +246,17 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
   for (std::int64_t l = cfg_.layers - 1; l >= 0; --l) {
     const int u = static_cast<int>(l) + 1;
     const auto& off = layout_.layer[static_cast<std::size_t>(l)];
-    P = acquire(u, true);
+    params = acquire(u, true);
     float* G = state().unit_grads(u);
     if (recompute_) {  // the layer's forward again, from its input
       h_ = layers_[static_cast<std::size_t>(l)].h_in;
-      layer_forward(l, scratch_, P, s);
+      layer_forward(l, scratch_, params, s);
     }
     LayerState& L = recompute_ ? scratch_ : layers_[static_cast<std::size_t>(l)];
     t0 = Clock::now();
     // MLP: h_out = h_mid + act W_down, act = silu(gate) * up.
     linear_backward_weight(L.act.data(), Qp, F, dh.data(), H, G + rel(u, off.w_down));
-    linear_backward_input(dh.data(), Qp, H, P + rel(u, off.w_down), F, dact.data());
+    linear_backward_input(dh.data(), Qp, H, params + rel(u, off.w_down), F, dact.data());
     for (std::size_t j = 0; j < dact.size(); ++j) {
       const float sg = sigmoid(L.gate[j]);
       dup[j] = dact[j] * L.gate[j] * sg;
@@ -264,27 +264,27 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
     }
     linear_backward_weight(L.m.data(), Qp, H, dgate.data(), F, G + rel(u, off.w_gate));
     linear_backward_weight(L.m.data(), Qp, H, dup.data(), F, G + rel(u, off.w_up));
-    linear_backward_input(dgate.data(), Qp, F, P + rel(u, off.w_gate), H, dm.data());
-    linear_backward_input(dup.data(), Qp, F, P + rel(u, off.w_up), H, dm.data(), 1.f);
-    add_into(dh, norm_rows_bwd(dm, L.h_mid, L.m_rstd, Qp, H, P + rel(u, off.mlp_norm), G + rel(u, off.mlp_norm)));
+    linear_backward_input(dgate.data(), Qp, F, params + rel(u, off.w_gate), H, dm.data());
+    linear_backward_input(dup.data(), Qp, F, params + rel(u, off.w_up), H, dm.data(), 1.f);
+    add_into(dh, norm_rows_bwd(dm, L.h_mid, L.m_rstd, Qp, H, params + rel(u, off.mlp_norm), G + rel(u, off.mlp_norm)));
     phases_.mlp += ms(t0);
     t0 = Clock::now();
     // Attention: h_mid = h_in + SplitKV(a, c).
     AttnLayerParams gview(cfg_.attn(), G + rel(u, off.attn));
-    L.attn->backward(std::move(L.attn_saved), AttnLayerParams(cfg_.attn(), const_cast<float*>(P) + rel(u, off.attn)),
+    L.attn->backward(std::move(L.attn_saved), AttnLayerParams::view(cfg_.attn(), params + rel(u, off.attn)),
                      view_of(dh, {Qp, H}), view_of(da, {Qp, H}), view_of(dc_l, {Cp, H}), gview);
     std::fill_n(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
     phases_.attention_comm += L.attn->timings().exposed_comm_ms() - L.attn_fwd_comm;  // timings(): forward + backward
-    add_into(dh, norm_rows_bwd(da, L.h_in, L.a_rstd, Qp, H, P + rel(u, off.attn_norm), G + rel(u, off.attn_norm)));
+    add_into(dh, norm_rows_bwd(da, L.h_in, L.a_rstd, Qp, H, params + rel(u, off.attn_norm), G + rel(u, off.attn_norm)));
     add_into(dc, dc_l);
     phases_.attention += ms(t0);
     state().release(u, true);
   }
   // The embedding is frozen: dh stops here. Context fusion backward.
-  P = acquire(0, true);
+  params = acquire(0, true);
   float* G = state().unit_grads(0);
   t0 = Clock::now();
-  const std::vector<float> dc_lin = norm_rows_bwd(dc, c_lin_, c_rstd_, Cp, H, P + rel(0, layout_.fc_norm), G + rel(0, layout_.fc_norm));
+  const std::vector<float> dc_lin = norm_rows_bwd(dc, c_lin_, c_rstd_, Cp, H, params + rel(0, layout_.fc_norm), G + rel(0, layout_.fc_norm));
   linear_backward_weight(mb.hidden_p.data(), Cp, T, dc_lin.data(), H, G + rel(0, layout_.fc));
   phases_.fusion += ms(t0);
   state().release(0, true);

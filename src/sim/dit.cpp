@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "diffcp/core/error.hpp"
+#include "diffcp/core/stats.hpp"
 #include "diffcp/dit/exchange.hpp"
 #include "diffcp/dit/vmajor.hpp"
 
@@ -54,14 +55,6 @@ VMajorBytes step_bytes(int P, int L, std::int64_t n, std::int64_t hd, std::int64
   return {two.intra - one.intra, two.inter - one.inter, two.inter_qkv - one.inter_qkv};
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  const std::size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-  const double hi = v[mid];
-  if (v.size() % 2 == 1) return hi;
-  return 0.5 * (hi + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)));
-}
 
 }  // namespace
 

@@ -116,7 +116,7 @@ DenseVisibility spec_visibility(const PackedBatch& batch) {
 
 ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const PackedBatch& batch,
                                                const AttnLayerParams& w, const Vec& x, const Vec& ctx, const Vec& dy) {
-  using P = AttnLayerParams;
+  using Params = AttnLayerParams;
   cfg.validate();
   const std::int64_t S = batch.context_rows(), Q = batch.query_rows(), H = cfg.hidden, d = cfg.d_h;
   const std::int64_t qw = cfg.q_width(), kvw = cfg.kv_width(), L = S + Q;
@@ -134,8 +134,8 @@ ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const
 
   Vec U(ctx);
   U.insert(U.end(), x.begin(), x.end());  // [ctx; x]: [L, H]
-  const Vec Wq = param(w, P::wq), Wk = param(w, P::wk), Wv = param(w, P::wv), Wo = param(w, P::wo), bo = param(w, P::bo);
-  const Vec gq = param(w, P::q_norm), gk = param(w, P::k_norm);
+  const Vec Wq = param(w, Params::wq), Wk = param(w, Params::wk), Wv = param(w, Params::wv), Wo = param(w, Params::wo), bo = param(w, Params::bo);
+  const Vec gq = param(w, Params::q_norm), gk = param(w, Params::k_norm);
 
   const Vec q_lin = matmul(x, Wq, Q, H, qw), k_lin = matmul(U, Wk, L, H, kvw);
   Vec q = rmsnorm(q_lin, gq, d, cfg.rms_eps), k = rmsnorm(k_lin, gk, d, cfg.rms_eps);
@@ -153,18 +153,18 @@ ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const
     for (std::int64_t c = 0; c < H; ++c) r.y[static_cast<std::size_t>(i * H + c)] += bo[static_cast<std::size_t>(c)];
 
   // Backward.
-  const P layout(cfg);
+  const Params layout(cfg);
   r.grad.assign(layout.all().size(), 0.0);
-  auto put = [&](P::Id id, const Vec& g) {
-    const std::size_t off = static_cast<std::size_t>(layout[id] - layout[P::wq]);
+  auto put = [&](Params::Id id, const Vec& g) {
+    const std::size_t off = static_cast<std::size_t>(layout[id] - layout[Params::wq]);
     for (std::size_t j = 0; j < g.size(); ++j) r.grad[off + j] = g[j];
   };
   const Vec dout = matmul_nt(dy, Wo, Q, H, qw);
-  put(P::wo, matmul_tn(o, dy, Q, qw, H));
+  put(Params::wo, matmul_tn(o, dy, Q, qw, H));
   Vec dbo(static_cast<std::size_t>(H), 0.0);
   for (std::int64_t i = 0; i < Q; ++i)
     for (std::int64_t c = 0; c < H; ++c) dbo[static_cast<std::size_t>(c)] += dy[static_cast<std::size_t>(i * H + c)];
-  put(P::bo, dbo);
+  put(Params::bo, dbo);
   Vec dq, dk, dv;
   reference_attention_backward(mask, shape, q, k, v, dout, r.lse, reference_delta(dout, o, Q * cfg.n_q, d), dq, dk, dv);
   rope(dq, qpos, cfg.n_q, d, cfg.rope_theta, -1.0);
@@ -172,11 +172,11 @@ ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const
   Vec dgq(static_cast<std::size_t>(d), 0.0), dgk(static_cast<std::size_t>(d), 0.0);
   const Vec dq_lin = rmsnorm_bwd(dq, q_lin, gq, d, cfg.rms_eps, dgq);
   const Vec dk_lin = rmsnorm_bwd(dk, k_lin, gk, d, cfg.rms_eps, dgk);
-  put(P::q_norm, dgq);
-  put(P::k_norm, dgk);
-  put(P::wq, matmul_tn(x, dq_lin, Q, H, qw));
-  put(P::wk, matmul_tn(U, dk_lin, L, H, kvw));
-  put(P::wv, matmul_tn(U, dv, L, H, kvw));
+  put(Params::q_norm, dgq);
+  put(Params::k_norm, dgk);
+  put(Params::wq, matmul_tn(x, dq_lin, Q, H, qw));
+  put(Params::wk, matmul_tn(U, dk_lin, L, H, kvw));
+  put(Params::wv, matmul_tn(U, dv, L, H, kvw));
   Vec dU = matmul_nt(dk_lin, Wk, L, kvw, H);
   const Vec dU_v = matmul_nt(dv, Wv, L, kvw, H);
   for (std::size_t j = 0; j < dU.size(); ++j) dU[j] += dU_v[j];

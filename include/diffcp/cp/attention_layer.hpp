@@ -42,6 +42,11 @@ class AttnLayerParams {
   // A view of count(cfg) floats owned elsewhere (a model's single parameter allocation).
   AttnLayerParams(const AttnLayerConfig& cfg, float* external);
   AttnLayerParams(const AttnLayerParams& o);  // copies the values into owned storage
+  // A read-only view of count(cfg) floats owned elsewhere (a model's parameters while a layer
+  // reads them): const, so nothing can write through it.
+  static const AttnLayerParams view(const AttnLayerConfig& cfg, const float* external) {
+    return AttnLayerParams(cfg, const_cast<float*>(external));  // the one place: the result is const
+  }
   AttnLayerParams& operator=(const AttnLayerParams&) = delete;
   // Offsets of every tensor in Id order (entry kCount = the total float count); the 1-D tensors
   // (bo, q_norm, k_norm) come last, after the four matrices.

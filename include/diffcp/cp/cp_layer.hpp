@@ -23,6 +23,9 @@
 // Call order: every rank calls forward() then backward() (and reshard() between steps).
 #pragma once
 
+#include <cmath>
+#include <span>
+
 #include <cstdint>
 #include <memory>
 
@@ -96,6 +99,12 @@ class CpAttentionLayer {
   // Closed-form bytes one layer (forward + backward) sends per rank, mean over ranks, as the
   // communicator counts them (cp/bytes.hpp; payloads in compute(), lse and D in f32).
   virtual double predicted_bytes_per_layer() const = 0;
+  // Of those, the bytes to ranks on other nodes, for a method with a closed form of them
+  // (Split-KV); NaN for the others.
+  virtual double predicted_inter_bytes_per_layer() const { return std::nan(""); }
+  // The log-sum-exp of this rank's owned query rows, [Q_p, n_q], from a forward's saved context,
+  // for a method that keeps the global lse (Split-KV); empty for those that keep per-step partials.
+  virtual std::span<const float> saved_lse(const CpSaved& saved) const { return {}; }
   DType dtype() const { return DType::f32; }  // of x, ctx, y and their gradients
   DType compute() const { return compute_; }  // of the kernels and payloads inside: f32 or bf16
   const AttnLayerConfig& config() const { return cfg_; }

@@ -42,6 +42,9 @@ struct CpMethod {
   const char* name;            // "splitkv": what --method takes
   const char* title;           // "Split-KV": how tables and reports print it
   const char* default_layout;  // balancer (balance/balancer.hpp) that lays the context out as the method is usually run
+  // Whether the method reads SplitKVOptions' oproj and collectives and lays its context out with
+  // the user's --balancer (Split-KV); the others take their default layout and the compute dtype.
+  bool splitkv_options;
   // "" when the method can run on P ranks with this layer shape, else why not (e.g. Ulysses with
   // P not dividing n_kv). No communication: every rank can ask before constructing a layer.
   std::string (*unsupported_reason)(const AttnLayerConfig& cfg, int P);

@@ -89,6 +89,7 @@ class SplitKVLayer final : public CpAttentionLayer {
   // The lse [Q_p, n_q] of the query rows this rank owns, as a forward of this layer saved it (for
   // dumps and tests).
   std::span<const float> lse(const CpSaved& saved) const;
+  std::span<const float> saved_lse(const CpSaved& saved) const override { return lse(saved); }
   // How many times a buffer (saved activations or step scratch) had to grow (0 per step while
   // shapes repeat and every forward's context goes back through backward() or discard()).
   std::int64_t allocations() const { return allocations_ + own_.allocations(); }
@@ -106,7 +107,7 @@ class SplitKVLayer final : public CpAttentionLayer {
   //                 with s_r = n/P (+1 for r < n mod P) the all-reduce shares; the owner merge's
   //                 statistics instead: sum_r 3 Q_r n_q (P - L_node(r))
   //   hierarchical: 1/P * [(N-1) (2Q n_q d_h + 2Q w) + a * 2n(N-1)]
-  double predicted_inter_bytes_per_layer() const;
+  double predicted_inter_bytes_per_layer() const override;
   const SplitKVOptions& options() const { return opt_; }
 
  private:

@@ -101,7 +101,7 @@ class Drafter {
   void embed(const DrafterBatch& mb);
   void forward(const DrafterBatch& mb);  // -> hf_ (and the saved activations)
   // Layer l on h_ (in: its input, out: its output), saving its activations in L.
-  void layer_forward(std::int64_t l, LayerState& L, const float* P, const CpShard& s);
+  void layer_forward(std::int64_t l, LayerState& L, const float* params, const CpShard& s);
   const float* acquire(int u, bool backward);  // the unit's parameters, timing the wait
   // Offset of layout offset `abs` inside unit u.
   std::int64_t rel(int u, std::int64_t abs) const { return abs - layout_.units[static_cast<std::size_t>(u)].begin; }

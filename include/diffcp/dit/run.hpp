@@ -1,0 +1,50 @@
+// A `diffcp dit` run as library calls (the CLI parses and prints; the Python package and the
+// benchmarks can call the same): one sampling run with an exchange over the ranks, and the closed
+// forms of its bytes and memory per rank.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "diffcp/comm/communicator.hpp"
+#include "diffcp/dit/cache_schedule.hpp"
+#include "diffcp/dit/config.hpp"
+#include "diffcp/dit/exchange.hpp"
+#include "diffcp/dit/sampler.hpp"
+
+namespace diffcp {
+
+// One sampling run of `opt.timesteps` Euler steps with `ex` over `world`, from `noise`
+// ([b, N_img, C_in], every rank the same). Collective.
+struct DitRun {
+  std::vector<float> latent;             // [b, N_img, C_in], gathered on every rank
+  std::vector<double> step_ms, comm_ms;  // per step: the slowest rank's
+  ExchangeStats stats;                   // this rank's counters
+  std::uint64_t cache_bytes = 0;         // this rank's V-Major cache
+};
+DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
+                        const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt);
+
+// The closed forms of a run's bytes across link groups, per rank per step: P ranks, USP degrees
+// `deg`, the Ulysses exchange in groups of `group_size` (TAPA's L, at most U), link groups of
+// `link_group_size` ranks (Ring's K|V counts across groups for the ranks whose ring successor lies
+// in another link group), `steps` steps, payloads in `compute`.
+struct DitBytesPrediction {
+  double inter = 0;       // this run's: CoCoDiff's cache schedule; every other mode moves TAPA's
+  double tapa_inter = 0;  // TAPA's, for the same run
+  double qkv_ratio = 1;   // TAPA's q|k|v phase 2 bytes over this run's (1 without V-Major)
+  double ring = 0;        // USP: Ring's K|V (every link class)
+  double inter_ratio() const { return inter > 0 ? tapa_inter / inter : 1.0; }
+};
+DitBytesPrediction dit_predicted_bytes(const DitConfig& cfg, const DitShape& shape, const DitShard& shard, UspDegrees deg,
+                                       int P, ExchangeMode mode, const CacheSchedule& schedule, int steps, int group_size,
+                                       int link_group_size, DType compute);
+
+// Memory per rank: every rank holds all weights in f32 (Ulysses and Ring split tokens and heads of
+// the activations, not the weights) and the model's activation buffers (dit/model.hpp).
+struct DitMemory {
+  double weight_bytes = 0, activation_bytes = 0;
+};
+DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const DitShard& shard);
+
+}  // namespace diffcp

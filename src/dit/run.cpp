@@ -1,0 +1,49 @@
+#include "diffcp/dit/run.hpp"
+
+#include "diffcp/dit/model.hpp"
+#include "diffcp/dit/ring_attention.hpp"
+#include "diffcp/dit/vmajor.hpp"
+
+namespace diffcp {
+
+DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
+                        const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt) {
+  DitModel model(w, shape, ex);
+  std::vector<float> x_p = shard_latent(noise, w.config(), shape, model.shard());
+  ex.reset_stats();
+  const SampleTimings t = euler_sample(model, x_p, cond, opt);
+  DitRun r{gather_latent(world, x_p, w.config(), shape, model.shard()), t.step_ms, t.comm_ms, ex.stats(), ex.cache_bytes()};
+  world.all_reduce<double>(r.step_ms, ReduceOp::max);
+  world.all_reduce<double>(r.comm_ms, ReduceOp::max);
+  return r;
+}
+
+DitBytesPrediction dit_predicted_bytes(const DitConfig& cfg, const DitShape& shape, const DitShard& shard, UspDegrees deg,
+                                       int P, ExchangeMode mode, const CacheSchedule& schedule, int steps, int group_size,
+                                       int link_group_size, DType compute) {
+  const std::int64_t n_tok = shape.batch * shard.tokens_p();
+  const std::int64_t hdim = cfg.hidden() / deg.ulysses, layers = cfg.double_blocks + cfg.single_blocks;
+  VMajorBytes tapa = vmajor_predicted_bytes(deg.ulysses, group_size, n_tok, hdim, layers, schedule, steps, false, compute);
+  VMajorBytes run = vmajor_predicted_bytes(deg.ulysses, group_size, n_tok, hdim, layers, schedule, steps,
+                                           mode == ExchangeMode::cocodiff, compute);
+  const std::uint64_t ring = static_cast<std::uint64_t>(steps * layers) * ring_kv_bytes(deg.ring, n_tok, cfg.hidden(), compute);
+  int ring_inter_ranks = 0;
+  for (int p = 0; p < P; ++p) ring_inter_ranks += !ring_next_in_group(p, deg.ulysses, deg.ring, link_group_size);
+  const std::uint64_t ring_inter = ring * static_cast<std::uint64_t>(ring_inter_ranks) / static_cast<std::uint64_t>(P);
+  tapa.inter += ring_inter;
+  run.inter += ring_inter;
+  const double inv = 1.0 / steps;
+  DitBytesPrediction b;
+  b.inter = static_cast<double>(run.inter) * inv;
+  b.tapa_inter = static_cast<double>(tapa.inter) * inv;
+  b.qkv_ratio = run.inter_qkv > 0 ? static_cast<double>(tapa.inter_qkv) / static_cast<double>(run.inter_qkv) : 1.0;
+  b.ring = static_cast<double>(ring) * inv;
+  return b;
+}
+
+DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const DitShard& shard) {
+  const std::int64_t Mp = shape.batch * shard.tokens_p(), H = cfg.hidden();
+  return {4.0 * static_cast<double>(DitLayout(cfg).total), 4.0 * static_cast<double>(Mp * (4 * H + 3 * H + cfg.mlp_hidden))};
+}
+
+}  // namespace diffcp
