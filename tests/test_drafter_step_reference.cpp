@@ -1,0 +1,208 @@
+// The whole drafter training step's gradients against an independent fp64 reference (issue #37):
+// the loss of one micro-batch written from SPEC A.1 in plain fp64 loops (context fusion fc +
+// RMSNorm, per layer RMSNorm -> Split-KV attention (the fp64 layer reference, its mask built from
+// the batch alone) -> residual -> RMSNorm -> SwiGLU -> residual, the final RMSNorm, the frozen LM
+// head, cross-entropy per slot with w_k = exp(-(k-1)/gamma) times the loss mask), differentiated by
+// central finite differences in fp64, against the analytic gradients of `Drafter::step` (fc,
+// norms, SwiGLU, attention, LM head, decay-weighted loss), summed over the CP ranks (P = 1, 2, 3).
+// b_o is fixed at zero in the drafter (the DFlash format has none) and is not compared.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "diffcp/cp/attention_layer.hpp"
+#include "diffcp/drafter/model.hpp"
+#include "diffcp/testing/compare.hpp"
+#include "diffcp/testing/reference_layer.hpp"
+#include "diffcp/workload/batch.hpp"
+#include "mpi_test.hpp"
+
+namespace diffcp {
+namespace {
+
+using Vec = std::vector<double>;
+
+DrafterConfig tiny_config() {
+  DrafterConfig c;
+  c.vocab = 32, c.hidden = 16, c.target_layers = 2, c.layers = 2;
+  c.n_q = 2, c.n_kv = 1, c.d_h = 8, c.ffn = 24, c.block = 4, c.gamma = 4.0, c.mask_token = 31;
+  c.target_layer_ids = {0, 1};
+  c.target_depth = 2;
+  return c;
+}
+
+// One micro-batch in global order: the target's hidden states [S, n_t H], the blocks' input rows
+// h_0 [Q, H] (a serving engine's noise embedding: no embedding table needed), tokens, loss mask,
+// the frozen LM head [H, V].
+struct Problem {
+  DrafterConfig cfg = tiny_config();
+  PackedBatch batch = make_random_batch(2, 24, 2, 4, 0.25, 11, 40);
+  std::vector<float> hidden, block_input, lm_head;
+  std::vector<std::int32_t> tokens;
+  std::vector<std::uint8_t> loss_mask;
+  Problem() {
+    std::mt19937_64 rng(3);
+    std::normal_distribution<double> n(0.0, 1.0);
+    const std::int64_t S = batch.context_rows(), Q = batch.query_rows(), H = cfg.hidden;
+    for (std::int64_t i = 0; i < S * cfg.target_layers * H; ++i) hidden.push_back(static_cast<float>(n(rng)));
+    for (std::int64_t i = 0; i < Q * H; ++i) block_input.push_back(static_cast<float>(n(rng)));
+    for (std::int64_t i = 0; i < H * cfg.vocab; ++i) lm_head.push_back(static_cast<float>(0.5 * n(rng)));
+    for (std::int64_t i = 0; i < S; ++i) {
+      tokens.push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(cfg.vocab - 1)));
+      loss_mask.push_back(rng() % 5 != 0);  // a few tokens without loss
+    }
+  }
+};
+
+// The seeded init with every norm weight moved off 1 and b_o zero (the drafter keeps it zero).
+std::vector<float> test_params(const DrafterConfig& cfg) {
+  auto self = test::world().split(test::world().rank(), 0, "self");
+  Drafter d(*self, cfg);
+  d.init_params(7);
+  std::vector<float> p = d.params();
+  std::mt19937_64 rng(8);
+  std::normal_distribution<double> n(0.0, 0.2);
+  const DrafterLayout lay(cfg);
+  for (const auto& [off, len] : lay.vectors)
+    for (std::int64_t j = 0; j < len; ++j) p[static_cast<std::size_t>(off + j)] += static_cast<float>(n(rng));
+  const auto a = AttnLayerParams::offsets(cfg.attn());
+  for (const auto& L : lay.layer) std::fill_n(p.begin() + L.attn + a[AttnLayerParams::bo], cfg.hidden, 0.f);
+  return p;
+}
+
+// fp64 loss sum_rows w CE of the micro-batch with parameters p (stored as the drafter stores them:
+// matrices [in, out], DrafterLayout's offsets).
+double reference_loss(const Problem& pb, const std::vector<float>& p) {
+  const DrafterConfig& c = pb.cfg;
+  const DrafterLayout lay(c);
+  const std::int64_t S = pb.batch.context_rows(), Q = pb.batch.query_rows(), H = c.hidden, F = c.ffn, T = c.target_layers * H;
+  const auto at = [&](std::int64_t off) { return static_cast<double>(p[static_cast<std::size_t>(off)]); };
+  const auto lin = [&](const Vec& x, std::int64_t n, std::int64_t in, std::int64_t off, std::int64_t out) {
+    Vec y(static_cast<std::size_t>(n * out), 0.0);
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t i = 0; i < in; ++i)
+        for (std::int64_t o = 0; o < out; ++o) y[static_cast<std::size_t>(r * out + o)] += x[static_cast<std::size_t>(r * in + i)] * at(off + i * out + o);
+    return y;
+  };
+  const auto norm = [&](Vec x, std::int64_t off) {
+    for (std::size_t g = 0; g < x.size(); g += static_cast<std::size_t>(H)) {
+      double ss = 0;
+      for (std::int64_t j = 0; j < H; ++j) ss += x[g + static_cast<std::size_t>(j)] * x[g + static_cast<std::size_t>(j)];
+      const double r = 1.0 / std::sqrt(ss / static_cast<double>(H) + c.rms_eps);
+      for (std::int64_t j = 0; j < H; ++j) x[g + static_cast<std::size_t>(j)] *= r * at(off + j);
+    }
+    return x;
+  };
+  const Vec ctx = norm(lin(Vec(pb.hidden.begin(), pb.hidden.end()), S, T, lay.fc, H), lay.fc_norm);
+  Vec h(pb.block_input.begin(), pb.block_input.end());
+  const Vec no_dy(static_cast<std::size_t>(Q * H), 0.0);
+  for (const DrafterLayout::Layer& L : lay.layer) {
+    const Vec a = norm(h, L.attn_norm);
+    const AttnLayerParams w = AttnLayerParams::view(c.attn(), p.data() + L.attn);
+    const Vec y = reference_attention_layer(c.attn(), pb.batch, w, a, ctx, no_dy).y;
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+    const Vec m = norm(h, L.mlp_norm);
+    const Vec g = lin(m, Q, H, L.w_gate, F), u = lin(m, Q, H, L.w_up, F);
+    Vec act(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) act[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+    const Vec down = lin(act, Q, F, L.w_down, H);
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] += down[i];
+  }
+  const Vec hf = norm(h, lay.final_norm);
+  // Slot k of block i (sample u, in-sample anchor a) predicts packed token s_u + a + k.
+  double loss = 0;
+  std::int64_t row = 0, start = 0;
+  for (std::size_t u = 0; u < pb.batch.lengths.size(); ++u) {
+    for (const std::int64_t anchor : pb.batch.anchors[u])
+      for (std::int64_t k = 0; k < c.block; ++k, ++row) {
+        const std::int64_t t = start + anchor + k;
+        const double w = k == 0 ? 0.0 : std::exp(-static_cast<double>(k - 1) / c.gamma) * pb.loss_mask[static_cast<std::size_t>(t)];
+        if (w == 0) continue;
+        Vec logit(static_cast<std::size_t>(c.vocab), 0.0);
+        for (std::int64_t j = 0; j < H; ++j)
+          for (std::int64_t v = 0; v < c.vocab; ++v)
+            logit[static_cast<std::size_t>(v)] += hf[static_cast<std::size_t>(row * H + j)] * pb.lm_head[static_cast<std::size_t>(j * c.vocab + v)];
+        double mx = logit[0], se = 0;
+        for (const double x : logit) mx = std::max(mx, x);
+        for (const double x : logit) se += std::exp(x - mx);
+        loss += w * (mx + std::log(se) - logit[static_cast<std::size_t>(pb.tokens[static_cast<std::size_t>(t)])]);
+      }
+    start += pb.batch.lengths[u];
+  }
+  return loss;
+}
+
+// The drafter's gradients of the same loss, computed with Split-KV over the world's ranks and
+// summed over them.
+std::vector<float> drafter_gradients(const Problem& pb, const std::vector<float>& p) {
+  Communicator& world = test::world();
+  const DrafterConfig& c = pb.cfg;
+  Drafter d(world, c);
+  std::copy(p.begin(), p.end(), d.params().begin());
+  std::fill(d.grads().begin(), d.grads().end(), 0.f);
+  d.set_lm_head(LmHead(nullptr, c.hidden, c.vocab, pb.lm_head, 0));
+  DrafterBatch mb;
+  mb.shard = contiguous_shard(pb.batch, world.size(), world.rank());
+  mb.tokens = pb.tokens;
+  mb.loss_mask = pb.loss_mask;
+  const std::int64_t T = c.target_layers * c.hidden, H = c.hidden;
+  for (const PosRange& r : mb.shard.chunks)
+    mb.hidden_p.insert(mb.hidden_p.end(), pb.hidden.begin() + r.begin * T, pb.hidden.begin() + r.end * T);
+  const std::int64_t q0 = mb.shard.blocks.begin * c.block, q1 = mb.shard.blocks.end * c.block;
+  mb.block_input.assign(pb.block_input.begin() + q0 * H, pb.block_input.begin() + q1 * H);
+  const DrafterStats st = d.step(mb, true);
+  std::vector<double> loss{st.loss_sum};
+  world.all_reduce<double>(loss);
+  EXPECT_NEAR(loss[0], reference_loss(pb, p), 1e-4 * std::max(1.0, std::abs(loss[0])));
+  std::vector<float> g = d.grads();
+  world.all_reduce<float>(g);
+  return g;
+}
+
+TEST(DrafterStep, GradientsEqualFiniteDifferencesOfAnFp64Reference) {
+  const Problem pb;
+  std::vector<float> p = test_params(pb.cfg);
+  const std::vector<float> g = drafter_gradients(pb, p);
+  // Every tensor, 6 entries each (seeded), by central differences of the fp64 loss.
+  const DrafterLayout lay(pb.cfg);
+  const auto a = AttnLayerParams::offsets(pb.cfg.attn());
+  const std::int64_t H = pb.cfg.hidden, T = pb.cfg.target_layers * H, F = pb.cfg.ffn;
+  std::vector<std::pair<std::int64_t, std::int64_t>> tensors{{lay.fc, T * H}, {lay.fc_norm, H}, {lay.final_norm, H}};
+  for (const auto& L : lay.layer) {
+    tensors.insert(tensors.end(), {{L.attn_norm, H}, {L.mlp_norm, H}, {L.w_gate, H * F}, {L.w_up, H * F}, {L.w_down, F * H}});
+    for (const auto id : {AttnLayerParams::wq, AttnLayerParams::wk, AttnLayerParams::wv, AttnLayerParams::wo,
+                          AttnLayerParams::q_norm, AttnLayerParams::k_norm})
+      tensors.push_back({L.attn + a[id], a[id + 1] - a[id]});
+  }
+  std::mt19937_64 rng(5);
+  std::vector<double> fd, got;
+  for (const auto& [off, size] : tensors)
+    for (int s = 0; s < 6; ++s) {
+      const std::size_t j = static_cast<std::size_t>(off + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(size)));
+      const float x = p[j];
+      const float hi = x + 1e-3f, lo = x - 1e-3f;
+      p[j] = hi;
+      const double up = reference_loss(pb, p);
+      p[j] = lo;
+      const double down = reference_loss(pb, p);
+      p[j] = x;
+      fd.push_back((up - down) / (static_cast<double>(hi) - static_cast<double>(lo)));
+      got.push_back(static_cast<double>(g[j]));
+    }
+  double scale = 0;
+  for (const double v : fd) scale = std::max(scale, std::abs(v));
+  ASSERT_GT(scale, 1e-3);  // the loss depends on the parameters at all
+  const CompareResult r = compare<double>(got, fd, {2e-4 * scale, 2e-3});
+  EXPECT_TRUE(r.pass()) << r.mismatched << " of " << fd.size() << " gradients off; worst ratio " << r.worst_ratio << " at "
+                        << r.worst << ": drafter " << got[static_cast<std::size_t>(r.worst)] << ", finite differences "
+                        << fd[static_cast<std::size_t>(r.worst)];
+  // The comparison can fail: one gradient with its sign flipped is caught.
+  std::vector<double> wrong = got;
+  wrong[0] = -wrong[0] + (wrong[0] == 0 ? 1.0 : 0.0);
+  EXPECT_FALSE(compare<double>(wrong, fd, {2e-4 * scale, 2e-3}).pass());
+}
+
+}  // namespace
+}  // namespace diffcp
