@@ -672,7 +672,9 @@ TEST(DitCompare, FlatReferenceIsNeverTheRunItself) {
           const bool same = mode == ExchangeMode::flat && (ref.single_rank ? P == 1 : deg.ulysses == ref.deg.ulysses);
           EXPECT_FALSE(same);
           // Where P divides the heads and the run is not flat Ulysses, the reference uses the same ranks.
-          if (heads % P == 0 && !(mode == ExchangeMode::flat && deg.ring == 1)) EXPECT_FALSE(ref.single_rank);
+          if (heads % P == 0 && !(mode == ExchangeMode::flat && deg.ring == 1)) {
+            EXPECT_FALSE(ref.single_rank);
+          }
         }
       }
 }

@@ -176,12 +176,6 @@ std::unique_ptr<AttentionExchange> make_mode_exchange(ExchangeMode mode, Communi
 }
 }  // namespace
 
-int usp_ulysses_group_size(int L, int U) {
-  DIFFCP_CHECK(L >= 1 && U >= 1 && (U % L == 0 || L % U == 0), "--group-size L = ", L, " and --ulysses-degree U = ", U,
-               ": one must divide the other (Ulysses groups of U consecutive ranks either span whole groups of L or lie"
-               " inside one)");
-  return std::min(L, U);
-}
 
 std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size,
                                                            const CacheSchedule& schedule, int ulysses_degree) {
@@ -193,15 +187,13 @@ std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Co
   DIFFCP_CHECK(P % L == 0, "--group-size L = ", L, " does not divide P = ", P, " ranks (groups of L consecutive ranks)");
   if (U == P) return make_mode_exchange(mode, world, L, schedule);
 
-  // USP: world rank p = g U + u; the Ulysses group g holds ranks [g U, (g+1) U), the ring joins the
-  // ranks with the same u (ring rank g).
-  const int p = world.rank(), Lu = usp_ulysses_group_size(L, U);
-  std::unique_ptr<Communicator> ulysses = world.split(p / U, p % U, "ulysses");
-  std::unique_ptr<Communicator> ring = world.split(p % U, p / U, "ring");
-  std::unique_ptr<AttentionExchange> ex = make_mode_exchange(mode, *ulysses, Lu, schedule);
-  ex->ulysses_comm_ = std::move(ulysses);
-  ex->ring_ = std::make_unique<RingAttention>(std::move(ring));
-  ex->ring_intra_ = ring_next_in_group(p, U, P / U, L);
+  // USP (dit/usp.hpp): Ulysses inside each group of U consecutive ranks, Ring across the groups.
+  const int Lu = usp_ulysses_group_size(L, U);
+  UspGroups groups = make_usp_groups(world, U);
+  std::unique_ptr<AttentionExchange> ex = make_mode_exchange(mode, *groups.ulysses, Lu, schedule);
+  ex->ulysses_comm_ = std::move(groups.ulysses);
+  ex->ring_ = std::make_unique<RingAttention>(std::move(groups.ring));
+  ex->ring_intra_ = ring_next_in_group(world.rank(), U, P / U, L);
   ex->link_L_ = L;
   return ex;
 }

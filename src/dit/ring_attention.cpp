@@ -28,12 +28,6 @@ std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden, D
   return 2 * dtype_size(payload) * static_cast<std::uint64_t>(R - 1) * static_cast<std::uint64_t>(tokens_p) * static_cast<std::uint64_t>(hidden);
 }
 
-bool ring_next_in_group(int p, int U, int R, int L) {
-  const int P = U * R;
-  DIFFCP_CHECK(U >= 1 && R >= 1 && L >= 1 && p >= 0 && p < P, "ring_next_in_group: rank ", p, " with U = ", U,
-               ", R = ", R, ", L = ", L);
-  return (p + U) % P / L == p / L;
-}
 
 RingAttention::RingAttention(std::unique_ptr<Communicator> ring) : ring_(std::move(ring)) {
   DIFFCP_CHECK(ring_ != nullptr, "ring attention: no ring communicator");

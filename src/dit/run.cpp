@@ -2,6 +2,7 @@
 
 #include "diffcp/dit/model.hpp"
 #include "diffcp/dit/ring_attention.hpp"
+#include "diffcp/dit/usp.hpp"
 #include "diffcp/dit/vmajor.hpp"
 
 namespace diffcp {

@@ -90,15 +90,6 @@ struct DitShard {
 // image tokens.
 DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int p, int ulysses = 0);
 
-// USP degrees: P = U x R ranks, Ulysses over U (it shards the heads), Ring over R groups.
-struct UspDegrees {
-  int ulysses = 1, ring = 1;  // U, R
-};
-// The degrees for P ranks and n_h heads from --ulysses-degree / --ring-degree (nullopt: not given).
-// Neither given: U = the largest divisor of P that divides n_h, R = P / U; one given: the other is
-// P over it. Throws diffcp::Error naming the values for a given degree < 1, one that does not divide
-// P, U x R != P, or U not dividing n_h. Local: no communication.
-UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> ulysses, std::optional<int> ring);
 
 // A Linear layer's place in the parameter allocation: W at `w` stored [in, out] (y = x W), bias
 // at `b` [out].

@@ -47,6 +47,7 @@
 #include "diffcp/core/tensor.hpp"
 #include "diffcp/dit/cache_schedule.hpp"
 #include "diffcp/dit/ring_attention.hpp"
+#include "diffcp/dit/usp.hpp"
 
 namespace diffcp {
 
@@ -207,10 +208,6 @@ class AttentionExchange {
 std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size,
                                                            const CacheSchedule& schedule = {}, int ulysses_degree = 0);
 
-// The group size of the Ulysses exchange under USP: min(L, U), after checking that Ulysses groups of
-// U consecutive ranks and link groups of L consecutive ranks tile (L | U or U | L), so that each
-// all-to-all block is either inside or across link groups. Throws naming both otherwise.
-int usp_ulysses_group_size(int L, int U);
 
 // The implementations, one file each (exchange_flat.cpp, exchange_tapa.cpp, exchange_vfirst.cpp,
 // vmajor.cpp); L already checked.

@@ -53,8 +53,6 @@ namespace diffcp {
 
 // ring_kv_bytes above: R the ring degree, tokens_p = b n_p, hidden = H. Throws for R < 1.
 std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden, DType payload = DType::f32);
-// Whether world rank p's ring successor (p + U mod P) lies in p's group of L consecutive ranks.
-bool ring_next_in_group(int p, int U, int R, int L);
 
 // What one forward() moved (the exchange adds it to its ExchangeStats).
 struct RingTraffic {

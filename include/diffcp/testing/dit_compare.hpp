@@ -10,6 +10,7 @@
 #include "diffcp/dit/cache_schedule.hpp"
 #include "diffcp/dit/config.hpp"
 #include "diffcp/dit/exchange.hpp"
+#include "diffcp/dit/usp.hpp"
 #include "diffcp/testing/compare.hpp"
 
 namespace diffcp {
