@@ -764,7 +764,9 @@ TEST(DitModel, Bf16PayloadsInEveryModeAndTheUspRing) {
         const std::uint64_t ring = static_cast<std::uint64_t>(steps * layers) * ring_kv_bytes(R, n, cfg.hidden(), DType::bf16);
         EXPECT_EQ(ex->stats().ring_bytes, ring);
         EXPECT_EQ(2 * ring, static_cast<std::uint64_t>(steps * layers) * ring_kv_bytes(R, n, cfg.hidden()));
-        if (R > 1) EXPECT_EQ((*ex->ring_comm_stats())[CommOp::send].bytes_sent, ring);
+        if (R > 1) {
+          EXPECT_EQ((*ex->ring_comm_stats())[CommOp::send].bytes_sent, ring);
+        }
       }
       continue;
     }
