@@ -14,6 +14,9 @@ namespace diffcp {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
 float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 
 // dst[i] += src[i]
@@ -123,8 +126,6 @@ void Drafter::embed(const DrafterBatch& mb) {
 }
 
 void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, const CpShard& s) {
-  using Clock = std::chrono::steady_clock;
-  auto ms = [](Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
   const std::int64_t H = cfg_.hidden, F = cfg_.ffn, Qp = s.own_query_rows();
   const int u = static_cast<int>(l) + 1;
   const auto& off = layout_.layer[static_cast<std::size_t>(l)];
@@ -143,7 +144,7 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
   L.attn_fwd_comm = L.attn->timings().exposed_comm_ms();
   phases_.attention_comm += L.attn_fwd_comm;
   add_into(h_, y);
-  phases_.attention += ms(t0);
+  phases_.attention += ms_since(t0);
   t0 = Clock::now();
   L.h_mid = h_;
   norm_rows(h_, Qp, H, params + rel(u, off.mlp_norm), cfg_.rms_eps, L.m, L.m_rstd);
@@ -154,12 +155,10 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
   linear_forward(L.m.data(), Qp, H, params + rel(u, off.w_up), F, L.up.data());
   for (std::size_t j = 0; j < L.act.size(); ++j) L.act[j] = L.gate[j] * sigmoid(L.gate[j]) * L.up[j];
   linear_forward(L.act.data(), Qp, F, params + rel(u, off.w_down), H, h_.data(), 1.f);  // h += act W_down
-  phases_.mlp += ms(t0);
+  phases_.mlp += ms_since(t0);
 }
 
 void Drafter::forward(const DrafterBatch& mb) {
-  using Clock = std::chrono::steady_clock;
-  auto ms = [](Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
   const std::int64_t H = cfg_.hidden, B = cfg_.block, T = cfg_.target_layers * H;
   const int Lu = static_cast<int>(cfg_.layers) + 1;  // the final norm's unit
   const CpShard& s = mb.shard;
@@ -177,7 +176,7 @@ void Drafter::forward(const DrafterBatch& mb) {
   linear_forward(mb.hidden_p.data(), Cp, T, params + rel(0, layout_.fc), H, c_lin_.data());
   norm_rows(c_lin_, Cp, H, params + rel(0, layout_.fc_norm), cfg_.rms_eps, c_, c_rstd_);
   state().release(0, false);
-  phases_.fusion += ms(t0);
+  phases_.fusion += ms_since(t0);
 
   embed(mb);
   for (std::int64_t l = 0; l < cfg_.layers; ++l) {
@@ -199,17 +198,20 @@ const std::vector<float>& Drafter::forward_hidden(const DrafterBatch& mb) {
 }
 
 DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
-  using Clock = std::chrono::steady_clock;
-  auto ms = [](Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
-  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, B = cfg_.block, T = cfg_.target_layers * H;
-  const int Lu = static_cast<int>(cfg_.layers) + 1;
-  const CpShard& s = mb.shard;
-  const std::int64_t Qp = s.own_query_rows(), Cp = s.context_rows();
   DIFFCP_CHECK(lm_head_ != nullptr, "drafter: no LM head set (set_lm_head)");
   forward(mb);
+  std::vector<float> dhf;
+  const DrafterStats st = loss(mb, backward, dhf);
+  if (backward) this->backward(mb, dhf);
+  return st;
+}
 
+DrafterStats Drafter::loss(const DrafterBatch& mb, bool backward, std::vector<float>& dhf) {
   // Decay-weighted cross-entropy (lm_head.hpp: vocabulary-parallel when the head is split).
-  auto t0 = Clock::now();
+  const auto t0 = Clock::now();
+  const std::int64_t H = cfg_.hidden, B = cfg_.block;
+  const CpShard& s = mb.shard;
+  const std::int64_t Qp = s.own_query_rows();
   DrafterStats st;
   st.correct.assign(static_cast<std::size_t>(B), 0);
   st.counted.assign(static_cast<std::size_t>(B), 0);
@@ -223,7 +225,7 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
     weight[static_cast<std::size_t>(r)] =
         k == 0 ? 0.0 : std::exp(-static_cast<double>(k - 1) / cfg_.gamma) * mb.loss_mask[static_cast<std::size_t>(anchor + k)];
   }
-  std::vector<float> dhf(backward ? static_cast<std::size_t>(Qp * H) : 0);
+  dhf.assign(backward ? static_cast<std::size_t>(Qp * H) : 0, 0.f);
   lm_head_->run(hf_.data(), Qp, target.data(), weight.data(), ce.data(), argmax_.data(), backward, dhf.data());
   for (std::int64_t r = 0; r < Qp; ++r) {
     const auto i = static_cast<std::size_t>(r), k = static_cast<std::size_t>(r % B);
@@ -234,61 +236,76 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
       st.counted[k] += 1;
     }
   }
-  phases_.lm_head += ms(t0);
-  if (!backward) return st;
+  phases_.lm_head += ms_since(t0);
+  return st;
+}
 
+void Drafter::backward(const DrafterBatch& mb, const std::vector<float>& dhf) {
+  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, T = cfg_.target_layers * H;
+  const int Lu = static_cast<int>(cfg_.layers) + 1;
+  const CpShard& s = mb.shard;
+  const std::int64_t Qp = s.own_query_rows(), Cp = s.context_rows();
   const float* params = acquire(Lu, true);
   std::vector<float> dh = norm_rows_bwd(dhf, h_, hf_rstd_, Qp, H, params + rel(Lu, layout_.final_norm),
                                         state().unit_grads(Lu) + rel(Lu, layout_.final_norm));
   state().release(Lu, true);
-  std::vector<float> dc(static_cast<std::size_t>(Cp * H), 0.f), dc_l(dc.size()), da(dh.size());
-  std::vector<float> dact(static_cast<std::size_t>(Qp * F)), dgate(dact.size()), dup(dact.size()), dm(dh.size());
-  for (std::int64_t l = cfg_.layers - 1; l >= 0; --l) {
-    const int u = static_cast<int>(l) + 1;
-    const auto& off = layout_.layer[static_cast<std::size_t>(l)];
-    params = acquire(u, true);
-    float* G = state().unit_grads(u);
-    if (recompute_) {  // the layer's forward again, from its input
-      h_ = layers_[static_cast<std::size_t>(l)].h_in;
-      layer_forward(l, scratch_, params, s);
-    }
-    LayerState& L = recompute_ ? scratch_ : layers_[static_cast<std::size_t>(l)];
-    t0 = Clock::now();
-    // MLP: h_out = h_mid + act W_down, act = silu(gate) * up.
-    linear_backward_weight(L.act.data(), Qp, F, dh.data(), H, G + rel(u, off.w_down));
-    linear_backward_input(dh.data(), Qp, H, params + rel(u, off.w_down), F, dact.data());
-    for (std::size_t j = 0; j < dact.size(); ++j) {
-      const float sg = sigmoid(L.gate[j]);
-      dup[j] = dact[j] * L.gate[j] * sg;
-      dgate[j] = dact[j] * L.up[j] * sg * (1.f + L.gate[j] * (1.f - sg));
-    }
-    linear_backward_weight(L.m.data(), Qp, H, dgate.data(), F, G + rel(u, off.w_gate));
-    linear_backward_weight(L.m.data(), Qp, H, dup.data(), F, G + rel(u, off.w_up));
-    linear_backward_input(dgate.data(), Qp, F, params + rel(u, off.w_gate), H, dm.data());
-    linear_backward_input(dup.data(), Qp, F, params + rel(u, off.w_up), H, dm.data(), 1.f);
-    add_into(dh, norm_rows_bwd(dm, L.h_mid, L.m_rstd, Qp, H, params + rel(u, off.mlp_norm), G + rel(u, off.mlp_norm)));
-    phases_.mlp += ms(t0);
-    t0 = Clock::now();
-    // Attention: h_mid = h_in + SplitKV(a, c).
-    AttnLayerParams gview(cfg_.attn(), G + rel(u, off.attn));
-    L.attn->backward(std::move(L.attn_saved), AttnLayerParams::view(cfg_.attn(), params + rel(u, off.attn)),
-                     view_of(dh, {Qp, H}), view_of(da, {Qp, H}), view_of(dc_l, {Cp, H}), gview);
-    std::fill_n(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
-    phases_.attention_comm += L.attn->timings().exposed_comm_ms() - L.attn_fwd_comm;  // timings(): forward + backward
-    add_into(dh, norm_rows_bwd(da, L.h_in, L.a_rstd, Qp, H, params + rel(u, off.attn_norm), G + rel(u, off.attn_norm)));
-    add_into(dc, dc_l);
-    phases_.attention += ms(t0);
-    state().release(u, true);
-  }
+  BackwardScratch bs;
+  bs.dc.assign(static_cast<std::size_t>(Cp * H), 0.f);
+  bs.dc_l.resize(bs.dc.size());
+  bs.da.resize(dh.size());
+  bs.dm.resize(dh.size());
+  bs.dact.resize(static_cast<std::size_t>(Qp * F));
+  bs.dgate.resize(bs.dact.size());
+  bs.dup.resize(bs.dact.size());
+  for (std::int64_t l = cfg_.layers - 1; l >= 0; --l) layer_backward(l, s, dh, bs);
   // The embedding is frozen: dh stops here. Context fusion backward.
   params = acquire(0, true);
   float* G = state().unit_grads(0);
-  t0 = Clock::now();
-  const std::vector<float> dc_lin = norm_rows_bwd(dc, c_lin_, c_rstd_, Cp, H, params + rel(0, layout_.fc_norm), G + rel(0, layout_.fc_norm));
+  const auto t0 = Clock::now();
+  const std::vector<float> dc_lin = norm_rows_bwd(bs.dc, c_lin_, c_rstd_, Cp, H, params + rel(0, layout_.fc_norm), G + rel(0, layout_.fc_norm));
   linear_backward_weight(mb.hidden_p.data(), Cp, T, dc_lin.data(), H, G + rel(0, layout_.fc));
-  phases_.fusion += ms(t0);
+  phases_.fusion += ms_since(t0);
   state().release(0, true);
-  return st;
+}
+
+void Drafter::layer_backward(std::int64_t l, const CpShard& s, std::vector<float>& dh, BackwardScratch& bs) {
+  const std::int64_t H = cfg_.hidden, F = cfg_.ffn;
+  const std::int64_t Qp = s.own_query_rows(), Cp = s.context_rows();
+  const int u = static_cast<int>(l) + 1;
+  const auto& off = layout_.layer[static_cast<std::size_t>(l)];
+  const float* params = acquire(u, true);
+  float* G = state().unit_grads(u);
+  if (recompute_) {  // the layer's forward again, from its input
+    h_ = layers_[static_cast<std::size_t>(l)].h_in;
+    layer_forward(l, scratch_, params, s);
+  }
+  LayerState& L = recompute_ ? scratch_ : layers_[static_cast<std::size_t>(l)];
+  auto t0 = Clock::now();
+  // MLP: h_out = h_mid + act W_down, act = silu(gate) * up.
+  linear_backward_weight(L.act.data(), Qp, F, dh.data(), H, G + rel(u, off.w_down));
+  linear_backward_input(dh.data(), Qp, H, params + rel(u, off.w_down), F, bs.dact.data());
+  for (std::size_t j = 0; j < bs.dact.size(); ++j) {
+    const float sg = sigmoid(L.gate[j]);
+    bs.dup[j] = bs.dact[j] * L.gate[j] * sg;
+    bs.dgate[j] = bs.dact[j] * L.up[j] * sg * (1.f + L.gate[j] * (1.f - sg));
+  }
+  linear_backward_weight(L.m.data(), Qp, H, bs.dgate.data(), F, G + rel(u, off.w_gate));
+  linear_backward_weight(L.m.data(), Qp, H, bs.dup.data(), F, G + rel(u, off.w_up));
+  linear_backward_input(bs.dgate.data(), Qp, F, params + rel(u, off.w_gate), H, bs.dm.data());
+  linear_backward_input(bs.dup.data(), Qp, F, params + rel(u, off.w_up), H, bs.dm.data(), 1.f);
+  add_into(dh, norm_rows_bwd(bs.dm, L.h_mid, L.m_rstd, Qp, H, params + rel(u, off.mlp_norm), G + rel(u, off.mlp_norm)));
+  phases_.mlp += ms_since(t0);
+  t0 = Clock::now();
+  // Attention: h_mid = h_in + SplitKV(a, c).
+  AttnLayerParams gview(cfg_.attn(), G + rel(u, off.attn));
+  L.attn->backward(std::move(L.attn_saved), AttnLayerParams::view(cfg_.attn(), params + rel(u, off.attn)),
+                   view_of(dh, {Qp, H}), view_of(bs.da, {Qp, H}), view_of(bs.dc_l, {Cp, H}), gview);
+  std::fill_n(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
+  phases_.attention_comm += L.attn->timings().exposed_comm_ms() - L.attn_fwd_comm;  // timings(): forward + backward
+  add_into(dh, norm_rows_bwd(bs.da, L.h_in, L.a_rstd, Qp, H, params + rel(u, off.attn_norm), G + rel(u, off.attn_norm)));
+  add_into(bs.dc, bs.dc_l);
+  phases_.attention += ms_since(t0);
+  state().release(u, true);
 }
 
 }  // namespace diffcp

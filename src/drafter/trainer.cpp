@@ -117,6 +117,11 @@ struct Trainer::Impl {
   // order each epoch, a function of (seed, e) only, so resumed runs and any DP x accumulation
   // split agree.
   std::size_t pack_of(std::int64_t g);
+  // The constructor's parts, in order.
+  void open_data(bool real_shape);
+  void describe_data(double lr);
+  void make_drafter(DrafterWeights& init, bool real_shape, int W);
+  void resume();
 
   Communicator& world;
   const TrainOptions opt;
@@ -166,6 +171,24 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   redist = cp->split(0, cp->rank(), "redistribute");
   vocab = cp->split(0, cp->rank(), "lm_head");  // the vocabulary-parallel LM head's
 
+  open_data(real_shape);
+  describe_data(lr);
+  make_drafter(init, real_shape, W);
+  adam.lr = lr;
+  adam.weight_decay = opt.weight_decay;
+  ckpt_path = opt.out.empty() ? "" : opt.out + "/checkpoint.bin";
+  if (opt.resume) resume();
+  if (rank == 0 && !opt.out.empty()) std::filesystem::create_directories(opt.out);
+  res.topology = cp->topology().describe();
+  res.collectives = collectives == CollAlgo::hierarchical && cp->hierarchy_useful() ? "hierarchical" : "flat";
+  res.uniform_loss = std::log(static_cast<double>(cfg.vocab));
+  res.checkpoint = ckpt_path;
+}
+
+// The training data: the synthetic corpus (the paper's regime for real shapes: long samples, Q << S)
+// or the shards of `opt.data`, their target layers checked against an imported drafter's; packed
+// into micro-batches of the context length, the balancer and the micro-batch builder.
+void Trainer::Impl::open_data(bool real_shape) {
   if (opt.data.empty()) {
     SyntheticSpec spec;
     spec.seed = opt.seed;
@@ -197,6 +220,11 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   balancer = make_balancer(opt.balancer);
   builder = std::make_unique<MicroBatchBuilder>(
       MicroBatchBuilder{*data, cfg, *balancer, *cp, *redist, opt.J, opt.bucket, opt.context});
+}
+
+// What the run reports about its data: samples truncated to the context, samples with fewer anchor
+// candidates than asked, what tau is measured against; the learning rate and anchors chosen.
+void Trainer::Impl::describe_data(double lr) {
   res.train_samples = static_cast<std::int64_t>(data->train().size());
   for (const Sample& smp : data->train()) {
     res.truncated += static_cast<std::int64_t>(smp.tokens.size()) > opt.context ? 1 : 0;
@@ -207,7 +235,12 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   res.tau_reference = greedy_known ? "target greedy tokens" : "dataset tokens";
   res.lr = lr;
   res.anchors = anchors;
+}
 
+// The drafter on the CP group with its sharded state (the shard mode, output projection and dtype
+// resolved), its initial parameters (seeded or imported), embedding and LM head (whole, or the
+// vocabulary slice of this CP rank under --shard full).
+void Trainer::Impl::make_drafter(DrafterWeights& init, bool real_shape, int W) {
   shard = resolve_shard_mode(opt.shard, real_shape, W);
   res.shard = shard_mode_name(shard);
   compute = opt.dtype == "bf16" ? DType::bf16 : DType::f32;
@@ -230,10 +263,12 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
     res.lm_head_mb = static_cast<double>(w.size()) * 4 / (1 << 20);
     drafter->set_lm_head(LmHead(split ? vocab.get() : nullptr, cfg.hidden, cfg.vocab, std::move(w), v0));
   }
-  adam.lr = lr;
-  adam.weight_decay = opt.weight_decay;
-  ckpt_path = opt.out.empty() ? "" : opt.out + "/checkpoint.bin";
-  if (opt.resume) try {
+}
+
+// Continues from the checkpoint: the model, its size and the seed must match; this rank's slices
+// of the state, whatever mesh wrote the file; the optimizer's step and the step count.
+void Trainer::Impl::resume() {
+  try {
     CheckpointReader ck(ckpt_path);
     DIFFCP_CHECK(ck.meta().at("config") == cfg.to_json(), "checkpoint '", ckpt_path, "' is for a different model: ",
                  ck.meta().at("config").dump(), " vs ", cfg.to_json().dump());
@@ -248,11 +283,6 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   } catch (const nlohmann::json::exception& e) {  // a checksummed file whose header lacks a field
     DIFFCP_FAIL("checkpoint '", ckpt_path, "': header field missing or of the wrong type: ", e.what());
   }
-  if (rank == 0 && !opt.out.empty()) std::filesystem::create_directories(opt.out);
-  res.topology = cp->topology().describe();
-  res.collectives = collectives == CollAlgo::hierarchical && cp->hierarchy_useful() ? "hierarchical" : "flat";
-  res.uniform_loss = std::log(static_cast<double>(cfg.vocab));
-  res.checkpoint = ckpt_path;
 }
 
 std::size_t Trainer::Impl::pack_of(std::int64_t g) {

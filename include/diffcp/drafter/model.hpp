@@ -100,6 +100,16 @@ class Drafter {
   };
   void embed(const DrafterBatch& mb);
   void forward(const DrafterBatch& mb);  // -> hf_ (and the saved activations)
+  // step()'s parts after forward(): the decay-weighted loss over the LM head (with `backward`, its
+  // gradient dhf [Q_p, H]), then the backward from dhf through every layer and the fusion.
+  DrafterStats loss(const DrafterBatch& mb, bool backward, std::vector<float>& dhf);
+  struct BackwardScratch {
+    std::vector<float> dc, dc_l, da, dm, dact, dgate, dup;  // [C_p, H] x 2, [Q_p, H] x 2, [Q_p, F] x 3
+  };
+  void backward(const DrafterBatch& mb, const std::vector<float>& dhf);
+  // Layer l's backward: dh [Q_p, H] in (its output's gradient) and out (its input's); adds the
+  // context's gradient into bs.dc.
+  void layer_backward(std::int64_t l, const CpShard& s, std::vector<float>& dh, BackwardScratch& bs);
   // Layer l on h_ (in: its input, out: its output), saving its activations in L.
   void layer_forward(std::int64_t l, LayerState& L, const float* params, const CpShard& s);
   const float* acquire(int u, bool backward);  // the unit's parameters, timing the wait
