@@ -16,6 +16,7 @@
 #include "diffcp/core/half.hpp"
 #include "diffcp/core/random.hpp"
 #include "diffcp/ops/backend.hpp"
+#include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/ops/linear.hpp"
 
@@ -53,7 +54,8 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::attention_backward, OpKind::attention_delta, OpKind::lse_merge,
                           OpKind::lse_rescale,  OpKind::rmsnorm_forward, OpKind::rmsnorm_backward,
                           OpKind::rope,         OpKind::silu,            OpKind::gelu_tanh,
-                          OpKind::layernorm_modulate, OpKind::gated_add, OpKind::qk_norm_rope};
+                          OpKind::layernorm_modulate, OpKind::gated_add, OpKind::qk_norm_rope,
+                          OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::add};
 
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
   static_assert(std::size(kAllOps) == kOpKindCount);
@@ -154,6 +156,33 @@ TEST(Backend, F32GemmUnderBf16ComputeRoundsTheOperandsOnly) {
   EXPECT_LT(e32, 1e-4) << "f32 vs fp64";
   EXPECT_GT(gap, 1e-3) << "the rounding is visible at this size, so the two checks above tell the modes apart";
   EXPECT_THROW(set_f32_gemm_compute(DType::f64), Error);
+}
+
+// The drafter's glue ops (issue #33: glue loops become backend ops): SwiGLU forward against fp64,
+// its backward against central differences of the fp64 forward, and add.
+TEST(Backend, SwigluForwardBackwardAndAddMatchFp64) {
+  const std::int64_t n = 1000;  // over a thread's static share, with a tail
+  std::vector<float> g(n), u(n), d(n), act(n), dg(n), du(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    g[i] = -8.f + 16.f * static_cast<float>(i) / static_cast<float>(n);  // silu's whole range, 0 included
+    u[i] = std::sin(0.37f * static_cast<float>(i));
+    d[i] = std::cos(0.11f * static_cast<float>(i));
+  }
+  swiglu_forward(g.data(), u.data(), act.data(), n);
+  swiglu_backward(d.data(), g.data(), u.data(), dg.data(), du.data(), n);
+  const auto f = [](double gate, double up) { return gate / (1.0 + std::exp(-gate)) * up; };
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double x = g[i], y = u[i], h = 1e-5;
+    EXPECT_NEAR(act[i], f(x, y), 1e-6 * (1 + std::abs(f(x, y)))) << i;
+    EXPECT_NEAR(dg[i], d[i] * (f(x + h, y) - f(x - h, y)) / (2 * h), 1e-5) << i;
+    EXPECT_NEAR(du[i], d[i] * f(x, 1.0), 1e-5) << i;
+  }
+  std::vector<float> y = u;
+  add_into(y.data(), d.data(), n);
+  for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], u[i] + d[i]) << i;
+  // A backend that lacks them says so by name.
+  const std::string msg = error_of([] { backend_for(OpKind::swiglu_backward, DType::bf16); });
+  EXPECT_NE(msg.find("backend 'cpu' does not support swiglu_backward on bf16"), std::string::npos) << msg;
 }
 
 TEST(Backend, FindUnknownListsTheRegisteredNames) {

@@ -100,11 +100,6 @@ void merge_two(HeadRows<const float> o_a, std::span<const float> lse_a, HeadRows
   lse_merge(o_parts, lse_parts, o_out, lse_out);
 }
 
-void add_into(float* y, const float* x, std::int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
-}
-
 void pack_head_slices(std::span<const float* const> src, std::int64_t rows, std::int64_t P, std::int64_t hd,
                       float* dst) {
   const std::int64_t n = static_cast<std::int64_t>(src.size()), width = P * hd;

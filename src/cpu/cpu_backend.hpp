@@ -58,6 +58,10 @@ class CpuBackend final : public Backend {
                         TensorView dx, TensorView dw) override;
   void rope(TensorView x, std::span<const std::int64_t> positions, const RopeTable& table, bool inverse) override;
   void silu(TensorView x) override;
+  void swiglu_forward(ConstTensorView gate, ConstTensorView up, TensorView act) override;
+  void swiglu_backward(ConstTensorView dact, ConstTensorView gate, ConstTensorView up, TensorView dgate,
+                       TensorView dup) override;
+  void add(TensorView y, ConstTensorView x) override;
   void gelu_tanh(TensorView x) override;
   void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
                           TensorView y) override;

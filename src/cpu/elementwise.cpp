@@ -16,6 +16,40 @@ void CpuBackend::silu(TensorView x_v) {
   for (std::int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.f + std::exp(-x[i]));
 }
 
+// The drafter's SwiGLU, sigmoid(g) = 1 / (1 + exp(-g)), evaluated as the drafter always did
+// (the same expression per element whatever the split: any thread count gives the same bits).
+//   gate, up, act: [n]
+void CpuBackend::swiglu_forward(ConstTensorView gate_v, ConstTensorView up_v, TensorView act_v) {
+  const float *g = gate_v.ptr<float>(), *u = up_v.ptr<float>();
+  float* a = act_v.ptr<float>();
+  const std::int64_t n = act_v.numel();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) a[i] = g[i] * (1.f / (1.f + std::exp(-g[i]))) * u[i];
+}
+
+// dact, gate, up, dgate, dup: [n]; d/dg silu(g) = s (1 + g (1 - s)), s = sigmoid(g).
+void CpuBackend::swiglu_backward(ConstTensorView dact_v, ConstTensorView gate_v, ConstTensorView up_v, TensorView dgate_v,
+                                 TensorView dup_v) {
+  const float *d = dact_v.ptr<float>(), *g = gate_v.ptr<float>(), *u = up_v.ptr<float>();
+  float *dg = dgate_v.ptr<float>(), *du = dup_v.ptr<float>();
+  const std::int64_t n = dact_v.numel();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float s = 1.f / (1.f + std::exp(-g[i]));
+    du[i] = d[i] * g[i] * s;
+    dg[i] = d[i] * u[i] * s * (1.f + g[i] * (1.f - s));
+  }
+}
+
+// y, x: [n]
+void CpuBackend::add(TensorView y_v, ConstTensorView x_v) {
+  float* y = y_v.ptr<float>();
+  const float* x = x_v.ptr<float>();
+  const std::int64_t n = y_v.numel();
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
 // x: [rows, cols] (row stride ld) in place
 void CpuBackend::gelu_tanh(TensorView x_v) {
   float* x = x_v.ptr<float>();

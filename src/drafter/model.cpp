@@ -7,6 +7,7 @@
 #include <random>
 
 #include "diffcp/core/error.hpp"
+#include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/linear.hpp"
 #include "diffcp/ops/rmsnorm.hpp"
 
@@ -17,11 +18,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
-
-// dst[i] += src[i]
+// dst[i] += src[i] (the backend's add op)
 void add_into(std::vector<float>& dst, const std::vector<float>& src) {
-  for (std::size_t i = 0; i < dst.size(); ++i) dst[i] += src[i];
+  diffcp::add_into(dst.data(), src.data(), static_cast<std::int64_t>(dst.size()));
 }
 
 // Row-wise RMSNorm over H (one "head" of width H): y = x * rstd * w.
@@ -153,7 +152,7 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
   L.act.resize(L.gate.size());
   linear_forward(L.m.data(), Qp, H, params + rel(u, off.w_gate), F, L.gate.data());
   linear_forward(L.m.data(), Qp, H, params + rel(u, off.w_up), F, L.up.data());
-  for (std::size_t j = 0; j < L.act.size(); ++j) L.act[j] = L.gate[j] * sigmoid(L.gate[j]) * L.up[j];
+  swiglu_forward(L.gate.data(), L.up.data(), L.act.data(), static_cast<std::int64_t>(L.act.size()));
   linear_forward(L.act.data(), Qp, F, params + rel(u, off.w_down), H, h_.data(), 1.f);  // h += act W_down
   phases_.mlp += ms_since(t0);
 }
@@ -284,11 +283,8 @@ void Drafter::layer_backward(std::int64_t l, const CpShard& s, std::vector<float
   // MLP: h_out = h_mid + act W_down, act = silu(gate) * up.
   linear_backward_weight(L.act.data(), Qp, F, dh.data(), H, G + rel(u, off.w_down));
   linear_backward_input(dh.data(), Qp, H, params + rel(u, off.w_down), F, bs.dact.data());
-  for (std::size_t j = 0; j < bs.dact.size(); ++j) {
-    const float sg = sigmoid(L.gate[j]);
-    bs.dup[j] = bs.dact[j] * L.gate[j] * sg;
-    bs.dgate[j] = bs.dact[j] * L.up[j] * sg * (1.f + L.gate[j] * (1.f - sg));
-  }
+  swiglu_backward(bs.dact.data(), L.gate.data(), L.up.data(), bs.dgate.data(), bs.dup.data(),
+                  static_cast<std::int64_t>(bs.dact.size()));
   linear_backward_weight(L.m.data(), Qp, H, bs.dgate.data(), F, G + rel(u, off.w_gate));
   linear_backward_weight(L.m.data(), Qp, H, bs.dup.data(), F, G + rel(u, off.w_up));
   linear_backward_input(bs.dgate.data(), Qp, F, params + rel(u, off.w_gate), H, bs.dm.data());

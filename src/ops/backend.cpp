@@ -26,6 +26,9 @@ const char* op_name(OpKind op) {
     case OpKind::layernorm_modulate: return "layernorm_modulate";
     case OpKind::gated_add: return "gated_add";
     case OpKind::qk_norm_rope: return "qk_norm_rope";
+    case OpKind::swiglu_forward: return "swiglu_forward";
+    case OpKind::swiglu_backward: return "swiglu_backward";
+    case OpKind::add: return "add";
   }
   return "?";
 }
@@ -75,6 +78,13 @@ void Backend::layernorm_modulate(ConstTensorView x, ConstTensorView, ConstTensor
   unsupported(OpKind::layernorm_modulate, x.dtype);
 }
 void Backend::gated_add(TensorView x, ConstTensorView, ConstTensorView) { unsupported(OpKind::gated_add, x.dtype); }
+void Backend::swiglu_forward(ConstTensorView gate, ConstTensorView, TensorView) {
+  unsupported(OpKind::swiglu_forward, gate.dtype);
+}
+void Backend::swiglu_backward(ConstTensorView dact, ConstTensorView, ConstTensorView, TensorView, TensorView) {
+  unsupported(OpKind::swiglu_backward, dact.dtype);
+}
+void Backend::add(TensorView y, ConstTensorView) { unsupported(OpKind::add, y.dtype); }
 void Backend::qk_norm_rope(TensorView qkv, ConstTensorView, ConstTensorView, float, ConstTensorView,
                            ConstTensorView) {
   unsupported(OpKind::qk_norm_rope, qkv.dtype);

@@ -19,6 +19,23 @@ void silu_inplace(float* x, std::int64_t n) {
   backend_for(OpKind::silu, DType::f32).silu(TensorView::contiguous(x, DType::f32, {n}));
 }
 
+void swiglu_forward(const float* gate, const float* up, float* act, std::int64_t n) {
+  backend_for(OpKind::swiglu_forward, DType::f32)
+      .swiglu_forward(ConstTensorView::contiguous(gate, DType::f32, {n}), ConstTensorView::contiguous(up, DType::f32, {n}),
+                      TensorView::contiguous(act, DType::f32, {n}));
+}
+
+void swiglu_backward(const float* dact, const float* gate, const float* up, float* dgate, float* dup, std::int64_t n) {
+  backend_for(OpKind::swiglu_backward, DType::f32)
+      .swiglu_backward(ConstTensorView::contiguous(dact, DType::f32, {n}), ConstTensorView::contiguous(gate, DType::f32, {n}),
+                       ConstTensorView::contiguous(up, DType::f32, {n}), TensorView::contiguous(dgate, DType::f32, {n}),
+                       TensorView::contiguous(dup, DType::f32, {n}));
+}
+
+void add_into(float* y, const float* x, std::int64_t n) {
+  backend_for(OpKind::add, DType::f32).add(TensorView::contiguous(y, DType::f32, {n}), ConstTensorView::contiguous(x, DType::f32, {n}));
+}
+
 void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
   backend_for(OpKind::gelu_tanh, DType::f32).gelu_tanh(strided_rows<TensorView>(x, rows, cols, ld));
 }

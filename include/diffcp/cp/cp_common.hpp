@@ -22,6 +22,7 @@
 #include "diffcp/core/tensor.hpp"
 #include "diffcp/cp/attention_layer.hpp"
 #include "diffcp/cp/cp_layer.hpp"
+#include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/rope.hpp"
 
 namespace diffcp {
@@ -72,8 +73,7 @@ HeadRows<T> head_view(T* data, std::int64_t rows, std::int64_t heads, std::int64
 void merge_two(HeadRows<const float> o_a, std::span<const float> lse_a, HeadRows<const float> o_b,
                std::span<const float> lse_b, HeadRows<float> o_out, std::span<float> lse_out);
 
-// y[n] += x[n]
-void add_into(float* y, const float* x, std::int64_t n);
+// add_into (y += x): ops/elementwise.hpp, a backend op.
 
 // Head-sharded all-to-all layout (Ulysses). The tensors src[j]: [rows, P*hd] are cut into P
 // slices of hd columns; dst: [P][rows][n][hd] with n = src.size(), i.e. for destination rank r,

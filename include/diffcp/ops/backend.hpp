@@ -46,8 +46,11 @@ enum class OpKind : std::uint8_t {
   layernorm_modulate,  //
   gated_add,           //
   qk_norm_rope,        //
+  swiglu_forward,      // ops/elementwise.hpp (the drafter's MLP)
+  swiglu_backward,     //
+  add,                 // ops/elementwise.hpp (residuals, partial sums)
 };
-inline constexpr int kOpKindCount = 15;
+inline constexpr int kOpKindCount = 18;
 const char* op_name(OpKind op);  // "attention_forward", ...
 
 // C[M, N] = alpha * op(A) * op(B) + beta * C, row-major; op(X) = X^T when trans_x.
@@ -124,6 +127,13 @@ class Backend {
   // q_scale, k_scale: [d_h]  cos, sin: [rows, d_h/2], or rank 0 (null) for no rotation
   virtual void qk_norm_rope(TensorView qkv, ConstTensorView q_scale, ConstTensorView k_scale, float eps,
                             ConstTensorView cos, ConstTensorView sin);
+  // gate, up: [n]  act: [n] out = silu(gate) * up
+  virtual void swiglu_forward(ConstTensorView gate, ConstTensorView up, TensorView act);
+  // dact, gate, up: [n]  dgate, dup: [n] out (the gradients of act = silu(gate) * up)
+  virtual void swiglu_backward(ConstTensorView dact, ConstTensorView gate, ConstTensorView up, TensorView dgate,
+                               TensorView dup);
+  // y: [n] in place += x: [n]
+  virtual void add(TensorView y, ConstTensorView x);
 
  protected:
   [[noreturn]] void unsupported(OpKind op, DType dtype) const;

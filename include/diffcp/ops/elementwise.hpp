@@ -11,6 +11,12 @@ namespace diffcp {
 
 // x[n] = silu(x) = x / (1 + exp(-x))
 void silu_inplace(float* x, std::int64_t n);
+// act[n] = silu(gate) * up (the drafter's SwiGLU); gate, up, act: [n]
+void swiglu_forward(const float* gate, const float* up, float* act, std::int64_t n);
+// Its gradients: dgate[n], dup[n] out from dact[n] and the forward's gate[n], up[n].
+void swiglu_backward(const float* dact, const float* gate, const float* up, float* dgate, float* dup, std::int64_t n);
+// y[n] += x[n]
+void add_into(float* y, const float* x, std::int64_t n);
 // x[rows, cols] (row stride ld) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3) (GELU, tanh
 // form), evaluated as x / (1 + exp(-2u)) with a polynomial exp2 (relative error ~1e-6)
 void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld);
