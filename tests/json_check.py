@@ -51,8 +51,11 @@ def main(argv):
         sys.exit("json_check: no JSON line in the output")
     failed = 0
     for e in exprs:
-        ok = bool(eval(e, {"math": math, "j": j}))  # noqa: S307 - the test's own expressions (j global: comprehensions see it)
-        print(f"  {'ok  ' if ok else 'FAIL'} {e}")
+        try:
+            ok, why = bool(eval(e, {"math": math, "j": j})), ""  # noqa: S307 - the test's own expressions (j global: comprehensions see it)
+        except Exception as err:  # a missing key or a wrong type is a failed expectation, said as such
+            ok, why = False, f"  ({type(err).__name__}: {err})"
+        print(f"  {'ok  ' if ok else 'FAIL'} {e}{why}")
         failed += not ok
     if failed:
         print(json.dumps(j)[:4000])
