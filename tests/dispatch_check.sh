@@ -20,10 +20,13 @@ for f in "${files[@]}"; do
   if out=$("$cxx" "${flags[@]}" -DDIFFCP_TEST_UNHANDLED_CP_METHOD "$f" 2>&1); then
     echo "dispatch_check: FAILED: $f compiles with an unhandled CpMethodId (a switch with a default, or an if chain?)"; exit 1
   fi
-  if ! printf '%s\n' "$out" | grep -Eq "enumeration value .unhandled_for_test. not handled in switch"; then
+  # Every switch over a CpMethodId must name it (one error each): a switch with a default would not.
+  switches=$(grep -cE 'switch \((desc\.)?id\)' "$f")
+  errors=$(printf '%s\n' "$out" | grep -cE "enumeration value .unhandled_for_test. not handled in switch")
+  if [ "$errors" -eq 0 ] || [ "$errors" -ne "$switches" ]; then
     printf '%s\n' "$out" | head -20
-    echo "dispatch_check: FAILED: $f fails to compile, but not for the unhandled CpMethodId"; exit 1
+    echo "dispatch_check: FAILED: $f has $switches switches over CpMethodId, $errors name the unhandled method"; exit 1
   fi
-  echo "dispatch_check: $f: every switch names the extra method as unhandled"
+  echo "dispatch_check: $f: all $switches switches name the extra method as unhandled"
 done
 echo "dispatch_check: passed (${#files[@]} file(s))"

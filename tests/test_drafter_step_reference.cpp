@@ -74,7 +74,8 @@ std::vector<float> test_params(const DrafterConfig& cfg) {
 
 // fp64 loss sum_rows w CE of the micro-batch with parameters p (stored as the drafter stores them:
 // matrices [in, out], DrafterLayout's offsets).
-double reference_loss(const Problem& pb, const std::vector<float>& p) {
+// gamma: the loss decay (the config's; another one for the test that the check can fail).
+double reference_loss(const Problem& pb, const std::vector<float>& p, double gamma) {
   const DrafterConfig& c = pb.cfg;
   const DrafterLayout lay(c);
   const std::int64_t S = pb.batch.context_rows(), Q = pb.batch.query_rows(), H = c.hidden, F = c.ffn, T = c.target_layers * H;
@@ -118,7 +119,7 @@ double reference_loss(const Problem& pb, const std::vector<float>& p) {
     for (const std::int64_t anchor : pb.batch.anchors[u])
       for (std::int64_t k = 0; k < c.block; ++k, ++row) {
         const std::int64_t t = start + anchor + k;
-        const double w = k == 0 ? 0.0 : std::exp(-static_cast<double>(k - 1) / c.gamma) * pb.loss_mask[static_cast<std::size_t>(t)];
+        const double w = k == 0 ? 0.0 : std::exp(-static_cast<double>(k - 1) / gamma) * pb.loss_mask[static_cast<std::size_t>(t)];
         if (w == 0) continue;
         Vec logit(static_cast<std::size_t>(c.vocab), 0.0);
         for (std::int64_t j = 0; j < H; ++j)
@@ -155,7 +156,7 @@ std::vector<float> drafter_gradients(const Problem& pb, const std::vector<float>
   const DrafterStats st = d.step(mb, true);
   std::vector<double> loss{st.loss_sum};
   world.all_reduce<double>(loss);
-  EXPECT_NEAR(loss[0], reference_loss(pb, p), 1e-4 * std::max(1.0, std::abs(loss[0])));
+  EXPECT_NEAR(loss[0], reference_loss(pb, p, c.gamma), 1e-4 * std::max(1.0, std::abs(loss[0])));
   std::vector<float> g = d.grads();
   world.all_reduce<float>(g);
   return g;
@@ -177,20 +178,28 @@ TEST(DrafterStep, GradientsEqualFiniteDifferencesOfAnFp64Reference) {
       tensors.push_back({L.attn + a[id], a[id + 1] - a[id]});
   }
   std::mt19937_64 rng(5);
-  std::vector<double> fd, got;
+  std::vector<std::size_t> picked;
   for (const auto& [off, size] : tensors)
-    for (int s = 0; s < 6; ++s) {
-      const std::size_t j = static_cast<std::size_t>(off + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(size)));
+    for (int s = 0; s < 6; ++s)
+      picked.push_back(static_cast<std::size_t>(off + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(size))));
+  // Central differences of the fp64 loss with decay gamma at the picked parameters.
+  const auto finite_differences = [&](double gamma) {
+    std::vector<double> out;
+    for (const std::size_t j : picked) {
       const float x = p[j];
       const float hi = x + 1e-3f, lo = x - 1e-3f;
       p[j] = hi;
-      const double up = reference_loss(pb, p);
+      const double up = reference_loss(pb, p, gamma);
       p[j] = lo;
-      const double down = reference_loss(pb, p);
+      const double down = reference_loss(pb, p, gamma);
       p[j] = x;
-      fd.push_back((up - down) / (static_cast<double>(hi) - static_cast<double>(lo)));
-      got.push_back(static_cast<double>(g[j]));
+      out.push_back((up - down) / (static_cast<double>(hi) - static_cast<double>(lo)));
     }
+    return out;
+  };
+  const std::vector<double> fd = finite_differences(pb.cfg.gamma);
+  std::vector<double> got;
+  for (const std::size_t j : picked) got.push_back(static_cast<double>(g[j]));
   double scale = 0;
   for (const double v : fd) scale = std::max(scale, std::abs(v));
   ASSERT_GT(scale, 1e-3);  // the loss depends on the parameters at all
@@ -198,10 +207,10 @@ TEST(DrafterStep, GradientsEqualFiniteDifferencesOfAnFp64Reference) {
   EXPECT_TRUE(r.pass()) << r.mismatched << " of " << fd.size() << " gradients off; worst ratio " << r.worst_ratio << " at "
                         << r.worst << ": drafter " << got[static_cast<std::size_t>(r.worst)] << ", finite differences "
                         << fd[static_cast<std::size_t>(r.worst)];
-  // The comparison can fail: one gradient with its sign flipped is caught.
-  std::vector<double> wrong = got;
-  wrong[0] = -wrong[0] + (wrong[0] == 0 ? 1.0 : 0.0);
-  EXPECT_FALSE(compare<double>(wrong, fd, {2e-4 * scale, 2e-3}).pass());
+  // The check can fail: against a loss whose decay is off (gamma + 1: every slot's weight but
+  // slot 1's changes), the drafter's gradients no longer match.
+  const std::vector<double> fd_wrong = finite_differences(pb.cfg.gamma + 1.0);
+  EXPECT_FALSE(compare<double>(got, fd_wrong, {2e-4 * scale, 2e-3}).pass());
 }
 
 }  // namespace

@@ -30,7 +30,8 @@ CountRange parse_range(const std::string& text, const char* flag);
 // max_abs_err, max_rel_err (scale-relative: max |d| / max |ref|), max_tol_ratio (max |d| /
 // (atol' + rtol |ref|), <= 1 passes), mismatches, and "tolerance": {atol, rtol, atol_scale} with
 // atol_scale saying what atol was multiplied by (atol' = atol x atol_scale). JSON has no
-// infinity: an infinite error (NaN or inf where the reference is finite) prints null.
+// infinity: an infinite figure prints null (max_abs_err / max_tol_ratio: NaN or inf where the
+// reference is finite; max_rel_err also when a reference tensor is all zeros and the result is not).
 template <typename Json>
 void add_check_json(Json& out, bool passed, double max_abs, double max_rel, double max_tol_ratio, std::int64_t mismatches,
                     Tolerance tol, const char* atol_scale) {

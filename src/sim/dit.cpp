@@ -100,7 +100,7 @@ class DitStepModel {
     }
     case ExchangeMode::tapa: {
       add_o_phases(c);
-      const double t = phase1(blk_qkv_) + phase2(blk_qkv_) + phase1(blk_o_) + phase2(blk_o_);
+      const double t = phase1(blk_qkv_) + phase2(blk_qkv_) + (phase1(blk_o_) + phase2(blk_o_));
       c.comm_d = c.comm_s = c.exposed_d = c.exposed_s = t;
       add_full_qkv(c, 1.0);
       return c;

@@ -1,5 +1,7 @@
 #include "diffcp/sim/machine.hpp"
 
+#include <sstream>
+
 #include <algorithm>
 #include <cmath>
 
@@ -96,6 +98,14 @@ double SimMachine::hop_ms(double bytes) const {
                       : profile.intra_latency_us * 1e-3 + bytes / bytes_per_ms(profile.intra_gbit);
 }
 
+namespace {
+std::string num(double v) {  // 100, 1.25: as a person writes it
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+}  // namespace
+
 std::vector<std::string> SimMachine::fit_warnings(std::int64_t n_q, std::int64_t n_kv, std::int64_t d_h) const {
   std::vector<std::string> out;
   const auto unmeasured = [&](const char* group) {
@@ -103,8 +113,8 @@ std::vector<std::string> SimMachine::fit_warnings(std::int64_t n_q, std::int64_t
     return it != profile.measured.end() && !it->second;
   };
   const auto link = [&](const char* group, const char* where, double gbit, double us) {
-    out.push_back("profile '" + profile.name + "': the " + where + " link (" + std::to_string(gbit) + " Gbit/s, " +
-                  std::to_string(us) + " us) was not measured by sim calibrate (defaults, or copied from the other " +
+    out.push_back("profile '" + profile.name + "': the " + where + " link (" + num(gbit) + " Gbit/s, " +
+                  num(us) + " us) was not measured by sim calibrate (defaults, or copied from the other " +
                   "level), yet this prediction at P = " + std::to_string(P) + " uses it: calibrate under mpirun with " +
                   "ranks on " + (std::string(group) == "inter_link" ? "two nodes" : "one node") +
                   " (its measured." + group + " is false)");

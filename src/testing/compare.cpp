@@ -25,6 +25,13 @@ Tolerance scaled_to(Tolerance t, std::span<const double> ref) {
   return {t.atol * mx, t.rtol};
 }
 
+void relative_to_whole(CompareResult& r, std::span<const double> whole_ref) {
+  r.max_ref = 0;
+  for (const double x : whole_ref)
+    if (std::isfinite(x)) r.max_ref = std::max(r.max_ref, std::abs(x));
+  r.max_rel = r.max_abs == 0 ? 0.0 : r.max_ref > 0 ? r.max_abs / r.max_ref : std::numeric_limits<double>::infinity();
+}
+
 template <typename T>
 CompareResult compare(std::span<const T> got, std::span<const double> ref, Tolerance tol) {
   DIFFCP_CHECK(got.size() == ref.size(), "compare: ", got.size(), " values vs ", ref.size(), " reference values");

@@ -28,6 +28,10 @@ std::optional<Tolerance> dit_check_tolerance(ExchangeMode mode, const CacheSched
   return compute == DType::bf16 ? Tolerance{0x1p-5, 0} : kTolF32;
 }
 
+std::optional<Tolerance> dit_reference_file_tolerance(ExchangeMode mode, const CacheSchedule& schedule) {
+  return dit_check_tolerance(mode, schedule, DType::bf16);
+}
+
 DitComparison compare_dit_latents(const std::vector<float>& latent, const std::vector<float>& ref_latent,
                                   const DitConfig& cfg, const DitShape& shape, std::optional<Tolerance> tolerance) {
   DIFFCP_CHECK(latent.size() == ref_latent.size(), "compare: a latent of ", latent.size(), " values against a reference of ",

@@ -59,6 +59,9 @@ LayerCheck check_layer(const ReferenceLayerResult& ref, const CpShard& s, std::i
   c.y = compare<float>(y_p, rows_of(ref.y, H, s.blocks.begin * B, s.blocks.end * B), scaled_to(tol, ref.y));
   c.dx = compare<float>(dx_p, rows_of(ref.dx, H, s.blocks.begin * B, s.blocks.end * B), scaled_to(tol, ref.dx));
   c.dctx = compare<float>(dctx_p, chunk_rows(ref.dctx, H, s.chunks), scaled_to(tol, ref.dctx));
+  relative_to_whole(c.y, ref.y);
+  relative_to_whole(c.dx, ref.dx);
+  relative_to_whole(c.dctx, ref.dctx);
   std::size_t off = 0;
   for (int i = 0; i < AttnLayerParams::kCount; ++i) {
     const auto n = static_cast<std::size_t>(grad.size(static_cast<AttnLayerParams::Id>(i)));

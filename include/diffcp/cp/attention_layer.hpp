@@ -42,10 +42,12 @@ class AttnLayerParams {
   // A view of count(cfg) floats owned elsewhere (a model's single parameter allocation).
   AttnLayerParams(const AttnLayerConfig& cfg, float* external);
   AttnLayerParams(const AttnLayerParams& o);  // copies the values into owned storage
-  // A read-only view of count(cfg) floats owned elsewhere (a model's parameters while a layer
-  // reads them): const, so nothing can write through it.
+  // A view of count(cfg) read-only floats owned elsewhere (a model's parameters while a layer
+  // reads them), for the `const AttnLayerParams&` parameters of the layers: pass it straight there.
+  // (It is not a separate read-only type: copied into a non-const object it would allow writes;
+  // the device-ready core's views, issue #33, will carry constness.)
   static const AttnLayerParams view(const AttnLayerConfig& cfg, const float* external) {
-    return AttnLayerParams(cfg, const_cast<float*>(external));  // the one place: the result is const
+    return AttnLayerParams(cfg, const_cast<float*>(external));  // the one const_cast of the parameters
   }
   AttnLayerParams& operator=(const AttnLayerParams&) = delete;
   // Offsets of every tensor in Id order (entry kCount = the total float count); the 1-D tensors

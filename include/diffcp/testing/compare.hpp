@@ -45,6 +45,10 @@ struct CompareResult {
 
 template <typename T>
 CompareResult compare(std::span<const T> got, std::span<const double> ref, Tolerance tol);
+// For a slice of a tensor (a rank's rows): max_ref and max_rel against the WHOLE tensor's largest
+// finite |value|, so that every rank's figure has the same scale and the max over ranks is the
+// tensor's scale-relative error.
+void relative_to_whole(CompareResult& r, std::span<const double> whole_ref);
 
 // Sizes must match; NaN or inf where the reference is finite counts as a mismatch, and -inf
 // matches -inf (fully masked rows' lse).

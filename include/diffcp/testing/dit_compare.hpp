@@ -35,6 +35,10 @@ DitReferenceRun flat_reference_for(ExchangeMode mode, UspDegrees deg, int P, std
 // 2^-9 relative, and a different split of the sums (ring merges, other shards) moves the rounding
 // points; the sampling loop carries the difference over the steps.
 std::optional<Tolerance> dit_check_tolerance(ExchangeMode mode, const CacheSchedule& schedule, DType compute);
+// `--reference FILE`: a saved latent may come from another dtype (an f32 run's, the documented way
+// to judge a bf16 run), mode or machine, so an exact run is judged by the loosest exact tolerance,
+// bf16's, whatever its own dtype; nullopt where the run is lossy by design.
+std::optional<Tolerance> dit_reference_file_tolerance(ExchangeMode mode, const CacheSchedule& schedule);
 
 struct DitComparison {
   double mse = 0, psnr = 0, ssim = 0, max_abs_diff = 0;  // images (latent -> RGB) and latents
