@@ -272,11 +272,6 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   mod_.resize(sz(6 * H));
 }
 
-namespace {
-// Rows per projection chunk between two polls of the exchange (V-First, SPEC B.3).
-constexpr std::int64_t kPollRows = 64;
-}  // namespace
-
 void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
                        std::int64_t ldy) {
   for (std::int64_t r0 = 0; r0 < rows; r0 += kPollRows) {

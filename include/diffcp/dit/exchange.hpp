@@ -85,6 +85,10 @@ struct ExchangeLayout {
   std::vector<std::int64_t> rows;
 };
 
+// Rows of projection between two polls of the exchange (V-First, SPEC B.3): the model projects in
+// chunks of these rows in every mode, so that the modes compute the same sums (bitwise equal).
+inline constexpr std::int64_t kPollRows = 64;
+
 class AttentionExchange {
  public:
   virtual ~AttentionExchange() = default;
@@ -125,6 +129,7 @@ class AttentionExchange {
   //   attention(qkv, out)  with the same qkv, now with q, k final
   // attention() without a start_v() is valid in every mode (V then starts inside it).
   virtual void start_v(HeadRows<const float> /*qkv*/) {}
+  // V-First's progress: the model calls poll() after every kPollRows rows of projection.
   virtual void poll() {}
   // Denoising step `step` of `steps` begins (the sampler calls it; cocodiff's schedule reads it;
   // layers are counted by attention() calls since). Local.
