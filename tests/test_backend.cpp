@@ -17,6 +17,7 @@
 #include "diffcp/core/random.hpp"
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/elementwise.hpp"
+#include "diffcp/ops/optim.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/ops/linear.hpp"
 
@@ -55,7 +56,7 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::lse_rescale,  OpKind::rmsnorm_forward, OpKind::rmsnorm_backward,
                           OpKind::rope,         OpKind::silu,            OpKind::gelu_tanh,
                           OpKind::layernorm_modulate, OpKind::gated_add, OpKind::qk_norm_rope,
-                          OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::add};
+                          OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::add, OpKind::adamw_step};
 
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
   static_assert(std::size(kAllOps) == kOpKindCount);
@@ -183,6 +184,34 @@ TEST(Backend, SwigluForwardBackwardAndAddMatchFp64) {
   // A backend that lacks them says so by name.
   const std::string msg = error_of([] { backend_for(OpKind::swiglu_backward, DType::bf16); });
   EXPECT_NE(msg.find("backend 'cpu' does not support swiglu_backward on bf16"), std::string::npos) << msg;
+}
+
+// The AdamW step as a backend op: against the fp64 formula, and any split of the vector gives the
+// same bits (the sharded optimizer relies on it).
+TEST(Backend, AdamwStepMatchesFp64AndAnySplitGivesTheSameBits) {
+  const std::int64_t n = 1003;
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    p[i] = std::sin(0.1f * static_cast<float>(i));
+    g[i] = std::cos(0.07f * static_cast<float>(i));
+    m[i] = 0.01f * g[i];
+    v[i] = 0.001f + 0.0001f * static_cast<float>(i % 7);
+  }
+  const AdamWStepArgs a{0.9f, 0.999f, 1e-3f, 1.3f, 1e-8f, 0.9999f};
+  std::vector<float> p1 = p, m1 = m, v1 = v, p2 = p, m2 = m, v2 = v;
+  adamw_step(p1.data(), g.data(), m1.data(), v1.data(), n, a);
+  adamw_step(p2.data(), g.data(), m2.data(), v2.data(), 517, a);  // two pieces, an odd split
+  adamw_step(p2.data() + 517, g.data() + 517, m2.data() + 517, v2.data() + 517, n - 517, a);
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(v1, v2);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double mi = 0.9 * m[i] + 0.1 * g[i], vi = 0.999 * v[i] + 0.001 * double(g[i]) * g[i];
+    const double want = p[i] * 0.9999 - 1e-3 * mi / (std::sqrt(vi) * 1.3 + 1e-8);
+    EXPECT_NEAR(p1[i], want, 1e-6 * (1 + std::abs(want))) << i;
+    EXPECT_NEAR(m1[i], mi, 1e-6) << i;
+    EXPECT_NEAR(v1[i], vi, 1e-7) << i;
+  }
 }
 
 TEST(Backend, FindUnknownListsTheRegisteredNames) {

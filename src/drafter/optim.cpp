@@ -1,5 +1,7 @@
 #include "diffcp/drafter/optim.hpp"
 
+#include "diffcp/ops/optim.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -7,27 +9,19 @@
 namespace diffcp {
 
 namespace {
-// Elements [lo, hi) of one update with one weight-decay factor; float math as fused AdamW kernels
-// do it (the moments are f32 anyway), one expression per element: vectorised, and any split of the
-// range gives the same bits.
-void adamw_span(float* p, const float* g, float* m, float* v, std::int64_t lo, std::int64_t hi, float b1, float b2,
-                float step, float inv_sqrt_c2, float eps, float decay) {
-#pragma omp simd
-  for (std::int64_t i = lo; i < hi; ++i) {
-    const float mi = b1 * m[i] + (1.f - b1) * g[i];
-    const float vi = b2 * v[i] + (1.f - b2) * g[i] * g[i];
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * decay - step * mi / (__builtin_sqrtf(vi) * inv_sqrt_c2 + eps);
-  }
+// Elements [lo, hi) of one update with one weight-decay factor (the backend's adamw_step).
+void adamw_span(float* p, const float* g, float* m, float* v, std::int64_t lo, std::int64_t hi, AdamWStepArgs args,
+                float decay) {
+  args.decay = decay;
+  adamw_step(p + lo, g + lo, m + lo, v + lo, hi - lo, args);
 }
 }  // namespace
 
 void AdamW::update(float* p, const float* g, float* m, float* v, std::int64_t at, std::int64_t n, double lr_now,
                    const std::vector<std::pair<std::int64_t, std::int64_t>>& no_decay) const {
   const double c1 = 1 - std::pow(beta1, static_cast<double>(t)), c2 = 1 - std::pow(beta2, static_cast<double>(t));
-  const auto b1 = static_cast<float>(beta1), b2 = static_cast<float>(beta2), e = static_cast<float>(eps);
-  const auto step = static_cast<float>(lr_now / c1), inv_sqrt_c2 = static_cast<float>(1 / std::sqrt(c2));
+  const AdamWStepArgs args{static_cast<float>(beta1), static_cast<float>(beta2), static_cast<float>(lr_now / c1),
+                           static_cast<float>(1 / std::sqrt(c2)), static_cast<float>(eps), 1.f};
   const auto decay = static_cast<float>(1 - lr_now * weight_decay);
   // Walk [at, at + n) in flat indices: decayed stretches between the no-decay spans (sorted or not).
   std::vector<std::pair<std::int64_t, std::int64_t>> keep;  // [lo, hi) local, not decayed
@@ -38,11 +32,11 @@ void AdamW::update(float* p, const float* g, float* m, float* v, std::int64_t at
   std::sort(keep.begin(), keep.end());
   std::int64_t i = 0;
   for (const auto& [lo, hi] : keep) {
-    if (i < lo) adamw_span(p, g, m, v, i, lo, b1, b2, step, inv_sqrt_c2, e, decay);
-    adamw_span(p, g, m, v, std::max(i, lo), hi, b1, b2, step, inv_sqrt_c2, e, 1.f);
+    if (i < lo) adamw_span(p, g, m, v, i, lo, args, decay);
+    adamw_span(p, g, m, v, std::max(i, lo), hi, args, 1.f);
     i = std::max(i, hi);
   }
-  if (i < n) adamw_span(p, g, m, v, i, n, b1, b2, step, inv_sqrt_c2, e, decay);
+  if (i < n) adamw_span(p, g, m, v, i, n, args, decay);
 }
 
 double cosine_lr(double lr, std::int64_t step, std::int64_t total, double warmup_frac) {

@@ -29,6 +29,7 @@ const char* op_name(OpKind op) {
     case OpKind::swiglu_forward: return "swiglu_forward";
     case OpKind::swiglu_backward: return "swiglu_backward";
     case OpKind::add: return "add";
+    case OpKind::adamw_step: return "adamw_step";
   }
   return "?";
 }
@@ -85,6 +86,9 @@ void Backend::swiglu_backward(ConstTensorView dact, ConstTensorView, ConstTensor
   unsupported(OpKind::swiglu_backward, dact.dtype);
 }
 void Backend::add(TensorView y, ConstTensorView) { unsupported(OpKind::add, y.dtype); }
+void Backend::adamw_step(TensorView p, ConstTensorView, TensorView, TensorView, const AdamWStepArgs&) {
+  unsupported(OpKind::adamw_step, p.dtype);
+}
 void Backend::qk_norm_rope(TensorView qkv, ConstTensorView, ConstTensorView, float, ConstTensorView,
                            ConstTensorView) {
   unsupported(OpKind::qk_norm_rope, qkv.dtype);

@@ -49,8 +49,15 @@ enum class OpKind : std::uint8_t {
   swiglu_forward,      // ops/elementwise.hpp (the drafter's MLP)
   swiglu_backward,     //
   add,                 // ops/elementwise.hpp (residuals, partial sums)
+  adamw_step,          // ops/optim.hpp (the drafter's optimizer)
 };
-inline constexpr int kOpKindCount = 18;
+inline constexpr int kOpKindCount = 19;
+
+// One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
+// inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
+struct AdamWStepArgs {
+  float b1 = 0.9f, b2 = 0.999f, step = 0, inv_sqrt_c2 = 1, eps = 1e-8f, decay = 1;
+};
 const char* op_name(OpKind op);  // "attention_forward", ...
 
 // C[M, N] = alpha * op(A) * op(B) + beta * C, row-major; op(X) = X^T when trans_x.
@@ -134,6 +141,8 @@ class Backend {
                                TensorView dup);
   // y: [n] in place += x: [n]
   virtual void add(TensorView y, ConstTensorView x);
+  // p, m, v: [n] in place  g: [n]
+  virtual void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args);
 
  protected:
   [[noreturn]] void unsupported(OpKind op, DType dtype) const;

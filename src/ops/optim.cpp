@@ -1,0 +1,12 @@
+// ops/optim.hpp: views to the active backend.
+#include "diffcp/ops/optim.hpp"
+
+namespace diffcp {
+
+void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamWStepArgs& args) {
+  backend_for(OpKind::adamw_step, DType::f32)
+      .adamw_step(TensorView::contiguous(p, DType::f32, {n}), ConstTensorView::contiguous(g, DType::f32, {n}),
+                  TensorView::contiguous(m, DType::f32, {n}), TensorView::contiguous(v, DType::f32, {n}), args);
+}
+
+}  // namespace diffcp
