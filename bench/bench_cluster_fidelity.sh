@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How faithful is the emulated cluster (scripts/emucluster.sh)? Measures with `diffcp bench p2p`
 # (rank 0 -> rank 1, TCP through the shaped links, one rank per core):
-#   rate   configured vs measured bandwidth, 2 nodes x 1 rank, 4 MiB transfers, inter = intra x 1
+#   rate   configured vs measured bandwidth, 2 nodes x 1 rank, 16 MiB transfers, inter = intra x 1
 #          at 0.05 ... 20 Gbit/s, and unshaped (--intra/--inter far above what TCP can do here):
 #          where the emulation stops being limited by tc and starts being limited by the CPU.
 #   burst  message size 16 KiB ... 16 MiB at 0.2 Gbit/s: tbf lets a burst (64 KiB here) through at
