@@ -56,7 +56,7 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::lse_rescale,  OpKind::rmsnorm_forward, OpKind::rmsnorm_backward,
                           OpKind::rope,         OpKind::silu,            OpKind::gelu_tanh,
                           OpKind::layernorm_modulate, OpKind::gated_add, OpKind::qk_norm_rope,
-                          OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::add, OpKind::adamw_step};
+                          OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::add, OpKind::adamw_step, OpKind::bias_add};
 
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
   static_assert(std::size(kAllOps) == kOpKindCount);
@@ -161,7 +161,7 @@ TEST(Backend, F32GemmUnderBf16ComputeRoundsTheOperandsOnly) {
 
 // The drafter's glue ops (issue #33: glue loops become backend ops): SwiGLU forward against fp64,
 // its backward against central differences of the fp64 forward, and add.
-TEST(Backend, SwigluForwardBackwardAndAddMatchFp64) {
+TEST(Backend, SwigluForwardBackwardAddAndBiasAddMatchFp64) {
   const std::int64_t n = 1000;  // over a thread's static share, with a tail
   std::vector<float> g(n), u(n), d(n), act(n), dg(n), du(n);
   for (std::int64_t i = 0; i < n; ++i) {
@@ -181,6 +181,11 @@ TEST(Backend, SwigluForwardBackwardAndAddMatchFp64) {
   std::vector<float> y = u;
   add_into(y.data(), d.data(), n);
   for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], u[i] + d[i]) << i;
+  // bias_add: every row gets the same bias, exactly.
+  std::vector<float> rows = u;  // 40 rows of 25
+  bias_add(rows.data(), 40, 25, d.data());
+  for (std::int64_t r = 0; r < 40; ++r)
+    for (std::int64_t c = 0; c < 25; ++c) EXPECT_EQ(rows[r * 25 + c], u[r * 25 + c] + d[c]) << r << "," << c;
   // A backend that lacks them says so by name.
   const std::string msg = error_of([] { backend_for(OpKind::swiglu_backward, DType::bf16); });
   EXPECT_NE(msg.find("backend 'cpu' does not support swiglu_backward on bf16"), std::string::npos) << msg;

@@ -181,8 +181,7 @@ void OwnRows::output_forward(const AttnLayerParams& w, const OwnActivations& a, 
   using Params = AttnLayerParams;
   const std::int64_t H = cfg_.hidden;
   linear_forward(a.o.data(), Qp_, cfg_.q_width(), w[Params::wo], H, y_p);
-  for (std::int64_t r = 0; r < Qp_; ++r)
-    for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[Params::bo][c];
+  bias_add(y_p, Qp_, H, w[Params::bo]);
 }
 
 void OwnRows::output_backward(const AttnLayerParams& w, const OwnActivations& a, const float* dy_p,

@@ -218,8 +218,7 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
       linear_forward(o_p, Qp, qw, w[Params::wo], H, y_p);
     }
   }
-  for (std::int64_t r = 0; r < Qp; ++r)
-    for (std::int64_t c = 0; c < H; ++c) y_p[r * H + c] += w[Params::bo][c];
+  bias_add(y_p, Qp, H, w[Params::bo]);
   timings_.fwd_ms = elapsed_ms(t0);
 }
 

@@ -251,6 +251,17 @@ void CpuBackend::gemm(const GemmArgs& a) {
         static_cast<const float*>(a.B), a.ldb, a.beta, static_cast<float*>(a.C), a.ldc);
 }
 
+// y: [M, N] += b: [N] on every row
+void CpuBackend::bias_add(TensorView y_v, ConstTensorView b_v) {
+  float* y = y_v.ptr<float>();
+  const float* b = b_v.ptr<float>();
+  const std::int64_t M = y_v.size(0), N = y_v.size(1);
+#pragma omp parallel for schedule(static) if (M * N > (1 << 16))
+  for (std::int64_t i = 0; i < M; ++i)
+#pragma omp simd
+    for (std::int64_t j = 0; j < N; ++j) y[i * N + j] += b[j];
+}
+
 // dy: [M, N]  db: [N] += column sums of dy
 void CpuBackend::bias_backward(ConstTensorView dy_v, TensorView db_v) {
   const float* dy = dy_v.ptr<float>();

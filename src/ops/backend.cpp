@@ -30,6 +30,7 @@ const char* op_name(OpKind op) {
     case OpKind::swiglu_backward: return "swiglu_backward";
     case OpKind::add: return "add";
     case OpKind::adamw_step: return "adamw_step";
+    case OpKind::bias_add: return "bias_add";
   }
   return "?";
 }
@@ -44,6 +45,7 @@ void Backend::unsupported(OpKind op, DType dtype) const { fail_unsupported(*this
 
 void Backend::gemm(const GemmArgs& a) { unsupported(OpKind::gemm, a.dtype); }
 void Backend::bias_backward(ConstTensorView dy, TensorView) { unsupported(OpKind::bias_backward, dy.dtype); }
+void Backend::bias_add(TensorView y, ConstTensorView) { unsupported(OpKind::bias_add, y.dtype); }
 void Backend::attention_forward(const BlockMask&, ConstTensorView q, ConstTensorView, ConstTensorView, TensorView,
                                 TensorView, float) {
   unsupported(OpKind::attention_forward, q.dtype);

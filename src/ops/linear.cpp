@@ -22,6 +22,11 @@ void linear_backward_weight(const float* x, std::int64_t M, std::int64_t K, cons
   gemm(true, false, K, N, M, 1.f, x, K, dy, N, 1.f, dW, N);
 }
 
+void bias_add(float* y, std::int64_t M, std::int64_t N, const float* b) {
+  backend_for(OpKind::bias_add, DType::f32)
+      .bias_add(TensorView::contiguous(y, DType::f32, {M, N}), ConstTensorView::contiguous(b, DType::f32, {N}));
+}
+
 void bias_backward(const float* dy, std::int64_t M, std::int64_t N, float* db) {
   backend_for(OpKind::bias_backward, DType::f32)
       .bias_backward(ConstTensorView::contiguous(dy, DType::f32, {M, N}), TensorView::contiguous(db, DType::f32, {N}));

@@ -50,8 +50,9 @@ enum class OpKind : std::uint8_t {
   swiglu_backward,     //
   add,                 // ops/elementwise.hpp (residuals, partial sums)
   adamw_step,          // ops/optim.hpp (the drafter's optimizer)
+  bias_add,            // ops/linear.hpp
 };
-inline constexpr int kOpKindCount = 19;
+inline constexpr int kOpKindCount = 20;
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -94,6 +95,8 @@ class Backend {
   virtual void gemm(const GemmArgs& args);
   // dy: [M, N]  db: [N] += sum over rows of dy
   virtual void bias_backward(ConstTensorView dy, TensorView db);
+  // y: [M, N] += b: [N] on every row
+  virtual void bias_add(TensorView y, ConstTensorView b);
 
   // q: [Q, n_q, d_h]  k, v: [L_k, n_kv, d_h]  o: [Q, n_q, d_h] out  lse: [Q*n_q] out.
   // Rank-3 views have contiguous heads (strides {row_stride, d_h, 1}); softmax_scale <= 0: 1/sqrt(d_h).

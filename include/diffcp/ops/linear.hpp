@@ -17,5 +17,7 @@ void linear_backward_weight(const float* x, std::int64_t M, std::int64_t K, cons
                             float* dW);
 // db[N] += sum over rows of dy[M, N]
 void bias_backward(const float* dy, std::int64_t M, std::int64_t N, float* db);
+// y[M, N] += b[N] on every row
+void bias_add(float* y, std::int64_t M, std::int64_t N, const float* b);
 
 }  // namespace diffcp
