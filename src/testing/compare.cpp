@@ -18,19 +18,26 @@ void CompareResult::merge(const CompareResult& o) {
   mismatched += o.mismatched;
 }
 
-Tolerance scaled_to(Tolerance t, std::span<const double> ref) {
-  double mx = 1.0;
-  for (double x : ref)
+namespace {
+// The largest finite |x| (0 for none): a tensor's scale.
+double max_finite_abs(std::span<const double> ref) {
+  double mx = 0;
+  for (const double x : ref)
     if (std::isfinite(x)) mx = std::max(mx, std::abs(x));
-  return {t.atol * mx, t.rtol};
+  return mx;
+}
+// r.max_ref = scale, r.max_rel = max_abs / scale (0 when nothing differs, inf for a zero scale).
+void set_scale(CompareResult& r, double scale) {
+  r.max_ref = scale;
+  r.max_rel = r.max_abs == 0 ? 0.0 : scale > 0 ? r.max_abs / scale : std::numeric_limits<double>::infinity();
+}
+}  // namespace
+
+Tolerance scaled_to(Tolerance t, std::span<const double> ref) {
+  return {t.atol * std::max(1.0, max_finite_abs(ref)), t.rtol};
 }
 
-void relative_to_whole(CompareResult& r, std::span<const double> whole_ref) {
-  r.max_ref = 0;
-  for (const double x : whole_ref)
-    if (std::isfinite(x)) r.max_ref = std::max(r.max_ref, std::abs(x));
-  r.max_rel = r.max_abs == 0 ? 0.0 : r.max_ref > 0 ? r.max_abs / r.max_ref : std::numeric_limits<double>::infinity();
-}
+void relative_to_whole(CompareResult& r, std::span<const double> whole_ref) { set_scale(r, max_finite_abs(whole_ref)); }
 
 template <typename T>
 CompareResult compare(std::span<const T> got, std::span<const double> ref, Tolerance tol) {
@@ -50,14 +57,13 @@ CompareResult compare(std::span<const T> got, std::span<const double> ref, Toler
       ratio = err / (tol.atol + tol.rtol * std::abs(x));
     }
     r.max_abs = std::max(r.max_abs, err);
-    if (std::isfinite(x)) r.max_ref = std::max(r.max_ref, std::abs(x));
     if (r.worst < 0 || ratio > r.worst_ratio) {
       r.worst_ratio = ratio;
       r.worst = static_cast<std::int64_t>(i);
     }
     if (!(ratio <= 1.0)) r.mismatched += 1;
   }
-  r.max_rel = r.max_abs == 0 ? 0.0 : r.max_ref > 0 ? r.max_abs / r.max_ref : std::numeric_limits<double>::infinity();
+  set_scale(r, max_finite_abs(ref));
   return r;
 }
 
