@@ -37,7 +37,10 @@ Communicator& world() { return *g_world; }
 
 }  // namespace diffcp::test
 
+void diffcp_link_cpu_isa_environment();  // cpu_isa_env.cpp: DIFFCP_CPU_ISA runs the tests on that ISA
+
 int main(int argc, char** argv) {
+  diffcp_link_cpu_isa_environment();
   ::testing::InitGoogleTest(&argc, argv);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);

@@ -3,6 +3,7 @@
 // linear_forward works on it and attention_forward fails naming the backend and the op.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <iterator>
 #include <string>
@@ -71,6 +72,32 @@ TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
     EXPECT_FALSE(cpu.supports(op, DType::f64)) << op_name(op);
     EXPECT_STRNE(op_name(op), "?");
   }
+}
+
+// One build, kernels per ISA (src/cpu/isa.hpp): the default is the widest this CPU runs, each
+// supported ISA says it runs, and an unknown one is refused with the list.
+TEST(Backend, CpuIsasDefaultToTheWidestThisCpuRuns) {
+  const std::vector<CpuIsa> isas = cpu_isas();
+  ASSERT_FALSE(isas.empty());
+  const char* forced = std::getenv("DIFFCP_CPU_ISA");
+  for (const CpuIsa& isa : isas) {
+    if (!isa.supported) {
+      EXPECT_NE(error_of([&] { cpu_backend(isa.name); }).find("this CPU lacks the instructions"), std::string::npos);
+      continue;
+    }
+    const std::string kernels = cpu_backend(isa.name).describe(DType::f32);
+    EXPECT_NE(kernels.find("(" + isa.name + " kernels"), std::string::npos) << kernels;
+  }
+  if (forced == nullptr || *forced == '\0') {
+    const auto widest = std::find_if(isas.begin(), isas.end(), [](const CpuIsa& i) { return i.supported; });
+    ASSERT_NE(widest, isas.end());
+    EXPECT_EQ(&cpu_backend(), &cpu_backend(widest->name)) << cpu_backend().describe(DType::f32);
+  } else {
+    EXPECT_EQ(&cpu_backend(), &cpu_backend(forced));
+  }
+  const std::string msg = error_of([] { cpu_backend("sse9"); });
+  EXPECT_NE(msg.find("CPU kernels 'sse9' are not compiled in; compiled in: " + isas.front().name), std::string::npos)
+      << msg;
 }
 
 TEST(Backend, CpuDeclinesBf16RmsnormWithTheClearError) {

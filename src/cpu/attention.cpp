@@ -17,8 +17,9 @@
 #include "diffcp/core/fastmath.hpp"
 #include "diffcp/core/half.hpp"
 #include "diffcp/core/parallel.hpp"
+#include "isa.hpp"  // last (isa.hpp)
 
-namespace diffcp::cpu {
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 namespace {
 
@@ -27,16 +28,35 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// p[j] = 2^(p[j] - shift) for j < n; returns their sum. Out of line: inlined into the tile loops,
-// GCC 12 did not vectorise it.
-[[gnu::noinline]] float exp2_shifted(float* __restrict p, std::int64_t n, float shift) {
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (std::int64_t j = 0; j < n; ++j) {
-    p[j] = fast_exp2(p[j] - shift);
-    sum += p[j];
+// p[j] = 2^(p[j] - shift) for j < n; returns their sum. On the SIMD layer (isa.hpp): written as a
+// plain loop, GCC 12 vectorised it for AVX-512 but not for AVX2 (its clamp became branches).
+// The tail's spare lanes hold -inf, whose 2^ is exactly 0.
+float exp2_shifted(float* __restrict p, std::int64_t n, float shift) {
+  using namespace simd;
+  const vf sh = broadcast(shift);
+  vf acc{};
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf e = exp2(load(p + j) - sh);
+    store(p + j, e);
+    acc += e;
   }
-  return sum;
+  if (j < n) {
+    const vf e = exp2(load_part(p + j, n - j, kNegInf) - sh);
+    store_part(p + j, e, n - j);
+    acc += e;
+  }
+  return hsum(acc);
+}
+
+// max(init, p[0..n)).
+float row_max(const float* __restrict p, std::int64_t n, float init) {
+  using namespace simd;
+  vf m = broadcast(init);
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) m = max(m, load(p + j));
+  if (j < n) m = max(m, load_part(p + j, n - j, kNegInf));
+  return hmax(m);
 }
 
 // ---- storage type T (float or bf16_t): tile GEMMs with f32 C, conversions ----
@@ -171,9 +191,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
                 kKeyTile, full);
       for (std::int64_t t = 0; t < GB; ++t) {
         float* pr = w.p.data() + t * kKeyTile;
-        float mx = w.m[t];
-#pragma omp simd reduction(max : mx)
-        for (std::int64_t j = 0; j < kt; ++j) mx = pr[j] > mx ? pr[j] : mx;  // std::max: not vectorised
+        const float mx = row_max(pr, kt, w.m[t]);
         const float sum = exp2_shifted(pr, kt, mx);
         const float alpha = fast_exp2(w.m[t] - mx);  // m = -inf on the first tile -> 0
         if (alpha != 1.f) {
@@ -436,4 +454,4 @@ void CpuBackend::attention_backward(const BlockMask& mask, ConstTensorView q, Co
   backward_impl<float>(mask, q, k, v, do_, lse, delta, dq, dk, dv, softmax_scale);
 }
 
-}  // namespace diffcp::cpu
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA

@@ -1,9 +1,8 @@
-// The CPU backend's identity: what it supports and its one instance (cpu_backend()).
+// The CPU backend's identity: what it supports, what it says it runs, and this ISA's instance.
 #include "cpu_backend.hpp"
+#include "isa.hpp"  // last (isa.hpp)
 
-namespace diffcp {
-
-namespace cpu {
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 // f32 everywhere; bf16 (f32 accumulation, f32 lse / delta) on GEMM and attention.
 bool CpuBackend::supports(OpKind op, DType dtype) const {
@@ -18,16 +17,19 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
   }
 }
 
+#define DIFFCP_STR2(x) #x
+#define DIFFCP_STR(x) DIFFCP_STR2(x)
+
 std::string CpuBackend::describe(DType dtype) const {
-  if (dtype == DType::bf16) return "cpu: " + bf16_gemm_path();
-  return std::string("cpu: ") + dtype_name(dtype) + " oneDNN sgemm";
+  const std::string kernels = "cpu (" DIFFCP_STR(DIFFCP_CPU_ISA) " kernels, " + std::to_string(DIFFCP_SIMD_BYTES * 8) +
+                              "-bit vectors): ";
+  if (dtype == DType::bf16) return kernels + bf16_gemm_path();
+  return kernels + dtype_name(dtype) + " oneDNN sgemm";
 }
 
-}  // namespace cpu
-
-Backend& cpu_backend() {
-  static cpu::CpuBackend b;
+Backend& backend() {
+  static CpuBackend b;
   return b;
 }
 
-}  // namespace diffcp
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA

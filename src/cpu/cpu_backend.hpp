@@ -1,40 +1,21 @@
 // The CPU backend (ops/backend.hpp): f32 on every op; bf16 storage with f32 accumulation on GEMM
-// and attention. OpenMP over rows / work items, GEMMs on oneDNN. One file per op family defines its hooks: gemm.cpp, attention.cpp, merge.cpp,
-// rmsnorm.cpp, rope.cpp, elementwise.cpp; backend.cpp holds name(), supports() and the instance.
+// and attention. OpenMP over rows / work items, GEMMs on oneDNN (sgemm.hpp). Compiled once per ISA
+// (isa.hpp) into namespace diffcp::cpu::<isa>; dispatch.cpp picks the instance that runs. One file
+// per op family defines its hooks: linear.cpp, attention.cpp, merge.cpp, rmsnorm.cpp, rope.cpp,
+// elementwise.cpp, optim.cpp; backend.cpp holds name(), supports(), describe() and the instance.
 // Private to src/cpu/.
 #pragma once
 
-#include <cstdint>
-#include <span>
 #include <string>
 
 #include "diffcp/ops/backend.hpp"
+#include "sgemm.hpp"
 
-namespace diffcp::cpu {
+#if !defined(DIFFCP_CPU_ISA)
+#error "src/cpu kernel files are compiled once per ISA with -DDIFFCP_CPU_ISA=<isa> (src/CMakeLists.txt)"
+#endif
 
-// Row-major C[M, N] = alpha * op(A) * op(B) + beta * C in f32 (shapes as GemmArgs): the one
-// place diffcp calls oneDNN's sgemm. Kernels of this backend call it directly (no dispatch per
-// tile); single-threaded when called from inside an OpenMP parallel region.
-void sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
-           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
-
-// Row-major C[M, N] = alpha * op(A) * op(B) + beta * C with bf16 A and B, f32 accumulation and C
-// of c_dtype (f32 or bf16); shapes as sgemm. oneDNN matmul where it has one for this CPU,
-// otherwise the operands converted to f32 + sgemm (bf16_gemm_path() says which, and why).
-// fixed_shape: a primitive per (M, N, K), fastest for the few shapes of the attention tiles; else
-// one per N with M and K at run time (the layers' GEMMs, whose row counts change every step).
-void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-               const bf16_t* A, std::int64_t lda, const bf16_t* B, std::int64_t ldb, float beta, void* C,
-               std::int64_t ldc, DType c_dtype, bool fixed_shape = true);
-std::string bf16_gemm_path();
-
-// Typed f32 access to the hooks' views (a wrong dtype or layout is an Error naming the view).
-inline HeadRows<const float> rows_f32(ConstTensorView t) { return HeadRows<const float>::from(t); }
-inline HeadRows<float> rows_f32(TensorView t) { return HeadRows<float>::from(t); }
-inline std::span<const float> span_f32(ConstTensorView t) {
-  return {t.ptr<float>(), static_cast<std::size_t>(t.numel())};
-}
-inline std::span<float> span_f32(TensorView t) { return {t.ptr<float>(), static_cast<std::size_t>(t.numel())}; }
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 class CpuBackend final : public Backend {
  public:
@@ -72,4 +53,7 @@ class CpuBackend final : public Backend {
                     ConstTensorView sin) override;
 };
 
-}  // namespace diffcp::cpu
+// This ISA's instance.
+Backend& backend();
+
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA

@@ -5,8 +5,9 @@
 
 #include "cpu_backend.hpp"
 #include "diffcp/core/error.hpp"
+#include "isa.hpp"  // last (isa.hpp)
 
-namespace diffcp::cpu {
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -74,4 +75,4 @@ void CpuBackend::lse_rescale(TensorView o_v, ConstTensorView lse_p_v, ConstTenso
     }
 }
 
-}  // namespace diffcp::cpu
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA

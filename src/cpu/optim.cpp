@@ -1,8 +1,9 @@
 // CPU AdamW step (ops/optim.hpp). Built without FMA contraction (src/CMakeLists.txt): the
 // vectorised loop and its scalar tail round alike, so any split of a vector gives the same bits.
 #include "cpu_backend.hpp"
+#include "isa.hpp"  // last (isa.hpp)
 
-namespace diffcp::cpu {
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 // p, m, v: [n] in place  g: [n]; float math as fused AdamW kernels do it, one expression per element.
 void CpuBackend::adamw_step(TensorView p_v, ConstTensorView g_v, TensorView m_v, TensorView v_v, const AdamWStepArgs& a) {
@@ -19,4 +20,4 @@ void CpuBackend::adamw_step(TensorView p_v, ConstTensorView g_v, TensorView m_v,
   }
 }
 
-}  // namespace diffcp::cpu
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA

@@ -13,7 +13,9 @@ static int omp_get_max_threads() { return 1; }
 static int omp_get_thread_num() { return 0; }
 #endif
 
-namespace diffcp::cpu {
+#include "isa.hpp"  // last (isa.hpp)
+
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 // x, y: [rows, heads, d]  w: [d]  rstd: [rows, heads]
 void CpuBackend::rmsnorm_forward(ConstTensorView x_v, ConstTensorView w_v, float eps, TensorView y_v,
@@ -65,4 +67,4 @@ void CpuBackend::rmsnorm_backward(ConstTensorView dy_v, ConstTensorView x_v, Con
     for (std::int64_t c = 0; c < d; ++c) dw[c] += partial[static_cast<std::size_t>(t * d + c)];
 }
 
-}  // namespace diffcp::cpu
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA

@@ -1,8 +1,9 @@
 // CPU rotate-half RoPE (ops/rope.hpp): OpenMP over rows.
 #include "cpu_backend.hpp"
 #include "diffcp/ops/rope.hpp"
+#include "isa.hpp"  // last (isa.hpp)
 
-namespace diffcp::cpu {
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 // x: [rows, heads, d_h] in place  positions: [rows], validated by rope_apply (no throw inside OpenMP)
 void CpuBackend::rope(TensorView x_v, std::span<const std::int64_t> positions, const RopeTable& table, bool inverse) {
@@ -26,4 +27,4 @@ void CpuBackend::rope(TensorView x_v, std::span<const std::int64_t> positions, c
   }
 }
 
-}  // namespace diffcp::cpu
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA

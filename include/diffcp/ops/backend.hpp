@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "diffcp/core/dtype.hpp"
 #include "diffcp/core/tensor.hpp"
@@ -152,7 +153,23 @@ class Backend {
 };
 
 // The built-in CPU backend (src/cpu/): f32 for every op. Always registered, active by default.
+// Its kernels are compiled once per instruction set (src/cpu/isa.hpp) and the best one this CPU
+// runs is chosen at the first call; DIFFCP_CPU_ISA=<name> in the environment chooses another
+// (an error if it is not compiled in or the CPU lacks it). describe() names the kernels that run.
 Backend& cpu_backend();
+
+// One instruction set the CPU backend's kernels were compiled for: "avx512" (AVX-512 F/BW/DQ/VL),
+// "avx2" (AVX2 + FMA), "generic" (the x86-64 baseline, SSE2), or only "native" in a
+// -DDIFFCP_NATIVE=ON build (-march=native).
+struct CpuIsa {
+  std::string name;
+  bool supported;  // this CPU can run it
+};
+// The ISAs compiled in, widest first.
+std::vector<CpuIsa> cpu_isas();
+// The CPU backend compiled for `isa` (one of cpu_isas()); an error, naming what there is, if it is
+// not compiled in or this CPU cannot run it. Tests run each ISA's kernels through it.
+Backend& cpu_backend(std::string_view isa);
 
 // ---- the registry: a backend is registered by name and selected as the active one ----
 // Not thread-safe against running ops: select the backend before, not while, ops run.

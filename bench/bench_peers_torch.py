@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""diffcp's CPU kernels next to what a CPU user would pick instead, in PyTorch (same run, same shape).
+
+  attention: the DFlash block-sparse mask (bench_attention's, written by --dump-mask) on
+             PyTorch's scaled_dot_product_attention (dense boolean mask, enable_gqa; forward +
+             backward) and on torch.compile'd FlexAttention (block mask from a mask_mod; forward),
+             against bench_attention's f32 forward and backward.
+  dit:       one denoising step of the DiT: `diffcp dit` (step_ms, P = 1) against Black Forest Labs'
+             own FLUX model (flux.model.Flux from a checkout of github.com/black-forest-labs/flux,
+             --flux-src; not part of diffcp) at the same FluxParams (from `diffcp dit --dry-run`),
+             same image and text tokens, random weights, torch.inference_mode.
+
+--isa avx2 runs both sides as on an AVX2-only CPU (DIFFCP_CPU_ISA=avx2, oneDNN capped at AVX2 for
+diffcp; ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2 for
+PyTorch); --isa native lets each pick what the CPU has. Threads: --threads for both (OMP and
+torch.set_num_threads). Medians of --reps after a warm-up. Prints one JSON object per run and
+appends it to --csv when given.
+
+PyTorch is not a diffcp dependency: `--venv DIR --install` makes DIR a venv with torch, numpy and
+einops from PyPI (about 3 GB: the PyPI wheel pulls the CUDA libraries) and runs the PyTorch side in
+it; without --install, DIR must already have them (or omit --venv to use this python3's torch).
+Not part of CI.
+
+  bench/bench_peers_torch.py attention --venv /work/torch-venv --install --isa avx2
+  bench/bench_peers_torch.py dit --venv /work/torch-venv --flux-src /path/to/flux --isa avx2
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "release"
+
+
+def isa_env(isa: str, threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    if isa == "avx2":
+        env.update({"DIFFCP_CPU_ISA": "avx2", "DNNL_MAX_CPU_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                    "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"})
+    elif isa == "avx512":
+        env.update({"DIFFCP_CPU_ISA": "avx512", "ATEN_CPU_CAPABILITY": "avx512"})
+    return env
+
+
+def run_json(cmd: list[str], env: dict[str, str]) -> dict:
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def torch_python(a: argparse.Namespace) -> str:
+    if not a.venv:
+        return sys.executable
+    py = Path(a.venv) / "bin" / "python"
+    if a.install:
+        if not py.exists():
+            subprocess.run([sys.executable, "-m", "venv", a.venv], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "torch", "numpy", "einops"], check=True)
+    if not py.exists():
+        sys.exit(f"bench_peers_torch: no venv at {a.venv} (add --install to make one)")
+    return str(py)
+
+
+# ----------------------------------------------------------------------------- PyTorch side
+def median_ms(fn, reps: int) -> float:
+    import time
+
+    fn()  # warm-up (and torch.compile's compilation)
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t.append((time.perf_counter() - t0) * 1e3)
+    t.sort()
+    return t[len(t) // 2]
+
+
+def torch_attention(a: argparse.Namespace) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch.set_num_threads(a.threads)
+    m = json.loads(Path(a.mask).read_text())
+    B, S, Lk, Q = m["block"], m["context_rows"], m["key_rows"], m["query_rows"]
+    ctx = torch.tensor(m["ctx"], dtype=torch.int64)  # [N, 2]: block i sees context [b, e) and its own rows
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, a.n_q, Q, a.d_h, generator=g)
+    k = torch.randn(1, a.n_kv, Lk, a.d_h, generator=g)
+    v = torch.randn(1, a.n_kv, Lk, a.d_h, generator=g)
+    dout = torch.randn(1, a.n_q, Q, a.d_h, generator=g)
+    blk = torch.arange(Q) // B
+    kv = torch.arange(Lk)
+    own = S + blk * B
+    dense = ((kv[None, :] >= ctx[blk, 0][:, None]) & (kv[None, :] < ctx[blk, 1][:, None])) | (
+        (kv[None, :] >= own[:, None]) & (kv[None, :] < own[:, None] + B))
+    visible = int(dense.sum())
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        i = q_idx // B
+        lo, hi, o = ctx[i, 0], ctx[i, 1], S + i * B
+        return ((kv_idx >= lo) & (kv_idx < hi)) | ((kv_idx >= o) & (kv_idx < o + B))
+
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+
+    def sdpa_fwd_bwd():
+        out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=dense, enable_gqa=True)
+        out.backward(dout)
+        qg.grad = kg.grad = vg.grad = None
+
+    def sdpa_fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)
+
+    block_mask = create_block_mask(mask_mod, None, None, Q, Lk, device="cpu")
+    flex = torch.compile(flex_attention)
+
+    def flex_fwd():
+        with torch.no_grad():
+            flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+
+    # The dense-mask SDPA's result equals the masked softmax: check one call against FlexAttention.
+    with torch.no_grad():
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)
+        got = flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+    err = float((ref - got).abs().max())
+    return {"torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "visible_pairs_per_head": visible, "sdpa_fwd_ms": median_ms(sdpa_fwd, a.reps),
+            "sdpa_fwd_bwd_ms": median_ms(sdpa_fwd_bwd, a.reps), "flex_compiled_fwd_ms": median_ms(flex_fwd, a.reps),
+            "flex_vs_sdpa_max_abs_diff": err}
+
+
+def torch_dit(a: argparse.Namespace) -> dict:
+    import torch
+
+    sys.path.insert(0, str(Path(a.flux_src) / "src"))
+    from flux.model import Flux, FluxParams  # Black Forest Labs' model (not diffcp code)
+
+    torch.set_num_threads(a.threads)
+    p = json.loads(Path(a.params).read_text())
+    fp = p["flux_params"]
+    params = FluxParams(**{k: fp[k] for k in FluxParams.__dataclass_fields__})
+    torch.manual_seed(1)
+    model = Flux(params).eval()
+    n_img, n_txt = p["image_tokens"], p["text_tokens"]
+    h, w = p["height"] // 16, p["width"] // 16
+    img = torch.randn(1, n_img, params.in_channels)
+    txt = torch.randn(1, n_txt, params.context_in_dim)
+    y = torch.randn(1, params.vec_in_dim)
+    img_ids = torch.zeros(h, w, 3)
+    img_ids[..., 1] = torch.arange(h)[:, None]
+    img_ids[..., 2] = torch.arange(w)[None, :]
+    img_ids = img_ids.reshape(1, h * w, 3)
+    txt_ids = torch.zeros(1, n_txt, 3)
+    t = torch.full((1,), 0.5)
+    guid = torch.full((1,), 3.5) if params.guidance_embed else None
+
+    def step():
+        with torch.inference_mode():
+            v = model(img=img, img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t, y=y, guidance=guid)
+            img.add_(v, alpha=-0.02)  # the Euler update, as a sampler step does
+
+    n_par = sum(x.numel() for x in model.parameters())
+    return {"torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_parameters": n_par, "flux_step_ms": median_ms(step, a.reps)}
+
+
+# ----------------------------------------------------------------------------- driver
+def record(a: argparse.Namespace, row: dict) -> None:
+    print(json.dumps(row))
+    if a.csv:
+        path = Path(a.csv)
+        new = not path.exists()
+        with path.open("a", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(row))
+            if new:
+                wr.writeheader()
+            wr.writerow(row)
+
+
+def cmd_attention(a: argparse.Namespace) -> None:
+    env = isa_env(a.isa, a.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        mask = Path(tmp) / "mask.json"
+        ours = run_json([str(a.bench), "--samples", str(a.samples), "--context", str(a.context), "--anchors",
+                         str(a.anchors), "--n-q", str(a.n_q), "--n-kv", str(a.n_kv), "--d-h", str(a.d_h), "--reps",
+                         str(a.reps), "--dtype", "f32", "--json", "--dump-mask", str(mask)], env)
+        peer = run_json([torch_python(a), __file__, "_torch_attention", "--mask", str(mask), "--n-q", str(a.n_q),
+                         "--n-kv", str(a.n_kv), "--d-h", str(a.d_h), "--reps", str(a.reps), "--threads",
+                         str(a.threads)], env)
+    assert peer["visible_pairs_per_head"] == ours["visible_pairs_per_head"], "the two masks differ"
+    fb = ours["fwd_ms"] + ours["bwd_ms"]
+    record(a, {"what": "attention", "isa": a.isa, "threads": a.threads, "kernels": ours["kernels"],
+               "torch": peer["torch"], "torch_cpu_capability": peer["torch_cpu_capability"], "samples": a.samples,
+               "context": a.context, "anchors": a.anchors, "n_q": a.n_q, "n_kv": a.n_kv, "d_h": a.d_h,
+               "diffcp_fwd_ms": round(ours["fwd_ms"], 2), "diffcp_bwd_ms": round(ours["bwd_ms"], 2),
+               "sdpa_fwd_ms": round(peer["sdpa_fwd_ms"], 2), "sdpa_fwd_bwd_ms": round(peer["sdpa_fwd_bwd_ms"], 2),
+               "flex_compiled_fwd_ms": round(peer["flex_compiled_fwd_ms"], 2),
+               "speedup_vs_sdpa_fwd_bwd": round(peer["sdpa_fwd_bwd_ms"] / fb, 3),
+               "speedup_vs_sdpa_fwd": round(peer["sdpa_fwd_ms"] / ours["fwd_ms"], 3),
+               "speedup_vs_flex_fwd": round(peer["flex_compiled_fwd_ms"] / ours["fwd_ms"], 3),
+               "fwd_over_f32_gemm": round(ours["fwd_over_f32_gemm"], 3),
+               "bwd_over_f32_gemm": round(ours["bwd_over_f32_gemm"], 3)})
+
+
+def cmd_dit(a: argparse.Namespace) -> None:
+    if not a.flux_src or not (Path(a.flux_src) / "src" / "flux" / "model.py").exists():
+        sys.exit("bench_peers_torch dit: --flux-src must be a checkout of github.com/black-forest-labs/flux")
+    env = isa_env(a.isa, a.threads)
+    base = [str(a.diffcp), "dit", "--resolution", str(a.resolution), "--out", "", "--json"]
+    with tempfile.TemporaryDirectory() as tmp:
+        params = Path(tmp) / "params.json"
+        dry = run_json(base + ["--dry-run"], env)
+        params.write_text(json.dumps(dry))
+        ours = run_json(base + ["--steps", str(a.steps)], env)
+        peer = run_json([torch_python(a), __file__, "_torch_dit", "--params", str(params), "--flux-src", a.flux_src,
+                         "--reps", str(a.reps), "--threads", str(a.threads)], env)
+    record(a, {"what": "dit_step", "isa": a.isa, "threads": a.threads, "torch": peer["torch"],
+               "torch_cpu_capability": peer["torch_cpu_capability"], "resolution": a.resolution,
+               "diffcp_parameters": dry["parameters"], "torch_parameters": peer["torch_parameters"],
+               "diffcp_step_ms": round(ours["step_ms"], 2), "flux_step_ms": round(peer["flux_step_ms"], 2),
+               "speedup_vs_flux": round(peer["flux_step_ms"] / ours["step_ms"], 3)})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("attention", "dit"):
+        s = sub.add_parser(name)
+        s.add_argument("--isa", choices=["avx2", "avx512", "native"], default="native")
+        s.add_argument("--threads", type=int, default=2)
+        s.add_argument("--reps", type=int, default=5)
+        s.add_argument("--venv", help="venv with torch (see --install)")
+        s.add_argument("--install", action="store_true", help="create --venv and pip install torch numpy einops")
+        s.add_argument("--csv", help="append the result row to this CSV")
+    at = sub.choices["attention"]
+    at.add_argument("--bench", type=Path, default=BUILD / "bench" / "bench_attention")
+    at.add_argument("--samples", type=int, default=2)
+    at.add_argument("--context", type=int, default=4096)
+    at.add_argument("--anchors", type=int, default=64)
+    at.add_argument("--n-q", type=int, default=8)
+    at.add_argument("--n-kv", type=int, default=2)
+    at.add_argument("--d-h", type=int, default=64)
+    dt = sub.choices["dit"]
+    dt.add_argument("--diffcp", type=Path, default=BUILD / "src" / "diffcp")
+    dt.add_argument("--flux-src", help="checkout of github.com/black-forest-labs/flux")
+    dt.add_argument("--resolution", type=int, default=256)
+    dt.add_argument("--steps", type=int, default=10)
+    # the PyTorch side, run in the venv's python with the ISA environment
+    ta = sub.add_parser("_torch_attention")
+    ta.add_argument("--mask", required=True)
+    td = sub.add_parser("_torch_dit")
+    td.add_argument("--params", required=True)
+    td.add_argument("--flux-src", required=True)
+    for s in (ta, td):
+        s.add_argument("--reps", type=int, default=5)
+        s.add_argument("--threads", type=int, default=2)
+    ta.add_argument("--n-q", type=int, required=True)
+    ta.add_argument("--n-kv", type=int, required=True)
+    ta.add_argument("--d-h", type=int, required=True)
+    a = ap.parse_args()
+    if a.cmd == "_torch_attention":
+        print(json.dumps(torch_attention(a)))
+    elif a.cmd == "_torch_dit":
+        print(json.dumps(torch_dit(a)))
+    elif a.cmd == "attention":
+        cmd_attention(a)
+    else:
+        cmd_dit(a)
+
+
+if __name__ == "__main__":
+    main()

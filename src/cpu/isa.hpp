@@ -1,0 +1,98 @@
+// One CPU backend per instruction set, from the same sources. src/CMakeLists.txt compiles each
+// kernel file of src/cpu/ once per ISA of the build (avx512, avx2, generic = the x86-64 baseline;
+// or only `native` when DIFFCP_NATIVE=ON builds for -march=native) with
+// -DDIFFCP_CPU_ISA=<isa> -DDIFFCP_CPU_ISA_<ISA>; dispatch.cpp picks one at run time from the CPU's
+// features (DIFFCP_CPU_ISA=<isa> in the environment overrides).
+//
+// This header must be a kernel file's LAST include (tests/cpu_isa_check.sh checks it): the
+// `#pragma GCC target` below applies to every function defined after it, so the kernel file's own
+// functions, its OpenMP regions and what they inline are compiled for the ISA, while the library
+// and std templates declared in the headers above it keep the baseline ISA in every copy (no
+// AVX-512 instantiation can be picked by the linker for code that runs on an AVX2 CPU).
+//
+// It also gives the kernels a small SIMD layer (namespace simd): GCC vector types of the ISA's
+// width, for the loops GCC does not vectorise by itself (the online softmax's exp2 on AVX2: its
+// clamp became branches; `-fopt-info-vec-missed`: "control flow in loop").
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if !defined(DIFFCP_CPU_ISA)
+#error "src/cpu kernel files are compiled once per ISA with -DDIFFCP_CPU_ISA=<isa> (src/CMakeLists.txt)"
+#endif
+
+// GCC's C++ front end lexes the file before it parses the pragma, so __AVX2__ & co. do not follow
+// it: the width comes from our own macro.
+#if defined(DIFFCP_CPU_ISA_AVX512)
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt,prefer-vector-width=512")
+#define DIFFCP_SIMD_BYTES 64
+#elif defined(DIFFCP_CPU_ISA_AVX2)
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
+#define DIFFCP_SIMD_BYTES 32
+#elif defined(DIFFCP_CPU_ISA_NATIVE) && defined(__AVX512F__)
+#define DIFFCP_SIMD_BYTES 64
+#elif defined(DIFFCP_CPU_ISA_NATIVE) && defined(__AVX2__)
+#define DIFFCP_SIMD_BYTES 32
+#else  // generic: SSE2 on x86-64 (16-byte vectors; other CPUs lower them as they can)
+#define DIFFCP_SIMD_BYTES 16
+#endif
+
+namespace diffcp::cpu::DIFFCP_CPU_ISA::simd {
+
+constexpr std::int64_t kLanes = DIFFCP_SIMD_BYTES / 4;
+typedef float vf __attribute__((vector_size(DIFFCP_SIMD_BYTES)));
+typedef std::int32_t vi __attribute__((vector_size(DIFFCP_SIMD_BYTES)));
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+inline vf broadcast(float x) { return vf{} + x; }
+// n < kLanes elements, the rest `fill`.
+inline vf load_part(const float* p, std::int64_t n, float fill) {
+  vf v = broadcast(fill);
+  for (std::int64_t i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+inline void store_part(float* p, vf v, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) p[i] = v[i];
+}
+inline vf max(vf a, vf b) { return a > b ? a : b; }
+inline vf min(vf a, vf b) { return a < b ? a : b; }
+inline float hsum(vf v) {
+  float s = 0.f;
+  for (std::int64_t i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+inline float hmax(vf v) {
+  float m = v[0];
+  for (std::int64_t i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+// 2^x per lane: core/fastmath.hpp's fast_exp2 (same clamp to [-127, 127], same polynomial, same
+// exponent trick), written on vectors so that it vectorises on every ISA.
+inline vf exp2(vf x) {
+  x = min(max(x, broadcast(-127.f)), broadcast(127.f));
+  const vf shifter = broadcast(12582912.f);  // 1.5 * 2^23, bit pattern 0x4B400000
+  const vf t = x + shifter;
+  const vf f = x - (t - shifter);
+  vf p = broadcast(1.535336188319500e-4f);
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.f;
+  vi t_bits;
+  std::memcpy(&t_bits, &t, sizeof t_bits);
+  const vi bits = (t_bits - 0x4B400000 + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA::simd
