@@ -373,4 +373,5 @@ PYBIND11_MODULE(_core, m) {
   m.def("to_bf16", &to_bf16_py, py::arg("x"));
   m.def("from_bf16", &from_bf16_py, py::arg("x"));
   m.def("bf16_path", [] { return active_backend().describe(DType::bf16); });
+  m.def("cpu_kernels", [] { return active_backend().describe(DType::f32); });
 }

@@ -25,7 +25,7 @@ from . import attention
 from .splitkv import LayerConfig, SplitKV
 
 __all__ = ["Plan", "plan", "balancer_names", "attention", "SplitKV", "LayerConfig", "to_bf16", "from_bf16",
-           "bf16_path"]
+           "bf16_path", "cpu_kernels"]
 
 
 @dataclass(frozen=True)
@@ -127,3 +127,9 @@ def bf16_path() -> str:
     """Which kernel runs bf16 here (e.g. oneDNN's bf16 matmul with native instructions, or the f32
     conversion path on CPUs where oneDNN has none)."""
     return _core.bf16_path()
+
+
+def cpu_kernels() -> str:
+    """Which CPU kernels run (the package is portable: its kernels are compiled for AVX-512, AVX2
+    and the x86-64 baseline and the widest this CPU has is chosen; DIFFCP_CPU_ISA=avx2 chooses)."""
+    return _core.cpu_kernels()

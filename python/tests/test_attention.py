@@ -130,3 +130,8 @@ def test_bf16_round_trip_is_round_to_nearest_even():
     assert b.dtype == np.uint16
     np.testing.assert_array_equal(diffcp.from_bf16(b), np.array([1.0, 1.0, 1 + 4 * 2 ** -8, -2.5, np.inf, 0.0], np.float32))
     assert "bf16" in diffcp.bf16_path()
+
+
+def test_cpu_kernels_name_the_isa_that_runs():
+    k = diffcp.cpu_kernels()
+    assert any(f"({isa} kernels" in k for isa in ("avx512", "avx2", "generic", "native")), k

@@ -23,7 +23,7 @@ namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 namespace {
 
-constexpr std::int64_t kKeyTile = 256;  // keys per tile (measured: 256 and 512 tie, 128 is slower)
+constexpr std::int64_t kKeyTile = 512;  // keys per tile (see bench/RESULTS.md, issue #39)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -57,6 +57,19 @@ float row_max(const float* __restrict p, std::int64_t n, float init) {
   for (; j + kLanes <= n; j += kLanes) m = max(m, load(p + j));
   if (j < n) m = max(m, load_part(p + j, n - j, kNegInf));
   return hmax(m);
+}
+
+// p[j, t] = 2^(p[j, t] - shift[t]) for j < rows, t < cols (dense rows of cols): the backward's
+// key-major P^T, each column its query row's lse. Spare tail lanes: shift +inf, 2^-inf = 0.
+void exp2_shifted_cols(float* __restrict p, std::int64_t rows, std::int64_t cols, const float* __restrict shift) {
+  using namespace simd;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < rows; ++j) {
+    float* r = p + j * cols;
+    std::int64_t t = 0;
+    for (; t + kLanes <= cols; t += kLanes) store(r + t, exp2(load(r + t) - load(shift + t)));
+    if (t < cols) store_part(r + t, exp2(load_part(r + t, cols - t, 0.f) - load_part(shift + t, cols - t, kInf)), cols - t);
+  }
 }
 
 // ---- storage type T (float or bf16_t): tile GEMMs with f32 C, conversions ----
@@ -241,31 +254,35 @@ void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const T> q, H
       w.delta[t] = delta[stat_index(s, i, h, t)];
     }
   }
+  // Key-major tiles (P^T, dS^T: [kt, GB]): every GEMM but dQ's is then 'N' x 'N' or 'N' x 'T'.
+  // oneDNN's AVX2 sgemm ran the row-major form's P^T dO and dS^T q ('T' x 'N', K = GB) at ~60 % of
+  // its other tile shapes (measured, 512 x 128 x 64), which held the d_h = 128 backward to 62 %.
   for (const RowRange& rr : w.ranges) {
     for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile) {
       const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
-      float* P = w.p.data();
-      float* dP = w.dp.data();
+      float* PT = w.p.data();
+      float* dPT = w.dp.data();
       const bool full = kt == kKeyTile;
-      tile_gemm(false, true, GB, kt, d, s.scale * kLog2e, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, P,
-                kKeyTile, full);
-      for (std::int64_t t = 0; t < GB; ++t) exp2_shifted(P + t * kKeyTile, kt, w.lse2[t]);
+      // S^T = (scale log2(e)) K q^T, then P^T = 2^(S^T - lse2) column by column
+      tile_gemm(false, true, kt, GB, d, s.scale * kLog2e, k.at(j0, h), k.row_stride, w.q.data(), d, 0.f, PT, GB,
+                full);
+      exp2_shifted_cols(PT, kt, GB, w.lse2.data());
       // dV += P^T dO
-      tile_gemm(true, false, kt, d, GB, 1.f, operand(P, GB, kt, kKeyTile, w.p_lo), kKeyTile, w.dout.data(), d, 1.f,
+      tile_gemm(false, false, kt, d, GB, 1.f, operand(PT, kt, GB, GB, w.p_lo), GB, w.dout.data(), d, 1.f,
                 dv.at(j0, h), dv.row_stride, full);
-      // dP = dO V^T
-      tile_gemm(false, true, GB, kt, d, 1.f, w.dout.data(), d, v.at(j0, h), v.row_stride, 0.f, dP, kKeyTile, full);
-      for (std::int64_t t = 0; t < GB; ++t) {
-        float* pr = P + t * kKeyTile;
-        const float* dpr = dP + t * kKeyTile;
-        const float D = w.delta[t];
+      // dP^T = V dO^T, then dS^T = P^T (dP^T - D)
+      tile_gemm(false, true, kt, GB, d, 1.f, v.at(j0, h), v.row_stride, w.dout.data(), d, 0.f, dPT, GB, full);
+      for (std::int64_t j = 0; j < kt; ++j) {
+        float* __restrict pr = PT + j * GB;
+        const float* __restrict dpr = dPT + j * GB;
+        const float* __restrict D = w.delta.data();
 #pragma omp simd
-        for (std::int64_t j = 0; j < kt; ++j) pr[j] = pr[j] * (dpr[j] - D);  // dS
+        for (std::int64_t t = 0; t < GB; ++t) pr[t] = pr[t] * (dpr[t] - D[t]);
       }
-      // dQ += scale * dS K ; dK += scale * dS^T q
-      const T* dS = operand(P, GB, kt, kKeyTile, w.p_lo);
-      tile_gemm(false, false, GB, d, kt, s.scale, dS, kKeyTile, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d, full);
-      tile_gemm(true, false, kt, d, GB, s.scale, dS, kKeyTile, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride, full);
+      // dQ += scale dS K = scale (dS^T)^T K ; dK += scale dS^T q
+      const T* dST = operand(PT, kt, GB, GB, w.p_lo);
+      tile_gemm(true, false, GB, d, kt, s.scale, dST, GB, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d, full);
+      tile_gemm(false, false, kt, d, GB, s.scale, dST, GB, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride, full);
     }
   }
   for (std::int64_t t = 0; t < GB; ++t) store_row(w.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);

@@ -1,0 +1,42 @@
+#!/bin/sh
+# Issue #39: the attention kernels on each ISA of the portable build, against the same-run oneDNN
+# f32 GEMM (bench_attention's ratio), rounds interleaved so that a noisy host hits every
+# configuration alike; medians per configuration printed by bench/plot_cpu_isa.py.
+#   avx512: DIFFCP_CPU_ISA=avx512 (where the CPU has it)
+#   avx2:   DIFFCP_CPU_ISA=avx2 and oneDNN capped at AVX2 (DNNL_MAX_CPU_ISA=AVX2): an AVX2-only
+#           CPU as far as the software goes (the core stays the host's)
+#   old:    $OLD (another build's bench_attention, e.g. a worktree of the previous commit), native
+#           and, under oneDNN capped at AVX2, old-avx2 (give OLD_AVX2=<a -mavx2 -mfma build>).
+# Workload: issue #39's (2 samples x 4k context, 64 anchors, n_q 8 / n_kv 2), d_h 64 and 128, f32,
+# 2 threads (OMP_NUM_THREADS unset).
+# Usage: bench/bench_cpu_isa.sh [OUT_CSV=bench/cpu_isa.csv] [ROUNDS=5]
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-$here/cpu_isa.csv}
+rounds=${2:-5}
+bench=${BENCH:-$here/../build/release/bench/bench_attention}
+args="--samples 2 --context 4096 --anchors 64 --n-q 8 --n-kv 2 --reps 5 --dtype f32 --json"
+echo "round,build,isa,d_h,fwd_ms,bwd_ms,gemm_f32_gflops,fwd_over_f32_gemm,bwd_over_f32_gemm,kernels" > "$out"
+row() {  # round build isa d_h json
+  printf '%s\n' "$5" | python3 -c "import json,sys; j=json.load(sys.stdin); print(','.join(str(x) for x in
+    ['$1','$2','$3','$4',round(j['fwd_ms'],2),round(j['bwd_ms'],2),round(j['gemm_f32_gflops'],1),
+     round(j['fwd_over_f32_gemm'],4),round(j['bwd_over_f32_gemm'],4),'\"'+j.get('kernels','native build')+'\"']))" >> "$out"
+}
+r=1
+while [ $r -le "$rounds" ]; do
+  for dh in 64 128; do
+    if grep -q avx512f /proc/cpuinfo; then
+      row $r new avx512 $dh "$(DIFFCP_CPU_ISA=avx512 "$bench" $args --d-h $dh)"
+    fi
+    row $r new avx2 $dh "$(DIFFCP_CPU_ISA=avx2 DNNL_MAX_CPU_ISA=AVX2 "$bench" $args --d-h $dh)"
+    if [ -n "${OLD:-}" ]; then
+      row $r old native $dh "$("$OLD" $args --d-h $dh)"
+    fi
+    if [ -n "${OLD_AVX2:-}" ]; then
+      row $r old avx2 $dh "$(DNNL_MAX_CPU_ISA=AVX2 "$OLD_AVX2" $args --d-h $dh)"
+    fi
+  done
+  echo "round $r of $rounds done" >&2
+  r=$((r + 1))
+done
+python3 "$here/plot_cpu_isa.py" "$out"
