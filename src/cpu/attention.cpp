@@ -234,6 +234,59 @@ struct BackwardScratch {
         p(s.GB * kKeyTile), dp(s.GB * kKeyTile), lse2(s.GB), delta(s.GB) {}
 };
 
+// One key tile [j0, j0 + kt) of a block's backward (kv head h): dV, dK += (rows j0..), w.dq +=.
+// f32 runs key-major tiles (P^T, dS^T: [kt, GB]), so every GEMM but dQ's is 'N' x 'N' or
+// 'N' x 'T': oneDNN's AVX2 sgemm ran the row-major form's P^T dO and dS^T q ('T' x 'N', K = G*B) at
+// ~60 % of its other tile shapes (512 x 128 x 64, one thread), which held the d_h = 128 backward
+// to 62 % of GEMM. bf16 keeps row-major tiles ([GB, kt]): oneDNN's bf16 matmul ran the key-major
+// form's backward ~12 % slower on AVX-512 (bench/RESULTS.md, issue #39).
+template <typename T>
+void backward_tile(const Dims& s, HeadRows<const T> k, HeadRows<const T> v, HeadRows<float> dk,
+                   HeadRows<float> dv, std::int64_t h, std::int64_t j0, std::int64_t kt, BackwardScratch<T>& w) {
+  const std::int64_t GB = s.GB, d = s.d;
+  const bool full = kt == kKeyTile;
+  float* P = w.p.data();
+  float* dP = w.dp.data();
+  if constexpr (std::is_same_v<T, float>) {
+    // S^T = (scale log2(e)) K q^T, then P^T = 2^(S^T - lse2) column by column
+    tile_gemm(false, true, kt, GB, d, s.scale * kLog2e, k.at(j0, h), k.row_stride, w.q.data(), d, 0.f, P, GB, full);
+    exp2_shifted_cols(P, kt, GB, w.lse2.data());
+    // dV += P^T dO ; dP^T = V dO^T ; dS^T = P^T (dP^T - D)
+    tile_gemm(false, false, kt, d, GB, 1.f, P, GB, w.dout.data(), d, 1.f, dv.at(j0, h), dv.row_stride, full);
+    tile_gemm(false, true, kt, GB, d, 1.f, v.at(j0, h), v.row_stride, w.dout.data(), d, 0.f, dP, GB, full);
+    for (std::int64_t j = 0; j < kt; ++j) {
+      float* __restrict pr = P + j * GB;
+      const float* __restrict dpr = dP + j * GB;
+      const float* __restrict D = w.delta.data();
+#pragma omp simd
+      for (std::int64_t t = 0; t < GB; ++t) pr[t] = pr[t] * (dpr[t] - D[t]);
+    }
+    // dQ += scale (dS^T)^T K ; dK += scale dS^T q
+    tile_gemm(true, false, GB, d, kt, s.scale, P, GB, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d, full);
+    tile_gemm(false, false, kt, d, GB, s.scale, P, GB, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride, full);
+  } else {
+    // S = (scale log2(e)) q K^T, then P = 2^(S - lse2) row by row
+    tile_gemm(false, true, GB, kt, d, s.scale * kLog2e, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, P, kKeyTile,
+              full);
+    for (std::int64_t t = 0; t < GB; ++t) exp2_shifted(P + t * kKeyTile, kt, w.lse2[t]);
+    // dV += P^T dO ; dP = dO V^T ; dS = P (dP - D)
+    tile_gemm(true, false, kt, d, GB, 1.f, operand(P, GB, kt, kKeyTile, w.p_lo), kKeyTile, w.dout.data(), d, 1.f,
+              dv.at(j0, h), dv.row_stride, full);
+    tile_gemm(false, true, GB, kt, d, 1.f, w.dout.data(), d, v.at(j0, h), v.row_stride, 0.f, dP, kKeyTile, full);
+    for (std::int64_t t = 0; t < GB; ++t) {
+      float* __restrict pr = P + t * kKeyTile;
+      const float* __restrict dpr = dP + t * kKeyTile;
+      const float D = w.delta[t];
+#pragma omp simd
+      for (std::int64_t j = 0; j < kt; ++j) pr[j] = pr[j] * (dpr[j] - D);
+    }
+    // dQ += scale dS K ; dK += scale dS^T q
+    const T* dS = operand(P, GB, kt, kKeyTile, w.p_lo);
+    tile_gemm(false, false, GB, d, kt, s.scale, dS, kKeyTile, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d, full);
+    tile_gemm(true, false, kt, d, GB, s.scale, dS, kKeyTile, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride, full);
+  }
+}
+
 // Backward of block i, kv head h: accumulates into the f32 dk, dv (rows this block sees) and
 // writes dq.
 template <typename T>
@@ -254,37 +307,9 @@ void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const T> q, H
       w.delta[t] = delta[stat_index(s, i, h, t)];
     }
   }
-  // Key-major tiles (P^T, dS^T: [kt, GB]): every GEMM but dQ's is then 'N' x 'N' or 'N' x 'T'.
-  // oneDNN's AVX2 sgemm ran the row-major form's P^T dO and dS^T q ('T' x 'N', K = GB) at ~60 % of
-  // its other tile shapes (measured, 512 x 128 x 64), which held the d_h = 128 backward to 62 %.
-  for (const RowRange& rr : w.ranges) {
-    for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile) {
-      const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
-      float* PT = w.p.data();
-      float* dPT = w.dp.data();
-      const bool full = kt == kKeyTile;
-      // S^T = (scale log2(e)) K q^T, then P^T = 2^(S^T - lse2) column by column
-      tile_gemm(false, true, kt, GB, d, s.scale * kLog2e, k.at(j0, h), k.row_stride, w.q.data(), d, 0.f, PT, GB,
-                full);
-      exp2_shifted_cols(PT, kt, GB, w.lse2.data());
-      // dV += P^T dO
-      tile_gemm(false, false, kt, d, GB, 1.f, operand(PT, kt, GB, GB, w.p_lo), GB, w.dout.data(), d, 1.f,
-                dv.at(j0, h), dv.row_stride, full);
-      // dP^T = V dO^T, then dS^T = P^T (dP^T - D)
-      tile_gemm(false, true, kt, GB, d, 1.f, v.at(j0, h), v.row_stride, w.dout.data(), d, 0.f, dPT, GB, full);
-      for (std::int64_t j = 0; j < kt; ++j) {
-        float* __restrict pr = PT + j * GB;
-        const float* __restrict dpr = dPT + j * GB;
-        const float* __restrict D = w.delta.data();
-#pragma omp simd
-        for (std::int64_t t = 0; t < GB; ++t) pr[t] = pr[t] * (dpr[t] - D[t]);
-      }
-      // dQ += scale dS K = scale (dS^T)^T K ; dK += scale dS^T q
-      const T* dST = operand(PT, kt, GB, GB, w.p_lo);
-      tile_gemm(true, false, GB, d, kt, s.scale, dST, GB, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d, full);
-      tile_gemm(false, false, kt, d, GB, s.scale, dST, GB, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride, full);
-    }
-  }
+  for (const RowRange& rr : w.ranges)
+    for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile)
+      backward_tile(s, k, v, dk, dv, h, j0, std::min(kKeyTile, rr.end - j0), w);
   for (std::int64_t t = 0; t < GB; ++t) store_row(w.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
 }
 

@@ -1,4 +1,4 @@
-// CPU GEMM (ops/gemm.hpp) on oneDNN, compiled once (oneDNN dispatches its own ISA; sgemm.hpp).
+// CPU GEMM (ops/gemm.hpp) on oneDNN (sgemm.hpp).
 // Row-major throughout: C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C.
 //   f32:  oneDNN's sgemm.
 //   bf16: oneDNN matmul primitives (bf16 A and B, f32 accumulation, f32 or bf16 C), cached per
@@ -19,8 +19,9 @@
 #include "sgemm.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
+#include "isa.hpp"  // last (isa.hpp)
 
-namespace diffcp::cpu {
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 void sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
            std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
@@ -240,4 +241,4 @@ std::string bf16_gemm_path() {
   return path;
 }
 
-}  // namespace diffcp::cpu
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA

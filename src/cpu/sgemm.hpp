@@ -1,6 +1,6 @@
-// The CPU backend's GEMMs on oneDNN (gemm.cpp), shared by the per-ISA kernel files (isa.hpp):
-// oneDNN picks its own kernels for the CPU at run time, so they are compiled once. Also the
-// hooks' typed f32 views. Private to src/cpu/.
+// The CPU backend's GEMMs on oneDNN (gemm.cpp) and the hooks' typed f32 views. gemm.cpp is compiled
+// per ISA like the other kernel files (isa.hpp): oneDNN picks its own kernels at run time, but the
+// loops around them (bf16 widening, C += the product) are ours. Private to src/cpu/.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,11 @@
 
 #include "diffcp/ops/backend.hpp"
 
-namespace diffcp::cpu {
+#if !defined(DIFFCP_CPU_ISA)
+#error "src/cpu kernel files are compiled once per ISA with -DDIFFCP_CPU_ISA=<isa> (src/CMakeLists.txt)"
+#endif
+
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 // Row-major C[M, N] = alpha * op(A) * op(B) + beta * C in f32 (shapes as GemmArgs): the one
 // place diffcp calls oneDNN's sgemm. Kernels of this backend call it directly (no dispatch per
@@ -35,4 +39,4 @@ inline std::span<const float> span_f32(ConstTensorView t) {
 }
 inline std::span<float> span_f32(TensorView t) { return {t.ptr<float>(), static_cast<std::size_t>(t.numel())}; }
 
-}  // namespace diffcp::cpu
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA
