@@ -61,7 +61,7 @@ float row_max(const float* __restrict p, std::int64_t n, float init) {
 
 // p[j, t] = 2^(p[j, t] - shift[t]) for j < rows, t < cols (dense rows of cols): the backward's
 // key-major P^T, each column its query row's lse. Spare tail lanes: shift +inf, 2^-inf = 0.
-void exp2_shifted_cols(float* __restrict p, std::int64_t rows, std::int64_t cols, const float* __restrict shift) {
+[[maybe_unused]] void exp2_shifted_cols(float* __restrict p, std::int64_t rows, std::int64_t cols, const float* __restrict shift) {
   using namespace simd;
   constexpr float kInf = std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < rows; ++j) {
@@ -234,12 +234,15 @@ struct BackwardScratch {
         p(s.GB * kKeyTile), dp(s.GB * kKeyTile), lse2(s.GB), delta(s.GB) {}
 };
 
+// Key-major backward tiles (P^T, dS^T: [kt, GB]) make every GEMM but dQ's 'N' x 'N' or 'N' x 'T':
+// oneDNN's AVX2 sgemm ran the row-major form's P^T dO and dS^T q ('T' x 'N', K = G*B) at ~60 % of
+// its other tile shapes (512 x 128 x 64, one thread), which held the d_h = 128 backward to 62 % of
+// GEMM. On AVX-512 the row-major form was as fast or faster (f32), and oneDNN's bf16 matmul ran
+// key-major ~12 % slower: there, and for bf16 everywhere, tiles stay row-major ([GB, kt]).
+// Measured: bench/RESULTS.md, issue #39.
+constexpr bool kKeyMajorF32Backward = DIFFCP_SIMD_BYTES < 64;
+
 // One key tile [j0, j0 + kt) of a block's backward (kv head h): dV, dK += (rows j0..), w.dq +=.
-// f32 runs key-major tiles (P^T, dS^T: [kt, GB]), so every GEMM but dQ's is 'N' x 'N' or
-// 'N' x 'T': oneDNN's AVX2 sgemm ran the row-major form's P^T dO and dS^T q ('T' x 'N', K = G*B) at
-// ~60 % of its other tile shapes (512 x 128 x 64, one thread), which held the d_h = 128 backward
-// to 62 % of GEMM. bf16 keeps row-major tiles ([GB, kt]): oneDNN's bf16 matmul ran the key-major
-// form's backward ~12 % slower on AVX-512 (bench/RESULTS.md, issue #39).
 template <typename T>
 void backward_tile(const Dims& s, HeadRows<const T> k, HeadRows<const T> v, HeadRows<float> dk,
                    HeadRows<float> dv, std::int64_t h, std::int64_t j0, std::int64_t kt, BackwardScratch<T>& w) {
@@ -247,7 +250,7 @@ void backward_tile(const Dims& s, HeadRows<const T> k, HeadRows<const T> v, Head
   const bool full = kt == kKeyTile;
   float* P = w.p.data();
   float* dP = w.dp.data();
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, float> && kKeyMajorF32Backward) {
     // S^T = (scale log2(e)) K q^T, then P^T = 2^(S^T - lse2) column by column
     tile_gemm(false, true, kt, GB, d, s.scale * kLog2e, k.at(j0, h), k.row_stride, w.q.data(), d, 0.f, P, GB, full);
     exp2_shifted_cols(P, kt, GB, w.lse2.data());
