@@ -4,7 +4,8 @@
 # attention kernels: one DiT step (P = 1, 256 px, the default model) and the tiny drafter's
 # training step (P = 1 and P = 2, one rank per core), and the AVX2 kernels (DIFFCP_CPU_ISA=avx2,
 # oneDNN capped at AVX2) against the previous commit built with -mavx2 -mfma (OLD_AVX2).
-# Interleaved REPEAT times (default 3); prints the medians of the step times as a table.
+# Interleaved REPEAT times (default 3); writes every run to CSV (default bench/portable_ab.csv) and
+# prints the medians of the step times as a table.
 # Usage: OLD=<old diffcp> [OLD_AVX2=<old diffcp built -mavx2 -mfma>] bench/bench_portable_ab.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,12 +40,13 @@ for ((r = 1; r <= repeat; r++)); do
   fi
   echo "round $r of $repeat done" >&2
 done
-python3 - "$out" <<'PY'
-import collections, statistics, sys
+csv=${CSV:-bench/portable_ab.csv}
+{ echo "build,measure,ms"; tr ' ' ',' <"$out"; } >"$csv"
+python3 - "$csv" <<'PY'
+import collections, csv, statistics, sys
 d = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    tag, what, v = line.split()
-    d[(what, tag)].append(float(v))
+for r in csv.DictReader(open(sys.argv[1])):
+    d[(r["measure"], r["build"])].append(float(r["ms"]))
 print("| measure | build | runs | median ms |")
 print("|---|---|---|---|")
 for (what, tag), v in sorted(d.items()):
