@@ -61,14 +61,16 @@ float row_max(const float* __restrict p, std::int64_t n, float init) {
 
 // p[j, t] = 2^(p[j, t] - shift[t]) for j < rows, t < cols (dense rows of cols): the backward's
 // key-major P^T, each column its query row's lse. Spare tail lanes: shift +inf, 2^-inf = 0.
-[[maybe_unused]] void exp2_shifted_cols(float* __restrict p, std::int64_t rows, std::int64_t cols, const float* __restrict shift) {
+[[maybe_unused]] void exp2_shifted_cols(float* __restrict p, std::int64_t rows, std::int64_t cols,
+                                        const float* __restrict shift) {
   using namespace simd;
   constexpr float kInf = std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < rows; ++j) {
     float* r = p + j * cols;
     std::int64_t t = 0;
     for (; t + kLanes <= cols; t += kLanes) store(r + t, exp2(load(r + t) - load(shift + t)));
-    if (t < cols) store_part(r + t, exp2(load_part(r + t, cols - t, 0.f) - load_part(shift + t, cols - t, kInf)), cols - t);
+    if (t < cols)
+      store_part(r + t, exp2(load_part(r + t, cols - t, 0.f) - load_part(shift + t, cols - t, kInf)), cols - t);
   }
 }
 

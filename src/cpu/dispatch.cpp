@@ -33,7 +33,7 @@ struct IsaEntry {
   bool (*cpu_has)();
 };
 
-bool x86_has(bool avx512, bool avx2) {
+[[maybe_unused]] bool x86_has(bool avx512, bool avx2) {  // unused in a DIFFCP_NATIVE build
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (avx512 && !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
