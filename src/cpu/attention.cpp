@@ -14,7 +14,6 @@
 #include "cpu_backend.hpp"
 #include "diffcp/attention/mask.hpp"
 #include "diffcp/core/error.hpp"
-#include "diffcp/core/fastmath.hpp"
 #include "diffcp/core/half.hpp"
 #include "diffcp/core/parallel.hpp"
 #include "isa.hpp"  // last (isa.hpp)
@@ -208,7 +207,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
         float* pr = w.p.data() + t * kKeyTile;
         const float mx = row_max(pr, kt, w.m[t]);
         const float sum = exp2_shifted(pr, kt, mx);
-        const float alpha = fast_exp2(w.m[t] - mx);  // m = -inf on the first tile -> 0
+        const float alpha = simd::exp2(w.m[t] - mx);  // m = -inf on the first tile -> 0
         if (alpha != 1.f) {
           float* orow = w.o.data() + t * d;
           for (std::int64_t c = 0; c < d; ++c) orow[c] *= alpha;

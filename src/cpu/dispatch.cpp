@@ -33,15 +33,14 @@ struct IsaEntry {
   bool (*cpu_has)();
 };
 
+// Whether this CPU has every feature isa.hpp's `#pragma GCC target` enables for the ISA.
 [[maybe_unused]] bool x86_has(bool avx512, bool avx2) {  // unused in a DIFFCP_NATIVE build
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (avx512 && !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                   __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")))
     return false;
-  if ((avx512 || avx2) && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                            __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt")))
-    return false;
+  if ((avx512 || avx2) && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return false;
   return true;
 #else
   return !avx512 && !avx2;
