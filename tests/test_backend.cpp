@@ -57,7 +57,8 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::lse_rescale,  OpKind::rmsnorm_forward, OpKind::rmsnorm_backward,
                           OpKind::rope,         OpKind::silu,            OpKind::gelu_tanh,
                           OpKind::layernorm_modulate, OpKind::gated_add, OpKind::qk_norm_rope,
-                          OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::add, OpKind::adamw_step, OpKind::bias_add};
+                          OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::add, OpKind::adamw_step, OpKind::bias_add,
+                          OpKind::fill, OpKind::convert};
 
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
   static_assert(std::size(kAllOps) == kOpKindCount);
@@ -66,7 +67,7 @@ TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
   EXPECT_EQ(&active_backend(), &cpu);
   for (OpKind op : kAllOps) {
     const bool bf16 = op == OpKind::gemm || op == OpKind::attention_forward || op == OpKind::attention_backward ||
-                      op == OpKind::attention_delta;
+                      op == OpKind::attention_delta || op == OpKind::fill || op == OpKind::convert;
     EXPECT_TRUE(cpu.supports(op, DType::f32)) << op_name(op);
     EXPECT_EQ(cpu.supports(op, DType::bf16), bf16) << op_name(op);
     EXPECT_FALSE(cpu.supports(op, DType::f64)) << op_name(op);

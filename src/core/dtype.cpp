@@ -37,6 +37,7 @@ bool dtype_is_float(DType t) { return t == DType::f32 || t == DType::f64 || t ==
 const char* device_name(Device d) {
   switch (d) {
     case Device::host: return "host";
+    case Device::guard: return "guard";
   }
   return "?";
 }

@@ -4,7 +4,8 @@
 
 namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
-// f32 everywhere; bf16 (f32 accumulation, f32 lse / delta) on GEMM and attention.
+// f32 everywhere; bf16 (f32 accumulation, f32 lse / delta) on GEMM and attention, and bf16
+// memory ops (fill, convert).
 bool CpuBackend::supports(OpKind op, DType dtype) const {
   if (dtype == DType::f32) return true;
   if (dtype != DType::bf16) return false;
@@ -12,7 +13,9 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
     case OpKind::gemm:
     case OpKind::attention_forward:
     case OpKind::attention_backward:
-    case OpKind::attention_delta: return true;
+    case OpKind::attention_delta:
+    case OpKind::fill:
+    case OpKind::convert: return true;
     default: return false;
   }
 }

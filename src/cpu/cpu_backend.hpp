@@ -45,6 +45,8 @@ class CpuBackend final : public Backend {
                        TensorView dup) override;
   void add(TensorView y, ConstTensorView x) override;
   void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args) override;
+  void fill(TensorView x, float value) override;
+  void convert(ConstTensorView src, TensorView dst) override;
   void gelu_tanh(TensorView x) override;
   void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
                           TensorView y) override;

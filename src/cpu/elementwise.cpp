@@ -1,7 +1,11 @@
 // CPU row-wise DiT ops (ops/elementwise.hpp, dit/ops.hpp's qk_norm_rope): OpenMP over rows, each
 // row computed alone (a row's result does not depend on how many rows a rank holds).
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
+
+#include "diffcp/core/half.hpp"
 
 #include "cpu_backend.hpp"
 #include "isa.hpp"  // last (isa.hpp)
@@ -48,6 +52,46 @@ void CpuBackend::add(TensorView y_v, ConstTensorView x_v) {
   const std::int64_t n = y_v.numel();
 #pragma omp parallel for simd schedule(static)
   for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+// x: [n] = value (f32 or bf16)
+void CpuBackend::fill(TensorView x_v, float value) {
+  const std::int64_t n = x_v.numel();
+  if (x_v.dtype == DType::bf16) {
+    const bf16_t v{f32_to_bf16(value)};
+    bf16_t* x = x_v.ptr<bf16_t>();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) x[i] = v;
+    return;
+  }
+  float* x = x_v.ptr<float>();
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) x[i] = value;
+}
+
+// src -> dst: [n], or [rows, cols] with row strides: f32 -> bf16 (round to nearest even), bf16 ->
+// f32, or a copy. OpenMP over 64k-element pieces of the rows.
+void CpuBackend::convert(ConstTensorView src, TensorView dst) {
+  const bool flat = src.is_contiguous() && dst.is_contiguous();
+  const std::int64_t rows = flat || src.rank < 2 ? 1 : src.size(0), cols = flat || src.rank < 2 ? src.numel() : src.size(1);
+  const std::int64_t ld_src = flat || src.rank < 2 ? 0 : src.stride[0], ld_dst = flat || src.rank < 2 ? 0 : dst.stride[0];
+  const std::int64_t piece = 1 << 16, pieces = (cols + piece - 1) / piece, es = src.element_size(),
+                     ed = dst.element_size();
+#pragma omp parallel for collapse(2) schedule(static) if (rows * pieces > 1)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < pieces; ++c) {
+      const std::int64_t i = c * piece, m = std::min(piece, cols - i);
+      const char* from = static_cast<const char*>(src.data) + (r * ld_src + i) * es;
+      char* to = static_cast<char*>(dst.data) + (r * ld_dst + i) * ed;
+      if (src.dtype == dst.dtype) {
+        std::memcpy(to, from, static_cast<std::size_t>(m * es));
+      } else if (dst.dtype == DType::bf16) {
+        convert_to_bf16(reinterpret_cast<const float*>(from), reinterpret_cast<bf16_t*>(to), m);
+      } else {
+        convert_to_f32(reinterpret_cast<const bf16_t*>(from), reinterpret_cast<float*>(to), m);
+      }
+    }
+  }
 }
 
 // x: [rows, cols] (row stride ld) in place

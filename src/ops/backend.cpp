@@ -2,6 +2,8 @@
 #include "diffcp/ops/backend.hpp"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -31,6 +33,8 @@ const char* op_name(OpKind op) {
     case OpKind::add: return "add";
     case OpKind::adamw_step: return "adamw_step";
     case OpKind::bias_add: return "bias_add";
+    case OpKind::fill: return "fill";
+    case OpKind::convert: return "convert";
   }
   return "?";
 }
@@ -91,6 +95,24 @@ void Backend::add(TensorView y, ConstTensorView) { unsupported(OpKind::add, y.dt
 void Backend::adamw_step(TensorView p, ConstTensorView, TensorView, TensorView, const AdamWStepArgs&) {
   unsupported(OpKind::adamw_step, p.dtype);
 }
+void Backend::fill(TensorView x, float) { unsupported(OpKind::fill, x.dtype); }
+void Backend::convert(ConstTensorView src, TensorView dst) {
+  unsupported(OpKind::convert, src.dtype == DType::f32 ? dst.dtype : src.dtype);
+}
+
+void* Backend::allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  DIFFCP_CHECK(p != nullptr, "backend '", name(), "': out of host memory allocating ", bytes, " bytes");
+  return p;
+}
+void Backend::deallocate(void* p, std::size_t) noexcept { std::free(p); }
+void Backend::copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+  DIFFCP_CHECK(dst_device == Device::host && src_device == Device::host, "backend '", name(),
+               "' copies host memory only; asked for ", device_name(src_device), " -> ", device_name(dst_device));
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
 void Backend::qk_norm_rope(TensorView qkv, ConstTensorView, ConstTensorView, float, ConstTensorView,
                            ConstTensorView) {
   unsupported(OpKind::qk_norm_rope, qkv.dtype);

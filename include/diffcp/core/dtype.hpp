@@ -28,8 +28,10 @@ template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<double>() { return DType::f64; }
 template <> constexpr DType dtype_of<bf16_t>() { return DType::bf16; }
 
-// Where a tensor's memory lives. host: this process's memory; a GPU backend adds its device.
-enum class Device : std::uint8_t { host };
+// Where a tensor's memory lives. host: this process's memory. guard: the guard device's (a test
+// backend, testing/guard_backend.hpp: host pages that only its own ops may touch). A GPU backend
+// adds its device here.
+enum class Device : std::uint8_t { host, guard };
 const char* device_name(Device d);
 
 }  // namespace diffcp

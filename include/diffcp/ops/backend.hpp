@@ -16,6 +16,7 @@
 // n_kv query / kv heads, d_h head dim, H hidden width.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -52,8 +53,10 @@ enum class OpKind : std::uint8_t {
   add,                 // ops/elementwise.hpp (residuals, partial sums)
   adamw_step,          // ops/optim.hpp (the drafter's optimizer)
   bias_add,            // ops/linear.hpp
+  fill,                // ops/buffer.hpp (fill, zero)
+  convert,             // ops/buffer.hpp (convert: f32 <-> bf16, by the destination's dtype)
 };
-inline constexpr int kOpKindCount = 20;
+inline constexpr int kOpKindCount = 22;
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -86,6 +89,24 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+
+  // ---- memory: the backend owns the memory its ops run on ----
+  // Raw pointers given to the public ops (ops/*.hpp, attention/*.hpp) point into device() memory
+  // of the active backend, as cuBLAS pointers point into the GPU's; views carry device().
+  // Default: the host (the CPU backend).
+  virtual Device device() const { return Device::host; }
+  // `bytes` of device() memory, 64-byte aligned, uninitialised; bytes = 0 gives nullptr.
+  // Default: the host heap. Prefer Buffer (ops/buffer.hpp), which frees it.
+  virtual void* allocate(std::size_t bytes);
+  // Frees what allocate(bytes) returned (nullptr: nothing).
+  virtual void deallocate(void* p, std::size_t bytes) noexcept;
+  // Copies `bytes` from src to dst; each side is host memory or device() memory, as named.
+  // Ordered after the ops issued before it; a copy to the host is complete when it returns.
+  virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
+  // Waits until every op issued so far has finished. The ops of one backend run in the order they
+  // are issued (one queue); the CPU's ops have finished when they return, so its synchronize()
+  // does nothing, as its default here.
+  virtual void synchronize() {}
   // Whether the hook of `op` runs on tensors of `dtype`. Checked before every call.
   virtual bool supports(OpKind op, DType dtype) const = 0;
   // What runs ops of `dtype` here, for logs and benchmark output (e.g. which oneDNN kernel and
@@ -147,6 +168,12 @@ class Backend {
   virtual void add(TensorView y, ConstTensorView x);
   // p, m, v: [n] in place  g: [n]
   virtual void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args);
+  // x: [n] = value (supports(fill, x.dtype))
+  virtual void fill(TensorView x, float value);
+  // src -> dst converted to dst's dtype, round to nearest even (f32 <-> bf16, or a plain copy for one
+  // dtype): [n] contiguous, or [rows, cols] with row strides (stride[1] = 1) on both sides.
+  // supports(convert, dtype) names the non-f32 side.
+  virtual void convert(ConstTensorView src, TensorView dst);
 
  protected:
   [[noreturn]] void unsupported(OpKind op, DType dtype) const;

@@ -1,0 +1,88 @@
+// Device memory owned by a backend (ops/backend.hpp), and the memory ops every layer uses instead
+// of host loops: fill, convert (f32 <-> bf16) and copies between the host and the device.
+//
+// A Buffer is the RAII handle of one allocation: it knows its backend, device, dtype and size, and
+// frees itself. Layers keep their scratch in Buffers sized once per shape (reserve() only grows),
+// and hand views of them to the ops; host code never dereferences a Buffer of a device other than
+// the host (the guard device, testing/guard_backend.hpp, faults if it does).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "diffcp/core/dtype.hpp"
+#include "diffcp/core/tensor.hpp"
+#include "diffcp/ops/backend.hpp"
+
+namespace diffcp {
+
+class Buffer {
+ public:
+  Buffer() = default;
+  // `numel` elements of `dtype` in the device memory of `backend` (default: the active one).
+  Buffer(DType dtype, std::int64_t numel, Backend& backend = active_backend());
+  ~Buffer() { release(); }
+  Buffer(Buffer&& o) noexcept { *this = static_cast<Buffer&&>(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  // Holds at least `numel` elements afterwards: reallocates (contents not kept) only to grow, so a
+  // workspace sized for the largest shape is allocated once.
+  void reserve(std::int64_t numel);
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* ptr() const {
+    DIFFCP_CHECK(dtype_of<T>() == dtype_, "buffer holds ", dtype_name(dtype_), ", accessed as ",
+                 dtype_name(dtype_of<T>()));
+    return static_cast<T*>(data_);
+  }
+  DType dtype() const { return dtype_; }
+  std::int64_t numel() const { return numel_; }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
+  Device device() const { return backend_ ? backend_->device() : Device::host; }
+  Backend* backend() const { return backend_; }
+
+  // A contiguous view of the first prod(shape) elements (an error if they do not fit); no shape: [numel].
+  TensorView view(std::initializer_list<std::int64_t> shape) const;
+  TensorView view() const { return view({numel_}); }
+
+ private:
+  void release() noexcept;
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  DType dtype_ = DType::f32;
+  std::int64_t numel_ = 0;
+};
+
+// The memory ops, on the active backend. Each view names its device (host or the active backend's);
+// the error names the view that does not fit.
+
+// x[n] = value; x contiguous, on the device.
+void fill(TensorView x, float value);
+// dst = src in dst's dtype (f32 <-> bf16 round to nearest even, or a copy for one dtype), both on the
+// device: [n] contiguous, or [rows, cols] with row strides (stride[1] = 1) of the same shape.
+void convert(ConstTensorView src, TensorView dst);
+// dst = src, contiguous, same dtype and element count; either side on the host or the active
+// backend's device.
+void copy(TensorView dst, ConstTensorView src);
+// A host copy of a device view (the way tests and file writers read device results).
+template <typename T>
+std::vector<T> to_host(ConstTensorView src) {
+  std::vector<T> out(static_cast<std::size_t>(src.numel()));
+  copy(view_of(std::span<T>(out)), src);
+  return out;
+}
+// A device Buffer holding a copy of host data.
+template <typename T>
+Buffer to_device(std::span<const T> host, Backend& backend = active_backend()) {
+  Buffer b(dtype_of<T>(), static_cast<std::int64_t>(host.size()), backend);
+  ScopedBackend on(backend);
+  copy(b.view(), view_of(host));
+  return b;
+}
+
+}  // namespace diffcp

@@ -1,0 +1,91 @@
+// ops/buffer.hpp: Buffer and the memory ops, on the active backend (CPU: src/cpu/elementwise.cpp).
+#include "diffcp/ops/buffer.hpp"
+
+namespace diffcp {
+
+Buffer::Buffer(DType dtype, std::int64_t numel, Backend& backend) : backend_(&backend), dtype_(dtype) {
+  reserve(numel);
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    backend_ = o.backend_;
+    data_ = o.data_;
+    dtype_ = o.dtype_;
+    numel_ = o.numel_;
+    o.data_ = nullptr;
+    o.numel_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::reserve(std::int64_t numel) {
+  DIFFCP_CHECK(numel >= 0, "buffer: negative size ", numel);
+  if (numel <= numel_) return;
+  if (backend_ == nullptr) backend_ = &active_backend();
+  release();
+  data_ = backend_->allocate(static_cast<std::size_t>(numel) * dtype_size(dtype_));
+  numel_ = numel;
+}
+
+void Buffer::release() noexcept {
+  if (data_) backend_->deallocate(data_, bytes());
+  data_ = nullptr;
+  numel_ = 0;
+}
+
+TensorView Buffer::view(std::initializer_list<std::int64_t> shape) const {
+  TensorView t = TensorView::contiguous(data_, dtype_, shape, device());
+  DIFFCP_CHECK(t.numel() <= numel_, "buffer of ", numel_, " ", dtype_name(dtype_), " elements: view ", t.describe(),
+               " does not fit");
+  return t;
+}
+
+namespace {
+
+// `t` lies on the host or on `b`'s device and is contiguous.
+template <typename View>
+void check_memory_view(const char* op, const char* what, const View& t, const Backend& b) {
+  DIFFCP_CHECK(t.is_contiguous() && (t.device == Device::host || t.device == b.device()), op, ": ", what, " ",
+               t.describe(), " is not a contiguous view of host or ", device_name(b.device()), " memory (backend '",
+               b.name(), "')");
+}
+
+}  // namespace
+
+void fill(TensorView x, float value) {
+  Backend& b = backend_for(OpKind::fill, x.dtype);
+  DIFFCP_CHECK(x.is_contiguous() && x.device == b.device(), "fill: x ", x.describe(), " is not a contiguous view of ",
+               device_name(b.device()), " memory (backend '", b.name(), "')");
+  if (x.numel() == 0) return;
+  b.fill(x, value);
+}
+
+void convert(ConstTensorView src, TensorView dst) {
+  const DType side = src.dtype == DType::f32 ? dst.dtype : src.dtype;
+  Backend& b = backend_for(OpKind::convert, side);
+  const auto rows_ok = [](const auto& t) { return t.is_contiguous() || (t.rank == 2 && t.stride[1] == 1); };
+  DIFFCP_CHECK(rows_ok(src) && rows_ok(dst) && src.device == b.device() && dst.device == b.device(), "convert: src ",
+               src.describe(), " and dst ", dst.describe(), " must be contiguous or [rows, cols] row-strided views of ",
+               device_name(b.device()), " memory (backend '", b.name(), "')");
+  const bool same_shape = src.rank == dst.rank && src.shape == dst.shape;
+  DIFFCP_CHECK(src.is_contiguous() && dst.is_contiguous() ? src.numel() == dst.numel() : same_shape, "convert: src ",
+               src.describe(), " and dst ", dst.describe(), " differ in shape");
+  DIFFCP_CHECK(src.dtype == dst.dtype || src.dtype == DType::f32 || dst.dtype == DType::f32, "convert: ",
+               dtype_name(src.dtype), " -> ", dtype_name(dst.dtype), " is not f32 <-> another dtype");
+  if (src.numel() == 0) return;
+  b.convert(src, dst);
+}
+
+void copy(TensorView dst, ConstTensorView src) {
+  Backend& b = active_backend();
+  check_memory_view("copy", "src", src, b);
+  check_memory_view("copy", "dst", dst, b);
+  DIFFCP_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel(), "copy: src ", src.describe(), " and dst ",
+               dst.describe(), " differ in dtype or size");
+  if (src.numel() == 0) return;
+  b.copy(dst.data, dst.device, src.data, src.device, static_cast<std::size_t>(src.numel()) * dtype_size(src.dtype));
+}
+
+}  // namespace diffcp

@@ -1,0 +1,274 @@
+// testing/guard_backend.hpp: PROT_NONE pages opened only while the guard's own ops run; every op
+// range-checks its tensors and forwards host-labelled views to the CPU backend.
+#include "diffcp/testing/guard_backend.hpp"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "diffcp/core/error.hpp"
+
+namespace diffcp {
+
+namespace {
+
+std::size_t page_size() {
+  static const std::size_t p = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+// A fault is the expected way a host touch of guard memory shows itself: say so, then die of it.
+void on_segv(int, siginfo_t* info, void*) {
+  char line[160];
+  const int n = std::snprintf(line, sizeof line,
+                              "guard device: SIGSEGV at %p: host code touched memory it may not (guard device memory "
+                              "is only accessible inside the backend's ops; testing/guard_backend.hpp)\n",
+                              info->si_addr);
+  if (n > 0) (void)!write(STDERR_FILENO, line, static_cast<std::size_t>(n));
+  signal(SIGSEGV, SIG_DFL);  // returning re-runs the access, which now kills the process
+}
+
+// Elements a strided view spans, from its first to its last element.
+template <typename View>
+std::size_t extent_bytes(const View& t) {
+  if (t.numel() == 0) return 0;
+  std::int64_t last = 0;
+  for (int d = 0; d < t.rank; ++d) last += (t.shape[static_cast<std::size_t>(d)] - 1) * t.stride[static_cast<std::size_t>(d)];
+  return static_cast<std::size_t>(last + 1) * t.element_size();
+}
+
+}  // namespace
+
+class GuardBackend::Open {
+ public:
+  explicit Open(GuardBackend& g) : g_(g) {
+    std::lock_guard<std::mutex> lock(g_.mu_);
+    if (g_.open_depth_++ == 0) protect(PROT_READ | PROT_WRITE);
+  }
+  ~Open() {
+    std::lock_guard<std::mutex> lock(g_.mu_);
+    if (--g_.open_depth_ == 0) protect(PROT_NONE);
+  }
+  Open(const Open&) = delete;
+  Open& operator=(const Open&) = delete;
+
+ private:
+  void protect(int prot) {
+    for (const auto& [start, bytes] : g_.buffers_)
+      DIFFCP_CHECK(mprotect(reinterpret_cast<void*>(start), bytes, prot) == 0, "guard: mprotect failed: ",
+                   std::strerror(errno));
+  }
+  GuardBackend& g_;
+};
+
+GuardBackend::GuardBackend() {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, nullptr);
+}
+
+std::string GuardBackend::describe(DType dtype) const { return "guard device over " + cpu_backend().describe(dtype); }
+
+void* GuardBackend::allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const std::size_t mapped = (bytes + page_size() - 1) / page_size() * page_size();
+  std::lock_guard<std::mutex> lock(mu_);
+  void* p = mmap(nullptr, mapped, open_depth_ > 0 ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  DIFFCP_CHECK(p != MAP_FAILED, "guard: cannot map ", bytes, " bytes: ", std::strerror(errno));
+  buffers_[reinterpret_cast<std::uintptr_t>(p)] = mapped;
+  return p;
+}
+
+void GuardBackend::deallocate(void* p, std::size_t) noexcept {
+  if (p == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = buffers_.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == buffers_.end()) return;  // not ours: nothing to free (a Buffer only frees what it allocated)
+  munmap(p, it->second);
+  buffers_.erase(it);
+}
+
+bool GuardBackend::owns(const void* p, std::size_t bytes) const {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = buffers_.upper_bound(a);
+  if (it == buffers_.begin()) return false;
+  --it;
+  return a >= it->first && a + bytes <= it->first + it->second;
+}
+
+void GuardBackend::check_range(const char* op, const char* what, const void* p, std::size_t bytes) const {
+  if (bytes == 0) return;
+  DIFFCP_CHECK(owns(p, bytes), "guard: ", op, ": ", what, " (", bytes, " bytes at ", p,
+               ") is not guard device memory: host memory handed to a device op");
+}
+
+template <typename View>
+View GuardBackend::checked(const char* op, const char* what, View t) const {
+  check_range(op, what, t.data, extent_bytes(t));
+  t.device = Device::host;  // the CPU kernels see plain memory, open for the op's duration
+  return t;
+}
+
+GuardBackend::Counters GuardBackend::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+void GuardBackend::copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+  DIFFCP_CHECK((dst_device == Device::host || dst_device == Device::guard) &&
+                   (src_device == Device::host || src_device == Device::guard),
+               "guard: copy between ", device_name(src_device), " and ", device_name(dst_device), " memory");
+  if (bytes == 0) return;
+  if (src_device == Device::guard) check_range("copy", "src", src, bytes);
+  if (dst_device == Device::guard) check_range("copy", "dst", dst, bytes);
+  {
+    Open open(*this);
+    std::memcpy(dst, src, bytes);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool from = src_device == Device::guard, to = dst_device == Device::guard;
+  (from && to ? counters_.device_to_device : to ? counters_.host_to_device : counters_.device_to_host) +=
+      from || to ? bytes : 0;
+}
+
+// Each hook: range-check every tensor, open the buffers, run the CPU backend's hook.
+#define DIFFCP_GUARD_OP(OP, ...)                 \
+  do {                                           \
+    {                                            \
+      std::lock_guard<std::mutex> lock(mu_);     \
+      ++counters_.ops;                           \
+    }                                            \
+    Open open(*this);                            \
+    cpu_backend().OP(__VA_ARGS__);               \
+  } while (0)
+#define C(x) checked(op, #x, x)
+
+void GuardBackend::gemm(const GemmArgs& a) {
+  const char* op = "gemm";
+  const std::int64_t a_rows = a.trans_a ? a.K : a.M, a_cols = a.trans_a ? a.M : a.K;
+  const std::int64_t b_rows = a.trans_b ? a.N : a.K, b_cols = a.trans_b ? a.K : a.N;
+  const auto span = [](std::int64_t rows, std::int64_t cols, std::int64_t ld, DType t) {
+    return rows == 0 || cols == 0 ? std::size_t{0} : static_cast<std::size_t>((rows - 1) * ld + cols) * dtype_size(t);
+  };
+  check_range(op, "A", a.A, span(a_rows, a_cols, a.lda, a.dtype));
+  check_range(op, "B", a.B, span(b_rows, b_cols, a.ldb, a.dtype));
+  check_range(op, "C", a.C, span(a.M, a.N, a.ldc, a.c_dtype));
+  DIFFCP_GUARD_OP(gemm, a);
+}
+void GuardBackend::bias_backward(ConstTensorView dy, TensorView db) {
+  const char* op = "bias_backward";
+  DIFFCP_GUARD_OP(bias_backward, C(dy), C(db));
+}
+void GuardBackend::bias_add(TensorView y, ConstTensorView b) {
+  const char* op = "bias_add";
+  DIFFCP_GUARD_OP(bias_add, C(y), C(b));
+}
+void GuardBackend::attention_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                                     TensorView o, TensorView lse, float softmax_scale) {
+  const char* op = "attention_forward";
+  DIFFCP_GUARD_OP(attention_forward, mask, C(q), C(k), C(v), C(o), C(lse), softmax_scale);
+}
+void GuardBackend::attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                                      ConstTensorView do_, ConstTensorView lse, ConstTensorView delta, TensorView dq,
+                                      TensorView dk, TensorView dv, float softmax_scale) {
+  const char* op = "attention_backward";
+  DIFFCP_GUARD_OP(attention_backward, mask, C(q), C(k), C(v), C(do_), C(lse), C(delta), C(dq), C(dk), C(dv),
+                  softmax_scale);
+}
+void GuardBackend::attention_delta(ConstTensorView do_, ConstTensorView o, TensorView delta) {
+  const char* op = "attention_delta";
+  DIFFCP_GUARD_OP(attention_delta, C(do_), C(o), C(delta));
+}
+void GuardBackend::lse_merge(std::span<const ConstTensorView> o_parts, std::span<const ConstTensorView> lse_parts,
+                             TensorView o, TensorView lse) {
+  const char* op = "lse_merge";
+  std::vector<ConstTensorView> os, lses;
+  for (const ConstTensorView& t : o_parts) os.push_back(checked(op, "o_parts[p]", t));
+  for (const ConstTensorView& t : lse_parts) lses.push_back(checked(op, "lse_parts[p]", t));
+  DIFFCP_GUARD_OP(lse_merge, os, lses, C(o), C(lse));
+}
+void GuardBackend::lse_rescale(TensorView o_p, ConstTensorView lse_p, ConstTensorView lse) {
+  const char* op = "lse_rescale";
+  DIFFCP_GUARD_OP(lse_rescale, C(o_p), C(lse_p), C(lse));
+}
+void GuardBackend::rmsnorm_forward(ConstTensorView x, ConstTensorView w, float eps, TensorView y, TensorView rstd) {
+  const char* op = "rmsnorm_forward";
+  DIFFCP_GUARD_OP(rmsnorm_forward, C(x), C(w), eps, C(y), C(rstd));
+}
+void GuardBackend::rmsnorm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView rstd, ConstTensorView w,
+                                    TensorView dx, TensorView dw) {
+  const char* op = "rmsnorm_backward";
+  DIFFCP_GUARD_OP(rmsnorm_backward, C(dy), C(x), C(rstd), C(w), C(dx), C(dw));
+}
+void GuardBackend::rope(TensorView x, std::span<const std::int64_t> positions, const RopeTable& table, bool inverse) {
+  const char* op = "rope";
+  DIFFCP_GUARD_OP(rope, C(x), positions, table, inverse);
+}
+void GuardBackend::silu(TensorView x) {
+  const char* op = "silu";
+  DIFFCP_GUARD_OP(silu, C(x));
+}
+void GuardBackend::gelu_tanh(TensorView x) {
+  const char* op = "gelu_tanh";
+  DIFFCP_GUARD_OP(gelu_tanh, C(x));
+}
+void GuardBackend::layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
+                                      TensorView y) {
+  const char* op = "layernorm_modulate";
+  DIFFCP_GUARD_OP(layernorm_modulate, C(x), C(shift), C(scale), eps, C(y));
+}
+void GuardBackend::gated_add(TensorView x, ConstTensorView gate, ConstTensorView y) {
+  const char* op = "gated_add";
+  DIFFCP_GUARD_OP(gated_add, C(x), C(gate), C(y));
+}
+void GuardBackend::qk_norm_rope(TensorView qkv, ConstTensorView q_scale, ConstTensorView k_scale, float eps,
+                                ConstTensorView cos, ConstTensorView sin) {
+  const char* op = "qk_norm_rope";
+  DIFFCP_GUARD_OP(qk_norm_rope, C(qkv), C(q_scale), C(k_scale), eps, C(cos), C(sin));
+}
+void GuardBackend::swiglu_forward(ConstTensorView gate, ConstTensorView up, TensorView act) {
+  const char* op = "swiglu_forward";
+  DIFFCP_GUARD_OP(swiglu_forward, C(gate), C(up), C(act));
+}
+void GuardBackend::swiglu_backward(ConstTensorView dact, ConstTensorView gate, ConstTensorView up, TensorView dgate,
+                                   TensorView dup) {
+  const char* op = "swiglu_backward";
+  DIFFCP_GUARD_OP(swiglu_backward, C(dact), C(gate), C(up), C(dgate), C(dup));
+}
+void GuardBackend::add(TensorView y, ConstTensorView x) {
+  const char* op = "add";
+  DIFFCP_GUARD_OP(add, C(y), C(x));
+}
+void GuardBackend::adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args) {
+  const char* op = "adamw_step";
+  DIFFCP_GUARD_OP(adamw_step, C(p), C(g), C(m), C(v), args);
+}
+void GuardBackend::fill(TensorView x, float value) {
+  const char* op = "fill";
+  DIFFCP_GUARD_OP(fill, C(x), value);
+}
+void GuardBackend::convert(ConstTensorView src, TensorView dst) {
+  const char* op = "convert";
+  DIFFCP_GUARD_OP(convert, C(src), C(dst));
+}
+
+#undef C
+#undef DIFFCP_GUARD_OP
+
+GuardBackend& guard_backend() {
+  static GuardBackend* g = [] {
+    auto* b = new GuardBackend;  // never destroyed: buffers may outlive static destruction order
+    register_backend(*b);
+    return b;
+  }();
+  return *g;
+}
+
+}  // namespace diffcp
