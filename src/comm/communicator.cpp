@@ -1,5 +1,7 @@
 #include "diffcp/comm/communicator.hpp"
 
+#include "staging.hpp"
+
 #include <cstdlib>
 
 #include <numeric>
@@ -166,6 +168,12 @@ std::unique_ptr<Communicator> Communicator::split_node_local(const std::string& 
 
 WorkPtr Communicator::all_gather_async(const void* send, void* recv, std::size_t count, DType type) {
   check_no_staged_op("all_gather");
+  if (stages(false)) {
+    Staging s(*this, type);
+    const void* hs = s.in(send, count);
+    void* hr = s.out(recv, count * static_cast<std::size_t>(size()));
+    return s.issue([&] { return all_gather_async(hs, hr, count, type); });
+  }
   const std::size_t others = static_cast<std::size_t>(size() - 1);
   return issued(do_all_gather(send, recv, count, type), CommOp::all_gather, count * others, count * others, type,
                 count * off_node_peers());
@@ -175,6 +183,12 @@ WorkPtr Communicator::all_gather_v_async(const void* send, void* recv,
                                          std::span<const std::size_t> counts, DType type, CollAlgo algo) {
   check_no_staged_op("all_gather_v");
   check_counts(counts, "all_gather_v");
+  if (stages(algo == CollAlgo::hierarchical && hierarchy_useful())) {
+    Staging s(*this, type);
+    const void* hs = s.in(send, counts[static_cast<std::size_t>(rank())]);
+    void* hr = s.out(recv, sum(counts));
+    return s.issue([&] { return all_gather_v_async(hs, hr, counts, type, algo); });
+  }
   if (algo == CollAlgo::hierarchical && hierarchy_useful()) return hier_all_gather_v(send, recv, counts, type);
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
   return issued(do_all_gather_v(send, me, recv, counts, displacements(counts), type), CommOp::all_gather,
@@ -185,6 +199,12 @@ WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv, std::si
                                            DType type, ReduceOp op) {
   check_no_staged_op("reduce_scatter");
   check_reduce(op, type, "reduce_scatter");
+  if (stages(false)) {
+    Staging s(*this, type);
+    const void* hs = s.in(send, count * static_cast<std::size_t>(size()));
+    void* hr = s.out(recv, count);
+    return s.issue([&] { return reduce_scatter_async(hs, hr, count, type, op); });
+  }
   const std::size_t others = static_cast<std::size_t>(size() - 1);
   return issued(do_reduce_scatter(send, recv, count, type, op), CommOp::reduce_scatter, count * others,
                 count * others, type, count * off_node_peers());
@@ -200,8 +220,14 @@ WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
     DIFFCP_CHECK(op == ReduceOp::sum && (type == DType::f32 || type == DType::f64 || type == DType::bf16),
                  "hierarchical reduce_scatter_v: supports sum of f32 / f64 / bf16, got ", dtype_name(type),
                  op == ReduceOp::sum ? "" : " with another reduction than sum");
-    if (hierarchy_useful()) return hier_reduce_scatter_v(send, recv, counts, type);
   }
+  if (stages(algo == CollAlgo::hierarchical && hierarchy_useful())) {
+    Staging s(*this, type);
+    const void* hs = s.in(send, sum(counts));
+    void* hr = s.out(recv, counts[static_cast<std::size_t>(rank())]);
+    return s.issue([&] { return reduce_scatter_v_async(hs, hr, counts, type, op, algo); });
+  }
+  if (algo == CollAlgo::hierarchical && hierarchy_useful()) return hier_reduce_scatter_v(send, recv, counts, type);
   const std::size_t me = counts[static_cast<std::size_t>(rank())], all = sum(counts);
   return issued(do_reduce_scatter_v(send, recv, counts, type, op), CommOp::reduce_scatter, all - me,
                 me * static_cast<std::size_t>(size() - 1), type, inter_part(counts));
@@ -211,6 +237,12 @@ WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t
                                        ReduceOp op, CollAlgo algo) {
   check_no_staged_op("all_reduce");
   check_reduce(op, type, "all_reduce");
+  if (stages(algo == CollAlgo::hierarchical && hierarchy_useful())) {
+    Staging s(*this, type);
+    const void* hs = s.in(send, n);
+    void* hr = s.out(recv, n);
+    return s.issue([&] { return all_reduce_async(hs, hr, n, type, op, algo); });
+  }
   if (algo == CollAlgo::hierarchical && hierarchy_useful()) return hier_all_reduce(send, recv, n, type, op);
   const std::size_t P = static_cast<std::size_t>(size()), p = static_cast<std::size_t>(rank());
   auto share = [&](std::size_t r) { return n / P + (r < n % P ? 1 : 0); };
@@ -224,6 +256,12 @@ WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t
 
 WorkPtr Communicator::all_to_all_async(const void* send, void* recv, std::size_t count, DType type) {
   check_no_staged_op("all_to_all");
+  if (stages(false)) {
+    Staging s(*this, type);
+    const void* hs = s.in(send, count * static_cast<std::size_t>(size()));
+    void* hr = s.out(recv, count * static_cast<std::size_t>(size()));
+    return s.issue([&] { return all_to_all_async(hs, hr, count, type); });
+  }
   const std::size_t others = static_cast<std::size_t>(size() - 1);
   return issued(do_all_to_all(send, recv, count, type), CommOp::all_to_all, count * others, count * others, type,
                 count * off_node_peers());
@@ -235,6 +273,12 @@ WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::
   check_no_staged_op("all_to_all_v");
   check_counts(send_counts, "all_to_all_v send_counts");
   check_counts(recv_counts, "all_to_all_v recv_counts");
+  if (stages(false)) {
+    Staging s(*this, type);
+    const void* hs = s.in(send, sum(send_counts));
+    void* hr = s.out(recv, sum(recv_counts));
+    return s.issue([&] { return all_to_all_v_async(hs, send_counts, hr, recv_counts, type); });
+  }
   const std::size_t me = static_cast<std::size_t>(rank());
   return issued(do_all_to_all_v(send, send_counts, displacements(send_counts), recv, recv_counts,
                                 displacements(recv_counts), type),
@@ -245,6 +289,11 @@ WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::
 WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int root) {
   check_no_staged_op("broadcast");
   check_peer(root, "broadcast root");
+  if (stages(false)) {
+    Staging s(*this, type);
+    void* hb = rank() == root ? const_cast<void*>(s.in(buf, n)) : s.out(buf, n);  // the root's data is unchanged
+    return s.issue([&] { return broadcast_async(hb, n, type, root); });
+  }
   WorkPtr w = do_broadcast(buf, n, type, root);
   const bool is_root = rank() == root;
   return issued(std::move(w), CommOp::broadcast, is_root ? n * static_cast<std::size_t>(size() - 1) : 0,
@@ -254,6 +303,11 @@ WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int 
 WorkPtr Communicator::send_async(const void* buf, std::size_t n, DType type, int dst, int tag) {
   check_peer(dst, "send destination");
   DIFFCP_CHECK(tag >= 0 && tag <= kMaxUserTag, "send: tag ", tag, " must be in [0, ", kMaxUserTag, "]");
+  if (stages(false)) {
+    Staging s(*this, type);
+    const void* hb = s.in(buf, n);
+    return s.issue([&] { return send_async(hb, n, type, dst, tag); });
+  }
   return issued(do_send(buf, n, type, dst, tag), CommOp::send, n, 0, type,
                 topology_ && !topology_->same_node(rank(), dst) ? n : 0, dst);
 }
@@ -261,6 +315,11 @@ WorkPtr Communicator::send_async(const void* buf, std::size_t n, DType type, int
 WorkPtr Communicator::recv_async(void* buf, std::size_t n, DType type, int src, int tag) {
   check_peer(src, "recv source");
   DIFFCP_CHECK(tag >= 0 && tag <= kMaxUserTag, "recv: tag ", tag, " must be in [0, ", kMaxUserTag, "]");
+  if (stages(false)) {
+    Staging s(*this, type);
+    void* hb = s.out(buf, n);
+    return s.issue([&] { return recv_async(hb, n, type, src, tag); });
+  }
   return issued(do_recv(buf, n, type, src, tag), CommOp::recv, 0, n, type, 0, src);
 }
 

@@ -22,7 +22,7 @@ std::size_t page_size() {
 
 // A fault is the expected way a host touch of guard memory shows itself: say so, then die of it.
 void on_segv(int, siginfo_t* info, void*) {
-  char line[160];
+  char line[320];
   const int n = std::snprintf(line, sizeof line,
                               "guard device: SIGSEGV at %p: host code touched memory it may not (guard device memory "
                               "is only accessible inside the backend's ops; testing/guard_backend.hpp)\n",

@@ -45,6 +45,15 @@
 // refuses every other collective and set_topology (it throws), so ranks cannot issue collectives
 // in different orders.
 //
+// Device memory (comm/staging.cpp). The pointers given to a communicator point into memory of its
+// device() (set_device; default the host), as the ops' pointers point into the active backend's.
+// A backend that reads that device's memory itself (reads_device: NCCL will read the GPU's) gets
+// the pointers as they are. Otherwise the base class stages: it copies the send data to host
+// buffers through the active backend's copy, runs the operation on them (a hierarchical one always
+// runs on host buffers: its node sums are host code), and copies the received data back when the
+// operation completes (wait / test). Those copies are counted in staging(), apart from the
+// network bytes above, which stay the same.
+//
 // Watchdog (comm/watchdog.cpp). While watchdog_timeout() > 0, every operation must complete within
 // that many seconds of being issued; otherwise its wait()/test() asks the other ranks where they
 // are (each rank whose watchdog fires sends a WatchdogReport to all others and listens for up to
@@ -173,6 +182,21 @@ class Communicator {
   const CommStats& stats() const { return stats_; }
   // {"name":..., "backend":..., "rank":..., "size":..., "ops": stats().to_json()}
   nlohmann::json stats_json() const;
+
+  // ---- device memory (see the header comment) ----
+  // Where the pointers given to this communicator's operations point: the host (default) or the
+  // device of the backend active when an operation is issued (checked then).
+  void set_device(Device d) { device_ = d; }
+  Device device() const { return device_; }
+  // Whether the backend reads and writes memory of `d` itself. Default: the host only (MPI
+  // without CUDA-awareness).
+  virtual bool reads_device(Device d) const { return d == Device::host; }
+  struct StagingStats {
+    std::uint64_t calls = 0;           // operations staged through host buffers
+    std::uint64_t bytes_to_host = 0;   // device -> host copies (send data)
+    std::uint64_t bytes_to_device = 0; // host -> device copies (received data)
+  };
+  const StagingStats& staging() const { return staging_; }
 
   // ---- sub-communicators (each has its own counters) ----
   // Ranks with equal color form a group, ordered by (key, old rank). color < 0: this rank joins
@@ -337,6 +361,11 @@ class Communicator {
   std::unique_ptr<Communicator> node_comm_, leader_comm_;  // leader_comm_: local rank 0 of each node, else null
   int staged_in_flight_ = 0;  // hierarchical operations not yet complete
   std::uint64_t coll_seq_ = 0;  // collectives issued (all ranks issue the same sequence)
+  // Device memory (comm/staging.cpp).
+  friend class Staging;
+  bool stages(bool hierarchical) const;  // whether an operation on device_ memory runs on host copies
+  Device device_ = Device::host;
+  StagingStats staging_;
 };
 
 // ---- template definitions ----

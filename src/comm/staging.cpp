@@ -1,0 +1,100 @@
+// Collectives on device memory through host buffers (comm/communicator.hpp, "Device memory"): the
+// send data is copied to the host by the active backend's copy, the operation runs on host
+// buffers, and the received data is copied back when it completes.
+#include "staging.hpp"
+
+#include <exception>
+
+#include "diffcp/ops/backend.hpp"
+
+namespace diffcp {
+
+bool Communicator::stages(bool hierarchical) const {
+  return device_ != Device::host && (hierarchical || !reads_device(device_));
+}
+
+namespace {
+
+// The operation on host buffers; at completion, the received bytes go back to the device.
+class StagedCopyBack final : public Work {
+ public:
+  StagedCopyBack(WorkPtr inner, Backend& b, std::vector<unsigned char> in, std::vector<unsigned char> out,
+                 void* dev_out, const unsigned char* host_out, std::size_t out_bytes, Device device,
+                 Communicator::StagingStats& stats)
+      : inner_(std::move(inner)), b_(b), in_(std::move(in)), out_(std::move(out)), dev_out_(dev_out),
+        host_out_(host_out), out_bytes_(out_bytes), device_(device), stats_(stats) {}
+  ~StagedCopyBack() override {
+    if (!done_ && std::uncaught_exceptions() == 0) wait();
+  }
+  void wait() override {
+    if (done_) return;
+    inner_->wait();
+    finish();
+  }
+  bool test() override {
+    if (!done_ && inner_->test()) finish();
+    return done_;
+  }
+
+ private:
+  void finish() {
+    done_ = true;
+    if (out_bytes_ == 0) return;
+    b_.copy(dev_out_, device_, host_out_, Device::host, out_bytes_);
+    stats_.bytes_to_device += out_bytes_;
+  }
+  WorkPtr inner_;
+  Backend& b_;
+  std::vector<unsigned char> in_, out_;  // kept alive until the operation completes
+  void* dev_out_;
+  const unsigned char* host_out_;
+  std::size_t out_bytes_;
+  Device device_;
+  Communicator::StagingStats& stats_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+Staging::Staging(Communicator& c, DType type) : c_(c), b_(active_backend()), type_(type) {
+  DIFFCP_CHECK(b_.device() == c.device_, "communicator '", c.name(), "' works on ", device_name(c.device_),
+               " memory, but the active backend '", b_.name(), "' holds ", device_name(b_.device()), " memory");
+}
+
+const void* Staging::in(const void* dev, std::size_t count) {
+  const std::size_t bytes = count * dtype_size(type_);
+  in_src_ = dev;
+  in_.resize(bytes);
+  if (bytes) b_.copy(in_.data(), Device::host, dev, c_.device_, bytes);
+  c_.staging_.bytes_to_host += bytes;
+  return in_.data();
+}
+
+void* Staging::out(void* dev, std::size_t count) {
+  out_dev_ = dev;
+  out_bytes_ = count * dtype_size(type_);
+  if (dev == in_src_ && in_.size() >= out_bytes_) return in_.data();  // in place (all_reduce, broadcast)
+  out_.resize(out_bytes_);
+  return out_.data();
+}
+
+WorkPtr Staging::issue(const std::function<WorkPtr()>& op) {
+  ++c_.staging_.calls;
+  WorkPtr w;
+  {
+    const Device saved = c_.device_;
+    c_.device_ = Device::host;  // the same operation, on the host buffers
+    try {
+      w = op();
+    } catch (...) {
+      c_.device_ = saved;
+      throw;
+    }
+    c_.device_ = saved;
+  }
+  const unsigned char* host_out = out_dev_ == in_src_ && out_.empty() ? in_.data() : out_.data();
+  return std::make_unique<StagedCopyBack>(std::move(w), b_, std::move(in_), std::move(out_), out_dev_, host_out,
+                                          out_bytes_, c_.device_, c_.staging_);
+}
+
+}  // namespace diffcp
