@@ -136,9 +136,8 @@ void OwnRows::reshard(const AttnLayerConfig& cfg, const CpShard& s, std::int64_t
   if (rope_.d_h() != cfg_.d_h || rope_.max_pos() < max_len) rope_ = RopeTable(cfg_.d_h, cfg_.rope_theta, max_len);
 }
 
-float* OwnRows::grow(std::vector<float>& v, std::int64_t n) {
-  if (static_cast<std::size_t>(n) > v.capacity()) ++allocations_;
-  v.resize(static_cast<std::size_t>(n));
+float* OwnRows::grow(DeviceVector<float>& v, std::int64_t n) {
+  if (v.resize(n)) ++allocations_;
   return v.data();
 }
 
@@ -170,8 +169,8 @@ void OwnRows::project_kv(const AttnLayerParams& w, const float* x_p, const float
   linear_polled(x_p, Qp_, H, w[Params::wk], kvw, k_lin + Cp_ * kvw, inflight);
   linear_polled(ctx_p, Cp_, H, w[Params::wv], kvw, v, inflight);
   linear_polled(x_p, Qp_, H, w[Params::wv], kvw, v + Cp_ * kvw, inflight);
-  std::fill(k + Lp * kvw, k + Lk_ * kvw, 0.f);  // padding rows: zero, and masked
-  std::fill(v + Lp * kvw, v + Lk_ * kvw, 0.f);
+  fill(k + Lp * kvw, (Lk_ - Lp) * kvw, 0.f);  // padding rows: zero, and masked
+  fill(v + Lp * kvw, (Lk_ - Lp) * kvw, 0.f);
   rmsnorm_forward(k_lin, Lp, cfg_.n_kv, cfg_.d_h, w[Params::k_norm], static_cast<float>(cfg_.rms_eps), k, a.k_rstd.data());
   poll(inflight);
   rope_apply(k, Lp, cfg_.n_kv, key_pos_, rope_, false);

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "diffcp/ops/backend.hpp"
+
 namespace diffcp {
 
 CpAttentionLayer::CpAttentionLayer(Communicator& cp, const AttnLayerConfig& cfg, const char* method, DType compute)
@@ -21,9 +23,10 @@ void CpAttentionLayer::reshard(CpShard shard) {
 
 CpSaved CpAttentionLayer::forward(const AttnLayerParams& w, ConstTensorView x_p, ConstTensorView ctx_p, TensorView y_p) {
   const std::int64_t Qp = shard_.own_query_rows(), Cp = shard_.context_rows(), H = cfg_.hidden;
-  check_view("x_p", x_p, dtype(), {Qp, H});
-  check_view("ctx_p", ctx_p, dtype(), {Cp, H});
-  check_view("y_p", y_p, dtype(), {Qp, H});
+  const Device device = active_backend().device();
+  check_view("x_p", x_p, dtype(), {Qp, H}, device);
+  check_view("ctx_p", ctx_p, dtype(), {Cp, H}, device);
+  check_view("y_p", y_p, dtype(), {Qp, H}, device);
   CpSaved saved;
   saved.state_ = spare_ ? std::move(spare_) : new_state();
   timings_ = {};
@@ -48,9 +51,10 @@ std::unique_ptr<CpSavedState> CpAttentionLayer::take_state(CpSaved& saved, const
 void CpAttentionLayer::backward(CpSaved&& saved, const AttnLayerParams& w, ConstTensorView dy_p, TensorView dx_p,
                                 TensorView dctx_p, AttnLayerParams& grad) {
   const std::int64_t Qp = shard_.own_query_rows(), Cp = shard_.context_rows(), H = cfg_.hidden;
-  check_view("dy_p", dy_p, dtype(), {Qp, H});
-  check_view("dx_p", dx_p, dtype(), {Qp, H});
-  check_view("dctx_p", dctx_p, dtype(), {Cp, H});
+  const Device device = active_backend().device();
+  check_view("dy_p", dy_p, dtype(), {Qp, H}, device);
+  check_view("dx_p", dx_p, dtype(), {Qp, H}, device);
+  check_view("dctx_p", dctx_p, dtype(), {Cp, H}, device);
   std::unique_ptr<CpSavedState> st = take_state(saved, "backward", false);
   backward_impl(*st, w, saved.x_p_.ptr<float>(), saved.ctx_p_.ptr<float>(), dy_p.ptr<float>(), dx_p.ptr<float>(),
                 dctx_p.ptr<float>(), grad);

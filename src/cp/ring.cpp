@@ -44,12 +44,12 @@ void RingLayer::on_reshard() {
 }
 
 namespace {
-void round_into(const float* x, std::vector<bf16_t>& out) {
+void round_into(const float* x, DeviceVector<bf16_t>& out) {
   convert_to_bf16(x, out.data(), static_cast<std::int64_t>(out.size()));
 }
 }  // namespace
 
-void RingLayer::step_forward(const OwnActivations& own, const void* cur, int s, float* o, std::vector<float>& lse) {
+void RingLayer::step_forward(const OwnActivations& own, const void* cur, int s, float* o, DeviceVector<float>& lse) {
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, d = cfg_.d_h, kvw = cfg_.kv_width();
   const BlockMask& mask = masks_[static_cast<std::size_t>(s)];
   if (compute_ == DType::f32) {

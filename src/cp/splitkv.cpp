@@ -6,7 +6,7 @@
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/cp/bytes.hpp"
 #include "diffcp/cp/lse_reduce.hpp"
-#include "diffcp/core/half.hpp"
+#include "diffcp/ops/buffer.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/ops/linear.hpp"
 
@@ -59,9 +59,8 @@ std::span<const float> SplitKVLayer::lse(const CpSaved& saved) const {
 }
 
 template <typename T>
-T* SplitKVLayer::buffer(std::vector<T>& v, std::int64_t n) {
-  if (static_cast<std::size_t>(n) > v.capacity()) ++allocations_;
-  v.resize(static_cast<std::size_t>(n));
+T* SplitKVLayer::buffer(DeviceVector<T>& v, std::int64_t n) {
+  if (v.resize(n)) ++allocations_;
   return v.data();
 }
 
@@ -71,10 +70,10 @@ void SplitKVLayer::gather_rows(const float* mine, std::int64_t width, float* all
     comm_.all_gather_v_async(mine, all, row_counts(width), DType::f32, opt_.collectives)->wait();
     return;
   }
-  convert_to_bf16(mine, buffer(send16_, Qp * width), Qp * width);
+  convert(mine, buffer(send16_, Qp * width), Qp * width);
   comm_.all_gather_v_async(send16_.data(), buffer(recv16_, Q_ * width), row_counts(width), DType::bf16,
                            opt_.collectives)->wait();
-  convert_to_f32(recv16_.data(), all, Q_ * width);
+  convert(recv16_.data(), all, Q_ * width);
 }
 
 void SplitKVLayer::reduce_scatter_rows(const float* all, std::int64_t width, float* mine) {
@@ -83,10 +82,10 @@ void SplitKVLayer::reduce_scatter_rows(const float* all, std::int64_t width, flo
     comm_.reduce_scatter_v_async(all, mine, row_counts(width), DType::f32, ReduceOp::sum, opt_.collectives)->wait();
     return;
   }
-  convert_to_bf16(all, buffer(send16_, Q_ * width), Q_ * width);
+  convert(all, buffer(send16_, Q_ * width), Q_ * width);
   comm_.reduce_scatter_v_async(send16_.data(), buffer(recv16_, Qp * width), row_counts(width), DType::bf16,
                                ReduceOp::sum, opt_.collectives)->wait();
-  convert_to_f32(recv16_.data(), mine, Qp * width);
+  convert(recv16_.data(), mine, Qp * width);
 }
 
 std::vector<std::size_t> SplitKVLayer::row_counts(std::int64_t width) const {
@@ -140,7 +139,7 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   WorkPtr ag;
   if (bf) {
     bf16_t* q16 = buffer(q16_p_, Qp * qw);
-    convert_to_bf16(st.own.q.data(), q16, Qp * qw);
+    convert(st.own.q.data(), q16, Qp * qw);
     ag = comm_.all_gather_v_async(q16, buffer(st.q_all16, Q_ * qw), row_counts(qw), DType::bf16, opt_.collectives);
   } else {
     q_all = buffer(st.q_all, Q_ * qw);
@@ -161,10 +160,10 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   bf16_t* obar16 = bf ? buffer(obar16_, Q_ * qw) : nullptr;
   if (bf) {
     bf16_t* kv16 = buffer(st.kv16, 2 * Lk * kvw);
-    convert_to_bf16(st.own.kv.data(), kv16, 2 * Lk * kvw);
+    convert(st.own.kv.data(), kv16, 2 * Lk * kvw);
     attention_forward(*mask_, head_view(st.q_all16.data(), Q_, n_q, d), head_view(kv16, Lk, cfg_.n_kv, d),
                       head_view(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view(obar16, Q_, n_q, d), lse_p_);
-    if (!merge_) convert_to_f32(obar16, obar, Q_ * qw);
+    if (!merge_) convert(obar16, obar, Q_ * qw);
   } else {
     attention_forward(*mask_, head_view(q_all, Q_, n_q, d), own_.k_view(st.own), own_.v_view(st.own),
                       head_view(obar, Q_, n_q, d), lse_p_);
@@ -187,7 +186,7 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     a2a_o->wait();
     a2a_l->wait();
     timings_.blocking_comm_ms += elapsed_ms(tw);
-    if (bf) convert_to_f32(recv16_.data(), parts, nP * Qp * qw);
+    if (bf) convert(recv16_.data(), parts, nP * Qp * qw);
     std::vector<HeadRows<const float>> o_parts;
     std::vector<std::span<const float>> l_parts;
     for (int r = 0; r < nP; ++r) {
@@ -200,7 +199,7 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     // 4. The global log-sum-exp and the rescaled local output; then
     //    oproj all: output projection of all Q rows' partial output, reduce-scatter to the owners;
     //    oproj owned (hierarchical collectives): reduce-scatter the partial output, project the owned rows.
-    std::copy(lse_p, lse_p + Q_ * n_q, buffer(st.lse, Q_ * n_q));
+    device_copy(buffer(st.lse, Q_ * n_q), lse_p, Q_ * n_q);
     tw = CpClock::now();
     all_reduce_lse(comm_, st.lse, opt_.collectives);
     timings_.blocking_comm_ms += elapsed_ms(tw);
@@ -247,17 +246,15 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     linear_backward_input(dy_p, Qp, H, w[Params::wo], qw, dout_p);
     linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[Params::wo]);
     if (bf) {  // do travels and enters the kernel rounded to bf16: D of the same rounded rows
-      convert_to_bf16(dout_p, buffer(send16_, Qp * qw), Qp * qw);
-      convert_to_f32(send16_.data(), dout_p, Qp * qw);
+      convert(dout_p, buffer(send16_, Qp * qw), Qp * qw);
+      convert(send16_.data(), dout_p, Qp * qw);
     }
     float* stats_p = buffer(stats_p_, Qp * 2 * n_q);  // [Q_p, 2, n_q]: lse row, then D row
     float* delta_p = buffer(delta_, Qp * n_q);
     attention_delta(head_view<const float>(dout_p, Qp, n_q, d), head_view<const float>(st.own.o.data(), Qp, n_q, d),
                     std::span<float>(delta_p, static_cast<std::size_t>(Qp * n_q)));
-    for (std::int64_t r = 0; r < Qp; ++r) {
-      std::copy_n(st.lse.data() + r * n_q, n_q, stats_p + r * 2 * n_q);
-      std::copy_n(delta_p + r * n_q, n_q, stats_p + r * 2 * n_q + n_q);
-    }
+    copy_rows(stats_p, 2 * n_q, st.lse.data(), n_q, Qp, n_q);
+    copy_rows(stats_p + n_q, 2 * n_q, delta_p, n_q, Qp, n_q);
     float* stats = buffer(stats_all_, Q_ * 2 * n_q);
     tw = CpClock::now();
     WorkPtr ag_do;
@@ -272,10 +269,8 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     timings_.blocking_comm_ms += elapsed_ms(tw);
     lse = buffer(lse_all_, Q_ * n_q);
     buffer(delta_, Q_ * n_q);
-    for (std::int64_t r = 0; r < Q_; ++r) {
-      std::copy_n(stats + r * 2 * n_q, n_q, lse + r * n_q);
-      std::copy_n(stats + r * 2 * n_q + n_q, n_q, delta_.data() + r * n_q);
-    }
+    copy_rows(lse, n_q, stats, 2 * n_q, Q_, n_q);
+    copy_rows(delta_.data(), n_q, stats + n_q, 2 * n_q, Q_, n_q);
   } else {
     if (opt_.oproj == OProj::all) {
       float* g = buffer(g_, Q_ * H);
@@ -297,7 +292,7 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     tw = CpClock::now();
     comm_.all_reduce<float>(delta_, ReduceOp::sum, opt_.collectives);
     timings_.blocking_comm_ms += elapsed_ms(tw);
-    if (bf) convert_to_bf16(dout, dout16, Q_ * qw);
+    if (bf) convert(dout, dout16, Q_ * qw);
   }
   const std::span<const float> lse_all(lse, static_cast<std::size_t>(Q_ * n_q));
 
@@ -315,7 +310,7 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
                        head_view(dkv16 + Lk * kvw, Lk, cfg_.n_kv, d));
     rs = comm_.reduce_scatter_v_async(dq16, buffer(dq16_p_, Qp * qw), row_counts(qw), DType::bf16, ReduceOp::sum,
                                       opt_.collectives);
-    convert_to_f32(dkv16, dkv, 2 * Lk * kvw);
+    convert(dkv16, dkv, 2 * Lk * kvw);
   } else {
     float* dq_all = buffer(dq_all_, Q_ * qw);
     attention_backward(*mask_, head_view(st.q_all.data(), Q_, n_q, d), own_.k_view(st.own),
@@ -330,7 +325,7 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   tw = CpClock::now();
   rs->wait();
   timings_.bwd_overlap_exposed_ms = elapsed_ms(tw);
-  if (bf) convert_to_f32(dq16_p_.data(), dq_p, Qp * qw);
+  if (bf) convert(dq16_p_.data(), dq_p, Qp * qw);
 
   // 5. Query projection backward: RoPE^-1, RMSNorm_q backward, then dX_p += dq_lin W_q^T.
   own_.backward_q(w, st.own, x_p, dq_p, dx_p, 1.f, grad);

@@ -88,4 +88,31 @@ void copy(TensorView dst, ConstTensorView src) {
   b.copy(dst.data, dst.device, src.data, src.device, static_cast<std::size_t>(src.numel()) * dtype_size(src.dtype));
 }
 
+namespace {
+template <typename To, typename From>
+void convert_n(const From* src, To* dst, std::int64_t n) {
+  const Device d = active_backend().device();
+  convert(ConstTensorView::contiguous(src, dtype_of<From>(), {n}, d), TensorView::contiguous(dst, dtype_of<To>(), {n}, d));
+}
+}  // namespace
+
+void convert(const float* src, bf16_t* dst, std::int64_t n) { convert_n(src, dst, n); }
+void convert(const bf16_t* src, float* dst, std::int64_t n) { convert_n(src, dst, n); }
+void device_copy(float* dst, const float* src, std::int64_t n) { convert_n(src, dst, n); }
+
+void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
+               std::int64_t cols) {
+  DIFFCP_CHECK(ld_dst >= cols && ld_src >= cols, "copy_rows: row strides ", ld_dst, ", ", ld_src, " below ", cols);
+  const Device d = active_backend().device();
+  ConstTensorView from = ConstTensorView::contiguous(src, DType::f32, {rows, cols}, d);
+  TensorView to = TensorView::contiguous(dst, DType::f32, {rows, cols}, d);
+  from.stride[0] = ld_src;
+  to.stride[0] = ld_dst;
+  convert(from, to);
+}
+
+void fill(float* x, std::int64_t n, float value) {
+  fill(TensorView::contiguous(x, DType::f32, {n}, active_backend().device()), value);
+}
+
 }  // namespace diffcp

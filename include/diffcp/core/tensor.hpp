@@ -122,12 +122,12 @@ auto view_of(std::span<T> s) {
   return View::contiguous(s.data(), dtype_of<std::remove_const_t<T>>(), {static_cast<std::int64_t>(s.size())});
 }
 
-// Checks that `t` (named `what` in the error) is a contiguous host tensor of dtype `dtype` and
-// shape `shape` (-1: any extent). E.g. check_view("x_p", x, DType::f32, {Q_p, H}).
+// Checks that `t` (named `what` in the error) is a contiguous tensor of dtype `dtype` and shape
+// `shape` (-1: any extent) on `device`. E.g. check_view("x_p", x, DType::f32, {Q_p, H}).
 template <typename VoidPtr>
 void check_view(const char* what, const BasicTensorView<VoidPtr>& t, DType dtype,
-                std::initializer_list<std::int64_t> shape) {
-  bool ok = t.rank == static_cast<int>(shape.size()) && t.dtype == dtype && t.device == Device::host &&
+                std::initializer_list<std::int64_t> shape, Device device = Device::host) {
+  bool ok = t.rank == static_cast<int>(shape.size()) && t.dtype == dtype && t.device == device &&
             t.is_contiguous() && (t.data != nullptr || t.numel() == 0);
   int d = 0;
   std::string want = std::string(dtype_name(dtype)) + "[";
@@ -137,7 +137,7 @@ void check_view(const char* what, const BasicTensorView<VoidPtr>& t, DType dtype
     ++d;
   }
   DIFFCP_CHECK(ok, what, ": got ", t.describe(), (t.data == nullptr && t.numel() ? " (null data)" : ""),
-               ", expected a contiguous ", want, "] host tensor");
+               ", expected a contiguous ", want, "] ", device_name(device), " tensor");
 }
 
 template <typename T>

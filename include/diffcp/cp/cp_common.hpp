@@ -22,6 +22,7 @@
 #include "diffcp/core/tensor.hpp"
 #include "diffcp/cp/attention_layer.hpp"
 #include "diffcp/cp/cp_layer.hpp"
+#include "diffcp/ops/buffer.hpp"
 #include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/rope.hpp"
 
@@ -86,10 +87,11 @@ void unpack_head_slices(const float* src, std::int64_t rows, std::int64_t P, std
 
 // What the rank-local ends save for the backward: part of every method's saved state
 // (cp_layer.hpp CpSaved), sized by OwnRows::project_q. L_k >= L_p: see OwnRows::reshard.
+// In the active backend's memory.
 struct OwnActivations {
-  std::vector<float> q_lin, q_rstd, q;   // [Q_p, qw] pre-norm, [Q_p, n_q], normed and rotated
-  std::vector<float> k_lin, k_rstd, kv;  // [L_k, kvw] pre-norm, [L_k, n_kv], [2, L_k, kvw]: k (normed, rotated) rows, then v rows
-  std::vector<float> o, lse;             // [Q_p, qw] merged attention output, [Q_p, n_q] global lse of own rows: set by the method
+  DeviceVector<float> q_lin, q_rstd, q;   // [Q_p, qw] pre-norm, [Q_p, n_q], normed and rotated
+  DeviceVector<float> k_lin, k_rstd, kv;  // [L_k, kvw] pre-norm, [L_k, n_kv], [2, L_k, kvw]: k (normed, rotated) rows, then v rows
+  DeviceVector<float> o, lse;             // [Q_p, qw] merged attention output, [Q_p, n_q] global lse of own rows: set by the method
 };
 
 // The saved state of the methods that keep nothing but the owned rows' activations (Ring, RingX,
@@ -136,8 +138,8 @@ class OwnRows {
   void backward_kv(const AttnLayerParams& w, const OwnActivations& a, const float* x_p, const float* ctx_p,
                    float* dkv_p, float* dx_p, float beta, float* dctx_p, AttnLayerParams& grad, Work* inflight);
 
-  std::vector<float>& dout() { return dout_; }    // [Q_p, qw] after output_backward
-  std::vector<float>& delta() { return delta_; }  // [Q_p, n_q] after output_backward
+  DeviceVector<float>& dout() { return dout_; }    // [Q_p, qw] after output_backward
+  DeviceVector<float>& delta() { return delta_; }  // [Q_p, n_q] after output_backward
   HeadRows<const float> q_view(const OwnActivations& a) const { return head_view(a.q.data(), Qp_, cfg_.n_q, cfg_.d_h); }
   HeadRows<const float> k_view(const OwnActivations& a) const { return head_view(a.kv.data(), Lk_, cfg_.n_kv, cfg_.d_h); }
   HeadRows<const float> v_view(const OwnActivations& a) const {
@@ -147,12 +149,12 @@ class OwnRows {
   std::int64_t allocations() const { return allocations_; }
 
  private:
-  float* grow(std::vector<float>& v, std::int64_t n);  // v resized to n, counting growth
+  float* grow(DeviceVector<float>& v, std::int64_t n);  // v resized to n, counting growth
 
   AttnLayerConfig cfg_;
   std::int64_t Qp_ = 0, Cp_ = 0, Lk_ = 0;
   std::vector<std::int64_t> key_pos_, query_pos_;  // RoPE positions [L_p], [Q_p]
-  std::vector<float> dout_, delta_;
+  DeviceVector<float> dout_, delta_;
   std::int64_t allocations_ = 0;
   RopeTable rope_{2, 1.0, 0};
 };

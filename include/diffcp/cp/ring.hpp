@@ -55,15 +55,15 @@ class RingLayer final : public CpAttentionLayer {
   OwnRows own_;
   std::vector<BlockMask> masks_;         // [P]: own query blocks x rank r's key rows
   std::vector<std::int64_t> key_rows_;   // [P] L_r
-  std::vector<float> kv_buf_[2];         // [2, L_max, kvw] visiting K/V, double-buffered
-  std::vector<float> o_step_, lse_step_, o_tmp_, lse_tmp_;  // [Q_p, n_q d_h], [Q_p, n_q]
-  std::vector<float> dq_, dq_step_;      // [Q_p, n_q d_h]
-  std::vector<float> dkv_own_, dkv_in_;  // [2, L_p, kvw] own contribution; [2, L_max, kvw] arriving accumulator
-  std::vector<float> dkv_out_[2];        // [2, L_max, kvw] outgoing accumulators, double-buffered
+  DeviceVector<float> kv_buf_[2];         // [2, L_max, kvw] visiting K/V, double-buffered
+  DeviceVector<float> o_step_, lse_step_, o_tmp_, lse_tmp_;  // [Q_p, n_q d_h], [Q_p, n_q]
+  DeviceVector<float> dq_, dq_step_;      // [Q_p, n_q d_h]
+  DeviceVector<float> dkv_own_, dkv_in_;  // [2, L_p, kvw] own contribution; [2, L_max, kvw] arriving accumulator
+  DeviceVector<float> dkv_out_[2];        // [2, L_max, kvw] outgoing accumulators, double-buffered
   // compute = bf16: q, do of the own rows, own and visiting K/V shards, a step's o / dq / dk|dv.
-  std::vector<bf16_t> q16_, dout16_, kv16_own_, kv16_buf_[2], o16_, dq16_, dkv16_;
+  DeviceVector<bf16_t> q16_, dout16_, kv16_own_, kv16_buf_[2], o16_, dq16_, dkv16_;
   // One step's attention on the shard `cur` (f32 or bf16) of rank s: o, lse out (f32).
-  void step_forward(const OwnActivations& own, const void* cur, int s, float* o, std::vector<float>& lse);
+  void step_forward(const OwnActivations& own, const void* cur, int s, float* o, DeviceVector<float>& lse);
   // One step's attention backward on `cur`: dq [Q_p, qw] and dkv [2, L_s, kvw] out (f32).
   void step_backward(const OwnActivations& own, const void* cur, int s, float* dq, float* dkv);
 };

@@ -114,10 +114,10 @@ class SplitKVLayer final : public CpAttentionLayer {
   // What forward saves for backward (besides the input views).
   struct Saved : CpSavedState {
     OwnActivations own;            // q_p, k_p, v_p (L_k padded rows); own.o = o_p with oproj owned
-    std::vector<float> q_all;      // [Q, n_q d_h] gathered, normed and rotated
-    std::vector<float> obar;       // [Q, n_q d_h] rescaled local output (empty with the owner merge)
-    std::vector<float> lse;        // [Q, n_q] global lse; owner merge: [Q_p, n_q] the owned rows'
-    std::vector<bf16_t> q_all16, kv16;  // compute = bf16: q gathered, [2, L_k, kvw] k and v rows
+    DeviceVector<float> q_all;      // [Q, n_q d_h] gathered, normed and rotated
+    DeviceVector<float> obar;       // [Q, n_q d_h] rescaled local output (empty with the owner merge)
+    DeviceVector<float> lse;        // [Q, n_q] global lse; owner merge: [Q_p, n_q] the owned rows'
+    DeviceVector<bf16_t> q_all16, kv16;  // compute = bf16: q gathered, [2, L_k, kvw] k and v rows
   };
   void on_reshard() override;
   std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
@@ -127,7 +127,7 @@ class SplitKVLayer final : public CpAttentionLayer {
                      const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   std::vector<std::size_t> row_counts(std::int64_t width) const;  // per-rank element counts of [Q_r, width]
   template <typename T>
-  T* buffer(std::vector<T>& v, std::int64_t n);  // v resized to n, counting growth
+  T* buffer(DeviceVector<T>& v, std::int64_t n);  // v resized to n, counting growth
   // The rows of a bf16 mode collective: f32 -> bf16 before, bf16 -> f32 after.
   void gather_rows(const float* mine, std::int64_t width, float* all);
   void reduce_scatter_rows(const float* all, std::int64_t width, float* mine);
@@ -138,11 +138,11 @@ class SplitKVLayer final : public CpAttentionLayer {
   std::optional<BlockMask> mask_;
   std::int64_t Q_ = 0;
   OwnRows own_;  // the projections of the rows this rank owns (cp_common.hpp), K/V padded to the bucket
-  // Step scratch, kept so that steps of equal shape reuse it.
-  std::vector<float> lse_p_;                        // [Q, n_q] local lse
-  std::vector<float> ybar_, g_, dout_, delta_, dq_all_, dkv_, dq_p_;
-  std::vector<float> obar_, parts_, lse_parts_, stats_p_, stats_all_, lse_all_;  // the owner merge
-  std::vector<bf16_t> q16_p_, obar16_, send16_, recv16_, dout16_, dq16_, dkv16_, dq16_p_;  // compute = bf16
+  // Step scratch in the backend's memory, kept so that steps of equal shape reuse it.
+  DeviceVector<float> lse_p_;                        // [Q, n_q] local lse
+  DeviceVector<float> ybar_, g_, dout_, delta_, dq_all_, dkv_, dq_p_;
+  DeviceVector<float> obar_, parts_, lse_parts_, stats_p_, stats_all_, lse_all_;  // the owner merge
+  DeviceVector<bf16_t> q16_p_, obar16_, send16_, recv16_, dout16_, dq16_, dkv16_, dq16_p_;  // compute = bf16
   std::int64_t allocations_ = 0;
 };
 

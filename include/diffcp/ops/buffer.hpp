@@ -58,6 +58,36 @@ class Buffer {
   std::int64_t numel_ = 0;
 };
 
+// A typed, resizable Buffer for a layer's scratch and saved activations, in the backend's memory:
+// resize(n) sets the size and reallocates only to grow (contents are not kept then), so steps of
+// repeating shapes allocate nothing. data() / begin() / end() are device pointers: hand them to ops
+// and collectives, never dereference them on the host unless the backend is the host's.
+template <typename T>
+class DeviceVector {
+ public:
+  // Returns whether it had to allocate (the layers count their allocations).
+  bool resize(std::int64_t n) {
+    const bool grows = n > buf_.numel();
+    if (grows) {
+      if (buf_.backend() == nullptr) buf_ = Buffer(dtype_of<T>(), 0);
+      buf_.reserve(n);
+    }
+    size_ = n;
+    return grows;
+  }
+  T* data() const { return static_cast<T*>(buf_.data()); }
+  std::size_t size() const { return static_cast<std::size_t>(size_); }
+  bool empty() const { return size_ == 0; }
+  T* begin() const { return data(); }
+  T* end() const { return data() + size_; }
+  // [size] of the backend's device.
+  TensorView view() const { return buf_.view({size_}); }
+
+ private:
+  Buffer buf_;
+  std::int64_t size_ = 0;
+};
+
 // The memory ops, on the active backend. Each view names its device (host or the active backend's);
 // the error names the view that does not fit.
 
@@ -69,6 +99,15 @@ void convert(ConstTensorView src, TensorView dst);
 // dst = src, contiguous, same dtype and element count; either side on the host or the active
 // backend's device.
 void copy(TensorView dst, ConstTensorView src);
+// Raw-pointer forms for the layers, whose pointers point into the active backend's memory (as the
+// ops' do): n elements converted or copied, and `rows` rows of `cols` elements between row-strided
+// layouts (an interleave / de-interleave of rows, e.g. [lse | D] statistics).
+void convert(const float* src, bf16_t* dst, std::int64_t n);
+void convert(const bf16_t* src, float* dst, std::int64_t n);
+void device_copy(float* dst, const float* src, std::int64_t n);
+void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
+               std::int64_t cols);
+void fill(float* x, std::int64_t n, float value);
 // A host copy of a device view (the way tests and file writers read device results).
 template <typename T>
 std::vector<T> to_host(ConstTensorView src) {

@@ -1,0 +1,94 @@
+// The CP layers on the guard device (testing/guard_backend.hpp): inputs, parameters, outputs,
+// gradients, saved activations and every scratch buffer live in guard memory, which the host
+// cannot touch outside the backend's ops and copies, and the communicator stages the collectives
+// through host buffers (comm/communicator.hpp, "Device memory"). Forward + backward at every rank
+// count, f32 and bf16, --oproj all and owned, flat and hierarchical collectives: the results equal
+// the same layer's on the CPU backend bit for bit (and, in f32, the fp64 reference). A host loop
+// over device memory left anywhere in the method faults the test.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "diffcp/cp/cp_methods.hpp"
+#include "diffcp/ops/buffer.hpp"
+#include "diffcp/testing/guard_backend.hpp"
+#include "diffcp/testing/layer_problem.hpp"
+#include "mpi_test.hpp"
+
+namespace diffcp {
+namespace {
+
+struct Result {
+  std::vector<float> y, dx, dctx, grad;
+};
+
+// One forward + backward of `method` on backend b (its memory holds every tensor), grads summed.
+Result run(Backend& b, Communicator& comm, const CpMethod& method, const LayerProblem& pb, const CpShard& shard,
+           const SplitKVOptions& opt) {
+  ScopedBackend use(b);
+  comm.set_device(b.device());
+  const AttnLayerConfig& cfg = pb.cfg;
+  const std::int64_t Qp = shard.own_query_rows(), Cp = shard.context_rows(), H = cfg.hidden;
+  const auto up = [&](const std::vector<float>& v) { return to_device(std::span<const float>(v), b); };
+  const Buffer x = up(pb.x_rows(shard)), ctx = up(pb.ctx_rows(shard)), dy = up(pb.dy_rows(shard));
+  const Buffer w_mem = to_device(pb.w.all(), b);
+  Buffer grad_mem(DType::f32, AttnLayerParams::count(cfg), b), y(DType::f32, Qp * H, b), dx(DType::f32, Qp * H, b),
+      dctx(DType::f32, Cp * H, b);
+  fill(grad_mem.view(), 0.f);
+  const AttnLayerParams w = AttnLayerParams::view(cfg, w_mem.ptr<float>());
+  AttnLayerParams grad(cfg, grad_mem.ptr<float>());
+  {
+    std::unique_ptr<CpAttentionLayer> layer = method.make(comm, cfg, shard, opt);
+    CpSaved saved = layer->forward(w, x.view({Qp, H}), ctx.view({Cp, H}), y.view({Qp, H}));
+    layer->backward(std::move(saved), w, dy.view({Qp, H}), dx.view({Qp, H}), dctx.view({Cp, H}), grad);
+  }
+  allreduce_grads(comm, grad);
+  comm.set_device(Device::host);
+  return {to_host<float>(y.view()), to_host<float>(dx.view()), to_host<float>(dctx.view()),
+          to_host<float>(grad_mem.view())};
+}
+
+struct Mode {
+  DType compute;
+  OProj oproj;
+  CollAlgo collectives;
+  std::string name() const {
+    return std::string(dtype_name(compute)) + " oproj " + oproj_name(oproj) + " " + coll_algo_name(collectives);
+  }
+};
+
+TEST(CpOnGuardDevice, SplitKVEqualsTheCpuRunBitForBit) {
+  std::unique_ptr<Communicator> comm = test::world().split(0, test::world().rank(), "cp");
+  const int P = comm->size(), p = comm->rank();
+  comm->set_topology(p < (P + 1) / 2 ? 0 : 1);
+  AttnLayerConfig cfg;
+  cfg.hidden = 48, cfg.n_q = 4, cfg.n_kv = 2, cfg.d_h = 16;
+  const PackedBatch batch = make_random_batch(3, 150, 5, 4, 0.25, 3);
+  const LayerProblem pb(cfg, batch, 5);
+  const CpShard shard = contiguous_shard(batch, P, p);
+  const ReferenceLayerResult ref = pb.reference();
+  const CpMethod& splitkv = cp_method("splitkv");
+  for (DType compute : {DType::f32, DType::bf16})
+    for (OProj oproj : {OProj::all, OProj::owned})
+      for (CollAlgo coll : {CollAlgo::flat, CollAlgo::hierarchical}) {
+        const Mode m{compute, oproj, coll};
+        SCOPED_TRACE(m.name());
+        const SplitKVOptions opt{oproj, coll, compute};
+        const Result cpu = run(cpu_backend(), *comm, splitkv, pb, shard, opt);
+        const std::uint64_t staged = comm->staging().calls;
+        const Result guard = run(guard_backend(), *comm, splitkv, pb, shard, opt);
+        EXPECT_GT(comm->staging().calls, staged);  // the collectives really ran on guard memory
+        EXPECT_EQ(cpu.y, guard.y);
+        EXPECT_EQ(cpu.dx, guard.dx);
+        EXPECT_EQ(cpu.dctx, guard.dctx);
+        EXPECT_EQ(cpu.grad, guard.grad);
+        if (compute == DType::f32) {
+          const AttnLayerParams g = AttnLayerParams::view(cfg, guard.grad.data());
+          EXPECT_TRUE(check_layer(ref, shard, cfg.hidden, guard.y, guard.dx, guard.dctx, g).pass());
+        }
+      }
+}
+
+}  // namespace
+}  // namespace diffcp
