@@ -1,8 +1,8 @@
-// The CP layers on the guard device (testing/guard_backend.hpp): inputs, parameters, outputs,
+// The CP methods (cp/cp_methods.hpp) on the guard device (testing/guard_backend.hpp): inputs, parameters, outputs,
 // gradients, saved activations and every scratch buffer live in guard memory, which the host
 // cannot touch outside the backend's ops and copies, and the communicator stages the collectives
 // through host buffers (comm/communicator.hpp, "Device memory"). Forward + backward at every rank
-// count, f32 and bf16, --oproj all and owned, flat and hierarchical collectives: the results equal
+// count, f32 and bf16 (Split-KV: --oproj all and owned, flat and hierarchical collectives): the results equal
 // the same layer's on the CPU backend bit for bit (and, in f32, the fp64 reference). A host loop
 // over device memory left anywhere in the method faults the test.
 #include <string>
@@ -58,7 +58,9 @@ struct Mode {
   }
 };
 
-TEST(CpOnGuardDevice, SplitKVEqualsTheCpuRunBitForBit) {
+class CpOnGuardDevice : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CpOnGuardDevice, EqualsTheCpuRunBitForBit) {
   std::unique_ptr<Communicator> comm = test::world().split(0, test::world().rank(), "cp");
   const int P = comm->size(), p = comm->rank();
   comm->set_topology(p < (P + 1) / 2 ? 0 : 1);
@@ -68,16 +70,22 @@ TEST(CpOnGuardDevice, SplitKVEqualsTheCpuRunBitForBit) {
   const LayerProblem pb(cfg, batch, 5);
   const CpShard shard = contiguous_shard(batch, P, p);
   const ReferenceLayerResult ref = pb.reference();
-  const CpMethod& splitkv = cp_method("splitkv");
+  const CpMethod& method = cp_method(GetParam());
+  const std::string why = method.unsupported_reason(cfg, P);
+  if (!why.empty()) GTEST_SKIP() << why;
+  // Split-KV reads oproj and collectives; the others run their one way in each compute dtype.
+  const std::vector<OProj> oprojs = method.splitkv_options ? std::vector{OProj::all, OProj::owned} : std::vector{OProj::all};
+  const std::vector<CollAlgo> colls = method.splitkv_options ? std::vector{CollAlgo::flat, CollAlgo::hierarchical}
+                                                             : std::vector{CollAlgo::flat};
   for (DType compute : {DType::f32, DType::bf16})
-    for (OProj oproj : {OProj::all, OProj::owned})
-      for (CollAlgo coll : {CollAlgo::flat, CollAlgo::hierarchical}) {
+    for (OProj oproj : oprojs)
+      for (CollAlgo coll : colls) {
         const Mode m{compute, oproj, coll};
         SCOPED_TRACE(m.name());
         const SplitKVOptions opt{oproj, coll, compute};
-        const Result cpu = run(cpu_backend(), *comm, splitkv, pb, shard, opt);
+        const Result cpu = run(cpu_backend(), *comm, method, pb, shard, opt);
         const std::uint64_t staged = comm->staging().calls;
-        const Result guard = run(guard_backend(), *comm, splitkv, pb, shard, opt);
+        const Result guard = run(guard_backend(), *comm, method, pb, shard, opt);
         EXPECT_GT(comm->staging().calls, staged);  // the collectives really ran on guard memory
         EXPECT_EQ(cpu.y, guard.y);
         EXPECT_EQ(cpu.dx, guard.dx);
@@ -89,6 +97,9 @@ TEST(CpOnGuardDevice, SplitKVEqualsTheCpuRunBitForBit) {
         }
       }
 }
+
+INSTANTIATE_TEST_SUITE_P(Method, CpOnGuardDevice, ::testing::Values("splitkv", "ulysses", "ring", "ringx", "lvxattn"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace diffcp

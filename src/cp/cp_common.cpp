@@ -54,6 +54,7 @@ KeyRows own_key_rows(const CpShard& s) { return {s.chunks, s.blocks}; }
 
 std::vector<KeyRows> gather_key_rows(Communicator& cp, const CpShard& s) {
   const std::size_t P = static_cast<std::size_t>(cp.size());
+  const ScopedCommDevice on_host(cp, Device::host);  // chunk lists: host metadata
   std::vector<std::int64_t> mine;  // begin, end of each chunk
   for (const PosRange& c : s.chunks) mine.insert(mine.end(), {c.begin, c.end});
   std::vector<std::int64_t> n_mine{static_cast<std::int64_t>(mine.size())}, n_all(P);
@@ -103,21 +104,17 @@ void merge_two(HeadRows<const float> o_a, std::span<const float> lse_a, HeadRows
 void pack_head_slices(std::span<const float* const> src, std::int64_t rows, std::int64_t P, std::int64_t hd,
                       float* dst) {
   const std::int64_t n = static_cast<std::int64_t>(src.size()), width = P * hd;
-  for (std::int64_t r = 0; r < P; ++r)
-    for (std::int64_t i = 0; i < rows; ++i)
-      for (std::int64_t j = 0; j < n; ++j)
-        std::memcpy(dst + ((r * rows + i) * n + j) * hd, src[static_cast<std::size_t>(j)] + i * width + r * hd,
-                    sizeof(float) * static_cast<std::size_t>(hd));
+  for (std::int64_t r = 0; r < P; ++r)  // slice r of src[j]: [rows, hd] (row stride width) -> rows of stride n*hd
+    for (std::int64_t j = 0; j < n; ++j)
+      copy_rows(dst + (r * rows * n + j) * hd, n * hd, src[static_cast<std::size_t>(j)] + r * hd, width, rows, hd);
 }
 
 void unpack_head_slices(const float* src, std::int64_t rows, std::int64_t P, std::int64_t hd,
                         std::span<float* const> dst) {
   const std::int64_t n = static_cast<std::int64_t>(dst.size()), width = P * hd;
   for (std::int64_t r = 0; r < P; ++r)
-    for (std::int64_t i = 0; i < rows; ++i)
-      for (std::int64_t j = 0; j < n; ++j)
-        std::memcpy(dst[static_cast<std::size_t>(j)] + i * width + r * hd, src + ((r * rows + i) * n + j) * hd,
-                    sizeof(float) * static_cast<std::size_t>(hd));
+    for (std::int64_t j = 0; j < n; ++j)
+      copy_rows(dst[static_cast<std::size_t>(j)] + r * hd, width, src + (r * rows * n + j) * hd, n * hd, rows, hd);
 }
 
 // ---- OwnRows ----

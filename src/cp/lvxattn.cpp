@@ -1,5 +1,7 @@
 #include "diffcp/cp/lvxattn.hpp"
 
+#include "diffcp/ops/buffer.hpp"
+
 #include <algorithm>
 #include <span>
 
@@ -66,7 +68,7 @@ void LvXAttnLayer::step_forward(const BlockMask& mask, const void* q, std::int64
   const bf16_t* kv = kv16_.data();
   attention_forward(mask, head_view(static_cast<const bf16_t*>(q), rows, n_q, d), head_view(kv, Lp, n_kv, d),
                     head_view(kv + Lp * kvw, Lp, n_kv, d), head_view(o16_.data(), rows, n_q, d), lse_out);
-  convert_to_f32(o16_.data(), o, rows * cfg_.q_width());
+  convert(o16_.data(), o, rows * cfg_.q_width());
 }
 
 void LvXAttnLayer::step_backward(const BlockMask& mask, const float* in, std::int64_t rows, float* dq, float* dkv) {
@@ -86,8 +88,8 @@ void LvXAttnLayer::step_backward(const BlockMask& mask, const float* in, std::in
   attention_backward(mask, head_view(q, rows, n_q, d), head_view(kv, Lp, n_kv, d), head_view(kv + Lp * kvw, Lp, n_kv, d),
                      head_view(q + rows * qw, rows, n_q, d), lse_in, delta_in, head_view(dq16_.data(), rows, n_q, d),
                      head_view(dkv16, Lp, n_kv, d), head_view(dkv16 + Lp * kvw, Lp, n_kv, d));
-  convert_to_f32(dq16_.data(), dq, rows * qw);
-  convert_to_f32(dkv16, dkv, 2 * Lp * kvw);
+  convert(dq16_.data(), dq, rows * qw);
+  convert(dkv16, dkv, 2 * Lp * kvw);
 }
 
 void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
@@ -105,7 +107,7 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     return std::span<float>(buf + rows * qw, static_cast<std::size_t>(rows * n_q));
   };
   own_.project_q(w, x_p, st.own);
-  if (bf16()) convert_to_bf16(st.own.q.data(), q16_.data(), Qp * qw);
+  if (bf16()) convert(st.own.q.data(), q16_.data(), Qp * qw);
   const void* q_own = bf16() ? static_cast<const void*>(q16_.data()) : st.own.q.data();
   WorkPtr q_send[2], q_recv[2], acc_send[2];
   if (P > 1) {  // first hop: own q to next; rank p-1's q arrives for step 1
@@ -114,7 +116,7 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   }
   own_.project_kv(w, x_p, ctx_p, st.own, q_recv[1].get());
   kv_ = st.own.kv.data();
-  if (bf16()) convert_to_bf16(kv_, kv16_.data(), static_cast<std::int64_t>(kv16_.size()));
+  if (bf16()) convert(kv_, kv16_.data(), static_cast<std::int64_t>(kv16_.size()));
   step_forward(masks_[static_cast<std::size_t>(p)], q_own, Qp, own_part_.data(), own_part_.data() + Qp * qw);
 
   for (int t = 1; t < P; ++t) {
@@ -146,8 +148,9 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     merge_two(o_of(own_part_.data(), Qp), lse_of(own_part_.data(), Qp), o_of(acc_in_.data(), Qp),
               lse_of(acc_in_.data(), Qp), o_of(st.own.o.data(), Qp), st.own.lse);
   } else {
-    std::copy_n(own_part_.begin(), st.own.o.size(), st.own.o.begin());
-    std::copy_n(own_part_.begin() + static_cast<std::ptrdiff_t>(st.own.o.size()), st.own.lse.size(), st.own.lse.begin());
+    const auto n_o = static_cast<std::int64_t>(st.own.o.size());
+    device_copy(st.own.o.data(), own_part_.data(), n_o);
+    device_copy(st.own.lse.data(), own_part_.data() + n_o, static_cast<std::int64_t>(st.own.lse.size()));
   }
   for (WorkPtr* wk : {&q_send[0], &q_send[1], &acc_send[0], &acc_send[1]})
     if (*wk) timings_.fwd_overlap_exposed_ms += timed_wait(**wk);
@@ -171,18 +174,18 @@ void LvXAttnLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
 
   own_.output_backward(w, st.own, dy_p, grad);
   kv_ = st.own.kv.data();
-  if (bf16()) convert_to_bf16(kv_, kv16_.data(), static_cast<std::int64_t>(kv16_.size()));  // (another forward may have run)
+  if (bf16()) convert(kv_, kv16_.data(), static_cast<std::int64_t>(kv16_.size()));  // (another forward may have run)
   float* mine = own_part_.data();  // own inputs, packed: the first hop's message and step 0's operands
   if (bf16()) {
     auto* qdo = reinterpret_cast<bf16_t*>(mine);
-    convert_to_bf16(st.own.q.data(), qdo, Qp * qw);
-    convert_to_bf16(own_.dout().data(), qdo + Qp * qw, Qp * qw);
+    convert(st.own.q.data(), qdo, Qp * qw);
+    convert(own_.dout().data(), qdo + Qp * qw, Qp * qw);
   } else {
-    std::copy(st.own.q.begin(), st.own.q.end(), mine);
-    std::copy(own_.dout().begin(), own_.dout().end(), mine + Qp * qw);
+    device_copy(mine, st.own.q.data(), Qp * qw);
+    device_copy(mine + Qp * qw, own_.dout().data(), Qp * qw);
   }
-  std::copy(st.own.lse.begin(), st.own.lse.end(), mine + qdo_floats(Qp));
-  std::copy(own_.delta().begin(), own_.delta().end(), mine + qdo_floats(Qp) + Qp * n_q);
+  device_copy(mine + qdo_floats(Qp), st.own.lse.data(), Qp * n_q);
+  device_copy(mine + qdo_floats(Qp) + Qp * n_q, own_.delta().data(), Qp * n_q);
   WorkPtr in_send[2], in_recv[2], acc_send[2];
   if (P > 1) {  // first hop: own inputs
     in_send[0] = comm_.send_async(mine, in_count(Qp), t_in, next, kTagQuery);

@@ -1,5 +1,7 @@
 #include "diffcp/cp/ring.hpp"
 
+#include "diffcp/ops/buffer.hpp"
+
 #include <algorithm>
 #include <utility>
 
@@ -45,7 +47,7 @@ void RingLayer::on_reshard() {
 
 namespace {
 void round_into(const float* x, DeviceVector<bf16_t>& out) {
-  convert_to_bf16(x, out.data(), static_cast<std::int64_t>(out.size()));
+  convert(x, out.data(), static_cast<std::int64_t>(out.size()));
 }
 }  // namespace
 
@@ -62,7 +64,7 @@ void RingLayer::step_forward(const OwnActivations& own, const void* cur, int s, 
   attention_forward(mask, HeadRows<const bf16_t>{q16_.data(), Qp, n_q, d, n_q * d},
                     HeadRows<const bf16_t>{kv, L, cfg_.n_kv, d, kvw}, HeadRows<const bf16_t>{kv + L * kvw, L, cfg_.n_kv, d, kvw},
                     HeadRows<bf16_t>{o16_.data(), Qp, n_q, d, n_q * d}, lse);
-  convert_to_f32(o16_.data(), o, Qp * n_q * d);
+  convert(o16_.data(), o, Qp * n_q * d);
 }
 
 void RingLayer::step_backward(const OwnActivations& own, const void* cur, int s, float* dq, float* dkv) {
@@ -83,8 +85,8 @@ void RingLayer::step_backward(const OwnActivations& own, const void* cur, int s,
                      HeadRows<const bf16_t>{dout16_.data(), Qp, n_q, d, n_q * d}, own.lse, own_.delta(),
                      HeadRows<bf16_t>{dq16_.data(), Qp, n_q, d, n_q * d}, HeadRows<bf16_t>{dkv16_.data(), L, cfg_.n_kv, d, kvw},
                      HeadRows<bf16_t>{dkv16_.data() + L * kvw, L, cfg_.n_kv, d, kvw});
-  convert_to_f32(dq16_.data(), dq, Qp * n_q * d);
-  convert_to_f32(dkv16_.data(), dkv, 2 * L * kvw);
+  convert(dq16_.data(), dq, Qp * n_q * d);
+  convert(dkv16_.data(), dkv, 2 * L * kvw);
 }
 
 HeadRows<const float> RingLayer::k_of(const float* kv, int r) const {

@@ -1,5 +1,7 @@
 #include "diffcp/cp/ringx.hpp"
 
+#include "diffcp/ops/buffer.hpp"
+
 #include <algorithm>
 #include <span>
 
@@ -83,14 +85,14 @@ void RingXLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, con
   const int P = shard_.P, p = shard_.p;
   const std::int64_t n_q = cfg_.n_q, d = cfg_.d_h, qw = cfg_.q_width(), Qp = own_.Qp();
   own_.project_q(w, x_p, st.own);
-  if (bf) convert_to_bf16(st.own.q.data(), q16_.data(), Qp * qw);
+  if (bf) convert(st.own.q.data(), q16_.data(), Qp * qw);
   void* q_own = bf ? static_cast<void*>(q16_.data()) : st.own.q.data();
   auto buf = [&](int i) -> void* { return bf ? static_cast<void*>(buf16_[i].data()) : buf_[i].data(); };
   WorkPtr bcast[2];
   bcast[0] = post_broadcast(0, q_own, buf(0), query_rows_[0] * qw);
   own_.project_kv(w, x_p, ctx_p, st.own, bcast[0].get());
   const std::int64_t Lp = own_.Lp(), kvw = cfg_.kv_width();
-  if (bf) convert_to_bf16(st.own.kv.data(), kv16_.data(), 2 * Lp * kvw);
+  if (bf) convert(st.own.kv.data(), kv16_.data(), 2 * Lp * kvw);
 
   for (int t = 0; t < P; ++t) {
     const std::size_t ti = static_cast<std::size_t>(t);
@@ -105,29 +107,29 @@ void RingXLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, con
       attention_forward(fwd_masks_[ti], head_view(q_t, Qt, n_q, d), HeadRows<const bf16_t>{kv16_.data(), Lp, cfg_.n_kv, d, kvw},
                         HeadRows<const bf16_t>{kv16_.data() + Lp * kvw, Lp, cfg_.n_kv, d, kvw},
                         head_view(o16_part_.data(), Qt, n_q, d), lse_part);
-      convert_to_f32(o16_part_.data(), o_part_.data(), Qt * qw);
+      convert(o16_part_.data(), o_part_.data(), Qt * qw);
     } else {
       const float* q_t = t == p ? st.own.q.data() : buf_[t % 2].data();
       attention_forward(fwd_masks_[ti], head_view(q_t, Qt, n_q, d), own_.k_view(st.own), own_.v_view(st.own), o_part,
                         lse_part);
     }
-    std::copy(lse_part.begin(), lse_part.end(), lse_t.begin());
+    device_copy(lse_t.data(), lse_part.data(), Qt * n_q);
     auto tw = CpClock::now();
     all_reduce_lse(comm_, lse_t);
     timings_.blocking_comm_ms += elapsed_ms(tw);
     lse_rescale(o_part, lse_part, lse_t);
     tw = CpClock::now();
     if (bf) {
-      convert_to_bf16(o_part_.data(), o16_part_.data(), Qt * qw);
+      convert(o_part_.data(), o16_part_.data(), Qt * qw);
       comm_.reduce_scatter_v_async(o16_part_.data(), t == p ? o16_own_.data() : nullptr, rooted_counts(t, Qt * qw),
                                    DType::bf16, ReduceOp::sum)->wait();
-      if (t == p) convert_to_f32(o16_own_.data(), st.own.o.data(), Qp * qw);
+      if (t == p) convert(o16_own_.data(), st.own.o.data(), Qp * qw);
     } else {
       comm_.reduce_scatter_v_async(o_part_.data(), t == p ? st.own.o.data() : nullptr, rooted_counts(t, Qt * qw),
                                    DType::f32, ReduceOp::sum)->wait();
     }
     timings_.blocking_comm_ms += elapsed_ms(tw);
-    if (t == p) std::copy(lse_t.begin(), lse_t.end(), st.own.lse.begin());
+    if (t == p) device_copy(st.own.lse.data(), lse_t.data(), Qt * n_q);
   }
   own_.output_forward(w, st.own, y_p);
   timings_.fwd_ms = elapsed_ms(t0);
@@ -144,9 +146,9 @@ void RingXLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, co
   const std::int64_t Lp = own_.Lp(), qw = cfg_.q_width();
   own_.output_backward(w, st.own, dy_p, grad);
   if (bf) {  // the saved f32 rows rounded again (a forward of another step may have run since)
-    convert_to_bf16(st.own.q.data(), q16_.data(), Qp * qw);
-    convert_to_bf16(st.own.kv.data(), kv16_.data(), 2 * Lp * kvw);
-    convert_to_bf16(own_.dout().data(), dout16_.data(), Qp * qw);
+    convert(st.own.q.data(), q16_.data(), Qp * qw);
+    convert(st.own.kv.data(), kv16_.data(), 2 * Lp * kvw);
+    convert(own_.dout().data(), dout16_.data(), Qp * qw);
   }
   void* kv_own = bf ? static_cast<void*>(kv16_.data()) : st.own.kv.data();
   auto buf = [&](int i) -> void* { return bf ? static_cast<void*>(buf16_[i].data()) : buf_[i].data(); };
@@ -165,7 +167,7 @@ void RingXLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, co
                          head_view(kv_t + Lt * kvw, Lt, n_kv, d), head_view(dout16_.data(), Qp, n_q, d), st.own.lse,
                          own_.delta(), head_view(dq16_.data(), Qp, n_q, d), head_view(dkv16_part_.data(), Lt, n_kv, d),
                          head_view(dkv16_part_.data() + Lt * kvw, Lt, n_kv, d));
-      convert_to_f32(dq16_.data(), dq, Qp * qw);
+      convert(dq16_.data(), dq, Qp * qw);
     } else {
       const float* kv_t = t == p ? st.own.kv.data() : buf_[t % 2].data();
       attention_backward(bwd_masks_[ti], own_.q_view(st.own), head_view(kv_t, Lt, n_kv, d),
@@ -178,7 +180,7 @@ void RingXLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, co
     if (bf) {
       comm_.reduce_scatter_v_async(dkv16_part_.data(), t == p ? dkv16_own_.data() : nullptr,
                                    rooted_counts(t, 2 * Lt * kvw), DType::bf16, ReduceOp::sum)->wait();
-      if (t == p) convert_to_f32(dkv16_own_.data(), dkv_own_.data(), 2 * Lp * kvw);
+      if (t == p) convert(dkv16_own_.data(), dkv_own_.data(), 2 * Lp * kvw);
     } else {
       comm_.reduce_scatter_v_async(dkv_part_.data(), t == p ? dkv_own_.data() : nullptr, rooted_counts(t, 2 * Lt * kvw),
                                    DType::f32, ReduceOp::sum)->wait();

@@ -1,5 +1,7 @@
 #include "diffcp/cp/ulysses.hpp"
 
+#include "diffcp/ops/buffer.hpp"
+
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/core/half.hpp"
 #include "diffcp/cp/bytes.hpp"
@@ -74,11 +76,11 @@ std::size_t total(const std::vector<std::size_t>& c) {
 
 WorkPtr UlyssesLayer::exchange(const float* send, const std::vector<std::size_t>& send_counts, float* recv,
                                bf16_t* recv16, const std::vector<std::size_t>& recv_counts,
-                               std::vector<bf16_t>& scratch) {
+                               DeviceVector<bf16_t>& scratch) {
   if (compute_ == DType::f32) return comm_.all_to_all_v_async(send, send_counts, recv, recv_counts, DType::f32);
   const std::size_t n = total(send_counts);
   scratch.resize(n);
-  convert_to_bf16(send, scratch.data(), static_cast<std::int64_t>(n));
+  convert(send, scratch.data(), static_cast<std::int64_t>(n));
   return comm_.all_to_all_v_async(scratch.data(), send_counts, recv16, recv_counts, DType::bf16);
 }
 
@@ -131,7 +133,7 @@ void UlyssesLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   if (bf) {
     q_r16_.resize(q_recv_.size());
     comm_.all_to_all_v_async(st.o_head16.data(), q_all_counts_, q_r16_.data(), q_own_counts_, DType::bf16)->wait();
-    convert_to_f32(q_r16_.data(), q_recv_.data(), static_cast<std::int64_t>(q_recv_.size()));
+    convert(q_r16_.data(), q_recv_.data(), static_cast<std::int64_t>(q_recv_.size()));
   } else {
     comm_.all_to_all_v_async(st.o_head.data(), q_all_counts_, q_recv_.data(), q_own_counts_, DType::f32)->wait();
   }
@@ -195,13 +197,13 @@ void UlyssesLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
                            q_own_counts_, t)
       ->wait();
   timings_.blocking_comm_ms += elapsed_ms(tw);
-  if (bf) convert_to_f32(q_r16_.data(), q_recv_.data(), static_cast<std::int64_t>(q_recv_.size()));
+  if (bf) convert(q_r16_.data(), q_recv_.data(), static_cast<std::int64_t>(q_recv_.size()));
   float* dq_dst[] = {dq_p_.data()};
   unpack_head_slices(q_recv_.data(), own_.Qp(), P_, hq_ * d, dq_dst);
   a2a_kv->test();
   own_.backward_q(w, st.own, x_p, dq_p_.data(), dx_p, 0.f, grad);
   timings_.bwd_overlap_exposed_ms = timed_wait(*a2a_kv);
-  if (bf) convert_to_f32(kv_r16_.data(), kv_recv_.data(), static_cast<std::int64_t>(kv_recv_.size()));
+  if (bf) convert(kv_r16_.data(), kv_recv_.data(), static_cast<std::int64_t>(kv_recv_.size()));
   float* dkv_dst[] = {dkv_p_.data(), dkv_p_.data() + Lp * cfg_.kv_width()};
   unpack_head_slices(kv_recv_.data(), Lp, P_, hkv_ * d, dkv_dst);
   own_.backward_kv(w, st.own, x_p, ctx_p, dkv_p_.data(), dx_p, 1.f, dctx_p, grad, nullptr);

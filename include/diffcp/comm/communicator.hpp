@@ -368,6 +368,20 @@ class Communicator {
   StagingStats staging_;
 };
 
+// Sets a communicator's device for a scope and restores it: e.g. the host, for an exchange of host
+// metadata (chunk lists) by a layer whose data lives on a device.
+class ScopedCommDevice {
+ public:
+  ScopedCommDevice(Communicator& c, Device d) : c_(c), previous_(c.device()) { c.set_device(d); }
+  ~ScopedCommDevice() { c_.set_device(previous_); }
+  ScopedCommDevice(const ScopedCommDevice&) = delete;
+  ScopedCommDevice& operator=(const ScopedCommDevice&) = delete;
+
+ private:
+  Communicator& c_;
+  Device previous_;
+};
+
 // ---- template definitions ----
 template <typename T> void Communicator::all_gather(std::span<const T> send, std::span<T> recv) {
   DIFFCP_CHECK(recv.size() == send.size() * static_cast<std::size_t>(size()),

@@ -64,14 +64,14 @@ class LvXAttnLayer final : public CpAttentionLayer {
   std::vector<BlockMask> masks_;  // [P]: rank s's query blocks x local key rows
   // Rows of rank s's query state, Q_s each: forward q [Q_s, qw], running [o | lse] =
   // [Q_s, qw] then [Q_s, n_q]; backward inputs [q | do | lse | D] = [Q_s, qw] x2 then [Q_s, n_q] x2.
-  std::vector<float> in_[2];               // arriving query state (q or backward inputs), double-buffered
-  std::vector<float> part_, acc_in_;       // this step's partial; the arriving running state
-  std::vector<float> acc_out_[2];          // outgoing running state, double-buffered
-  std::vector<float> own_part_;            // forward: own [o | lse]; backward: own inputs [q|do|lse|D]
-  std::vector<float> dq_own_, dkv_, dkv_step_;  // [Q_p, qw], [2, L_p, kvw] x2
+  DeviceVector<float> in_[2];               // arriving query state (q or backward inputs), double-buffered
+  DeviceVector<float> part_, acc_in_;       // this step's partial; the arriving running state
+  DeviceVector<float> acc_out_[2];          // outgoing running state, double-buffered
+  DeviceVector<float> own_part_;            // forward: own [o | lse]; backward: own inputs [q|do|lse|D]
+  DeviceVector<float> dq_own_, dkv_, dkv_step_;  // [Q_p, qw], [2, L_p, kvw] x2
   const float* kv_ = nullptr;                   // the saved [2, L_p, kvw] k|v rows of this pass
   // compute = bf16: the local k|v rows, own q, a step's o / dq / dk|dv (the kernels' outputs).
-  std::vector<bf16_t> kv16_, q16_, o16_, dq16_, dkv16_;
+  DeviceVector<bf16_t> kv16_, q16_, o16_, dq16_, dkv16_;
 };
 
 }  // namespace diffcp

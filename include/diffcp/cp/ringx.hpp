@@ -55,12 +55,12 @@ class RingXLayer final : public CpAttentionLayer {
   std::vector<BlockMask> fwd_masks_;      // [P]: rank t's query blocks x local key rows
   std::vector<BlockMask> bwd_masks_;      // [P]: local query blocks x rank t's key rows
   std::vector<std::int64_t> query_rows_, key_rows_;  // [P] Q_t, L_t
-  std::vector<float> buf_[2];             // broadcast payloads, double-buffered: q_t or [2, L_t, kvw]
-  std::vector<float> o_part_, lse_part_, lse_all_;  // [Q_max, n_q d_h], [Q_max, n_q] x2
-  std::vector<float> dq_, dq_step_;       // [Q_p, n_q d_h]
-  std::vector<float> dkv_part_, dkv_own_; // [2, L_max, kvw], [2, L_p, kvw]
+  DeviceVector<float> buf_[2];             // broadcast payloads, double-buffered: q_t or [2, L_t, kvw]
+  DeviceVector<float> o_part_, lse_part_, lse_all_;  // [Q_max, n_q d_h], [Q_max, n_q] x2
+  DeviceVector<float> dq_, dq_step_;       // [Q_p, n_q d_h]
+  DeviceVector<float> dkv_part_, dkv_own_; // [2, L_max, kvw], [2, L_p, kvw]
   // compute = bf16: the payloads and kernel operands above in bf16 (same shapes).
-  std::vector<bf16_t> buf16_[2], q16_, kv16_, o16_part_, o16_own_, dout16_, dq16_, dkv16_part_, dkv16_own_;
+  DeviceVector<bf16_t> buf16_[2], q16_, kv16_, o16_part_, o16_own_, dout16_, dq16_, dkv16_part_, dkv16_own_;
 };
 
 }  // namespace diffcp
