@@ -58,7 +58,7 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::rope,         OpKind::silu,            OpKind::gelu_tanh,
                           OpKind::layernorm_modulate, OpKind::gated_add, OpKind::qk_norm_rope,
                           OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::add, OpKind::adamw_step, OpKind::bias_add,
-                          OpKind::fill, OpKind::convert};
+                          OpKind::fill, OpKind::convert, OpKind::lse_shift};
 
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
   static_assert(std::size(kAllOps) == kOpKindCount);

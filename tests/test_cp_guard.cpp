@@ -11,9 +11,11 @@
 #include <gtest/gtest.h>
 
 #include "diffcp/cp/cp_methods.hpp"
+#include "diffcp/cp/lse_reduce.hpp"
 #include "diffcp/ops/buffer.hpp"
 #include "diffcp/testing/guard_backend.hpp"
 #include "diffcp/testing/layer_problem.hpp"
+#include "forwarding_comm.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {
@@ -96,6 +98,28 @@ TEST_P(CpOnGuardDevice, EqualsTheCpuRunBitForBit) {
           EXPECT_TRUE(check_layer(ref, shard, cfg.hidden, guard.y, guard.dx, guard.dctx, g).pass());
         }
       }
+}
+
+// A communicator without the fused log-sum-exp reduction (NCCL's case, tests/forwarding_comm.hpp):
+// Split-KV's lse all-reduce then runs as max + sum with the lse_shift op in between, on guard memory.
+TEST(CpOnGuardDevice, SplitKVWithoutAFusedLseReductionEqualsTheCpuRun) {
+  test::ForwardingComm comm(test::world());
+  ASSERT_EQ(lse_all_reduces(comm), 2);
+  AttnLayerConfig cfg;
+  cfg.hidden = 48, cfg.n_q = 4, cfg.n_kv = 2, cfg.d_h = 16;
+  const PackedBatch batch = make_random_batch(3, 150, 5, 4, 0.25, 3);
+  const LayerProblem pb(cfg, batch, 5);
+  const CpShard shard = contiguous_shard(batch, comm.size(), comm.rank());
+  for (DType compute : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(compute));
+    const SplitKVOptions opt{OProj::all, CollAlgo::flat, compute};
+    const Result cpu = run(cpu_backend(), comm, cp_method("splitkv"), pb, shard, opt);
+    const Result guard = run(guard_backend(), comm, cp_method("splitkv"), pb, shard, opt);
+    EXPECT_EQ(cpu.y, guard.y);
+    EXPECT_EQ(cpu.dx, guard.dx);
+    EXPECT_EQ(cpu.dctx, guard.dctx);
+    EXPECT_EQ(cpu.grad, guard.grad);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Method, CpOnGuardDevice, ::testing::Values("splitkv", "ulysses", "ring", "ringx", "lvxattn"),

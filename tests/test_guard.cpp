@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -211,6 +212,12 @@ std::vector<OpCase> op_cases() {
                      const std::span<const float> lses[] = {{F(t[2]), 12}, {F(t[3]), 12}};
                      lse_merge(parts, lses, rows_of<float>(t[4], 6, 2, 8), {F(t[5]), 12});
                      lse_rescale(rows_of<float>(t[0], 6, 2, 8), {F(t[2]), 12}, {F(t[5]), 12});
+                   }});
+  cases.push_back({"lse shift", {OpKind::lse_shift}, {{f, 40}, {f, 40}, {f, 40}}, [](Backend& b, auto& t) {
+                     fill(F(t[1]) + 7, 3, -std::numeric_limits<float>::infinity());  // rows no rank saw
+                     device_copy(F(t[2]), F(t[0]), 40);
+                     lse_shift_to_exp({F(t[2]), 40}, {F(t[1]), 40});
+                     lse_shift_from_exp({F(t[2]), 40}, {F(t[1]), 40});
                    }});
   cases.push_back({"rmsnorm", {OpKind::rmsnorm_forward, OpKind::rmsnorm_backward},
                    {{f, 5 * 3 * 16}, {f, 16}, {f, 5 * 3 * 16}, {f, 15}, {f, 5 * 3 * 16}, {f, 5 * 3 * 16}, {f, 16}},

@@ -20,4 +20,14 @@ void lse_rescale(HeadRows<float> o_p, std::span<const float> lse_p, std::span<co
   backend_for(OpKind::lse_rescale, DType::f32).lse_rescale(o_p.view(), view_of(lse_p), view_of(lse));
 }
 
+namespace {
+void lse_shift(std::span<float> x, std::span<const float> m, bool to_exp) {
+  DIFFCP_CHECK(x.size() == m.size(), "lse_shift: x has ", x.size(), " elements, m ", m.size());
+  backend_for(OpKind::lse_shift, DType::f32).lse_shift(view_of(x), view_of(m), to_exp);
+}
+}  // namespace
+
+void lse_shift_to_exp(std::span<float> x, std::span<const float> m) { lse_shift(x, m, true); }
+void lse_shift_from_exp(std::span<float> x, std::span<const float> m) { lse_shift(x, m, false); }
+
 }  // namespace diffcp

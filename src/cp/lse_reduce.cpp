@@ -1,8 +1,7 @@
 #include "diffcp/cp/lse_reduce.hpp"
 
-#include <cmath>
-#include <limits>
-#include <vector>
+#include "diffcp/attention/merge.hpp"
+#include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
 
@@ -15,13 +14,15 @@ void all_reduce_lse(Communicator& comm, std::span<float> lse, CollAlgo algo, Lse
     comm.all_reduce<float>(lse, ReduceOp::logsumexp, algo);
     return;
   }
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  std::vector<float> m(lse.begin(), lse.end());
-  comm.all_reduce<float>(std::span<float>(m), ReduceOp::max, algo);
-  // exp(lse_p - m) in [0, 1]: no overflow; a row no rank saw (m = -inf) contributes 0.
-  for (std::size_t i = 0; i < lse.size(); ++i) lse[i] = m[i] == kNegInf ? 0.f : std::exp(lse[i] - m[i]);
+  // In the backend's memory (as lse): the max, then exp(lse_p - m) in [0, 1] (no overflow; a row
+  // no rank saw, m = -inf, contributes 0), summed, then m + log(sum).
+  thread_local DeviceVector<float> m;
+  m.resize(static_cast<std::int64_t>(lse.size()));
+  device_copy(m.data(), lse.data(), static_cast<std::int64_t>(lse.size()));
+  comm.all_reduce<float>(std::span<float>(m.data(), lse.size()), ReduceOp::max, algo);
+  lse_shift_to_exp(lse, std::span<const float>(m.data(), lse.size()));
   comm.all_reduce<float>(lse, ReduceOp::sum, algo);
-  for (std::size_t i = 0; i < lse.size(); ++i) lse[i] = m[i] == kNegInf ? kNegInf : m[i] + std::log(lse[i]);
+  lse_shift_from_exp(lse, std::span<const float>(m.data(), lse.size()));
 }
 
 }  // namespace diffcp

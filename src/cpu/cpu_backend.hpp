@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
   void lse_merge(std::span<const ConstTensorView> o_parts, std::span<const ConstTensorView> lse_parts, TensorView o,
                  TensorView lse) override;
   void lse_rescale(TensorView o_p, ConstTensorView lse_p, ConstTensorView lse) override;
+  void lse_shift(TensorView x, ConstTensorView m, bool to_exp) override;
   void rmsnorm_forward(ConstTensorView x, ConstTensorView w, float eps, TensorView y, TensorView rstd) override;
   void rmsnorm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView rstd, ConstTensorView w,
                         TensorView dx, TensorView dw) override;

@@ -75,4 +75,18 @@ void CpuBackend::lse_rescale(TensorView o_v, ConstTensorView lse_p_v, ConstTenso
     }
 }
 
+// x, m: [n]
+void CpuBackend::lse_shift(TensorView x_v, ConstTensorView m_v, bool to_exp) {
+  float* x = x_v.ptr<float>();
+  const float* m = m_v.ptr<const float>();
+  const std::int64_t n = x_v.numel();
+  if (to_exp) {
+#pragma omp parallel for schedule(static) if (n > 4096)
+    for (std::int64_t i = 0; i < n; ++i) x[i] = m[i] == kNegInf ? 0.f : std::exp(x[i] - m[i]);
+  } else {
+#pragma omp parallel for schedule(static) if (n > 4096)
+    for (std::int64_t i = 0; i < n; ++i) x[i] = m[i] == kNegInf ? kNegInf : m[i] + std::log(x[i]);
+  }
+}
+
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA

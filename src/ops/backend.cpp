@@ -35,6 +35,7 @@ const char* op_name(OpKind op) {
     case OpKind::bias_add: return "bias_add";
     case OpKind::fill: return "fill";
     case OpKind::convert: return "convert";
+    case OpKind::lse_shift: return "lse_shift";
   }
   return "?";
 }
@@ -95,6 +96,7 @@ void Backend::add(TensorView y, ConstTensorView) { unsupported(OpKind::add, y.dt
 void Backend::adamw_step(TensorView p, ConstTensorView, TensorView, TensorView, const AdamWStepArgs&) {
   unsupported(OpKind::adamw_step, p.dtype);
 }
+void Backend::lse_shift(TensorView x, ConstTensorView, bool) { unsupported(OpKind::lse_shift, x.dtype); }
 void Backend::fill(TensorView x, float) { unsupported(OpKind::fill, x.dtype); }
 void Backend::convert(ConstTensorView src, TensorView dst) {
   unsupported(OpKind::convert, src.dtype == DType::f32 ? dst.dtype : src.dtype);

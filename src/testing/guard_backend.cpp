@@ -198,6 +198,10 @@ void GuardBackend::lse_rescale(TensorView o_p, ConstTensorView lse_p, ConstTenso
   const char* op = "lse_rescale";
   DIFFCP_GUARD_OP(lse_rescale, C(o_p), C(lse_p), C(lse));
 }
+void GuardBackend::lse_shift(TensorView x, ConstTensorView m, bool to_exp) {
+  const char* op = "lse_shift";
+  DIFFCP_GUARD_OP(lse_shift, C(x), C(m), to_exp);
+}
 void GuardBackend::rmsnorm_forward(ConstTensorView x, ConstTensorView w, float eps, TensorView y, TensorView rstd) {
   const char* op = "rmsnorm_forward";
   DIFFCP_GUARD_OP(rmsnorm_forward, C(x), C(w), eps, C(y), C(rstd));

@@ -23,4 +23,11 @@ void lse_merge(std::span<const HeadRows<const float>> o_parts,
 //   o_p: [rows, heads, dim] in/out   lse_p, lse: [rows*heads]
 void lse_rescale(HeadRows<float> o_p, std::span<const float> lse_p, std::span<const float> lse);
 
+// The two element-wise halves of the lse all-reduce without a fused operator (cp/lse_reduce.hpp),
+// given m = the max over ranks:  x: [n] in place, m: [n]
+//   lse_shift_to_exp:   x = exp(x - m), 0 where m = -inf (no rank saw a key)
+//   lse_shift_from_exp: x = m + log(x), -inf where m = -inf
+void lse_shift_to_exp(std::span<float> x, std::span<const float> m);
+void lse_shift_from_exp(std::span<float> x, std::span<const float> m);
+
 }  // namespace diffcp

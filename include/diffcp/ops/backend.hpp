@@ -55,8 +55,9 @@ enum class OpKind : std::uint8_t {
   bias_add,            // ops/linear.hpp
   fill,                // ops/buffer.hpp (fill, zero)
   convert,             // ops/buffer.hpp (convert: f32 <-> bf16, by the destination's dtype)
+  lse_shift,           // attention/merge.hpp (the lse all-reduce from max + sum, cp/lse_reduce.hpp)
 };
-inline constexpr int kOpKindCount = 22;
+inline constexpr int kOpKindCount = 23;
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -137,6 +138,8 @@ class Backend {
                          TensorView o, TensorView lse);
   // o_p: [rows, heads, dim] in/out  lse_p, lse: [rows*heads]
   virtual void lse_rescale(TensorView o_p, ConstTensorView lse_p, ConstTensorView lse);
+  // x, m: [n]. to_exp: x = exp(x - m) (0 where m = -inf); else x = m + log(x) (-inf where m = -inf)
+  virtual void lse_shift(TensorView x, ConstTensorView m, bool to_exp);
 
   // x, y: [rows, heads, d] (may alias)  w: [d]  rstd: [rows, heads] out
   virtual void rmsnorm_forward(ConstTensorView x, ConstTensorView w, float eps, TensorView y, TensorView rstd);

@@ -58,20 +58,18 @@ class Buffer {
   std::int64_t numel_ = 0;
 };
 
-// A typed, resizable Buffer for a layer's scratch and saved activations, in the backend's memory:
-// resize(n) sets the size and reallocates only to grow (contents are not kept then), so steps of
-// repeating shapes allocate nothing. data() / begin() / end() are device pointers: hand them to ops
+// A typed, resizable Buffer for a layer's scratch and saved activations, in the active backend's
+// memory: resize(n) sets the size and reallocates only to grow, or when another backend has become
+// the active one (contents are not kept then), so steps of repeating shapes allocate nothing. data() / begin() / end() are device pointers: hand them to ops
 // and collectives, never dereference them on the host unless the backend is the host's.
 template <typename T>
 class DeviceVector {
  public:
   // Returns whether it had to allocate (the layers count their allocations).
   bool resize(std::int64_t n) {
-    const bool grows = n > buf_.numel();
-    if (grows) {
-      if (buf_.backend() == nullptr) buf_ = Buffer(dtype_of<T>(), 0);
-      buf_.reserve(n);
-    }
+    const bool moves = buf_.backend() != &active_backend(), grows = n > (moves ? 0 : buf_.numel());
+    if (moves) buf_ = Buffer(dtype_of<T>(), 0);
+    if (grows) buf_.reserve(n);
     size_ = n;
     return grows;
   }

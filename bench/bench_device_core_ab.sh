@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Issue #33: what the device-ready core (memory owned by the backend, glue as ops, collectives that
+# stage device memory) costs on the CPU, against the commit before it: one layer step of every CP
+# method at P = 2 (`diffcp bench cp`, the default workload, f32 and bf16), the tiny drafter's
+# training step (P = 1 and 2) and one DiT step (P = 1, 256 px). Ranks: one per core
+# (mpirun --bind-to core; this machine has 2). Interleaved REPEAT times (default 3); every run goes
+# to CSV (default bench/device_core_ab.csv); prints the medians and new / old ratios.
+# Usage: OLD=<diffcp of the previous commit> bench/bench_device_core_ab.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+new=${NEW:-build/release/src/diffcp}
+old=${OLD:?OLD=<a diffcp binary of the previous commit>}
+repeat=${REPEAT:-3}
+out=$(mktemp)
+tmp=$(mktemp)
+trap 'rm -f "$out" "$tmp"' EXIT
+cp_step() {  # tag, binary, dtype
+  mpirun -np 2 --bind-to core "$2" bench cp --methods all --dtype "$3" --reps 5 --csv "$tmp" >/dev/null
+  python3 - "$1" "$3" "$tmp" >>"$out" <<'PY'
+import csv, sys
+for r in csv.DictReader(open(sys.argv[3])):
+    print(sys.argv[1], f"cp_{r['method']}_{sys.argv[2]}_step_ms", r["step_ms"])
+PY
+}
+train() {  # tag, binary, np
+  OMP_NUM_THREADS=1 mpirun -np "$3" --bind-to core "$2" train --no-progress --eval-every 0 --steps 30 |
+    awk -v tag="$1 train_np$3_step_ms" '/median step/ {s = $0; sub(/.*median step /, "", s); sub(/ ms.*/, "", s); print tag, s}' >>"$out"
+}
+dit() {  # tag, binary
+  "$2" dit --resolution 256 --steps 6 --out "" --json |
+    python3 -c "import json,sys; print('$1 dit_step_ms', json.load(sys.stdin)['step_ms'])" >>"$out"
+}
+for ((r = 1; r <= repeat; r++)); do
+  for dt in f32 bf16; do
+    cp_step old "$old" $dt
+    cp_step new "$new" $dt
+  done
+  for np in 1 2; do
+    train old "$old" $np
+    train new "$new" $np
+  done
+  dit old "$old"
+  dit new "$new"
+  echo "round $r of $repeat done" >&2
+done
+csv=${CSV:-bench/device_core_ab.csv}
+{ echo "build,measure,ms"; tr ' ' ',' <"$out"; } >"$csv"
+python3 - "$csv" <<'PY'
+import collections, csv, statistics, sys
+d = collections.defaultdict(lambda: collections.defaultdict(list))
+for r in csv.DictReader(open(sys.argv[1])):
+    d[r["measure"]][r["build"]].append(float(r["ms"]))
+print("| measure | runs | old median ms | new median ms | new / old |")
+print("|---|---|---|---|---|")
+for what, b in d.items():
+    o, n = statistics.median(b["old"]), statistics.median(b["new"])
+    print(f"| {what} | {len(b['new'])} | {o:.2f} | {n:.2f} | {n / o:.3f} |")
+PY
