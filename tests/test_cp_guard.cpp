@@ -15,6 +15,7 @@
 #include "diffcp/ops/buffer.hpp"
 #include "diffcp/testing/guard_backend.hpp"
 #include "diffcp/testing/layer_problem.hpp"
+#include "error_of.hpp"
 #include "forwarding_comm.hpp"
 #include "mpi_test.hpp"
 
@@ -120,6 +121,30 @@ TEST(CpOnGuardDevice, SplitKVWithoutAFusedLseReductionEqualsTheCpuRun) {
     EXPECT_EQ(cpu.dctx, guard.dctx);
     EXPECT_EQ(cpu.grad, guard.grad);
   }
+}
+
+// A layer runs on the backend it was sized on, with a communicator on that backend's memory.
+TEST(CpOnGuardDevice, ALayerRefusesAnotherBackendOrACommunicatorOnOtherMemory) {
+  std::unique_ptr<Communicator> comm = test::world().split(0, test::world().rank(), "cp");
+  AttnLayerConfig cfg;
+  cfg.hidden = 48, cfg.n_q = 4, cfg.n_kv = 2, cfg.d_h = 16;
+  const PackedBatch batch = make_random_batch(2, 60, 2, 4, 0.25, 3);
+  const LayerProblem pb(cfg, batch, 5);
+  const CpShard shard = contiguous_shard(batch, comm->size(), comm->rank());
+  const std::int64_t Qp = shard.own_query_rows(), Cp = shard.context_rows(), H = cfg.hidden;
+  std::vector<float> x = pb.x_rows(shard), ctx = pb.ctx_rows(shard), y(x.size());
+  std::unique_ptr<CpAttentionLayer> layer = cp_method("splitkv").make(*comm, cfg, shard);  // on the CPU
+  const auto forward = [&] { layer->forward(pb.w, view_of(x, {Qp, H}), view_of(ctx, {Cp, H}), view_of(y, {Qp, H})); };
+  {
+    ScopedBackend guard(guard_backend());
+    EXPECT_NE(error_of(forward).find("the active backend is 'guard', but the layer's buffers were sized on 'cpu'"),
+              std::string::npos);
+  }
+  comm->set_device(Device::guard);
+  EXPECT_NE(error_of(forward).find("works on guard memory, the backend 'cpu' on host memory: set_device(host)"),
+            std::string::npos);
+  comm->set_device(Device::host);
+  EXPECT_EQ(error_of(forward), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Method, CpOnGuardDevice, ::testing::Values("splitkv", "ulysses", "ring", "ringx", "lvxattn"),

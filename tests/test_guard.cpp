@@ -59,10 +59,16 @@ TEST(GuardDevice, HostPointersInDeviceOpsAreRefused) {
   EXPECT_TRUE(e.starts_with("guard: add: ") && e.find(" (32 bytes at ") != std::string::npos &&
               e.find("is not guard device memory: host memory handed to a device op") != std::string::npos)
       << e;
-  // A view one element past the buffer's end is refused as well (the mapping is page-rounded,
-  // so this one is caught by extent: 1025 floats do not fit a 4 KiB page).
-  Buffer small(DType::f32, 1024, guard_backend());
-  EXPECT_NE(error_of([&] { add_into(small.ptr<float>(), small.ptr<float>(), 1025); }).find("is not guard device memory"),
+  // A view one element past the buffer's end is refused as well (the allocated size is checked,
+  // not the page-rounded mapping), and so is guard memory in a view labelled host.
+  Buffer small(DType::f32, 10, guard_backend());
+  EXPECT_NE(error_of([&] { add_into(small.ptr<float>(), small.ptr<float>(), 11); }).find("is not guard device memory"),
+            std::string::npos);
+  EXPECT_NO_THROW(add_into(small.ptr<float>(), small.ptr<float>(), 10));
+  std::vector<float> host(10);
+  EXPECT_NE(error_of([&] {
+              copy(view_of(std::span<float>(host)), ConstTensorView::contiguous(small.data(), DType::f32, {10}));
+            }).find("is guard device memory in a view labelled host"),
             std::string::npos);
   EXPECT_NE(error_of([&] { fill(view_of(std::span<float>(y)), 0.f); }).find("is not a contiguous view of guard memory"),
             std::string::npos);

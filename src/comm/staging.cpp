@@ -21,8 +21,8 @@ class StagedCopyBack final : public Work {
   StagedCopyBack(WorkPtr inner, Backend& b, std::vector<unsigned char> in, std::vector<unsigned char> out,
                  void* dev_out, const unsigned char* host_out, std::size_t out_bytes, Device device,
                  Communicator::StagingStats& stats)
-      : inner_(std::move(inner)), b_(b), in_(std::move(in)), out_(std::move(out)), dev_out_(dev_out),
-        host_out_(host_out), out_bytes_(out_bytes), device_(device), stats_(stats) {}
+      : in_(std::move(in)), out_(std::move(out)), b_(b), dev_out_(dev_out), host_out_(host_out),
+        out_bytes_(out_bytes), device_(device), stats_(stats), inner_(std::move(inner)) {}
   ~StagedCopyBack() override {
     if (!done_ && std::uncaught_exceptions() == 0) wait();
   }
@@ -38,20 +38,21 @@ class StagedCopyBack final : public Work {
 
  private:
   void finish() {
-    done_ = true;
-    if (out_bytes_ == 0) return;
-    b_.copy(dev_out_, device_, host_out_, Device::host, out_bytes_);
-    stats_.bytes_to_device += out_bytes_;
+    if (out_bytes_ > 0) {
+      b_.copy(dev_out_, device_, host_out_, Device::host, out_bytes_);
+      stats_.bytes_to_device += out_bytes_;
+    }
+    done_ = true;  // only once the data is on the device
   }
-  WorkPtr inner_;
+  std::vector<unsigned char> in_, out_;  // kept alive until the operation completes (inner_ is destroyed first)
   Backend& b_;
-  std::vector<unsigned char> in_, out_;  // kept alive until the operation completes
   void* dev_out_;
   const unsigned char* host_out_;
   std::size_t out_bytes_;
   Device device_;
   Communicator::StagingStats& stats_;
   bool done_ = false;
+  WorkPtr inner_;  // last: destroyed (waited) before the host buffers it reads and writes
 };
 
 }  // namespace

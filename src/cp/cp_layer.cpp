@@ -18,11 +18,22 @@ void CpAttentionLayer::reshard(CpShard shard) {
                shard.P, " but the communicator is rank ", comm_.rank(), " of ", comm_.size());
   shard_ = std::move(shard);
   ++generation_;
+  backend_ = &active_backend();
   on_reshard();
+}
+
+void CpAttentionLayer::check_memory() const {
+  const Backend& b = active_backend();
+  DIFFCP_CHECK(&b == backend_, name(), ": the active backend is '", b.name(), "', but the layer's buffers were sized on '",
+               backend_->name(), "' (reshard() under the backend that runs the layer)");
+  DIFFCP_CHECK(comm_.device() == b.device(), name(), ": the communicator '", comm_.name(), "' works on ",
+               device_name(comm_.device()), " memory, the backend '", b.name(), "' on ", device_name(b.device()),
+               " memory: set_device(", device_name(b.device()), ") on the communicator");
 }
 
 CpSaved CpAttentionLayer::forward(const AttnLayerParams& w, ConstTensorView x_p, ConstTensorView ctx_p, TensorView y_p) {
   const std::int64_t Qp = shard_.own_query_rows(), Cp = shard_.context_rows(), H = cfg_.hidden;
+  check_memory();
   const Device device = active_backend().device();
   check_view("x_p", x_p, dtype(), {Qp, H}, device);
   check_view("ctx_p", ctx_p, dtype(), {Cp, H}, device);
@@ -51,6 +62,7 @@ std::unique_ptr<CpSavedState> CpAttentionLayer::take_state(CpSaved& saved, const
 void CpAttentionLayer::backward(CpSaved&& saved, const AttnLayerParams& w, ConstTensorView dy_p, TensorView dx_p,
                                 TensorView dctx_p, AttnLayerParams& grad) {
   const std::int64_t Qp = shard_.own_query_rows(), Cp = shard_.context_rows(), H = cfg_.hidden;
+  check_memory();
   const Device device = active_backend().device();
   check_view("dy_p", dy_p, dtype(), {Qp, H}, device);
   check_view("dx_p", dx_p, dtype(), {Qp, H}, device);

@@ -60,24 +60,24 @@ void CpuBackend::fill(TensorView x_v, float value) {
   if (x_v.dtype == DType::bf16) {
     const bf16_t v{f32_to_bf16(value)};
     bf16_t* x = x_v.ptr<bf16_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > (1 << 15))
     for (std::int64_t i = 0; i < n; ++i) x[i] = v;
     return;
   }
   float* x = x_v.ptr<float>();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
   for (std::int64_t i = 0; i < n; ++i) x[i] = value;
 }
 
 // src -> dst: [n], or [rows, cols] with row strides: f32 -> bf16 (round to nearest even), bf16 ->
-// f32, or a copy. OpenMP over 64k-element pieces of the rows.
+// f32, or a copy. OpenMP over 64k-element pieces of the rows, from 32k elements on.
 void CpuBackend::convert(ConstTensorView src, TensorView dst) {
   const bool flat = src.is_contiguous() && dst.is_contiguous();
   const std::int64_t rows = flat || src.rank < 2 ? 1 : src.size(0), cols = flat || src.rank < 2 ? src.numel() : src.size(1);
   const std::int64_t ld_src = flat || src.rank < 2 ? 0 : src.stride[0], ld_dst = flat || src.rank < 2 ? 0 : dst.stride[0];
   const std::int64_t piece = 1 << 16, pieces = (cols + piece - 1) / piece, es = src.element_size(),
                      ed = dst.element_size();
-#pragma omp parallel for collapse(2) schedule(static) if (rows * pieces > 1)
+#pragma omp parallel for collapse(2) schedule(static) if (rows * cols > (1 << 15))
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < pieces; ++c) {
       const std::int64_t i = c * piece, m = std::min(piece, cols - i);

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -20,15 +21,22 @@ std::size_t page_size() {
   return p;
 }
 
-// A fault is the expected way a host touch of guard memory shows itself: say so, then die of it.
+struct sigaction g_previous_segv {};
+
+// A fault is the expected way a host touch of guard memory shows itself: say so (write(2) only:
+// async-signal-safe), then hand the fault to the previous handler (returning re-runs the access).
 void on_segv(int, siginfo_t* info, void*) {
-  char line[320];
-  const int n = std::snprintf(line, sizeof line,
-                              "guard device: SIGSEGV at %p: host code touched memory it may not (guard device memory "
-                              "is only accessible inside the backend's ops; testing/guard_backend.hpp)\n",
-                              info->si_addr);
-  if (n > 0) (void)!write(STDERR_FILENO, line, static_cast<std::size_t>(n));
-  signal(SIGSEGV, SIG_DFL);  // returning re-runs the access, which now kills the process
+  static const char head[] = "guard device: SIGSEGV at 0x";
+  static const char tail[] =
+      ": host code touched guard device memory (only accessible inside the backend's ops; "
+      "testing/guard_backend.hpp), or another invalid address\n";
+  char hex[2 * sizeof(std::uintptr_t)];
+  auto a = reinterpret_cast<std::uintptr_t>(info->si_addr);
+  for (int i = static_cast<int>(sizeof hex) - 1; i >= 0; --i, a >>= 4) hex[i] = "0123456789abcdef"[a & 15];
+  (void)!write(STDERR_FILENO, head, sizeof head - 1);
+  (void)!write(STDERR_FILENO, hex, sizeof hex);
+  (void)!write(STDERR_FILENO, tail, sizeof tail - 1);
+  sigaction(SIGSEGV, &g_previous_segv, nullptr);
 }
 
 // Elements a strided view spans, from its first to its last element.
@@ -46,20 +54,24 @@ class GuardBackend::Open {
  public:
   explicit Open(GuardBackend& g) : g_(g) {
     std::lock_guard<std::mutex> lock(g_.mu_);
-    if (g_.open_depth_++ == 0) protect(PROT_READ | PROT_WRITE);
+    if (g_.open_depth_ == 0 && !protect(PROT_READ | PROT_WRITE)) {
+      protect(PROT_NONE);
+      DIFFCP_FAIL("guard: mprotect failed: ", std::strerror(errno));
+    }
+    ++g_.open_depth_;
   }
   ~Open() {
     std::lock_guard<std::mutex> lock(g_.mu_);
-    if (--g_.open_depth_ == 0) protect(PROT_NONE);
+    if (--g_.open_depth_ == 0 && !protect(PROT_NONE)) std::abort();  // memory left open: the guard is void
   }
   Open(const Open&) = delete;
   Open& operator=(const Open&) = delete;
 
  private:
-  void protect(int prot) {
-    for (const auto& [start, bytes] : g_.buffers_)
-      DIFFCP_CHECK(mprotect(reinterpret_cast<void*>(start), bytes, prot) == 0, "guard: mprotect failed: ",
-                   std::strerror(errno));
+  bool protect(int prot) {
+    bool ok = true;
+    for (const auto& [user, r] : g_.buffers_) ok = mprotect(reinterpret_cast<void*>(r.base), r.span, prot) == 0 && ok;
+    return ok;
   }
   GuardBackend& g_;
 };
@@ -69,20 +81,24 @@ GuardBackend::GuardBackend() {
   sa.sa_sigaction = on_segv;
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGSEGV, &sa, nullptr);
+  sigaction(SIGSEGV, &sa, &g_previous_segv);
 }
 
 std::string GuardBackend::describe(DType dtype) const { return "guard device over " + cpu_backend().describe(dtype); }
 
+// The buffer ends (64-byte aligned) at the end of its pages, followed by one page that is never
+// opened: an overrun past the 64-byte-rounded end faults even inside an op.
 void* GuardBackend::allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
-  const std::size_t mapped = (bytes + page_size() - 1) / page_size() * page_size();
+  const std::size_t span = (bytes + page_size() - 1) / page_size() * page_size();
   std::lock_guard<std::mutex> lock(mu_);
-  void* p = mmap(nullptr, mapped, open_depth_ > 0 ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS,
-                 -1, 0);
+  void* p = mmap(nullptr, span + page_size(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   DIFFCP_CHECK(p != MAP_FAILED, "guard: cannot map ", bytes, " bytes: ", std::strerror(errno));
-  buffers_[reinterpret_cast<std::uintptr_t>(p)] = mapped;
-  return p;
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  if (open_depth_ > 0) mprotect(p, span, PROT_READ | PROT_WRITE);
+  const std::uintptr_t user = base + span - (bytes + 63) / 64 * 64;
+  buffers_[user] = {base, span, bytes};
+  return reinterpret_cast<void*>(user);
 }
 
 void GuardBackend::deallocate(void* p, std::size_t) noexcept {
@@ -90,7 +106,7 @@ void GuardBackend::deallocate(void* p, std::size_t) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = buffers_.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == buffers_.end()) return;  // not ours: nothing to free (a Buffer only frees what it allocated)
-  munmap(p, it->second);
+  munmap(reinterpret_cast<void*>(it->second.base), it->second.span + page_size());
   buffers_.erase(it);
 }
 
@@ -100,7 +116,7 @@ bool GuardBackend::owns(const void* p, std::size_t bytes) const {
   auto it = buffers_.upper_bound(a);
   if (it == buffers_.begin()) return false;
   --it;
-  return a >= it->first && a + bytes <= it->first + it->second;
+  return a >= it->first && a + bytes <= it->first + it->second.bytes;
 }
 
 void GuardBackend::check_range(const char* op, const char* what, const void* p, std::size_t bytes) const {
@@ -128,6 +144,12 @@ void GuardBackend::copy(void* dst, Device dst_device, const void* src, Device sr
   if (bytes == 0) return;
   if (src_device == Device::guard) check_range("copy", "src", src, bytes);
   if (dst_device == Device::guard) check_range("copy", "dst", dst, bytes);
+  // A side labelled host must be host memory (a device pointer in a host view is a bug a GPU
+  // would not forgive).
+  DIFFCP_CHECK(src_device == Device::guard || !owns(src, 1), "guard: copy: src ", src,
+               " is guard device memory in a view labelled host");
+  DIFFCP_CHECK(dst_device == Device::guard || !owns(dst, 1), "guard: copy: dst ", dst,
+               " is guard device memory in a view labelled host");
   {
     Open open(*this);
     std::memcpy(dst, src, bytes);

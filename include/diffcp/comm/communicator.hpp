@@ -51,8 +51,9 @@
 // the pointers as they are. Otherwise the base class stages: it copies the send data to host
 // buffers through the active backend's copy, runs the operation on them (a hierarchical one always
 // runs on host buffers: its node sums are host code), and copies the received data back when the
-// operation completes (wait / test). Those copies are counted in staging(), apart from the
-// network bytes above, which stay the same.
+// operation completes (wait / test): all of a recv's `count` elements, so a staged recv needs the
+// exact size the sender sends. Those copies are counted in staging(), apart from the network
+// bytes above, which stay the same.
 //
 // Watchdog (comm/watchdog.cpp). While watchdog_timeout() > 0, every operation must complete within
 // that many seconds of being issued; otherwise its wait()/test() asks the other ranks where they
@@ -185,7 +186,7 @@ class Communicator {
 
   // ---- device memory (see the header comment) ----
   // Where the pointers given to this communicator's operations point: the host (default) or the
-  // device of the backend active when an operation is issued (checked then).
+  // device of the backend active when an operation is issued (checked when it is staged).
   void set_device(Device d) { device_ = d; }
   Device device() const { return device_; }
   // Whether the backend reads and writes memory of `d` itself. Default: the host only (MPI

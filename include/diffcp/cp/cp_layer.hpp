@@ -6,8 +6,10 @@
 // owns (contiguous even block ranges, rank order = block order), ctx_p [C_p, H] = the context
 // rows of its chunks (chunk order). Outputs: y_p, dx_p [Q_p, H], dctx_p [C_p, H], and this rank's
 // share of the parameter gradients (sum over the group with allreduce_grads). Every tensor is a
-// contiguous host view of the layer's dtype() (f32), checked at the boundary: a wrong shape or
-// dtype is a diffcp::Error naming the tensor. Inside, a method computes and communicates in its
+// contiguous view of the layer's dtype() (f32) in the active backend's memory, checked at the
+// boundary: a wrong shape, dtype or device is a diffcp::Error naming the tensor. The layer runs on
+// the backend active at its last reshard() (its buffers live there), and its communicator must
+// work on that backend's memory (Communicator::set_device); forward() and backward() check both. Inside, a method computes and communicates in its
 // compute() dtype: f32, or bf16 (bf16 kernels and payloads, f32 accumulation; each method's header
 // says which of its tensors stay f32).
 //
@@ -32,6 +34,7 @@
 #include "diffcp/comm/communicator.hpp"
 #include "diffcp/core/tensor.hpp"
 #include "diffcp/cp/attention_layer.hpp"
+#include "diffcp/ops/backend.hpp"
 
 namespace diffcp {
 
@@ -137,7 +140,10 @@ class CpAttentionLayer {
 
  private:
   std::unique_ptr<CpSavedState> take_state(CpSaved& saved, const char* what, bool any_generation) const;
+  // The active backend is the one of the last reshard(), and the communicator works on its memory.
+  void check_memory() const;
   std::uint64_t generation_ = 0;
+  const Backend* backend_ = nullptr;  // active at the last reshard(): the buffers live in its memory
   std::unique_ptr<CpSavedState> spare_;  // the pool: one state, in use between forward and backward
 };
 

@@ -99,10 +99,12 @@ class Backend {
   // `bytes` of device() memory, 64-byte aligned, uninitialised; bytes = 0 gives nullptr.
   // Default: the host heap. Prefer Buffer (ops/buffer.hpp), which frees it.
   virtual void* allocate(std::size_t bytes);
-  // Frees what allocate(bytes) returned (nullptr: nothing).
+  // Frees what allocate(bytes) returned (nullptr: nothing). Ordered after the ops issued before
+  // it (a queued op may still read the memory: an asynchronous backend frees it in queue order).
   virtual void deallocate(void* p, std::size_t bytes) noexcept;
   // Copies `bytes` from src to dst; each side is host memory or device() memory, as named.
-  // Ordered after the ops issued before it; a copy to the host is complete when it returns.
+  // Ordered after the ops issued before it; when it returns, a host source may be reused and a
+  // host destination holds the data.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
   // Waits until every op issued so far has finished. The ops of one backend run in the order they
   // are issued (one queue); the CPU's ops have finished when they return, so its synchronize()

@@ -60,11 +60,20 @@ class Buffer {
 
 // A typed, resizable Buffer for a layer's scratch and saved activations, in the active backend's
 // memory: resize(n) sets the size and reallocates only to grow, or when another backend has become
-// the active one (contents are not kept then), so steps of repeating shapes allocate nothing. data() / begin() / end() are device pointers: hand them to ops
+// the active one; unlike std::vector it neither keeps the contents when it reallocates nor zeroes
+// new elements. Steps of repeating shapes allocate nothing. data() / begin() / end() are device pointers: hand them to ops
 // and collectives, never dereference them on the host unless the backend is the host's.
 template <typename T>
 class DeviceVector {
  public:
+  DeviceVector() = default;
+  DeviceVector(DeviceVector&& o) noexcept : buf_(static_cast<Buffer&&>(o.buf_)), size_(o.size_) { o.size_ = 0; }
+  DeviceVector& operator=(DeviceVector&& o) noexcept {
+    buf_ = static_cast<Buffer&&>(o.buf_);
+    size_ = o.size_;
+    o.size_ = 0;
+    return *this;
+  }
   // Returns whether it had to allocate (the layers count their allocations).
   bool resize(std::int64_t n) {
     const bool moves = buf_.backend() != &active_backend(), grows = n > (moves ? 0 : buf_.numel());

@@ -2,10 +2,12 @@
 //
 // Its buffers are host pages kept PROT_NONE (mprotect) except while one of its own ops or copies
 // runs, so any host code that reads or writes device memory between ops faults at once (SIGSEGV,
-// after a line on stderr naming the guard device). Its ops forward to the CPU backend, so they
-// compute exactly what the CPU computes; before each, every tensor argument is checked to lie
-// inside one of its buffers ("guard: gemm: A ... is not guard device memory"), as a GPU would
-// fault on a host pointer. A code path that runs on the guard device therefore keeps its data on
+// after a line on stderr naming the guard device; the fault then goes to the previous handler).
+// Each buffer ends at the end of its pages, followed by a page that is never opened. Its ops
+// forward to the CPU backend, so they compute exactly what the CPU computes; before each, every
+// tensor argument is checked to lie inside the bytes one of its buffers was allocated with
+// ("guard: gemm: A ... is not guard device memory"), as a GPU would fault on a host pointer; a
+// copy refuses guard memory on a side labelled host. A code path that runs on the guard device therefore keeps its data on
 // the device, moves it only through the backend's copies, and would run on a GPU backend as it is.
 //
 // Host-side op parameters stay on the host, as a GPU backend receives them: the BlockMask, the
@@ -84,8 +86,12 @@ class GuardBackend final : public Backend {
   View checked(const char* op, const char* what, View t) const;  // a host-labelled copy of `t`, after the range check
   void check_range(const char* op, const char* what, const void* p, std::size_t bytes) const;
 
+  struct Region {
+    std::uintptr_t base;  // the mapping: `span` bytes of the buffer's pages, then one page never opened
+    std::size_t span, bytes;  // bytes: what was asked for (the range checks use it)
+  };
   mutable std::mutex mu_;
-  std::map<std::uintptr_t, std::size_t> buffers_;  // start -> mapped bytes
+  std::map<std::uintptr_t, Region> buffers_;  // the pointer handed out -> its region
   int open_depth_ = 0;
   Counters counters_;
 };
