@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "diffcp/comm/communicator.hpp"
+#include "diffcp/comm/tapa.hpp"
 #include "diffcp/ops/buffer.hpp"
 #include "diffcp/testing/guard_backend.hpp"
 #include "error_of.hpp"
@@ -135,6 +136,48 @@ TEST_P(CommOnDevice, EveryOperationStagesThroughTheHostAndEqualsTheHostRun) {
 
 INSTANTIATE_TEST_SUITE_P(Algo, CommOnDevice, ::testing::Values(CollAlgo::flat, CollAlgo::hierarchical),
                          [](const auto& info) { return std::string(coll_algo_name(info.param)); });
+
+// TAPA (comm/tapa.hpp) on device memory: its phase-1 output lives on the device, the blocks that
+// stay on a rank are copied by the backend, and both phases stage through the host. Every group
+// size L that divides P, uniform and uneven counts: bitwise the host run's result.
+TEST(CommOnDevice, TapaAllToAllEqualsTheHostRun) {
+  const int P = test::world().size(), me = test::world().rank();
+  for (int L = 1; L <= P; ++L) {
+    if (P % L != 0) continue;
+    SCOPED_TRACE("L = " + std::to_string(L));
+    TapaAllToAll tapa(test::world(), L);
+    Counts send(static_cast<std::size_t>(P)), recv(send.size());
+    for (int r = 0; r < P; ++r) {
+      send[static_cast<std::size_t>(r)] = static_cast<std::size_t>((me + 2 * r) % 4);  // zeros included
+      recv[static_cast<std::size_t>(r)] = static_cast<std::size_t>((r + 2 * me) % 4);
+    }
+    const std::size_t ns = std::accumulate(send.begin(), send.end(), std::size_t{0}),
+                      nr = std::accumulate(recv.begin(), recv.end(), std::size_t{0});
+    const auto exchange = [&](Backend& b, bool uneven) {
+      ScopedBackend use(b);
+      tapa.set_device(b.device());
+      const std::size_t n_send = uneven ? ns : 3 * static_cast<std::size_t>(P), n_recv = uneven ? nr : n_send;
+      std::vector<float> init(n_send);
+      for (std::size_t j = 0; j < init.size(); ++j) init[j] = static_cast<float>(1000 * me + j);
+      Buffer in = to_device(std::span<const float>(init), b);
+      Buffer out(DType::f32, static_cast<std::int64_t>(n_recv), b);
+      if (uneven)
+        tapa.all_to_all_v(in.data(), send, out.data(), recv, DType::f32);
+      else
+        tapa.all_to_all(in.data(), out.data(), 3, DType::f32);
+      tapa.set_device(Device::host);
+      return to_host<float>(out.view());
+    };
+    for (bool uneven : {false, true}) {
+      SCOPED_TRACE(uneven ? "all_to_all_v" : "all_to_all");
+      const std::uint64_t staged = tapa.intra().staging().calls + tapa.inter().staging().calls;
+      const std::vector<float> host = exchange(cpu_backend(), uneven);
+      EXPECT_EQ(tapa.intra().staging().calls + tapa.inter().staging().calls, staged);
+      EXPECT_EQ(exchange(guard_backend(), uneven), host);
+      EXPECT_GT(tapa.intra().staging().calls + tapa.inter().staging().calls, staged);
+    }
+  }
+}
 
 TEST(CommOnDevice, ADeviceOtherThanTheActiveBackendsIsRefused) {
   std::unique_ptr<Communicator> c = test::world().split(0, test::world().rank(), "device");

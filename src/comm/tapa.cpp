@@ -17,13 +17,14 @@ void check_group_size(int P, int L) {
 // Phase 2 owns the phase-1 output until the inter all-to-all-v that reads it completes.
 class Phase2Work final : public Work {
  public:
-  Phase2Work(std::unique_ptr<std::byte[]> staged, WorkPtr inner)
-      : staged_(std::move(staged)), inner_(std::move(inner)) {}
+  Phase2Work(std::unique_ptr<std::byte[]> staged, Buffer staged_dev, WorkPtr inner)
+      : staged_(std::move(staged)), staged_dev_(std::move(staged_dev)), inner_(std::move(inner)) {}
   void wait() override { inner_->wait(); }
   bool test() override { return inner_->test(); }
 
  private:
   std::unique_ptr<std::byte[]> staged_;  // before inner_: destroyed after inner_ has waited
+  Buffer staged_dev_;
   WorkPtr inner_;
 };
 
@@ -126,13 +127,20 @@ TapaPlan TapaAllToAll::make_plan(int P, int L, std::vector<std::size_t> send_cou
   return plan;
 }
 
+void TapaAllToAll::set_device(Device d) {
+  intra_->set_device(d);
+  inter_->set_device(d);
+}
+
 TapaPlan TapaAllToAll::plan(std::span<const std::size_t> send_counts,
                             std::span<const std::size_t> recv_counts) {
   DIFFCP_CHECK(send_counts.size() == uz(P_) && recv_counts.size() == uz(P_), "TAPA plan: got ",
                send_counts.size(), " send and ", recv_counts.size(),
                " recv counts, expected one per rank (P = ", P_, ")");
   const std::size_t G = uz(num_groups()), L = uz(L_);
-  // Count exchange: mate j gets send_counts[h*L + j] for h in [0, G), i.e. out is [L][G].
+  // Count exchange: mate j gets send_counts[h*L + j] for h in [0, G), i.e. out is [L][G] (host
+  // metadata, whatever the exchange's device).
+  const ScopedCommDevice on_host(*intra_, Device::host);
   std::vector<std::uint64_t> out(L * G), in(L * G);
   for (std::size_t j = 0; j < L; ++j)
     for (std::size_t h = 0; h < G; ++h) out[j * G + h] = send_counts[h * L + j];
@@ -163,8 +171,12 @@ TapaPhase1 TapaAllToAll::phase1_async(const TapaPlan& plan, const void* send, DT
   p1.phase2_send_counts_ = plan.phase2_send_counts_;
   p1.phase2_recv_counts_ = plan.phase2_recv_counts_;
   p1.staged_bytes_ = plan.staged_total_ * es;
-  p1.staged_.reset(new std::byte[p1.staged_bytes_]);  // default-initialised: no page touched yet
-  std::byte* staged = p1.staged_.get();
+  const Device device = this->device();
+  if (device == Device::host)
+    p1.staged_.reset(new std::byte[p1.staged_bytes_]);  // default-initialised: no page touched yet
+  else
+    p1.staged_dev_ = Buffer(DType::u8, static_cast<std::int64_t>(p1.staged_bytes_));
+  std::byte* staged = p1.staged();
   const auto* src = static_cast<const std::byte*>(send);
   // One message per non-empty block, tag h (the destination group): a mate's G blocks are
   // neither contiguous in `send` nor in the staged layout. Receives first, so eager messages
@@ -186,20 +198,27 @@ TapaPhase1 TapaAllToAll::phase1_async(const TapaPlan& plan, const void* send, DT
   // The blocks to local index i stay on this rank: block (g, i) -> (h, i) is staged index h*L + i.
   for (std::size_t h = 0; h < G; ++h) {
     const std::size_t d = h * L + i, n = plan.send_counts_[d];
-    if (n > 0) std::memcpy(staged + plan.staged_offsets_[d] * es, src + plan.send_offsets_[d] * es, n * es);
+    if (n == 0) continue;
+    if (device == Device::host)
+      std::memcpy(staged + plan.staged_offsets_[d] * es, src + plan.send_offsets_[d] * es, n * es);
+    else
+      active_backend().copy(staged + plan.staged_offsets_[d] * es, device, src + plan.send_offsets_[d] * es, device,
+                            n * es);
   }
   return p1;
 }
 
 WorkPtr TapaAllToAll::phase2_async(TapaPhase1&& p1, void* recv) {
-  DIFFCP_CHECK(p1.staged_ != nullptr, "TAPA phase 2: this phase-1 handle was already consumed");
+  DIFFCP_CHECK(!p1.consumed_ && (p1.staged() != nullptr || p1.staged_bytes_ == 0),
+               "TAPA phase 2: this phase-1 handle was already consumed");
   DIFFCP_CHECK(p1.phase2_send_counts_.size() == uz(num_groups()), "TAPA phase 2: the phase-1 handle has ",
                p1.phase2_send_counts_.size(), " groups, this exchange ", num_groups());
   p1.wait();
-  WorkPtr w = inter_->all_to_all_v_async(p1.staged_.get(), p1.phase2_send_counts_, recv,
+  WorkPtr w = inter_->all_to_all_v_async(p1.staged(), p1.phase2_send_counts_, recv,
                                          p1.phase2_recv_counts_, p1.type_);
   p1.staged_bytes_ = 0;  // output() of the consumed handle is empty
-  return std::make_unique<Phase2Work>(std::move(p1.staged_), std::move(w));
+  p1.consumed_ = true;
+  return std::make_unique<Phase2Work>(std::move(p1.staged_), std::move(p1.staged_dev_), std::move(w));
 }
 
 void TapaAllToAll::phase2(TapaPhase1&& p1, void* recv) { phase2_async(std::move(p1), recv)->wait(); }

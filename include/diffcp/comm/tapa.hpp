@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "diffcp/comm/communicator.hpp"
+#include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
 
@@ -101,7 +102,8 @@ class TapaPhase1 {
   // The phase-1 output: [TapaPlan::phase1_output_count()] elements of the exchange's type, P
   // blocks laid out [h][j] (block (g, j) -> (h, i) at index h*L + j, see the file comment), as raw
   // bytes; valid after wait() (V-Major, SPEC B.4, reads V's here).
-  std::span<const std::byte> output() const { return {staged_.get(), staged_bytes_}; }
+  // In the exchange's device memory (TapaAllToAll::set_device).
+  std::span<const std::byte> output() const { return {staged(), staged_bytes_}; }
 
  private:
   friend class TapaAllToAll;
@@ -110,9 +112,13 @@ class TapaPhase1 {
   // What phase 2 needs of the plan, copied (G entries each) so the plan need not outlive phase 1.
   std::vector<std::size_t> phase2_send_counts_, phase2_recv_counts_;
   // Declared before works_: members die in reverse order, so the works (which wait for their
-  // messages on destruction) go before the buffer they write.
+  // messages on destruction) go before the buffer they write. Host memory, or (an exchange on a
+  // device) a Buffer of the active backend.
+  std::byte* staged() const { return staged_dev_.data() ? static_cast<std::byte*>(staged_dev_.data()) : staged_.get(); }
   std::unique_ptr<std::byte[]> staged_;
+  Buffer staged_dev_;
   std::size_t staged_bytes_ = 0;
+  bool consumed_ = false;  // by phase 2
   std::vector<WorkPtr> works_;
 };
 
@@ -138,6 +144,11 @@ class TapaAllToAll {
   int local_index() const { return local_; }  // i = rank % L
 
   // The sub-communicators and their counters: "inside group" and "across groups" bytes.
+  // Where the send and receive buffers of the exchanges live (Communicator::set_device of the
+  // group communicators; the phase-1 output is allocated there and the blocks that stay on this
+  // rank are copied by the active backend). Default: the host.
+  void set_device(Device d);
+  Device device() const { return intra_->device(); }
   Communicator& intra() { return *intra_; }  // size L, rank i
   Communicator& inter() { return *inter_; }  // size G, rank g
   const CommStats& intra_stats() const { return intra_->stats(); }
