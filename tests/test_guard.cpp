@@ -219,6 +219,15 @@ std::vector<OpCase> op_cases() {
                      lse_merge(parts, lses, rows_of<float>(t[4], 6, 2, 8), {F(t[5]), 12});
                      lse_rescale(rows_of<float>(t[0], 6, 2, 8), {F(t[2]), 12}, {F(t[5]), 12});
                    }});
+  cases.push_back({"gather / scatter rows", {OpKind::gather_rows, OpKind::scatter_rows},
+                   {{f, 9 * 12}, {h, 4 * 10}, {f, 4 * 5}, {f, 9 * 12}}, [](Backend&, auto& t) {
+                     const std::int64_t rows[] = {8, 0, 3, 3};
+                     gather_rows(F(t[0]) + 2, 9, 12, rows, 5, H(t[1]), DType::bf16, 10);   // rounded to bf16
+                     gather_rows(F(t[0]) + 1, 9, 12, rows, 5, F(t[2]), DType::f32, 5);
+                     const std::int64_t distinct[] = {7, 1, 4, 0};
+                     scatter_rows(H(t[1]), DType::bf16, 10, distinct, 5, F(t[3]) + 6, 9, 12);  // widened
+                     scatter_rows(F(t[2]), DType::f32, 5, distinct, 3, F(t[3]), 9, 12);
+                   }});
   cases.push_back({"lse shift", {OpKind::lse_shift}, {{f, 40}, {f, 40}, {f, 40}}, [](Backend& b, auto& t) {
                      fill(F(t[1]) + 7, 3, -std::numeric_limits<float>::infinity());  // rows no rank saw
                      device_copy(F(t[2]), F(t[0]), 40);

@@ -5,7 +5,7 @@
 namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 // f32 everywhere; bf16 (f32 accumulation, f32 lse / delta) on GEMM and attention, and bf16
-// memory ops (fill, convert).
+// memory ops (fill, convert, row gather / scatter).
 bool CpuBackend::supports(OpKind op, DType dtype) const {
   if (dtype == DType::f32) return true;
   if (dtype != DType::bf16) return false;
@@ -15,7 +15,9 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
     case OpKind::attention_backward:
     case OpKind::attention_delta:
     case OpKind::fill:
-    case OpKind::convert: return true;
+    case OpKind::convert:
+    case OpKind::gather_rows:
+    case OpKind::scatter_rows: return true;
     default: return false;
   }
 }

@@ -48,6 +48,8 @@ class CpuBackend final : public Backend {
   void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args) override;
   void fill(TensorView x, float value) override;
   void convert(ConstTensorView src, TensorView dst) override;
+  void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
+  void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
   void gelu_tanh(TensorView x) override;
   void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
                           TensorView y) override;

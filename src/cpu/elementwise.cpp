@@ -94,6 +94,38 @@ void CpuBackend::convert(ConstTensorView src, TensorView dst) {
   }
 }
 
+namespace {
+// n elements from `from` (dtype f) to `to` (dtype t): a copy, or f32 <-> bf16.
+void convert_n(const void* from, DType f, void* to, DType t, std::int64_t n) {
+  if (f == t)
+    std::memcpy(to, from, static_cast<std::size_t>(n) * dtype_size(f));
+  else if (t == DType::bf16)
+    convert_to_bf16(static_cast<const float*>(from), static_cast<bf16_t*>(to), n);
+  else
+    convert_to_f32(static_cast<const bf16_t*>(from), static_cast<float*>(to), n);
+}
+}  // namespace
+
+// src: [M, w], rows: [n], dst: [n, w]: dst[i] = src[rows[i]]
+void CpuBackend::gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) {
+  const std::int64_t n = static_cast<std::int64_t>(rows.size()), w = dst.size(1);
+  const std::size_t es = src.element_size(), ed = dst.element_size();
+#pragma omp parallel for schedule(static) if (n * w > (1 << 15))
+  for (std::int64_t i = 0; i < n; ++i)
+    convert_n(static_cast<const char*>(src.data) + rows[static_cast<std::size_t>(i)] * src.stride[0] * es, src.dtype,
+              static_cast<char*>(dst.data) + i * dst.stride[0] * ed, dst.dtype, w);
+}
+
+// src: [n, w], rows: [n], dst: [M, w]: dst[rows[i]] = src[i]
+void CpuBackend::scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) {
+  const std::int64_t n = static_cast<std::int64_t>(rows.size()), w = src.size(1);
+  const std::size_t es = src.element_size(), ed = dst.element_size();
+#pragma omp parallel for schedule(static) if (n * w > (1 << 15))
+  for (std::int64_t i = 0; i < n; ++i)
+    convert_n(static_cast<const char*>(src.data) + i * src.stride[0] * es, src.dtype,
+              static_cast<char*>(dst.data) + rows[static_cast<std::size_t>(i)] * dst.stride[0] * ed, dst.dtype, w);
+}
+
 // x: [rows, cols] (row stride ld) in place
 void CpuBackend::gelu_tanh(TensorView x_v) {
   float* x = x_v.ptr<float>();

@@ -1,5 +1,7 @@
 #include "diffcp/dit/exchange.hpp"
 
+#include "diffcp/ops/buffer.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -89,12 +91,12 @@ void AttentionExchange::seq_to_head(HeadRows<const float> qkv) {
   check_qkv(qkv);
   const ExchangeLayout& l = layout_;
   const std::int64_t hp = l.heads / P_, h = hd(), bn = l.batch * l.tokens_p;
-  // send: [P][b n_p][3][hd]: for destination r, each token's q, k, v slices of r's heads.
-#pragma omp parallel for schedule(static)
+  // send: [P][b n_p][3][hd]: for destination r, each token's q, k, v slices of r's heads (a row
+  // gather per (r, c), rounded to the wire dtype).
   for (std::int64_t r = 0; r < P_; ++r)
-    for (std::int64_t i = 0; i < bn; ++i)
-      for (std::int64_t c = 0; c < 3; ++c)
-        to_wire(qkv.at(l.rows[static_cast<std::size_t>(i)], c * l.heads + r * hp), wire_at(send_.data(), ((r * bn + i) * 3 + c) * h), h);
+    for (std::int64_t c = 0; c < 3; ++c)
+      gather_rows(qkv.at(0, c * l.heads + r * hp), qkv.rows, qkv.row_stride, l.rows, h,
+                  wire_at(send_.data(), (r * bn * 3 + c) * h), wire(), 3 * h);
   timed_all_to_all(send_.data(), qkv_head_.data(), static_cast<std::size_t>(bn * 3 * h));
 }
 
@@ -120,11 +122,11 @@ void AttentionExchange::head_to_seq(HeadRows<float> out) {
   const std::int64_t hp = l.heads / P_, h = hd(), bn = l.batch * l.tokens_p;
   // o rows of source rank r are contiguous in head layout: block r goes back to rank r.
   timed_all_to_all(o_head_.data(), o_recv_.data(), static_cast<std::size_t>(bn * h));
-  // o_recv: [P][b n_p][hd]: from rank r, this rank's tokens' outputs of r's heads.
-#pragma omp parallel for schedule(static)
+  // o_recv: [P][b n_p][hd]: from rank r, this rank's tokens' outputs of r's heads (a row scatter
+  // per r, widened to f32).
   for (std::int64_t r = 0; r < P_; ++r)
-    for (std::int64_t i = 0; i < bn; ++i)
-      from_wire(wire_at(o_recv_.data(), (r * bn + i) * h), out.at(l.rows[static_cast<std::size_t>(i)], r * hp), h);
+    scatter_rows(wire_at(o_recv_.data(), r * bn * h), wire(), h, l.rows, h, out.at(0, r * hp), out.rows,
+                 out.row_stride);
 }
 
 void AttentionExchange::set_compute(DType compute) {

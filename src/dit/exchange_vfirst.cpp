@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "diffcp/core/error.hpp"
+#include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
 
@@ -16,11 +17,11 @@ void VFirstExchange::start_v(HeadRows<const float> qkv) {
   DIFFCP_CHECK(!v_p1_, "V-First: start_v() called twice without attention() in between");
   const ExchangeLayout& l = layout();
   const std::int64_t P = size(), hp = l.heads / P, h = hd(), bn = tokens();
-  v_send_.resize(static_cast<std::size_t>(P * bn * h));
+  v_send_.resize(P * bn * h);
   // v_send: [P][b n_p][hd]: for destination r, each token's v slice of r's heads.
   for (std::int64_t r = 0; r < P; ++r)
-    for (std::int64_t i = 0; i < bn; ++i)
-      to_wire(qkv.at(l.rows[static_cast<std::size_t>(i)], 2 * l.heads + r * hp), wire_at(v_send_.data(), (r * bn + i) * h), h);
+    gather_rows(qkv.at(0, 2 * l.heads + r * hp), qkv.rows, qkv.row_stride, l.rows, h,
+                wire_at(v_send_.data(), r * bn * h), wire(), h);
   v_before_ = counters();
   const double t0 = now_ms();
   v_p1_.emplace(tapa_.phase1_async(tapa_.plan_uniform(static_cast<std::size_t>(bn * h)), v_send_.data(), wire()));
@@ -50,12 +51,12 @@ void VFirstExchange::wait_v() {
 void VFirstExchange::pack_qk(HeadRows<const float> qkv, const std::int32_t* active, std::int64_t count, void* dst) const {
   const ExchangeLayout& l = layout();
   const std::int64_t P = size(), hp = l.heads / P, h = hd();
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(count));  // host metadata: the local rows packed
+  for (std::int64_t a = 0; a < count; ++a) rows[static_cast<std::size_t>(a)] = l.rows[static_cast<std::size_t>(active ? active[a] : a)];
   for (std::int64_t r = 0; r < P; ++r)
-    for (std::int64_t a = 0; a < count; ++a) {
-      const std::int64_t row = l.rows[static_cast<std::size_t>(active ? active[a] : a)];
-      for (std::int64_t c = 0; c < 2; ++c)
-        to_wire(qkv.at(row, c * l.heads + r * hp), wire_at(dst, ((r * count + a) * 2 + c) * h), h);
-    }
+    for (std::int64_t c = 0; c < 2; ++c)
+      gather_rows(qkv.at(0, c * l.heads + r * hp), qkv.rows, qkv.row_stride, rows, h,
+                  wire_at(dst, (r * count * 2 + c) * h), wire(), 2 * h);
 }
 
 void VFirstExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
@@ -67,9 +68,9 @@ void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, std::vector<std::by
   check_qkv(qkv);
   if (!v_p1_) start_v(qkv);
   const std::int64_t P = size(), h = hd(), bn = tokens();
-  qk_send_.resize(static_cast<std::size_t>(P * bn * 2 * h));
-  qk_recv_.resize(qk_send_.size());
-  v_recv_.resize(v_send_.size());
+  qk_send_.resize(P * bn * 2 * h);
+  qk_recv_.resize(P * bn * 2 * h);
+  v_recv_.resize(static_cast<std::int64_t>(v_send_.size()));
   pack_qk(qkv, nullptr, bn, qk_send_.data());
 
   double t0 = now_ms();
@@ -88,13 +89,21 @@ void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, std::vector<std::by
   count_since(v_before_);
   ++stats_.calls;
 
-  // Head layout [P b n_p][3][hd]: q|k from the q|k exchange, v from V's.
+  // Head layout [P b n_p][3][hd]: q|k from the q|k exchange, v from V's (row copies in the wire dtype).
   void* head = head_qkv();
-  const std::size_t e = wire_size();
-  for (std::int64_t i = 0; i < P * bn; ++i) {
-    std::memcpy(wire_at(head, i * 3 * h), wire_at(qk_recv_.data(), i * 2 * h), e * static_cast<std::size_t>(2 * h));
-    std::memcpy(wire_at(head, (i * 3 + 2) * h), wire_at(v_recv_.data(), i * h), e * static_cast<std::size_t>(h));
-  }
+  const Device d = active_backend().device();
+  const auto rows = [&](const void* p, std::int64_t w, std::int64_t ld) {
+    ConstTensorView v = ConstTensorView::contiguous(p, wire(), {P * bn, w}, d);
+    v.stride[0] = ld;
+    return v;
+  };
+  const auto out_rows = [&](void* p, std::int64_t w) {
+    TensorView v = TensorView::contiguous(p, wire(), {P * bn, w}, d);
+    v.stride[0] = 3 * h;
+    return v;
+  };
+  convert(rows(qk_recv_.data(), 2 * h, 2 * h), out_rows(head, 2 * h));
+  convert(rows(v_recv_.data(), h, h), out_rows(wire_at(head, 2 * h), h));
 }
 
 std::unique_ptr<AttentionExchange> make_vfirst_exchange(Communicator& world, int group_size) {

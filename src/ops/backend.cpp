@@ -36,6 +36,8 @@ const char* op_name(OpKind op) {
     case OpKind::fill: return "fill";
     case OpKind::convert: return "convert";
     case OpKind::lse_shift: return "lse_shift";
+    case OpKind::gather_rows: return "gather_rows";
+    case OpKind::scatter_rows: return "scatter_rows";
   }
   return "?";
 }
@@ -97,6 +99,12 @@ void Backend::adamw_step(TensorView p, ConstTensorView, TensorView, TensorView, 
   unsupported(OpKind::adamw_step, p.dtype);
 }
 void Backend::lse_shift(TensorView x, ConstTensorView, bool) { unsupported(OpKind::lse_shift, x.dtype); }
+void Backend::gather_rows(ConstTensorView, std::span<const std::int64_t>, TensorView dst) {
+  unsupported(OpKind::gather_rows, dst.dtype);
+}
+void Backend::scatter_rows(ConstTensorView src, std::span<const std::int64_t>, TensorView) {
+  unsupported(OpKind::scatter_rows, src.dtype);
+}
 void Backend::fill(TensorView x, float) { unsupported(OpKind::fill, x.dtype); }
 void Backend::convert(ConstTensorView src, TensorView dst) {
   unsupported(OpKind::convert, src.dtype == DType::f32 ? dst.dtype : src.dtype);

@@ -115,4 +115,39 @@ void fill(float* x, std::int64_t n, float value) {
   fill(TensorView::contiguous(x, DType::f32, {n}, active_backend().device()), value);
 }
 
+namespace {
+template <typename View, typename Ptr>
+View row_view(Ptr p, DType t, std::int64_t rows, std::int64_t w, std::int64_t ld) {
+  View v = View::contiguous(p, t, {rows, w}, active_backend().device());
+  v.stride[0] = ld;
+  return v;
+}
+void check_rows(const char* op, std::span<const std::int64_t> rows, std::int64_t M, std::int64_t w,
+                std::int64_t ld_src, std::int64_t ld_dst, DType t) {
+  DIFFCP_CHECK(w >= 0 && ld_src >= w && ld_dst >= w, op, ": w = ", w, ", row strides ", ld_src, ", ", ld_dst);
+  DIFFCP_CHECK(t == DType::f32 || t == DType::bf16, op, ": ", dtype_name(t), " rows, expected f32 or bf16");
+  for (std::int64_t r : rows) DIFFCP_CHECK(r >= 0 && r < M, op, ": row ", r, " outside [0, ", M, ")");
+}
+}  // namespace
+
+void gather_rows(const float* src, std::int64_t M, std::int64_t ld_src, std::span<const std::int64_t> rows,
+                 std::int64_t w, void* dst, DType dst_t, std::int64_t ld_dst) {
+  check_rows("gather_rows", rows, M, w, ld_src, ld_dst, dst_t);
+  if (rows.empty() || w == 0) return;
+  const auto n = static_cast<std::int64_t>(rows.size());
+  backend_for(OpKind::gather_rows, dst_t)
+      .gather_rows(row_view<ConstTensorView>(src, DType::f32, M, w, ld_src), rows,
+                   row_view<TensorView>(dst, dst_t, n, w, ld_dst));
+}
+
+void scatter_rows(const void* src, DType src_t, std::int64_t ld_src, std::span<const std::int64_t> rows,
+                  std::int64_t w, float* dst, std::int64_t M, std::int64_t ld_dst) {
+  check_rows("scatter_rows", rows, M, w, ld_src, ld_dst, src_t);
+  if (rows.empty() || w == 0) return;
+  const auto n = static_cast<std::int64_t>(rows.size());
+  backend_for(OpKind::scatter_rows, src_t)
+      .scatter_rows(row_view<ConstTensorView>(src, src_t, n, w, ld_src), rows,
+                    row_view<TensorView>(dst, DType::f32, M, w, ld_dst));
+}
+
 }  // namespace diffcp

@@ -285,6 +285,15 @@ void GuardBackend::convert(ConstTensorView src, TensorView dst) {
   DIFFCP_GUARD_OP(convert, C(src), C(dst));
 }
 
+void GuardBackend::gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) {
+  const char* op = "gather_rows";
+  DIFFCP_GUARD_OP(gather_rows, C(src), rows, C(dst));
+}
+void GuardBackend::scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) {
+  const char* op = "scatter_rows";
+  DIFFCP_GUARD_OP(scatter_rows, C(src), rows, C(dst));
+}
+
 #undef C
 #undef DIFFCP_GUARD_OP
 

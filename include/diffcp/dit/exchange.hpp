@@ -48,6 +48,7 @@
 #include "diffcp/dit/cache_schedule.hpp"
 #include "diffcp/dit/ring_attention.hpp"
 #include "diffcp/dit/usp.hpp"
+#include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
 
@@ -137,6 +138,11 @@ class AttentionExchange {
   // Bytes of this rank's cross-step caches (cocodiff: V^p1, Q^p2, K^p2, V^p2 per layer).
   virtual std::uint64_t cache_bytes() const { return 0; }
 
+  // Where qkv, out and the payload buffers live: the communicators' device (Communicator::set_device;
+  // the buffers are the active backend's). Default: the host. USP (Ring attention) and cocodiff's
+  // caches are host code still (issue #33): on another device they fault on the guard device.
+  virtual void set_device(Device d) = 0;
+
   // The payload and attention dtype (see the header comment): f32 (default) or bf16. Set it before
   // the first attention() or between steps (a change makes V-Major refill its caches).
   void set_compute(DType compute);
@@ -197,8 +203,9 @@ class AttentionExchange {
   std::optional<BlockMask> mask_;
   // Payload buffers sized in f32 elements (bf16 uses half of each): send [P][b n_p][3][hd],
   // head-layout q|k|v [P b n_p][3][hd], o [P b n_p][hd] and the o coming back [P][b n_p][hd].
-  std::vector<float> send_, qkv_head_, o_head_, o_recv_;
-  std::vector<float> lse_;  // [P b n_p, h_p]
+  // In the active backend's memory.
+  DeviceVector<float> send_, qkv_head_, o_head_, o_recv_;
+  DeviceVector<float> lse_;  // [P b n_p, h_p]
   DType compute_ = DType::f32;
 };
 

@@ -41,7 +41,7 @@ class VFirstExchange : public TapaExchange {
   std::optional<TapaPhase1> v_p1_;  // V's phase 1 in flight: [G][L][b n_p][hd] staged
   bool v_done_ = false;
   Counters v_before_{};             // counters when V's phase 1 was posted
-  std::vector<float> v_send_, qk_send_, v_recv_, qk_recv_;  // payload buffers (f32 slots; bf16 uses half)
+  DeviceVector<float> v_send_, qk_send_, v_recv_, qk_recv_;  // payload buffers (f32 slots; bf16 uses half)
 };
 
 }  // namespace diffcp

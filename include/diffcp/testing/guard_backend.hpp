@@ -70,6 +70,8 @@ class GuardBackend final : public Backend {
   void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args) override;
   void fill(TensorView x, float value) override;
   void convert(ConstTensorView src, TensorView dst) override;
+  void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
+  void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
 
   // What crossed between the host and the device, and how many ops ran (tests read them).
   struct Counters {
