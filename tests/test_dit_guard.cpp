@@ -1,9 +1,10 @@
 // The DiT's attention exchanges on the guard device (testing/guard_backend.hpp): qkv, out and the
 // payload buffers in guard memory, the tokens packed and unpacked by the backend's row gather /
-// scatter, the all-to-alls (flat, or TAPA's two phases) staged through the host. Flat, TAPA and
-// V-First (start_v, poll, attention, as the model calls them), f32 and bf16, at every rank count
-// and group size L in {1, 2}: the output equals the CPU run's bit for bit. (USP's Ring attention
-// and cocodiff's caches are host code still, issue #33.)
+// scatter, the all-to-alls (flat, or TAPA's two phases) and USP's Ring hops staged through the
+// host. Flat, TAPA and V-First (start_v, poll, attention, as the model calls them), f32 and bf16,
+// at every rank count, group size L in {1, 2} and Ulysses degree U in {P, 1, P/2} (USP: Ring
+// attention over P / U groups): the output equals the CPU run's bit for bit. (cocodiff's caches are
+// host code still, issue #33.)
 #include <string>
 #include <vector>
 
@@ -26,14 +27,20 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
   for (std::int64_t i = 0; i < b * n_p; ++i) l.rows.push_back((i * 7 + 3) % (b * n_p + 3));
   const std::vector<float> qkv_init = random_normal(static_cast<std::size_t>(l.local_rows * 3 * H), 11 + p);
   const std::vector<float> out_init(static_cast<std::size_t>(l.local_rows * H), -1.f);
+  // Ulysses degree U: P (no ring), 1 (USP: Ring attention over all P ranks), P / 2.
+  std::vector<int> degrees{P};
+  if (P > 1) degrees.push_back(1);
+  if (P > 2 && P % 2 == 0) degrees.push_back(P / 2);
   for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst})
     for (const DType compute : {DType::f32, DType::bf16})
+      for (const int U : degrees)
       for (const int L : {1, 2}) {
-        if (P % L != 0) continue;
-        SCOPED_TRACE(std::string(exchange_mode_name(mode)) + " " + dtype_name(compute) + " L=" + std::to_string(L));
+        if (P % L != 0 || (U < P && L > 1)) continue;
+        SCOPED_TRACE(std::string(exchange_mode_name(mode)) + " " + dtype_name(compute) + " U=" + std::to_string(U) +
+                     " L=" + std::to_string(L));
         const auto run = [&](Backend& be) {
           ScopedBackend use(be);
-          const auto ex = make_attention_exchange(mode, world, L);
+          const auto ex = make_attention_exchange(mode, world, L, {}, U);
           ex->set_device(be.device());
           ex->set_compute(compute);
           ex->set_layout(l);
@@ -51,7 +58,7 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
         const std::vector<float> cpu = run(cpu_backend());
         const std::uint64_t staged = world.staging().calls;
         const std::vector<float> guard = run(guard_backend());
-        if (mode == ExchangeMode::flat) EXPECT_GT(world.staging().calls, staged);
+        if (mode == ExchangeMode::flat && U == P) EXPECT_GT(world.staging().calls, staged);
         EXPECT_EQ(cpu, guard);
       }
 }

@@ -1,5 +1,7 @@
 #include "diffcp/dit/ring_attention.hpp"
 
+#include "diffcp/ops/backend.hpp"
+
 #include <chrono>
 #include <cstring>
 #include <type_traits>
@@ -54,22 +56,28 @@ RingTraffic RingAttention::forward_t(const BlockMask& mask, HeadRows<const T> q,
                mask.key_rows(), " key rows and lse of ", lse.size(), ", expected ", M, " and ", M * h);
   const int R = size(), g = rank(), next = (g + 1) % R, prev = (g + R - 1) % R;
   const std::size_t count = uz(M * 2 * hd);
-  for (auto* b : {&kv_[0], &kv_[1]}) b->resize(count);
-  for (auto* b : {&o_run_, &o_part_, &o_tmp_}) b->resize(uz(M * hd));
-  for (auto* b : {&lse_run_, &lse_part_, &lse_tmp_}) b->resize(uz(M * h));
-  if (bf16) o16_.resize(uz(M * hd));
-  const auto view = [&](std::vector<float>& b) { return HeadRows<float>{b.data(), M, h, d, hd}; };
+  for (auto* b : {&kv_[0], &kv_[1]}) b->resize(static_cast<std::int64_t>(count));
+  for (auto* b : {&o_run_, &o_part_, &o_tmp_}) b->resize(M * hd);
+  for (auto* b : {&lse_run_, &lse_part_, &lse_tmp_}) b->resize(M * h);
+  if (bf16) o16_.resize(M * hd);
+  const auto view = [&](DeviceVector<float>& b) { return HeadRows<float>{b.data(), M, h, d, hd}; };
   const auto kv = [&](int i) { return reinterpret_cast<T*>(kv_[i].data()); };
-  // This group's K|V, one contiguous message: kv[i] = [k row i | v row i], [M][2][hd].
-  for (std::int64_t i = 0; i < M; ++i) {
-    std::memcpy(kv(0) + i * 2 * hd, k.at(i, 0), sizeof(T) * uz(hd));
-    std::memcpy(kv(0) + i * 2 * hd + hd, v.at(i, 0), sizeof(T) * uz(hd));
-  }
+  // [M, hd] rows of T at p with row stride ld, in the backend's memory.
+  const Device dev = active_backend().device();
+  const auto rows_of = [&](auto* p, std::int64_t ld, DType t) {
+    using View = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(p)>>, ConstTensorView, TensorView>;
+    View r = View::contiguous(p, t, {M, hd}, dev);
+    r.stride[0] = ld;
+    return r;
+  };
+  // This group's K|V, one contiguous message: kv[i] = [k row i | v row i], [M][2][hd] (row copies).
+  convert(rows_of(k.data, k.row_stride, dtype_of<T>()), rows_of(kv(0), 2 * hd, dtype_of<T>()));
+  convert(rows_of(v.data, v.row_stride, dtype_of<T>()), rows_of(kv(0) + hd, 2 * hd, dtype_of<T>()));
   // The partial (o, lse) of q against the K|V `kt`, `vt` into f32 `o32`, `l32` (bf16: widened).
-  const auto partial = [&](HeadRows<const T> kt, HeadRows<const T> vt, std::vector<float>& o32, std::vector<float>& l32) {
+  const auto partial = [&](HeadRows<const T> kt, HeadRows<const T> vt, DeviceVector<float>& o32, DeviceVector<float>& l32) {
     if constexpr (bf16) {
       attention_forward(mask, q, kt, vt, HeadRows<bf16_t>{o16_.data(), M, h, d, hd}, l32);
-      convert_to_f32(o16_.data(), o32.data(), M * hd);
+      convert(o16_.data(), o32.data(), M * hd);
     } else {
       attention_forward(mask, q, kt, vt, view(o32), l32);
     }
@@ -101,7 +109,7 @@ RingTraffic RingAttention::forward_t(const BlockMask& mask, HeadRows<const T> q,
         std::swap(lse_run_, lse_tmp_);
       } else if constexpr (bf16) {  // the merged output rounded once
         lse_merge(o_parts, lse_parts, view(o_tmp_), lse);
-        for (std::int64_t i = 0; i < M; ++i) convert_to_bf16(o_tmp_.data() + i * hd, o.at(i, 0), hd);
+        convert(rows_of(static_cast<const float*>(o_tmp_.data()), hd, DType::f32), rows_of(o.data, o.row_stride, DType::bf16));
       } else {
         lse_merge(o_parts, lse_parts, o, lse);  // the last partial merges straight into the output
       }

@@ -47,6 +47,7 @@
 
 #include "diffcp/attention/mask.hpp"
 #include "diffcp/comm/communicator.hpp"
+#include "diffcp/ops/buffer.hpp"
 #include "diffcp/core/tensor.hpp"
 
 namespace diffcp {
@@ -68,6 +69,8 @@ class RingAttention {
   int size() const { return ring_->size(); }  // R
   int rank() const { return ring_->rank(); }  // g
   const CommStats& comm_stats() const { return ring_->stats(); }
+  // Where q, k, v, o, lse live (the ring communicator's device; the buffers are the active backend's).
+  void set_device(Device d) { ring_->set_device(d); }
 
   // o, lse = softmax attention (scale 1/sqrt(d_h)) of q over the keys of every group:
   //   mask: q's rows against one group's M key rows (the same for every group)
@@ -84,10 +87,11 @@ class RingAttention {
                         HeadRows<T> o, std::span<float> lse);
 
   std::unique_ptr<Communicator> ring_;
-  std::vector<float> kv_[2];                         // [M][2][hd] visiting K|V (f32 slots; bf16 uses half)
-  std::vector<bf16_t> o16_;                          // [M, hd] a bf16 partial
-  std::vector<float> o_run_, o_part_, o_tmp_;        // [M, hd]
-  std::vector<float> lse_run_, lse_part_, lse_tmp_;  // [M h_p]
+  // In the active backend's memory.
+  DeviceVector<float> kv_[2];                         // [M][2][hd] visiting K|V (f32 slots; bf16 uses half)
+  DeviceVector<bf16_t> o16_;                          // [M, hd] a bf16 partial
+  DeviceVector<float> o_run_, o_part_, o_tmp_;        // [M, hd]
+  DeviceVector<float> lse_run_, lse_part_, lse_tmp_;  // [M h_p]
 };
 
 }  // namespace diffcp
