@@ -1,10 +1,10 @@
 // The DiT's attention exchanges on the guard device (testing/guard_backend.hpp): qkv, out and the
 // payload buffers in guard memory, the tokens packed and unpacked by the backend's row gather /
 // scatter, the all-to-alls (flat, or TAPA's two phases) and USP's Ring hops staged through the
-// host. Flat, TAPA and V-First (start_v, poll, attention, as the model calls them), f32 and bf16,
+// host. Flat, TAPA, V-First and cocodiff (start_v, poll, attention, as the model calls them), f32 and bf16,
 // at every rank count, group size L in {1, 2} and Ulysses degree U in {P, 1, P/2} (USP: Ring
-// attention over P / U groups): the output equals the CPU run's bit for bit. (cocodiff's caches are
-// host code still, issue #33.)
+// attention over P / U groups), and cocodiff (V-Major's caches, its L1 selection and selective
+// steps): the output equals the CPU run's bit for bit.
 #include <string>
 #include <vector>
 
@@ -31,7 +31,10 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
   std::vector<int> degrees{P};
   if (P > 1) degrees.push_back(1);
   if (P > 2 && P % 2 == 0) degrees.push_back(P / 2);
-  for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst})
+  // cocodiff: 6 steps, full at steps 0 and 1, selective with a fixed ratio after (the caches of two
+  // layers per step: attention() twice per step).
+  const CacheSchedule schedule{CacheScheduleKind::fixed, 0.6, 2, 0};
+  for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff})
     for (const DType compute : {DType::f32, DType::bf16})
       for (const int U : degrees)
       for (const int L : {1, 2}) {
@@ -40,18 +43,26 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
                      " L=" + std::to_string(L));
         const auto run = [&](Backend& be) {
           ScopedBackend use(be);
-          const auto ex = make_attention_exchange(mode, world, L, {}, U);
+          const auto ex = make_attention_exchange(mode, world, L, schedule, U);
           ex->set_device(be.device());
           ex->set_compute(compute);
           ex->set_layout(l);
           Buffer qkv = to_device(std::span<const float>(qkv_init), be), out = to_device(std::span<const float>(out_init), be);
           const HeadRows<const float> q{qkv.ptr<float>(), l.local_rows, 3 * heads, d, 3 * H};
           const HeadRows<float> o{out.ptr<float>(), l.local_rows, heads, d, H};
-          for (int step = 0; step < 2; ++step) {  // twice: the buffers are reused
-            ex->start_v(q);
-            ex->poll();
-            ex->attention(q, o);
+          const int steps = mode == ExchangeMode::cocodiff ? 6 : 2;  // the buffers are reused
+          std::vector<float> qkv_step(qkv_init);
+          for (int step = 0; step < steps; ++step) {
+            ex->begin_step(step, steps);
+            for (float& x : qkv_step) x *= 0.97f;  // the tokens change a little between steps
+            for (int layer = 0; layer < 2; ++layer) {
+              copy(qkv.view(), view_of(std::span<const float>(qkv_step)));
+              ex->start_v(q);
+              ex->poll();
+              ex->attention(q, o);
+            }
           }
+          if (mode == ExchangeMode::cocodiff) EXPECT_GT(ex->stats().selective, 0u);
           ex->set_device(Device::host);
           return to_host<float>(out.view());
         };

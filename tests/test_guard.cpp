@@ -19,6 +19,7 @@
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/core/half.hpp"
 #include "diffcp/core/random.hpp"
+#include "diffcp/dit/ops.hpp"
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/buffer.hpp"
 #include "diffcp/ops/elementwise.hpp"
@@ -222,11 +223,18 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"gather / scatter rows", {OpKind::gather_rows, OpKind::scatter_rows},
                    {{f, 9 * 12}, {h, 4 * 10}, {f, 4 * 5}, {f, 9 * 12}}, [](Backend&, auto& t) {
                      const std::int64_t rows[] = {8, 0, 3, 3};
-                     gather_rows(F(t[0]) + 2, 9, 12, rows, 5, H(t[1]), DType::bf16, 10);   // rounded to bf16
-                     gather_rows(F(t[0]) + 1, 9, 12, rows, 5, F(t[2]), DType::f32, 5);
+                     gather_rows(F(t[0]) + 2, DType::f32, 9, 12, rows, 5, H(t[1]), DType::bf16, 10);  // rounded
+                     gather_rows(F(t[0]) + 1, DType::f32, 9, 12, rows, 5, F(t[2]), DType::f32, 5);
                      const std::int64_t distinct[] = {7, 1, 4, 0};
-                     scatter_rows(H(t[1]), DType::bf16, 10, distinct, 5, F(t[3]) + 6, 9, 12);  // widened
-                     scatter_rows(F(t[2]), DType::f32, 5, distinct, 3, F(t[3]), 9, 12);
+                     scatter_rows(H(t[1]), DType::bf16, 10, distinct, 5, F(t[3]) + 6, DType::f32, 9, 12);  // widened
+                     scatter_rows(F(t[2]), DType::f32, 5, distinct, 3, F(t[3]), DType::f32, 9, 12);
+                     const std::int64_t in_four[] = {3, 1, 2, 0};
+                     scatter_rows(H(t[1]), DType::bf16, 10, in_four, 2, H(t[1]) + 5, DType::bf16, 4, 10);
+                   }});
+  cases.push_back({"l1 distance", {OpKind::l1_distance}, {{f, 3 * 4 * 5}, {f, 3 * 4 * 5}, {h, 60}, {h, 60}, {f, 4}, {f, 4}},
+                   [](Backend&, auto& t) {
+                     l1_distance(F(t[0]), F(t[1]), DType::f32, 3, 4, 5, F(t[4]));
+                     l1_distance(H(t[2]), H(t[3]), DType::bf16, 3, 4, 5, F(t[5]));
                    }});
   cases.push_back({"lse shift", {OpKind::lse_shift}, {{f, 40}, {f, 40}, {f, 40}}, [](Backend& b, auto& t) {
                      fill(F(t[1]) + 7, 3, -std::numeric_limits<float>::infinity());  // rows no rank saw

@@ -5,9 +5,12 @@
 namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 // f32 everywhere; bf16 (f32 accumulation, f32 lse / delta) on GEMM and attention, and bf16
-// memory ops (fill, convert, row gather / scatter).
+// memory ops (fill, convert, row gather / scatter) and V-Major's L1 distance; u8 rows (copies,
+// gathers, scatters).
 bool CpuBackend::supports(OpKind op, DType dtype) const {
   if (dtype == DType::f32) return true;
+  if (dtype == DType::u8)  // raw rows: same-dtype copies, gathers and scatters
+    return op == OpKind::convert || op == OpKind::gather_rows || op == OpKind::scatter_rows;
   if (dtype != DType::bf16) return false;
   switch (op) {
     case OpKind::gemm:
@@ -17,7 +20,8 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
     case OpKind::fill:
     case OpKind::convert:
     case OpKind::gather_rows:
-    case OpKind::scatter_rows: return true;
+    case OpKind::scatter_rows:
+    case OpKind::l1_distance: return true;
     default: return false;
   }
 }

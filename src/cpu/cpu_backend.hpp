@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
   void fill(TensorView x, float value) override;
   void convert(ConstTensorView src, TensorView dst) override;
   void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
+  void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) override;
   void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
   void gelu_tanh(TensorView x) override;
   void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,

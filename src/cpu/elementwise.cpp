@@ -106,6 +106,33 @@ void convert_n(const void* from, DType f, void* to, DType t, std::int64_t n) {
 }
 }  // namespace
 
+namespace {
+inline float value_of(float x) { return x; }
+inline float value_of(bf16_t x) { return bf16_to_f32(x.bits); }
+template <typename T>
+void l1_rows(const T* a, const T* b, std::int64_t G, std::int64_t R, std::int64_t w, float* out) {
+#pragma omp parallel for schedule(static) if (G * R * w > (1 << 15))
+  for (std::int64_t r = 0; r < R; ++r) {
+    double s = 0;
+    for (std::int64_t g = 0; g < G; ++g) {
+      const T* x = a + (g * R + r) * w;
+      const T* y = b + (g * R + r) * w;
+      for (std::int64_t i = 0; i < w; ++i) s += std::abs(value_of(x[i]) - value_of(y[i]));
+    }
+    out[r] = static_cast<float>(s);
+  }
+}
+}  // namespace
+
+// a, b: [G, R, w], out: [R]
+void CpuBackend::l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) {
+  const std::int64_t G = a.size(0), R = a.size(1), w = a.size(2);
+  if (a.dtype == DType::bf16)
+    l1_rows(a.ptr<const bf16_t>(), b.ptr<const bf16_t>(), G, R, w, out.ptr<float>());
+  else
+    l1_rows(a.ptr<const float>(), b.ptr<const float>(), G, R, w, out.ptr<float>());
+}
+
 // src: [M, w], rows: [n], dst: [n, w]: dst[i] = src[rows[i]]
 void CpuBackend::gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) {
   const std::int64_t n = static_cast<std::int64_t>(rows.size()), w = dst.size(1);

@@ -95,7 +95,7 @@ void AttentionExchange::seq_to_head(HeadRows<const float> qkv) {
   // gather per (r, c), rounded to the wire dtype).
   for (std::int64_t r = 0; r < P_; ++r)
     for (std::int64_t c = 0; c < 3; ++c)
-      gather_rows(qkv.at(0, c * l.heads + r * hp), qkv.rows, qkv.row_stride, l.rows, h,
+      gather_rows(qkv.at(0, c * l.heads + r * hp), DType::f32, qkv.rows, qkv.row_stride, l.rows, h,
                   wire_at(send_.data(), (r * bn * 3 + c) * h), wire(), 3 * h);
   timed_all_to_all(send_.data(), qkv_head_.data(), static_cast<std::size_t>(bn * 3 * h));
 }
@@ -125,7 +125,7 @@ void AttentionExchange::head_to_seq(HeadRows<float> out) {
   // o_recv: [P][b n_p][hd]: from rank r, this rank's tokens' outputs of r's heads (a row scatter
   // per r, widened to f32).
   for (std::int64_t r = 0; r < P_; ++r)
-    scatter_rows(wire_at(o_recv_.data(), r * bn * h), wire(), h, l.rows, h, out.at(0, r * hp), out.rows,
+    scatter_rows(wire_at(o_recv_.data(), r * bn * h), wire(), h, l.rows, h, out.at(0, r * hp), DType::f32, out.rows,
                  out.row_stride);
 }
 

@@ -20,7 +20,7 @@ void VFirstExchange::start_v(HeadRows<const float> qkv) {
   v_send_.resize(P * bn * h);
   // v_send: [P][b n_p][hd]: for destination r, each token's v slice of r's heads.
   for (std::int64_t r = 0; r < P; ++r)
-    gather_rows(qkv.at(0, 2 * l.heads + r * hp), qkv.rows, qkv.row_stride, l.rows, h,
+    gather_rows(qkv.at(0, 2 * l.heads + r * hp), DType::f32, qkv.rows, qkv.row_stride, l.rows, h,
                 wire_at(v_send_.data(), r * bn * h), wire(), h);
   v_before_ = counters();
   const double t0 = now_ms();
@@ -55,7 +55,7 @@ void VFirstExchange::pack_qk(HeadRows<const float> qkv, const std::int32_t* acti
   for (std::int64_t a = 0; a < count; ++a) rows[static_cast<std::size_t>(a)] = l.rows[static_cast<std::size_t>(active ? active[a] : a)];
   for (std::int64_t r = 0; r < P; ++r)
     for (std::int64_t c = 0; c < 2; ++c)
-      gather_rows(qkv.at(0, c * l.heads + r * hp), qkv.rows, qkv.row_stride, rows, h,
+      gather_rows(qkv.at(0, c * l.heads + r * hp), DType::f32, qkv.rows, qkv.row_stride, rows, h,
                   wire_at(dst, (r * count * 2 + c) * h), wire(), 2 * h);
 }
 
@@ -64,7 +64,7 @@ void VFirstExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
   finish_attention(out);
 }
 
-void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, std::vector<std::byte>* v_p1_copy) {
+void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, DeviceVector<std::uint8_t>* v_p1_copy) {
   check_qkv(qkv);
   if (!v_p1_) start_v(qkv);
   const std::int64_t P = size(), h = hd(), bn = tokens();
@@ -79,7 +79,9 @@ void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, std::vector<std::by
   wait_v();
   if (v_p1_copy) {
     const std::span<const std::byte> staged = v_p1_->output();
-    v_p1_copy->assign(staged.begin(), staged.end());
+    v_p1_copy->resize(static_cast<std::int64_t>(staged.size()));
+    copy(v_p1_copy->view(), ConstTensorView::contiguous(staged.data(), DType::u8, {static_cast<std::int64_t>(staged.size())},
+                                                        active_backend().device()));
   }
   t0 = now_ms();
   tapa_.phase2(std::move(*v_p1_), v_recv_.data());

@@ -92,4 +92,14 @@ void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t h
                     ConstTensorView::contiguous(k_scale, DType::f32, {d}), eps, cos, sin);
 }
 
+void l1_distance(const void* a, const void* b, DType t, std::int64_t G, std::int64_t R, std::int64_t w, float* out) {
+  DIFFCP_CHECK(t == DType::f32 || t == DType::bf16, "l1_distance: ", dtype_name(t), ", expected f32 or bf16");
+  DIFFCP_CHECK(G >= 0 && R >= 0 && w >= 0, "l1_distance: G = ", G, ", R = ", R, ", w = ", w);
+  if (R == 0) return;
+  const Device d = active_backend().device();
+  backend_for(OpKind::l1_distance, t)
+      .l1_distance(ConstTensorView::contiguous(a, t, {G, R, w}, d), ConstTensorView::contiguous(b, t, {G, R, w}, d),
+                   TensorView::contiguous(out, DType::f32, {R}, d));
+}
+
 }  // namespace diffcp

@@ -6,21 +6,21 @@
 #include <numeric>
 
 #include "diffcp/core/error.hpp"
-#include "diffcp/core/half.hpp"
+#include "diffcp/dit/ops.hpp"
+#include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
 
 namespace {
 std::size_t uz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
-float value(float x) { return x; }
-float value(bf16_t x) { return bf16_to_f32(x.bits); }
-// s += sum_i |a_i - b_i| over n payload elements of type T (f32 differences, added in order).
-template <typename T>
-void add_l1(double& s, const std::byte* a, const std::byte* b, std::int64_t n) {
-  const T* x = reinterpret_cast<const T*>(a);
-  const T* y = reinterpret_cast<const T*>(b);
-  for (std::int64_t i = 0; i < n; ++i) s += std::abs(value(x[i]) - value(y[i]));
+// [rows, w] bytes at p with row stride ld (wire rows handled as bytes: the same for f32 and bf16).
+template <typename Ptr>
+auto byte_rows(Ptr p, std::int64_t rows, std::int64_t w, std::int64_t ld) {
+  using View = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, ConstTensorView, TensorView>;
+  View v = View::contiguous(p, DType::u8, {rows, w}, active_backend().device());
+  v.stride[0] = ld;
+  return v;
 }
 }  // namespace
 
@@ -60,8 +60,9 @@ void VMajorExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
 
 void VMajorExchange::full_exchange(HeadRows<const float> qkv, LayerCache& c) {
   exchange_qkv(qkv, &c.v_p1);
-  const auto* head = static_cast<const std::byte*>(head_qkv());
-  c.qkv_p2.assign(head, wire_at(head, head_rows() * 3 * hd()));
+  const std::int64_t bytes = head_rows() * 3 * hd() * static_cast<std::int64_t>(wire_size());
+  c.qkv_p2.resize(bytes);
+  copy(c.qkv_p2.view(), ConstTensorView::contiguous(head_qkv(), DType::u8, {bytes}, active_backend().device()));
   ++stats_.full;
 }
 
@@ -74,26 +75,17 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   const std::byte* vs = v_p1_->output().data();
   const std::size_t e = wire_size();
 
-  // 2. Partial L1 over this lane's heads per group token [L][n], summed over the lanes in order.
-  l1_part_.assign(uz(L * n), 0.f);
-  for (std::int64_t j = 0; j < L; ++j)
-    for (std::int64_t t = 0; t < n; ++t) {
-      double s = 0;
-      for (std::int64_t hh = 0; hh < G; ++hh) {
-        const std::int64_t off = ((hh * L + j) * n + t) * h;
-        const std::byte *now = wire_at(vs, off), *then = wire_at(c.v_p1.data(), off);
-        if (wire() == DType::bf16)
-          add_l1<bf16_t>(s, now, then, h);
-        else
-          add_l1<float>(s, now, then, h);
-      }
-      l1_part_[uz(j * n + t)] = static_cast<float>(s);
-    }
+  // 2. Partial L1 over this lane's heads per group token [L][n] (on the device; the selection below
+  //    is host metadata), summed over the lanes in order.
+  l1_dev_.resize(L * n);
+  l1_distance(vs, c.v_p1.data(), wire(), G, L * n, h, l1_dev_.data());
+  l1_part_ = to_host<float>(l1_dev_.view());
   double t0 = now_ms();
   l1_all_.resize(uz(L * L * n));
-  if (L > 1)
+  if (L > 1) {
+    const ScopedCommDevice on_host(tapa_.intra(), Device::host);
     tapa_.intra().all_gather<float>(l1_part_, l1_all_);
-  else
+  } else
     l1_all_ = l1_part_;
   stats_.comm_ms += now_ms() - t0;
   l1_.assign(uz(L * n), 0.0);
@@ -112,38 +104,38 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   }
   act_all_.resize(uz(P * k));
   t0 = now_ms();
-  if (G > 1 && k > 0)
+  if (G > 1 && k > 0) {
+    const ScopedCommDevice on_host(tapa_.inter(), Device::host);
     tapa_.inter().all_gather<std::int32_t>(act_group_, act_all_);  // [G][L][k] = [P][k] by flat source
-  else
+  } else
     std::copy(act_group_.begin(), act_group_.end(), act_all_.begin() + g * L * k);
   stats_.comm_ms += now_ms() - t0;
 
-  // 4. V^p1 mirrors what the receivers will hold: the active rows are refreshed.
+  // 4. V^p1 mirrors what the receivers will hold: the active rows are refreshed. Rows of hd
+  //    elements: vs and V^p1 index (hh, j, t) as row (hh L + j) n + t.
+  const std::int64_t rb = h * static_cast<std::int64_t>(e);  // bytes of one row of hd
+  std::vector<std::int64_t> active_rows;                      // [G][L][k]
   for (std::int64_t hh = 0; hh < G; ++hh)
     for (std::int64_t j = 0; j < L; ++j)
-      for (std::int64_t a = 0; a < k; ++a) {
-        const std::int64_t off = ((hh * L + j) * n + act_group_[uz(j * k + a)]) * h;
-        std::memcpy(wire_at(c.v_p1.data(), off), wire_at(vs, off), e * uz(h));
-      }
+      for (std::int64_t a = 0; a < k; ++a) active_rows.push_back((hh * L + j) * n + act_group_[uz(j * k + a)]);
+  const std::int64_t n_rows = G * L * n, n_act = G * L * k;
+  p2_send_.resize(n_act * 3 * rb);
+  if (n_act > 0) {  // through p2_send_'s v columns, which step 5 fills with the same rows anyway
+    gather_rows(vs, DType::u8, n_rows, rb, active_rows, rb, p2_send_.data() + 2 * rb, DType::u8, 3 * rb);
+    scatter_rows(p2_send_.data() + 2 * rb, DType::u8, 3 * rb, active_rows, rb, c.v_p1.data(), DType::u8, n_rows, rb);
+  }
 
   // 5. Q|K phase 1 of this rank's active rows, then one phase 2 of the active q|k|v rows.
-  qk_send_.resize(uz(P * k * 2 * h));
+  qk_send_.resize(P * k * 2 * h);
   pack_qk(qkv, act_all_.data() + me * k, k, qk_send_.data());
-  p2_send_.resize(uz(P * k * 3 * h));
-  p2_recv_.resize(p2_send_.size());
+  p2_recv_.resize(n_act * 3 * rb);
   t0 = now_ms();
   if (k > 0) {
     TapaPhase1 qk_p1 = tapa_.phase1_async(tapa_.plan_uniform(uz(k * 2 * h)), qk_send_.data(), wire());
     qk_p1.wait();
     stats_.comm_ms += now_ms() - t0;
-    const std::byte* qs = qk_p1.output().data();  // [G][L][k][2][hd]
-    for (std::int64_t hh = 0; hh < G; ++hh)
-      for (std::int64_t j = 0; j < L; ++j)
-        for (std::int64_t a = 0; a < k; ++a) {
-          std::byte* dst = wire_at(p2_send_.data(), ((hh * L + j) * k + a) * 3 * h);
-          std::memcpy(dst, wire_at(qs, ((hh * L + j) * k + a) * 2 * h), e * uz(2 * h));
-          std::memcpy(dst + e * uz(2 * h), wire_at(vs, ((hh * L + j) * n + act_group_[uz(j * k + a)]) * h), e * uz(h));
-        }
+    // [G][L][k] rows of [q|k | v]: q|k from phase 1's output ([G][L][k][2][hd]), v placed in step 4.
+    convert(byte_rows(qk_p1.output().data(), n_act, 2 * rb, 2 * rb), byte_rows(p2_send_.data(), n_act, 2 * rb, 3 * rb));
     t0 = now_ms();
     tapa_.inter().all_to_all_async(p2_send_.data(), p2_recv_.data(), uz(L * k * 3 * h), wire())->wait();
   }
@@ -154,11 +146,12 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   ++stats_.selective;
 
   // 6. Scatter the active rows into QKV^p2 (source s = g' L + j), then attention reads it.
+  std::vector<std::int64_t> dst_rows(uz(P * k));
   for (std::int64_t s = 0; s < P; ++s)
-    for (std::int64_t a = 0; a < k; ++a)
-      std::memcpy(wire_at(c.qkv_p2.data(), (s * n + act_all_[uz(s * k + a)]) * 3 * h), wire_at(p2_recv_.data(), (s * k + a) * 3 * h),
-                  e * uz(3 * h));
-  std::memcpy(head_qkv(), c.qkv_p2.data(), c.qkv_p2.size());
+    for (std::int64_t a = 0; a < k; ++a) dst_rows[uz(s * k + a)] = s * n + act_all_[uz(s * k + a)];
+  scatter_rows(p2_recv_.data(), DType::u8, 3 * rb, dst_rows, 3 * rb, c.qkv_p2.data(), DType::u8, P * n, 3 * rb);
+  copy(TensorView::contiguous(head_qkv(), DType::u8, {static_cast<std::int64_t>(c.qkv_p2.size())}, active_backend().device()),
+       c.qkv_p2.view());
 }
 
 VMajorBytes vmajor_predicted_bytes(int P, int L, std::int64_t n, std::int64_t hd, std::int64_t layers,

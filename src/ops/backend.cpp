@@ -38,6 +38,7 @@ const char* op_name(OpKind op) {
     case OpKind::lse_shift: return "lse_shift";
     case OpKind::gather_rows: return "gather_rows";
     case OpKind::scatter_rows: return "scatter_rows";
+    case OpKind::l1_distance: return "l1_distance";
   }
   return "?";
 }
@@ -99,6 +100,7 @@ void Backend::adamw_step(TensorView p, ConstTensorView, TensorView, TensorView, 
   unsupported(OpKind::adamw_step, p.dtype);
 }
 void Backend::lse_shift(TensorView x, ConstTensorView, bool) { unsupported(OpKind::lse_shift, x.dtype); }
+void Backend::l1_distance(ConstTensorView a, ConstTensorView, TensorView) { unsupported(OpKind::l1_distance, a.dtype); }
 void Backend::gather_rows(ConstTensorView, std::span<const std::int64_t>, TensorView dst) {
   unsupported(OpKind::gather_rows, dst.dtype);
 }

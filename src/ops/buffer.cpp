@@ -123,31 +123,31 @@ View row_view(Ptr p, DType t, std::int64_t rows, std::int64_t w, std::int64_t ld
   return v;
 }
 void check_rows(const char* op, std::span<const std::int64_t> rows, std::int64_t M, std::int64_t w,
-                std::int64_t ld_src, std::int64_t ld_dst, DType t) {
+                std::int64_t ld_src, std::int64_t ld_dst, DType from, DType to) {
   DIFFCP_CHECK(w >= 0 && ld_src >= w && ld_dst >= w, op, ": w = ", w, ", row strides ", ld_src, ", ", ld_dst);
-  DIFFCP_CHECK(t == DType::f32 || t == DType::bf16, op, ": ", dtype_name(t), " rows, expected f32 or bf16");
+  DIFFCP_CHECK(from == to || (from == DType::f32 && to == DType::bf16) || (from == DType::bf16 && to == DType::f32),
+               op, ": ", dtype_name(from), " -> ", dtype_name(to), " rows, expected one dtype or f32 <-> bf16");
   for (std::int64_t r : rows) DIFFCP_CHECK(r >= 0 && r < M, op, ": row ", r, " outside [0, ", M, ")");
 }
+DType non_f32(DType a, DType b) { return a == DType::f32 ? b : a; }
 }  // namespace
 
-void gather_rows(const float* src, std::int64_t M, std::int64_t ld_src, std::span<const std::int64_t> rows,
+void gather_rows(const void* src, DType src_t, std::int64_t M, std::int64_t ld_src, std::span<const std::int64_t> rows,
                  std::int64_t w, void* dst, DType dst_t, std::int64_t ld_dst) {
-  check_rows("gather_rows", rows, M, w, ld_src, ld_dst, dst_t);
+  check_rows("gather_rows", rows, M, w, ld_src, ld_dst, src_t, dst_t);
   if (rows.empty() || w == 0) return;
   const auto n = static_cast<std::int64_t>(rows.size());
-  backend_for(OpKind::gather_rows, dst_t)
-      .gather_rows(row_view<ConstTensorView>(src, DType::f32, M, w, ld_src), rows,
-                   row_view<TensorView>(dst, dst_t, n, w, ld_dst));
+  backend_for(OpKind::gather_rows, non_f32(src_t, dst_t))
+      .gather_rows(row_view<ConstTensorView>(src, src_t, M, w, ld_src), rows, row_view<TensorView>(dst, dst_t, n, w, ld_dst));
 }
 
 void scatter_rows(const void* src, DType src_t, std::int64_t ld_src, std::span<const std::int64_t> rows,
-                  std::int64_t w, float* dst, std::int64_t M, std::int64_t ld_dst) {
-  check_rows("scatter_rows", rows, M, w, ld_src, ld_dst, src_t);
+                  std::int64_t w, void* dst, DType dst_t, std::int64_t M, std::int64_t ld_dst) {
+  check_rows("scatter_rows", rows, M, w, ld_src, ld_dst, src_t, dst_t);
   if (rows.empty() || w == 0) return;
   const auto n = static_cast<std::int64_t>(rows.size());
-  backend_for(OpKind::scatter_rows, src_t)
-      .scatter_rows(row_view<ConstTensorView>(src, src_t, n, w, ld_src), rows,
-                    row_view<TensorView>(dst, DType::f32, M, w, ld_dst));
+  backend_for(OpKind::scatter_rows, non_f32(src_t, dst_t))
+      .scatter_rows(row_view<ConstTensorView>(src, src_t, n, w, ld_src), rows, row_view<TensorView>(dst, dst_t, M, w, ld_dst));
 }
 
 }  // namespace diffcp

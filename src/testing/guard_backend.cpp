@@ -294,6 +294,11 @@ void GuardBackend::scatter_rows(ConstTensorView src, std::span<const std::int64_
   DIFFCP_GUARD_OP(scatter_rows, C(src), rows, C(dst));
 }
 
+void GuardBackend::l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) {
+  const char* op = "l1_distance";
+  DIFFCP_GUARD_OP(l1_distance, C(a), C(b), C(out));
+}
+
 #undef C
 #undef DIFFCP_GUARD_OP
 

@@ -28,7 +28,7 @@ class VFirstExchange : public TapaExchange {
  protected:
   // Everything of attention() up to the filled head layout; v_p1_copy (optional) receives V's
   // phase-1 output [G][L][b n_p][hd] in wire() (cocodiff's V^p1).
-  void exchange_qkv(HeadRows<const float> qkv, std::vector<std::byte>* v_p1_copy);
+  void exchange_qkv(HeadRows<const float> qkv, DeviceVector<std::uint8_t>* v_p1_copy);
   std::int64_t tokens() const { return layout().batch * layout().tokens_p; }  // b n_p
   // Packs the q|k slices of the local rows `active` [count] (exchange-order token indices; null:
   // all b n_p in order) for every destination: dst [P][count][2][hd] in wire().

@@ -59,4 +59,9 @@ class AxialRope {
 void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t heads, std::int64_t d,
                   const float* q_scale, const float* k_scale, float eps, const AxialRope* rope);
 
+// V-Major's token distance (SPEC B.4): a, b: [G, R, w] contiguous of `t` (f32 or bf16), out: [R]
+// f32: out[r] = sum over g, then over i, of |a[g, r, i] - b[g, r, i]| (in f32, summed in double in
+// that order, rounded once).
+void l1_distance(const void* a, const void* b, DType t, std::int64_t G, std::int64_t R, std::int64_t w, float* out);
+
 }  // namespace diffcp

@@ -53,9 +53,9 @@ class VMajorExchange final : public VFirstExchange {
   std::uint64_t cache_bytes() const override;
 
  private:
-  struct LayerCache {  // in wire()
-    std::vector<std::byte> v_p1;    // [G][L][n][hd]
-    std::vector<std::byte> qkv_p2;  // [P][n][3][hd]
+  struct LayerCache {  // in wire(), in the active backend's memory
+    DeviceVector<std::uint8_t> v_p1;    // [G][L][n][hd]
+    DeviceVector<std::uint8_t> qkv_p2;  // [P][n][3][hd]
   };
   void full_exchange(HeadRows<const float> qkv, LayerCache& c);
   void selective_exchange(HeadRows<const float> qkv, LayerCache& c, std::int64_t cached);
@@ -64,8 +64,9 @@ class VMajorExchange final : public VFirstExchange {
   int step_ = 0, steps_ = 1;
   std::size_t layer_ = 0;
   std::vector<LayerCache> caches_;
-  std::vector<float> l1_part_, l1_all_;
-  std::vector<float> p2_send_, p2_recv_;  // payload (f32 slots; bf16 uses half)
+  std::vector<float> l1_part_, l1_all_;  // host: the token selection is host metadata
+  DeviceVector<float> l1_dev_;           // [L n] this lane's L1 partials, on the device
+  DeviceVector<std::uint8_t> p2_send_, p2_recv_;  // payload bytes
   std::vector<double> l1_;
   std::vector<std::int32_t> act_group_, act_all_, order_;
 };

@@ -58,8 +58,9 @@ enum class OpKind : std::uint8_t {
   lse_shift,           // attention/merge.hpp (the lse all-reduce from max + sum, cp/lse_reduce.hpp)
   gather_rows,         // ops/buffer.hpp (token packing: the DiT's exchanges)
   scatter_rows,        //
+  l1_distance,         // dit/ops.hpp (V-Major's token similarity)
 };
-inline constexpr int kOpKindCount = 25;
+inline constexpr int kOpKindCount = 26;
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -176,11 +177,13 @@ class Backend {
   // p, m, v: [n] in place  g: [n]
   virtual void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args);
   // src: [M, w] (row stride >= w), rows: [n] in [0, M) (host metadata), dst: [n, w] (row stride >= w):
-  // dst[i] = src[rows[i]], converted to dst's dtype (f32 -> f32 or bf16); supports(op, dst.dtype)
+  // dst[i] = src[rows[i]] in dst's dtype (one dtype, or f32 <-> bf16); supports(op, the non-f32 side)
   virtual void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst);
-  // src: [n, w], rows: [n] in [0, M), distinct, dst: [M, w]: dst[rows[i]] = src[i], converted to dst's
-  // dtype (f32 or bf16 -> f32); supports(op, src.dtype)
+  // src: [n, w], rows: [n] in [0, M), distinct, dst: [M, w]: dst[rows[i]] = src[i] in dst's dtype
   virtual void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst);
+  // a, b: [G, R, w] contiguous (f32 or bf16)  out: [R] f32 = sum over g, then i, of |a - b| in double
+  // (in that order), rounded once
+  virtual void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out);
   // x: [n] = value (supports(fill, x.dtype))
   virtual void fill(TensorView x, float value);
   // src -> dst converted to dst's dtype, round to nearest even (f32 <-> bf16, or a plain copy for one

@@ -115,14 +115,14 @@ void device_copy(float* dst, const float* src, std::int64_t n);
 void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
                std::int64_t cols);
 void fill(float* x, std::int64_t n, float value);
-// Row gather / scatter with a dtype change (token packing; rows are host metadata):
-//   gather_rows:  dst[i, :w] (dtype dst_t, row stride ld_dst) = src[rows[i], :w] (f32, row stride ld_src)
-//   scatter_rows: dst[rows[i], :w] (f32, row stride ld_dst) = src[i, :w] (dtype src_t, row stride ld_src)
-// dst_t / src_t: f32 or bf16. Each view's extent is checked against M, the rows of the indexed side.
-void gather_rows(const float* src, std::int64_t M, std::int64_t ld_src, std::span<const std::int64_t> rows,
+// Row gather / scatter, with a dtype change or not (token packing; rows are host metadata):
+//   gather_rows:  dst[i, :w] (row stride ld_dst) = src[rows[i], :w] (M rows, row stride ld_src)
+//   scatter_rows: dst[rows[i], :w] (M rows, row stride ld_dst) = src[i, :w] (row stride ld_src)
+// src_t -> dst_t: one dtype (f32, bf16, u8), or f32 <-> bf16 (rounded / widened).
+void gather_rows(const void* src, DType src_t, std::int64_t M, std::int64_t ld_src, std::span<const std::int64_t> rows,
                  std::int64_t w, void* dst, DType dst_t, std::int64_t ld_dst);
 void scatter_rows(const void* src, DType src_t, std::int64_t ld_src, std::span<const std::int64_t> rows,
-                  std::int64_t w, float* dst, std::int64_t M, std::int64_t ld_dst);
+                  std::int64_t w, void* dst, DType dst_t, std::int64_t M, std::int64_t ld_dst);
 // A host copy of a device view (the way tests and file writers read device results).
 template <typename T>
 std::vector<T> to_host(ConstTensorView src) {

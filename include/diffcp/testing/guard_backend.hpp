@@ -71,6 +71,7 @@ class GuardBackend final : public Backend {
   void fill(TensorView x, float value) override;
   void convert(ConstTensorView src, TensorView dst) override;
   void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
+  void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) override;
   void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
 
   // What crossed between the host and the device, and how many ops ran (tests read them).
