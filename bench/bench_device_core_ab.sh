@@ -5,7 +5,10 @@
 # training step (P = 1 and 2) and one DiT step (P = 1, 256 px). Ranks: one per core
 # (mpirun --bind-to core; this machine has 2). Interleaved REPEAT times (default 3); every run goes
 # to CSV (default bench/device_core_ab.csv); prints the medians and new / old ratios.
-# Usage: OLD=<diffcp of the previous commit> bench/bench_device_core_ab.sh
+# FOCUS=1: instead, the measures nearest to 1.0 again with more repetitions: the baselines' f32
+# layer step with 21 repetitions per run and the DiT step, 6 interleaved rounds (CSV default
+# bench/device_core_ab_focus.csv).
+# Usage: OLD=<diffcp of the previous commit> [FOCUS=1] bench/bench_device_core_ab.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -31,7 +34,24 @@ dit() {  # tag, binary
   "$2" dit --resolution 256 --steps 6 --out "" --json |
     python3 -c "import json,sys; print('$1 dit_step_ms', json.load(sys.stdin)['step_ms'])" >>"$out"
 }
-for ((r = 1; r <= repeat; r++)); do
+focus_round() {  # tag, binary
+  dit "$1" "$2"
+  mpirun -np 2 --bind-to core "$2" bench cp --methods ulysses,ring,ringx,lvxattn --reps 21 --csv "$tmp" >/dev/null
+  python3 - "$1" "$tmp" >>"$out" <<'PY'
+import csv, sys
+for r in csv.DictReader(open(sys.argv[2])):
+    print(sys.argv[1], f"cp_{r['method']}_f32_reps21_step_ms", r["step_ms"])
+PY
+}
+if [[ -n "${FOCUS:-}" ]]; then
+  repeat=${REPEAT:-6}
+  for ((r = 1; r <= repeat; r++)); do
+    focus_round old "$old"
+    focus_round new "$new"
+    echo "round $r of $repeat done" >&2
+  done
+fi
+for ((r = 1; r <= (${FOCUS:-0} ? 0 : repeat); r++)); do
   for dt in f32 bf16; do
     cp_step old "$old" $dt
     cp_step new "$new" $dt
@@ -44,7 +64,7 @@ for ((r = 1; r <= repeat; r++)); do
   dit new "$new"
   echo "round $r of $repeat done" >&2
 done
-csv=${CSV:-bench/device_core_ab.csv}
+csv=${CSV:-bench/device_core_ab${FOCUS:+_focus}.csv}
 { echo "build,measure,ms"; tr ' ' ',' <"$out"; } >"$csv"
 python3 - "$csv" <<'PY'
 import collections, csv, statistics, sys
