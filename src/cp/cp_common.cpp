@@ -1,7 +1,6 @@
 #include "diffcp/cp/cp_common.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/merge.hpp"
@@ -106,7 +105,8 @@ void pack_head_slices(std::span<const float* const> src, std::int64_t rows, std:
   const std::int64_t n = static_cast<std::int64_t>(src.size()), width = P * hd;
   for (std::int64_t r = 0; r < P; ++r)  // slice r of src[j]: [rows, hd] (row stride width) -> rows of stride n*hd
     for (std::int64_t j = 0; j < n; ++j)
-      copy_rows(dst + (r * rows * n + j) * hd, n * hd, src[static_cast<std::size_t>(j)] + r * hd, width, rows, hd);
+      convert_rows(src[static_cast<std::size_t>(j)] + r * hd, DType::f32, width, dst + (r * rows * n + j) * hd, DType::f32,
+                   n * hd, rows, hd);
 }
 
 void unpack_head_slices(const float* src, std::int64_t rows, std::int64_t P, std::int64_t hd,
@@ -114,7 +114,8 @@ void unpack_head_slices(const float* src, std::int64_t rows, std::int64_t P, std
   const std::int64_t n = static_cast<std::int64_t>(dst.size()), width = P * hd;
   for (std::int64_t r = 0; r < P; ++r)
     for (std::int64_t j = 0; j < n; ++j)
-      copy_rows(dst[static_cast<std::size_t>(j)] + r * hd, width, src + (r * rows * n + j) * hd, n * hd, rows, hd);
+      convert_rows(src + (r * rows * n + j) * hd, DType::f32, n * hd, dst[static_cast<std::size_t>(j)] + r * hd, DType::f32,
+                   width, rows, hd);
 }
 
 // ---- OwnRows ----

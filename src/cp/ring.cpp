@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "diffcp/attention/attention.hpp"
-#include "diffcp/core/half.hpp"
 #include "diffcp/cp/bytes.hpp"
 #include "diffcp/ops/gemm.hpp"
 

@@ -9,7 +9,6 @@
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/cp/bytes.hpp"
 #include "diffcp/cp/lse_reduce.hpp"
-#include "diffcp/core/half.hpp"
 #include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {

@@ -253,8 +253,8 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     float* delta_p = buffer(delta_, Qp * n_q);
     attention_delta(head_view<const float>(dout_p, Qp, n_q, d), head_view<const float>(st.own.o.data(), Qp, n_q, d),
                     std::span<float>(delta_p, static_cast<std::size_t>(Qp * n_q)));
-    copy_rows(stats_p, 2 * n_q, st.lse.data(), n_q, Qp, n_q);
-    copy_rows(stats_p + n_q, 2 * n_q, delta_p, n_q, Qp, n_q);
+    convert_rows(st.lse.data(), DType::f32, n_q, stats_p, DType::f32, 2 * n_q, Qp, n_q);
+    convert_rows(delta_p, DType::f32, n_q, stats_p + n_q, DType::f32, 2 * n_q, Qp, n_q);
     float* stats = buffer(stats_all_, Q_ * 2 * n_q);
     tw = CpClock::now();
     WorkPtr ag_do;
@@ -269,8 +269,8 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     timings_.blocking_comm_ms += elapsed_ms(tw);
     lse = buffer(lse_all_, Q_ * n_q);
     buffer(delta_, Q_ * n_q);
-    copy_rows(lse, n_q, stats, 2 * n_q, Q_, n_q);
-    copy_rows(delta_.data(), n_q, stats + n_q, 2 * n_q, Q_, n_q);
+    convert_rows(stats, DType::f32, 2 * n_q, lse, DType::f32, n_q, Q_, n_q);
+    convert_rows(stats + n_q, DType::f32, 2 * n_q, delta_.data(), DType::f32, n_q, Q_, n_q);
   } else {
     if (opt_.oproj == OProj::all) {
       float* g = buffer(g_, Q_ * H);

@@ -3,7 +3,6 @@
 #include "diffcp/ops/buffer.hpp"
 
 #include "diffcp/attention/attention.hpp"
-#include "diffcp/core/half.hpp"
 #include "diffcp/cp/bytes.hpp"
 #include "diffcp/ops/gemm.hpp"
 

@@ -1,13 +1,9 @@
 #include "diffcp/dit/exchange.hpp"
 
-#include "diffcp/ops/buffer.hpp"
-
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "diffcp/attention/attention.hpp"
-#include "diffcp/core/half.hpp"
 #include "diffcp/comm/tapa.hpp"
 #include "diffcp/core/error.hpp"
 
@@ -98,20 +94,6 @@ void AttentionExchange::seq_to_head(HeadRows<const float> qkv) {
       gather_rows(qkv.at(0, c * l.heads + r * hp), DType::f32, qkv.rows, qkv.row_stride, l.rows, h,
                   wire_at(send_.data(), (r * bn * 3 + c) * h), wire(), 3 * h);
   timed_all_to_all(send_.data(), qkv_head_.data(), static_cast<std::size_t>(bn * 3 * h));
-}
-
-void AttentionExchange::to_wire(const float* src, void* dst, std::int64_t n) const {
-  if (compute_ == DType::bf16)
-    convert_to_bf16(src, static_cast<bf16_t*>(dst), n);
-  else
-    std::memcpy(dst, src, sizeof(float) * static_cast<std::size_t>(n));
-}
-
-void AttentionExchange::from_wire(const void* src, float* dst, std::int64_t n) const {
-  if (compute_ == DType::bf16)
-    convert_to_f32(static_cast<const bf16_t*>(src), dst, n);
-  else
-    std::memcpy(dst, src, sizeof(float) * static_cast<std::size_t>(n));
 }
 
 void AttentionExchange::head_to_seq(HeadRows<float> out) {

@@ -1,7 +1,6 @@
 #include "diffcp/dit/exchange_vfirst.hpp"
 
 #include <chrono>
-#include <cstring>
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/ops/buffer.hpp"
@@ -93,19 +92,8 @@ void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, DeviceVector<std::u
 
   // Head layout [P b n_p][3][hd]: q|k from the q|k exchange, v from V's (row copies in the wire dtype).
   void* head = head_qkv();
-  const Device d = active_backend().device();
-  const auto rows = [&](const void* p, std::int64_t w, std::int64_t ld) {
-    ConstTensorView v = ConstTensorView::contiguous(p, wire(), {P * bn, w}, d);
-    v.stride[0] = ld;
-    return v;
-  };
-  const auto out_rows = [&](void* p, std::int64_t w) {
-    TensorView v = TensorView::contiguous(p, wire(), {P * bn, w}, d);
-    v.stride[0] = 3 * h;
-    return v;
-  };
-  convert(rows(qk_recv_.data(), 2 * h, 2 * h), out_rows(head, 2 * h));
-  convert(rows(v_recv_.data(), h, h), out_rows(wire_at(head, 2 * h), h));
+  convert_rows(qk_recv_.data(), wire(), 2 * h, head, wire(), 3 * h, P * bn, 2 * h);
+  convert_rows(v_recv_.data(), wire(), h, wire_at(head, 2 * h), wire(), 3 * h, P * bn, h);
 }
 
 std::unique_ptr<AttentionExchange> make_vfirst_exchange(Communicator& world, int group_size) {

@@ -1,16 +1,12 @@
 #include "diffcp/dit/ring_attention.hpp"
 
-#include "diffcp/ops/backend.hpp"
-
 #include <chrono>
-#include <cstring>
 #include <type_traits>
 #include <utility>
 
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/merge.hpp"
 #include "diffcp/core/error.hpp"
-#include "diffcp/core/half.hpp"
 
 namespace diffcp {
 
@@ -62,17 +58,9 @@ RingTraffic RingAttention::forward_t(const BlockMask& mask, HeadRows<const T> q,
   if (bf16) o16_.resize(M * hd);
   const auto view = [&](DeviceVector<float>& b) { return HeadRows<float>{b.data(), M, h, d, hd}; };
   const auto kv = [&](int i) { return reinterpret_cast<T*>(kv_[i].data()); };
-  // [M, hd] rows of T at p with row stride ld, in the backend's memory.
-  const Device dev = active_backend().device();
-  const auto rows_of = [&](auto* p, std::int64_t ld, DType t) {
-    using View = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(p)>>, ConstTensorView, TensorView>;
-    View r = View::contiguous(p, t, {M, hd}, dev);
-    r.stride[0] = ld;
-    return r;
-  };
   // This group's K|V, one contiguous message: kv[i] = [k row i | v row i], [M][2][hd] (row copies).
-  convert(rows_of(k.data, k.row_stride, dtype_of<T>()), rows_of(kv(0), 2 * hd, dtype_of<T>()));
-  convert(rows_of(v.data, v.row_stride, dtype_of<T>()), rows_of(kv(0) + hd, 2 * hd, dtype_of<T>()));
+  convert_rows(k.data, dtype_of<T>(), k.row_stride, kv(0), dtype_of<T>(), 2 * hd, M, hd);
+  convert_rows(v.data, dtype_of<T>(), v.row_stride, kv(0) + hd, dtype_of<T>(), 2 * hd, M, hd);
   // The partial (o, lse) of q against the K|V `kt`, `vt` into f32 `o32`, `l32` (bf16: widened).
   const auto partial = [&](HeadRows<const T> kt, HeadRows<const T> vt, DeviceVector<float>& o32, DeviceVector<float>& l32) {
     if constexpr (bf16) {
@@ -109,7 +97,7 @@ RingTraffic RingAttention::forward_t(const BlockMask& mask, HeadRows<const T> q,
         std::swap(lse_run_, lse_tmp_);
       } else if constexpr (bf16) {  // the merged output rounded once
         lse_merge(o_parts, lse_parts, view(o_tmp_), lse);
-        convert(rows_of(static_cast<const float*>(o_tmp_.data()), hd, DType::f32), rows_of(o.data, o.row_stride, DType::bf16));
+        convert_rows(o_tmp_.data(), DType::f32, hd, o.data, DType::bf16, o.row_stride, M, hd);
       } else {
         lse_merge(o_parts, lse_parts, o, lse);  // the last partial merges straight into the output
       }

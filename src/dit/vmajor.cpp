@@ -1,8 +1,6 @@
 #include "diffcp/dit/vmajor.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <numeric>
 
 #include "diffcp/core/error.hpp"
@@ -13,15 +11,6 @@ namespace diffcp {
 
 namespace {
 std::size_t uz(std::int64_t v) { return static_cast<std::size_t>(v); }
-
-// [rows, w] bytes at p with row stride ld (wire rows handled as bytes: the same for f32 and bf16).
-template <typename Ptr>
-auto byte_rows(Ptr p, std::int64_t rows, std::int64_t w, std::int64_t ld) {
-  using View = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, ConstTensorView, TensorView>;
-  View v = View::contiguous(p, DType::u8, {rows, w}, active_backend().device());
-  v.stride[0] = ld;
-  return v;
-}
 }  // namespace
 
 VMajorExchange::VMajorExchange(Communicator& world, int L, const CacheSchedule& schedule)
@@ -135,7 +124,7 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
     qk_p1.wait();
     stats_.comm_ms += now_ms() - t0;
     // [G][L][k] rows of [q|k | v]: q|k from phase 1's output ([G][L][k][2][hd]), v placed in step 4.
-    convert(byte_rows(qk_p1.output().data(), n_act, 2 * rb, 2 * rb), byte_rows(p2_send_.data(), n_act, 2 * rb, 3 * rb));
+    convert_rows(qk_p1.output().data(), DType::u8, 2 * rb, p2_send_.data(), DType::u8, 3 * rb, n_act, 2 * rb);
     t0 = now_ms();
     tapa_.inter().all_to_all_async(p2_send_.data(), p2_recv_.data(), uz(L * k * 3 * h), wire())->wait();
   }

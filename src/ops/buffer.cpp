@@ -89,6 +89,13 @@ void copy(TensorView dst, ConstTensorView src) {
 }
 
 namespace {
+// [rows, w] of t at p with row stride ld, in the active backend's memory.
+template <typename View, typename Ptr>
+View row_view(Ptr p, DType t, std::int64_t rows, std::int64_t w, std::int64_t ld) {
+  View v = View::contiguous(p, t, {rows, w}, active_backend().device());
+  v.stride[0] = ld;
+  return v;
+}
 template <typename To, typename From>
 void convert_n(const From* src, To* dst, std::int64_t n) {
   const Device d = active_backend().device();
@@ -100,15 +107,11 @@ void convert(const float* src, bf16_t* dst, std::int64_t n) { convert_n(src, dst
 void convert(const bf16_t* src, float* dst, std::int64_t n) { convert_n(src, dst, n); }
 void device_copy(float* dst, const float* src, std::int64_t n) { convert_n(src, dst, n); }
 
-void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
-               std::int64_t cols) {
-  DIFFCP_CHECK(ld_dst >= cols && ld_src >= cols, "copy_rows: row strides ", ld_dst, ", ", ld_src, " below ", cols);
-  const Device d = active_backend().device();
-  ConstTensorView from = ConstTensorView::contiguous(src, DType::f32, {rows, cols}, d);
-  TensorView to = TensorView::contiguous(dst, DType::f32, {rows, cols}, d);
-  from.stride[0] = ld_src;
-  to.stride[0] = ld_dst;
-  convert(from, to);
+void convert_rows(const void* src, DType src_t, std::int64_t ld_src, void* dst, DType dst_t, std::int64_t ld_dst,
+                  std::int64_t rows, std::int64_t cols) {
+  DIFFCP_CHECK(rows >= 0 && cols >= 0 && ld_dst >= cols && ld_src >= cols, "convert_rows: ", rows, " rows of ", cols,
+               ", row strides ", ld_src, ", ", ld_dst);
+  convert(row_view<ConstTensorView>(src, src_t, rows, cols, ld_src), row_view<TensorView>(dst, dst_t, rows, cols, ld_dst));
 }
 
 void fill(float* x, std::int64_t n, float value) {
@@ -116,12 +119,6 @@ void fill(float* x, std::int64_t n, float value) {
 }
 
 namespace {
-template <typename View, typename Ptr>
-View row_view(Ptr p, DType t, std::int64_t rows, std::int64_t w, std::int64_t ld) {
-  View v = View::contiguous(p, t, {rows, w}, active_backend().device());
-  v.stride[0] = ld;
-  return v;
-}
 void check_rows(const char* op, std::span<const std::int64_t> rows, std::int64_t M, std::int64_t w,
                 std::int64_t ld_src, std::int64_t ld_dst, DType from, DType to) {
   DIFFCP_CHECK(w >= 0 && ld_src >= w && ld_dst >= w, op, ": w = ", w, ", row strides ", ld_src, ", ", ld_dst);

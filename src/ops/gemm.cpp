@@ -14,15 +14,12 @@ namespace {
 std::atomic<DType> g_f32_compute{DType::f32};
 
 // The stored [rows, cols] matrix at x (row stride ld, the backend's memory) rounded into a dense
-// bf16 one in `out` (a workspace of the backend, grown as needed), by the backend's convert op.
-const bf16_t* round_to_bf16(Backend& b, const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
-                            Buffer& out) {
-  if (out.backend() != &b) out = Buffer(DType::bf16, 0, b);
-  out.reserve(rows * cols);
-  ConstTensorView from = ConstTensorView::contiguous(x, DType::f32, {rows, cols}, b.device());
-  from.stride[0] = ld;
-  convert(from, out.view({rows, cols}));
-  return out.ptr<bf16_t>();
+// bf16 one in `out` (a workspace in the active backend's memory, grown as needed).
+const bf16_t* round_to_bf16(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                            DeviceVector<bf16_t>& out) {
+  out.resize(rows * cols);
+  convert_rows(x, DType::f32, ld, out.data(), DType::bf16, cols, rows, cols);
+  return out.data();
 }
 
 }  // namespace
@@ -57,12 +54,11 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
                b_cols, ", ", N);
   if (M == 0 || N == 0) return;
   if (dtype == DType::f32 && f32_gemm_compute() == DType::bf16) {
-    thread_local Buffer a16, b16;
-    Backend& b = active_backend();
+    thread_local DeviceVector<bf16_t> a16, b16;
     const std::int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
     const std::int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-    const bf16_t* a = round_to_bf16(b, static_cast<const float*>(A), a_rows, a_cols, lda, a16);
-    const bf16_t* bb = round_to_bf16(b, static_cast<const float*>(B), b_rows, b_cols, ldb, b16);
+    const bf16_t* a = round_to_bf16(static_cast<const float*>(A), a_rows, a_cols, lda, a16);
+    const bf16_t* bb = round_to_bf16(static_cast<const float*>(B), b_rows, b_cols, ldb, b16);
     gemm_bf16_f32acc(trans_a, trans_b, M, N, K, alpha, a, a_cols, bb, b_cols, beta, static_cast<float*>(C), ldc);
     return;
   }

@@ -171,16 +171,13 @@ class AttentionExchange {
 
   std::int64_t head_rows() const { return P_ * layout_.batch * layout_.tokens_p; }  // P b n_p
   std::int64_t hd() const { return layout_.heads / P_ * layout_.head_dim; }         // h_p d_h
-  // The payload dtype (= compute()) and its element size; element i of a payload buffer; n f32
-  // values stored as payload elements at dst (copied or rounded), and back (copied or widened).
+  // The payload dtype (= compute()) and its element size; element i of a payload buffer.
   DType wire() const { return compute_; }
   std::size_t wire_size() const { return dtype_size(compute_); }
   std::byte* wire_at(void* base, std::int64_t i) const { return static_cast<std::byte*>(base) + i * wire_size(); }
   const std::byte* wire_at(const void* base, std::int64_t i) const {
     return static_cast<const std::byte*>(base) + i * wire_size();
   }
-  void to_wire(const float* src, void* dst, std::int64_t n) const;
-  void from_wire(const void* src, float* dst, std::int64_t n) const;
   // The head-layout q|k|v [P b n_p][3][hd] in wire() that attention reads (subclasses fill it).
   void* head_qkv() { return qkv_head_.data(); }
   // Attention on head_qkv() (USP: Ring attention over the groups), then head -> seq into out (as the

@@ -107,13 +107,14 @@ void convert(ConstTensorView src, TensorView dst);
 // backend's device.
 void copy(TensorView dst, ConstTensorView src);
 // Raw-pointer forms for the layers, whose pointers point into the active backend's memory (as the
-// ops' do): n elements converted or copied, and `rows` rows of `cols` elements between row-strided
-// layouts (an interleave / de-interleave of rows, e.g. [lse | D] statistics).
+// ops' do): n elements converted or copied, and `rows` rows of `cols` elements from src (src_t,
+// row stride ld_src) to dst (dst_t, row stride ld_dst), one dtype (an interleave / de-interleave
+// of rows, e.g. [lse | D] statistics, or raw u8 rows) or f32 <-> bf16.
 void convert(const float* src, bf16_t* dst, std::int64_t n);
 void convert(const bf16_t* src, float* dst, std::int64_t n);
 void device_copy(float* dst, const float* src, std::int64_t n);
-void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
-               std::int64_t cols);
+void convert_rows(const void* src, DType src_t, std::int64_t ld_src, void* dst, DType dst_t, std::int64_t ld_dst,
+                  std::int64_t rows, std::int64_t cols);
 void fill(float* x, std::int64_t n, float value);
 // Row gather / scatter, with a dtype change or not (token packing; rows are host metadata):
 //   gather_rows:  dst[i, :w] (row stride ld_dst) = src[rows[i], :w] (M rows, row stride ld_src)
