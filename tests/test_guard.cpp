@@ -285,6 +285,7 @@ std::vector<OpCase> op_cases() {
                      convert(t[0], t[1]);
                      fill(t[2], -2.25f);
                      convert(t[2], TensorView::contiguous(F(t[0]), DType::f32, {50}, t[0].device));
+                     fill(F(t[0]) + 60, 40, 0.1f);  // f32: every bit of the value
                    }});
   return cases;
 }
