@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     diffcp::DitWeights w(cfg);
     w.load(file.write(data, size));
-    FUZZ_ASSERT(static_cast<std::int64_t>(w.params().size()) == w.layout().total);
+    FUZZ_ASSERT(w.params().numel() == w.layout().total);
   } catch (const diffcp::Error&) {
   }
   return 0;

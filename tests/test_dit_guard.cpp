@@ -4,7 +4,10 @@
 // host. Flat, TAPA, V-First and cocodiff (start_v, poll, attention, as the model calls them), f32 and bf16,
 // at every rank count, group size L in {1, 2} and Ulysses degree U in {P, 1, P/2} (USP: Ring
 // attention over P / U groups), and cocodiff (V-Major's caches, its L1 selection and selective
-// steps): the output equals the CPU run's bit for bit.
+// steps): the output equals the CPU run's bit for bit. Then the whole model: `diffcp dit`'s sampling
+// (weights, activations, modulation, RoPE table, the Euler update in guard memory) in every mode in
+// f32, USP (Ring attention over all ranks) under Flat and cocodiff, and bf16 compute (the rounded
+// weights) under cocodiff: every step's velocity and the final latent equal the CPU run's.
 #include <string>
 #include <vector>
 
@@ -12,6 +15,8 @@
 
 #include "diffcp/core/random.hpp"
 #include "diffcp/dit/exchange.hpp"
+#include "diffcp/dit/model.hpp"
+#include "diffcp/dit/run.hpp"
 #include "diffcp/ops/buffer.hpp"
 #include "diffcp/testing/guard_backend.hpp"
 #include "mpi_test.hpp"
@@ -76,6 +81,62 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
           }
           EXPECT_EQ(cpu, guard);
         }
+}
+
+TEST(DitSamplingOnGuardDevice, EveryModeEqualsTheCpuRunBitForBit) {
+  Communicator& world = test::world();
+  const int P = world.size();
+  DitConfig cfg = dit_preset("tiny");
+  cfg.heads = 24;  // every U in {1, 2, 3, 4, 8} divides the heads
+  cfg.head_dim = 8;
+  cfg.rope_axes = flux_rope_axes(8);
+  cfg.mlp_hidden = 64;
+  cfg.guidance_embed = true;
+  const DitShape shape{1, 192, 128, 24};  // 96 image and 24 text tokens: every P divides them
+  const DitConditioning cond = prompt_conditioning(cfg, shape, "a guard prompt");
+  const std::vector<float> noise = initial_noise(cfg, shape, 5);
+  const int steps = 4;
+  const CacheSchedule schedule{CacheScheduleKind::fixed, 0.5, 2, 0};  // cocodiff: selective after step 2
+  struct Case {
+    ExchangeMode mode;
+    DType compute;
+    int U;
+  };
+  std::vector<Case> cases;
+  for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff})
+    cases.push_back({mode, DType::f32, P});
+  cases.push_back({ExchangeMode::cocodiff, DType::bf16, P});
+  if (P > 1)
+    for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::cocodiff}) cases.push_back({mode, DType::f32, 1});
+  for (const auto& [mode, compute, U] : cases) {
+    const int L = U == P && P % 2 == 0 ? 2 : 1;
+    SCOPED_TRACE(std::string(exchange_mode_name(mode)) + " " + dtype_name(compute) + " U=" + std::to_string(U) +
+                 " L=" + std::to_string(L));
+    const auto run = [&](Backend& be) {
+      ScopedBackend use(be);
+      DitWeights w(cfg);
+      w.init_random(3);
+      const auto ex = make_attention_exchange(mode, world, L, schedule, U);
+      ex->set_device(be.device());
+      SampleOptions opt;
+      opt.timesteps = flow_schedule(steps, TimeSchedule::flux, shape.image_tokens());
+      opt.compute = compute;
+      std::vector<std::vector<float>> out;
+      opt.on_velocity = [&](int, const std::vector<float>& v) { out.push_back(v); };
+      out.push_back(run_dit_sampling(world, w, shape, *ex, cond, noise, opt).latent);
+      if (mode == ExchangeMode::cocodiff) {
+        EXPECT_GT(ex->stats().selective, 0u);
+      }
+      ex->set_device(Device::host);
+      return out;
+    };
+    const auto cpu = run(cpu_backend());
+    const std::int64_t ops = guard_backend().counters().ops;
+    const auto guard = run(guard_backend());
+    EXPECT_GT(guard_backend().counters().ops, ops);
+    ASSERT_EQ(cpu.size(), static_cast<std::size_t>(steps + 1));
+    EXPECT_EQ(cpu, guard);
+  }
 }
 
 }  // namespace

@@ -276,6 +276,7 @@ std::vector<OpCase> op_cases() {
                      swiglu_forward(F(t[0]), F(t[1]), F(t[2]), 500);
                      swiglu_backward(F(t[3]), F(t[0]), F(t[1]), F(t[4]), F(t[5]), 500);
                      add_into(F(t[4]), F(t[5]), 500);
+                     axpy(F(t[3]), -0.37f, F(t[4]), 500);
                    }});
   cases.push_back({"adamw", {OpKind::adamw_step}, {{f, 333}, {f, 333}, {f, 333}, {f, 333, 0.f, 1.f}},
                    [](Backend&, auto& t) {
@@ -286,6 +287,7 @@ std::vector<OpCase> op_cases() {
                      fill(t[2], -2.25f);
                      convert(t[2], TensorView::contiguous(F(t[0]), DType::f32, {50}, t[0].device));
                      fill(F(t[0]) + 60, 40, 0.1f);  // f32: every bit of the value
+                     convert_rows(F(t[0]) + 10, DType::f32, 0, F(t[0]) + 20, DType::f32, 12, 3, 8);  // a broadcast
                    }});
   return cases;
 }

@@ -46,12 +46,17 @@ void CpuBackend::swiglu_backward(ConstTensorView dact_v, ConstTensorView gate_v,
 }
 
 // y, x: [n]
-void CpuBackend::add(TensorView y_v, ConstTensorView x_v) {
+void CpuBackend::add(TensorView y_v, ConstTensorView x_v, float alpha) {
   float* y = y_v.ptr<float>();
   const float* x = x_v.ptr<float>();
   const std::int64_t n = y_v.numel();
+  if (alpha == 1.f) {
 #pragma omp parallel for simd schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
+    for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  }
 }
 
 // x: [n] = value (f32 or bf16)

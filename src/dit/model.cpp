@@ -31,13 +31,32 @@ void transpose(const float* src, std::int64_t rows, std::int64_t cols, float* ds
 
 }  // namespace
 
-DitWeights::DitWeights(const DitConfig& cfg) : cfg_(cfg), layout_(cfg), params_(static_cast<std::size_t>(layout_.total)) {}
+namespace {
+// Writes one tensor's values into the parameters: `produce(dst)` fills [t.size] host floats, straight
+// into the parameters when they are host memory, else into a staging copy sent with the backend's copy.
+template <typename F>
+void write_tensor(const Buffer& params, const DitLayout::Tensor& t, F&& produce) {
+  float* dst = params.ptr<float>() + t.offset;
+  if (params.device() == Device::host) {
+    produce(dst);
+    return;
+  }
+  std::vector<float> host(static_cast<std::size_t>(t.size));
+  produce(host.data());
+  const ScopedBackend use(*params.backend());
+  copy(TensorView::contiguous(dst, DType::f32, {t.size}, params.device()),
+       ConstTensorView::contiguous(host.data(), DType::f32, {t.size}));
+}
+}  // namespace
+
+DitWeights::DitWeights(const DitConfig& cfg) : cfg_(cfg), layout_(cfg), params_(DType::f32, layout_.total) {
+  fill(params_.view(), 0.f);
+}
 
 void DitWeights::init_random(std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
-  for (const DitLayout::Tensor& t : layout_.tensors) {
-    float* p = params_.data() + t.offset;
+  for (const DitLayout::Tensor& t : layout_.tensors) write_tensor(params_, t, [&](float* p) {
     if (t.linear_weight) {
       const float stddev = 1.f / std::sqrt(static_cast<float>(t.shape[1]));  // shape [out, in]
       for (std::int64_t i = 0; i < t.size; ++i) p[i] = normal(rng) * stddev;
@@ -46,7 +65,7 @@ void DitWeights::init_random(std::uint64_t seed) {
       const bool scale = t.name.ends_with(".scale");
       std::fill(p, p + t.size, scale ? 1.f : 0.f);
     }
-  }
+  });
 }
 
 namespace {
@@ -148,7 +167,7 @@ void DitWeights::load(const SafeTensorsSet& ck) {
     const SafeTensors& file = ck.file(t.name);
     const FileDtype d = file_dtype(file.info(t.name).dtype);
     const std::int64_t rows = t.linear_weight ? t.shape[0] : 1, cols = t.linear_weight ? t.shape[1] : t.size;
-    convert(file.bytes(t.name).data(), d, rows, cols, t.linear_weight, params_.data() + t.offset);
+    write_tensor(params_, t, [&](float* dst) { convert(file.bytes(t.name).data(), d, rows, cols, t.linear_weight, dst); });
     file.release(t.name);
   }
 }
@@ -160,8 +179,10 @@ void DitWeights::save(const std::string& path, const std::string& dtype) const {
   std::vector<std::vector<float>> transposed;
   std::vector<std::vector<std::uint16_t>> halves;
   std::vector<NamedTensor> out;
+  std::vector<float> staged;  // the parameters on the host, when they live elsewhere
+  const float* params = params_.device() == Device::host ? params_.ptr<float>() : (staged = host_params()).data();
   for (const DitLayout::Tensor& t : layout_.tensors) {
-    const float* data = params_.data() + t.offset;
+    const float* data = params + t.offset;
     if (t.linear_weight) {
       transposed.emplace_back(static_cast<std::size_t>(t.size));
       transpose(data, t.shape[1], t.shape[0], transposed.back().data());
@@ -262,14 +283,14 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   }
   ex_.set_layout(std::move(l));
 
-  const auto sz = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-  x_.resize(sz(Mp_ * H));
-  xm_.resize(x_.size());
-  attn_.resize(x_.size());
-  y_.resize(x_.size());
-  big_.resize(sz(Mp_ * (3 * H + cfg_.mlp_hidden)));
-  silu_vec_.resize(sz(H));
-  mod_.resize(sz(6 * H));
+  DIFFCP_CHECK(&active_backend() == w_.params().backend(), "DitModel: the active backend '", active_backend().name(),
+               "' is not the one holding the weights ('", w_.params().backend()->name(), "')");
+  for (DeviceVector<float>* v : {&x_, &xm_, &attn_, &y_}) v->resize(Mp_ * H);
+  big_.resize(Mp_ * (3 * H + cfg_.mlp_hidden));
+  temb_.resize(cfg_.time_dim);
+  for (DeviceVector<float>* v : {&h_, &vec_, &silu_vec_}) v->resize(H);
+  mod_.resize(6 * H);
+  mods_.resize(12 * H);
 }
 
 void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
@@ -289,55 +310,58 @@ void DitModel::linear(const DitLinear& l, const float* x, std::int64_t ldx, std:
     dit_linear(x, ldx, M, l.in, params16_.data() + l.w + c0, l.out, ncols, param(l.b) + c0, y, ldy);
 }
 
-void DitModel::modulation(const DitLinear& l, std::vector<float>& out) const {
-  linear(l, silu_vec_.data(), l.in, 1, out.data(), l.out);
-}
+void DitModel::modulation(const DitLinear& l, float* out) const { linear(l, silu_vec_.data(), l.in, 1, out, l.out); }
 
 void DitModel::velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance,
                         float* v_p) {
   const DitLayout& L = w_.layout();
+  DIFFCP_CHECK(&active_backend() == w_.params().backend(), "DitModel::velocity: the active backend '",
+               active_backend().name(), "' is not the one holding the weights ('", w_.params().backend()->name(), "')");
   // bf16 compute: the weights rounded once (they are constant for the model's life), the
   // activations at each GEMM; f32: the f32 weights.
   if (f32_gemm_compute() == DType::bf16 && params16_.empty()) {
-    const std::vector<float>& P = w_.params();
-    params16_.resize(P.size());
-    convert_to_bf16(P.data(), params16_.data(), static_cast<std::int64_t>(P.size()));
+    params16_.resize(L.total);
+    convert(w_.params().ptr<float>(), params16_.data(), L.total);
   } else if (f32_gemm_compute() == DType::f32) {
-    std::vector<bf16_t>().swap(params16_);
+    params16_ = DeviceVector<bf16_t>();
   }
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
+  // The timestep features (host math on one scalar) into temb_.
+  const auto features = [&](double s) {
+    const std::vector<float> e = timestep_embedding(s, cfg_.time_dim);
+    copy(temb_.view(), ConstTensorView::contiguous(e.data(), DType::f32, {cfg_.time_dim}));
+  };
 
   // vec = MLP_time(timestep features) + MLP_vector(pooled); the blocks use silu(vec).
-  const std::vector<float> temb = timestep_embedding(t, cfg_.time_dim);
-  std::vector<float> h(static_cast<std::size_t>(H)), vec(h.size());
-  linear(L.time_in0, temb.data(), cfg_.time_dim, 1, h.data(), H);
-  silu_inplace(h.data(), H);
-  linear(L.time_in1, h.data(), H, 1, vec.data(), H);
+  features(t);
+  linear(L.time_in0, temb_.data(), cfg_.time_dim, 1, h_.data(), H);
+  silu_inplace(h_.data(), H);
+  linear(L.time_in1, h_.data(), H, 1, vec_.data(), H);
   if (cfg_.guidance_embed) {  // FLUX.1-dev: vec += MLP_guidance(timestep_embedding(guidance))
-    const std::vector<float> gemb = timestep_embedding(guidance, cfg_.time_dim);
-    linear(L.guidance_in0, gemb.data(), cfg_.time_dim, 1, h.data(), H);
-    silu_inplace(h.data(), H);
-    linear(L.guidance_in1, h.data(), H, 1, y_.data(), H);
-    for (std::int64_t c = 0; c < H; ++c) vec[static_cast<std::size_t>(c)] += y_[static_cast<std::size_t>(c)];
+    features(guidance);
+    linear(L.guidance_in0, temb_.data(), cfg_.time_dim, 1, h_.data(), H);
+    silu_inplace(h_.data(), H);
+    linear(L.guidance_in1, h_.data(), H, 1, y_.data(), H);
+    add_into(vec_.data(), y_.data(), H);
   }
-  linear(L.vector_in0, pooled, cfg_.pooled_dim, 1, h.data(), H);
-  silu_inplace(h.data(), H);
-  linear(L.vector_in1, h.data(), H, 1, y_.data(), H);
-  for (std::int64_t c = 0; c < H; ++c) silu_vec_[static_cast<std::size_t>(c)] = vec[static_cast<std::size_t>(c)] + y_[static_cast<std::size_t>(c)];
+  linear(L.vector_in0, pooled, cfg_.pooled_dim, 1, h_.data(), H);
+  silu_inplace(h_.data(), H);
+  linear(L.vector_in1, h_.data(), H, 1, silu_vec_.data(), H);
+  add_into(silu_vec_.data(), vec_.data(), H);
   silu_inplace(silu_vec_.data(), H);
 
   // Embeddings: the text rows are the same for every image, projected once and copied.
   linear(L.img_in, x_p, cfg_.in_channels(), img_rows_.rows, x_.data() + img_rows_.row0 * H, H);
   if (Tp > 0) {
     linear(L.txt_in, txt_p, cfg_.text_dim, Tp, x_.data(), H);
-    for (std::int64_t j = 1; j < shape_.batch; ++j) std::copy_n(x_.data(), Tp * H, x_.data() + j * Tp * H);
+    for (std::int64_t j = 1; j < shape_.batch; ++j) device_copy(x_.data() + j * Tp * H, x_.data(), Tp * H);
   }
 
   for (const auto& blk : L.double_blocks) double_block(blk);
   for (const auto& blk : L.single_blocks) single_block(blk);
 
   // Final layer on the image rows: (shift, scale).
-  modulation(L.final_mod, mod_);
+  modulation(L.final_mod, mod_.data());
   const float* img = x_.data() + img_rows_.row0 * H;
   layernorm_modulate(img, img_rows_.rows, H, mod_.data(), mod_.data() + H, static_cast<float>(cfg_.eps), xm_.data());
   linear(L.final_linear, xm_.data(), H, img_rows_.rows, v_p, cfg_.in_channels());
@@ -347,15 +371,13 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
   const std::int64_t H = cfg_.hidden(), M = cfg_.mlp_hidden, d = cfg_.head_dim;
   const float eps = static_cast<float>(cfg_.eps);
   const std::pair<const DitLayout::Stream*, StreamRows> streams[] = {{&blk.txt, txt_rows_}, {&blk.img, img_rows_}};
-  std::vector<float> mods[2];
 
   // Each stream's modulated, normed, rotated q | k | v into big_ as [M_p, 3H] (rows in place). V-First
   // (SPEC B.3): both streams' v columns first, V's exchange starts, then q | k + norm + RoPE.
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
-    mods[s].resize(static_cast<std::size_t>(6 * H));
-    modulation(w->mod, mods[s]);
-    const float* mod = mods[s].data();  // shift1, scale1, gate1, shift2, scale2, gate2
+    float* mod = mods_.data() + s * 6 * H;  // shift1, scale1, gate1, shift2, scale2, gate2
+    modulation(w->mod, mod);
     layernorm_modulate(x_.data() + r.row0 * H, r.rows, H, mod, mod + H, eps, xm_.data() + r.row0 * H);
     project(w->qkv, xm_.data() + r.row0 * H, r.rows, 2 * H, H, big_.data() + r.row0 * 3 * H + 2 * H, 3 * H);
   }
@@ -372,7 +394,7 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
 
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
-    const float* mod = mods[s].data();
+    const float* mod = mods_.data() + s * 6 * H;
     float* x = x_.data() + r.row0 * H;
     float* xm = xm_.data() + r.row0 * H;
     linear(w->proj, attn_.data() + r.row0 * H, H, r.rows, y_.data(), H);
@@ -388,7 +410,7 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
 void DitModel::single_block(const DitLayout::SingleBlock& blk) {
   const std::int64_t H = cfg_.hidden(), M = cfg_.mlp_hidden, d = cfg_.head_dim, ld = 3 * H + M;
   const float eps = static_cast<float>(cfg_.eps);
-  modulation(blk.mod, mod_);  // shift, scale, gate
+  modulation(blk.mod, mod_.data());  // shift, scale, gate
   layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, eps, xm_.data());
   // linear1 -> [M_p, q | k | v | m]: v first (V-First), then q | k + norm + RoPE, then m.
   project(blk.linear1, xm_.data(), Mp_, 2 * H, H, big_.data() + 2 * H, ld);

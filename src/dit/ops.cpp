@@ -7,6 +7,7 @@
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
 #include "diffcp/ops/backend.hpp"
+#include "diffcp/ops/buffer.hpp"
 #include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
@@ -23,25 +24,19 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
                 std::int64_t N, const float* bias, float* y, std::int64_t ldy) {
   check_linear(M, K, N, ldx, ldw, ldy);
   if (M == 0) return;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < M; ++r)
-    for (std::int64_t c = 0; c < N; ++c) y[r * ldy + c] = bias ? bias[c] : 0.f;
-  gemm(false, false, M, N, K, 1.f, x, ldx, W, ldw, 1.f, y, ldy);
+  if (bias) convert_rows(bias, DType::f32, 0, y, DType::f32, ldy, M, N);  // y = bias in every row
+  gemm(false, false, M, N, K, 1.f, x, ldx, W, ldw, bias ? 1.f : 0.f, y, ldy);
 }
 
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const bf16_t* W16, std::int64_t ldw,
                 std::int64_t N, const float* bias, float* y, std::int64_t ldy) {
   check_linear(M, K, N, ldx, ldw, ldy);
   if (M == 0) return;
-  thread_local std::vector<bf16_t> x16;  // the calling thread's: its pointer goes into the loop
-  x16.resize(static_cast<std::size_t>(M * K));
-  bf16_t* x16p = x16.data();
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < M; ++r) {
-    convert_to_bf16(x + r * ldx, x16p + r * K, K);
-    for (std::int64_t c = 0; c < N; ++c) y[r * ldy + c] = bias ? bias[c] : 0.f;
-  }
-  gemm_bf16_f32acc(false, false, M, N, K, 1.f, x16.data(), K, W16, ldw, 1.f, y, ldy);
+  thread_local DeviceVector<bf16_t> x16;  // [M, K] x rounded, in the active backend's memory
+  x16.resize(M * K);
+  convert_rows(x, DType::f32, ldx, x16.data(), DType::bf16, K, M, K);
+  if (bias) convert_rows(bias, DType::f32, 0, y, DType::f32, ldy, M, N);  // y = bias in every row
+  gemm_bf16_f32acc(false, false, M, N, K, 1.f, x16.data(), K, W16, ldw, bias ? 1.f : 0.f, y, ldy);
 }
 
 std::vector<float> timestep_embedding(double t, std::int64_t dim) {
@@ -59,8 +54,7 @@ std::vector<float> timestep_embedding(double t, std::int64_t dim) {
 AxialRope::AxialRope(const DitConfig& cfg, const std::vector<std::array<std::int64_t, 2>>& positions)
     : rows_(static_cast<std::int64_t>(positions.size())), half_(cfg.head_dim / 2) {
   cfg.validate();
-  cos_.resize(static_cast<std::size_t>(rows_ * half_));
-  sin_.resize(cos_.size());
+  std::vector<float> cos(static_cast<std::size_t>(rows_ * half_)), sin(cos.size());
   for (std::int64_t r = 0; r < rows_; ++r) {
     const double pos[3] = {0.0, static_cast<double>(positions[static_cast<std::size_t>(r)][0]),
                            static_cast<double>(positions[static_cast<std::size_t>(r)][1])};
@@ -69,10 +63,14 @@ AxialRope::AxialRope(const DitConfig& cfg, const std::vector<std::array<std::int
       for (std::int64_t i = 0; i < cfg.rope_axes[static_cast<std::size_t>(a)] / 2; ++i, ++k) {
         const double dim = static_cast<double>(cfg.rope_axes[static_cast<std::size_t>(a)]);
         const double angle = pos[a] * std::pow(cfg.rope_theta, -2.0 * static_cast<double>(i) / dim);
-        cos_[static_cast<std::size_t>(r * half_ + k)] = static_cast<float>(std::cos(angle));
-        sin_[static_cast<std::size_t>(r * half_ + k)] = static_cast<float>(std::sin(angle));
+        cos[static_cast<std::size_t>(r * half_ + k)] = static_cast<float>(std::cos(angle));
+        sin[static_cast<std::size_t>(r * half_ + k)] = static_cast<float>(std::sin(angle));
       }
   }
+  cos_.resize(rows_ * half_);
+  sin_.resize(rows_ * half_);
+  copy(cos_.view(), ConstTensorView::contiguous(cos.data(), DType::f32, {rows_ * half_}));
+  copy(sin_.view(), ConstTensorView::contiguous(sin.data(), DType::f32, {rows_ * half_}));
 }
 
 void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t heads, std::int64_t d,

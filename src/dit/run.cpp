@@ -14,6 +14,7 @@ DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape
   ex.reset_stats();
   const SampleTimings t = euler_sample(model, x_p, cond, opt);
   DitRun r{gather_latent(world, x_p, w.config(), shape, model.shard()), t.step_ms, t.comm_ms, ex.stats(), ex.cache_bytes()};
+  const ScopedCommDevice host(world, Device::host);  // host metadata
   world.all_reduce<double>(r.step_ms, ReduceOp::max);
   world.all_reduce<double>(r.comm_ms, ReduceOp::max);
   return r;

@@ -6,6 +6,8 @@
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/random.hpp"
+#include "diffcp/ops/buffer.hpp"
+#include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
@@ -46,6 +48,7 @@ std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x
                " of ", comm.size(), ", the shard rank ", shard.p, " of ", shard.P);
   const std::int64_t C = cfg.in_channels(), N = shape.image_tokens(), Ip = shard.image_p, b = shape.batch;
   std::vector<float> all(x_p.size() * static_cast<std::size_t>(shard.P)), full(all.size());
+  const ScopedCommDevice host(comm, Device::host);  // the latents are host data here
   comm.all_gather<float>(x_p, all);
   // all: [P][b][I_p][C] -> full: [b][P I_p][C]
   for (std::int64_t r = 0; r < shard.P; ++r)
@@ -95,7 +98,18 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
   DIFFCP_CHECK(static_cast<std::int64_t>(x_p.size()) == model.shape().batch * s.image_p * cfg.in_channels(),
                "euler_sample: x_p has ", x_p.size(), " values, expected b * I_p * C_in = ",
                model.shape().batch * s.image_p * cfg.in_channels());
-  std::vector<float> v(x_p.size());
+  // On the device: the latent, this rank's text rows, the pooled vector and the velocity.
+  const auto up = [](const float* host, std::int64_t n) {
+    DeviceVector<float> d;
+    d.resize(n);
+    copy(d.view(), ConstTensorView::contiguous(host, DType::f32, {n}));
+    return d;
+  };
+  const std::int64_t n = static_cast<std::int64_t>(x_p.size());
+  const DeviceVector<float> txt = up(cond.txt.data() + s.p * s.text_p * text_dim, s.text_p * text_dim),
+                            pooled = up(cond.pooled.data(), cfg.pooled_dim);
+  DeviceVector<float> x = up(x_p.data(), n), v;
+  v.resize(n);
   const ScopedF32GemmCompute precision(opt.compute);
   model.exchange().set_compute(opt.compute);
   SampleTimings out;
@@ -103,14 +117,15 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
     const auto t0 = std::chrono::steady_clock::now();
     const double comm0 = model.exchange().stats().comm_ms;
     model.exchange().begin_step(k, steps);
-    model.velocity(x_p.data(), cond.txt.data() + s.p * s.text_p * text_dim, cond.pooled.data(),
-                   t[static_cast<std::size_t>(k)], opt.guidance, v.data());
+    model.velocity(x.data(), txt.data(), pooled.data(), t[static_cast<std::size_t>(k)], opt.guidance, v.data());
     const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - t[static_cast<std::size_t>(k)]);
-    for (std::size_t i = 0; i < x_p.size(); ++i) x_p[i] += dt * v[i];
+    axpy(x.data(), dt, v.data(), n);  // x += dt v
+    active_backend().synchronize();  // the step's time is the device's
     out.step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     out.comm_ms.push_back(model.exchange().stats().comm_ms - comm0);
-    if (opt.on_velocity) opt.on_velocity(k, v);
+    if (opt.on_velocity) opt.on_velocity(k, to_host<float>(v.view()));
   }
+  copy(TensorView::contiguous(x_p.data(), DType::f32, {n}), x.view());
   return out;
 }
 

@@ -95,7 +95,7 @@ void Backend::swiglu_forward(ConstTensorView gate, ConstTensorView, TensorView) 
 void Backend::swiglu_backward(ConstTensorView dact, ConstTensorView, ConstTensorView, TensorView, TensorView) {
   unsupported(OpKind::swiglu_backward, dact.dtype);
 }
-void Backend::add(TensorView y, ConstTensorView) { unsupported(OpKind::add, y.dtype); }
+void Backend::add(TensorView y, ConstTensorView, float) { unsupported(OpKind::add, y.dtype); }
 void Backend::adamw_step(TensorView p, ConstTensorView, TensorView, TensorView, const AdamWStepArgs&) {
   unsupported(OpKind::adamw_step, p.dtype);
 }

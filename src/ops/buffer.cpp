@@ -109,8 +109,8 @@ void device_copy(float* dst, const float* src, std::int64_t n) { convert_n(src, 
 
 void convert_rows(const void* src, DType src_t, std::int64_t ld_src, void* dst, DType dst_t, std::int64_t ld_dst,
                   std::int64_t rows, std::int64_t cols) {
-  DIFFCP_CHECK(rows >= 0 && cols >= 0 && ld_dst >= cols && ld_src >= cols, "convert_rows: ", rows, " rows of ", cols,
-               ", row strides ", ld_src, ", ", ld_dst);
+  DIFFCP_CHECK(rows >= 0 && cols >= 0 && ld_dst >= cols && (ld_src >= cols || ld_src == 0), "convert_rows: ", rows,
+               " rows of ", cols, ", row strides ", ld_src, ", ", ld_dst, "; expected strides >= cols (or ld_src = 0)");
   convert(row_view<ConstTensorView>(src, src_t, rows, cols, ld_src), row_view<TensorView>(dst, dst_t, rows, cols, ld_dst));
 }
 

@@ -32,8 +32,11 @@ void swiglu_backward(const float* dact, const float* gate, const float* up, floa
                        TensorView::contiguous(dup, DType::f32, {n}));
 }
 
-void add_into(float* y, const float* x, std::int64_t n) {
-  backend_for(OpKind::add, DType::f32).add(TensorView::contiguous(y, DType::f32, {n}), ConstTensorView::contiguous(x, DType::f32, {n}));
+void add_into(float* y, const float* x, std::int64_t n) { axpy(y, 1.f, x, n); }
+
+void axpy(float* y, float alpha, const float* x, std::int64_t n) {
+  backend_for(OpKind::add, DType::f32)
+      .add(TensorView::contiguous(y, DType::f32, {n}), ConstTensorView::contiguous(x, DType::f32, {n}), alpha);
 }
 
 void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld) {

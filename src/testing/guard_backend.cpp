@@ -257,7 +257,8 @@ void GuardBackend::gated_add(TensorView x, ConstTensorView gate, ConstTensorView
 void GuardBackend::qk_norm_rope(TensorView qkv, ConstTensorView q_scale, ConstTensorView k_scale, float eps,
                                 ConstTensorView cos, ConstTensorView sin) {
   const char* op = "qk_norm_rope";
-  DIFFCP_GUARD_OP(qk_norm_rope, C(qkv), C(q_scale), C(k_scale), eps, C(cos), C(sin));
+  const bool rotate = cos.rank > 0;  // rank 0: no rotation (text rows), no table
+  DIFFCP_GUARD_OP(qk_norm_rope, C(qkv), C(q_scale), C(k_scale), eps, rotate ? C(cos) : cos, rotate ? C(sin) : sin);
 }
 void GuardBackend::swiglu_forward(ConstTensorView gate, ConstTensorView up, TensorView act) {
   const char* op = "swiglu_forward";
@@ -268,9 +269,9 @@ void GuardBackend::swiglu_backward(ConstTensorView dact, ConstTensorView gate, C
   const char* op = "swiglu_backward";
   DIFFCP_GUARD_OP(swiglu_backward, C(dact), C(gate), C(up), C(dgate), C(dup));
 }
-void GuardBackend::add(TensorView y, ConstTensorView x) {
+void GuardBackend::add(TensorView y, ConstTensorView x, float alpha) {
   const char* op = "add";
-  DIFFCP_GUARD_OP(add, C(y), C(x));
+  DIFFCP_GUARD_OP(add, C(y), C(x), alpha);
 }
 void GuardBackend::adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args) {
   const char* op = "adamw_step";

@@ -33,6 +33,7 @@
 #include "diffcp/dit/exchange.hpp"
 #include "diffcp/dit/ops.hpp"
 #include "diffcp/io/safetensors.hpp"
+#include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
 
@@ -47,15 +48,17 @@ DitConfig infer_dit_config(const SafeTensorsSet& ck, std::optional<std::int64_t>
 // diffcp::Error naming every missing, extra, mistyped (not F32 / BF16 / F16) and misshapen tensor.
 void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck);
 
-// The parameters, in one allocation laid out by DitLayout.
+// The parameters, in one allocation laid out by DitLayout, in the memory of the backend active at
+// construction (ops/backend.hpp): the model reads them there, and the file's tensors go there one
+// at a time, so no second copy of the weights is held on the host.
 class DitWeights {
  public:
   explicit DitWeights(const DitConfig& cfg);  // zero-filled
 
   const DitConfig& config() const { return cfg_; }
   const DitLayout& layout() const { return layout_; }
-  std::vector<float>& params() { return params_; }  // [layout().total]
-  const std::vector<float>& params() const { return params_; }
+  const Buffer& params() const { return params_; }  // [layout().total] f32, device memory
+  std::vector<float> host_params() const { return to_host<float>(params_.view()); }  // a host copy
 
   // Seeded init (same on every rank): Linear weights N(0, 1/in) (unit-variance outputs for
   // unit-variance inputs, so 50 steps of a random model stay finite), biases 0, norm scales 1.
@@ -75,7 +78,7 @@ class DitWeights {
  private:
   DitConfig cfg_;
   DitLayout layout_;
-  std::vector<float> params_;
+  Buffer params_;
 };
 
 class DitModel {
@@ -91,7 +94,8 @@ class DitModel {
   const DitShape& shape() const { return shape_; }
   AttentionExchange& exchange() { return ex_; }
 
-  // One velocity evaluation. Collective over the exchange's ranks (two all-to-alls per block).
+  // One velocity evaluation. Collective over the exchange's ranks (two all-to-alls per block). Runs
+  // on the backend holding the weights (an error otherwise); every pointer is its device memory.
   //   x_p:    [b, I_p, C_in] this rank's latent tokens of every image
   //   txt_p:  [T_p, text_dim] this rank's text rows (shared by the images)
   //   pooled: [pooled_dim] the pooled text vector
@@ -122,8 +126,8 @@ class DitModel {
     linear(l, x, ldx, M, 0, l.out, y, ldy);
   }
   // out [n] = Lin(silu(vec)) for a modulation layer of n = k*H outputs
-  void modulation(const DitLinear& l, std::vector<float>& out) const;
-  const float* param(std::int64_t offset) const { return w_.params().data() + offset; }
+  void modulation(const DitLinear& l, float* out) const;
+  const float* param(std::int64_t offset) const { return w_.params().ptr<float>() + offset; }
 
   const DitWeights& w_;
   const DitConfig& cfg_;
@@ -133,9 +137,11 @@ class DitModel {
   std::unique_ptr<AxialRope> rope_;    // [b I_p] image rows
   StreamRows txt_rows_{}, img_rows_{};
   std::int64_t Mp_ = 0;
-  std::vector<float> x_, xm_, big_, attn_, y_;  // [M_p, H], [M_p, H], [M_p, 3H + M], [M_p, H], [M_p, H]
-  std::vector<float> silu_vec_, mod_;           // [H], [6H]
-  std::vector<bf16_t> params16_;                // under bf16 compute (ScopedF32GemmCompute): the weights, rounded
+  // Device memory of the weights' backend, sized once.
+  DeviceVector<float> x_, xm_, big_, attn_, y_;  // [M_p, H], [M_p, H], [M_p, 3H + M], [M_p, H], [M_p, H]
+  DeviceVector<float> temb_, h_, vec_, silu_vec_;  // [time_dim], [H], [H], [H]
+  DeviceVector<float> mod_, mods_;                 // [6H]; [2, 6H] a double block's two streams
+  DeviceVector<bf16_t> params16_;                  // under bf16 compute (ScopedF32GemmCompute): the weights, rounded
 };
 
 }  // namespace diffcp

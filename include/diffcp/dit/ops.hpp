@@ -13,6 +13,7 @@
 
 #include "diffcp/core/dtype.hpp"
 #include "diffcp/dit/config.hpp"
+#include "diffcp/ops/buffer.hpp"
 #include "diffcp/ops/elementwise.hpp"
 
 namespace diffcp {
@@ -38,7 +39,8 @@ std::vector<float> timestep_embedding(double t, std::int64_t dim);
 // (adjacent elements) belongs to axis a while k < (axes[0] + ... + axes[a]) / 2; with i its index
 // inside the axis, its angle is pos_a * theta^(-2i/axes[a]), and (x0, x1) -> (cos x0 - sin x1,
 // sin x0 + cos x1). Text tokens sit at position (0, 0, 0) (FLUX's txt_ids): the identity, skipped.
-// Image token (r, c) of the grid sits at (0, r, c). Angles in double, stored as float.
+// Image token (r, c) of the grid sits at (0, r, c). Angles in double, stored as float, in the
+// memory of the backend active at construction.
 class AxialRope {
  public:
   // The table of `positions` [n] given as (row, col) pairs.
@@ -49,7 +51,7 @@ class AxialRope {
 
  private:
   std::int64_t rows_, half_;
-  std::vector<float> cos_, sin_;
+  DeviceVector<float> cos_, sin_;  // [rows, d_h/2]
 };
 
 // Per-head QK RMSNorm, then RoPE, in place on the q and k parts of fused qkv rows:

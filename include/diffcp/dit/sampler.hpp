@@ -62,8 +62,8 @@ struct SampleTimings {
 struct SampleOptions {
   std::vector<double> timesteps;  // [T + 1] from flow_schedule
   double guidance = 3.5;          // read by models with guidance_embed (diffusers' FluxPipeline default; BFL's CLI: 2.5)
-  // Called on every rank after step k's velocity v_p [b, I_p, C_in] (e.g. --dump-velocity); may
-  // communicate (every rank calls it at the same point). Not counted in the step time.
+  // Called on every rank after step k's velocity v_p [b, I_p, C_in] (e.g. --dump-velocity), a host
+  // copy; may communicate (every rank calls it at the same point). Not counted in the step time.
   std::function<void(int k, const std::vector<float>& v_p)> on_velocity;
   // f32, or bf16: the model's GEMMs on bf16-rounded operands (ScopedF32GemmCompute), the exchanges'
   // payloads, caches and the dense attention in bf16 (AttentionExchange::set_compute); latents,
@@ -74,7 +74,9 @@ struct SampleOptions {
 // Runs the T Euler steps of the schedule on this rank's tokens; collective over the model's
 // exchange; calls exchange().begin_step(k, steps) before step k (cocodiff's schedule). x_p:
 // [b, I_p, C_in] in: x_1 (noise), out: x_0. cond: the full conditioning (each rank
-// reads its text rows). The exchange's statistics accumulate over all steps.
+// reads its text rows). The exchange's statistics accumulate over all steps. The host data goes to
+// the model's device once, and x_0 comes back at the end: the steps run in device memory (the
+// Euler update is an op).
 SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond,
                            const SampleOptions& opt);
 

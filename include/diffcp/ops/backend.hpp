@@ -50,7 +50,7 @@ enum class OpKind : std::uint8_t {
   qk_norm_rope,        //
   swiglu_forward,      // ops/elementwise.hpp (the drafter's MLP)
   swiglu_backward,     //
-  add,                 // ops/elementwise.hpp (residuals, partial sums)
+  add,                 // ops/elementwise.hpp (residuals, partial sums, the sampler's Euler step)
   adamw_step,          // ops/optim.hpp (the drafter's optimizer)
   bias_add,            // ops/linear.hpp
   fill,                // ops/buffer.hpp (fill, zero)
@@ -172,8 +172,8 @@ class Backend {
   // dact, gate, up: [n]  dgate, dup: [n] out (the gradients of act = silu(gate) * up)
   virtual void swiglu_backward(ConstTensorView dact, ConstTensorView gate, ConstTensorView up, TensorView dgate,
                                TensorView dup);
-  // y: [n] in place += x: [n]
-  virtual void add(TensorView y, ConstTensorView x);
+  // y: [n] in place += alpha * x: [n] (alpha = 1: y + x exactly)
+  virtual void add(TensorView y, ConstTensorView x, float alpha);
   // p, m, v: [n] in place  g: [n]
   virtual void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args);
   // src: [M, w] (row stride >= w), rows: [n] in [0, M) (host metadata), dst: [n, w] (row stride >= w):

@@ -109,7 +109,8 @@ void copy(TensorView dst, ConstTensorView src);
 // Raw-pointer forms for the layers, whose pointers point into the active backend's memory (as the
 // ops' do): n elements converted or copied, and `rows` rows of `cols` elements from src (src_t,
 // row stride ld_src) to dst (dst_t, row stride ld_dst), one dtype (an interleave / de-interleave
-// of rows, e.g. [lse | D] statistics, or raw u8 rows) or f32 <-> bf16.
+// of rows, e.g. [lse | D] statistics, or raw u8 rows) or f32 <-> bf16; ld_src = 0 repeats src's one
+// row in every row of dst (a bias broadcast).
 void convert(const float* src, bf16_t* dst, std::int64_t n);
 void convert(const bf16_t* src, float* dst, std::int64_t n);
 void device_copy(float* dst, const float* src, std::int64_t n);

@@ -17,6 +17,8 @@ void swiglu_forward(const float* gate, const float* up, float* act, std::int64_t
 void swiglu_backward(const float* dact, const float* gate, const float* up, float* dgate, float* dup, std::int64_t n);
 // y[n] += x[n]
 void add_into(float* y, const float* x, std::int64_t n);
+// y[n] += alpha * x[n] (the sampler's Euler step)
+void axpy(float* y, float alpha, const float* x, std::int64_t n);
 // x[rows, cols] (row stride ld) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3) (GELU, tanh
 // form), evaluated as x / (1 + exp(-2u)) with a polynomial exp2 (relative error ~1e-6)
 void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld);

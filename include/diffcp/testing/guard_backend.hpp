@@ -66,7 +66,7 @@ class GuardBackend final : public Backend {
   void swiglu_forward(ConstTensorView gate, ConstTensorView up, TensorView act) override;
   void swiglu_backward(ConstTensorView dact, ConstTensorView gate, ConstTensorView up, TensorView dgate,
                        TensorView dup) override;
-  void add(TensorView y, ConstTensorView x) override;
+  void add(TensorView y, ConstTensorView x, float alpha) override;
   void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args) override;
   void fill(TensorView x, float value) override;
   void convert(ConstTensorView src, TensorView dst) override;
