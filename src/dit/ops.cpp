@@ -78,16 +78,16 @@ void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t h
   DIFFCP_CHECK(ld >= 3 * heads * d, "qk_norm_rope: row stride ", ld, " < 3 * heads * d_h = ", 3 * heads * d);
   DIFFCP_CHECK(!rope || rope->rows() == rows, "qk_norm_rope: RoPE table has ", rope ? rope->rows() : 0,
                " rows, expected ", rows);
-  TensorView x = TensorView::contiguous(qkv, DType::f32, {rows, 3, heads, d});
+  TensorView x = TensorView::contiguous(qkv, DType::f32, {rows, 3, heads, d}, active_device());
   x.stride[0] = ld;
   ConstTensorView cos, sin;  // rank 0: no rotation
   if (rope) {
-    cos = ConstTensorView::contiguous(rope->cos(0), DType::f32, {rows, d / 2});
-    sin = ConstTensorView::contiguous(rope->sin(0), DType::f32, {rows, d / 2});
+    cos = ConstTensorView::contiguous(rope->cos(0), DType::f32, {rows, d / 2}, active_device());
+    sin = ConstTensorView::contiguous(rope->sin(0), DType::f32, {rows, d / 2}, active_device());
   }
   backend_for(OpKind::qk_norm_rope, DType::f32)
-      .qk_norm_rope(x, ConstTensorView::contiguous(q_scale, DType::f32, {d}),
-                    ConstTensorView::contiguous(k_scale, DType::f32, {d}), eps, cos, sin);
+      .qk_norm_rope(x, ConstTensorView::contiguous(q_scale, DType::f32, {d}, active_device()),
+                    ConstTensorView::contiguous(k_scale, DType::f32, {d}, active_device()), eps, cos, sin);
 }
 
 void l1_distance(const void* a, const void* b, DType t, std::int64_t G, std::int64_t R, std::int64_t w, float* out) {

@@ -9,34 +9,34 @@ namespace {
 // [rows, cols] with row stride ld.
 template <typename View, typename T>
 View strided_rows(T* p, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-  View t = View::contiguous(p, DType::f32, {rows, cols});
+  View t = View::contiguous(p, DType::f32, {rows, cols}, active_device());
   t.stride[0] = ld;
   return t;
 }
 }  // namespace
 
 void silu_inplace(float* x, std::int64_t n) {
-  backend_for(OpKind::silu, DType::f32).silu(TensorView::contiguous(x, DType::f32, {n}));
+  backend_for(OpKind::silu, DType::f32).silu(TensorView::contiguous(x, DType::f32, {n}, active_device()));
 }
 
 void swiglu_forward(const float* gate, const float* up, float* act, std::int64_t n) {
   backend_for(OpKind::swiglu_forward, DType::f32)
-      .swiglu_forward(ConstTensorView::contiguous(gate, DType::f32, {n}), ConstTensorView::contiguous(up, DType::f32, {n}),
-                      TensorView::contiguous(act, DType::f32, {n}));
+      .swiglu_forward(ConstTensorView::contiguous(gate, DType::f32, {n}, active_device()), ConstTensorView::contiguous(up, DType::f32, {n}, active_device()),
+                      TensorView::contiguous(act, DType::f32, {n}, active_device()));
 }
 
 void swiglu_backward(const float* dact, const float* gate, const float* up, float* dgate, float* dup, std::int64_t n) {
   backend_for(OpKind::swiglu_backward, DType::f32)
-      .swiglu_backward(ConstTensorView::contiguous(dact, DType::f32, {n}), ConstTensorView::contiguous(gate, DType::f32, {n}),
-                       ConstTensorView::contiguous(up, DType::f32, {n}), TensorView::contiguous(dgate, DType::f32, {n}),
-                       TensorView::contiguous(dup, DType::f32, {n}));
+      .swiglu_backward(ConstTensorView::contiguous(dact, DType::f32, {n}, active_device()), ConstTensorView::contiguous(gate, DType::f32, {n}, active_device()),
+                       ConstTensorView::contiguous(up, DType::f32, {n}, active_device()), TensorView::contiguous(dgate, DType::f32, {n}, active_device()),
+                       TensorView::contiguous(dup, DType::f32, {n}, active_device()));
 }
 
 void add_into(float* y, const float* x, std::int64_t n) { axpy(y, 1.f, x, n); }
 
 void axpy(float* y, float alpha, const float* x, std::int64_t n) {
   backend_for(OpKind::add, DType::f32)
-      .add(TensorView::contiguous(y, DType::f32, {n}), ConstTensorView::contiguous(x, DType::f32, {n}), alpha);
+      .add(TensorView::contiguous(y, DType::f32, {n}, active_device()), ConstTensorView::contiguous(x, DType::f32, {n}, active_device()), alpha);
 }
 
 void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
@@ -46,15 +46,15 @@ void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int6
 void layernorm_modulate(const float* x, std::int64_t rows, std::int64_t H, const float* shift, const float* scale,
                         float eps, float* y) {
   backend_for(OpKind::layernorm_modulate, DType::f32)
-      .layernorm_modulate(ConstTensorView::contiguous(x, DType::f32, {rows, H}),
-                          ConstTensorView::contiguous(shift, DType::f32, {H}),
-                          ConstTensorView::contiguous(scale, DType::f32, {H}), eps,
-                          TensorView::contiguous(y, DType::f32, {rows, H}));
+      .layernorm_modulate(ConstTensorView::contiguous(x, DType::f32, {rows, H}, active_device()),
+                          ConstTensorView::contiguous(shift, DType::f32, {H}, active_device()),
+                          ConstTensorView::contiguous(scale, DType::f32, {H}, active_device()), eps,
+                          TensorView::contiguous(y, DType::f32, {rows, H}, active_device()));
 }
 
 void gated_add(float* x, std::int64_t rows, std::int64_t H, const float* gate, const float* y, std::int64_t ldy) {
   backend_for(OpKind::gated_add, DType::f32)
-      .gated_add(TensorView::contiguous(x, DType::f32, {rows, H}), ConstTensorView::contiguous(gate, DType::f32, {H}),
+      .gated_add(TensorView::contiguous(x, DType::f32, {rows, H}, active_device()), ConstTensorView::contiguous(gate, DType::f32, {H}, active_device()),
                  strided_rows<ConstTensorView>(y, rows, H, ldy));
 }
 

@@ -24,12 +24,12 @@ void linear_backward_weight(const float* x, std::int64_t M, std::int64_t K, cons
 
 void bias_add(float* y, std::int64_t M, std::int64_t N, const float* b) {
   backend_for(OpKind::bias_add, DType::f32)
-      .bias_add(TensorView::contiguous(y, DType::f32, {M, N}), ConstTensorView::contiguous(b, DType::f32, {N}));
+      .bias_add(TensorView::contiguous(y, DType::f32, {M, N}, active_device()), ConstTensorView::contiguous(b, DType::f32, {N}, active_device()));
 }
 
 void bias_backward(const float* dy, std::int64_t M, std::int64_t N, float* db) {
   backend_for(OpKind::bias_backward, DType::f32)
-      .bias_backward(ConstTensorView::contiguous(dy, DType::f32, {M, N}), TensorView::contiguous(db, DType::f32, {N}));
+      .bias_backward(ConstTensorView::contiguous(dy, DType::f32, {M, N}, active_device()), TensorView::contiguous(db, DType::f32, {N}, active_device()));
 }
 
 }  // namespace diffcp

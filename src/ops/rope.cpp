@@ -33,7 +33,7 @@ void rope_apply(float* x, std::int64_t rows, std::int64_t heads, std::span<const
     DIFFCP_CHECK(pos >= 0 && pos < table.max_pos(), "RoPE: position ", pos, " outside the table [0, ",
                  table.max_pos(), ")");
   backend_for(OpKind::rope, DType::f32)
-      .rope(TensorView::contiguous(x, DType::f32, {rows, heads, table.d_h()}), positions, table, inverse);
+      .rope(TensorView::contiguous(x, DType::f32, {rows, heads, table.d_h()}, active_device()), positions, table, inverse);
 }
 
 }  // namespace diffcp

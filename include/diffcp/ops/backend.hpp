@@ -224,6 +224,8 @@ void register_backend(Backend& b);
 Backend& find_backend(std::string_view name);
 // The backend the public ops run on (cpu_backend() until changed).
 Backend& active_backend();
+// Its device: where the raw pointers handed to the op wrappers point (their views carry it).
+inline Device active_device() { return active_backend().device(); }
 // Makes `b` the active backend (it need not be registered) and returns the previous one.
 Backend& set_backend(Backend& b);
 // The active backend after checking that it supports (op, dtype); otherwise the error
