@@ -21,15 +21,15 @@
 namespace diffcp {
 namespace {
 
-struct Run {
+struct TrainRun {
   std::vector<double> loss, grad_norm;  // per step
   std::vector<float> params;            // after the last step
   double tau = 0;
 };
 
-Run train_on(Backend& b, const TrainOptions& opt) {
+TrainRun train_on(Backend& b, const TrainOptions& opt) {
   ScopedBackend use(b);
-  Run r;
+  TrainRun r;
   const TrainResult res = train(test::world(), opt, [&](const TrainEvent& e) {
     if (e.kind != TrainEvent::Kind::step) return;
     r.loss.push_back(e.stats->loss);
@@ -52,8 +52,8 @@ TEST(DrafterOnGuardDevice, TrainEqualsTheCpuRunBitForBitInEveryShardMode) {
     SCOPED_TRACE(shard);
     opt.shard = shard;
     const std::int64_t ops_before = guard_backend().counters().ops;
-    const Run cpu = train_on(cpu_backend(), opt);
-    const Run guard = train_on(guard_backend(), opt);
+    const TrainRun cpu = train_on(cpu_backend(), opt);
+    const TrainRun guard = train_on(guard_backend(), opt);
     EXPECT_GT(guard_backend().counters().ops, ops_before);  // it ran on the guard device
     ASSERT_EQ(cpu.loss.size(), 20u);
     EXPECT_EQ(guard.loss, cpu.loss);

@@ -25,6 +25,7 @@
 #include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/ops/linear.hpp"
+#include "diffcp/ops/loss.hpp"
 #include "diffcp/ops/optim.hpp"
 #include "diffcp/ops/rmsnorm.hpp"
 #include "diffcp/ops/rope.hpp"

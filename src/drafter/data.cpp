@@ -11,6 +11,7 @@
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/io/safetensors.hpp"
+#include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/linear.hpp"
 
 namespace diffcp {
