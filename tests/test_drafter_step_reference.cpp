@@ -62,7 +62,7 @@ std::vector<float> test_params(const DrafterConfig& cfg) {
   auto self = test::world().split(test::world().rank(), 0, "self");
   Drafter d(*self, cfg);
   d.init_params(7);
-  std::vector<float> p = d.params();
+  std::vector<float> p = to_host<float>(d.params().view());
   std::mt19937_64 rng(8);
   std::normal_distribution<double> n(0.0, 0.2);
   const DrafterLayout lay(cfg);
