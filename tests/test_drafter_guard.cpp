@@ -44,8 +44,8 @@ TEST(DrafterOnGuardDevice, TrainEqualsTheCpuRunBitForBitInEveryShardMode) {
   TrainOptions opt;  // the tiny preset, 20 short steps
   opt.steps = 20;
   opt.accum = 1;
-  opt.context = 96;
-  opt.anchors = 4;
+  opt.context = 64;
+  opt.anchors = 3;
   opt.bucket = 32;
   opt.eval_every = 0;  // the last step evaluates (predictions come back to the host)
   for (const char* shard : {"none", "optimizer", "full"}) {
