@@ -18,15 +18,33 @@ std::pair<std::int64_t, std::int64_t> vocab_slice(std::int64_t V, int G, int r) 
 }
 
 LmHead::LmHead(Communicator* group, std::int64_t H, std::int64_t V, std::span<const float> w, std::int64_t v0)
-    : group_(group != nullptr && group->size() > 1 ? group : nullptr), H_(H), V_(V), v0_(v0) {
-  DIFFCP_CHECK(H >= 1 && !w.empty() && static_cast<std::int64_t>(w.size()) % H == 0, "LM head: ", w.size(),
-               " values are not [H = ", H, ", columns]");
-  v1_ = v0_ + static_cast<std::int64_t>(w.size()) / H;
+    : LmHead(group, H, V, v0, v0 + (H >= 1 ? static_cast<std::int64_t>(w.size()) / H : 0),
+             [&](std::int64_t c0, std::int64_t c1, float* out) {
+               const std::int64_t n = static_cast<std::int64_t>(w.size()) / H;
+               for (std::int64_t h = 0; h < H; ++h)
+                 std::copy_n(w.begin() + h * n + (c0 - v0), c1 - c0, out + h * (c1 - c0));
+             }) {
+  DIFFCP_CHECK(static_cast<std::int64_t>(w.size()) % H == 0, "LM head: ", w.size(), " values are not [H = ", H, ", columns]");
+}
+
+LmHead::LmHead(Communicator* group, std::int64_t H, std::int64_t V, std::int64_t v0, std::int64_t v1,
+               const Columns& columns)
+    : group_(group != nullptr && group->size() > 1 ? group : nullptr), H_(H), V_(V), v0_(v0), v1_(v1) {
+  DIFFCP_CHECK(H >= 1 && v0_ < v1_, "LM head: H = ", H, ", columns [", v0_, ", ", v1_, "): expected H >= 1 and columns");
   DIFFCP_CHECK(v0_ >= 0 && v1_ <= V && (group_ != nullptr || (v0_ == 0 && v1_ == V)), "LM head: columns [", v0_, ", ", v1_,
                ") of a vocabulary of ", V, group_ == nullptr ? " without a group holding the rest" : "");
-  const auto n = static_cast<std::int64_t>(w.size());
-  w_.resize(n);
-  copy(TensorView::contiguous(w_.data(), DType::f32, {n}, active_backend().device()), view_of(w));
+  const std::int64_t n = v1_ - v0_, step = std::max<std::int64_t>(1, (std::int64_t{1} << 20) / H);
+  w_.resize(H * n);
+  std::vector<float> slice;        // host: [H, c1 - c0]
+  DeviceVector<float> slice_dev;   // the same, uploaded, then copied into its columns of w_
+  for (std::int64_t c0 = v0_; c0 < v1_; c0 += step) {
+    const std::int64_t c1 = std::min(v1_, c0 + step), m = H * (c1 - c0);
+    slice.resize(static_cast<std::size_t>(m));
+    columns(c0, c1, slice.data());
+    slice_dev.resize(m);
+    copy(TensorView::contiguous(slice_dev.data(), DType::f32, {m}, active_backend().device()), view_of(std::span<const float>(slice)));
+    convert_rows(slice_dev.data(), DType::f32, c1 - c0, w_.data() + (c0 - v0_), DType::f32, n, H, c1 - c0);
+  }
 }
 
 void LmHead::run(const float* hf, std::int64_t Qp, const std::int32_t* target, const double* weight, double* ce,

@@ -31,6 +31,10 @@ void assign(DeviceVector<float>& v, const float* src, std::int64_t n, Device fro
        ConstTensorView::contiguous(src, DType::f32, {n}, from));
 }
 
+// Whether the backend computes on host memory (the CPU): the batch's host inputs are then its
+// operands as they are, with no copy of the largest input (the target hidden states).
+bool computes_on_host() { return active_backend().device() == Device::host; }
+
 // dst[i] += src[i] (the backend's add op)
 void add_into(DeviceVector<float>& dst, const DeviceVector<float>& src) {
   diffcp::add_into(dst.data(), src.data(), static_cast<std::int64_t>(dst.size()));
@@ -132,7 +136,12 @@ void Drafter::embed(const DrafterBatch& mb) {
   for (std::int64_t i = mb.shard.blocks.begin; i < mb.shard.blocks.end; ++i)
     for (std::int64_t k = 0; k < B; ++k)
       tokens.push_back(k == 0 ? mb.tokens[static_cast<std::size_t>(refs[static_cast<std::size_t>(i)].anchor)] : cfg_.mask_token);
-  std::vector<float> rows(static_cast<std::size_t>(Qp * H));  // host: the source's rows
+  if (computes_on_host()) {
+    h_.resize(Qp * H);
+    embedding_(tokens, h_.data());
+    return;
+  }
+  std::vector<float> rows(static_cast<std::size_t>(Qp * H));  // host: the source's rows, then uploaded
   embedding_(tokens, rows.data());
   assign(h_, rows.data(), Qp * H, Device::host);
 }
@@ -185,9 +194,14 @@ void Drafter::forward(const DrafterBatch& mb) {
   // Context fusion: c = RMSNorm(hidden_p fc).
   const float* params = acquire(0, false);
   auto t0 = Clock::now();
-  assign(hidden_, mb.hidden_p.data(), Cp * T, Device::host);
+  if (computes_on_host()) {
+    hidden_in_ = mb.hidden_p.data();
+  } else {
+    assign(hidden_, mb.hidden_p.data(), Cp * T, Device::host);
+    hidden_in_ = hidden_.data();
+  }
   c_lin_.resize(Cp * H);
-  linear_forward(hidden_.data(), Cp, T, params + rel(0, layout_.fc), H, c_lin_.data());
+  linear_forward(hidden_in_, Cp, T, params + rel(0, layout_.fc), H, c_lin_.data());
   norm_rows(c_lin_, Cp, H, params + rel(0, layout_.fc_norm), cfg_.rms_eps, c_, c_rstd_);
   state().release(0, false);
   phases_.fusion += ms_since(t0);
@@ -279,7 +293,7 @@ void Drafter::backward(const DrafterBatch& mb, const DeviceVector<float>& dhf) {
   float* G = state().unit_grads(0);
   const auto t0 = Clock::now();
   norm_rows_bwd(bs.dc, c_lin_, c_rstd_, Cp, H, params + rel(0, layout_.fc_norm), G + rel(0, layout_.fc_norm), bs.dc_lin);
-  linear_backward_weight(hidden_.data(), Cp, T, bs.dc_lin.data(), H, G + rel(0, layout_.fc));
+  linear_backward_weight(hidden_in_, Cp, T, bs.dc_lin.data(), H, G + rel(0, layout_.fc));
   phases_.fusion += ms_since(t0);
   state().release(0, true);
 }

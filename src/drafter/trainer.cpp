@@ -258,10 +258,11 @@ void Trainer::Impl::make_drafter(DrafterWeights& init, bool real_shape, int W) {
   {  // the LM head: whole (none, optimizer) or this CP rank's vocabulary slice (full)
     const bool split = shard == ShardMode::full;
     const auto [v0, v1] = split ? vocab_slice(cfg.vocab, cp->size(), cp->rank()) : std::pair<std::int64_t, std::int64_t>{0, cfg.vocab};
-    std::vector<float> w(static_cast<std::size_t>(cfg.hidden * (v1 - v0)));
-    data->lm_head_columns(v0, v1, w.data());
-    res.lm_head_mb = static_cast<double>(w.size()) * 4 / (1 << 20);
-    drafter->set_lm_head(LmHead(split ? vocab.get() : nullptr, cfg.hidden, cfg.vocab, w, v0));
+    res.lm_head_mb = static_cast<double>(cfg.hidden * (v1 - v0)) * 4 / (1 << 20);
+    drafter->set_lm_head(LmHead(split ? vocab.get() : nullptr, cfg.hidden, cfg.vocab, v0, v1,
+                                [src = data.get()](std::int64_t c0, std::int64_t c1, float* out) {
+                                  src->lm_head_columns(c0, c1, out);
+                                }));
   }
 }
 

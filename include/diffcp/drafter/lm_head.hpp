@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -33,6 +34,10 @@ class LmHead {
   // group: the ranks holding the other columns (nullptr: w is the whole head). All ranks of the
   // group call run() together.
   LmHead(Communicator* group, std::int64_t H, std::int64_t V, std::span<const float> w, std::int64_t v0);
+  // The same, columns [v0, v1) written by columns(c0, c1, out [H, c1 - c0] host) in slices of
+  // ~1 M values: the slice is never whole on the host (a data source's LM head).
+  using Columns = std::function<void(std::int64_t c0, std::int64_t c1, float* out)>;
+  LmHead(Communicator* group, std::int64_t H, std::int64_t V, std::int64_t v0, std::int64_t v1, const Columns& columns);
   std::int64_t columns() const { return v1_ - v0_; }
 
   //   hf:     [Q_p, H] (device) final hidden states of this rank's rows

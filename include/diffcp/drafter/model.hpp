@@ -15,7 +15,8 @@
 // format (Qwen3's attention_bias = false) has none.
 // Memory: parameters, gradients, activations and scratch live in the active backend's memory
 // (DeviceVector) and only ops and collectives touch them; the batch's inputs (token ids, target
-// hidden states, block inputs, embedding rows) come from the host and are copied in once per step;
+// hidden states, block inputs, embedding rows) come from the host and are uploaded once per step
+// (used in place by a backend that computes on host memory, the CPU: no extra copy there);
 // the loss pieces and predictions come back to the host (O(rows)).
 #pragma once
 
@@ -133,7 +134,8 @@ class Drafter {
   std::vector<LayerState> layers_;
   bool recompute_ = false;
   LayerState scratch_;  // recompute: the activations of the layer being run
-  DeviceVector<float> hidden_;  // [C_p, n_t*H] the batch's hidden_p on the device
+  DeviceVector<float> hidden_;  // [C_p, n_t*H] the batch's hidden_p uploaded (a backend of other memory than the host's)
+  const float* hidden_in_ = nullptr;  // [C_p, n_t*H] the fusion's input: hidden_, or hidden_p itself on the host
   DeviceVector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_, dhf_;
   BackwardScratch bs_;
   std::vector<std::int32_t> argmax_;
