@@ -1,9 +1,10 @@
 // The drafter on the guard device (testing/guard_backend.hpp): its parameters, gradients, AdamW
 // moments, activations, logit chunks and scratch live in guard memory, which the host cannot touch
-// outside the backend's ops and copies; the collectives stage through host buffers. `train` for 20
-// steps in each --shard mode (none, optimizer, full: the vocabulary-parallel LM head and
-// activation recomputation with it) and one `draft` block equal the CPU backend's runs bit for
-// bit (every step's loss and gradient norm, the final parameters, the drafted hidden states). A
+// outside the backend's ops and copies; the collectives stage through host buffers. The trainer
+// for 20 steps in each --shard mode (none, optimizer, full: the vocabulary-parallel LM head and
+// activation recomputation with it, and a held-out evaluation) and one `draft` block equal the
+// CPU backend's runs bit for bit (every step's loss and gradient norm, tau, the final parameters,
+// the drafted hidden states). A
 // host loop over device memory left anywhere in the drafter faults the test.
 #include <string>
 #include <vector>
@@ -27,33 +28,37 @@ struct TrainRun {
   double tau = 0;
 };
 
-TrainRun train_on(Backend& b, const TrainOptions& opt) {
+// 20 optimizer steps of a 21-step schedule (so no step evaluates), then, with `evaluate`, one
+// held-out evaluation (the predictions come back to the host).
+TrainRun train_on(Backend& b, const TrainOptions& opt, bool evaluate) {
   ScopedBackend use(b);
   TrainRun r;
-  const TrainResult res = train(test::world(), opt, [&](const TrainEvent& e) {
-    if (e.kind != TrainEvent::Kind::step) return;
-    r.loss.push_back(e.stats->loss);
-    r.grad_norm.push_back(e.stats->grad_norm);
-  });
-  r.params = res.params;
-  r.tau = res.tau;
+  Trainer trainer(test::world(), opt);
+  for (int s = 0; s < 20; ++s) {
+    const StepStats st = trainer.step();
+    r.loss.push_back(st.loss);
+    r.grad_norm.push_back(st.grad_norm);
+  }
+  if (evaluate) r.tau = trainer.evaluate();
+  r.params = trainer.result().params;
   return r;
 }
 
 TEST(DrafterOnGuardDevice, TrainEqualsTheCpuRunBitForBitInEveryShardMode) {
   TrainOptions opt;  // the tiny preset, 20 short steps
-  opt.steps = 20;
+  opt.steps = 21;
   opt.accum = 1;
   opt.context = 64;
   opt.anchors = 3;
   opt.bucket = 32;
-  opt.eval_every = 0;  // the last step evaluates (predictions come back to the host)
+  opt.eval_every = 0;
   for (const char* shard : {"none", "optimizer", "full"}) {
     SCOPED_TRACE(shard);
     opt.shard = shard;
+    const bool evaluate = opt.shard == "full";  // the vocabulary-parallel head's argmax
     const std::int64_t ops_before = guard_backend().counters().ops;
-    const TrainRun cpu = train_on(cpu_backend(), opt);
-    const TrainRun guard = train_on(guard_backend(), opt);
+    const TrainRun cpu = train_on(cpu_backend(), opt, evaluate);
+    const TrainRun guard = train_on(guard_backend(), opt, evaluate);
     EXPECT_GT(guard_backend().counters().ops, ops_before);  // it ran on the guard device
     ASSERT_EQ(cpu.loss.size(), 20u);
     EXPECT_EQ(guard.loss, cpu.loss);
