@@ -54,21 +54,23 @@ void LmHead::run(const float* hf, std::int64_t Qp, const std::int32_t* target, c
   const auto rows_of_span = [](auto* p, std::int64_t at, std::int64_t rows) {
     return std::span(p + at, static_cast<std::size_t>(rows));
   };
+  // Scratch of this call only (freed on return, as the model's backward needs the memory):
+  DeviceVector<float> lg, hf_all, dhf_all;  // [R, n] one chunk of logits; [Q, H] the group's rows x 2
   if (group_ == nullptr) {  // the whole head: one pass
-    lg_.resize(std::min(R, Qp) * n);
+    lg.resize(std::min(R, Qp) * n);
     std::vector<double> st(static_cast<std::size_t>(4 * std::min(R, Qp)));
     for (std::int64_t a = 0; a < Qp; a += R) {
       const std::int64_t rows = std::min(R, Qp - a);
-      linear_forward(hf + a * H, rows, H, w_.data(), n, lg_.data());
+      linear_forward(hf + a * H, rows, H, w_.data(), n, lg.data());
       const std::span<double> stats(st.data(), static_cast<std::size_t>(4 * rows));
-      cross_entropy(lg_.data(), rows, n, 0, rows_of_span(target, a, rows), stats,
+      cross_entropy(lg.data(), rows, n, 0, rows_of_span(target, a, rows), stats,
                     backward ? rows_of_span(weight, a, rows) : std::span<const double>());
       for (std::int64_t i = 0; i < rows; ++i) {
         const double* s = stats.data() + 4 * i;
         ce[a + i] = s[0] + std::log(s[1]) - s[3];
         argmax[a + i] = static_cast<std::int32_t>(s[2]);
       }
-      if (backward) linear_backward_input(lg_.data(), rows, n, w_.data(), H, dhf + a * H);
+      if (backward) linear_backward_input(lg.data(), rows, n, w_.data(), H, dhf + a * H);
     }
     return;
   }
@@ -86,21 +88,21 @@ void LmHead::run(const float* hf, std::int64_t Qp, const std::int32_t* target, c
     if (r < me) off += q[static_cast<std::size_t>(r)];
     Q += q[static_cast<std::size_t>(r)];
   }
-  hf_all_.resize(Q * H);
+  hf_all.resize(Q * H);
   std::vector<std::int32_t> t_all(static_cast<std::size_t>(Q));
   std::vector<double> w_all(static_cast<std::size_t>(Q));
   {
     const ScopedCommDevice on(g, dev);
-    g.all_gather_v_async(hf, hf_all_.data(), vals_of, DType::f32)->wait();
+    g.all_gather_v_async(hf, hf_all.data(), vals_of, DType::f32)->wait();
   }
   g.all_gather_v<std::int32_t>(std::span<const std::int32_t>(target, static_cast<std::size_t>(Qp)), t_all, rows_of);
   g.all_gather_v<double>(std::span<const double>(weight, static_cast<std::size_t>(Qp)), w_all, rows_of);
   std::vector<double> mine(static_cast<std::size_t>(Q * 4)), all(static_cast<std::size_t>(Q * 4 * G));
-  lg_.resize(std::min(R, Q) * n);
+  lg.resize(std::min(R, Q) * n);
   for (std::int64_t a = 0; a < Q; a += R) {
     const std::int64_t rows = std::min(R, Q - a);
-    linear_forward(hf_all_.data() + a * H, rows, H, w_.data(), n, lg_.data());
-    cross_entropy(lg_.data(), rows, n, v0_, rows_of_span(t_all.data(), a, rows), rows_of_span(mine.data(), 4 * a, 4 * rows));
+    linear_forward(hf_all.data() + a * H, rows, H, w_.data(), n, lg.data());
+    cross_entropy(lg.data(), rows, n, v0_, rows_of_span(t_all.data(), a, rows), rows_of_span(mine.data(), 4 * a, 4 * rows));
   }
   g.all_gather<double>(mine, all);
   std::vector<double> lse(static_cast<std::size_t>(Q));
@@ -122,16 +124,16 @@ void LmHead::run(const float* hf, std::int64_t Qp, const std::int32_t* target, c
     }
   }
   if (!backward) return;
-  dhf_all_.resize(Q * H);
+  dhf_all.resize(Q * H);
   for (std::int64_t a = 0; a < Q; a += R) {
     const std::int64_t rows = std::min(R, Q - a);
-    linear_forward(hf_all_.data() + a * H, rows, H, w_.data(), n, lg_.data());
-    cross_entropy_backward(lg_.data(), rows, n, v0_, rows_of_span(t_all.data(), a, rows),
+    linear_forward(hf_all.data() + a * H, rows, H, w_.data(), n, lg.data());
+    cross_entropy_backward(lg.data(), rows, n, v0_, rows_of_span(t_all.data(), a, rows),
                            rows_of_span(w_all.data(), a, rows), rows_of_span(lse.data(), a, rows));
-    linear_backward_input(lg_.data(), rows, n, w_.data(), H, dhf_all_.data() + a * H);
+    linear_backward_input(lg.data(), rows, n, w_.data(), H, dhf_all.data() + a * H);
   }
   const ScopedCommDevice on(g, dev);
-  g.reduce_scatter_v_async(dhf_all_.data(), dhf, vals_of, DType::f32, ReduceOp::sum)->wait();
+  g.reduce_scatter_v_async(dhf_all.data(), dhf, vals_of, DType::f32, ReduceOp::sum)->wait();
 }
 
 }  // namespace diffcp

@@ -19,7 +19,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// A view of n (or rows x cols) elements of the active backend's memory.
+// A [rows, cols] view of the active backend's memory.
 TensorView dview(float* p, std::int64_t rows, std::int64_t cols) {
   return TensorView::contiguous(p, DType::f32, {rows, cols}, active_backend().device());
 }
@@ -230,8 +230,9 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
   DIFFCP_CHECK(lm_head_ != nullptr, "drafter: no LM head set (set_lm_head)");
   const ScopedCommDevice on(comm_, active_backend().device());  // Split-KV's collectives move device rows
   forward(mb);
-  const DrafterStats st = loss(mb, backward, dhf_);
-  if (backward) this->backward(mb, dhf_);
+  DeviceVector<float> dhf;  // [Q_p, H] (this step only: the memory is the next forward's)
+  const DrafterStats st = loss(mb, backward, dhf);
+  if (backward) this->backward(mb, dhf);
   return st;
 }
 
@@ -274,7 +275,7 @@ void Drafter::backward(const DrafterBatch& mb, const DeviceVector<float>& dhf) {
   const int Lu = static_cast<int>(cfg_.layers) + 1;
   const CpShard& s = mb.shard;
   const std::int64_t Qp = s.own_query_rows(), Cp = s.context_rows();
-  BackwardScratch& bs = bs_;
+  BackwardScratch bs;  // this backward's only (its memory is the next forward's)
   const float* params = acquire(Lu, true);
   norm_rows_bwd(dhf, h_, hf_rstd_, Qp, H, params + rel(Lu, layout_.final_norm),
                 state().unit_grads(Lu) + rel(Lu, layout_.final_norm), bs.dh);

@@ -51,9 +51,7 @@ class LmHead {
  private:
   Communicator* group_;
   std::int64_t H_, V_, v0_, v1_;
-  DeviceVector<float> w_;         // [H, v1 - v0]
-  DeviceVector<float> lg_;        // [R, v1 - v0] one chunk of logits
-  DeviceVector<float> hf_all_, dhf_all_;  // [Q, H] the group's rows (group only)
+  DeviceVector<float> w_;  // [H, v1 - v0]
 };
 
 }  // namespace diffcp

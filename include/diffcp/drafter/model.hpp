@@ -136,8 +136,7 @@ class Drafter {
   LayerState scratch_;  // recompute: the activations of the layer being run
   DeviceVector<float> hidden_;  // [C_p, n_t*H] the batch's hidden_p uploaded (a backend of other memory than the host's)
   const float* hidden_in_ = nullptr;  // [C_p, n_t*H] the fusion's input: hidden_, or hidden_p itself on the host
-  DeviceVector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_, dhf_;
-  BackwardScratch bs_;
+  DeviceVector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_;
   std::vector<std::int32_t> argmax_;
   Phases phases_;
 };
