@@ -106,13 +106,14 @@ void ShardedState::release(int u, bool backward) {
   gathered_.erase(u);
   if (!backward) return;
   const std::int64_t c = piece(u);
-  piece_.resize(c);
+  DeviceVector<float> mine;  // [c_u] this rank's reduced share
+  mine.resize(c);
   {
     const ScopedCommDevice on(mesh_, device());
-    mesh_.reduce_scatter_async(gscratch_.data(), piece_.data(), static_cast<std::size_t>(c), DType::f32, ReduceOp::sum)
+    mesh_.reduce_scatter_async(gscratch_.data(), mine.data(), static_cast<std::size_t>(c), DType::f32, ReduceOp::sum)
         ->wait();
   }
-  add_into(own(g_own_, u), piece_.data(), c);
+  add_into(own(g_own_, u), mine.data(), c);
   gscratch_ = DeviceVector<float>();  // freed until the next unit's backward
 }
 
@@ -160,6 +161,7 @@ void ShardedState::apply(AdamW& adam, double lr_now, double clip) {
     return;
   }
   clip_all(g_own_);
+  DeviceVector<float> mine;  // optimizer: [hi - lo] the updated piece
   const ScopedCommDevice on(mesh_, device());
   for (int u = 0; u < units(); ++u) {
     const auto [lo, hi] = owned(u, r_);
@@ -169,11 +171,11 @@ void ShardedState::apply(AdamW& adam, double lr_now, double clip) {
     }
     // optimizer: update a copy of the owned piece, then every rank's piece back into every
     // rank's whole vector (the all-gather's send must not alias its receive buffer).
-    piece_.resize(hi - lo);
-    device_copy(piece_.data(), params_.data() + lo, hi - lo);
-    adam.update(piece_.data(), own(g_own_, u), own(m_, u), own(v_, u), lo, hi - lo, lr_now, layout_.vectors);
+    mine.resize(hi - lo);
+    device_copy(mine.data(), params_.data() + lo, hi - lo);
+    adam.update(mine.data(), own(g_own_, u), own(m_, u), own(v_, u), lo, hi - lo, lr_now, layout_.vectors);
     const auto& U = layout_.units[static_cast<std::size_t>(u)];
-    mesh_.all_gather_v_async(piece_.data(), params_.data() + U.begin, piece_counts(u), DType::f32)->wait();
+    mesh_.all_gather_v_async(mine.data(), params_.data() + U.begin, piece_counts(u), DType::f32)->wait();
   }
 }
 

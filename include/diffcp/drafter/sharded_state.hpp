@@ -130,7 +130,6 @@ class ShardedState {
   };
   std::map<int, Gathered> gathered_;  // full: the units resident now
   DeviceVector<float> gscratch_;       // full: [W c_u] the gradient shares of the unit in backward
-  DeviceVector<float> piece_;          // full: [c_u] this rank's reduced share; optimizer: the updated piece
   double grad_norm_ = 0;
 };
 
