@@ -22,6 +22,7 @@
 #include "diffcp/drafter/model.hpp"
 #include "diffcp/drafter/trainer.hpp"
 #include "diffcp/io/safetensors.hpp"
+#include "diffcp/ops/buffer.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {
@@ -57,7 +58,7 @@ std::string shared_dir(const std::string& what) {
 std::vector<float> test_params(const DrafterConfig& cfg, std::uint64_t seed) {
   Drafter d(test::world(), cfg);
   d.init_params(seed);
-  std::vector<float> p = d.params();
+  std::vector<float> p = to_host<float>(d.params().view());
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> n(0.0, 0.2);
   const DrafterLayout lay(cfg);

@@ -14,6 +14,7 @@
 
 #include "diffcp/cp/attention_layer.hpp"
 #include "diffcp/drafter/model.hpp"
+#include "diffcp/ops/buffer.hpp"
 #include "diffcp/testing/compare.hpp"
 #include "diffcp/testing/reference_layer.hpp"
 #include "diffcp/workload/batch.hpp"
@@ -61,7 +62,7 @@ std::vector<float> test_params(const DrafterConfig& cfg) {
   auto self = test::world().split(test::world().rank(), 0, "self");
   Drafter d(*self, cfg);
   d.init_params(7);
-  std::vector<float> p = d.params();
+  std::vector<float> p = to_host<float>(d.params().view());
   std::mt19937_64 rng(8);
   std::normal_distribution<double> n(0.0, 0.2);
   const DrafterLayout lay(cfg);
@@ -141,8 +142,8 @@ std::vector<float> drafter_gradients(const Problem& pb, const std::vector<float>
   Communicator& world = test::world();
   const DrafterConfig& c = pb.cfg;
   Drafter d(world, c);
-  std::copy(p.begin(), p.end(), d.params().begin());
-  std::fill(d.grads().begin(), d.grads().end(), 0.f);
+  d.state().set_params(p);
+  d.state().zero_grads();
   d.set_lm_head(LmHead(nullptr, c.hidden, c.vocab, pb.lm_head, 0));
   DrafterBatch mb;
   mb.shard = contiguous_shard(pb.batch, world.size(), world.rank());
@@ -157,7 +158,7 @@ std::vector<float> drafter_gradients(const Problem& pb, const std::vector<float>
   std::vector<double> loss{st.loss_sum};
   world.all_reduce<double>(loss);
   EXPECT_NEAR(loss[0], reference_loss(pb, p, c.gamma), 1e-4 * std::max(1.0, std::abs(loss[0])));
-  std::vector<float> g = d.grads();
+  std::vector<float> g = to_host<float>(d.grads().view());
   world.all_reduce<float>(g);
   return g;
 }

@@ -25,6 +25,7 @@
 #include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/ops/linear.hpp"
+#include "diffcp/ops/loss.hpp"
 #include "diffcp/ops/optim.hpp"
 #include "diffcp/ops/rmsnorm.hpp"
 #include "diffcp/ops/rope.hpp"
@@ -281,6 +282,23 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"adamw", {OpKind::adamw_step}, {{f, 333}, {f, 333}, {f, 333}, {f, 333, 0.f, 1.f}},
                    [](Backend&, auto& t) {
                      adamw_step(F(t[0]), F(t[1]), F(t[2]), F(t[3]), 333, {0.9f, 0.95f, 1e-3f, 1.2f, 1e-8f, 0.999f});
+                   }});
+  // The per-row statistics are host results: stored as raw bytes in t[3] so they are compared too.
+  cases.push_back({"cross entropy / scale_sumsq",
+                   {OpKind::cross_entropy, OpKind::cross_entropy_backward, OpKind::scale_sumsq},
+                   {{f, 6 * 37, -4.f, 4.f}, {f, 6 * 37, -4.f, 4.f}, {f, 6 * 37, -4.f, 4.f}, {f, 100}, {f, 101}},
+                   [](Backend& b, auto& t) {
+                     const std::int32_t whole[] = {0, 36, 5, 12, 17, 17}, sliced[] = {0, 46, 15, 40, 17, 9};
+                     const double w[] = {0, 1, 0.5, 0.25, 1, 2};
+                     std::vector<double> st(50), lse(6);
+                     cross_entropy(F(t[0]), 6, 37, 0, whole, {st.data(), 24}, w);  // stats + dlogits
+                     cross_entropy(F(t[1]), 6, 37, 10, sliced, {st.data() + 24, 24});  // a vocabulary slice
+                     for (std::size_t i = 0; i < 6; ++i) lse[i] = st[24 + 4 * i] + std::log(st[25 + 4 * i]);
+                     cross_entropy_backward(F(t[2]), 6, 37, 10, sliced, w, lse);
+                     st[48] = scale_sumsq(F(t[4]), 101, 0.37);
+                     st[49] = scale_sumsq(F(t[4]) + 3, 50, 1.0 / 3);
+                     copy(TensorView::contiguous(t[3].data, DType::u8, {400}, b.device()),
+                          ConstTensorView::contiguous(st.data(), DType::u8, {400}));
                    }});
   cases.push_back({"fill / convert", {OpKind::fill, OpKind::convert}, {{f, 100}, {h, 100}, {h, 50}}, [](Backend&, auto& t) {
                      convert(t[0], t[1]);

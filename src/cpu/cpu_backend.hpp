@@ -51,6 +51,11 @@ class CpuBackend final : public Backend {
   void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
   void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) override;
   void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
+  void cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target, std::span<double> stats,
+                     std::span<const double> weight) override;
+  void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
+                              std::span<const double> weight, std::span<const double> lse) override;
+  double scale_sumsq(TensorView x, double scale) override;
   void gelu_tanh(TensorView x) override;
   void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
                           TensorView y) override;

@@ -21,3 +21,19 @@ void CpuBackend::adamw_step(TensorView p_v, ConstTensorView g_v, TensorView m_v,
 }
 
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA
+
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
+
+// x: [n] in place; the sum of squares in double, in index order (no contraction: this file).
+double CpuBackend::scale_sumsq(TensorView x_v, double scale) {
+  float* x = x_v.ptr<float>();
+  const std::int64_t n = x_v.numel();
+  double ss = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(static_cast<double>(x[i]) * scale);
+    ss += static_cast<double>(x[i]) * x[i];
+  }
+  return ss;
+}
+
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA

@@ -11,6 +11,7 @@
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/io/safetensors.hpp"
+#include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/linear.hpp"
 
 namespace diffcp {
@@ -81,6 +82,7 @@ class SyntheticSource final : public DataSource {
     const Sample& smp = (held ? heldout_ : train_)[s];
     const std::int64_t H = cfg_.hidden, T = cfg_.target_layers, L = static_cast<std::int64_t>(smp.tokens.size());
     constexpr std::int64_t kTile = 64;
+    const ScopedBackend host(cpu_backend());  // host data (a shard file's stand-in): its GEMMs run on the host
     std::vector<float> in(static_cast<std::size_t>(kTile * 2 * H)), h(static_cast<std::size_t>(kTile * H));
     for (std::int64_t t0 = begin / kTile * kTile; t0 < end; t0 += kTile) {
       const std::int64_t n = std::min(kTile, L - t0);

@@ -5,6 +5,7 @@
 #include "diffcp/balance/balancer.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/drafter/model.hpp"
+#include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
 
@@ -45,15 +46,20 @@ std::vector<float> draft_block(Communicator& cp, const DrafterConfig& cfg, std::
   const bool mine = mb.shard.own_query_rows() > 0;
   if (mine) mb.block_input.assign(noise.begin(), noise.end());
   Drafter d(cp, cfg);
-  d.params().assign(params.begin(), params.end());
-  const std::vector<float>& out_p = d.forward_hidden(mb);
+  d.state().set_params(params);
+  const DeviceVector<float>& out_p = d.forward_hidden(mb);
   // The owner of the block sends its rows to every rank.
   const std::size_t have = mine ? static_cast<std::size_t>(B * H) : 0;
   std::vector<std::size_t> counts(static_cast<std::size_t>(cp.size()));
-  cp.all_gather<std::size_t>(std::span<const std::size_t>(&have, 1), std::span<std::size_t>(counts));
-  std::vector<float> out(static_cast<std::size_t>(B * H));
-  cp.all_gather_v<float>(std::span<const float>(out_p.data(), have), std::span<float>(out), counts);
-  return out;
+  {
+    const ScopedCommDevice host(cp, Device::host);
+    cp.all_gather<std::size_t>(std::span<const std::size_t>(&have, 1), std::span<std::size_t>(counts));
+  }
+  DeviceVector<float> out;  // [B, H]
+  out.resize(B * H);
+  const ScopedCommDevice on(cp, active_backend().device());
+  cp.all_gather_v_async(out_p.data(), out.data(), counts, DType::f32)->wait();
+  return to_host<float>(out.view());
 }
 
 }  // namespace diffcp

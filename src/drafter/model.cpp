@@ -7,6 +7,7 @@
 #include <random>
 
 #include "diffcp/core/error.hpp"
+#include "diffcp/ops/buffer.hpp"
 #include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/linear.hpp"
 #include "diffcp/ops/rmsnorm.hpp"
@@ -18,25 +19,40 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
+// A [rows, cols] view of the active backend's memory.
+TensorView dview(float* p, std::int64_t rows, std::int64_t cols) {
+  return TensorView::contiguous(p, DType::f32, {rows, cols}, active_backend().device());
+}
+
+// v = src [n] (device to device, or from the host), v sized to n.
+void assign(DeviceVector<float>& v, const float* src, std::int64_t n, Device from) {
+  v.resize(n);
+  copy(TensorView::contiguous(v.data(), DType::f32, {n}, active_backend().device()),
+       ConstTensorView::contiguous(src, DType::f32, {n}, from));
+}
+
+// Whether the backend computes on host memory (the CPU): the batch's host inputs are then its
+// operands as they are, with no copy of the largest input (the target hidden states).
+bool computes_on_host() { return active_backend().device() == Device::host; }
+
 // dst[i] += src[i] (the backend's add op)
-void add_into(std::vector<float>& dst, const std::vector<float>& src) {
+void add_into(DeviceVector<float>& dst, const DeviceVector<float>& src) {
   diffcp::add_into(dst.data(), src.data(), static_cast<std::int64_t>(dst.size()));
 }
 
 // Row-wise RMSNorm over H (one "head" of width H): y = x * rstd * w.
-void norm_rows(const std::vector<float>& x, std::int64_t rows, std::int64_t H, const float* w, double eps,
-               std::vector<float>& y, std::vector<float>& rstd) {
-  y.resize(static_cast<std::size_t>(rows * H));
-  rstd.resize(static_cast<std::size_t>(rows));
+void norm_rows(const DeviceVector<float>& x, std::int64_t rows, std::int64_t H, const float* w, double eps,
+               DeviceVector<float>& y, DeviceVector<float>& rstd) {
+  y.resize(rows * H);
+  rstd.resize(rows);
   rmsnorm_forward(x.data(), rows, 1, H, w, static_cast<float>(eps), y.data(), rstd.data());
 }
 
-// dx = RMSNormBwd(dy) with dw accumulated.
-std::vector<float> norm_rows_bwd(const std::vector<float>& dy, const std::vector<float>& x, const std::vector<float>& rstd,
-                                 std::int64_t rows, std::int64_t H, const float* w, float* dw) {
-  std::vector<float> dx(dy.size());
+// dx [rows, H] = RMSNormBwd(dy) with dw accumulated.
+void norm_rows_bwd(const DeviceVector<float>& dy, const DeviceVector<float>& x, const DeviceVector<float>& rstd,
+                   std::int64_t rows, std::int64_t H, const float* w, float* dw, DeviceVector<float>& dx) {
+  dx.resize(rows * H);
   rmsnorm_backward(dy.data(), x.data(), rstd.data(), rows, 1, H, w, dx.data(), dw);
-  return dx;
 }
 
 }  // namespace
@@ -111,7 +127,7 @@ void Drafter::embed(const DrafterBatch& mb) {
   if (!mb.block_input.empty() || Qp == 0) {
     DIFFCP_CHECK(static_cast<std::int64_t>(mb.block_input.size()) == Qp * H, "drafter: block_input has ",
                  mb.block_input.size(), " values, expected Q_p * H = ", Qp, " * ", H);
-    h_ = mb.block_input;
+    assign(h_, mb.block_input.data(), Qp * H, Device::host);
     return;
   }
   DIFFCP_CHECK(static_cast<bool>(embedding_), "drafter: no embedding set (set_embedding) and no block_input");
@@ -120,8 +136,14 @@ void Drafter::embed(const DrafterBatch& mb) {
   for (std::int64_t i = mb.shard.blocks.begin; i < mb.shard.blocks.end; ++i)
     for (std::int64_t k = 0; k < B; ++k)
       tokens.push_back(k == 0 ? mb.tokens[static_cast<std::size_t>(refs[static_cast<std::size_t>(i)].anchor)] : cfg_.mask_token);
-  h_.resize(static_cast<std::size_t>(Qp * H));
-  embedding_(tokens, h_.data());
+  if (computes_on_host()) {
+    h_.resize(Qp * H);
+    embedding_(tokens, h_.data());
+    return;
+  }
+  std::vector<float> rows(static_cast<std::size_t>(Qp * H));  // host: the source's rows, then uploaded
+  embedding_(tokens, rows.data());
+  assign(h_, rows.data(), Qp * H, Device::host);
 }
 
 void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, const CpShard& s) {
@@ -133,23 +155,24 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
     L.attn = std::make_unique<SplitKVLayer>(comm_, cfg_.attn(), s, attn_opt_);
   else
     L.attn->reshard(s);
-  L.h_in = h_;
-  std::vector<float> y(h_.size());
+  assign(L.h_in, h_.data(), Qp * H, active_backend().device());
   norm_rows(h_, Qp, H, params + rel(u, off.attn_norm), cfg_.rms_eps, L.a, L.a_rstd);
   const std::int64_t Cp = s.context_rows();
   if (L.attn_saved) L.attn->discard(std::move(L.attn_saved));  // its backward never ran (evaluation, recompute)
-  L.attn_saved = L.attn->forward(AttnLayerParams::view(cfg_.attn(), params + rel(u, off.attn)),
-                                 view_of(L.a, {Qp, H}), view_of(c_, {Cp, H}), view_of(y, {Qp, H}));
+  DeviceVector<float>& y = L.h_mid;  // attention's output, then h + it
+  y.resize(Qp * H);
+  L.attn_saved = L.attn->forward(AttnLayerParams::view(cfg_.attn(), params + rel(u, off.attn)), dview(L.a.data(), Qp, H),
+                                 dview(c_.data(), Cp, H), dview(y.data(), Qp, H));
   L.attn_fwd_comm = L.attn->timings().exposed_comm_ms();
   phases_.attention_comm += L.attn_fwd_comm;
   add_into(h_, y);
   phases_.attention += ms_since(t0);
   t0 = Clock::now();
-  L.h_mid = h_;
+  assign(L.h_mid, h_.data(), Qp * H, active_backend().device());
   norm_rows(h_, Qp, H, params + rel(u, off.mlp_norm), cfg_.rms_eps, L.m, L.m_rstd);
-  L.gate.resize(static_cast<std::size_t>(Qp * F));
-  L.up.resize(L.gate.size());
-  L.act.resize(L.gate.size());
+  L.gate.resize(Qp * F);
+  L.up.resize(Qp * F);
+  L.act.resize(Qp * F);
   linear_forward(L.m.data(), Qp, H, params + rel(u, off.w_gate), F, L.gate.data());
   linear_forward(L.m.data(), Qp, H, params + rel(u, off.w_up), F, L.up.data());
   swiglu_forward(L.gate.data(), L.up.data(), L.act.data(), static_cast<std::int64_t>(L.act.size()));
@@ -171,8 +194,14 @@ void Drafter::forward(const DrafterBatch& mb) {
   // Context fusion: c = RMSNorm(hidden_p fc).
   const float* params = acquire(0, false);
   auto t0 = Clock::now();
-  c_lin_.resize(static_cast<std::size_t>(Cp * H));
-  linear_forward(mb.hidden_p.data(), Cp, T, params + rel(0, layout_.fc), H, c_lin_.data());
+  if (computes_on_host()) {
+    hidden_in_ = mb.hidden_p.data();
+  } else {
+    assign(hidden_, mb.hidden_p.data(), Cp * T, Device::host);
+    hidden_in_ = hidden_.data();
+  }
+  c_lin_.resize(Cp * H);
+  linear_forward(hidden_in_, Cp, T, params + rel(0, layout_.fc), H, c_lin_.data());
   norm_rows(c_lin_, Cp, H, params + rel(0, layout_.fc_norm), cfg_.rms_eps, c_, c_rstd_);
   state().release(0, false);
   phases_.fusion += ms_since(t0);
@@ -191,21 +220,23 @@ void Drafter::forward(const DrafterBatch& mb) {
   state().release(Lu, false);
 }
 
-const std::vector<float>& Drafter::forward_hidden(const DrafterBatch& mb) {
+const DeviceVector<float>& Drafter::forward_hidden(const DrafterBatch& mb) {
+  const ScopedCommDevice on(comm_, active_backend().device());  // Split-KV's collectives move device rows
   forward(mb);
   return hf_;
 }
 
 DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
   DIFFCP_CHECK(lm_head_ != nullptr, "drafter: no LM head set (set_lm_head)");
+  const ScopedCommDevice on(comm_, active_backend().device());  // Split-KV's collectives move device rows
   forward(mb);
-  std::vector<float> dhf;
+  DeviceVector<float> dhf;  // [Q_p, H] (this step only: the memory is the next forward's)
   const DrafterStats st = loss(mb, backward, dhf);
   if (backward) this->backward(mb, dhf);
   return st;
 }
 
-DrafterStats Drafter::loss(const DrafterBatch& mb, bool backward, std::vector<float>& dhf) {
+DrafterStats Drafter::loss(const DrafterBatch& mb, bool backward, DeviceVector<float>& dhf) {
   // Decay-weighted cross-entropy (lm_head.hpp: vocabulary-parallel when the head is split).
   const auto t0 = Clock::now();
   const std::int64_t H = cfg_.hidden, B = cfg_.block;
@@ -224,7 +255,7 @@ DrafterStats Drafter::loss(const DrafterBatch& mb, bool backward, std::vector<fl
     weight[static_cast<std::size_t>(r)] =
         k == 0 ? 0.0 : std::exp(-static_cast<double>(k - 1) / cfg_.gamma) * mb.loss_mask[static_cast<std::size_t>(anchor + k)];
   }
-  dhf.assign(backward ? static_cast<std::size_t>(Qp * H) : 0, 0.f);
+  dhf.resize(backward ? Qp * H : 0);
   lm_head_->run(hf_.data(), Qp, target.data(), weight.data(), ce.data(), argmax_.data(), backward, dhf.data());
   for (std::int64_t r = 0; r < Qp; ++r) {
     const auto i = static_cast<std::size_t>(r), k = static_cast<std::size_t>(r % B);
@@ -239,35 +270,36 @@ DrafterStats Drafter::loss(const DrafterBatch& mb, bool backward, std::vector<fl
   return st;
 }
 
-void Drafter::backward(const DrafterBatch& mb, const std::vector<float>& dhf) {
+void Drafter::backward(const DrafterBatch& mb, const DeviceVector<float>& dhf) {
   const std::int64_t H = cfg_.hidden, F = cfg_.ffn, T = cfg_.target_layers * H;
   const int Lu = static_cast<int>(cfg_.layers) + 1;
   const CpShard& s = mb.shard;
   const std::int64_t Qp = s.own_query_rows(), Cp = s.context_rows();
+  BackwardScratch bs;  // this backward's only (its memory is the next forward's)
   const float* params = acquire(Lu, true);
-  std::vector<float> dh = norm_rows_bwd(dhf, h_, hf_rstd_, Qp, H, params + rel(Lu, layout_.final_norm),
-                                        state().unit_grads(Lu) + rel(Lu, layout_.final_norm));
+  norm_rows_bwd(dhf, h_, hf_rstd_, Qp, H, params + rel(Lu, layout_.final_norm),
+                state().unit_grads(Lu) + rel(Lu, layout_.final_norm), bs.dh);
   state().release(Lu, true);
-  BackwardScratch bs;
-  bs.dc.assign(static_cast<std::size_t>(Cp * H), 0.f);
-  bs.dc_l.resize(bs.dc.size());
-  bs.da.resize(dh.size());
-  bs.dm.resize(dh.size());
-  bs.dact.resize(static_cast<std::size_t>(Qp * F));
-  bs.dgate.resize(bs.dact.size());
-  bs.dup.resize(bs.dact.size());
-  for (std::int64_t l = cfg_.layers - 1; l >= 0; --l) layer_backward(l, s, dh, bs);
+  bs.dc.resize(Cp * H);
+  fill(bs.dc.data(), Cp * H, 0.f);
+  bs.dc_l.resize(Cp * H);
+  bs.da.resize(Qp * H);
+  bs.dm.resize(Qp * H);
+  bs.dact.resize(Qp * F);
+  bs.dgate.resize(Qp * F);
+  bs.dup.resize(Qp * F);
+  for (std::int64_t l = cfg_.layers - 1; l >= 0; --l) layer_backward(l, s, bs);
   // The embedding is frozen: dh stops here. Context fusion backward.
   params = acquire(0, true);
   float* G = state().unit_grads(0);
   const auto t0 = Clock::now();
-  const std::vector<float> dc_lin = norm_rows_bwd(bs.dc, c_lin_, c_rstd_, Cp, H, params + rel(0, layout_.fc_norm), G + rel(0, layout_.fc_norm));
-  linear_backward_weight(mb.hidden_p.data(), Cp, T, dc_lin.data(), H, G + rel(0, layout_.fc));
+  norm_rows_bwd(bs.dc, c_lin_, c_rstd_, Cp, H, params + rel(0, layout_.fc_norm), G + rel(0, layout_.fc_norm), bs.dc_lin);
+  linear_backward_weight(hidden_in_, Cp, T, bs.dc_lin.data(), H, G + rel(0, layout_.fc));
   phases_.fusion += ms_since(t0);
   state().release(0, true);
 }
 
-void Drafter::layer_backward(std::int64_t l, const CpShard& s, std::vector<float>& dh, BackwardScratch& bs) {
+void Drafter::layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& bs) {
   const std::int64_t H = cfg_.hidden, F = cfg_.ffn;
   const std::int64_t Qp = s.own_query_rows(), Cp = s.context_rows();
   const int u = static_cast<int>(l) + 1;
@@ -275,30 +307,33 @@ void Drafter::layer_backward(std::int64_t l, const CpShard& s, std::vector<float
   const float* params = acquire(u, true);
   float* G = state().unit_grads(u);
   if (recompute_) {  // the layer's forward again, from its input
-    h_ = layers_[static_cast<std::size_t>(l)].h_in;
+    const DeviceVector<float>& in = layers_[static_cast<std::size_t>(l)].h_in;
+    assign(h_, in.data(), static_cast<std::int64_t>(in.size()), active_backend().device());
     layer_forward(l, scratch_, params, s);
   }
   LayerState& L = recompute_ ? scratch_ : layers_[static_cast<std::size_t>(l)];
+  DeviceVector<float>& dh = bs.dh;
   auto t0 = Clock::now();
   // MLP: h_out = h_mid + act W_down, act = silu(gate) * up.
   linear_backward_weight(L.act.data(), Qp, F, dh.data(), H, G + rel(u, off.w_down));
   linear_backward_input(dh.data(), Qp, H, params + rel(u, off.w_down), F, bs.dact.data());
-  swiglu_backward(bs.dact.data(), L.gate.data(), L.up.data(), bs.dgate.data(), bs.dup.data(),
-                  static_cast<std::int64_t>(bs.dact.size()));
+  swiglu_backward(bs.dact.data(), L.gate.data(), L.up.data(), bs.dgate.data(), bs.dup.data(), Qp * F);
   linear_backward_weight(L.m.data(), Qp, H, bs.dgate.data(), F, G + rel(u, off.w_gate));
   linear_backward_weight(L.m.data(), Qp, H, bs.dup.data(), F, G + rel(u, off.w_up));
   linear_backward_input(bs.dgate.data(), Qp, F, params + rel(u, off.w_gate), H, bs.dm.data());
   linear_backward_input(bs.dup.data(), Qp, F, params + rel(u, off.w_up), H, bs.dm.data(), 1.f);
-  add_into(dh, norm_rows_bwd(bs.dm, L.h_mid, L.m_rstd, Qp, H, params + rel(u, off.mlp_norm), G + rel(u, off.mlp_norm)));
+  norm_rows_bwd(bs.dm, L.h_mid, L.m_rstd, Qp, H, params + rel(u, off.mlp_norm), G + rel(u, off.mlp_norm), bs.dn);
+  add_into(dh, bs.dn);
   phases_.mlp += ms_since(t0);
   t0 = Clock::now();
   // Attention: h_mid = h_in + SplitKV(a, c).
   AttnLayerParams gview(cfg_.attn(), G + rel(u, off.attn));
   L.attn->backward(std::move(L.attn_saved), AttnLayerParams::view(cfg_.attn(), params + rel(u, off.attn)),
-                   view_of(dh, {Qp, H}), view_of(bs.da, {Qp, H}), view_of(bs.dc_l, {Cp, H}), gview);
-  std::fill_n(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
+                   dview(dh.data(), Qp, H), dview(bs.da.data(), Qp, H), dview(bs.dc_l.data(), Cp, H), gview);
+  fill(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
   phases_.attention_comm += L.attn->timings().exposed_comm_ms() - L.attn_fwd_comm;  // timings(): forward + backward
-  add_into(dh, norm_rows_bwd(bs.da, L.h_in, L.a_rstd, Qp, H, params + rel(u, off.attn_norm), G + rel(u, off.attn_norm)));
+  norm_rows_bwd(bs.da, L.h_in, L.a_rstd, Qp, H, params + rel(u, off.attn_norm), G + rel(u, off.attn_norm), bs.dn);
+  add_into(dh, bs.dn);
   add_into(bs.dc, bs.dc_l);
   phases_.attention += ms_since(t0);
   state().release(u, true);

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "diffcp/core/error.hpp"
+#include "diffcp/ops/elementwise.hpp"
+#include "diffcp/ops/optim.hpp"
 
 namespace diffcp {
 
@@ -39,12 +41,16 @@ ShardedState::ShardedState(Communicator& mesh, const DrafterLayout& layout, Shar
   if (mode_ != ShardMode::none) W_ = mesh.size(), r_ = mesh.rank();
   own_off_.push_back(0);
   for (int u = 0; u < units(); ++u) own_off_.push_back(own_off_.back() + piece(u));
-  const auto total = static_cast<std::size_t>(layout_.total), owned = static_cast<std::size_t>(own_off_.back());
-  if (mode_ != ShardMode::full) params_.assign(total, 0.f), grads_.assign(total, 0.f);
-  if (mode_ == ShardMode::full) p_own_.assign(owned, 0.f);
-  if (mode_ != ShardMode::none) g_own_.assign(owned, 0.f);
-  m_.assign(mode_ == ShardMode::none ? total : owned, 0.f);
-  v_.assign(m_.size(), 0.f);
+  const std::int64_t total = layout_.total, owned = own_off_.back();
+  const auto zeros = [](DeviceVector<float>& v, std::int64_t n) {
+    v.resize(n);
+    fill(v.data(), n, 0.f);
+  };
+  if (mode_ != ShardMode::full) zeros(params_, total), zeros(grads_, total);
+  if (mode_ == ShardMode::full) zeros(p_own_, owned);
+  if (mode_ != ShardMode::none) zeros(g_own_, owned);
+  zeros(m_, mode_ == ShardMode::none ? total : owned);
+  zeros(v_, static_cast<std::int64_t>(m_.size()));
 }
 
 ShardedState::~ShardedState() {
@@ -69,7 +75,8 @@ std::pair<std::int64_t, std::int64_t> ShardedState::owned(int u, int r) const {
 void ShardedState::gather_unit(int u, bool async) {
   Gathered& g = gathered_[u];
   const std::int64_t c = piece(u);
-  g.buf.resize(static_cast<std::size_t>(W_ * c));
+  g.buf.resize(W_ * c);
+  const ScopedCommDevice on(mesh_, device());
   g.pending = mesh_.all_gather_async(own(p_own_, u), g.buf.data(), static_cast<std::size_t>(c), DType::f32);
   if (!async) g.pending->wait(), g.pending.reset();
 }
@@ -83,7 +90,8 @@ const float* ShardedState::acquire(int u, bool backward) {
   const int next = backward ? u - 1 : u + 1;  // prefetch: overlaps this unit's compute
   if (next >= 0 && next < units() && gathered_.count(next) == 0) gather_unit(next, true);
   if (backward) {
-    gscratch_.assign(static_cast<std::size_t>(W_ * piece(u)), 0.f);
+    gscratch_.resize(W_ * piece(u));
+    fill(gscratch_.data(), W_ * piece(u), 0.f);
   }
   return gathered_[u].buf.data();
 }
@@ -98,11 +106,15 @@ void ShardedState::release(int u, bool backward) {
   gathered_.erase(u);
   if (!backward) return;
   const std::int64_t c = piece(u);
-  std::vector<float> mine(static_cast<std::size_t>(c));
-  mesh_.reduce_scatter<float>(gscratch_, mine);
-  float* g = own(g_own_, u);
-  for (std::int64_t i = 0; i < c; ++i) g[i] += mine[static_cast<std::size_t>(i)];
-  std::vector<float>().swap(gscratch_);
+  DeviceVector<float> mine;  // [c_u] this rank's reduced share
+  mine.resize(c);
+  {
+    const ScopedCommDevice on(mesh_, device());
+    mesh_.reduce_scatter_async(gscratch_.data(), mine.data(), static_cast<std::size_t>(c), DType::f32, ReduceOp::sum)
+        ->wait();
+  }
+  add_into(own(g_own_, u), mine.data(), c);
+  gscratch_ = DeviceVector<float>();  // freed until the next unit's backward
 }
 
 void ShardedState::gather_rounds_only() {
@@ -113,22 +125,15 @@ void ShardedState::gather_rounds_only() {
 }
 
 void ShardedState::zero_grads() {
-  std::fill(grads_.begin(), grads_.end(), 0.f);
-  std::fill(g_own_.begin(), g_own_.end(), 0.f);
+  fill(grads_.data(), static_cast<std::int64_t>(grads_.size()), 0.f);
+  fill(g_own_.data(), static_cast<std::int64_t>(g_own_.size()), 0.f);
 }
 
 double ShardedState::reduce_grads(double scale) {
-  double ss = 0;
-  auto scale_and_square = [&](float* g, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      g[i] = static_cast<float>(static_cast<double>(g[i]) * scale);
-      ss += static_cast<double>(g[i]) * g[i];
-    }
-  };
+  const ScopedCommDevice on(mesh_, device());
   if (mode_ == ShardMode::none) {
-    mesh_.all_reduce<float>(grads_);
-    scale_and_square(grads_.data(), layout_.total);
-    return grad_norm_ = std::sqrt(ss);
+    mesh_.all_reduce<float>(std::span<float>(grads_.data(), grads_.size()));
+    return grad_norm_ = std::sqrt(scale_sumsq(grads_.data(), layout_.total, scale));
   }
   if (mode_ == ShardMode::optimizer) {  // straight from the whole vector: no padded copy
     for (int u = 0; u < units(); ++u) {
@@ -137,17 +142,17 @@ double ShardedState::reduce_grads(double scale) {
           ->wait();
     }
   }
-  scale_and_square(g_own_.data(), static_cast<std::int64_t>(g_own_.size()));  // padding is zero
-  std::vector<double> t{ss};
+  // padding is zero
+  std::vector<double> t{scale_sumsq(g_own_.data(), static_cast<std::int64_t>(g_own_.size()), scale)};
+  const ScopedCommDevice host(mesh_, Device::host);
   mesh_.all_reduce<double>(t);
   return grad_norm_ = std::sqrt(t[0]);
 }
 
 void ShardedState::apply(AdamW& adam, double lr_now, double clip) {
   const double s = clip_scale(grad_norm_, clip);
-  auto clip_all = [&](std::vector<float>& g) {
-    if (s != 1.0)
-      for (float& x : g) x = static_cast<float>(x * s);
+  auto clip_all = [&](DeviceVector<float>& g) {
+    if (s != 1.0) scale_sumsq(g.data(), static_cast<std::int64_t>(g.size()), s);
   };
   adam.begin_step();
   if (mode_ == ShardMode::none) {
@@ -156,7 +161,8 @@ void ShardedState::apply(AdamW& adam, double lr_now, double clip) {
     return;
   }
   clip_all(g_own_);
-  std::vector<float> mine;
+  DeviceVector<float> mine;  // optimizer: [hi - lo] the updated piece
+  const ScopedCommDevice on(mesh_, device());
   for (int u = 0; u < units(); ++u) {
     const auto [lo, hi] = owned(u, r_);
     if (mode_ == ShardMode::full) {
@@ -165,7 +171,8 @@ void ShardedState::apply(AdamW& adam, double lr_now, double clip) {
     }
     // optimizer: update a copy of the owned piece, then every rank's piece back into every
     // rank's whole vector (the all-gather's send must not alias its receive buffer).
-    mine.assign(params_.begin() + lo, params_.begin() + hi);
+    mine.resize(hi - lo);
+    device_copy(mine.data(), params_.data() + lo, hi - lo);
     adam.update(mine.data(), own(g_own_, u), own(m_, u), own(v_, u), lo, hi - lo, lr_now, layout_.vectors);
     const auto& U = layout_.units[static_cast<std::size_t>(u)];
     mesh_.all_gather_v_async(mine.data(), params_.data() + U.begin, piece_counts(u), DType::f32)->wait();
@@ -181,44 +188,48 @@ std::vector<std::size_t> ShardedState::piece_counts(int u) const {
   return c;
 }
 
-std::vector<float>& ShardedState::params() {
+DeviceVector<float>& ShardedState::params() {
   DIFFCP_CHECK(mode_ != ShardMode::full, "sharded state: --shard full holds no whole parameter vector");
   return params_;
 }
 
-std::vector<float>& ShardedState::grads() {
+DeviceVector<float>& ShardedState::grads() {
   DIFFCP_CHECK(mode_ != ShardMode::full, "sharded state: --shard full holds no whole gradient vector");
   return grads_;
 }
 
 std::vector<float> ShardedState::gather_params() {
-  if (mode_ != ShardMode::full) return params_;
-  std::vector<float> full(static_cast<std::size_t>(layout_.total)), all;
+  std::vector<float> full(static_cast<std::size_t>(layout_.total));
+  if (mode_ != ShardMode::full) {
+    copy(view_of(std::span<float>(full)), ConstTensorView::contiguous(params_.data(), DType::f32, {layout_.total}, device()));
+    return full;
+  }
+  DeviceVector<float> all;
+  const ScopedCommDevice on(mesh_, device());
   for (int u = 0; u < units(); ++u) {
     const auto& U = layout_.units[static_cast<std::size_t>(u)];
-    all.resize(static_cast<std::size_t>(W_ * piece(u)));
-    mesh_.all_gather<float>(std::span<const float>(own(p_own_, u), static_cast<std::size_t>(piece(u))), all);
-    std::copy_n(all.begin(), U.size, full.begin() + U.begin);
+    all.resize(W_ * piece(u));
+    mesh_.all_gather_async(own(p_own_, u), all.data(), static_cast<std::size_t>(piece(u)), DType::f32)->wait();
+    copy(view_of(std::span<float>(full.data() + U.begin, static_cast<std::size_t>(U.size))),
+         ConstTensorView::contiguous(all.data(), DType::f32, {U.size}, device()));
   }
   return full;
 }
 
-void ShardedState::init(const std::function<void(int, float*)>& fill) {
-  std::vector<float> unit;
+void ShardedState::init(const std::function<void(int, float*)>& fill_unit) {
+  std::vector<float> unit;  // host: one unit at a time
   for (int u = 0; u < units(); ++u) {
     const auto& U = layout_.units[static_cast<std::size_t>(u)];
-    if (mode_ != ShardMode::full) {
-      fill(u, params_.data() + U.begin);
-      continue;
-    }
     unit.resize(static_cast<std::size_t>(U.size));
-    fill(u, unit.data());
-    const auto [lo, hi] = owned(u, r_);
-    std::copy(unit.begin() + (lo - U.begin), unit.begin() + (hi - U.begin), own(p_own_, u));
+    fill_unit(u, unit.data());
+    const auto [lo, hi] = mode_ == ShardMode::full ? owned(u, r_) : std::pair{U.begin, U.begin + U.size};
+    float* dst = mode_ == ShardMode::full ? own(p_own_, u) : params_.data() + U.begin;
+    copy(TensorView::contiguous(dst, DType::f32, {hi - lo}, device()),
+         view_of(std::span<const float>(unit.data() + (lo - U.begin), static_cast<std::size_t>(hi - lo))));
   }
 }
 
-void ShardedState::set_params(const std::vector<float>& full) {
+void ShardedState::set_params(std::span<const float> full) {
   DIFFCP_CHECK(static_cast<std::int64_t>(full.size()) == layout_.total, "sharded state: ", full.size(),
                " parameters for a model of ", layout_.total);
   init([&](int u, float* out) {
@@ -227,20 +238,26 @@ void ShardedState::set_params(const std::vector<float>& full) {
   });
 }
 
-void ShardedState::write_unit(CheckpointWriter* w, int u, const std::vector<float>* full, std::vector<float>& sharded) {
+void ShardedState::write_unit(CheckpointWriter* w, int u, const DeviceVector<float>* full, const DeviceVector<float>& sharded) {
   const auto& U = layout_.units[static_cast<std::size_t>(u)];
+  const auto to_host = [&](const float* src, std::int64_t n) {  // one unit's slice through the host
+    std::vector<float> h(static_cast<std::size_t>(n));
+    copy(view_of(std::span<float>(h)), ConstTensorView::contiguous(src, DType::f32, {n}, device()));
+    return h;
+  };
   if (full != nullptr) {  // the same whole vector on every rank
-    if (w != nullptr) w->append(full->data() + U.begin, static_cast<std::uint64_t>(U.size));
+    if (w != nullptr) w->append(to_host(full->data() + U.begin, U.size).data(), static_cast<std::uint64_t>(U.size));
     return;
   }
   std::vector<float> buf;
+  const ScopedCommDevice host(mesh_, Device::host);
   for (int r = 0; r < W_; ++r) {
     const auto [lo, hi] = owned(u, r);
     const auto n = static_cast<std::size_t>(hi - lo);
     if (r == r_ && r_ == 0) {
-      w->append(own(sharded, u), n);
+      w->append(to_host(own(sharded, u), hi - lo).data(), n);
     } else if (r == r_) {
-      mesh_.send<float>(std::span<const float>(own(sharded, u), n), 0, 71);
+      mesh_.send<float>(to_host(own(sharded, u), hi - lo), 0, 71);
     } else if (r_ == 0) {
       buf.resize(n);
       mesh_.recv<float>(buf, r, 71);
@@ -257,24 +274,32 @@ void ShardedState::save(const std::string& path, const nlohmann::json& meta) {
   for (int u = 0; u < units(); ++u) write_unit(w.get(), u, whole ? &m_ : nullptr, m_);
   for (int u = 0; u < units(); ++u) write_unit(w.get(), u, whole ? &v_ : nullptr, v_);
   if (w) w->commit();
+  const ScopedCommDevice host(mesh_, Device::host);
   mesh_.barrier();
 }
 
 void ShardedState::load(CheckpointReader& ck) {
   DIFFCP_CHECK(static_cast<std::int64_t>(ck.n()) == layout_.total, "checkpoint: ", ck.n(), " parameters, the model has ",
                layout_.total);
-  if (mode_ != ShardMode::full) ck.read(CkArray::params, 0, ck.n(), params_.data());
+  std::vector<float> h;  // host: one array or piece at a time
+  const auto read = [&](CkArray a, std::uint64_t at, std::uint64_t n, float* dst) {
+    h.resize(static_cast<std::size_t>(n));
+    ck.read(a, at, n, h.data());
+    copy(TensorView::contiguous(dst, DType::f32, {static_cast<std::int64_t>(n)}, device()),
+         view_of(std::span<const float>(h)));
+  };
+  if (mode_ != ShardMode::full) read(CkArray::params, 0, ck.n(), params_.data());
   if (mode_ == ShardMode::none) {
-    ck.read(CkArray::m, 0, ck.n(), m_.data());
-    ck.read(CkArray::v, 0, ck.n(), v_.data());
+    read(CkArray::m, 0, ck.n(), m_.data());
+    read(CkArray::v, 0, ck.n(), v_.data());
     return;
   }
   for (int u = 0; u < units(); ++u) {
     const auto [lo, hi] = owned(u, r_);
     const auto at = static_cast<std::uint64_t>(lo), n = static_cast<std::uint64_t>(hi - lo);
-    if (mode_ == ShardMode::full) ck.read(CkArray::params, at, n, own(p_own_, u));
-    ck.read(CkArray::m, at, n, own(m_, u));
-    ck.read(CkArray::v, at, n, own(v_, u));
+    if (mode_ == ShardMode::full) read(CkArray::params, at, n, own(p_own_, u));
+    read(CkArray::m, at, n, own(m_, u));
+    read(CkArray::v, at, n, own(v_, u));
   }
 }
 

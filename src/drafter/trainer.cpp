@@ -258,10 +258,11 @@ void Trainer::Impl::make_drafter(DrafterWeights& init, bool real_shape, int W) {
   {  // the LM head: whole (none, optimizer) or this CP rank's vocabulary slice (full)
     const bool split = shard == ShardMode::full;
     const auto [v0, v1] = split ? vocab_slice(cfg.vocab, cp->size(), cp->rank()) : std::pair<std::int64_t, std::int64_t>{0, cfg.vocab};
-    std::vector<float> w(static_cast<std::size_t>(cfg.hidden * (v1 - v0)));
-    data->lm_head_columns(v0, v1, w.data());
-    res.lm_head_mb = static_cast<double>(w.size()) * 4 / (1 << 20);
-    drafter->set_lm_head(LmHead(split ? vocab.get() : nullptr, cfg.hidden, cfg.vocab, std::move(w), v0));
+    res.lm_head_mb = static_cast<double>(cfg.hidden * (v1 - v0)) * 4 / (1 << 20);
+    drafter->set_lm_head(LmHead(split ? vocab.get() : nullptr, cfg.hidden, cfg.vocab, v0, v1,
+                                [src = data.get()](std::int64_t c0, std::int64_t c1, float* out) {
+                                  src->lm_head_columns(c0, c1, out);
+                                }));
   }
 }
 
@@ -306,6 +307,7 @@ StepStats Trainer::step() {
   const TrainOptions& opt = m.opt;
   DIFFCP_CHECK(m.step < opt.steps, "Trainer::step: the run is done (", m.step, " of TrainOptions::steps = ", opt.steps, ")");
   const ScopedF32GemmCompute precision(m.compute);
+  const ScopedCommDevice host(m.world, Device::host);  // the step's statistics (the model scopes its own)
   const std::int64_t s = m.step, B = m.cfg.block;
   const auto t0 = Clock::now();
   const Drafter::Phases ph0 = m.drafter->phases();
@@ -410,11 +412,13 @@ double Trainer::evaluate() {
       per[2 * static_cast<std::size_t>(r.sample)] += 1.0 + static_cast<double>(accepted);
       per[2 * static_cast<std::size_t>(r.sample) + 1] += 1.0;
     }
+    const ScopedCommDevice host(*m.cp, Device::host);
     m.cp->all_reduce<double>(per);
     for (std::size_t u = 0; u < nsamp; ++u)
       if (per[2 * u + 1] > 0) tau_sum += per[2 * u] / per[2 * u + 1], responses += 1;
   }
   std::vector<double> t{tau_sum, responses};
+  const ScopedCommDevice host(m.world, Device::host);
   m.world.all_reduce<double>(t);  // every CP rank of a group holds the same sums: divide by cp
   m.res.tau = t[1] > 0 ? t[0] / t[1] : 0.0;
   return m.res.tau;
@@ -455,6 +459,7 @@ TrainResult Trainer::result() {
                   {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n}, {"reduce", m.t_reduce / n},
                   {"optimizer", m.t_optim / n}};
   }
+  const ScopedCommDevice host(m.world, Device::host);
   std::vector<double> mem{static_cast<double>(m.state->resident_bytes()) / (1 << 20), res.lm_head_mb};
   m.world.all_reduce<double>(mem, ReduceOp::max);
   res.state_mb = mem[0];

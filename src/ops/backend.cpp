@@ -39,6 +39,9 @@ const char* op_name(OpKind op) {
     case OpKind::gather_rows: return "gather_rows";
     case OpKind::scatter_rows: return "scatter_rows";
     case OpKind::l1_distance: return "l1_distance";
+    case OpKind::cross_entropy: return "cross_entropy";
+    case OpKind::cross_entropy_backward: return "cross_entropy_backward";
+    case OpKind::scale_sumsq: return "scale_sumsq";
   }
   return "?";
 }
@@ -107,6 +110,15 @@ void Backend::gather_rows(ConstTensorView, std::span<const std::int64_t>, Tensor
 void Backend::scatter_rows(ConstTensorView src, std::span<const std::int64_t>, TensorView) {
   unsupported(OpKind::scatter_rows, src.dtype);
 }
+void Backend::cross_entropy(TensorView logits, std::int64_t, std::span<const std::int32_t>, std::span<double>,
+                            std::span<const double>) {
+  unsupported(OpKind::cross_entropy, logits.dtype);
+}
+void Backend::cross_entropy_backward(TensorView logits, std::int64_t, std::span<const std::int32_t>,
+                                     std::span<const double>, std::span<const double>) {
+  unsupported(OpKind::cross_entropy_backward, logits.dtype);
+}
+double Backend::scale_sumsq(TensorView x, double) { unsupported(OpKind::scale_sumsq, x.dtype); }
 void Backend::fill(TensorView x, float) { unsupported(OpKind::fill, x.dtype); }
 void Backend::convert(ConstTensorView src, TensorView dst) {
   unsupported(OpKind::convert, src.dtype == DType::f32 ? dst.dtype : src.dtype);

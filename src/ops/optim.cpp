@@ -9,4 +9,9 @@ void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, co
                   TensorView::contiguous(m, DType::f32, {n}), TensorView::contiguous(v, DType::f32, {n}), args);
 }
 
+double scale_sumsq(float* x, std::int64_t n, double scale) {
+  if (n == 0) return 0;
+  return backend_for(OpKind::scale_sumsq, DType::f32).scale_sumsq(TensorView::contiguous(x, DType::f32, {n}), scale);
+}
+
 }  // namespace diffcp

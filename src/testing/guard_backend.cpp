@@ -299,6 +299,25 @@ void GuardBackend::l1_distance(ConstTensorView a, ConstTensorView b, TensorView 
   const char* op = "l1_distance";
   DIFFCP_GUARD_OP(l1_distance, C(a), C(b), C(out));
 }
+void GuardBackend::cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
+                                 std::span<double> stats, std::span<const double> weight) {
+  const char* op = "cross_entropy";
+  DIFFCP_GUARD_OP(cross_entropy, C(logits), v0, target, stats, weight);
+}
+void GuardBackend::cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
+                                          std::span<const double> weight, std::span<const double> lse) {
+  const char* op = "cross_entropy_backward";
+  DIFFCP_GUARD_OP(cross_entropy_backward, C(logits), v0, target, weight, lse);
+}
+double GuardBackend::scale_sumsq(TensorView x, double scale) {
+  const char* op = "scale_sumsq";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counters_.ops;
+  }
+  Open open(*this);
+  return cpu_backend().scale_sumsq(C(x), scale);
+}
 
 #undef C
 #undef DIFFCP_GUARD_OP

@@ -13,6 +13,11 @@
 // over the whole global batch. The embedding and the LM head are the target's: frozen.
 // The attention layers' output bias b_o is fixed at zero (its gradient is dropped): the DFlash
 // format (Qwen3's attention_bias = false) has none.
+// Memory: parameters, gradients, activations and scratch live in the active backend's memory
+// (DeviceVector) and only ops and collectives touch them; the batch's inputs (token ids, target
+// hidden states, block inputs, embedding rows) come from the host and are uploaded once per step
+// (used in place by a backend that computes on host memory, the CPU: no extra copy there);
+// the loss pieces and predictions come back to the host (O(rows)).
 #pragma once
 
 #include <functional>
@@ -24,10 +29,12 @@
 #include "diffcp/drafter/config.hpp"
 #include "diffcp/drafter/lm_head.hpp"
 #include "diffcp/drafter/sharded_state.hpp"
+#include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
 
-// One packed micro-batch as rank p of a CP group holds it.
+// One packed micro-batch as rank p of a CP group holds it: host input data (the data source's; the
+// drafter copies hidden_p and block_input into its device workspace).
 struct DrafterBatch {
   CpShard shard;                          // samples, anchors (B = config block), chunks, owned blocks
   std::vector<std::int32_t> tokens;       // [S] packed token ids (every rank has them all)
@@ -43,8 +50,8 @@ struct DrafterStats {
   std::vector<std::int64_t> correct, counted;  // [B] per-slot argmax hits / predictions (w > 0)
 };
 
-// Embedding lookup: out [n, H] = the frozen embedding rows of tokens [n] (where they live: a
-// mapped file, a generator; the drafter never holds the table).
+// Embedding lookup: out [n, H] (host) = the frozen embedding rows of tokens [n] (where they live:
+// a mapped file, a generator; the drafter never holds the table). The drafter copies them to the device.
 using EmbeddingRows = std::function<void(std::span<const std::int32_t> tokens, float* out)>;
 
 class Drafter {
@@ -55,8 +62,8 @@ class Drafter {
 
   const DrafterConfig& config() const { return cfg_; }
   const DrafterLayout& layout() const { return layout_; }
-  std::vector<float>& params() { return state().params(); }  // [layout().total] (not --shard full)
-  std::vector<float>& grads() { return state().grads(); }    // [layout().total] (not --shard full)
+  DeviceVector<float>& params() { return state().params(); }  // [layout().total] device (not --shard full)
+  DeviceVector<float>& grads() { return state().grads(); }    // [layout().total] device (not --shard full)
   // The trainable state: the one given to use_state(), else a resident one (ShardMode::none),
   // allocated on first use.
   ShardedState& state();
@@ -64,7 +71,7 @@ class Drafter {
   // outlive the drafter's use of it).
   void use_state(ShardedState& state);
   void set_embedding(EmbeddingRows rows) { embedding_ = std::move(rows); }  // before step()
-  void set_embedding(std::vector<float> table);                             // [V, H]
+  void set_embedding(std::vector<float> table);                             // [V, H] host
   void set_lm_head(LmHead head) { lm_head_ = std::make_unique<LmHead>(std::move(head)); }  // before step()
   // Activation recomputation: keep only each layer's input and run the layer's forward again in
   // backward (one Split-KV layer and one layer's activations live at a time). Saves ~all the
@@ -80,8 +87,8 @@ class Drafter {
   // After step(): argmax token of every owned query row, [Q_p] (slot 0 rows included).
   const std::vector<std::int32_t>& predictions() const { return argmax_; }
   // The forward up to the final RMSNorm (no LM head, no loss): what a serving engine's drafter
-  // returns. Needs the embedding only when mb.block_input is empty. Returns [Q_p, H].
-  const std::vector<float>& forward_hidden(const DrafterBatch& mb);
+  // returns. Needs the embedding only when mb.block_input is empty. Returns [Q_p, H] (device).
+  const DeviceVector<float>& forward_hidden(const DrafterBatch& mb);
 
   // Wall time of the phases of the steps so far, ms (attention includes its collectives).
   // attention_comm: the part of attention spent in Split-KV's exposed collectives (the
@@ -96,20 +103,20 @@ class Drafter {
     std::unique_ptr<SplitKVLayer> attn;
     CpSaved attn_saved;  // attn's forward context (views of a and the fused context c_), for its backward
     double attn_fwd_comm = 0;  // the exposed collectives of attn's last forward, ms (its backward adds the rest)
-    std::vector<float> h_in, a, a_rstd, h_mid, m, m_rstd, gate, up, act;  // saved activations
+    DeviceVector<float> h_in, a, a_rstd, h_mid, m, m_rstd, gate, up, act;  // saved activations
   };
   void embed(const DrafterBatch& mb);
   void forward(const DrafterBatch& mb);  // -> hf_ (and the saved activations)
   // step()'s parts after forward(): the decay-weighted loss over the LM head (with `backward`, its
   // gradient dhf [Q_p, H]), then the backward from dhf through every layer and the fusion.
-  DrafterStats loss(const DrafterBatch& mb, bool backward, std::vector<float>& dhf);
-  struct BackwardScratch {
-    std::vector<float> dc, dc_l, da, dm, dact, dgate, dup;  // [C_p, H] x 2, [Q_p, H] x 2, [Q_p, F] x 3
+  DrafterStats loss(const DrafterBatch& mb, bool backward, DeviceVector<float>& dhf);
+  struct BackwardScratch {  // [C_p, H] x 3, [Q_p, H] x 4, [Q_p, F] x 3
+    DeviceVector<float> dc, dc_l, dc_lin, dh, da, dm, dn, dact, dgate, dup;
   };
-  void backward(const DrafterBatch& mb, const std::vector<float>& dhf);
-  // Layer l's backward: dh [Q_p, H] in (its output's gradient) and out (its input's); adds the
+  void backward(const DrafterBatch& mb, const DeviceVector<float>& dhf);
+  // Layer l's backward: bs.dh [Q_p, H] in (its output's gradient) and out (its input's); adds the
   // context's gradient into bs.dc.
-  void layer_backward(std::int64_t l, const CpShard& s, std::vector<float>& dh, BackwardScratch& bs);
+  void layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& bs);
   // Layer l on h_ (in: its input, out: its output), saving its activations in L.
   void layer_forward(std::int64_t l, LayerState& L, const float* params, const CpShard& s);
   const float* acquire(int u, bool backward);  // the unit's parameters, timing the wait
@@ -127,7 +134,9 @@ class Drafter {
   std::vector<LayerState> layers_;
   bool recompute_ = false;
   LayerState scratch_;  // recompute: the activations of the layer being run
-  std::vector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_;
+  DeviceVector<float> hidden_;  // [C_p, n_t*H] the batch's hidden_p uploaded (a backend of other memory than the host's)
+  const float* hidden_in_ = nullptr;  // [C_p, n_t*H] the fusion's input: hidden_, or hidden_p itself on the host
+  DeviceVector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_;
   std::vector<std::int32_t> argmax_;
   Phases phases_;
 };

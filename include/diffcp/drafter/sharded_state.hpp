@@ -23,6 +23,10 @@
 // (+ 16 (W-1)/W bytes for the gradient norm's all_reduce of one double in optimizer and full;
 // shard_bytes_per_step below; the communicator counts the same bytes, as a mean over ranks.)
 //
+// Memory: every vector of the state lives in the active backend's memory (ops/buffer.hpp) and is
+// touched only by ops and collectives (the mesh's device is set around each one); the host sees
+// the state only through init / set_params / gather_params / save / load, unit by unit.
+//
 // Exactness: the update is elementwise, so every mode applies the same arithmetic to each
 // element; only the gradient sums differ in order (MPI's all_reduce vs reduce_scatter, and per
 // micro-batch in full mode), and the clip norm is summed per shard: equal to fp32 rounding.
@@ -31,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +44,7 @@
 #include "diffcp/drafter/checkpoint.hpp"
 #include "diffcp/drafter/config.hpp"
 #include "diffcp/drafter/optim.hpp"
+#include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
 
@@ -68,8 +74,8 @@ class ShardedState {
   int units() const { return static_cast<int>(layout_.units.size()); }
 
   // ---- one step: the model calls these per unit, forward in order 0 .. U-1, backward U-1 .. 0.
-  const float* acquire(int u, bool backward);  // [n_u] the unit's parameters, until release(u)
-  float* unit_grads(int u);                    // [n_u] add this rank's gradient share into it
+  const float* acquire(int u, bool backward);  // [n_u] the unit's parameters (device), until release(u)
+  float* unit_grads(int u);                    // [n_u] (device) add this rank's gradient share into it
   void release(int u, bool backward);          // full: after backward, reduce-scatter the grads
   // The parameter gathers of one forward without the compute: a DP replica with no micro-batch
   // in a round (evaluation) still takes part in the mesh-wide gathers the others make.
@@ -85,13 +91,13 @@ class ShardedState {
   void apply(AdamW& adam, double lr_now, double clip);
 
   // ---- whole vectors.
-  std::vector<float>& params();  // [total] none | optimizer
-  std::vector<float>& grads();   // [total] none | optimizer
-  std::vector<float> gather_params();  // [total] on every rank (collective)
-  // Initialises unit by unit in order: fill(u, out [n_u]) writes unit u; each rank keeps what
-  // it owns, so the full vector never exists.
+  DeviceVector<float>& params();  // [total] (device) none | optimizer
+  DeviceVector<float>& grads();   // [total] (device) none | optimizer
+  std::vector<float> gather_params();  // [total] host copy on every rank (collective)
+  // Initialises unit by unit in order: fill(u, out [n_u], host) writes unit u; each rank keeps
+  // what it owns, so the full vector never exists.
   void init(const std::function<void(int, float*)>& fill);
-  void set_params(const std::vector<float>& full);  // [total]
+  void set_params(std::span<const float> full);  // [total] host
 
   // ---- checkpoints (collective): the file holds full vectors, written by rank 0 unit by unit;
   // load reads this rank's slices, whatever W wrote the file.
@@ -105,24 +111,25 @@ class ShardedState {
   std::int64_t piece(int u) const;                 // c_u
   std::pair<std::int64_t, std::int64_t> owned(int u, int r) const;  // flat [lo, hi) of rank r's piece
   std::vector<std::size_t> piece_counts(int u) const;  // [W] the pieces' true sizes hi - lo
-  float* own(std::vector<float>& v, int u) { return v.data() + own_off_[static_cast<std::size_t>(u)]; }
+  float* own(const DeviceVector<float>& v, int u) const { return v.data() + own_off_[static_cast<std::size_t>(u)]; }
   void gather_unit(int u, bool async);  // full: into gathered_[u]
   // Rank 0 appends unit u of one array (resident: all of it is in `full` on every rank).
-  void write_unit(CheckpointWriter* w, int u, const std::vector<float>* full, std::vector<float>& sharded);
+  void write_unit(CheckpointWriter* w, int u, const DeviceVector<float>* full, const DeviceVector<float>& sharded);
+  Device device() const { return active_backend().device(); }
 
   Communicator& mesh_;
   DrafterLayout layout_;
   ShardMode mode_;
   int W_ = 1, r_ = 0;
   std::vector<std::int64_t> own_off_;  // [U + 1] offsets of the units' pieces in the owned vectors
-  std::vector<float> params_, grads_;  // none | optimizer: [total]
-  std::vector<float> p_own_, g_own_, m_, v_;  // owned pieces (none: m_, v_ are [total])
+  DeviceVector<float> params_, grads_;  // none | optimizer: [total]
+  DeviceVector<float> p_own_, g_own_, m_, v_;  // owned pieces (none: m_, v_ are [total])
   struct Gathered {
-    std::vector<float> buf;  // [W c_u]
+    DeviceVector<float> buf;  // [W c_u]
     WorkPtr pending;
   };
   std::map<int, Gathered> gathered_;  // full: the units resident now
-  std::vector<float> gscratch_;        // full: [W c_u] the gradient shares of the unit in backward
+  DeviceVector<float> gscratch_;       // full: [W c_u] the gradient shares of the unit in backward
   double grad_norm_ = 0;
 };
 

@@ -59,8 +59,11 @@ enum class OpKind : std::uint8_t {
   gather_rows,         // ops/buffer.hpp (token packing: the DiT's exchanges)
   scatter_rows,        //
   l1_distance,         // dit/ops.hpp (V-Major's token similarity)
+  cross_entropy,       // ops/loss.hpp (the drafter's LM head: per-row statistics, dlogits)
+  cross_entropy_backward,  //
+  scale_sumsq,         // ops/optim.hpp (gradient scaling and the clip norm's sum of squares)
 };
-inline constexpr int kOpKindCount = 26;
+inline constexpr int kOpKindCount = 29;
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -184,6 +187,21 @@ class Backend {
   // a, b: [G, R, w] contiguous (f32 or bf16)  out: [R] f32 = sum over g, then i, of |a - b| in double
   // (in that order), rounded once
   virtual void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out);
+  // Cross-entropy over a chunk of logits (columns [v0, v0 + n) of the vocabulary; host metadata and
+  // O(rows) host results, as gather_rows' index list):
+  //   logits: [R, n] f32 (row stride >= n)  target: [R] global token ids
+  //   stats: [R, 4] out, per row in double: max, sum exp(l - max), the first argmax (global id),
+  //          the target's logit (0 when it is not in [v0, v0 + n))
+  //   weight: [R] or empty. Given, the chunk is the whole vocabulary (v0 = 0): the logits become
+  //          dlogits = w (exp(l - lse) - [v == target]) with lse = max + log(sum), in place.
+  virtual void cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
+                             std::span<double> stats, std::span<const double> weight);
+  // logits: [R, n] f32 in place -> w (exp(l - lse) - [v0 + v == target])  target, weight, lse: [R] host
+  virtual void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
+                                      std::span<const double> weight, std::span<const double> lse);
+  // x: [n] f32 in place = float(double(x) * scale); returns the sum of the new x^2 in double, in
+  // index order (a scalar for the host: the gradient norm).
+  virtual double scale_sumsq(TensorView x, double scale);
   // x: [n] = value (supports(fill, x.dtype))
   virtual void fill(TensorView x, float value);
   // src -> dst converted to dst's dtype, round to nearest even (f32 <-> bf16, or a plain copy for one
