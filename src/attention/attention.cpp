@@ -12,12 +12,14 @@ template <typename T>
 void forward_t(const BlockMask& mask, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v, HeadRows<T> o,
                std::span<float> lse, float softmax_scale) {
   backend_for(OpKind::attention_forward, dtype_of<T>())
-      .attention_forward(mask, q.view(), k.view(), v.view(), o.view(), view_of(lse), softmax_scale);
+      .attention_forward(mask, device_view(q), device_view(k), device_view(v), device_view(o), device_view(lse),
+                         softmax_scale);
 }
 
 template <typename T>
 void delta_t(HeadRows<const T> do_, HeadRows<const T> o, std::span<float> delta) {
-  backend_for(OpKind::attention_delta, dtype_of<T>()).attention_delta(do_.view(), o.view(), view_of(delta));
+  backend_for(OpKind::attention_delta, dtype_of<T>())
+      .attention_delta(device_view(do_), device_view(o), device_view(delta));
 }
 
 template <typename T>
@@ -25,8 +27,8 @@ void backward_t(const BlockMask& mask, HeadRows<const T> q, HeadRows<const T> k,
                 HeadRows<const T> do_, std::span<const float> lse, std::span<const float> delta, HeadRows<T> dq,
                 HeadRows<T> dk, HeadRows<T> dv, float softmax_scale) {
   backend_for(OpKind::attention_backward, dtype_of<T>())
-      .attention_backward(mask, q.view(), k.view(), v.view(), do_.view(), view_of(lse), view_of(delta), dq.view(),
-                          dk.view(), dv.view(), softmax_scale);
+      .attention_backward(mask, device_view(q), device_view(k), device_view(v), device_view(do_), device_view(lse),
+                          device_view(delta), device_view(dq), device_view(dk), device_view(dv), softmax_scale);
 }
 
 }  // namespace

@@ -11,19 +11,19 @@ void lse_merge(std::span<const HeadRows<const float>> o_parts, std::span<const s
   std::vector<ConstTensorView> o_views, lse_views;
   o_views.reserve(o_parts.size());
   lse_views.reserve(lse_parts.size());
-  for (const auto& p : o_parts) o_views.push_back(p.view());
-  for (const auto& l : lse_parts) lse_views.push_back(view_of(l));
-  b.lse_merge(o_views, lse_views, o.view(), view_of(lse));
+  for (const auto& p : o_parts) o_views.push_back(device_view(p));
+  for (const auto& l : lse_parts) lse_views.push_back(device_view(l));
+  b.lse_merge(o_views, lse_views, device_view(o), device_view(lse));
 }
 
 void lse_rescale(HeadRows<float> o_p, std::span<const float> lse_p, std::span<const float> lse) {
-  backend_for(OpKind::lse_rescale, DType::f32).lse_rescale(o_p.view(), view_of(lse_p), view_of(lse));
+  backend_for(OpKind::lse_rescale, DType::f32).lse_rescale(device_view(o_p), device_view(lse_p), device_view(lse));
 }
 
 namespace {
 void lse_shift(std::span<float> x, std::span<const float> m, bool to_exp) {
   DIFFCP_CHECK(x.size() == m.size(), "lse_shift: x has ", x.size(), " elements, m ", m.size());
-  backend_for(OpKind::lse_shift, DType::f32).lse_shift(view_of(x), view_of(m), to_exp);
+  backend_for(OpKind::lse_shift, DType::f32).lse_shift(device_view(x), device_view(m), to_exp);
 }
 }  // namespace
 

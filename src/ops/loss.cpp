@@ -14,7 +14,7 @@ void cross_entropy(float* logits, std::int64_t R, std::int64_t n, std::int64_t v
                " stats, ", weight.size(), " weights; expected [R], [R, 4], [R] or none (with v0 = 0)");
   if (R == 0) return;
   backend_for(OpKind::cross_entropy, DType::f32)
-      .cross_entropy(TensorView::contiguous(logits, DType::f32, {R, n}), v0, target, stats,
+      .cross_entropy(TensorView::contiguous(logits, DType::f32, {R, n}, active_device()), v0, target, stats,
                      weight);
 }
 
@@ -27,7 +27,7 @@ void cross_entropy_backward(float* logits, std::int64_t R, std::int64_t n, std::
                lse.size(), " lse; expected R each");
   if (R == 0) return;
   backend_for(OpKind::cross_entropy_backward, DType::f32)
-      .cross_entropy_backward(TensorView::contiguous(logits, DType::f32, {R, n}), v0, target,
+      .cross_entropy_backward(TensorView::contiguous(logits, DType::f32, {R, n}, active_device()), v0, target,
                               weight, lse);
 }
 

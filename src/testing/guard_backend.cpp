@@ -127,6 +127,8 @@ void GuardBackend::check_range(const char* op, const char* what, const void* p, 
 
 template <typename View>
 View GuardBackend::checked(const char* op, const char* what, View t) const {
+  DIFFCP_CHECK(t.device == Device::guard, "guard: ", op, ": ", what, " ", t.describe(),
+               " is labelled ", device_name(t.device), " memory: a device op takes guard views");
   check_range(op, what, t.data, extent_bytes(t));
   t.device = Device::host;  // the CPU kernels see plain memory, open for the op's duration
   return t;

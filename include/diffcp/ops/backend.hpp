@@ -244,6 +244,20 @@ Backend& find_backend(std::string_view name);
 Backend& active_backend();
 // Its device: where the raw pointers handed to the op wrappers point (their views carry it).
 inline Device active_device() { return active_backend().device(); }
+// Views of such raw memory for the hooks, labelled with that device: a [rows, heads, dim] view of
+// head rows, or a rank-1 view of a span.
+template <typename T>
+auto device_view(HeadRows<T> r) {
+  auto v = r.view();
+  v.device = active_device();
+  return v;
+}
+template <typename T>
+auto device_view(std::span<T> s) {
+  auto v = view_of(s);
+  v.device = active_device();
+  return v;
+}
 // Makes `b` the active backend (it need not be registered) and returns the previous one.
 Backend& set_backend(Backend& b);
 // The active backend after checking that it supports (op, dtype); otherwise the error
