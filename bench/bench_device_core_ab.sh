@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue #33: what the device-ready core (memory owned by the backend, glue as ops, collectives that
 # stage device memory) costs on the CPU, against the commit before it: one layer step of every CP
-# method at P = 2 (`diffcp bench cp`, the default workload, f32 and bf16), the tiny drafter's
-# training step (P = 1 and 2) and one DiT step (P = 1, 256 px). Ranks: one per core
+# method at P = 2 (`diffcp bench cp`, the default workload, f32 and bf16), the drafter's training
+# step (`tiny`, 30 steps, and `small`, 8 steps; P = 1 and 2; the median step and its phases) and
+# one DiT step (P = 1, 256 px). Ranks: one per core
 # (mpirun --bind-to core; this machine has 2). Interleaved REPEAT times (default 3); every run goes
 # to CSV (default bench/device_core_ab.csv); prints the medians and new / old ratios.
 # FOCUS=1: instead, the measures nearest to 1.0 again with more repetitions: the baselines' f32
@@ -26,9 +27,11 @@ for r in csv.DictReader(open(sys.argv[3])):
     print(sys.argv[1], f"cp_{r['method']}_{sys.argv[2]}_step_ms", r["step_ms"])
 PY
 }
-train() {  # tag, binary, np
-  OMP_NUM_THREADS=1 mpirun -np "$3" --bind-to core "$2" train --no-progress --eval-every 0 --steps 30 |
-    awk -v tag="$1 train_np$3_step_ms" '/median step/ {s = $0; sub(/.*median step /, "", s); sub(/ ms.*/, "", s); print tag, s}' >>"$out"
+train() {  # tag, binary, np, preset, steps
+  OMP_NUM_THREADS=1 mpirun -np "$3" --bind-to core "$2" train --no-progress --eval-every 0 --preset "$4" --steps "$5" |
+    awk -v tag="$1" -v m="train_$4_np$3" '
+      /median step/ {s = $0; sub(/.*median step /, "", s); sub(/ ms.*/, "", s); print tag, m "_step_ms", s}
+      /ms per step:/ {s = $0; sub(/.*ms per step: /, "", s); n = split(s, f, " "); for (i = 1; i < n; i += 2) print tag, m "_" f[i] "_ms", f[i + 1]}' >>"$out"
 }
 dit() {  # tag, binary
   "$2" dit --resolution 256 --steps 6 --out "" --json |
@@ -57,8 +60,10 @@ for ((r = 1; r <= (${FOCUS:-0} ? 0 : repeat); r++)); do
     cp_step new "$new" $dt
   done
   for np in 1 2; do
-    train old "$old" $np
-    train new "$new" $np
+    for ps in "tiny 30" "small 8"; do
+      train old "$old" $np $ps
+      train new "$new" $np $ps
+    done
   done
   dit old "$old"
   dit new "$new"
@@ -75,5 +80,6 @@ print("| measure | runs | old median ms | new median ms | new / old |")
 print("|---|---|---|---|---|")
 for what, b in d.items():
     o, n = statistics.median(b["old"]), statistics.median(b["new"])
-    print(f"| {what} | {len(b['new'])} | {o:.2f} | {n:.2f} | {n / o:.3f} |")
+    ratio = f"{n / o:.3f}" if o > 0 else "-"
+    print(f"| {what} | {len(b['new'])} | {o:.2f} | {n:.2f} | {ratio} |")
 PY
