@@ -322,8 +322,10 @@ void Drafter::layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& 
   linear_backward_weight(L.m.data(), Qp, H, bs.dup.data(), F, G + rel(u, off.w_up));
   linear_backward_input(bs.dgate.data(), Qp, F, params + rel(u, off.w_gate), H, bs.dm.data());
   linear_backward_input(bs.dup.data(), Qp, F, params + rel(u, off.w_up), H, bs.dm.data(), 1.f);
-  norm_rows_bwd(bs.dm, L.h_mid, L.m_rstd, Qp, H, params + rel(u, off.mlp_norm), G + rel(u, off.mlp_norm), bs.dn);
-  add_into(dh, bs.dn);
+  // The norms' input gradients go into the buffer that is free at that point (da here, dm below):
+  // no extra [Q_p, H] lives through the attention's backward, the step's peak.
+  norm_rows_bwd(bs.dm, L.h_mid, L.m_rstd, Qp, H, params + rel(u, off.mlp_norm), G + rel(u, off.mlp_norm), bs.da);
+  add_into(dh, bs.da);
   phases_.mlp += ms_since(t0);
   t0 = Clock::now();
   // Attention: h_mid = h_in + SplitKV(a, c).
@@ -332,8 +334,8 @@ void Drafter::layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& 
                    dview(dh.data(), Qp, H), dview(bs.da.data(), Qp, H), dview(bs.dc_l.data(), Cp, H), gview);
   fill(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
   phases_.attention_comm += L.attn->timings().exposed_comm_ms() - L.attn_fwd_comm;  // timings(): forward + backward
-  norm_rows_bwd(bs.da, L.h_in, L.a_rstd, Qp, H, params + rel(u, off.attn_norm), G + rel(u, off.attn_norm), bs.dn);
-  add_into(dh, bs.dn);
+  norm_rows_bwd(bs.da, L.h_in, L.a_rstd, Qp, H, params + rel(u, off.attn_norm), G + rel(u, off.attn_norm), bs.dm);
+  add_into(dh, bs.dm);
   add_into(bs.dc, bs.dc_l);
   phases_.attention += ms_since(t0);
   state().release(u, true);

@@ -111,7 +111,7 @@ class Drafter {
   // gradient dhf [Q_p, H]), then the backward from dhf through every layer and the fusion.
   DrafterStats loss(const DrafterBatch& mb, bool backward, DeviceVector<float>& dhf);
   struct BackwardScratch {  // [C_p, H] x 3, [Q_p, H] x 4, [Q_p, F] x 3
-    DeviceVector<float> dc, dc_l, dc_lin, dh, da, dm, dn, dact, dgate, dup;
+    DeviceVector<float> dc, dc_l, dc_lin, dh, da, dm, dact, dgate, dup;
   };
   void backward(const DrafterBatch& mb, const DeviceVector<float>& dhf);
   // Layer l's backward: bs.dh [Q_p, H] in (its output's gradient) and out (its input's); adds the
