@@ -110,7 +110,7 @@ class Drafter {
   // step()'s parts after forward(): the decay-weighted loss over the LM head (with `backward`, its
   // gradient dhf [Q_p, H]), then the backward from dhf through every layer and the fusion.
   DrafterStats loss(const DrafterBatch& mb, bool backward, DeviceVector<float>& dhf);
-  struct BackwardScratch {  // [C_p, H] x 3, [Q_p, H] x 4, [Q_p, F] x 3
+  struct BackwardScratch {  // [C_p, H] x 3, [Q_p, H] x 3, [Q_p, F] x 3
     DeviceVector<float> dc, dc_l, dc_lin, dh, da, dm, dact, dgate, dup;
   };
   void backward(const DrafterBatch& mb, const DeviceVector<float>& dhf);
