@@ -80,7 +80,7 @@ void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, DeviceVector<std::u
     const std::span<const std::byte> staged = v_p1_->output();
     v_p1_copy->resize(static_cast<std::int64_t>(staged.size()));
     copy(v_p1_copy->view(), ConstTensorView::contiguous(staged.data(), DType::u8, {static_cast<std::int64_t>(staged.size())},
-                                                        active_backend().device()));
+                                                        active_device()));
   }
   t0 = now_ms();
   tapa_.phase2(std::move(*v_p1_), v_recv_.data());

@@ -94,7 +94,7 @@ void l1_distance(const void* a, const void* b, DType t, std::int64_t G, std::int
   DIFFCP_CHECK(t == DType::f32 || t == DType::bf16, "l1_distance: ", dtype_name(t), ", expected f32 or bf16");
   DIFFCP_CHECK(G >= 0 && R >= 0 && w >= 0, "l1_distance: G = ", G, ", R = ", R, ", w = ", w);
   if (R == 0) return;
-  const Device d = active_backend().device();
+  const Device d = active_device();
   backend_for(OpKind::l1_distance, t)
       .l1_distance(ConstTensorView::contiguous(a, t, {G, R, w}, d), ConstTensorView::contiguous(b, t, {G, R, w}, d),
                    TensorView::contiguous(out, DType::f32, {R}, d));

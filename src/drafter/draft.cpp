@@ -57,7 +57,7 @@ std::vector<float> draft_block(Communicator& cp, const DrafterConfig& cfg, std::
   }
   DeviceVector<float> out;  // [B, H]
   out.resize(B * H);
-  const ScopedCommDevice on(cp, active_backend().device());
+  const ScopedCommDevice on(cp, active_device());
   cp.all_gather_v_async(out_p.data(), out.data(), counts, DType::f32)->wait();
   return to_host<float>(out.view());
 }

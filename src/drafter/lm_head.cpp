@@ -42,7 +42,7 @@ LmHead::LmHead(Communicator* group, std::int64_t H, std::int64_t V, std::int64_t
     slice.resize(static_cast<std::size_t>(m));
     columns(c0, c1, slice.data());
     slice_dev.resize(m);
-    copy(TensorView::contiguous(slice_dev.data(), DType::f32, {m}, active_backend().device()), view_of(std::span<const float>(slice)));
+    copy(TensorView::contiguous(slice_dev.data(), DType::f32, {m}, active_device()), view_of(std::span<const float>(slice)));
     convert_rows(slice_dev.data(), DType::f32, c1 - c0, w_.data() + (c0 - v0_), DType::f32, n, H, c1 - c0);
   }
 }
@@ -77,7 +77,7 @@ void LmHead::run(const float* hf, std::int64_t Qp, const std::int32_t* target, c
   Communicator& g = *group_;
   const int G = g.size(), me = g.rank();
   std::vector<std::int64_t> q(static_cast<std::size_t>(G));
-  const Device dev = active_backend().device();
+  const Device dev = active_device();
   const ScopedCommDevice host(g, Device::host);  // metadata; the device rows below say so
   g.all_gather<std::int64_t>(std::vector<std::int64_t>{Qp}, q);
   std::vector<std::size_t> rows_of(static_cast<std::size_t>(G)), vals_of(rows_of.size());

@@ -21,19 +21,19 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 
 // A [rows, cols] view of the active backend's memory.
 TensorView dview(float* p, std::int64_t rows, std::int64_t cols) {
-  return TensorView::contiguous(p, DType::f32, {rows, cols}, active_backend().device());
+  return TensorView::contiguous(p, DType::f32, {rows, cols}, active_device());
 }
 
 // v = src [n] (device to device, or from the host), v sized to n.
 void assign(DeviceVector<float>& v, const float* src, std::int64_t n, Device from) {
   v.resize(n);
-  copy(TensorView::contiguous(v.data(), DType::f32, {n}, active_backend().device()),
+  copy(TensorView::contiguous(v.data(), DType::f32, {n}, active_device()),
        ConstTensorView::contiguous(src, DType::f32, {n}, from));
 }
 
 // Whether the backend computes on host memory (the CPU): the batch's host inputs are then its
 // operands as they are, with no copy of the largest input (the target hidden states).
-bool computes_on_host() { return active_backend().device() == Device::host; }
+bool computes_on_host() { return active_device() == Device::host; }
 
 // dst[i] += src[i] (the backend's add op)
 void add_into(DeviceVector<float>& dst, const DeviceVector<float>& src) {
@@ -155,7 +155,7 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
     L.attn = std::make_unique<SplitKVLayer>(comm_, cfg_.attn(), s, attn_opt_);
   else
     L.attn->reshard(s);
-  assign(L.h_in, h_.data(), Qp * H, active_backend().device());
+  assign(L.h_in, h_.data(), Qp * H, active_device());
   norm_rows(h_, Qp, H, params + rel(u, off.attn_norm), cfg_.rms_eps, L.a, L.a_rstd);
   const std::int64_t Cp = s.context_rows();
   if (L.attn_saved) L.attn->discard(std::move(L.attn_saved));  // its backward never ran (evaluation, recompute)
@@ -168,7 +168,7 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
   add_into(h_, y);
   phases_.attention += ms_since(t0);
   t0 = Clock::now();
-  assign(L.h_mid, h_.data(), Qp * H, active_backend().device());
+  assign(L.h_mid, h_.data(), Qp * H, active_device());
   norm_rows(h_, Qp, H, params + rel(u, off.mlp_norm), cfg_.rms_eps, L.m, L.m_rstd);
   L.gate.resize(Qp * F);
   L.up.resize(Qp * F);
@@ -221,14 +221,14 @@ void Drafter::forward(const DrafterBatch& mb) {
 }
 
 const DeviceVector<float>& Drafter::forward_hidden(const DrafterBatch& mb) {
-  const ScopedCommDevice on(comm_, active_backend().device());  // Split-KV's collectives move device rows
+  const ScopedCommDevice on(comm_, active_device());  // Split-KV's collectives move device rows
   forward(mb);
   return hf_;
 }
 
 DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
   DIFFCP_CHECK(lm_head_ != nullptr, "drafter: no LM head set (set_lm_head)");
-  const ScopedCommDevice on(comm_, active_backend().device());  // Split-KV's collectives move device rows
+  const ScopedCommDevice on(comm_, active_device());  // Split-KV's collectives move device rows
   forward(mb);
   DeviceVector<float> dhf;  // [Q_p, H] (this step only: the memory is the next forward's)
   const DrafterStats st = loss(mb, backward, dhf);
@@ -308,7 +308,7 @@ void Drafter::layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& 
   float* G = state().unit_grads(u);
   if (recompute_) {  // the layer's forward again, from its input
     const DeviceVector<float>& in = layers_[static_cast<std::size_t>(l)].h_in;
-    assign(h_, in.data(), static_cast<std::int64_t>(in.size()), active_backend().device());
+    assign(h_, in.data(), static_cast<std::int64_t>(in.size()), active_device());
     layer_forward(l, scratch_, params, s);
   }
   LayerState& L = recompute_ ? scratch_ : layers_[static_cast<std::size_t>(l)];

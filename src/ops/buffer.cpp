@@ -92,13 +92,13 @@ namespace {
 // [rows, w] of t at p with row stride ld, in the active backend's memory.
 template <typename View, typename Ptr>
 View row_view(Ptr p, DType t, std::int64_t rows, std::int64_t w, std::int64_t ld) {
-  View v = View::contiguous(p, t, {rows, w}, active_backend().device());
+  View v = View::contiguous(p, t, {rows, w}, active_device());
   v.stride[0] = ld;
   return v;
 }
 template <typename To, typename From>
 void convert_n(const From* src, To* dst, std::int64_t n) {
-  const Device d = active_backend().device();
+  const Device d = active_device();
   convert(ConstTensorView::contiguous(src, dtype_of<From>(), {n}, d), TensorView::contiguous(dst, dtype_of<To>(), {n}, d));
 }
 }  // namespace
@@ -115,7 +115,7 @@ void convert_rows(const void* src, DType src_t, std::int64_t ld_src, void* dst, 
 }
 
 void fill(float* x, std::int64_t n, float value) {
-  fill(TensorView::contiguous(x, DType::f32, {n}, active_backend().device()), value);
+  fill(TensorView::contiguous(x, DType::f32, {n}, active_device()), value);
 }
 
 namespace {
