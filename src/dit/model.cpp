@@ -328,8 +328,7 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
   // The timestep features (host math on one scalar) into temb_.
   const auto features = [&](double s) {
-    const std::vector<float> e = timestep_embedding(s, cfg_.time_dim);
-    copy(temb_.view(), ConstTensorView::contiguous(e.data(), DType::f32, {cfg_.time_dim}));
+    temb_.assign(timestep_embedding(s, cfg_.time_dim));
   };
 
   // vec = MLP_time(timestep features) + MLP_vector(pooled); the blocks use silu(vec).

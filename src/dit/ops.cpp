@@ -67,10 +67,8 @@ AxialRope::AxialRope(const DitConfig& cfg, const std::vector<std::array<std::int
         sin[static_cast<std::size_t>(r * half_ + k)] = static_cast<float>(std::sin(angle));
       }
   }
-  cos_.resize(rows_ * half_);
-  sin_.resize(rows_ * half_);
-  copy(cos_.view(), ConstTensorView::contiguous(cos.data(), DType::f32, {rows_ * half_}));
-  copy(sin_.view(), ConstTensorView::contiguous(sin.data(), DType::f32, {rows_ * half_}));
+  cos_.assign(cos);
+  sin_.assign(sin);
 }
 
 void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t heads, std::int64_t d,

@@ -99,16 +99,11 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
                "euler_sample: x_p has ", x_p.size(), " values, expected b * I_p * C_in = ",
                model.shape().batch * s.image_p * cfg.in_channels());
   // On the device: the latent, this rank's text rows, the pooled vector and the velocity.
-  const auto up = [](const float* host, std::int64_t n) {
-    DeviceVector<float> d;
-    d.resize(n);
-    copy(d.view(), ConstTensorView::contiguous(host, DType::f32, {n}));
-    return d;
-  };
   const std::int64_t n = static_cast<std::int64_t>(x_p.size());
-  const DeviceVector<float> txt = up(cond.txt.data() + s.p * s.text_p * text_dim, s.text_p * text_dim),
-                            pooled = up(cond.pooled.data(), cfg.pooled_dim);
-  DeviceVector<float> x = up(x_p.data(), n), v;
+  DeviceVector<float> txt, pooled, x, v;
+  txt.assign(cond.txt.data() + s.p * s.text_p * text_dim, s.text_p * text_dim);
+  pooled.assign(cond.pooled);
+  x.assign(x_p);
   v.resize(n);
   const ScopedF32GemmCompute precision(opt.compute);
   model.exchange().set_compute(opt.compute);

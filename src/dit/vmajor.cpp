@@ -50,8 +50,7 @@ void VMajorExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
 void VMajorExchange::full_exchange(HeadRows<const float> qkv, LayerCache& c) {
   exchange_qkv(qkv, &c.v_p1);
   const std::int64_t bytes = head_rows() * 3 * hd() * static_cast<std::int64_t>(wire_size());
-  c.qkv_p2.resize(bytes);
-  copy(c.qkv_p2.view(), ConstTensorView::contiguous(head_qkv(), DType::u8, {bytes}, active_backend().device()));
+  c.qkv_p2.assign(static_cast<const std::uint8_t*>(head_qkv()), bytes, active_device());
   ++stats_.full;
 }
 

@@ -41,8 +41,7 @@ LmHead::LmHead(Communicator* group, std::int64_t H, std::int64_t V, std::int64_t
     const std::int64_t c1 = std::min(v1_, c0 + step), m = H * (c1 - c0);
     slice.resize(static_cast<std::size_t>(m));
     columns(c0, c1, slice.data());
-    slice_dev.resize(m);
-    copy(TensorView::contiguous(slice_dev.data(), DType::f32, {m}, active_device()), view_of(std::span<const float>(slice)));
+    slice_dev.assign(slice);
     convert_rows(slice_dev.data(), DType::f32, c1 - c0, w_.data() + (c0 - v0_), DType::f32, n, H, c1 - c0);
   }
 }

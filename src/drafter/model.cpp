@@ -24,13 +24,6 @@ TensorView dview(float* p, std::int64_t rows, std::int64_t cols) {
   return TensorView::contiguous(p, DType::f32, {rows, cols}, active_device());
 }
 
-// v = src [n] (device to device, or from the host), v sized to n.
-void assign(DeviceVector<float>& v, const float* src, std::int64_t n, Device from) {
-  v.resize(n);
-  copy(TensorView::contiguous(v.data(), DType::f32, {n}, active_device()),
-       ConstTensorView::contiguous(src, DType::f32, {n}, from));
-}
-
 // Whether the backend computes on host memory (the CPU): the batch's host inputs are then its
 // operands as they are, with no copy of the largest input (the target hidden states).
 bool computes_on_host() { return active_device() == Device::host; }
@@ -127,7 +120,7 @@ void Drafter::embed(const DrafterBatch& mb) {
   if (!mb.block_input.empty() || Qp == 0) {
     DIFFCP_CHECK(static_cast<std::int64_t>(mb.block_input.size()) == Qp * H, "drafter: block_input has ",
                  mb.block_input.size(), " values, expected Q_p * H = ", Qp, " * ", H);
-    assign(h_, mb.block_input.data(), Qp * H, Device::host);
+    h_.assign(mb.block_input.data(), Qp * H);
     return;
   }
   DIFFCP_CHECK(static_cast<bool>(embedding_), "drafter: no embedding set (set_embedding) and no block_input");
@@ -143,7 +136,7 @@ void Drafter::embed(const DrafterBatch& mb) {
   }
   std::vector<float> rows(static_cast<std::size_t>(Qp * H));  // host: the source's rows, then uploaded
   embedding_(tokens, rows.data());
-  assign(h_, rows.data(), Qp * H, Device::host);
+  h_.assign(rows.data(), Qp * H);
 }
 
 void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, const CpShard& s) {
@@ -155,7 +148,7 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
     L.attn = std::make_unique<SplitKVLayer>(comm_, cfg_.attn(), s, attn_opt_);
   else
     L.attn->reshard(s);
-  assign(L.h_in, h_.data(), Qp * H, active_device());
+  L.h_in.assign(h_.data(), Qp * H, active_device());
   norm_rows(h_, Qp, H, params + rel(u, off.attn_norm), cfg_.rms_eps, L.a, L.a_rstd);
   const std::int64_t Cp = s.context_rows();
   if (L.attn_saved) L.attn->discard(std::move(L.attn_saved));  // its backward never ran (evaluation, recompute)
@@ -168,7 +161,7 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
   add_into(h_, y);
   phases_.attention += ms_since(t0);
   t0 = Clock::now();
-  assign(L.h_mid, h_.data(), Qp * H, active_device());
+  L.h_mid.assign(h_.data(), Qp * H, active_device());
   norm_rows(h_, Qp, H, params + rel(u, off.mlp_norm), cfg_.rms_eps, L.m, L.m_rstd);
   L.gate.resize(Qp * F);
   L.up.resize(Qp * F);
@@ -197,7 +190,7 @@ void Drafter::forward(const DrafterBatch& mb) {
   if (computes_on_host()) {
     hidden_in_ = mb.hidden_p.data();
   } else {
-    assign(hidden_, mb.hidden_p.data(), Cp * T, Device::host);
+    hidden_.assign(mb.hidden_p.data(), Cp * T);
     hidden_in_ = hidden_.data();
   }
   c_lin_.resize(Cp * H);
@@ -308,7 +301,7 @@ void Drafter::layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& 
   float* G = state().unit_grads(u);
   if (recompute_) {  // the layer's forward again, from its input
     const DeviceVector<float>& in = layers_[static_cast<std::size_t>(l)].h_in;
-    assign(h_, in.data(), static_cast<std::int64_t>(in.size()), active_device());
+    h_.assign(in.data(), static_cast<std::int64_t>(in.size()), active_device());
     layer_forward(l, scratch_, params, s);
   }
   LayerState& L = recompute_ ? scratch_ : layers_[static_cast<std::size_t>(l)];

@@ -89,6 +89,10 @@ class DeviceVector {
   T* end() const { return data() + size_; }
   // [size] of the backend's device.
   TensorView view() const { return buf_.view({size_}); }
+  // Sized to n and a copy of src [n], which is host memory or (from = the active device) device
+  // memory: the one way layers upload host inputs.
+  void assign(const T* src, std::int64_t n, Device from = Device::host);
+  void assign(std::span<const T> host) { assign(host.data(), static_cast<std::int64_t>(host.size())); }
 
  private:
   Buffer buf_;
@@ -131,6 +135,11 @@ std::vector<T> to_host(ConstTensorView src) {
   std::vector<T> out(static_cast<std::size_t>(src.numel()));
   copy(view_of(std::span<T>(out)), src);
   return out;
+}
+template <typename T>
+void DeviceVector<T>::assign(const T* src, std::int64_t n, Device from) {
+  resize(n);
+  copy(view(), ConstTensorView::contiguous(src, dtype_of<T>(), {n}, from));
 }
 // A device Buffer holding a copy of host data.
 template <typename T>
