@@ -6,7 +6,7 @@
 # one DiT step (P = 1, 256 px). Ranks: one per core
 # (mpirun --bind-to core; this machine has 2). Interleaved REPEAT times (default 3); every run goes
 # to CSV (default bench/device_core_ab.csv); prints the medians and new / old ratios.
-# FOCUS=1: instead, the measures nearest to 1.0 again with more repetitions: the baselines' f32
+# FOCUS=1: instead, the measures nearest to 1.0 again with more repetitions: every method's f32
 # layer step with 21 repetitions per run and the DiT step, 6 interleaved rounds (CSV default
 # bench/device_core_ab_focus.csv).
 # Usage: OLD=<diffcp of the previous commit> [FOCUS=1] bench/bench_device_core_ab.sh
@@ -39,7 +39,7 @@ dit() {  # tag, binary
 }
 focus_round() {  # tag, binary
   dit "$1" "$2"
-  mpirun -np 2 --bind-to core "$2" bench cp --methods ulysses,ring,ringx,lvxattn --reps 21 --csv "$tmp" >/dev/null
+  mpirun -np 2 --bind-to core "$2" bench cp --methods all --dtype f32 --reps 21 --csv "$tmp" >/dev/null
   python3 - "$1" "$tmp" >>"$out" <<'PY'
 import csv, sys
 for r in csv.DictReader(open(sys.argv[2])):
