@@ -5,7 +5,8 @@
 # every step (--dump-velocity) against a numpy float64 implementation of FLUX's forward and
 # sampler written from FLUX's public code (tools/flux_reference.py check), under every mode and
 # several P; the shape is read off the checkpoint, or from the FluxParams --config where the RoPE
-# axes are not FLUX's default split.
+# axes are not FLUX's default split. The same model written in diffusers' layout (a pipeline
+# folder) runs bit for bit as BFL's file does, and the reference reads that folder itself.
 set -euo pipefail
 py=${DIFFCP_PYTHON:-python3}  # a python3 with numpy (tests/CMakeLists.txt)
 bin=${1:?usage: flux_numpy_check.sh DIFFCP}
@@ -54,4 +55,27 @@ run_case schnell_f16 "--dtype f16 --qkv-bias 0 --batch 2 --width 80 --height 48 
 # 2 double + 1 single blocks, mlp_ratio 3.5; the inputs as float64 .npy.
 run_case f32_axes "--dtype f32 --depth 2 --depth-single 1 --mlp-ratio 3.5 --axes-dim 2,8,6 --width 64 --height 64 --text-tokens 8" \
   4 vfirst flux 3 "--config CONFIG" f8
+# diffusers' layout (issue #34): one model written twice by the reference (BFL's sharded file; a
+# diffusers pipeline folder, bf16, sharded), run from the file, the pipeline folder and its
+# transformer folder at P = 2 with V-First: the three velocity dumps are equal byte for byte, and
+# the reference checks the folder's run from the folder's own tensors.
+d="$work/diffusers"
+mk="--dtype bf16 --shards 2 --guidance-embed 1 --width 64 --height 32"
+# shellcheck disable=SC2086
+"$py" "$ref" make --out "$d/bfl" $mk >/dev/null
+# shellcheck disable=SC2086
+"$py" "$ref" make --out "$d/pipe" $mk --format diffusers >/dev/null
+k=0
+for w in "$d/bfl/model.safetensors.index.json" "$d/pipe" "$d/pipe/transformer"; do
+  mpirun --oversubscribe -np 2 "$bin" dit --weights "$w" --text-embeddings "$d/bfl/txt.npy" --pooled "$d/bfl/pooled.npy" \
+    --noise "$d/bfl/noise.npy" --width 64 --height 32 --steps 3 --mode vfirst --group-size 1 --dump-velocity "$d/dump$k" --out "" >/dev/null
+  k=$((k + 1))
+done
+for s in 0 1 2; do
+  cmp "$d/dump0/velocity_$s.npy" "$d/dump1/velocity_$s.npy"
+  cmp "$d/dump0/velocity_$s.npy" "$d/dump2/velocity_$s.npy"
+done
+echo "== diffusers layout: the pipeline folder and the transformer folder give BFL's file's velocities, byte for byte"
+"$py" "$ref" check --weights "$d/pipe" --config "$d/pipe/config.json" --txt "$d/bfl/txt.npy" --pooled "$d/bfl/pooled.npy" \
+  --noise "$d/bfl/noise.npy" --width 64 --height 32 --steps 3 --schedule flux --dump "$d/dump1" --tol 2e-5
 echo "flux_numpy_check: passed"

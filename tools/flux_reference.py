@@ -13,8 +13,14 @@ N image tokens = (H/16)*(W/16), L = T + N, D hidden, h heads, d = D/h head dim.
   final: drop txt, LastLayer (adaLN shift, scale) -> [B, N, out_channels]
 
   flux_reference.py make  --out DIR [--dtype f32|bf16|f16] [--shards N] [--guidance-embed 0|1] ...
+                          [--format diffusers]
   flux_reference.py check --weights W --config C --txt T --pooled P --noise X --width W --height H
                           --steps K --schedule flux|linear [--guidance G] --dump DIR [--tol 1e-4]
+
+--format diffusers writes the same model as a diffusers pipeline folder instead (model_index.json,
+transformer/config.json of FluxTransformer2DModel and diffusion_pytorch_model safetensors with
+diffusers' names, re-expressed from diffusers' transformer_flux.py: split q/k/v Linears, the
+final modulation as (scale, shift)); check --weights takes such a folder as well.
 Exit codes: 0 pass, 1 mismatch, 2 bad input.
 """
 from __future__ import annotations
@@ -388,6 +394,123 @@ def load_npy(path: Path, shapes: list[tuple[int | None, ...]]) -> np.ndarray:
     raise InputError(f"{path}: shape {a.shape}, expected {want}")
 
 
+# ----------------------------------------------------------------------------- diffusers layout
+def diffusers_parts(p: FluxParams) -> dict[str, list[tuple[str, int, int, int]]]:
+    """BFL name -> its rows as (diffusers name, lo, hi, rows of that diffusers tensor), in order.
+
+    From diffusers' FluxTransformer2DModel (transformer_flux.py): FluxTransformerBlock has norm1 /
+    norm1_context (AdaLayerNormZero: shift, scale, gate of attention and MLP, BFL's order),
+    attn.to_q/to_k/to_v/to_out.0 for the image stream and add_q_proj/add_k_proj/add_v_proj/to_add_out
+    for the text stream, norm_q/norm_k and norm_added_q/norm_added_k, ff and ff_context
+    (net.0.proj, net.2); FluxSingleTransformerBlock has norm.linear, attn.to_q/to_k/to_v, proj_mlp
+    and proj_out over [attention | GELU(MLP)]; norm_out (AdaLayerNormContinuous) emits (scale,
+    shift), BFL's LastLayer (shift, scale)."""
+    D, M = p.hidden_size, p.mlp_hidden
+    out: dict[str, list[tuple[str, int, int, int]]] = {}
+    shapes = weight_shapes(p)
+    top = {"img_in": "x_embedder", "txt_in": "context_embedder",
+           "time_in.in_layer": "time_text_embed.timestep_embedder.linear_1",
+           "time_in.out_layer": "time_text_embed.timestep_embedder.linear_2",
+           "guidance_in.in_layer": "time_text_embed.guidance_embedder.linear_1",
+           "guidance_in.out_layer": "time_text_embed.guidance_embedder.linear_2",
+           "vector_in.in_layer": "time_text_embed.text_embedder.linear_1",
+           "vector_in.out_layer": "time_text_embed.text_embedder.linear_2",
+           "final_layer.linear": "proj_out"}
+    for name, s in shapes.items():
+        base, _, leaf = name.rpartition(".")
+        leaf_d = "weight" if leaf == "scale" else leaf
+        n = s[0]
+        whole = None
+        if base in top:
+            whole = top[base]
+        elif base == "final_layer.adaLN_modulation.1":
+            t = f"norm_out.linear.{leaf_d}"
+            out[name] = [(t, D, 2 * D, 2 * D), (t, 0, D, 2 * D)]
+            continue
+        elif base.startswith("double_blocks."):
+            _, i, rest = base.split(".", 2)
+            side, part = rest[:3], rest[4:]
+            b = f"transformer_blocks.{i}."
+            img = side == "img"
+            if part == "attn.qkv":
+                qkv = ("attn.to_q", "attn.to_k", "attn.to_v") if img else \
+                      ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj")
+                out[name] = [(f"{b}{t}.{leaf_d}", 0, D, D) for t in qkv]
+                continue
+            whole = b + {"mod.lin": ("norm1.linear", "norm1_context.linear"),
+                         "attn.norm.query_norm": ("attn.norm_q", "attn.norm_added_q"),
+                         "attn.norm.key_norm": ("attn.norm_k", "attn.norm_added_k"),
+                         "attn.proj": ("attn.to_out.0", "attn.to_add_out"),
+                         "mlp.0": ("ff.net.0.proj", "ff_context.net.0.proj"),
+                         "mlp.2": ("ff.net.2", "ff_context.net.2")}[part][0 if img else 1]
+        elif base.startswith("single_blocks."):
+            _, i, part = base.split(".", 2)
+            b = f"single_transformer_blocks.{i}."
+            if part == "linear1":
+                out[name] = [(f"{b}attn.to_{t}.{leaf_d}", 0, D, D) for t in "qkv"] + \
+                            [(f"{b}proj_mlp.{leaf_d}", 0, M, M)]
+                continue
+            whole = b + {"modulation.lin": "norm.linear", "linear2": "proj_out",
+                         "norm.query_norm": "attn.norm_q", "norm.key_norm": "attn.norm_k"}[part]
+        if whole is None:
+            raise InputError(f"no diffusers name for {name}")
+        out[name] = [(f"{whole}.{leaf_d}", 0, n, n)]
+    return out
+
+
+def to_diffusers(w: dict[str, np.ndarray], p: FluxParams) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for name, parts in diffusers_parts(p).items():
+        r = 0
+        for t, lo, hi, rows in parts:
+            if t not in out:
+                out[t] = np.zeros((rows,) + w[name].shape[1:], w[name].dtype)
+            out[t][lo:hi] = w[name][r:r + hi - lo]
+            r += hi - lo
+    return out
+
+
+def from_diffusers(d: dict[str, np.ndarray], p: FluxParams, where: str) -> dict[str, np.ndarray]:
+    parts = diffusers_parts(p)
+    used = {t for ps in parts.values() for t, *_ in ps}
+    extra, missing = sorted(set(d) - used), sorted(used - set(d))
+    if extra or missing:
+        raise InputError(f"{where}: diffusers tensors missing {missing[:5]}, not in the model {extra[:5]}")
+    return {name: np.concatenate([d[t][lo:hi] for t, lo, hi, _ in ps]) for name, ps in parts.items()}
+
+
+def diffusers_config(p: FluxParams) -> dict:
+    """FluxTransformer2DModel's constructor arguments for p (diffusers fixes mlp_ratio, theta, qkv biases)."""
+    if p.mlp_ratio != 4.0 or p.theta != 10000 or not p.qkv_bias:
+        raise InputError("FluxTransformer2DModel has mlp_ratio 4, theta 10000 and qkv biases")
+    return {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": p.in_channels,
+            "out_channels": p.out_channels, "num_layers": p.depth, "num_single_layers": p.depth_single_blocks,
+            "attention_head_dim": p.hidden_size // p.num_heads, "num_attention_heads": p.num_heads,
+            "joint_attention_dim": p.context_in_dim, "pooled_projection_dim": p.vec_in_dim,
+            "guidance_embeds": p.guidance_embed, "axes_dims_rope": p.axes_dim}
+
+
+def load_diffusers_folder(path: Path) -> tuple[FluxParams, dict[str, np.ndarray]]:
+    """A diffusers pipeline folder (model_index.json) or transformer folder -> (params, BFL-named weights)."""
+    t = path / "transformer" if (path / "model_index.json").exists() else path
+    try:
+        c = json.loads((t / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{t / 'config.json'}: cannot read ({e!r})") from None
+    if c.get("_class_name") != "FluxTransformer2DModel" or c.get("patch_size", 1) != 1:
+        raise InputError(f"{t / 'config.json'}: not a FluxTransformer2DModel with patch_size 1")
+    hd, heads = c.get("attention_head_dim", 128), c.get("num_attention_heads", 24)
+    p = FluxParams(c.get("in_channels", 64), c.get("out_channels") or c.get("in_channels", 64),
+                   c.get("pooled_projection_dim", 768), c.get("joint_attention_dim", 4096), hd * heads, 4.0, heads,
+                   c.get("num_layers", 19), c.get("num_single_layers", 38), list(c.get("axes_dims_rope", [16, 56, 56])),
+                   10000, True, bool(c.get("guidance_embeds", False)))
+    if p.problems():
+        raise InputError(f"{t / 'config.json'}: " + "; ".join(p.problems()))
+    index = t / "diffusion_pytorch_model.safetensors.index.json"
+    w = load_weights(index if index.exists() else t / "diffusion_pytorch_model.safetensors")
+    return p, from_diffusers(w, p, str(t))
+
+
 # ----------------------------------------------------------------------------- commands
 def cmd_make(a: argparse.Namespace) -> int:
     """Random tiny FLUX checkpoint (BFL names) + config.json + txt/pooled/noise .npy."""
@@ -426,19 +549,32 @@ def cmd_make(a: argparse.Namespace) -> int:
 
     out, dtype = Path(a.out), a.dtype.upper()
     out.mkdir(parents=True, exist_ok=True)
+    wdir, stem = out, "model"
+    if a.format == "diffusers":  # the same model in diffusers' pipeline layout
+        try:
+            dcfg = diffusers_config(p)
+        except InputError as e:
+            print(f"make: --format diffusers: {e}", file=sys.stderr)
+            return 2
+        wdir, stem = out / "transformer", "diffusion_pytorch_model"
+        wdir.mkdir(parents=True, exist_ok=True)
+        (wdir / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
+        (out / "model_index.json").write_text(json.dumps(
+            {"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]}, indent=2) + "\n")
+        tensors = to_diffusers(tensors, p)
     names = list(tensors)
     if a.shards == 1:
-        write_safetensors(out / "model.safetensors", tensors, dtype)
-        files = [out / "model.safetensors"]
+        write_safetensors(wdir / f"{stem}.safetensors", tensors, dtype)
+        files = [wdir / f"{stem}.safetensors"]
     else:
         weight_map, total, files = {}, 0, []
         for k, chunk in enumerate(np.array_split(np.arange(len(names)), a.shards), 1):
-            fname = f"model-{k:05d}-of-{a.shards:05d}.safetensors"
+            fname = f"{stem}-{k:05d}-of-{a.shards:05d}.safetensors"
             part = {names[j]: tensors[names[j]] for j in chunk}
-            total += write_safetensors(out / fname, part, dtype)
+            total += write_safetensors(wdir / fname, part, dtype)
             weight_map.update({n: fname for n in part})
-            files.append(out / fname)
-        idx = out / "model.safetensors.index.json"
+            files.append(wdir / fname)
+        idx = wdir / f"{stem}.safetensors.index.json"
         idx.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
         files.append(idx)
     # read back what was written: exact against the quantized values, close to the float32 draw
@@ -471,7 +607,12 @@ def cmd_make(a: argparse.Namespace) -> int:
 def cmd_check(a: argparse.Namespace) -> int:
     """Reference trajectory in float64 vs diffcp's dumped timesteps and per-step velocities."""
     p = load_config(Path(a.config))
-    w = load_weights(Path(a.weights))
+    if Path(a.weights).is_dir():  # a diffusers folder: its own config must describe the same model
+        p_d, w = load_diffusers_folder(Path(a.weights))
+        if p_d != p:
+            raise InputError(f"{a.weights}: its config.json is {p_d}, --config says {p}")
+    else:
+        w = load_weights(Path(a.weights))
     want = weight_shapes(p)
     extra = sorted(set(w) - set(want))
     if extra:  # e.g. guidance_in or qkv biases that the config says the model lacks
@@ -574,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         m.add_argument(f"--{name}", type=int, default=default)
     m.add_argument("--mlp-ratio", type=float, default=4.0)
     m.add_argument("--axes-dim", default="4,6,6")
+    m.add_argument("--format", choices=["bfl", "diffusers"], default="bfl")
     c = sub.add_parser("check", help="compare diffcp's dumped sampler run with the reference")
     for name in ("weights", "config", "txt", "pooled", "noise"):
         c.add_argument(f"--{name}", required=True)

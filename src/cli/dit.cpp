@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "diffcp/dit/diffusers.hpp"
 #include "diffcp/dit/image.hpp"
 #include "diffcp/dit/metrics.hpp"
 #include "diffcp/dit/run.hpp"
@@ -80,10 +81,17 @@ DitConfig make_config(const DitOptions& o) {
 
 // The model shape: from --config (FluxParams), else read off the --weights checkpoint, else the
 // preset and its overrides (as before; with --weights the load then checks every tensor against it).
-DitConfig resolve_config(const DitOptions& o, const SafeTensorsSet* ck) {
+DitConfig resolve_config(const DitOptions& o, const SafeTensorsSet* ck, const std::optional<DitConfig>& folder_cfg) {
   bool shape_flags = false;
   for (const CLI::Option* opt : g_shape_opts) shape_flags = shape_flags || opt->count() > 0;
   const std::optional<std::int64_t> heads = given(g_heads_opt, o.heads);
+  if (folder_cfg) {
+    DIFFCP_CHECK(o.config.empty() && !shape_flags, "--weights '", o.weights, "' is a diffusers folder: its config.json ",
+                 "gives the model shape; drop --config / --preset / --head-dim / --double-blocks / --single-blocks / --mlp-hidden");
+    DIFFCP_CHECK(!heads || *heads == folder_cfg->heads, "--heads ", o.heads, " disagrees with --weights '", o.weights,
+                 "' (num_attention_heads ", folder_cfg->heads, ")");
+    return *folder_cfg;
+  }
   if (!o.config.empty()) {
     DIFFCP_CHECK(!shape_flags, "--config '", o.config, "' gives the model shape: drop --preset / --head-dim / "
                  "--double-blocks / --single-blocks / --mlp-hidden");
@@ -221,7 +229,7 @@ void add_dit_command(CLI::App& app) {
                                 "divisor of P that divides the heads");
   g_ring_opt = c->add_option("--ring-degree", o.ring_degree,
                              "USP: Ring attention across R = P / U Ulysses groups (U x R = P); default: P / U");
-  c->add_option("--weights", o.weights, "FLUX-format checkpoint: a .safetensors file or a sharded set's index .json (F32/BF16/F16; names: dit/config.hpp); the model shape is read off it unless --config or --preset is given; default: seeded random init");
+  c->add_option("--weights", o.weights, "FLUX.1 weights: BFL's checkpoint (a .safetensors file or a sharded set's index .json; F32/BF16/F16; names: dit/config.hpp; the model shape is read off it unless --config or --preset is given), or a diffusers folder (a pipeline with model_index.json, or its transformer folder: config.json + diffusion_pytorch_model safetensors; the shape from config.json); default: seeded random init");
   c->add_option("--config", o.config, "model shape as FLUX's FluxParams JSON (in_channels, hidden_size, num_heads, depth, axes_dim, ...)");
   c->add_option("--weight-seed", o.weight_seed, "seed of the random init when no --weights is given")->capture_default_str();
   g_shape_opts.clear();
@@ -253,6 +261,8 @@ struct DitPlan {
   ExchangeMode mode = ExchangeMode::flat;
   CacheSchedule schedule;
   std::unique_ptr<SafeTensorsSet> ck;
+  DitFileFormat format = DitFileFormat::bfl;  // of ck's names
+  std::optional<DitConfig> folder_cfg;        // a diffusers folder's config.json
   DitConfig cfg;
   std::string schedule_name;
   DitInputs in;
@@ -271,8 +281,15 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
   DIFFCP_CHECK(o.compare.empty() || o.compare == "flat", "--compare '", o.compare, "': only flat is supported");
   DIFFCP_CHECK(o.compare.empty() || o.reference.empty(), "--compare and --reference: give one of them");
   DIFFCP_CHECK(o.dtype == "f32" || o.dtype == "bf16", "--dtype '", o.dtype, "': expected f32 or bf16");
-  pl.ck = o.weights.empty() ? nullptr : std::make_unique<SafeTensorsSet>(o.weights);
-  pl.cfg = resolve_config(o, pl.ck.get());
+  if (!o.weights.empty() && is_directory(o.weights)) {  // a diffusers pipeline or transformer folder
+    DiffusersTransformer t = open_diffusers_transformer(o.weights);
+    pl.ck = std::make_unique<SafeTensorsSet>(t.weights);
+    pl.format = DitFileFormat::diffusers;
+    pl.folder_cfg = t.config;
+  } else if (!o.weights.empty()) {
+    pl.ck = std::make_unique<SafeTensorsSet>(o.weights);
+  }
+  pl.cfg = resolve_config(o, pl.ck.get(), pl.folder_cfg);
   const DitConfig& cfg = pl.cfg;
   DIFFCP_CHECK(cfg.guidance_embed || !given(g_guidance_opt, o.guidance), "--guidance ", o.guidance,
                ": this model has no guidance_in (not guidance-distilled, e.g. FLUX.1-schnell); drop --guidance");
@@ -285,7 +302,7 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
             o.dtype == "bf16" ? DType::bf16 : DType::f32};
   pl.deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree), given(g_ring_opt, o.ring_degree));
   pl.shard = make_dit_shard(cfg, shape, world.size(), world.rank(), pl.deg.ulysses);  // U | heads, P | tokens
-  if (pl.ck) check_dit_checkpoint(cfg, *pl.ck);  // names every missing, extra or misshapen tensor
+  if (pl.ck) check_dit_checkpoint(cfg, *pl.ck, pl.format);  // names every missing, extra or misshapen tensor
   // --compare flat: a genuine reference, never this run's own configuration (refused where none).
   if (!o.compare.empty()) pl.compare_ref = flat_reference_for(pl.mode, pl.deg, world.size(), cfg.heads);
   if (!o.reference.empty()) {
@@ -489,7 +506,7 @@ int run_dit(Communicator& world) {
   const DitShape& shape = pl.in.shape;
   DitWeights w(cfg);
   if (pl.ck)
-    w.load(*pl.ck);
+    w.load(*pl.ck, pl.format);
   else
     w.init_random(o.weight_seed);
 

@@ -74,8 +74,8 @@ DitConfig dit_config_from_flux_params(const nlohmann::json& j, const std::string
                  "'; expected FLUX's FluxParams fields (in_channels, out_channels, vec_in_dim, context_in_dim, hidden_size,"
                  " mlp_ratio, num_heads, depth, depth_single_blocks, axes_dim, theta, qkv_bias, guidance_embed)",
                  it.key() == "num_layers" || it.key() == "joint_attention_dim" || it.key() == "_class_name"
-                     ? "; this looks like a diffusers config, whose tensor names diffcp does not read: use BFL's "
-                       "flux1-*.safetensors names"
+                     ? "; this looks like a diffusers config.json: give its folder (config.json beside the "
+                       "diffusion_pytorch_model safetensors, or the pipeline's folder) as --weights instead"
                      : "");
   }
   const auto integer = [&](const char* f) {

@@ -10,6 +10,7 @@
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
+#include "diffcp/dit/diffusers.hpp"
 #include "diffcp/io/safetensors.hpp"
 #include "diffcp/ops/gemm.hpp"
 
@@ -87,22 +88,24 @@ inline float element(const std::byte* p, std::int64_t i) {
   }
 }
 
-// src: file bytes [rows, cols] -> dst, transposed ([cols, rows]) or not; OpenMP over 64-row tiles.
+// src: file bytes [rows, cols] -> dst, transposed (dst[c * ld + r]: rows of a wider [cols, ld]) or
+// not (dst[r * cols + c]); OpenMP over 64-row tiles.
 template <FileDtype D>
-void convert(const std::byte* src, std::int64_t rows, std::int64_t cols, bool transpose, float* dst) {
+void convert(const std::byte* src, std::int64_t rows, std::int64_t cols, bool transpose, std::int64_t ld, float* dst) {
   constexpr std::int64_t kTile = 64;
 #pragma omp parallel for schedule(static)
   for (std::int64_t r0 = 0; r0 < rows; r0 += kTile)
     for (std::int64_t c0 = 0; c0 < cols; c0 += kTile)
       for (std::int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
         for (std::int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
-          dst[transpose ? c * rows + r : r * cols + c] = element<D>(src, r * cols + c);
+          dst[transpose ? c * ld + r : r * cols + c] = element<D>(src, r * cols + c);
 }
 
-void convert(const std::byte* src, FileDtype d, std::int64_t rows, std::int64_t cols, bool transpose, float* dst) {
-  if (d == FileDtype::f32) convert<FileDtype::f32>(src, rows, cols, transpose, dst);
-  else if (d == FileDtype::bf16) convert<FileDtype::bf16>(src, rows, cols, transpose, dst);
-  else convert<FileDtype::f16>(src, rows, cols, transpose, dst);
+void convert(const std::byte* src, FileDtype d, std::int64_t rows, std::int64_t cols, bool transpose, std::int64_t ld,
+             float* dst) {
+  if (d == FileDtype::f32) convert<FileDtype::f32>(src, rows, cols, transpose, ld, dst);
+  else if (d == FileDtype::bf16) convert<FileDtype::bf16>(src, rows, cols, transpose, ld, dst);
+  else convert<FileDtype::f16>(src, rows, cols, transpose, ld, dst);
 }
 
 // Lists at most 50 lines, then how many more.
@@ -120,31 +123,32 @@ std::string foreign_format_hint(const SafeTensorsSet& ck) {
     if (n.starts_with("model.diffusion_model."))
       return "\n  (ComfyUI's layout: the tensors carry the prefix 'model.diffusion_model.'; strip it to get BFL's names)";
     if (n.starts_with("transformer_blocks.") || n.starts_with("x_embedder.") || n.starts_with("single_transformer_blocks."))
-      return "\n  (diffusers' names, e.g. '" + n + "': diffcp reads BFL's flux1-*.safetensors names (dit/config.hpp))";
+      return "\n  (diffusers' names, e.g. '" + n + "': give the diffusers folder (its config.json beside the file) as --weights)";
   }
   return "";
 }
 
 }  // namespace
 
-void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck) {
+void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck, DitFileFormat format) {
   const DitLayout layout(cfg);
   // The whole header first: every problem named in one error, before any data is read.
   std::vector<std::string> missing, misshapen, extra;
   std::set<std::string> expected;
-  for (const DitLayout::Tensor& t : layout.tensors) {
-    expected.insert(t.name);
-    if (!ck.has(t.name)) {
-      missing.push_back("'" + t.name + "' " + shape_str(t.shape));
-      continue;
+  for (const DitLayout::Tensor& t : layout.tensors)
+    for (const DitFilePart& part : dit_file_parts(t, cfg, format)) {
+      if (!expected.insert(part.name).second) continue;
+      if (!ck.has(part.name)) {
+        missing.push_back("'" + part.name + "' " + shape_str(part.file_shape));
+        continue;
+      }
+      const SafeTensors::Info& info = ck.info(part.name);
+      const bool fp = info.dtype == "F32" || info.dtype == "BF16" || info.dtype == "F16";
+      if (!fp || info.shape != part.file_shape)
+        misshapen.push_back("'" + part.name + "' is " + info.dtype + " " + shape_str(info.shape) + ", expected " +
+                            shape_str(part.file_shape) + (t.linear_weight ? " ([out, in], PyTorch's Linear layout)" : "") +
+                            (fp ? "" : " of F32, BF16 or F16"));
     }
-    const SafeTensors::Info& info = ck.info(t.name);
-    const bool fp = info.dtype == "F32" || info.dtype == "BF16" || info.dtype == "F16";
-    if (!fp || info.shape != t.shape)
-      misshapen.push_back("'" + t.name + "' is " + info.dtype + " " + shape_str(info.shape) + ", expected " +
-                          shape_str(t.shape) + (t.linear_weight ? " ([out, in], PyTorch's Linear layout)" : "") +
-                          (fp ? "" : " of F32, BF16 or F16"));
-  }
   for (const std::string& n : ck.names())
     if (!expected.count(n)) extra.push_back("'" + n + "' " + ck.info(n).dtype + " " + shape_str(ck.info(n).shape));
   if (!missing.empty() || !misshapen.empty() || !extra.empty()) {
@@ -153,22 +157,33 @@ void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck) {
     append_problems(msg, "tensors of the wrong dtype or shape", misshapen);
     append_problems(msg, "tensors this model does not have", extra);
     const nlohmann::json c = cfg.to_json();
-    DIFFCP_FAIL("weights '", ck.path(), "' do not match the model (", c.dump(), "; names and shapes: dit/config.hpp):", msg,
+    DIFFCP_FAIL("weights '", ck.path(), "' do not match the model (", c.dump(), "; names and shapes: ",
+                format == DitFileFormat::bfl ? "dit/config.hpp" : "diffusers' FluxTransformer2DModel, dit/diffusers.hpp", "):", msg,
                 !cfg.guidance_embed && ck.has("guidance_in.in_layer.weight")
                     ? "\n  (a guidance-distilled checkpoint such as FLUX.1-dev: its config needs guidance_embed = true)"
                     : "",
-                foreign_format_hint(ck));
+                format == DitFileFormat::bfl ? foreign_format_hint(ck) : "");
   }
 }
 
-void DitWeights::load(const SafeTensorsSet& ck) {
-  check_dit_checkpoint(cfg_, ck);
+void DitWeights::load(const SafeTensorsSet& ck, DitFileFormat format) {
+  check_dit_checkpoint(cfg_, ck, format);
   for (const DitLayout::Tensor& t : layout_.tensors) {
-    const SafeTensors& file = ck.file(t.name);
-    const FileDtype d = file_dtype(file.info(t.name).dtype);
-    const std::int64_t rows = t.linear_weight ? t.shape[0] : 1, cols = t.linear_weight ? t.shape[1] : t.size;
-    write_tensor(params_, t, [&](float* dst) { convert(file.bytes(t.name).data(), d, rows, cols, t.linear_weight, dst); });
-    file.release(t.name);
+    // The tensor's rows from its parts in the file ([out, in] rows of a Linear weight, which lands
+    // transposed: rows of [in, out] become columns; a vector's elements).
+    const std::vector<DitFilePart> parts = dit_file_parts(t, cfg_, format);
+    const std::int64_t cols = t.linear_weight ? t.shape[1] : 1;
+    write_tensor(params_, t, [&](float* dst) {
+      std::int64_t row = 0;
+      for (const DitFilePart& part : parts) {
+        const SafeTensors& file = ck.file(part.name);
+        const FileDtype d = file_dtype(file.info(part.name).dtype);
+        const std::byte* src = file.bytes(part.name).data() + part.row0 * cols * (d == FileDtype::f32 ? 4 : 2);
+        convert(src, d, part.rows, cols, t.linear_weight, t.shape[0], t.linear_weight ? dst + row : dst + row * cols);
+        row += part.rows;
+      }
+    });
+    for (const DitFilePart& part : parts) ck.file(part.name).release(part.name);
   }
 }
 

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "diffcp/dit/config.hpp"
+#include "diffcp/dit/diffusers.hpp"
 #include "diffcp/dit/exchange.hpp"
 #include "diffcp/dit/ops.hpp"
 #include "diffcp/io/safetensors.hpp"
@@ -46,7 +47,8 @@ namespace diffcp {
 DitConfig infer_dit_config(const SafeTensorsSet& ck, std::optional<std::int64_t> heads = std::nullopt);
 // Checks the checkpoint's header against the model's layout, reading no data: throws one
 // diffcp::Error naming every missing, extra, mistyped (not F32 / BF16 / F16) and misshapen tensor.
-void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck);
+// `format`: the file's names (dit/diffusers.hpp); the error lists the file's names.
+void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck, DitFileFormat format = DitFileFormat::bfl);
 
 // The parameters, in one allocation laid out by DitLayout, in the memory of the backend active at
 // construction (ops/backend.hpp): the model reads them there, and the file's tensors go there one
@@ -69,7 +71,7 @@ class DitWeights {
   // truncated or malformed file is refused by the reader). The file is mapped, not read: each
   // tensor is converted straight into the parameters and its pages released, so loading holds
   // the parameters plus at most one tensor of the file.
-  void load(const SafeTensorsSet& ck);
+  void load(const SafeTensorsSet& ck, DitFileFormat format = DitFileFormat::bfl);
   void load(const std::string& path) { load(SafeTensorsSet(path)); }
   // Writes every tensor (Linear weights transposed back to [out, in]) as `dtype`: F32, BF16 (round
   // to nearest even) or F16.

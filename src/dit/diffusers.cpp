@@ -1,0 +1,165 @@
+#include "diffcp/dit/diffusers.hpp"
+
+#include <filesystem>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "diffcp/core/error.hpp"
+#include "diffcp/core/json_file.hpp"
+#include "diffcp/core/json_int.hpp"
+
+namespace diffcp {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// diffusers' names of BFL's Linears and norm scales, by the BFL name without ".weight" / ".bias" /
+// ".scale": each BFL tensor is the concatenation of these diffusers tensors' rows. "" = not mapped.
+std::vector<std::string> diffusers_names(std::string_view base) {
+  const auto starts = [&](std::string_view p) { return base.starts_with(p); };
+  static const std::pair<const char*, const char*> kTop[] = {
+      {"img_in", "x_embedder"},
+      {"txt_in", "context_embedder"},
+      {"time_in.in_layer", "time_text_embed.timestep_embedder.linear_1"},
+      {"time_in.out_layer", "time_text_embed.timestep_embedder.linear_2"},
+      {"guidance_in.in_layer", "time_text_embed.guidance_embedder.linear_1"},
+      {"guidance_in.out_layer", "time_text_embed.guidance_embedder.linear_2"},
+      {"vector_in.in_layer", "time_text_embed.text_embedder.linear_1"},
+      {"vector_in.out_layer", "time_text_embed.text_embedder.linear_2"},
+      {"final_layer.adaLN_modulation.1", "norm_out.linear"},
+      {"final_layer.linear", "proj_out"},
+  };
+  for (const auto& [bfl, dif] : kTop)
+    if (base == bfl) return {dif};
+  if (starts("double_blocks.")) {
+    const std::size_t dot = base.find('.', 14);
+    const std::string i = std::string(base.substr(14, dot - 14)), rest = std::string(base.substr(dot + 1));
+    const std::string b = "transformer_blocks." + i + ".";
+    const bool img = rest.starts_with("img_");
+    const std::string s = rest.substr(4);  // after "img_" / "txt_"
+    const auto a = [&](const char* img_name, const char* txt_name) { return b + (img ? img_name : txt_name); };
+    if (s == "mod.lin") return {a("norm1.linear", "norm1_context.linear")};
+    if (s == "attn.qkv")
+      return {a("attn.to_q", "attn.add_q_proj"), a("attn.to_k", "attn.add_k_proj"), a("attn.to_v", "attn.add_v_proj")};
+    if (s == "attn.norm.query_norm") return {a("attn.norm_q", "attn.norm_added_q")};
+    if (s == "attn.norm.key_norm") return {a("attn.norm_k", "attn.norm_added_k")};
+    if (s == "attn.proj") return {a("attn.to_out.0", "attn.to_add_out")};
+    if (s == "mlp.0") return {a("ff.net.0.proj", "ff_context.net.0.proj")};
+    if (s == "mlp.2") return {a("ff.net.2", "ff_context.net.2")};
+  } else if (starts("single_blocks.")) {
+    const std::size_t dot = base.find('.', 14);
+    const std::string b = "single_transformer_blocks." + std::string(base.substr(14, dot - 14)) + ".";
+    const std::string rest = std::string(base.substr(dot + 1));
+    if (rest == "modulation.lin") return {b + "norm.linear"};
+    if (rest == "linear1") return {b + "attn.to_q", b + "attn.to_k", b + "attn.to_v", b + "proj_mlp"};
+    if (rest == "linear2") return {b + "proj_out"};
+    if (rest == "norm.query_norm") return {b + "attn.norm_q"};
+    if (rest == "norm.key_norm") return {b + "attn.norm_k"};
+  }
+  return {};
+}
+
+}  // namespace
+
+std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitConfig& cfg, DitFileFormat format) {
+  const std::int64_t rows = t.shape[0];
+  if (format == DitFileFormat::bfl) return {{t.name, t.shape, 0, rows}};
+  const std::size_t dot = t.name.rfind('.');
+  const std::string base = t.name.substr(0, dot), suffix = t.name.substr(dot + 1);
+  const std::vector<std::string> names = diffusers_names(base);
+  DIFFCP_CHECK(!names.empty(), "dit_file_parts: no diffusers name for '", t.name, "'");
+  // QK-norm scales: BFL's RMSNorm.scale is diffusers' RMSNorm.weight.
+  const std::string file_suffix = suffix == "scale" ? "weight" : suffix;
+  const auto shape_of = [&](std::int64_t r) {
+    std::vector<std::int64_t> s = t.shape;
+    s[0] = r;
+    return s;
+  };
+  if (base == "final_layer.adaLN_modulation.1") {  // diffusers: (scale, shift); BFL: (shift, scale)
+    const std::string n = names[0] + "." + file_suffix;
+    const std::int64_t H = rows / 2;
+    return {{n, t.shape, H, H}, {n, t.shape, 0, H}};
+  }
+  const std::int64_t H = cfg.hidden();
+  std::vector<DitFilePart> parts;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    // Split Linears: q, k, v have H rows each; the single block's MLP input the rest.
+    const std::int64_t r = names.size() == 1 ? rows : k < 3 ? H : rows - 3 * H;
+    parts.push_back({names[k] + "." + file_suffix, shape_of(r), 0, r});
+  }
+  return parts;
+}
+
+DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& source) {
+  DIFFCP_CHECK(j.is_object(), "config '", source, "': expected a JSON object (a diffusers config.json)");
+  const std::string cls = j.contains("_class_name") && j["_class_name"].is_string() ? j["_class_name"].get<std::string>() : "";
+  DIFFCP_CHECK(cls == "FluxTransformer2DModel", "config '", source, "': _class_name '", cls,
+               "' is not a DiT diffcp runs; supported: FluxTransformer2DModel (FLUX.1)");
+  // FluxTransformer2DModel's constructor arguments and their defaults (diffusers' transformer_flux.py).
+  nlohmann::json a = {{"patch_size", 1},          {"in_channels", 64},           {"out_channels", nullptr},
+                      {"num_layers", 19},         {"num_single_layers", 38},     {"attention_head_dim", 128},
+                      {"num_attention_heads", 24}, {"joint_attention_dim", 4096}, {"pooled_projection_dim", 768},
+                      {"guidance_embeds", false}, {"axes_dims_rope", {16, 56, 56}}};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "_class_name" || it.key() == "_diffusers_version" || it.key() == "_name_or_path") continue;
+    DIFFCP_CHECK(a.contains(it.key()), "config '", source, "': unknown field '", it.key(), "' for ", cls);
+    a[it.key()] = it.value();
+  }
+  const auto integer = [&](const char* f) {
+    const auto v = json_int64(a[f]);
+    DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': field '", f, "' = ", a[f].dump(),
+                 ", expected a non-negative integer");
+    return *v;
+  };
+  DIFFCP_CHECK(integer("patch_size") == 1, "config '", source, "': patch_size = ", a["patch_size"].dump(),
+               "; FLUX.1 packs 2x2 patches in the pipeline and has patch_size 1 (the only one supported)");
+  DIFFCP_CHECK(a["guidance_embeds"].is_boolean(), "config '", source, "': field 'guidance_embeds' = ",
+               a["guidance_embeds"].dump(), ", expected true or false");
+  const std::int64_t heads = integer("num_attention_heads");
+  // FluxParams, as BFL's FLUX.1 configs hold the same model (diffusers' mlp_ratio, theta and qkv
+  // biases are fixed in the class).
+  const nlohmann::json p = {{"in_channels", a["in_channels"]},
+                            {"out_channels", a["out_channels"].is_null() ? a["in_channels"] : a["out_channels"]},
+                            {"vec_in_dim", a["pooled_projection_dim"]},
+                            {"context_in_dim", a["joint_attention_dim"]},
+                            {"hidden_size", heads * integer("attention_head_dim")},
+                            {"mlp_ratio", 4.0},
+                            {"num_heads", heads},
+                            {"depth", a["num_layers"]},
+                            {"depth_single_blocks", a["num_single_layers"]},
+                            {"axes_dim", a["axes_dims_rope"]},
+                            {"theta", 10000},
+                            {"qkv_bias", true},
+                            {"guidance_embed", a["guidance_embeds"]}};
+  return dit_config_from_flux_params(p, source + " (as FluxParams)");
+}
+
+bool is_directory(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec);
+}
+
+DiffusersTransformer open_diffusers_transformer(const std::string& path) {
+  fs::path dir(path);
+  if (fs::exists(dir / "model_index.json")) {
+    const nlohmann::json index = read_json_file((dir / "model_index.json").string(), "pipeline index");
+    DIFFCP_CHECK(index.is_object() && index.contains("transformer"), "pipeline '", path,
+                 "': model_index.json has no 'transformer' (diffcp runs the pipeline's DiT)");
+    dir /= "transformer";
+  }
+  const fs::path config = dir / "config.json";
+  DIFFCP_CHECK(fs::exists(config), "--weights '", path, "': a folder without model_index.json or config.json ",
+               "(expected a diffusers pipeline or transformer folder, or a .safetensors file / index .json)");
+  DiffusersTransformer t;
+  t.dir = dir.string();
+  t.config = dit_config_from_diffusers(read_json_file(config.string(), "config"), config.string());
+  for (const char* name : {"diffusion_pytorch_model.safetensors.index.json", "diffusion_pytorch_model.safetensors"})
+    if (t.weights.empty() && fs::exists(dir / name)) t.weights = (dir / name).string();
+  DIFFCP_CHECK(!t.weights.empty(), "transformer folder '", t.dir, "' has no diffusion_pytorch_model.safetensors ",
+               "(or its sharded index .json)");
+  return t;
+}
+
+}  // namespace diffcp

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# diffusers_fixture.sh PYTHON DIR: diffusers folders for `diffcp dit`'s bad-input tests (issue #34):
+# DIR/pipe (a pipeline folder written by tools/flux_reference.py make --format diffusers) and
+# transformer folders that share its weights but not its config: bad_class (another class),
+# bad_field (a field FluxTransformer2DModel does not have), deeper (num_layers one more than the
+# file holds), empty (no config.json).
+set -euo pipefail
+py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
+dir=${2:?usage: diffusers_fixture.sh PYTHON DIR}
+ref="$(cd "$(dirname "$0")" && pwd)/../tools/flux_reference.py"
+rm -rf "$dir"
+"$py" "$ref" make --out "$dir/pipe" --format diffusers >/dev/null
+t="$dir/pipe/transformer"
+for case in bad_class bad_field deeper; do
+  mkdir -p "$dir/$case"
+  ln -s "$t/diffusion_pytorch_model.safetensors" "$dir/$case/"
+  "$py" - "$t/config.json" "$dir/$case/config.json" "$case" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+case = sys.argv[3]
+if case == "bad_class":
+    c["_class_name"] = "SD3Transformer2DModel"
+elif case == "bad_field":
+    c["mlp_ratio"] = 4.0
+else:
+    c["num_layers"] += 1
+json.dump(c, open(sys.argv[2], "w"))
+PY
+done
+mkdir -p "$dir/empty"
