@@ -3,7 +3,8 @@
 # DIR/pipe (a pipeline folder written by tools/flux_reference.py make --format diffusers) and
 # transformer folders that share its weights but not its config: bad_class (another class),
 # bad_field (a field FluxTransformer2DModel does not have), deeper (num_layers one more than the
-# file holds), empty (no config.json).
+# file holds), empty (no config.json); and pipelines that share its transformer but not its
+# scheduler: sched_karras (use_karras_sigmas), sched_field (a field the scheduler does not have).
 set -euo pipefail
 py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
 dir=${2:?usage: diffusers_fixture.sh PYTHON DIR}
@@ -28,3 +29,14 @@ json.dump(c, open(sys.argv[2], "w"))
 PY
 done
 mkdir -p "$dir/empty"
+for case in sched_karras sched_field; do
+  mkdir -p "$dir/$case/scheduler"
+  ln -s "$t" "$dir/$case/transformer"
+  cp "$dir/pipe/model_index.json" "$dir/$case/"
+  "$py" - "$dir/pipe/scheduler/scheduler_config.json" "$dir/$case/scheduler/scheduler_config.json" "$case" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["use_karras_sigmas" if sys.argv[3] == "sched_karras" else "sigma_schedule"] = True
+json.dump(c, open(sys.argv[2], "w"))
+PY
+done

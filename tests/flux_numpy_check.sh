@@ -68,7 +68,8 @@ mk="--dtype bf16 --shards 2 --guidance-embed 1 --width 64 --height 32"
 k=0
 for w in "$d/bfl/model.safetensors.index.json" "$d/pipe" "$d/pipe/transformer"; do
   mpirun --oversubscribe -np 2 "$bin" dit --weights "$w" --text-embeddings "$d/bfl/txt.npy" --pooled "$d/bfl/pooled.npy" \
-    --noise "$d/bfl/noise.npy" --width 64 --height 32 --steps 3 --mode vfirst --group-size 1 --dump-velocity "$d/dump$k" --out "" >/dev/null
+    --noise "$d/bfl/noise.npy" --width 64 --height 32 --steps 3 --mode vfirst --group-size 1 --dump-velocity "$d/dump$k" \
+    --schedule flux --out "" >/dev/null
   k=$((k + 1))
 done
 for s in 0 1 2; do
@@ -78,4 +79,20 @@ done
 echo "== diffusers layout: the pipeline folder and the transformer folder give BFL's file's velocities, byte for byte"
 "$py" "$ref" check --weights "$d/pipe" --config "$d/pipe/config.json" --txt "$d/bfl/txt.npy" --pooled "$d/bfl/pooled.npy" \
   --noise "$d/bfl/noise.npy" --width 64 --height 32 --steps 3 --schedule flux --dump "$d/dump1" --tol 2e-5
+# The pipeline's own scheduler_config.json (--schedule auto): a non-default one (linear time shift
+# with other base / max shifts, a shift_terminal), the sigmas and velocities against the
+# reference's FluxPipeline + FlowMatchEulerDiscreteScheduler, at P = 4 with TAPA.
+"$py" - "$d/pipe/scheduler/scheduler_config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(time_shift_type="linear", base_shift=0.3, max_shift=1.4, shift_terminal=0.05)
+json.dump(c, open(sys.argv[1], "w"))
+PY
+mpirun --oversubscribe -np 4 "$bin" dit --weights "$d/pipe" --text-embeddings "$d/bfl/txt.npy" --pooled "$d/bfl/pooled.npy" \
+  --noise "$d/bfl/noise.npy" --width 64 --height 32 --steps 4 --mode tapa --group-size 2 --dump-velocity "$d/dump_sched" \
+  --out "" >/dev/null
+echo "== diffusers layout: the pipeline's scheduler_config.json (linear time shift, shift_terminal 0.05), P = 4, TAPA"
+"$py" "$ref" check --weights "$d/pipe" --config "$d/pipe/config.json" --txt "$d/bfl/txt.npy" --pooled "$d/bfl/pooled.npy" \
+  --noise "$d/bfl/noise.npy" --width 64 --height 32 --steps 4 --schedule scheduler_config \
+  --scheduler-config "$d/pipe/scheduler/scheduler_config.json" --dump "$d/dump_sched" --tol 2e-5
 echo "flux_numpy_check: passed"

@@ -2,11 +2,13 @@
 """diffcp's DiT against diffusers' own model, from a diffusers folder (issue #34).
 
 Builds FluxTransformer2DModel with a tiny random config (no hub: the class instantiated here),
-saves it as a diffusers pipeline folder (model_index.json + transformer/), and runs
+saves it as a diffusers pipeline folder (model_index.json, transformer/, and scheduler/ with
+FLUX.1-dev's or FLUX.1-schnell's FlowMatchEulerDiscreteScheduler), and runs
 `diffcp dit --weights FOLDER` under mpirun at each P and mode with `--dump-velocity`. For every
 step k it computes diffusers' velocity at diffcp's own latent x_k (the noise plus diffcp's earlier
 steps: each step is compared on the same input) with the timestep diffcp dumped, and reports the
-relative error max|v_diffcp - v_diffusers| / max|v_diffusers|.
+relative error max|v_diffcp - v_diffusers| / max|v_diffusers|; diffcp's timesteps (from the
+folder's scheduler_config.json) must equal the sigmas FluxPipeline sets on diffusers' scheduler.
 
 Needs torch and diffusers (PyPI) in a venv; CI does not install them (tools/flux_reference.py's
 NumPy reference covers the same math there):
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import FluxTransformer2DModel
+from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 from diffusers.utils import logging as diffusers_logging
 
 WIDTH, HEIGHT = 64, 48  # 4 x 3 = 12 image tokens: divisible by P = 1..4
@@ -48,11 +50,23 @@ def tiny_flux(guidance: bool, seed: int) -> FluxTransformer2DModel:
     return m.to(torch.float64).eval()
 
 
-def save_pipeline(model: FluxTransformer2DModel, root: Path) -> None:
+def save_pipeline(model: FluxTransformer2DModel, scheduler: FlowMatchEulerDiscreteScheduler, root: Path) -> None:
     model.to(torch.float32).save_pretrained(root / "transformer")
     model.to(torch.float64)
+    scheduler.save_pretrained(root / "scheduler")
     (root / "model_index.json").write_text(json.dumps(
-        {"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]}))
+        {"_class_name": "FluxPipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+         "transformer": ["diffusers", "FluxTransformer2DModel"]}))
+
+
+def pipeline_sigmas(scheduler: FlowMatchEulerDiscreteScheduler, steps: int, image_seq_len: int) -> np.ndarray:
+    """The sigmas FluxPipeline.__call__ sets: linspace(1, 1/N, N) and mu from calculate_shift
+    (pipeline_flux.py; retyped here because importing the pipeline module needs transformers)."""
+    c = scheduler.config
+    m = (c.get("max_shift", 1.15) - c.get("base_shift", 0.5)) / (c.get("max_image_seq_len", 4096) - c.get("base_image_seq_len", 256))
+    mu = image_seq_len * m + c.get("base_shift", 0.5) - m * c.get("base_image_seq_len", 256)
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    return scheduler.sigmas.double().numpy()
 
 
 def ids(n_txt: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,6 +96,9 @@ def run_case(a, model, root: Path, inputs: dict, P: int, mode: str, guidance: fl
         print(r.stdout + r.stderr, file=sys.stderr)
         raise RuntimeError(f"diffcp failed: {' '.join(cmd)}")
     ts = json.loads((dump / "timesteps.json").read_text())["timesteps"]
+    want_ts = pipeline_sigmas(inputs["scheduler"], a.steps, (WIDTH // 16) * (HEIGHT // 16))
+    if len(ts) != len(want_ts) or np.abs(np.array(ts) - want_ts).max() > 1e-6:  # diffusers' sigmas are float32
+        raise RuntimeError(f"timesteps {ts} differ from FluxPipeline's {want_ts.tolist()}")
     x = torch.from_numpy(np.load(inputs["noise"]).astype(np.float64))
     txt = torch.from_numpy(np.load(inputs["txt"]).astype(np.float64))[None]
     pooled = torch.from_numpy(np.load(inputs["pooled"]).astype(np.float64))[None]
@@ -118,9 +135,13 @@ def main() -> int:
         for guidance in (None, 3.5):  # FLUX.1-schnell-like (no guidance_in) and FLUX.1-dev-like
             root = Path(tmp) / ("dev" if guidance else "schnell")
             model = tiny_flux(guidance is not None, seed=7 if guidance else 3)
-            save_pipeline(model, root)
+            # FLUX.1-dev's scheduler (dynamic shift) and FLUX.1-schnell's (shift 1, none)
+            scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True) if guidance \
+                else FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False)
+            save_pipeline(model, scheduler, root)
             rng = np.random.default_rng(11)
-            inputs = {"txt": root / "txt.npy", "pooled": root / "pooled.npy", "noise": root / "noise.npy"}
+            inputs = {"txt": root / "txt.npy", "pooled": root / "pooled.npy", "noise": root / "noise.npy",
+                      "scheduler": scheduler}
             np.save(inputs["txt"], rng.standard_normal((TEXT_TOKENS, 32)).astype(np.float32))
             np.save(inputs["pooled"], rng.standard_normal(24).astype(np.float32))
             np.save(inputs["noise"], rng.standard_normal((1, (WIDTH // 16) * (HEIGHT // 16), 16)).astype(np.float32))

@@ -15,12 +15,15 @@ N image tokens = (H/16)*(W/16), L = T + N, D hidden, h heads, d = D/h head dim.
   flux_reference.py make  --out DIR [--dtype f32|bf16|f16] [--shards N] [--guidance-embed 0|1] ...
                           [--format diffusers]
   flux_reference.py check --weights W --config C --txt T --pooled P --noise X --width W --height H
-                          --steps K --schedule flux|linear [--guidance G] --dump DIR [--tol 1e-4]
+                          --steps K --schedule flux|linear|scheduler_config [--scheduler-config F]
+                          [--guidance G] --dump DIR [--tol 1e-4]
 
 --format diffusers writes the same model as a diffusers pipeline folder instead (model_index.json,
 transformer/config.json of FluxTransformer2DModel and diffusion_pytorch_model safetensors with
 diffusers' names, re-expressed from diffusers' transformer_flux.py: split q/k/v Linears, the
-final modulation as (scale, shift)); check --weights takes such a folder as well.
+final modulation as (scale, shift); scheduler/scheduler_config.json FLUX.1-dev's); check --weights
+takes such a folder as well, and --schedule scheduler_config computes FluxPipeline's sigmas from
+a scheduler_config.json.
 Exit codes: 0 pass, 1 mismatch, 2 bad input.
 """
 from __future__ import annotations
@@ -381,6 +384,38 @@ def get_schedule(steps: int, image_seq_len: int, shift: bool) -> list[float]:
     return [0.0 if t == 0 else math.exp(mu) / (math.exp(mu) + (1.0 / t - 1.0)) for t in ts]
 
 
+def diffusers_sigmas(path: Path, steps: int, image_seq_len: int) -> list[float]:
+    """FluxPipeline's sigmas from a FlowMatchEulerDiscreteScheduler scheduler_config.json.
+
+    Re-expressed from diffusers (pipeline_flux.py: sigmas = linspace(1, 1/N, N), mu =
+    calculate_shift(image_seq_len, ...); scheduling_flow_match_euler_discrete.py set_timesteps:
+    time_shift or the static shift, stretch_shift_to_terminal, a final 0), in float64."""
+    try:
+        c = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot read ({e!r})") from None
+    if c.get("_class_name") != "FlowMatchEulerDiscreteScheduler":
+        raise InputError(f"{path}: not a FlowMatchEulerDiscreteScheduler config")
+    sig = np.linspace(1.0, 1.0 / steps, steps)
+    bs = 0.5 if c.get("base_shift") is None else c["base_shift"]
+    ms = 1.15 if c.get("max_shift") is None else c["max_shift"]
+    bl, ml = c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096)
+    m = (ms - bs) / (ml - bl)
+    mu = image_seq_len * m + (bs - m * bl)
+    if c.get("use_dynamic_shifting", False):
+        if c.get("time_shift_type", "exponential") == "exponential":
+            sig = math.exp(mu) / (math.exp(mu) + (1 / sig - 1))
+        else:
+            sig = mu / (mu + (1 / sig - 1))
+    else:
+        shift = c.get("shift", 1.0)
+        sig = shift * sig / (1 + (shift - 1) * sig)
+    if c.get("shift_terminal"):
+        one_minus = 1 - sig
+        sig = 1 - one_minus / (one_minus[-1] / (1 - c["shift_terminal"]))
+    return [float(x) for x in sig] + [0.0]
+
+
 def load_npy(path: Path, shapes: list[tuple[int | None, ...]]) -> np.ndarray:
     """Load a .npy as float64, accepting any of `shapes` (None = any size); else InputError."""
     try:
@@ -560,7 +595,13 @@ def cmd_make(a: argparse.Namespace) -> int:
         wdir.mkdir(parents=True, exist_ok=True)
         (wdir / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
         (out / "model_index.json").write_text(json.dumps(
-            {"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]}, indent=2) + "\n")
+            {"_class_name": "FluxPipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "transformer": ["diffusers", "FluxTransformer2DModel"]}, indent=2) + "\n")
+        (out / "scheduler").mkdir(exist_ok=True)  # FLUX.1-dev's scheduler_config.json
+        (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(
+            {"_class_name": "FlowMatchEulerDiscreteScheduler", "base_image_seq_len": 256, "base_shift": 0.5,
+             "max_image_seq_len": 4096, "max_shift": 1.15, "num_train_timesteps": 1000, "shift": 3.0,
+             "use_dynamic_shifting": True}, indent=2) + "\n")
         tensors = to_diffusers(tensors, p)
     names = list(tensors)
     if a.shards == 1:
@@ -630,7 +671,12 @@ def cmd_check(a: argparse.Namespace) -> int:
     y = load_npy(Path(a.pooled), [(p.vec_in_dim,), (1, p.vec_in_dim)]).reshape(-1)
     x = load_npy(Path(a.noise), [(None, n_img, p.in_channels)])
     B = x.shape[0]
-    ts = get_schedule(a.steps, n_img, a.schedule == "flux")
+    if a.schedule == "scheduler_config":
+        if not a.scheduler_config:
+            raise InputError("--schedule scheduler_config needs --scheduler-config FILE")
+        ts = diffusers_sigmas(Path(a.scheduler_config), a.steps, n_img)
+    else:
+        ts = get_schedule(a.steps, n_img, a.schedule == "flux")
     vel_shape = (B, n_img, p.out_channels)
 
     dump = Path(a.self_dump or a.dump)
@@ -721,7 +767,8 @@ def main(argv: list[str] | None = None) -> int:
         c.add_argument(f"--{name}", required=True)
     for name in ("width", "height", "steps"):
         c.add_argument(f"--{name}", type=int, required=True)
-    c.add_argument("--schedule", choices=["flux", "linear"], required=True)
+    c.add_argument("--schedule", choices=["flux", "linear", "scheduler_config"], required=True)
+    c.add_argument("--scheduler-config", help="a diffusers scheduler_config.json (with --schedule scheduler_config)")
     c.add_argument("--guidance", type=float, default=3.5)
     c.add_argument("--dump")
     c.add_argument("--tol", type=float, default=1e-4)

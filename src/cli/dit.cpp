@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "diffcp/core/json_file.hpp"
 #include "diffcp/dit/diffusers.hpp"
 #include "diffcp/dit/image.hpp"
 #include "diffcp/dit/metrics.hpp"
@@ -218,7 +219,7 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--pooled", o.pooled, "pooled vector from your CLIP: .npy [vec_in_dim] or [1, vec_in_dim] (with --text-embeddings)");
   c->add_option("--noise", o.noise, "initial noise, FLUX's packed 2x2 patches: .npy [b, N_img, in_channels] (default: seeded N(0, 1), --seed)");
   g_guidance_opt = c->add_option("--guidance", o.guidance, "guidance scale for guidance-distilled models (guidance_in, FLUX.1-dev)")->capture_default_str();
-  c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (flux for guidance-distilled models, else linear)")->capture_default_str();
+  c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (a diffusers pipeline's scheduler/scheduler_config.json, as FluxPipeline uses it; else flux for guidance-distilled models, linear otherwise)")->capture_default_str();
   c->add_option("--dump-velocity", o.dump_velocity, "write DIR/velocity_<k>.npy [b, N_img, in_channels] per step and DIR/timesteps.json");
   c->add_flag("--dry-run", o.dry_run, "check every input, print the model shape and memory per rank; do not load the weights or sample");
   g_seed_opt = c->add_option("--seed", o.seed, "seed of the initial noise (not with --noise)")->capture_default_str();
@@ -263,6 +264,7 @@ struct DitPlan {
   std::unique_ptr<SafeTensorsSet> ck;
   DitFileFormat format = DitFileFormat::bfl;  // of ck's names
   std::optional<DitConfig> folder_cfg;        // a diffusers folder's config.json
+  std::string scheduler_config;               // a diffusers pipeline's scheduler/scheduler_config.json
   DitConfig cfg;
   std::string schedule_name;
   DitInputs in;
@@ -286,6 +288,7 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
     pl.ck = std::make_unique<SafeTensorsSet>(t.weights);
     pl.format = DitFileFormat::diffusers;
     pl.folder_cfg = t.config;
+    pl.scheduler_config = t.scheduler_config;
   } else if (!o.weights.empty()) {
     pl.ck = std::make_unique<SafeTensorsSet>(o.weights);
   }
@@ -295,11 +298,16 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
                ": this model has no guidance_in (not guidance-distilled, e.g. FLUX.1-schnell); drop --guidance");
   DIFFCP_CHECK(std::isfinite(o.guidance), "--guidance ", o.guidance, ", expected a finite number");
   // auto: FLUX's shifted schedule for guidance-distilled models (FLUX.1-dev), linear otherwise (schnell).
-  pl.schedule_name = o.schedule == "auto" ? (cfg.guidance_embed ? "flux" : "linear") : o.schedule;
+  // A diffusers pipeline's own scheduler_config.json, unless --schedule names one.
+  const bool from_scheduler = o.schedule == "auto" && !pl.scheduler_config.empty();
+  pl.schedule_name = from_scheduler ? "scheduler_config" : o.schedule == "auto" ? (cfg.guidance_embed ? "flux" : "linear") : o.schedule;
   pl.in = read_inputs(o, cfg);
   const DitShape& shape = pl.in.shape;
-  pl.opt = {flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()), o.guidance, {},
-            o.dtype == "bf16" ? DType::bf16 : DType::f32};
+  pl.opt = {from_scheduler ? flow_match_scheduler_from_json(read_json_file(pl.scheduler_config, "scheduler config"),
+                                                            pl.scheduler_config)
+                                 .flux_sigmas(o.steps, shape.image_tokens())
+                           : flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()),
+            o.guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32};
   pl.deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree), given(g_ring_opt, o.ring_degree));
   pl.shard = make_dit_shard(cfg, shape, world.size(), world.rank(), pl.deg.ulysses);  // U | heads, P | tokens
   if (pl.ck) check_dit_checkpoint(cfg, *pl.ck, pl.format);  // names every missing, extra or misshapen tensor

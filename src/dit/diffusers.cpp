@@ -1,5 +1,6 @@
 #include "diffcp/dit/diffusers.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <string_view>
 
@@ -136,6 +137,71 @@ DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& 
   return dit_config_from_flux_params(p, source + " (as FluxParams)");
 }
 
+std::vector<double> FlowMatchEulerScheduler::flux_sigmas(int steps, std::int64_t image_tokens) const {
+  DIFFCP_CHECK(steps >= 1, "--steps = ", steps, ", expected >= 1");
+  const double m = (max_shift - base_shift) / (max_seq - base_seq), mu = static_cast<double>(image_tokens) * m + (base_shift - m * base_seq);
+  std::vector<double> sig(static_cast<std::size_t>(steps) + 1, 0.0);
+  for (int k = 0; k < steps; ++k) {
+    // np.linspace(1, 1/N, N)
+    const double s = steps == 1 ? 1.0 : 1.0 + (1.0 / steps - 1.0) * static_cast<double>(k) / (steps - 1);
+    sig[static_cast<std::size_t>(k)] = !dynamic     ? shift * s / (1 + (shift - 1) * s)
+                                       : exponential ? std::exp(mu) / (std::exp(mu) + (1 / s - 1))
+                                                     : mu / (mu + (1 / s - 1));
+  }
+  if (shift_terminal > 0) {  // stretch so that the last sigma before 0 is shift_terminal
+    const double scale = (1 - sig[static_cast<std::size_t>(steps) - 1]) / (1 - shift_terminal);
+    for (int k = 0; k < steps; ++k) sig[static_cast<std::size_t>(k)] = 1 - (1 - sig[static_cast<std::size_t>(k)]) / scale;
+  }
+  return sig;
+}
+
+FlowMatchEulerScheduler flow_match_scheduler_from_json(const nlohmann::json& j, const std::string& source) {
+  DIFFCP_CHECK(j.is_object(), "scheduler config '", source, "': expected a JSON object");
+  const std::string cls = j.contains("_class_name") && j["_class_name"].is_string() ? j["_class_name"].get<std::string>() : "";
+  DIFFCP_CHECK(cls == "FlowMatchEulerDiscreteScheduler", "scheduler config '", source, "': _class_name '", cls,
+               "'; supported: FlowMatchEulerDiscreteScheduler (or give --schedule linear | flux)");
+  FlowMatchEulerScheduler s;
+  const auto number = [&](const std::string& f, const nlohmann::json& v) {
+    DIFFCP_CHECK(v.is_number() && std::isfinite(v.get<double>()), "scheduler config '", source, "': field '", f, "' = ",
+                 v.dump(), ", expected a number");
+    return v.get<double>();
+  };
+  const auto flag = [&](const std::string& f, const nlohmann::json& v) {
+    DIFFCP_CHECK(v.is_boolean(), "scheduler config '", source, "': field '", f, "' = ", v.dump(), ", expected true or false");
+    return v.get<bool>();
+  };
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& f = it.key();
+    const nlohmann::json& v = it.value();
+    if (f == "_class_name" || f == "_diffusers_version") continue;
+    if (f == "shift") s.shift = number(f, v);
+    else if (f == "use_dynamic_shifting") s.dynamic = flag(f, v);
+    else if (f == "base_shift") s.base_shift = v.is_null() ? 0.5 : number(f, v);
+    else if (f == "max_shift") s.max_shift = v.is_null() ? 1.15 : number(f, v);
+    else if (f == "base_image_seq_len") s.base_seq = number(f, v);
+    else if (f == "max_image_seq_len") s.max_seq = number(f, v);
+    else if (f == "shift_terminal") s.shift_terminal = v.is_null() ? 0.0 : number(f, v);
+    else if (f == "time_shift_type") {
+      DIFFCP_CHECK(v == "exponential" || v == "linear", "scheduler config '", source, "': time_shift_type ", v.dump(),
+                   ", expected \"exponential\" or \"linear\"");
+      s.exponential = v == "exponential";
+    } else if (f == "num_train_timesteps") {
+      DIFFCP_CHECK(number(f, v) == 1000, "scheduler config '", source, "': num_train_timesteps = ", v.dump(),
+                   "; diffcp's pipeline feeds the model sigma = timestep / 1000 (FluxPipeline's), so only 1000 is supported");
+    } else if (f == "invert_sigmas" || f == "use_karras_sigmas" || f == "use_exponential_sigmas" || f == "use_beta_sigmas" ||
+               f == "stochastic_sampling") {
+      DIFFCP_CHECK(!flag(f, v), "scheduler config '", source, "': ", f, " = true is not supported (diffcp samples with ",
+                   "the Euler step of FlowMatchEulerDiscreteScheduler's default sigmas)");
+    } else {
+      DIFFCP_FAIL("scheduler config '", source, "': unknown field '", f, "' for FlowMatchEulerDiscreteScheduler");
+    }
+  }
+  DIFFCP_CHECK(s.shift > 0 && s.max_seq != s.base_seq && (s.shift_terminal == 0 || (s.shift_terminal > 0 && s.shift_terminal < 1)),
+               "scheduler config '", source, "': shift = ", s.shift, " (> 0), base / max_image_seq_len = ", s.base_seq, " / ",
+               s.max_seq, " (distinct), shift_terminal = ", s.shift_terminal, " (in (0, 1) or null)");
+  return s;
+}
+
 bool is_directory(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec);
@@ -143,7 +209,9 @@ bool is_directory(const std::string& path) {
 
 DiffusersTransformer open_diffusers_transformer(const std::string& path) {
   fs::path dir(path);
+  std::string scheduler;
   if (fs::exists(dir / "model_index.json")) {
+    if (fs::exists(dir / "scheduler" / "scheduler_config.json")) scheduler = (dir / "scheduler" / "scheduler_config.json").string();
     const nlohmann::json index = read_json_file((dir / "model_index.json").string(), "pipeline index");
     DIFFCP_CHECK(index.is_object() && index.contains("transformer"), "pipeline '", path,
                  "': model_index.json has no 'transformer' (diffcp runs the pipeline's DiT)");
@@ -154,6 +222,7 @@ DiffusersTransformer open_diffusers_transformer(const std::string& path) {
                "(expected a diffusers pipeline or transformer folder, or a .safetensors file / index .json)");
   DiffusersTransformer t;
   t.dir = dir.string();
+  t.scheduler_config = scheduler;
   t.config = dit_config_from_diffusers(read_json_file(config.string(), "config"), config.string());
   for (const char* name : {"diffusion_pytorch_model.safetensors.index.json", "diffusion_pytorch_model.safetensors"})
     if (t.weights.empty() && fs::exists(dir / name)) t.weights = (dir / name).string();

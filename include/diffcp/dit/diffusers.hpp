@@ -40,11 +40,32 @@ std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitCon
 // refused by name. FLUX's fixed choices (mlp_ratio 4, RoPE theta 10000, qkv biases) are the class's.
 DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& source);
 
+// diffusers' FlowMatchEulerDiscreteScheduler, from a pipeline's scheduler/scheduler_config.json,
+// as FluxPipeline drives it: sigmas linspace(1, 1/N, N); mu = calculate_shift(image tokens), the
+// line through (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift); the
+// scheduler's shift (use_dynamic_shifting: time_shift(mu, 1, sigma), exponential
+// e^mu / (e^mu + 1/sigma - 1) or linear mu / (mu + 1/sigma - 1); else shift s / (1 + (shift - 1) s));
+// shift_terminal's stretch; then 0. The options diffcp does not implement (Karras / exponential /
+// beta sigmas, invert_sigmas, stochastic sampling, num_train_timesteps other than 1000) are refused
+// by name, as are unknown fields and other classes.
+struct FlowMatchEulerScheduler {
+  double shift = 1.0;
+  bool dynamic = false;  // use_dynamic_shifting
+  double base_shift = 0.5, max_shift = 1.15;
+  double base_seq = 256, max_seq = 4096;  // base_image_seq_len, max_image_seq_len
+  double shift_terminal = 0;              // 0: none
+  bool exponential = true;                // time_shift_type
+  // [steps + 1] sigmas, the last 0, for `image_tokens` tokens per image.
+  std::vector<double> flux_sigmas(int steps, std::int64_t image_tokens) const;
+};
+FlowMatchEulerScheduler flow_match_scheduler_from_json(const nlohmann::json& j, const std::string& source);
+
 // A transformer in diffusers' layout, found from `path` (a pipeline or a transformer folder).
 struct DiffusersTransformer {
   std::string dir;      // the transformer folder
   std::string weights;  // its safetensors file or sharded set's index, for SafeTensorsSet
   DitConfig config;
+  std::string scheduler_config;  // a pipeline's scheduler/scheduler_config.json; "" when none
 };
 bool is_directory(const std::string& path);
 DiffusersTransformer open_diffusers_transformer(const std::string& path);
