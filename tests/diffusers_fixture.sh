@@ -4,11 +4,14 @@
 # transformer folders that share its weights but not its config: bad_class (another class),
 # bad_field (a field FluxTransformer2DModel does not have), deeper (num_layers one more than the
 # file holds), empty (no config.json); and pipelines that share its transformer but not its
-# scheduler: sched_karras (use_karras_sigmas), sched_field (a field the scheduler does not have).
+# scheduler: sched_karras (use_karras_sigmas), sched_field (a field the scheduler does not have);
+# flux1-dev: FLUX.1-dev's published transformer config.json with a data-less (sparse) file of its
+# real shape in diffusers' names.
 set -euo pipefail
 py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
 dir=${2:?usage: diffusers_fixture.sh PYTHON DIR}
-ref="$(cd "$(dirname "$0")" && pwd)/../tools/flux_reference.py"
+here="$(cd "$(dirname "$0")" && pwd)"
+ref="$here/../tools/flux_reference.py"
 rm -rf "$dir"
 "$py" "$ref" make --out "$dir/pipe" --format diffusers >/dev/null
 t="$dir/pipe/transformer"
@@ -29,6 +32,7 @@ json.dump(c, open(sys.argv[2], "w"))
 PY
 done
 mkdir -p "$dir/empty"
+"$py" "$ref" header --format diffusers --config "$here/data/flux1-dev-diffusers.json" --out "$dir/flux1-dev" >/dev/null
 for case in sched_karras sched_field; do
   mkdir -p "$dir/$case/scheduler"
   ln -s "$t" "$dir/$case/transformer"

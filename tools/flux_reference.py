@@ -525,8 +525,9 @@ def diffusers_config(p: FluxParams) -> dict:
             "guidance_embeds": p.guidance_embed, "axes_dims_rope": p.axes_dim}
 
 
-def load_diffusers_folder(path: Path) -> tuple[FluxParams, dict[str, np.ndarray]]:
-    """A diffusers pipeline folder (model_index.json) or transformer folder -> (params, BFL-named weights)."""
+def load_diffusers_folder(path: Path, header_only: bool = False) -> tuple[FluxParams, dict[str, np.ndarray]]:
+    """A diffusers pipeline folder (model_index.json) or transformer folder -> (params, BFL-named
+    weights; none with header_only)."""
     t = path / "transformer" if (path / "model_index.json").exists() else path
     try:
         c = json.loads((t / "config.json").read_text())
@@ -541,6 +542,8 @@ def load_diffusers_folder(path: Path) -> tuple[FluxParams, dict[str, np.ndarray]
                    10000, True, bool(c.get("guidance_embeds", False)))
     if p.problems():
         raise InputError(f"{t / 'config.json'}: " + "; ".join(p.problems()))
+    if header_only:
+        return p, {}
     index = t / "diffusion_pytorch_model.safetensors.index.json"
     w = load_weights(index if index.exists() else t / "diffusion_pytorch_model.safetensors")
     return p, from_diffusers(w, p, str(t))
@@ -728,23 +731,34 @@ def cmd_header(a: argparse.Namespace) -> int:
     """A real-shape checkpoint without its data: the full header of every tensor of the config in
     BF16, the file extended (sparse, no disk blocks) to its true size, so a reader can open it and
     read the shape off it (`diffcp dit --dry-run`) without 24 GB of weights."""
+    out = Path(a.out)
     try:
-        p = load_config(Path(a.config))
-    except InputError as e:
+        if a.format == "diffusers":  # a diffusers transformer config.json -> a transformer folder
+            c = json.loads(Path(a.config).read_text())
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
+            p, _ = load_diffusers_folder(out, header_only=True)
+            out = out / "diffusion_pytorch_model.safetensors"
+            shapes = weight_shapes(p)
+            tensors = {t: (rows,) + shapes[name][1:] for name, ps in diffusers_parts(p).items() for t, _, _, rows in ps}
+        else:
+            p = load_config(Path(a.config))
+            tensors = weight_shapes(p)
+    except (InputError, OSError, ValueError) as e:
         print(f"header: {e}", file=sys.stderr)
         return 2
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     off = 0
-    for name, shape in weight_shapes(p).items():
+    for name, shape in tensors.items():
         n = 2 * int(np.prod(shape))
         header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
-    with open(a.out, "wb") as f:
+    with open(out, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h)
         f.truncate(8 + len(h) + off)
-    print(f"header: {len(header) - 1} tensors, {off // 2} parameters, {8 + len(h) + off} bytes (sparse) -> {a.out}")
+    print(f"header: {len(header) - 1} tensors, {off // 2} parameters, {8 + len(h) + off} bytes (sparse) -> {out}")
     return 0
 
 
@@ -774,8 +788,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--tol", type=float, default=1e-4)
     c.add_argument("--self-dump", help=argparse.SUPPRESS)  # developer: write the reference's own dump
     hd = sub.add_parser("header", help="write a sparse, data-less BF16 checkpoint of a config's real shape")
-    hd.add_argument("--config", required=True)
-    hd.add_argument("--out", required=True)
+    hd.add_argument("--config", required=True, help="FluxParams; with --format diffusers a transformer config.json")
+    hd.add_argument("--out", required=True, help="the file; with --format diffusers the transformer folder")
+    hd.add_argument("--format", choices=["bfl", "diffusers"], default="bfl")
     a = ap.parse_args(argv)
     if a.cmd == "make":
         return cmd_make(a)
