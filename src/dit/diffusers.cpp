@@ -17,9 +17,9 @@ namespace {
 namespace fs = std::filesystem;
 
 // diffusers' names of BFL's Linears and norm scales, by the BFL name without ".weight" / ".bias" /
-// ".scale": each BFL tensor is the concatenation of these diffusers tensors' rows. "" = not mapped.
+// ".scale": each BFL tensor is the concatenation of these diffusers tensors' rows; empty = not mapped.
 std::vector<std::string> diffusers_names(std::string_view base) {
-  const auto starts = [&](std::string_view p) { return base.starts_with(p); };
+  constexpr std::string_view kDouble = "double_blocks.", kSingle = "single_blocks.";
   static const std::pair<const char*, const char*> kTop[] = {
       {"img_in", "x_embedder"},
       {"txt_in", "context_embedder"},
@@ -34,9 +34,9 @@ std::vector<std::string> diffusers_names(std::string_view base) {
   };
   for (const auto& [bfl, dif] : kTop)
     if (base == bfl) return {dif};
-  if (starts("double_blocks.")) {
-    const std::size_t dot = base.find('.', 14);
-    const std::string i = std::string(base.substr(14, dot - 14)), rest = std::string(base.substr(dot + 1));
+  if (base.starts_with(kDouble)) {
+    const std::size_t dot = base.find('.', kDouble.size());
+    const std::string i = std::string(base.substr(kDouble.size(), dot - kDouble.size())), rest = std::string(base.substr(dot + 1));
     const std::string b = "transformer_blocks." + i + ".";
     const bool img = rest.starts_with("img_");
     const std::string s = rest.substr(4);  // after "img_" / "txt_"
@@ -49,9 +49,9 @@ std::vector<std::string> diffusers_names(std::string_view base) {
     if (s == "attn.proj") return {a("attn.to_out.0", "attn.to_add_out")};
     if (s == "mlp.0") return {a("ff.net.0.proj", "ff_context.net.0.proj")};
     if (s == "mlp.2") return {a("ff.net.2", "ff_context.net.2")};
-  } else if (starts("single_blocks.")) {
-    const std::size_t dot = base.find('.', 14);
-    const std::string b = "single_transformer_blocks." + std::string(base.substr(14, dot - 14)) + ".";
+  } else if (base.starts_with(kSingle)) {
+    const std::size_t dot = base.find('.', kSingle.size());
+    const std::string b = "single_transformer_blocks." + std::string(base.substr(kSingle.size(), dot - kSingle.size())) + ".";
     const std::string rest = std::string(base.substr(dot + 1));
     if (rest == "modulation.lin") return {b + "norm.linear"};
     if (rest == "linear1") return {b + "attn.to_q", b + "attn.to_k", b + "attn.to_v", b + "proj_mlp"};
