@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""One FLUX.1 transformer step, diffcp vs diffusers' own forward on the CPU, same shape, same run (issue #34).
+
+Shape-faithful at reduced depth: FLUX.1's real width (H 3072 = 24 heads x 128, MLP 4H, text 4096,
+pooled 768, RoPE axes 16/56/56, guidance_embeds) with DOUBLE double-stream and SINGLE
+single-stream blocks, a 1024 x 1024 image (4096 image tokens) and 512 text tokens. The model is
+diffusers' FluxTransformer2DModel with random weights, saved as a diffusers folder that diffcp
+reads (`diffcp dit --weights DIR`). Timed, interleaved ROUNDS times:
+  - diffusers: one forward in float32, torch.set_num_threads(CORES), no grad (the median of the round's
+    REPS forwards);
+  - diffcp: `dit --json` with --steps REPS (its step_ms: the median step, slowest rank) at P = 1 and
+    P = 2 (mpirun --bind-to core, OMP_NUM_THREADS = CORES / P), flat and every CoCoDiff mode, with
+    the bytes per rank per step it measures and its closed form (every rank its own group:
+    --group-size 1, so all bytes cross groups).
+Writes CSV (default bench/diffusers_flux_step.csv) and prints medians and ratios.
+
+  V/bin/python bench/bench_diffusers_flux.py --diffcp build/release/src/diffcp [--rounds 3]
+Needs torch and diffusers (PyPI) in a venv, ~8 GB of memory.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import FluxTransformer2DModel
+from diffusers.utils import logging as diffusers_logging
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--diffcp", default="build/release/src/diffcp")
+    ap.add_argument("--double", type=int, default=1)
+    ap.add_argument("--single", type=int, default=1)
+    ap.add_argument("--resolution", type=int, default=1024)
+    ap.add_argument("--text-tokens", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--modes", default="flat,tapa,vfirst,cocodiff")
+    ap.add_argument("--csv", default="bench/diffusers_flux_step.csv")
+    a = ap.parse_args()
+    diffusers_logging.set_verbosity_error()
+    torch.set_grad_enabled(False)
+    torch.set_num_threads(a.cores)
+    torch.manual_seed(0)
+    model = FluxTransformer2DModel(num_layers=a.double, num_single_layers=a.single, guidance_embeds=True).eval()
+    n_img, T = (a.resolution // 16) ** 2, a.text_tokens
+    rng = np.random.default_rng(0)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model.save_pretrained(root / "transformer")
+        (root / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline",
+                                                           "transformer": ["diffusers", "FluxTransformer2DModel"]}))
+        txt, pooled = rng.standard_normal((T, 4096)).astype(np.float32), rng.standard_normal(768).astype(np.float32)
+        noise = rng.standard_normal((1, n_img, 64)).astype(np.float32)
+        for name, x in (("txt", txt), ("pooled", pooled), ("noise", noise)):
+            np.save(root / f"{name}.npy", x)
+        side = a.resolution // 16
+        img_ids = torch.zeros(side, side, 3)
+        img_ids[..., 1] += torch.arange(side)[:, None]
+        img_ids[..., 2] += torch.arange(side)[None, :]
+        img_ids = img_ids.reshape(-1, 3)
+        inputs = dict(hidden_states=torch.from_numpy(noise), encoder_hidden_states=torch.from_numpy(txt)[None],
+                      pooled_projections=torch.from_numpy(pooled)[None], timestep=torch.tensor([1.0]),
+                      img_ids=img_ids, txt_ids=torch.zeros(T, 3), guidance=torch.tensor([3.5]), return_dict=False)
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        for r in range(a.rounds):
+            times = []
+            for _ in range(a.reps):
+                t0 = time.perf_counter()
+                model(**inputs)
+                times.append(1e3 * (time.perf_counter() - t0))
+            rows.append({"round": r, "impl": "diffusers", "P": 1, "mode": "-", "step_ms": statistics.median(times),
+                         "bytes_inter_group": "", "predicted_bytes_inter_group": ""})
+            print(rows[-1], flush=True)
+            for P in (1, 2):
+                for mode in a.modes.split(",") if P > 1 else ["flat"]:
+                    cmd = ["mpirun", "-np", str(P), "--bind-to", "core", a.diffcp, "dit", "--weights", str(root),
+                           "--text-embeddings", str(root / "txt.npy"), "--pooled", str(root / "pooled.npy"),
+                           "--noise", str(root / "noise.npy"), "--resolution", str(a.resolution), "--steps", str(a.reps),
+                           "--mode", mode, "--group-size", "1", "--json", "--out", ""]
+                    out = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                         env=dict(env, OMP_NUM_THREADS=str(max(1, a.cores // P)))).stdout
+                    j = json.loads(out[out.index("{"):])
+                    rows.append({"round": r, "impl": "diffcp", "P": P, "mode": mode, "step_ms": j["step_ms"],
+                                 "bytes_inter_group": j["bytes_inter_group"],
+                                 "predicted_bytes_inter_group": j["predicted_bytes_inter_group"]})
+                    print(rows[-1], flush=True)
+    with open(a.csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    base = statistics.median(x["step_ms"] for x in rows if x["impl"] == "diffusers")
+    print("\n| implementation | P | mode | median step ms | diffusers / this | bytes per rank per step (measured / closed form) |")
+    print("|---|---|---|---|---|---|")
+    print(f"| diffusers FluxTransformer2DModel (torch {torch.__version__}) | 1 | - | {base:.0f} | 1.00 | - |")
+    keys = sorted({(x["P"], x["mode"]) for x in rows if x["impl"] == "diffcp"})
+    for P, mode in keys:
+        sel = [x for x in rows if x["impl"] == "diffcp" and x["P"] == P and x["mode"] == mode]
+        m = statistics.median(x["step_ms"] for x in sel)
+        print(f"| diffcp | {P} | {mode} | {m:.0f} | {base / m:.2f} | "
+              f"{sel[0]['bytes_inter_group']:.0f} / {sel[0]['predicted_bytes_inter_group']:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
