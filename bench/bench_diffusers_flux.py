@@ -8,8 +8,9 @@ diffusers' FluxTransformer2DModel with random weights, saved as a diffusers fold
 reads (`diffcp dit --weights DIR`). Timed, interleaved ROUNDS times:
   - diffusers: one forward in float32, torch.set_num_threads(CORES), no grad (the median of the round's
     REPS forwards);
-  - diffcp: `dit --json` with --steps REPS (its step_ms: the median step, slowest rank) at P = 1 and
-    P = 2 (mpirun --bind-to core, OMP_NUM_THREADS = CORES / P), flat and every CoCoDiff mode, with
+  - diffcp: `dit --json` with --steps REPS (its step_ms: the median step, slowest rank) at P = 1
+    (unbound, OMP_NUM_THREADS = CORES) and P = 2 (--bind-to core, CORES / 2 threads each), flat
+    and every CoCoDiff mode, with
     the bytes per rank per step it measures and its closed form (every rank its own group:
     --group-size 1, so all bytes cross groups).
 Writes CSV (default bench/diffusers_flux_step.csv) and prints medians and ratios.
@@ -85,7 +86,8 @@ def main() -> int:
             print(rows[-1], flush=True)
             for P in (1, 2):
                 for mode in a.modes.split(",") if P > 1 else ["flat"]:
-                    cmd = ["mpirun", "-np", str(P), "--bind-to", "core", a.diffcp, "dit", "--weights", str(root),
+                    # P = 1: unbound (Open MPI would bind the one rank to one core); P = 2: a core each.
+                    cmd = ["mpirun", "-np", str(P), "--bind-to", "none" if P == 1 else "core", a.diffcp, "dit", "--weights", str(root),
                            "--text-embeddings", str(root / "txt.npy"), "--pooled", str(root / "pooled.npy"),
                            "--noise", str(root / "noise.npy"), "--resolution", str(a.resolution), "--steps", str(a.reps),
                            "--mode", mode, "--group-size", "1", "--json", "--out", ""]
