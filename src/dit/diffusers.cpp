@@ -62,6 +62,11 @@ std::vector<std::string> diffusers_names(std::string_view base) {
   return {};
 }
 
+// A diffusers config's `_class_name` ("" when absent or not a string).
+std::string class_name(const nlohmann::json& j) {
+  return j.contains("_class_name") && j["_class_name"].is_string() ? j["_class_name"].get<std::string>() : "";
+}
+
 }  // namespace
 
 std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitConfig& cfg, DitFileFormat format) {
@@ -95,7 +100,7 @@ std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitCon
 
 DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& source) {
   DIFFCP_CHECK(j.is_object(), "config '", source, "': expected a JSON object (a diffusers config.json)");
-  const std::string cls = j.contains("_class_name") && j["_class_name"].is_string() ? j["_class_name"].get<std::string>() : "";
+  const std::string cls = class_name(j);
   DIFFCP_CHECK(cls == "FluxTransformer2DModel", "config '", source, "': _class_name '", cls,
                "' is not a DiT diffcp runs; supported: FluxTransformer2DModel (FLUX.1)");
   // FluxTransformer2DModel's constructor arguments and their defaults (diffusers' transformer_flux.py).
@@ -157,7 +162,7 @@ std::vector<double> FlowMatchEulerScheduler::flux_sigmas(int steps, std::int64_t
 
 FlowMatchEulerScheduler flow_match_scheduler_from_json(const nlohmann::json& j, const std::string& source) {
   DIFFCP_CHECK(j.is_object(), "scheduler config '", source, "': expected a JSON object");
-  const std::string cls = j.contains("_class_name") && j["_class_name"].is_string() ? j["_class_name"].get<std::string>() : "";
+  const std::string cls = class_name(j);
   DIFFCP_CHECK(cls == "FlowMatchEulerDiscreteScheduler", "scheduler config '", source, "': _class_name '", cls,
                "'; supported: FlowMatchEulerDiscreteScheduler (or give --schedule linear | flux)");
   FlowMatchEulerScheduler s;
