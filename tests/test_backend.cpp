@@ -60,7 +60,7 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::add, OpKind::adamw_step, OpKind::bias_add,
                           OpKind::fill, OpKind::convert, OpKind::lse_shift, OpKind::gather_rows,
                           OpKind::scatter_rows, OpKind::l1_distance, OpKind::cross_entropy,
-                          OpKind::cross_entropy_backward, OpKind::scale_sumsq};
+                          OpKind::cross_entropy_backward, OpKind::scale_sumsq, OpKind::guidance_combine};
 
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
   static_assert(std::size(kAllOps) == kOpKindCount);

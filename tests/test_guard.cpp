@@ -279,6 +279,12 @@ std::vector<OpCase> op_cases() {
                      add_into(F(t[4]), F(t[5]), 500);
                      axpy(F(t[3]), -0.37f, F(t[4]), 500);
                    }});
+  cases.push_back({"guidance combine", {OpKind::guidance_combine}, {{f, 7 * 64}, {f, 7 * 64}, {f, 7 * 64}},
+                   [](Backend&, auto& t) {
+                     device_copy(F(t[2]), F(t[0]), 7 * 64);
+                     guidance_combine(F(t[0]), F(t[1]), 7, 64, 4.f, true);
+                     guidance_combine(F(t[2]), F(t[1]), 7, 64, 2.5f, false);
+                   }});
   cases.push_back({"adamw", {OpKind::adamw_step}, {{f, 333}, {f, 333}, {f, 333}, {f, 333, 0.f, 1.f}},
                    [](Backend&, auto& t) {
                      adamw_step(F(t[0]), F(t[1]), F(t[2]), F(t[3]), 333, {0.9f, 0.95f, 1e-3f, 1.2f, 1e-8f, 0.999f});

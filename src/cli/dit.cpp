@@ -39,7 +39,7 @@ struct DitOptions {
   std::string prompt = "a lighthouse on a rocky coast at dusk";
   int group_size = 0;
   std::string weights, preset = "default", config;
-  std::string text_embeddings, pooled, noise, schedule = "auto", dump_velocity;
+  std::string text_embeddings, pooled, negative_text_embeddings, noise, schedule = "auto", dump_velocity;
   double guidance = 3.5;
   bool dry_run = false;
   std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;  // 0/-1: preset's
@@ -141,19 +141,40 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
                "conditioning; with --text-embeddings / --pooled it would be ignored: give one or the other");
   DIFFCP_CHECK(o.noise.empty() || g_seed_opt->count() == 0, "--seed draws the initial noise; with --noise it would be "
                "ignored: give one or the other");
-  DIFFCP_CHECK(o.text_embeddings.empty() == o.pooled.empty(), "--text-embeddings and --pooled come together (your T5's "
-               "tokens and your CLIP's pooled vector); give both or neither");
-  if (!o.text_embeddings.empty()) {
+  const char* family = dit_family_name(cfg.family);
+  if (cfg.has_pooled())
+    DIFFCP_CHECK(o.text_embeddings.empty() == o.pooled.empty(), "--text-embeddings and --pooled come together (your T5's "
+                 "tokens and your CLIP's pooled vector); give both or neither");
+  else
+    DIFFCP_CHECK(o.pooled.empty(), "--pooled: this model (", family, ") has no pooled text vector; drop --pooled");
+  DIFFCP_CHECK(o.negative_text_embeddings.empty() || cfg.true_cfg(), "--negative-text-embeddings: this model (", family,
+               ") has no classifier-free guidance pass", cfg.guidance_embed ? " (its --guidance is the distilled guidance embedding)" : "");
+  DIFFCP_CHECK(o.negative_text_embeddings.empty() || !o.text_embeddings.empty(), "--negative-text-embeddings comes with "
+               "--text-embeddings (the stand-in prompt conditioning makes its own negative)");
+  const auto read_text = [&](const std::string& path, const char* flag, std::int64_t& T) {
     std::vector<std::int64_t> s;
-    const std::string legend = "[T, context_in_dim] or [1, T, context_in_dim] with context_in_dim = " +
-                               std::to_string(cfg.text_dim) + " (the model's txt_in; every image of the batch shares the prompt)";
-    in.cond.txt = read_input(o.text_embeddings, "--text-embeddings", s, {{-1, cfg.text_dim}, {1, -1, cfg.text_dim}}, legend.c_str());
-    const std::int64_t T = s[s.size() - 2];
+    const std::string legend = "[T, " + std::string(cfg.has_pooled() ? "context_in_dim" : "joint_attention_dim") +
+                               "] or [1, T, ...] with " + (cfg.has_pooled() ? "context_in_dim" : "joint_attention_dim") +
+                               " = " + std::to_string(cfg.text_dim) + " (the model's txt_in; every image of the batch shares the prompt)";
+    std::vector<float> v = read_input(path, flag, s, {{-1, cfg.text_dim}, {1, -1, cfg.text_dim}}, legend.c_str());
+    T = s[s.size() - 2];
+    return v;
+  };
+  if (!o.text_embeddings.empty()) {
+    std::int64_t T = 0;
+    in.cond.txt = read_text(o.text_embeddings, "--text-embeddings", T);
     DIFFCP_CHECK(!given(g_text_tokens_opt, o.text_tokens) || o.text_tokens == T, "--text-tokens ", o.text_tokens,
                  " disagrees with --text-embeddings '", o.text_embeddings, "' (", T, " tokens)");
     in.shape.text_tokens = T;
-    const std::string plegend = "[vec_in_dim] or [1, vec_in_dim] with vec_in_dim = " + std::to_string(cfg.pooled_dim);
-    in.cond.pooled = read_input(o.pooled, "--pooled", s, {{cfg.pooled_dim}, {1, cfg.pooled_dim}}, plegend.c_str());
+    if (cfg.has_pooled()) {
+      std::vector<std::int64_t> s;
+      const std::string plegend = "[vec_in_dim] or [1, vec_in_dim] with vec_in_dim = " + std::to_string(cfg.pooled_dim);
+      in.cond.pooled = read_input(o.pooled, "--pooled", s, {{cfg.pooled_dim}, {1, cfg.pooled_dim}}, plegend.c_str());
+    }
+    if (!o.negative_text_embeddings.empty()) {
+      in.cond.negative_txt = read_text(o.negative_text_embeddings, "--negative-text-embeddings", in.cond.negative_tokens);
+      DIFFCP_CHECK(in.cond.negative_tokens >= 1, "--negative-text-embeddings '", o.negative_text_embeddings, "': no tokens");
+    }
   }
   if (!o.noise.empty()) {
     std::vector<std::int64_t> s;
@@ -168,7 +189,13 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
                  in.shape.image_tokens(), " (give --width / --height)");
   }
   in.shape.validate();
-  if (o.text_embeddings.empty()) in.cond = prompt_conditioning(cfg, in.shape, o.prompt);
+  if (o.text_embeddings.empty()) {
+    in.cond = prompt_conditioning(cfg, in.shape, o.prompt);
+    if (cfg.true_cfg()) {  // the negative prompt "" through the same stand-in
+      in.cond.negative_txt = prompt_conditioning(cfg, in.shape, "").txt;
+      in.cond.negative_tokens = in.shape.text_tokens;
+    }
+  }
   return in;
 }
 
@@ -184,7 +211,8 @@ std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator
     DIFFCP_CHECK(!ec && std::filesystem::is_directory(o.dump_velocity), "--dump-velocity '", o.dump_velocity,
                  "': cannot create the directory (", ec.message(), ")");
     const nlohmann::ordered_json j{{"schedule", schedule}, {"timesteps", opt.timesteps}, {"guidance", opt.guidance},
-                                   {"guidance_embed", cfg.guidance_embed}, {"image_tokens", shape.image_tokens()},
+                                   {"guidance_embed", cfg.guidance_embed}, {"family", dit_family_name(cfg.family)},
+                                   {"true_cfg", cfg.true_cfg()}, {"image_tokens", shape.image_tokens()},
                                    {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
                                    {"in_channels", cfg.in_channels()}, {"mode", o.mode}, {"P", world.size()}};
     std::ofstream f(o.dump_velocity + "/timesteps.json");
@@ -216,9 +244,10 @@ void add_dit_command(CLI::App& app) {
   g_batch_opt = c->add_option("--batch", o.batch, "images generated together (same prompt, different noise; default: --noise's b)")->capture_default_str();
   g_text_tokens_opt = c->add_option("--text-tokens", o.text_tokens, "text tokens T (default: --text-embeddings' T)")->capture_default_str();
   c->add_option("--text-embeddings", o.text_embeddings, "text tokens from your T5: .npy [T, context_in_dim] or [1, T, context_in_dim] (with --pooled; default: the hashed --prompt)");
-  c->add_option("--pooled", o.pooled, "pooled vector from your CLIP: .npy [vec_in_dim] or [1, vec_in_dim] (with --text-embeddings)");
+  c->add_option("--pooled", o.pooled, "pooled vector from your CLIP: .npy [vec_in_dim] or [1, vec_in_dim] (with --text-embeddings; FLUX.1 only)");
+  c->add_option("--negative-text-embeddings", o.negative_text_embeddings, "Qwen-Image's classifier-free guidance: the negative prompt's encoder_hidden_states, .npy [T_neg, joint_attention_dim] or [1, T_neg, ...] (read with --guidance > 1)");
   c->add_option("--noise", o.noise, "initial noise, FLUX's packed 2x2 patches: .npy [b, N_img, in_channels] (default: seeded N(0, 1), --seed)");
-  g_guidance_opt = c->add_option("--guidance", o.guidance, "guidance scale for guidance-distilled models (guidance_in, FLUX.1-dev)")->capture_default_str();
+  g_guidance_opt = c->add_option("--guidance", o.guidance, "FLUX.1: the distilled guidance scale (guidance_in, FLUX.1-dev; default 3.5); Qwen-Image: classifier-free guidance's scale (true_cfg_scale; default 4; 1: one conditional pass)");
   c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (a diffusers pipeline's scheduler/scheduler_config.json, as FluxPipeline uses it; else flux for guidance-distilled models, linear otherwise)")->capture_default_str();
   c->add_option("--dump-velocity", o.dump_velocity, "write DIR/velocity_<k>.npy [b, N_img, in_channels] per step and DIR/timesteps.json");
   c->add_flag("--dry-run", o.dry_run, "check every input, print the model shape and memory per rank; do not load the weights or sample");
@@ -230,7 +259,7 @@ void add_dit_command(CLI::App& app) {
                                 "divisor of P that divides the heads");
   g_ring_opt = c->add_option("--ring-degree", o.ring_degree,
                              "USP: Ring attention across R = P / U Ulysses groups (U x R = P); default: P / U");
-  c->add_option("--weights", o.weights, "FLUX.1 weights: BFL's checkpoint (a .safetensors file or a sharded set's index .json; F32/BF16/F16; names: dit/config.hpp; the model shape is read off it unless --config or --preset is given), or a diffusers folder (a pipeline with model_index.json, or its transformer folder: config.json + diffusion_pytorch_model safetensors; the shape from config.json); default: seeded random init");
+  c->add_option("--weights", o.weights, "the DiT's weights: FLUX.1 as BFL's checkpoint (a .safetensors file or a sharded set's index .json; F32/BF16/F16; names: dit/config.hpp; the model shape is read off it unless --config or --preset is given), or a diffusers folder of FLUX.1 or Qwen-Image (a pipeline with model_index.json, or its transformer folder: config.json + diffusion_pytorch_model safetensors; the family and shape from config.json); default: seeded random init");
   c->add_option("--config", o.config, "model shape as FLUX's FluxParams JSON (in_channels, hidden_size, num_heads, depth, axes_dim, ...)");
   c->add_option("--weight-seed", o.weight_seed, "seed of the random init when no --weights is given")->capture_default_str();
   g_shape_opts.clear();
@@ -294,22 +323,39 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
   }
   pl.cfg = resolve_config(o, pl.ck.get(), pl.folder_cfg);
   const DitConfig& cfg = pl.cfg;
-  DIFFCP_CHECK(cfg.guidance_embed || !given(g_guidance_opt, o.guidance), "--guidance ", o.guidance,
+  DIFFCP_CHECK(cfg.guidance_embed || cfg.true_cfg() || !given(g_guidance_opt, o.guidance), "--guidance ", o.guidance,
                ": this model has no guidance_in (not guidance-distilled, e.g. FLUX.1-schnell); drop --guidance");
-  DIFFCP_CHECK(std::isfinite(o.guidance), "--guidance ", o.guidance, ", expected a finite number");
+  // The family's default: FluxPipeline's guidance_scale 3.5, QwenImagePipeline's true_cfg_scale 4.
+  const double guidance = given(g_guidance_opt, o.guidance).value_or(cfg.true_cfg() ? 4.0 : 3.5);
+  DIFFCP_CHECK(std::isfinite(guidance), "--guidance ", guidance, ", expected a finite number");
   // auto: FLUX's shifted schedule for guidance-distilled models (FLUX.1-dev), linear otherwise (schnell).
   // A diffusers pipeline's own scheduler_config.json, unless --schedule names one.
   const bool from_scheduler = o.schedule == "auto" && !pl.scheduler_config.empty();
   pl.schedule_name = from_scheduler ? "scheduler_config" : o.schedule == "auto" ? (cfg.guidance_embed ? "flux" : "linear") : o.schedule;
   pl.in = read_inputs(o, cfg);
   const DitShape& shape = pl.in.shape;
+  if (cfg.true_cfg()) {
+    DIFFCP_CHECK(guidance <= 1 || pl.in.cond.has_negative(), "--guidance ", guidance, ": classifier-free guidance needs ",
+                 "the negative prompt's embeddings (--negative-text-embeddings; QwenImagePipeline's negative_prompt_embeds), ",
+                 "or --guidance 1 for one conditional pass");
+    DIFFCP_CHECK(guidance > 1 || o.negative_text_embeddings.empty(), "--negative-text-embeddings is read only with ",
+                 "--guidance > 1 (classifier-free guidance); --guidance is ", guidance);
+    if (guidance <= 1) pl.in.cond.negative_txt.clear();  // one conditional pass
+  }
   pl.opt = {from_scheduler ? flow_match_scheduler_from_json(read_json_file(pl.scheduler_config, "scheduler config"),
                                                             pl.scheduler_config)
                                  .flux_sigmas(o.steps, shape.image_tokens())
                            : flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()),
-            o.guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32};
+            guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32};
   pl.deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree), given(g_ring_opt, o.ring_degree));
   pl.shard = make_dit_shard(cfg, shape, world.size(), world.rank(), pl.deg.ulysses);  // U | heads, P | tokens
+  if (uses_negative_pass(cfg, pl.in.cond, pl.opt)) {
+    try {
+      make_dit_shard(cfg, negative_shape(shape, pl.in.cond), world.size(), world.rank(), pl.deg.ulysses);
+    } catch (const Error& e) {
+      DIFFCP_FAIL("--negative-text-embeddings: ", e.what());
+    }
+  }
   if (pl.ck) check_dit_checkpoint(cfg, *pl.ck, pl.format);  // names every missing, extra or misshapen tensor
   // --compare flat: a genuine reference, never this run's own configuration (refused where none).
   if (!o.compare.empty()) pl.compare_ref = flat_reference_for(pl.mode, pl.deg, world.size(), cfg.heads);
@@ -325,7 +371,8 @@ void print_dry_run(Communicator& world, const DitOptions& o, const DitPlan& pl) 
   if (world.rank() != 0) return;
   const DitShape& shape = pl.in.shape;
   const DitMemory mem = dit_memory_per_rank(pl.cfg, shape, pl.shard);
-  const nlohmann::ordered_json j{{"dry_run", true}, {"config", pl.cfg.to_json()}, {"flux_params", pl.cfg.to_flux_params()},
+  const nlohmann::ordered_json j{{"dry_run", true}, {"config", pl.cfg.to_json()},
+                                 {"flux_params", pl.cfg.family == DitFamily::flux1 ? pl.cfg.to_flux_params() : nlohmann::json(nullptr)},
                                  {"parameters", DitLayout(pl.cfg).parameters}, {"weights", o.weights.empty() ? "random" : o.weights},
                                  {"weight_bytes_per_rank", mem.weight_bytes}, {"activation_bytes_per_rank", mem.activation_bytes},
                                  {"P", world.size()}, {"ulysses_degree", pl.deg.ulysses}, {"ring_degree", pl.deg.ring},
@@ -350,8 +397,15 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
   world.all_reduce<double>(maxes, ReduceOp::max);
   std::vector<double> vsum{static_cast<double>(run.stats.v_hidden), static_cast<double>(run.stats.v_started), run.stats.v_wait_ms};
   world.all_reduce<double>(vsum);
-  const DitBytesPrediction pred = dit_predicted_bytes(pl.cfg, shape, pl.shard, pl.deg, world.size(), pl.mode, pl.schedule,
-                                                      o.steps, ex.group_size(), ex.link_group_size(), pl.opt.compute);
+  DitBytesPrediction pred = dit_predicted_bytes(pl.cfg, shape, pl.shard, pl.deg, world.size(), pl.mode, pl.schedule,
+                                                o.steps, ex.group_size(), ex.link_group_size(), pl.opt.compute);
+  if (uses_negative_pass(pl.cfg, pl.in.cond, pl.opt)) {  // the negative prompt's pass moves its own bytes
+    const DitShape ns = negative_shape(shape, pl.in.cond);
+    const DitBytesPrediction n = dit_predicted_bytes(pl.cfg, ns, make_dit_shard(pl.cfg, ns, world.size(), world.rank(), pl.deg.ulysses),
+                                                     pl.deg, world.size(), pl.mode, pl.schedule, o.steps, ex.group_size(),
+                                                     ex.link_group_size(), pl.opt.compute);
+    pred += n;
+  }
   double total = 0, mean_comm = 0;
   for (const double v : run.step_ms) total += v;
   for (const double v : run.comm_ms) mean_comm += v / o.steps;
@@ -377,7 +431,7 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
           {"tapa_bytes_inter_group", pred.tapa_inter},
           {"predicted_inter_ratio_vs_tapa", pred.inter_ratio()},
           {"measured_inter_ratio_vs_tapa", per_step[1] > 0 ? pred.tapa_inter / per_step[1] : 1.0},
-          {"predicted_qkv_inter_ratio_vs_tapa", pred.qkv_ratio},
+          {"predicted_qkv_inter_ratio_vs_tapa", pred.qkv_ratio()},
           {"cache_schedule", cocodiff ? cache_schedule_name(pl.schedule.kind) : "none"},
           {"cache_ratio", pl.schedule.ratio},
           {"warmup", pl.schedule.warmup},
@@ -387,7 +441,9 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
           {"width", shape.width},
           {"height", shape.height},
           {"schedule", pl.schedule_name},
-          {"guidance", pl.cfg.guidance_embed ? nlohmann::ordered_json(o.guidance) : nlohmann::ordered_json(nullptr)},
+          {"guidance", pl.cfg.guidance_embed || pl.cfg.true_cfg() ? nlohmann::ordered_json(pl.opt.guidance) : nlohmann::ordered_json(nullptr)},
+          {"family", dit_family_name(pl.cfg.family)},
+          {"cfg_passes", uses_negative_pass(pl.cfg, pl.in.cond, pl.opt) ? 2 : 1},
           {"batch", shape.batch},
           {"image_tokens", shape.image_tokens()},
           {"text_tokens", shape.text_tokens},
@@ -409,15 +465,20 @@ bool compare_with_reference(Communicator& world, const DitOptions& o, DitPlan& p
     SampleOptions flat_opt = pl.opt;
     flat_opt.on_velocity = {};  // --dump-velocity: the run itself only
     reference_run = pl.compare_ref->describe(world.size());
+    const bool cfg = uses_negative_pass(pl.cfg, pl.in.cond, pl.opt);
     if (pl.compare_ref->single_rank) {
       // Every rank samples the whole image alone (P = 1); all of them hold the same latent.
       const std::unique_ptr<Communicator> self = world.split(world.rank(), 0, "compare.self");
       const auto flat = make_attention_exchange(ExchangeMode::flat, *self, 1, pl.schedule, 1);
-      ref_latent = run_dit_sampling(*self, w, pl.in.shape, *flat, pl.in.cond, noise, flat_opt).latent;
+      const auto flat_neg = cfg ? make_attention_exchange(ExchangeMode::flat, *self, 1, pl.schedule, 1) : nullptr;
+      ref_latent = run_dit_sampling(*self, w, pl.in.shape, *flat, pl.in.cond, noise, flat_opt, flat_neg.get()).latent;
     } else {
-      const auto flat = make_attention_exchange(ExchangeMode::flat, world, ex.link_group_size(), pl.schedule,
-                                                pl.compare_ref->deg.ulysses);
-      ref_latent = run_dit_sampling(world, w, pl.in.shape, *flat, pl.in.cond, noise, flat_opt).latent;
+      const auto make = [&] {
+        return make_attention_exchange(ExchangeMode::flat, world, ex.link_group_size(), pl.schedule, pl.compare_ref->deg.ulysses);
+      };
+      const auto flat = make();
+      const auto flat_neg = cfg ? make() : nullptr;
+      ref_latent = run_dit_sampling(world, w, pl.in.shape, *flat, pl.in.cond, noise, flat_opt, flat_neg.get()).latent;
     }
   } else {
     ref_latent = std::move(pl.reference);
@@ -519,9 +580,13 @@ int run_dit(Communicator& world) {
     w.init_random(o.weight_seed);
 
   const auto ex = make_attention_exchange(pl.mode, world, o.group_size, pl.schedule, pl.deg.ulysses);
+  // Classifier-free guidance: the negative prompt's pass on its own exchange (its own V-Major caches).
+  const auto ex_neg = uses_negative_pass(cfg, pl.in.cond, pl.opt)
+                          ? make_attention_exchange(pl.mode, world, o.group_size, pl.schedule, pl.deg.ulysses)
+                          : nullptr;
   const std::vector<float> noise = pl.in.noise.empty() ? initial_noise(cfg, shape, o.seed) : pl.in.noise;
   pl.opt.on_velocity = velocity_dumper(world, o, pl.schedule_name, cfg, shape, pl.shard, pl.opt);
-  const DitRun run = run_dit_sampling(world, w, shape, *ex, pl.in.cond, noise, pl.opt);
+  const DitRun run = run_dit_sampling(world, w, shape, *ex, pl.in.cond, noise, pl.opt, ex_neg.get());
   if (world.rank() == 0) {
     const std::int64_t side_h = shape.grid_h() * cfg.patch, side_w = shape.grid_w() * cfg.patch;
     if (!o.out.empty())

@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
   void swiglu_backward(ConstTensorView dact, ConstTensorView gate, ConstTensorView up, TensorView dgate,
                        TensorView dup) override;
   void add(TensorView y, ConstTensorView x, float alpha) override;
+  void guidance_combine(TensorView v, ConstTensorView v_neg, float scale, bool keep_norm) override;
   void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args) override;
   void fill(TensorView x, float value) override;
   void convert(ConstTensorView src, TensorView dst) override;

@@ -59,6 +59,28 @@ void CpuBackend::add(TensorView y_v, ConstTensorView x_v, float alpha) {
   }
 }
 
+// v, v_neg: [rows, C] contiguous
+void CpuBackend::guidance_combine(TensorView v_v, ConstTensorView neg_v, float scale, bool keep_norm) {
+  float* v = v_v.ptr<float>();
+  const float* neg = neg_v.ptr<float>();
+  const std::int64_t rows = v_v.shape[0], C = v_v.shape[1];
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* y = v + r * C;
+    const float* n = neg + r * C;
+    double cond2 = 0, comb2 = 0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      const float comb = n[c] + scale * (y[c] - n[c]);
+      cond2 += static_cast<double>(y[c]) * y[c];
+      comb2 += static_cast<double>(comb) * comb;
+      y[c] = comb;
+    }
+    if (!keep_norm) continue;
+    const float f = static_cast<float>(std::sqrt(cond2) / std::sqrt(comb2));
+    for (std::int64_t c = 0; c < C; ++c) y[c] *= f;
+  }
+}
+
 // x: [n] = value (f32 or bf16)
 void CpuBackend::fill(TensorView x_v, float value) {
   const std::int64_t n = x_v.numel();

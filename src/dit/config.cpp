@@ -10,6 +10,8 @@
 
 namespace diffcp {
 
+const char* dit_family_name(DitFamily f) { return f == DitFamily::qwen_image ? "qwen_image" : "flux1"; }
+
 void DitConfig::validate() const {
   // Bounds first, so nothing below (nor the layout's offsets) can overflow int64: every size at
   // most 2^24 and the parameter count under 2^40 (FLUX.1 has 1.2e10 = 2^33.5).
@@ -31,9 +33,13 @@ void DitConfig::validate() const {
   DIFFCP_CHECK(double_blocks >= 0 && single_blocks >= 0 && double_blocks + single_blocks >= 1,
                "dit: double_blocks = ", double_blocks, ", single_blocks = ", single_blocks,
                "; expected >= 0 each and at least one block");
-  DIFFCP_CHECK(mlp_hidden >= 1 && latent_channels >= 1 && patch >= 1 && text_dim >= 1 && pooled_dim >= 1,
+  DIFFCP_CHECK(mlp_hidden >= 1 && latent_channels >= 1 && patch >= 1 && text_dim >= 1 && (pooled_dim >= 1) == has_pooled(),
                "dit: mlp_hidden = ", mlp_hidden, ", latent_channels = ", latent_channels, ", patch = ", patch,
-               ", text_dim = ", text_dim, ", pooled_dim = ", pooled_dim, "; expected all >= 1");
+               ", text_dim = ", text_dim, ", pooled_dim = ", pooled_dim, "; expected all >= 1 (pooled_dim: 0 for ",
+               dit_family_name(family), has_pooled() ? ", which has a pooled vector)" : ", which has none)");
+  DIFFCP_CHECK(family == DitFamily::flux1 || (single_blocks == 0 && !guidance_embed), "dit: ", dit_family_name(family),
+               " has double-stream blocks only and no guidance embedding (single_blocks = ", single_blocks,
+               ", guidance_embed = ", guidance_embed, ")");
   DIFFCP_CHECK(time_dim >= 2 && time_dim % 2 == 0, "dit: time_dim = ", time_dim, ", expected even and >= 2 (cos, sin halves)");
   std::int64_t sum = 0;
   for (const std::int64_t a : rope_axes) {
@@ -47,7 +53,7 @@ void DitConfig::validate() const {
 }
 
 nlohmann::json DitConfig::to_json() const {
-  return {{"hidden", hidden()}, {"heads", heads}, {"head_dim", head_dim}, {"double_blocks", double_blocks},
+  return {{"family", dit_family_name(family)}, {"hidden", hidden()}, {"heads", heads}, {"head_dim", head_dim}, {"double_blocks", double_blocks},
           {"single_blocks", single_blocks}, {"mlp_hidden", mlp_hidden}, {"latent_channels", latent_channels},
           {"patch", patch}, {"text_dim", text_dim}, {"pooled_dim", pooled_dim}, {"time_dim", time_dim},
           {"rope_axes", rope_axes}, {"rope_theta", rope_theta}, {"eps", eps}, {"guidance_embed", guidance_embed},
@@ -55,6 +61,7 @@ nlohmann::json DitConfig::to_json() const {
 }
 
 nlohmann::json DitConfig::to_flux_params() const {
+  DIFFCP_CHECK(family == DitFamily::flux1, "dit: a ", dit_family_name(family), " model has no FluxParams");
   return {{"in_channels", in_channels()}, {"out_channels", in_channels()}, {"vec_in_dim", pooled_dim},
           {"context_in_dim", text_dim}, {"hidden_size", hidden()},
           {"mlp_ratio", static_cast<double>(mlp_hidden) / static_cast<double>(hidden())}, {"num_heads", heads},
@@ -243,8 +250,11 @@ DitLayout::DitLayout(const DitConfig& c) {
     guidance_in0 = linear("guidance_in.in_layer", c.time_dim, H);
     guidance_in1 = linear("guidance_in.out_layer", H, H);
   }
-  vector_in0 = linear("vector_in.in_layer", c.pooled_dim, H);
-  vector_in1 = linear("vector_in.out_layer", H, H);
+  if (c.has_pooled()) {
+    vector_in0 = linear("vector_in.in_layer", c.pooled_dim, H);
+    vector_in1 = linear("vector_in.out_layer", H, H);
+  }
+  if (c.family == DitFamily::qwen_image) txt_norm = vector("txt_norm.scale", c.text_dim);
   txt_in = linear("txt_in", c.text_dim, H);
   for (std::int64_t i = 0; i < c.double_blocks; ++i) {
     const std::string pre = "double_blocks." + std::to_string(i) + ".";

@@ -18,7 +18,11 @@ namespace fs = std::filesystem;
 
 // diffusers' names of BFL's Linears and norm scales, by the BFL name without ".weight" / ".bias" /
 // ".scale": each BFL tensor is the concatenation of these diffusers tensors' rows; empty = not mapped.
-std::vector<std::string> diffusers_names(std::string_view base) {
+// FluxTransformer2DModel's names; QwenImageTransformer2DModel renames the embedders, the double
+// blocks' modulation and MLPs, and adds txt_norm.
+std::vector<std::string> diffusers_names(std::string_view base, DitFamily family) {
+  const bool qwen = family == DitFamily::qwen_image;
+  if (qwen && (base == "img_in" || base == "txt_in" || base == "txt_norm")) return {std::string(base)};
   constexpr std::string_view kDouble = "double_blocks.", kSingle = "single_blocks.";
   static const std::pair<const char*, const char*> kTop[] = {
       {"img_in", "x_embedder"},
@@ -41,14 +45,14 @@ std::vector<std::string> diffusers_names(std::string_view base) {
     const bool img = rest.starts_with("img_");
     const std::string s = rest.substr(4);  // after "img_" / "txt_"
     const auto a = [&](const char* img_name, const char* txt_name) { return b + (img ? img_name : txt_name); };
-    if (s == "mod.lin") return {a("norm1.linear", "norm1_context.linear")};
+    if (s == "mod.lin") return {qwen ? a("img_mod.1", "txt_mod.1") : a("norm1.linear", "norm1_context.linear")};
     if (s == "attn.qkv")
       return {a("attn.to_q", "attn.add_q_proj"), a("attn.to_k", "attn.add_k_proj"), a("attn.to_v", "attn.add_v_proj")};
     if (s == "attn.norm.query_norm") return {a("attn.norm_q", "attn.norm_added_q")};
     if (s == "attn.norm.key_norm") return {a("attn.norm_k", "attn.norm_added_k")};
     if (s == "attn.proj") return {a("attn.to_out.0", "attn.to_add_out")};
-    if (s == "mlp.0") return {a("ff.net.0.proj", "ff_context.net.0.proj")};
-    if (s == "mlp.2") return {a("ff.net.2", "ff_context.net.2")};
+    if (s == "mlp.0") return {qwen ? a("img_mlp.net.0.proj", "txt_mlp.net.0.proj") : a("ff.net.0.proj", "ff_context.net.0.proj")};
+    if (s == "mlp.2") return {qwen ? a("img_mlp.net.2", "txt_mlp.net.2") : a("ff.net.2", "ff_context.net.2")};
   } else if (base.starts_with(kSingle)) {
     const std::size_t dot = base.find('.', kSingle.size());
     const std::string b = "single_transformer_blocks." + std::string(base.substr(kSingle.size(), dot - kSingle.size())) + ".";
@@ -74,7 +78,7 @@ std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitCon
   if (format == DitFileFormat::bfl) return {{t.name, t.shape, 0, rows}};
   const std::size_t dot = t.name.rfind('.');
   const std::string base = t.name.substr(0, dot), suffix = t.name.substr(dot + 1);
-  const std::vector<std::string> names = diffusers_names(base);
+  const std::vector<std::string> names = diffusers_names(base, cfg.family);
   DIFFCP_CHECK(!names.empty(), "dit_file_parts: no diffusers name for '", t.name, "'");
   // QK-norm scales: BFL's RMSNorm.scale is diffusers' RMSNorm.weight.
   const std::string file_suffix = suffix == "scale" ? "weight" : suffix;
@@ -98,39 +102,54 @@ std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitCon
   return parts;
 }
 
-DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& source) {
-  DIFFCP_CHECK(j.is_object(), "config '", source, "': expected a JSON object (a diffusers config.json)");
+namespace {
+
+// The class's constructor arguments overridden by the file's fields (others refused by name;
+// `ignored`: fields published configs carry that the class does not take, which diffusers ignores).
+nlohmann::json constructor_args(const nlohmann::json& j, nlohmann::json defaults, const std::string& source,
+                                std::initializer_list<const char*> ignored = {}) {
   const std::string cls = class_name(j);
-  DIFFCP_CHECK(cls == "FluxTransformer2DModel", "config '", source, "': _class_name '", cls,
-               "' is not a DiT diffcp runs; supported: FluxTransformer2DModel (FLUX.1)");
-  // FluxTransformer2DModel's constructor arguments and their defaults (diffusers' transformer_flux.py).
-  nlohmann::json a = {{"patch_size", 1},          {"in_channels", 64},           {"out_channels", nullptr},
-                      {"num_layers", 19},         {"num_single_layers", 38},     {"attention_head_dim", 128},
-                      {"num_attention_heads", 24}, {"joint_attention_dim", 4096}, {"pooled_projection_dim", 768},
-                      {"guidance_embeds", false}, {"axes_dims_rope", {16, 56, 56}}};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "_class_name" || it.key() == "_diffusers_version" || it.key() == "_name_or_path") continue;
-    DIFFCP_CHECK(a.contains(it.key()), "config '", source, "': unknown field '", it.key(), "' for ", cls);
-    a[it.key()] = it.value();
+    bool skip = false;
+    for (const char* f : ignored) skip = skip || it.key() == f;
+    if (skip) continue;
+    DIFFCP_CHECK(defaults.contains(it.key()), "config '", source, "': unknown field '", it.key(), "' for ", cls);
+    defaults[it.key()] = it.value();
   }
-  const auto integer = [&](const char* f) {
-    const auto v = json_int64(a[f]);
-    DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': field '", f, "' = ", a[f].dump(),
-                 ", expected a non-negative integer");
-    return *v;
-  };
-  DIFFCP_CHECK(integer("patch_size") == 1, "config '", source, "': patch_size = ", a["patch_size"].dump(),
+  return defaults;
+}
+
+std::int64_t config_int(const nlohmann::json& a, const char* f, const std::string& source) {
+  const auto v = json_int64(a[f]);
+  DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': field '", f, "' = ", a[f].dump(),
+               ", expected a non-negative integer");
+  return *v;
+}
+
+bool config_bool(const nlohmann::json& a, const char* f, const std::string& source) {
+  DIFFCP_CHECK(a[f].is_boolean(), "config '", source, "': field '", f, "' = ", a[f].dump(), ", expected true or false");
+  return a[f].get<bool>();
+}
+
+// FluxTransformer2DModel (diffusers' transformer_flux.py): FluxParams, as BFL's FLUX.1 configs hold
+// the same model (diffusers' mlp_ratio, theta and qkv biases are fixed in the class).
+DitConfig flux1_from_diffusers(const nlohmann::json& j, const std::string& source) {
+  const nlohmann::json a = constructor_args(
+      j,
+      {{"patch_size", 1}, {"in_channels", 64}, {"out_channels", nullptr}, {"num_layers", 19}, {"num_single_layers", 38},
+       {"attention_head_dim", 128}, {"num_attention_heads", 24}, {"joint_attention_dim", 4096},
+       {"pooled_projection_dim", 768}, {"guidance_embeds", false}, {"axes_dims_rope", {16, 56, 56}}},
+      source);
+  DIFFCP_CHECK(config_int(a, "patch_size", source) == 1, "config '", source, "': patch_size = ", a["patch_size"].dump(),
                "; FLUX.1 packs 2x2 patches in the pipeline and has patch_size 1 (the only one supported)");
-  DIFFCP_CHECK(a["guidance_embeds"].is_boolean(), "config '", source, "': field 'guidance_embeds' = ",
-               a["guidance_embeds"].dump(), ", expected true or false");
-  const std::int64_t heads = integer("num_attention_heads");
-  // FluxParams, as BFL's FLUX.1 configs hold the same model (diffusers' mlp_ratio, theta and qkv
-  // biases are fixed in the class).
+  config_bool(a, "guidance_embeds", source);
+  const std::int64_t heads = config_int(a, "num_attention_heads", source);
   const nlohmann::json p = {{"in_channels", a["in_channels"]},
                             {"out_channels", a["out_channels"].is_null() ? a["in_channels"] : a["out_channels"]},
                             {"vec_in_dim", a["pooled_projection_dim"]},
                             {"context_in_dim", a["joint_attention_dim"]},
-                            {"hidden_size", heads * integer("attention_head_dim")},
+                            {"hidden_size", heads * config_int(a, "attention_head_dim", source)},
                             {"mlp_ratio", 4.0},
                             {"num_heads", heads},
                             {"depth", a["num_layers"]},
@@ -140,6 +159,70 @@ DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& 
                             {"qkv_bias", true},
                             {"guidance_embed", a["guidance_embeds"]}};
   return dit_config_from_flux_params(p, source + " (as FluxParams)");
+}
+
+// QwenImageTransformer2DModel (diffusers' transformer_qwenimage.py): double-stream blocks with
+// FeedForward's 4x GELU-tanh MLP, biased q/k/v, RMS QK-norm (eps 1e-6), RoPE theta 10000.
+DitConfig qwen_image_from_diffusers(const nlohmann::json& j, const std::string& source) {
+  // Qwen/Qwen-Image's published config.json carries pooled_projection_dim, which the class does not
+  // take (diffusers ignores it; so does diffcp).
+  const nlohmann::json a = constructor_args(
+      j,
+      {{"patch_size", 2}, {"in_channels", 64}, {"out_channels", 16}, {"num_layers", 60}, {"attention_head_dim", 128},
+       {"num_attention_heads", 24}, {"joint_attention_dim", 3584}, {"guidance_embeds", false},
+       {"axes_dims_rope", {16, 56, 56}}, {"zero_cond_t", false}, {"use_additional_t_cond", false},
+       {"use_layer3d_rope", false}},
+      source, {"pooled_projection_dim"});
+  for (const char* f : {"guidance_embeds", "zero_cond_t", "use_additional_t_cond", "use_layer3d_rope"})
+    DIFFCP_CHECK(!config_bool(a, f, source), "config '", source, "': ", f, " = true is not supported (diffcp runs ",
+                 "Qwen-Image's text-to-image transformer; the edit and layered variants' conditioning is not implemented",
+                 std::string(f) == "guidance_embeds" ? ", and the class's timestep embedding takes no guidance" : "", ")");
+  const std::int64_t patch = config_int(a, "patch_size", source), in = config_int(a, "in_channels", source);
+  const std::int64_t out = a["out_channels"].is_null() ? in : config_int(a, "out_channels", source);
+  DIFFCP_CHECK(patch == 2, "config '", source, "': patch_size = ", patch,
+               "; Qwen-Image's pipeline packs 2x2 latent patches (the only patch size supported)");
+  DIFFCP_CHECK(out >= 1 && in == out * patch * patch, "config '", source, "': in_channels = ", in, " != out_channels (", out,
+               ") x patch_size^2; the Euler sampler needs the velocity in the packed latent's shape");
+  DitConfig c;
+  c.family = DitFamily::qwen_image;
+  c.heads = config_int(a, "num_attention_heads", source);
+  c.head_dim = config_int(a, "attention_head_dim", source);
+  c.double_blocks = config_int(a, "num_layers", source);
+  c.single_blocks = 0;
+  c.mlp_hidden = 4 * c.heads * c.head_dim;
+  c.latent_channels = out;
+  c.patch = 2;
+  c.text_dim = config_int(a, "joint_attention_dim", source);
+  c.pooled_dim = 0;
+  c.time_dim = 256;
+  DIFFCP_CHECK(a["axes_dims_rope"].is_array() && a["axes_dims_rope"].size() == 3, "config '", source,
+               "': field 'axes_dims_rope' must be an array of 3 integers (frame, row, column shares of the head dim)");
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto v = json_int64(a["axes_dims_rope"][i]);
+    DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': axes_dims_rope[", i, "] = ", a["axes_dims_rope"][i].dump(),
+                 ", expected a non-negative integer");
+    c.rope_axes[i] = *v;
+  }
+  c.rope_theta = 10000;
+  c.qkv_bias = true;
+  c.guidance_embed = false;
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DIFFCP_FAIL("config '", source, "': ", e.what());
+  }
+  return c;
+}
+
+}  // namespace
+
+DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& source) {
+  DIFFCP_CHECK(j.is_object(), "config '", source, "': expected a JSON object (a diffusers config.json)");
+  const std::string cls = class_name(j);
+  if (cls == "FluxTransformer2DModel") return flux1_from_diffusers(j, source);
+  if (cls == "QwenImageTransformer2DModel") return qwen_image_from_diffusers(j, source);
+  DIFFCP_FAIL("config '", source, "': _class_name '", cls, "' is not a DiT diffcp runs; supported: ",
+              "FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel (Qwen-Image)");
 }
 
 std::vector<double> FlowMatchEulerScheduler::flux_sigmas(int steps, std::int64_t image_tokens) const {

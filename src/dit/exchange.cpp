@@ -161,6 +161,21 @@ std::unique_ptr<AttentionExchange> make_mode_exchange(ExchangeMode mode, Communi
 }  // namespace
 
 
+ExchangeStats& ExchangeStats::operator+=(const ExchangeStats& o) {
+  bytes_intra += o.bytes_intra;
+  bytes_inter += o.bytes_inter;
+  messages += o.messages;
+  ring_bytes += o.ring_bytes;
+  calls += o.calls;
+  comm_ms += o.comm_ms;
+  v_started += o.v_started;
+  v_hidden += o.v_hidden;
+  v_wait_ms += o.v_wait_ms;
+  selective += o.selective;
+  full += o.full;
+  return *this;
+}
+
 std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size,
                                                            const CacheSchedule& schedule, int ulysses_degree) {
   DIFFCP_CHECK(group_size >= 0, "--group-size = ", group_size, ", expected >= 1 (or 0: the ranks of a node)");

@@ -13,6 +13,7 @@
 #include "diffcp/dit/diffusers.hpp"
 #include "diffcp/io/safetensors.hpp"
 #include "diffcp/ops/gemm.hpp"
+#include "diffcp/ops/rmsnorm.hpp"
 
 namespace diffcp {
 
@@ -158,7 +159,9 @@ void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck, DitFil
     append_problems(msg, "tensors this model does not have", extra);
     const nlohmann::json c = cfg.to_json();
     DIFFCP_FAIL("weights '", ck.path(), "' do not match the model (", c.dump(), "; names and shapes: ",
-                format == DitFileFormat::bfl ? "dit/config.hpp" : "diffusers' FluxTransformer2DModel, dit/diffusers.hpp", "):", msg,
+                format == DitFileFormat::bfl                ? "dit/config.hpp"
+                : cfg.family == DitFamily::flux1 ? "diffusers' FluxTransformer2DModel, dit/diffusers.hpp"
+                                                 : "diffusers' QwenImageTransformer2DModel, dit/diffusers.hpp", "):", msg,
                 !cfg.guidance_embed && ck.has("guidance_in.in_layer.weight")
                     ? "\n  (a guidance-distilled checkpoint such as FLUX.1-dev: its config needs guidance_embed = true)"
                     : "",
@@ -279,16 +282,29 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   const std::int64_t Mt = b * Tp, Mi = b * Ip;
   Mp_ = Mt + Mi;
 
-  // Image token n (row-major over the g_h x g_w grid) sits at (n / g_w, n % g_w); rank p holds
-  // n in [p I_p, (p+1) I_p) of every image.
-  std::vector<std::array<std::int64_t, 2>> pos;
+  // Image token n (row-major over the g_h x g_w grid) sits at row n / g_w, column n % g_w; rank p
+  // holds n in [p I_p, (p+1) I_p) of every image and text tokens [p T_p, (p+1) T_p). RoPE positions
+  // by family (dit/config.hpp): FLUX's text rows are at the origin (no rotation).
+  const std::int64_t gh = shape_.grid_h(), gw = shape_.grid_w();
+  const bool qwen = cfg_.family == DitFamily::qwen_image;
+  std::vector<std::array<double, 3>> pos, tpos;
   for (std::int64_t j = 0; j < b; ++j)
     for (std::int64_t i = 0; i < Ip; ++i) {
-      const std::int64_t n = shard_.p * Ip + i;
-      pos.push_back({n / shape_.grid_w(), n % shape_.grid_w()});
+      const std::int64_t n = shard_.p * Ip + i, r = n / gw, c = n % gw;
+      pos.push_back(qwen ? std::array<double, 3>{0.0, static_cast<double>(r - (gh - gh / 2)), static_cast<double>(c - (gw - gw / 2))}
+                         : std::array<double, 3>{0.0, static_cast<double>(r), static_cast<double>(c)});
     }
   rope_ = std::make_unique<AxialRope>(cfg_, pos);
-  txt_rows_ = {0, Mt, nullptr};
+  if (qwen) {
+    const std::int64_t m = std::max(gh / 2, gw / 2);
+    for (std::int64_t j = 0; j < b; ++j)
+      for (std::int64_t t = 0; t < Tp; ++t) {
+        const double q = static_cast<double>(m + shard_.p * Tp + t);
+        tpos.push_back({q, q, q});
+      }
+    txt_rope_ = std::make_unique<AxialRope>(cfg_, tpos);
+  }
+  txt_rows_ = {0, Mt, txt_rope_.get()};
   img_rows_ = {Mt, Mi, rope_.get()};
 
   ExchangeLayout l{b, Tp + Ip, cfg_.heads, cfg_.head_dim, Mp_, {}};
@@ -303,6 +319,10 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   for (DeviceVector<float>* v : {&x_, &xm_, &attn_, &y_}) v->resize(Mp_ * H);
   big_.resize(Mp_ * (3 * H + cfg_.mlp_hidden));
   temb_.resize(cfg_.time_dim);
+  if (qwen) {
+    txt_normed_.resize(Tp * cfg_.text_dim);
+    txt_rstd_.resize(Tp);
+  }
   for (DeviceVector<float>* v : {&h_, &vec_, &silu_vec_}) v->resize(H);
   mod_.resize(6 * H);
   mods_.resize(12 * H);
@@ -358,15 +378,24 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
     linear(L.guidance_in1, h_.data(), H, 1, y_.data(), H);
     add_into(vec_.data(), y_.data(), H);
   }
-  linear(L.vector_in0, pooled, cfg_.pooled_dim, 1, h_.data(), H);
-  silu_inplace(h_.data(), H);
-  linear(L.vector_in1, h_.data(), H, 1, silu_vec_.data(), H);
-  add_into(silu_vec_.data(), vec_.data(), H);
+  if (cfg_.has_pooled()) {  // FLUX: vec += MLP_vector(pooled)
+    linear(L.vector_in0, pooled, cfg_.pooled_dim, 1, h_.data(), H);
+    silu_inplace(h_.data(), H);
+    linear(L.vector_in1, h_.data(), H, 1, silu_vec_.data(), H);
+    add_into(silu_vec_.data(), vec_.data(), H);
+  } else {
+    device_copy(silu_vec_.data(), vec_.data(), H);
+  }
   silu_inplace(silu_vec_.data(), H);
 
   // Embeddings: the text rows are the same for every image, projected once and copied.
   linear(L.img_in, x_p, cfg_.in_channels(), img_rows_.rows, x_.data() + img_rows_.row0 * H, H);
   if (Tp > 0) {
+    if (L.txt_norm >= 0) {  // Qwen-Image: txt_in(RMSNorm(txt))
+      rmsnorm_forward(txt_p, Tp, 1, cfg_.text_dim, param(L.txt_norm), static_cast<float>(cfg_.eps), txt_normed_.data(),
+                      txt_rstd_.data());
+      txt_p = txt_normed_.data();
+    }
     linear(L.txt_in, txt_p, cfg_.text_dim, Tp, x_.data(), H);
     for (std::int64_t j = 1; j < shape_.batch; ++j) device_copy(x_.data() + j * Tp * H, x_.data(), Tp * H);
   }

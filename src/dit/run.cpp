@@ -1,5 +1,8 @@
 #include "diffcp/dit/run.hpp"
 
+#include <memory>
+
+#include "diffcp/core/error.hpp"
 #include "diffcp/dit/model.hpp"
 #include "diffcp/dit/ring_attention.hpp"
 #include "diffcp/dit/usp.hpp"
@@ -8,12 +11,23 @@
 namespace diffcp {
 
 DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
-                        const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt) {
+                        const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt,
+                        AttentionExchange* negative_ex) {
+  const bool cfg = uses_negative_pass(w.config(), cond, opt);
+  DIFFCP_CHECK(!cfg || (negative_ex != nullptr && negative_ex != &ex), "run_dit_sampling: classifier-free guidance ",
+               "needs a second exchange for the negative prompt's pass");
   DitModel model(w, shape, ex);
+  std::unique_ptr<DitModel> neg;
+  if (cfg) neg = std::make_unique<DitModel>(w, negative_shape(shape, cond), *negative_ex);
   std::vector<float> x_p = shard_latent(noise, w.config(), shape, model.shard());
   ex.reset_stats();
-  const SampleTimings t = euler_sample(model, x_p, cond, opt);
+  if (cfg) negative_ex->reset_stats();
+  const SampleTimings t = euler_sample(model, x_p, cond, opt, neg.get());
   DitRun r{gather_latent(world, x_p, w.config(), shape, model.shard()), t.step_ms, t.comm_ms, ex.stats(), ex.cache_bytes()};
+  if (cfg) {
+    r.stats += negative_ex->stats();
+    r.cache_bytes += negative_ex->cache_bytes();
+  }
   const ScopedCommDevice host(world, Device::host);  // host metadata
   world.all_reduce<double>(r.step_ms, ReduceOp::max);
   world.all_reduce<double>(r.comm_ms, ReduceOp::max);
@@ -38,9 +52,19 @@ DitBytesPrediction dit_predicted_bytes(const DitConfig& cfg, const DitShape& sha
   DitBytesPrediction b;
   b.inter = static_cast<double>(run.inter) * inv;
   b.tapa_inter = static_cast<double>(tapa.inter) * inv;
-  b.qkv_ratio = run.inter_qkv > 0 ? static_cast<double>(tapa.inter_qkv) / static_cast<double>(run.inter_qkv) : 1.0;
+  b.qkv = static_cast<double>(run.inter_qkv) * inv;
+  b.tapa_qkv = static_cast<double>(tapa.inter_qkv) * inv;
   b.ring = static_cast<double>(ring) * inv;
   return b;
+}
+
+DitBytesPrediction& DitBytesPrediction::operator+=(const DitBytesPrediction& o) {
+  inter += o.inter;
+  tapa_inter += o.tapa_inter;
+  qkv += o.qkv;
+  tapa_qkv += o.tapa_qkv;
+  ring += o.ring;
+  return *this;
 }
 
 DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const DitShard& shard) {

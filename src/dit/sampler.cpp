@@ -23,8 +23,20 @@ std::uint64_t prompt_hash(const std::string& prompt) {
 
 DitConditioning prompt_conditioning(const DitConfig& cfg, const DitShape& shape, const std::string& prompt) {
   const std::uint64_t h = prompt_hash(prompt);
-  return {random_normal(static_cast<std::size_t>(shape.text_tokens * cfg.text_dim), h),
-          random_normal(static_cast<std::size_t>(cfg.pooled_dim), h + 1)};
+  DitConditioning c;
+  c.txt = random_normal(static_cast<std::size_t>(shape.text_tokens * cfg.text_dim), h);
+  c.pooled = random_normal(static_cast<std::size_t>(cfg.pooled_dim), h + 1);
+  return c;
+}
+
+DitShape negative_shape(const DitShape& shape, const DitConditioning& cond) {
+  DitShape s = shape;
+  s.text_tokens = cond.negative_tokens;
+  return s;
+}
+
+bool uses_negative_pass(const DitConfig& cfg, const DitConditioning& cond, const SampleOptions& opt) {
+  return cfg.true_cfg() && cond.has_negative() && opt.guidance > 1;
 }
 
 std::vector<float> initial_noise(const DitConfig& cfg, const DitShape& shape, std::uint64_t seed) {
@@ -84,7 +96,7 @@ std::vector<double> flow_schedule(int steps, TimeSchedule kind, std::int64_t ima
 }
 
 SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond,
-                           const SampleOptions& opt) {
+                           const SampleOptions& opt, DitModel* negative) {
   const std::vector<double>& t = opt.timesteps;
   DIFFCP_CHECK(t.size() >= 2, "euler_sample: ", t.size(), " timesteps, expected steps + 1 >= 2");
   const int steps = static_cast<int>(t.size()) - 1;
@@ -98,26 +110,43 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
   DIFFCP_CHECK(static_cast<std::int64_t>(x_p.size()) == model.shape().batch * s.image_p * cfg.in_channels(),
                "euler_sample: x_p has ", x_p.size(), " values, expected b * I_p * C_in = ",
                model.shape().batch * s.image_p * cfg.in_channels());
+  const bool cfg_pass = uses_negative_pass(cfg, cond, opt);
+  DIFFCP_CHECK(!cfg_pass || (negative != nullptr && &negative->config() == &cfg &&
+                             negative->shape().text_tokens == cond.negative_tokens &&
+                             static_cast<std::int64_t>(cond.negative_txt.size()) == cond.negative_tokens * text_dim),
+               "euler_sample: classifier-free guidance needs the negative prompt's model (negative_shape(), the same "
+               "weights) and its [", cond.negative_tokens, ", ", text_dim, "] text");
   // On the device: the latent, this rank's text rows, the pooled vector and the velocity.
   const std::int64_t n = static_cast<std::int64_t>(x_p.size());
-  DeviceVector<float> txt, pooled, x, v;
+  DeviceVector<float> txt, pooled, x, v, neg_txt, v_neg;
   txt.assign(cond.txt.data() + s.p * s.text_p * text_dim, s.text_p * text_dim);
   pooled.assign(cond.pooled);
   x.assign(x_p);
   v.resize(n);
   const ScopedF32GemmCompute precision(opt.compute);
   model.exchange().set_compute(opt.compute);
+  if (cfg_pass) {
+    const DitShard& ns = negative->shard();
+    neg_txt.assign(cond.negative_txt.data() + ns.p * ns.text_p * text_dim, ns.text_p * text_dim);
+    v_neg.resize(n);
+    negative->exchange().set_compute(opt.compute);
+  }
   SampleTimings out;
   for (int k = 0; k < steps; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
-    const double comm0 = model.exchange().stats().comm_ms;
+    const double comm0 = model.exchange().stats().comm_ms + (cfg_pass ? negative->exchange().stats().comm_ms : 0.0);
     model.exchange().begin_step(k, steps);
     model.velocity(x.data(), txt.data(), pooled.data(), t[static_cast<std::size_t>(k)], opt.guidance, v.data());
+    if (cfg_pass) {  // v = v_neg + g (v - v_neg), the conditional norm of each token kept
+      negative->exchange().begin_step(k, steps);
+      negative->velocity(x.data(), neg_txt.data(), pooled.data(), t[static_cast<std::size_t>(k)], opt.guidance, v_neg.data());
+      guidance_combine(v.data(), v_neg.data(), n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(opt.guidance), true);
+    }
     const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - t[static_cast<std::size_t>(k)]);
     axpy(x.data(), dt, v.data(), n);  // x += dt v
     active_backend().synchronize();  // the step's time is the device's
     out.step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    out.comm_ms.push_back(model.exchange().stats().comm_ms - comm0);
+    out.comm_ms.push_back(model.exchange().stats().comm_ms + (cfg_pass ? negative->exchange().stats().comm_ms : 0.0) - comm0);
     if (opt.on_velocity) opt.on_velocity(k, to_host<float>(v.view()));
   }
   copy(TensorView::contiguous(x_p.data(), DType::f32, {n}), x.view());

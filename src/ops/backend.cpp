@@ -42,6 +42,7 @@ const char* op_name(OpKind op) {
     case OpKind::cross_entropy: return "cross_entropy";
     case OpKind::cross_entropy_backward: return "cross_entropy_backward";
     case OpKind::scale_sumsq: return "scale_sumsq";
+    case OpKind::guidance_combine: return "guidance_combine";
   }
   return "?";
 }
@@ -99,6 +100,7 @@ void Backend::swiglu_backward(ConstTensorView dact, ConstTensorView, ConstTensor
   unsupported(OpKind::swiglu_backward, dact.dtype);
 }
 void Backend::add(TensorView y, ConstTensorView, float) { unsupported(OpKind::add, y.dtype); }
+void Backend::guidance_combine(TensorView v, ConstTensorView, float, bool) { unsupported(OpKind::guidance_combine, v.dtype); }
 void Backend::adamw_step(TensorView p, ConstTensorView, TensorView, TensorView, const AdamWStepArgs&) {
   unsupported(OpKind::adamw_step, p.dtype);
 }

@@ -1,6 +1,7 @@
 // ops/elementwise.hpp: views to the active backend (CPU: src/cpu/elementwise.cpp).
 #include "diffcp/ops/elementwise.hpp"
 
+#include "diffcp/core/error.hpp"
 #include "diffcp/ops/backend.hpp"
 
 namespace diffcp {
@@ -37,6 +38,14 @@ void add_into(float* y, const float* x, std::int64_t n) { axpy(y, 1.f, x, n); }
 void axpy(float* y, float alpha, const float* x, std::int64_t n) {
   backend_for(OpKind::add, DType::f32)
       .add(TensorView::contiguous(y, DType::f32, {n}, active_device()), ConstTensorView::contiguous(x, DType::f32, {n}, active_device()), alpha);
+}
+
+void guidance_combine(float* v, const float* v_neg, std::int64_t rows, std::int64_t C, float scale, bool keep_norm) {
+  DIFFCP_CHECK(rows >= 0 && C >= 1, "guidance_combine: rows = ", rows, ", C = ", C);
+  if (rows == 0) return;
+  backend_for(OpKind::guidance_combine, DType::f32)
+      .guidance_combine(TensorView::contiguous(v, DType::f32, {rows, C}, active_device()),
+                        ConstTensorView::contiguous(v_neg, DType::f32, {rows, C}, active_device()), scale, keep_norm);
 }
 
 void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld) {

@@ -271,6 +271,10 @@ void GuardBackend::swiglu_backward(ConstTensorView dact, ConstTensorView gate, C
   const char* op = "swiglu_backward";
   DIFFCP_GUARD_OP(swiglu_backward, C(dact), C(gate), C(up), C(dgate), C(dup));
 }
+void GuardBackend::guidance_combine(TensorView v, ConstTensorView v_neg, float scale, bool keep_norm) {
+  const char* op = "guidance_combine";
+  DIFFCP_GUARD_OP(guidance_combine, C(v), C(v_neg), scale, keep_norm);
+}
 void GuardBackend::add(TensorView y, ConstTensorView x, float alpha) {
   const char* op = "add";
   DIFFCP_GUARD_OP(add, C(y), C(x), alpha);

@@ -17,12 +17,28 @@
 
 namespace diffcp {
 
+// The DiT families diffcp runs (CoCoDiff's paper runs FLUX.1, SD3.5, FLUX.2 and Qwen-Image). Both
+// below are double-stream (MMDiT) joint attention on the same block kinds; the family decides what
+// surrounds the blocks (docs/dit.md, "Families"):
+//   flux1:      vec adds the pooled text vector (vector_in) and, guidance-distilled, the guidance
+//               (guidance_in); single-stream blocks after the double ones; text at RoPE position
+//               (0, 0, 0), image token (r, c) at (0, r, c).
+//   qwen_image: no pooled vector and no guidance embedding (vec = the timestep's MLP); the text
+//               rows are RMS-normed (txt_norm, eps 1e-6) before txt_in; double-stream blocks only;
+//               RoPE positions centred on the image (row r at r - ceil(g_h/2), column c at
+//               c - ceil(g_w/2), frame 0) and text token i at (m + i, m + i, m + i), m = max(floor(g_h/2),
+//               floor(g_w/2)) (diffusers' QwenEmbedRope with scale_rope); classifier-free guidance
+//               with the conditional velocity's per-token norm kept (QwenImagePipeline's true CFG).
+enum class DitFamily { flux1, qwen_image };
+const char* dit_family_name(DitFamily f);
+
 struct DitConfig {
+  DitFamily family = DitFamily::flux1;
   std::int64_t heads = 24, head_dim = 32;  // n_h, d_h; H = n_h * d_h
   std::int64_t double_blocks = 2, single_blocks = 4;
   std::int64_t mlp_hidden = 3072;          // M (FLUX: 4H)
   std::int64_t latent_channels = 16, patch = 2;
-  std::int64_t text_dim = 256, pooled_dim = 256;  // text token features, pooled text vector
+  std::int64_t text_dim = 256, pooled_dim = 256;  // text token features, pooled text vector (qwen_image: 0)
   std::int64_t time_dim = 256;             // sinusoidal timestep features (FLUX: 256)
   // RoPE axes (token index, image row, image column): head-dim share of each, even, summing to
   // d_h; FLUX's [16, 56, 56] for d_h = 128 is flux_rope_axes(128).
@@ -32,11 +48,15 @@ struct DitConfig {
   bool qkv_bias = true;         // the double blocks' qkv Linears have a bias (FLUX.1: yes)
 
   std::int64_t hidden() const { return heads * head_dim; }            // H
+  bool has_pooled() const { return family == DitFamily::flux1; }      // vector_in
+  // --guidance is classifier-free guidance's scale (two passes, the negative prompt's) rather than a
+  // distilled guidance embedding.
+  bool true_cfg() const { return family == DitFamily::qwen_image; }
   std::int64_t in_channels() const { return latent_channels * patch * patch; }  // C_in
   // Throws diffcp::Error naming the bad value.
   void validate() const;
   nlohmann::json to_json() const;
-  // FLUX's FluxParams (black-forest-labs/flux, model.py) with its field names: in_channels,
+  // (flux1 only) FLUX's FluxParams (black-forest-labs/flux, model.py) with its field names: in_channels,
   // out_channels, vec_in_dim, context_in_dim, hidden_size, mlp_ratio, num_heads, depth,
   // depth_single_blocks, axes_dim, theta, qkv_bias, guidance_embed.
   nlohmann::json to_flux_params() const;
@@ -106,7 +126,8 @@ struct DitLinear {
 //   img_in.{weight [H, C_in], bias [H]}              txt_in.{weight [H, text_dim], bias [H]}
 //   time_in.in_layer.{weight [H, time_dim], bias}    time_in.out_layer.{weight [H, H], bias}
 //   guidance_in.in_layer.{weight [H, time_dim], bias} guidance_in.out_layer.{weight [H, H], bias}  (guidance_embed)
-//   vector_in.in_layer.{weight [H, pooled_dim], bias} vector_in.out_layer.{weight [H, H], bias}
+//   vector_in.in_layer.{weight [H, pooled_dim], bias} vector_in.out_layer.{weight [H, H], bias}  (flux1)
+//   txt_norm.scale [text_dim]                       (qwen_image: RMSNorm of the text rows before txt_in)
 //   double_blocks.i.s_mod.lin.{weight [6H, H], bias [6H]}       (shift1, scale1, gate1, shift2, scale2, gate2)
 //   double_blocks.i.s_attn.qkv.{weight [3H, H], bias [3H]}      (rows: q heads, k heads, v heads; bias: qkv_bias)
 //   double_blocks.i.s_attn.norm.query_norm.scale [d_h], ...key_norm.scale [d_h]
@@ -141,6 +162,7 @@ struct DitLayout {
 
   DitLinear img_in, txt_in, time_in0, time_in1, vector_in0, vector_in1, final_mod, final_linear;
   DitLinear guidance_in0, guidance_in1;  // allocated only when guidance_embed
+  std::int64_t txt_norm = -1;            // qwen_image: [text_dim]; -1 otherwise
   std::vector<DoubleBlock> double_blocks;
   std::vector<SingleBlock> single_blocks;
   std::vector<Tensor> tensors;  // every tensor of the file, in allocation order

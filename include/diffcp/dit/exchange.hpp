@@ -73,6 +73,8 @@ struct ExchangeStats {
   double v_wait_ms = 0;           // of comm_ms: blocked waiting for V's phase 1 in attention()
   // V-Major (cocodiff): exchanges that ran selective / full.
   std::uint64_t selective = 0, full = 0;
+
+  ExchangeStats& operator+=(const ExchangeStats& o);  // every counter summed (two passes of a step)
 };
 
 // Where one rank's tokens live in its sequence-layout tensors.

@@ -3,12 +3,14 @@
 //
 // Legend as in dit/config.hpp; T_p, I_p text / image tokens per rank and image, M_p = b (T_p + I_p).
 //
-//   vec  = MLP_time(timestep_embedding(t)) [+ MLP_guidance(timestep_embedding(guidance))] + MLP_vector(pooled)
-//          MLP(x) = W2 silu(W1 x + b1) + b2; the guidance term only with guidance_embed (FLUX.1-dev)
+//   vec  = MLP_time(timestep_embedding(t)) [+ MLP_guidance(timestep_embedding(guidance))] [+ MLP_vector(pooled)]
+//          MLP(x) = W2 silu(W1 x + b1) + b2; the guidance term only with guidance_embed (FLUX.1-dev),
+//          the pooled one only in families that have it (FLUX; not Qwen-Image)
 //   img  = x_p W_img_in + b,  txt = txt_p W_txt_in + b                [b I_p, H], [b T_p, H]
+//          (Qwen-Image: txt_p RMS-normed first, txt_norm)
 //   double-stream block (separate img / txt weights, joint attention):
 //     (shift1, scale1, gate1, shift2, scale2, gate2) = Lin_s(silu(vec))   per stream s
-//     q, k, v = Lin_qkv((1 + scale1) LN(x_s) + shift1); q, k = RMSNorm per head; RoPE on image rows
+//     q, k, v = Lin_qkv((1 + scale1) LN(x_s) + shift1); q, k = RMSNorm per head; RoPE (the family's positions)
 //     a = Attn over the concatenated txt and img tokens of each image (the exchange, sharded heads)
 //     x_s += gate1 * Lin_proj(a_s);  x_s += gate2 * MLP((1 + scale2) LN(x_s) + shift2)
 //     MLP = Lin(M -> H)(GELU_tanh(Lin(H -> M)))
@@ -100,7 +102,7 @@ class DitModel {
   // on the backend holding the weights (an error otherwise); every pointer is its device memory.
   //   x_p:    [b, I_p, C_in] this rank's latent tokens of every image
   //   txt_p:  [T_p, text_dim] this rank's text rows (shared by the images)
-  //   pooled: [pooled_dim] the pooled text vector
+  //   pooled: [pooled_dim] the pooled text vector (unread, may be null, in families without one)
   //   t:      in [0, 1], 1 = pure noise
   //   guidance: the guidance scale (read only with guidance_embed)
   //   v_p:    [b, I_p, C_in] out: the predicted velocity (flow matching: d x_t / d t)
@@ -110,7 +112,7 @@ class DitModel {
   // Rows [row0, row0 + rows) of the activations form one stream (text or image).
   struct StreamRows {
     std::int64_t row0, rows;
-    const AxialRope* rope;  // null for text rows
+    const AxialRope* rope;  // null: no rotation (FLUX's text rows)
   };
   void double_block(const DitLayout::DoubleBlock& blk);
   void single_block(const DitLayout::SingleBlock& blk);
@@ -136,12 +138,14 @@ class DitModel {
   DitShape shape_;
   DitShard shard_;
   AttentionExchange& ex_;
-  std::unique_ptr<AxialRope> rope_;    // [b I_p] image rows
+  std::unique_ptr<AxialRope> rope_;      // [b I_p] image rows
+  std::unique_ptr<AxialRope> txt_rope_;  // [b T_p] text rows (Qwen-Image; null: FLUX's text is not rotated)
   StreamRows txt_rows_{}, img_rows_{};
   std::int64_t Mp_ = 0;
   // Device memory of the weights' backend, sized once.
   DeviceVector<float> x_, xm_, big_, attn_, y_;  // [M_p, H], [M_p, H], [M_p, 3H + M], [M_p, H], [M_p, H]
   DeviceVector<float> temb_, h_, vec_, silu_vec_;  // [time_dim], [H], [H], [H]
+  DeviceVector<float> txt_normed_, txt_rstd_;      // Qwen-Image's txt_norm: [T_p, text_dim], [T_p]
   DeviceVector<float> mod_, mods_;                 // [6H]; [2, 6H] a double block's two streams
   DeviceVector<bf16_t> params16_;                  // under bf16 compute (ScopedF32GemmCompute): the weights, rounded
 };

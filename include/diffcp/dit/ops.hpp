@@ -35,16 +35,16 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 // f_i = exp(-ln(10000) i / half): [cos(s f_0..s f_{half-1}), sin(s f_0..s f_{half-1})]. [dim]
 std::vector<float> timestep_embedding(double t, std::int64_t dim);
 
-// RoPE over (token index, image row, image column), FLUX's EmbedND: head-dim pair k = (2k, 2k+1)
+// RoPE over three axes (FLUX: token index, image row, image column; Qwen-Image: frame, row,
+// column), FLUX's EmbedND and diffusers' QwenEmbedRope alike: head-dim pair k = (2k, 2k+1)
 // (adjacent elements) belongs to axis a while k < (axes[0] + ... + axes[a]) / 2; with i its index
 // inside the axis, its angle is pos_a * theta^(-2i/axes[a]), and (x0, x1) -> (cos x0 - sin x1,
-// sin x0 + cos x1). Text tokens sit at position (0, 0, 0) (FLUX's txt_ids): the identity, skipped.
-// Image token (r, c) of the grid sits at (0, r, c). Angles in double, stored as float, in the
-// memory of the backend active at construction.
+// sin x0 + cos x1). Each family's positions: dit/config.hpp (DitFamily). Angles in double, stored
+// as float, in the memory of the backend active at construction.
 class AxialRope {
  public:
-  // The table of `positions` [n] given as (row, col) pairs.
-  AxialRope(const DitConfig& cfg, const std::vector<std::array<std::int64_t, 2>>& positions);
+  // The table of `positions` [n], one position per axis.
+  AxialRope(const DitConfig& cfg, const std::vector<std::array<double, 3>>& positions);
   std::int64_t rows() const { return rows_; }
   const float* cos(std::int64_t r) const { return cos_.data() + r * half_; }  // [d_h/2]
   const float* sin(std::int64_t r) const { return sin_.data() + r * half_; }
@@ -57,7 +57,7 @@ class AxialRope {
 // Per-head QK RMSNorm, then RoPE, in place on the q and k parts of fused qkv rows:
 //   qkv: [rows, 3, n_h, d_h] (row stride ld): q heads, k heads, v heads (v untouched)
 //   q_scale, k_scale: [d_h]  x -> x / sqrt(mean(x^2) + eps) * scale
-//   rope: null (text rows: no rotation) or a table whose row r rotates qkv row r (rope->rows() == rows)
+//   rope: null (no rotation: FLUX's text rows) or a table whose row r rotates qkv row r (rope->rows() == rows)
 void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t heads, std::int64_t d,
                   const float* q_scale, const float* k_scale, float eps, const AxialRope* rope);
 

@@ -15,15 +15,18 @@
 namespace diffcp {
 
 // One sampling run of `opt.timesteps` Euler steps with `ex` over `world`, from `noise`
-// ([b, N_img, C_in], every rank the same). Collective.
+// ([b, N_img, C_in], every rank the same). Collective. Classifier-free guidance
+// (uses_negative_pass) runs the negative prompt's pass on `negative_ex` (required then: an exchange
+// of the same mode over the same ranks; V-Major keeps its own caches there).
 struct DitRun {
   std::vector<float> latent;             // [b, N_img, C_in], gathered on every rank
   std::vector<double> step_ms, comm_ms;  // per step: the slowest rank's
-  ExchangeStats stats;                   // this rank's counters
-  std::uint64_t cache_bytes = 0;         // this rank's V-Major cache
+  ExchangeStats stats;                   // this rank's counters (both passes)
+  std::uint64_t cache_bytes = 0;         // this rank's V-Major caches (both passes)
 };
 DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
-                        const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt);
+                        const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt,
+                        AttentionExchange* negative_ex = nullptr);
 
 // The closed forms of a run's bytes across link groups, per rank per step: P ranks, USP degrees
 // `deg`, the Ulysses exchange in groups of `group_size` (TAPA's L, at most U), link groups of
@@ -32,9 +35,11 @@ DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape
 struct DitBytesPrediction {
   double inter = 0;       // this run's: CoCoDiff's cache schedule; every other mode moves TAPA's
   double tapa_inter = 0;  // TAPA's, for the same run
-  double qkv_ratio = 1;   // TAPA's q|k|v phase 2 bytes over this run's (1 without V-Major)
+  double qkv = 0, tapa_qkv = 0;  // of inter / tapa_inter: the q|k|v phase 2 bytes
   double ring = 0;        // USP: Ring's K|V (every link class)
   double inter_ratio() const { return inter > 0 ? tapa_inter / inter : 1.0; }
+  double qkv_ratio() const { return qkv > 0 ? tapa_qkv / qkv : 1.0; }  // TAPA's q|k|v phase 2 over this run's
+  DitBytesPrediction& operator+=(const DitBytesPrediction& o);  // two passes of a step (classifier-free guidance)
 };
 DitBytesPrediction dit_predicted_bytes(const DitConfig& cfg, const DitShape& shape, const DitShard& shard, UspDegrees deg,
                                        int P, ExchangeMode mode, const CacheSchedule& schedule, int steps, int group_size,

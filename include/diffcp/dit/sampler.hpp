@@ -30,9 +30,16 @@ std::uint64_t prompt_hash(const std::string& prompt);
 // equal prompts give equal conditioning and different prompts different ones.
 struct DitConditioning {
   std::vector<float> txt;     // [T, text_dim] text tokens (seed prompt_hash(prompt))
-  std::vector<float> pooled;  // [pooled_dim] pooled vector (seed prompt_hash(prompt) + 1)
+  std::vector<float> pooled;  // [pooled_dim] pooled vector (seed prompt_hash(prompt) + 1); empty without one
+  // Classifier-free guidance's negative prompt (families with true_cfg(), dit/config.hpp): its text
+  // tokens [negative_tokens, text_dim]; empty: no negative prompt.
+  std::vector<float> negative_txt;
+  std::int64_t negative_tokens = 0;
+  bool has_negative() const { return !negative_txt.empty(); }
 };
 DitConditioning prompt_conditioning(const DitConfig& cfg, const DitShape& shape, const std::string& prompt);
+// The shape of the negative prompt's pass: `shape` with its text tokens.
+DitShape negative_shape(const DitShape& shape, const DitConditioning& cond);
 
 // x_1 ~ N(0, I): [b, N_img, C_in], one stream seeded by `seed`, image-major, tokens row-major over
 // the grid, channels (c, ph, pw) (FLUX's packing). The same for every P: a rank takes its rows.
@@ -61,7 +68,11 @@ struct SampleTimings {
 
 struct SampleOptions {
   std::vector<double> timesteps;  // [T + 1] from flow_schedule
-  double guidance = 3.5;          // read by models with guidance_embed (diffusers' FluxPipeline default; BFL's CLI: 2.5)
+  // Read by models with guidance_embed (the distilled guidance; 3.5 is diffusers' FluxPipeline
+  // default, BFL's CLI has 2.5), and in true_cfg() families as classifier-free guidance's scale:
+  // above 1 with a negative prompt, every step runs the negative pass too and combines the two
+  // velocities (guidance_combine, the conditional norm kept).
+  double guidance = 3.5;
   // Called on every rank after step k's velocity v_p [b, I_p, C_in] (e.g. --dump-velocity), a host
   // copy; may communicate (every rank calls it at the same point). Not counted in the step time.
   std::function<void(int k, const std::vector<float>& v_p)> on_velocity;
@@ -71,13 +82,19 @@ struct SampleOptions {
   DType compute = DType::f32;
 };
 
+// Whether a run with these options takes the negative prompt's pass: a true_cfg() family, a
+// negative prompt and guidance > 1.
+bool uses_negative_pass(const DitConfig& cfg, const DitConditioning& cond, const SampleOptions& opt);
+
 // Runs the T Euler steps of the schedule on this rank's tokens; collective over the model's
-// exchange; calls exchange().begin_step(k, steps) before step k (cocodiff's schedule). x_p:
+// exchange; calls exchange().begin_step(k, steps) before step k (cocodiff's schedule). `negative`:
+// the negative prompt's model (negative_shape(), the same weights, its own exchange and so its own
+// V-Major caches, as diffusers' cache_context("uncond")), required when uses_negative_pass(). x_p:
 // [b, I_p, C_in] in: x_1 (noise), out: x_0. cond: the full conditioning (each rank
 // reads its text rows). The exchange's statistics accumulate over all steps. The host data goes to
 // the model's device once, and x_0 comes back at the end: the steps run in device memory (the
 // Euler update is an op).
 SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond,
-                           const SampleOptions& opt);
+                           const SampleOptions& opt, DitModel* negative = nullptr);
 
 }  // namespace diffcp

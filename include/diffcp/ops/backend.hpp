@@ -62,8 +62,9 @@ enum class OpKind : std::uint8_t {
   cross_entropy,       // ops/loss.hpp (the drafter's LM head: per-row statistics, dlogits)
   cross_entropy_backward,  //
   scale_sumsq,         // ops/optim.hpp (gradient scaling and the clip norm's sum of squares)
+  guidance_combine,    // ops/elementwise.hpp (the DiT sampler's classifier-free guidance)
 };
-inline constexpr int kOpKindCount = 29;
+inline constexpr int kOpKindCount = 30;
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -177,6 +178,8 @@ class Backend {
                                TensorView dup);
   // y: [n] in place += alpha * x: [n] (alpha = 1: y + x exactly)
   virtual void add(TensorView y, ConstTensorView x, float alpha);
+  // v, v_neg: [rows, C]; ops/elementwise.hpp guidance_combine.
+  virtual void guidance_combine(TensorView v, ConstTensorView v_neg, float scale, bool keep_norm);
   // p, m, v: [n] in place  g: [n]
   virtual void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args);
   // src: [M, w] (row stride >= w), rows: [n] in [0, M) (host metadata), dst: [n, w] (row stride >= w):

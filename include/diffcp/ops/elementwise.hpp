@@ -19,6 +19,10 @@ void swiglu_backward(const float* dact, const float* gate, const float* up, floa
 void add_into(float* y, const float* x, std::int64_t n);
 // y[n] += alpha * x[n] (the sampler's Euler step)
 void axpy(float* y, float alpha, const float* x, std::int64_t n);
+// Classifier-free guidance per row (the DiT sampler, one row per token): v[rows, C] in: the
+// conditional velocity, out: g = v_neg + scale (v - v_neg); with keep_norm, g * |v| / |g| (the
+// conditional row's L2 norm kept: QwenImagePipeline's true CFG; norms summed in double). v_neg: [rows, C].
+void guidance_combine(float* v, const float* v_neg, std::int64_t rows, std::int64_t C, float scale, bool keep_norm);
 // x[rows, cols] (row stride ld) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3) (GELU, tanh
 // form), evaluated as x / (1 + exp(-2u)) with a polynomial exp2 (relative error ~1e-6)
 void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld);
