@@ -6,7 +6,9 @@
 # file holds), empty (no config.json); and pipelines that share its transformer but not its
 # scheduler: sched_karras (use_karras_sigmas), sched_field (a field the scheduler does not have);
 # flux1-dev: FLUX.1-dev's published transformer config.json with a data-less (sparse) file of its
-# real shape in diffusers' names.
+# real shape in diffusers' names. Qwen-Image (tools/qwenimage_reference.py): qwen (a tiny pipeline),
+# qwen_zero_cond (zero_cond_t, an edit model's flag), qwen_guidance (guidance_embeds),
+# qwen-image (Qwen/Qwen-Image's published config.json, data-less).
 set -euo pipefail
 py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
 dir=${2:?usage: diffusers_fixture.sh PYTHON DIR}
@@ -32,6 +34,19 @@ json.dump(c, open(sys.argv[2], "w"))
 PY
 done
 mkdir -p "$dir/empty"
+qref="$here/../tools/qwenimage_reference.py"
+"$py" "$qref" make --out "$dir/qwen" --text-tokens 8 --neg-tokens 5 >/dev/null
+"$py" "$qref" header --config "$here/data/qwen-image-diffusers.json" --out "$dir/qwen-image" >/dev/null
+for case in qwen_zero_cond qwen_guidance; do
+  mkdir -p "$dir/$case"
+  ln -s "$dir/qwen/transformer/diffusion_pytorch_model.safetensors" "$dir/$case/"
+  "$py" - "$dir/qwen/transformer/config.json" "$dir/$case/config.json" "$case" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["zero_cond_t" if sys.argv[3] == "qwen_zero_cond" else "guidance_embeds"] = True
+json.dump(c, open(sys.argv[2], "w"))
+PY
+done
 "$py" "$ref" header --format diffusers --config "$here/data/flux1-dev-diffusers.json" --out "$dir/flux1-dev" >/dev/null
 for case in sched_karras sched_field; do
   mkdir -p "$dir/$case/scheduler"

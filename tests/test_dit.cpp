@@ -50,6 +50,7 @@
 #include "diffcp/dit/image.hpp"
 #include "diffcp/dit/metrics.hpp"
 #include "diffcp/dit/ring_attention.hpp"
+#include "diffcp/dit/run.hpp"
 #include "diffcp/dit/sampler.hpp"
 #include "diffcp/dit/vmajor.hpp"
 #include "diffcp/io/safetensors.hpp"
@@ -315,6 +316,59 @@ TEST(DitModel, FluxCheckpointRectangularGuidedEqualsSingleProcess) {
     const CompareResult c = compare<float>(out, ref, scaled_to(kTolF32, ref));
     EXPECT_TRUE(c.pass()) << "max_abs " << c.max_abs << " max_rel " << c.max_rel << " worst ratio " << c.worst_ratio;
   }
+  }
+}
+
+// Qwen-Image (issue #34): a model of its family (txt_norm, no pooled vector, double blocks only,
+// centred RoPE with rotated text rows) with true classifier-free guidance, the negative prompt
+// twice as long as the prompt: every mode at P equals the single-process run (fp32 tolerance, as
+// above), the negative prompt and the scale reach the output, and a run without the negative
+// pass's exchange is refused.
+TEST(DitModel, QwenImageTrueCfgEqualsSingleProcess) {
+  DitConfig cfg = test_config();
+  cfg.family = DitFamily::qwen_image;
+  cfg.single_blocks = 0;
+  cfg.double_blocks = 2;
+  cfg.pooled_dim = 0;
+  cfg.rope_axes = {2, 2, 4};
+  DitWeights w(cfg);
+  w.init_random(13);
+  const DitShape shape{1, 192, 96, 24};
+  DitConditioning cond = prompt_conditioning(cfg, shape, "a qwen test");
+  EXPECT_TRUE(cond.pooled.empty());
+  cond.negative_txt = prompt_conditioning(cfg, DitShape{1, 192, 96, 48}, "").txt;
+  cond.negative_tokens = 48;
+  const std::vector<float> noise = initial_noise(cfg, shape, 5);
+  const SampleOptions opt{flow_schedule(3, TimeSchedule::flux, shape.image_tokens()), 4.0, {}};
+  ASSERT_TRUE(uses_negative_pass(cfg, cond, opt));
+  auto self = world().split(world().rank(), 0, "self");
+  const auto single_run = [&](const DitConditioning& c, const SampleOptions& o) {
+    const auto ex = make_attention_exchange(ExchangeMode::flat, *self, 1);
+    const auto neg = make_attention_exchange(ExchangeMode::flat, *self, 1);
+    return run_dit_sampling(*self, w, shape, *ex, c, noise, o, neg.get()).latent;
+  };
+  const std::vector<float> single = single_run(cond, opt);
+  const std::vector<double> ref(single.begin(), single.end());
+  SampleOptions one_pass = opt;
+  one_pass.guidance = 1.0;
+  EXPECT_GT(max_abs_diff(single_run(cond, one_pass), single), 1e-3) << "classifier-free guidance does not reach the output";
+  {
+    const auto ex = make_attention_exchange(ExchangeMode::flat, *self, 1);
+    EXPECT_NE(error_of([&] { run_dit_sampling(*self, w, shape, *ex, cond, noise, opt); }).find("needs a second exchange"),
+              std::string::npos);
+  }
+  const CacheSchedule r0{CacheScheduleKind::fixed, 0.0, 0, 0};
+  for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff}) {
+    SCOPED_TRACE(exchange_mode_name(mode));
+    const auto ex = make_attention_exchange(mode, world(), 1, r0);
+    const auto neg = make_attention_exchange(mode, world(), 1, r0);
+    const DitRun run = run_dit_sampling(world(), w, shape, *ex, cond, noise, opt, neg.get());
+    const CompareResult c = compare<float>(run.latent, ref, scaled_to(kTolF32, ref));
+    EXPECT_TRUE(c.pass()) << "max_abs " << c.max_abs << " max_rel " << c.max_rel << " worst ratio " << c.worst_ratio;
+    if (world().size() > 1) {  // both passes' exchanges are counted
+      EXPECT_EQ(run.stats.calls, ex->stats().calls + neg->stats().calls);
+      EXPECT_GT(neg->stats().calls, 0u);
+    }
   }
 }
 

@@ -250,6 +250,59 @@ TEST(FluxCheckpoint, FluxParamsConfigAndTheRealFlux1Shape) {
   EXPECT_NE(error_of([] { read_dit_config("/nonexistent/flux.json"); }).find("cannot open"), std::string::npos);
 }
 
+// Qwen/Qwen-Image's published transformer config.json (tests/data): the family, its shape and its
+// published parameter count (20.43B); the fields that select the edit / layered variants and shapes
+// the pipeline cannot pack are refused by name.
+TEST(FluxCheckpoint, QwenImageDiffusersConfigAndTheRealShape) {
+  const std::string path = std::string(DIFFCP_TEST_DATA) + "/qwen-image-diffusers.json";
+  std::ifstream f(path);
+  const nlohmann::json good = nlohmann::json::parse(f);
+  const DitConfig c = dit_config_from_diffusers(good, path);
+  EXPECT_EQ(c.family, DitFamily::qwen_image);
+  EXPECT_TRUE(c.true_cfg() && !c.has_pooled() && !c.guidance_embed);
+  EXPECT_EQ(c.hidden(), 3072);
+  EXPECT_EQ(c.double_blocks, 60);
+  EXPECT_EQ(c.single_blocks, 0);
+  EXPECT_EQ(c.mlp_hidden, 12288);
+  EXPECT_EQ(c.in_channels(), 64);
+  EXPECT_EQ(c.text_dim, 3584);
+  EXPECT_EQ(c.pooled_dim, 0);
+  EXPECT_EQ(c.rope_axes, (std::array<std::int64_t, 3>{16, 56, 56}));
+  EXPECT_EQ(DitLayout(c).parameters, 20430401088);
+  EXPECT_NE(error_of([&] { c.to_flux_params(); }).find("no FluxParams"), std::string::npos);
+  const auto err = [&](auto edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return error_of([&] { dit_config_from_diffusers(j, "cfg.json"); });
+  };
+  EXPECT_NE(err([](nlohmann::json& j) { j["num_single_layers"] = 1; }).find("unknown field 'num_single_layers' for QwenImageTransformer2DModel"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["use_layer3d_rope"] = true; }).find("use_layer3d_rope = true is not supported"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["patch_size"] = 1; }).find("patch_size = 1"), std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["out_channels"] = 8; }).find("in_channels = 64 != out_channels (8) x patch_size^2"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["axes_dims_rope"] = {16, 56}; }).find("'axes_dims_rope' must be an array of 3"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["num_layers"] = -1; }).find("field 'num_layers' = -1"), std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["_class_name"] = "QwenImageTransformer3DModel"; }).find("supported: "),
+            std::string::npos);
+  // The diffusers names of the family's own tensors.
+  const std::pair<const char*, const char*> names[] = {
+      {"txt_norm.scale", "txt_norm.weight"},
+      {"double_blocks.3.txt_mod.lin.weight", "transformer_blocks.3.txt_mod.1.weight"},
+      {"double_blocks.0.img_mlp.2.bias", "transformer_blocks.0.img_mlp.net.2.bias"},
+      {"time_in.out_layer.weight", "time_text_embed.timestep_embedder.linear_2.weight"}};
+  int found = 0;
+  for (const DitLayout::Tensor& t : DitLayout(c).tensors)
+    for (const auto& [ours, theirs] : names)
+      if (t.name == ours) {
+        EXPECT_EQ(dit_file_parts(t, c, DitFileFormat::diffusers).at(0).name, theirs);
+        ++found;
+      }
+  EXPECT_EQ(found, 4);
+}
+
 TEST(FluxCheckpoint, FluxScheduleIsFluxsShiftedSchedule) {
   // mu = 0.5 at 256 image tokens, 1.15 at 4096; t = e^mu / (e^mu + 1/s - 1) on s = 1 - k/T.
   EXPECT_DOUBLE_EQ(flux_shift_mu(256), 0.5);

@@ -153,9 +153,9 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
                "--text-embeddings (the stand-in prompt conditioning makes its own negative)");
   const auto read_text = [&](const std::string& path, const char* flag, std::int64_t& T) {
     std::vector<std::int64_t> s;
-    const std::string legend = "[T, " + std::string(cfg.has_pooled() ? "context_in_dim" : "joint_attention_dim") +
-                               "] or [1, T, ...] with " + (cfg.has_pooled() ? "context_in_dim" : "joint_attention_dim") +
-                               " = " + std::to_string(cfg.text_dim) + " (the model's txt_in; every image of the batch shares the prompt)";
+    const std::string dim = cfg.has_pooled() ? "context_in_dim" : "joint_attention_dim";
+    const std::string legend = "[T, " + dim + "] or [1, T, " + dim + "] with " + dim + " = " + std::to_string(cfg.text_dim) +
+                               " (the model's txt_in; every image of the batch shares the prompt)";
     std::vector<float> v = read_input(path, flag, s, {{-1, cfg.text_dim}, {1, -1, cfg.text_dim}}, legend.c_str());
     T = s[s.size() - 2];
     return v;
