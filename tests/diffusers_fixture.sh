@@ -8,7 +8,9 @@
 # flux1-dev: FLUX.1-dev's published transformer config.json with a data-less (sparse) file of its
 # real shape in diffusers' names. Qwen-Image (tools/qwenimage_reference.py): qwen (a tiny pipeline),
 # qwen_zero_cond (zero_cond_t, an edit model's flag), qwen_guidance (guidance_embeds),
-# qwen-image (Qwen/Qwen-Image's published config.json, data-less).
+# qwen-image (Qwen/Qwen-Image's published config.json, data-less). FLUX.2
+# (tools/flux2_reference.py): flux2 (a tiny pipeline), flux2_axes (three RoPE axes), flux2_noguid
+# (guidance_embeds false, as FLUX.2 [klein]), flux2-dev (FLUX.2-dev's config.json, data-less).
 set -euo pipefail
 py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
 dir=${2:?usage: diffusers_fixture.sh PYTHON DIR}
@@ -37,6 +39,22 @@ mkdir -p "$dir/empty"
 qref="$here/../tools/qwenimage_reference.py"
 "$py" "$qref" make --out "$dir/qwen" --text-tokens 8 --neg-tokens 5 >/dev/null
 "$py" "$qref" header --config "$here/data/qwen-image-diffusers.json" --out "$dir/qwen-image" >/dev/null
+fref="$here/../tools/flux2_reference.py"
+"$py" "$fref" make --out "$dir/flux2" >/dev/null
+"$py" "$fref" header --config "$here/data/flux2-dev-diffusers.json" --out "$dir/flux2-dev" >/dev/null
+for case in flux2_axes flux2_noguid; do
+  mkdir -p "$dir/$case"
+  ln -s "$dir/flux2/transformer/diffusion_pytorch_model.safetensors" "$dir/$case/"
+  "$py" - "$dir/flux2/transformer/config.json" "$dir/$case/config.json" "$case" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+if sys.argv[3] == "flux2_axes":
+    c["axes_dims_rope"] = [4, 6, 6]
+else:
+    c["guidance_embeds"] = False
+json.dump(c, open(sys.argv[2], "w"))
+PY
+done
 for case in qwen_zero_cond qwen_guidance; do
   mkdir -p "$dir/$case"
   ln -s "$dir/qwen/transformer/diffusion_pytorch_model.safetensors" "$dir/$case/"

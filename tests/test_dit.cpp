@@ -929,7 +929,7 @@ TEST(DitWeights, SafetensorsRoundTripAndMalformedFiles) {
 // ---------------------------------------------------------------------------------------------
 TEST(DitOps, RopeAdjacentPairsOverRowAndColumn) {
   const DitConfig cfg = test_config();  // d_h 8, axes [4, 2, 2]
-  const AxialRope rope(cfg, {{0, 3, 5}});
+  const AxialRope rope(cfg, {{0, 3, 5, 0}});
   std::vector<float> x = random_normal(static_cast<std::size_t>(3 * cfg.heads * cfg.head_dim), 1);
   const std::vector<float> x0 = x;
   const std::vector<float> one(static_cast<std::size_t>(cfg.head_dim), 1.f);

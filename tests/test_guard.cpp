@@ -278,6 +278,7 @@ std::vector<OpCase> op_cases() {
                      swiglu_backward(F(t[3]), F(t[0]), F(t[1]), F(t[4]), F(t[5]), 500);
                      add_into(F(t[4]), F(t[5]), 500);
                      axpy(F(t[3]), -0.37f, F(t[4]), 500);
+                     swiglu_rows(F(t[2]), 9, 20, 50);  // strided rows, in place (FLUX.2's fused MLP input)
                    }});
   cases.push_back({"guidance combine", {OpKind::guidance_combine}, {{f, 7 * 64}, {f, 7 * 64}, {f, 7 * 64}},
                    [](Backend&, auto& t) {

@@ -2,8 +2,9 @@
 """diffcp's DiT against diffusers' own models, from diffusers folders (issue #34).
 
 Builds each family's transformer with a tiny random config (no hub: the class instantiated here):
-FluxTransformer2DModel (FLUX.1-dev-like and -schnell-like) and QwenImageTransformer2DModel
-(Qwen-Image, with and without true classifier-free guidance); saves it as a diffusers pipeline
+FluxTransformer2DModel (FLUX.1-dev-like and -schnell-like), QwenImageTransformer2DModel
+(Qwen-Image, with and without true classifier-free guidance) and Flux2Transformer2DModel (FLUX.2-dev-like
+with its guidance embedding, and without one); saves it as a diffusers pipeline
 folder (model_index.json, transformer/, and scheduler/ with the published model's
 FlowMatchEulerDiscreteScheduler config), and runs
 `diffcp dit --weights FOLDER` under mpirun at each P and mode with `--dump-velocity`. For every
@@ -20,7 +21,7 @@ NumPy reference covers the same math there):
 
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch diffusers
   /tmp/venv/bin/python tools/diffusers_check.py --diffcp build/release/src/diffcp [--np 1,2,3,4] \
-      [--families flux1,qwen_image]
+      [--families flux1,qwen_image,flux2]
 
 Exit codes: 0 every case within --tol (default 1e-4), 1 a mismatch, 2 a run failed.
 """
@@ -36,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel, QwenImageTransformer2DModel
+from diffusers import (Flux2Transformer2DModel, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel,
+                       QwenImageTransformer2DModel)
 from diffusers.utils import logging as diffusers_logging
 
 WIDTH, HEIGHT = 64, 48  # 4 x 3 = 12 image tokens: divisible by P = 1..4
@@ -69,6 +71,17 @@ def tiny_qwen(seed: int) -> QwenImageTransformer2DModel:
     return m.to(torch.float64).eval()
 
 
+def tiny_flux2(guidance: bool, seed: int) -> Flux2Transformer2DModel:
+    torch.manual_seed(seed)
+    m = Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
+                                num_attention_heads=4, joint_attention_dim=48, timestep_guidance_channels=32,
+                                mlp_ratio=3.0, axes_dims_rope=(2, 4, 6, 4), rope_theta=2000, guidance_embeds=guidance)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return m.to(torch.float64).eval()
+
+
 def save_pipeline(model, scheduler: FlowMatchEulerDiscreteScheduler, root: Path, pipeline: str) -> None:
     model.to(torch.float32).save_pretrained(root / "transformer")
     model.to(torch.float64)
@@ -78,13 +91,26 @@ def save_pipeline(model, scheduler: FlowMatchEulerDiscreteScheduler, root: Path,
          "transformer": ["diffusers", type(model).__name__]}))
 
 
-def pipeline_sigmas(scheduler: FlowMatchEulerDiscreteScheduler, steps: int, image_seq_len: int) -> np.ndarray:
+def flux2_mu(image_seq_len: int, steps: int) -> float:
+    """Flux2Pipeline's compute_empirical_mu (pipeline_flux2.py), retyped."""
+    a1, b1, a2, b2 = 8.73809524e-05, 1.89833333, 0.00016927, 0.45666666
+    if image_seq_len > 4300:
+        return a2 * image_seq_len + b2
+    m_200, m_10 = a2 * image_seq_len + b2, a1 * image_seq_len + b1
+    a = (m_200 - m_10) / 190.0
+    return a * steps + (m_200 - 200.0 * a)
+
+
+def pipeline_sigmas(scheduler: FlowMatchEulerDiscreteScheduler, steps: int, image_seq_len: int,
+                    family: str = "flux1") -> np.ndarray:
     """The sigmas FluxPipeline.__call__ and QwenImagePipeline.__call__ set alike: linspace(1, 1/N, N)
     and mu from calculate_shift with the scheduler's config (pipeline_flux.py, pipeline_qwenimage.py;
     retyped here because importing the pipeline modules needs transformers)."""
     c = scheduler.config
     m = (c.get("max_shift", 1.15) - c.get("base_shift", 0.5)) / (c.get("max_image_seq_len", 4096) - c.get("base_image_seq_len", 256))
     mu = image_seq_len * m + c.get("base_shift", 0.5) - m * c.get("base_image_seq_len", 256)
+    if family == "flux2":
+        mu = flux2_mu(image_seq_len, steps)
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
     return scheduler.sigmas.double().numpy()
 
@@ -106,6 +132,16 @@ def diffusers_velocity(family: str, model, x: torch.Tensor, inputs: dict, t: flo
                      timestep=tt, img_ids=img_ids, txt_ids=txt_ids,
                      guidance=None if guidance is None else torch.tensor([guidance], dtype=torch.float64),
                      return_dict=False)[0]
+    if family == "flux2":  # Flux2Pipeline's ids: text (0, 0, 0, l), image (0, h, w, 0)
+        h, w, T = HEIGHT // 16, WIDTH // 16, inputs["txt_t"].shape[1]
+        img_ids = torch.zeros(h * w, 4, dtype=torch.float64)
+        img_ids[:, 1] = torch.arange(h, dtype=torch.float64).repeat_interleave(w)
+        img_ids[:, 2] = torch.arange(w, dtype=torch.float64).repeat(h)
+        txt_ids = torch.zeros(T, 4, dtype=torch.float64)
+        txt_ids[:, 3] = torch.arange(T, dtype=torch.float64)
+        return model(hidden_states=x, encoder_hidden_states=inputs["txt_t"], timestep=tt, img_ids=img_ids, txt_ids=txt_ids,
+                     guidance=None if guidance is None else torch.tensor([guidance], dtype=torch.float64),
+                     return_dict=False)[0]
     shapes = [[(1, HEIGHT // 16, WIDTH // 16)]]  # QwenImagePipeline's img_shapes for one image
     cond = model(hidden_states=x, encoder_hidden_states=inputs["txt_t"], timestep=tt, img_shapes=shapes,
                  return_dict=False)[0]
@@ -125,7 +161,7 @@ def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str,
            "--dump-velocity", str(dump), "--out", ""]
     if family == "flux1":
         cmd += ["--pooled", str(inputs["pooled"])]
-    elif guidance is not None and guidance > 1:
+    elif family == "qwen_image" and guidance is not None and guidance > 1:
         cmd += ["--negative-text-embeddings", str(inputs["neg"])]
     if mode == "cocodiff":
         cmd += ["--cache-ratio", "0"]  # V-Major with nothing cached: exact; its ratio curve is bench material
@@ -140,7 +176,7 @@ def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str,
         print(r.stdout + r.stderr, file=sys.stderr)
         raise RuntimeError(f"diffcp failed: {' '.join(cmd)}")
     ts = json.loads((dump / "timesteps.json").read_text())["timesteps"]
-    want_ts = pipeline_sigmas(inputs["scheduler"], a.steps, (WIDTH // 16) * (HEIGHT // 16))
+    want_ts = pipeline_sigmas(inputs["scheduler"], a.steps, (WIDTH // 16) * (HEIGHT // 16), family)
     if len(ts) != len(want_ts) or np.abs(np.array(ts) - want_ts).max() > 1e-6:  # diffusers' sigmas are float32
         raise RuntimeError(f"timesteps {ts} differ from the pipeline's {want_ts.tolist()}")
     x = torch.from_numpy(np.load(inputs["noise"]).astype(np.float64))
@@ -157,13 +193,20 @@ def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str,
 # (family, case name, guidance, seed): FLUX.1-schnell-like (no guidance_in), FLUX.1-dev-like; Qwen-Image
 # with true CFG at QwenImagePipeline's default scale 4 and a negative prompt, and one conditional pass.
 CASES = [("flux1", "FLUX.1-schnell-like", None, 3), ("flux1", "FLUX.1-dev-like (guidance_embeds)", 3.5, 7),
-         ("qwen_image", "Qwen-Image, true CFG 4 (negative prompt)", 4.0, 5), ("qwen_image", "Qwen-Image, guidance 1", 1.0, 9)]
+         ("qwen_image", "Qwen-Image, true CFG 4 (negative prompt)", 4.0, 5), ("qwen_image", "Qwen-Image, guidance 1", 1.0, 9),
+         ("flux2", "FLUX.2-dev-like (guidance_embeds, guidance 4)", 4.0, 13), ("flux2", "FLUX.2, no guidance embedding", None, 17)]
 
 
 def build_case(family: str, guidance: float | None, seed: int, root: Path):
     rng = np.random.default_rng(11)
     inputs = {"txt": root / "txt.npy", "pooled": root / "pooled.npy", "neg": root / "neg.npy", "noise": root / "noise.npy"}
-    if family == "flux1":
+    if family == "flux2":
+        model = tiny_flux2(guidance is not None, seed)
+        # FLUX.2-dev's scheduler (Flux2Pipeline computes mu itself)
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True)
+        save_pipeline(model, scheduler, root, "Flux2Pipeline")
+        np.save(inputs["txt"], rng.standard_normal((TEXT_TOKENS, 48)).astype(np.float32))
+    elif family == "flux1":
         model = tiny_flux(guidance is not None, seed)
         # FLUX.1-dev's scheduler (dynamic shift) and FLUX.1-schnell's (shift 1, none)
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True) if guidance \
@@ -177,7 +220,8 @@ def build_case(family: str, guidance: float | None, seed: int, root: Path):
         save_pipeline(model, scheduler, root, "QwenImagePipeline")
         np.save(inputs["neg"], rng.standard_normal((NEG_TOKENS, 32)).astype(np.float32))
         inputs["neg_t"] = torch.from_numpy(np.load(inputs["neg"]).astype(np.float64))[None]
-    np.save(inputs["txt"], rng.standard_normal((TEXT_TOKENS, 32)).astype(np.float32))
+    if family != "flux2":
+        np.save(inputs["txt"], rng.standard_normal((TEXT_TOKENS, 32)).astype(np.float32))
     np.save(inputs["noise"], rng.standard_normal((1, (WIDTH // 16) * (HEIGHT // 16), 16)).astype(np.float32))
     inputs["txt_t"] = torch.from_numpy(np.load(inputs["txt"]).astype(np.float64))[None]
     inputs["scheduler"] = scheduler
@@ -189,7 +233,7 @@ def main() -> int:
     ap.add_argument("--diffcp", default="build/release/src/diffcp")
     ap.add_argument("--np", default="1,2,3,4")
     ap.add_argument("--modes", default="flat,tapa,vfirst,cocodiff,usp")
-    ap.add_argument("--families", default="flux1,qwen_image")
+    ap.add_argument("--families", default="flux1,qwen_image,flux2")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tol", type=float, default=1e-4)
     a = ap.parse_args()
@@ -222,7 +266,8 @@ def main() -> int:
             f = root / "transformer" / "diffusion_pytorch_model.safetensors"
             sd = load_file(str(f))
             for n in ("norm_out.linear.weight", "norm_out.linear.bias"):
-                sd[n] = torch.cat(sd[n].chunk(2, dim=0)[::-1]).contiguous()
+                if n in sd:  # FLUX.2 has no biases
+                    sd[n] = torch.cat(sd[n].chunk(2, dim=0)[::-1]).contiguous()
             save_file(sd, str(f))
             err = run_case(a, family, model, root, inputs, 1, "flat", guidance)
             caught = err > a.tol

@@ -248,7 +248,7 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--negative-text-embeddings", o.negative_text_embeddings, "Qwen-Image's classifier-free guidance: the negative prompt's encoder_hidden_states, .npy [T_neg, joint_attention_dim] or [1, T_neg, ...] (read with --guidance > 1)");
   c->add_option("--noise", o.noise, "initial noise, FLUX's packed 2x2 patches: .npy [b, N_img, in_channels] (default: seeded N(0, 1), --seed)");
   g_guidance_opt = c->add_option("--guidance", o.guidance, "FLUX.1: the distilled guidance scale (guidance_in, FLUX.1-dev; default 3.5); Qwen-Image: classifier-free guidance's scale (true_cfg_scale; default 4; 1: one conditional pass)");
-  c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (a diffusers pipeline's scheduler/scheduler_config.json, as FluxPipeline uses it; else flux for guidance-distilled models, linear otherwise)")->capture_default_str();
+  c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (a diffusers pipeline's scheduler/scheduler_config.json, as the family's pipeline uses it; else FLUX.2: Flux2Pipeline's dynamic shift; others: flux for guidance-distilled models, linear otherwise)")->capture_default_str();
   c->add_option("--dump-velocity", o.dump_velocity, "write DIR/velocity_<k>.npy [b, N_img, in_channels] per step and DIR/timesteps.json");
   c->add_flag("--dry-run", o.dry_run, "check every input, print the model shape and memory per rank; do not load the weights or sample");
   g_seed_opt = c->add_option("--seed", o.seed, "seed of the initial noise (not with --noise)")->capture_default_str();
@@ -325,13 +325,20 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
   const DitConfig& cfg = pl.cfg;
   DIFFCP_CHECK(cfg.guidance_embed || cfg.true_cfg() || !given(g_guidance_opt, o.guidance), "--guidance ", o.guidance,
                ": this model has no guidance_in (not guidance-distilled, e.g. FLUX.1-schnell); drop --guidance");
-  // The family's default: FluxPipeline's guidance_scale 3.5, QwenImagePipeline's true_cfg_scale 4.
-  const double guidance = given(g_guidance_opt, o.guidance).value_or(cfg.true_cfg() ? 4.0 : 3.5);
+  // The family's default: FluxPipeline's guidance_scale 3.5, Flux2Pipeline's 4, QwenImagePipeline's
+  // true_cfg_scale 4.
+  const double guidance = given(g_guidance_opt, o.guidance).value_or(cfg.family == DitFamily::flux1 ? 3.5 : 4.0);
   DIFFCP_CHECK(std::isfinite(guidance), "--guidance ", guidance, ", expected a finite number");
   // auto: FLUX's shifted schedule for guidance-distilled models (FLUX.1-dev), linear otherwise (schnell).
   // A diffusers pipeline's own scheduler_config.json, unless --schedule names one.
   const bool from_scheduler = o.schedule == "auto" && !pl.scheduler_config.empty();
-  pl.schedule_name = from_scheduler ? "scheduler_config" : o.schedule == "auto" ? (cfg.guidance_embed ? "flux" : "linear") : o.schedule;
+  // FLUX.2 without a pipeline's scheduler: Flux2Pipeline's sigmas on FLUX.2-dev's scheduler
+  // (dynamic exponential shift, compute_empirical_mu).
+  const bool flux2_default = o.schedule == "auto" && !from_scheduler && cfg.family == DitFamily::flux2;
+  pl.schedule_name = from_scheduler ? "scheduler_config"
+                     : flux2_default ? "flux2"
+                     : o.schedule == "auto" ? (cfg.guidance_embed ? "flux" : "linear")
+                                            : o.schedule;
   pl.in = read_inputs(o, cfg);
   const DitShape& shape = pl.in.shape;
   if (cfg.true_cfg()) {
@@ -342,10 +349,13 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
                  "--guidance > 1 (classifier-free guidance); --guidance is ", guidance);
     if (guidance <= 1) pl.in.cond.negative_txt.clear();  // one conditional pass
   }
+  FlowMatchEulerScheduler flux2_scheduler;
+  flux2_scheduler.dynamic = true;
   pl.opt = {from_scheduler ? flow_match_scheduler_from_json(read_json_file(pl.scheduler_config, "scheduler config"),
                                                             pl.scheduler_config)
-                                 .flux_sigmas(o.steps, shape.image_tokens())
-                           : flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()),
+                                 .pipeline_sigmas(o.steps, shape.image_tokens(), cfg.family)
+            : flux2_default ? flux2_scheduler.pipeline_sigmas(o.steps, shape.image_tokens(), DitFamily::flux2)
+                            : flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()),
             guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32};
   pl.deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree), given(g_ring_opt, o.ring_degree));
   pl.shard = make_dit_shard(cfg, shape, world.size(), world.rank(), pl.deg.ulysses);  // U | heads, P | tokens

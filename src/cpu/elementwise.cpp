@@ -23,12 +23,24 @@ void CpuBackend::silu(TensorView x_v) {
 // The drafter's SwiGLU, sigmoid(g) = 1 / (1 + exp(-g)), evaluated as the drafter always did
 // (the same expression per element whatever the split: any thread count gives the same bits).
 //   gate, up, act: [n]
+// gate, up, act: [n], or [rows, cols] each with its own row stride (act may be gate, in place)
 void CpuBackend::swiglu_forward(ConstTensorView gate_v, ConstTensorView up_v, TensorView act_v) {
   const float *g = gate_v.ptr<float>(), *u = up_v.ptr<float>();
   float* a = act_v.ptr<float>();
-  const std::int64_t n = act_v.numel();
+  if (act_v.rank == 1) {
+    const std::int64_t n = act_v.numel();
 #pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) a[i] = g[i] * (1.f / (1.f + std::exp(-g[i]))) * u[i];
+    for (std::int64_t i = 0; i < n; ++i) a[i] = g[i] * (1.f / (1.f + std::exp(-g[i]))) * u[i];
+    return;
+  }
+  const std::int64_t rows = act_v.size(0), cols = act_v.size(1);
+  const std::int64_t lg = gate_v.stride[0], lu = up_v.stride[0], la = act_v.stride[0];
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float x = g[r * lg + c];
+      a[r * la + c] = x * (1.f / (1.f + std::exp(-x))) * u[r * lu + c];
+    }
 }
 
 // dact, gate, up, dgate, dup: [n]; d/dg silu(g) = s (1 + g (1 - s)), s = sigmoid(g).

@@ -10,7 +10,14 @@
 
 namespace diffcp {
 
-const char* dit_family_name(DitFamily f) { return f == DitFamily::qwen_image ? "qwen_image" : "flux1"; }
+const char* dit_family_name(DitFamily f) {
+  switch (f) {
+    case DitFamily::flux1: return "flux1";
+    case DitFamily::qwen_image: return "qwen_image";
+    case DitFamily::flux2: return "flux2";
+  }
+  return "?";
+}
 
 void DitConfig::validate() const {
   // Bounds first, so nothing below (nor the layout's offsets) can overflow int64: every size at
@@ -37,17 +44,19 @@ void DitConfig::validate() const {
                "dit: mlp_hidden = ", mlp_hidden, ", latent_channels = ", latent_channels, ", patch = ", patch,
                ", text_dim = ", text_dim, ", pooled_dim = ", pooled_dim, "; expected all >= 1 (pooled_dim: 0 for ",
                dit_family_name(family), has_pooled() ? ", which has a pooled vector)" : ", which has none)");
-  DIFFCP_CHECK(family == DitFamily::flux1 || (single_blocks == 0 && !guidance_embed), "dit: ", dit_family_name(family),
+  DIFFCP_CHECK(family != DitFamily::qwen_image || (single_blocks == 0 && !guidance_embed), "dit: ", dit_family_name(family),
                " has double-stream blocks only and no guidance embedding (single_blocks = ", single_blocks,
                ", guidance_embed = ", guidance_embed, ")");
   DIFFCP_CHECK(time_dim >= 2 && time_dim % 2 == 0, "dit: time_dim = ", time_dim, ", expected even and >= 2 (cos, sin halves)");
+  DIFFCP_CHECK(!rope_axes.empty() && rope_axes.size() <= kMaxRopeAxes, "dit: ", rope_axes.size(),
+               " RoPE axes, expected 1 to ", kMaxRopeAxes);
   std::int64_t sum = 0;
   for (const std::int64_t a : rope_axes) {
     DIFFCP_CHECK(a >= 0 && a % 2 == 0, "dit: rope axis dim ", a, " is not even and >= 0");
     sum += a;
   }
-  DIFFCP_CHECK(sum == head_dim, "dit: rope axes [", rope_axes[0], ", ", rope_axes[1], ", ", rope_axes[2],
-               "] sum to ", sum, ", expected head_dim = ", head_dim);
+  DIFFCP_CHECK(sum == head_dim, "dit: rope axes ", nlohmann::json(rope_axes).dump(), " sum to ", sum,
+               ", expected head_dim = ", head_dim);
   DIFFCP_CHECK(rope_theta > 1 && eps > 0, "dit: rope_theta = ", rope_theta, ", eps = ", eps,
                "; expected rope_theta > 1 and eps > 0");
 }
@@ -117,11 +126,12 @@ DitConfig dit_config_from_flux_params(const nlohmann::json& j, const std::string
                "': mlp_ratio = ", ratio, ", expected a positive number");
   DIFFCP_CHECK(j.contains("axes_dim") && j["axes_dim"].is_array() && j["axes_dim"].size() == 3, "config '", source,
                "': field 'axes_dim' must be an array of 3 integers (token, row, column shares of the head dim)");
+  c.rope_axes.clear();
   for (std::size_t a = 0; a < 3; ++a) {
     const auto v = json_int64(j["axes_dim"][a]);
     DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': axes_dim[", a, "] = ", j["axes_dim"][a].dump(),
                  ", expected a non-negative integer");
-    c.rope_axes[a] = *v;
+    c.rope_axes.push_back(*v);
   }
   c.latent_channels = in / 4;
   c.patch = 2;
@@ -148,7 +158,7 @@ DitConfig read_dit_config(const std::string& path) {
   return dit_config_from_flux_params(read_json_file(path, "config"), path);
 }
 
-std::array<std::int64_t, 3> flux_rope_axes(std::int64_t head_dim) {
+std::vector<std::int64_t> flux_rope_axes(std::int64_t head_dim) {
   const std::int64_t a = 2 * (7 * head_dim / 32);
   return {head_dim - 2 * a, a, a};
 }
@@ -243,47 +253,55 @@ std::int64_t DitLayout::vector(const std::string& name, std::int64_t n) {
 DitLayout::DitLayout(const DitConfig& c) {
   c.validate();
   const std::int64_t H = c.hidden(), M = c.mlp_hidden, d = c.head_dim;
-  img_in = linear("img_in", c.in_channels(), H);
-  time_in0 = linear("time_in.in_layer", c.time_dim, H);
-  time_in1 = linear("time_in.out_layer", H, H);
+  const bool b = c.biases();
+  img_in = linear("img_in", c.in_channels(), H, b);
+  time_in0 = linear("time_in.in_layer", c.time_dim, H, b);
+  time_in1 = linear("time_in.out_layer", H, H, b);
   if (c.guidance_embed) {
-    guidance_in0 = linear("guidance_in.in_layer", c.time_dim, H);
-    guidance_in1 = linear("guidance_in.out_layer", H, H);
+    guidance_in0 = linear("guidance_in.in_layer", c.time_dim, H, b);
+    guidance_in1 = linear("guidance_in.out_layer", H, H, b);
   }
   if (c.has_pooled()) {
     vector_in0 = linear("vector_in.in_layer", c.pooled_dim, H);
     vector_in1 = linear("vector_in.out_layer", H, H);
   }
   if (c.family == DitFamily::qwen_image) txt_norm = vector("txt_norm.scale", c.text_dim);
-  txt_in = linear("txt_in", c.text_dim, H);
+  txt_in = linear("txt_in", c.text_dim, H, b);
+  // FLUX.2: one modulation per stream kind, shared by every block (each block's `mod` is it).
+  DitLinear shared_img, shared_txt, shared_single;
+  if (c.shared_modulation()) {
+    shared_img = linear("double_stream_modulation_img.lin", H, 6 * H, b);
+    shared_txt = linear("double_stream_modulation_txt.lin", H, 6 * H, b);
+    shared_single = linear("single_stream_modulation.lin", H, 3 * H, b);
+  }
   for (std::int64_t i = 0; i < c.double_blocks; ++i) {
     const std::string pre = "double_blocks." + std::to_string(i) + ".";
     DoubleBlock blk;
     for (const char* s : {"img", "txt"}) {
       Stream& st = std::string(s) == "img" ? blk.img : blk.txt;
       const std::string sp = pre + s;
-      st.mod = linear(sp + "_mod.lin", H, 6 * H);
-      st.qkv = linear(sp + "_attn.qkv", H, 3 * H, c.qkv_bias);
+      st.mod = c.shared_modulation() ? (&st == &blk.img ? shared_img : shared_txt) : linear(sp + "_mod.lin", H, 6 * H, b);
+      st.qkv = linear(sp + "_attn.qkv", H, 3 * H, c.qkv_bias && b);
       st.q_scale = vector(sp + "_attn.norm.query_norm.scale", d);
       st.k_scale = vector(sp + "_attn.norm.key_norm.scale", d);
-      st.proj = linear(sp + "_attn.proj", H, H);
-      st.mlp0 = linear(sp + "_mlp.0", H, M);
-      st.mlp2 = linear(sp + "_mlp.2", M, H);
+      st.proj = linear(sp + "_attn.proj", H, H, b);
+      st.mlp0 = linear(sp + "_mlp.0", H, c.mlp_in(), b);
+      st.mlp2 = linear(sp + "_mlp.2", M, H, b);
     }
     double_blocks.push_back(blk);
   }
   for (std::int64_t i = 0; i < c.single_blocks; ++i) {
     const std::string pre = "single_blocks." + std::to_string(i) + ".";
     SingleBlock blk;
-    blk.linear1 = linear(pre + "linear1", H, 3 * H + M);
-    blk.linear2 = linear(pre + "linear2", H + M, H);
+    blk.linear1 = linear(pre + "linear1", H, 3 * H + c.mlp_in(), b);
+    blk.linear2 = linear(pre + "linear2", H + M, H, b);
     blk.q_scale = vector(pre + "norm.query_norm.scale", d);
     blk.k_scale = vector(pre + "norm.key_norm.scale", d);
-    blk.mod = linear(pre + "modulation.lin", H, 3 * H);
+    blk.mod = c.shared_modulation() ? shared_single : linear(pre + "modulation.lin", H, 3 * H, b);
     single_blocks.push_back(blk);
   }
-  final_mod = linear("final_layer.adaLN_modulation.1", H, 2 * H);
-  final_linear = linear("final_layer.linear", H, c.in_channels());
+  final_mod = linear("final_layer.adaLN_modulation.1", H, 2 * H, b);
+  final_linear = linear("final_layer.linear", H, c.in_channels(), b);
 }
 
 }  // namespace diffcp

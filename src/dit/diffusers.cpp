@@ -21,8 +21,21 @@ namespace fs = std::filesystem;
 // FluxTransformer2DModel's names; QwenImageTransformer2DModel renames the embedders, the double
 // blocks' modulation and MLPs, and adds txt_norm.
 std::vector<std::string> diffusers_names(std::string_view base, DitFamily family) {
-  const bool qwen = family == DitFamily::qwen_image;
+  const bool qwen = family == DitFamily::qwen_image, flux2 = family == DitFamily::flux2;
   if (qwen && (base == "img_in" || base == "txt_in" || base == "txt_norm")) return {std::string(base)};
+  if (flux2) {  // Flux2Transformer2DModel: the time / guidance embedders and the shared modulations
+    static const std::pair<const char*, const char*> kFlux2[] = {
+        {"time_in.in_layer", "time_guidance_embed.timestep_embedder.linear_1"},
+        {"time_in.out_layer", "time_guidance_embed.timestep_embedder.linear_2"},
+        {"guidance_in.in_layer", "time_guidance_embed.guidance_embedder.linear_1"},
+        {"guidance_in.out_layer", "time_guidance_embed.guidance_embedder.linear_2"},
+        {"double_stream_modulation_img.lin", "double_stream_modulation_img.linear"},
+        {"double_stream_modulation_txt.lin", "double_stream_modulation_txt.linear"},
+        {"single_stream_modulation.lin", "single_stream_modulation.linear"},
+    };
+    for (const auto& [bfl, dif] : kFlux2)
+      if (base == bfl) return {dif};
+  }
   constexpr std::string_view kDouble = "double_blocks.", kSingle = "single_blocks.";
   static const std::pair<const char*, const char*> kTop[] = {
       {"img_in", "x_embedder"},
@@ -51,15 +64,20 @@ std::vector<std::string> diffusers_names(std::string_view base, DitFamily family
     if (s == "attn.norm.query_norm") return {a("attn.norm_q", "attn.norm_added_q")};
     if (s == "attn.norm.key_norm") return {a("attn.norm_k", "attn.norm_added_k")};
     if (s == "attn.proj") return {a("attn.to_out.0", "attn.to_add_out")};
-    if (s == "mlp.0") return {qwen ? a("img_mlp.net.0.proj", "txt_mlp.net.0.proj") : a("ff.net.0.proj", "ff_context.net.0.proj")};
-    if (s == "mlp.2") return {qwen ? a("img_mlp.net.2", "txt_mlp.net.2") : a("ff.net.2", "ff_context.net.2")};
+    if (s == "mlp.0")
+      return {qwen ? a("img_mlp.net.0.proj", "txt_mlp.net.0.proj") : flux2 ? a("ff.linear_in", "ff_context.linear_in") : a("ff.net.0.proj", "ff_context.net.0.proj")};
+    if (s == "mlp.2")
+      return {qwen ? a("img_mlp.net.2", "txt_mlp.net.2") : flux2 ? a("ff.linear_out", "ff_context.linear_out") : a("ff.net.2", "ff_context.net.2")};
   } else if (base.starts_with(kSingle)) {
     const std::size_t dot = base.find('.', kSingle.size());
     const std::string b = "single_transformer_blocks." + std::string(base.substr(kSingle.size(), dot - kSingle.size())) + ".";
     const std::string rest = std::string(base.substr(dot + 1));
     if (rest == "modulation.lin") return {b + "norm.linear"};
-    if (rest == "linear1") return {b + "attn.to_q", b + "attn.to_k", b + "attn.to_v", b + "proj_mlp"};
-    if (rest == "linear2") return {b + "proj_out"};
+    if (rest == "linear1") {
+      if (flux2) return {b + "attn.to_qkv_mlp_proj"};  // fused as BFL's linear1
+      return {b + "attn.to_q", b + "attn.to_k", b + "attn.to_v", b + "proj_mlp"};
+    }
+    if (rest == "linear2") return {flux2 ? b + "attn.to_out" : b + "proj_out"};
     if (rest == "norm.query_norm") return {b + "attn.norm_q"};
     if (rest == "norm.key_norm") return {b + "attn.norm_k"};
   }
@@ -197,15 +215,72 @@ DitConfig qwen_image_from_diffusers(const nlohmann::json& j, const std::string& 
   c.time_dim = 256;
   DIFFCP_CHECK(a["axes_dims_rope"].is_array() && a["axes_dims_rope"].size() == 3, "config '", source,
                "': field 'axes_dims_rope' must be an array of 3 integers (frame, row, column shares of the head dim)");
+  c.rope_axes.clear();
   for (std::size_t i = 0; i < 3; ++i) {
     const auto v = json_int64(a["axes_dims_rope"][i]);
     DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': axes_dims_rope[", i, "] = ", a["axes_dims_rope"][i].dump(),
                  ", expected a non-negative integer");
-    c.rope_axes[i] = *v;
+    c.rope_axes.push_back(*v);
   }
   c.rope_theta = 10000;
   c.qkv_bias = true;
   c.guidance_embed = false;
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DIFFCP_FAIL("config '", source, "': ", e.what());
+  }
+  return c;
+}
+
+// Flux2Transformer2DModel (diffusers' transformer_flux2.py): no biases, shared modulation, SwiGLU
+// MLPs (mlp_hidden = int(H * mlp_ratio)), RMS QK-norm, four RoPE axes.
+DitConfig flux2_from_diffusers(const nlohmann::json& j, const std::string& source) {
+  const nlohmann::json a = constructor_args(
+      j,
+      {{"patch_size", 1}, {"in_channels", 128}, {"out_channels", nullptr}, {"num_layers", 8}, {"num_single_layers", 48},
+       {"attention_head_dim", 128}, {"num_attention_heads", 48}, {"joint_attention_dim", 15360},
+       {"timestep_guidance_channels", 256}, {"mlp_ratio", 3.0}, {"axes_dims_rope", {32, 32, 32, 32}},
+       {"rope_theta", 2000}, {"eps", 1e-6}, {"guidance_embeds", true}},
+      source);
+  DIFFCP_CHECK(config_int(a, "patch_size", source) == 1, "config '", source, "': patch_size = ", a["patch_size"].dump(),
+               "; FLUX.2 packs 2x2 patches in the pipeline and has patch_size 1 (the only one supported)");
+  const std::int64_t in = config_int(a, "in_channels", source);
+  const std::int64_t out = a["out_channels"].is_null() ? in : config_int(a, "out_channels", source);
+  DIFFCP_CHECK(in >= 4 && in % 4 == 0 && out == in, "config '", source, "': in_channels = ", in, ", out_channels = ", out,
+               "; expected equal, a multiple of 4 (latent channels x the pipeline's 2x2 patch)");
+  const auto number = [&](const char* f) {
+    DIFFCP_CHECK(a[f].is_number() && std::isfinite(a[f].get<double>()) && a[f].get<double>() > 0, "config '", source,
+                 "': field '", f, "' = ", a[f].dump(), ", expected a positive number");
+    return a[f].get<double>();
+  };
+  DitConfig c;
+  c.family = DitFamily::flux2;
+  c.heads = config_int(a, "num_attention_heads", source);
+  c.head_dim = config_int(a, "attention_head_dim", source);
+  c.double_blocks = config_int(a, "num_layers", source);
+  c.single_blocks = config_int(a, "num_single_layers", source);
+  c.mlp_hidden = static_cast<std::int64_t>(static_cast<double>(c.heads * c.head_dim) * number("mlp_ratio"));  // int()
+  c.latent_channels = in / 4;
+  c.patch = 2;
+  c.text_dim = config_int(a, "joint_attention_dim", source);
+  c.pooled_dim = 0;
+  c.time_dim = config_int(a, "timestep_guidance_channels", source);
+  DIFFCP_CHECK(a["axes_dims_rope"].is_array() && !a["axes_dims_rope"].empty() && a["axes_dims_rope"].size() <= kMaxRopeAxes,
+               "config '", source, "': field 'axes_dims_rope' must be an array of 1 to ", kMaxRopeAxes, " integers");
+  c.rope_axes.clear();
+  for (std::size_t i = 0; i < a["axes_dims_rope"].size(); ++i) {
+    const auto v = json_int64(a["axes_dims_rope"][i]);
+    DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': axes_dims_rope[", i, "] = ", a["axes_dims_rope"][i].dump(),
+                 ", expected a non-negative integer");
+    c.rope_axes.push_back(*v);
+  }
+  DIFFCP_CHECK(c.rope_axes.size() == 4, "config '", source, "': ", c.rope_axes.size(), " RoPE axes; FLUX.2's positions ",
+               "(frame, row, column, text index) need 4");
+  c.rope_theta = number("rope_theta");
+  c.eps = number("eps");
+  c.qkv_bias = false;
+  c.guidance_embed = config_bool(a, "guidance_embeds", source);
   try {
     c.validate();
   } catch (const Error& e) {
@@ -221,13 +296,29 @@ DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& 
   const std::string cls = class_name(j);
   if (cls == "FluxTransformer2DModel") return flux1_from_diffusers(j, source);
   if (cls == "QwenImageTransformer2DModel") return qwen_image_from_diffusers(j, source);
+  if (cls == "Flux2Transformer2DModel") return flux2_from_diffusers(j, source);
   DIFFCP_FAIL("config '", source, "': _class_name '", cls, "' is not a DiT diffcp runs; supported: ",
-              "FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel (Qwen-Image)");
+              "FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel (Qwen-Image), Flux2Transformer2DModel (FLUX.2)");
 }
 
-std::vector<double> FlowMatchEulerScheduler::flux_sigmas(int steps, std::int64_t image_tokens) const {
+namespace {
+// Flux2Pipeline's compute_empirical_mu: two lines in the image token count (fitted at 10 and 200
+// steps), interpolated linearly in the step count up to 4300 tokens, the 200-step line beyond.
+double flux2_empirical_mu(std::int64_t image_tokens, int steps) {
+  const double n = static_cast<double>(image_tokens);
+  const double m200 = 0.00016927 * n + 0.45666666;
+  if (image_tokens > 4300) return m200;
+  const double m10 = 8.73809524e-05 * n + 1.89833333;
+  const double a = (m200 - m10) / 190.0;
+  return a * steps + (m200 - 200.0 * a);
+}
+}  // namespace
+
+std::vector<double> FlowMatchEulerScheduler::pipeline_sigmas(int steps, std::int64_t image_tokens, DitFamily family) const {
   DIFFCP_CHECK(steps >= 1, "--steps = ", steps, ", expected >= 1");
-  const double m = (max_shift - base_shift) / (max_seq - base_seq), mu = static_cast<double>(image_tokens) * m + (base_shift - m * base_seq);
+  const double m = (max_shift - base_shift) / (max_seq - base_seq);
+  const double mu = family == DitFamily::flux2 ? flux2_empirical_mu(image_tokens, steps)
+                                               : static_cast<double>(image_tokens) * m + (base_shift - m * base_seq);
   std::vector<double> sig(static_cast<std::size_t>(steps) + 1, 0.0);
   for (int k = 0; k < steps; ++k) {
     // np.linspace(1, 1/N, N)

@@ -287,20 +287,22 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   // by family (dit/config.hpp): FLUX's text rows are at the origin (no rotation).
   const std::int64_t gh = shape_.grid_h(), gw = shape_.grid_w();
   const bool qwen = cfg_.family == DitFamily::qwen_image;
-  std::vector<std::array<double, 3>> pos, tpos;
+  std::vector<std::array<double, kMaxRopeAxes>> pos, tpos;
   for (std::int64_t j = 0; j < b; ++j)
     for (std::int64_t i = 0; i < Ip; ++i) {
       const std::int64_t n = shard_.p * Ip + i, r = n / gw, c = n % gw;
-      pos.push_back(qwen ? std::array<double, 3>{0.0, static_cast<double>(r - (gh - gh / 2)), static_cast<double>(c - (gw - gw / 2))}
-                         : std::array<double, 3>{0.0, static_cast<double>(r), static_cast<double>(c)});
+      pos.push_back(qwen ? std::array<double, kMaxRopeAxes>{0.0, static_cast<double>(r - (gh - gh / 2)),
+                                                            static_cast<double>(c - (gw - gw / 2)), 0.0}
+                         : std::array<double, kMaxRopeAxes>{0.0, static_cast<double>(r), static_cast<double>(c), 0.0});
     }
   rope_ = std::make_unique<AxialRope>(cfg_, pos);
-  if (qwen) {
+  if (cfg_.family != DitFamily::flux1) {  // rotated text rows
     const std::int64_t m = std::max(gh / 2, gw / 2);
     for (std::int64_t j = 0; j < b; ++j)
       for (std::int64_t t = 0; t < Tp; ++t) {
-        const double q = static_cast<double>(m + shard_.p * Tp + t);
-        tpos.push_back({q, q, q});
+        const double i = static_cast<double>(shard_.p * Tp + t);
+        tpos.push_back(qwen ? std::array<double, kMaxRopeAxes>{m + i, m + i, m + i, 0.0}
+                            : std::array<double, kMaxRopeAxes>{0.0, 0.0, 0.0, i});  // FLUX.2: (0, 0, 0, i)
       }
     txt_rope_ = std::make_unique<AxialRope>(cfg_, tpos);
   }
@@ -317,7 +319,7 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   DIFFCP_CHECK(&active_backend() == w_.params().backend(), "DitModel: the active backend '", active_backend().name(),
                "' is not the one holding the weights ('", w_.params().backend()->name(), "')");
   for (DeviceVector<float>* v : {&x_, &xm_, &attn_, &y_}) v->resize(Mp_ * H);
-  big_.resize(Mp_ * (3 * H + cfg_.mlp_hidden));
+  big_.resize(Mp_ * (3 * H + cfg_.mlp_in()));
   temb_.resize(cfg_.time_dim);
   if (qwen) {
     txt_normed_.resize(Tp * cfg_.text_dim);
@@ -443,15 +445,19 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
     linear(w->proj, attn_.data() + r.row0 * H, H, r.rows, y_.data(), H);
     gated_add(x, r.rows, H, mod + 2 * H, y_.data(), H);
     layernorm_modulate(x, r.rows, H, mod + 3 * H, mod + 4 * H, eps, xm);
-    linear(w->mlp0, xm, H, r.rows, big_.data(), M);  // q | k | v are consumed: reuse
-    gelu_tanh_inplace(big_.data(), r.rows, M, M);
-    linear(w->mlp2, big_.data(), M, r.rows, y_.data(), H);
+    const std::int64_t mi = cfg_.mlp_in();
+    linear(w->mlp0, xm, H, r.rows, big_.data(), mi);  // q | k | v are consumed: reuse
+    if (cfg_.swiglu())
+      swiglu_rows(big_.data(), r.rows, M, mi);  // [gate | up] -> silu(gate) * up in the first M columns
+    else
+      gelu_tanh_inplace(big_.data(), r.rows, M, M);
+    linear(w->mlp2, big_.data(), mi, r.rows, y_.data(), H);
     gated_add(x, r.rows, H, mod + 5 * H, y_.data(), H);
   }
 }
 
 void DitModel::single_block(const DitLayout::SingleBlock& blk) {
-  const std::int64_t H = cfg_.hidden(), M = cfg_.mlp_hidden, d = cfg_.head_dim, ld = 3 * H + M;
+  const std::int64_t H = cfg_.hidden(), M = cfg_.mlp_hidden, d = cfg_.head_dim, ld = 3 * H + cfg_.mlp_in();
   const float eps = static_cast<float>(cfg_.eps);
   modulation(blk.mod, mod_.data());  // shift, scale, gate
   layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, eps, xm_.data());
@@ -463,10 +469,13 @@ void DitModel::single_block(const DitLayout::SingleBlock& blk) {
     qk_norm_rope(big_.data() + r.row0 * ld, r.rows, ld, cfg_.heads, d, param(blk.q_scale), param(blk.k_scale), eps, r.rope);
     ex_.poll();
   }
-  project(blk.linear1, xm_.data(), Mp_, 3 * H, M, big_.data() + 3 * H, ld);
-  // The attention output overwrites the v columns, so [a | m] is linear2's input in place.
+  project(blk.linear1, xm_.data(), Mp_, 3 * H, cfg_.mlp_in(), big_.data() + 3 * H, ld);
+  // The attention output overwrites the v columns, so [a | act(m)] is linear2's input in place.
   ex_.attention({big_.data(), Mp_, 3 * cfg_.heads, d, ld}, {big_.data() + 2 * H, Mp_, cfg_.heads, d, ld});
-  gelu_tanh_inplace(big_.data() + 3 * H, Mp_, M, ld);
+  if (cfg_.swiglu())
+    swiglu_rows(big_.data() + 3 * H, Mp_, M, ld);
+  else
+    gelu_tanh_inplace(big_.data() + 3 * H, Mp_, M, ld);
   linear(blk.linear2, big_.data() + 2 * H, ld, Mp_, y_.data(), H);
   gated_add(x_.data(), Mp_, H, mod_.data() + 2 * H, y_.data(), H);
 }

@@ -51,17 +51,17 @@ std::vector<float> timestep_embedding(double t, std::int64_t dim) {
   return e;
 }
 
-AxialRope::AxialRope(const DitConfig& cfg, const std::vector<std::array<double, 3>>& positions)
+AxialRope::AxialRope(const DitConfig& cfg, const std::vector<std::array<double, kMaxRopeAxes>>& positions)
     : rows_(static_cast<std::int64_t>(positions.size())), half_(cfg.head_dim / 2) {
   cfg.validate();
   std::vector<float> cos(static_cast<std::size_t>(rows_ * half_)), sin(cos.size());
   for (std::int64_t r = 0; r < rows_; ++r) {
-    const std::array<double, 3>& pos = positions[static_cast<std::size_t>(r)];
+    const std::array<double, kMaxRopeAxes>& pos = positions[static_cast<std::size_t>(r)];
     std::int64_t k = 0;
-    for (int a = 0; a < 3; ++a)
-      for (std::int64_t i = 0; i < cfg.rope_axes[static_cast<std::size_t>(a)] / 2; ++i, ++k) {
-        const double dim = static_cast<double>(cfg.rope_axes[static_cast<std::size_t>(a)]);
-        const double angle = pos[static_cast<std::size_t>(a)] * std::pow(cfg.rope_theta, -2.0 * static_cast<double>(i) / dim);
+    for (std::size_t a = 0; a < cfg.rope_axes.size(); ++a)
+      for (std::int64_t i = 0; i < cfg.rope_axes[a] / 2; ++i, ++k) {
+        const double dim = static_cast<double>(cfg.rope_axes[a]);
+        const double angle = pos[a] * std::pow(cfg.rope_theta, -2.0 * static_cast<double>(i) / dim);
         cos[static_cast<std::size_t>(r * half_ + k)] = static_cast<float>(std::cos(angle));
         sin[static_cast<std::size_t>(r * half_ + k)] = static_cast<float>(std::sin(angle));
       }

@@ -69,7 +69,7 @@ DitBytesPrediction& DitBytesPrediction::operator+=(const DitBytesPrediction& o) 
 
 DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const DitShard& shard) {
   const std::int64_t Mp = shape.batch * shard.tokens_p(), H = cfg.hidden();
-  return {4.0 * static_cast<double>(DitLayout(cfg).total), 4.0 * static_cast<double>(Mp * (4 * H + 3 * H + cfg.mlp_hidden))};
+  return {4.0 * static_cast<double>(DitLayout(cfg).total), 4.0 * static_cast<double>(Mp * (4 * H + 3 * H + cfg.mlp_in()))};
 }
 
 }  // namespace diffcp

@@ -26,6 +26,14 @@ void swiglu_forward(const float* gate, const float* up, float* act, std::int64_t
                       TensorView::contiguous(act, DType::f32, {n}, active_device()));
 }
 
+void swiglu_rows(float* x, std::int64_t rows, std::int64_t M, std::int64_t ld) {
+  DIFFCP_CHECK(rows >= 0 && M >= 1 && ld >= 2 * M, "swiglu_rows: rows = ", rows, ", M = ", M, ", ld = ", ld);
+  if (rows == 0) return;
+  backend_for(OpKind::swiglu_forward, DType::f32)
+      .swiglu_forward(strided_rows<ConstTensorView>(x, rows, M, ld), strided_rows<ConstTensorView>(x + M, rows, M, ld),
+                      strided_rows<TensorView>(x, rows, M, ld));
+}
+
 void swiglu_backward(const float* dact, const float* gate, const float* up, float* dgate, float* dup, std::int64_t n) {
   backend_for(OpKind::swiglu_backward, DType::f32)
       .swiglu_backward(ConstTensorView::contiguous(dact, DType::f32, {n}, active_device()), ConstTensorView::contiguous(gate, DType::f32, {n}, active_device()),

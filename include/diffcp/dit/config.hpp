@@ -29,7 +29,11 @@ namespace diffcp {
 //               c - ceil(g_w/2), frame 0) and text token i at (m + i, m + i, m + i), m = max(floor(g_h/2),
 //               floor(g_w/2)) (diffusers' QwenEmbedRope with scale_rope); classifier-free guidance
 //               with the conditional velocity's per-token norm kept (QwenImagePipeline's true CFG).
-enum class DitFamily { flux1, qwen_image };
+//   flux2:      no biases anywhere; the modulation is shared by all blocks (three Linears of vec:
+//               double_stream_modulation_img / _txt, single_stream_modulation); SwiGLU MLPs (the
+//               first Linear gives 2M: silu(gate) * up); no pooled vector; four RoPE axes (frame,
+//               row, column, text index; theta 2000), text token i at (0, 0, 0, i), image (0, r, c, 0).
+enum class DitFamily { flux1, qwen_image, flux2 };
 const char* dit_family_name(DitFamily f);
 
 struct DitConfig {
@@ -40,9 +44,10 @@ struct DitConfig {
   std::int64_t latent_channels = 16, patch = 2;
   std::int64_t text_dim = 256, pooled_dim = 256;  // text token features, pooled text vector (qwen_image: 0)
   std::int64_t time_dim = 256;             // sinusoidal timestep features (FLUX: 256)
-  // RoPE axes (token index, image row, image column): head-dim share of each, even, summing to
-  // d_h; FLUX's [16, 56, 56] for d_h = 128 is flux_rope_axes(128).
-  std::array<std::int64_t, 3> rope_axes{4, 14, 14};
+  // RoPE axes (FLUX.1: token index, image row, image column; FLUX.2: a fourth, the text index):
+  // head-dim share of each, even, summing to d_h; FLUX's [16, 56, 56] for d_h = 128 is
+  // flux_rope_axes(128). 1 to kMaxRopeAxes axes.
+  std::vector<std::int64_t> rope_axes{4, 14, 14};
   double rope_theta = 10000, eps = 1e-6;   // eps of every LayerNorm and QK RMSNorm
   bool guidance_embed = false;  // FLUX.1-dev: guidance_in adds the embedded guidance scale to vec
   bool qkv_bias = true;         // the double blocks' qkv Linears have a bias (FLUX.1: yes)
@@ -52,6 +57,10 @@ struct DitConfig {
   // --guidance is classifier-free guidance's scale (two passes, the negative prompt's) rather than a
   // distilled guidance embedding.
   bool true_cfg() const { return family == DitFamily::qwen_image; }
+  bool biases() const { return family != DitFamily::flux2; }          // every Linear but qkv (qkv_bias)
+  bool swiglu() const { return family == DitFamily::flux2; }          // MLP input 2M: silu(gate) * up
+  bool shared_modulation() const { return family == DitFamily::flux2; }
+  std::int64_t mlp_in() const { return swiglu() ? 2 * mlp_hidden : mlp_hidden; }  // the MLP input Linear's outputs
   std::int64_t in_channels() const { return latent_channels * patch * patch; }  // C_in
   // Throws diffcp::Error naming the bad value.
   void validate() const;
@@ -70,7 +79,8 @@ DitConfig dit_config_from_flux_params(const nlohmann::json& j, const std::string
 DitConfig read_dit_config(const std::string& path);  // a JSON file of FluxParams fields
 
 // FLUX's split of the head dim over the RoPE axes scaled to d_h: [d_h - 2a, a, a], a = 2*floor(7*d_h/32).
-std::array<std::int64_t, 3> flux_rope_axes(std::int64_t head_dim);
+std::vector<std::int64_t> flux_rope_axes(std::int64_t head_dim);
+inline constexpr std::size_t kMaxRopeAxes = 4;
 
 // "default": the config above (H 768, 24 heads x 32, 2 double + 4 single blocks, M 3072, ~79M
 // parameters; 50 steps at 512^2 take ~15 s at P = 2 on 2 cores); "tiny": H 128, 8 heads x 16,
@@ -134,6 +144,9 @@ struct DitLinear {
 //   double_blocks.i.s_attn.proj.{weight [H, H], bias [H]}
 //   double_blocks.i.s_mlp.0.{weight [M, H], bias [M]}   double_blocks.i.s_mlp.2.{weight [H, M], bias [H]}
 //   single_blocks.i.modulation.lin.{weight [3H, H], bias [3H]}  (shift, scale, gate)
+//   (flux2: no per-block modulation and no biases; double_stream_modulation_{img,txt}.lin.weight [6H, H]
+//    and single_stream_modulation.lin.weight [3H, H] shared by every block; mlp.0 [2M, H] and
+//    linear1 [3H + 2M, H]: SwiGLU's gate then up)
 //   single_blocks.i.linear1.{weight [3H + M, H], bias}          (q, k, v, then the MLP input)
 //   single_blocks.i.linear2.{weight [H, H + M], bias [H]}       (input: attention output, then GELU(MLP))
 //   single_blocks.i.norm.query_norm.scale [d_h], ...key_norm.scale [d_h]

@@ -41,7 +41,7 @@ std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitCon
 DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& source);
 
 // diffusers' FlowMatchEulerDiscreteScheduler, from a pipeline's scheduler/scheduler_config.json,
-// as FluxPipeline drives it: sigmas linspace(1, 1/N, N); mu = calculate_shift(image tokens), the
+// as FluxPipeline drives it (the others: pipeline_sigmas): sigmas linspace(1, 1/N, N); mu = calculate_shift(image tokens), the
 // line through (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift); the
 // scheduler's shift (use_dynamic_shifting: time_shift(mu, 1, sigma), exponential
 // e^mu / (e^mu + 1/sigma - 1) or linear mu / (mu + 1/sigma - 1); else shift s / (1 + (shift - 1) s));
@@ -55,8 +55,11 @@ struct FlowMatchEulerScheduler {
   double base_seq = 256, max_seq = 4096;  // base_image_seq_len, max_image_seq_len
   double shift_terminal = 0;              // 0: none
   bool exponential = true;                // time_shift_type
-  // [steps + 1] sigmas, the last 0, for `image_tokens` tokens per image.
-  std::vector<double> flux_sigmas(int steps, std::int64_t image_tokens) const;
+  // [steps + 1] sigmas, the last 0, for `image_tokens` tokens per image, as the family's pipeline
+  // sets them: mu from calculate_shift (FluxPipeline, QwenImagePipeline), or FLUX.2's
+  // compute_empirical_mu(image tokens, steps) (Flux2Pipeline: a fit that ignores the config's
+  // base / max shift).
+  std::vector<double> pipeline_sigmas(int steps, std::int64_t image_tokens, DitFamily family = DitFamily::flux1) const;
 };
 FlowMatchEulerScheduler flow_match_scheduler_from_json(const nlohmann::json& j, const std::string& source);
 

@@ -35,16 +35,16 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 // f_i = exp(-ln(10000) i / half): [cos(s f_0..s f_{half-1}), sin(s f_0..s f_{half-1})]. [dim]
 std::vector<float> timestep_embedding(double t, std::int64_t dim);
 
-// RoPE over three axes (FLUX: token index, image row, image column; Qwen-Image: frame, row,
-// column), FLUX's EmbedND and diffusers' QwenEmbedRope alike: head-dim pair k = (2k, 2k+1)
+// RoPE over up to four axes (FLUX: token index, image row, image column; Qwen-Image: frame, row,
+// column; FLUX.2: frame, row, column, text index), FLUX's EmbedND and diffusers' QwenEmbedRope alike: head-dim pair k = (2k, 2k+1)
 // (adjacent elements) belongs to axis a while k < (axes[0] + ... + axes[a]) / 2; with i its index
 // inside the axis, its angle is pos_a * theta^(-2i/axes[a]), and (x0, x1) -> (cos x0 - sin x1,
 // sin x0 + cos x1). Each family's positions: dit/config.hpp (DitFamily). Angles in double, stored
 // as float, in the memory of the backend active at construction.
 class AxialRope {
  public:
-  // The table of `positions` [n], one position per axis.
-  AxialRope(const DitConfig& cfg, const std::vector<std::array<double, 3>>& positions);
+  // The table of `positions` [n], one position per axis (cfg.rope_axes.size() of them read).
+  AxialRope(const DitConfig& cfg, const std::vector<std::array<double, kMaxRopeAxes>>& positions);
   std::int64_t rows() const { return rows_; }
   const float* cos(std::int64_t r) const { return cos_.data() + r * half_; }  // [d_h/2]
   const float* sin(std::int64_t r) const { return sin_.data() + r * half_; }

@@ -13,6 +13,9 @@ namespace diffcp {
 void silu_inplace(float* x, std::int64_t n);
 // act[n] = silu(gate) * up (the drafter's SwiGLU); gate, up, act: [n]
 void swiglu_forward(const float* gate, const float* up, float* act, std::int64_t n);
+// In place on rows of a fused MLP input (FLUX.2): x[rows, 2M] (row stride ld) holds [gate | up];
+// x[:, 0:M] becomes silu(gate) * up (the up half is left as it was).
+void swiglu_rows(float* x, std::int64_t rows, std::int64_t M, std::int64_t ld);
 // Its gradients: dgate[n], dup[n] out from dact[n] and the forward's gate[n], up[n].
 void swiglu_backward(const float* dact, const float* gate, const float* up, float* dgate, float* dup, std::int64_t n);
 // y[n] += x[n]

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""One FLUX.1 transformer step, diffcp vs diffusers' own forward on the CPU, same shape, same run (issue #34).
+"""One DiT transformer step, diffcp vs diffusers' own forward on the CPU, same shape, same run (issue #34).
 
-Shape-faithful at reduced depth: FLUX.1's real width (H 3072 = 24 heads x 128, MLP 4H, text 4096,
-pooled 768, RoPE axes 16/56/56, guidance_embeds) with DOUBLE double-stream and SINGLE
-single-stream blocks, a 1024 x 1024 image (4096 image tokens) and 512 text tokens. The model is
-diffusers' FluxTransformer2DModel with random weights, saved as a diffusers folder that diffcp
-reads (`diffcp dit --weights DIR`). Timed, interleaved ROUNDS times:
+Shape-faithful at reduced depth, per family (--family):
+  flux1:      FLUX.1's real width (H 3072 = 24 heads x 128, MLP 4H, text 4096, pooled 768, RoPE axes
+              16/56/56, guidance_embeds) with DOUBLE double-stream and SINGLE single-stream blocks;
+  qwen_image: Qwen-Image's real width (H 3072 = 24 heads x 128, MLP 4H, text 3584, RoPE axes
+              16/56/56) with DOUBLE double-stream blocks, one conditional pass (--guidance 1: the
+              transformer's forward; classifier-free guidance runs it twice);
+a 1024 x 1024 image (4096 image tokens) and 512 text tokens. The model is diffusers' class with
+random weights, saved as a diffusers folder that diffcp reads (`diffcp dit --weights DIR`). Timed,
+interleaved ROUNDS times:
   - diffusers: one forward in float32, torch.set_num_threads(CORES), no grad (the median of the round's
     REPS forwards);
   - diffcp: `dit --json` with --steps REPS (its step_ms: the median step, slowest rank) at P = 1
@@ -13,10 +17,11 @@ reads (`diffcp dit --weights DIR`). Timed, interleaved ROUNDS times:
     and every CoCoDiff mode, with
     the bytes per rank per step it measures and its closed form (every rank its own group:
     --group-size 1, so all bytes cross groups).
-Writes CSV (default bench/diffusers_flux_step.csv) and prints medians and ratios.
+Writes CSV (default bench/diffusers_flux_step.csv, bench/diffusers_qwen_image_step.csv) and prints
+medians and ratios.
 
-  V/bin/python bench/bench_diffusers_flux.py --diffcp build/release/src/diffcp [--rounds 3]
-Needs torch and diffusers (PyPI) in a venv, ~8 GB of memory.
+  V/bin/python bench/bench_diffusers_step.py --family flux1|qwen_image --diffcp build/release/src/diffcp [--rounds 3]
+Needs torch and diffusers (PyPI) in a venv, ~8 GB (flux1 1 + 1 blocks) / ~10 GB (qwen_image 2 blocks) of memory.
 """
 from __future__ import annotations
 
@@ -32,37 +37,43 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import FluxTransformer2DModel
+from diffusers import FluxTransformer2DModel, QwenImageTransformer2DModel
 from diffusers.utils import logging as diffusers_logging
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--diffcp", default="build/release/src/diffcp")
-    ap.add_argument("--double", type=int, default=1)
-    ap.add_argument("--single", type=int, default=1)
+    ap.add_argument("--family", choices=["flux1", "qwen_image"], default="flux1")
+    ap.add_argument("--double", type=int, help="double-stream blocks (default: flux1 1, qwen_image 2)")
+    ap.add_argument("--single", type=int, default=1, help="flux1's single-stream blocks")
     ap.add_argument("--resolution", type=int, default=1024)
     ap.add_argument("--text-tokens", type=int, default=512)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--modes", default="flat,tapa,vfirst,cocodiff")
-    ap.add_argument("--csv", default="bench/diffusers_flux_step.csv")
+    ap.add_argument("--csv")
     a = ap.parse_args()
+    flux = a.family == "flux1"
+    a.double = a.double if a.double is not None else 1 if flux else 2
+    a.csv = a.csv or ("bench/diffusers_flux_step.csv" if flux else "bench/diffusers_qwen_image_step.csv")
     diffusers_logging.set_verbosity_error()
     torch.set_grad_enabled(False)
     torch.set_num_threads(a.cores)
     torch.manual_seed(0)
-    model = FluxTransformer2DModel(num_layers=a.double, num_single_layers=a.single, guidance_embeds=True).eval()
+    model = (FluxTransformer2DModel(num_layers=a.double, num_single_layers=a.single, guidance_embeds=True) if flux
+             else QwenImageTransformer2DModel(num_layers=a.double)).eval()
     n_img, T = (a.resolution // 16) ** 2, a.text_tokens
+    J = 4096 if flux else 3584  # joint_attention_dim
     rng = np.random.default_rng(0)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model.save_pretrained(root / "transformer")
-        (root / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline",
-                                                           "transformer": ["diffusers", "FluxTransformer2DModel"]}))
-        txt, pooled = rng.standard_normal((T, 4096)).astype(np.float32), rng.standard_normal(768).astype(np.float32)
+        (root / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline" if flux else "QwenImagePipeline",
+                                                           "transformer": ["diffusers", type(model).__name__]}))
+        txt, pooled = rng.standard_normal((T, J)).astype(np.float32), rng.standard_normal(768).astype(np.float32)
         noise = rng.standard_normal((1, n_img, 64)).astype(np.float32)
         for name, x in (("txt", txt), ("pooled", pooled), ("noise", noise)):
             np.save(root / f"{name}.npy", x)
@@ -71,9 +82,13 @@ def main() -> int:
         img_ids[..., 1] += torch.arange(side)[:, None]
         img_ids[..., 2] += torch.arange(side)[None, :]
         img_ids = img_ids.reshape(-1, 3)
-        inputs = dict(hidden_states=torch.from_numpy(noise), encoder_hidden_states=torch.from_numpy(txt)[None],
-                      pooled_projections=torch.from_numpy(pooled)[None], timestep=torch.tensor([1.0]),
-                      img_ids=img_ids, txt_ids=torch.zeros(T, 3), guidance=torch.tensor([3.5]), return_dict=False)
+        if flux:
+            inputs = dict(hidden_states=torch.from_numpy(noise), encoder_hidden_states=torch.from_numpy(txt)[None],
+                          pooled_projections=torch.from_numpy(pooled)[None], timestep=torch.tensor([1.0]),
+                          img_ids=img_ids, txt_ids=torch.zeros(T, 3), guidance=torch.tensor([3.5]), return_dict=False)
+        else:
+            inputs = dict(hidden_states=torch.from_numpy(noise), encoder_hidden_states=torch.from_numpy(txt)[None],
+                          timestep=torch.tensor([1.0]), img_shapes=[[(1, side, side)]], return_dict=False)
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         for r in range(a.rounds):
             times = []
@@ -88,9 +103,10 @@ def main() -> int:
                 for mode in a.modes.split(",") if P > 1 else ["flat"]:
                     # P = 1: unbound (Open MPI would bind the one rank to one core); P = 2: a core each.
                     cmd = ["mpirun", "-np", str(P), "--bind-to", "none" if P == 1 else "core", a.diffcp, "dit", "--weights", str(root),
-                           "--text-embeddings", str(root / "txt.npy"), "--pooled", str(root / "pooled.npy"),
+                           "--text-embeddings", str(root / "txt.npy"),
                            "--noise", str(root / "noise.npy"), "--resolution", str(a.resolution), "--steps", str(a.reps),
                            "--mode", mode, "--group-size", "1", "--json", "--out", ""]
+                    cmd += ["--pooled", str(root / "pooled.npy")] if flux else ["--guidance", "1"]
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                                          env=dict(env, OMP_NUM_THREADS=str(max(1, a.cores // P)))).stdout
                     j = json.loads(out[out.index("{"):])
@@ -105,7 +121,7 @@ def main() -> int:
     base = statistics.median(x["step_ms"] for x in rows if x["impl"] == "diffusers")
     print("\n| implementation | P | mode | median step ms | diffusers / this | bytes per rank per step (measured / closed form) |")
     print("|---|---|---|---|---|---|")
-    print(f"| diffusers FluxTransformer2DModel (torch {torch.__version__}) | 1 | - | {base:.0f} | 1.00 | - |")
+    print(f"| diffusers {type(model).__name__} (torch {torch.__version__}) | 1 | - | {base:.0f} | 1.00 | - |")
     keys = sorted({(x["P"], x["mode"]) for x in rows if x["impl"] == "diffcp"})
     for P, mode in keys:
         sel = [x for x in rows if x["impl"] == "diffcp" and x["P"] == P and x["mode"] == mode]

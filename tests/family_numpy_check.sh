@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# family_numpy_check.sh FAMILY DIFFCP: `diffcp dit` on diffusers pipeline folders of one DiT family
+# (qwen_image, flux2) written by an independent NumPy tool (tools/qwenimage_reference.py,
+# tools/flux2_reference.py make: the diffusers class's tensor names, F32 / BF16 / F16, sharded or
+# not, the published model's scheduler_config.json), every step's velocity (--dump-velocity;
+# Qwen-Image's with true classifier-free guidance the guided one) against a NumPy float64 forward
+# and sampler written from diffusers' transformer and pipeline code (the tool's check), under every
+# mode and several P; and the pipeline folder and its transformer folder give the same bytes.
+set -euo pipefail
+py=${DIFFCP_PYTHON:-python3}  # a python3 with numpy (tests/CMakeLists.txt)
+family=${1:?usage: family_numpy_check.sh qwen_image|flux2 DIFFCP}
+bin=${2:?usage: family_numpy_check.sh qwen_image|flux2 DIFFCP}
+here=$(cd "$(dirname "$0")" && pwd)
+case $family in
+  qwen_image) ref="$here/../tools/qwenimage_reference.py" ;;
+  flux2) ref="$here/../tools/flux2_reference.py" ;;
+  *) echo "family_numpy_check.sh: unknown family '$family'" >&2; exit 2 ;;
+esac
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+opt() {  # opt NAME DEFAULT "ARGS": the value after --NAME in ARGS
+  "$py" -c "import sys; a=sys.argv[3].split(); print(a[a.index('--'+sys.argv[1])+1] if '--'+sys.argv[1] in a else sys.argv[2])" "$@"
+}
+
+# case: name, make options, P, mode, steps, guidance ("-": none given), extra diffcp options
+run_case() {
+  local name=$1 make=$2 P=$3 mode=$4 steps=$5 g=$6 extra=${7:-}
+  local d="$work/$name" gopt=() neg=() chk=()
+  # shellcheck disable=SC2086
+  "$py" "$ref" make --out "$d" $make >/dev/null
+  local W H
+  W=$(opt width 64 "$make")
+  H=$(opt height 48 "$make")
+  if [ "$g" != - ]; then
+    gopt=(--guidance "$g")
+    chk=(--guidance "$g")
+  fi
+  if [ "$family" = qwen_image ]; then
+    chk+=(--neg "$d/neg.npy")
+    if "$py" -c "import sys; sys.exit(0 if float(sys.argv[1]) > 1 else 1)" "$g"; then
+      neg=(--negative-text-embeddings "$d/neg.npy")
+    fi
+  fi
+  # shellcheck disable=SC2086
+  mpirun --oversubscribe -np "$P" "$bin" dit --weights "$d" --text-embeddings "$d/txt.npy" "${neg[@]}" \
+    --noise "$d/noise.npy" --width "$W" --height "$H" --steps "$steps" "${gopt[@]}" --mode "$mode" \
+    --group-size 1 --dump-velocity "$d/dump" --out "" $extra >/dev/null
+  echo "== $family $name: P = $P, mode $mode, guidance $g, $steps steps, make: $make, diffcp: $extra"
+  "$py" "$ref" check --weights "$d" --txt "$d/txt.npy" --noise "$d/noise.npy" --width "$W" --height "$H" \
+    --steps "$steps" "${chk[@]}" --dump "$d/dump" --tol 2e-5
+}
+
+if [ "$family" = qwen_image ]; then
+  # True CFG (QwenImagePipeline's default scale 4) with a negative prompt of another length, bf16
+  # weights in two shards, TAPA at P = 2.
+  run_case bf16 "--dtype bf16 --shards 2 --text-tokens 8 --neg-tokens 4" 2 tapa 3 4.0
+  # One conditional pass (guidance 1), f16, batch 2, an 80x48 image (15 image and 9 text tokens per
+  # image: 5 and 3 a rank) at P = 3, CoCoDiff with r = 0 (exact).
+  run_case f16_p3 "--dtype f16 --batch 2 --width 80 --height 48 --text-tokens 9 --heads 3 --head-dim 16" \
+    3 cocodiff 3 1 "--cache-schedule fixed --cache-ratio 0 --warmup 0"
+  # f32, three blocks, RoPE axes of another split, an odd grid height (3 x 4 tokens: rows centred
+  # at -2 .. 0, columns at -2 .. 1), CFG 2.5 at P = 4 with V-First.
+  run_case f32_p4 "--dtype f32 --layers 3 --axes-dim 2,8,6 --text-tokens 8 --neg-tokens 12" 4 vfirst 3 2.5
+  # USP: Ulysses 2 x Ring 2 at P = 4, CFG 4.
+  run_case usp "--text-tokens 8 --neg-tokens 4" 4 flat 2 4.0 "--ulysses-degree 2 --ring-degree 2"
+  both=(--negative-text-embeddings "$work/bf16/neg.npy")
+else
+  # FLUX.2-dev-like (guidance embedding, guidance 4.5), bf16 weights in two shards, TAPA at P = 2.
+  run_case bf16 "--dtype bf16 --shards 2" 2 tapa 3 4.5
+  # No guidance embedding, f16, batch 2, an 80x48 image at P = 3 (5 image and 3 text tokens a rank),
+  # CoCoDiff with r = 0 (exact).
+  run_case f16_p3 "--dtype f16 --guidance-embed 0 --batch 2 --width 80 --height 48 --text-tokens 9 --heads 3" \
+    3 cocodiff 3 - "--cache-schedule fixed --cache-ratio 0 --warmup 0"
+  # f32, two double and one single block, mlp_ratio 2.5, another RoPE split, P = 4 with V-First.
+  run_case f32_p4 "--dtype f32 --layers 2 --single-layers 1 --mlp-ratio 2.5 --axes-dim 4,4,4,4" 4 vfirst 3 3.0
+  # USP: Ulysses 2 x Ring 2 at P = 4.
+  run_case usp "--text-tokens 8" 4 flat 2 4.0 "--ulysses-degree 2 --ring-degree 2"
+  both=()
+fi
+# The pipeline folder and its transformer folder (no scheduler there: --schedule linear both ways)
+# give the same velocities, byte for byte.
+d="$work/bf16"
+for w in "$d" "$d/transformer"; do
+  mpirun --oversubscribe -np 2 "$bin" dit --weights "$w" --text-embeddings "$d/txt.npy" "${both[@]}" \
+    --noise "$d/noise.npy" --width 64 --height 48 --steps 2 --schedule linear --mode vfirst --group-size 1 \
+    --dump-velocity "$w/dump_linear" --out "" >/dev/null
+done
+for s in 0 1; do cmp "$d/dump_linear/velocity_$s.npy" "$d/transformer/dump_linear/velocity_$s.npy"; done
+echo "== the pipeline folder and its transformer folder give the same velocities, byte for byte"
+echo "family_numpy_check $family: passed"
