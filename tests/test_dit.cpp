@@ -372,6 +372,43 @@ TEST(DitModel, QwenImageTrueCfgEqualsSingleProcess) {
   }
 }
 
+// FLUX.2 (issue #34): no biases, the modulation shared by every block, SwiGLU MLPs, four RoPE axes
+// with rotated text rows: every mode at P equals the single-process run (fp32 tolerance), and the
+// layout holds each shared modulation once.
+TEST(DitModel, Flux2EqualsSingleProcess) {
+  DitConfig cfg = test_config();
+  cfg.family = DitFamily::flux2;
+  cfg.pooled_dim = 0;
+  cfg.qkv_bias = false;
+  cfg.guidance_embed = true;
+  cfg.double_blocks = 2;
+  cfg.single_blocks = 2;
+  cfg.rope_axes = {2, 2, 2, 2};
+  const DitLayout L(cfg);
+  EXPECT_EQ(L.double_blocks[0].img.mod.w, L.double_blocks[1].img.mod.w);
+  EXPECT_EQ(L.single_blocks[0].mod.w, L.single_blocks[1].mod.w);
+  EXPECT_EQ(L.double_blocks[0].img.mlp0.out, 2 * cfg.mlp_hidden);
+  for (const DitLayout::Tensor& t : L.tensors) EXPECT_FALSE(t.name.ends_with(".bias")) << t.name;
+  DitWeights w(cfg);
+  w.init_random(17);
+  const DitShape shape{2, 192, 96, 24};
+  const DitConditioning cond = prompt_conditioning(cfg, shape, "a flux2 test");
+  const std::vector<float> noise = initial_noise(cfg, shape, 5);
+  const SampleOptions opt{flow_schedule(3, TimeSchedule::flux, shape.image_tokens()), 4.0, {}};
+  auto self = world().split(world().rank(), 0, "self");
+  const auto ex1 = make_attention_exchange(ExchangeMode::flat, *self, 1);
+  const std::vector<float> single = run_dit_sampling(*self, w, shape, *ex1, cond, noise, opt).latent;
+  const std::vector<double> ref(single.begin(), single.end());
+  const CacheSchedule r0{CacheScheduleKind::fixed, 0.0, 0, 0};
+  for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff}) {
+    SCOPED_TRACE(exchange_mode_name(mode));
+    const auto ex = make_attention_exchange(mode, world(), 1, r0);
+    const CompareResult c = compare<float>(run_dit_sampling(world(), w, shape, *ex, cond, noise, opt).latent, ref,
+                                           scaled_to(kTolF32, ref));
+    EXPECT_TRUE(c.pass()) << "max_abs " << c.max_abs << " max_rel " << c.max_rel << " worst ratio " << c.worst_ratio;
+  }
+}
+
 // TAPA moves the same bytes to the same places as the flat all-to-all, so the whole trajectory is
 // bitwise the same; its counters split the traffic by link class exactly as the closed form says.
 TEST(DitModel, TapaEqualsFlatBitwiseAndCountsBytesByLinkClass) {

@@ -83,48 +83,60 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
         }
 }
 
-// Qwen-Image with true classifier-free guidance (its txt_norm, rotated text rows and the guidance
-// combination are device ops too): the guard run equals the CPU run bit for bit.
-TEST(DitSamplingOnGuardDevice, QwenImageTrueCfgEqualsTheCpuRunBitForBit) {
+// The other families' own ops run on the device too: Qwen-Image with true classifier-free guidance
+// (txt_norm, rotated text rows, the guidance combination) and FLUX.2 (shared modulation, SwiGLU in
+// strided rows, four RoPE axes): the guard run equals the CPU run bit for bit.
+TEST(DitSamplingOnGuardDevice, QwenImageAndFlux2EqualTheCpuRunBitForBit) {
   Communicator& world = test::world();
-  DitConfig cfg = dit_preset("tiny");
-  cfg.family = DitFamily::qwen_image;
-  cfg.heads = 24;
-  cfg.head_dim = 8;
-  cfg.rope_axes = {2, 2, 4};
-  cfg.mlp_hidden = 64;
-  cfg.single_blocks = 0;
-  cfg.pooled_dim = 0;
-  const DitShape shape{1, 192, 128, 24};
-  DitConditioning cond = prompt_conditioning(cfg, shape, "a guard prompt");
-  cond.negative_txt = prompt_conditioning(cfg, DitShape{1, 192, 128, 48}, "").txt;
-  cond.negative_tokens = 48;
-  const std::vector<float> noise = initial_noise(cfg, shape, 5);
-  for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::cocodiff}) {
-    SCOPED_TRACE(exchange_mode_name(mode));
-    const auto run = [&](Backend& be) {
-      ScopedBackend use(be);
-      DitWeights w(cfg);
-      w.init_random(3);
-      const CacheSchedule schedule{CacheScheduleKind::fixed, 0.5, 1, 0};
-      const auto ex = make_attention_exchange(mode, world, 1, schedule);
-      const auto neg = make_attention_exchange(mode, world, 1, schedule);
-      ex->set_device(be.device());
-      neg->set_device(be.device());
-      SampleOptions opt;
-      opt.timesteps = flow_schedule(3, TimeSchedule::flux, shape.image_tokens());
-      opt.guidance = 4.0;
-      std::vector<std::vector<float>> out;
-      opt.on_velocity = [&](int, const std::vector<float>& v) { out.push_back(v); };
-      out.push_back(run_dit_sampling(world, w, shape, *ex, cond, noise, opt, neg.get()).latent);
-      ex->set_device(Device::host);
-      neg->set_device(Device::host);
-      return out;
-    };
-    const auto cpu = run(cpu_backend());
-    const auto guard = run(guard_backend());
-    ASSERT_EQ(cpu.size(), 4u);
-    EXPECT_EQ(cpu, guard);
+  for (const DitFamily family : {DitFamily::qwen_image, DitFamily::flux2}) {
+    SCOPED_TRACE(dit_family_name(family));
+    DitConfig cfg = dit_preset("tiny");
+    cfg.family = family;
+    cfg.heads = 24;
+    cfg.head_dim = 8;
+    cfg.mlp_hidden = 64;
+    cfg.pooled_dim = 0;
+    if (family == DitFamily::qwen_image) {
+      cfg.rope_axes = {2, 2, 4};
+      cfg.single_blocks = 0;
+    } else {
+      cfg.rope_axes = {2, 2, 2, 2};
+      cfg.guidance_embed = true;
+      cfg.qkv_bias = false;
+    }
+    const DitShape shape{1, 192, 128, 24};
+    DitConditioning cond = prompt_conditioning(cfg, shape, "a guard prompt");
+    if (cfg.true_cfg()) {
+      cond.negative_txt = prompt_conditioning(cfg, DitShape{1, 192, 128, 48}, "").txt;
+      cond.negative_tokens = 48;
+    }
+    const std::vector<float> noise = initial_noise(cfg, shape, 5);
+    for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::cocodiff}) {
+      SCOPED_TRACE(exchange_mode_name(mode));
+      const auto run = [&](Backend& be) {
+        ScopedBackend use(be);
+        DitWeights w(cfg);
+        w.init_random(3);
+        const CacheSchedule schedule{CacheScheduleKind::fixed, 0.5, 1, 0};
+        const auto ex = make_attention_exchange(mode, world, 1, schedule);
+        const auto neg = make_attention_exchange(mode, world, 1, schedule);
+        ex->set_device(be.device());
+        neg->set_device(be.device());
+        SampleOptions opt;
+        opt.timesteps = flow_schedule(3, TimeSchedule::flux, shape.image_tokens());
+        opt.guidance = 4.0;
+        std::vector<std::vector<float>> out;
+        opt.on_velocity = [&](int, const std::vector<float>& v) { out.push_back(v); };
+        out.push_back(run_dit_sampling(world, w, shape, *ex, cond, noise, opt, neg.get()).latent);
+        ex->set_device(Device::host);
+        neg->set_device(Device::host);
+        return out;
+      };
+      const auto cpu = run(cpu_backend());
+      const auto guard = run(guard_backend());
+      ASSERT_EQ(cpu.size(), 4u);
+      EXPECT_EQ(cpu, guard);
+    }
   }
 }
 

@@ -303,6 +303,49 @@ TEST(FluxCheckpoint, QwenImageDiffusersConfigAndTheRealShape) {
   EXPECT_EQ(found, 4);
 }
 
+// FLUX.2-dev's transformer config.json (tests/data): its shape and parameter count (32.2B), and
+// Flux2Pipeline's sigmas (compute_empirical_mu, not the config's base / max shift).
+TEST(FluxCheckpoint, Flux2DiffusersConfigTheRealShapeAndItsSigmas) {
+  const std::string path = std::string(DIFFCP_TEST_DATA) + "/flux2-dev-diffusers.json";
+  std::ifstream f(path);
+  const nlohmann::json good = nlohmann::json::parse(f);
+  const DitConfig c = dit_config_from_diffusers(good, path);
+  EXPECT_EQ(c.family, DitFamily::flux2);
+  EXPECT_TRUE(c.guidance_embed && !c.has_pooled() && !c.biases() && c.swiglu() && c.shared_modulation());
+  EXPECT_EQ(c.hidden(), 6144);
+  EXPECT_EQ(c.double_blocks, 8);
+  EXPECT_EQ(c.single_blocks, 48);
+  EXPECT_EQ(c.mlp_hidden, 18432);
+  EXPECT_EQ(c.in_channels(), 128);
+  EXPECT_EQ(c.rope_axes, (std::vector<std::int64_t>{32, 32, 32, 32}));
+  EXPECT_EQ(c.rope_theta, 2000);
+  EXPECT_EQ(DitLayout(c).parameters, 32223281152);
+  const auto err = [&](auto edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return error_of([&] { dit_config_from_diffusers(j, "cfg.json"); });
+  };
+  EXPECT_NE(err([](nlohmann::json& j) { j["qk_norm"] = "rms"; }).find("unknown field 'qk_norm' for Flux2Transformer2DModel"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["patch_size"] = 2; }).find("patch_size = 2"), std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["out_channels"] = 64; }).find("out_channels = 64"), std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["axes_dims_rope"] = {32, 32, 64}; }).find("3 RoPE axes"), std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["mlp_ratio"] = 0; }).find("'mlp_ratio' = 0, expected a positive number"),
+            std::string::npos);
+  // Flux2Pipeline: 4096 image tokens, 28 steps: mu = a 28 + b between the 10- and 200-step fits.
+  FlowMatchEulerScheduler s;
+  s.dynamic = true;
+  const std::vector<double> sig = s.pipeline_sigmas(28, 4096, DitFamily::flux2);
+  const double m200 = 0.00016927 * 4096 + 0.45666666, m10 = 8.73809524e-05 * 4096 + 1.89833333;
+  const double a = (m200 - m10) / 190.0, mu = a * 28 + (m200 - 200 * a);
+  ASSERT_EQ(sig.size(), 29u);
+  EXPECT_DOUBLE_EQ(sig[0], 1.0);
+  const double s1 = 1.0 + (1.0 / 28 - 1.0) / 27;  // linspace(1, 1/28, 28)[1]
+  EXPECT_NEAR(sig[1], std::exp(mu) / (std::exp(mu) + 1 / s1 - 1), 1e-14);
+  EXPECT_EQ(sig[28], 0.0);
+  EXPECT_NE(s.pipeline_sigmas(28, 5000, DitFamily::flux2)[1], s.pipeline_sigmas(28, 5000, DitFamily::flux1)[1]);
+}
+
 TEST(FluxCheckpoint, FluxScheduleIsFluxsShiftedSchedule) {
   // mu = 0.5 at 256 image tokens, 1.15 at 4096; t = e^mu / (e^mu + 1/s - 1) on s = 1 - k/T.
   EXPECT_DOUBLE_EQ(flux_shift_mu(256), 0.5);
