@@ -7,9 +7,12 @@ Shape-faithful at reduced depth, per family (--family):
   qwen_image: Qwen-Image's real width (H 3072 = 24 heads x 128, MLP 4H, text 3584, RoPE axes
               16/56/56) with DOUBLE double-stream blocks, one conditional pass (--guidance 1: the
               transformer's forward; classifier-free guidance runs it twice);
+  flux2:      FLUX.2-dev's real width (H 6144 = 48 heads x 128, SwiGLU MLP 3H, text 15360, RoPE axes
+              32/32/32/32, guidance_embeds) with DOUBLE double- and SINGLE single-stream blocks;
 a 1024 x 1024 image (4096 image tokens) and 512 text tokens. The model is diffusers' class with
 random weights, saved as a diffusers folder that diffcp reads (`diffcp dit --weights DIR`). Timed,
-interleaved ROUNDS times:
+interleaved ROUNDS times (diffusers' model is loaded from the folder for its timing and freed before
+diffcp runs, so the two never hold the weights at once):
   - diffusers: one forward in float32, torch.set_num_threads(CORES), no grad (the median of the round's
     REPS forwards);
   - diffcp: `dit --json` with --steps REPS (its step_ms: the median step, slowest rank) at P = 1
@@ -37,14 +40,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import FluxTransformer2DModel, QwenImageTransformer2DModel
+import gc
+
+from diffusers import Flux2Transformer2DModel, FluxTransformer2DModel, QwenImageTransformer2DModel
 from diffusers.utils import logging as diffusers_logging
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--diffcp", default="build/release/src/diffcp")
-    ap.add_argument("--family", choices=["flux1", "qwen_image"], default="flux1")
+    ap.add_argument("--family", choices=["flux1", "qwen_image", "flux2"], default="flux1")
     ap.add_argument("--double", type=int, help="double-stream blocks (default: flux1 1, qwen_image 2)")
     ap.add_argument("--single", type=int, default=1, help="flux1's single-stream blocks")
     ap.add_argument("--resolution", type=int, default=1024)
@@ -55,26 +60,30 @@ def main() -> int:
     ap.add_argument("--modes", default="flat,tapa,vfirst,cocodiff")
     ap.add_argument("--csv")
     a = ap.parse_args()
-    flux = a.family == "flux1"
-    a.double = a.double if a.double is not None else 1 if flux else 2
-    a.csv = a.csv or ("bench/diffusers_flux_step.csv" if flux else "bench/diffusers_qwen_image_step.csv")
+    flux, flux2 = a.family == "flux1", a.family == "flux2"
+    a.double = a.double if a.double is not None else 2 if a.family == "qwen_image" else 1
+    a.csv = a.csv or ("bench/diffusers_flux_step.csv" if flux else f"bench/diffusers_{a.family}_step.csv")
     diffusers_logging.set_verbosity_error()
     torch.set_grad_enabled(False)
     torch.set_num_threads(a.cores)
     torch.manual_seed(0)
-    model = (FluxTransformer2DModel(num_layers=a.double, num_single_layers=a.single, guidance_embeds=True) if flux
-             else QwenImageTransformer2DModel(num_layers=a.double)).eval()
+    cls = FluxTransformer2DModel if flux else Flux2Transformer2DModel if flux2 else QwenImageTransformer2DModel
+    model = (cls(num_layers=a.double, num_single_layers=a.single, guidance_embeds=True) if flux or flux2
+             else cls(num_layers=a.double)).eval()
     n_img, T = (a.resolution // 16) ** 2, a.text_tokens
-    J = 4096 if flux else 3584  # joint_attention_dim
+    J = 4096 if flux else 15360 if flux2 else 3584  # joint_attention_dim
+    C = 128 if flux2 else 64  # in_channels
     rng = np.random.default_rng(0)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model.save_pretrained(root / "transformer")
-        (root / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline" if flux else "QwenImagePipeline",
-                                                           "transformer": ["diffusers", type(model).__name__]}))
+        del model
+        gc.collect()
+        pipeline = "FluxPipeline" if flux else "Flux2Pipeline" if flux2 else "QwenImagePipeline"
+        (root / "model_index.json").write_text(json.dumps({"_class_name": pipeline, "transformer": ["diffusers", cls.__name__]}))
         txt, pooled = rng.standard_normal((T, J)).astype(np.float32), rng.standard_normal(768).astype(np.float32)
-        noise = rng.standard_normal((1, n_img, 64)).astype(np.float32)
+        noise = rng.standard_normal((1, n_img, C)).astype(np.float32)
         for name, x in (("txt", txt), ("pooled", pooled), ("noise", noise)):
             np.save(root / f"{name}.npy", x)
         side = a.resolution // 16
@@ -86,16 +95,27 @@ def main() -> int:
             inputs = dict(hidden_states=torch.from_numpy(noise), encoder_hidden_states=torch.from_numpy(txt)[None],
                           pooled_projections=torch.from_numpy(pooled)[None], timestep=torch.tensor([1.0]),
                           img_ids=img_ids, txt_ids=torch.zeros(T, 3), guidance=torch.tensor([3.5]), return_dict=False)
+        elif flux2:
+            ids4 = torch.zeros(side * side, 4)
+            ids4[:, 1:3] = img_ids[:, 1:3]
+            txt4 = torch.zeros(T, 4)
+            txt4[:, 3] = torch.arange(T)
+            inputs = dict(hidden_states=torch.from_numpy(noise), encoder_hidden_states=torch.from_numpy(txt)[None],
+                          timestep=torch.tensor([1.0]), img_ids=ids4, txt_ids=txt4, guidance=torch.tensor([4.0]),
+                          return_dict=False)
         else:
             inputs = dict(hidden_states=torch.from_numpy(noise), encoder_hidden_states=torch.from_numpy(txt)[None],
                           timestep=torch.tensor([1.0]), img_shapes=[[(1, side, side)]], return_dict=False)
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         for r in range(a.rounds):
             times = []
+            model = cls.from_pretrained(root / "transformer", torch_dtype=torch.float32).eval()
             for _ in range(a.reps):
                 t0 = time.perf_counter()
                 model(**inputs)
                 times.append(1e3 * (time.perf_counter() - t0))
+            del model
+            gc.collect()
             rows.append({"round": r, "impl": "diffusers", "P": 1, "mode": "-", "step_ms": statistics.median(times),
                          "bytes_inter_group": "", "predicted_bytes_inter_group": ""})
             print(rows[-1], flush=True)
@@ -106,7 +126,7 @@ def main() -> int:
                            "--text-embeddings", str(root / "txt.npy"),
                            "--noise", str(root / "noise.npy"), "--resolution", str(a.resolution), "--steps", str(a.reps),
                            "--mode", mode, "--group-size", "1", "--json", "--out", ""]
-                    cmd += ["--pooled", str(root / "pooled.npy")] if flux else ["--guidance", "1"]
+                    cmd += ["--pooled", str(root / "pooled.npy")] if flux else [] if flux2 else ["--guidance", "1"]
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                                          env=dict(env, OMP_NUM_THREADS=str(max(1, a.cores // P)))).stdout
                     j = json.loads(out[out.index("{"):])
@@ -121,7 +141,7 @@ def main() -> int:
     base = statistics.median(x["step_ms"] for x in rows if x["impl"] == "diffusers")
     print("\n| implementation | P | mode | median step ms | diffusers / this | bytes per rank per step (measured / closed form) |")
     print("|---|---|---|---|---|---|")
-    print(f"| diffusers {type(model).__name__} (torch {torch.__version__}) | 1 | - | {base:.0f} | 1.00 | - |")
+    print(f"| diffusers {cls.__name__} (torch {torch.__version__}) | 1 | - | {base:.0f} | 1.00 | - |")
     keys = sorted({(x["P"], x["mode"]) for x in rows if x["impl"] == "diffcp"})
     for P, mode in keys:
         sel = [x for x in rows if x["impl"] == "diffcp" and x["P"] == P and x["mode"] == mode]

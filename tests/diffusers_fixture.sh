@@ -10,7 +10,9 @@
 # qwen_zero_cond (zero_cond_t, an edit model's flag), qwen_guidance (guidance_embeds),
 # qwen-image (Qwen/Qwen-Image's published config.json, data-less). FLUX.2
 # (tools/flux2_reference.py): flux2 (a tiny pipeline), flux2_axes (three RoPE axes), flux2_noguid
-# (guidance_embeds false, as FLUX.2 [klein]), flux2-dev (FLUX.2-dev's config.json, data-less).
+# (guidance_embeds false, as FLUX.2 [klein]), flux2-dev (FLUX.2-dev's config.json, data-less). SD3.5
+# (tools/sd3_reference.py): sd3 (a tiny pipeline), sd3_dual (SD3.5-medium's dual attention),
+# sd3.5-large (stabilityai/stable-diffusion-3.5-large's config.json, data-less).
 set -euo pipefail
 py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
 dir=${2:?usage: diffusers_fixture.sh PYTHON DIR}
@@ -42,6 +44,13 @@ qref="$here/../tools/qwenimage_reference.py"
 fref="$here/../tools/flux2_reference.py"
 "$py" "$fref" make --out "$dir/flux2" >/dev/null
 "$py" "$fref" header --config "$here/data/flux2-dev-diffusers.json" --out "$dir/flux2-dev" >/dev/null
+sref="$here/../tools/sd3_reference.py"
+"$py" "$sref" make --out "$dir/sd3" >/dev/null
+"$py" "$sref" header --config "$here/data/sd3.5-large-diffusers.json" --out "$dir/sd3.5-large" >/dev/null
+mkdir -p "$dir/sd3_dual"
+ln -s "$dir/sd3/transformer/diffusion_pytorch_model.safetensors" "$dir/sd3_dual/"
+"$py" -c "import json, sys; c = json.load(open(sys.argv[1])); c['dual_attention_layers'] = [0]; json.dump(c, open(sys.argv[2], 'w'))" \
+  "$dir/sd3/transformer/config.json" "$dir/sd3_dual/config.json"
 for case in flux2_axes flux2_noguid; do
   mkdir -p "$dir/$case"
   ln -s "$dir/flux2/transformer/diffusion_pytorch_model.safetensors" "$dir/$case/"

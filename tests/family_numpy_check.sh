@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # family_numpy_check.sh FAMILY DIFFCP: `diffcp dit` on diffusers pipeline folders of one DiT family
-# (qwen_image, flux2) written by an independent NumPy tool (tools/qwenimage_reference.py,
-# tools/flux2_reference.py make: the diffusers class's tensor names, F32 / BF16 / F16, sharded or
+# (qwen_image, flux2, sd3) written by an independent NumPy tool (tools/qwenimage_reference.py,
+# tools/flux2_reference.py, tools/sd3_reference.py make: the diffusers class's tensor names, F32 / BF16 / F16, sharded or
 # not, the published model's scheduler_config.json), every step's velocity (--dump-velocity;
-# Qwen-Image's with true classifier-free guidance the guided one) against a NumPy float64 forward
+# Qwen-Image's and SD3.5's with classifier-free guidance the guided one; SD3.5's in its latent image
+# layout [b, C, H/8, W/8]) against a NumPy float64 forward
 # and sampler written from diffusers' transformer and pipeline code (the tool's check), under every
 # mode and several P; and the pipeline folder and its transformer folder give the same bytes.
 set -euo pipefail
 py=${DIFFCP_PYTHON:-python3}  # a python3 with numpy (tests/CMakeLists.txt)
-family=${1:?usage: family_numpy_check.sh qwen_image|flux2 DIFFCP}
-bin=${2:?usage: family_numpy_check.sh qwen_image|flux2 DIFFCP}
+family=${1:?usage: family_numpy_check.sh qwen_image|flux2|sd3 DIFFCP}
+bin=${2:?usage: family_numpy_check.sh qwen_image|flux2|sd3 DIFFCP}
 here=$(cd "$(dirname "$0")" && pwd)
 case $family in
   qwen_image) ref="$here/../tools/qwenimage_reference.py" ;;
   flux2) ref="$here/../tools/flux2_reference.py" ;;
+  sd3) ref="$here/../tools/sd3_reference.py" ;;
   *) echo "family_numpy_check.sh: unknown family '$family'" >&2; exit 2 ;;
 esac
 work=$(mktemp -d)
@@ -26,7 +28,7 @@ opt() {  # opt NAME DEFAULT "ARGS": the value after --NAME in ARGS
 # case: name, make options, P, mode, steps, guidance ("-": none given), extra diffcp options
 run_case() {
   local name=$1 make=$2 P=$3 mode=$4 steps=$5 g=$6 extra=${7:-}
-  local d="$work/$name" gopt=() neg=() chk=()
+  local d="$work/$name" gopt=() neg=() chk=() pooled=()
   # shellcheck disable=SC2086
   "$py" "$ref" make --out "$d" $make >/dev/null
   local W H
@@ -36,14 +38,19 @@ run_case() {
     gopt=(--guidance "$g")
     chk=(--guidance "$g")
   fi
-  if [ "$family" = qwen_image ]; then
+  if [ "$family" = sd3 ]; then
+    pooled=(--pooled "$d/pooled.npy")
+    chk+=(--pooled "$d/pooled.npy" --neg-pooled "$d/neg_pooled.npy")
+  fi
+  if [ "$family" != flux2 ]; then
     chk+=(--neg "$d/neg.npy")
     if "$py" -c "import sys; sys.exit(0 if float(sys.argv[1]) > 1 else 1)" "$g"; then
       neg=(--negative-text-embeddings "$d/neg.npy")
+      [ "$family" = sd3 ] && neg+=(--negative-pooled "$d/neg_pooled.npy")
     fi
   fi
   # shellcheck disable=SC2086
-  mpirun --oversubscribe -np "$P" "$bin" dit --weights "$d" --text-embeddings "$d/txt.npy" "${neg[@]}" \
+  mpirun --oversubscribe -np "$P" "$bin" dit --weights "$d" --text-embeddings "$d/txt.npy" "${pooled[@]}" "${neg[@]}" \
     --noise "$d/noise.npy" --width "$W" --height "$H" --steps "$steps" "${gopt[@]}" --mode "$mode" \
     --group-size 1 --dump-velocity "$d/dump" --out "" $extra >/dev/null
   echo "== $family $name: P = $P, mode $mode, guidance $g, $steps steps, make: $make, diffcp: $extra"
@@ -65,6 +72,21 @@ if [ "$family" = qwen_image ]; then
   # USP: Ulysses 2 x Ring 2 at P = 4, CFG 4.
   run_case usp "--text-tokens 8 --neg-tokens 4" 4 flat 2 4.0 "--ulysses-degree 2 --ring-degree 2"
   both=(--negative-text-embeddings "$work/bf16/neg.npy")
+elif [ "$family" = sd3 ]; then
+  # Classifier-free guidance at StableDiffusion3Pipeline's default 7 with a negative prompt of
+  # another length, bf16 weights in two shards, TAPA at P = 2.
+  run_case bf16 "--dtype bf16 --shards 2 --text-tokens 8 --neg-tokens 4" 2 tapa 3 7.0
+  # One conditional pass, f16, batch 2, an 80x48 image (15 tokens, 5 a rank; the position table
+  # cropped at offsets (1, 1)) at P = 3, CoCoDiff with r = 0 (exact).
+  run_case f16_p3 "--dtype f16 --batch 2 --width 80 --height 48 --text-tokens 9 --heads 3" \
+    3 cocodiff 3 1 "--cache-schedule fixed --cache-ratio 0 --warmup 0"
+  # f32, three blocks (the last one's text stream context-pre-only), a 6 x 6 position table, CFG 3
+  # at P = 4 with V-First.
+  run_case f32_p4 "--dtype f32 --layers 3 --pos-max 6 --text-tokens 8 --neg-tokens 12" 4 vfirst 3 3.0
+  # USP: Ulysses 2 x Ring 2 at P = 4, CFG 7.
+  run_case usp "--text-tokens 8 --neg-tokens 4" 4 flat 2 7.0 "--ulysses-degree 2 --ring-degree 2"
+  both=(--pooled "$work/bf16/pooled.npy" --negative-text-embeddings "$work/bf16/neg.npy"
+        --negative-pooled "$work/bf16/neg_pooled.npy")
 else
   # FLUX.2-dev-like (guidance embedding, guidance 4.5), bf16 weights in two shards, TAPA at P = 2.
   run_case bf16 "--dtype bf16 --shards 2" 2 tapa 3 4.5

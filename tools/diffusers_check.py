@@ -4,7 +4,8 @@
 Builds each family's transformer with a tiny random config (no hub: the class instantiated here):
 FluxTransformer2DModel (FLUX.1-dev-like and -schnell-like), QwenImageTransformer2DModel
 (Qwen-Image, with and without true classifier-free guidance) and Flux2Transformer2DModel (FLUX.2-dev-like
-with its guidance embedding, and without one); saves it as a diffusers pipeline
+with its guidance embedding, and without one) and SD3Transformer2DModel (SD3.5-large-like, with
+classifier-free guidance and without); saves it as a diffusers pipeline
 folder (model_index.json, transformer/, and scheduler/ with the published model's
 FlowMatchEulerDiscreteScheduler config), and runs
 `diffcp dit --weights FOLDER` under mpirun at each P and mode with `--dump-velocity`. For every
@@ -21,7 +22,7 @@ NumPy reference covers the same math there):
 
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch diffusers
   /tmp/venv/bin/python tools/diffusers_check.py --diffcp build/release/src/diffcp [--np 1,2,3,4] \
-      [--families flux1,qwen_image,flux2]
+      [--families flux1,qwen_image,flux2,sd3]
 
 Exit codes: 0 every case within --tol (default 1e-4), 1 a mismatch, 2 a run failed.
 """
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers import (Flux2Transformer2DModel, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel,
-                       QwenImageTransformer2DModel)
+                       QwenImageTransformer2DModel, SD3Transformer2DModel)
 from diffusers.utils import logging as diffusers_logging
 
 WIDTH, HEIGHT = 64, 48  # 4 x 3 = 12 image tokens: divisible by P = 1..4
@@ -82,6 +83,17 @@ def tiny_flux2(guidance: bool, seed: int) -> Flux2Transformer2DModel:
     return m.to(torch.float64).eval()
 
 
+def tiny_sd3(seed: int) -> SD3Transformer2DModel:
+    torch.manual_seed(seed)
+    m = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=16,
+                              num_attention_heads=4, joint_attention_dim=32, caption_projection_dim=64,
+                              pooled_projection_dim=24, out_channels=4, pos_embed_max_size=8, qk_norm="rms_norm")
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return m.to(torch.float64).eval()
+
+
 def save_pipeline(model, scheduler: FlowMatchEulerDiscreteScheduler, root: Path, pipeline: str) -> None:
     model.to(torch.float32).save_pretrained(root / "transformer")
     model.to(torch.float64)
@@ -111,6 +123,9 @@ def pipeline_sigmas(scheduler: FlowMatchEulerDiscreteScheduler, steps: int, imag
     mu = image_seq_len * m + c.get("base_shift", 0.5) - m * c.get("base_image_seq_len", 256)
     if family == "flux2":
         mu = flux2_mu(image_seq_len, steps)
+    if family == "sd3":  # StableDiffusion3Pipeline passes no sigmas (and mu only with dynamic shifting)
+        scheduler.set_timesteps(num_inference_steps=steps, mu=mu if c.get("use_dynamic_shifting") else None)
+        return scheduler.sigmas.double().numpy()
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
     return scheduler.sigmas.double().numpy()
 
@@ -132,6 +147,15 @@ def diffusers_velocity(family: str, model, x: torch.Tensor, inputs: dict, t: flo
                      timestep=tt, img_ids=img_ids, txt_ids=txt_ids,
                      guidance=None if guidance is None else torch.tensor([guidance], dtype=torch.float64),
                      return_dict=False)[0]
+    if family == "sd3":  # StableDiffusion3Pipeline: [uncond; cond] through the model, uncond + g (cond - uncond)
+        def run(txt, pooled):
+            return model(hidden_states=x, encoder_hidden_states=txt, pooled_projections=pooled, timestep=tt * 1000,
+                         return_dict=False)[0]
+        cond = run(inputs["txt_t"], inputs["pooled_t"])
+        if guidance is None or guidance <= 1:
+            return cond
+        uncond = run(inputs["neg_t"], inputs["neg_pooled_t"])
+        return uncond + guidance * (cond - uncond)
     if family == "flux2":  # Flux2Pipeline's ids: text (0, 0, 0, l), image (0, h, w, 0)
         h, w, T = HEIGHT // 16, WIDTH // 16, inputs["txt_t"].shape[1]
         img_ids = torch.zeros(h * w, 4, dtype=torch.float64)
@@ -159,10 +183,12 @@ def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str,
            "--text-embeddings", str(inputs["txt"]), "--noise", str(inputs["noise"]),
            "--width", str(WIDTH), "--height", str(HEIGHT), "--steps", str(a.steps), "--mode", mode,
            "--dump-velocity", str(dump), "--out", ""]
-    if family == "flux1":
+    if family in ("flux1", "sd3"):
         cmd += ["--pooled", str(inputs["pooled"])]
-    elif family == "qwen_image" and guidance is not None and guidance > 1:
+    if family in ("qwen_image", "sd3") and guidance is not None and guidance > 1:
         cmd += ["--negative-text-embeddings", str(inputs["neg"])]
+        if family == "sd3":
+            cmd += ["--negative-pooled", str(inputs["neg_pooled"])]
     if mode == "cocodiff":
         cmd += ["--cache-ratio", "0"]  # V-Major with nothing cached: exact; its ratio curve is bench material
     if mode == "usp":  # Ulysses x Ring with U = 1: Ring attention over all ranks
@@ -194,13 +220,24 @@ def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str,
 # with true CFG at QwenImagePipeline's default scale 4 and a negative prompt, and one conditional pass.
 CASES = [("flux1", "FLUX.1-schnell-like", None, 3), ("flux1", "FLUX.1-dev-like (guidance_embeds)", 3.5, 7),
          ("qwen_image", "Qwen-Image, true CFG 4 (negative prompt)", 4.0, 5), ("qwen_image", "Qwen-Image, guidance 1", 1.0, 9),
-         ("flux2", "FLUX.2-dev-like (guidance_embeds, guidance 4)", 4.0, 13), ("flux2", "FLUX.2, no guidance embedding", None, 17)]
+         ("flux2", "FLUX.2-dev-like (guidance_embeds, guidance 4)", 4.0, 13), ("flux2", "FLUX.2, no guidance embedding", None, 17),
+         ("sd3", "SD3.5-large-like, CFG 7 (negative prompt)", 7.0, 19), ("sd3", "SD3.5-large-like, guidance 1", 1.0, 23)]
 
 
 def build_case(family: str, guidance: float | None, seed: int, root: Path):
     rng = np.random.default_rng(11)
     inputs = {"txt": root / "txt.npy", "pooled": root / "pooled.npy", "neg": root / "neg.npy", "noise": root / "noise.npy"}
-    if family == "flux2":
+    if family == "sd3":
+        model = tiny_sd3(seed)
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)  # SD3.5's
+        save_pipeline(model, scheduler, root, "StableDiffusion3Pipeline")
+        np.save(inputs["pooled"], rng.standard_normal(24).astype(np.float32))
+        np.save(inputs["neg"], rng.standard_normal((NEG_TOKENS, 32)).astype(np.float32))
+        np.save(root / "neg_pooled.npy", rng.standard_normal(24).astype(np.float32))
+        inputs["neg_pooled"] = root / "neg_pooled.npy"
+        for k in ("pooled", "neg", "neg_pooled"):
+            inputs[k + "_t"] = torch.from_numpy(np.load(inputs[k]).astype(np.float64))[None]
+    elif family == "flux2":
         model = tiny_flux2(guidance is not None, seed)
         # FLUX.2-dev's scheduler (Flux2Pipeline computes mu itself)
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True)
@@ -222,7 +259,8 @@ def build_case(family: str, guidance: float | None, seed: int, root: Path):
         inputs["neg_t"] = torch.from_numpy(np.load(inputs["neg"]).astype(np.float64))[None]
     if family != "flux2":
         np.save(inputs["txt"], rng.standard_normal((TEXT_TOKENS, 32)).astype(np.float32))
-    np.save(inputs["noise"], rng.standard_normal((1, (WIDTH // 16) * (HEIGHT // 16), 16)).astype(np.float32))
+    noise_shape = (1, 4, HEIGHT // 8, WIDTH // 8) if family == "sd3" else (1, (WIDTH // 16) * (HEIGHT // 16), 16)
+    np.save(inputs["noise"], rng.standard_normal(noise_shape).astype(np.float32))
     inputs["txt_t"] = torch.from_numpy(np.load(inputs["txt"]).astype(np.float64))[None]
     inputs["scheduler"] = scheduler
     return model, inputs
@@ -233,7 +271,7 @@ def main() -> int:
     ap.add_argument("--diffcp", default="build/release/src/diffcp")
     ap.add_argument("--np", default="1,2,3,4")
     ap.add_argument("--modes", default="flat,tapa,vfirst,cocodiff,usp")
-    ap.add_argument("--families", default="flux1,qwen_image,flux2")
+    ap.add_argument("--families", default="flux1,qwen_image,flux2,sd3")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tol", type=float, default=1e-4)
     a = ap.parse_args()

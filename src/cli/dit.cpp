@@ -39,7 +39,7 @@ struct DitOptions {
   std::string prompt = "a lighthouse on a rocky coast at dusk";
   int group_size = 0;
   std::string weights, preset = "default", config;
-  std::string text_embeddings, pooled, negative_text_embeddings, noise, schedule = "auto", dump_velocity;
+  std::string text_embeddings, pooled, negative_text_embeddings, negative_pooled, noise, schedule = "auto", dump_velocity;
   double guidance = 3.5;
   bool dry_run = false;
   std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;  // 0/-1: preset's
@@ -176,7 +176,33 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
       DIFFCP_CHECK(in.cond.negative_tokens >= 1, "--negative-text-embeddings '", o.negative_text_embeddings, "': no tokens");
     }
   }
-  if (!o.noise.empty()) {
+  // SD3: the negative prompt's pooled vector comes with its tokens.
+  DIFFCP_CHECK(cfg.has_pooled() || o.negative_pooled.empty(), "--negative-pooled: this model (", family,
+               ") has no pooled text vector; drop --negative-pooled");
+  if (cfg.has_pooled() && cfg.true_cfg())
+    DIFFCP_CHECK(o.negative_text_embeddings.empty() == o.negative_pooled.empty(), "--negative-text-embeddings and ",
+                 "--negative-pooled come together (negative_prompt_embeds and negative_pooled_prompt_embeds); give both or neither");
+  if (!o.negative_pooled.empty()) {
+    std::vector<std::int64_t> s;
+    const std::string plegend = "[pooled_projection_dim] or [1, pooled_projection_dim] with pooled_projection_dim = " +
+                                std::to_string(cfg.pooled_dim);
+    in.cond.negative_pooled = read_input(o.negative_pooled, "--negative-pooled", s, {{cfg.pooled_dim}, {1, cfg.pooled_dim}},
+                                         plegend.c_str());
+  }
+  if (!o.noise.empty() && cfg.family == DitFamily::sd3) {  // SD3: the latent image [b, C, H/8, W/8], packed here
+    std::vector<std::int64_t> s;
+    const std::string legend = "[b, C, H/8, W/8] with C = in_channels = " + std::to_string(cfg.latent_channels) +
+                               " (SD3Transformer2DModel's hidden_states)";
+    in.noise = read_input(o.noise, "--noise", s, {{-1, cfg.latent_channels, -1, -1}}, legend.c_str());
+    DIFFCP_CHECK(!given(g_batch_opt, o.batch) || o.batch == s[0], "--batch ", o.batch, " disagrees with --noise '", o.noise,
+                 "' (", s[0], " images)");
+    in.shape.batch = s[0];
+    in.shape.validate();
+    DIFFCP_CHECK(s[2] == in.shape.height / 8 && s[3] == in.shape.width / 8, "--noise '", o.noise, "': a ", s[3], " x ", s[2],
+                 " latent, but a ", in.shape.width, "x", in.shape.height, " image has ", in.shape.width / 8, " x ",
+                 in.shape.height / 8, " (give --width / --height)");
+    in.noise = pack_latent(in.noise, cfg, in.shape);
+  } else if (!o.noise.empty()) {
     std::vector<std::int64_t> s;
     const std::string legend = "[b, N_img, in_channels] with in_channels = " + std::to_string(cfg.in_channels());
     in.noise = read_input(o.noise, "--noise", s, {{-1, -1, cfg.in_channels()}}, legend.c_str());
@@ -192,11 +218,28 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
   if (o.text_embeddings.empty()) {
     in.cond = prompt_conditioning(cfg, in.shape, o.prompt);
     if (cfg.true_cfg()) {  // the negative prompt "" through the same stand-in
-      in.cond.negative_txt = prompt_conditioning(cfg, in.shape, "").txt;
+      const DitConditioning neg = prompt_conditioning(cfg, in.shape, "");
+      in.cond.negative_txt = neg.txt;
+      in.cond.negative_pooled = neg.pooled;
       in.cond.negative_tokens = in.shape.text_tokens;
     }
   }
   return in;
+}
+
+// The latent layout a family's diffusers transformer takes (SD3: [b, C, H/8, W/8]; the others the
+// tokens [b, N_img, C_in]).
+std::vector<std::int64_t> latent_file_shape(const DitConfig& cfg, const DitShape& shape) {
+  if (cfg.family == DitFamily::sd3) return {shape.batch, cfg.latent_channels, shape.height / 8, shape.width / 8};
+  return {shape.batch, shape.image_tokens(), cfg.in_channels()};
+}
+
+// tokens [b, N_img, C_in] -> PATH as .npy in latent_file_shape's layout
+void write_latent(const std::string& path, const std::vector<float>& tokens, const DitConfig& cfg, const DitShape& shape) {
+  if (cfg.family == DitFamily::sd3)
+    write_npy(path, unpack_latent(tokens, cfg, shape).data(), latent_file_shape(cfg, shape));
+  else
+    write_npy(path, tokens.data(), latent_file_shape(cfg, shape));
 }
 
 // Rank 0 writes DIR/timesteps.json now and DIR/velocity_<k>.npy at every step (the velocity
@@ -221,8 +264,7 @@ std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator
   }
   return [&world, dir = o.dump_velocity, cfg, shape, shard](int k, const std::vector<float>& v_p) {
     const std::vector<float> v = gather_latent(world, v_p, cfg, shape, shard);
-    if (world.rank() == 0)
-      write_npy(dir + "/velocity_" + std::to_string(k) + ".npy", v.data(), {shape.batch, shape.image_tokens(), cfg.in_channels()});
+    if (world.rank() == 0) write_latent(dir + "/velocity_" + std::to_string(k) + ".npy", v, cfg, shape);
   };
 }
 
@@ -245,11 +287,12 @@ void add_dit_command(CLI::App& app) {
   g_text_tokens_opt = c->add_option("--text-tokens", o.text_tokens, "text tokens T (default: --text-embeddings' T)")->capture_default_str();
   c->add_option("--text-embeddings", o.text_embeddings, "text tokens from your T5: .npy [T, context_in_dim] or [1, T, context_in_dim] (with --pooled; default: the hashed --prompt)");
   c->add_option("--pooled", o.pooled, "pooled vector from your CLIP: .npy [vec_in_dim] or [1, vec_in_dim] (with --text-embeddings; FLUX.1 only)");
-  c->add_option("--negative-text-embeddings", o.negative_text_embeddings, "Qwen-Image's classifier-free guidance: the negative prompt's encoder_hidden_states, .npy [T_neg, joint_attention_dim] or [1, T_neg, ...] (read with --guidance > 1)");
-  c->add_option("--noise", o.noise, "initial noise, FLUX's packed 2x2 patches: .npy [b, N_img, in_channels] (default: seeded N(0, 1), --seed)");
+  c->add_option("--negative-text-embeddings", o.negative_text_embeddings, "Qwen-Image's and SD3.5's classifier-free guidance: the negative prompt's encoder_hidden_states, .npy [T_neg, joint_attention_dim] or [1, T_neg, ...] (read with --guidance > 1)");
+  c->add_option("--negative-pooled", o.negative_pooled, "SD3.5: the negative prompt's pooled_projections, .npy [pooled_projection_dim] (with --negative-text-embeddings)");
+  c->add_option("--noise", o.noise, "initial noise in the layout the family's diffusers transformer takes: packed 2x2 patches .npy [b, N_img, in_channels] (FLUX.1, FLUX.2, Qwen-Image), or the latent image [b, C, H/8, W/8] (SD3.5); default: seeded N(0, 1), --seed");
   g_guidance_opt = c->add_option("--guidance", o.guidance, "FLUX.1: the distilled guidance scale (guidance_in, FLUX.1-dev; default 3.5); Qwen-Image: classifier-free guidance's scale (true_cfg_scale; default 4; 1: one conditional pass)");
   c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (a diffusers pipeline's scheduler/scheduler_config.json, as the family's pipeline uses it; else FLUX.2: Flux2Pipeline's dynamic shift; others: flux for guidance-distilled models, linear otherwise)")->capture_default_str();
-  c->add_option("--dump-velocity", o.dump_velocity, "write DIR/velocity_<k>.npy [b, N_img, in_channels] per step and DIR/timesteps.json");
+  c->add_option("--dump-velocity", o.dump_velocity, "write DIR/velocity_<k>.npy per step (in --noise's layout) and DIR/timesteps.json");
   c->add_flag("--dry-run", o.dry_run, "check every input, print the model shape and memory per rank; do not load the weights or sample");
   g_seed_opt = c->add_option("--seed", o.seed, "seed of the initial noise (not with --noise)")->capture_default_str();
   g_prompt_opt = c->add_option("--prompt", o.prompt, "prompt; hashed (FNV-1a) into the text conditioning (not with --text-embeddings)")->capture_default_str();
@@ -270,7 +313,7 @@ void add_dit_command(CLI::App& app) {
   g_shape_opts.push_back(c->add_option("--single-blocks", o.single_blocks, "single-stream blocks (default: the preset's)"));
   g_shape_opts.push_back(c->add_option("--mlp-hidden", o.mlp_hidden, "MLP width (default: the preset's)"));
   c->add_option("--out", o.out, "PNG image to write (empty: none)")->capture_default_str();
-  c->add_option("--save-latent", o.save_latent, "also write the final latent [b, N_img, C_in] as .npy");
+  c->add_option("--save-latent", o.save_latent, "also write the final latent as .npy (in --noise's layout)");
   c->add_option("--reference", o.reference, "compare with this latent .npy (from --save-latent of a Flat run; an exact run "
                                             "is judged by bf16's tolerance, 2^-5 of the peak, and exits 2 beyond it)");
   c->add_option("--compare", o.compare, "compare with a flat reference run in the same job: flat (flat Ulysses over the same ranks where P divides "
@@ -326,8 +369,9 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
   DIFFCP_CHECK(cfg.guidance_embed || cfg.true_cfg() || !given(g_guidance_opt, o.guidance), "--guidance ", o.guidance,
                ": this model has no guidance_in (not guidance-distilled, e.g. FLUX.1-schnell); drop --guidance");
   // The family's default: FluxPipeline's guidance_scale 3.5, Flux2Pipeline's 4, QwenImagePipeline's
-  // true_cfg_scale 4.
-  const double guidance = given(g_guidance_opt, o.guidance).value_or(cfg.family == DitFamily::flux1 ? 3.5 : 4.0);
+  // true_cfg_scale 4, StableDiffusion3Pipeline's guidance_scale 7.
+  const double guidance = given(g_guidance_opt, o.guidance)
+                              .value_or(cfg.family == DitFamily::flux1 ? 3.5 : cfg.family == DitFamily::sd3 ? 7.0 : 4.0);
   DIFFCP_CHECK(std::isfinite(guidance), "--guidance ", guidance, ", expected a finite number");
   // auto: FLUX's shifted schedule for guidance-distilled models (FLUX.1-dev), linear otherwise (schnell).
   // A diffusers pipeline's own scheduler_config.json, unless --schedule names one.
@@ -343,11 +387,14 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
   const DitShape& shape = pl.in.shape;
   if (cfg.true_cfg()) {
     DIFFCP_CHECK(guidance <= 1 || pl.in.cond.has_negative(), "--guidance ", guidance, ": classifier-free guidance needs ",
-                 "the negative prompt's embeddings (--negative-text-embeddings; QwenImagePipeline's negative_prompt_embeds), ",
+                 "the negative prompt's embeddings (--negative-text-embeddings: the pipeline's negative_prompt_embeds), ",
                  "or --guidance 1 for one conditional pass");
     DIFFCP_CHECK(guidance > 1 || o.negative_text_embeddings.empty(), "--negative-text-embeddings is read only with ",
                  "--guidance > 1 (classifier-free guidance); --guidance is ", guidance);
-    if (guidance <= 1) pl.in.cond.negative_txt.clear();  // one conditional pass
+    if (guidance <= 1) {  // one conditional pass
+      pl.in.cond.negative_txt.clear();
+      pl.in.cond.negative_pooled.clear();
+    }
   }
   FlowMatchEulerScheduler flux2_scheduler;
   flux2_scheduler.dynamic = true;
@@ -371,8 +418,10 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
   if (!o.compare.empty()) pl.compare_ref = flat_reference_for(pl.mode, pl.deg, world.size(), cfg.heads);
   if (!o.reference.empty()) {
     std::vector<std::int64_t> s;
-    const std::string legend = "[b, N_img, C_in] = " + shape_str({shape.batch, shape.image_tokens(), cfg.in_channels()});
-    pl.reference = read_input(o.reference, "--reference", s, {{shape.batch, shape.image_tokens(), cfg.in_channels()}}, legend.c_str());
+    const std::vector<std::int64_t> want = latent_file_shape(cfg, shape);
+    const std::string legend = shape_str(want) + " (--save-latent's layout)";
+    pl.reference = read_input(o.reference, "--reference", s, {want}, legend.c_str());
+    if (cfg.family == DitFamily::sd3) pl.reference = pack_latent(pl.reference, cfg, shape);
   }
   return pl;
 }
@@ -602,7 +651,7 @@ int run_dit(Communicator& world) {
     if (!o.out.empty())
       write_png(o.out, tile_rgb8(latent_to_rgb(run.latent, cfg, shape), shape.batch, side_h, side_w).data(),
                 shape.batch * side_w, side_h);
-    if (!o.save_latent.empty()) write_npy(o.save_latent, run.latent.data(), {shape.batch, shape.image_tokens(), cfg.in_channels()});
+    if (!o.save_latent.empty()) write_latent(o.save_latent, run.latent, cfg, shape);
   }
   nlohmann::ordered_json j = report_json(world, o, pl, run, *ex);
   const bool passed = (o.compare.empty() && o.reference.empty()) || compare_with_reference(world, o, pl, w, noise, run, *ex, j);

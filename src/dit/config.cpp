@@ -15,6 +15,7 @@ const char* dit_family_name(DitFamily f) {
     case DitFamily::flux1: return "flux1";
     case DitFamily::qwen_image: return "qwen_image";
     case DitFamily::flux2: return "flux2";
+    case DitFamily::sd3: return "sd3";
   }
   return "?";
 }
@@ -44,25 +45,28 @@ void DitConfig::validate() const {
                "dit: mlp_hidden = ", mlp_hidden, ", latent_channels = ", latent_channels, ", patch = ", patch,
                ", text_dim = ", text_dim, ", pooled_dim = ", pooled_dim, "; expected all >= 1 (pooled_dim: 0 for ",
                dit_family_name(family), has_pooled() ? ", which has a pooled vector)" : ", which has none)");
-  DIFFCP_CHECK(family != DitFamily::qwen_image || (single_blocks == 0 && !guidance_embed), "dit: ", dit_family_name(family),
+  DIFFCP_CHECK((family != DitFamily::qwen_image && family != DitFamily::sd3) || (single_blocks == 0 && !guidance_embed),
+               "dit: ", dit_family_name(family),
                " has double-stream blocks only and no guidance embedding (single_blocks = ", single_blocks,
                ", guidance_embed = ", guidance_embed, ")");
   DIFFCP_CHECK(time_dim >= 2 && time_dim % 2 == 0, "dit: time_dim = ", time_dim, ", expected even and >= 2 (cos, sin halves)");
-  DIFFCP_CHECK(!rope_axes.empty() && rope_axes.size() <= kMaxRopeAxes, "dit: ", rope_axes.size(),
-               " RoPE axes, expected 1 to ", kMaxRopeAxes);
+  DIFFCP_CHECK((family == DitFamily::sd3) == rope_axes.empty() && rope_axes.size() <= kMaxRopeAxes, "dit: ",
+               rope_axes.size(), " RoPE axes, expected ", family == DitFamily::sd3 ? "none (SD3 has no RoPE)" : "1 to 4");
+  DIFFCP_CHECK((family == DitFamily::sd3) == (pos_embed_max >= 1) && pos_embed_max <= 4096, "dit: pos_embed_max = ",
+               pos_embed_max, ", expected ", family == DitFamily::sd3 ? "1 to 4096 (SD3's position table)" : "0");
   std::int64_t sum = 0;
   for (const std::int64_t a : rope_axes) {
     DIFFCP_CHECK(a >= 0 && a % 2 == 0, "dit: rope axis dim ", a, " is not even and >= 0");
     sum += a;
   }
-  DIFFCP_CHECK(sum == head_dim, "dit: rope axes ", nlohmann::json(rope_axes).dump(), " sum to ", sum,
+  DIFFCP_CHECK(rope_axes.empty() || sum == head_dim, "dit: rope axes ", nlohmann::json(rope_axes).dump(), " sum to ", sum,
                ", expected head_dim = ", head_dim);
   DIFFCP_CHECK(rope_theta > 1 && eps > 0, "dit: rope_theta = ", rope_theta, ", eps = ", eps,
                "; expected rope_theta > 1 and eps > 0");
 }
 
 nlohmann::json DitConfig::to_json() const {
-  return {{"family", dit_family_name(family)}, {"hidden", hidden()}, {"heads", heads}, {"head_dim", head_dim}, {"double_blocks", double_blocks},
+  return {{"family", dit_family_name(family)}, {"pos_embed_max", pos_embed_max}, {"hidden", hidden()}, {"heads", heads}, {"head_dim", head_dim}, {"double_blocks", double_blocks},
           {"single_blocks", single_blocks}, {"mlp_hidden", mlp_hidden}, {"latent_channels", latent_channels},
           {"patch", patch}, {"text_dim", text_dim}, {"pooled_dim", pooled_dim}, {"time_dim", time_dim},
           {"rope_axes", rope_axes}, {"rope_theta", rope_theta}, {"eps", eps}, {"guidance_embed", guidance_embed},
@@ -220,6 +224,10 @@ DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int 
     DIFFCP_CHECK(cfg.heads % U == 0, "dit: Ulysses degree U = ", U, " does not divide the ", cfg.heads,
                  " attention heads (Ulysses shards heads; P = ", P, " = U x R with R = ", P / U, ")");
   }
+  const std::int64_t mx = cfg.pos_embed_max;
+  DIFFCP_CHECK(cfg.family != DitFamily::sd3 || (shape.grid_h() <= mx && shape.grid_w() <= mx), "dit: a ", shape.width,
+               "x", shape.height, " image is ", shape.grid_w(), " x ", shape.grid_h(), " tokens, beyond SD3's position table of ",
+               mx, " x ", mx, " (pos_embed_max_size; at most ", 16 * mx, " pixels a side)");
   const std::string usp = U == P ? "" : " (P = U x R = " + std::to_string(U) + " x " + std::to_string(P / U) + ")";
   DIFFCP_CHECK(shape.image_tokens() % P == 0, "dit: P = ", P, " ranks do not divide the ", shape.image_tokens(),
                " image tokens (", shape.width, "x", shape.height, " pixels -> ", shape.grid_h(), " x ", shape.grid_w(), " tokens)", usp);
@@ -243,6 +251,15 @@ DitLinear DitLayout::linear(const std::string& name, std::int64_t in, std::int64
   return l;
 }
 
+std::int64_t DitLayout::table(const std::string& name, std::vector<std::int64_t> shape) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) n *= d;
+  tensors.push_back({name, std::move(shape), total, n, false});
+  total += n;
+  parameters += n;
+  return total - n;
+}
+
 std::int64_t DitLayout::vector(const std::string& name, std::int64_t n) {
   tensors.push_back({name, {n}, total, n, false});
   total += n;
@@ -255,6 +272,7 @@ DitLayout::DitLayout(const DitConfig& c) {
   const std::int64_t H = c.hidden(), M = c.mlp_hidden, d = c.head_dim;
   const bool b = c.biases();
   img_in = linear("img_in", c.in_channels(), H, b);
+  if (c.family == DitFamily::sd3) pos_embed = table("pos_embed", {1, c.pos_embed_max * c.pos_embed_max, H});
   time_in0 = linear("time_in.in_layer", c.time_dim, H, b);
   time_in1 = linear("time_in.out_layer", H, H, b);
   if (c.guidance_embed) {
@@ -280,10 +298,14 @@ DitLayout::DitLayout(const DitConfig& c) {
     for (const char* s : {"img", "txt"}) {
       Stream& st = std::string(s) == "img" ? blk.img : blk.txt;
       const std::string sp = pre + s;
-      st.mod = c.shared_modulation() ? (&st == &blk.img ? shared_img : shared_txt) : linear(sp + "_mod.lin", H, 6 * H, b);
+      // SD3: the last block's text stream only feeds the joint attention.
+      st.pre_only = c.family == DitFamily::sd3 && &st == &blk.txt && i == c.double_blocks - 1;
+      st.mod = c.shared_modulation() ? (&st == &blk.img ? shared_img : shared_txt)
+                                     : linear(sp + "_mod.lin", H, (st.pre_only ? 2 : 6) * H, b);
       st.qkv = linear(sp + "_attn.qkv", H, 3 * H, c.qkv_bias && b);
       st.q_scale = vector(sp + "_attn.norm.query_norm.scale", d);
       st.k_scale = vector(sp + "_attn.norm.key_norm.scale", d);
+      if (st.pre_only) continue;
       st.proj = linear(sp + "_attn.proj", H, H, b);
       st.mlp0 = linear(sp + "_mlp.0", H, c.mlp_in(), b);
       st.mlp2 = linear(sp + "_mlp.2", M, H, b);

@@ -23,6 +23,7 @@ namespace fs = std::filesystem;
 std::vector<std::string> diffusers_names(std::string_view base, DitFamily family) {
   const bool qwen = family == DitFamily::qwen_image, flux2 = family == DitFamily::flux2;
   if (qwen && (base == "img_in" || base == "txt_in" || base == "txt_norm")) return {std::string(base)};
+  if (family == DitFamily::sd3 && base == "img_in") return {"pos_embed.proj"};
   if (flux2) {  // Flux2Transformer2DModel: the time / guidance embedders and the shared modulations
     static const std::pair<const char*, const char*> kFlux2[] = {
         {"time_in.in_layer", "time_guidance_embed.timestep_embedder.linear_1"},
@@ -94,6 +95,7 @@ std::string class_name(const nlohmann::json& j) {
 std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitConfig& cfg, DitFileFormat format) {
   const std::int64_t rows = t.shape[0];
   if (format == DitFileFormat::bfl) return {{t.name, t.shape, 0, rows}};
+  if (t.name == "pos_embed") return {{"pos_embed.pos_embed", t.shape, 0, rows}};  // SD3's position table
   const std::size_t dot = t.name.rfind('.');
   const std::string base = t.name.substr(0, dot), suffix = t.name.substr(dot + 1);
   const std::vector<std::string> names = diffusers_names(base, cfg.family);
@@ -105,12 +107,22 @@ std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitCon
     s[0] = r;
     return s;
   };
-  if (base == "final_layer.adaLN_modulation.1") {  // diffusers: (scale, shift); BFL: (shift, scale)
+  const std::int64_t H = cfg.hidden();
+  // diffusers: (scale, shift); BFL: (shift, scale). The final layer's, and SD3's context-pre-only
+  // text modulation (AdaLayerNormContinuous) alike.
+  if (base == "final_layer.adaLN_modulation.1" || (base.ends_with("txt_mod.lin") && rows == 2 * H)) {
     const std::string n = names[0] + "." + file_suffix;
-    const std::int64_t H = rows / 2;
     return {{n, t.shape, H, H}, {n, t.shape, 0, H}};
   }
-  const std::int64_t H = cfg.hidden();
+  if (cfg.family == DitFamily::sd3 && base == "img_in" && suffix == "weight")  // a stride-p conv: [H, C, p, p]
+    return {{names[0] + ".weight", {H, cfg.latent_channels, cfg.patch, cfg.patch}, 0, rows}};
+  if (cfg.family == DitFamily::sd3 && base == "final_layer.linear") {
+    // proj_out's rows are (ph, pw, c) (diffusers' unpatchify); ours (c, ph, pw), as the input's.
+    const std::int64_t C = cfg.latent_channels, pp = cfg.patch * cfg.patch;
+    std::vector<DitFilePart> parts;
+    for (std::int64_t i = 0; i < rows; ++i) parts.push_back({names[0] + "." + file_suffix, t.shape, (i % pp) * C + i / pp, 1});
+    return parts;
+  }
   std::vector<DitFilePart> parts;
   for (std::size_t k = 0; k < names.size(); ++k) {
     // Split Linears: q, k, v have H rows each; the single block's MLP input the rest.
@@ -289,6 +301,56 @@ DitConfig flux2_from_diffusers(const nlohmann::json& j, const std::string& sourc
   return c;
 }
 
+// SD3Transformer2DModel (diffusers' transformer_sd3.py, SD3.5-large's variant): JointTransformerBlocks
+// with RMS QK-norm, the last one context-pre-only, a stride-2 patch embedding and a learned
+// position table; the caption projection must be the hidden size (as in every SD3 release).
+DitConfig sd3_from_diffusers(const nlohmann::json& j, const std::string& source) {
+  const nlohmann::json a = constructor_args(
+      j,
+      {{"sample_size", 128}, {"patch_size", 2}, {"in_channels", 16}, {"num_layers", 18}, {"attention_head_dim", 64},
+       {"num_attention_heads", 18}, {"joint_attention_dim", 4096}, {"caption_projection_dim", 1152},
+       {"pooled_projection_dim", 2048}, {"out_channels", 16}, {"pos_embed_max_size", 96},
+       {"dual_attention_layers", nlohmann::json::array()}, {"qk_norm", nullptr}},
+      source);
+  DIFFCP_CHECK(a["dual_attention_layers"].is_array() && a["dual_attention_layers"].empty(), "config '", source,
+               "': dual_attention_layers = ", a["dual_attention_layers"].dump(), " is not supported (SD3.5-medium's ",
+               "MMDiT-X blocks); SD3.5-large's empty list is");
+  DIFFCP_CHECK(a["qk_norm"] == "rms_norm", "config '", source, "': qk_norm = ", a["qk_norm"].dump(),
+               "; diffcp's blocks have RMS QK-norm (SD3.5's \"rms_norm\"; SD3.0 without it is not supported)");
+  const std::int64_t patch = config_int(a, "patch_size", source), in = config_int(a, "in_channels", source);
+  DIFFCP_CHECK(patch == 2, "config '", source, "': patch_size = ", patch, "; diffcp's token grid is the latent's 2x2 ",
+               "patches (8x VAE, 16 pixels a token), the only patch size supported");
+  DIFFCP_CHECK(!a["out_channels"].is_null() && config_int(a, "out_channels", source) == in, "config '", source,
+               "': out_channels = ", a["out_channels"].dump(), " != in_channels = ", in,
+               "; the Euler sampler needs the velocity in the latent's shape");
+  DitConfig c;
+  c.family = DitFamily::sd3;
+  c.heads = config_int(a, "num_attention_heads", source);
+  c.head_dim = config_int(a, "attention_head_dim", source);
+  DIFFCP_CHECK(config_int(a, "caption_projection_dim", source) == c.heads * c.head_dim, "config '", source,
+               "': caption_projection_dim = ", a["caption_projection_dim"].dump(), " != the hidden size ",
+               c.heads * c.head_dim, " (num_attention_heads x attention_head_dim); not supported");
+  c.double_blocks = config_int(a, "num_layers", source);
+  c.single_blocks = 0;
+  c.mlp_hidden = 4 * c.heads * c.head_dim;
+  c.latent_channels = in;
+  c.patch = 2;
+  c.text_dim = config_int(a, "joint_attention_dim", source);
+  c.pooled_dim = config_int(a, "pooled_projection_dim", source);
+  c.time_dim = 256;
+  c.rope_axes.clear();
+  c.pos_embed_max = config_int(a, "pos_embed_max_size", source);
+  config_int(a, "sample_size", source);  // the training size: read for its type only
+  c.qkv_bias = true;
+  c.guidance_embed = false;
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DIFFCP_FAIL("config '", source, "': ", e.what());
+  }
+  return c;
+}
+
 }  // namespace
 
 DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& source) {
@@ -297,8 +359,10 @@ DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& 
   if (cls == "FluxTransformer2DModel") return flux1_from_diffusers(j, source);
   if (cls == "QwenImageTransformer2DModel") return qwen_image_from_diffusers(j, source);
   if (cls == "Flux2Transformer2DModel") return flux2_from_diffusers(j, source);
+  if (cls == "SD3Transformer2DModel") return sd3_from_diffusers(j, source);
   DIFFCP_FAIL("config '", source, "': _class_name '", cls, "' is not a DiT diffcp runs; supported: ",
-              "FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel (Qwen-Image), Flux2Transformer2DModel (FLUX.2)");
+              "FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel (Qwen-Image), Flux2Transformer2DModel (FLUX.2), ",
+              "SD3Transformer2DModel (SD3.5)");
 }
 
 namespace {
@@ -320,9 +384,12 @@ std::vector<double> FlowMatchEulerScheduler::pipeline_sigmas(int steps, std::int
   const double mu = family == DitFamily::flux2 ? flux2_empirical_mu(image_tokens, steps)
                                                : static_cast<double>(image_tokens) * m + (base_shift - m * base_seq);
   std::vector<double> sig(static_cast<std::size_t>(steps) + 1, 0.0);
+  // The unshifted grid: FLUX / Qwen-Image / FLUX.2 pass sigmas = linspace(1, 1/N, N); SD3's pipeline
+  // passes none, and the scheduler spaces them linspace(sigma_max, sigma_min, N) over its training
+  // sigmas (sigma_max = 1; sigma_min = 1/1000, statically shifted unless use_dynamic_shifting).
+  const double last = family != DitFamily::sd3 ? 1.0 / steps : dynamic ? 1e-3 : shift * 1e-3 / (1 + (shift - 1) * 1e-3);
   for (int k = 0; k < steps; ++k) {
-    // np.linspace(1, 1/N, N)
-    const double s = steps == 1 ? 1.0 : 1.0 + (1.0 / steps - 1.0) * static_cast<double>(k) / (steps - 1);
+    const double s = steps == 1 ? 1.0 : 1.0 + (last - 1.0) * static_cast<double>(k) / (steps - 1);
     sig[static_cast<std::size_t>(k)] = !dynamic     ? shift * s / (1 + (shift - 1) * s)
                                        : exponential ? std::exp(mu) / (std::exp(mu) + (1 / s - 1))
                                                      : mu / (mu + (1 / s - 1));

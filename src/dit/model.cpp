@@ -63,7 +63,11 @@ void DitWeights::init_random(std::uint64_t seed) {
       const float stddev = 1.f / std::sqrt(static_cast<float>(t.shape[1]));  // shape [out, in]
       for (std::int64_t i = 0; i < t.size; ++i) p[i] = normal(rng) * stddev;
     } else {
-      // 1-D tensors: biases start at 0, the QK-norm scales at 1.
+      // 1-D tensors: biases start at 0, the QK-norm scales at 1; SD3's position table N(0, 1/4).
+      if (t.name == "pos_embed") {
+        for (std::int64_t i = 0; i < t.size; ++i) p[i] = 0.5f * normal(rng);
+        return;
+      }
       const bool scale = t.name.ends_with(".scale");
       std::fill(p, p + t.size, scale ? 1.f : 0.f);
     }
@@ -175,7 +179,8 @@ void DitWeights::load(const SafeTensorsSet& ck, DitFileFormat format) {
     // The tensor's rows from its parts in the file ([out, in] rows of a Linear weight, which lands
     // transposed: rows of [in, out] become columns; a vector's elements).
     const std::vector<DitFilePart> parts = dit_file_parts(t, cfg_, format);
-    const std::int64_t cols = t.linear_weight ? t.shape[1] : 1;
+    std::int64_t cols = 1;  // elements per row: a Linear's in, or the rest of a table's dims
+    for (std::size_t k = 1; k < t.shape.size(); ++k) cols *= t.shape[k];
     write_tensor(params_, t, [&](float* dst) {
       std::int64_t row = 0;
       for (const DitFilePart& part : parts) {
@@ -295,8 +300,21 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
                                                             static_cast<double>(c - (gw - gw / 2)), 0.0}
                          : std::array<double, kMaxRopeAxes>{0.0, static_cast<double>(r), static_cast<double>(c), 0.0});
     }
-  rope_ = std::make_unique<AxialRope>(cfg_, pos);
-  if (cfg_.family != DitFamily::flux1) {  // rotated text rows
+  if (!cfg_.rope_axes.empty()) rope_ = std::make_unique<AxialRope>(cfg_, pos);  // SD3: no RoPE
+  if (cfg_.family == DitFamily::sd3) {
+    // SD3's position table, cropped at its centre to the g_h x g_w grid (diffusers' PatchEmbed):
+    // token (r, c) takes row (top + r) * max + left + c, top = (max - g_h) / 2, left = (max - g_w) / 2.
+    const std::int64_t mx = cfg_.pos_embed_max;  // gh, gw <= mx: make_dit_shard
+    std::vector<std::int64_t> rows;
+    for (std::int64_t j = 0; j < b; ++j)
+      for (std::int64_t i = 0; i < Ip; ++i) {
+        const std::int64_t n = shard_.p * Ip + i;
+        rows.push_back(((mx - gh) / 2 + n / gw) * mx + (mx - gw) / 2 + n % gw);
+      }
+    pos_rows_.resize(Mi * H);
+    gather_rows(param(w_.layout().pos_embed), DType::f32, mx * mx, H, rows, H, pos_rows_.data(), DType::f32, H);
+  }
+  if (cfg_.family == DitFamily::qwen_image || cfg_.family == DitFamily::flux2) {  // rotated text rows
     const std::int64_t m = std::max(gh / 2, gw / 2);
     for (std::int64_t j = 0; j < b; ++j)
       for (std::int64_t t = 0; t < Tp; ++t) {
@@ -392,6 +410,7 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
 
   // Embeddings: the text rows are the same for every image, projected once and copied.
   linear(L.img_in, x_p, cfg_.in_channels(), img_rows_.rows, x_.data() + img_rows_.row0 * H, H);
+  if (L.pos_embed >= 0) add_into(x_.data() + img_rows_.row0 * H, pos_rows_.data(), img_rows_.rows * H);  // SD3
   if (Tp > 0) {
     if (L.txt_norm >= 0) {  // Qwen-Image: txt_in(RMSNorm(txt))
       rmsnorm_forward(txt_p, Tp, 1, cfg_.text_dim, param(L.txt_norm), static_cast<float>(cfg_.eps), txt_normed_.data(),
@@ -421,7 +440,7 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
   // (SPEC B.3): both streams' v columns first, V's exchange starts, then q | k + norm + RoPE.
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
-    float* mod = mods_.data() + s * 6 * H;  // shift1, scale1, gate1, shift2, scale2, gate2
+    float* mod = mods_.data() + s * 6 * H;  // shift1, scale1, gate1, shift2, scale2, gate2 (pre_only: shift, scale)
     modulation(w->mod, mod);
     layernorm_modulate(x_.data() + r.row0 * H, r.rows, H, mod, mod + H, eps, xm_.data() + r.row0 * H);
     project(w->qkv, xm_.data() + r.row0 * H, r.rows, 2 * H, H, big_.data() + r.row0 * 3 * H + 2 * H, 3 * H);
@@ -439,6 +458,7 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
 
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
+    if (w->pre_only) continue;  // SD3's last text stream: its rows are not read again
     const float* mod = mods_.data() + s * 6 * H;
     float* x = x_.data() + r.row0 * H;
     float* xm = xm_.data() + r.row0 * H;

@@ -43,6 +43,41 @@ std::vector<float> initial_noise(const DitConfig& cfg, const DitShape& shape, st
   return random_normal(static_cast<std::size_t>(shape.batch * shape.image_tokens() * cfg.in_channels()), seed);
 }
 
+namespace {
+// tokens[j, (y, x), c * 4 + ph * 2 + pw] <-> nchw[j, c, 2 y + ph, 2 x + pw]
+template <bool kPack>
+void repack(const float* src, float* dst, const DitConfig& cfg, const DitShape& shape) {
+  const std::int64_t C = cfg.latent_channels, gh = shape.grid_h(), gw = shape.grid_w(), W = 2 * gw;
+  for (std::int64_t j = 0; j < shape.batch; ++j)
+    for (std::int64_t c = 0; c < C; ++c)
+      for (std::int64_t y = 0; y < 2 * gh; ++y)
+        for (std::int64_t x = 0; x < W; ++x) {
+          const std::int64_t img = ((j * C + c) * 2 * gh + y) * W + x;
+          const std::int64_t tok = (j * gh * gw + (y / 2) * gw + x / 2) * 4 * C + c * 4 + (y % 2) * 2 + x % 2;
+          if (kPack)
+            dst[tok] = src[img];
+          else
+            dst[img] = src[tok];
+        }
+}
+}  // namespace
+
+std::vector<float> pack_latent(const std::vector<float>& nchw, const DitConfig& cfg, const DitShape& shape) {
+  DIFFCP_CHECK(cfg.patch == 2 && static_cast<std::int64_t>(nchw.size()) == shape.batch * shape.image_tokens() * cfg.in_channels(),
+               "pack_latent: ", nchw.size(), " values, expected b * C * H/8 * W/8 = ", shape.batch * shape.image_tokens() * cfg.in_channels());
+  std::vector<float> out(nchw.size());
+  repack<true>(nchw.data(), out.data(), cfg, shape);
+  return out;
+}
+
+std::vector<float> unpack_latent(const std::vector<float>& tokens, const DitConfig& cfg, const DitShape& shape) {
+  DIFFCP_CHECK(cfg.patch == 2 && static_cast<std::int64_t>(tokens.size()) == shape.batch * shape.image_tokens() * cfg.in_channels(),
+               "unpack_latent: ", tokens.size(), " values, expected b * N_img * C_in = ", shape.batch * shape.image_tokens() * cfg.in_channels());
+  std::vector<float> out(tokens.size());
+  repack<false>(tokens.data(), out.data(), cfg, shape);
+  return out;
+}
+
 std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig& cfg, const DitShape& shape,
                                 const DitShard& shard) {
   const std::int64_t C = cfg.in_channels(), N = shape.image_tokens(), Ip = shard.image_p;
@@ -118,7 +153,7 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
                "weights) and its [", cond.negative_tokens, ", ", text_dim, "] text");
   // On the device: the latent, this rank's text rows, the pooled vector and the velocity.
   const std::int64_t n = static_cast<std::int64_t>(x_p.size());
-  DeviceVector<float> txt, pooled, x, v, neg_txt, v_neg;
+  DeviceVector<float> txt, pooled, x, v, neg_txt, neg_pooled, v_neg;
   txt.assign(cond.txt.data() + s.p * s.text_p * text_dim, s.text_p * text_dim);
   pooled.assign(cond.pooled);
   x.assign(x_p);
@@ -128,6 +163,10 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
   if (cfg_pass) {
     const DitShard& ns = negative->shard();
     neg_txt.assign(cond.negative_txt.data() + ns.p * ns.text_p * text_dim, ns.text_p * text_dim);
+    DIFFCP_CHECK(static_cast<std::int64_t>(cond.negative_pooled.size()) == (cfg.has_pooled() ? cfg.pooled_dim : 0),
+                 "euler_sample: the negative prompt's pooled vector has ", cond.negative_pooled.size(), " values, expected ",
+                 cfg.has_pooled() ? cfg.pooled_dim : 0);
+    neg_pooled.assign(cond.negative_pooled);
     v_neg.resize(n);
     negative->exchange().set_compute(opt.compute);
   }
@@ -137,10 +176,11 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
     const double comm0 = model.exchange().stats().comm_ms + (cfg_pass ? negative->exchange().stats().comm_ms : 0.0);
     model.exchange().begin_step(k, steps);
     model.velocity(x.data(), txt.data(), pooled.data(), t[static_cast<std::size_t>(k)], opt.guidance, v.data());
-    if (cfg_pass) {  // v = v_neg + g (v - v_neg), the conditional norm of each token kept
+    if (cfg_pass) {  // v = v_neg + g (v - v_neg) (Qwen-Image: the conditional norm of each token kept)
       negative->exchange().begin_step(k, steps);
-      negative->velocity(x.data(), neg_txt.data(), pooled.data(), t[static_cast<std::size_t>(k)], opt.guidance, v_neg.data());
-      guidance_combine(v.data(), v_neg.data(), n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(opt.guidance), true);
+      negative->velocity(x.data(), neg_txt.data(), neg_pooled.data(), t[static_cast<std::size_t>(k)], opt.guidance, v_neg.data());
+      guidance_combine(v.data(), v_neg.data(), n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(opt.guidance),
+                       cfg.cfg_keeps_norm());
     }
     const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - t[static_cast<std::size_t>(k)]);
     axpy(x.data(), dt, v.data(), n);  // x += dt v

@@ -33,7 +33,13 @@ namespace diffcp {
 //               double_stream_modulation_img / _txt, single_stream_modulation); SwiGLU MLPs (the
 //               first Linear gives 2M: silu(gate) * up); no pooled vector; four RoPE axes (frame,
 //               row, column, text index; theta 2000), text token i at (0, 0, 0, i), image (0, r, c, 0).
-enum class DitFamily { flux1, qwen_image, flux2 };
+//   sd3:        Stable Diffusion 3.5 (MMDiT): no RoPE; a learned 2-D position table added to the
+//               patch embedding (pos_embed, cropped to the grid at its centre); the last block's text
+//               stream is context-pre-only (modulation (shift, scale) only: it gives K and V to the
+//               joint attention, no output projection, no MLP); double-stream blocks only; pooled
+//               vector; classifier-free guidance without rescaling (StableDiffusion3Pipeline); the
+//               latent in [b, C, H/8, W/8], patchified inside (channels (c, ph, pw)).
+enum class DitFamily { flux1, qwen_image, flux2, sd3 };
 const char* dit_family_name(DitFamily f);
 
 struct DitConfig {
@@ -49,14 +55,16 @@ struct DitConfig {
   // flux_rope_axes(128). 1 to kMaxRopeAxes axes.
   std::vector<std::int64_t> rope_axes{4, 14, 14};
   double rope_theta = 10000, eps = 1e-6;   // eps of every LayerNorm and QK RMSNorm
+  std::int64_t pos_embed_max = 0;  // sd3: the position table's side (pos_embed_max_size); 0 otherwise
   bool guidance_embed = false;  // FLUX.1-dev: guidance_in adds the embedded guidance scale to vec
   bool qkv_bias = true;         // the double blocks' qkv Linears have a bias (FLUX.1: yes)
 
   std::int64_t hidden() const { return heads * head_dim; }            // H
-  bool has_pooled() const { return family == DitFamily::flux1; }      // vector_in
+  bool has_pooled() const { return family == DitFamily::flux1 || family == DitFamily::sd3; }  // vector_in
   // --guidance is classifier-free guidance's scale (two passes, the negative prompt's) rather than a
   // distilled guidance embedding.
-  bool true_cfg() const { return family == DitFamily::qwen_image; }
+  bool true_cfg() const { return family == DitFamily::qwen_image || family == DitFamily::sd3; }
+  bool cfg_keeps_norm() const { return family == DitFamily::qwen_image; }  // the guided velocity rescaled per token
   bool biases() const { return family != DitFamily::flux2; }          // every Linear but qkv (qkv_bias)
   bool swiglu() const { return family == DitFamily::flux2; }          // MLP input 2M: silu(gate) * up
   bool shared_modulation() const { return family == DitFamily::flux2; }
@@ -144,6 +152,9 @@ struct DitLinear {
 //   double_blocks.i.s_attn.proj.{weight [H, H], bias [H]}
 //   double_blocks.i.s_mlp.0.{weight [M, H], bias [M]}   double_blocks.i.s_mlp.2.{weight [H, M], bias [H]}
 //   single_blocks.i.modulation.lin.{weight [3H, H], bias [3H]}  (shift, scale, gate)
+//   (sd3: img_in is pos_embed.proj (a stride-2 conv: [H, C, 2, 2] in the file), pos_embed [1,
+//    pos_embed_max^2, H]; the last block's txt_mod.lin [2H, H] (shift, scale), no txt proj / mlp;
+//    final_layer.linear's rows in (c, ph, pw) order (diffusers' proj_out: (ph, pw, c)))
 //   (flux2: no per-block modulation and no biases; double_stream_modulation_{img,txt}.lin.weight [6H, H]
 //    and single_stream_modulation.lin.weight [3H, H] shared by every block; mlp.0 [2M, H] and
 //    linear1 [3H + 2M, H]: SwiGLU's gate then up)
@@ -162,6 +173,7 @@ struct DitLayout {
   struct Stream {  // one stream (image or text) of a double-stream block
     DitLinear mod, qkv, proj, mlp0, mlp2;
     std::int64_t q_scale = 0, k_scale = 0;
+    bool pre_only = false;  // SD3's last text stream: mod (shift, scale), q | k | v; no proj, no MLP
   };
   struct DoubleBlock {
     Stream img, txt;
@@ -176,6 +188,7 @@ struct DitLayout {
   DitLinear img_in, txt_in, time_in0, time_in1, vector_in0, vector_in1, final_mod, final_linear;
   DitLinear guidance_in0, guidance_in1;  // allocated only when guidance_embed
   std::int64_t txt_norm = -1;            // qwen_image: [text_dim]; -1 otherwise
+  std::int64_t pos_embed = -1;           // sd3: [pos_embed_max^2, H]; -1 otherwise
   std::vector<DoubleBlock> double_blocks;
   std::vector<SingleBlock> single_blocks;
   std::vector<Tensor> tensors;  // every tensor of the file, in allocation order
@@ -185,6 +198,7 @@ struct DitLayout {
  private:
   DitLinear linear(const std::string& name, std::int64_t in, std::int64_t out, bool bias_in_file = true);
   std::int64_t vector(const std::string& name, std::int64_t n);
+  std::int64_t table(const std::string& name, std::vector<std::int64_t> shape);  // any shape, row-major
 };
 
 }  // namespace diffcp

@@ -7,7 +7,8 @@
 //          MLP(x) = W2 silu(W1 x + b1) + b2; the guidance term only with guidance_embed (FLUX.1-dev),
 //          the pooled one only in families that have it (FLUX; not Qwen-Image)
 //   img  = x_p W_img_in + b,  txt = txt_p W_txt_in + b                [b I_p, H], [b T_p, H]
-//          (Qwen-Image: txt_p RMS-normed first, txt_norm)
+//          (Qwen-Image: txt_p RMS-normed first, txt_norm; SD3: img += this token's row of the
+//          centre-cropped position table, pos_embed)
 //   double-stream block (separate img / txt weights, joint attention):
 //     (shift1, scale1, gate1, shift2, scale2, gate2) = Lin_s(silu(vec))   per stream s
 //     q, k, v = Lin_qkv((1 + scale1) LN(x_s) + shift1); q, k = RMSNorm per head; RoPE (the family's positions)
@@ -146,6 +147,7 @@ class DitModel {
   DeviceVector<float> x_, xm_, big_, attn_, y_;  // [M_p, H], [M_p, H], [M_p, 3H + M], [M_p, H], [M_p, H]
   DeviceVector<float> temb_, h_, vec_, silu_vec_;  // [time_dim], [H], [H], [H]
   DeviceVector<float> txt_normed_, txt_rstd_;      // Qwen-Image's txt_norm: [T_p, text_dim], [T_p]
+  DeviceVector<float> pos_rows_;                   // SD3: [b I_p, H] this rank's rows of the position table
   DeviceVector<float> mod_, mods_;                 // [6H]; [2, 6H] a double block's two streams
   DeviceVector<bf16_t> params16_;                  // under bf16 compute (ScopedF32GemmCompute): the weights, rounded
 };

@@ -35,6 +35,7 @@ struct DitConditioning {
   // tokens [negative_tokens, text_dim]; empty: no negative prompt.
   std::vector<float> negative_txt;
   std::int64_t negative_tokens = 0;
+  std::vector<float> negative_pooled;  // [pooled_dim] the negative prompt's pooled vector (families with one)
   bool has_negative() const { return !negative_txt.empty(); }
 };
 DitConditioning prompt_conditioning(const DitConfig& cfg, const DitShape& shape, const std::string& prompt);
@@ -43,7 +44,13 @@ DitShape negative_shape(const DitShape& shape, const DitConditioning& cond);
 
 // x_1 ~ N(0, I): [b, N_img, C_in], one stream seeded by `seed`, image-major, tokens row-major over
 // the grid, channels (c, ph, pw) (FLUX's packing). The same for every P: a rank takes its rows.
+// (SD3's latent [b, C, H/8, W/8] packs to these tokens and back with pack_latent / unpack_latent.)
 std::vector<float> initial_noise(const DitConfig& cfg, const DitShape& shape, std::uint64_t seed);
+
+// A latent image [b, C, 2 g_h, 2 g_w] (diffusers' SD3 layout) -> tokens [b, g_h g_w, 4 C], channels
+// (c, ph, pw); unpack_latent is the inverse.
+std::vector<float> pack_latent(const std::vector<float>& nchw, const DitConfig& cfg, const DitShape& shape);
+std::vector<float> unpack_latent(const std::vector<float>& tokens, const DitConfig& cfg, const DitShape& shape);
 
 // This rank's image rows of a full latent: full [b, N_img, C_in] -> [b, I_p, C_in].
 std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig& cfg, const DitShape& shape,
@@ -71,7 +78,7 @@ struct SampleOptions {
   // Read by models with guidance_embed (the distilled guidance; 3.5 is diffusers' FluxPipeline
   // default, BFL's CLI has 2.5), and in true_cfg() families as classifier-free guidance's scale:
   // above 1 with a negative prompt, every step runs the negative pass too and combines the two
-  // velocities (guidance_combine, the conditional norm kept).
+  // velocities (guidance_combine; Qwen-Image keeps the conditional norm, SD3 does not).
   double guidance = 3.5;
   // Called on every rank after step k's velocity v_p [b, I_p, C_in] (e.g. --dump-velocity), a host
   // copy; may communicate (every rank calls it at the same point). Not counted in the step time.
