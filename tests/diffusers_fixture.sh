@@ -29,7 +29,7 @@ import json, sys
 c = json.load(open(sys.argv[1]))
 case = sys.argv[3]
 if case == "bad_class":
-    c["_class_name"] = "SD3Transformer2DModel"
+    c["_class_name"] = "HunyuanDiT2DModel"
 elif case == "bad_field":
     c["mlp_ratio"] = 4.0
 else:

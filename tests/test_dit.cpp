@@ -409,6 +409,55 @@ TEST(DitModel, Flux2EqualsSingleProcess) {
   }
 }
 
+// SD3.5 (issue #34): no RoPE, the centre-cropped position table (each rank adds its own tokens'
+// rows), the context-pre-only last block, CFG with a negative prompt and pooled vector: every mode
+// at P equals the single-process run (fp32 tolerance), and the table reaches the output.
+TEST(DitModel, Sd3EqualsSingleProcess) {
+  DitConfig cfg = test_config();
+  cfg.family = DitFamily::sd3;
+  cfg.rope_axes.clear();
+  cfg.pos_embed_max = 16;
+  cfg.single_blocks = 0;
+  cfg.double_blocks = 2;
+  const DitLayout L(cfg);
+  EXPECT_TRUE(L.double_blocks[1].txt.pre_only && !L.double_blocks[0].txt.pre_only && !L.double_blocks[1].img.pre_only);
+  EXPECT_EQ(L.double_blocks[1].txt.mod.out, 2 * cfg.hidden());
+  DitWeights w(cfg);
+  w.init_random(19);
+  const DitShape shape{1, 192, 96, 24};
+  DitConditioning cond = prompt_conditioning(cfg, shape, "an sd3 test");
+  const DitConditioning neg = prompt_conditioning(cfg, DitShape{1, 192, 96, 48}, "");
+  cond.negative_txt = neg.txt;
+  cond.negative_pooled = neg.pooled;
+  cond.negative_tokens = 48;
+  const std::vector<float> noise = initial_noise(cfg, shape, 5);
+  const SampleOptions opt{flow_schedule(3, TimeSchedule::flux, shape.image_tokens()), 7.0, {}};
+  auto self = world().split(world().rank(), 0, "self");
+  const auto single_run = [&](const DitWeights& weights) {
+    const auto ex = make_attention_exchange(ExchangeMode::flat, *self, 1);
+    const auto ng = make_attention_exchange(ExchangeMode::flat, *self, 1);
+    return run_dit_sampling(*self, weights, shape, *ex, cond, noise, opt, ng.get()).latent;
+  };
+  const std::vector<float> single = single_run(w);
+  const std::vector<double> ref(single.begin(), single.end());
+  {  // the position table reaches the output
+    std::vector<float> p = w.host_params();
+    for (std::int64_t i = 0; i < cfg.pos_embed_max * cfg.pos_embed_max * cfg.hidden(); ++i) p[L.pos_embed + i] = 0;
+    DitWeights w0(cfg);
+    copy(w0.params().view(), ConstTensorView::contiguous(p.data(), DType::f32, {static_cast<std::int64_t>(p.size())}));
+    EXPECT_GT(max_abs_diff(single_run(w0), single), 1e-3) << "the position table does not reach the output";
+  }
+  const CacheSchedule r0{CacheScheduleKind::fixed, 0.0, 0, 0};
+  for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff}) {
+    SCOPED_TRACE(exchange_mode_name(mode));
+    const auto ex = make_attention_exchange(mode, world(), 1, r0);
+    const auto ng = make_attention_exchange(mode, world(), 1, r0);
+    const CompareResult c = compare<float>(run_dit_sampling(world(), w, shape, *ex, cond, noise, opt, ng.get()).latent, ref,
+                                           scaled_to(kTolF32, ref));
+    EXPECT_TRUE(c.pass()) << "max_abs " << c.max_abs << " max_rel " << c.max_rel << " worst ratio " << c.worst_ratio;
+  }
+}
+
 // TAPA moves the same bytes to the same places as the flat all-to-all, so the whole trajectory is
 // bitwise the same; its counters split the traffic by link class exactly as the closed form says.
 TEST(DitModel, TapaEqualsFlatBitwiseAndCountsBytesByLinkClass) {

@@ -84,11 +84,12 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
 }
 
 // The other families' own ops run on the device too: Qwen-Image with true classifier-free guidance
-// (txt_norm, rotated text rows, the guidance combination) and FLUX.2 (shared modulation, SwiGLU in
-// strided rows, four RoPE axes): the guard run equals the CPU run bit for bit.
-TEST(DitSamplingOnGuardDevice, QwenImageAndFlux2EqualTheCpuRunBitForBit) {
+// (txt_norm, rotated text rows, the guidance combination), FLUX.2 (shared modulation, SwiGLU in
+// strided rows, four RoPE axes) and SD3.5 (the position table, the context-pre-only block, CFG):
+// the guard run equals the CPU run bit for bit.
+TEST(DitSamplingOnGuardDevice, QwenImageFlux2AndSd3EqualTheCpuRunBitForBit) {
   Communicator& world = test::world();
-  for (const DitFamily family : {DitFamily::qwen_image, DitFamily::flux2}) {
+  for (const DitFamily family : {DitFamily::qwen_image, DitFamily::flux2, DitFamily::sd3}) {
     SCOPED_TRACE(dit_family_name(family));
     DitConfig cfg = dit_preset("tiny");
     cfg.family = family;
@@ -99,6 +100,12 @@ TEST(DitSamplingOnGuardDevice, QwenImageAndFlux2EqualTheCpuRunBitForBit) {
     if (family == DitFamily::qwen_image) {
       cfg.rope_axes = {2, 2, 4};
       cfg.single_blocks = 0;
+    } else if (family == DitFamily::sd3) {  // the position table (a device gather), the context-pre-only block
+      cfg.rope_axes.clear();
+      cfg.pos_embed_max = 16;
+      cfg.pooled_dim = 32;
+      cfg.single_blocks = 0;
+      cfg.double_blocks = 2;
     } else {
       cfg.rope_axes = {2, 2, 2, 2};
       cfg.guidance_embed = true;
@@ -107,7 +114,9 @@ TEST(DitSamplingOnGuardDevice, QwenImageAndFlux2EqualTheCpuRunBitForBit) {
     const DitShape shape{1, 192, 128, 24};
     DitConditioning cond = prompt_conditioning(cfg, shape, "a guard prompt");
     if (cfg.true_cfg()) {
-      cond.negative_txt = prompt_conditioning(cfg, DitShape{1, 192, 128, 48}, "").txt;
+      const DitConditioning neg = prompt_conditioning(cfg, DitShape{1, 192, 128, 48}, "");
+      cond.negative_txt = neg.txt;
+      cond.negative_pooled = neg.pooled;
       cond.negative_tokens = 48;
     }
     const std::vector<float> noise = initial_noise(cfg, shape, 5);

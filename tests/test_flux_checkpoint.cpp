@@ -346,6 +346,61 @@ TEST(FluxCheckpoint, Flux2DiffusersConfigTheRealShapeAndItsSigmas) {
   EXPECT_NE(s.pipeline_sigmas(28, 5000, DitFamily::flux2)[1], s.pipeline_sigmas(28, 5000, DitFamily::flux1)[1]);
 }
 
+// SD3.5-large's transformer config.json (tests/data): its shape and parameter count (8.1B with the
+// position table), the patchified latent's round trip, proj_out's reordered rows, the sigmas.
+TEST(FluxCheckpoint, Sd3DiffusersConfigLatentLayoutAndSigmas) {
+  const std::string path = std::string(DIFFCP_TEST_DATA) + "/sd3.5-large-diffusers.json";
+  std::ifstream f(path);
+  const nlohmann::json good = nlohmann::json::parse(f);
+  const DitConfig c = dit_config_from_diffusers(good, path);
+  EXPECT_EQ(c.family, DitFamily::sd3);
+  EXPECT_TRUE(c.true_cfg() && !c.cfg_keeps_norm() && c.has_pooled() && c.rope_axes.empty());
+  EXPECT_EQ(c.hidden(), 2432);
+  EXPECT_EQ(c.heads, 38);
+  EXPECT_EQ(c.double_blocks, 38);
+  EXPECT_EQ(c.pos_embed_max, 192);
+  EXPECT_EQ(c.in_channels(), 64);
+  EXPECT_EQ(DitLayout(c).parameters, 8146280768);
+  const auto err = [&](auto edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return error_of([&] { dit_config_from_diffusers(j, "cfg.json"); });
+  };
+  EXPECT_NE(err([](nlohmann::json& j) { j["dual_attention_layers"] = {0, 1}; }).find("dual_attention_layers = [0,1] is not supported"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["qk_norm"] = nullptr; }).find("qk_norm = null"), std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["caption_projection_dim"] = 1536; }).find("caption_projection_dim = 1536"),
+            std::string::npos);
+  EXPECT_NE(err([](nlohmann::json& j) { j["out_channels"] = 8; }).find("out_channels = 8 != in_channels = 16"), std::string::npos);
+  // tokens <-> [b, C, H/8, W/8]: a round trip, and the (c, ph, pw) channel order
+  DitConfig t = c;
+  t.latent_channels = 3;
+  const DitShape shape{2, 64, 32, 4};  // 4 x 2 tokens
+  std::vector<float> img(static_cast<std::size_t>(2 * 3 * 4 * 8));
+  for (std::size_t i = 0; i < img.size(); ++i) img[i] = static_cast<float>(i);
+  const std::vector<float> tok = pack_latent(img, t, shape);
+  EXPECT_EQ(unpack_latent(tok, t, shape), img);
+  // image 1, channel 2, pixel (y 3, x 5) -> token (1, 2) of image 1, channel 2 * 4 + 1 * 2 + 1
+  EXPECT_EQ(tok[static_cast<std::size_t>((1 * 8 + 1 * 4 + 2) * 12 + 2 * 4 + 3)], img[static_cast<std::size_t>(((1 * 3 + 2) * 4 + 3) * 8 + 5)]);
+  // proj_out: our row c * 4 + ph * 2 + pw is diffusers' (ph * 2 + pw) * C + c
+  for (const DitLayout::Tensor& x : DitLayout(c).tensors)
+    if (x.name == "final_layer.linear.bias") {
+      const std::vector<DitFilePart> parts = dit_file_parts(x, c, DitFileFormat::diffusers);
+      ASSERT_EQ(parts.size(), 64u);
+      EXPECT_EQ(parts[4 * 5 + 2 * 1 + 0].row0, (1 * 2 + 0) * 16 + 5);
+      EXPECT_EQ(parts[0].name, "proj_out.bias");
+    }
+  // StableDiffusion3Pipeline's sigmas at shift 3: shift(linspace(1, shift(1/1000), N))
+  FlowMatchEulerScheduler s;
+  s.shift = 3;
+  const std::vector<double> sig = s.pipeline_sigmas(28, 4096, DitFamily::sd3);
+  const auto shifted = [](double x) { return 3 * x / (1 + 2 * x); };
+  ASSERT_EQ(sig.size(), 29u);
+  EXPECT_DOUBLE_EQ(sig[0], 1.0);
+  EXPECT_NEAR(sig[27], shifted(shifted(1e-3)), 1e-15);
+  EXPECT_NEAR(sig[13], shifted(1 + (shifted(1e-3) - 1) * 13 / 27.0), 1e-15);
+}
+
 TEST(FluxCheckpoint, FluxScheduleIsFluxsShiftedSchedule) {
   // mu = 0.5 at 256 image tokens, 1.15 at 4096; t = e^mu / (e^mu + 1/s - 1) on s = 1 - k/T.
   EXPECT_DOUBLE_EQ(flux_shift_mu(256), 0.5);
