@@ -9,6 +9,9 @@ Shape-faithful at reduced depth, per family (--family):
               transformer's forward; classifier-free guidance runs it twice);
   flux2:      FLUX.2-dev's real width (H 6144 = 48 heads x 128, SwiGLU MLP 3H, text 15360, RoPE axes
               32/32/32/32, guidance_embeds) with DOUBLE double- and SINGLE single-stream blocks;
+  sd3:        SD3.5-large's real width (H 2432 = 38 heads x 64, MLP 4H, text 4096, pooled 2048, the
+              192^2 position table, RMS QK-norm) with DOUBLE blocks (the last one context-pre-only),
+              one conditional pass (--guidance 1), the latent [1, 16, 128, 128];
 a 1024 x 1024 image (4096 image tokens) and 512 text tokens. The model is diffusers' class with
 random weights, saved as a diffusers folder that diffcp reads (`diffcp dit --weights DIR`). Timed,
 interleaved ROUNDS times (diffusers' model is loaded from the folder for its timing and freed before
@@ -42,14 +45,14 @@ import numpy as np
 import torch
 import gc
 
-from diffusers import Flux2Transformer2DModel, FluxTransformer2DModel, QwenImageTransformer2DModel
+from diffusers import Flux2Transformer2DModel, FluxTransformer2DModel, QwenImageTransformer2DModel, SD3Transformer2DModel
 from diffusers.utils import logging as diffusers_logging
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--diffcp", default="build/release/src/diffcp")
-    ap.add_argument("--family", choices=["flux1", "qwen_image", "flux2"], default="flux1")
+    ap.add_argument("--family", choices=["flux1", "qwen_image", "flux2", "sd3"], default="flux1")
     ap.add_argument("--double", type=int, help="double-stream blocks (default: flux1 1, qwen_image 2)")
     ap.add_argument("--single", type=int, default=1, help="flux1's single-stream blocks")
     ap.add_argument("--resolution", type=int, default=1024)
@@ -60,18 +63,24 @@ def main() -> int:
     ap.add_argument("--modes", default="flat,tapa,vfirst,cocodiff")
     ap.add_argument("--csv")
     a = ap.parse_args()
-    flux, flux2 = a.family == "flux1", a.family == "flux2"
-    a.double = a.double if a.double is not None else 2 if a.family == "qwen_image" else 1
+    flux, flux2, sd3 = a.family == "flux1", a.family == "flux2", a.family == "sd3"
+    a.double = a.double if a.double is not None else 2 if a.family in ("qwen_image", "sd3") else 1
     a.csv = a.csv or ("bench/diffusers_flux_step.csv" if flux else f"bench/diffusers_{a.family}_step.csv")
     diffusers_logging.set_verbosity_error()
     torch.set_grad_enabled(False)
     torch.set_num_threads(a.cores)
     torch.manual_seed(0)
-    cls = FluxTransformer2DModel if flux else Flux2Transformer2DModel if flux2 else QwenImageTransformer2DModel
-    model = (cls(num_layers=a.double, num_single_layers=a.single, guidance_embeds=True) if flux or flux2
-             else cls(num_layers=a.double)).eval()
+    cls = {"flux1": FluxTransformer2DModel, "flux2": Flux2Transformer2DModel, "qwen_image": QwenImageTransformer2DModel,
+           "sd3": SD3Transformer2DModel}[a.family]
+    if sd3:  # SD3.5-large's config but its depth
+        model = cls(num_layers=a.double, attention_head_dim=64, num_attention_heads=38, caption_projection_dim=2432,
+                    pos_embed_max_size=192, qk_norm="rms_norm").eval()
+    elif flux or flux2:
+        model = cls(num_layers=a.double, num_single_layers=a.single, guidance_embeds=True).eval()
+    else:
+        model = cls(num_layers=a.double).eval()
     n_img, T = (a.resolution // 16) ** 2, a.text_tokens
-    J = 4096 if flux else 15360 if flux2 else 3584  # joint_attention_dim
+    J = 4096 if flux or sd3 else 15360 if flux2 else 3584  # joint_attention_dim
     C = 128 if flux2 else 64  # in_channels
     rng = np.random.default_rng(0)
     rows = []
@@ -80,10 +89,13 @@ def main() -> int:
         model.save_pretrained(root / "transformer")
         del model
         gc.collect()
-        pipeline = "FluxPipeline" if flux else "Flux2Pipeline" if flux2 else "QwenImagePipeline"
+        pipeline = {"flux1": "FluxPipeline", "flux2": "Flux2Pipeline", "qwen_image": "QwenImagePipeline",
+                    "sd3": "StableDiffusion3Pipeline"}[a.family]
         (root / "model_index.json").write_text(json.dumps({"_class_name": pipeline, "transformer": ["diffusers", cls.__name__]}))
-        txt, pooled = rng.standard_normal((T, J)).astype(np.float32), rng.standard_normal(768).astype(np.float32)
-        noise = rng.standard_normal((1, n_img, C)).astype(np.float32)
+        txt = rng.standard_normal((T, J)).astype(np.float32)
+        pooled = rng.standard_normal(2048 if sd3 else 768).astype(np.float32)
+        side8 = a.resolution // 8
+        noise = rng.standard_normal((1, 16, side8, side8) if sd3 else (1, n_img, C)).astype(np.float32)
         for name, x in (("txt", txt), ("pooled", pooled), ("noise", noise)):
             np.save(root / f"{name}.npy", x)
         side = a.resolution // 16
@@ -95,6 +107,10 @@ def main() -> int:
             inputs = dict(hidden_states=torch.from_numpy(noise), encoder_hidden_states=torch.from_numpy(txt)[None],
                           pooled_projections=torch.from_numpy(pooled)[None], timestep=torch.tensor([1.0]),
                           img_ids=img_ids, txt_ids=torch.zeros(T, 3), guidance=torch.tensor([3.5]), return_dict=False)
+        elif sd3:
+            inputs = dict(hidden_states=torch.from_numpy(noise), encoder_hidden_states=torch.from_numpy(txt)[None],
+                          pooled_projections=torch.from_numpy(pooled)[None], timestep=torch.tensor([1000.0]),
+                          return_dict=False)
         elif flux2:
             ids4 = torch.zeros(side * side, 4)
             ids4[:, 1:3] = img_ids[:, 1:3]
@@ -126,7 +142,7 @@ def main() -> int:
                            "--text-embeddings", str(root / "txt.npy"),
                            "--noise", str(root / "noise.npy"), "--resolution", str(a.resolution), "--steps", str(a.reps),
                            "--mode", mode, "--group-size", "1", "--json", "--out", ""]
-                    cmd += ["--pooled", str(root / "pooled.npy")] if flux else [] if flux2 else ["--guidance", "1"]
+                    cmd += (["--pooled", str(root / "pooled.npy")] if flux or sd3 else []) + ([] if flux or flux2 else ["--guidance", "1"])
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                                          env=dict(env, OMP_NUM_THREADS=str(max(1, a.cores // P)))).stdout
                     j = json.loads(out[out.index("{"):])

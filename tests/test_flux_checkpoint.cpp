@@ -282,7 +282,7 @@ TEST(FluxCheckpoint, QwenImageDiffusersConfigAndTheRealShape) {
   EXPECT_NE(err([](nlohmann::json& j) { j["patch_size"] = 1; }).find("patch_size = 1"), std::string::npos);
   EXPECT_NE(err([](nlohmann::json& j) { j["out_channels"] = 8; }).find("in_channels = 64 != out_channels (8) x patch_size^2"),
             std::string::npos);
-  EXPECT_NE(err([](nlohmann::json& j) { j["axes_dims_rope"] = {16, 56}; }).find("'axes_dims_rope' must be an array of 3"),
+  EXPECT_NE(err([](nlohmann::json& j) { j["axes_dims_rope"] = {16, 56}; }).find("2 RoPE axes, but the positions (frame, row, column) need 3"),
             std::string::npos);
   EXPECT_NE(err([](nlohmann::json& j) { j["num_layers"] = -1; }).find("field 'num_layers' = -1"), std::string::npos);
   EXPECT_NE(err([](nlohmann::json& j) { j["_class_name"] = "QwenImageTransformer3DModel"; }).find("supported: "),

@@ -32,9 +32,7 @@ step's (guided) velocity with diffcp's --dump-velocity. Exit codes: 0 pass, 1 mi
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import struct
 import sys
 import zlib
 from pathlib import Path
@@ -42,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flux_reference import (InputError, decode, diffusers_sigmas, encode, gelu_tanh,  # noqa: E402
-                            layer_norm, load_npy, load_weights, silu, write_safetensors)
+from diffusers_folder import check_dump_timesteps, compare_step, load_pipeline, write_header, write_pipeline  # noqa: E402
+from flux_reference import InputError, diffusers_sigmas, gelu_tanh, layer_norm, load_npy, silu  # noqa: E402
 
 EPS = 1e-6  # every LayerNorm and RMSNorm of the class
 CLASS = "QwenImageTransformer2DModel"
@@ -208,31 +206,8 @@ class QwenImageReference:
         return self.lin("proj_out", layer_norm(img) * (1 + scale) + shift)
 
 
-def folder_parts(path: Path) -> tuple[Path, Path | None]:
-    """(transformer folder, scheduler_config.json or None) of a pipeline or transformer folder."""
-    if (path / "model_index.json").exists():
-        sc = path / "scheduler" / "scheduler_config.json"
-        return path / "transformer", sc if sc.exists() else None
-    return path, None
-
-
 def load_folder(path: Path, header_only: bool = False) -> tuple[dict, dict[str, np.ndarray], Path | None]:
-    t, sched = folder_parts(path)
-    try:
-        a = read_config(json.loads((t / "config.json").read_text()), str(t / "config.json"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"{t / 'config.json'}: cannot read ({e!r})") from None
-    if header_only:
-        return a, {}, sched
-    index = t / "diffusion_pytorch_model.safetensors.index.json"
-    w = load_weights(index if index.exists() else t / "diffusion_pytorch_model.safetensors")
-    want = weight_shapes(a)
-    if set(w) != set(want):
-        raise InputError(f"{t}: missing {sorted(set(want) - set(w))[:5]}, extra {sorted(set(w) - set(want))[:5]}")
-    for n, s in want.items():
-        if w[n].shape != s:
-            raise InputError(f"{t}: {n} has shape {w[n].shape}, expected {s}")
-    return a, w, sched
+    return load_pipeline(path, read_config, weight_shapes, header_only)
 
 
 def cmd_make(a: argparse.Namespace) -> int:
@@ -269,31 +244,11 @@ def cmd_make(a: argparse.Namespace) -> int:
             g = g / math.sqrt(s[1])
         tensors[name] = g.astype(np.float32)
     out, dtype = Path(a.out), a.dtype.upper()
-    t = out / "transformer"
-    t.mkdir(parents=True, exist_ok=True)
-    (t / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    (out / "model_index.json").write_text(json.dumps(
-        {"_class_name": "QwenImagePipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-         "transformer": ["diffusers", CLASS]}, indent=2) + "\n")
-    (out / "scheduler").mkdir(exist_ok=True)
-    (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER, indent=2) + "\n")
-    names = list(tensors)
-    if a.shards == 1:
-        write_safetensors(t / "diffusion_pytorch_model.safetensors", tensors, dtype)
-    else:
-        weight_map, total = {}, 0
-        for k, chunk in enumerate(np.array_split(np.arange(len(names)), a.shards), 1):
-            fname = f"diffusion_pytorch_model-{k:05d}-of-{a.shards:05d}.safetensors"
-            part = {names[j]: tensors[names[j]] for j in chunk}
-            total += write_safetensors(t / fname, part, dtype)
-            weight_map.update({n: fname for n in part})
-        (t / "diffusion_pytorch_model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    _, back, _ = load_folder(out)
-    for name, x in tensors.items():  # read back: exact against the quantized values
-        if not np.array_equal(back[name], decode(encode(x, dtype), dtype, list(x.shape))):
-            print(f"make: read-back mismatch for {name}", file=sys.stderr)
-            return 1
+    try:
+        write_pipeline(out, cfg, "QwenImagePipeline", SCHEDULER, tensors, dtype, a.shards, read_config, weight_shapes)
+    except InputError as e:
+        print(f"make: {e}", file=sys.stderr)
+        return 1
     n_img = (a.height // 16) * (a.width // 16)
     np.save(out / "txt.npy", rng("input.txt").standard_normal((a.text_tokens, a.joint_dim)).astype(np.float32))
     np.save(out / "neg.npy", rng("input.neg").standard_normal((a.neg_tokens, a.joint_dim)).astype(np.float32))
@@ -316,15 +271,7 @@ def cmd_check(a: argparse.Namespace) -> int:
     cfg = neg is not None and a.guidance > 1
     sig = diffusers_sigmas(sched, a.steps, gh * gw)
     dump = Path(a.dump)
-    try:
-        got_ts = [float(t) for t in json.loads((dump / "timesteps.json").read_text())["timesteps"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise InputError(f"{dump / 'timesteps.json'}: no readable 'timesteps' list ({e!r})") from None
-    for k in range(a.steps):
-        load_npy(dump / f"velocity_{k}.npy", [x.shape])
-    dt = max((abs(u - v) for u, v in zip(got_ts, sig)), default=0.0)
-    ok = len(got_ts) == len(sig) and dt <= 1e-9
-    print(f"timesteps: {len(got_ts)} given, {len(sig)} expected, max|diff| {dt:.3e} {'ok' if ok else 'MISMATCH'}")
+    ok = check_dump_timesteps(dump, a.steps, x.shape, sig)
     model = QwenImageReference(p, w)
     for k in range(a.steps):
         v = model.forward(x, txt, sig[k], gh, gw)
@@ -332,41 +279,14 @@ def cmd_check(a: argparse.Namespace) -> int:
             vn = model.forward(x, neg, sig[k], gh, gw)
             comb = vn + a.guidance * (v - vn)
             v = comb * (np.linalg.norm(v, axis=-1, keepdims=True) / np.linalg.norm(comb, axis=-1, keepdims=True))
-        got = load_npy(dump / f"velocity_{k}.npy", [x.shape])
-        rel = float(np.abs(got - v).max() / max(np.abs(v).max(), 1e-30))
-        ok &= rel <= a.tol
-        print(f"step {k:3d}  sigma={sig[k]:.6f}  rel={rel:.3e}  {'ok' if rel <= a.tol else 'MISMATCH'}")
+        ok &= compare_step(dump, k, sig[k], v, a.tol)
         x = x + (sig[k + 1] - sig[k]) * v
     print(f"{'PASS' if ok else 'FAIL'} ({a.steps} steps, {'CFG ' + str(a.guidance) if cfg else 'no CFG'}, tol {a.tol:g})")
     return 0 if ok else 1
 
 
 def cmd_header(a: argparse.Namespace) -> int:
-    """A transformer folder of a config's real shape without data: config.json and one BF16
-    safetensors whose header lists every tensor, extended (sparse) to its true size."""
-    out = Path(a.out)
-    try:
-        c = json.loads(Path(a.config).read_text())
-        p = read_config(c, a.config)
-    except (InputError, OSError, ValueError) as e:
-        print(f"header: {e}", file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    off = 0
-    for name, shape in weight_shapes(p).items():
-        n = 2 * int(np.prod(shape))
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
-        off += n
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    f_out = out / "diffusion_pytorch_model.safetensors"
-    with open(f_out, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        f.truncate(8 + len(h) + off)
-    print(f"header: {len(header) - 1} tensors, {off // 2} parameters -> {f_out}")
-    return 0
+    return write_header(a.config, Path(a.out), read_config, weight_shapes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import struct
 import sys
 import zlib
 from pathlib import Path
@@ -40,8 +39,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flux_reference import (InputError, decode, encode, gelu_tanh, layer_norm, load_npy,  # noqa: E402
-                            load_weights, silu, write_safetensors)
+from diffusers_folder import check_dump_timesteps, compare_step, load_pipeline, write_header, write_pipeline  # noqa: E402
+from flux_reference import InputError, gelu_tanh, layer_norm, load_npy, silu  # noqa: E402
 
 CLASS = "SD3Transformer2DModel"
 EPS = 1e-6
@@ -189,25 +188,9 @@ def sd3_sigmas(sched: dict, steps: int) -> list[float]:
     return [float(v) for v in shifted(grid)] + [0.0]
 
 
-def load_folder(path: Path, header_only: bool = False):
-    t = path / "transformer" if (path / "model_index.json").exists() else path
-    sp = path / "scheduler" / "scheduler_config.json"
-    sched = json.loads(sp.read_text()) if sp.exists() else None
-    try:
-        a = read_config(json.loads((t / "config.json").read_text()), str(t / "config.json"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"{t / 'config.json'}: cannot read ({e!r})") from None
-    if header_only:
-        return a, {}, sched
-    index = t / "diffusion_pytorch_model.safetensors.index.json"
-    w = load_weights(index if index.exists() else t / "diffusion_pytorch_model.safetensors")
-    want = weight_shapes(a)
-    if set(w) != set(want):
-        raise InputError(f"{t}: missing {sorted(set(want) - set(w))[:5]}, extra {sorted(set(w) - set(want))[:5]}")
-    for n, s in want.items():
-        if w[n].shape != s:
-            raise InputError(f"{t}: {n} has shape {w[n].shape}, expected {s}")
-    return a, w, sched
+def load_folder(path: Path, header_only: bool = False) -> tuple[dict, dict[str, np.ndarray], dict | None]:
+    a, w, sched = load_pipeline(path, read_config, weight_shapes, header_only)
+    return a, w, json.loads(sched.read_text()) if sched else None
 
 
 def cmd_make(a: argparse.Namespace) -> int:
@@ -240,31 +223,11 @@ def cmd_make(a: argparse.Namespace) -> int:
             g = g / math.sqrt(int(np.prod(s[1:])))
         tensors[name] = g.astype(np.float32)
     out, dtype = Path(a.out), a.dtype.upper()
-    t = out / "transformer"
-    t.mkdir(parents=True, exist_ok=True)
-    (t / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    (out / "model_index.json").write_text(json.dumps(
-        {"_class_name": "StableDiffusion3Pipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-         "transformer": ["diffusers", CLASS]}, indent=2) + "\n")
-    (out / "scheduler").mkdir(exist_ok=True)
-    (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER, indent=2) + "\n")
-    names = list(tensors)
-    if a.shards == 1:
-        write_safetensors(t / "diffusion_pytorch_model.safetensors", tensors, dtype)
-    else:
-        weight_map, total = {}, 0
-        for k, chunk in enumerate(np.array_split(np.arange(len(names)), a.shards), 1):
-            fname = f"diffusion_pytorch_model-{k:05d}-of-{a.shards:05d}.safetensors"
-            part = {names[j]: tensors[names[j]] for j in chunk}
-            total += write_safetensors(t / fname, part, dtype)
-            weight_map.update({n: fname for n in part})
-        (t / "diffusion_pytorch_model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    _, back, _ = load_folder(out)
-    for name, x in tensors.items():
-        if not np.array_equal(back[name], decode(encode(x, dtype), dtype, list(x.shape))):
-            print(f"make: read-back mismatch for {name}", file=sys.stderr)
-            return 1
+    try:
+        write_pipeline(out, cfg, "StableDiffusion3Pipeline", SCHEDULER, tensors, dtype, a.shards, read_config, weight_shapes)
+    except InputError as e:
+        print(f"make: {e}", file=sys.stderr)
+        return 1
     J, P = a.joint_dim, a.pooled_dim
     np.save(out / "txt.npy", rng("input.txt").standard_normal((a.text_tokens, J)).astype(np.float32))
     np.save(out / "pooled.npy", rng("input.pooled").standard_normal(P).astype(np.float32))
@@ -292,54 +255,21 @@ def cmd_check(a: argparse.Namespace) -> int:
     x = load_npy(Path(a.noise), [(None, C, a.height // 8, a.width // 8)])
     sig = sd3_sigmas(sched, a.steps)
     dump = Path(a.dump)
-    try:
-        got_ts = [float(t) for t in json.loads((dump / "timesteps.json").read_text())["timesteps"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise InputError(f"{dump / 'timesteps.json'}: no readable 'timesteps' list ({e!r})") from None
-    for k in range(a.steps):
-        load_npy(dump / f"velocity_{k}.npy", [x.shape])
-    dt = max((abs(u - v) for u, v in zip(got_ts, sig)), default=0.0)
-    ok = len(got_ts) == len(sig) and dt <= 1e-9
-    print(f"timesteps: {len(got_ts)} given, {len(sig)} expected, max|diff| {dt:.3e} {'ok' if ok else 'MISMATCH'}")
+    ok = check_dump_timesteps(dump, a.steps, x.shape, sig)
     model = SD3Reference(p, w)
     for k in range(a.steps):
         v = model.forward(x, txt, pooled, sig[k])
         if cfg:
             vu = model.forward(x, neg, neg_pooled, sig[k])
             v = vu + a.guidance * (v - vu)
-        got = load_npy(dump / f"velocity_{k}.npy", [x.shape])
-        rel = float(np.abs(got - v).max() / max(np.abs(v).max(), 1e-30))
-        ok &= rel <= a.tol
-        print(f"step {k:3d}  sigma={sig[k]:.6f}  rel={rel:.3e}  {'ok' if rel <= a.tol else 'MISMATCH'}")
+        ok &= compare_step(dump, k, sig[k], v, a.tol)
         x = x + (sig[k + 1] - sig[k]) * v
     print(f"{'PASS' if ok else 'FAIL'} ({a.steps} steps, {'CFG ' + str(a.guidance) if cfg else 'no CFG'}, tol {a.tol:g})")
     return 0 if ok else 1
 
 
 def cmd_header(a: argparse.Namespace) -> int:
-    out = Path(a.out)
-    try:
-        c = json.loads(Path(a.config).read_text())
-        p = read_config(c, a.config)
-    except (InputError, OSError, ValueError) as e:
-        print(f"header: {e}", file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    off = 0
-    for name, shape in weight_shapes(p).items():
-        n = 2 * int(np.prod(shape))
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
-        off += n
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    f_out = out / "diffusion_pytorch_model.safetensors"
-    with open(f_out, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        f.truncate(8 + len(h) + off)
-    print(f"header: {len(header) - 1} tensors, {off // 2} parameters -> {f_out}")
-    return 0
+    return write_header(a.config, Path(a.out), read_config, weight_shapes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-// `diffcp dit`: DiT inference (FLUX-style, dit/model.hpp) with Ulysses sequence parallelism over
+// `diffcp dit`: DiT inference (the four families of dit/config.hpp, dit/model.hpp) with Ulysses sequence parallelism over
 // the mpirun ranks; the attention exchange is Flat, TAPA, V-First or CoCoDiff (V-First + V-Major)
 // (dit/exchange.hpp, dit/vmajor.hpp); past the head limit USP: Ulysses over U ranks, Ring attention
 // over R = P / U groups (--ulysses-degree / --ring-degree, dit/ring_attention.hpp). Writes the image,
@@ -272,8 +272,8 @@ std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator
 
 void add_dit_command(CLI::App& app) {
   DitOptions& o = g_opt;
-  CLI::App* c = app.add_subcommand("dit", "DiT inference (FLUX-style) with Ulysses sequence parallelism over the mpirun "
-                                          "ranks: flow-matching Euler sampling, image out");
+  CLI::App* c = app.add_subcommand("dit", "DiT inference (FLUX.1, FLUX.2, Qwen-Image, SD3.5) with Ulysses sequence "
+                                          "parallelism over the mpirun ranks: flow-matching Euler sampling, image out");
   c->add_option("--mode", o.mode, "attention exchange: flat | tapa | vfirst (TAPA + V-First) | cocodiff (V-First + V-Major)")->capture_default_str();
   c->add_option("--cache-schedule", o.cache_schedule, "cocodiff: linear (r from 0 after the warm-up to --cache-ratio at the last step) | fixed (r = --cache-ratio)")->capture_default_str();
   c->add_option("--cache-ratio", o.cache_ratio, "cocodiff: cache ratio r in [0, 1] (fixed: every selective step; linear: the last step's)")->capture_default_str();
@@ -576,6 +576,13 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
               ex.link_group_size(), static_cast<long long>(shape.width), static_cast<long long>(shape.height),
               static_cast<long long>(shape.image_tokens()), static_cast<long long>(shape.text_tokens),
               static_cast<long long>(shape.batch), o.steps, pl.schedule_name.c_str());
+  std::printf("  model: %s", dit_family_name(cfg.family));
+  if (j["cfg_passes"].get<int>() == 2)
+    std::printf(", classifier-free guidance %g: two passes a step (the negative prompt's: %lld text tokens)",
+                pl.opt.guidance, static_cast<long long>(pl.in.cond.negative_tokens));
+  else if (cfg.guidance_embed)
+    std::printf(", distilled guidance %g", pl.opt.guidance);
+  std::printf("\n");
   if (o.weights.empty()) {
     std::printf("  weights: RANDOM (seeded init, --weight-seed %llu; no --weights given)\n",
                 static_cast<unsigned long long>(o.weight_seed));

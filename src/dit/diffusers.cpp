@@ -157,6 +157,33 @@ std::int64_t config_int(const nlohmann::json& a, const char* f, const std::strin
   return *v;
 }
 
+// The config's axes_dims_rope as the model's RoPE axes; `count` of them (the family's positions).
+std::vector<std::int64_t> config_rope_axes(const nlohmann::json& a, std::size_t count, const char* positions,
+                                           const std::string& source) {
+  const nlohmann::json& v = a["axes_dims_rope"];
+  DIFFCP_CHECK(v.is_array() && v.size() == count, "config '", source, "': axes_dims_rope = ", v.dump(), "; ",
+               v.is_array() ? std::to_string(v.size()) + " RoPE axes, but " : std::string(), "the positions (", positions,
+               ") need ", count);
+  std::vector<std::int64_t> axes;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto x = json_int64(v[i]);
+    DIFFCP_CHECK(x.has_value() && *x >= 0, "config '", source, "': axes_dims_rope[", i, "] = ", v[i].dump(),
+                 ", expected a non-negative integer");
+    axes.push_back(*x);
+  }
+  return axes;
+}
+
+// `c` validated, its errors naming the config file.
+DitConfig validated(const DitConfig& c, const std::string& source) {
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DIFFCP_FAIL("config '", source, "': ", e.what());
+  }
+  return c;
+}
+
 bool config_bool(const nlohmann::json& a, const char* f, const std::string& source) {
   DIFFCP_CHECK(a[f].is_boolean(), "config '", source, "': field '", f, "' = ", a[f].dump(), ", expected true or false");
   return a[f].get<bool>();
@@ -225,24 +252,11 @@ DitConfig qwen_image_from_diffusers(const nlohmann::json& j, const std::string& 
   c.text_dim = config_int(a, "joint_attention_dim", source);
   c.pooled_dim = 0;
   c.time_dim = 256;
-  DIFFCP_CHECK(a["axes_dims_rope"].is_array() && a["axes_dims_rope"].size() == 3, "config '", source,
-               "': field 'axes_dims_rope' must be an array of 3 integers (frame, row, column shares of the head dim)");
-  c.rope_axes.clear();
-  for (std::size_t i = 0; i < 3; ++i) {
-    const auto v = json_int64(a["axes_dims_rope"][i]);
-    DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': axes_dims_rope[", i, "] = ", a["axes_dims_rope"][i].dump(),
-                 ", expected a non-negative integer");
-    c.rope_axes.push_back(*v);
-  }
+  c.rope_axes = config_rope_axes(a, 3, "frame, row, column", source);
   c.rope_theta = 10000;
   c.qkv_bias = true;
   c.guidance_embed = false;
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    DIFFCP_FAIL("config '", source, "': ", e.what());
-  }
-  return c;
+  return validated(c, source);
 }
 
 // Flux2Transformer2DModel (diffusers' transformer_flux2.py): no biases, shared modulation, SwiGLU
@@ -278,27 +292,12 @@ DitConfig flux2_from_diffusers(const nlohmann::json& j, const std::string& sourc
   c.text_dim = config_int(a, "joint_attention_dim", source);
   c.pooled_dim = 0;
   c.time_dim = config_int(a, "timestep_guidance_channels", source);
-  DIFFCP_CHECK(a["axes_dims_rope"].is_array() && !a["axes_dims_rope"].empty() && a["axes_dims_rope"].size() <= kMaxRopeAxes,
-               "config '", source, "': field 'axes_dims_rope' must be an array of 1 to ", kMaxRopeAxes, " integers");
-  c.rope_axes.clear();
-  for (std::size_t i = 0; i < a["axes_dims_rope"].size(); ++i) {
-    const auto v = json_int64(a["axes_dims_rope"][i]);
-    DIFFCP_CHECK(v.has_value() && *v >= 0, "config '", source, "': axes_dims_rope[", i, "] = ", a["axes_dims_rope"][i].dump(),
-                 ", expected a non-negative integer");
-    c.rope_axes.push_back(*v);
-  }
-  DIFFCP_CHECK(c.rope_axes.size() == 4, "config '", source, "': ", c.rope_axes.size(), " RoPE axes; FLUX.2's positions ",
-               "(frame, row, column, text index) need 4");
+  c.rope_axes = config_rope_axes(a, 4, "frame, row, column, text index", source);
   c.rope_theta = number("rope_theta");
   c.eps = number("eps");
   c.qkv_bias = false;
   c.guidance_embed = config_bool(a, "guidance_embeds", source);
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    DIFFCP_FAIL("config '", source, "': ", e.what());
-  }
-  return c;
+  return validated(c, source);
 }
 
 // SD3Transformer2DModel (diffusers' transformer_sd3.py, SD3.5-large's variant): JointTransformerBlocks
@@ -343,12 +342,7 @@ DitConfig sd3_from_diffusers(const nlohmann::json& j, const std::string& source)
   config_int(a, "sample_size", source);  // the training size: read for its type only
   c.qkv_bias = true;
   c.guidance_embed = false;
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    DIFFCP_FAIL("config '", source, "': ", e.what());
-  }
-  return c;
+  return validated(c, source);
 }
 
 }  // namespace

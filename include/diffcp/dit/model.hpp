@@ -1,5 +1,5 @@
 // The DiT forward (one denoising step's velocity) on rank p of P under Ulysses sequence
-// parallelism, FLUX-style (SPEC B; names and layout in dit/config.hpp). Inference only.
+// parallelism, FLUX-style, for every family of dit/config.hpp (SPEC B; names and layout there). Inference only.
 //
 // Legend as in dit/config.hpp; T_p, I_p text / image tokens per rank and image, M_p = b (T_p + I_p).
 //
