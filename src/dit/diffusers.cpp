@@ -392,6 +392,13 @@ std::vector<double> FlowMatchEulerScheduler::pipeline_sigmas(int steps, std::int
     const double scale = (1 - sig[static_cast<std::size_t>(steps) - 1]) / (1 - shift_terminal);
     for (int k = 0; k < steps; ++k) sig[static_cast<std::size_t>(k)] = 1 - (1 - sig[static_cast<std::size_t>(k)]) / scale;
   }
+  // A config can be accepted field by field and still shift into nonsense (mu so large that e^mu
+  // overflows, a negative linear shift): every sigma must be a number in [0, 1], non-increasing.
+  for (std::size_t k = 0; k < sig.size(); ++k)
+    DIFFCP_CHECK(std::isfinite(sig[k]) && sig[k] >= 0 && sig[k] <= 1 && (k == 0 || sig[k] <= sig[k - 1]),
+                 "scheduler: sigma ", k, " of ", steps, " steps is ", sig[k], " (", image_tokens, " image tokens; shift ",
+                 shift, ", base / max_shift ", base_shift, " / ", max_shift, ", base / max_image_seq_len ", base_seq, " / ",
+                 max_seq, ", shift_terminal ", shift_terminal, "): expected non-increasing sigmas in [0, 1]");
   return sig;
 }
 

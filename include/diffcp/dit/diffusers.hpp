@@ -58,7 +58,8 @@ struct FlowMatchEulerScheduler {
   // [steps + 1] sigmas, the last 0, for `image_tokens` tokens per image, as the family's pipeline
   // sets them: mu from calculate_shift (FluxPipeline, QwenImagePipeline), or FLUX.2's
   // compute_empirical_mu(image tokens, steps) (Flux2Pipeline: a fit that ignores the config's
-  // base / max shift).
+  // base / max shift). Throws unless every sigma is finite, in [0, 1] and non-increasing (a config
+  // whose fields are each valid can still shift into nonsense).
   std::vector<double> pipeline_sigmas(int steps, std::int64_t image_tokens, DitFamily family = DitFamily::flux1) const;
 };
 FlowMatchEulerScheduler flow_match_scheduler_from_json(const nlohmann::json& j, const std::string& source);
