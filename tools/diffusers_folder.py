@@ -11,7 +11,9 @@ beside diffusion_pytorch_model.safetensors or its sharded set (diffusion_pytorch
 from __future__ import annotations
 
 import json
+import math
 import struct
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +23,29 @@ from flux_reference import InputError, decode, encode, load_npy, load_weights, w
 
 ReadConfig = Callable[[dict, str], dict]
 WeightShapes = Callable[[dict], dict]
+
+
+def rng(seed: int, name: str) -> np.random.Generator:
+    """A stream per (seed, name): tensors and inputs do not shift each other's draws."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def random_tensors(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    """A tiny model's float32 weights: Linear / conv weights N(0, 1/fan_in), biases N(0, 0.01), norm
+    weights 1 + N(0, 0.01), a position table N(0, 0.25)."""
+    out = {}
+    for name, s in shapes.items():
+        g = rng(seed, name).standard_normal(s)
+        if name.endswith("pos_embed"):
+            g = 0.5 * g
+        elif len(s) == 1 and "norm" in name:
+            g = 1.0 + 0.1 * g
+        elif name.endswith(".bias"):
+            g = 0.1 * g
+        else:
+            g = g / math.sqrt(int(np.prod(s[1:])))
+        out[name] = g.astype(np.float32)
+    return out
 
 
 def write_pipeline(out: Path, config: dict, pipeline: str, scheduler: dict, tensors: dict[str, np.ndarray],

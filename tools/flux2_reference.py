@@ -34,13 +34,13 @@ import argparse
 import json
 import math
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diffusers_folder import check_dump_timesteps, compare_step, load_pipeline, write_header, write_pipeline  # noqa: E402
+from diffusers_folder import (check_dump_timesteps, compare_step, load_pipeline, random_tensors, rng,  # noqa: E402
+                              write_header, write_pipeline)
 from flux_reference import InputError, load_npy, silu  # noqa: E402
 
 CLASS = "Flux2Transformer2DModel"
@@ -249,13 +249,7 @@ def cmd_make(a: argparse.Namespace) -> int:
         print(f"make: {e}", file=sys.stderr)
         return 2
 
-    def rng(name: str) -> np.random.Generator:
-        return np.random.default_rng([a.seed, zlib.crc32(name.encode())])
-
-    tensors: dict[str, np.ndarray] = {}
-    for name, s in weight_shapes(p).items():
-        g = rng(name).standard_normal(s)
-        tensors[name] = (1.0 + 0.1 * g if len(s) == 1 else g / math.sqrt(s[1])).astype(np.float32)
+    tensors = random_tensors(weight_shapes(p), a.seed)
     out, dtype = Path(a.out), a.dtype.upper()
     try:
         write_pipeline(out, cfg, "Flux2Pipeline", SCHEDULER, tensors, dtype, a.shards, read_config, weight_shapes)
@@ -263,8 +257,8 @@ def cmd_make(a: argparse.Namespace) -> int:
         print(f"make: {e}", file=sys.stderr)
         return 1
     n_img = (a.height // 16) * (a.width // 16)
-    np.save(out / "txt.npy", rng("input.txt").standard_normal((a.text_tokens, a.joint_dim)).astype(np.float32))
-    np.save(out / "noise.npy", rng("input.noise").standard_normal((a.batch, n_img, a.in_channels)).astype(np.float32))
+    np.save(out / "txt.npy", rng(a.seed, "input.txt").standard_normal((a.text_tokens, a.joint_dim)).astype(np.float32))
+    np.save(out / "noise.npy", rng(a.seed, "input.noise").standard_normal((a.batch, n_img, a.in_channels)).astype(np.float32))
     print(f"make: {len(tensors)} tensors ({dtype}, {a.shards} file(s)), {n_img} image tokens -> {out}")
     return 0
 

@@ -34,13 +34,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diffusers_folder import check_dump_timesteps, compare_step, load_pipeline, write_header, write_pipeline  # noqa: E402
+from diffusers_folder import (check_dump_timesteps, compare_step, load_pipeline, random_tensors, rng,  # noqa: E402
+                              write_header, write_pipeline)
 from flux_reference import InputError, diffusers_sigmas, gelu_tanh, layer_norm, load_npy, silu  # noqa: E402
 
 EPS = 1e-6  # every LayerNorm and RMSNorm of the class
@@ -228,21 +228,7 @@ def cmd_make(a: argparse.Namespace) -> int:
     except InputError as e:
         print(f"make: {e}", file=sys.stderr)
         return 2
-    shapes = weight_shapes(p)
-
-    def rng(name: str) -> np.random.Generator:
-        return np.random.default_rng([a.seed, zlib.crc32(name.encode())])
-
-    tensors: dict[str, np.ndarray] = {}
-    for name, s in shapes.items():
-        g = rng(name).standard_normal(s)
-        if len(s) == 1 and "norm" in name:
-            g = 1.0 + 0.1 * g
-        elif name.endswith(".bias"):
-            g = 0.1 * g
-        else:
-            g = g / math.sqrt(s[1])
-        tensors[name] = g.astype(np.float32)
+    tensors = random_tensors(weight_shapes(p), a.seed)
     out, dtype = Path(a.out), a.dtype.upper()
     try:
         write_pipeline(out, cfg, "QwenImagePipeline", SCHEDULER, tensors, dtype, a.shards, read_config, weight_shapes)
@@ -250,9 +236,9 @@ def cmd_make(a: argparse.Namespace) -> int:
         print(f"make: {e}", file=sys.stderr)
         return 1
     n_img = (a.height // 16) * (a.width // 16)
-    np.save(out / "txt.npy", rng("input.txt").standard_normal((a.text_tokens, a.joint_dim)).astype(np.float32))
-    np.save(out / "neg.npy", rng("input.neg").standard_normal((a.neg_tokens, a.joint_dim)).astype(np.float32))
-    np.save(out / "noise.npy", rng("input.noise").standard_normal((a.batch, n_img, 4 * a.out_channels)).astype(np.float32))
+    np.save(out / "txt.npy", rng(a.seed, "input.txt").standard_normal((a.text_tokens, a.joint_dim)).astype(np.float32))
+    np.save(out / "neg.npy", rng(a.seed, "input.neg").standard_normal((a.neg_tokens, a.joint_dim)).astype(np.float32))
+    np.save(out / "noise.npy", rng(a.seed, "input.noise").standard_normal((a.batch, n_img, 4 * a.out_channels)).astype(np.float32))
     print(f"make: {len(tensors)} tensors ({dtype}, {a.shards} file(s)), {n_img} image tokens -> {out}")
     return 0
 

@@ -33,13 +33,13 @@ import argparse
 import json
 import math
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diffusers_folder import check_dump_timesteps, compare_step, load_pipeline, write_header, write_pipeline  # noqa: E402
+from diffusers_folder import (check_dump_timesteps, compare_step, load_pipeline, random_tensors, rng,  # noqa: E402
+                              write_header, write_pipeline)
 from flux_reference import InputError, gelu_tanh, layer_norm, load_npy, silu  # noqa: E402
 
 CLASS = "SD3Transformer2DModel"
@@ -207,21 +207,7 @@ def cmd_make(a: argparse.Namespace) -> int:
         print(f"make: {e}", file=sys.stderr)
         return 2
 
-    def rng(name: str) -> np.random.Generator:
-        return np.random.default_rng([a.seed, zlib.crc32(name.encode())])
-
-    tensors: dict[str, np.ndarray] = {}
-    for name, s in weight_shapes(p).items():
-        g = rng(name).standard_normal(s)
-        if name == "pos_embed.pos_embed":
-            g = 0.5 * g
-        elif len(s) == 1 and "norm" in name:
-            g = 1.0 + 0.1 * g
-        elif name.endswith(".bias"):
-            g = 0.1 * g
-        else:
-            g = g / math.sqrt(int(np.prod(s[1:])))
-        tensors[name] = g.astype(np.float32)
+    tensors = random_tensors(weight_shapes(p), a.seed)
     out, dtype = Path(a.out), a.dtype.upper()
     try:
         write_pipeline(out, cfg, "StableDiffusion3Pipeline", SCHEDULER, tensors, dtype, a.shards, read_config, weight_shapes)
@@ -229,11 +215,11 @@ def cmd_make(a: argparse.Namespace) -> int:
         print(f"make: {e}", file=sys.stderr)
         return 1
     J, P = a.joint_dim, a.pooled_dim
-    np.save(out / "txt.npy", rng("input.txt").standard_normal((a.text_tokens, J)).astype(np.float32))
-    np.save(out / "pooled.npy", rng("input.pooled").standard_normal(P).astype(np.float32))
-    np.save(out / "neg.npy", rng("input.neg").standard_normal((a.neg_tokens, J)).astype(np.float32))
-    np.save(out / "neg_pooled.npy", rng("input.neg_pooled").standard_normal(P).astype(np.float32))
-    np.save(out / "noise.npy", rng("input.noise").standard_normal(
+    np.save(out / "txt.npy", rng(a.seed, "input.txt").standard_normal((a.text_tokens, J)).astype(np.float32))
+    np.save(out / "pooled.npy", rng(a.seed, "input.pooled").standard_normal(P).astype(np.float32))
+    np.save(out / "neg.npy", rng(a.seed, "input.neg").standard_normal((a.neg_tokens, J)).astype(np.float32))
+    np.save(out / "neg_pooled.npy", rng(a.seed, "input.neg_pooled").standard_normal(P).astype(np.float32))
+    np.save(out / "noise.npy", rng(a.seed, "input.noise").standard_normal(
         (a.batch, a.channels, a.height // 8, a.width // 8)).astype(np.float32))
     print(f"make: {len(tensors)} tensors ({dtype}, {a.shards} file(s)), {(a.height // 16) * (a.width // 16)} tokens -> {out}")
     return 0
