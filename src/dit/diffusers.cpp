@@ -388,6 +388,8 @@ std::vector<double> FlowMatchEulerScheduler::pipeline_sigmas(int steps, std::int
                                        : exponential ? std::exp(mu) / (std::exp(mu) + (1 / s - 1))
                                                      : mu / (mu + (1 / s - 1));
   }
+  DIFFCP_CHECK(shift_terminal == 0 || steps >= 2, "scheduler: shift_terminal = ", shift_terminal, " needs --steps >= 2 ",
+               "(its stretch divides by 1 - the last sigma before 0, which is 1 with one step: diffusers computes NaN)");
   if (shift_terminal > 0) {  // stretch so that the last sigma before 0 is shift_terminal
     const double scale = (1 - sig[static_cast<std::size_t>(steps) - 1]) / (1 - shift_terminal);
     for (int k = 0; k < steps; ++k) sig[static_cast<std::size_t>(k)] = 1 - (1 - sig[static_cast<std::size_t>(k)]) / scale;
