@@ -347,6 +347,16 @@ DitConfig sd3_from_diffusers(const nlohmann::json& j, const std::string& source)
 
 }  // namespace
 
+const char* diffusers_class(DitFamily family) {
+  switch (family) {
+    case DitFamily::flux1: return "FluxTransformer2DModel";
+    case DitFamily::qwen_image: return "QwenImageTransformer2DModel";
+    case DitFamily::flux2: return "Flux2Transformer2DModel";
+    case DitFamily::sd3: return "SD3Transformer2DModel";
+  }
+  return "?";
+}
+
 DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& source) {
   DIFFCP_CHECK(j.is_object(), "config '", source, "': expected a JSON object (a diffusers config.json)");
   const std::string cls = class_name(j);

@@ -163,9 +163,9 @@ void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck, DitFil
     append_problems(msg, "tensors this model does not have", extra);
     const nlohmann::json c = cfg.to_json();
     DIFFCP_FAIL("weights '", ck.path(), "' do not match the model (", c.dump(), "; names and shapes: ",
-                format == DitFileFormat::bfl                ? "dit/config.hpp"
-                : cfg.family == DitFamily::flux1 ? "diffusers' FluxTransformer2DModel, dit/diffusers.hpp"
-                                                 : "diffusers' QwenImageTransformer2DModel, dit/diffusers.hpp", "):", msg,
+                format == DitFileFormat::bfl ? std::string("dit/config.hpp")
+                                             : std::string("diffusers' ") + diffusers_class(cfg.family) + ", dit/diffusers.hpp",
+                "):", msg,
                 !cfg.guidance_embed && ck.has("guidance_in.in_layer.weight")
                     ? "\n  (a guidance-distilled checkpoint such as FLUX.1-dev: its config needs guidance_embed = true)"
                     : "",

@@ -39,6 +39,8 @@ std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitCon
 // from the file take the class's defaults, as diffusers does; unknown fields and other classes are
 // refused by name. FLUX's fixed choices (mlp_ratio 4, RoPE theta 10000, qkv biases) are the class's.
 DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& source);
+// The diffusers class of a family ("FluxTransformer2DModel", ...).
+const char* diffusers_class(DitFamily family);
 
 // diffusers' FlowMatchEulerDiscreteScheduler, from a pipeline's scheduler/scheduler_config.json,
 // as FluxPipeline drives it (the others: pipeline_sigmas): sigmas linspace(1, 1/N, N); mu = calculate_shift(image tokens), the

@@ -91,7 +91,8 @@ class DitModel {
   // The forward of rank exchange.seq_rank() of exchange.seq_size() (P; USP: U x R, the exchange's
   // Ulysses degree U = exchange.size()); throws (before any communication) when U does not divide
   // the heads or P the token counts. Sets the exchange's layout, so one model uses an exchange at a
-  // time. `weights` and `exchange` must outlive the model.
+  // time. `weights` and `exchange` must outlive the model; SD3's position rows are read from the
+  // weights here (load them first).
   DitModel(const DitWeights& weights, const DitShape& shape, AttentionExchange& exchange);
 
   const DitConfig& config() const { return cfg_; }
