@@ -1,7 +1,9 @@
 // Block-sparse attention kernels (fwd, bwd, LSE, merge) against the fp64 reference, single process.
 // Shapes cover: several samples, overlapping blocks, an anchor at the first response position, a
 // sample with zero anchors, GQA ratios 1/4/8, d_h 64 and 128, key rows split into disjoint
-// segments held by several calls (merged by LSE), strided rows, fully masked rows, bad input.
+// segments held by several calls (merged by LSE), strided rows, fully masked rows, bad input;
+// sliding-window layers (KeyWindow): windows smaller than a block, inside a sample, wider than a
+// sample, an edge inside a 512-key tile, causal and two-sided, rows a call's window hides wholly.
 #include <algorithm>
 #include <cstdlib>
 #include <utility>
@@ -50,7 +52,7 @@ struct Problem {
   // bf16_inputs: q, k, v, dout rounded to bf16 numbers (the reference sees exactly what a bf16
   // kernel gets).
   Problem(PackedBatch b, std::int64_t nq, std::int64_t nkv, std::int64_t d, std::uint64_t seed,
-          bool bf16_inputs = false)
+          bool bf16_inputs = false, KeyWindow window = {})
       : batch(std::move(b)), n_q(nq), n_kv(nkv), d_h(d) {
     S = batch.context_rows();
     Q = batch.query_rows();
@@ -62,7 +64,7 @@ struct Problem {
     if (bf16_inputs)
       for (auto* x : {&q, &k, &v, &dout})
         for (float& e : *x) e = bf16_to_f32(f32_to_bf16(e));
-    const BlockMask full = full_mask(batch);
+    const BlockMask full = full_mask(batch, window);
     const RefShape shape{n_q, n_kv, d_h};
     reference_attention_forward(full, shape, to_double(q), to_double(k), to_double(v), o_ref, lse_ref);
     delta_ref = reference_delta(to_double(dout), o_ref, Q * n_q, d_h);
@@ -76,6 +78,7 @@ struct Case {
   std::vector<std::int64_t> lengths;
   std::vector<std::vector<std::int64_t>> anchors;
   std::int64_t block, n_q, n_kv, d_h;
+  KeyWindow window{};  // a sliding-window layer's, else SPEC A.1's mask
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -101,6 +104,20 @@ std::vector<Case> cases() {
       // d_h < 64: bf16 runs widened to f32 (cpu/attention.cpp kMinBf16TileHeadDim)
       {"small_heads_d32", {256, 128, 200}, {{64, 67, 70, 150}, {}, {0, 100, 184}}, 16, 4, 2, 32},
   };
+  // Sliding-window layers (z-lab's DFlashDraftModel): causal windows smaller than a block, inside
+  // a sample and wider than it; a two-sided window (is_causal false); causal without a window
+  // (is_causal true on a full layer); a 1500-row sample whose window edge falls inside a 512-key
+  // tile of a multi-tile range. (With an anchor at 3 there, rows that see 4 keys, bf16's dq
+  // measured 3.9x its storage error, over the gate below: few-key rows cancel in dS = P (dP - D).
+  // The f32 tests hold it exactly; anchors 0 and 1 of the cases above pass the bf16 gate.)
+  const std::vector<std::int64_t> L3{256, 128, 200};
+  const std::vector<std::vector<std::int64_t>> A3{{64, 67, 70, 150}, {}, {0, 1, 100, 184}};
+  out.push_back({"window5_causal_b16", L3, A3, 16, 4, 2, 64, {5, true}});
+  out.push_back({"window40_causal_gqa4_d128", L3, A3, 16, 8, 2, 128, {40, true}});
+  out.push_back({"window7_two_sided", L3, A3, 16, 4, 4, 64, {7, false}});
+  out.push_back({"causal_without_window", L3, A3, 16, 4, 2, 32, {0, true}});
+  out.push_back({"window1000_wider_than_samples", L3, A3, 16, 4, 1, 64, {1000, true}});
+  out.push_back({"window600_edge_in_tile", {1500, 64}, {{30, 700, 1100, 1300, 1484}, {10}}, 8, 4, 2, 64, {600, true}});
   for (std::uint64_t seed : {7u, 8u}) {
     const PackedBatch rb = make_random_batch(3, 384, 10, 16, 0.25, seed);
     out.push_back({seed == 7 ? "random_gqa8_d128" : "random_gqa4_d64", rb.lengths, rb.anchors, 16,
@@ -113,8 +130,8 @@ class AttentionCase : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionCase, ForwardAndBackwardMatchFp64Reference) {
   const Case& c = GetParam();
-  const Problem pr(batch_of(c), c.n_q, c.n_kv, c.d_h, 42);
-  const BlockMask mask = full_mask(pr.batch);
+  const Problem pr(batch_of(c), c.n_q, c.n_kv, c.d_h, 42, false, c.window);
+  const BlockMask mask = full_mask(pr.batch, c.window);
   std::vector<float> o(pr.q.size()), lse(static_cast<std::size_t>(pr.Q * pr.n_q));
   attention_forward(mask, head_rows(pr.q, pr.Q, pr.n_q, pr.d_h), head_rows(pr.k, pr.Lk, pr.n_kv, pr.d_h),
                     head_rows(pr.v, pr.Lk, pr.n_kv, pr.d_h), head_rows(o, pr.Q, pr.n_q, pr.d_h), lse);
@@ -140,7 +157,7 @@ TEST_P(AttentionCase, ForwardAndBackwardMatchFp64Reference) {
 // backward partials (computed with the global lse and D) equals the unsplit result.
 TEST_P(AttentionCase, SplitKeyRangesMergeToUnsplitResult) {
   const Case& c = GetParam();
-  const Problem pr(batch_of(c), c.n_q, c.n_kv, c.d_h, 43);
+  const Problem pr(batch_of(c), c.n_q, c.n_kv, c.d_h, 43, false, c.window);
   const std::int64_t hq = pr.n_q * pr.d_h, hkv = pr.n_kv * pr.d_h, N = pr.batch.num_blocks();
   constexpr int kCalls = 3;
   std::mt19937_64 rng(5);
@@ -161,7 +178,7 @@ TEST_P(AttentionCase, SplitKeyRangesMergeToUnsplitResult) {
   std::vector<std::vector<std::int64_t>> rows(kCalls);
   std::vector<std::vector<float>> k_loc(kCalls), v_loc(kCalls);
   for (int p = 0; p < kCalls; ++p) {
-    masks.push_back(local_mask(pr.batch, chunks[p], owned[p]));
+    masks.push_back(local_mask(pr.batch, chunks[p], owned[p], 1, c.window));
     rows[p] = full_rows_of_local(pr.batch, chunks[p], owned[p]);
     k_loc[p] = gather_rows(pr.k, hkv, rows[p]);
     v_loc[p] = gather_rows(pr.v, hkv, rows[p]);
@@ -239,8 +256,8 @@ double storage_error(const std::vector<double>& ref) {
 constexpr double kBf16Gate = 3.0;  // measured 1.0-2.1 on the shapes below
 TEST_P(AttentionCase, Bf16ErrorWithin3xStorageError) {
   const Case& c = GetParam();
-  const Problem pr(batch_of(c), c.n_q, c.n_kv, c.d_h, 42, /*bf16_inputs=*/true);
-  const BlockMask mask = full_mask(pr.batch);
+  const Problem pr(batch_of(c), c.n_q, c.n_kv, c.d_h, 42, /*bf16_inputs=*/true, c.window);
+  const BlockMask mask = full_mask(pr.batch, c.window);
   const auto q = to_bf16(pr.q), k = to_bf16(pr.k), v = to_bf16(pr.v), dout = to_bf16(pr.dout);
   std::vector<bf16_t> o(q.size());
   std::vector<float> lse(static_cast<std::size_t>(pr.Q * pr.n_q)), delta(lse.size());
@@ -393,6 +410,14 @@ TEST(Attention, FlopCountsUseVisiblePairsOnly) {
   EXPECT_EQ(mask.visible_pairs(), 2 * 5 + 2 * 9);
   EXPECT_DOUBLE_EQ(attention_forward_flops(mask, 4, 8), 4.0 * 8 * 4 * 28);
   EXPECT_DOUBLE_EQ(attention_backward_flops(mask, 4, 8), 10.0 * 8 * 4 * 28);
+  // A causal window of 4: block 0 (anchor 3) row 0 at 3 sees context 0..2 and slot 0 (4 keys),
+  // row 1 at 4 sees 1..2 and slots 0..1 (4); block 1 (anchor 7): row 0 sees 4..6 + slot 0 (4),
+  // row 1 sees 5..6 + 2 slots (4). The union of block 0's ranges is 3 + 2 keys.
+  const BlockMask windowed = full_mask(b, {4, true});
+  EXPECT_EQ(windowed.visible_pairs(), 16);
+  EXPECT_EQ(windowed.visible_keys(0), 5);
+  EXPECT_EQ(windowed.visible_pairs(1), 8);
+  EXPECT_DOUBLE_EQ(attention_forward_flops(windowed, 4, 8), 4.0 * 8 * 4 * 16);
 }
 
 // ---- bad input: clear errors naming the value ----
@@ -439,6 +464,7 @@ TEST(BadInput, MaskValidation) {
   expect_error([] { BlockMask(4, 20, {{0, 0, 20}}, {{6, 3, -1}}); }, "expected 0 <= begin <= end");
   expect_error([] { BlockMask(0, 20, {}, {}); }, "block size B = 0");
   expect_error([] { BlockMask(4, 20, {{0, 0, 30}}, {}); }, "row + len <= L_k = 20");
+  expect_error([] { BlockMask(4, 20, {{0, 0, 20}}, {}, {-3, true}); }, "sliding window W = -3");
 }
 
 TEST(BadInput, KernelShapes) {

@@ -8,9 +8,10 @@
 namespace diffcp {
 
 BlockMask::BlockMask(std::int64_t block, std::int64_t key_rows, std::vector<ContextSegment> segments,
-                     std::vector<MaskBlock> blocks)
-    : block_(block), key_rows_(key_rows), segments_(std::move(segments)), blocks_(std::move(blocks)) {
+                     std::vector<MaskBlock> blocks, KeyWindow window)
+    : block_(block), key_rows_(key_rows), segments_(std::move(segments)), blocks_(std::move(blocks)), window_(window) {
   DIFFCP_CHECK(block_ >= 1, "mask: block size B = ", block_, ", expected >= 1");
+  DIFFCP_CHECK(window_.window >= 0, "mask: sliding window W = ", window_.window, ", expected >= 1 (or 0: none)");
   DIFFCP_CHECK(key_rows_ >= 0, "mask: key rows L_k = ", key_rows_, ", expected >= 0");
 
   // Every held key row belongs to at most one segment or block: check via sorted row intervals.
@@ -71,17 +72,20 @@ BlockMask::BlockMask(std::int64_t block, std::int64_t key_rows, std::vector<Cont
 void BlockMask::visible_ranges(std::int64_t i, std::vector<RowRange>& out) const {
   out.clear();
   const MaskBlock& b = blocks_[static_cast<std::size_t>(i)];
-  if (b.ctx_begin < b.ctx_end) {
+  // Slot 0 (at the anchor) sees the widest part of the context: no row sees below its first.
+  const std::int64_t ctx_begin = std::max(b.ctx_begin, window_.first(b.ctx_end));
+  if (ctx_begin < b.ctx_end) {
     // First segment that ends after ctx_begin.
     auto it = std::partition_point(segments_.begin(), segments_.end(), [&](const ContextSegment& g) {
-      return g.pos + g.len <= b.ctx_begin;
+      return g.pos + g.len <= ctx_begin;
     });
     for (; it != segments_.end() && it->pos < b.ctx_end; ++it) {
-      const std::int64_t lo = std::max(it->pos, b.ctx_begin), hi = std::min(it->pos + it->len, b.ctx_end);
-      if (lo < hi) out.push_back({it->row + (lo - it->pos), it->row + (hi - it->pos)});
+      const std::int64_t lo = std::max(it->pos, ctx_begin), hi = std::min(it->pos + it->len, b.ctx_end);
+      if (lo < hi) out.push_back({it->row + (lo - it->pos), it->row + (hi - it->pos), lo});
     }
   }
-  if (b.own_row >= 0) out.push_back({b.own_row, b.own_row + block_});
+  // Every own slot j is seen by some row (by row j itself).
+  if (b.own_row >= 0) out.push_back({b.own_row, b.own_row + block_, b.ctx_end});
 }
 
 std::int64_t BlockMask::visible_keys(std::int64_t i) const {
@@ -92,23 +96,36 @@ std::int64_t BlockMask::visible_keys(std::int64_t i) const {
   return n;
 }
 
-std::int64_t BlockMask::visible_pairs() const {
+std::int64_t BlockMask::visible_pairs(std::int64_t i) const {
+  std::vector<RowRange> ranges;
+  visible_ranges(i, ranges);
   std::int64_t n = 0;
-  for (std::int64_t i = 0; i < num_blocks(); ++i) n += visible_keys(i) * block_;
+  const std::int64_t a = blocks_[static_cast<std::size_t>(i)].ctx_end;
+  for (std::int64_t r = 0; r < block_; ++r) {
+    const std::int64_t first = window_.first(a + r), last = window_.last(a + r);
+    for (const RowRange& x : ranges)
+      n += std::max<std::int64_t>(0, std::min(last + 1, x.pos + (x.end - x.begin)) - std::max(first, x.pos));
+  }
   return n;
 }
 
-BlockMask full_mask(const PackedBatch& batch) {
+std::int64_t BlockMask::visible_pairs() const {
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < num_blocks(); ++i) n += visible_pairs(i);
+  return n;
+}
+
+BlockMask full_mask(const PackedBatch& batch, KeyWindow window) {
   batch.validate();
   const std::int64_t S = batch.context_rows(), B = batch.block;
   std::vector<MaskBlock> blocks;
   std::int64_t i = 0;
   for (const auto& ref : batch.blocks()) blocks.push_back({ref.sample_start, ref.anchor, S + (i++) * B});
-  return BlockMask(B, S + batch.query_rows(), {{0, 0, S}}, std::move(blocks));
+  return BlockMask(B, S + batch.query_rows(), {{0, 0, S}}, std::move(blocks), window);
 }
 
 BlockMask local_mask(const PackedBatch& batch, const std::vector<PosRange>& chunks,
-                     const std::vector<std::int64_t>& owned_blocks, std::int64_t bucket) {
+                     const std::vector<std::int64_t>& owned_blocks, std::int64_t bucket, KeyWindow window) {
   batch.validate();
   DIFFCP_CHECK(bucket >= 1, "local mask: bucket = ", bucket, ", expected >= 1");
   const std::int64_t S = batch.context_rows(), B = batch.block, N = batch.num_blocks();
@@ -130,7 +147,7 @@ BlockMask local_mask(const PackedBatch& batch, const std::vector<PosRange>& chun
     row += B;
   }
   const std::int64_t padded = (row + bucket - 1) / bucket * bucket;
-  return BlockMask(B, padded, std::move(segments), std::move(blocks));
+  return BlockMask(B, padded, std::move(segments), std::move(blocks), window);
 }
 
 std::vector<std::int64_t> full_rows_of_local(const PackedBatch& batch, const std::vector<PosRange>& chunks,

@@ -84,7 +84,7 @@ std::vector<std::int64_t> CpShard::owned_block_list() const {
   return out;
 }
 
-BlockMask CpShard::mask() const { return local_mask(batch, chunks, owned_block_list(), bucket); }
+BlockMask CpShard::mask() const { return local_mask(batch, chunks, owned_block_list(), bucket, window); }
 
 std::vector<std::int64_t> CpShard::context_positions() const {
   const auto starts = batch.sample_starts();

@@ -74,7 +74,7 @@ std::vector<KeyRows> gather_key_rows(Communicator& cp, const CpShard& s) {
   return out;
 }
 
-BlockMask cross_mask(const PackedBatch& batch, Shard queries, std::span<const KeyRows> keys) {
+BlockMask cross_mask(const PackedBatch& batch, Shard queries, std::span<const KeyRows> keys, KeyWindow window) {
   const std::int64_t B = batch.block;
   const auto refs = batch.blocks();
   std::vector<MaskBlock> blocks;
@@ -90,7 +90,7 @@ BlockMask cross_mask(const PackedBatch& batch, Shard queries, std::span<const Ke
     for (std::int64_t i = k.blocks.begin; i < k.blocks.end; ++i, row += B)
       if (queries.begin <= i && i < queries.end) blocks[static_cast<std::size_t>(i - queries.begin)].own_row = row;
   }
-  return BlockMask(B, row, std::move(segments), std::move(blocks));
+  return BlockMask(B, row, std::move(segments), std::move(blocks), window);
 }
 
 void merge_two(HeadRows<const float> o_a, std::span<const float> lse_a, HeadRows<const float> o_b,

@@ -25,7 +25,7 @@ void LvXAttnLayer::on_reshard() {
   own_.reshard(cfg_, shard_);
   const KeyRows mine = own_key_rows(shard_);
   masks_.clear();
-  for (const Shard& b : block_ranges(shard_)) masks_.push_back(cross_mask(shard_.batch, b, {&mine, 1}));
+  for (const Shard& b : block_ranges(shard_)) masks_.push_back(cross_mask(shard_.batch, b, {&mine, 1}, shard_.window));
   const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
   const std::int64_t Q_max = *std::max_element(shard_.query_rows.begin(), shard_.query_rows.end());
   const std::int64_t qw = cfg_.q_width(), n_q = cfg_.n_q, kvw = cfg_.kv_width(), Qp = own_.Qp();

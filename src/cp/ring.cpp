@@ -27,7 +27,7 @@ void RingLayer::on_reshard() {
   masks_.clear();
   key_rows_.clear();
   for (const KeyRows& k : keys) {
-    masks_.push_back(cross_mask(shard_.batch, shard_.blocks, {&k, 1}));
+    masks_.push_back(cross_mask(shard_.batch, shard_.blocks, {&k, 1}, shard_.window));
     key_rows_.push_back(k.rows(shard_.batch.block));
   }
   const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };

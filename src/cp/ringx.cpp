@@ -27,8 +27,8 @@ void RingXLayer::on_reshard() {
   query_rows_ = shard_.query_rows;
   key_rows_.clear();
   for (const KeyRows& k : keys) {
-    fwd_masks_.push_back(cross_mask(shard_.batch, k.blocks, {&mine, 1}));
-    bwd_masks_.push_back(cross_mask(shard_.batch, shard_.blocks, {&k, 1}));
+    fwd_masks_.push_back(cross_mask(shard_.batch, k.blocks, {&mine, 1}, shard_.window));
+    bwd_masks_.push_back(cross_mask(shard_.batch, shard_.blocks, {&k, 1}, shard_.window));
     key_rows_.push_back(k.rows(shard_.batch.block));
   }
   const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };

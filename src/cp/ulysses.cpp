@@ -30,7 +30,7 @@ void UlyssesLayer::on_reshard() {
   hkv_ = cfg_.n_kv / P_;
   Q_ = shard_.batch.query_rows();
   L_ = shard_.batch.context_rows() + Q_;
-  mask_.emplace(cross_mask(shard_.batch, {0, shard_.batch.num_blocks()}, keys));
+  mask_.emplace(cross_mask(shard_.batch, {0, shard_.batch.num_blocks()}, keys, shard_.window));
   q_own_counts_.assign(static_cast<std::size_t>(P_), static_cast<std::size_t>(own_.Qp() * hq_ * d));
   kv_own_counts_.assign(static_cast<std::size_t>(P_), static_cast<std::size_t>(own_.Lp() * 2 * hkv_ * d));
   q_all_counts_.clear();

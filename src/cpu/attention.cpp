@@ -169,6 +169,26 @@ inline std::int64_t stat_index(const Dims& s, std::int64_t i, std::int64_t h, st
   return (i * s.B + t % s.B) * s.n_q + h * s.G + t / s.B;
 }
 
+// A tile of keys at positions [y0, y0 + kt) of block i (anchor a): whether a KeyWindow's edge
+// crosses it (some of its (row, key) pairs are masked). Every tile of visible_ranges has a
+// visible pair for some row, so no tile is wholly masked.
+bool window_edge(const KeyWindow& w, std::int64_t B, std::int64_t a, std::int64_t y0, std::int64_t kt) {
+  return w.active() && !(w.sees(a + B - 1, y0) && w.sees(a, y0 + kt - 1));
+}
+
+// Scores S of such a tile (tile row t = g*B + r: the query at position a + r; key j at y0 + j)
+// set to -inf outside each row's window. key_major: S is [kt, GB] (ld GB), else [GB, kt] (ld ld).
+void mask_window(const KeyWindow& w, const Dims& s, std::int64_t a, std::int64_t y0, std::int64_t kt, float* S,
+                 std::int64_t ld, bool key_major) {
+  for (std::int64_t t = 0; t < s.GB; ++t) {
+    const std::int64_t q = a + t % s.B;
+    const std::int64_t lo = std::clamp<std::int64_t>(w.first(q) - y0, 0, kt);
+    const std::int64_t hi = std::clamp<std::int64_t>(w.last(q) + 1 - y0, lo, kt);
+    for (std::int64_t j = 0; j < kt; ++j)
+      if (j < lo || j >= hi) (key_major ? S[j * s.GB + t] : S[t * ld + j]) = kNegInf;
+  }
+}
+
 template <typename T>
 struct ForwardScratch {
   std::vector<T> q, p_lo;
@@ -197,15 +217,23 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
   std::fill(w.o.begin(), w.o.end(), 0.f);
   std::fill(w.m.begin(), w.m.end(), kNegInf);
   std::fill(w.l.begin(), w.l.end(), 0.f);
+  const KeyWindow& win = mask.window();
+  const std::int64_t a = mask.blocks()[static_cast<std::size_t>(i)].ctx_end;
   for (const RowRange& rr : w.ranges) {
     for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile) {
       const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
       const bool full = kt == kKeyTile;
       tile_gemm(false, true, GB, kt, d, s.scale * kLog2e, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, w.p.data(),
                 kKeyTile, full);
+      const std::int64_t y0 = rr.pos + (j0 - rr.begin);
+      if (window_edge(win, s.B, a, y0, kt)) mask_window(win, s, a, y0, kt, w.p.data(), kKeyTile, false);
       for (std::int64_t t = 0; t < GB; ++t) {
         float* pr = w.p.data() + t * kKeyTile;
         const float mx = row_max(pr, kt, w.m[t]);
+        if (mx == kNegInf) {  // a window hides every key of this row so far: nothing to add
+          std::fill_n(pr, kt, 0.f);
+          continue;
+        }
         const float sum = exp2_shifted(pr, kt, mx);
         const float alpha = simd::exp2(w.m[t] - mx);  // m = -inf on the first tile -> 0
         if (alpha != 1.f) {
@@ -220,8 +248,9 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
     }
   }
   for (std::int64_t t = 0; t < GB; ++t) {
-    store_row(w.o.data() + t * d, 1.f / w.l[t], o.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
-    lse[stat_index(s, i, h, t)] = (w.m[t] + std::log2(w.l[t])) * kLn2;
+    // l = 0: a window hid every key this call holds from the row (lse -inf, o 0, as above).
+    store_row(w.o.data() + t * d, w.l[t] > 0.f ? 1.f / w.l[t] : 0.f, o.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
+    lse[stat_index(s, i, h, t)] = w.l[t] > 0.f ? (w.m[t] + std::log2(w.l[t])) * kLn2 : kNegInf;
   }
 }
 
@@ -244,9 +273,11 @@ struct BackwardScratch {
 constexpr bool kKeyMajorF32Backward = DIFFCP_SIMD_BYTES < 64;
 
 // One key tile [j0, j0 + kt) of a block's backward (kv head h): dV, dK += (rows j0..), w.dq +=.
+// `edge`: the window's edge crosses the tile (block anchor a, keys at positions y0 + j).
 template <typename T>
 void backward_tile(const Dims& s, HeadRows<const T> k, HeadRows<const T> v, HeadRows<float> dk,
-                   HeadRows<float> dv, std::int64_t h, std::int64_t j0, std::int64_t kt, BackwardScratch<T>& w) {
+                   HeadRows<float> dv, std::int64_t h, std::int64_t j0, std::int64_t kt, const KeyWindow* edge,
+                   std::int64_t a, std::int64_t y0, BackwardScratch<T>& w) {
   const std::int64_t GB = s.GB, d = s.d;
   const bool full = kt == kKeyTile;
   float* P = w.p.data();
@@ -254,6 +285,7 @@ void backward_tile(const Dims& s, HeadRows<const T> k, HeadRows<const T> v, Head
   if constexpr (std::is_same_v<T, float> && kKeyMajorF32Backward) {
     // S^T = (scale log2(e)) K q^T, then P^T = 2^(S^T - lse2) column by column
     tile_gemm(false, true, kt, GB, d, s.scale * kLog2e, k.at(j0, h), k.row_stride, w.q.data(), d, 0.f, P, GB, full);
+    if (edge != nullptr) mask_window(*edge, s, a, y0, kt, P, GB, true);
     exp2_shifted_cols(P, kt, GB, w.lse2.data());
     // dV += P^T dO ; dP^T = V dO^T ; dS^T = P^T (dP^T - D)
     tile_gemm(false, false, kt, d, GB, 1.f, P, GB, w.dout.data(), d, 1.f, dv.at(j0, h), dv.row_stride, full);
@@ -272,6 +304,7 @@ void backward_tile(const Dims& s, HeadRows<const T> k, HeadRows<const T> v, Head
     // S = (scale log2(e)) q K^T, then P = 2^(S - lse2) row by row
     tile_gemm(false, true, GB, kt, d, s.scale * kLog2e, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, P, kKeyTile,
               full);
+    if (edge != nullptr) mask_window(*edge, s, a, y0, kt, P, kKeyTile, false);
     for (std::int64_t t = 0; t < GB; ++t) exp2_shifted(P + t * kKeyTile, kt, w.lse2[t]);
     // dV += P^T dO ; dP = dO V^T ; dS = P (dP - D)
     tile_gemm(true, false, kt, d, GB, 1.f, operand(P, GB, kt, kKeyTile, w.p_lo), kKeyTile, w.dout.data(), d, 1.f,
@@ -311,9 +344,13 @@ void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const T> q, H
       w.delta[t] = delta[stat_index(s, i, h, t)];
     }
   }
+  const KeyWindow& win = mask.window();
+  const std::int64_t a = mask.blocks()[static_cast<std::size_t>(i)].ctx_end;
   for (const RowRange& rr : w.ranges)
-    for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile)
-      backward_tile(s, k, v, dk, dv, h, j0, std::min(kKeyTile, rr.end - j0), w);
+    for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile) {
+      const std::int64_t kt = std::min(kKeyTile, rr.end - j0), y0 = rr.pos + (j0 - rr.begin);
+      backward_tile(s, k, v, dk, dv, h, j0, kt, window_edge(win, s.B, a, y0, kt) ? &win : nullptr, a, y0, w);
+    }
   for (std::int64_t t = 0; t < GB; ++t) store_row(w.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
 }
 
@@ -401,7 +438,7 @@ void backward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k
   const auto& groups = mask.sample_groups();
   std::vector<std::int64_t> cost(groups.size(), 0);
   for (std::size_t g = 0; g < groups.size(); ++g)
-    for (std::int64_t i : groups[g]) cost[g] += mask.visible_keys(i) + 1;
+    for (std::int64_t i : groups[g]) cost[g] += mask.visible_pairs(i) + 1;
   std::vector<std::int64_t> order(groups.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return cost[a] > cost[b]; });

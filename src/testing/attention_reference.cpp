@@ -27,23 +27,31 @@ double dot(const double* a, const double* b, std::int64_t n) {
 
 std::vector<char> reference_visibility(const BlockMask& mask) {
   const std::int64_t N = mask.num_blocks(), Lk = mask.key_rows(), B = mask.block();
+  const KeyWindow& win = mask.window();
   std::vector<std::int64_t> row_pos(static_cast<std::size_t>(Lk), -1), row_block(static_cast<std::size_t>(Lk), -1);
+  std::vector<std::int64_t> row_slot(static_cast<std::size_t>(Lk), -1);
   for (const ContextSegment& g : mask.segments())
     for (std::int64_t r = 0; r < g.len; ++r) row_pos[static_cast<std::size_t>(g.row + r)] = g.pos + r;
   for (std::int64_t i = 0; i < N; ++i) {
     const MaskBlock& b = mask.blocks()[static_cast<std::size_t>(i)];
     if (b.own_row >= 0)
-      for (std::int64_t r = 0; r < B; ++r) row_block[static_cast<std::size_t>(b.own_row + r)] = i;
+      for (std::int64_t r = 0; r < B; ++r) {
+        row_block[static_cast<std::size_t>(b.own_row + r)] = i;
+        row_slot[static_cast<std::size_t>(b.own_row + r)] = r;
+      }
   }
-  std::vector<char> vis(static_cast<std::size_t>(N * Lk), 0);
+  std::vector<char> vis(static_cast<std::size_t>(N * B * Lk), 0);
   for (std::int64_t i = 0; i < N; ++i) {
     const MaskBlock& b = mask.blocks()[static_cast<std::size_t>(i)];
-    for (std::int64_t j = 0; j < Lk; ++j) {
-      const std::int64_t x = row_pos[static_cast<std::size_t>(j)];
-      const bool ctx = x >= 0 && b.ctx_begin <= x && x < b.ctx_end;  // same sample, before anchor
-      const bool own = row_block[static_cast<std::size_t>(j)] == i;    // own block, bidirectional
-      vis[static_cast<std::size_t>(i * Lk + j)] = ctx || own;
-    }
+    for (std::int64_t r = 0; r < B; ++r)
+      for (std::int64_t j = 0; j < Lk; ++j) {
+        const std::int64_t x = row_pos[static_cast<std::size_t>(j)];
+        const bool ctx = x >= 0 && b.ctx_begin <= x && x < b.ctx_end;  // same sample, before anchor
+        const bool own = row_block[static_cast<std::size_t>(j)] == i;    // own block
+        // the window, by position: query slot r at a + r, context x at x, own slot at a + slot
+        const std::int64_t y = own ? b.ctx_end + row_slot[static_cast<std::size_t>(j)] : x;
+        vis[static_cast<std::size_t>((i * B + r) * Lk + j)] = (ctx || own) && win.sees(b.ctx_end + r, y);
+      }
   }
   return vis;
 }
@@ -69,12 +77,12 @@ void reference_attention_backward(const BlockMask& mask, const RefShape& s, cons
 void reference_attention_forward(const DenseVisibility& dv, const RefShape& s, const std::vector<double>& q,
                                  const std::vector<double>& k, const std::vector<double>& v,
                                  std::vector<double>& o, std::vector<double>& lse) {
-  const std::int64_t Q = dv.query_rows(), Lk = dv.key_rows, B = dv.block, d = s.d_h;
+  const std::int64_t Q = dv.query_rows(), Lk = dv.key_rows, d = s.d_h;
   const std::int64_t G = s.n_q / s.n_kv;
   check_size(q, Q * s.n_q * d, "q");
   check_size(k, Lk * s.n_kv * d, "k");
   check_size(v, Lk * s.n_kv * d, "v");
-  check_size_char(dv.visible, dv.blocks * Lk);
+  check_size_char(dv.visible, Q * Lk);
   const double scale = scale_of(s);
   const std::vector<char>& vis = dv.visible;
   o.assign(static_cast<std::size_t>(Q * s.n_q * d), 0.0);
@@ -82,23 +90,23 @@ void reference_attention_forward(const DenseVisibility& dv, const RefShape& s, c
   std::vector<double> score(static_cast<std::size_t>(Lk));
   for (std::int64_t row = 0; row < Q; ++row)
     for (std::int64_t h = 0; h < s.n_q; ++h) {
-      const std::int64_t i = row / B, hk = h / G;
+      const std::int64_t hk = h / G;
       const double* qr = &q[static_cast<std::size_t>((row * s.n_q + h) * d)];
       double mx = -std::numeric_limits<double>::infinity();
       for (std::int64_t j = 0; j < Lk; ++j)
-        if (vis[static_cast<std::size_t>(i * Lk + j)]) {
+        if (vis[static_cast<std::size_t>(row * Lk + j)]) {
           score[static_cast<std::size_t>(j)] = scale * dot(qr, &k[static_cast<std::size_t>((j * s.n_kv + hk) * d)], d);
           mx = std::max(mx, score[static_cast<std::size_t>(j)]);
         }
       if (mx == -std::numeric_limits<double>::infinity()) continue;  // no visible key: o = 0, lse = -inf
       double sum = 0;
       for (std::int64_t j = 0; j < Lk; ++j)
-        if (vis[static_cast<std::size_t>(i * Lk + j)]) sum += std::exp(score[static_cast<std::size_t>(j)] - mx);
+        if (vis[static_cast<std::size_t>(row * Lk + j)]) sum += std::exp(score[static_cast<std::size_t>(j)] - mx);
       const double l = mx + std::log(sum);
       lse[static_cast<std::size_t>(row * s.n_q + h)] = l;
       double* orow = &o[static_cast<std::size_t>((row * s.n_q + h) * d)];
       for (std::int64_t j = 0; j < Lk; ++j)
-        if (vis[static_cast<std::size_t>(i * Lk + j)]) {
+        if (vis[static_cast<std::size_t>(row * Lk + j)]) {
           const double p = std::exp(score[static_cast<std::size_t>(j)] - l);
           const double* vr = &v[static_cast<std::size_t>((j * s.n_kv + hk) * d)];
           for (std::int64_t c = 0; c < d; ++c) orow[c] += p * vr[c];
@@ -111,7 +119,7 @@ void reference_attention_backward(const DenseVisibility& visibility, const RefSh
                                   const std::vector<double>& dout, const std::vector<double>& lse,
                                   const std::vector<double>& delta, std::vector<double>& dq,
                                   std::vector<double>& dk, std::vector<double>& dv) {
-  const std::int64_t Q = visibility.query_rows(), Lk = visibility.key_rows, B = visibility.block, d = s.d_h;
+  const std::int64_t Q = visibility.query_rows(), Lk = visibility.key_rows, d = s.d_h;
   const std::int64_t G = s.n_q / s.n_kv;
   check_size(q, Q * s.n_q * d, "q");
   check_size(dout, Q * s.n_q * d, "do");
@@ -119,7 +127,7 @@ void reference_attention_backward(const DenseVisibility& visibility, const RefSh
   check_size(v, Lk * s.n_kv * d, "v");
   check_size(lse, Q * s.n_q, "lse");
   check_size(delta, Q * s.n_q, "delta");
-  check_size_char(visibility.visible, visibility.blocks * Lk);
+  check_size_char(visibility.visible, Q * Lk);
   const double scale = scale_of(s);
   const std::vector<char>& vis = visibility.visible;
   dq.assign(q.size(), 0.0);
@@ -127,13 +135,13 @@ void reference_attention_backward(const DenseVisibility& visibility, const RefSh
   dv.assign(v.size(), 0.0);
   for (std::int64_t row = 0; row < Q; ++row)
     for (std::int64_t h = 0; h < s.n_q; ++h) {
-      const std::int64_t i = row / B, hk = h / G;
+      const std::int64_t hk = h / G;
       const std::size_t rh = static_cast<std::size_t>(row * s.n_q + h);
       const double* qr = &q[rh * static_cast<std::size_t>(d)];
       const double* dor = &dout[rh * static_cast<std::size_t>(d)];
       double* dqr = &dq[rh * static_cast<std::size_t>(d)];
       for (std::int64_t j = 0; j < Lk; ++j) {
-        if (!vis[static_cast<std::size_t>(i * Lk + j)]) continue;
+        if (!vis[static_cast<std::size_t>(row * Lk + j)]) continue;
         const std::size_t jk = static_cast<std::size_t>((j * s.n_kv + hk) * d);
         const double p = std::exp(scale * dot(qr, &k[jk], d) - lse[rh]);
         const double ds = p * (dot(dor, &v[jk], d) - delta[rh]);

@@ -91,22 +91,31 @@ void rope(Vec& x, const std::vector<std::int64_t>& pos, std::int64_t heads, std:
 // from the library's BlockMask, so that a bug in the mask code cannot hide in the reference.
 // Keys: the packed context (samples one after the other) and then the blocks' rows in block order
 // (samples in order, anchors in order); block i of sample u with anchor a sees the context keys of
-// sample u at in-sample positions < a, and its own B rows.
-DenseVisibility spec_visibility(const PackedBatch& batch) {
-  const std::int64_t B = batch.block;
+// sample u at in-sample positions < a, and its own B rows. A sliding layer (z-lab's
+// DFlashDraftModel._attention_mask, written out again here): query slot r at position a + r sees
+// key position y only if a + r - y < W, and y <= a + r when causal (else also y - (a + r) < W).
+DenseVisibility spec_visibility(const PackedBatch& batch, KeyWindow layer) {
+  const std::int64_t B = batch.block, W = layer.window;
+  auto in_window = [&](std::int64_t qp, std::int64_t y) {
+    if (layer.causal && y > qp) return false;
+    if (W == 0) return true;
+    return qp - y < W && (layer.causal || y - qp < W);
+  };
   std::int64_t S = 0, N = 0;
   for (std::size_t u = 0; u < batch.lengths.size(); ++u) {
     S += batch.lengths[u];
     N += static_cast<std::int64_t>(batch.anchors[u].size());
   }
   DenseVisibility v{N, B, S + N * B, {}};
-  v.visible.assign(static_cast<std::size_t>(N * v.key_rows), 0);
+  v.visible.assign(static_cast<std::size_t>(N * B * v.key_rows), 0);
   std::int64_t i = 0, start = 0;
   for (std::size_t u = 0; u < batch.lengths.size(); ++u) {
     for (const std::int64_t a : batch.anchors[u]) {
-      char* row = &v.visible[static_cast<std::size_t>(i * v.key_rows)];
-      for (std::int64_t x = 0; x < a; ++x) row[start + x] = 1;        // context strictly before the anchor
-      for (std::int64_t k = 0; k < B; ++k) row[S + i * B + k] = 1;    // its own block, both ways
+      for (std::int64_t r = 0; r < B; ++r) {
+        char* row = &v.visible[static_cast<std::size_t>((i * B + r) * v.key_rows)];
+        for (std::int64_t x = 0; x < a; ++x) row[start + x] = in_window(a + r, x);          // context before the anchor
+        for (std::int64_t k = 0; k < B; ++k) row[S + i * B + k] = in_window(a + r, a + k);  // its own block
+      }
       ++i;
     }
     start += batch.lengths[u];
@@ -115,7 +124,8 @@ DenseVisibility spec_visibility(const PackedBatch& batch) {
 }
 
 ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const PackedBatch& batch,
-                                               const AttnLayerParams& w, const Vec& x, const Vec& ctx, const Vec& dy) {
+                                               const AttnLayerParams& w, const Vec& x, const Vec& ctx, const Vec& dy,
+                                               KeyWindow layer) {
   using Params = AttnLayerParams;
   cfg.validate();
   const std::int64_t S = batch.context_rows(), Q = batch.query_rows(), H = cfg.hidden, d = cfg.d_h;
@@ -144,7 +154,7 @@ ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const
   const Vec v = matmul(U, Wv, L, H, kvw);
 
   ReferenceLayerResult r;
-  const DenseVisibility mask = spec_visibility(batch);  // not the library's BlockMask
+  const DenseVisibility mask = spec_visibility(batch, layer);  // not the library's BlockMask
   const RefShape shape{cfg.n_q, cfg.n_kv, cfg.d_h};
   Vec o;
   reference_attention_forward(mask, shape, q, k, v, o, r.lse);

@@ -13,14 +13,43 @@
 // Query block i sees (a) context rows whose packed position x has ctx_begin <= x < ctx_end, where
 // [ctx_begin, ctx_end) = [s_i, a_i) is its sample's context strictly before its anchor, and (b) its
 // own B block rows (bidirectional inside the block). Nothing else.
+// A layer's KeyWindow narrows this per query row (the sliding-window layers of z-lab's
+// DFlashDraftModel): see KeyWindow below. Tiles outside a row's window are never visited; only
+// the tiles a window edge crosses are masked element by element.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "diffcp/workload/batch.hpp"
 
 namespace diffcp {
+
+// Which keys a query row sees inside its block's visible set, by position: query slot r of block i
+// sits at packed position qpos = a_i + r; context key x at x, the block's own slot j at a_i + j.
+// z-lab's DFlashDraftModel (dflash/model.py, _attention_mask) for a layer of config.layer_types:
+//   "full_attention":    window 0, causal false (SPEC A.1 unchanged);
+//   "sliding_attention": window = config.sliding_window, causal true (its default when the
+//                        config sets no is_causal): qpos - W < y <= qpos.
+// A config's is_causal sets `causal` for every layer; without causal a window also bounds
+// y - qpos < W. Context keys are all before the anchor, so `causal` only acts inside the block.
+struct KeyWindow {
+  std::int64_t window = 0;  // W >= 1: keys with qpos - y < W; 0 = unbounded
+  bool causal = false;      // keys with y <= qpos only
+  bool active() const { return window > 0 || causal; }
+  // Whether the query at position qpos sees the key at position y (given SPEC A.1's block rule).
+  bool sees(std::int64_t qpos, std::int64_t y) const {
+    if (causal && y > qpos) return false;
+    return window == 0 || (qpos - y < window && (causal || y - qpos < window));
+  }
+  // The positions [first, last] the query at qpos may see (an empty or unbounded side clipped by
+  // the caller): first = qpos - W + 1, last = qpos (causal) or qpos + W - 1.
+  std::int64_t first(std::int64_t qpos) const { return window > 0 ? qpos - window + 1 : std::numeric_limits<std::int64_t>::min() / 4; }
+  std::int64_t last(std::int64_t qpos) const {
+    return causal ? qpos : window > 0 ? qpos + window - 1 : std::numeric_limits<std::int64_t>::max() / 4;
+  }
+};
 
 struct ContextSegment {
   std::int64_t row;  // first local key row
@@ -34,9 +63,11 @@ struct MaskBlock {
   std::int64_t own_row;    // first local key row of the block's own B rows, or -1 if not held
 };
 
-// A half-open range of local key rows.
+// A half-open range of local key rows; pos: the key position of row `begin` (packed position of a
+// context row, a_i + slot of a block's own row), for a KeyWindow's per-row test.
 struct RowRange {
   std::int64_t begin, end;
+  std::int64_t pos = 0;
 };
 
 class BlockMask {
@@ -45,9 +76,10 @@ class BlockMask {
   // Requirements: block >= 1; key_rows >= 0; segments inside [0, key_rows), pairwise disjoint in
   // rows and in positions, not overlapping any held block rows; own rows inside [0, key_rows) and
   // pairwise disjoint; ctx_begin <= ctx_end; blocks of different samples (different ctx_begin)
-  // have disjoint context windows (what makes the backward's per-sample parallelism race-free).
+  // have disjoint context windows (what makes the backward's per-sample parallelism race-free);
+  // window.window >= 0.
   BlockMask(std::int64_t block, std::int64_t key_rows, std::vector<ContextSegment> segments,
-            std::vector<MaskBlock> blocks);
+            std::vector<MaskBlock> blocks, KeyWindow window = {});
 
   std::int64_t block() const { return block_; }                  // B
   std::int64_t key_rows() const { return key_rows_; }            // L_k
@@ -55,13 +87,16 @@ class BlockMask {
   std::int64_t query_rows() const { return num_blocks() * block_; }                       // Q
   const std::vector<ContextSegment>& segments() const { return segments_; }  // sorted by pos
   const std::vector<MaskBlock>& blocks() const { return blocks_; }
+  const KeyWindow& window() const { return window_; }
 
-  // Replaces `out` with the local key-row ranges block i sees (context ranges in position order,
-  // then its own rows). O(log #segments + #ranges).
+  // Replaces `out` with the local key-row ranges block i sees, the union over its B query rows
+  // (context ranges in position order, then its own rows). O(log #segments + #ranges).
   void visible_ranges(std::int64_t i, std::vector<RowRange>& out) const;
-  // Number of keys block i sees (each of its B query rows sees the same keys).
+  // Number of keys in block i's visible ranges (without a window, what each of its rows sees).
   std::int64_t visible_keys(std::int64_t i) const;
-  // Sum over query rows of visible keys: the unmasked pairs per head.
+  // Sum over block i's query rows of the keys each sees (B * visible_keys(i) without a window).
+  std::int64_t visible_pairs(std::int64_t i) const;
+  // Sum over all query rows: the unmasked pairs per head.
   std::int64_t visible_pairs() const;
   // Blocks grouped by sample (equal ctx_begin); groups touch disjoint key rows.
   const std::vector<std::vector<std::int64_t>>& sample_groups() const { return groups_; }
@@ -70,12 +105,13 @@ class BlockMask {
   std::int64_t block_, key_rows_;
   std::vector<ContextSegment> segments_;
   std::vector<MaskBlock> blocks_;
+  KeyWindow window_;
   std::vector<std::vector<std::int64_t>> groups_;
 };
 
 // The mask of a call that holds the whole problem in SPEC's layout: key rows [0, S) are the packed
 // context, rows [S + i*B, S + (i+1)*B) are block i's own rows (L_k = S + Q).
-BlockMask full_mask(const PackedBatch& batch);
+BlockMask full_mask(const PackedBatch& batch, KeyWindow window = {});
 
 // A position range [begin, end) of the packed context.
 struct PosRange {
@@ -88,7 +124,7 @@ struct PosRange {
 // rounded up to a multiple of `bucket` (static-shape buckets): padding rows are in no segment and
 // no block, so no query ever sees them.
 BlockMask local_mask(const PackedBatch& batch, const std::vector<PosRange>& chunks,
-                     const std::vector<std::int64_t>& owned_blocks, std::int64_t bucket = 1);
+                     const std::vector<std::int64_t>& owned_blocks, std::int64_t bucket = 1, KeyWindow window = {});
 
 // For each local key row of local_mask(batch, chunks, owned_blocks), its row in full_mask(batch)'s
 // layout (context position x -> row x, block i's slot k -> row S + i*B + k). [L_k]

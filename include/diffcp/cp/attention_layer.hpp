@@ -89,6 +89,8 @@ struct CpShard {
   // Static-shape bucket: the local K/V length is rounded up to a multiple of this (padding
   // masked), so buffer shapes and allocations repeat across steps. 1 = no padding.
   std::int64_t bucket = 1;
+  // The layer's key window (attention/mask.hpp): a sliding-window layer's; {} = SPEC A.1's mask.
+  KeyWindow window;
 
   std::int64_t context_rows() const;  // C_p: rows of chunks
   std::int64_t own_query_rows() const { return blocks.size() * batch.block; }  // Q_p

@@ -48,8 +48,9 @@ std::vector<KeyRows> gather_key_rows(Communicator& cp, const CpShard& s);
 // Mask of one attention call whose query rows are the blocks [queries.begin, queries.end) (query
 // row j*B + r is row r of block queries.begin + j) and whose key rows are the concatenation of
 // `keys` (each rank's rows in its local order). A query block sees its own B rows only if one of
-// `keys` holds them; key rows of blocks outside `queries` are held but seen by no query.
-BlockMask cross_mask(const PackedBatch& batch, Shard queries, std::span<const KeyRows> keys);
+// `keys` holds them; key rows of blocks outside `queries` are held but seen by no query. `window`:
+// the layer's KeyWindow (attention/mask.hpp).
+BlockMask cross_mask(const PackedBatch& batch, Shard queries, std::span<const KeyRows> keys, KeyWindow window);
 
 using CpClock = std::chrono::steady_clock;
 inline double elapsed_ms(CpClock::time_point t0) {

@@ -15,12 +15,13 @@ struct RefShape {
   double softmax_scale = 0.0;
 };
 
-// visible[i * L_k + j]: does block i see local key row j (dense, for reference use only).
+// visible[q * L_k + j]: does query row q (row q % B of block q / B) see local key row j (dense,
+// for reference use only), the mask's KeyWindow applied cell by cell.
 std::vector<char> reference_visibility(const BlockMask& mask);
 
-// Which key rows each block's queries see, dense: blocks x key_rows, row i * key_rows + j; the
-// queries are blocks x block rows in block order. From a BlockMask (reference_visibility), or
-// built straight from SPEC A.1 where the reference must not share the library's mask code
+// Which key rows each query row sees, dense: [Q, key_rows], cell q * key_rows + j; the queries
+// are blocks x block rows in block order. From a BlockMask (reference_visibility), or built
+// straight from SPEC A.1 where the reference must not share the library's mask code
 // (testing/reference_layer.hpp).
 struct DenseVisibility {
   std::int64_t blocks = 0, block = 0, key_rows = 0;

@@ -19,11 +19,14 @@ struct ReferenceLayerResult {
 
 // SPEC A.1's visibility built from the batch's lengths, anchors and block alone (no BlockMask):
 // what the layer reference attends with, so that a bug in attention/mask.cpp cannot be shared.
-DenseVisibility spec_visibility(const PackedBatch& batch);
+// `layer`: a sliding-window layer's window and causality (its fields only: the rule is written
+// out again in the reference).
+DenseVisibility spec_visibility(const PackedBatch& batch, KeyWindow layer = {});
 
 //   x: [Q, H] block rows in block order   ctx: [S, H] packed context   dy: [Q, H]
 ReferenceLayerResult reference_attention_layer(const AttnLayerConfig& cfg, const PackedBatch& batch,
                                                const AttnLayerParams& w, const std::vector<double>& x,
-                                               const std::vector<double>& ctx, const std::vector<double>& dy);
+                                               const std::vector<double>& ctx, const std::vector<double>& dy,
+                                               KeyWindow layer = {});
 
 }  // namespace diffcp
