@@ -4,7 +4,8 @@
 // (GQA 2 and 8, MHA with many heads, overlapping blocks, fewer blocks than ranks, P not dividing
 // S or N, H != n_q d_h) and context layouts (contiguous, zigzag, scattered shuffled chunks, a rank
 // without context rows); and the communicator's counts of one forward + backward against each
-// method's closed form, exactly. Where a method cannot serve P (Ulysses: P must divide n_kv) the
+// method's closed form, exactly. Sliding-window layers (KeyWindow) too: causal windows smaller
+// than a block and than a sample, wider than every sample, two-sided, anchors at a sample's start. Where a method cannot serve P (Ulysses: P must divide n_kv) the
 // constructor must throw before communicating, and the case is skipped.
 #include <algorithm>
 #include <cmath>
@@ -169,6 +170,63 @@ TEST_P(CpMethodTest, MatchesFp64ReferenceAndClosedFormOnEveryLayout) {
     expect_counted_equals_predicted(m, run, where);
   }
 }
+
+// A sliding-window layer (z-lab's DFlashDraftModel layer_types = sliding_attention): every
+// method, contiguous and scattered layouts, exact against the fp64 reference that writes the window rule out itself,
+// and the bytes are the same closed form (a window changes no payload: Split-KV stays Q-sized).
+struct WindowCase {
+  const char* name;
+  KeyWindow window;
+};
+const WindowCase kWindows[] = {
+    {"w5_causal_smaller_than_block", {5, true}},
+    {"w37_causal_inside_samples", {37, true}},
+    {"w9_two_sided", {9, false}},
+    {"w4096_wider_than_samples", {4096, true}},
+};
+
+class CpWindowTest : public ::testing::TestWithParam<const CpMethod*> {};
+
+TEST_P(CpWindowTest, SlidingLayersMatchFp64ReferenceOnEveryLayout) {
+  const CpMethod& m = *GetParam();
+  const int P = world().size();
+  const Config c{"window", 3, 200, 6, 8, {64, 4, 2, 16}};
+  if (!m.unsupported_reason(c.layer, P).empty()) GTEST_SKIP() << m.name << " cannot run at P = " << P;
+  PackedBatch batch = make_random_batch(c.samples, c.context, c.anchors, c.block, 0.25, 11);
+  batch.anchors[1] = {0, 1, 5, 30};  // anchors at and near the sample's start (little or no context)
+  for (const WindowCase& wc : kWindows) {
+    LayerProblem pb(c.layer, batch, 5);
+    pb.window = wc.window;
+    const ReferenceLayerResult ref = pb.reference();
+    for (Layout& l : layouts(batch)) {
+      if (l.name == "zigzag" || l.name == "rank0_without_context") continue;  // keep np 8 short
+      l.shard.window = wc.window;
+      const std::string where = std::string(m.name) + "/" + wc.name + "/" + l.name;
+      const auto x_p = pb.x_rows(l.shard), dy_p = pb.dy_rows(l.shard), ctx_p = pb.ctx_rows(l.shard);
+      std::vector<float> y_p(x_p.size()), dx_p(x_p.size()), dctx_p(ctx_p.size());
+      AttnLayerParams grad(c.layer);
+      auto layer = m.make(world(), c.layer, l.shard);
+      world().stats().reset();
+      const std::int64_t Qp = l.shard.own_query_rows(), Cp = l.shard.context_rows(), H = c.layer.hidden;
+      CpSaved saved = layer->forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(y_p, {Qp, H}));
+      layer->backward(std::move(saved), pb.w, view_of(dy_p, {Qp, H}), view_of(dx_p, {Qp, H}),
+                      view_of(dctx_p, {Cp, H}), grad);
+      std::vector<std::uint64_t> sent{world().stats().total().bytes_sent};
+      world().all_reduce<std::uint64_t>(sent);
+      EXPECT_EQ(sent[0], static_cast<std::uint64_t>(std::llround(layer->predicted_bytes_per_layer() * P))) << where;
+      allreduce_grads(world(), grad);
+      expect_exact(check_layer(ref, l.shard, H, y_p, dx_p, dctx_p, grad), where);
+    }
+  }
+}
+
+std::vector<const CpMethod*> method_list() {
+  std::vector<const CpMethod*> out;
+  for (const CpMethod& m : cp_methods()) out.push_back(&m);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Methods, CpWindowTest, ::testing::ValuesIn(method_list()),
+                         [](const auto& info) { return std::string(info.param->name); });
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;

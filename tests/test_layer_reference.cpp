@@ -95,6 +95,29 @@ TEST(ReferenceLayer, SpecVisibilityEqualsTheLibrarysMaskIndependently) {
   EXPECT_NE(spec_visibility(b).visible, dense_visibility(off_by_one).visible);
 }
 
+// The same two derivations agree for sliding-window layers (the reference writes z-lab's rule out
+// again; the library's KeyWindow and range trimming), and a window off by one differs.
+TEST(ReferenceLayer, SpecWindowVisibilityEqualsTheLibrarysMask) {
+  PackedBatch b = make_random_batch(3, 60, 4, 4, 0.25, 6, 90);
+  b.anchors[0] = {0, 1, 9};
+  for (const KeyWindow w : {KeyWindow{1, true}, KeyWindow{3, true}, KeyWindow{6, false}, KeyWindow{17, true},
+                            KeyWindow{0, true}, KeyWindow{500, false}}) {
+    const DenseVisibility spec = spec_visibility(b, w), lib = dense_visibility(full_mask(b, w));
+    EXPECT_EQ(spec.visible, lib.visible) << "window " << w.window << (w.causal ? " causal" : " two-sided");
+    if (w.causal || w.window < 60)  // a two-sided window wider than the samples changes nothing
+      EXPECT_NE(spec.visible, spec_visibility(b).visible) << "window " << w.window;
+    else
+      EXPECT_EQ(spec.visible, spec_visibility(b).visible);
+  }
+  EXPECT_NE(spec_visibility(b, {5, true}).visible, dense_visibility(full_mask(b, {6, true})).visible);
+  // The kernels' pair count is the reference's cell count.
+  for (const KeyWindow w : {KeyWindow{3, true}, KeyWindow{6, false}, KeyWindow{17, true}}) {
+    std::int64_t cells = 0;
+    for (char c : spec_visibility(b, w).visible) cells += c;
+    EXPECT_EQ(full_mask(b, w).visible_pairs(), cells);
+  }
+}
+
 TEST(Rope, InverseUndoesForwardAndPositionZeroIsIdentity) {
   const RopeTable table(8, 1e6, 50);
   auto x = random_normal(3 * 2 * 8, 1);

@@ -39,7 +39,7 @@ std::vector<float> LayerProblem::dy_rows(const CpShard& s) const {
 std::vector<float> LayerProblem::ctx_rows(const CpShard& s) const { return chunk_rows(ctx, cfg.hidden, s.chunks); }
 
 ReferenceLayerResult LayerProblem::reference() const {
-  return reference_attention_layer(cfg, batch, w, to_double(x), to_double(ctx), to_double(dy));
+  return reference_attention_layer(cfg, batch, w, to_double(x), to_double(ctx), to_double(dy), window);
 }
 
 CompareResult LayerCheck::all() const {

@@ -16,6 +16,7 @@ struct LayerProblem {
   PackedBatch batch;
   AttnLayerParams w;
   std::vector<float> x, ctx, dy;  // [Q, H], [S, H], [Q, H] in global row order
+  KeyWindow window;               // a sliding-window layer's (the reference writes the rule out itself)
 
   LayerProblem(const AttnLayerConfig& cfg, const PackedBatch& batch, std::uint64_t seed);
 
