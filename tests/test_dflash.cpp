@@ -206,6 +206,70 @@ void edit_config(const std::string& dir, const std::function<void(nlohmann::json
   std::ofstream(dir + "/config.json") << j.dump();
 }
 
+// Sliding-window layers (issue #36): a drafter with mixed layer kinds exports them (layer_types,
+// use_sliding_window, sliding_window, is_causal) and reads them back equal; a config without
+// layer_types resolves them as Qwen3Config does (sliding_window counts only with
+// use_sliding_window; sliding from max_window_layers on).
+TEST(DFlashFormat, SlidingLayersRoundTripAndResolveAsQwen3Config) {
+  Communicator& w = test::world();
+  if (w.rank() != 0) return;  // files only
+  DrafterConfig cfg;  // tiny, 2 layers
+  cfg.layer_types = {"sliding_attention", "full_attention"};
+  cfg.sliding_window = 12;
+  const std::vector<float> p = test_params(cfg, 4);
+  const std::string dir = (fs::temp_directory_path() / "diffcp_test_dflash_sliding").string();
+  fs::remove_all(dir);
+  export_dflash(dir, cfg, p, "f32");
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  EXPECT_EQ(j.at("layer_types"), nlohmann::json({"sliding_attention", "full_attention"}));
+  EXPECT_EQ(j.at("sliding_window"), 12);
+  EXPECT_EQ(j.at("use_sliding_window"), true);
+  EXPECT_FALSE(j.contains("is_causal"));
+  DrafterWeights back = import_dflash(dir);
+  EXPECT_EQ(back.config.layer_types, cfg.layer_types);
+  EXPECT_EQ(back.config.sliding_window, 12);
+  EXPECT_FALSE(back.config.is_causal.has_value());
+  EXPECT_EQ(back.params, p);
+  EXPECT_EQ(back.config.layer_window(0).window, 12);
+  EXPECT_TRUE(back.config.layer_window(0).causal);
+  EXPECT_EQ(back.config.layer_window(1).window, 0);
+  EXPECT_FALSE(back.config.layer_window(1).causal);
+  // is_causal = false (as DFlash2's released config sets it): two-sided windows, full layers as before
+  edit_config(dir, [](nlohmann::json& c) { c["is_causal"] = false; });
+  back = import_dflash(dir);
+  EXPECT_FALSE(back.config.layer_window(0).causal);
+  EXPECT_EQ(back.config.layer_window(0).window, 12);
+  // Qwen3Config's defaults: sliding_window 4096 without use_sliding_window is no window at all
+  edit_config(dir, [](nlohmann::json& c) {
+    c.erase("is_causal");
+    c.erase("layer_types");
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = 4096;
+  });
+  back = import_dflash(dir);
+  EXPECT_TRUE(back.config.layer_types.empty());
+  EXPECT_EQ(back.config.sliding_window, 0);
+  // with use_sliding_window, layers from max_window_layers on slide
+  edit_config(dir, [](nlohmann::json& c) {
+    c["use_sliding_window"] = true;
+    c["max_window_layers"] = 1;
+  });
+  back = import_dflash(dir);
+  EXPECT_EQ(back.config.layer_types, (std::vector<std::string>{"full_attention", "sliding_attention"}));
+  EXPECT_EQ(back.config.layer_window(1).window, 4096);
+  // sliding layers whose config has no window (use_sliding_window false): causal, unbounded
+  edit_config(dir, [](nlohmann::json& c) {
+    c["use_sliding_window"] = false;
+    c["layer_types"] = {"sliding_attention", "sliding_attention"};
+  });
+  back = import_dflash(dir);
+  EXPECT_EQ(back.config.layer_window(0).window, 0);
+  EXPECT_TRUE(back.config.layer_window(0).causal);
+  // our checkpoint's JSON keeps them too
+  EXPECT_EQ(DrafterConfig::from_json(cfg.to_json()).layer_types, cfg.layer_types);
+  EXPECT_EQ(DrafterConfig::from_json(cfg.to_json()).sliding_window, 12);
+}
+
 TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
   Communicator& w = test::world();
   if (w.rank() != 0) return;  // files only
@@ -242,7 +306,12 @@ TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
       {[](nlohmann::json& j) { j["dflash_config"]["mask_token_id"] = 1e300; }, "field 'dflash_config.mask_token_id' = 1e+300, expected an integer"},
       {[](nlohmann::json& j) { j["dflash_config"]["target_layer_ids"] = {0, 1.5}; }, "target_layer_ids' = 1.5, expected an integer"},
       {[](nlohmann::json& j) { j["attention_bias"] = nullptr; }, "field 'attention_bias' = null has the wrong type"},
-      {[](nlohmann::json& j) { j["sliding_window"] = 4096; }, "sliding_window = 4096 is not supported"},
+      {[](nlohmann::json& j) { j["layer_types"] = {"full_attention", "chunked_attention"}; },
+       "layer type \"chunked_attention\" is not supported"},
+      {[](nlohmann::json& j) { j["layer_types"] = {"full_attention"}; }, "expected a list of num_hidden_layers = 2"},
+      {[](nlohmann::json& j) { j["use_sliding_window"] = true; j["sliding_window"] = 0; },
+       "sliding_window = 0, expected a positive integer"},
+      {[](nlohmann::json& j) { j["is_causal"] = "yes"; }, "field 'is_causal' = \"yes\" has the wrong type"},
       {[](nlohmann::json& j) { j.erase("rope_theta"); j["rope_parameters"] = {{"rope_theta", 1e6}, {"factor", 4}}; },
        "rope_parameters.factor = 4 is not supported"},
   };
@@ -253,7 +322,10 @@ TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
   }
   {  // the config says 3 layers: layer 2's tensors are missing
     const std::string d = fresh("missing_tensor");
-    edit_config(d, [](nlohmann::json& j) { j["num_hidden_layers"] = 3; });
+    edit_config(d, [](nlohmann::json& j) {
+      j["num_hidden_layers"] = 3;
+      j.erase("layer_types");
+    });
     expect_error([&] { import_dflash(d); }, "tensor 'layers.2.input_layernorm.weight' is missing");
   }
   {  // a wider MLP in the config than in the file

@@ -22,6 +22,12 @@ void DrafterConfig::validate() const {
     DIFFCP_CHECK(id >= 0 && (target_depth == 0 || id < target_depth), "drafter: target layer id ", id, " outside [0, ",
                  target_depth, ") (the target's layers)");
   DIFFCP_CHECK(target_depth >= 0, "drafter: target depth ", target_depth, " < 0");
+  DIFFCP_CHECK(layer_types.empty() || static_cast<std::int64_t>(layer_types.size()) == layers, "drafter: ",
+               layer_types.size(), " layer types for ", layers, " layers");
+  for (const std::string& t : layer_types)
+    DIFFCP_CHECK(t == "full_attention" || t == "sliding_attention", "drafter: layer type '", t,
+                 "', expected full_attention or sliding_attention");
+  DIFFCP_CHECK(sliding_window >= 0, "drafter: sliding window ", sliding_window, ", expected >= 1 (or 0: none)");
   attn().validate();
 }
 
@@ -39,7 +45,8 @@ nlohmann::json DrafterConfig::to_json() const {
   return {{"vocab", vocab}, {"hidden", hidden}, {"target_layers", target_layers}, {"layers", layers}, {"n_q", n_q},
           {"n_kv", n_kv}, {"d_h", d_h}, {"ffn", ffn}, {"block", block}, {"gamma", gamma}, {"mask_token", mask_token},
           {"rope_theta", rope_theta}, {"rms_eps", rms_eps}, {"target_layer_ids", target_layer_ids},
-          {"target_depth", target_depth}};
+          {"target_depth", target_depth}, {"layer_types", layer_types}, {"sliding_window", sliding_window},
+          {"is_causal", is_causal ? nlohmann::json(*is_causal) : nlohmann::json()}};
 }
 
 DrafterConfig DrafterConfig::from_json(const nlohmann::json& j) {
@@ -59,6 +66,9 @@ DrafterConfig DrafterConfig::from_json(const nlohmann::json& j) {
   c.rms_eps = j.at("rms_eps");
   c.target_layer_ids = j.value("target_layer_ids", std::vector<std::int64_t>{});
   c.target_depth = j.value("target_depth", std::int64_t{0});
+  c.layer_types = j.value("layer_types", std::vector<std::string>{});  // absent before issue #36: all full
+  c.sliding_window = j.value("sliding_window", std::int64_t{0});
+  if (j.contains("is_causal") && !j.at("is_causal").is_null()) c.is_causal = j.at("is_causal").get<bool>();
   c.validate();
   return c;
 }

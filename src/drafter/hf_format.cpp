@@ -1,5 +1,6 @@
 #include "diffcp/drafter/hf_format.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +99,40 @@ std::int64_t positive(const nlohmann::json& j, const std::string& key, const std
   return *i;
 }
 
+// Each layer's kind and the sliding window, as Qwen3Config resolves them and z-lab's
+// DFlashDraftModel reads them: sliding_window counts only with use_sliding_window (Qwen3Config
+// sets it to None otherwise); layer_types, when absent, is sliding from max_window_layers on if
+// there is a window; is_causal, when present, applies to every layer.
+void read_layer_types(const nlohmann::json& j, const std::string& path, DrafterConfig& c) {
+  const bool use = optional<bool>(j, "use_sliding_window", false, path);
+  const nlohmann::json& w = j.contains("sliding_window") ? j.at("sliding_window") : nlohmann::json(4096);
+  if (use && !w.is_null()) {
+    const auto v = json_int64(w);
+    DIFFCP_CHECK(v.has_value() && *v >= 1, "'", path, "': sliding_window = ", w.dump(), ", expected a positive integer");
+    c.sliding_window = *v;
+  }
+  c.layer_types.clear();
+  if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
+    const auto& lt = j.at("layer_types");
+    DIFFCP_CHECK(lt.is_array() && static_cast<std::int64_t>(lt.size()) == c.layers, "'", path, "': layer_types = ",
+                 lt.dump(), ", expected a list of num_hidden_layers = ", c.layers, " layer types");
+    for (const auto& t : lt) {
+      DIFFCP_CHECK(t == "full_attention" || t == "sliding_attention", "'", path, "': layer type ", t.dump(),
+                   " is not supported (full_attention or sliding_attention)");
+      c.layer_types.push_back(t.get<std::string>());
+    }
+  } else if (c.sliding_window > 0) {
+    const nlohmann::json& m = j.contains("max_window_layers") ? j.at("max_window_layers") : nlohmann::json(28);
+    const auto from = json_int64(m);
+    DIFFCP_CHECK(from.has_value() && *from >= 0, "'", path, "': max_window_layers = ", m.dump(),
+                 ", expected an integer >= 0");
+    for (std::int64_t l = 0; l < c.layers; ++l) c.layer_types.push_back(l >= *from ? "sliding_attention" : "full_attention");
+  }
+  if (std::all_of(c.layer_types.begin(), c.layer_types.end(), [](const std::string& t) { return t == "full_attention"; }))
+    c.layer_types.clear();  // every layer full: the canonical form (what a config without layer_types means)
+  if (j.contains("is_causal") && !j.at("is_causal").is_null()) c.is_causal = field<bool>(j, "is_causal", path);
+}
+
 DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
   DIFFCP_CHECK(j.is_object(), "'", path, "' is not a JSON object");
   const auto arch = j.value("architectures", nlohmann::json::array());
@@ -108,11 +143,6 @@ DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
                "': attention_bias = true; DFlash drafters (Qwen3 layers) have no attention biases");
   DIFFCP_CHECK(optional<std::string>(j, "hidden_act", "silu", path) == "silu", "'", path, "': hidden_act = ",
                j.at("hidden_act").dump(), ", expected \"silu\" (SwiGLU)");
-  for (const char* key : {"sliding_window", "use_sliding_window"}) {
-    const nlohmann::json v = j.contains(key) ? j.at(key) : nlohmann::json();
-    DIFFCP_CHECK(v.is_null() || v == false, "'", path, "': ", key, " = ", v.dump(),
-                 " is not supported (full attention over the context only)");
-  }
   const auto& rs = j.contains("rope_scaling") ? j.at("rope_scaling") : nlohmann::json();
   DIFFCP_CHECK(rs.is_null(), "'", path, "': rope_scaling = ", rs.dump(), " is not supported (plain RoPE only)");
   DIFFCP_CHECK(j.contains("dflash_config") && j.at("dflash_config").is_object(), "'", path,
@@ -158,6 +188,7 @@ DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
     c.target_layer_ids = default_target_layer_ids(c.target_depth, c.layers);
   }
   c.target_layers = static_cast<std::int64_t>(c.target_layer_ids.size());
+  read_layer_types(j, path, c);
   c.gamma = j.contains("diffcp") && j.at("diffcp").contains("gamma") ? field<double>(j.at("diffcp"), "gamma", path)
                                                                       : gamma_for_block(c.block);
   try {
@@ -207,12 +238,18 @@ void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<con
       {"tie_word_embeddings", false},
       {"use_cache", true},
       {"torch_dtype", dtype == "bf16" ? "bfloat16" : "float32"},
-      {"layer_types", std::vector<std::string>(static_cast<std::size_t>(c.layers), "full_attention")},
+      {"layer_types", c.layer_types.empty() ? std::vector<std::string>(static_cast<std::size_t>(c.layers), "full_attention")
+                                             : c.layer_types},
+      {"use_sliding_window", c.sliding_window > 0},
+      {"sliding_window", c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json()},
+      {"max_window_layers", c.layers},
       {"block_size", c.block},
       {"num_target_layers", c.target_depth},
       {"dflash_config", {{"target_layer_ids", c.target_layer_ids}, {"mask_token_id", c.mask_token}}},
       {"diffcp", {{"gamma", c.gamma}}},
   };
+
+  if (c.is_causal) cfg["is_causal"] = *c.is_causal;
 
   // Transposed [out, in] copies, in the storage dtype.
   const auto list = entries(c);

@@ -144,10 +144,12 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
   const int u = static_cast<int>(l) + 1;
   const auto& off = layout_.layer[static_cast<std::size_t>(l)];
   auto t0 = Clock::now();
+  CpShard layer_shard = s;  // the layer's own key window (a sliding-window layer's)
+  layer_shard.window = cfg_.layer_window(l);
   if (!L.attn)
-    L.attn = std::make_unique<SplitKVLayer>(comm_, cfg_.attn(), s, attn_opt_);
+    L.attn = std::make_unique<SplitKVLayer>(comm_, cfg_.attn(), std::move(layer_shard), attn_opt_);
   else
-    L.attn->reshard(s);
+    L.attn->reshard(std::move(layer_shard));
   L.h_in.assign(h_.data(), Qp * H, active_device());
   norm_rows(h_, Qp, H, params + rel(u, off.attn_norm), cfg_.rms_eps, L.a, L.a_rstd);
   const std::int64_t Cp = s.context_rows();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,21 @@ struct DrafterConfig {
   // has (its num_target_layers). Empty / 0 = not known (the real presets: their shards say).
   std::vector<std::int64_t> target_layer_ids = {0, 1};
   std::int64_t target_depth = 2;
+  // Each layer's kind, as z-lab's DFlashDraftModel reads config.layer_types: "full_attention" or
+  // "sliding_attention" ([layers]; empty = every layer full). sliding_window: the window of the
+  // sliding layers as Qwen3Config resolves it (config.sliding_window when use_sliding_window,
+  // else none = 0). is_causal: config.is_causal when the file sets it (then every layer is causal
+  // or not); unset, sliding layers are causal and full ones are not. layer_window() turns these
+  // into the layer's KeyWindow (attention/mask.hpp).
+  std::vector<std::string> layer_types;
+  std::int64_t sliding_window = 0;
+  std::optional<bool> is_causal;
 
   void validate() const;
+  bool sliding(std::int64_t l) const { return !layer_types.empty() && layer_types[static_cast<std::size_t>(l)] == "sliding_attention"; }
+  KeyWindow layer_window(std::int64_t l) const {
+    return {sliding(l) ? sliding_window : 0, is_causal.value_or(sliding(l))};
+  }
   AttnLayerConfig attn() const { return {hidden, n_q, n_kv, d_h, rope_theta, rms_eps}; }
   nlohmann::json to_json() const;
   static DrafterConfig from_json(const nlohmann::json& j);
