@@ -7,6 +7,7 @@
 // norms, SwiGLU, attention, LM head, decay-weighted loss), summed over the CP ranks (P = 1, 2, 3).
 // b_o is fixed at zero in the drafter (the DFlash format has none) and is not compared.
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -38,12 +39,12 @@ DrafterConfig tiny_config() {
 // h_0 [Q, H] (a serving engine's noise embedding: no embedding table needed), tokens, loss mask,
 // the frozen LM head [H, V].
 struct Problem {
-  DrafterConfig cfg = tiny_config();
+  DrafterConfig cfg;
   PackedBatch batch = make_random_batch(2, 24, 2, 4, 0.25, 11, 40);
   std::vector<float> hidden, block_input, lm_head;
   std::vector<std::int32_t> tokens;
   std::vector<std::uint8_t> loss_mask;
-  Problem() {
+  explicit Problem(DrafterConfig c = tiny_config()) : cfg(std::move(c)) {
     std::mt19937_64 rng(3);
     std::normal_distribution<double> n(0.0, 1.0);
     const std::int64_t S = batch.context_rows(), Q = batch.query_rows(), H = cfg.hidden;
@@ -76,7 +77,9 @@ std::vector<float> test_params(const DrafterConfig& cfg) {
 // fp64 loss sum_rows w CE of the micro-batch with parameters p (stored as the drafter stores them:
 // matrices [in, out], DrafterLayout's offsets).
 // gamma: the loss decay (the config's; another one for the test that the check can fail).
-double reference_loss(const Problem& pb, const std::vector<float>& p, double gamma) {
+// windows: the layers' sliding windows as the config's fields say (false: every layer full, the
+// sliding test's negative control).
+double reference_loss(const Problem& pb, const std::vector<float>& p, double gamma, bool windows = true) {
   const DrafterConfig& c = pb.cfg;
   const DrafterLayout lay(c);
   const std::int64_t S = pb.batch.context_rows(), Q = pb.batch.query_rows(), H = c.hidden, F = c.ffn, T = c.target_layers * H;
@@ -100,10 +103,15 @@ double reference_loss(const Problem& pb, const std::vector<float>& p, double gam
   const Vec ctx = norm(lin(Vec(pb.hidden.begin(), pb.hidden.end()), S, T, lay.fc, H), lay.fc_norm);
   Vec h(pb.block_input.begin(), pb.block_input.end());
   const Vec no_dy(static_cast<std::size_t>(Q * H), 0.0);
-  for (const DrafterLayout::Layer& L : lay.layer) {
+  for (std::size_t l = 0; l < lay.layer.size(); ++l) {
+    const DrafterLayout::Layer& L = lay.layer[l];
     const Vec a = norm(h, L.attn_norm);
     const AttnLayerParams w = AttnLayerParams::view(c.attn(), p.data() + L.attn);
-    const Vec y = reference_attention_layer(c.attn(), pb.batch, w, a, ctx, no_dy).y;
+    // z-lab's DFlashDraftModel: a sliding layer has the config's window and is causal unless
+    // config.is_causal says otherwise
+    const bool sliding = windows && !c.layer_types.empty() && c.layer_types[l] == "sliding_attention";
+    const KeyWindow kw{sliding ? c.sliding_window : 0, c.is_causal ? *c.is_causal : sliding};
+    const Vec y = reference_attention_layer(c.attn(), pb.batch, w, a, ctx, no_dy, kw).y;
     for (std::size_t i = 0; i < h.size(); ++i) h[i] += y[i];
     const Vec m = norm(h, L.mlp_norm);
     const Vec g = lin(m, Q, H, L.w_gate, F), u = lin(m, Q, H, L.w_up, F);
@@ -163,8 +171,26 @@ std::vector<float> drafter_gradients(const Problem& pb, const std::vector<float>
   return g;
 }
 
+// The drafter's gradients against central differences of the fp64 loss; the check must fail
+// against `wrong` (a loss with another decay, or without the layers' windows).
+void check_gradients(const Problem& pb, const std::function<double(const std::vector<float>&)>& wrong);
+
 TEST(DrafterStep, GradientsEqualFiniteDifferencesOfAnFp64Reference) {
   const Problem pb;
+  // against a loss whose decay is off (gamma + 1: every slot's weight but slot 1's changes)
+  check_gradients(pb, [&](const std::vector<float>& p) { return reference_loss(pb, p, pb.cfg.gamma + 1.0); });
+}
+
+TEST(DrafterStep, SlidingWindowLayersEqualFiniteDifferencesOfAnFp64Reference) {
+  DrafterConfig c = tiny_config();
+  c.layer_types = {"sliding_attention", "full_attention"};
+  c.sliding_window = 3;
+  const Problem pb(c);
+  // against the same loss with full layers only: the window matters
+  check_gradients(pb, [&](const std::vector<float>& p) { return reference_loss(pb, p, pb.cfg.gamma, false); });
+}
+
+void check_gradients(const Problem& pb, const std::function<double(const std::vector<float>&)>& wrong) {
   std::vector<float> p = test_params(pb.cfg);
   const std::vector<float> g = drafter_gradients(pb, p);
   // Every tensor, 6 entries each (seeded), by central differences of the fp64 loss.
@@ -183,22 +209,22 @@ TEST(DrafterStep, GradientsEqualFiniteDifferencesOfAnFp64Reference) {
   for (const auto& [off, size] : tensors)
     for (int s = 0; s < 6; ++s)
       picked.push_back(static_cast<std::size_t>(off + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(size))));
-  // Central differences of the fp64 loss with decay gamma at the picked parameters.
-  const auto finite_differences = [&](double gamma) {
+  // Central differences of an fp64 loss at the picked parameters.
+  const auto finite_differences = [&](const std::function<double(const std::vector<float>&)>& loss) {
     std::vector<double> out;
     for (const std::size_t j : picked) {
       const float x = p[j];
       const float hi = x + 1e-3f, lo = x - 1e-3f;
       p[j] = hi;
-      const double up = reference_loss(pb, p, gamma);
+      const double up = loss(p);
       p[j] = lo;
-      const double down = reference_loss(pb, p, gamma);
+      const double down = loss(p);
       p[j] = x;
       out.push_back((up - down) / (static_cast<double>(hi) - static_cast<double>(lo)));
     }
     return out;
   };
-  const std::vector<double> fd = finite_differences(pb.cfg.gamma);
+  const std::vector<double> fd = finite_differences([&](const std::vector<float>& q) { return reference_loss(pb, q, pb.cfg.gamma); });
   std::vector<double> got;
   for (const std::size_t j : picked) got.push_back(static_cast<double>(g[j]));
   double scale = 0;
@@ -208,9 +234,8 @@ TEST(DrafterStep, GradientsEqualFiniteDifferencesOfAnFp64Reference) {
   EXPECT_TRUE(r.pass()) << r.mismatched << " of " << fd.size() << " gradients off; worst ratio " << r.worst_ratio << " at "
                         << r.worst << ": drafter " << got[static_cast<std::size_t>(r.worst)] << ", finite differences "
                         << fd[static_cast<std::size_t>(r.worst)];
-  // The check can fail: against a loss whose decay is off (gamma + 1: every slot's weight but
-  // slot 1's changes), the drafter's gradients no longer match.
-  const std::vector<double> fd_wrong = finite_differences(pb.cfg.gamma + 1.0);
+  // The check can fail: against the wrong loss, the drafter's gradients no longer match.
+  const std::vector<double> fd_wrong = finite_differences(wrong);
   EXPECT_FALSE(compare<double>(got, fd_wrong, {2e-4 * scale, 2e-3}).pass());
 }
 
