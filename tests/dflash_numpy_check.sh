@@ -3,7 +3,9 @@
 # (f32 and bf16; and the f32 files converted to F16 by numpy, as a half-precision release would
 # ship), drafted with `mpirun -np 3 diffcp draft` (Split-KV over the context), equals an
 # independent numpy implementation of the reference forward reading the same files
-# (tools/dflash_reference.py).
+# (tools/dflash_reference.py). Then the f32 drafter with sliding-window layers (issue #36): layer
+# types sliding, full, sliding, full with windows 100 (inside the 301-row context) and 7 (below
+# the block), causal and two-sided (is_causal false).
 set -euo pipefail
 py=${DIFFCP_PYTHON:-python3}  # a python3 with numpy (tests/CMakeLists.txt)
 bin=${1:?usage: dflash_numpy_check.sh DIFFCP}
@@ -47,5 +49,24 @@ PY
   echo "$dtype:"
   "$py" "$here/../tools/dflash_reference.py" "$work/$dtype" "$work/H.npy" "$work/E.npy" "$work/ref_$dtype.npy" \
     --check "$work/got_$dtype.npy" --rtol 2e-5
+done
+for variant in "100 null" "7 null" "100 false"; do
+  set -- $variant
+  d="$work/sliding_$1_$2"
+  mkdir -p "$d" && cp "$work/f32/model.safetensors" "$d/"
+  "$py" - "$work/f32/config.json" "$d/config.json" "$1" "$2" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(layer_types=["sliding_attention", "full_attention"] * 2, use_sliding_window=True, sliding_window=int(sys.argv[3]))
+if sys.argv[4] != "null":
+    c["is_causal"] = json.loads(sys.argv[4])
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  mpirun --oversubscribe -np 3 "$bin" draft --model "$d" --target-hidden "$work/H.npy" \
+    --noise-embedding "$work/E.npy" --out "$d/got.npy" >/dev/null
+  echo "sliding window $1, is_causal $2:"
+  "$py" "$here/../tools/dflash_reference.py" "$d" "$work/H.npy" "$work/E.npy" "$d/ref.npy" --check "$d/got.npy" --rtol 2e-5
+  # the window matters: the full-attention drafter's block differs
+  "$py" -c "import numpy as np, sys; a, b = np.load(sys.argv[1]), np.load(sys.argv[2]); e = np.abs(a - b).max() / np.abs(b).max(); print(f'  differs from full attention by {e:.3g}'); sys.exit(int(e < 1e-3))" "$d/got.npy" "$work/got_f32.npy"
 done
 echo "dflash_numpy_check: passed"

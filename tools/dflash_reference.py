@@ -7,12 +7,19 @@ written from the reference implementation's published math (z-lab/dflash `DFlash
               q = RoPE(q_norm(q_proj(a)))          at positions ctx .. ctx+B-1
               k = RoPE(k_norm(k_proj([ctx; a])))  at positions 0 .. ctx+B-1
               v = v_proj([ctx; a])
-              h = h + o_proj(softmax(q k^T / sqrt(d)) v)     (no mask: the block sees all)
+              h = h + o_proj(softmax(q k^T / sqrt(d) + mask) v)
+                  full_attention layers: no mask (the block sees all);
+                  sliding_attention layers (config.layer_types), as DFlashDraftModel's
+                  _attention_mask: query at position i sees key position j only if
+                  j <= i (causal: the default for sliding layers, or config.is_causal) and
+                  i - j < sliding_window (and j - i < sliding_window when not causal)
               h = h + down_proj(silu(gate_proj(m)) * up_proj(m)),  m = RMSNorm_post(h)
   out = RMSNorm_norm(h)                                               # [B, H]
 
 RoPE is rotate-half (pairs i, i + d/2) with inv_freq = theta^(-2i/d); GQA maps query head h to
-kv head h // (n_q / n_kv). Independent of diffcp's code: it parses config.json and the
+kv head h // (n_q / n_kv). The layer types resolve as transformers' Qwen3Config does:
+sliding_window (default 4096) only with use_sliding_window, layer_types (default: sliding from
+max_window_layers, default 28, on when there is a window). Independent of diffcp's code: it parses config.json and the
 safetensors file itself (F32, BF16, F16).
 
   tools/dflash_reference.py DIR H.npy E.npy OUT.npy [--check GOT.npy --rtol R]
@@ -62,6 +69,35 @@ def rope(x, pos, theta):  # x [n, heads, d]
     return x * cos + rot * sin
 
 
+def layer_masks(cfg, ctx_len, B):
+    """Per layer, the [B, ctx_len + B] visibility (True = attend) or None (no mask)."""
+    n = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+    types = cfg.get("layer_types")
+    if types is None:
+        start = cfg.get("max_window_layers", 28)
+        types = ["sliding_attention" if window is not None and i >= start else "full_attention" for i in range(n)]
+    qp = np.arange(ctx_len, ctx_len + B)[:, None]  # queries are the last B key positions
+    kp = np.arange(ctx_len + B)[None, :]
+    out = []
+    for t in types:
+        sliding = t == "sliding_attention"
+        causal = cfg["is_causal"] if cfg.get("is_causal") is not None else sliding
+        w = window if sliding else None
+        if not causal and w is None:
+            out.append(None)
+            continue
+        vis = np.ones((B, ctx_len + B), dtype=bool)
+        if causal:
+            vis &= kp <= qp
+        if w is not None:
+            vis &= qp - kp < w
+            if not causal:
+                vis &= kp - qp < w
+        out.append(vis)
+    return out
+
+
 def draft(model_dir, hidden, noise):
     cfg = json.load(open(f"{model_dir}/config.json"))
     w = read_safetensors(f"{model_dir}/model.safetensors")
@@ -73,6 +109,7 @@ def draft(model_dir, hidden, noise):
     h = noise.astype(np.float64)
     qpos = np.arange(ctx_len, ctx_len + B, dtype=np.float64)
     kpos = np.arange(0, ctx_len + B, dtype=np.float64)
+    masks = layer_masks(cfg, ctx_len, B)
     for i in range(cfg["num_hidden_layers"]):
         p = f"layers.{i}."
         a = rms(h, w[p + "input_layernorm.weight"], eps)
@@ -83,6 +120,8 @@ def draft(model_dir, hidden, noise):
         q, k = rope(q, qpos, theta), rope(k, kpos, theta)
         k, v = np.repeat(k, nq // nkv, axis=1), np.repeat(v, nq // nkv, axis=1)
         s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)
+        if masks[i] is not None:
+            s = np.where(masks[i][None], s, -np.inf)
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         s /= s.sum(axis=-1, keepdims=True)
         o = np.einsum("hqk,khd->qhd", s, v).reshape(B, nq * d)
