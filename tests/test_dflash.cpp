@@ -384,34 +384,69 @@ TEST(DFlashDraft, OneBlockEqualsTheFp64ReferenceAtEveryRankCount) {
                "expected [ctx, n_t*H] = [3, 128]");
 }
 
+// Also for a drafter with sliding-window layers (issue #36): it trains from the released format
+// exactly as natively (the windows came through --init) and exports back with its layer types.
 TEST(DFlashTrain, StartingFromAnImportedDrafterEqualsStartingNatively) {
   Communicator& w = test::world();
-  const DrafterConfig cfg;  // tiny
-  const std::vector<float> p0 = test_params(cfg, 42);
-  const std::string dir = shared_dir("train");
-  if (w.rank() == 0) {
-    export_dflash(dir + "/drafter", cfg, p0, "f32");
-    // The same parameters as a step-0 checkpoint with fresh optimizer state.
-    fs::create_directories(dir + "/native");
-    save_checkpoint(dir + "/native/checkpoint.bin",
-                    {{{"config", cfg.to_json()}, {"step", 0}, {"seed", 1}, {"adam_t", 0}, {"cp", w.size()}, {"dp", 1}},
-                     p0, std::vector<float>(p0.size(), 0.f), std::vector<float>(p0.size(), 0.f)});
+  DrafterConfig sliding;  // tiny, layer 0 sliding with a window of 5 rows
+  sliding.layer_types = {"sliding_attention", "full_attention"};
+  sliding.sliding_window = 5;
+  std::vector<std::string> dirs;  // the full drafter's, the sliding one's
+  for (const DrafterConfig& cfg : {DrafterConfig{}, sliding}) {
+    const std::vector<float> p0 = test_params(cfg, 42);
+    const std::string dir = shared_dir(cfg.layer_types.empty() ? "train" : "train_sliding");
+    dirs.push_back(dir);
+    if (w.rank() == 0) {
+      export_dflash(dir + "/drafter", cfg, p0, "f32");
+      // The same parameters as a step-0 checkpoint with fresh optimizer state.
+      fs::create_directories(dir + "/native");
+      save_checkpoint(dir + "/native/checkpoint.bin",
+                      {{{"config", cfg.to_json()}, {"step", 0}, {"seed", 1}, {"adam_t", 0}, {"cp", w.size()}, {"dp", 1}},
+                       p0, std::vector<float>(p0.size(), 0.f), std::vector<float>(p0.size(), 0.f)});
+    }
+    w.barrier();
+    TrainOptions opt;
+    opt.steps = 3;
+    opt.eval_every = 0;
+    TrainOptions imported = opt, native = opt;
+    imported.init = dir + "/drafter";
+    imported.out = dir + "/imported";
+    native.out = dir + "/native";
+    native.resume = true;
+    // no preset has sliding layers: that run takes its shape from --init, its state from the checkpoint
+    if (!cfg.layer_types.empty()) native.init = imported.init;
+    const TrainResult a = train(w, imported), b = train(w, native);
+    ASSERT_EQ(a.params.size(), b.params.size());
+    EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)), 0);
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_NE(a.params, p0);  // it trained
+    if (w.rank() == 0) {  // exported back: the same layer kinds and the trained parameters
+      export_dflash(dir + "/trained", cfg, a.params, "f32");
+      const DrafterWeights back = import_dflash(dir + "/trained");
+      EXPECT_EQ(back.config.to_json(), cfg.to_json());
+      EXPECT_EQ(back.params, a.params);
+    }
+    w.barrier();
   }
-  w.barrier();
-  TrainOptions opt;
-  opt.steps = 3;
-  opt.eval_every = 0;
-  TrainOptions imported = opt, native = opt;
-  imported.init = dir + "/drafter";
-  imported.out = dir + "/imported";
-  native.out = dir + "/native";
-  native.resume = true;
-  const TrainResult a = train(w, imported), b = train(w, native);
-  ASSERT_EQ(a.params.size(), b.params.size());
-  EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)), 0);
-  EXPECT_EQ(a.loss, b.loss);
-  EXPECT_NE(a.params, p0);  // it trained
-  TrainOptions both = imported;
+  {  // the window changes training: the sliding drafter's run differs from the full one's
+    const TrainResult full = [&] {
+      TrainOptions o;
+      o.steps = 1;
+      o.eval_every = 0;
+      o.init = dirs[0] + "/drafter";
+      o.out = dirs[0] + "/again";
+      return train(w, o);
+    }();
+    TrainOptions o;
+    o.steps = 1;
+    o.eval_every = 0;
+    o.init = dirs[1] + "/drafter";
+    o.out = dirs[1] + "/again";
+    EXPECT_NE(train(w, o).loss, full.loss);
+  }
+  TrainOptions both;
+  both.init = dirs[0] + "/drafter";
+  both.out = dirs[0] + "/both";
   both.preset = "small";
   expect_error([&] { train(w, both); }, "give one (the drafter directory's config.json is the shape)");
 }
