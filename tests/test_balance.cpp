@@ -69,6 +69,53 @@ TEST(CostModel, ChunkPricesEqualBruteForceSums) {
   }
 }
 
+// Sliding-window layers (issue #36): per position, per chunk (range_cost and chunk_costs) and per
+// block, the model equals a brute-force count of the visible pairs summed over the layers: a
+// query row at a_i + r sees context x iff s_i <= x < a_i and a_i + r - x < W (window 0: always).
+TEST(CostModel, WindowedLayersEqualBruteForcePairCounts) {
+  const std::vector<std::vector<KeyWindow>> mixes = {
+      {{}, {}},                                         // two full layers: twice SPEC A.3's model
+      {{5, true}, {}},                                  // window below B = 8
+      {{37, true}, {37, true}, {}},                     // a window inside samples, twice
+      {{12, false}, {100, true}, {1, true}, {0, true}}, // two-sided, wide, W = 1 (own slot only), causal only
+  };
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    const PackedBatch b = make_random_batch(3, 200, 20, 8, 0.25, seed, 400);
+    for (const auto& layers : mixes) {
+      const CostModel cost(b, layers);
+      std::vector<std::int64_t> c(static_cast<std::size_t>(b.context_rows()), 0);
+      std::int64_t own = 0;
+      for (const KeyWindow& w : layers) {
+        for (const auto& blk : b.blocks())
+          for (std::int64_t r = 0; r < b.block; ++r)
+            for (std::int64_t x = blk.sample_start; x < blk.anchor; ++x)
+              c[static_cast<std::size_t>(x)] += w.window == 0 || blk.anchor + r - x < w.window;
+        for (std::int64_t r = 0; r < b.block; ++r)
+          for (std::int64_t j = 0; j < b.block; ++j)
+            own += (!w.causal || j <= r) && (w.window == 0 || (r - j < w.window && (w.causal || j - r < w.window)));
+      }
+      EXPECT_EQ(cost.block_cost(), own);
+      for (std::int64_t x = 0; x < b.context_rows(); ++x) ASSERT_EQ(cost.position_cost(x), c[static_cast<std::size_t>(x)]) << x;
+      for (std::int64_t n : {1, 7, 32, 100}) {
+        const auto chunks = equal_chunks(b.context_rows(), n);
+        const auto prices = cost.chunk_costs(chunks);
+        for (std::size_t j = 0; j < chunks.size(); ++j) {
+          const std::int64_t brute = std::accumulate(c.begin() + chunks[j].begin, c.begin() + chunks[j].end, std::int64_t{0});
+          ASSERT_EQ(cost.range_cost(chunks[j].begin, chunks[j].end), brute) << "chunk " << j;
+          ASSERT_EQ(prices[j], brute) << "chunk " << j;
+        }
+      }
+    }
+  }
+  // One full layer through the layer list is SPEC A.3's model exactly.
+  const PackedBatch b = make_random_batch(2, 300, 10, 16, 0.25, 9);
+  const CostModel spec(b), listed(b, {KeyWindow{}});
+  const auto chunks = equal_chunks(b.context_rows(), 24);
+  EXPECT_EQ(spec.chunk_costs(chunks), listed.chunk_costs(chunks));
+  EXPECT_EQ(spec.block_cost(), 16 * 16);
+  EXPECT_EQ(listed.block_cost(), 16 * 16);
+}
+
 TEST(Balancers, PlansCoverEveryRowOnceAndLptGivesJChunksPerRank) {
   for (std::uint64_t seed = 1; seed <= 4; ++seed)
     for (int P : {1, 2, 3, 5, 8})
@@ -143,6 +190,20 @@ TEST(Balancers, LptReachesLowImbalanceOnThePaperWorkload) {
   const PlanLoad none = plan_load(b, cost, make_balancer("none")->plan(b, cost, 8, 16));
   EXPECT_LT(lpt.imbalance_pct(), 1.0);
   EXPECT_GT(none.imbalance_pct(), 10 * lpt.imbalance_pct());
+}
+
+// A drafter of sliding-window layers (W = 2048, issue #36) on the same workload: LPT fed the
+// windows' real work balances it; fed full-attention costs, its plan is several times worse under
+// the windows (the work concentrates in the W rows before each anchor, not over the whole prefix).
+TEST(Balancers, WindowAwareLptBeatsFullCostPlanningOnAWindowedBatch) {
+  const PackedBatch b = make_random_batch(4, 65536, 512, 16, 0.25, 3);
+  const std::vector<KeyWindow> layers(5, KeyWindow{2048, true});
+  const CostModel real(b, layers), full(b);
+  const auto lpt = make_balancer("lpt");
+  const PlanLoad aware = plan_load(b, real, lpt->plan(b, real, 8, 16));
+  const PlanLoad blind = plan_load(b, real, lpt->plan(b, full, 8, 16));
+  EXPECT_LT(aware.imbalance_pct(), 3.0);
+  EXPECT_GT(blind.imbalance_pct(), 3 * aware.imbalance_pct());
 }
 
 TEST(Balancers, LptAtP1024OnTheIssueWorkload) {

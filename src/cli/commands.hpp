@@ -56,6 +56,7 @@ struct PlanOptions {
   std::string anchors_file;
   int reps = 11;
   bool json = false;
+  std::string windows;  // per drafter layer, comma-separated: its sliding window (0 = full attention)
 };
 void add_plan_command(CLI::App& app, PlanOptions& opt);
 int run_plan(const PlanOptions& opt);

@@ -27,6 +27,10 @@ void add_plan_command(CLI::App& app, PlanOptions& opt) {
   c->add_option("--anchors-file", opt.anchors_file, "explicit workload: JSON {block, samples: [{length, anchors}]}");
   c->add_option("--reps", opt.reps, "planning repetitions (median time reported)")->capture_default_str();
   c->add_flag("--json", opt.json, "JSON: one object per balancer (an array for several)");
+  c->add_option("--windows", opt.windows,
+                "the drafter's layers, comma-separated: each one's sliding window (0 = full attention), e.g. "
+                "2048,0,2048,0; plans with the windows' real work and also reports the plan made with "
+                "full-attention costs, evaluated under the windows");
 }
 
 int run_plan(const PlanOptions& opt) {
@@ -47,7 +51,26 @@ int run_plan(const PlanOptions& opt) {
   else
     names.push_back(opt.balancer);
 
-  const CostModel cost(batch);
+  std::vector<KeyWindow> layers;
+  if (!opt.windows.empty()) {
+    std::size_t at = 0;
+    while (at <= opt.windows.size()) {
+      const std::size_t comma = std::min(opt.windows.find(',', at), opt.windows.size());
+      const std::string item = opt.windows.substr(at, comma - at);
+      std::int64_t w = -1;
+      try {
+        std::size_t used = 0;
+        w = std::stoll(item, &used);
+        if (used != item.size()) w = -1;
+      } catch (const std::exception&) {
+      }
+      DIFFCP_CHECK(w >= 0, "--windows: '", item, "' is not a window (an integer >= 0; 0 = full attention)");
+      layers.push_back({w, w > 0});  // sliding layers are causal (z-lab's default)
+      at = comma + 1;
+    }
+  }
+  const CostModel cost = layers.empty() ? CostModel(batch) : CostModel(batch, layers);
+  const CostModel full_cost = layers.empty() ? CostModel(batch) : CostModel(batch, std::vector<KeyWindow>(layers.size()));
   nlohmann::json all = nlohmann::json::array();
   for (const std::string& name : names) {
     const auto balancer = make_balancer(name);
@@ -66,9 +89,16 @@ int run_plan(const PlanOptions& opt) {
     all.push_back({{"balancer", name}, {"P", opt.P}, {"J", plan.J}, {"rank_context_work", load.context_work},
                    {"block_work", load.block_work}, {"rank_work", load.rank_work}, {"imbalance_pct", load.imbalance_pct()},
                    {"plan_ms", ms[ms.size() / 2]}, {"chunks", chunks}});
+    // With windows: the same balancer fed full-attention costs, its plan loaded with the real ones.
+    const double full_cost_pct =
+        layers.empty() ? load.imbalance_pct() : plan_load(batch, cost, balancer->plan(batch, full_cost, opt.P, opt.J)).imbalance_pct();
+    if (!layers.empty()) all.back()["imbalance_pct_full_cost_plan"] = full_cost_pct;
     if (!opt.json) {
       std::printf("%-9s P=%d J=%d  imbalance %.3f %%  plan %.4f ms (median of %d)\n", name.c_str(), opt.P, plan.J,
                   load.imbalance_pct(), ms[ms.size() / 2], opt.reps);
+      if (!layers.empty())
+        std::printf("          planned with full-attention costs instead: imbalance %.3f %% under the windows\n",
+                    full_cost_pct);
       for (int p = 0; p < opt.P; ++p)
         std::printf("  rank %3d  C_p %14lld  D_p %10lld  W_p %14lld\n", p,
                     static_cast<long long>(load.context_work[static_cast<std::size_t>(p)]),

@@ -31,6 +31,12 @@ void DrafterConfig::validate() const {
   attn().validate();
 }
 
+std::vector<KeyWindow> DrafterConfig::layer_windows() const {
+  std::vector<KeyWindow> out;
+  for (std::int64_t l = 0; l < layers; ++l) out.push_back(layer_window(l));
+  return out;
+}
+
 std::vector<std::int64_t> default_target_layer_ids(std::int64_t depth, std::int64_t n_t) {
   DIFFCP_CHECK(n_t >= 1 && depth >= std::max<std::int64_t>(n_t, 4), "target layer ids: ", n_t, " of a ", depth,
                "-layer target; expected 1 <= n_t and depth >= max(n_t, 4)");

@@ -27,7 +27,7 @@ std::vector<float> draft_block(Communicator& cp, const DrafterConfig& cfg, std::
   batch.lengths = {ctx + B};
   batch.anchors = {{ctx}};
   batch.validate();
-  const CostModel cost(batch);
+  const CostModel cost(batch, cfg.layer_windows());
   // Up to 4 chunks per rank (as training's default), fewer when the context is short; with fewer
   // rows than ranks, contiguous shares (some ranks hold none).
   const std::int64_t S = ctx + B, P = cp.size();

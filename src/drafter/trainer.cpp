@@ -63,7 +63,7 @@ struct MicroBatchBuilder {
       if (greedy != nullptr && !smp.greedy.empty()) greedy->insert(greedy->end(), smp.greedy.begin(), smp.greedy.begin() + L);
     }
     if (greedy != nullptr && greedy->size() != mb.tokens.size()) greedy->clear();
-    const CostModel cost(batch);
+    const CostModel cost(batch, cfg.layer_windows());  // the layers' windows: each rank's real work
     const Plan plan = balancer.plan(batch, cost, cp.size(), J);
     mb.shard = chunked_shard(batch, cp.size(), cp.rank(), plan.chunks_of_rank());
     mb.shard.bucket = bucket;

@@ -42,6 +42,7 @@ struct DrafterConfig {
   KeyWindow layer_window(std::int64_t l) const {
     return {sliding(l) ? sliding_window : 0, is_causal.value_or(sliding(l))};
   }
+  std::vector<KeyWindow> layer_windows() const;  // [layers]: what the load balancer's cost model sums
   AttnLayerConfig attn() const { return {hidden, n_q, n_kv, d_h, rope_theta, rms_eps}; }
   nlohmann::json to_json() const;
   static DrafterConfig from_json(const nlohmann::json& j);
