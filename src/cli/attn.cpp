@@ -82,7 +82,8 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
   plan_layout(batch, opt.balancer, P, opt.J);  // a bad layout or J fails here, on every rank, before any communication
   if (!opt.dump.empty()) prepare_dump_dir(world, opt.dump);
 
-  const LayerProblem pb(cfg, batch, opt.seed);
+  LayerProblem pb(cfg, batch, opt.seed);
+  pb.window = {opt.window, opt.window > 0};  // --window: a causal sliding layer
   const ReferenceLayerResult ref = opt.check ? pb.reference() : ReferenceLayerResult{};
   const LayerRunSpec spec = layer_run_spec(opt, opt.method, opt.balancer, opt.check ? &ref : nullptr);
   const LayerRun run = run_layer(world, pb, spec);

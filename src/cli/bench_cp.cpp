@@ -89,7 +89,8 @@ int run_bench_cp(Communicator& world, const BenchCpOptions& opt) {
     DIFFCP_CHECK(ok, "--csv '", opt.csv, "': cannot open this file for writing");
   }
 
-  const LayerProblem pb(cfg, batch, o.seed);
+  LayerProblem pb(cfg, batch, o.seed);
+  pb.window = {o.window, o.window > 0};  // --window: a causal sliding layer
   const ReferenceLayerResult ref = o.check ? pb.reference() : ReferenceLayerResult{};
   // Rows keep their keys in this order (method first, the per-op byte counts last).
   using Json = nlohmann::ordered_json;

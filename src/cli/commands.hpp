@@ -69,6 +69,7 @@ struct AttnOptions {
   std::string context = "1k", queries = "256";  // per sample (context may be a range a:b); anchors = queries / block
   std::int64_t block = 16;
   double prompt_fraction = 0.25;
+  std::int64_t window = 0;  // a sliding-window layer's window (causal, as z-lab's sliding layers); 0 = full
   std::int64_t hidden = 256, n_q = 8, n_kv = 2, d_h = 32;
   double rope_theta = 1e6, rms_eps = 1e-6;
   std::string dtype = "f32";

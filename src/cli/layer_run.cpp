@@ -34,6 +34,9 @@ void add_workload_options(CLI::App* c, AttnOptions& opt) {
       ->capture_default_str();
   c->add_option("--seed", opt.seed, "seed of the batch, weights and inputs")->capture_default_str();
   c->add_option("--J", opt.J, "chunks per rank for lpt / partition")->capture_default_str();
+  c->add_option("--window", opt.window, "a sliding-window layer (z-lab's sliding_attention, causal): each query row "
+                                        "sees the keys less than this many positions before it; 0 = full attention")
+      ->capture_default_str();
 }
 
 void add_layer_options(CLI::App* c, AttnOptions& opt) {
@@ -56,6 +59,7 @@ LayerWorkload make_workload(const AttnOptions& opt) {
   DIFFCP_CHECK(opt.dtype == "f32" || opt.dtype == "bf16", "--dtype = '", opt.dtype, "': expected f32 or bf16");
   w.dtype = opt.dtype == "bf16" ? DType::bf16 : DType::f32;
   DIFFCP_CHECK(opt.block >= 1, "--block = ", opt.block, ", expected >= 1");
+  DIFFCP_CHECK(opt.window >= 0, "--window = ", opt.window, ", expected >= 1 (or 0: full attention)");
   DIFFCP_CHECK(w.queries % opt.block == 0, "--queries = ", w.queries, " per sample is not a multiple of --block = ", opt.block);
   DIFFCP_CHECK(opt.reps >= 1, "--reps = ", opt.reps, ", expected >= 1");
   DIFFCP_CHECK(opt.warmup >= 0, "--warmup = ", opt.warmup, ", expected >= 0");
@@ -88,8 +92,8 @@ LayerRunSpec layer_run_spec(const AttnOptions& opt, const std::string& method, c
   return spec;
 }
 
-Plan plan_layout(const PackedBatch& batch, const std::string& layout, int P, int J) {
-  return make_balancer(layout)->plan(batch, CostModel(batch), P, J);
+Plan plan_layout(const PackedBatch& batch, const std::string& layout, int P, int J, KeyWindow window) {
+  return make_balancer(layout)->plan(batch, CostModel(batch, {window}), P, J);
 }
 
 std::vector<std::string> parse_method_list(const std::string& text) {
@@ -183,7 +187,7 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   DIFFCP_CHECK(why.empty(), why);
   DIFFCP_CHECK(spec.reps >= 1 && spec.warmup >= 0, "run_layer: reps = ", spec.reps, ", warmup = ", spec.warmup,
                "; expected reps >= 1, warmup >= 0");
-  const Plan plan = plan_layout(batch, spec.layout, P, spec.J);
+  const Plan plan = plan_layout(batch, spec.layout, P, spec.J, pb.window);
 
   LayerRun run;
   world.discover_topology();
@@ -198,6 +202,7 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   run.chunks_of_rank = plan.chunks_of_rank();
   run.shard = chunked_shard(batch, P, p, run.chunks_of_rank);
   run.shard.bucket = spec.bucket;
+  run.shard.window = pb.window;
   const PosRange loaded = loader_slices(batch.context_rows(), P)[static_cast<std::size_t>(p)];
   std::vector<float> loaded_rows(pb.ctx.begin() + loaded.begin * cfg.hidden, pb.ctx.begin() + loaded.end * cfg.hidden);
   const auto redist_comm = world.split(0, p, "redistribute");
@@ -279,7 +284,7 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   std::vector<std::uint64_t> redist_sent{redist_comm->stats().total().bytes_sent};
   world.all_reduce<std::uint64_t>(redist_sent);
   run.redistribution_bytes = static_cast<double>(redist_sent[0]) / P;
-  run.imbalance_pct = plan_load(batch, CostModel(batch), plan).imbalance_pct();
+  run.imbalance_pct = plan_load(batch, CostModel(batch, {pb.window}), plan).imbalance_pct();
 
   if (spec.reference) {
     run.tolerance = spec.dtype == DType::bf16 ? kTolBf16Layer : kTolF32;

@@ -40,7 +40,7 @@ LayerWorkload make_workload(const AttnOptions& opt);
 
 // The context layout `layout` (a balancer name) of `batch` over P ranks. No communication;
 // throws diffcp::Error for an unknown name or a J the context cannot serve.
-Plan plan_layout(const PackedBatch& batch, const std::string& layout, int P, int J);
+Plan plan_layout(const PackedBatch& batch, const std::string& layout, int P, int J, KeyWindow window = {});
 
 struct LayerRunSpec {
   std::string method = "splitkv";  // cp/cp_methods.hpp
