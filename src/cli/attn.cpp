@@ -95,7 +95,8 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
                   {"anchors", queries / opt.block}, {"block", opt.block}, {"prompt_fraction", opt.prompt_fraction},
                   {"hidden", cfg.hidden}, {"n_q", cfg.n_q}, {"n_kv", cfg.n_kv}, {"d_h", cfg.d_h},
                   {"rope_theta", cfg.rope_theta}, {"rms_eps", cfg.rms_eps}, {"dtype", opt.dtype}, {"seed", opt.seed},
-                  {"S", batch.context_rows()}, {"Q", batch.query_rows()}, {"reps", opt.reps}, {"warmup", opt.warmup}}},
+                  {"S", batch.context_rows()}, {"Q", batch.query_rows()}, {"reps", opt.reps}, {"warmup", opt.warmup},
+                  {"window", opt.window}}},
       {"method", opt.method},
       {"bytes", run.bytes},
       {"attention_bytes_per_layer", run.bytes_per_layer},
@@ -104,6 +105,10 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       {"topology", run.topology},
       {"redistribution_bytes", run.redistribution_bytes},
       {"imbalance_pct", run.imbalance_pct},
+      // the attention's work: unmasked (query, key) pairs per head, and their share of full attention's
+      {"visible_pairs", full_mask(batch, pb.window).visible_pairs()},
+      {"visible_pair_share", static_cast<double>(full_mask(batch, pb.window).visible_pairs()) /
+                                 static_cast<double>(full_mask(batch).visible_pairs())},
       {"fwd_ms", run.fwd_ms},
       {"bwd_ms", run.bwd_ms},
       {"step_ms", run.step_ms},
@@ -177,6 +182,9 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       std::printf("  context layout: %s (J=%d, bucket %lld): imbalance %.2f %%, redistribution %.0f bytes/rank\n",
                   opt.balancer.c_str(), run.J, static_cast<long long>(opt.bucket), run.imbalance_pct,
                   run.redistribution_bytes);
+      if (opt.window > 0)
+        std::printf("  sliding window %lld (causal): %.4f of full attention's (query, key) pairs\n",
+                    static_cast<long long>(opt.window), out["visible_pair_share"].get<double>());
       std::printf("  layer: H=%lld n_q=%lld n_kv=%lld d_h=%lld, %s\n", static_cast<long long>(cfg.hidden),
                   static_cast<long long>(cfg.n_q), static_cast<long long>(cfg.n_kv), static_cast<long long>(cfg.d_h),
                   wl.dtype == DType::bf16 ? "bf16 attention and row payloads, f32 projections and boundary" : "f32");
