@@ -24,6 +24,8 @@
 #include "diffcp/comm/mpi_communicator.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/cp/splitkv.hpp"
+#include "diffcp/drafter/draft.hpp"
+#include "diffcp/drafter/hf_format.hpp"
 #include "diffcp/workload/batch.hpp"
 
 namespace py = pybind11;
@@ -327,6 +329,68 @@ class SplitKVLayerPy {
 
 }  // namespace
 
+// A DFlash drafter from a DFlash-format folder (import_dflash: ours or a released one), drafting one
+// block at a time over an mpi4py communicator (draft_block: Split-KV over the context; COMM_SELF
+// for one process). Collective like SplitKV: every rank of the communicator calls draft together.
+class DrafterPy {
+ public:
+  DrafterPy(const std::string& dir, MPI_Fint comm) : w_(import_dflash(dir)) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) throw py::value_error("Drafter: MPI is not initialized (import mpi4py.MPI first)");
+    comm_ = std::make_unique<MpiCommunicator>(MPI_Comm_f2c(comm), "python");
+  }
+
+  py::dict config() const {
+    const DrafterConfig& c = w_.config;
+    py::dict d;
+    d["hidden_size"] = c.hidden;
+    d["num_hidden_layers"] = c.layers;
+    d["num_attention_heads"] = c.n_q;
+    d["num_key_value_heads"] = c.n_kv;
+    d["head_dim"] = c.d_h;
+    d["intermediate_size"] = c.ffn;
+    d["vocab_size"] = c.vocab;
+    d["block_size"] = c.block;
+    d["mask_token_id"] = c.mask_token;
+    d["target_layer_ids"] = c.target_layer_ids;
+    d["num_target_layers"] = c.target_depth;
+    std::vector<std::string> types = c.layer_types;
+    if (types.empty()) types.assign(static_cast<std::size_t>(c.layers), "full_attention");
+    d["layer_types"] = types;
+    d["sliding_window"] = c.sliding_window > 0 ? py::object(py::int_(c.sliding_window)) : py::object(py::none());
+    return d;
+  }
+
+  //   target_hidden: [ctx, n_t*H] float32   noise: [b, H] float32, 2 <= b <= block_size
+  //   -> [b, H] float32: the final RMSNorm's output of the b block rows
+  py::array_t<float> draft(const Floats& target_hidden, const Floats& noise) {
+    const DrafterConfig& c = w_.config;
+    const std::int64_t T = c.target_layers * c.hidden;
+    if (target_hidden.ndim() != 2 || target_hidden.shape(1) != T || target_hidden.shape(0) < 1)
+      throw py::value_error("draft: target_hidden must be [ctx >= 1, n_t*H = " + std::to_string(T) + "]");
+    if (noise.ndim() != 2 || noise.shape(1) != c.hidden || noise.shape(0) < 2 || noise.shape(0) > c.block)
+      throw py::value_error("draft: noise_embedding must be [b, H = " + std::to_string(c.hidden) + "] with 2 <= b <= " +
+                            "block_size = " + std::to_string(c.block));
+    DrafterConfig cfg = c;  // a shorter block drafts with b rows (the layout does not depend on B)
+    cfg.block = noise.shape(0);
+    const std::int64_t ctx = target_hidden.shape(0);
+    std::vector<float> out;
+    {
+      py::gil_scoped_release release;
+      out = draft_block(*comm_, cfg, w_.params, {target_hidden.data(), static_cast<std::size_t>(target_hidden.size())},
+                        ctx, {noise.data(), static_cast<std::size_t>(noise.size())});
+    }
+    py::array_t<float> r({static_cast<py::ssize_t>(cfg.block), static_cast<py::ssize_t>(c.hidden)});
+    std::copy(out.begin(), out.end(), r.mutable_data());
+    return r;
+  }
+
+ private:
+  DrafterWeights w_;
+  std::unique_ptr<MpiCommunicator> comm_;
+};
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "diffcp's C++ core (use the diffcp package, not this module)";
   py::register_exception_translator([](std::exception_ptr p) {
@@ -365,6 +429,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("bytes_sent", &SplitKVLayerPy::bytes_sent)
       .def("forward", &SplitKVLayerPy::forward, py::arg("params"), py::arg("x"), py::arg("ctx"))
       .def("backward", &SplitKVLayerPy::backward, py::arg("saved"), py::arg("params"), py::arg("dy"));
+  py::class_<DrafterPy>(m, "Drafter")
+      .def(py::init<const std::string&, MPI_Fint>(), py::arg("dir"), py::arg("comm_f"))
+      .def("config", &DrafterPy::config)
+      .def("draft", &DrafterPy::draft, py::arg("target_hidden"), py::arg("noise_embedding"));
   m.def("attention_forward", &attention_forward_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"),
         py::arg("lse"), py::arg("lengths"), py::arg("anchors"), py::arg("block"), py::arg("softmax_scale"));
   m.def("attention_backward", &attention_backward_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"),

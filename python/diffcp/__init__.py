@@ -9,6 +9,9 @@ The Python face of the C++ library (see docs/python.md):
   torch is installed) — the same as a ``torch.autograd.Function``.
 * :func:`to_bf16`, :func:`from_bf16` — float32 <-> bf16 bits (uint16; numpy has no bfloat16).
 * :class:`SplitKV` — one Split-KV attention layer over an mpi4py communicator.
+* :class:`Drafter` — a DFlash drafter loaded from a DFlash-format folder, drafting one block;
+  :mod:`diffcp.speculative` — ``generate(target, drafter, input_ids, max_new_tokens)``, lossless
+  greedy speculative decoding with a transformers target, measuring tau.
 
 Shapes use SPEC.md's names: ``b`` samples, ``S`` packed context rows, ``B`` block size,
 ``N`` blocks, ``Q = N * B`` query rows, ``P`` ranks.
@@ -22,10 +25,12 @@ import numpy as np
 
 from . import _core
 from . import attention
+from . import speculative
+from .drafter import Drafter
 from .splitkv import LayerConfig, SplitKV
 
-__all__ = ["Plan", "plan", "balancer_names", "attention", "SplitKV", "LayerConfig", "to_bf16", "from_bf16",
-           "bf16_path", "cpu_kernels"]
+__all__ = ["Plan", "plan", "balancer_names", "attention", "SplitKV", "LayerConfig", "Drafter", "speculative",
+           "to_bf16", "from_bf16", "bf16_path", "cpu_kernels"]
 
 
 @dataclass(frozen=True)

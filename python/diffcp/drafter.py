@@ -1,0 +1,73 @@
+"""A DFlash drafter as it is served: loaded from a DFlash-format folder (``diffcp export``'s, or a
+released z-lab drafter's ``config.json`` + ``model.safetensors``), drafting one block from the
+target's hidden states (C++ ``draft_block``: the computation of ``diffcp draft``, Split-KV over
+the context when the communicator has several ranks).
+
+Legend: ``ctx`` context positions, ``n_t`` target layers the drafter fuses, ``H`` hidden width,
+``B`` block size (``block_size``), ``b`` rows of one draft (``2 <= b <= B``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core
+
+__all__ = ["Drafter"]
+
+
+def _f32_rows(x, name: str) -> np.ndarray:
+    """A C-contiguous float32 numpy array of ``x`` (numpy or a CPU torch tensor; copies if needed)."""
+    if hasattr(x, "detach"):  # torch
+        x = x.detach().to("cpu").float().numpy()
+    return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+
+
+class Drafter:
+    """A DFlash drafter (``DFlashDraftModel``'s math: full and sliding-window layers).
+
+    Build it with :meth:`load`. Attributes from its ``config.json``: :attr:`block_size`,
+    :attr:`mask_token_id`, :attr:`target_layer_ids`, :attr:`hidden_size`, :attr:`config` (a dict).
+    """
+
+    def __init__(self, core, comm):
+        self._core = core
+        self._comm = comm
+        self.config = dict(core.config())
+        self.block_size: int = self.config["block_size"]
+        self.mask_token_id: int = self.config["mask_token_id"]
+        self.target_layer_ids: list[int] = list(self.config["target_layer_ids"])
+        self.hidden_size: int = self.config["hidden_size"]
+
+    @classmethod
+    def load(cls, path: str, comm=None) -> "Drafter":
+        """Loads ``path/config.json`` + ``path/model.safetensors``.
+
+        Args:
+            comm: an ``mpi4py.MPI.Comm`` whose ranks draft together (Split-KV over the context;
+                every rank calls :meth:`draft` with the same arrays), or ``None`` for this process
+                alone (``COMM_SELF``).
+
+        Raises:
+            ValueError naming what the folder lacks or what its config asks that is not supported.
+        """
+        from mpi4py import MPI  # Debian's python3-mpi4py; initialises MPI
+        comm = MPI.COMM_SELF if comm is None else comm
+        if not hasattr(comm, "py2f"):
+            raise TypeError(f"comm: expected an mpi4py communicator, got {type(comm).__name__}")
+        return cls(_core.Drafter(str(path), comm.py2f()), comm)
+
+    def draft(self, target_hidden, noise_embedding) -> np.ndarray:
+        """One draft block.
+
+        Args:
+            target_hidden: ``[ctx, n_t * H]`` the target's hidden states of context positions
+                ``0 .. ctx-1`` from its layers :attr:`target_layer_ids` (the output of layer ``l`` is
+                ``hidden_states[l + 1]`` in transformers), concatenated in that order.
+            noise_embedding: ``[b, H]`` the target's input embedding of the block at positions
+                ``ctx .. ctx+b-1``: the last verified token, then ``b - 1`` mask tokens.
+
+        Returns:
+            float32 ``[b, H]``: the drafter's final RMSNorm output; the target's LM head turns rows
+            ``1 .. b-1`` into the draft logits of positions ``ctx+1 .. ctx+b-1``.
+        """
+        return self._core.draft(_f32_rows(target_hidden, "target_hidden"), _f32_rows(noise_embedding, "noise_embedding"))
