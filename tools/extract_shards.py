@@ -15,6 +15,8 @@ Usage:
   pip install torch transformers safetensors datasets
   tools/extract_shards.py --model Qwen/Qwen3-0.6B --dataset <hf dataset with "prompt"/"response">
                           --out data/qwen --target-layers 5 --max-samples 1000 --max-length 4096
+  tools/extract_shards.py --model DIR --token-jsonl FILE ...   # a local model, token ids already
+      (one JSON object a line: {"prompt_ids": [...], "response_ids": [...]}; no tokenizer, no hub)
 Then: mpirun -np 2 diffcp train --data data/qwen --preset <a preset whose vocab/hidden match>
 """
 import argparse
@@ -23,9 +25,8 @@ import os
 
 import numpy as np
 import torch
-from datasets import load_dataset
 from safetensors.numpy import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 
 def layer_ids(n_layers: int, n_t: int) -> list[int]:
@@ -37,7 +38,9 @@ def layer_ids(n_layers: int, n_t: int) -> list[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--dataset", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dataset", help="a Hugging Face dataset with prompt / response text")
+    src.add_argument("--token-jsonl", help="a local file of token ids: {prompt_ids, response_ids} per line")
     ap.add_argument("--split", default="train")
     ap.add_argument("--out", required=True)
     ap.add_argument("--target-layers", type=int, default=5)
@@ -46,8 +49,7 @@ def main() -> None:
     ap.add_argument("--samples-per-shard", type=int, default=256)
     args = ap.parse_args()
 
-    tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.eval()
     os.makedirs(args.out, exist_ok=True)
     emb = model.get_input_embeddings().weight.detach().float().numpy()          # [V, H]
@@ -58,7 +60,15 @@ def main() -> None:
               metadata={"target_layer_ids": json.dumps(layers),
                         "num_target_layers": str(model.config.num_hidden_layers)})
 
-    ds = load_dataset(args.dataset, split=args.split)
+    if args.dataset:
+        from datasets import load_dataset
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(args.model)
+        pairs = ((tok(ex["prompt"], add_special_tokens=False)["input_ids"],
+                  tok(ex["response"], add_special_tokens=False)["input_ids"])
+                 for ex in load_dataset(args.dataset, split=args.split))
+    else:
+        pairs = ((ex["prompt_ids"], ex["response_ids"]) for ex in map(json.loads, open(args.token_jsonl)))
     shard, buf = 0, []
 
     def flush():
@@ -75,11 +85,9 @@ def main() -> None:
                   os.path.join(args.out, f"shard_{shard:05d}.safetensors"))
         shard, buf = shard + 1, []
 
-    for n, ex in enumerate(ds):
+    for n, (p, r) in enumerate(pairs):
         if n >= args.max_samples:
             break
-        p = tok(ex["prompt"], add_special_tokens=False)["input_ids"]
-        r = tok(ex["response"], add_special_tokens=False)["input_ids"]
         ids = (p + r)[: args.max_length]
         mask = ([0] * len(p) + [1] * len(r))[: args.max_length]
         with torch.no_grad():

@@ -15,8 +15,8 @@ float64 target does not have). ``stats["acceptance_lengths"]`` holds each block'
 (accepted drafts + 1), whose mean is tau (SPEC A.1's acceptance length).
 
 Works with a transformers causal LM (``model(input_ids, position_ids=..., past_key_values=...,
-use_cache=True, output_hidden_states=True)`` with a ``DynamicCache`` whose ``crop(n)`` keeps n
-positions; transformers 4.x and 5.x) or any module with that call signature that returns
+use_cache=True, output_hidden_states=True)`` with a ``DynamicCache``, cropped to the accepted
+positions with ``crop(-removed)``; transformers 4.x and 5.x) or any module with that call signature that returns
 ``.logits`` and ``.hidden_states`` (then ``use_cache=False``: each forward recomputes the whole
 sequence), ``get_input_embeddings()`` and ``get_output_embeddings()`` (or ``lm_head``).
 """
@@ -72,7 +72,10 @@ class _Target:
 
     def crop(self, length: int):
         if self.cache is not None:
-            self.cache.crop(length)
+            # crop(-n) removes n positions in transformers 4.x and 5.x (5.x refuses crop(length))
+            remove = self.cache.get_seq_length() - length
+            if remove > 0:
+                self.cache.crop(-remove)
         elif self.seq is not None:
             self.seq = self.seq[:length]
 
