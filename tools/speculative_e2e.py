@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--target-steps", type=int, default=600)
     ap.add_argument("--drafter-steps", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sliding-window", type=int, default=0,
+                    help="train a drafter whose layer 0 is a sliding-window layer of this window (layer 1 full): "
+                         "its DFlash folder (from a 1-step run, layer_types edited) is the --init of the real run")
     args = ap.parse_args()
     lines = []
 
@@ -117,9 +120,21 @@ def main():
     log("3. tools/extract_shards.py wrote the shards")
 
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    train = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", args.diffcp, "train", "--data", f"{work}/shards",
-                            "--preset", "tiny", "--heldout", str(args.heldout), "--steps", str(args.drafter_steps),
-                            "--out", f"{work}/train", "--no-progress"], env=env, check=True, capture_output=True, text=True)
+    mpi = ["mpirun", "--oversubscribe", "-np", "2", args.diffcp, "train", "--data", f"{work}/shards",
+           "--heldout", str(args.heldout), "--no-progress"]
+    shape = ["--preset", "tiny"]
+    if args.sliding_window:  # a sliding drafter: the tiny shape with layer_types, as --init
+        subprocess.run(mpi + shape + ["--steps", "1", "--out", f"{work}/init"], env=env, check=True, capture_output=True)
+        subprocess.run([args.diffcp, "export", "--checkpoint", f"{work}/init/checkpoint.bin", "--out", f"{work}/init/dflash"],
+                       check=True, capture_output=True)
+        c = json.load(open(f"{work}/init/dflash/config.json"))
+        c.update(layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
+                 sliding_window=args.sliding_window)
+        json.dump(c, open(f"{work}/init/dflash/config.json", "w"))
+        shape = ["--init", f"{work}/init/dflash"]
+        log(f"   drafter layers: sliding_attention (window {args.sliding_window}), full_attention")
+    train = subprocess.run(mpi + shape + ["--steps", str(args.drafter_steps), "--out", f"{work}/train"], env=env,
+                           check=True, capture_output=True, text=True)
     m = re.search(r"held-out acceptance length tau ([0-9.]+) \(against the ([^)]*)\)", train.stdout)
     train_tau = float(m.group(1))
     log(f"4. diffcp train ({args.drafter_steps} steps, P = 2): held-out tau {train_tau:.3f} (against the {m.group(2)})")
@@ -127,6 +142,8 @@ def main():
                    check=True, capture_output=True)
 
     drafter = diffcp.Drafter.load(f"{work}/drafter")
+    if args.sliding_window:
+        assert drafter.config["layer_types"] == ["sliding_attention", "full_attention"], drafter.config
     taus, lossless, forwards, new = [], 0, 0, 0
     t1 = time.time()
     for r in records[-args.heldout:]:
