@@ -134,7 +134,20 @@ struct Ref {
           auto val = [&](std::int64_t j) { return j < ctx ? &vc[static_cast<std::size_t>((j * nkv + g) * d)] : &vb[static_cast<std::size_t>(((j - ctx) * nkv + g) * d)]; };
           Vec s(static_cast<std::size_t>(ctx + B));
           double mx = -INFINITY;
+          // a sliding layer (z-lab's _attention_mask): query at ctx + r sees key position j only if
+          // j <= ctx + r (causal unless is_causal = false) and ctx + r - j < W (and j - ctx - r < W
+          // when two-sided)
+          const bool sliding = !c.layer_types.empty() && c.layer_types[static_cast<std::size_t>(l)] == "sliding_attention";
+          const bool causal = c.is_causal ? *c.is_causal : sliding;
+          const std::int64_t W = sliding ? c.sliding_window : 0, qp = ctx + r;
+          auto hidden = [&](std::int64_t j) {
+            return (causal && j > qp) || (W > 0 && (qp - j >= W || (!causal && j - qp >= W)));
+          };
           for (std::int64_t j = 0; j < ctx + B; ++j) {
+            if (hidden(j)) {
+              s[static_cast<std::size_t>(j)] = -INFINITY;
+              continue;
+            }
             double dot = 0;
             for (std::int64_t e = 0; e < d; ++e) dot += q[static_cast<std::size_t>((r * nq + h) * d + e)] * key(j)[e];
             s[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(d));
@@ -366,8 +379,16 @@ TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
 }
 
 TEST(DFlashDraft, OneBlockEqualsTheFp64ReferenceAtEveryRankCount) {
-  for (const char* preset : {"tiny", "small"}) {
-    const DrafterConfig cfg = drafter_preset(preset);
+  for (const std::string preset : {"tiny", "small", "small-sliding", "tiny-sliding"}) {
+    DrafterConfig cfg = drafter_preset(preset.substr(0, preset.find('-')));
+    if (preset == "small-sliding") {  // mixed layers, causal windows of 40 (inside the longer contexts)
+      cfg.layer_types = {"sliding_attention", "full_attention", "sliding_attention", "sliding_attention"};
+      cfg.sliding_window = 40;
+    } else if (preset == "tiny-sliding") {  // a two-sided window of 5, below the block (B = 8)
+      cfg.layer_types = {"full_attention", "sliding_attention"};
+      cfg.sliding_window = 5;
+      cfg.is_causal = false;
+    }
     const std::vector<float> p = test_params(cfg, 21);
     for (std::int64_t ctx : {1, 2, 37, 300}) {
       const auto hid = randn(static_cast<std::size_t>(ctx * cfg.target_layers * cfg.hidden), 5 + static_cast<std::uint64_t>(ctx));
