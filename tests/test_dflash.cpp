@@ -325,6 +325,9 @@ TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
       {[](nlohmann::json& j) { j["use_sliding_window"] = true; j["sliding_window"] = 0; },
        "sliding_window = 0, expected a positive integer"},
       {[](nlohmann::json& j) { j["is_causal"] = "yes"; }, "field 'is_causal' = \"yes\" has the wrong type"},
+      {[](nlohmann::json& j) { j["dflash_config"]["output_multiplier"] = 0.196; }, "dflash_config.output_multiplier = 0.196 is not supported"},
+      {[](nlohmann::json& j) { j["dflash_config"]["final_logit_softcapping"] = 20.0; }, "final_logit_softcapping = 20.0 is not supported"},
+      {[](nlohmann::json& j) { j["input_embedding_scale"] = 2; }, "input_embedding_scale = 2 is not supported"},
       {[](nlohmann::json& j) { j.erase("rope_theta"); j["rope_parameters"] = {{"rope_theta", 1e6}, {"factor", 4}}; },
        "rope_parameters.factor = 4 is not supported"},
   };

@@ -148,6 +148,15 @@ DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
   DIFFCP_CHECK(j.contains("dflash_config") && j.at("dflash_config").is_object(), "'", path,
                "': dflash_config is missing (expected {target_layer_ids, mask_token_id})");
   const auto& dc = j.at("dflash_config");
+  // What the newest reference reads beside these and we do not implement: refused unless neutral
+  // (DFlashDraftModel: embedding scale and logit multiplier 1, no softcap), never silently ignored.
+  for (const auto& [key, neutral] : {std::pair<const char*, double>{"input_embedding_scale", 1.0},
+                                     std::pair<const char*, double>{"output_multiplier", 1.0},
+                                     std::pair<const char*, double>{"final_logit_softcapping", 0.0}}) {
+    const nlohmann::json v = dc.contains(key) ? dc.at(key) : j.contains(key) ? j.at(key) : nlohmann::json();
+    DIFFCP_CHECK(v.is_null() || (v.is_number() && v.get<double>() == neutral), "'", path, "': dflash_config.", key,
+                 " = ", v.dump(), " is not supported (", neutral == 0.0 ? "none" : "1", " only)");
+  }
   DrafterConfig c;
   c.hidden = positive(j, "hidden_size", path);
   c.layers = positive(j, "num_hidden_layers", path);
