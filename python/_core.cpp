@@ -359,6 +359,7 @@ class DrafterPy {
     if (types.empty()) types.assign(static_cast<std::size_t>(c.layers), "full_attention");
     d["layer_types"] = types;
     d["sliding_window"] = c.sliding_window > 0 ? py::object(py::int_(c.sliding_window)) : py::object(py::none());
+    d["is_causal"] = c.is_causal ? py::object(py::bool_(*c.is_causal)) : py::object(py::none());
     return d;
   }
 

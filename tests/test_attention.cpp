@@ -465,6 +465,7 @@ TEST(BadInput, MaskValidation) {
   expect_error([] { BlockMask(0, 20, {}, {}); }, "block size B = 0");
   expect_error([] { BlockMask(4, 20, {{0, 0, 30}}, {}); }, "row + len <= L_k = 20");
   expect_error([] { BlockMask(4, 20, {{0, 0, 20}}, {}, {-3, true}); }, "sliding window W = -3");
+  expect_error([] { BlockMask(4, 20, {{0, 0, 20}}, {}, {kMaxKeyWindow + 1, true}); }, "expected 1 .. 2^40");
 }
 
 TEST(BadInput, KernelShapes) {

@@ -324,6 +324,8 @@ TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
       {[](nlohmann::json& j) { j["layer_types"] = {"full_attention"}; }, "expected a list of num_hidden_layers = 2"},
       {[](nlohmann::json& j) { j["use_sliding_window"] = true; j["sliding_window"] = 0; },
        "sliding_window = 0, expected a positive integer"},
+      {[](nlohmann::json& j) { j["use_sliding_window"] = true; j["sliding_window"] = 9223372036854775807LL; },
+       "sliding window 9223372036854775807, expected 1 .. 2^40"},
       {[](nlohmann::json& j) { j["is_causal"] = "yes"; }, "field 'is_causal' = \"yes\" has the wrong type"},
       {[](nlohmann::json& j) { j["dflash_config"]["output_multiplier"] = 0.196; }, "dflash_config.output_multiplier = 0.196 is not supported"},
       {[](nlohmann::json& j) { j["dflash_config"]["final_logit_softcapping"] = 20.0; }, "final_logit_softcapping = 20.0 is not supported"},

@@ -49,6 +49,8 @@ class _Target:
                 self.cache = DynamicCache(config=model.config)  # transformers 5.x
             except TypeError:
                 self.cache = DynamicCache()  # 4.x
+            if hasattr(self.cache, "activate_past_recording"):  # 5.x: sliding-window layers can then be cropped
+                self.cache.activate_past_recording()
         self.seq = None  # without a cache: the tokens so far
         self.forwards = 0
 
@@ -90,7 +92,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, block_size: int | 
             the target's layers; its mask token is a token id of the target's vocabulary).
         input_ids: LongTensor ``[n]`` or ``[1, n]``, the prompt.
         max_new_tokens: tokens to generate (fewer if a stop token comes first).
-        block_size: tokens per block (``2 .. drafter.block_size``); ``None`` = the drafter's.
+        block_size: tokens per block (``1 .. drafter.block_size``; 1 drafts nothing: plain greedy
+            decoding); ``None`` = the drafter's.
         stop_token_ids: token ids that end the generation (included in the output).
         use_cache: the target's KV cache; ``None`` = for transformers models.
 
@@ -103,8 +106,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, block_size: int | 
     """
     import torch
     B = drafter.block_size if block_size is None else int(block_size)
-    if not 2 <= B <= drafter.block_size:
-        raise ValueError(f"block_size = {block_size}: expected 2 .. the drafter's block_size = {drafter.block_size}")
+    if not 1 <= B <= drafter.block_size:
+        raise ValueError(f"block_size = {block_size}: expected 1 .. the drafter's block_size = {drafter.block_size}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens}: expected >= 1")
     ids = torch.as_tensor(input_ids).reshape(-1).long().cpu()

@@ -106,7 +106,7 @@ def target():
 
 
 @pytest.mark.parametrize("kind", ["full", "sliding"])
-@pytest.mark.parametrize("block_size", [None, 2, 3])
+@pytest.mark.parametrize("block_size", [None, 1, 2, 3])
 def test_greedy_speculative_decoding_is_lossless(tmp_path, target, kind, block_size):
     layer_types = ["sliding_attention", "full_attention"] if kind == "sliding" else None
     drafter = diffcp.Drafter.load(write_drafter(tmp_path / kind, layer_types, window=3 if layer_types else None))
@@ -122,6 +122,7 @@ def test_greedy_speculative_decoding_is_lossless(tmp_path, target, kind, block_s
         assert sum(stats["acceptance_lengths"]) == stats["new_tokens"] - 1 == 16  # the prefill gives the first
         assert stats["target_forwards"] == 1 + len(stats["acceptance_lengths"])
         assert stats["tau"] == pytest.approx(np.mean(stats["acceptance_lengths"]))
+        assert stats["draft_calls"] == (0 if block_size == 1 else len(stats["acceptance_lengths"]))
 
 
 class OracleDrafter:

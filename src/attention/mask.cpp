@@ -11,7 +11,8 @@ BlockMask::BlockMask(std::int64_t block, std::int64_t key_rows, std::vector<Cont
                      std::vector<MaskBlock> blocks, KeyWindow window)
     : block_(block), key_rows_(key_rows), segments_(std::move(segments)), blocks_(std::move(blocks)), window_(window) {
   DIFFCP_CHECK(block_ >= 1, "mask: block size B = ", block_, ", expected >= 1");
-  DIFFCP_CHECK(window_.window >= 0, "mask: sliding window W = ", window_.window, ", expected >= 1 (or 0: none)");
+  DIFFCP_CHECK(window_.window >= 0 && window_.window <= kMaxKeyWindow, "mask: sliding window W = ", window_.window,
+               ", expected 1 .. 2^40 (or 0: none)");
   DIFFCP_CHECK(key_rows_ >= 0, "mask: key rows L_k = ", key_rows_, ", expected >= 0");
 
   // Every held key row belongs to at most one segment or block: check via sorted row intervals.
@@ -97,6 +98,7 @@ std::int64_t BlockMask::visible_keys(std::int64_t i) const {
 }
 
 std::int64_t BlockMask::visible_pairs(std::int64_t i) const {
+  if (!window_.active()) return visible_keys(i) * block_;  // every row sees the same keys
   std::vector<RowRange> ranges;
   visible_ranges(i, ranges);
   std::int64_t n = 0;

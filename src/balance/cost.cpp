@@ -28,7 +28,8 @@ CostModel::CostModel(const PackedBatch& batch, const std::vector<KeyWindow>& lay
   full_layers_ = 0;
   block_cost_ = 0;
   for (const KeyWindow& w : layers) {
-    DIFFCP_CHECK(w.window >= 0, "cost: sliding window ", w.window, ", expected >= 1 (or 0: none)");
+    DIFFCP_CHECK(w.window >= 0 && w.window <= kMaxKeyWindow, "cost: sliding window ", w.window,
+                 ", expected 1 .. 2^40 (or 0: none)");
     for (std::int64_t r = 0; r < B_; ++r)  // the block's own pairs: slot r (at a + r) sees slot j (at a + j)
       for (std::int64_t j = 0; j < B_; ++j) block_cost_ += w.sees(r, j);
     if (w.window == 0) {

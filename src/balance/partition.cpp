@@ -27,7 +27,8 @@ Plan PartitionBalancer::plan(const PackedBatch& batch, const CostModel& cost, in
 
   // Edges: the chunk co-access graph (the chunk/block attention graph projected onto chunks).
   // Two chunks of one sample are joined with weight = the blocks that see both = the blocks that
-  // see the later chunk's first row (c(x) / B; +1 keeps it positive). A clique per sample:
+  // see the later chunk's first row (c(x) / B; +1 keeps it positive; with several layers or
+  // sliding windows, c(x) / B is that count weighted by the rows that reach x). A clique per sample:
   // O((PJ/b)^2) edges, DCP-like planning cost.
   const auto starts = batch.sample_starts();
   auto sample_of = [&](std::int64_t x) { return std::upper_bound(starts.begin(), starts.end(), x) - starts.begin(); };

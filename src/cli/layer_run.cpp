@@ -59,7 +59,8 @@ LayerWorkload make_workload(const AttnOptions& opt) {
   DIFFCP_CHECK(opt.dtype == "f32" || opt.dtype == "bf16", "--dtype = '", opt.dtype, "': expected f32 or bf16");
   w.dtype = opt.dtype == "bf16" ? DType::bf16 : DType::f32;
   DIFFCP_CHECK(opt.block >= 1, "--block = ", opt.block, ", expected >= 1");
-  DIFFCP_CHECK(opt.window >= 0, "--window = ", opt.window, ", expected >= 1 (or 0: full attention)");
+  DIFFCP_CHECK(opt.window >= 0 && opt.window <= kMaxKeyWindow, "--window = ", opt.window,
+               ", expected 1 .. 2^40 (or 0: full attention)");
   DIFFCP_CHECK(w.queries % opt.block == 0, "--queries = ", w.queries, " per sample is not a multiple of --block = ", opt.block);
   DIFFCP_CHECK(opt.reps >= 1, "--reps = ", opt.reps, ", expected >= 1");
   DIFFCP_CHECK(opt.warmup >= 0, "--warmup = ", opt.warmup, ", expected >= 0");

@@ -64,7 +64,8 @@ int run_plan(const PlanOptions& opt) {
         if (used != item.size()) w = -1;
       } catch (const std::exception&) {
       }
-      DIFFCP_CHECK(w >= 0, "--windows: '", item, "' is not a window (an integer >= 0; 0 = full attention)");
+      DIFFCP_CHECK(w >= 0 && w <= kMaxKeyWindow, "--windows: '", item,
+                   "' is not a window (an integer in 0 .. 2^40; 0 = full attention)");
       layers.push_back({w, w > 0});  // sliding layers are causal (z-lab's default)
       at = comma + 1;
     }

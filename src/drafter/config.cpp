@@ -27,7 +27,8 @@ void DrafterConfig::validate() const {
   for (const std::string& t : layer_types)
     DIFFCP_CHECK(t == "full_attention" || t == "sliding_attention", "drafter: layer type '", t,
                  "', expected full_attention or sliding_attention");
-  DIFFCP_CHECK(sliding_window >= 0, "drafter: sliding window ", sliding_window, ", expected >= 1 (or 0: none)");
+  DIFFCP_CHECK(sliding_window >= 0 && sliding_window <= kMaxKeyWindow, "drafter: sliding window ", sliding_window,
+               ", expected 1 .. 2^40 (or 0: none)");
   attn().validate();
 }
 

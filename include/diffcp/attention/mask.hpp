@@ -34,8 +34,12 @@ namespace diffcp {
 //                        config sets no is_causal): qpos - W < y <= qpos.
 // A config's is_causal sets `causal` for every layer; without causal a window also bounds
 // y - qpos < W. Context keys are all before the anchor, so `causal` only acts inside the block.
+// The largest window accepted (2^40 positions: past any context, and position arithmetic with it
+// cannot overflow).
+inline constexpr std::int64_t kMaxKeyWindow = std::int64_t{1} << 40;
+
 struct KeyWindow {
-  std::int64_t window = 0;  // W >= 1: keys with qpos - y < W; 0 = unbounded
+  std::int64_t window = 0;  // W in [1, kMaxKeyWindow]: keys with qpos - y < W; 0 = unbounded
   bool causal = false;      // keys with y <= qpos only
   bool active() const { return window > 0 || causal; }
   // Whether the query at position qpos sees the key at position y (given SPEC A.1's block rule).
