@@ -84,12 +84,15 @@ const float* checked(const py::array& a, const char* name, const std::vector<std
 
 Floats empty(std::vector<std::int64_t> shape) { return Floats(std::vector<py::ssize_t>(shape.begin(), shape.end())); }
 
+// windows: the drafter's layers' sliding windows (0 = full attention), empty = one full layer.
 py::dict plan(const Ints& lengths, const std::vector<Ints>& anchors, std::int64_t block, int P, int J,
-              const std::string& balancer) {
+              const std::string& balancer, const std::vector<std::int64_t>& windows) {
   const PackedBatch batch = make_batch(lengths, anchors, block);
   check_plan_args(balancer.c_str(), batch.context_rows(), P, J);
   const auto b = make_balancer(balancer);
-  const CostModel cost(batch);
+  std::vector<KeyWindow> layers;
+  for (std::int64_t w : windows) layers.push_back({w, w > 0});  // sliding layers causal, as z-lab's
+  const CostModel cost = layers.empty() ? CostModel(batch) : CostModel(batch, layers);
   const Plan pl = b->plan(batch, cost, P, J);
   const PlanLoad load = plan_load(batch, cost, pl);
   const auto n = static_cast<py::ssize_t>(pl.chunks.size());
@@ -402,7 +405,7 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   m.def("plan", &plan, py::arg("lengths"), py::arg("anchors"), py::arg("block"), py::arg("P"), py::arg("J"),
-        py::arg("balancer"));
+        py::arg("balancer"), py::arg("windows") = std::vector<std::int64_t>{});
   m.def("balancer_names", &balancer_names);
   py::class_<AttnLayerConfig>(m, "LayerConfig")
       .def(py::init([](std::int64_t hidden, std::int64_t n_q, std::int64_t n_kv, std::int64_t d_h, double rope_theta,

@@ -86,7 +86,7 @@ def _batch_args(lengths, anchors, block: int):
 
 
 def plan(lengths: Sequence[int] | np.ndarray, anchors: Sequence[Sequence[int] | np.ndarray], block: int,
-         P: int, J: int = 16, balancer: str = "lpt") -> Plan:
+         P: int, J: int = 16, balancer: str = "lpt", windows: Sequence[int] | None = None) -> Plan:
     """Load-balance a packed micro-batch over ``P`` ranks.
 
     Args:
@@ -97,6 +97,10 @@ def plan(lengths: Sequence[int] | np.ndarray, anchors: Sequence[Sequence[int] | 
         P: ranks of the context-parallel group.
         J: chunks per rank (lpt, partition); ``P * J <= S``.
         balancer: ``"lpt"`` (default), ``"zigzag"``, ``"none"`` or ``"partition"`` (METIS).
+        windows: the drafter's layers, one entry each: its sliding window (causal, as z-lab's
+            ``sliding_attention`` layers), 0 for a full layer; the loads sum the layers, a sliding
+            layer counting only the rows whose windows reach a context row. ``None``: one full
+            layer (SPEC A.3).
 
     Returns:
         a :class:`Plan`. Deterministic: every rank that calls it gets the same plan.
@@ -106,7 +110,7 @@ def plan(lengths: Sequence[int] | np.ndarray, anchors: Sequence[Sequence[int] | 
         sample, ``P * J > S``, an unknown balancer, ...).
     """
     lengths, anchors, block = _batch_args(lengths, anchors, block)
-    d = _core.plan(lengths, anchors, block, int(P), int(J), str(balancer))
+    d = _core.plan(lengths, anchors, block, int(P), int(J), str(balancer), [int(w) for w in (windows or [])])
     return Plan(**d)
 
 

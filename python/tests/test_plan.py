@@ -50,6 +50,31 @@ def test_plan_partitions_context_and_loads_match_numpy(rng, balancer, P):
     assert sorted(map(tuple, held)) == sorted(map(tuple, plan.chunks))
 
 
+@pytest.mark.parametrize("windows", [[0, 0], [5, 0], [37, 37, 0], [3]])
+def test_windowed_loads_match_numpy(rng, windows):
+    """Sliding layers (issue #36): slot r of a block at anchor a sees context x iff a + r - x < W;
+    the loads sum the layers (a full layer: B per block that sees x); D counts each layer's causal
+    in-block pairs."""
+    lengths, anchors, B = random_batch(rng)
+    plan = diffcp.plan(lengths, anchors, B, 3, J=4, windows=windows)
+    _, blocks = packed(lengths, anchors)
+    c = np.zeros(int(np.sum(lengths)), np.int64)
+    own = 0
+    r = np.arange(B)
+    for W in windows:
+        for s, a in blocks:
+            for x in range(s, a):
+                c[x] += B if W == 0 else np.sum(a + r - x < W)
+        own += B * B if W == 0 else sum(int(np.sum((j <= r) & (r - j < W))) for j in range(B))
+    C = np.zeros(3, np.int64)
+    for (beg, end), rk in zip(plan.chunks, plan.rank):
+        C[rk] += c[beg:end].sum()
+    np.testing.assert_array_equal(plan.context_work, C)
+    N = len(blocks)
+    owned = np.array([(p + 1) * N // 3 - p * N // 3 for p in range(3)])
+    np.testing.assert_array_equal(plan.block_work, owned * own)
+
+
 def test_lpt_balances_a_skewed_batch_better_than_contiguous(rng):
     # One long sample with late anchors and short ones: contiguous slices are badly unbalanced.
     lengths = np.array([4000, 300, 300, 300])
