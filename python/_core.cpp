@@ -91,7 +91,7 @@ py::dict plan(const Ints& lengths, const std::vector<Ints>& anchors, std::int64_
   check_plan_args(balancer.c_str(), batch.context_rows(), P, J);
   const auto b = make_balancer(balancer);
   std::vector<KeyWindow> layers;
-  for (std::int64_t w : windows) layers.push_back({w, w > 0});  // sliding layers causal, as z-lab's
+  for (std::int64_t w : windows) layers.push_back(KeyWindow::sliding(w));
   const CostModel cost = layers.empty() ? CostModel(batch) : CostModel(batch, layers);
   const Plan pl = b->plan(batch, cost, P, J);
   const PlanLoad load = plan_load(batch, cost, pl);

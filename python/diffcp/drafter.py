@@ -15,7 +15,7 @@ from . import _core
 __all__ = ["Drafter"]
 
 
-def _f32_rows(x, name: str) -> np.ndarray:
+def _f32_rows(x) -> np.ndarray:
     """A C-contiguous float32 numpy array of ``x`` (numpy or a CPU torch tensor; copies if needed)."""
     if hasattr(x, "detach"):  # torch
         x = x.detach().to("cpu").float().numpy()
@@ -70,4 +70,4 @@ class Drafter:
             float32 ``[b, H]``: the drafter's final RMSNorm output; the target's LM head turns rows
             ``1 .. b-1`` into the draft logits of positions ``ctx+1 .. ctx+b-1``.
         """
-        return self._core.draft(_f32_rows(target_hidden, "target_hidden"), _f32_rows(noise_embedding, "noise_embedding"))
+        return self._core.draft(_f32_rows(target_hidden), _f32_rows(noise_embedding))

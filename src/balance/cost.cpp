@@ -106,19 +106,9 @@ std::int64_t CostModel::prefix(std::int64_t x) const {
 
 std::vector<std::int64_t> CostModel::chunk_costs(const std::vector<PosRange>& chunks) const {
   std::vector<std::int64_t> out(chunks.size());
-  if (!windows_.empty()) {  // sliding layers: the prefix per boundary (binary searches; few anchors per window)
-    std::int64_t end = chunks.empty() ? 0 : chunks[0].begin;
-    DIFFCP_CHECK(0 <= end && end <= S_, "cost: chunk 0 begins at ", end, ", outside [0, ", S_, "]");
-    for (std::size_t j = 0; j < chunks.size(); ++j) {
-      DIFFCP_CHECK(chunks[j].begin == end && end <= chunks[j].end && chunks[j].end <= S_, "cost: chunk ", j, " [",
-                   chunks[j].begin, ", ", chunks[j].end, ") does not continue at ", end, " within [0, ", S_, "]");
-      out[j] = range_cost(chunks[j].begin, chunks[j].end);
-      end = chunks[j].end;
-    }
-    return out;
-  }
   std::size_t u = 0, k = 0;  // the sample holding x; anchors of u that are <= x - s_u
   auto prefix_at = [&](std::int64_t x) {  // prefix(x) for x not below the previous call's
+    if (!windows_.empty()) return prefix(x);  // sliding layers: binary searches, few anchors per window
     if (x == S_) return full_layers_ * sample_prefix_.back();
     while (u + 1 < starts_.size() && starts_[u + 1] <= x) {
       ++u;

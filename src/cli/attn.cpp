@@ -83,12 +83,13 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
   if (!opt.dump.empty()) prepare_dump_dir(world, opt.dump);
 
   LayerProblem pb(cfg, batch, opt.seed);
-  pb.window = {opt.window, opt.window > 0};  // --window: a causal sliding layer
+  pb.window = KeyWindow::sliding(opt.window);
   const ReferenceLayerResult ref = opt.check ? pb.reference() : ReferenceLayerResult{};
   const LayerRunSpec spec = layer_run_spec(opt, opt.method, opt.balancer, opt.check ? &ref : nullptr);
   const LayerRun run = run_layer(world, pb, spec);
   const std::int64_t queries = wl.queries;
 
+  const std::int64_t visible_pairs = full_mask(batch, pb.window).visible_pairs();
   nlohmann::json out{
       {"config", {{"P", P}, {"method", opt.method}, {"samples", opt.samples}, {"context", opt.context}, {"queries", queries},
                   {"balancer", opt.balancer}, {"J", run.J}, {"bucket", opt.bucket},
@@ -106,9 +107,8 @@ int run_attn(Communicator& world, const AttnOptions& opt) {
       {"redistribution_bytes", run.redistribution_bytes},
       {"imbalance_pct", run.imbalance_pct},
       // the attention's work: unmasked (query, key) pairs per head, and their share of full attention's
-      {"visible_pairs", full_mask(batch, pb.window).visible_pairs()},
-      {"visible_pair_share", static_cast<double>(full_mask(batch, pb.window).visible_pairs()) /
-                                 static_cast<double>(full_mask(batch).visible_pairs())},
+      {"visible_pairs", visible_pairs},
+      {"visible_pair_share", static_cast<double>(visible_pairs) / static_cast<double>(full_mask(batch).visible_pairs())},
       {"fwd_ms", run.fwd_ms},
       {"bwd_ms", run.bwd_ms},
       {"step_ms", run.step_ms},

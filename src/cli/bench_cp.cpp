@@ -90,7 +90,7 @@ int run_bench_cp(Communicator& world, const BenchCpOptions& opt) {
   }
 
   LayerProblem pb(cfg, batch, o.seed);
-  pb.window = {o.window, o.window > 0};  // --window: a causal sliding layer
+  pb.window = KeyWindow::sliding(o.window);
   const ReferenceLayerResult ref = o.check ? pb.reference() : ReferenceLayerResult{};
   // Rows keep their keys in this order (method first, the per-op byte counts last).
   using Json = nlohmann::ordered_json;

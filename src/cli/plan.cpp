@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -52,23 +53,11 @@ int run_plan(const PlanOptions& opt) {
     names.push_back(opt.balancer);
 
   std::vector<KeyWindow> layers;
-  if (!opt.windows.empty()) {
-    std::size_t at = 0;
-    while (at <= opt.windows.size()) {
-      const std::size_t comma = std::min(opt.windows.find(',', at), opt.windows.size());
-      const std::string item = opt.windows.substr(at, comma - at);
-      std::int64_t w = -1;
-      try {
-        std::size_t used = 0;
-        w = std::stoll(item, &used);
-        if (used != item.size()) w = -1;
-      } catch (const std::exception&) {
-      }
-      DIFFCP_CHECK(w >= 0 && w <= kMaxKeyWindow, "--windows: '", item,
-                   "' is not a window (an integer in 0 .. 2^40; 0 = full attention)");
-      layers.push_back({w, w > 0});  // sliding layers are causal (z-lab's default)
-      at = comma + 1;
-    }
+  std::stringstream list(opt.windows);
+  for (std::string item; std::getline(list, item, ',');) {
+    const std::int64_t w = parse_count(item, "--windows");
+    DIFFCP_CHECK(w <= kMaxKeyWindow, "--windows: a window of ", w, " positions, expected at most 2^40 (0 = full attention)");
+    layers.push_back(KeyWindow::sliding(w));
   }
   const CostModel cost = layers.empty() ? CostModel(batch) : CostModel(batch, layers);
   const CostModel full_cost = layers.empty() ? CostModel(batch) : CostModel(batch, std::vector<KeyWindow>(layers.size()));

@@ -42,6 +42,8 @@ struct KeyWindow {
   std::int64_t window = 0;  // W in [1, kMaxKeyWindow]: keys with qpos - y < W; 0 = unbounded
   bool causal = false;      // keys with y <= qpos only
   bool active() const { return window > 0 || causal; }
+  // A "sliding_attention" layer of window W as z-lab makes it (causal); W = 0: a full layer.
+  static KeyWindow sliding(std::int64_t W) { return {W, W > 0}; }
   // Whether the query at position qpos sees the key at position y (given SPEC A.1's block rule).
   bool sees(std::int64_t qpos, std::int64_t y) const {
     if (causal && y > qpos) return false;

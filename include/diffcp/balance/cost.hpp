@@ -32,7 +32,8 @@ class CostModel {
   std::int64_t range_cost(std::int64_t begin, std::int64_t end) const { return prefix(end) - prefix(begin); }
   // range_cost of each chunk of contiguous `chunks` in packed order (chunk j ends where j + 1
   // begins): one sweep over boundaries, samples and anchors, O(chunks + b + A), where calling
-  // range_cost per chunk pays two binary searches each. Throws unless contiguous within [0, S].
+  // range_cost per chunk pays two binary searches each (with sliding layers it is range_cost per
+  // chunk). Throws unless contiguous within [0, S].
   std::vector<std::int64_t> chunk_costs(const std::vector<PosRange>& chunks) const;
   std::int64_t context_rows() const { return S_; }
   std::int64_t block_cost() const { return block_cost_; }  // D per block: visible pairs inside it, summed over layers
