@@ -1,8 +1,8 @@
 // Multi-rank tests of the DiT slice of CoCoDiff (SPEC B.1-B.2), at P = 1, 2, 3, 4, 8.
 //
 // Covered:
-//   * P that does not divide the heads, the text or the image tokens: a clear error on every rank,
-//     before any communication (the world still works afterwards).
+//   * P that does not divide the heads: a clear error on every rank, before any communication (the
+//     world still works afterwards); token counts it does not divide are padded (test_dit_uneven.cpp).
 //   * the attention exchange alone (flat and TAPA) equals a plain fp64 dense attention per image.
 //   * Ulysses Flat at P equals the single-process run (each rank repeats it on its own
 //     communicator) within fp32 tolerance, over 3 denoising steps, for batch 1 and 2.
@@ -102,7 +102,7 @@ std::vector<float> run_sampler(Communicator& comm, const DitWeights& w, const Di
 }
 
 // ---------------------------------------------------------------------------------------------
-TEST(DitShard, IndivisibleCountsAreRefusedBeforeAnyCommunication) {
+TEST(DitShard, IndivisibleHeadsAreRefusedBeforeAnyCommunication) {
   const int P = world().size();
   DitConfig cfg = dit_preset("tiny");
   EXPECT_NO_THROW(make_dit_shard(test_config(), test_shape(1), P, world().rank()));
@@ -111,10 +111,9 @@ TEST(DitShard, IndivisibleCountsAreRefusedBeforeAnyCommunication) {
     EXPECT_NE(error_of([&] { make_dit_shard(cfg, test_shape(1), P, world().rank()); })
                   .find("ranks do not divide the " + std::to_string(2 * P + 1) + " attention heads"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { make_dit_shard(test_config(), {1, 192, 192, P + 1}, P, world().rank()); })
-                  .find("text tokens"), std::string::npos);
-    EXPECT_NE(error_of([&] { make_dit_shard(test_config(), {1, 16, 16, 8 * P}, P, world().rank()); })
-                  .find("do not divide the 1 image tokens"), std::string::npos);
+    // Token counts P does not divide are padded (test_dit_uneven.cpp), not refused.
+    EXPECT_TRUE(make_dit_shard(test_config(), {1, 192, 192, P + 1}, P, world().rank()).padded());
+    EXPECT_EQ(make_dit_shard(test_config(), {1, 16, 16, 8 * P}, P, world().rank()).image_p, 1);
     // The model refuses the same way (no collective is issued, so the ranks stay in step).
     const DitWeights w(cfg);
     const auto ex = make_attention_exchange(ExchangeMode::flat, world(), 1);
@@ -144,12 +143,21 @@ TEST(DitShard, ModesAndGroupSizes) {
 // ---------------------------------------------------------------------------------------------
 // The exchange + attention alone against a plain fp64 dense softmax attention per image, for
 // `heads` heads and Ulysses degree U (0: P; U < P adds Ring attention over the P / U groups).
-void check_exchange_against_dense_reference(std::int64_t heads, int U) {
+// `padded`: rank r holds only valid[r] = max(0, n_p - 2r) real tokens per image (the last ranks, and
+// at P = 8 whole Ulysses groups of USP, none), the rest padding: the reference attends over the real
+// tokens alone.
+void check_exchange_against_dense_reference(std::int64_t heads, int U, bool padded = false) {
   const int P = world().size(), p = world().rank();
   const std::int64_t b = 2, n_p = 5, N = P * n_p, d = 4, H = heads * d;
   // Local rows in a scrambled order (the exchange must follow the row table, not assume one).
-  ExchangeLayout l{b, n_p, heads, d, b * n_p + 3, {}};
+  ExchangeLayout l{b, n_p, heads, d, b * n_p + 3, {}, {}};
   for (std::int64_t i = 0; i < b * n_p; ++i) l.rows.push_back((i * 7 + 3) % (b * n_p + 3));
+  std::vector<std::int64_t> valid(static_cast<std::size_t>(P), n_p);
+  if (padded) {
+    for (int r = 0; r < P; ++r) valid[static_cast<std::size_t>(r)] = std::max<std::int64_t>(0, n_p - 2 * r);
+    l.valid = valid;
+  }
+  const auto real = [&](std::int64_t i) { return i % n_p < valid[static_cast<std::size_t>(i / n_p)]; };
   // Token t of image j on rank r is global token r*n_p + t of image j: qkv_all [b, N, 3H].
   const std::vector<float> qkv_all = random_normal(static_cast<std::size_t>(b * N * 3 * H), 11);
   for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa}) {
@@ -164,10 +172,15 @@ void check_exchange_against_dense_reference(std::int64_t heads, int U) {
                     qkv_all.data() + (j * N + p * n_p + t) * 3 * H, sizeof(float) * static_cast<std::size_t>(3 * H));
     ex->attention({qkv.data(), l.local_rows, 3 * heads, d, 3 * H}, {out.data(), l.local_rows, heads, d, H});
 
-    const BlockMask dense(N, N, {}, {{0, 0, 0}});
+    std::int64_t n_real = 0;  // real tokens per image
+    for (std::int64_t i = 0; i < N; ++i) n_real += real(i);
+    const BlockMask dense(n_real, n_real, {}, {{0, 0, 0}});
     for (std::int64_t j = 0; j < b; ++j) {
       std::vector<double> q, k, v, o, lse;
+      std::vector<std::int64_t> at(static_cast<std::size_t>(N), -1);  // token -> its reference row
       for (std::int64_t i = 0; i < N; ++i) {
+        if (!real(i)) continue;
+        at[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(q.size()) / H;
         const float* row = qkv_all.data() + (j * N + i) * 3 * H;
         q.insert(q.end(), row, row + H);
         k.insert(k.end(), row + H, row + 2 * H);
@@ -177,9 +190,14 @@ void check_exchange_against_dense_reference(std::int64_t heads, int U) {
       std::vector<float> got;
       std::vector<double> ref;
       for (std::int64_t t = 0; t < n_p; ++t) {
+        const std::int64_t i = at[static_cast<std::size_t>(p * n_p + t)];
         const float* g = out.data() + l.rows[static_cast<std::size_t>(j * n_p + t)] * H;
+        if (i < 0) {  // padding: computed (finite), ignored
+          for (std::int64_t c = 0; c < H; ++c) ASSERT_TRUE(std::isfinite(g[c]));
+          continue;
+        }
         got.insert(got.end(), g, g + H);
-        ref.insert(ref.end(), o.begin() + (p * n_p + t) * H, o.begin() + (p * n_p + t + 1) * H);
+        ref.insert(ref.end(), o.begin() + i * H, o.begin() + (i + 1) * H);
       }
       const CompareResult c = compare<float>(got, ref, scaled_to(kTolF32, ref));
       EXPECT_TRUE(c.pass()) << "image " << j << ": max_abs " << c.max_abs;
@@ -195,6 +213,7 @@ void check_exchange_against_dense_reference(std::int64_t heads, int U) {
 }
 
 TEST(DitExchange, AttentionEqualsDenseReferencePerImage) { check_exchange_against_dense_reference(2 * world().size(), 0); }
+TEST(DitExchange, PaddingKeysAreSeenByNoQuery) { check_exchange_against_dense_reference(2 * world().size(), 0, true); }
 
 // ---------------------------------------------------------------------------------------------
 // Flat at P vs the same sampler on one rank (every rank repeats the P = 1 run on its own
@@ -663,10 +682,11 @@ TEST(DitUsp, DegreesDefaultsAndBadDegreesAreRefusedClearly) {
   EXPECT_NE(refused(4, 8, 3, {}).find("--ulysses-degree U = 3 does not divide P = 4 ranks"), std::string::npos);
   EXPECT_NE(refused(4, 8, {}, 3).find("--ring-degree R = 3 does not divide P = 4 ranks"), std::string::npos);
   EXPECT_NE(refused(4, 6, 4, {}).find("Ulysses degree U = 4 does not divide the 6 attention heads"), std::string::npos);
-  // Tokens are still sharded over all P = U x R ranks; the model refuses the same way.
-  EXPECT_NE(error_of([] { make_dit_shard(usp_config(), {1, 192, 192, 6}, 4, 0, 2); })
-                .find("P = 4 ranks do not divide the 6 text tokens (P = U x R = 2 x 2)"),
-            std::string::npos);
+  // Tokens are still sharded over all P = U x R ranks (6 text tokens: 2, 2, 2, 0 with padding).
+  const DitShard usp_shard = make_dit_shard(usp_config(), {1, 192, 192, 6}, 4, 3, 2);
+  EXPECT_EQ(usp_shard.text_p, 2);
+  EXPECT_EQ(usp_shard.text_valid(2), 2);
+  EXPECT_EQ(usp_shard.text_valid(3), 0);
   EXPECT_NE(error_of([] { make_dit_shard(test_config(), {1, 192, 192, 24}, 4, 0, 3); }).find("U = 3 does not divide P = 4"),
             std::string::npos);
   // Ulysses groups and link groups must tile.
@@ -697,6 +717,7 @@ TEST(DitUsp, RingAttentionEqualsDenseReferencePerImage) {
   for (const int U : usp_ulysses_degrees(world().size(), 2)) {
     SCOPED_TRACE("U = " + std::to_string(U));
     check_exchange_against_dense_reference(2, U);
+    check_exchange_against_dense_reference(2, U, true);
   }
 }
 

@@ -28,7 +28,7 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
   Communicator& world = test::world();
   const int P = world.size(), p = world.rank();
   const std::int64_t b = 2, n_p = 5, heads = 2 * P, d = 4, H = heads * d;
-  ExchangeLayout l{b, n_p, heads, d, b * n_p + 3, {}};  // scrambled rows, 3 rows outside the table
+  ExchangeLayout l{b, n_p, heads, d, b * n_p + 3, {}, {}};  // scrambled rows, 3 rows outside the table
   for (std::int64_t i = 0; i < b * n_p; ++i) l.rows.push_back((i * 7 + 3) % (b * n_p + 3));
   const std::vector<float> qkv_init = random_normal(static_cast<std::size_t>(l.local_rows * 3 * H), 11 + p);
   const std::vector<float> out_init(static_cast<std::size_t>(l.local_rows * H), -1.f);

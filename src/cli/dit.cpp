@@ -405,7 +405,7 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
                             : flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()),
             guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32};
   pl.deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree), given(g_ring_opt, o.ring_degree));
-  pl.shard = make_dit_shard(cfg, shape, world.size(), world.rank(), pl.deg.ulysses);  // U | heads, P | tokens
+  pl.shard = make_dit_shard(cfg, shape, world.size(), world.rank(), pl.deg.ulysses);  // U | heads; any token count (padding)
   if (uses_negative_pass(cfg, pl.in.cond, pl.opt)) {
     try {
       make_dit_shard(cfg, negative_shape(shape, pl.in.cond), world.size(), world.rank(), pl.deg.ulysses);

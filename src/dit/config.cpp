@@ -228,12 +228,15 @@ DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int 
   DIFFCP_CHECK(cfg.family != DitFamily::sd3 || (shape.grid_h() <= mx && shape.grid_w() <= mx), "dit: a ", shape.width,
                "x", shape.height, " image is ", shape.grid_w(), " x ", shape.grid_h(), " tokens, beyond SD3's position table of ",
                mx, " x ", mx, " (pos_embed_max_size; at most ", 16 * mx, " pixels a side)");
-  const std::string usp = U == P ? "" : " (P = U x R = " + std::to_string(U) + " x " + std::to_string(P / U) + ")";
-  DIFFCP_CHECK(shape.image_tokens() % P == 0, "dit: P = ", P, " ranks do not divide the ", shape.image_tokens(),
-               " image tokens (", shape.width, "x", shape.height, " pixels -> ", shape.grid_h(), " x ", shape.grid_w(), " tokens)", usp);
-  DIFFCP_CHECK(shape.text_tokens % P == 0, "dit: P = ", P, " ranks do not divide the ", shape.text_tokens,
-               " text tokens", usp);
-  return {P, p, shape.text_tokens / P, shape.image_tokens() / P};
+  const auto ceil_div = [P](std::int64_t n) { return (n + P - 1) / P; };
+  DitShard s;
+  s.P = P;
+  s.p = p;
+  s.text = shape.text_tokens;
+  s.image = shape.image_tokens();
+  s.text_p = ceil_div(s.text);
+  s.image_p = ceil_div(s.image);
+  return s;
 }
 
 

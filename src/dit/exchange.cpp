@@ -41,19 +41,34 @@ void AttentionExchange::set_layout(ExchangeLayout layout) {
   for (const std::int64_t r : layout.rows)
     DIFFCP_CHECK(r >= 0 && r < layout.local_rows, "attention exchange: local row ", r, " outside [0, ",
                  layout.local_rows, ")");
+  const std::int64_t P_seq = seq_size();
+  DIFFCP_CHECK(layout.valid.empty() || static_cast<std::int64_t>(layout.valid.size()) == P_seq,
+               "attention exchange: ", layout.valid.size(), " valid counts, expected one per rank (", P_seq, ")");
+  if (layout.valid.empty()) layout.valid.assign(static_cast<std::size_t>(P_seq), n);
+  std::int64_t any = 0;
+  for (const std::int64_t v : layout.valid) {
+    DIFFCP_CHECK(v >= 0 && v <= n, "attention exchange: ", v, " valid tokens of a rank, expected [0, ", n, "]");
+    any += v;
+  }
+  DIFFCP_CHECK(any > 0, "attention exchange: no rank holds a real token");
   layout_ = std::move(layout);
 
   // One query block per (source rank r, image j), n_p rows each, in the order the all-to-all
-  // delivers them; image j's keys are the P segments (r, j), placed at positions [j N, (j+1) N).
+  // delivers them; image j's keys are the P segments (r, j) of the group's ranks' real tokens,
+  // placed at positions [j N, (j+1) N) (padding rows lie in no segment).
   const std::int64_t N = P_ * n;
-  std::vector<ContextSegment> segments;
-  std::vector<MaskBlock> blocks;
-  for (std::int64_t r = 0; r < P_; ++r)
-    for (std::int64_t j = 0; j < b; ++j) {
-      segments.push_back({(r * b + j) * n, j * N + r * n, n});
-      blocks.push_back({j * N, (j + 1) * N, -1});
-    }
-  mask_.emplace(n, head_rows(), std::move(segments), std::move(blocks));
+  masks_.clear();
+  for (int g = 0; g < ring_degree(); ++g) {
+    std::vector<ContextSegment> segments;
+    std::vector<MaskBlock> blocks;
+    for (std::int64_t r = 0; r < P_; ++r)
+      for (std::int64_t j = 0; j < b; ++j) {
+        const std::int64_t v = layout_.valid[static_cast<std::size_t>(g * P_ + r)];
+        if (v > 0) segments.push_back({(r * b + j) * n, j * N + r * n, v});
+        blocks.push_back({j * N, (j + 1) * N, -1});
+      }
+    masks_.emplace_back(n, head_rows(), std::move(segments), std::move(blocks));
+  }
 
   const auto sz = [](std::int64_t v) { return static_cast<std::size_t>(v); };
   send_.resize(sz(head_rows() * 3 * hd()));
@@ -63,9 +78,10 @@ void AttentionExchange::set_layout(ExchangeLayout layout) {
   lse_.resize(sz(head_rows() * layout_.heads / P_));
 }
 
-const BlockMask& AttentionExchange::mask() const {
-  DIFFCP_CHECK(mask_.has_value(), "attention exchange: set_layout() was not called");
-  return *mask_;
+const BlockMask& AttentionExchange::mask(int g) const {
+  DIFFCP_CHECK(!masks_.empty(), "attention exchange: set_layout() was not called");
+  DIFFCP_CHECK(g >= 0 && g < ring_degree(), "attention exchange: group ", g, " of ", ring_degree());
+  return masks_[static_cast<std::size_t>(g)];
 }
 
 void AttentionExchange::timed_all_to_all(const void* send, void* recv, std::size_t count) {
@@ -127,7 +143,7 @@ void AttentionExchange::attend() {
     attention_forward(mask(), q, k, v, o, lse_);
     return;
   }
-  const RingTraffic t = ring_->forward(mask(), q, k, v, o, lse_);
+  const RingTraffic t = ring_->forward(masks_, q, k, v, o, lse_);
   (ring_intra_ ? stats_.bytes_intra : stats_.bytes_inter) += t.bytes;
   stats_.ring_bytes += t.bytes;
   stats_.messages += t.messages;

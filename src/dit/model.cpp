@@ -289,7 +289,8 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
 
   // Image token n (row-major over the g_h x g_w grid) sits at row n / g_w, column n % g_w; rank p
   // holds n in [p I_p, (p+1) I_p) of every image and text tokens [p T_p, (p+1) T_p). RoPE positions
-  // by family (dit/config.hpp): FLUX's text rows are at the origin (no rotation).
+  // by family (dit/config.hpp): FLUX's text rows are at the origin (no rotation). Padding rows
+  // (n >= N_img, text index >= T) take the positions their index gives; no query sees them.
   const std::int64_t gh = shape_.grid_h(), gw = shape_.grid_w();
   const bool qwen = cfg_.family == DitFamily::qwen_image;
   std::vector<std::array<double, kMaxRopeAxes>> pos, tpos;
@@ -308,7 +309,7 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
     std::vector<std::int64_t> rows;
     for (std::int64_t j = 0; j < b; ++j)
       for (std::int64_t i = 0; i < Ip; ++i) {
-        const std::int64_t n = shard_.p * Ip + i;
+        const std::int64_t n = std::min(shard_.p * Ip + i, shard_.image - 1);  // padding: the last token's row
         rows.push_back(((mx - gh) / 2 + n / gw) * mx + (mx - gw) / 2 + n % gw);
       }
     pos_rows_.resize(Mi * H);
@@ -327,11 +328,16 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   txt_rows_ = {0, Mt, txt_rope_.get()};
   img_rows_ = {Mt, Mi, rope_.get()};
 
-  ExchangeLayout l{b, Tp + Ip, cfg_.heads, cfg_.head_dim, Mp_, {}};
+  // Exchange order per image: the real text rows, the real image rows, then the padding rows.
+  ExchangeLayout l{b, Tp + Ip, cfg_.heads, cfg_.head_dim, Mp_, {}, {}};
+  const std::int64_t tv = shard_.text_valid(shard_.p), iv = shard_.image_valid(shard_.p);
   for (std::int64_t j = 0; j < b; ++j) {
-    for (std::int64_t t = 0; t < Tp; ++t) l.rows.push_back(j * Tp + t);
-    for (std::int64_t t = 0; t < Ip; ++t) l.rows.push_back(Mt + j * Ip + t);
+    for (std::int64_t t = 0; t < tv; ++t) l.rows.push_back(j * Tp + t);
+    for (std::int64_t t = 0; t < iv; ++t) l.rows.push_back(Mt + j * Ip + t);
+    for (std::int64_t t = tv; t < Tp; ++t) l.rows.push_back(j * Tp + t);
+    for (std::int64_t t = iv; t < Ip; ++t) l.rows.push_back(Mt + j * Ip + t);
   }
+  for (int r = 0; r < shard_.P; ++r) l.valid.push_back(shard_.text_valid(r) + shard_.image_valid(r));
   ex_.set_layout(std::move(l));
 
   DIFFCP_CHECK(&active_backend() == w_.params().backend(), "DitModel: the active backend '", active_backend().name(),
@@ -429,6 +435,9 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   const float* img = x_.data() + img_rows_.row0 * H;
   layernorm_modulate(img, img_rows_.rows, H, mod_.data(), mod_.data() + H, static_cast<float>(cfg_.eps), xm_.data());
   linear(L.final_linear, xm_.data(), H, img_rows_.rows, v_p, cfg_.in_channels());
+  const std::int64_t C = cfg_.in_channels(), Ip = shard_.image_p, iv = shard_.image_valid(shard_.p);
+  if (iv < Ip)  // padding rows: v = 0, so they stay as they came in
+    for (std::int64_t j = 0; j < shape_.batch; ++j) fill(v_p + (j * Ip + iv) * C, (Ip - iv) * C, 0.f);
 }
 
 void DitModel::double_block(const DitLayout::DoubleBlock& blk) {

@@ -31,26 +31,28 @@ RingAttention::RingAttention(std::unique_ptr<Communicator> ring) : ring_(std::mo
   DIFFCP_CHECK(ring_ != nullptr, "ring attention: no ring communicator");
 }
 
-RingTraffic RingAttention::forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
+RingTraffic RingAttention::forward(std::span<const BlockMask> masks, HeadRows<const float> q, HeadRows<const float> k,
                                    HeadRows<const float> v, HeadRows<float> o, std::span<float> lse) {
-  return forward_t(mask, q, k, v, o, lse);
+  return forward_t(masks, q, k, v, o, lse);
 }
-RingTraffic RingAttention::forward(const BlockMask& mask, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
+RingTraffic RingAttention::forward(std::span<const BlockMask> masks, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
                                    HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse) {
-  return forward_t(mask, q, k, v, o, lse);
+  return forward_t(masks, q, k, v, o, lse);
 }
 
 template <typename T>
-RingTraffic RingAttention::forward_t(const BlockMask& mask, HeadRows<const T> q, HeadRows<const T> k,
+RingTraffic RingAttention::forward_t(std::span<const BlockMask> masks, HeadRows<const T> q, HeadRows<const T> k,
                                      HeadRows<const T> v, HeadRows<T> o, std::span<float> lse) {
   constexpr bool bf16 = std::is_same_v<T, bf16_t>;
   const std::int64_t M = q.rows, h = q.heads, d = q.dim, hd = h * d;
   for (const HeadRows<const T>& t : {k, v, HeadRows<const T>(o)})
     DIFFCP_CHECK(t.rows == M && t.heads == h && t.dim == d, "ring attention: a tensor has shape [", t.rows, ", ",
                  t.heads, ", ", t.dim, "], expected q's [", M, ", ", h, ", ", d, "]");
-  DIFFCP_CHECK(mask.key_rows() == M && static_cast<std::int64_t>(lse.size()) == M * h, "ring attention: mask of ",
-               mask.key_rows(), " key rows and lse of ", lse.size(), ", expected ", M, " and ", M * h);
   const int R = size(), g = rank(), next = (g + 1) % R, prev = (g + R - 1) % R;
+  DIFFCP_CHECK(static_cast<int>(masks.size()) == R, "ring attention: ", masks.size(), " masks, expected one per group (", R, ")");
+  for (const BlockMask& mask : masks)
+    DIFFCP_CHECK(mask.key_rows() == M && static_cast<std::int64_t>(lse.size()) == M * h, "ring attention: mask of ",
+                 mask.key_rows(), " key rows and lse of ", lse.size(), ", expected ", M, " and ", M * h);
   const std::size_t count = uz(M * 2 * hd);
   for (auto* b : {&kv_[0], &kv_[1]}) b->resize(static_cast<std::int64_t>(count));
   for (auto* b : {&o_run_, &o_part_, &o_tmp_}) b->resize(M * hd);
@@ -62,7 +64,7 @@ RingTraffic RingAttention::forward_t(const BlockMask& mask, HeadRows<const T> q,
   convert_rows(k.data, dtype_of<T>(), k.row_stride, kv(0), dtype_of<T>(), 2 * hd, M, hd);
   convert_rows(v.data, dtype_of<T>(), v.row_stride, kv(0) + hd, dtype_of<T>(), 2 * hd, M, hd);
   // The partial (o, lse) of q against the K|V `kt`, `vt` into f32 `o32`, `l32` (bf16: widened).
-  const auto partial = [&](HeadRows<const T> kt, HeadRows<const T> vt, DeviceVector<float>& o32, DeviceVector<float>& l32) {
+  const auto partial = [&](const BlockMask& mask, HeadRows<const T> kt, HeadRows<const T> vt, DeviceVector<float>& o32, DeviceVector<float>& l32) {
     if constexpr (bf16) {
       attention_forward(mask, q, kt, vt, HeadRows<bf16_t>{o16_.data(), M, h, d, hd}, l32);
       convert(o16_.data(), o32.data(), M * hd);
@@ -83,12 +85,13 @@ RingTraffic RingAttention::forward_t(const BlockMask& mask, HeadRows<const T> q,
       ++traffic.messages;
     }
     const HeadRows<const T> kt{kv(cur), M, h, d, 2 * hd}, vt{kv(cur) + hd, M, h, d, 2 * hd};
+    const BlockMask& mask = masks[static_cast<std::size_t>((g - t + R) % R)];  // group g - t's keys
     if (R == 1) {
       attention_forward(mask, q, kt, vt, o, lse);
     } else if (t == 0) {
-      partial(kt, vt, o_run_, lse_run_);
+      partial(mask, kt, vt, o_run_, lse_run_);
     } else {
-      partial(kt, vt, o_part_, lse_part_);
+      partial(mask, kt, vt, o_part_, lse_part_);
       const HeadRows<const float> o_parts[] = {view(o_run_), view(o_part_)};
       const std::span<const float> lse_parts[] = {lse_run_, lse_part_};
       if (t + 1 < R) {

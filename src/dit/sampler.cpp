@@ -80,12 +80,12 @@ std::vector<float> unpack_latent(const std::vector<float>& tokens, const DitConf
 
 std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig& cfg, const DitShape& shape,
                                 const DitShard& shard) {
-  const std::int64_t C = cfg.in_channels(), N = shape.image_tokens(), Ip = shard.image_p;
+  const std::int64_t C = cfg.in_channels(), N = shape.image_tokens(), Ip = shard.image_p, iv = shard.image_valid(shard.p);
   DIFFCP_CHECK(static_cast<std::int64_t>(full.size()) == shape.batch * N * C, "shard_latent: ", full.size(),
                " values, expected b * N_img * C_in = ", shape.batch * N * C);
-  std::vector<float> out(static_cast<std::size_t>(shape.batch * Ip * C));
+  std::vector<float> out(static_cast<std::size_t>(shape.batch * Ip * C));  // padding rows stay 0
   for (std::int64_t j = 0; j < shape.batch; ++j)
-    std::copy_n(full.begin() + (j * N + shard.p * Ip) * C, Ip * C, out.begin() + j * Ip * C);
+    std::copy_n(full.begin() + (j * N + shard.p * Ip) * C, iv * C, out.begin() + j * Ip * C);
   return out;
 }
 
@@ -94,14 +94,22 @@ std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x
   DIFFCP_CHECK(comm.size() == shard.P && comm.rank() == shard.p, "gather_latent: communicator is rank ", comm.rank(),
                " of ", comm.size(), ", the shard rank ", shard.p, " of ", shard.P);
   const std::int64_t C = cfg.in_channels(), N = shape.image_tokens(), Ip = shard.image_p, b = shape.batch;
-  std::vector<float> all(x_p.size() * static_cast<std::size_t>(shard.P)), full(all.size());
+  std::vector<float> all(x_p.size() * static_cast<std::size_t>(shard.P)), full(static_cast<std::size_t>(b * N * C));
   const ScopedCommDevice host(comm, Device::host);  // the latents are host data here
   comm.all_gather<float>(x_p, all);
-  // all: [P][b][I_p][C] -> full: [b][P I_p][C]
-  for (std::int64_t r = 0; r < shard.P; ++r)
+  // all: [P][b][I_p][C] -> full: [b][N][C], the real rows of each rank
+  for (int r = 0; r < shard.P; ++r)
     for (std::int64_t j = 0; j < b; ++j)
-      std::copy_n(all.begin() + ((r * b + j) * Ip) * C, Ip * C, full.begin() + (j * N + r * Ip) * C);
+      std::copy_n(all.begin() + ((r * b + j) * Ip) * C, shard.image_valid(r) * C, full.begin() + (j * N + r * Ip) * C);
   return full;
+}
+
+std::vector<float> shard_text(const std::vector<float>& txt, std::int64_t text_dim, const DitShard& shard) {
+  DIFFCP_CHECK(static_cast<std::int64_t>(txt.size()) == shard.text * text_dim, "shard_text: ", txt.size(),
+               " values, expected T * text_dim = ", shard.text * text_dim);
+  std::vector<float> out(static_cast<std::size_t>(shard.text_p * text_dim));  // padding rows stay 0
+  std::copy_n(txt.begin() + shard.p * shard.text_p * text_dim, shard.text_valid(shard.p) * text_dim, out.begin());
+  return out;
 }
 
 TimeSchedule parse_time_schedule(const std::string& name) {
@@ -154,7 +162,7 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
   // On the device: the latent, this rank's text rows, the pooled vector and the velocity.
   const std::int64_t n = static_cast<std::int64_t>(x_p.size());
   DeviceVector<float> txt, pooled, x, v, neg_txt, neg_pooled, v_neg;
-  txt.assign(cond.txt.data() + s.p * s.text_p * text_dim, s.text_p * text_dim);
+  txt.assign(shard_text(cond.txt, text_dim, s));
   pooled.assign(cond.pooled);
   x.assign(x_p);
   v.resize(n);
@@ -162,7 +170,7 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
   model.exchange().set_compute(opt.compute);
   if (cfg_pass) {
     const DitShard& ns = negative->shard();
-    neg_txt.assign(cond.negative_txt.data() + ns.p * ns.text_p * text_dim, ns.text_p * text_dim);
+    neg_txt.assign(shard_text(cond.negative_txt, text_dim, ns));
     DIFFCP_CHECK(static_cast<std::int64_t>(cond.negative_pooled.size()) == (cfg.has_pooled() ? cfg.pooled_dim : 0),
                  "euler_sample: the negative prompt's pooled vector has ", cond.negative_pooled.size(), " values, expected ",
                  cfg.has_pooled() ? cfg.pooled_dim : 0);

@@ -116,16 +116,29 @@ struct DitShape {
 };
 
 // Rank p's tokens under sequence parallelism (SPEC B.1): the text tokens [p*T_p, (p+1)*T_p) and
-// image tokens [p*I_p, (p+1)*I_p) of every image. The same under USP (P = U x R, rank p = g U + u,
+// image tokens [p*I_p, (p+1)*I_p) of every image, T_p = ceil(T/P), I_p = ceil(N_img/P). When P does
+// not divide a count the last ranks' rows run past it: those rows are padding (zero inputs, a
+// velocity of 0, and no query sees them as keys: ExchangeLayout::valid), so any token count runs at
+// any P and equals the P = 1 run to fp32 rounding. The same under USP (P = U x R, rank p = g U + u,
 // dit/ring_attention.hpp): the tokens are sharded over all P ranks in rank order.
 struct DitShard {
   int P = 1, p = 0;
-  std::int64_t text_p = 0, image_p = 0;  // T_p = T/P, I_p = N_img/P
+  std::int64_t text_p = 0, image_p = 0;  // T_p, I_p: rows per rank and image (padding included)
+  std::int64_t text = 0, image = 0;      // T, N_img: the real tokens per image
   std::int64_t tokens_p() const { return text_p + image_p; }  // n_p
+  // Rank r's real rows per image: its first text_valid(r) text rows and image_valid(r) image rows.
+  std::int64_t text_valid(int r) const { return valid(text, text_p, r); }
+  std::int64_t image_valid(int r) const { return valid(image, image_p, r); }
+  bool padded() const { return text_p * P != text || image_p * P != image; }
+
+ private:
+  static std::int64_t valid(std::int64_t n, std::int64_t n_p, int r) {
+    const std::int64_t v = n - r * n_p;
+    return v < 0 ? 0 : v > n_p ? n_p : v;
+  }
 };
 // Throws diffcp::Error (the same on every rank, before any communication) unless the Ulysses degree
-// U (0: U = P, plain Ulysses) divides P and the head count, and P divides the text tokens and the
-// image tokens.
+// U (0: U = P, plain Ulysses) divides P and the head count.
 DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int p, int ulysses = 0);
 
 

@@ -37,7 +37,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -86,6 +85,11 @@ struct ExchangeLayout {
   std::int64_t local_rows = 0;  // M_p rows of the sequence-layout tensors (>= b * n_p)
   // rows[j * n_p + t]: the local row of token t of image j (the rank's exchange order) [b * n_p]
   std::vector<std::int64_t> rows;
+  // Padding (dit/config.hpp, DitShard): valid[r] = how many of the n_p tokens of each image that
+  // sequence rank r holds are real; they come first in r's exchange order, the rest are padding that
+  // no query sees as a key (their own outputs are computed and ignored). [seq_size()], every rank the
+  // same; empty: every token is real.
+  std::vector<std::int64_t> valid;
 };
 
 // Rows of projection between two polls of the exchange (V-First, SPEC B.3): the model projects in
@@ -113,7 +117,8 @@ class AttentionExchange {
   // The ring communicator's own counters (tests check Ring's bytes against them); null when R = 1.
   const CommStats* ring_comm_stats() const { return ring_ ? &ring_->comm_stats() : nullptr; }
 
-  // Checks the layout (P | n_h, rows inside [0, M_p)), sizes the buffers and builds the mask.
+  // Checks the layout (P | n_h, rows inside [0, M_p), valid[r] in [0, n_p] and > 0 somewhere), sizes
+  // the buffers and builds the masks (one per Ulysses group: its ranks' valid keys).
   // Local: no communication. Every rank must set an equal (b, n_p, n_h, d_h).
   void set_layout(ExchangeLayout layout);  // USP: U | n_h
   const ExchangeLayout& layout() const { return layout_; }
@@ -155,7 +160,10 @@ class AttentionExchange {
 
   // The two halves attention() is made of (for tests and later schedules).
   void seq_to_head(HeadRows<const float> qkv);
-  const BlockMask& mask() const;
+  // The mask of this rank's queries against the keys of Ulysses group g (default: its own group;
+  // USP: every group's keys visit through the ring).
+  const BlockMask& mask() const { return mask(ring_rank()); }
+  const BlockMask& mask(int g) const;
   void head_to_seq(HeadRows<float> out);
 
   const ExchangeStats& stats() const { return stats_; }
@@ -204,7 +212,7 @@ class AttentionExchange {
   std::unique_ptr<RingAttention> ring_;
   bool ring_intra_ = false;
   ExchangeLayout layout_;
-  std::optional<BlockMask> mask_;
+  std::vector<BlockMask> masks_;  // [R] by Ulysses group
   // Payload buffers sized in f32 elements (bf16 uses half of each): send [P][b n_p][3][hd],
   // head-layout q|k|v [P b n_p][3][hd], o [P b n_p][hd] and the o coming back [P][b n_p][hd].
   // In the active backend's memory.

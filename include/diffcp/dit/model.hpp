@@ -90,7 +90,7 @@ class DitModel {
  public:
   // The forward of rank exchange.seq_rank() of exchange.seq_size() (P; USP: U x R, the exchange's
   // Ulysses degree U = exchange.size()); throws (before any communication) when U does not divide
-  // the heads or P the token counts. Sets the exchange's layout, so one model uses an exchange at a
+  // the heads. Any token count: padding rows where P does not divide it (DitShard). Sets the exchange's layout, so one model uses an exchange at a
   // time. `weights` and `exchange` must outlive the model; SD3's position rows are read from the
   // weights here (load them first).
   DitModel(const DitWeights& weights, const DitShape& shape, AttentionExchange& exchange);
@@ -102,12 +102,12 @@ class DitModel {
 
   // One velocity evaluation. Collective over the exchange's ranks (two all-to-alls per block). Runs
   // on the backend holding the weights (an error otherwise); every pointer is its device memory.
-  //   x_p:    [b, I_p, C_in] this rank's latent tokens of every image
-  //   txt_p:  [T_p, text_dim] this rank's text rows (shared by the images)
+  //   x_p:    [b, I_p, C_in] this rank's latent tokens of every image (padding rows: any finite value)
+  //   txt_p:  [T_p, text_dim] this rank's text rows (shared by the images; padding rows zero)
   //   pooled: [pooled_dim] the pooled text vector (unread, may be null, in families without one)
   //   t:      in [0, 1], 1 = pure noise
   //   guidance: the guidance scale (read only with guidance_embed)
-  //   v_p:    [b, I_p, C_in] out: the predicted velocity (flow matching: d x_t / d t)
+  //   v_p:    [b, I_p, C_in] out: the predicted velocity (flow matching: d x_t / d t); 0 in padding rows
   void velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance, float* v_p);
 
  private:

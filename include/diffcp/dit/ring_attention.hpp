@@ -18,7 +18,9 @@
 // it posts recv(K|V of s-1 <- g-1) and send(K|V of s -> g+1), computes the partial (o, lse) of its
 // queries against group s's keys, merges by log-sum-exp into the running (o, lse)
 // (attention/merge.hpp), then waits: the next block flies while the current one computes, as in
-// cp/ring.cpp. Every group has the same row layout, so one mask serves every step. Then the reverse
+// cp/ring.cpp. Every group has the same row layout; a group's mask differs only where its ranks
+// hold padding (dit/config.hpp: their keys are in no segment), so the caller gives one per group.
+// Then the reverse
 // Ulysses all-to-all. Exact up to fp32 rounding (R partial softmaxes merged instead of one); R = 1
 // makes no ring at all (the exchange's plain attention, bitwise today's path).
 //
@@ -73,17 +75,17 @@ class RingAttention {
   void set_device(Device d) { ring_->set_device(d); }
 
   // o, lse = softmax attention (scale 1/sqrt(d_h)) of q over the keys of every group:
-  //   mask: q's rows against one group's M key rows (the same for every group)
+  //   masks: [R] q's rows against group s's M key rows (masks[s]; equal unless a group holds padding)
   //   q, k, v: [M, h_p, d_h] this rank's head-layout tensors (any row stride), f32 or bf16
   //   o: [M, h_p, d_h] out   lse: [M h_p] out
-  RingTraffic forward(const BlockMask& mask, HeadRows<const float> q, HeadRows<const float> k,
+  RingTraffic forward(std::span<const BlockMask> masks, HeadRows<const float> q, HeadRows<const float> k,
                       HeadRows<const float> v, HeadRows<float> o, std::span<float> lse);
-  RingTraffic forward(const BlockMask& mask, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
+  RingTraffic forward(std::span<const BlockMask> masks, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
                       HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse);
 
  private:
   template <typename T>
-  RingTraffic forward_t(const BlockMask& mask, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
+  RingTraffic forward_t(std::span<const BlockMask> masks, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
                         HeadRows<T> o, std::span<float> lse);
 
   std::unique_ptr<Communicator> ring_;

@@ -52,13 +52,15 @@ std::vector<float> initial_noise(const DitConfig& cfg, const DitShape& shape, st
 std::vector<float> pack_latent(const std::vector<float>& nchw, const DitConfig& cfg, const DitShape& shape);
 std::vector<float> unpack_latent(const std::vector<float>& tokens, const DitConfig& cfg, const DitShape& shape);
 
-// This rank's image rows of a full latent: full [b, N_img, C_in] -> [b, I_p, C_in].
+// This rank's image rows of a full latent: full [b, N_img, C_in] -> [b, I_p, C_in] (padding rows 0).
 std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig& cfg, const DitShape& shape,
                                 const DitShard& shard);
 // The inverse, collective over `comm` (the P ranks of the shard, rank order = shard order): every
-// rank gets the full [b, N_img, C_in] from the ranks' [b, I_p, C_in].
+// rank gets the full [b, N_img, C_in] from the ranks' [b, I_p, C_in] (their real rows).
 std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x_p, const DitConfig& cfg,
                                  const DitShape& shape, const DitShard& shard);
+// This rank's text rows: txt [T, text_dim] -> [T_p, text_dim] (padding rows 0).
+std::vector<float> shard_text(const std::vector<float>& txt, std::int64_t text_dim, const DitShard& shard);
 
 enum class TimeSchedule { linear, flux };
 TimeSchedule parse_time_schedule(const std::string& name);  // "linear" | "flux"; throws naming it
