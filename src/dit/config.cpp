@@ -241,33 +241,54 @@ DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int 
 
 
 DitLinear DitLayout::linear(const std::string& name, std::int64_t in, std::int64_t out, bool bias_in_file) {
-  DitLinear l{total, 0, in, out};
-  tensors.push_back({name + ".weight", {out, in}, total, in * out, true});
-  total += in * out;
+  DitLinear l{matrices, 0, in, out};
+  tensors.push_back({name + ".weight", {out, in}, matrices, in * out, true});
+  matrices += in * out;
   parameters += in * out;
   if (bias_in_file) {
     l.b = vector(name + ".bias", out);
   } else {  // zeros, so every Linear has a bias to add
-    l.b = total;
-    total += out;
+    l.b = vectors;
+    vectors += out;
   }
   return l;
 }
 
+void DitLayout::add_unit(std::initializer_list<DitLinear*> linears) {
+  units.emplace_back();
+  for (DitLinear* l : linears) append(l);
+}
+
+void DitLayout::append(DitLinear* l) {
+  Unit& u = units.back();
+  l->unit = static_cast<int>(units.size()) - 1;
+  l->at = u.size;
+  u.w.push_back(l->w);
+  u.n.push_back(l->in * l->out);
+  u.size += l->in * l->out;
+}
+
+std::int64_t DitLayout::max_block_unit() const {
+  std::int64_t m = 0;
+  for (std::size_t u = 1; u < units.size(); ++u) m = std::max(m, units[u].size);
+  return m;
+}
+
+
 std::int64_t DitLayout::table(const std::string& name, std::vector<std::int64_t> shape) {
   std::int64_t n = 1;
   for (const std::int64_t d : shape) n *= d;
-  tensors.push_back({name, std::move(shape), total, n, false});
-  total += n;
+  tensors.push_back({name, std::move(shape), vectors, n, false});
+  vectors += n;
   parameters += n;
-  return total - n;
+  return vectors - n;
 }
 
 std::int64_t DitLayout::vector(const std::string& name, std::int64_t n) {
-  tensors.push_back({name, {n}, total, n, false});
-  total += n;
+  tensors.push_back({name, {n}, vectors, n, false});
+  vectors += n;
   parameters += n;
-  return total - n;
+  return vectors - n;
 }
 
 DitLayout::DitLayout(const DitConfig& c) {
@@ -327,6 +348,33 @@ DitLayout::DitLayout(const DitConfig& c) {
   }
   final_mod = linear("final_layer.adaLN_modulation.1", H, 2 * H, b);
   final_linear = linear("final_layer.linear", H, c.in_channels(), b);
+  total = matrices + vectors;
+
+  // The gather units (in the forward's order of use; DitModel::double_block, single_block).
+  add_unit({&img_in, &time_in0, &time_in1, &txt_in, &final_mod, &final_linear});
+  for (DitLinear* l : {&guidance_in0, &guidance_in1, &vector_in0, &vector_in1})
+    if (l->in > 0) append(l);
+  if (c.shared_modulation())  // used by every block, so outside them
+    for (DitLinear* l : {&shared_img, &shared_txt, &shared_single}) append(l);
+  for (DoubleBlock& blk : double_blocks) {
+    if (c.shared_modulation()) {
+      blk.txt.mod = shared_txt;  // the copies made above predate the shared Linears' unit places
+      blk.img.mod = shared_img;
+      add_unit({&blk.txt.qkv, &blk.img.qkv});
+    } else {
+      add_unit({&blk.txt.mod, &blk.txt.qkv, &blk.img.mod, &blk.img.qkv});
+    }
+    if (!blk.txt.pre_only) add_unit({&blk.txt.proj, &blk.txt.mlp0, &blk.txt.mlp2});
+    add_unit({&blk.img.proj, &blk.img.mlp0, &blk.img.mlp2});
+  }
+  for (SingleBlock& blk : single_blocks) {
+    if (c.shared_modulation()) {
+      blk.mod = shared_single;
+      add_unit({&blk.linear1, &blk.linear2});
+    } else {
+      add_unit({&blk.mod, &blk.linear1, &blk.linear2});
+    }
+  }
 }
 
 }  // namespace diffcp

@@ -3,282 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <random>
-#include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
-#include "diffcp/dit/diffusers.hpp"
-#include "diffcp/io/safetensors.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/ops/rmsnorm.hpp"
 
 namespace diffcp {
-
-namespace {
-
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-// src: [rows, cols] -> dst: [cols, rows]
-void transpose(const float* src, std::int64_t rows, std::int64_t cols, float* dst) {
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
-}
-
-}  // namespace
-
-namespace {
-// Writes one tensor's values into the parameters: `produce(dst)` fills [t.size] host floats, straight
-// into the parameters when they are host memory, else into a staging copy sent with the backend's copy.
-template <typename F>
-void write_tensor(const Buffer& params, const DitLayout::Tensor& t, F&& produce) {
-  float* dst = params.ptr<float>() + t.offset;
-  if (params.device() == Device::host) {
-    produce(dst);
-    return;
-  }
-  std::vector<float> host(static_cast<std::size_t>(t.size));
-  produce(host.data());
-  const ScopedBackend use(*params.backend());
-  copy(TensorView::contiguous(dst, DType::f32, {t.size}, params.device()),
-       ConstTensorView::contiguous(host.data(), DType::f32, {t.size}));
-}
-}  // namespace
-
-DitWeights::DitWeights(const DitConfig& cfg) : cfg_(cfg), layout_(cfg), params_(DType::f32, layout_.total) {
-  fill(params_.view(), 0.f);
-}
-
-void DitWeights::init_random(std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (const DitLayout::Tensor& t : layout_.tensors) write_tensor(params_, t, [&](float* p) {
-    if (t.linear_weight) {
-      const float stddev = 1.f / std::sqrt(static_cast<float>(t.shape[1]));  // shape [out, in]
-      for (std::int64_t i = 0; i < t.size; ++i) p[i] = normal(rng) * stddev;
-    } else {
-      // 1-D tensors: biases start at 0, the QK-norm scales at 1; SD3's position table N(0, 1/4).
-      if (t.name == "pos_embed") {
-        for (std::int64_t i = 0; i < t.size; ++i) p[i] = 0.5f * normal(rng);
-        return;
-      }
-      const bool scale = t.name.ends_with(".scale");
-      std::fill(p, p + t.size, scale ? 1.f : 0.f);
-    }
-  });
-}
-
-namespace {
-
-// A floating-point tensor's bytes in the file (little-endian, as safetensors) as f32: `get(i)`.
-enum class FileDtype { f32, bf16, f16 };
-FileDtype file_dtype(const std::string& d) { return d == "F32" ? FileDtype::f32 : d == "BF16" ? FileDtype::bf16 : FileDtype::f16; }
-
-template <FileDtype D>
-inline float element(const std::byte* p, std::int64_t i) {
-  if constexpr (D == FileDtype::f32) {
-    float f;
-    std::memcpy(&f, p + 4 * i, 4);
-    return f;
-  } else {
-    std::uint16_t h;
-    std::memcpy(&h, p + 2 * i, 2);
-    return D == FileDtype::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-  }
-}
-
-// src: file bytes [rows, cols] -> dst, transposed (dst[c * ld + r]: rows of a wider [cols, ld]) or
-// not (dst[r * cols + c]); OpenMP over 64-row tiles.
-template <FileDtype D>
-void convert(const std::byte* src, std::int64_t rows, std::int64_t cols, bool transpose, std::int64_t ld, float* dst) {
-  constexpr std::int64_t kTile = 64;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r0 = 0; r0 < rows; r0 += kTile)
-    for (std::int64_t c0 = 0; c0 < cols; c0 += kTile)
-      for (std::int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
-        for (std::int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
-          dst[transpose ? c * ld + r : r * cols + c] = element<D>(src, r * cols + c);
-}
-
-void convert(const std::byte* src, FileDtype d, std::int64_t rows, std::int64_t cols, bool transpose, std::int64_t ld,
-             float* dst) {
-  if (d == FileDtype::f32) convert<FileDtype::f32>(src, rows, cols, transpose, ld, dst);
-  else if (d == FileDtype::bf16) convert<FileDtype::bf16>(src, rows, cols, transpose, ld, dst);
-  else convert<FileDtype::f16>(src, rows, cols, transpose, ld, dst);
-}
-
-// Lists at most 50 lines, then how many more.
-void append_problems(std::string& out, const char* what, const std::vector<std::string>& items) {
-  constexpr std::size_t kMax = 50;
-  if (items.empty()) return;
-  out += "\n  " + std::to_string(items.size()) + " " + what + ":";
-  for (std::size_t i = 0; i < items.size() && i < kMax; ++i) out += "\n    " + items[i];
-  if (items.size() > kMax) out += "\n    ... and " + std::to_string(items.size() - kMax) + " more";
-}
-
-// Names other tools give FLUX's tensors, so the error says what the file is.
-std::string foreign_format_hint(const SafeTensorsSet& ck) {
-  for (const std::string& n : ck.names()) {
-    if (n.starts_with("model.diffusion_model."))
-      return "\n  (ComfyUI's layout: the tensors carry the prefix 'model.diffusion_model.'; strip it to get BFL's names)";
-    if (n.starts_with("transformer_blocks.") || n.starts_with("x_embedder.") || n.starts_with("single_transformer_blocks."))
-      return "\n  (diffusers' names, e.g. '" + n + "': give the diffusers folder (its config.json beside the file) as --weights)";
-  }
-  return "";
-}
-
-}  // namespace
-
-void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck, DitFileFormat format) {
-  const DitLayout layout(cfg);
-  // The whole header first: every problem named in one error, before any data is read.
-  std::vector<std::string> missing, misshapen, extra;
-  std::set<std::string> expected;
-  for (const DitLayout::Tensor& t : layout.tensors)
-    for (const DitFilePart& part : dit_file_parts(t, cfg, format)) {
-      if (!expected.insert(part.name).second) continue;
-      if (!ck.has(part.name)) {
-        missing.push_back("'" + part.name + "' " + shape_str(part.file_shape));
-        continue;
-      }
-      const SafeTensors::Info& info = ck.info(part.name);
-      const bool fp = info.dtype == "F32" || info.dtype == "BF16" || info.dtype == "F16";
-      if (!fp || info.shape != part.file_shape)
-        misshapen.push_back("'" + part.name + "' is " + info.dtype + " " + shape_str(info.shape) + ", expected " +
-                            shape_str(part.file_shape) + (t.linear_weight ? " ([out, in], PyTorch's Linear layout)" : "") +
-                            (fp ? "" : " of F32, BF16 or F16"));
-    }
-  for (const std::string& n : ck.names())
-    if (!expected.count(n)) extra.push_back("'" + n + "' " + ck.info(n).dtype + " " + shape_str(ck.info(n).shape));
-  if (!missing.empty() || !misshapen.empty() || !extra.empty()) {
-    std::string msg;
-    append_problems(msg, "missing tensors", missing);
-    append_problems(msg, "tensors of the wrong dtype or shape", misshapen);
-    append_problems(msg, "tensors this model does not have", extra);
-    const nlohmann::json c = cfg.to_json();
-    DIFFCP_FAIL("weights '", ck.path(), "' do not match the model (", c.dump(), "; names and shapes: ",
-                format == DitFileFormat::bfl ? std::string("dit/config.hpp")
-                                             : std::string("diffusers' ") + diffusers_class(cfg.family) + ", dit/diffusers.hpp",
-                "):", msg,
-                !cfg.guidance_embed && ck.has("guidance_in.in_layer.weight")
-                    ? "\n  (a guidance-distilled checkpoint such as FLUX.1-dev: its config needs guidance_embed = true)"
-                    : "",
-                format == DitFileFormat::bfl ? foreign_format_hint(ck) : "");
-  }
-}
-
-void DitWeights::load(const SafeTensorsSet& ck, DitFileFormat format) {
-  check_dit_checkpoint(cfg_, ck, format);
-  for (const DitLayout::Tensor& t : layout_.tensors) {
-    // The tensor's rows from its parts in the file ([out, in] rows of a Linear weight, which lands
-    // transposed: rows of [in, out] become columns; a vector's elements).
-    const std::vector<DitFilePart> parts = dit_file_parts(t, cfg_, format);
-    std::int64_t cols = 1;  // elements per row: a Linear's in, or the rest of a table's dims
-    for (std::size_t k = 1; k < t.shape.size(); ++k) cols *= t.shape[k];
-    write_tensor(params_, t, [&](float* dst) {
-      std::int64_t row = 0;
-      for (const DitFilePart& part : parts) {
-        const SafeTensors& file = ck.file(part.name);
-        const FileDtype d = file_dtype(file.info(part.name).dtype);
-        const std::byte* src = file.bytes(part.name).data() + part.row0 * cols * (d == FileDtype::f32 ? 4 : 2);
-        convert(src, d, part.rows, cols, t.linear_weight, t.shape[0], t.linear_weight ? dst + row : dst + row * cols);
-        row += part.rows;
-      }
-    });
-    for (const DitFilePart& part : parts) ck.file(part.name).release(part.name);
-  }
-}
-
-void DitWeights::save(const std::string& path, const std::string& dtype) const {
-  DIFFCP_CHECK(dtype == "F32" || dtype == "BF16" || dtype == "F16", "DitWeights::save: dtype '", dtype,
-               "', expected F32, BF16 or F16");
-  // Linear weights go back to [out, in]; the converted copies live until the file is written.
-  std::vector<std::vector<float>> transposed;
-  std::vector<std::vector<std::uint16_t>> halves;
-  std::vector<NamedTensor> out;
-  std::vector<float> staged;  // the parameters on the host, when they live elsewhere
-  const float* params = params_.device() == Device::host ? params_.ptr<float>() : (staged = host_params()).data();
-  for (const DitLayout::Tensor& t : layout_.tensors) {
-    const float* data = params + t.offset;
-    if (t.linear_weight) {
-      transposed.emplace_back(static_cast<std::size_t>(t.size));
-      transpose(data, t.shape[1], t.shape[0], transposed.back().data());
-      data = transposed.back().data();
-    }
-    if (dtype == "F32") {
-      out.push_back({t.name, "F32", t.shape, data});
-      continue;
-    }
-    halves.emplace_back(static_cast<std::size_t>(t.size));
-    for (std::int64_t i = 0; i < t.size; ++i)
-      halves.back()[static_cast<std::size_t>(i)] = dtype == "BF16" ? f32_to_bf16(data[i]) : f32_to_f16(data[i]);
-    out.push_back({t.name, dtype, t.shape, halves.back().data()});
-  }
-  write_safetensors(path, out);
-}
-
-DitConfig infer_dit_config(const SafeTensorsSet& ck, std::optional<std::int64_t> heads) {
-  const auto shape_of = [&](const std::string& name, std::size_t rank) {
-    DIFFCP_CHECK(ck.has(name), "weights '", ck.path(), "': cannot infer the model shape without tensor '", name,
-                 "' (expected a FLUX checkpoint with BFL's tensor names, as flux1-*.safetensors)", foreign_format_hint(ck));
-    const std::vector<std::int64_t>& s = ck.info(name).shape;
-    DIFFCP_CHECK(s.size() == rank, "weights '", ck.path(), "': tensor '", name, "' has shape ", shape_str(s),
-                 ", expected ", rank, " dimensions");
-    return s;
-  };
-  // The number of blocks: 1 + the largest index i of "prefix.i." among the names.
-  const auto count_blocks = [&](const std::string& prefix) {
-    std::int64_t n = 0;
-    for (const std::string& name : ck.names()) {
-      if (!name.starts_with(prefix)) continue;
-      const std::size_t dot = name.find('.', prefix.size());
-      const std::string idx = name.substr(prefix.size(), dot == std::string::npos ? std::string::npos : dot - prefix.size());
-      if (idx.empty() || idx.size() > 6 || idx.find_first_not_of("0123456789") != std::string::npos) continue;
-      n = std::max<std::int64_t>(n, std::stoll(idx) + 1);
-    }
-    return n;
-  };
-  DitConfig c;
-  const auto img_in = shape_of("img_in.weight", 2);
-  const std::int64_t H = img_in[0], in = img_in[1];
-  DIFFCP_CHECK(in >= 4 && in % 4 == 0, "weights '", ck.path(), "': img_in.weight is ", shape_str(img_in),
-               ", expected C_in = 4 x latent channels (FLUX's 2x2 packing)");
-  c.latent_channels = in / 4;
-  c.patch = 2;
-  c.text_dim = shape_of("txt_in.weight", 2)[1];
-  c.pooled_dim = shape_of("vector_in.in_layer.weight", 2)[1];
-  c.time_dim = shape_of("time_in.in_layer.weight", 2)[1];
-  c.guidance_embed = ck.has("guidance_in.in_layer.weight");
-  c.double_blocks = count_blocks("double_blocks.");
-  c.single_blocks = count_blocks("single_blocks.");
-  DIFFCP_CHECK(c.double_blocks + c.single_blocks >= 1, "weights '", ck.path(), "': no double_blocks.* or single_blocks.* tensors");
-  const std::string norm = c.double_blocks > 0 ? "double_blocks.0.img_attn.norm.query_norm.scale" : "single_blocks.0.norm.query_norm.scale";
-  c.head_dim = shape_of(norm, 1)[0];
-  DIFFCP_CHECK(c.head_dim >= 1 && H % c.head_dim == 0, "weights '", ck.path(), "': '", norm, "' has d_h = ", c.head_dim,
-               ", which does not divide the hidden size ", H);
-  c.heads = H / c.head_dim;
-  DIFFCP_CHECK(!heads || *heads == c.heads, "--heads ", heads.value_or(0), " disagrees with the checkpoint: hidden ", H,
-               " / head dim ", c.head_dim, " (from '", norm, "') = ", c.heads, " heads");
-  if (c.double_blocks > 0) {
-    c.mlp_hidden = shape_of("double_blocks.0.img_mlp.0.weight", 2)[0];
-    c.qkv_bias = ck.has("double_blocks.0.img_attn.qkv.bias");
-  } else {
-    c.mlp_hidden = shape_of("single_blocks.0.linear1.weight", 2)[0] - 3 * H;
-  }
-  c.rope_axes = flux_rope_axes(c.head_dim);
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    DIFFCP_FAIL("weights '", ck.path(), "': the shape read off the tensors is not a valid model: ", e.what());
-  }
-  return c;
-}
 
 DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionExchange& exchange)
     : w_(weights), cfg_(weights.config()), shape_(shape),
@@ -340,8 +71,8 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   for (int r = 0; r < shard_.P; ++r) l.valid.push_back(shard_.text_valid(r) + shard_.image_valid(r));
   ex_.set_layout(std::move(l));
 
-  DIFFCP_CHECK(&active_backend() == w_.params().backend(), "DitModel: the active backend '", active_backend().name(),
-               "' is not the one holding the weights ('", w_.params().backend()->name(), "')");
+  DIFFCP_CHECK(&active_backend() == w_.backend(), "DitModel: the active backend '", active_backend().name(),
+               "' is not the one holding the weights ('", w_.backend()->name(), "')");
   for (DeviceVector<float>* v : {&x_, &xm_, &attn_, &y_}) v->resize(Mp_ * H);
   big_.resize(Mp_ * (3 * H + cfg_.mlp_in()));
   temb_.resize(cfg_.time_dim);
@@ -359,16 +90,20 @@ void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, st
   for (std::int64_t r0 = 0; r0 < rows; r0 += kPollRows) {
     linear(l, x + r0 * l.in, l.in, std::min(kPollRows, rows - r0), c0, ncols, y + r0 * ldy, ldy);
     ex_.poll();
+    w_.poll();
   }
 }
 
 void DitModel::linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, std::int64_t c0,
                       std::int64_t ncols, float* y, std::int64_t ldy) const {
   // W: [in, out], columns c0.. with row stride out
-  if (params16_.empty())
-    dit_linear(x, ldx, M, l.in, param(l.w) + c0, l.out, ncols, param(l.b) + c0, y, ldy);
+  if (!units16_.empty())
+    dit_linear(x, ldx, M, l.in, units16_[static_cast<std::size_t>(l.unit)].data() + l.at + c0, l.out, ncols,
+               param(l.b) + c0, y, ldy);
+  else if (w_.storage() == DType::bf16)
+    dit_linear(x, ldx, M, l.in, static_cast<const bf16_t*>(w_.matrix(l)) + c0, l.out, ncols, param(l.b) + c0, y, ldy);
   else
-    dit_linear(x, ldx, M, l.in, params16_.data() + l.w + c0, l.out, ncols, param(l.b) + c0, y, ldy);
+    dit_linear(x, ldx, M, l.in, static_cast<const float*>(w_.matrix(l)) + c0, l.out, ncols, param(l.b) + c0, y, ldy);
 }
 
 void DitModel::modulation(const DitLinear& l, float* out) const { linear(l, silu_vec_.data(), l.in, 1, out, l.out); }
@@ -376,16 +111,23 @@ void DitModel::modulation(const DitLinear& l, float* out) const { linear(l, silu
 void DitModel::velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance,
                         float* v_p) {
   const DitLayout& L = w_.layout();
-  DIFFCP_CHECK(&active_backend() == w_.params().backend(), "DitModel::velocity: the active backend '",
-               active_backend().name(), "' is not the one holding the weights ('", w_.params().backend()->name(), "')");
-  // bf16 compute: the weights rounded once (they are constant for the model's life), the
-  // activations at each GEMM; f32: the f32 weights.
-  if (f32_gemm_compute() == DType::bf16 && params16_.empty()) {
-    params16_.resize(L.total);
-    convert(w_.params().ptr<float>(), params16_.data(), L.total);
-  } else if (f32_gemm_compute() == DType::f32) {
-    params16_ = DeviceVector<bf16_t>();
+  DIFFCP_CHECK(&active_backend() == w_.backend(), "DitModel::velocity: the active backend '",
+               active_backend().name(), "' is not the one holding the weights ('", w_.backend()->name(), "')");
+  // bf16 compute on f32 weights: the weights rounded once (they are constant for the model's life),
+  // the activations at each GEMM; f32: the f32 weights. bf16 weights: bf16 GEMMs in either compute.
+  const bool round = f32_gemm_compute() == DType::bf16 && w_.storage() == DType::f32;
+  DIFFCP_CHECK(!round || !w_.sharded(), "dit: bf16 compute on sharded f32 weights is not supported; store them in ",
+               "bf16 (--weights-dtype bf16)");
+  if (round && units16_.empty()) {
+    for (std::size_t u = 0; u < L.units.size(); ++u) {
+      units16_.emplace_back();
+      units16_.back().resize(L.units[u].size);
+      if (L.units[u].size > 0) convert(w_.unit(static_cast<int>(u)).ptr<float>(), units16_.back().data(), L.units[u].size);
+    }
+  } else if (!round) {
+    units16_.clear();
   }
+  w_.begin_forward();
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
   // The timestep features (host math on one scalar) into temb_.
   const auto features = [&](double s) {

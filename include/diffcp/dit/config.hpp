@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -142,13 +143,18 @@ struct DitShard {
 DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int p, int ulysses = 0);
 
 
-// A Linear layer's place in the parameter allocation: W at `w` stored [in, out] (y = x W), bias
-// at `b` [out].
+// A Linear layer's place in the parameters: W at `w` of the matrices stored [in, out] (y = x W),
+// bias at `b` [out] of the vectors.
 struct DitLinear {
   std::int64_t w = 0, b = 0, in = 0, out = 0;
+  int unit = 0;         // its gather unit (DitLayout::units)
+  std::int64_t at = 0;  // its weight's offset inside that unit's concatenation
 };
 
-// Offsets of every parameter in the model's single allocation, and the documented tensor names.
+// Offsets of every parameter in the model's two spaces, and the documented tensor names: the
+// matrices (every Linear weight: stored in the weights' dtype, and sharded over ranks with
+// --shard-weights, dit/weights.hpp) and the vectors (biases, norm scales, SD3's position table:
+// f32 on every rank).
 //
 // Tensor names are FLUX's (black-forest-labs/flux state-dict names, the format of BFL's
 // flux1-*.safetensors; diffusers renames them); in the file a Linear weight has PyTorch's shape
@@ -180,8 +186,17 @@ struct DitLayout {
   struct Tensor {
     std::string name;
     std::vector<std::int64_t> shape;  // in the file (a Linear weight: [out, in])
-    std::int64_t offset = 0, size = 0;
-    bool linear_weight = false;       // stored transposed in memory: [in, out]
+    std::int64_t offset = 0, size = 0;  // in the matrices (a Linear weight) or the vectors
+    bool linear_weight = false;       // a matrix, stored transposed in memory: [in, out]
+  };
+  // The Linear weights used together, in the order the forward uses them: the unit of
+  // --shard-weights' all-gather (dit/weights.hpp). units[0] holds the weights outside the blocks
+  // (embedders, the final layer, FLUX.2's shared modulation; never sharded); then per double block
+  // one unit for both streams' modulation and qkv, one per stream for proj and the MLP (none for
+  // SD3's context-pre-only text stream); per single block one (modulation, linear1, linear2).
+  struct Unit {
+    std::vector<std::int64_t> w, n;  // its Linears' matrix offsets and element counts (in * out), in order
+    std::int64_t size = 0;           // the sum of n: the weights stored concatenated
   };
   struct Stream {  // one stream (image or text) of a double-stream block
     DitLinear mod, qkv, proj, mlp0, mlp2;
@@ -205,10 +220,16 @@ struct DitLayout {
   std::vector<DoubleBlock> double_blocks;
   std::vector<SingleBlock> single_blocks;
   std::vector<Tensor> tensors;  // every tensor of the file, in allocation order
-  std::int64_t total = 0;       // parameters allocated (a qkv bias without qkv_bias: zeros, not in the file)
+  std::int64_t matrices = 0;    // elements of every Linear weight
+  std::int64_t vectors = 0;     // elements of the rest (a qkv bias without qkv_bias: zeros, not in the file)
+  std::int64_t total = 0;       // matrices + vectors
   std::int64_t parameters = 0;  // parameters in the file (the sum over `tensors`)
+  std::vector<Unit> units;
+  std::int64_t max_block_unit() const;  // the largest units[u].size, u >= 1 (0 without blocks)
 
  private:
+  void add_unit(std::initializer_list<DitLinear*> linears);  // a new unit of these Linears
+  void append(DitLinear* l);                                // l joins the last unit
   DitLinear linear(const std::string& name, std::int64_t in, std::int64_t out, bool bias_in_file = true);
   std::int64_t vector(const std::string& name, std::int64_t n);
   std::int64_t table(const std::string& name, std::vector<std::int64_t> shape);  // any shape, row-major

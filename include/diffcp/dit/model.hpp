@@ -28,63 +28,16 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "diffcp/dit/config.hpp"
-#include "diffcp/dit/diffusers.hpp"
 #include "diffcp/dit/exchange.hpp"
 #include "diffcp/dit/ops.hpp"
-#include "diffcp/io/safetensors.hpp"
+#include "diffcp/dit/weights.hpp"
 #include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
-
-// The model shape of a FLUX-format checkpoint, read off its tensors: H and C_in from img_in,
-// text_dim from txt_in, pooled_dim from vector_in, time_dim from time_in, the depths from the
-// block indices present, M from the first MLP (or linear1), d_h from a QK-norm scale (so the heads
-// are H / d_h; `heads`, when given, must agree), guidance_embed from guidance_in, qkv_bias from the
-// first qkv bias. Not in the tensors: the RoPE axes (flux_rope_axes(d_h): FLUX.1's [16, 56, 56] at
-// d_h = 128) and theta (10000); give a --config for others. Throws naming the tensor it lacks.
-DitConfig infer_dit_config(const SafeTensorsSet& ck, std::optional<std::int64_t> heads = std::nullopt);
-// Checks the checkpoint's header against the model's layout, reading no data: throws one
-// diffcp::Error naming every missing, extra, mistyped (not F32 / BF16 / F16) and misshapen tensor.
-// `format`: the file's names (dit/diffusers.hpp); the error lists the file's names.
-void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck, DitFileFormat format = DitFileFormat::bfl);
-
-// The parameters, in one allocation laid out by DitLayout, in the memory of the backend active at
-// construction (ops/backend.hpp): the model reads them there, and the file's tensors go there one
-// at a time, so no second copy of the weights is held on the host.
-class DitWeights {
- public:
-  explicit DitWeights(const DitConfig& cfg);  // zero-filled
-
-  const DitConfig& config() const { return cfg_; }
-  const DitLayout& layout() const { return layout_; }
-  const Buffer& params() const { return params_; }  // [layout().total] f32, device memory
-  std::vector<float> host_params() const { return to_host<float>(params_.view()); }  // a host copy
-
-  // Seeded init (same on every rank): Linear weights N(0, 1/in) (unit-variance outputs for
-  // unit-variance inputs, so 50 steps of a random model stay finite), biases 0, norm scales 1.
-  void init_random(std::uint64_t seed);
-  // Reads every tensor of the layout from a checkpoint (one file or shards with an index JSON), as
-  // F32, BF16 or F16 (converted to f32 exactly), with the documented shape. First checks the whole
-  // header: throws one diffcp::Error naming every missing, extra, mistyped and misshapen tensor (a
-  // truncated or malformed file is refused by the reader). The file is mapped, not read: each
-  // tensor is converted straight into the parameters and its pages released, so loading holds
-  // the parameters plus at most one tensor of the file.
-  void load(const SafeTensorsSet& ck, DitFileFormat format = DitFileFormat::bfl);
-  void load(const std::string& path) { load(SafeTensorsSet(path)); }
-  // Writes every tensor (Linear weights transposed back to [out, in]) as `dtype`: F32, BF16 (round
-  // to nearest even) or F16.
-  void save(const std::string& path, const std::string& dtype = "F32") const;
-
- private:
-  DitConfig cfg_;
-  DitLayout layout_;
-  Buffer params_;
-};
 
 class DitModel {
  public:
@@ -124,7 +77,8 @@ class DitModel {
   void project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
                std::int64_t ldy);
   // y[M, ncols] (row stride ldy) = x[M, l.in] (row stride ldx) W[:, c0 : c0 + ncols] + b[c0 : c0 +
-  // ncols]: with the f32 weights, or the bf16 ones under bf16 compute (params16_).
+  // ncols]: with the f32 weights, the bf16 ones (stored so, or rounded under bf16 compute:
+  // units16_), from the gather window when sharded (dit/weights.hpp).
   void linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, std::int64_t c0, std::int64_t ncols,
               float* y, std::int64_t ldy) const;
   // The whole layer: y[M, l.out].
@@ -133,7 +87,7 @@ class DitModel {
   }
   // out [n] = Lin(silu(vec)) for a modulation layer of n = k*H outputs
   void modulation(const DitLinear& l, float* out) const;
-  const float* param(std::int64_t offset) const { return w_.params().ptr<float>() + offset; }
+  const float* param(std::int64_t offset) const { return w_.vector(offset); }  // a vector (bias, scale, table)
 
   const DitWeights& w_;
   const DitConfig& cfg_;
@@ -150,7 +104,8 @@ class DitModel {
   DeviceVector<float> txt_normed_, txt_rstd_;      // Qwen-Image's txt_norm: [T_p, text_dim], [T_p]
   DeviceVector<float> pos_rows_;                   // SD3: [b I_p, H] this rank's rows of the position table
   DeviceVector<float> mod_, mods_;                 // [6H]; [2, 6H] a double block's two streams
-  DeviceVector<bf16_t> params16_;                  // under bf16 compute (ScopedF32GemmCompute): the weights, rounded
+  // f32 weights under bf16 compute (ScopedF32GemmCompute): each unit's matrices rounded once
+  std::vector<DeviceVector<bf16_t>> units16_;
 };
 
 }  // namespace diffcp
