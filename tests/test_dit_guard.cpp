@@ -6,8 +6,9 @@
 // attention over P / U groups), and cocodiff (V-Major's caches, its L1 selection and selective
 // steps): the output equals the CPU run's bit for bit. Then the whole model: `diffcp dit`'s sampling
 // (weights, activations, modulation, RoPE table, the Euler update in guard memory) in every mode in
-// f32, USP (Ring attention over all ranks) under Flat and cocodiff, and bf16 compute (the rounded
-// weights) under cocodiff: every step's velocity and the final latent equal the CPU run's.
+// f32, USP (Ring attention over all ranks) under Flat and cocodiff, bf16 compute (the rounded
+// weights) under cocodiff, and bf16-stored weights sharded over the ranks (their all-gathers in
+// guard memory) under V-First and Flat: every step's velocity and the final latent equal the CPU run's.
 #include <string>
 #include <vector>
 
@@ -167,20 +168,24 @@ TEST(DitSamplingOnGuardDevice, EveryModeEqualsTheCpuRunBitForBit) {
     ExchangeMode mode;
     DType compute;
     int U;
+    DType storage = DType::f32;  // the weights' (dit/weights.hpp)
+    bool shard = false;          // --shard-weights: the gathers read and write device memory
   };
   std::vector<Case> cases;
   for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff})
     cases.push_back({mode, DType::f32, P});
   cases.push_back({ExchangeMode::cocodiff, DType::bf16, P});
+  cases.push_back({ExchangeMode::vfirst, DType::f32, P, DType::bf16, true});
+  cases.push_back({ExchangeMode::flat, DType::bf16, P, DType::bf16, true});
   if (P > 1)
     for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::cocodiff}) cases.push_back({mode, DType::f32, 1});
-  for (const auto& [mode, compute, U] : cases) {
+  for (const auto& [mode, compute, U, storage, shard] : cases) {
     const int L = U == P && P % 2 == 0 ? 2 : 1;
     SCOPED_TRACE(std::string(exchange_mode_name(mode)) + " " + dtype_name(compute) + " U=" + std::to_string(U) +
-                 " L=" + std::to_string(L));
+                 " L=" + std::to_string(L) + " weights " + dtype_name(storage) + (shard ? " sharded" : ""));
     const auto run = [&](Backend& be) {
       ScopedBackend use(be);
-      DitWeights w(cfg);
+      DitWeights w(cfg, storage, shard ? &world : nullptr);
       w.init_random(3);
       const auto ex = make_attention_exchange(mode, world, L, schedule, U);
       ex->set_device(be.device());

@@ -42,6 +42,8 @@ struct DitOptions {
   std::string text_embeddings, pooled, negative_text_embeddings, negative_pooled, noise, schedule = "auto", dump_velocity;
   double guidance = 3.5;
   bool dry_run = false;
+  std::string weights_dtype = "auto";  // auto | f32 | bf16 (dit/weights.hpp)
+  bool shard_weights = false;
   std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;  // 0/-1: preset's
   std::string out = "diffcp_dit.png", save_latent, reference, compare;
   std::string cache_schedule = "linear";  // cocodiff's schedule (dit/cache_schedule.hpp)
@@ -318,6 +320,11 @@ void add_dit_command(CLI::App& app) {
                                             "is judged by bf16's tolerance, 2^-5 of the peak, and exits 2 beyond it)");
   c->add_option("--compare", o.compare, "compare with a flat reference run in the same job: flat (flat Ulysses over the same ranks where P divides "
                 "the heads and this run is not that, else the one-rank run; refused for flat on one rank)");
+  c->add_option("--weights-dtype", o.weights_dtype, "the Linear weights' dtype in memory: f32 | bf16 (GEMMs then read "
+                "them as bf16, f32 accumulation) | auto (bf16 when the file stores them in BF16, f32 otherwise)")
+      ->capture_default_str();
+  c->add_flag("--shard-weights", o.shard_weights, "each rank holds 1/P of every block's weights; a block's are all-gathered "
+              "just before it runs, the next one's gather in flight (dit/weights.hpp)");
   c->add_option("--dtype", o.dtype, "compute: f32 | bf16 (GEMMs, attention, the exchanges' payloads, V-Major's caches "
                                     "and Ring's K|V in bf16, f32 accumulation; latents and norms f32). PSNR against "
                                     "f32: --save-latent of an f32 run, then --reference")
@@ -343,9 +350,20 @@ struct DitPlan {
   SampleOptions opt;
   UspDegrees deg;
   DitShard shard;
+  DType storage = DType::f32;                  // --weights-dtype, resolved
+  int weight_shards = 1;                       // --shard-weights: P
   std::optional<DitReferenceRun> compare_ref;  // --compare flat
   std::vector<float> reference;                // --reference's latent
 };
+
+// Whether the file stores every Linear weight in BF16 (--weights-dtype auto keeps them so).
+bool linear_weights_in_bf16(const DitConfig& cfg, const SafeTensorsSet& ck, DitFileFormat format) {
+  for (const DitLayout::Tensor& t : DitLayout(cfg).tensors)
+    if (t.linear_weight)
+      for (const DitFilePart& part : dit_file_parts(t, cfg, format))
+        if (ck.info(part.name).dtype != "BF16") return false;
+  return true;
+}
 
 DitPlan plan_dit(Communicator& world, const DitOptions& o) {
   DitPlan pl;
@@ -414,6 +432,14 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
     }
   }
   if (pl.ck) check_dit_checkpoint(cfg, *pl.ck, pl.format);  // names every missing, extra or misshapen tensor
+  DIFFCP_CHECK(o.weights_dtype == "auto" || o.weights_dtype == "f32" || o.weights_dtype == "bf16", "--weights-dtype '",
+               o.weights_dtype, "': expected auto, f32 or bf16");
+  pl.storage = o.weights_dtype == "bf16" || (o.weights_dtype == "auto" && pl.ck && linear_weights_in_bf16(cfg, *pl.ck, pl.format))
+                   ? DType::bf16
+                   : DType::f32;
+  pl.weight_shards = o.shard_weights ? world.size() : 1;
+  DIFFCP_CHECK(!(o.shard_weights && pl.storage == DType::f32 && pl.opt.compute == DType::bf16), "--shard-weights with ",
+               "--dtype bf16 needs the weights stored in bf16: --weights-dtype bf16");
   // --compare flat: a genuine reference, never this run's own configuration (refused where none).
   if (!o.compare.empty()) pl.compare_ref = flat_reference_for(pl.mode, pl.deg, world.size(), cfg.heads);
   if (!o.reference.empty()) {
@@ -429,11 +455,13 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
 void print_dry_run(Communicator& world, const DitOptions& o, const DitPlan& pl) {
   if (world.rank() != 0) return;
   const DitShape& shape = pl.in.shape;
-  const DitMemory mem = dit_memory_per_rank(pl.cfg, shape, pl.shard);
+  const DitMemory mem = dit_memory_per_rank(pl.cfg, shape, pl.shard, pl.storage, pl.weight_shards, pl.opt.compute);
   const nlohmann::ordered_json j{{"dry_run", true}, {"config", pl.cfg.to_json()},
                                  {"flux_params", pl.cfg.family == DitFamily::flux1 ? pl.cfg.to_flux_params() : nlohmann::json(nullptr)},
                                  {"parameters", DitLayout(pl.cfg).parameters}, {"weights", o.weights.empty() ? "random" : o.weights},
-                                 {"weight_bytes_per_rank", mem.weight_bytes}, {"activation_bytes_per_rank", mem.activation_bytes},
+                                 {"weights_dtype", dtype_name(pl.storage)}, {"shard_weights", o.shard_weights},
+                                 {"weights_bytes_per_rank", mem.weight_bytes}, {"activation_bytes_per_rank", mem.activation_bytes},
+                                 {"weight_gather_bytes_per_forward", dit_gather_bytes(DitLayout(pl.cfg), pl.storage, pl.weight_shards)},
                                  {"P", world.size()}, {"ulysses_degree", pl.deg.ulysses}, {"ring_degree", pl.deg.ring},
                                  {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
                                  {"image_tokens", shape.image_tokens()}, {"text_tokens", shape.text_tokens},
@@ -444,15 +472,17 @@ void print_dry_run(Communicator& world, const DitOptions& o, const DitPlan& pl) 
 // The run's report (printed as JSON or text): times, bytes per link class against their closed
 // forms, the cache, V-First's overlap; the keys print in the documented order (docs/dit.md).
 nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, const DitPlan& pl, const DitRun& run,
-                                   const AttentionExchange& ex) {
+                                   const AttentionExchange& ex, const DitWeights& w) {
   const DitShape& shape = pl.in.shape;
   // Per rank per denoising step, averaged over ranks.
+  const double gathered = w.gather_comm() ? static_cast<double>(w.gather_comm()->stats()[CommOp::all_gather].bytes_recv) : 0.0;
   std::vector<double> per_step{static_cast<double>(run.stats.bytes_intra), static_cast<double>(run.stats.bytes_inter),
-                               static_cast<double>(run.stats.messages), static_cast<double>(run.stats.ring_bytes)};
+                               static_cast<double>(run.stats.messages), static_cast<double>(run.stats.ring_bytes),
+                               gathered, w.gather_stats().wait_ms};
   world.all_reduce<double>(per_step);
   for (double& v : per_step) v /= static_cast<double>(world.size()) * o.steps;
   // Cache memory: the largest over ranks. V-First: fraction of V phase-1s complete before the wait.
-  std::vector<double> maxes{static_cast<double>(run.cache_bytes)};
+  std::vector<double> maxes{static_cast<double>(run.cache_bytes), static_cast<double>(w.bytes())};
   world.all_reduce<double>(maxes, ReduceOp::max);
   std::vector<double> vsum{static_cast<double>(run.stats.v_hidden), static_cast<double>(run.stats.v_started), run.stats.v_wait_ms};
   world.all_reduce<double>(vsum);
@@ -508,6 +538,14 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
           {"text_tokens", shape.text_tokens},
           {"weights", o.weights.empty() ? "random" : o.weights},
           {"dtype", o.dtype},
+          {"weights_dtype", dtype_name(w.storage())},
+          {"shard_weights", w.sharded()},
+          {"weights_bytes_per_rank", static_cast<std::int64_t>(maxes[1])},
+          {"predicted_weights_bytes_per_rank", dit_weight_bytes(w.layout(), w.storage(), w.shards())},
+          {"weight_gather_bytes", per_step[4]},
+          {"predicted_weight_gather_bytes",
+           static_cast<double>(dit_gather_bytes(w.layout(), w.storage(), w.shards()) * (uses_negative_pass(pl.cfg, pl.in.cond, pl.opt) ? 2 : 1))},
+          {"weight_gather_wait_ms", per_step[5]},
           {"parameters", DitLayout(pl.cfg).parameters},
           {"config", pl.cfg.to_json()},
           {"out", o.out}};
@@ -587,9 +625,10 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
     std::printf("  weights: RANDOM (seeded init, --weight-seed %llu; no --weights given)\n",
                 static_cast<unsigned long long>(o.weight_seed));
   } else {
-    const DitMemory mem = dit_memory_per_rank(cfg, shape, pl.shard);
-    std::printf("  weights: %s (%lld parameters, %.2f GB f32 on every rank; activations %.2f GB per rank)\n", o.weights.c_str(),
-                static_cast<long long>(j["parameters"].get<std::int64_t>()), mem.weight_bytes / 1e9, mem.activation_bytes / 1e9);
+    const DitMemory mem = dit_memory_per_rank(cfg, shape, pl.shard, pl.storage, pl.weight_shards, pl.opt.compute);
+    std::printf("  weights: %s (%lld parameters, %.2f GB %s per rank%s; activations %.2f GB per rank)\n", o.weights.c_str(),
+                static_cast<long long>(j["parameters"].get<std::int64_t>()), mem.weight_bytes / 1e9, dtype_name(pl.storage),
+                o.shard_weights ? ", sharded over the ranks" : " on every rank", mem.activation_bytes / 1e9);
   }
   std::printf("  step %.1f ms (median over steps, slowest rank), exposed communication %.2f ms/step, total %.2f s\n",
               j["step_ms"].get<double>(), j["exposed_comm_ms"].get<double>(), j["total_ms"].get<double>() / 1e3);
@@ -610,6 +649,10 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
                 j["predicted_bytes_inter_group"].get<double>(), j["bytes_inter_group"].get<double>(),
                 j["predicted_inter_ratio_vs_tapa"].get<double>(), j["measured_inter_ratio_vs_tapa"].get<double>(),
                 j["predicted_qkv_inter_ratio_vs_tapa"].get<double>());
+  if (o.shard_weights)
+    std::printf("  sharded weights: %.0f bytes gathered per rank per step (%.0f predicted), blocked on a gather %.2f ms/step\n",
+                j["weight_gather_bytes"].get<double>(), j["predicted_weight_gather_bytes"].get<double>(),
+                j["weight_gather_wait_ms"].get<double>());
   if (!o.out.empty())
     std::printf("  image: %s (%lldx%lld, one pixel per latent pixel, latent->RGB map of dit/image.hpp)\n", o.out.c_str(),
                 static_cast<long long>(shape.batch * shape.grid_w() * cfg.patch), static_cast<long long>(shape.grid_h() * cfg.patch));
@@ -639,7 +682,7 @@ int run_dit(Communicator& world) {
   }
   const DitConfig& cfg = pl.cfg;
   const DitShape& shape = pl.in.shape;
-  DitWeights w(cfg);
+  DitWeights w(cfg, pl.storage, o.shard_weights ? &world : nullptr);
   if (pl.ck)
     w.load(*pl.ck, pl.format);
   else
@@ -660,7 +703,7 @@ int run_dit(Communicator& world) {
                 shape.batch * side_w, side_h);
     if (!o.save_latent.empty()) write_latent(o.save_latent, run.latent, cfg, shape);
   }
-  nlohmann::ordered_json j = report_json(world, o, pl, run, *ex);
+  nlohmann::ordered_json j = report_json(world, o, pl, run, *ex, w);
   const bool passed = (o.compare.empty() && o.reference.empty()) || compare_with_reference(world, o, pl, w, noise, run, *ex, j);
   const int rc = passed ? 0 : 2;
   if (world.rank() != 0) return rc;

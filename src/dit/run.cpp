@@ -67,9 +67,13 @@ DitBytesPrediction& DitBytesPrediction::operator+=(const DitBytesPrediction& o) 
   return *this;
 }
 
-DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const DitShard& shard) {
+DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const DitShard& shard, DType storage,
+                              int weight_shards, DType compute) {
+  const DitLayout L(cfg);
   const std::int64_t Mp = shape.batch * shard.tokens_p(), H = cfg.hidden();
-  return {4.0 * static_cast<double>(DitLayout(cfg).total), 4.0 * static_cast<double>(Mp * (4 * H + 3 * H + cfg.mlp_in()))};
+  const bool rounded_copy = storage == DType::f32 && compute == DType::bf16;
+  return {static_cast<double>(dit_weight_bytes(L, storage, weight_shards) + (rounded_copy ? 2 * L.matrices : 0)),
+          4.0 * static_cast<double>(Mp * (4 * H + 3 * H + cfg.mlp_in()))};
 }
 
 }  // namespace diffcp

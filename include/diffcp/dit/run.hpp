@@ -45,11 +45,14 @@ DitBytesPrediction dit_predicted_bytes(const DitConfig& cfg, const DitShape& sha
                                        int P, ExchangeMode mode, const CacheSchedule& schedule, int steps, int group_size,
                                        int link_group_size, DType compute);
 
-// Memory per rank: every rank holds all weights in f32 (Ulysses and Ring split tokens and heads of
-// the activations, not the weights) and the model's activation buffers (dit/model.hpp).
+// Memory per rank: the weights (dit/weights.hpp: matrices in `storage`, replicated or sharded over
+// `weight_shards` ranks with two gather windows; vectors in f32; plus, for f32 matrices under bf16
+// compute, their bf16 copy) and the model's activation buffers (dit/model.hpp). Ulysses and Ring
+// split tokens and heads of the activations, not the weights.
 struct DitMemory {
   double weight_bytes = 0, activation_bytes = 0;
 };
-DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const DitShard& shard);
+DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const DitShard& shard,
+                              DType storage = DType::f32, int weight_shards = 1, DType compute = DType::f32);
 
 }  // namespace diffcp
