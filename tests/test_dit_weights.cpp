@@ -174,12 +174,12 @@ TEST(DitWeightSharding, EqualsReplicatedBitwiseWithGatherBytesInClosedForm) {
       std::vector<ExchangeMode> modes{ExchangeMode::flat, ExchangeMode::vfirst, ExchangeMode::cocodiff};
       for (const ExchangeMode mode : modes) {
         SCOPED_TRACE(exchange_mode_name(mode));
-        const std::uint64_t bytes0 = P > 1 ? sharded.gather_comm()->stats()[CommOp::all_gather].bytes_recv : 0;
+        const std::uint64_t bytes0 = P > 1 ? sharded.gather_comm()->stats()[CommOp::recv].bytes_recv : 0;
         const std::uint64_t gathers0 = sharded.gather_stats().gathers;
         EXPECT_TRUE(bitwise_equal(sample(sharded, in, mode).latent, ref));
         if (P == 1) continue;
         const std::uint64_t forwards = static_cast<std::uint64_t>(steps * passes);
-        EXPECT_EQ(sharded.gather_comm()->stats()[CommOp::all_gather].bytes_recv - bytes0,
+        EXPECT_EQ(sharded.gather_comm()->stats()[CommOp::recv].bytes_recv - bytes0,
                   forwards * static_cast<std::uint64_t>(dit_gather_bytes(sharded.layout(), storage, P)));
         EXPECT_EQ(sharded.gather_stats().gathers - gathers0, forwards * (sharded.layout().units.size() - 1));
       }

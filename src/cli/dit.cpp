@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
+
 #include "cli/commands.hpp"
 #include "diffcp/core/json_file.hpp"
 #include "diffcp/dit/diffusers.hpp"
@@ -475,14 +477,16 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
                                    const AttentionExchange& ex, const DitWeights& w) {
   const DitShape& shape = pl.in.shape;
   // Per rank per denoising step, averaged over ranks.
-  const double gathered = w.gather_comm() ? static_cast<double>(w.gather_comm()->stats()[CommOp::all_gather].bytes_recv) : 0.0;
+  const double gathered = w.gather_comm() ? static_cast<double>(w.gather_comm()->stats()[CommOp::recv].bytes_recv) : 0.0;
   std::vector<double> per_step{static_cast<double>(run.stats.bytes_intra), static_cast<double>(run.stats.bytes_inter),
                                static_cast<double>(run.stats.messages), static_cast<double>(run.stats.ring_bytes),
                                gathered, w.gather_stats().wait_ms};
   world.all_reduce<double>(per_step);
   for (double& v : per_step) v /= static_cast<double>(world.size()) * o.steps;
   // Cache memory: the largest over ranks. V-First: fraction of V phase-1s complete before the wait.
-  std::vector<double> maxes{static_cast<double>(run.cache_bytes), static_cast<double>(w.bytes())};
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);  // the process's peak resident memory (ru_maxrss: KiB)
+  std::vector<double> maxes{static_cast<double>(run.cache_bytes), static_cast<double>(w.bytes()), 1024.0 * static_cast<double>(ru.ru_maxrss)};
   world.all_reduce<double>(maxes, ReduceOp::max);
   std::vector<double> vsum{static_cast<double>(run.stats.v_hidden), static_cast<double>(run.stats.v_started), run.stats.v_wait_ms};
   world.all_reduce<double>(vsum);
@@ -546,6 +550,7 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
           {"predicted_weight_gather_bytes",
            static_cast<double>(dit_gather_bytes(w.layout(), w.storage(), w.shards()) * (uses_negative_pass(pl.cfg, pl.in.cond, pl.opt) ? 2 : 1))},
           {"weight_gather_wait_ms", per_step[5]},
+          {"peak_rss_bytes", maxes[2]},
           {"parameters", DitLayout(pl.cfg).parameters},
           {"config", pl.cfg.to_json()},
           {"out", o.out}};

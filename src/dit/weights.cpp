@@ -326,31 +326,42 @@ const void* DitWeights::matrix(const DitLinear& l) const {
     if (window_unit_[1 - current_] == l.unit) {
       current_ = 1 - current_;
     } else {
-      if (pending_unit_ != l.unit) issue(l.unit);  // out of order: fetched now (finish_pending first)
+      if (pending_unit_ != l.unit) issue(l.unit);  // out of order: fetched now
       const auto t0 = std::chrono::steady_clock::now();
-      pending_->wait();
+      finish_pending();
       stats_.wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      pending_.reset();
-      current_ = pending_window_;
-      window_unit_[current_] = pending_unit_;
-      pending_unit_ = -1;
+      current_ = window_unit_[0] == l.unit ? 0 : 1;
     }
     if (l.unit + 1 < static_cast<int>(layout_.units.size())) issue(l.unit + 1);  // the next unit flies meanwhile
   }
   return static_cast<const std::byte*>(windows_[current_].data()) + l.at * e;
 }
 
+void DitWeights::finish_pending() const {
+  for (WorkPtr& w : pending_) w->wait();
+  pending_.clear();
+  window_unit_[pending_window_] = pending_unit_;
+  pending_unit_ = -1;
+}
+
 void DitWeights::issue(int u) const {
-  if (pending_) {  // a gather nobody asked for yet: complete it first (collectives stay in order)
-    pending_->wait();
-    window_unit_[pending_window_] = pending_unit_;
-    pending_.reset();
-  }
+  if (!pending_.empty()) finish_pending();  // a gather nobody asked for yet: complete it first (messages stay in order)
   pending_window_ = 1 - current_;
   window_unit_[pending_window_] = -1;
   pending_unit_ = u;
-  pending_ = comm_->all_gather_async(units_[static_cast<std::size_t>(u)].data(), windows_[pending_window_].data(),
-                                     static_cast<std::size_t>(slice(u)), storage_);
+  // The all-gather as point-to-point messages (the receives first): they progress at every poll()
+  // and complete in one copy each on a node, where a non-blocking collective would wait for its
+  // rounds (measured in bench/RESULTS.md). Window = [P][c_u]: rank r's slice at r c_u.
+  const std::size_t c = static_cast<std::size_t>(slice(u));
+  const void* mine = units_[static_cast<std::size_t>(u)].data();
+  std::byte* window = static_cast<std::byte*>(windows_[pending_window_].data());
+  const std::size_t e = dtype_size(storage_);
+  for (int r = 0; r < shards_; ++r)
+    if (r != rank_) pending_.push_back(comm_->recv_async(window + static_cast<std::size_t>(r) * c * e, c, storage_, r));
+  for (int r = 0; r < shards_; ++r)
+    if (r != rank_) pending_.push_back(comm_->send_async(mine, c, storage_, r));
+  convert_rows(mine, storage_, static_cast<std::int64_t>(c), window + static_cast<std::size_t>(rank_) * c * e, storage_,
+               static_cast<std::int64_t>(c), 1, static_cast<std::int64_t>(c));
   ++stats_.gathers;
 }
 
@@ -360,7 +371,7 @@ void DitWeights::begin_forward() const {
 }
 
 void DitWeights::poll() const {
-  if (pending_) pending_->test();
+  for (WorkPtr& w : pending_) w->test();
 }
 
 DitConfig infer_dit_config(const SafeTensorsSet& ck, std::optional<std::int64_t> heads) {

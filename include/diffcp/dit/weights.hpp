@@ -12,8 +12,9 @@
 // (units[0], the weights outside the blocks, stays on every rank; two gather windows: the unit in
 // use and the next one's gather in flight).
 //
-// Gathered bytes per forward (each rank receives): e * (P - 1) * sum_{u>=1} c_u; the all-gathers
-// are counted by the weights' own communicator (gather_stats()).
+// Gathered bytes per forward (each rank receives): e * (P - 1) * sum_{u>=1} c_u, as point-to-point
+// messages (each rank sends its slice to the P - 1 others) counted by the weights' own
+// communicator (gather_comm(): CommOp::recv).
 //
 // Order of use (the model, every rank alike): begin_forward() issues unit 1's gather; matrix(l)
 // for the Linears of unit u in the forward's order waits for u's gather, issues u + 1's, and
@@ -114,7 +115,8 @@ class DitWeights {
   template <typename F>
   void write(const DitLayout::Tensor& t, F&& produce);
   std::int64_t slice(int u) const;  // c_u: the elements of unit u this rank holds (u >= 1 sharded), else S_u
-  void issue(int u) const;          // the all-gather of block unit u into the free window
+  void issue(int u) const;           // the all-gather of block unit u into the free window
+  void finish_pending() const;       // waits for the gather in flight; its window then holds its unit
 
   DitConfig cfg_;
   DitLayout layout_;
@@ -128,7 +130,7 @@ class DitWeights {
   mutable Buffer windows_[2];
   mutable int window_unit_[2] = {-1, -1};
   mutable int current_ = 0;  // the window matrix() last returned
-  mutable WorkPtr pending_;
+  mutable std::vector<WorkPtr> pending_;  // the gather in flight: its receives and sends
   mutable int pending_unit_ = -1, pending_window_ = 0;
   mutable DitGatherStats stats_;
 };
