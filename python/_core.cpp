@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -24,7 +25,11 @@
 #include "diffcp/comm/mpi_communicator.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/cp/splitkv.hpp"
+#include "diffcp/dit/diffusers.hpp"
+#include "diffcp/dit/model.hpp"
+#include "diffcp/dit/sampler.hpp"
 #include "diffcp/drafter/draft.hpp"
+#include "diffcp/ops/gemm.hpp"
 #include "diffcp/drafter/hf_format.hpp"
 #include "diffcp/workload/batch.hpp"
 
@@ -395,6 +400,115 @@ class DrafterPy {
   std::unique_ptr<MpiCommunicator> comm_;
 };
 
+// A diffusers transformer folder's DiT, run across the ranks of `comm` (diffcp.diffusers): the
+// weights loaded once (bf16 or f32, replicated or sharded), one exchange and model per run shape
+// and pass (V-Major keeps a cache per pass, as diffusers' cache_context does).
+class DitPy {
+ public:
+  DitPy(const std::string& folder, MPI_Fint comm, const std::string& mode, int ulysses, int group_size,
+        const std::string& weights_dtype, bool shard_weights, const std::string& compute, double cache_ratio) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) throw py::value_error("Dit: MPI is not initialized (import mpi4py.MPI first)");
+    comm_ = std::make_unique<MpiCommunicator>(MPI_Comm_f2c(comm), "python");
+    const DiffusersTransformer t = open_diffusers_transformer(folder);
+    const SafeTensorsSet ck(t.weights);
+    mode_ = parse_exchange_mode(mode);
+    DIFFCP_CHECK(compute == "f32" || compute == "bf16", "dtype '", compute, "': expected f32 or bf16");
+    compute_ = compute == "bf16" ? DType::bf16 : DType::f32;
+    DIFFCP_CHECK(weights_dtype == "f32" || weights_dtype == "bf16", "weights_dtype '", weights_dtype, "': expected f32 or bf16");
+    const DType storage = weights_dtype == "bf16" ? DType::bf16 : DType::f32;
+    DIFFCP_CHECK(!(shard_weights && storage == DType::f32 && compute_ == DType::bf16),
+                 "shard_weights with dtype bf16 needs weights_dtype bf16");
+    schedule_ = {CacheScheduleKind::linear, cache_ratio, 5, 10};
+    schedule_.validate();
+    ulysses_ = ulysses;
+    group_size_ = group_size;
+    make_dit_shard(t.config, DitShape{1, 16, 16, 1}, comm_->size(), comm_->rank(), ulysses);  // U | heads, before any collective
+    w_ = std::make_unique<DitWeights>(t.config, storage, shard_weights ? comm_.get() : nullptr);
+    w_->load(ck, DitFileFormat::diffusers);
+  }
+
+  py::dict config() const {
+    const DitConfig& c = w_->config();
+    py::dict d;
+    d["family"] = dit_family_name(c.family);
+    d["in_channels"] = c.in_channels();
+    d["text_dim"] = c.text_dim;
+    d["pooled_dim"] = c.pooled_dim;
+    d["heads"] = c.heads;
+    d["guidance_embed"] = c.guidance_embed;
+    d["weights_dtype"] = dtype_name(w_->storage());
+    d["shard_weights"] = w_->sharded();
+    d["weights_bytes_per_rank"] = w_->bytes();
+    d["P"] = comm_->size();
+    return d;
+  }
+
+  //   x: [b, N_img, C_in] every rank's full latent tokens (the same on every rank), N_img = (height/16) (width/16)
+  //   txt: [T, text_dim] the prompt's rows (shared by the b images)   pooled: [pooled_dim] (empty without one)
+  //   -> [b, N_img, C_in] the velocity, gathered on every rank. Collective over comm.
+  py::array_t<float> velocity(const Floats& x, std::int64_t height, std::int64_t width, const Floats& txt,
+                              const Floats& pooled, double t, double guidance, int pass, int step, int steps) {
+    const DitConfig& c = w_->config();
+    if (x.ndim() != 3 || txt.ndim() != 2 || txt.shape(1) != c.text_dim || x.shape(2) != c.in_channels())
+      throw py::value_error("velocity: x must be [b, N_img, " + std::to_string(c.in_channels()) + "] and txt [T, " +
+                            std::to_string(c.text_dim) + "], got " + shape_str(x) + " and " + shape_str(txt));
+    const DitShape shape{x.shape(0), width, height, txt.shape(0)};
+    shape.validate();
+    if (x.shape(1) != shape.image_tokens())
+      throw py::value_error("velocity: " + std::to_string(x.shape(1)) + " image tokens, a " + std::to_string(width) + "x" +
+                            std::to_string(height) + " image has " + std::to_string(shape.image_tokens()));
+    if (pooled.size() != c.pooled_dim)
+      throw py::value_error("velocity: pooled has " + std::to_string(pooled.size()) + " values, expected " +
+                            std::to_string(c.pooled_dim));
+    const std::vector<float> full(x.data(), x.data() + x.size());
+    const std::vector<float> text(txt.data(), txt.data() + txt.size());
+    std::vector<float> out;
+    {
+      py::gil_scoped_release release;
+      Run& r = run(shape, pass);
+      const DitShard& s = r.model->shard();
+      std::vector<float> x_p = shard_latent(full, c, shape, s), v_p(x_p.size());
+      const std::vector<float> txt_p = shard_text(text, c.text_dim, s);
+      const ScopedF32GemmCompute precision(compute_);
+      r.exchange->set_compute(compute_);
+      r.exchange->begin_step(step, steps);
+      r.model->velocity(x_p.data(), txt_p.data(), pooled.data(), t, guidance, v_p.data());
+      out = gather_latent(*comm_, v_p, c, shape, s);
+    }
+    py::array_t<float> v({x.shape(0), x.shape(1), x.shape(2)});
+    std::copy(out.begin(), out.end(), v.mutable_data());
+    return v;
+  }
+
+ private:
+  struct Run {
+    std::unique_ptr<AttentionExchange> exchange;
+    std::unique_ptr<DitModel> model;
+  };
+  // The exchange and model of one shape and pass (created collectively on first use: every rank
+  // calls velocity() with the same shapes in the same order).
+  Run& run(const DitShape& shape, int pass) {
+    const std::string key = std::to_string(shape.batch) + "x" + std::to_string(shape.width) + "x" + std::to_string(shape.height) +
+                            "x" + std::to_string(shape.text_tokens) + "/" + std::to_string(pass);
+    auto it = runs_.find(key);
+    if (it != runs_.end()) return it->second;
+    Run r;
+    r.exchange = make_attention_exchange(mode_, *comm_, group_size_, schedule_, ulysses_);
+    r.model = std::make_unique<DitModel>(*w_, shape, *r.exchange);
+    return runs_.emplace(key, std::move(r)).first->second;
+  }
+
+  std::unique_ptr<MpiCommunicator> comm_;
+  std::unique_ptr<DitWeights> w_;
+  ExchangeMode mode_ = ExchangeMode::flat;
+  DType compute_ = DType::f32;
+  CacheSchedule schedule_;
+  int ulysses_ = 0, group_size_ = 1;
+  std::map<std::string, Run> runs_;
+};
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "diffcp's C++ core (use the diffcp package, not this module)";
   py::register_exception_translator([](std::exception_ptr p) {
@@ -433,6 +547,14 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("bytes_sent", &SplitKVLayerPy::bytes_sent)
       .def("forward", &SplitKVLayerPy::forward, py::arg("params"), py::arg("x"), py::arg("ctx"))
       .def("backward", &SplitKVLayerPy::backward, py::arg("saved"), py::arg("params"), py::arg("dy"));
+  py::class_<DitPy>(m, "Dit")
+      .def(py::init<const std::string&, MPI_Fint, const std::string&, int, int, const std::string&, bool, const std::string&,
+                    double>(),
+           py::arg("folder"), py::arg("comm_f"), py::arg("mode"), py::arg("ulysses_degree"), py::arg("group_size"),
+           py::arg("weights_dtype"), py::arg("shard_weights"), py::arg("dtype"), py::arg("cache_ratio"))
+      .def("config", &DitPy::config)
+      .def("velocity", &DitPy::velocity, py::arg("x"), py::arg("height"), py::arg("width"), py::arg("txt"), py::arg("pooled"),
+           py::arg("t"), py::arg("guidance"), py::arg("pass_index"), py::arg("step"), py::arg("steps"));
   py::class_<DrafterPy>(m, "Drafter")
       .def(py::init<const std::string&, MPI_Fint>(), py::arg("dir"), py::arg("comm_f"))
       .def("config", &DrafterPy::config)

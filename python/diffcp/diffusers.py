@@ -1,0 +1,223 @@
+"""A diffusers pipeline whose transformer runs sequence-parallel on diffcp (CoCoDiff, issue #35).
+
+The pipeline stays the one you know: its text encoders, scheduler and VAE run as diffusers runs
+them, on every rank (replicated: every rank then holds the same latents, so nothing but the
+transformer's attention ever crosses ranks; the cost is each rank's memory for the encoders and
+the VAE). The transformer's forward becomes diffcp's distributed DiT (``_core.Dit``): each rank
+takes its tokens (any count: padded shards), Ulysses / TAPA / V-First / CoCoDiff (V-Major) moves
+q, k, v, o between the ranks, and the velocity is gathered on every rank. The weights are read
+from the transformer's own safetensors files (its ``from_pretrained`` folder, or a folder the
+transformer writes with ``save_pretrained`` when it has none) and the torch copies are freed, so
+no second copy stays on the Python side.
+
+Run the script on every rank (``mpirun -np P python script.py``); every rank calls the pipeline
+with the same arguments::
+
+    pipe = FluxPipeline.from_pretrained("black-forest-labs/FLUX.1-dev", torch_dtype=torch.bfloat16)
+    pipe = diffcp.diffusers.parallelize(pipe)            # comm: MPI.COMM_WORLD
+    image = pipe(prompt="a lighthouse", num_inference_steps=28).images   # rank 0 (output_on="all": every rank)
+
+Supported: FluxPipeline (FluxTransformer2DModel, FLUX.1 dev / schnell), with the pipeline's own
+arguments (``prompt`` or ``prompt_embeds`` + ``pooled_prompt_embeds``, ``height``, ``width``,
+``num_inference_steps``, ``guidance_scale``, ``generator``, ``output_type``, ...). Images of a
+batch that share a prompt run as one batch; different prompts run one group after another.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from . import _core
+
+__all__ = ["parallelize", "ParallelPipeline", "SUPPORTED_TRANSFORMERS"]
+
+SUPPORTED_TRANSFORMERS = ("FluxTransformer2DModel",)
+
+
+def _world(comm):
+    if comm is None:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+    if not hasattr(comm, "py2f") or not hasattr(comm, "Get_size"):
+        raise TypeError(f"comm: expected an mpi4py communicator, got {type(comm).__name__}")
+    return comm
+
+
+def _ulysses_degree(P: int, heads: int, ulysses: int | None, ring: int | None) -> int:
+    """U of USP (dit/usp.hpp's defaults): given, P / ring, or the largest divisor of P dividing the heads."""
+    if ulysses is not None and ring is not None and ulysses * ring != P:
+        raise ValueError(f"ulysses_degree {ulysses} x ring_degree {ring} != P = {P} ranks")
+    if ulysses is None and ring is not None:
+        if ring < 1 or P % ring:
+            raise ValueError(f"ring_degree {ring} does not divide P = {P} ranks")
+        ulysses = P // ring
+    if ulysses is None:
+        ulysses = max(u for u in range(1, P + 1) if P % u == 0 and heads % u == 0)
+    if ulysses < 1 or P % ulysses:
+        raise ValueError(f"ulysses_degree {ulysses} does not divide P = {P} ranks")
+    return ulysses
+
+
+def _weights_folder(transformer) -> tuple[str, tempfile.TemporaryDirectory | None]:
+    """The transformer's diffusers folder (config.json + safetensors); written here when it has none."""
+    src = getattr(transformer.config, "_name_or_path", None)
+    if src and os.path.isfile(os.path.join(src, "config.json")) and any(
+            f.endswith(".safetensors") or f.endswith(".safetensors.index.json") for f in os.listdir(src)):
+        return src, None
+    tmp = tempfile.TemporaryDirectory(prefix="diffcp_transformer_")
+    transformer.save_pretrained(tmp.name, safe_serialization=True)
+    return tmp.name, tmp
+
+
+def _f32(x) -> np.ndarray:
+    return np.ascontiguousarray(x.detach().to("cpu").float().numpy())
+
+
+class _FluxForward:
+    """FluxTransformer2DModel.forward on diffcp: the same arguments, the same output."""
+
+    def __init__(self, core, state):
+        self.core = core
+        self.state = state
+
+    def __call__(self, hidden_states, encoder_hidden_states=None, pooled_projections=None, timestep=None,
+                 img_ids=None, txt_ids=None, guidance=None, joint_attention_kwargs=None,
+                 controlnet_block_samples=None, controlnet_single_block_samples=None, return_dict=True,
+                 controlnet_blocks_repeat=False, **unused):
+        import torch
+        if controlnet_block_samples is not None or controlnet_single_block_samples is not None:
+            raise NotImplementedError("diffcp.diffusers: ControlNet residuals are not supported")
+        if joint_attention_kwargs and any(k != "scale" for k in joint_attention_kwargs):
+            raise NotImplementedError(f"diffcp.diffusers: joint_attention_kwargs {sorted(joint_attention_kwargs)} "
+                                      "(attention processors, LoRA) are not supported")
+        if unused:
+            raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
+        B, N, _ = hidden_states.shape
+        ids = img_ids.detach().to("cpu").double().reshape(-1, 3)
+        if ids.shape[0] != N:
+            raise ValueError(f"img_ids: {ids.shape[0]} rows for {N} image tokens")
+        gh, gw = int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1
+        grid = torch.zeros(gh, gw, 3, dtype=torch.float64)
+        grid[..., 1] = torch.arange(gh, dtype=torch.float64)[:, None]
+        grid[..., 2] = torch.arange(gw, dtype=torch.float64)[None, :]
+        if gh * gw != N or not torch.equal(ids, grid.reshape(-1, 3)):
+            raise NotImplementedError("diffcp.diffusers: img_ids other than FluxPipeline's (0, row, column) grid "
+                                      "(e.g. Kontext's reference image) are not supported")
+        if txt_ids is not None and bool(txt_ids.detach().abs().sum() != 0):
+            raise NotImplementedError("diffcp.diffusers: non-zero txt_ids are not supported (FLUX.1 text sits at the origin)")
+        t = timestep.detach().to("cpu").double().reshape(-1)
+        if not bool((t == t[0]).all()):
+            raise NotImplementedError("diffcp.diffusers: every image of a batch must share the timestep")
+        g = 0.0 if guidance is None else float(guidance.detach().to("cpu").double().reshape(-1)[0])
+        step = self.state.step_of(float(t[0]))
+        x = _f32(hidden_states)
+        txt = encoder_hidden_states.detach()
+        pooled = pooled_projections.detach() if pooled_projections is not None else None
+        out = np.empty_like(x)
+        # Images sharing the prompt run as one batch (the model shares the text rows across images).
+        groups: list[list[int]] = []
+        for i in range(B):
+            for grp in groups:
+                j = grp[0]
+                if torch.equal(txt[i], txt[j]) and (pooled is None or torch.equal(pooled[i], pooled[j])):
+                    grp.append(i)
+                    break
+            else:
+                groups.append([i])
+        for pass_index, grp in enumerate(groups):
+            p = _f32(pooled[grp[0]]) if pooled is not None else np.zeros(0, np.float32)
+            out[grp] = self.core.velocity(np.ascontiguousarray(x[grp]), 16 * gh, 16 * gw, _f32(txt[grp[0]]), p,
+                                          float(t[0]), g, pass_index, step, self.state.steps)
+        sample = torch.from_numpy(out).to(device=hidden_states.device, dtype=hidden_states.dtype)
+        if not return_dict:
+            return (sample,)
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+        return Transformer2DModelOutput(sample=sample)
+
+
+class _StepState:
+    """The denoising step of each forward (V-Major's schedule reads it): a new timestep, a new step."""
+
+    def __init__(self):
+        self.steps = 1
+        self.step = -1
+        self.t = None
+
+    def reset(self, steps: int):
+        self.steps, self.step, self.t = max(int(steps), 1), -1, None
+
+    def step_of(self, t: float) -> int:
+        if t != self.t:
+            self.t = t
+            self.step += 1
+        return min(self.step, self.steps - 1)
+
+
+class ParallelPipeline:
+    """The pipeline, parallelized: call it as the pipeline (every rank, the same arguments); every
+    other attribute is the pipeline's. ``output_on="rank0"``: ranks other than 0 skip the VAE
+    decode and return the latents (``output_type="latent"``)."""
+
+    def __init__(self, pipe, core, state, comm, output_on: str):
+        self.__dict__.update(pipe=pipe, core=core, _state=state, comm=comm, output_on=output_on)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["pipe"], name)
+
+    def __call__(self, *args, **kwargs):
+        self._state.reset(kwargs.get("num_inference_steps", 28))
+        if self.output_on == "rank0" and self.comm.Get_rank() != 0:
+            kwargs["output_type"] = "latent"
+        return self.pipe(*args, **kwargs)
+
+
+def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | None = None,
+                ring_degree: int | None = None, dtype: str = "bf16", weights_dtype: str = "auto",
+                shard_weights: bool = False, group_size: int = 0, cache_ratio: float = 1.0,
+                output_on: str = "rank0") -> ParallelPipeline:
+    """Runs ``pipe``'s transformer across the ranks of ``comm`` with diffcp.
+
+    Args:
+        pipe: a diffusers pipeline whose ``transformer`` is one of :data:`SUPPORTED_TRANSFORMERS`.
+        comm: an mpi4py communicator (default ``MPI.COMM_WORLD``); collective over it.
+        mode: ``flat`` | ``tapa`` | ``vfirst`` | ``cocodiff`` (docs/dit.md).
+        ulysses_degree, ring_degree: USP's degrees (default: Ulysses over the largest divisor of P
+            that divides the heads, a Ring over the rest).
+        dtype: ``bf16`` | ``f32``: GEMMs, attention and the exchanges' payloads.
+        weights_dtype: ``bf16`` | ``f32`` | ``auto`` (the transformer's parameter dtype: bf16 stays bf16).
+        shard_weights: each rank holds 1/P of every block's weights (gathered per block).
+        group_size: TAPA's link group L (0: the ranks of a node).
+        cache_ratio: CoCoDiff's V-Major ratio at the last step (linear schedule after 5 warm-up steps).
+        output_on: ``rank0`` | ``all``: where the decoded images are made.
+    """
+    import torch
+    comm = _world(comm)
+    if output_on not in ("rank0", "all"):
+        raise ValueError(f"output_on '{output_on}': expected rank0 or all")
+    transformer = getattr(pipe, "transformer", None)
+    name = type(transformer).__name__
+    if name not in SUPPORTED_TRANSFORMERS:
+        raise NotImplementedError(f"diffcp.diffusers: transformer {name} is not supported "
+                                  f"(supported: {', '.join(SUPPORTED_TRANSFORMERS)})")
+    params = list(transformer.parameters())
+    if weights_dtype == "auto":
+        weights_dtype = "bf16" if params and params[0].dtype == torch.bfloat16 else "f32"
+    P = comm.Get_size()
+    U = _ulysses_degree(P, int(transformer.config.num_attention_heads), ulysses_degree, ring_degree)
+    folder, tmp = _weights_folder(transformer)
+    dup = comm.Dup()  # diffcp's traffic never matches the caller's
+    try:
+        core = _core.Dit(folder, dup.py2f(), mode, U, group_size, weights_dtype, bool(shard_weights), dtype,
+                         float(cache_ratio))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    with torch.no_grad():  # the weights live in diffcp now: drop torch's copies (dtype and device stay)
+        for p in params:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+    state = _StepState()
+    transformer.forward = _FluxForward(core, state)  # nn.Module.__call__ calls self.forward
+    return ParallelPipeline(pipe, core, state, dup, output_on)

@@ -1,0 +1,135 @@
+"""diffcp.diffusers at P ranks (mpirun -np P python -m pytest python/tests_mpi), without diffusers
+installed (CI has Debian's torch, not PyPI's diffusers): a stand-in FluxTransformer2DModel (a torch
+module with the class name, the config and the weights folder of a diffusers transformer written by
+tools/flux_reference.py) is parallelized, and its forward, called as FluxPipeline calls it
+(hidden_states, encoder_hidden_states, pooled_projections, timestep = sigma, img_ids, txt_ids,
+guidance, return_dict=False), equals the independent float64 NumPy reference's velocity
+(tools/flux_reference.py FluxReference) in every mode, for token counts P does not divide, with
+bf16 / sharded weights within bf16's tolerance, two prompts in one batch run as two groups, and the
+torch weights freed. tools/diffusers_pipeline_check.py runs the real FluxPipeline (PyPI)."""
+import importlib.util
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+torch = pytest.importorskip("torch")
+
+import diffcp.diffusers  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+P, RANK = COMM.Get_size(), COMM.Get_rank()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _reference_module():
+    spec = importlib.util.spec_from_file_location("flux_reference", ROOT / "tools" / "flux_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["flux_reference"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+REF = _reference_module()
+
+
+@pytest.fixture(scope="module")
+def folder():
+    """A tiny FLUX.1-dev-like diffusers pipeline folder (4 heads, guidance embedding), one per rank."""
+    d = tempfile.TemporaryDirectory()
+    subprocess.run([sys.executable, str(ROOT / "tools" / "flux_reference.py"), "make", "--out", d.name, "--format",
+                    "diffusers", "--heads", "4", "--hidden", "64", "--depth", "1", "--depth-single", "2"],
+                   check=True, stdout=subprocess.DEVNULL)
+    yield Path(d.name)
+    d.cleanup()
+
+
+class FluxTransformer2DModel(torch.nn.Module):
+    """Stands in for diffusers' class: its name, config (with the folder it came from) and parameters."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        import json
+        c = json.loads((path / "transformer" / "config.json").read_text())
+        self.config = SimpleNamespace(_name_or_path=str(path / "transformer"), **c)
+        self.w = torch.nn.Parameter(torch.ones(16, dtype=torch.bfloat16))
+
+
+def inputs(batch: int, width: int, height: int, text_tokens: int, seed: int):
+    rng = np.random.default_rng(seed)
+    gh, gw = height // 16, width // 16
+    x = rng.standard_normal((batch, gh * gw, 16)).astype(np.float32)
+    txt = np.repeat(rng.standard_normal((1, text_tokens, 32)).astype(np.float32), batch, 0)
+    pooled = np.repeat(rng.standard_normal((1, 24)).astype(np.float32), batch, 0)
+    img_ids, txt_ids = REF.make_ids(1, text_tokens, height, width)
+    return x, txt, pooled, img_ids[0], txt_ids[0]
+
+
+def reference(folder: Path, x, txt, pooled, img_ids, txt_ids, t: float, g: float) -> np.ndarray:
+    p, w = REF.load_diffusers_folder(folder)
+    B = x.shape[0]
+    m = REF.FluxReference(p, w)
+    return m.forward(x.astype(np.float64), np.repeat(img_ids[None], B, 0), txt.astype(np.float64),
+                     np.repeat(txt_ids[None], B, 0), np.full(B, t), pooled.astype(np.float64), np.full(B, g))
+
+
+def call(transformer, x, txt, pooled, img_ids, txt_ids, t, g):
+    out = transformer(hidden_states=torch.from_numpy(x), encoder_hidden_states=torch.from_numpy(txt),
+                      pooled_projections=torch.from_numpy(pooled), timestep=torch.full((x.shape[0],), t),
+                      img_ids=torch.from_numpy(img_ids), txt_ids=torch.from_numpy(txt_ids),
+                      guidance=torch.full((x.shape[0],), g), joint_attention_kwargs=None, return_dict=False)
+    assert isinstance(out, tuple) and out[0].dtype == torch.float32
+    return out[0].numpy()
+
+
+def close(got, want, tol, what):
+    err = float(np.abs(got - want).max())
+    scale = max(1.0, float(np.abs(want).max()))
+    assert err <= tol * scale, f"rank {RANK}: {what}: max abs error {err} (scale {scale})"
+
+
+@pytest.mark.parametrize("mode", ["flat", "tapa", "vfirst", "cocodiff"])
+def test_forward_equals_numpy_reference(folder, mode):
+    # 80 x 48 pixels: 15 image tokens and 7 text tokens (P = 2, 4, 8 divide neither: padded shards).
+    x, txt, pooled, img_ids, txt_ids = inputs(2, 80, 48, 7, seed=3)
+    pipe = SimpleNamespace(transformer=FluxTransformer2DModel(folder))
+    par = diffcp.diffusers.parallelize(pipe, mode=mode, dtype="f32", weights_dtype="f32", cache_ratio=0.0)
+    assert pipe.transformer.w.numel() == 0  # torch's copy freed; the dtype stays
+    assert pipe.transformer.w.dtype == torch.bfloat16
+    par._state.reset(2)
+    want = reference(folder, x, txt, pooled, img_ids, txt_ids, 0.7, 3.5)
+    close(call(pipe.transformer, x, txt, pooled, img_ids, txt_ids, 0.7, 3.5), want, 1e-4, mode)
+
+
+def test_bf16_sharded_weights_and_two_prompts(folder):
+    x, txt, pooled, img_ids, txt_ids = inputs(2, 64, 48, 5, seed=5)
+    txt[1] += 0.5  # a second prompt: the batch runs as two groups
+    pipe = SimpleNamespace(transformer=FluxTransformer2DModel(folder))
+    par = diffcp.diffusers.parallelize(pipe, mode="flat", dtype="f32", weights_dtype="bf16", shard_weights=True)
+    assert par.core.config()["weights_dtype"] == "bf16"
+    assert par.core.config()["shard_weights"] == (P > 1)
+    got = call(pipe.transformer, x, txt, pooled, img_ids, txt_ids, 0.4, 2.0)
+    for i in range(2):  # each image against its own prompt's reference; bf16 weights: bf16's tolerance
+        want = reference(folder, x[i:i + 1], txt[i:i + 1], pooled[i:i + 1], img_ids, txt_ids, 0.4, 2.0)
+        close(got[i:i + 1], want, 2 ** -5, f"image {i}")
+
+
+def test_bad_input_is_refused(folder):
+    pipe = SimpleNamespace(transformer=torch.nn.Linear(2, 2))
+    with pytest.raises(NotImplementedError, match="transformer Linear is not supported"):
+        diffcp.diffusers.parallelize(pipe)
+    pipe = SimpleNamespace(transformer=FluxTransformer2DModel(folder))
+    with pytest.raises(ValueError, match="ulysses_degree 3 x ring_degree 5"):
+        diffcp.diffusers.parallelize(pipe, ulysses_degree=3, ring_degree=5)
+    par = diffcp.diffusers.parallelize(pipe, mode="flat", dtype="f32", weights_dtype="f32")
+    x, txt, pooled, img_ids, txt_ids = inputs(1, 64, 32, 4, seed=1)
+    with pytest.raises(NotImplementedError, match="img_ids other than"):
+        call(pipe.transformer, x, txt, pooled, img_ids[::-1].copy(), txt_ids, 0.5, 1.0)
+    with pytest.raises(ValueError, match="rows for 7 image tokens"):
+        call(pipe.transformer, x[:, :-1].copy(), txt, pooled, img_ids, txt_ids, 0.5, 1.0)
+    assert par.output_on == "rank0"
