@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""From a prompt to an image through a diffusers FluxPipeline parallelized by diffcp (issue #35).
+"""From a prompt to an image through a diffusers pipeline parallelized by diffcp (issue #35).
 
-Builds a tiny random FluxPipeline locally (no hub): random CLIP and T5 text encoders with
-word-level tokenizers written here, a random 4-level AutoencoderKL (8x, FLUX's latent scaling),
-a random FluxTransformer2DModel (guidance-distilled, 4 heads) and FLUX.1-dev's
-FlowMatchEulerDiscreteScheduler config; saves it with save_pretrained. Then:
+Builds a tiny random pipeline locally (no hub) and saves it with save_pretrained:
+  flux1: FluxPipeline: random CLIP and T5 text encoders with word-level tokenizers written here, a
+         random 4-level AutoencoderKL (8x, FLUX's latent scaling), a random FluxTransformer2DModel
+         (guidance-distilled, 4 heads), FLUX.1-dev's FlowMatchEulerDiscreteScheduler config;
+  sd3:   StableDiffusion3Pipeline: two random CLIPs with projection and a T5, the same kind of VAE
+         (SD3.5's scaling), a random SD3Transformer2DModel (2 blocks, the last context-pre-only,
+         RMS QK-norm), SD3's scheduler (shift 3); classifier-free guidance 7 with an empty negative
+         prompt (the pipeline batches it with the prompt: two passes per step here).
+Then:
 
   1. diffusers' own pipeline (one process, f32) makes the reference image from the prompt;
-  2. for each P and mode, ``mpirun -np P`` runs this script's worker: FluxPipeline.from_pretrained,
+  2. for each P and mode, ``mpirun -np P`` runs this script's worker: the pipeline's from_pretrained,
      ``diffcp.diffusers.parallelize(pipe, mode=..., dtype="f32")``, the same call (prompt, 80x48
      pixels: 15 image tokens, 13 T5 tokens -- counts P does not divide), rank 0 saves the image;
   3. PSNR of every image against diffusers' (f32: >= 40 dB required for flat / tapa / vfirst;
@@ -20,7 +25,7 @@ checks the same forward against tools/flux_reference.py's NumPy reference there)
   /usr/bin/python3 -m venv --system-site-packages /tmp/dv
   /tmp/dv/bin/pip install --ignore-installed torch diffusers transformers safetensors tokenizers
   PYTHONPATH=build/release/python /tmp/dv/bin/python tools/diffusers_pipeline_check.py [--np 1,2,4] \
-      [--modes flat,tapa,vfirst,cocodiff] [--out DIR]
+      [--modes flat,tapa,vfirst,cocodiff] [--family flux1|sd3] [--out DIR]
 
 Exit codes: 0 every exact mode >= 40 dB, 1 below, 2 a run failed.
 """
@@ -55,19 +60,47 @@ def tokenizer(max_length: int):
                                    model_max_length=max_length)
 
 
-def build(root: Path) -> None:
+def vae():
+    from diffusers import AutoencoderKL
+    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 8, 8, 8),
+                         down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                         layers_per_block=1, norm_num_groups=4, scaling_factor=1.5305, shift_factor=0.0609,
+                         use_quant_conv=False, use_post_quant_conv=False)
+
+
+def build_sd3(root: Path) -> None:
     import torch
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    torch.manual_seed(0)
+    clips = [CLIPTextModelWithProjection(CLIPTextConfig(vocab_size=64, hidden_size=32, intermediate_size=37,
+                                                        num_hidden_layers=2, num_attention_heads=4,
+                                                        max_position_embeddings=77, projection_dim=32, pad_token_id=0,
+                                                        bos_token_id=1, eos_token_id=2)) for _ in range(2)]
+    t5 = T5EncoderModel(T5Config(vocab_size=64, d_model=64, d_ff=37, d_kv=16, num_layers=2, num_heads=4))
+    transformer = SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=16,
+                                        num_attention_heads=4, joint_attention_dim=64, caption_projection_dim=64,
+                                        pooled_projection_dim=64, out_channels=4, pos_embed_max_size=16, qk_norm="rms_norm")
+    with torch.no_grad():  # diffusers' init is small: make every block matter
+        for p in transformer.parameters():
+            p.mul_(4.0)
+    pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae(),
+                                    text_encoder=clips[0], tokenizer=tokenizer(77), text_encoder_2=clips[1],
+                                    tokenizer_2=tokenizer(77), text_encoder_3=t5, tokenizer_3=tokenizer(T5_TOKENS))
+    pipe.save_pretrained(root)
+
+
+def build(root: Path, family: str) -> None:
+    if family == "sd3":
+        return build_sd3(root)
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
     torch.manual_seed(0)
     clip = CLIPTextModel(CLIPTextConfig(vocab_size=64, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
                                         num_attention_heads=4, max_position_embeddings=77, projection_dim=32,
                                         pad_token_id=0, bos_token_id=1, eos_token_id=2))
     t5 = T5EncoderModel(T5Config(vocab_size=64, d_model=32, d_ff=37, d_kv=8, num_layers=2, num_heads=4))
-    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 8, 8, 8),
-                        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                        layers_per_block=1, norm_num_groups=4, scaling_factor=1.5035, shift_factor=0.0609,
-                        use_quant_conv=False, use_post_quant_conv=False)
     transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2,
                                          attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
                                          pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
@@ -76,25 +109,30 @@ def build(root: Path) -> None:
             p.mul_(4.0)
     scheduler = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096,
                                                 max_shift=1.15, shift=3.0, use_dynamic_shifting=True)
-    pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=tokenizer(77), text_encoder_2=t5,
+    pipe = FluxPipeline(scheduler=scheduler, vae=vae(), text_encoder=clip, tokenizer=tokenizer(77), text_encoder_2=t5,
                         tokenizer_2=tokenizer(T5_TOKENS), transformer=transformer)
     pipe.save_pretrained(root)
 
 
-def generate(pipe) -> np.ndarray:
+def generate(pipe, family: str) -> np.ndarray:
     import torch
-    out = pipe(prompt=PROMPT, height=HEIGHT, width=WIDTH, num_inference_steps=STEPS, guidance_scale=3.5,
-               generator=torch.Generator().manual_seed(0), output_type="np", max_sequence_length=T5_TOKENS)
+    out = pipe(prompt=PROMPT, height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
+               guidance_scale=7.0 if family == "sd3" else 3.5, generator=torch.Generator().manual_seed(0),
+               output_type="np", max_sequence_length=T5_TOKENS)
     return np.asarray(out.images, dtype=np.float32)
 
 
+def load(path, family: str):
+    from diffusers import FluxPipeline, StableDiffusion3Pipeline
+    return (StableDiffusion3Pipeline if family == "sd3" else FluxPipeline).from_pretrained(path)
+
+
 def worker(a: argparse.Namespace) -> int:
-    from diffusers import FluxPipeline
     from mpi4py import MPI
     import diffcp.diffusers
-    pipe = FluxPipeline.from_pretrained(a.pipe)
+    pipe = load(a.pipe, a.family)
     par = diffcp.diffusers.parallelize(pipe, mode=a.mode, dtype="f32", weights_dtype="f32")
-    image = generate(par)
+    image = generate(par, a.family)
     if MPI.COMM_WORLD.Get_rank() == 0:
         np.save(a.save, image)
     return 0
@@ -109,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--np", default="1,2,4")
     ap.add_argument("--modes", default="flat,tapa,vfirst,cocodiff")
+    ap.add_argument("--family", default="flux1", choices=["flux1", "sd3"])
     ap.add_argument("--out", default=None, help="keep the pipeline, images and the PNG here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--pipe", help=argparse.SUPPRESS)
@@ -117,22 +156,24 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.worker:
         return worker(a)
-    from diffusers import FluxPipeline
     from PIL import Image
     tmp = tempfile.TemporaryDirectory()
     out = Path(a.out or tmp.name)
     out.mkdir(parents=True, exist_ok=True)
-    build(out / "pipe")
-    ref = generate(FluxPipeline.from_pretrained(out / "pipe"))
-    print(f"diffusers FluxPipeline (f32, one process): image {ref.shape}, mean {ref.mean():.4f}, std {ref.std():.4f}")
+    build(out / "pipe", a.family)
+    ref = generate(load(out / "pipe", a.family), a.family)
+    print(f"diffusers {a.family} pipeline (f32, one process): image {ref.shape}, mean {ref.mean():.4f}, std {ref.std():.4f}")
     # Negative control: the transformer reaches the image at this sensitivity (one single block's
     # output projection zeroed must fall far below 40 dB).
     import torch
-    ctl = FluxPipeline.from_pretrained(out / "pipe")
+    ctl = load(out / "pipe", a.family)
     with torch.no_grad():
-        ctl.transformer.single_transformer_blocks[1].proj_out.weight.zero_()
-    db_ctl = psnr(generate(ctl), ref)
-    print(f"negative control (one block's proj_out zeroed): PSNR {db_ctl:.2f} dB")
+        if a.family == "sd3":
+            ctl.transformer.transformer_blocks[0].attn.to_out[0].weight.zero_()
+        else:
+            ctl.transformer.single_transformer_blocks[1].proj_out.weight.zero_()
+    db_ctl = psnr(generate(ctl, a.family), ref)
+    print(f"negative control (one block's attention output zeroed): PSNR {db_ctl:.2f} dB")
     if db_ctl >= 40:
         print("FAIL: the negative control is within 40 dB: the check cannot see a wrong transformer")
         return 1
@@ -142,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in a.modes.split(","):
             save = out / f"image_P{P}_{mode}.npy"
             r = subprocess.run(["mpirun", "--oversubscribe", "-np", str(P), sys.executable, __file__, "--worker",
-                                "--pipe", str(out / "pipe"), "--mode", mode, "--save", str(save)], env=env,
+                                "--pipe", str(out / "pipe"), "--family", a.family, "--mode", mode, "--save", str(save)],
+                               env=env,
                                capture_output=True, text=True)
             if r.returncode != 0:
                 print(f"P = {P} {mode}: FAILED\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
@@ -157,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"P = {P} {mode:8s}: PSNR {db:7.2f} dB vs diffusers, max |diff| {rows[-1]['max_abs_diff']:.2e}"
                   f"{'' if exact else ' (V-Major: reported, not judged)'}{'' if ok else '  FAIL (< 40 dB)'}")
             if P == 2 and mode == "tapa":
-                Image.fromarray((np.clip(img[0], 0, 1) * 255).round().astype(np.uint8)).save(out / "flux_P2.png")
+                Image.fromarray((np.clip(img[0], 0, 1) * 255).round().astype(np.uint8)).save(out / f"{a.family}_P2.png")
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
-    print(f"image at P = 2: {out / 'flux_P2.png'}" if a.out else "")
+    print(f"image at P = 2: {out / (a.family + '_P2.png')}" if a.out else "")
     return rc
 
 

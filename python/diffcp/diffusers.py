@@ -17,10 +17,12 @@ with the same arguments::
     pipe = diffcp.diffusers.parallelize(pipe)            # comm: MPI.COMM_WORLD
     image = pipe(prompt="a lighthouse", num_inference_steps=28).images   # rank 0 (output_on="all": every rank)
 
-Supported: FluxPipeline (FluxTransformer2DModel, FLUX.1 dev / schnell), with the pipeline's own
-arguments (``prompt`` or ``prompt_embeds`` + ``pooled_prompt_embeds``, ``height``, ``width``,
-``num_inference_steps``, ``guidance_scale``, ``generator``, ``output_type``, ...). Images of a
-batch that share a prompt run as one batch; different prompts run one group after another.
+Supported: FluxPipeline (FluxTransformer2DModel, FLUX.1 dev / schnell) and StableDiffusion3Pipeline
+(SD3Transformer2DModel, SD3.5 large / large turbo: no dual attention), with the pipeline's own
+arguments (``prompt`` or ``prompt_embeds`` + ``pooled_prompt_embeds``, ``negative_prompt``,
+``height``, ``width``, ``num_inference_steps``, ``guidance_scale``, ``generator``, ``output_type``,
+...). Images of a batch that share a prompt run as one batch; different prompts (SD3's
+classifier-free guidance batches the negative prompt with the prompt) run one after another.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from . import _core
 
 __all__ = ["parallelize", "ParallelPipeline", "SUPPORTED_TRANSFORMERS"]
 
-SUPPORTED_TRANSFORMERS = ("FluxTransformer2DModel",)
+SUPPORTED_TRANSFORMERS = ("FluxTransformer2DModel", "SD3Transformer2DModel")
 
 
 def _world(comm):
@@ -76,12 +78,61 @@ def _f32(x) -> np.ndarray:
     return np.ascontiguousarray(x.detach().to("cpu").float().numpy())
 
 
-class _FluxForward:
-    """FluxTransformer2DModel.forward on diffcp: the same arguments, the same output."""
+class _Forward:
+    """A transformer's forward on diffcp: the family's arguments in, its output out (subclasses)."""
 
     def __init__(self, core, state):
         self.core = core
         self.state = state
+
+    def velocity(self, x: np.ndarray, gh: int, gw: int, txt, pooled, t: float, g: float) -> np.ndarray:
+        """x [B, N, C_in] packed tokens of a gh x gw grid; txt [B, T, D], pooled [B, P] or None
+        (torch) -> the velocity [B, N, C_in]. Images sharing the prompt run as one batch (the model
+        shares the text rows across images); each other prompt (e.g. classifier-free guidance's
+        negative half of a batch) runs after, with its own V-Major caches (its pass)."""
+        import torch
+        step = self.state.step_of(t)
+        out = np.empty_like(x)
+        groups: list[list[int]] = []
+        for i in range(x.shape[0]):
+            for grp in groups:
+                j = grp[0]
+                if torch.equal(txt[i], txt[j]) and (pooled is None or torch.equal(pooled[i], pooled[j])):
+                    grp.append(i)
+                    break
+            else:
+                groups.append([i])
+        for pass_index, grp in enumerate(groups):
+            p = _f32(pooled[grp[0]]) if pooled is not None else np.zeros(0, np.float32)
+            out[grp] = self.core.velocity(np.ascontiguousarray(x[grp]), 16 * gh, 16 * gw, _f32(txt[grp[0]]), p, t, g,
+                                          pass_index, step, self.state.steps)
+        return out
+
+    @staticmethod
+    def timestep(timestep) -> float:
+        t = timestep.detach().to("cpu").double().reshape(-1)
+        if not bool((t == t[0]).all()):
+            raise NotImplementedError("diffcp.diffusers: every image of a batch must share the timestep")
+        return float(t[0])
+
+    @staticmethod
+    def output(out: np.ndarray, like, return_dict: bool):
+        import torch
+        sample = torch.from_numpy(out).to(device=like.device, dtype=like.dtype)
+        if not return_dict:
+            return (sample,)
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+        return Transformer2DModelOutput(sample=sample)
+
+    @staticmethod
+    def refuse_attention_kwargs(kwargs) -> None:
+        if kwargs and any(k != "scale" for k in kwargs):
+            raise NotImplementedError(f"diffcp.diffusers: attention kwargs {sorted(kwargs)} (attention processors, "
+                                      "LoRA) are not supported")
+
+
+class _FluxForward(_Forward):
+    """FluxTransformer2DModel.forward: hidden_states [B, N, C_in] packed 2x2, timestep = sigma."""
 
     def __call__(self, hidden_states, encoder_hidden_states=None, pooled_projections=None, timestep=None,
                  img_ids=None, txt_ids=None, guidance=None, joint_attention_kwargs=None,
@@ -90,9 +141,7 @@ class _FluxForward:
         import torch
         if controlnet_block_samples is not None or controlnet_single_block_samples is not None:
             raise NotImplementedError("diffcp.diffusers: ControlNet residuals are not supported")
-        if joint_attention_kwargs and any(k != "scale" for k in joint_attention_kwargs):
-            raise NotImplementedError(f"diffcp.diffusers: joint_attention_kwargs {sorted(joint_attention_kwargs)} "
-                                      "(attention processors, LoRA) are not supported")
+        self.refuse_attention_kwargs(joint_attention_kwargs)
         if unused:
             raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
         B, N, _ = hidden_states.shape
@@ -108,34 +157,40 @@ class _FluxForward:
                                       "(e.g. Kontext's reference image) are not supported")
         if txt_ids is not None and bool(txt_ids.detach().abs().sum() != 0):
             raise NotImplementedError("diffcp.diffusers: non-zero txt_ids are not supported (FLUX.1 text sits at the origin)")
-        t = timestep.detach().to("cpu").double().reshape(-1)
-        if not bool((t == t[0]).all()):
-            raise NotImplementedError("diffcp.diffusers: every image of a batch must share the timestep")
         g = 0.0 if guidance is None else float(guidance.detach().to("cpu").double().reshape(-1)[0])
-        step = self.state.step_of(float(t[0]))
-        x = _f32(hidden_states)
-        txt = encoder_hidden_states.detach()
         pooled = pooled_projections.detach() if pooled_projections is not None else None
-        out = np.empty_like(x)
-        # Images sharing the prompt run as one batch (the model shares the text rows across images).
-        groups: list[list[int]] = []
-        for i in range(B):
-            for grp in groups:
-                j = grp[0]
-                if torch.equal(txt[i], txt[j]) and (pooled is None or torch.equal(pooled[i], pooled[j])):
-                    grp.append(i)
-                    break
-            else:
-                groups.append([i])
-        for pass_index, grp in enumerate(groups):
-            p = _f32(pooled[grp[0]]) if pooled is not None else np.zeros(0, np.float32)
-            out[grp] = self.core.velocity(np.ascontiguousarray(x[grp]), 16 * gh, 16 * gw, _f32(txt[grp[0]]), p,
-                                          float(t[0]), g, pass_index, step, self.state.steps)
-        sample = torch.from_numpy(out).to(device=hidden_states.device, dtype=hidden_states.dtype)
-        if not return_dict:
-            return (sample,)
-        from diffusers.models.modeling_outputs import Transformer2DModelOutput
-        return Transformer2DModelOutput(sample=sample)
+        out = self.velocity(_f32(hidden_states), gh, gw, encoder_hidden_states.detach(), pooled,
+                            self.timestep(timestep), g)
+        return self.output(out, hidden_states, return_dict)
+
+
+class _SD3Forward(_Forward):
+    """SD3Transformer2DModel.forward: hidden_states the latent [B, C, H/8, W/8], timestep = 1000 sigma;
+    classifier-free guidance's batch [negative; prompt] runs as two passes."""
+
+    def __call__(self, hidden_states, encoder_hidden_states=None, pooled_projections=None, timestep=None,
+                 block_controlnet_hidden_states=None, joint_attention_kwargs=None, return_dict=True, skip_layers=None,
+                 **unused):
+        if block_controlnet_hidden_states is not None:
+            raise NotImplementedError("diffcp.diffusers: ControlNet residuals are not supported")
+        if skip_layers is not None:
+            raise NotImplementedError("diffcp.diffusers: skip_layers (skip-layer guidance) is not supported")
+        self.refuse_attention_kwargs(joint_attention_kwargs)
+        if unused:
+            raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
+        B, C, H, W = hidden_states.shape
+        if H % 2 or W % 2:
+            raise ValueError(f"hidden_states: a {H} x {W} latent, expected even sides (2x2 patches)")
+        gh, gw = H // 2, W // 2
+        # [B, C, 2gh, 2gw] -> tokens [B, gh gw, 4C], channels (c, ph, pw) (dit/sampler.hpp pack_latent)
+        x = _f32(hidden_states).reshape(B, C, gh, 2, gw, 2).transpose(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, 4 * C)
+        v = self.velocity(np.ascontiguousarray(x), gh, gw, encoder_hidden_states.detach(), pooled_projections.detach(),
+                          self.timestep(timestep) / 1000.0, 0.0)
+        out = np.ascontiguousarray(v.reshape(B, gh, gw, C, 2, 2).transpose(0, 3, 1, 4, 2, 5).reshape(B, C, H, W))
+        return self.output(out, hidden_states, return_dict)
+
+
+_FORWARDS = {"FluxTransformer2DModel": _FluxForward, "SD3Transformer2DModel": _SD3Forward}
 
 
 class _StepState:
@@ -219,5 +274,5 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
         for p in params:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
     state = _StepState()
-    transformer.forward = _FluxForward(core, state)  # nn.Module.__call__ calls self.forward
+    transformer.forward = _FORWARDS[name](core, state)  # nn.Module.__call__ calls self.forward
     return ParallelPipeline(pipe, core, state, dup, output_on)

@@ -27,15 +27,17 @@ P, RANK = COMM.Get_size(), COMM.Get_rank()
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _reference_module():
-    spec = importlib.util.spec_from_file_location("flux_reference", ROOT / "tools" / "flux_reference.py")
+def _reference_module(name: str):
+    sys.path.insert(0, str(ROOT / "tools"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["flux_reference"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-REF = _reference_module()
+REF = _reference_module("flux_reference")
+SD3 = _reference_module("sd3_reference")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,20 @@ class FluxTransformer2DModel(torch.nn.Module):
         c = json.loads((path / "transformer" / "config.json").read_text())
         self.config = SimpleNamespace(_name_or_path=str(path / "transformer"), **c)
         self.w = torch.nn.Parameter(torch.ones(16, dtype=torch.bfloat16))
+
+
+class SD3Transformer2DModel(FluxTransformer2DModel):
+    """The same stand-in under SD3's class name."""
+
+
+@pytest.fixture(scope="module")
+def sd3_folder():
+    """A tiny SD3.5-like diffusers pipeline folder (2 blocks, the last context-pre-only), one per rank."""
+    d = tempfile.TemporaryDirectory()
+    subprocess.run([sys.executable, str(ROOT / "tools" / "sd3_reference.py"), "make", "--out", d.name],
+                   check=True, stdout=subprocess.DEVNULL)
+    yield Path(d.name)
+    d.cleanup()
 
 
 def inputs(batch: int, width: int, height: int, text_tokens: int, seed: int):
@@ -133,3 +149,23 @@ def test_bad_input_is_refused(folder):
     with pytest.raises(ValueError, match="rows for 7 image tokens"):
         call(pipe.transformer, x[:, :-1].copy(), txt, pooled, img_ids, txt_ids, 0.5, 1.0)
     assert par.output_on == "rank0"
+
+
+@pytest.mark.parametrize("mode", ["flat", "vfirst"])
+def test_sd3_forward_with_cfg_batch_equals_numpy_reference(sd3_folder, mode):
+    # SD3's pipeline batches [negative; prompt]: two prompts of one batch, run as two passes. A
+    # 80 x 48 image: a 3 x 5 grid, 15 tokens (P = 2, 4 divide it not).
+    rng = np.random.default_rng(9)
+    lat = rng.standard_normal((2, 4, 6, 10)).astype(np.float32)
+    txt = rng.standard_normal((2, 7, 32)).astype(np.float32)
+    pooled = rng.standard_normal((2, 24)).astype(np.float32)
+    pipe = SimpleNamespace(transformer=SD3Transformer2DModel(sd3_folder))
+    diffcp.diffusers.parallelize(pipe, mode=mode, dtype="f32", weights_dtype="f32")
+    out = pipe.transformer(hidden_states=torch.from_numpy(lat), encoder_hidden_states=torch.from_numpy(txt),
+                           pooled_projections=torch.from_numpy(pooled), timestep=torch.full((2,), 640.0),
+                           joint_attention_kwargs=None, return_dict=False)[0].numpy()
+    a, w, _ = SD3.load_folder(sd3_folder)
+    ref = SD3.SD3Reference(a, w)
+    for i in range(2):
+        want = ref.forward(lat[i:i + 1].astype(np.float64), txt[i].astype(np.float64), pooled[i].astype(np.float64), 0.64)
+        close(out[i:i + 1], want, 1e-4, f"{mode} image {i}")
