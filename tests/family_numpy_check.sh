@@ -52,7 +52,7 @@ run_case() {
   # shellcheck disable=SC2086
   mpirun --oversubscribe -np "$P" "$bin" dit --weights "$d" --text-embeddings "$d/txt.npy" "${pooled[@]}" "${neg[@]}" \
     --noise "$d/noise.npy" --width "$W" --height "$H" --steps "$steps" "${gopt[@]}" --mode "$mode" \
-    --group-size 1 --dump-velocity "$d/dump" --out "" $extra >/dev/null
+    --group-size 1 --dump-velocity "$d/dump" --out "" --weights-dtype f32 $extra >/dev/null
   echo "== $family $name: P = $P, mode $mode, guidance $g, $steps steps, make: $make, diffcp: $extra"
   "$py" "$ref" check --weights "$d" --txt "$d/txt.npy" --noise "$d/noise.npy" --width "$W" --height "$H" \
     --steps "$steps" "${chk[@]}" --dump "$d/dump" --tol 2e-5
@@ -106,7 +106,7 @@ d="$work/bf16"
 for w in "$d" "$d/transformer"; do
   mpirun --oversubscribe -np 2 "$bin" dit --weights "$w" --text-embeddings "$d/txt.npy" "${both[@]}" \
     --noise "$d/noise.npy" --width 64 --height 48 --steps 2 --schedule linear --mode vfirst --group-size 1 \
-    --dump-velocity "$w/dump_linear" --out "" >/dev/null
+    --dump-velocity "$w/dump_linear" --out "" --weights-dtype f32 >/dev/null
 done
 for s in 0 1; do cmp "$d/dump_linear/velocity_$s.npy" "$d/transformer/dump_linear/velocity_$s.npy"; done
 echo "== the pipeline folder and its transformer folder give the same velocities, byte for byte"
