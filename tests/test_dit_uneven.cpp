@@ -23,6 +23,7 @@
 #include "diffcp/dit/sampler.hpp"
 #include "diffcp/dit/vmajor.hpp"
 #include "diffcp/testing/compare.hpp"
+#include "dit_family_config.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {
@@ -30,31 +31,11 @@ namespace {
 
 Communicator& world() { return test::world(); }
 
-// 2P heads of dim 8 (so Ulysses runs over all P ranks), one block of each kind the family has.
+// 2P heads (so Ulysses runs over all P ranks); FLUX's one block of each kind, two double blocks
+// in the families without single ones.
 DitConfig uneven_config(DitFamily family) {
-  DitConfig c = dit_preset("tiny");
-  c.family = family;
-  c.heads = 2 * world().size();
-  c.head_dim = 8;
-  c.rope_axes = flux_rope_axes(8);
-  c.mlp_hidden = 48;
-  c.text_dim = 16;
-  c.pooled_dim = c.has_pooled() ? 16 : 0;
-  c.time_dim = 32;
-  if (family == DitFamily::qwen_image || family == DitFamily::sd3) {
-    c.single_blocks = 0;
-    c.double_blocks = 2;
-  }
-  if (family == DitFamily::qwen_image) c.rope_axes = {2, 2, 4};
-  if (family == DitFamily::flux2) {
-    c.qkv_bias = false;
-    c.rope_axes = {2, 2, 2, 2};
-  }
-  if (family == DitFamily::sd3) {
-    c.rope_axes.clear();
-    c.pos_embed_max = 12;
-  }
-  return c;
+  const bool singles = family == DitFamily::flux1 || family == DitFamily::flux2;
+  return test::tiny_family_config(family, 2 * world().size(), 48, singles ? 1 : 2, 1, 12);
 }
 
 // 112 x 80 pixels: a 5 x 7 grid, 35 image tokens; 13 text tokens (prime: no P > 1 divides either).

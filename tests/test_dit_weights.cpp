@@ -24,6 +24,7 @@
 #include "diffcp/dit/metrics.hpp"
 #include "diffcp/dit/run.hpp"
 #include "diffcp/dit/sampler.hpp"
+#include "dit_family_config.hpp"
 #include "error_of.hpp"
 #include "mpi_test.hpp"
 
@@ -32,29 +33,10 @@ namespace {
 
 Communicator& world() { return test::world(); }
 
-// 24 heads (Ulysses at every tested P) of dim 8; two blocks of each kind the family has.
+// 24 heads (Ulysses at every tested P); two blocks of each kind the family has.
 DitConfig weights_config(DitFamily family) {
-  DitConfig c = dit_preset("tiny");
-  c.family = family;
-  c.heads = 24;
-  c.head_dim = 8;
-  c.rope_axes = flux_rope_axes(8);
-  c.mlp_hidden = 96;
-  c.text_dim = 16;
-  c.pooled_dim = c.has_pooled() ? 16 : 0;
-  c.time_dim = 32;
-  c.double_blocks = 2;
-  c.single_blocks = family == DitFamily::flux1 || family == DitFamily::flux2 ? 2 : 0;
-  if (family == DitFamily::flux1) c.guidance_embed = true;
-  if (family == DitFamily::qwen_image) c.rope_axes = {2, 2, 4};
-  if (family == DitFamily::flux2) {
-    c.qkv_bias = false;
-    c.rope_axes = {2, 2, 2, 2};
-  }
-  if (family == DitFamily::sd3) {
-    c.rope_axes.clear();
-    c.pos_embed_max = 16;
-  }
+  DitConfig c = test::tiny_family_config(family, 24, 96, 2, 2, 16);
+  c.guidance_embed = family == DitFamily::flux1;
   return c;
 }
 
