@@ -12,9 +12,9 @@ The Python face of the C++ library (see docs/python.md):
 * :class:`Drafter` — a DFlash drafter loaded from a DFlash-format folder, drafting one block;
   :mod:`diffcp.speculative` — ``generate(target, drafter, input_ids, max_new_tokens)``, lossless
   greedy speculative decoding with a transformers target, measuring tau.
-* :mod:`diffcp.diffusers` — ``parallelize(pipe)``: a diffusers FluxPipeline or
-  StableDiffusion3Pipeline whose transformer runs sequence-parallel on diffcp (import it
-  explicitly; it needs torch, and diffusers for the pipelines).
+* :mod:`diffcp.diffusers` — ``parallelize(pipe)``: a diffusers pipeline (FLUX.1, SD3.5,
+  Qwen-Image, FLUX.2) whose transformer runs sequence-parallel on diffcp (import it explicitly;
+  it needs torch, and diffusers for the pipelines).
 
 Shapes use SPEC.md's names: ``b`` samples, ``S`` packed context rows, ``B`` block size,
 ``N`` blocks, ``Q = N * B`` query rows, ``P`` ranks.

@@ -17,8 +17,9 @@ with the same arguments::
     pipe = diffcp.diffusers.parallelize(pipe)            # comm: MPI.COMM_WORLD
     image = pipe(prompt="a lighthouse", num_inference_steps=28).images   # rank 0 (output_on="all": every rank)
 
-Supported: FluxPipeline (FluxTransformer2DModel, FLUX.1 dev / schnell) and StableDiffusion3Pipeline
-(SD3Transformer2DModel, SD3.5 large / large turbo: no dual attention), with the pipeline's own
+Supported: FluxPipeline (FluxTransformer2DModel, FLUX.1 dev / schnell), StableDiffusion3Pipeline
+(SD3Transformer2DModel, SD3.5 large / large turbo: no dual attention), QwenImagePipeline
+(QwenImageTransformer2DModel) and Flux2Pipeline (Flux2Transformer2DModel), with the pipeline's own
 arguments (``prompt`` or ``prompt_embeds`` + ``pooled_prompt_embeds``, ``negative_prompt``,
 ``height``, ``width``, ``num_inference_steps``, ``guidance_scale``, ``generator``, ``output_type``,
 ...). Images of a batch that share a prompt run as one batch; different prompts (SD3's
@@ -36,7 +37,8 @@ from . import _core
 
 __all__ = ["parallelize", "ParallelPipeline", "SUPPORTED_TRANSFORMERS"]
 
-SUPPORTED_TRANSFORMERS = ("FluxTransformer2DModel", "SD3Transformer2DModel")
+SUPPORTED_TRANSFORMERS = ("FluxTransformer2DModel", "SD3Transformer2DModel", "QwenImageTransformer2DModel",
+                          "Flux2Transformer2DModel")
 
 
 def _world(comm):
@@ -78,6 +80,17 @@ def _f32(x) -> np.ndarray:
     return np.ascontiguousarray(x.detach().to("cpu").float().numpy())
 
 
+def _guidance(guidance) -> float:
+    """The distilled guidance scale of a batch (one value; 0 without one)."""
+    if guidance is None:
+        return 0.0
+    g = guidance.detach().to("cpu").double().reshape(-1)
+    if not bool((g == g[0]).all()):
+        raise NotImplementedError("diffcp.diffusers: every image of a batch must share the guidance")
+    return float(g[0])
+
+
+
 class _Forward:
     """A transformer's forward on diffcp: the family's arguments in, its output out (subclasses)."""
 
@@ -86,10 +99,11 @@ class _Forward:
         self.state = state
 
     def velocity(self, x: np.ndarray, gh: int, gw: int, txt, pooled, t: float, g: float) -> np.ndarray:
-        """x [B, N, C_in] packed tokens of a gh x gw grid; txt [B, T, D], pooled [B, P] or None
-        (torch) -> the velocity [B, N, C_in]. Images sharing the prompt run as one batch (the model
-        shares the text rows across images); each other prompt (e.g. classifier-free guidance's
-        negative half of a batch) runs after, with its own V-Major caches (its pass)."""
+        """x [B, N, C_in] packed tokens of a gh x gw grid; txt: per image its [T_i, D] rows, pooled
+        [B, P] or None (torch) -> the velocity [B, N, C_in]. Images sharing the prompt run as one
+        batch (the model shares the text rows across images); each other prompt (classifier-free
+        guidance's negative half of SD3's batch, or Qwen-Image's second call of a step) is another
+        pass, with its own V-Major caches."""
         import torch
         step = self.state.step_of(t)
         out = np.empty_like(x)
@@ -102,11 +116,35 @@ class _Forward:
                     break
             else:
                 groups.append([i])
-        for pass_index, grp in enumerate(groups):
+        for grp in groups:
             p = _f32(pooled[grp[0]]) if pooled is not None else np.zeros(0, np.float32)
             out[grp] = self.core.velocity(np.ascontiguousarray(x[grp]), 16 * gh, 16 * gw, _f32(txt[grp[0]]), p, t, g,
-                                          pass_index, step, self.state.steps)
+                                          self.state.next_pass(), step, self.state.steps)
         return out
+
+    @staticmethod
+    def check_grid(ids, gh: int, gw: int, axes: int, row: int, what: str) -> None:
+        """ids [N, axes] must be the pipeline's grid: (.., row, column, ..) at columns row, row + 1, 0 elsewhere."""
+        import torch
+        want = torch.zeros(gh, gw, axes, dtype=torch.float64)
+        want[..., row] = torch.arange(gh, dtype=torch.float64)[:, None]
+        want[..., row + 1] = torch.arange(gw, dtype=torch.float64)[None, :]
+        if ids.shape != (gh * gw, axes) or not torch.equal(ids, want.reshape(-1, axes)):
+            raise NotImplementedError(f"diffcp.diffusers: {what} other than the pipeline's (row, column) grid "
+                                      "are not supported (e.g. a reference image's tokens)")
+
+    @staticmethod
+    def ids2d(ids, axes: int):
+        """[N, axes] or [B, N, axes] (every image the same) -> [N, axes] float64 on the host."""
+        import torch
+        ids = ids.detach().to("cpu").double()
+        if ids.dim() == 3:
+            if not all(torch.equal(ids[0], i) for i in ids):
+                raise NotImplementedError("diffcp.diffusers: ids that differ between the images of a batch")
+            ids = ids[0]
+        if ids.dim() != 2 or ids.shape[1] != axes:
+            raise ValueError(f"ids of shape {tuple(ids.shape)}, expected [N, {axes}]")
+        return ids
 
     @staticmethod
     def timestep(timestep) -> float:
@@ -138,29 +176,22 @@ class _FluxForward(_Forward):
                  img_ids=None, txt_ids=None, guidance=None, joint_attention_kwargs=None,
                  controlnet_block_samples=None, controlnet_single_block_samples=None, return_dict=True,
                  controlnet_blocks_repeat=False, **unused):
-        import torch
         if controlnet_block_samples is not None or controlnet_single_block_samples is not None:
             raise NotImplementedError("diffcp.diffusers: ControlNet residuals are not supported")
         self.refuse_attention_kwargs(joint_attention_kwargs)
         if unused:
             raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
         B, N, _ = hidden_states.shape
-        ids = img_ids.detach().to("cpu").double().reshape(-1, 3)
+        ids = self.ids2d(img_ids, 3)
         if ids.shape[0] != N:
             raise ValueError(f"img_ids: {ids.shape[0]} rows for {N} image tokens")
         gh, gw = int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1
-        grid = torch.zeros(gh, gw, 3, dtype=torch.float64)
-        grid[..., 1] = torch.arange(gh, dtype=torch.float64)[:, None]
-        grid[..., 2] = torch.arange(gw, dtype=torch.float64)[None, :]
-        if gh * gw != N or not torch.equal(ids, grid.reshape(-1, 3)):
-            raise NotImplementedError("diffcp.diffusers: img_ids other than FluxPipeline's (0, row, column) grid "
-                                      "(e.g. Kontext's reference image) are not supported")
+        self.check_grid(ids, gh, gw, 3, 1, "img_ids")
         if txt_ids is not None and bool(txt_ids.detach().abs().sum() != 0):
             raise NotImplementedError("diffcp.diffusers: non-zero txt_ids are not supported (FLUX.1 text sits at the origin)")
-        g = 0.0 if guidance is None else float(guidance.detach().to("cpu").double().reshape(-1)[0])
         pooled = pooled_projections.detach() if pooled_projections is not None else None
-        out = self.velocity(_f32(hidden_states), gh, gw, encoder_hidden_states.detach(), pooled,
-                            self.timestep(timestep), g)
+        out = self.velocity(_f32(hidden_states), gh, gw, list(encoder_hidden_states.detach()), pooled,
+                            self.timestep(timestep), _guidance(guidance))
         return self.output(out, hidden_states, return_dict)
 
 
@@ -184,31 +215,101 @@ class _SD3Forward(_Forward):
         gh, gw = H // 2, W // 2
         # [B, C, 2gh, 2gw] -> tokens [B, gh gw, 4C], channels (c, ph, pw) (dit/sampler.hpp pack_latent)
         x = _f32(hidden_states).reshape(B, C, gh, 2, gw, 2).transpose(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, 4 * C)
-        v = self.velocity(np.ascontiguousarray(x), gh, gw, encoder_hidden_states.detach(), pooled_projections.detach(),
-                          self.timestep(timestep) / 1000.0, 0.0)
+        v = self.velocity(np.ascontiguousarray(x), gh, gw, list(encoder_hidden_states.detach()),
+                          pooled_projections.detach(), self.timestep(timestep) / 1000.0, 0.0)
         out = np.ascontiguousarray(v.reshape(B, gh, gw, C, 2, 2).transpose(0, 3, 1, 4, 2, 5).reshape(B, C, H, W))
         return self.output(out, hidden_states, return_dict)
 
 
-_FORWARDS = {"FluxTransformer2DModel": _FluxForward, "SD3Transformer2DModel": _SD3Forward}
+class _QwenImageForward(_Forward):
+    """QwenImageTransformer2DModel.forward: hidden_states [B, N, C_in] packed 2x2, timestep = sigma,
+    img_shapes [(1, gh, gw)] per image; the text's padding (encoder_hidden_states_mask's trailing
+    zeros) is dropped, which is what the mask does; the pipeline's second call of a step (the
+    negative prompt) is another pass."""
+
+    def __call__(self, hidden_states, encoder_hidden_states=None, encoder_hidden_states_mask=None, timestep=None,
+                 img_shapes=None, guidance=None, attention_kwargs=None, controlnet_block_samples=None,
+                 additional_t_cond=None, return_dict=True, txt_seq_lens=None, **unused):
+        if controlnet_block_samples is not None or additional_t_cond is not None:
+            raise NotImplementedError("diffcp.diffusers: ControlNet residuals and additional_t_cond are not supported")
+        self.refuse_attention_kwargs(attention_kwargs)
+        if unused:
+            raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
+        B, N, _ = hidden_states.shape
+        shapes = {tuple(tuple(int(v) for v in s) for s in ([sh] if isinstance(sh[0], int) else sh)) for sh in img_shapes}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 1 or next(iter(shapes))[0][0] != 1:
+            raise NotImplementedError(f"diffcp.diffusers: img_shapes {img_shapes}: one frame of one image per batch "
+                                      "entry, the same for all, is supported (not edit models' reference images)")
+        _, gh, gw = next(iter(shapes))[0]
+        if gh * gw != N:
+            raise ValueError(f"img_shapes: a {gh} x {gw} grid for {N} image tokens")
+        txt = []
+        for i in range(B):
+            rows = encoder_hidden_states[i].detach()
+            if encoder_hidden_states_mask is not None:
+                m = encoder_hidden_states_mask[i].detach().to("cpu").bool()
+                n = int(m.sum())
+                if not bool(m[:n].all()):
+                    raise NotImplementedError("diffcp.diffusers: a text mask with holes (padding before real tokens)")
+                rows = rows[:n]
+            txt.append(rows)
+        out = self.velocity(_f32(hidden_states), gh, gw, txt, None, self.timestep(timestep), 0.0)
+        return self.output(out, hidden_states, return_dict)
+
+
+class _Flux2Forward(_Forward):
+    """Flux2Transformer2DModel.forward: hidden_states [B, N, C_in], timestep = sigma, img_ids
+    (0, row, column, 0) and txt_ids (0, 0, 0, i); no reference images or KV cache."""
+
+    def __call__(self, hidden_states, encoder_hidden_states=None, timestep=None, img_ids=None, txt_ids=None,
+                 guidance=None, joint_attention_kwargs=None, return_dict=True, kv_cache=None, kv_cache_mode=None,
+                 num_ref_tokens=0, ref_fixed_timestep=0.0, **unused):
+        import torch
+        if kv_cache is not None or kv_cache_mode is not None or num_ref_tokens:
+            raise NotImplementedError("diffcp.diffusers: reference-image tokens and the KV cache are not supported")
+        self.refuse_attention_kwargs(joint_attention_kwargs)
+        if unused:
+            raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
+        B, N, _ = hidden_states.shape
+        ids = self.ids2d(img_ids, 4)
+        if ids.shape[0] != N:
+            raise ValueError(f"img_ids: {ids.shape[0]} rows for {N} image tokens")
+        gh, gw = int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1
+        self.check_grid(ids, gh, gw, 4, 1, "img_ids")
+        T = encoder_hidden_states.shape[1]
+        t_ids = self.ids2d(txt_ids, 4)
+        want = torch.zeros(T, 4, dtype=torch.float64)
+        want[:, 3] = torch.arange(T, dtype=torch.float64)
+        if not torch.equal(t_ids, want):
+            raise NotImplementedError("diffcp.diffusers: txt_ids other than Flux2Pipeline's (0, 0, 0, i)")
+        out = self.velocity(_f32(hidden_states), gh, gw, list(encoder_hidden_states.detach()), None,
+                            self.timestep(timestep), _guidance(guidance))
+        return self.output(out, hidden_states, return_dict)
+
+
+_FORWARDS = {"FluxTransformer2DModel": _FluxForward, "SD3Transformer2DModel": _SD3Forward,
+             "QwenImageTransformer2DModel": _QwenImageForward, "Flux2Transformer2DModel": _Flux2Forward}
 
 
 class _StepState:
     """The denoising step of each forward (V-Major's schedule reads it): a new timestep, a new step."""
 
     def __init__(self):
-        self.steps = 1
-        self.step = -1
-        self.t = None
+        self.reset(1)
 
     def reset(self, steps: int):
-        self.steps, self.step, self.t = max(int(steps), 1), -1, None
+        self.steps, self.step, self.t, self.passes = max(int(steps), 1), -1, None, 0
 
     def step_of(self, t: float) -> int:
         if t != self.t:
-            self.t = t
+            self.t, self.passes = t, 0
             self.step += 1
         return min(self.step, self.steps - 1)
+
+    def next_pass(self) -> int:
+        """The index of this model run within the step (0, 1, ...: its V-Major caches)."""
+        self.passes += 1
+        return self.passes - 1
 
 
 class ParallelPipeline:

@@ -169,3 +169,74 @@ def test_sd3_forward_with_cfg_batch_equals_numpy_reference(sd3_folder, mode):
     for i in range(2):
         want = ref.forward(lat[i:i + 1].astype(np.float64), txt[i].astype(np.float64), pooled[i].astype(np.float64), 0.64)
         close(out[i:i + 1], want, 1e-4, f"{mode} image {i}")
+
+
+QWEN = _reference_module("qwenimage_reference")
+FLUX2 = _reference_module("flux2_reference")
+
+
+class QwenImageTransformer2DModel(FluxTransformer2DModel):
+    """The stand-in under Qwen-Image's class name."""
+
+
+class Flux2Transformer2DModel(FluxTransformer2DModel):
+    """The stand-in under FLUX.2's class name."""
+
+
+def _made(tool: str):
+    d = tempfile.TemporaryDirectory()
+    subprocess.run([sys.executable, str(ROOT / "tools" / tool), "make", "--out", d.name], check=True,
+                   stdout=subprocess.DEVNULL)
+    return d
+
+
+def test_qwen_image_two_calls_with_masks_equal_numpy_reference():
+    # QwenImagePipeline's true CFG: a call for the prompt, then one for the negative prompt (another
+    # pass), each text padded to a longer length with encoder_hidden_states_mask's trailing zeros.
+    d = _made("qwenimage_reference.py")
+    folder = Path(d.name)
+    pipe = SimpleNamespace(transformer=QwenImageTransformer2DModel(folder))
+    diffcp.diffusers.parallelize(pipe, mode="vfirst", dtype="f32", weights_dtype="f32")
+    a, w, _ = QWEN.load_folder(folder)
+    ref = QWEN.QwenImageReference(a, w)
+    rng = np.random.default_rng(11)
+    gh, gw = 3, 5
+    x = rng.standard_normal((2, gh * gw, a["in_channels"])).astype(np.float32)
+    for n_real in (7, 4):
+        enc = rng.standard_normal((2, 9, a["joint_attention_dim"])).astype(np.float32)
+        enc[1] = enc[0]
+        mask = np.zeros((2, 9), np.int64)
+        mask[:, :n_real] = 1
+        out = pipe.transformer(hidden_states=torch.from_numpy(x), encoder_hidden_states=torch.from_numpy(enc),
+                               encoder_hidden_states_mask=torch.from_numpy(mask), timestep=torch.full((2,), 0.55),
+                               img_shapes=[[(1, gh, gw)]] * 2, guidance=None, attention_kwargs=None,
+                               return_dict=False)[0].numpy()
+        want = ref.forward(x.astype(np.float64), enc[0, :n_real].astype(np.float64), 0.55, gh, gw)
+        close(out, want, 1e-4, f"{n_real} real text tokens")
+    d.cleanup()
+
+
+def test_flux2_forward_equals_numpy_reference():
+    d = _made("flux2_reference.py")
+    folder = Path(d.name)
+    pipe = SimpleNamespace(transformer=Flux2Transformer2DModel(folder))
+    diffcp.diffusers.parallelize(pipe, mode="tapa", dtype="f32", weights_dtype="f32")
+    a, w, _ = FLUX2.load_folder(folder)
+    ref = FLUX2.Flux2Reference(a, w)
+    rng = np.random.default_rng(13)
+    gh, gw, T = 3, 5, 7
+    x = rng.standard_normal((2, gh * gw, a["in_channels"])).astype(np.float32)
+    enc = np.repeat(rng.standard_normal((1, T, a["joint_attention_dim"])).astype(np.float32), 2, 0)
+    img_ids = torch.cartesian_prod(torch.arange(1), torch.arange(gh), torch.arange(gw), torch.arange(1))
+    txt_ids = torch.cartesian_prod(torch.arange(1), torch.arange(1), torch.arange(1), torch.arange(T))
+    out = pipe.transformer(hidden_states=torch.from_numpy(x), encoder_hidden_states=torch.from_numpy(enc),
+                           timestep=torch.full((2,), 0.3), img_ids=img_ids[None].repeat(2, 1, 1),
+                           txt_ids=txt_ids[None].repeat(2, 1, 1), guidance=torch.full((2,), 4.0),
+                           joint_attention_kwargs=None, return_dict=False)[0].numpy()
+    want = ref.forward(x.astype(np.float64), enc[0].astype(np.float64), 0.3, 4.0, gh, gw)
+    close(out, want, 1e-4, "flux2")
+    with pytest.raises(NotImplementedError, match="txt_ids other than"):
+        pipe.transformer(hidden_states=torch.from_numpy(x), encoder_hidden_states=torch.from_numpy(enc),
+                         timestep=torch.full((2,), 0.3), img_ids=img_ids, txt_ids=torch.zeros(T, 4),
+                         guidance=torch.full((2,), 4.0), return_dict=False)
+    d.cleanup()
