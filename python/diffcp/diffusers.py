@@ -133,6 +133,15 @@ class _Forward:
             raise NotImplementedError(f"diffcp.diffusers: {what} other than the pipeline's (row, column) grid "
                                       "are not supported (e.g. a reference image's tokens)")
 
+    def grid_of(self, img_ids, axes: int, N: int) -> tuple[int, int]:
+        """The (g_h, g_w) of the pipeline's img_ids ([N, axes] or [B, N, axes]: row, column at columns 1, 2)."""
+        ids = self.ids2d(img_ids, axes)
+        if ids.shape[0] != N:
+            raise ValueError(f"img_ids: {ids.shape[0]} rows for {N} image tokens")
+        gh, gw = int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1
+        self.check_grid(ids, gh, gw, axes, 1, "img_ids")
+        return gh, gw
+
     @staticmethod
     def ids2d(ids, axes: int):
         """[N, axes] or [B, N, axes] (every image the same) -> [N, axes] float64 on the host."""
@@ -163,10 +172,13 @@ class _Forward:
         return Transformer2DModelOutput(sample=sample)
 
     @staticmethod
-    def refuse_attention_kwargs(kwargs) -> None:
-        if kwargs and any(k != "scale" for k in kwargs):
-            raise NotImplementedError(f"diffcp.diffusers: attention kwargs {sorted(kwargs)} (attention processors, "
-                                      "LoRA) are not supported")
+    def refuse(attention_kwargs, unused) -> None:
+        """Attention processors / LoRA (attention kwargs other than scale) and unknown arguments."""
+        if attention_kwargs and any(k != "scale" for k in attention_kwargs):
+            raise NotImplementedError(f"diffcp.diffusers: attention kwargs {sorted(attention_kwargs)} (attention "
+                                      "processors, LoRA) are not supported")
+        if unused:
+            raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
 
 
 class _FluxForward(_Forward):
@@ -178,15 +190,8 @@ class _FluxForward(_Forward):
                  controlnet_blocks_repeat=False, **unused):
         if controlnet_block_samples is not None or controlnet_single_block_samples is not None:
             raise NotImplementedError("diffcp.diffusers: ControlNet residuals are not supported")
-        self.refuse_attention_kwargs(joint_attention_kwargs)
-        if unused:
-            raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
-        B, N, _ = hidden_states.shape
-        ids = self.ids2d(img_ids, 3)
-        if ids.shape[0] != N:
-            raise ValueError(f"img_ids: {ids.shape[0]} rows for {N} image tokens")
-        gh, gw = int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1
-        self.check_grid(ids, gh, gw, 3, 1, "img_ids")
+        self.refuse(joint_attention_kwargs, unused)
+        gh, gw = self.grid_of(img_ids, 3, hidden_states.shape[1])
         if txt_ids is not None and bool(txt_ids.detach().abs().sum() != 0):
             raise NotImplementedError("diffcp.diffusers: non-zero txt_ids are not supported (FLUX.1 text sits at the origin)")
         pooled = pooled_projections.detach() if pooled_projections is not None else None
@@ -206,9 +211,7 @@ class _SD3Forward(_Forward):
             raise NotImplementedError("diffcp.diffusers: ControlNet residuals are not supported")
         if skip_layers is not None:
             raise NotImplementedError("diffcp.diffusers: skip_layers (skip-layer guidance) is not supported")
-        self.refuse_attention_kwargs(joint_attention_kwargs)
-        if unused:
-            raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
+        self.refuse(joint_attention_kwargs, unused)
         B, C, H, W = hidden_states.shape
         if H % 2 or W % 2:
             raise ValueError(f"hidden_states: a {H} x {W} latent, expected even sides (2x2 patches)")
@@ -232,9 +235,7 @@ class _QwenImageForward(_Forward):
                  additional_t_cond=None, return_dict=True, txt_seq_lens=None, **unused):
         if controlnet_block_samples is not None or additional_t_cond is not None:
             raise NotImplementedError("diffcp.diffusers: ControlNet residuals and additional_t_cond are not supported")
-        self.refuse_attention_kwargs(attention_kwargs)
-        if unused:
-            raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
+        self.refuse(attention_kwargs, unused)
         B, N, _ = hidden_states.shape
         shapes = {tuple(tuple(int(v) for v in s) for s in ([sh] if isinstance(sh[0], int) else sh)) for sh in img_shapes}
         if len(shapes) != 1 or len(next(iter(shapes))) != 1 or next(iter(shapes))[0][0] != 1:
@@ -267,15 +268,8 @@ class _Flux2Forward(_Forward):
         import torch
         if kv_cache is not None or kv_cache_mode is not None or num_ref_tokens:
             raise NotImplementedError("diffcp.diffusers: reference-image tokens and the KV cache are not supported")
-        self.refuse_attention_kwargs(joint_attention_kwargs)
-        if unused:
-            raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
-        B, N, _ = hidden_states.shape
-        ids = self.ids2d(img_ids, 4)
-        if ids.shape[0] != N:
-            raise ValueError(f"img_ids: {ids.shape[0]} rows for {N} image tokens")
-        gh, gw = int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1
-        self.check_grid(ids, gh, gw, 4, 1, "img_ids")
+        self.refuse(joint_attention_kwargs, unused)
+        gh, gw = self.grid_of(img_ids, 4, hidden_states.shape[1])
         T = encoder_hidden_states.shape[1]
         t_ids = self.ids2d(txt_ids, 4)
         want = torch.zeros(T, 4, dtype=torch.float64)

@@ -183,22 +183,21 @@ class Flux2Transformer2DModel(FluxTransformer2DModel):
     """The stand-in under FLUX.2's class name."""
 
 
-def _made(tool: str):
+def _parallel(tool: str, module, cls, reference: str, mode: str):
+    """A folder made by tools/<tool>, its stand-in transformer parallelized, the NumPy reference."""
     d = tempfile.TemporaryDirectory()
     subprocess.run([sys.executable, str(ROOT / "tools" / tool), "make", "--out", d.name], check=True,
                    stdout=subprocess.DEVNULL)
-    return d
+    pipe = SimpleNamespace(transformer=cls(Path(d.name)))
+    diffcp.diffusers.parallelize(pipe, mode=mode, dtype="f32", weights_dtype="f32")
+    a, w, _ = module.load_folder(Path(d.name))
+    return d, pipe, a, getattr(module, reference)(a, w)
 
 
 def test_qwen_image_two_calls_with_masks_equal_numpy_reference():
     # QwenImagePipeline's true CFG: a call for the prompt, then one for the negative prompt (another
     # pass), each text padded to a longer length with encoder_hidden_states_mask's trailing zeros.
-    d = _made("qwenimage_reference.py")
-    folder = Path(d.name)
-    pipe = SimpleNamespace(transformer=QwenImageTransformer2DModel(folder))
-    diffcp.diffusers.parallelize(pipe, mode="vfirst", dtype="f32", weights_dtype="f32")
-    a, w, _ = QWEN.load_folder(folder)
-    ref = QWEN.QwenImageReference(a, w)
+    d, pipe, a, ref = _parallel("qwenimage_reference.py", QWEN, QwenImageTransformer2DModel, "QwenImageReference", "vfirst")
     rng = np.random.default_rng(11)
     gh, gw = 3, 5
     x = rng.standard_normal((2, gh * gw, a["in_channels"])).astype(np.float32)
@@ -217,12 +216,7 @@ def test_qwen_image_two_calls_with_masks_equal_numpy_reference():
 
 
 def test_flux2_forward_equals_numpy_reference():
-    d = _made("flux2_reference.py")
-    folder = Path(d.name)
-    pipe = SimpleNamespace(transformer=Flux2Transformer2DModel(folder))
-    diffcp.diffusers.parallelize(pipe, mode="tapa", dtype="f32", weights_dtype="f32")
-    a, w, _ = FLUX2.load_folder(folder)
-    ref = FLUX2.Flux2Reference(a, w)
+    d, pipe, a, ref = _parallel("flux2_reference.py", FLUX2, Flux2Transformer2DModel, "Flux2Reference", "tapa")
     rng = np.random.default_rng(13)
     gh, gw, T = 3, 5, 7
     x = rng.standard_normal((2, gh * gw, a["in_channels"])).astype(np.float32)
