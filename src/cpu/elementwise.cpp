@@ -87,7 +87,7 @@ void CpuBackend::guidance_combine(TensorView v_v, ConstTensorView neg_v, float s
       comb2 += static_cast<double>(comb) * comb;
       y[c] = comb;
     }
-    if (!keep_norm) continue;
+    if (!keep_norm || comb2 == 0) continue;  // a zero row (padding) stays zero, not 0/0
     const float f = static_cast<float>(std::sqrt(cond2) / std::sqrt(comb2));
     for (std::int64_t c = 0; c < C; ++c) y[c] *= f;
   }
