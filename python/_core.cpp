@@ -487,17 +487,18 @@ class DitPy {
     std::unique_ptr<AttentionExchange> exchange;
     std::unique_ptr<DitModel> model;
   };
-  // The exchange and model of one shape and pass (created collectively on first use: every rank
-  // calls velocity() with the same shapes in the same order).
+  // The exchange and model of one pass (its V-Major caches), rebuilt when the pass's shape changes
+  // (collectively: every rank calls velocity() with the same shapes in the same order).
   Run& run(const DitShape& shape, int pass) {
-    const std::string key = std::to_string(shape.batch) + "x" + std::to_string(shape.width) + "x" + std::to_string(shape.height) +
-                            "x" + std::to_string(shape.text_tokens) + "/" + std::to_string(pass);
-    auto it = runs_.find(key);
-    if (it != runs_.end()) return it->second;
-    Run r;
+    Run& r = runs_[pass];
+    const DitShape& s = r.model ? r.model->shape() : DitShape{};
+    if (r.model && s.batch == shape.batch && s.width == shape.width && s.height == shape.height &&
+        s.text_tokens == shape.text_tokens)
+      return r;
+    r.model.reset();  // the model uses the exchange: destroyed first
     r.exchange = make_attention_exchange(mode_, *comm_, group_size_, schedule_, ulysses_);
     r.model = std::make_unique<DitModel>(*w_, shape, *r.exchange);
-    return runs_.emplace(key, std::move(r)).first->second;
+    return r;
   }
 
   std::unique_ptr<MpiCommunicator> comm_;
@@ -506,7 +507,7 @@ class DitPy {
   DType compute_ = DType::f32;
   CacheSchedule schedule_;
   int ulysses_ = 0, group_size_ = 1;
-  std::map<std::string, Run> runs_;
+  std::map<int, Run> runs_;  // by pass
 };
 
 PYBIND11_MODULE(_core, m) {

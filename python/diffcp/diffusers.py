@@ -174,9 +174,9 @@ class _Forward:
     @staticmethod
     def refuse(attention_kwargs, unused) -> None:
         """Attention processors / LoRA (attention kwargs other than scale) and unknown arguments."""
-        if attention_kwargs and any(k != "scale" for k in attention_kwargs):
-            raise NotImplementedError(f"diffcp.diffusers: attention kwargs {sorted(attention_kwargs)} (attention "
-                                      "processors, LoRA) are not supported")
+        if attention_kwargs and any(k != "scale" or v != 1.0 for k, v in attention_kwargs.items()):
+            raise NotImplementedError(f"diffcp.diffusers: attention kwargs {attention_kwargs} (attention "
+                                      "processors, a LoRA scale) are not supported")
         if unused:
             raise TypeError(f"diffcp.diffusers: unexpected arguments {sorted(unused)}")
 
@@ -306,6 +306,23 @@ class _StepState:
         return self.passes - 1
 
 
+def _steps(pipe, args, kwargs) -> int:
+    """The denoising steps a pipeline call will take: len(sigmas / timesteps) when given, else its
+    num_inference_steps (passed, or the pipeline's own default)."""
+    import inspect
+    sig = inspect.signature(pipe.__call__)
+    given = sig.bind_partial(*args, **kwargs).arguments
+    for key in ("sigmas", "timesteps"):
+        if given.get(key) is not None:
+            return len(given[key])
+    if given.get("num_inference_steps") is not None:
+        return int(given["num_inference_steps"])
+    p = sig.parameters.get("num_inference_steps")
+    if p is None or not isinstance(p.default, int):
+        raise ValueError(f"diffcp.diffusers: {type(pipe).__name__}: cannot tell the number of steps; pass num_inference_steps")
+    return p.default
+
+
 class ParallelPipeline:
     """The pipeline, parallelized: call it as the pipeline (every rank, the same arguments); every
     other attribute is the pipeline's. ``output_on="rank0"``: ranks other than 0 skip the VAE
@@ -318,7 +335,7 @@ class ParallelPipeline:
         return getattr(self.__dict__["pipe"], name)
 
     def __call__(self, *args, **kwargs):
-        self._state.reset(kwargs.get("num_inference_steps", 28))
+        self._state.reset(_steps(self.pipe, args, kwargs))
         if self.output_on == "rank0" and self.comm.Get_rank() != 0:
             kwargs["output_type"] = "latent"
         return self.pipe(*args, **kwargs)
@@ -352,12 +369,20 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     if name not in SUPPORTED_TRANSFORMERS:
         raise NotImplementedError(f"diffcp.diffusers: transformer {name} is not supported "
                                   f"(supported: {', '.join(SUPPORTED_TRANSFORMERS)})")
+    if getattr(transformer, "peft_config", None) or any("lora" in n for n, _ in transformer.named_parameters()):
+        raise NotImplementedError("diffcp.diffusers: a transformer with LoRA weights is not supported (diffcp reads "
+                                  "the weights from the transformer's folder): fuse them and save the model first")
     params = list(transformer.parameters())
     if weights_dtype == "auto":
         weights_dtype = "bf16" if params and params[0].dtype == torch.bfloat16 else "f32"
     P = comm.Get_size()
     U = _ulysses_degree(P, int(transformer.config.num_attention_heads), ulysses_degree, ring_degree)
-    folder, tmp = _weights_folder(transformer)
+    try:
+        folder, tmp, err = *_weights_folder(transformer), None
+    except Exception as e:  # every rank agrees before the collectives below
+        folder, tmp, err = None, None, e
+    if comm.allreduce(int(err is not None)):
+        raise err or RuntimeError("diffcp.diffusers: another rank could not write the transformer's weights")
     dup = comm.Dup()  # diffcp's traffic never matches the caller's
     try:
         core = _core.Dit(folder, dup.py2f(), mode, U, group_size, weights_dtype, bool(shard_weights), dtype,

@@ -149,6 +149,25 @@ def test_bad_input_is_refused(folder):
     with pytest.raises(ValueError, match="rows for 7 image tokens"):
         call(pipe.transformer, x[:, :-1].copy(), txt, pooled, img_ids, txt_ids, 0.5, 1.0)
     assert par.output_on == "rank0"
+    with pytest.raises(NotImplementedError, match="a LoRA scale"):
+        pipe.transformer(hidden_states=torch.from_numpy(x), encoder_hidden_states=torch.from_numpy(txt),
+                         pooled_projections=torch.from_numpy(pooled), timestep=torch.full((1,), 0.5),
+                         img_ids=torch.from_numpy(img_ids), txt_ids=torch.from_numpy(txt_ids),
+                         joint_attention_kwargs={"scale": 0.5}, return_dict=False)
+    lora = SimpleNamespace(transformer=FluxTransformer2DModel(folder))
+    lora.transformer.lora_A = torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(NotImplementedError, match="LoRA weights"):
+        diffcp.diffusers.parallelize(lora)
+
+
+def test_steps_follow_the_pipeline_call():
+    class Pipe:
+        def __call__(self, prompt=None, num_inference_steps: int = 50, sigmas=None):
+            return None
+    steps = diffcp.diffusers._steps
+    assert steps(Pipe(), (), {}) == 50  # the pipeline's own default (Qwen-Image's, FLUX.2's)
+    assert steps(Pipe(), ("a", 12), {}) == 12  # positional
+    assert steps(Pipe(), (), {"sigmas": [1.0, 0.5, 0.25]}) == 3
 
 
 @pytest.mark.parametrize("mode", ["flat", "vfirst"])

@@ -97,9 +97,8 @@ void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, st
 void DitModel::linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, std::int64_t c0,
                       std::int64_t ncols, float* y, std::int64_t ldy) const {
   // W: [in, out], columns c0.. with row stride out
-  if (!units16_.empty())
-    dit_linear(x, ldx, M, l.in, units16_[static_cast<std::size_t>(l.unit)].data() + l.at + c0, l.out, ncols,
-               param(l.b) + c0, y, ldy);
+  if (w_.storage() == DType::f32 && f32_gemm_compute() == DType::bf16)
+    dit_linear(x, ldx, M, l.in, w_.rounded(l) + c0, l.out, ncols, param(l.b) + c0, y, ldy);
   else if (w_.storage() == DType::bf16)
     dit_linear(x, ldx, M, l.in, static_cast<const bf16_t*>(w_.matrix(l)) + c0, l.out, ncols, param(l.b) + c0, y, ldy);
   else
@@ -113,20 +112,10 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   const DitLayout& L = w_.layout();
   DIFFCP_CHECK(&active_backend() == w_.backend(), "DitModel::velocity: the active backend '",
                active_backend().name(), "' is not the one holding the weights ('", w_.backend()->name(), "')");
-  // bf16 compute on f32 weights: the weights rounded once (they are constant for the model's life),
-  // the activations at each GEMM; f32: the f32 weights. bf16 weights: bf16 GEMMs in either compute.
-  const bool round = f32_gemm_compute() == DType::bf16 && w_.storage() == DType::f32;
-  DIFFCP_CHECK(!round || !w_.sharded(), "dit: bf16 compute on sharded f32 weights is not supported; store them in ",
-               "bf16 (--weights-dtype bf16)");
-  if (round && units16_.empty()) {
-    for (std::size_t u = 0; u < L.units.size(); ++u) {
-      units16_.emplace_back();
-      units16_.back().resize(L.units[u].size);
-      if (L.units[u].size > 0) convert(w_.unit(static_cast<int>(u)).ptr<float>(), units16_.back().data(), L.units[u].size);
-    }
-  } else if (!round) {
-    units16_.clear();
-  }
+  // bf16 compute on f32 weights: the weights' rounded copy (DitWeights::rounded), the activations
+  // rounded at each GEMM; f32: the f32 weights. bf16 weights: bf16 GEMMs in either compute.
+  DIFFCP_CHECK(!(f32_gemm_compute() == DType::bf16 && w_.storage() == DType::f32 && w_.sharded()),
+               "dit: bf16 compute on sharded f32 weights is not supported; store them in bf16 (--weights-dtype bf16)");
   w_.begin_forward();
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
   // The timestep features (host math on one scalar) into temb_.

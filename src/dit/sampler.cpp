@@ -84,8 +84,9 @@ std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig&
   DIFFCP_CHECK(static_cast<std::int64_t>(full.size()) == shape.batch * N * C, "shard_latent: ", full.size(),
                " values, expected b * N_img * C_in = ", shape.batch * N * C);
   std::vector<float> out(static_cast<std::size_t>(shape.batch * Ip * C));  // padding rows stay 0
-  for (std::int64_t j = 0; j < shape.batch; ++j)
-    std::copy_n(full.begin() + (j * N + shard.p * Ip) * C, iv * C, out.begin() + j * Ip * C);
+  if (iv > 0)  // a rank of padding only has no offset inside the latent
+    for (std::int64_t j = 0; j < shape.batch; ++j)
+      std::copy_n(full.begin() + (j * N + shard.p * Ip) * C, iv * C, out.begin() + j * Ip * C);
   return out;
 }
 
@@ -99,8 +100,9 @@ std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x
   comm.all_gather<float>(x_p, all);
   // all: [P][b][I_p][C] -> full: [b][N][C], the real rows of each rank
   for (int r = 0; r < shard.P; ++r)
-    for (std::int64_t j = 0; j < b; ++j)
-      std::copy_n(all.begin() + ((r * b + j) * Ip) * C, shard.image_valid(r) * C, full.begin() + (j * N + r * Ip) * C);
+    if (shard.image_valid(r) > 0)
+      for (std::int64_t j = 0; j < b; ++j)
+        std::copy_n(all.begin() + ((r * b + j) * Ip) * C, shard.image_valid(r) * C, full.begin() + (j * N + r * Ip) * C);
   return full;
 }
 
@@ -108,7 +110,8 @@ std::vector<float> shard_text(const std::vector<float>& txt, std::int64_t text_d
   DIFFCP_CHECK(static_cast<std::int64_t>(txt.size()) == shard.text * text_dim, "shard_text: ", txt.size(),
                " values, expected T * text_dim = ", shard.text * text_dim);
   std::vector<float> out(static_cast<std::size_t>(shard.text_p * text_dim));  // padding rows stay 0
-  std::copy_n(txt.begin() + shard.p * shard.text_p * text_dim, shard.text_valid(shard.p) * text_dim, out.begin());
+  if (shard.text_valid(shard.p) > 0)
+    std::copy_n(txt.begin() + shard.p * shard.text_p * text_dim, shard.text_valid(shard.p) * text_dim, out.begin());
   return out;
 }
 

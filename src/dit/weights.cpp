@@ -332,7 +332,8 @@ const void* DitWeights::matrix(const DitLinear& l) const {
       stats_.wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       current_ = window_unit_[0] == l.unit ? 0 : 1;
     }
-    if (l.unit + 1 < static_cast<int>(layout_.units.size())) issue(l.unit + 1);  // the next unit flies meanwhile
+    const int next = l.unit + 1;  // flies meanwhile, unless the other window still holds it
+    if (next < static_cast<int>(layout_.units.size()) && window_unit_[1 - current_] != next) issue(next);
   }
   return static_cast<const std::byte*>(windows_[current_].data()) + l.at * e;
 }
@@ -363,6 +364,16 @@ void DitWeights::issue(int u) const {
   convert_rows(mine, storage_, static_cast<std::int64_t>(c), window + static_cast<std::size_t>(rank_) * c * e, storage_,
                static_cast<std::int64_t>(c), 1, static_cast<std::int64_t>(c));
   ++stats_.gathers;
+}
+
+const bf16_t* DitWeights::rounded(const DitLinear& l) const {
+  DIFFCP_CHECK(storage_ == DType::f32 && !sharded(), "dit weights: a rounded copy of replicated f32 weights only");
+  if (rounded_.empty())
+    for (const Buffer& u : units_) {
+      rounded_.emplace_back(DType::bf16, u.numel());
+      if (u.numel() > 0) convert(u.ptr<float>(), rounded_.back().ptr<bf16_t>(), u.numel());
+    }
+  return rounded_[static_cast<std::size_t>(l.unit)].ptr<bf16_t>() + l.at;
 }
 
 void DitWeights::begin_forward() const {

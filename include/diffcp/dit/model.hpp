@@ -23,7 +23,8 @@
 //
 // Local row layout of the activations: the text rows of every image first (image-major, [b][T_p]),
 // then the image rows ([b][I_p]); so each stream's projection is one GEMM. The exchange's row table
-// lists, per image, its text rows then its image rows (dit/exchange.hpp).
+// lists, per image, its real text rows, its real image rows, then its padding rows
+// (dit/exchange.hpp, DitShard).
 #pragma once
 
 #include <cstdint>
@@ -77,8 +78,8 @@ class DitModel {
   void project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
                std::int64_t ldy);
   // y[M, ncols] (row stride ldy) = x[M, l.in] (row stride ldx) W[:, c0 : c0 + ncols] + b[c0 : c0 +
-  // ncols]: with the f32 weights, the bf16 ones (stored so, or rounded under bf16 compute:
-  // units16_), from the gather window when sharded (dit/weights.hpp).
+  // ncols]: with the f32 weights, the bf16 ones (stored so, or their rounded copy under bf16
+  // compute: DitWeights::rounded), from the gather window when sharded (dit/weights.hpp).
   void linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, std::int64_t c0, std::int64_t ncols,
               float* y, std::int64_t ldy) const;
   // The whole layer: y[M, l.out].
@@ -104,8 +105,6 @@ class DitModel {
   DeviceVector<float> txt_normed_, txt_rstd_;      // Qwen-Image's txt_norm: [T_p, text_dim], [T_p]
   DeviceVector<float> pos_rows_;                   // SD3: [b I_p, H] this rank's rows of the position table
   DeviceVector<float> mod_, mods_;                 // [6H]; [2, 6H] a double block's two streams
-  // f32 weights under bf16 compute (ScopedF32GemmCompute): each unit's matrices rounded once
-  std::vector<DeviceVector<bf16_t>> units16_;
 };
 
 }  // namespace diffcp

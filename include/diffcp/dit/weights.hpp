@@ -12,7 +12,8 @@
 // (units[0], the weights outside the blocks, stays on every rank; two gather windows: the unit in
 // use and the next one's gather in flight).
 //
-// Gathered bytes per forward (each rank receives): e * (P - 1) * sum_{u>=1} c_u, as point-to-point
+// Gathered bytes per forward (each rank receives): e * (P - 1) * sum_{u>=1} c_u (less when a model
+// has at most two block units: a unit still in a window is not gathered again), as point-to-point
 // messages (each rank sends its slice to the P - 1 others) counted by the weights' own
 // communicator (gather_comm(): CommOp::recv).
 //
@@ -104,6 +105,10 @@ class DitWeights {
   // gather window (see the order of use above).
   const void* matrix(const DitLinear& l) const;
   const Buffer& unit(int u) const { return units_[static_cast<std::size_t>(u)]; }  // its storage (sharded: the slice)
+  // f32 weights read by bf16 GEMMs (bf16 compute): Linear l's weight rounded to bf16, [l.in, l.out].
+  // The rounded copy of every matrix is made once, on first use, and kept (2 * matrices bytes, shared
+  // by every model on these weights). Not sharded weights.
+  const bf16_t* rounded(const DitLinear& l) const;
   void begin_forward() const;
   void poll() const;
   DitGatherStats gather_stats() const { return stats_; }
@@ -133,6 +138,7 @@ class DitWeights {
   mutable std::vector<WorkPtr> pending_;  // the gather in flight: its receives and sends
   mutable int pending_unit_ = -1, pending_window_ = 0;
   mutable DitGatherStats stats_;
+  mutable std::vector<Buffer> rounded_;  // [units] bf16, made by rounded()
 };
 
 }  // namespace diffcp
