@@ -469,13 +469,17 @@ class DitPy {
       py::gil_scoped_release release;
       Run& r = run(shape, pass);
       const DitShard& s = r.model->shard();
-      std::vector<float> x_p = shard_latent(full, c, shape, s), v_p(x_p.size());
-      const std::vector<float> txt_p = shard_text(text, c.text_dim, s);
+      // The model reads and writes the active backend's memory (host data go there and back).
+      DeviceVector<float> x_p, txt_p, pooled_d, v_p;
+      x_p.assign(shard_latent(full, c, shape, s));
+      txt_p.assign(shard_text(text, c.text_dim, s));
+      pooled_d.assign(pooled.data(), pooled.size());
+      v_p.resize(x_p.size());
       const ScopedF32GemmCompute precision(compute_);
       r.exchange->set_compute(compute_);
       r.exchange->begin_step(step, steps);
-      r.model->velocity(x_p.data(), txt_p.data(), pooled.data(), t, guidance, v_p.data());
-      out = gather_latent(*comm_, v_p, c, shape, s);
+      r.model->velocity(x_p.data(), txt_p.data(), pooled_d.data(), t, guidance, v_p.data());
+      out = gather_latent(*comm_, to_host<float>(v_p.view()), c, shape, s);
     }
     py::array_t<float> v({x.shape(0), x.shape(1), x.shape(2)});
     std::copy(out.begin(), out.end(), v.mutable_data());
