@@ -46,6 +46,8 @@ struct DitOptions {
   bool dry_run = false;
   std::string weights_dtype = "auto";  // auto | f32 | bf16 (dit/weights.hpp)
   bool shard_weights = false;
+  bool cfg_parallel = false;           // the two CFG passes on two halves of the ranks (dit/run.hpp)
+  std::string step_cache = "none";     // none | fbcache:THRESHOLD (dit/step_cache.hpp)
   std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;  // 0/-1: preset's
   std::string out = "diffcp_dit.png", save_latent, reference, compare;
   std::string cache_schedule = "linear";  // cocodiff's schedule (dit/cache_schedule.hpp)
@@ -248,7 +250,7 @@ void write_latent(const std::string& path, const std::vector<float>& tokens, con
 
 // Rank 0 writes DIR/timesteps.json now and DIR/velocity_<k>.npy at every step (the velocity
 // gathered from all ranks); the callback is collective.
-std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator& world, const DitOptions& o,
+std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator& world, Communicator& pass_comm, const DitOptions& o,
                                                                      const std::string& schedule, const DitConfig& cfg, const DitShape& shape,
                                                                      const DitShard& shard, const SampleOptions& opt) {
   if (o.dump_velocity.empty()) return {};
@@ -266,8 +268,8 @@ std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator
     f << j.dump(1) << "\n";
     DIFFCP_CHECK(f.good(), "--dump-velocity: cannot write '", o.dump_velocity, "/timesteps.json'");
   }
-  return [&world, dir = o.dump_velocity, cfg, shape, shard](int k, const std::vector<float>& v_p) {
-    const std::vector<float> v = gather_latent(world, v_p, cfg, shape, shard);
+  return [&world, &pass_comm, dir = o.dump_velocity, cfg, shape, shard](int k, const std::vector<float>& v_p) {
+    const std::vector<float> v = gather_latent(pass_comm, v_p, cfg, shape, shard);
     if (world.rank() == 0) write_latent(dir + "/velocity_" + std::to_string(k) + ".npy", v, cfg, shape);
   };
 }
@@ -325,6 +327,12 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--weights-dtype", o.weights_dtype, "the Linear weights' dtype in memory: f32 | bf16 (GEMMs then read "
                 "them as bf16, f32 accumulation) | auto (bf16 when the file stores them in BF16, f32 otherwise)")
       ->capture_default_str();
+  c->add_flag("--cfg-parallel", o.cfg_parallel, "classifier-free guidance's two passes at once on two halves of the ranks "
+              "(ranks [0, P/2): the prompt's, [P/2, P): the negative prompt's; each half runs --mode over its P/2 ranks, "
+              "the velocities meet by one all-gather per step); needs an even P and a run with a negative pass");
+  c->add_option("--step-cache", o.step_cache, "step caching: none | fbcache:THRESHOLD (First-Block Cache: the rest of the "
+                "blocks are skipped on steps where the first block's residual changed by less than THRESHOLD, relative L1, "
+                "since the last full step; 0 never skips)")->capture_default_str();
   c->add_flag("--shard-weights", o.shard_weights, "each rank holds 1/P of every block's weights; a block's are all-gathered "
               "just before it runs, the next one's gather in flight (dit/weights.hpp)");
   c->add_option("--dtype", o.dtype, "compute: f32 | bf16 (GEMMs, attention, the exchanges' payloads, V-Major's caches "
@@ -353,7 +361,8 @@ struct DitPlan {
   UspDegrees deg;
   DitShard shard;
   DType storage = DType::f32;                  // --weights-dtype, resolved
-  int weight_shards = 1;                       // --shard-weights: P
+  int weight_shards = 1;                       // --shard-weights: P (--cfg-parallel: P / 2)
+  int pass_P = 1, pass_rank = 0;               // the ranks of this rank's pass (--cfg-parallel: its half)
   std::optional<DitReferenceRun> compare_ref;  // --compare flat
   std::vector<float> reference;                // --reference's latent
 };
@@ -423,12 +432,25 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
                                  .pipeline_sigmas(o.steps, shape.image_tokens(), cfg.family)
             : flux2_default ? flux2_scheduler.pipeline_sigmas(o.steps, shape.image_tokens(), DitFamily::flux2)
                             : flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()),
-            guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32};
-  pl.deg = resolve_usp_degrees(world.size(), cfg.heads, given(g_ulysses_opt, o.ulysses_degree), given(g_ring_opt, o.ring_degree));
-  pl.shard = make_dit_shard(cfg, shape, world.size(), world.rank(), pl.deg.ulysses);  // U | heads; any token count (padding)
+            guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32, {}};
+  pl.opt.step_cache = parse_step_cache(o.step_cache);
+  DIFFCP_CHECK(!pl.opt.step_cache.enabled || cfg.double_blocks + cfg.single_blocks >= 2, "--step-cache ", o.step_cache,
+               ": the model has ", cfg.double_blocks + cfg.single_blocks, " block(s); First-Block Cache needs at least two");
+  if (o.cfg_parallel) {
+    DIFFCP_CHECK(uses_negative_pass(cfg, pl.in.cond, pl.opt), "--cfg-parallel: this run has no negative pass to run beside ",
+                 "the prompt's (", cfg.true_cfg() ? "--guidance <= 1" : std::string(dit_family_name(cfg.family)) +
+                 " has no classifier-free guidance" + (cfg.guidance_embed ? ": its --guidance is the distilled guidance embedding" : ""),
+                 ")");
+    DIFFCP_CHECK(world.size() % 2 == 0, "--cfg-parallel splits the ranks into two equal halves, one per classifier-free ",
+                 "guidance pass; P = ", world.size(), " is odd (run an even number of ranks)");
+  }
+  pl.pass_P = o.cfg_parallel ? world.size() / 2 : world.size();
+  pl.pass_rank = world.rank() % pl.pass_P;
+  pl.deg = resolve_usp_degrees(pl.pass_P, cfg.heads, given(g_ulysses_opt, o.ulysses_degree), given(g_ring_opt, o.ring_degree));
+  pl.shard = make_dit_shard(cfg, shape, pl.pass_P, pl.pass_rank, pl.deg.ulysses);  // U | heads; any token count (padding)
   if (uses_negative_pass(cfg, pl.in.cond, pl.opt)) {
     try {
-      make_dit_shard(cfg, negative_shape(shape, pl.in.cond), world.size(), world.rank(), pl.deg.ulysses);
+      make_dit_shard(cfg, negative_shape(shape, pl.in.cond), pl.pass_P, pl.pass_rank, pl.deg.ulysses);
     } catch (const Error& e) {
       DIFFCP_FAIL("--negative-text-embeddings: ", e.what());
     }
@@ -439,11 +461,11 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
   pl.storage = o.weights_dtype == "bf16" || (o.weights_dtype == "auto" && pl.ck && linear_weights_in_bf16(cfg, *pl.ck, pl.format))
                    ? DType::bf16
                    : DType::f32;
-  pl.weight_shards = o.shard_weights ? world.size() : 1;
+  pl.weight_shards = o.shard_weights ? pl.pass_P : 1;
   DIFFCP_CHECK(!(o.shard_weights && pl.storage == DType::f32 && pl.opt.compute == DType::bf16), "--shard-weights with ",
                "--dtype bf16 needs the weights stored in bf16: --weights-dtype bf16");
   // --compare flat: a genuine reference, never this run's own configuration (refused where none).
-  if (!o.compare.empty()) pl.compare_ref = flat_reference_for(pl.mode, pl.deg, world.size(), cfg.heads);
+  if (!o.compare.empty()) pl.compare_ref = flat_reference_for(pl.mode, pl.deg, world.size(), cfg.heads, o.cfg_parallel);
   if (!o.reference.empty()) {
     std::vector<std::int64_t> s;
     const std::vector<std::int64_t> want = latent_file_shape(cfg, shape);
@@ -490,15 +512,26 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
   world.all_reduce<double>(maxes, ReduceOp::max);
   std::vector<double> vsum{static_cast<double>(run.stats.v_hidden), static_cast<double>(run.stats.v_started), run.stats.v_wait_ms};
   world.all_reduce<double>(vsum);
-  DitBytesPrediction pred = dit_predicted_bytes(pl.cfg, shape, pl.shard, pl.deg, world.size(), pl.mode, pl.schedule,
+  DitBytesPrediction pred = dit_predicted_bytes(pl.cfg, shape, pl.shard, pl.deg, pl.pass_P, pl.mode, pl.schedule,
                                                 o.steps, ex.group_size(), ex.link_group_size(), pl.opt.compute);
-  if (uses_negative_pass(pl.cfg, pl.in.cond, pl.opt)) {  // the negative prompt's pass moves its own bytes
+  const bool two_passes = uses_negative_pass(pl.cfg, pl.in.cond, pl.opt);
+  if (two_passes) {  // the negative prompt's pass moves its own bytes
     const DitShape ns = negative_shape(shape, pl.in.cond);
-    const DitBytesPrediction n = dit_predicted_bytes(pl.cfg, ns, make_dit_shard(pl.cfg, ns, world.size(), world.rank(), pl.deg.ulysses),
-                                                     pl.deg, world.size(), pl.mode, pl.schedule, o.steps, ex.group_size(),
+    const DitBytesPrediction n = dit_predicted_bytes(pl.cfg, ns, make_dit_shard(pl.cfg, ns, pl.pass_P, pl.pass_rank, pl.deg.ulysses),
+                                                     pl.deg, pl.pass_P, pl.mode, pl.schedule, o.steps, ex.group_size(),
                                                      ex.link_group_size(), pl.opt.compute);
     pred += n;
+    if (o.cfg_parallel) pred *= 0.5;  // each rank runs one of the two passes: the average over the ranks
   }
+  std::vector<double> pair_bytes{static_cast<double>(run.cfg_pair_bytes)};
+  world.all_reduce<double>(pair_bytes);
+  nlohmann::ordered_json steps_computed = nlohmann::ordered_json::array(), steps_cached = nlohmann::ordered_json::array();
+  for (int q = 0; q < (two_passes ? 2 : 1); ++q) {
+    steps_computed.push_back(pl.opt.step_cache.enabled ? run.steps_computed[q] : o.steps);
+    steps_cached.push_back(run.steps_cached[q]);
+  }
+  nlohmann::ordered_json rel_l1 = nlohmann::ordered_json::array();  // the prompt's pass (rank 0's); NaN -> null
+  for (const double r : run.rel_l1) rel_l1.push_back(std::isfinite(r) ? nlohmann::ordered_json(r) : nlohmann::ordered_json(nullptr));
   double total = 0, mean_comm = 0;
   for (const double v : run.step_ms) total += v;
   for (const double v : run.comm_ms) mean_comm += v / o.steps;
@@ -536,7 +569,14 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
           {"schedule", pl.schedule_name},
           {"guidance", pl.cfg.guidance_embed || pl.cfg.true_cfg() ? nlohmann::ordered_json(pl.opt.guidance) : nlohmann::ordered_json(nullptr)},
           {"family", dit_family_name(pl.cfg.family)},
-          {"cfg_passes", uses_negative_pass(pl.cfg, pl.in.cond, pl.opt) ? 2 : 1},
+          {"cfg_passes", two_passes ? 2 : 1},
+          {"cfg_parallel", o.cfg_parallel},
+          {"cfg_pair_bytes", pair_bytes[0] / world.size() / o.steps},
+          {"predicted_cfg_pair_bytes", o.cfg_parallel ? static_cast<double>(cfg_pair_bytes(pl.cfg, shape, pl.shard)) : 0.0},
+          {"step_cache", pl.opt.step_cache.name()},
+          {"steps_computed", steps_computed},
+          {"steps_cached", steps_cached},
+          {"step_cache_rel_l1", rel_l1},
           {"batch", shape.batch},
           {"image_tokens", shape.image_tokens()},
           {"text_tokens", shape.text_tokens},
@@ -548,7 +588,7 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
           {"predicted_weights_bytes_per_rank", dit_weight_bytes(w.layout(), w.storage(), w.shards())},
           {"weight_gather_bytes", per_step[4]},
           {"predicted_weight_gather_bytes",
-           static_cast<double>(dit_gather_bytes(w.layout(), w.storage(), w.shards()) * (uses_negative_pass(pl.cfg, pl.in.cond, pl.opt) ? 2 : 1))},
+           static_cast<double>(dit_gather_bytes(w.layout(), w.storage(), w.shards()) * (two_passes && !o.cfg_parallel ? 2 : 1))},
           {"weight_gather_wait_ms", per_step[5]},
           {"peak_rss_bytes", maxes[2]},
           {"parameters", DitLayout(pl.cfg).parameters},
@@ -566,6 +606,7 @@ bool compare_with_reference(Communicator& world, const DitOptions& o, DitPlan& p
   if (pl.compare_ref) {
     SampleOptions flat_opt = pl.opt;
     flat_opt.on_velocity = {};  // --dump-velocity: the run itself only
+    flat_opt.step_cache = {};   // the exact run (the CFG passes one after the other, every block)
     reference_run = pl.compare_ref->describe(world.size());
     const bool cfg = uses_negative_pass(pl.cfg, pl.in.cond, pl.opt);
     if (pl.compare_ref->single_rank) {
@@ -585,9 +626,11 @@ bool compare_with_reference(Communicator& world, const DitOptions& o, DitPlan& p
   } else {
     ref_latent = std::move(pl.reference);
   }
+  const bool skips = pl.opt.step_cache.enabled && pl.opt.step_cache.threshold > 0;  // lossy by design, as V-Major
   const DitComparison c = compare_dit_latents(run.latent, ref_latent, pl.cfg, pl.in.shape,
-                                              pl.compare_ref ? dit_check_tolerance(pl.mode, pl.schedule, pl.opt.compute)
-                                                             : dit_reference_file_tolerance(pl.mode, pl.schedule));
+                                              skips ? std::nullopt
+                                              : pl.compare_ref ? dit_check_tolerance(pl.mode, pl.schedule, pl.opt.compute)
+                                                               : dit_reference_file_tolerance(pl.mode, pl.schedule));
   // One verdict for the job: every rank compared the same gathered latents, but each sampled the
   // one-rank reference itself.
   std::vector<std::int32_t> pass{c.pass() ? 1 : 0};
@@ -654,6 +697,14 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
                 j["predicted_bytes_inter_group"].get<double>(), j["bytes_inter_group"].get<double>(),
                 j["predicted_inter_ratio_vs_tapa"].get<double>(), j["measured_inter_ratio_vs_tapa"].get<double>(),
                 j["predicted_qkv_inter_ratio_vs_tapa"].get<double>());
+  if (o.cfg_parallel)
+    std::printf("  CFG-parallel: the prompt's pass on ranks [0, %d), the negative's on [%d, %d), %d ranks each; velocities "
+                "%.0f bytes per rank per step (%.0f predicted)\n",
+                P / 2, P / 2, P, P / 2, j["cfg_pair_bytes"].get<double>(), j["predicted_cfg_pair_bytes"].get<double>());
+  if (pl.opt.step_cache.enabled) {
+    std::printf("  step cache %s: steps fully computed %s of %d (cached %s)\n", j["step_cache"].get<std::string>().c_str(),
+                j["steps_computed"].dump().c_str(), o.steps, j["steps_cached"].dump().c_str());
+  }
   if (o.shard_weights)
     std::printf("  sharded weights: %.0f bytes gathered per rank per step (%.0f predicted), blocked on a gather %.2f ms/step\n",
                 j["weight_gather_bytes"].get<double>(), j["predicted_weight_gather_bytes"].get<double>(),
@@ -666,7 +717,9 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
               j["psnr"].is_null() ? "inf (identical)" : std::to_string(j["psnr"].get<double>()).c_str(), j["ssim"].get<double>(),
               j["mse"].get<double>(), j["max_abs_diff"].get<double>());
   if (j["tolerance"].is_null()) {
-    std::printf("  not judged by a tolerance: V-Major reuses stale rows by design (PSNR / SSIM above say how close)\n");
+    std::printf("  not judged by a tolerance: %s by design (PSNR / SSIM above say how close)\n",
+                j["step_cache"].get<std::string>() != "none" && pl.opt.step_cache.threshold > 0 ? "the step cache skips blocks"
+                                                                                              : "V-Major reuses stale rows");
     return;
   }
   std::printf("  latent check: worst error %.3g of its tolerance (atol %.3g x max(1, max|ref|) + rtol %.3g |ref|; <= 1 "
@@ -687,20 +740,24 @@ int run_dit(Communicator& world) {
   }
   const DitConfig& cfg = pl.cfg;
   const DitShape& shape = pl.in.shape;
-  DitWeights w(cfg, pl.storage, o.shard_weights ? &world : nullptr);
+  // CFG-parallel: each half of the ranks runs one pass, with its own exchange and weight shards.
+  std::optional<CfgGroups> groups;
+  if (o.cfg_parallel) groups = make_cfg_groups(world);
+  Communicator& pass_comm = groups ? *groups->group : world;
+  DitWeights w(cfg, pl.storage, o.shard_weights ? &pass_comm : nullptr);
   if (pl.ck)
     w.load(*pl.ck, pl.format);
   else
     w.init_random(o.weight_seed);
 
-  const auto ex = make_attention_exchange(pl.mode, world, o.group_size, pl.schedule, pl.deg.ulysses);
+  const auto ex = make_attention_exchange(pl.mode, pass_comm, o.group_size, pl.schedule, pl.deg.ulysses);
   // Classifier-free guidance: the negative prompt's pass on its own exchange (its own V-Major caches).
-  const auto ex_neg = uses_negative_pass(cfg, pl.in.cond, pl.opt)
+  const auto ex_neg = uses_negative_pass(cfg, pl.in.cond, pl.opt) && !groups
                           ? make_attention_exchange(pl.mode, world, o.group_size, pl.schedule, pl.deg.ulysses)
                           : nullptr;
   const std::vector<float> noise = pl.in.noise.empty() ? initial_noise(cfg, shape, o.seed) : pl.in.noise;
-  pl.opt.on_velocity = velocity_dumper(world, o, pl.schedule_name, cfg, shape, pl.shard, pl.opt);
-  const DitRun run = run_dit_sampling(world, w, shape, *ex, pl.in.cond, noise, pl.opt, ex_neg.get());
+  pl.opt.on_velocity = velocity_dumper(world, pass_comm, o, pl.schedule_name, cfg, shape, pl.shard, pl.opt);
+  const DitRun run = run_dit_sampling(world, w, shape, *ex, pl.in.cond, noise, pl.opt, ex_neg.get(), groups ? &*groups : nullptr);
   if (world.rank() == 0) {
     const std::int64_t side_h = shape.grid_h() * cfg.patch, side_w = shape.grid_w() * cfg.patch;
     if (!o.out.empty())

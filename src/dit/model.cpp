@@ -158,8 +158,19 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
     for (std::int64_t j = 1; j < shape_.batch; ++j) device_copy(x_.data() + j * Tp * H, x_.data(), Tp * H);
   }
 
-  for (const auto& blk : L.double_blocks) double_block(blk);
-  for (const auto& blk : L.single_blocks) single_block(blk);
+  // The blocks; with a step cache, the first one, then the rest unless the cache stands in for them.
+  float* img_x = x_.data() + img_rows_.row0 * H;
+  if (step_cache_) step_cache_->enter(img_x);
+  std::size_t first_double = 0, first_single = 0;
+  if (!L.double_blocks.empty())
+    double_block(L.double_blocks[first_double++]);
+  else if (!L.single_blocks.empty())
+    single_block(L.single_blocks[first_single++]);
+  if (!step_cache_ || !step_cache_->reuse(img_x)) {
+    for (std::size_t i = first_double; i < L.double_blocks.size(); ++i) double_block(L.double_blocks[i]);
+    for (std::size_t i = first_single; i < L.single_blocks.size(); ++i) single_block(L.single_blocks[i]);
+    if (step_cache_) step_cache_->leave(img_x);
+  }
 
   // Final layer on the image rows: (shift, scale).
   modulation(L.final_mod, mod_.data());
@@ -169,6 +180,17 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   const std::int64_t C = cfg_.in_channels(), Ip = shard_.image_p, iv = shard_.image_valid(shard_.p);
   if (iv < Ip)  // padding rows: v = 0, so they stay as they came in
     for (std::int64_t j = 0; j < shape_.batch; ++j) fill(v_p + (j * Ip + iv) * C, (Ip - iv) * C, 0.f);
+}
+
+void DitModel::set_step_cache(const StepCacheSpec& spec, Communicator& comm) {
+  if (!spec.enabled) {
+    step_cache_.reset();
+    return;
+  }
+  DIFFCP_CHECK(cfg_.double_blocks + cfg_.single_blocks >= 2, "--step-cache: the model has ",
+               cfg_.double_blocks + cfg_.single_blocks, " block(s); First-Block Cache needs at least two (it skips all but the first)");
+  step_cache_ = std::make_unique<FirstBlockCache>(spec.threshold, comm, shape_.batch, shard_.image_p,
+                                                  shard_.image_valid(shard_.p), cfg_.hidden());
 }
 
 void DitModel::double_block(const DitLayout::DoubleBlock& blk) {

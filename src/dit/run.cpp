@@ -10,25 +10,69 @@
 
 namespace diffcp {
 
+CfgGroups make_cfg_groups(Communicator& world) {
+  const int P = world.size();
+  DIFFCP_CHECK(P % 2 == 0, "--cfg-parallel splits the ranks into two equal halves, one per classifier-free guidance ",
+               "pass; P = ", P, " is odd (run an even number of ranks)");
+  const int half = P / 2, p = world.rank();
+  CfgGroups g;
+  g.group = world.split(p / half, p % half, "cfg.group");
+  g.pair = world.split(p % half, p / half, "cfg.pair");
+  return g;
+}
+
+std::uint64_t cfg_pair_bytes(const DitConfig& cfg, const DitShape& shape, const DitShard& half_shard) {
+  return static_cast<std::uint64_t>(shape.batch * half_shard.image_p * cfg.in_channels()) * sizeof(float);
+}
+
 DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
                         const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt,
-                        AttentionExchange* negative_ex) {
-  const bool cfg = uses_negative_pass(w.config(), cond, opt);
-  DIFFCP_CHECK(!cfg || (negative_ex != nullptr && negative_ex != &ex), "run_dit_sampling: classifier-free guidance ",
+                        AttentionExchange* negative_ex, const CfgGroups* cfg_groups) {
+  const bool cfg = uses_negative_pass(w.config(), cond, opt), split = cfg_groups != nullptr;
+  DIFFCP_CHECK(!split || cfg, "--cfg-parallel: this run has no negative pass to run beside the prompt's (",
+               w.config().true_cfg() ? "no negative prompt, or guidance <= 1" : "the family has no classifier-free guidance",
+               ")");
+  DIFFCP_CHECK(!split || negative_ex == nullptr, "run_dit_sampling: CFG-parallel runs one pass per rank; no negative exchange");
+  DIFFCP_CHECK(split || !cfg || (negative_ex != nullptr && negative_ex != &ex), "run_dit_sampling: classifier-free guidance ",
                "needs a second exchange for the negative prompt's pass");
-  DitModel model(w, shape, ex);
+  Communicator& pass_comm = split ? *cfg_groups->group : world;  // the ranks of this rank's pass(es)
+  const int pass = split ? cfg_groups->pass() : 0;
+  DitModel model(w, pass == 1 ? negative_shape(shape, cond) : shape, ex);
   std::unique_ptr<DitModel> neg;
-  if (cfg) neg = std::make_unique<DitModel>(w, negative_shape(shape, cond), *negative_ex);
+  if (cfg && !split) neg = std::make_unique<DitModel>(w, negative_shape(shape, cond), *negative_ex);
+  model.set_step_cache(opt.step_cache, pass_comm);
+  if (neg) neg->set_step_cache(opt.step_cache, pass_comm);
   std::vector<float> x_p = shard_latent(noise, w.config(), shape, model.shard());
   ex.reset_stats();
-  if (cfg) negative_ex->reset_stats();
-  const SampleTimings t = euler_sample(model, x_p, cond, opt, neg.get());
-  DitRun r{gather_latent(world, x_p, w.config(), shape, model.shard()), t.step_ms, t.comm_ms, ex.stats(), ex.cache_bytes()};
-  if (cfg) {
+  if (neg) negative_ex->reset_stats();
+  const std::uint64_t pair0 = split ? cfg_groups->pair->stats().total().bytes_sent : 0;
+  const SampleTimings t = euler_sample(model, x_p, cond, opt, neg.get(), CfgPair{split ? cfg_groups->pair.get() : nullptr});
+  DitRun r;
+  r.latent = gather_latent(pass_comm, x_p, w.config(), shape, model.shard());
+  r.step_ms = t.step_ms;
+  r.comm_ms = t.comm_ms;
+  r.stats = ex.stats();
+  r.cache_bytes = ex.cache_bytes();
+  if (split) r.cfg_pair_bytes = cfg_groups->pair->stats().total().bytes_sent - pair0;
+  if (neg) {
     r.stats += negative_ex->stats();
     r.cache_bytes += negative_ex->cache_bytes();
   }
+  // Step caching: each pass's counts from a rank that ran it (every rank of a pass agrees).
+  std::vector<double> counts(4, 0.0);
+  for (const DitModel* m : {&model, neg.get()})
+    if (m != nullptr && m->step_cache() != nullptr) {
+      const int q = m == &model ? pass : 1;
+      counts[static_cast<std::size_t>(2 * q)] = m->step_cache()->stats().computed;
+      counts[static_cast<std::size_t>(2 * q + 1)] = m->step_cache()->stats().cached;
+    }
+  if (model.step_cache() != nullptr) r.rel_l1 = model.step_cache()->stats().rel_l1;
   const ScopedCommDevice host(world, Device::host);  // host metadata
+  world.all_reduce<double>(counts, ReduceOp::max);
+  for (int q = 0; q < 2; ++q) {
+    r.steps_computed[q] = static_cast<int>(counts[static_cast<std::size_t>(2 * q)]);
+    r.steps_cached[q] = static_cast<int>(counts[static_cast<std::size_t>(2 * q + 1)]);
+  }
   world.all_reduce<double>(r.step_ms, ReduceOp::max);
   world.all_reduce<double>(r.comm_ms, ReduceOp::max);
   return r;
@@ -64,6 +108,11 @@ DitBytesPrediction& DitBytesPrediction::operator+=(const DitBytesPrediction& o) 
   qkv += o.qkv;
   tapa_qkv += o.tapa_qkv;
   ring += o.ring;
+  return *this;
+}
+
+DitBytesPrediction& DitBytesPrediction::operator*=(double f) {
+  for (double* v : {&inter, &tapa_inter, &qkv, &tapa_qkv, &ring}) *v *= f;
   return *this;
 }
 

@@ -142,36 +142,45 @@ std::vector<double> flow_schedule(int steps, TimeSchedule kind, std::int64_t ima
 }
 
 SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond,
-                           const SampleOptions& opt, DitModel* negative) {
+                           const SampleOptions& opt, DitModel* negative, CfgPair cfg_pair) {
   const std::vector<double>& t = opt.timesteps;
   DIFFCP_CHECK(t.size() >= 2, "euler_sample: ", t.size(), " timesteps, expected steps + 1 >= 2");
   const int steps = static_cast<int>(t.size()) - 1;
   const DitShard& s = model.shard();
   const DitConfig& cfg = model.config();
   const std::int64_t text_dim = cfg.text_dim;
-  DIFFCP_CHECK(static_cast<std::int64_t>(cond.txt.size()) == model.shape().text_tokens * text_dim &&
-                   static_cast<std::int64_t>(cond.pooled.size()) == cfg.pooled_dim,
-               "euler_sample: conditioning has ", cond.txt.size(), " text and ", cond.pooled.size(),
+  const bool cfg_pass = uses_negative_pass(cfg, cond, opt), split = cfg_pair.pair != nullptr;
+  DIFFCP_CHECK(!split || (cfg_pass && negative == nullptr && cfg_pair.pair->size() == 2),
+               "euler_sample: CFG-parallel needs a run with a negative pass (a true-CFG family, a negative prompt and "
+               "guidance > 1), a pair of two ranks and no negative model on this rank");
+  // This rank's model runs the prompt's pass, or (CFG-parallel, pass 1) the negative prompt's.
+  const bool neg_here = split && cfg_pair.pass() == 1;
+  const std::vector<float>& my_txt = neg_here ? cond.negative_txt : cond.txt;
+  const std::vector<float>& my_pooled = neg_here ? cond.negative_pooled : cond.pooled;
+  DIFFCP_CHECK(static_cast<std::int64_t>(my_txt.size()) == model.shape().text_tokens * text_dim &&
+                   static_cast<std::int64_t>(my_pooled.size()) == cfg.pooled_dim,
+               "euler_sample: conditioning has ", my_txt.size(), " text and ", my_pooled.size(),
                " pooled values, expected T * text_dim = ", model.shape().text_tokens * text_dim, " and ", cfg.pooled_dim);
   DIFFCP_CHECK(static_cast<std::int64_t>(x_p.size()) == model.shape().batch * s.image_p * cfg.in_channels(),
                "euler_sample: x_p has ", x_p.size(), " values, expected b * I_p * C_in = ",
                model.shape().batch * s.image_p * cfg.in_channels());
-  const bool cfg_pass = uses_negative_pass(cfg, cond, opt);
-  DIFFCP_CHECK(!cfg_pass || (negative != nullptr && &negative->config() == &cfg &&
-                             negative->shape().text_tokens == cond.negative_tokens &&
-                             static_cast<std::int64_t>(cond.negative_txt.size()) == cond.negative_tokens * text_dim),
+  DIFFCP_CHECK(split || !cfg_pass || (negative != nullptr && &negative->config() == &cfg &&
+                                      negative->shape().text_tokens == cond.negative_tokens &&
+                                      static_cast<std::int64_t>(cond.negative_txt.size()) == cond.negative_tokens * text_dim),
                "euler_sample: classifier-free guidance needs the negative prompt's model (negative_shape(), the same "
                "weights) and its [", cond.negative_tokens, ", ", text_dim, "] text");
-  // On the device: the latent, this rank's text rows, the pooled vector and the velocity.
+  // On the device: the latent, this rank's text rows, the pooled vector and the velocity (CFG-parallel:
+  // [2, n], the prompt's pass's then the negative's, after the pair's all-gather).
   const std::int64_t n = static_cast<std::int64_t>(x_p.size());
   DeviceVector<float> txt, pooled, x, v, neg_txt, neg_pooled, v_neg;
-  txt.assign(shard_text(cond.txt, text_dim, s));
-  pooled.assign(cond.pooled);
+  txt.assign(shard_text(my_txt, text_dim, s));
+  pooled.assign(my_pooled);
   x.assign(x_p);
   v.resize(n);
   const ScopedF32GemmCompute precision(opt.compute);
   model.exchange().set_compute(opt.compute);
-  if (cfg_pass) {
+  if (split) v_neg.resize(2 * n);
+  if (cfg_pass && !split) {
     const DitShard& ns = negative->shard();
     neg_txt.assign(shard_text(cond.negative_txt, text_dim, ns));
     DIFFCP_CHECK(static_cast<std::int64_t>(cond.negative_pooled.size()) == (cfg.has_pooled() ? cfg.pooled_dim : 0),
@@ -181,24 +190,40 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
     v_neg.resize(n);
     negative->exchange().set_compute(opt.compute);
   }
+  const auto exchange_ms = [&] {
+    return model.exchange().stats().comm_ms + (cfg_pass && !split ? negative->exchange().stats().comm_ms : 0.0);
+  };
   SampleTimings out;
   for (int k = 0; k < steps; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
-    const double comm0 = model.exchange().stats().comm_ms + (cfg_pass ? negative->exchange().stats().comm_ms : 0.0);
+    const double comm0 = exchange_ms();
+    double pair_ms = 0;
+    const double tk = t[static_cast<std::size_t>(k)];
     model.exchange().begin_step(k, steps);
-    model.velocity(x.data(), txt.data(), pooled.data(), t[static_cast<std::size_t>(k)], opt.guidance, v.data());
-    if (cfg_pass) {  // v = v_neg + g (v - v_neg) (Qwen-Image: the conditional norm of each token kept)
+    model.velocity(x.data(), txt.data(), pooled.data(), tk, opt.guidance, v.data());
+    float* v_step = v.data();  // the velocity of the step, after guidance
+    if (split) {  // v_neg = [v_prompt | v_negative] from the pair
+      const auto p0 = std::chrono::steady_clock::now();
+      const ScopedCommDevice device(*cfg_pair.pair, active_device());
+      cfg_pair.pair->all_gather_async(v.data(), v_neg.data(), static_cast<std::size_t>(n), DType::f32)->wait();
+      active_backend().synchronize();
+      pair_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
+      v_step = v_neg.data();
+      guidance_combine(v_step, v_neg.data() + n, n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(opt.guidance),
+                       cfg.cfg_keeps_norm());
+    } else if (cfg_pass) {  // v = v_neg + g (v - v_neg) (Qwen-Image: the conditional norm of each token kept)
       negative->exchange().begin_step(k, steps);
-      negative->velocity(x.data(), neg_txt.data(), neg_pooled.data(), t[static_cast<std::size_t>(k)], opt.guidance, v_neg.data());
-      guidance_combine(v.data(), v_neg.data(), n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(opt.guidance),
+      negative->velocity(x.data(), neg_txt.data(), neg_pooled.data(), tk, opt.guidance, v_neg.data());
+      guidance_combine(v_step, v_neg.data(), n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(opt.guidance),
                        cfg.cfg_keeps_norm());
     }
-    const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - t[static_cast<std::size_t>(k)]);
-    axpy(x.data(), dt, v.data(), n);  // x += dt v
+    const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - tk);
+    axpy(x.data(), dt, v_step, n);  // x += dt v
     active_backend().synchronize();  // the step's time is the device's
     out.step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    out.comm_ms.push_back(model.exchange().stats().comm_ms + (cfg_pass ? negative->exchange().stats().comm_ms : 0.0) - comm0);
-    if (opt.on_velocity) opt.on_velocity(k, to_host<float>(v.view()));
+    out.comm_ms.push_back(exchange_ms() - comm0 + pair_ms);
+    if (opt.on_velocity)
+      opt.on_velocity(k, to_host<float>(TensorView::contiguous(v_step, DType::f32, {n}, active_device())));
   }
   copy(TensorView::contiguous(x_p.data(), DType::f32, {n}), x.view());
   return out;

@@ -13,7 +13,8 @@ std::string DitReferenceRun::describe(int P) const {
   return "flat Ulysses, U = " + std::to_string(deg.ulysses) + " over the same " + std::to_string(P) + " ranks";
 }
 
-DitReferenceRun flat_reference_for(ExchangeMode mode, UspDegrees deg, int P, std::int64_t heads) {
+DitReferenceRun flat_reference_for(ExchangeMode mode, UspDegrees deg, int P, std::int64_t heads, bool cfg_parallel) {
+  if (cfg_parallel) return heads % P == 0 ? DitReferenceRun{false, {P, 1}} : DitReferenceRun{true, {1, 1}};
   DIFFCP_CHECK(P >= 1 && heads >= 1 && deg.ulysses * deg.ring == P, "flat_reference_for: U = ", deg.ulysses, " x R = ",
                deg.ring, " on P = ", P, " ranks with ", heads, " heads");
   const bool run_is_flat_ulysses = mode == ExchangeMode::flat && deg.ring == 1;  // then deg.ulysses == P

@@ -35,6 +35,7 @@
 #include "diffcp/dit/config.hpp"
 #include "diffcp/dit/exchange.hpp"
 #include "diffcp/dit/ops.hpp"
+#include "diffcp/dit/step_cache.hpp"
 #include "diffcp/dit/weights.hpp"
 #include "diffcp/ops/buffer.hpp"
 
@@ -63,6 +64,12 @@ class DitModel {
   //   guidance: the guidance scale (read only with guidance_embed)
   //   v_p:    [b, I_p, C_in] out: the predicted velocity (flow matching: d x_t / d t); 0 in padding rows
   void velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance, float* v_p);
+
+  // Step caching (dit/step_cache.hpp): First-Block Cache over the ranks of `comm` (the ranks that
+  // run this model's pass; it must outlive the model), deciding at every velocity() from then on;
+  // spec.enabled false: off. Throws for a model of fewer than two blocks (nothing to skip).
+  void set_step_cache(const StepCacheSpec& spec, Communicator& comm);
+  const FirstBlockCache* step_cache() const { return step_cache_.get(); }  // null: off
 
  private:
   // Rows [row0, row0 + rows) of the activations form one stream (text or image).
@@ -95,6 +102,7 @@ class DitModel {
   DitShape shape_;
   DitShard shard_;
   AttentionExchange& ex_;
+  std::unique_ptr<FirstBlockCache> step_cache_;
   std::unique_ptr<AxialRope> rope_;      // [b I_p] image rows
   std::unique_ptr<AxialRope> txt_rope_;  // [b T_p] text rows (Qwen-Image; null: FLUX's text is not rotated)
   StreamRows txt_rows_{}, img_rows_{};

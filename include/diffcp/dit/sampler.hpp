@@ -20,6 +20,7 @@
 
 #include "diffcp/comm/communicator.hpp"
 #include "diffcp/dit/model.hpp"
+#include "diffcp/dit/step_cache.hpp"
 
 namespace diffcp {
 
@@ -89,6 +90,16 @@ struct SampleOptions {
   // payloads, caches and the dense attention in bf16 (AttentionExchange::set_compute); latents,
   // norms, modulation and the Euler update stay f32.
   DType compute = DType::f32;
+  // Step caching (dit/step_cache.hpp): run_dit_sampling sets it on each pass's model.
+  StepCacheSpec step_cache{};
+};
+
+// CFG-parallel (dit/run.hpp make_cfg_groups): this rank runs one pass of classifier-free guidance;
+// the pair's all-gather brings the other pass's velocity (the same image rows) and both ranks
+// combine the two alike, so every rank continues with the same latent.
+struct CfgPair {
+  Communicator* pair = nullptr;  // two ranks; pair rank 0 runs the prompt's pass, 1 the negative's. null: off
+  int pass() const { return pair != nullptr ? pair->rank() : 0; }
 };
 
 // Whether a run with these options takes the negative prompt's pass: a true_cfg() family, a
@@ -98,12 +109,14 @@ bool uses_negative_pass(const DitConfig& cfg, const DitConditioning& cond, const
 // Runs the T Euler steps of the schedule on this rank's tokens; collective over the model's
 // exchange; calls exchange().begin_step(k, steps) before step k (cocodiff's schedule). `negative`:
 // the negative prompt's model (negative_shape(), the same weights, its own exchange and so its own
-// V-Major caches, as diffusers' cache_context("uncond")), required when uses_negative_pass(). x_p:
+// V-Major caches, as diffusers' cache_context("uncond")), required when uses_negative_pass() unless
+// `cfg_pair` is given: then `model` is this rank's pass's (pass 1: negative_shape()), `negative` is
+// null, and the step ends with the pair's all-gather of the velocities (counted in comm_ms). x_p:
 // [b, I_p, C_in] in: x_1 (noise), out: x_0. cond: the full conditioning (each rank
 // reads its text rows). The exchange's statistics accumulate over all steps. The host data goes to
 // the model's device once, and x_0 comes back at the end: the steps run in device memory (the
 // Euler update is an op).
 SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitConditioning& cond,
-                           const SampleOptions& opt, DitModel* negative = nullptr);
+                           const SampleOptions& opt, DitModel* negative = nullptr, CfgPair cfg_pair = {});
 
 }  // namespace diffcp

@@ -21,12 +21,14 @@ namespace diffcp {
 //   * otherwise the single-rank run (P = 1: each rank samples the whole image alone), for a flat
 //     run at P > 1 or a run whose heads P does not divide.
 // Throws diffcp::Error for flat at P = 1 (the run is the single-rank run: nothing to compare with).
+// A CFG-parallel run (deg: of its halves) is never the sequential reference: flat Ulysses over all
+// P ranks where P divides the heads, else the single-rank run.
 struct DitReferenceRun {
   bool single_rank = false;
   UspDegrees deg;  // over the same ranks (single_rank false); {1, 1} for the single-rank run
   std::string describe(int P) const;  // e.g. "flat Ulysses, U = 4 over the same 4 ranks"
 };
-DitReferenceRun flat_reference_for(ExchangeMode mode, UspDegrees deg, int P, std::int64_t heads);
+DitReferenceRun flat_reference_for(ExchangeMode mode, UspDegrees deg, int P, std::int64_t heads, bool cfg_parallel = false);
 
 // The tolerance an exact run's latent is judged by against a reference of the same compute dtype
 // (atol scaled by max(1, max|ref|)); nullopt where the run is lossy by design (CoCoDiff with a
