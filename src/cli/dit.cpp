@@ -43,6 +43,7 @@ struct DitOptions {
   std::string weights, preset = "default", config;
   std::string text_embeddings, pooled, negative_text_embeddings, negative_pooled, noise, schedule = "auto", dump_velocity;
   double guidance = 3.5;
+  double true_cfg_scale = 1.0;  // FLUX.1 only (FluxPipeline's true_cfg_scale)
   bool dry_run = false;
   std::string weights_dtype = "auto";  // auto | f32 | bf16 (dit/weights.hpp)
   bool shard_weights = false;
@@ -153,7 +154,7 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
                  "tokens and your CLIP's pooled vector); give both or neither");
   else
     DIFFCP_CHECK(o.pooled.empty(), "--pooled: this model (", family, ") has no pooled text vector; drop --pooled");
-  DIFFCP_CHECK(o.negative_text_embeddings.empty() || cfg.true_cfg(), "--negative-text-embeddings: this model (", family,
+  DIFFCP_CHECK(o.negative_text_embeddings.empty() || cfg.accepts_negative(), "--negative-text-embeddings: this model (", family,
                ") has no classifier-free guidance pass", cfg.guidance_embed ? " (its --guidance is the distilled guidance embedding)" : "");
   DIFFCP_CHECK(o.negative_text_embeddings.empty() || !o.text_embeddings.empty(), "--negative-text-embeddings comes with "
                "--text-embeddings (the stand-in prompt conditioning makes its own negative)");
@@ -185,7 +186,7 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
   // SD3: the negative prompt's pooled vector comes with its tokens.
   DIFFCP_CHECK(cfg.has_pooled() || o.negative_pooled.empty(), "--negative-pooled: this model (", family,
                ") has no pooled text vector; drop --negative-pooled");
-  if (cfg.has_pooled() && cfg.true_cfg())
+  if (cfg.has_pooled() && cfg.accepts_negative())
     DIFFCP_CHECK(o.negative_text_embeddings.empty() == o.negative_pooled.empty(), "--negative-text-embeddings and ",
                  "--negative-pooled come together (negative_prompt_embeds and negative_pooled_prompt_embeds); give both or neither");
   if (!o.negative_pooled.empty()) {
@@ -223,7 +224,7 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
   in.shape.validate();
   if (o.text_embeddings.empty()) {
     in.cond = prompt_conditioning(cfg, in.shape, o.prompt);
-    if (cfg.true_cfg()) {  // the negative prompt "" through the same stand-in
+    if (cfg.accepts_negative()) {  // the negative prompt "" through the same stand-in (dropped below unless its scale > 1)
       const DitConditioning neg = prompt_conditioning(cfg, in.shape, "");
       in.cond.negative_txt = neg.txt;
       in.cond.negative_pooled = neg.pooled;
@@ -296,6 +297,9 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--negative-text-embeddings", o.negative_text_embeddings, "Qwen-Image's and SD3.5's classifier-free guidance: the negative prompt's encoder_hidden_states, .npy [T_neg, joint_attention_dim] or [1, T_neg, ...] (read with --guidance > 1)");
   c->add_option("--negative-pooled", o.negative_pooled, "SD3.5: the negative prompt's pooled_projections, .npy [pooled_projection_dim] (with --negative-text-embeddings)");
   c->add_option("--noise", o.noise, "initial noise in the layout the family's diffusers transformer takes: packed 2x2 patches .npy [b, N_img, in_channels] (FLUX.1, FLUX.2, Qwen-Image), or the latent image [b, C, H/8, W/8] (SD3.5); default: seeded N(0, 1), --seed");
+  c->add_option("--true-cfg-scale", o.true_cfg_scale, "FLUX.1: true classifier-free guidance's scale (FluxPipeline's "
+                "true_cfg_scale; > 1 runs the negative prompt's pass too: --negative-text-embeddings / --negative-pooled, "
+                "or the stand-in's empty prompt); --guidance stays the distilled guidance")->capture_default_str();
   g_guidance_opt = c->add_option("--guidance", o.guidance, "FLUX.1: the distilled guidance scale (guidance_in, FLUX.1-dev; default 3.5); Qwen-Image: classifier-free guidance's scale (true_cfg_scale; default 4; 1: one conditional pass)");
   c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (a diffusers pipeline's scheduler/scheduler_config.json, as the family's pipeline uses it; else FLUX.2: Flux2Pipeline's dynamic shift; others: flux for guidance-distilled models, linear otherwise)")->capture_default_str();
   c->add_option("--dump-velocity", o.dump_velocity, "write DIR/velocity_<k>.npy per step (in --noise's layout) and DIR/timesteps.json");
@@ -414,13 +418,21 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
                                             : o.schedule;
   pl.in = read_inputs(o, cfg);
   const DitShape& shape = pl.in.shape;
-  if (cfg.true_cfg()) {
-    DIFFCP_CHECK(guidance <= 1 || pl.in.cond.has_negative(), "--guidance ", guidance, ": classifier-free guidance needs ",
+  // FLUX.1's true CFG has its own scale (--true-cfg-scale); the true-CFG families' is --guidance.
+  DIFFCP_CHECK(cfg.family == DitFamily::flux1 || o.true_cfg_scale == 1.0, "--true-cfg-scale: FLUX.1's classifier-free ",
+               "guidance scale (FluxPipeline's true_cfg_scale); this model (", dit_family_name(cfg.family), ") ",
+               cfg.true_cfg() ? "takes its classifier-free guidance scale as --guidance" : "has no classifier-free guidance");
+  DIFFCP_CHECK(std::isfinite(o.true_cfg_scale), "--true-cfg-scale ", o.true_cfg_scale, ", expected a finite number");
+  if (cfg.accepts_negative()) {
+    const bool flux1 = cfg.family == DitFamily::flux1;
+    const double scale = flux1 ? o.true_cfg_scale : guidance;
+    const char* flag = flux1 ? "--true-cfg-scale" : "--guidance";
+    DIFFCP_CHECK(scale <= 1 || pl.in.cond.has_negative(), flag, " ", scale, ": classifier-free guidance needs ",
                  "the negative prompt's embeddings (--negative-text-embeddings: the pipeline's negative_prompt_embeds), ",
-                 "or --guidance 1 for one conditional pass");
-    DIFFCP_CHECK(guidance > 1 || o.negative_text_embeddings.empty(), "--negative-text-embeddings is read only with ",
-                 "--guidance > 1 (classifier-free guidance); --guidance is ", guidance);
-    if (guidance <= 1) {  // one conditional pass
+                 "or ", flag, " 1 for one conditional pass");
+    DIFFCP_CHECK(scale > 1 || o.negative_text_embeddings.empty(), "--negative-text-embeddings is read only with ",
+                 flag, " > 1 (classifier-free guidance); ", flag, " is ", scale);
+    if (scale <= 1) {  // one conditional pass
       pl.in.cond.negative_txt.clear();
       pl.in.cond.negative_pooled.clear();
     }
@@ -432,13 +444,13 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
                                  .pipeline_sigmas(o.steps, shape.image_tokens(), cfg.family)
             : flux2_default ? flux2_scheduler.pipeline_sigmas(o.steps, shape.image_tokens(), DitFamily::flux2)
                             : flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()),
-            guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32, {}};
+            guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32, {}, o.true_cfg_scale};
   pl.opt.step_cache = parse_step_cache(o.step_cache);
   DIFFCP_CHECK(!pl.opt.step_cache.enabled || cfg.double_blocks + cfg.single_blocks >= 2, "--step-cache ", o.step_cache,
                ": the model has ", cfg.double_blocks + cfg.single_blocks, " block(s); First-Block Cache needs at least two");
   if (o.cfg_parallel) {
     DIFFCP_CHECK(uses_negative_pass(cfg, pl.in.cond, pl.opt), "--cfg-parallel: this run has no negative pass to run beside ",
-                 "the prompt's (", cfg.true_cfg() ? "--guidance <= 1" : std::string(dit_family_name(cfg.family)) +
+                 "the prompt's (", cfg.true_cfg() ? "--guidance <= 1" : cfg.accepts_negative() ? "--true-cfg-scale <= 1" : std::string(dit_family_name(cfg.family)) +
                  " has no classifier-free guidance" + (cfg.guidance_embed ? ": its --guidance is the distilled guidance embedding" : ""),
                  ")");
     DIFFCP_CHECK(world.size() % 2 == 0, "--cfg-parallel splits the ranks into two equal halves, one per classifier-free ",
@@ -570,6 +582,7 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
           {"guidance", pl.cfg.guidance_embed || pl.cfg.true_cfg() ? nlohmann::ordered_json(pl.opt.guidance) : nlohmann::ordered_json(nullptr)},
           {"family", dit_family_name(pl.cfg.family)},
           {"cfg_passes", two_passes ? 2 : 1},
+          {"true_cfg_scale", pl.cfg.family == DitFamily::flux1 ? nlohmann::ordered_json(pl.opt.true_cfg_scale) : nlohmann::ordered_json(nullptr)},
           {"cfg_parallel", o.cfg_parallel},
           {"cfg_pair_bytes", pair_bytes[0] / world.size() / o.steps},
           {"predicted_cfg_pair_bytes", o.cfg_parallel ? static_cast<double>(cfg_pair_bytes(pl.cfg, shape, pl.shard)) : 0.0},
@@ -663,11 +676,10 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
               static_cast<long long>(shape.image_tokens()), static_cast<long long>(shape.text_tokens),
               static_cast<long long>(shape.batch), o.steps, pl.schedule_name.c_str());
   std::printf("  model: %s", dit_family_name(cfg.family));
+  if (cfg.guidance_embed) std::printf(", distilled guidance %g", pl.opt.guidance);
   if (j["cfg_passes"].get<int>() == 2)
     std::printf(", classifier-free guidance %g: two passes a step (the negative prompt's: %lld text tokens)",
-                pl.opt.guidance, static_cast<long long>(pl.in.cond.negative_tokens));
-  else if (cfg.guidance_embed)
-    std::printf(", distilled guidance %g", pl.opt.guidance);
+                cfg_scale(cfg, pl.opt), static_cast<long long>(pl.in.cond.negative_tokens));
   std::printf("\n");
   if (o.weights.empty()) {
     std::printf("  weights: RANDOM (seeded init, --weight-seed %llu; no --weights given)\n",

@@ -30,7 +30,7 @@ DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape
                         AttentionExchange* negative_ex, const CfgGroups* cfg_groups) {
   const bool cfg = uses_negative_pass(w.config(), cond, opt), split = cfg_groups != nullptr;
   DIFFCP_CHECK(!split || cfg, "--cfg-parallel: this run has no negative pass to run beside the prompt's (",
-               w.config().true_cfg() ? "no negative prompt, or guidance <= 1" : "the family has no classifier-free guidance",
+               w.config().accepts_negative() ? "no negative prompt, or a guidance scale <= 1" : "the family has no classifier-free guidance",
                ")");
   DIFFCP_CHECK(!split || negative_ex == nullptr, "run_dit_sampling: CFG-parallel runs one pass per rank; no negative exchange");
   DIFFCP_CHECK(split || !cfg || (negative_ex != nullptr && negative_ex != &ex), "run_dit_sampling: classifier-free guidance ",

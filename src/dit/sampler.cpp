@@ -36,7 +36,11 @@ DitShape negative_shape(const DitShape& shape, const DitConditioning& cond) {
 }
 
 bool uses_negative_pass(const DitConfig& cfg, const DitConditioning& cond, const SampleOptions& opt) {
-  return cfg.true_cfg() && cond.has_negative() && opt.guidance > 1;
+  return cfg.accepts_negative() && cond.has_negative() && cfg_scale(cfg, opt) > 1;
+}
+
+double cfg_scale(const DitConfig& cfg, const SampleOptions& opt) {
+  return cfg.family == DitFamily::flux1 ? opt.true_cfg_scale : opt.guidance;
 }
 
 std::vector<float> initial_noise(const DitConfig& cfg, const DitShape& shape, std::uint64_t seed) {
@@ -209,12 +213,12 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
       active_backend().synchronize();
       pair_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
       v_step = v_neg.data();
-      guidance_combine(v_step, v_neg.data() + n, n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(opt.guidance),
+      guidance_combine(v_step, v_neg.data() + n, n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(cfg_scale(cfg, opt)),
                        cfg.cfg_keeps_norm());
     } else if (cfg_pass) {  // v = v_neg + g (v - v_neg) (Qwen-Image: the conditional norm of each token kept)
       negative->exchange().begin_step(k, steps);
       negative->velocity(x.data(), neg_txt.data(), neg_pooled.data(), tk, opt.guidance, v_neg.data());
-      guidance_combine(v_step, v_neg.data(), n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(opt.guidance),
+      guidance_combine(v_step, v_neg.data(), n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(cfg_scale(cfg, opt)),
                        cfg.cfg_keeps_norm());
     }
     const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - tk);

@@ -66,6 +66,9 @@ struct DitConfig {
   // distilled guidance embedding.
   bool true_cfg() const { return family == DitFamily::qwen_image || family == DitFamily::sd3; }
   bool cfg_keeps_norm() const { return family == DitFamily::qwen_image; }  // the guided velocity rescaled per token
+  // Whether a negative prompt can run: the true-CFG families, and FLUX.1 with FluxPipeline's
+  // true_cfg_scale > 1 (beside its distilled guidance; SampleOptions::true_cfg_scale).
+  bool accepts_negative() const { return true_cfg() || family == DitFamily::flux1; }
   bool biases() const { return family != DitFamily::flux2; }          // every Linear but qkv (qkv_bias)
   bool swiglu() const { return family == DitFamily::flux2; }          // MLP input 2M: silu(gate) * up
   bool shared_modulation() const { return family == DitFamily::flux2; }

@@ -92,7 +92,15 @@ struct SampleOptions {
   DType compute = DType::f32;
   // Step caching (dit/step_cache.hpp): run_dit_sampling sets it on each pass's model.
   StepCacheSpec step_cache{};
+  // FLUX.1's true classifier-free guidance (FluxPipeline's true_cfg_scale): above 1 with a negative
+  // prompt, the negative pass runs too and the velocities combine as v_neg + s (v - v_neg), while
+  // `guidance` stays the distilled guidance embedding of both passes. Read by FLUX.1 only.
+  double true_cfg_scale = 1.0;
 };
+
+// The scale classifier-free guidance combines the two velocities with: FLUX.1's true_cfg_scale,
+// the true-CFG families' guidance.
+double cfg_scale(const DitConfig& cfg, const SampleOptions& opt);
 
 // CFG-parallel (dit/run.hpp make_cfg_groups): this rank runs one pass of classifier-free guidance;
 // the pair's all-gather brings the other pass's velocity (the same image rows) and both ranks
@@ -102,8 +110,8 @@ struct CfgPair {
   int pass() const { return pair != nullptr ? pair->rank() : 0; }
 };
 
-// Whether a run with these options takes the negative prompt's pass: a true_cfg() family, a
-// negative prompt and guidance > 1.
+// Whether a run with these options takes the negative prompt's pass: a family that accepts one
+// (DitConfig::accepts_negative), a negative prompt and cfg_scale > 1.
 bool uses_negative_pass(const DitConfig& cfg, const DitConditioning& cond, const SampleOptions& opt);
 
 // Runs the T Euler steps of the schedule on this rank's tokens; collective over the model's
