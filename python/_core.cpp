@@ -27,6 +27,7 @@
 #include "diffcp/cp/splitkv.hpp"
 #include "diffcp/dit/diffusers.hpp"
 #include "diffcp/dit/model.hpp"
+#include "diffcp/dit/run.hpp"
 #include "diffcp/dit/sampler.hpp"
 #include "diffcp/drafter/draft.hpp"
 #include "diffcp/ops/gemm.hpp"
@@ -402,11 +403,15 @@ class DrafterPy {
 
 // A diffusers transformer folder's DiT, run across the ranks of `comm` (diffcp.diffusers): the
 // weights loaded once (bf16 or f32, replicated or sharded), one exchange and model per run shape
-// and pass (V-Major keeps a cache per pass, as diffusers' cache_context does).
+// and pass (V-Major keeps a cache per pass, as diffusers' cache_context does; so does the step
+// cache, restarted at step 0). cfg_parallel: the ranks split into two halves (dit/run.hpp
+// CfgGroups), the weights sharded within each half, and velocity_pair runs a CFG pair's two passes
+// at once, one per half.
 class DitPy {
  public:
   DitPy(const std::string& folder, MPI_Fint comm, const std::string& mode, int ulysses, int group_size,
-        const std::string& weights_dtype, bool shard_weights, const std::string& compute, double cache_ratio) {
+        const std::string& weights_dtype, bool shard_weights, const std::string& compute, double cache_ratio,
+        bool cfg_parallel, const std::string& step_cache) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw py::value_error("Dit: MPI is not initialized (import mpi4py.MPI first)");
@@ -424,8 +429,16 @@ class DitPy {
     schedule_.validate();
     ulysses_ = ulysses;
     group_size_ = group_size;
-    make_dit_shard(t.config, DitShape{1, 16, 16, 1}, comm_->size(), comm_->rank(), ulysses);  // U | heads, before any collective
-    w_ = std::make_unique<DitWeights>(t.config, storage, shard_weights ? comm_.get() : nullptr);
+    step_cache_ = parse_step_cache(step_cache);
+    DIFFCP_CHECK(!step_cache_.enabled || t.config.double_blocks + t.config.single_blocks >= 2, "step_cache ", step_cache,
+                 ": the model has ", t.config.double_blocks + t.config.single_blocks, " block(s); First-Block Cache needs at least two");
+    DIFFCP_CHECK(!cfg_parallel || comm_->size() % 2 == 0, "cfg_parallel splits the ranks into two equal halves, one per "
+                 "classifier-free guidance pass; P = ", comm_->size(), " is odd");
+    const int P_pass = cfg_parallel ? comm_->size() / 2 : comm_->size();
+    // U | heads, before any collective
+    make_dit_shard(t.config, DitShape{1, 16, 16, 1}, P_pass, comm_->rank() % P_pass, ulysses);
+    if (cfg_parallel) groups_ = std::make_unique<CfgGroups>(make_cfg_groups(*comm_));
+    w_ = std::make_unique<DitWeights>(t.config, storage, shard_weights ? &pass_comm() : nullptr);
     w_->load(ck, DitFileFormat::diffusers);
   }
 
@@ -442,6 +455,24 @@ class DitPy {
     d["shard_weights"] = w_->sharded();
     d["weights_bytes_per_rank"] = w_->bytes();
     d["P"] = comm_->size();
+    d["cfg_parallel"] = groups_ != nullptr;
+    d["step_cache"] = step_cache_.name();
+    return d;
+  }
+
+  // Per pass that ran (its index; CFG-parallel pairs: "pair<q>", this rank's half only): the step
+  // cache's decisions since that pass's step 0.
+  py::dict step_cache_stats() const {
+    py::dict d;
+    for (const auto& [key, r] : runs_)
+      if (r.model && r.model->step_cache() != nullptr) {
+        const StepCacheStats& st = r.model->step_cache()->stats();
+        py::dict e;
+        e["computed"] = st.computed;
+        e["cached"] = st.cached;
+        e["rel_l1"] = st.rel_l1;
+        d[py::str((key >= kPairKey ? "pair" : "") + std::to_string(key % kPairKey))] = e;
+      }
     return d;
   }
 
@@ -450,6 +481,65 @@ class DitPy {
   //   -> [b, N_img, C_in] the velocity, gathered on every rank. Collective over comm.
   py::array_t<float> velocity(const Floats& x, std::int64_t height, std::int64_t width, const Floats& txt,
                               const Floats& pooled, double t, double guidance, int pass, int step, int steps) {
+    const DitShape shape = check_inputs(x, height, width, txt, pooled);
+    std::vector<float> out;
+    {
+      py::gil_scoped_release release;
+      Run& r = run(shape, pass, *comm_);
+      out = gather_latent(*comm_, pass_velocity(r, x, txt, pooled, t, guidance, step, steps), w_->config(), shape,
+                          r.model->shard());
+    }
+    py::array_t<float> v({x.shape(0), x.shape(1), x.shape(2)});
+    std::copy(out.begin(), out.end(), v.mutable_data());
+    return v;
+  }
+
+  // CFG-parallel: a pair of passes q = 0, 1 (x_q [b, N_img, C_in], txt_q [T_q, text_dim], pooled_q) at
+  // once, pass q on half q; the halves trade their velocity rows over the pair (b I_p C_in floats)
+  // -> [2, b, N_img, C_in] on every rank. Collective over comm.
+  py::array_t<float> velocity_pair(const Floats& x0, const Floats& txt0, const Floats& pooled0, const Floats& x1,
+                                   const Floats& txt1, const Floats& pooled1, std::int64_t height, std::int64_t width,
+                                   double t, double guidance, int step, int steps) {
+    if (!groups_) throw py::value_error("velocity_pair: this Dit was made without cfg_parallel");
+    const DitShape s0 = check_inputs(x0, height, width, txt0, pooled0), s1 = check_inputs(x1, height, width, txt1, pooled1);
+    if (s0.batch != s1.batch) throw py::value_error("velocity_pair: the two passes have " + std::to_string(s0.batch) +
+                                                    " and " + std::to_string(s1.batch) + " images");
+    const int q = groups_->pass();
+    const DitConfig& c = w_->config();
+    std::vector<float> both[2];
+    {
+      py::gil_scoped_release release;
+      Run& r = run(q == 0 ? s0 : s1, kPairKey + q, *groups_->group);
+      const std::vector<float> v_p = q == 0 ? pass_velocity(r, x0, txt0, pooled0, t, guidance, step, steps)
+                                            : pass_velocity(r, x1, txt1, pooled1, t, guidance, step, steps);
+      std::vector<float> pair(2 * v_p.size());
+      {
+        const ScopedCommDevice host(*groups_->pair, Device::host);
+        groups_->pair->all_gather<float>(v_p, pair);
+      }
+      for (int k = 0; k < 2; ++k)
+        both[k] = gather_latent(*groups_->group, std::vector<float>(pair.begin() + k * v_p.size(),
+                                                                    pair.begin() + (k + 1) * v_p.size()),
+                                c, s0, r.model->shard());
+    }
+    py::array_t<float> v({std::int64_t{2}, x0.shape(0), x0.shape(1), x0.shape(2)});
+    std::copy(both[0].begin(), both[0].end(), v.mutable_data());
+    std::copy(both[1].begin(), both[1].end(), v.mutable_data() + both[0].size());
+    return v;
+  }
+
+ private:
+  struct Run {
+    std::unique_ptr<AttentionExchange> exchange;
+    std::unique_ptr<DitModel> model;
+    Communicator* comm = nullptr;  // the ranks that run it
+  };
+  static constexpr int kPairKey = 1 << 20;  // runs_ keys of CFG-parallel pairs: kPairKey + q
+
+  Communicator& pass_comm() { return groups_ ? *groups_->group : *comm_; }
+
+  //   x: [b, N_img, C_in], txt: [T, text_dim], pooled: [pooled_dim] -> the shape, or a ValueError naming the misfit
+  DitShape check_inputs(const Floats& x, std::int64_t height, std::int64_t width, const Floats& txt, const Floats& pooled) const {
     const DitConfig& c = w_->config();
     if (x.ndim() != 3 || txt.ndim() != 2 || txt.shape(1) != c.text_dim || x.shape(2) != c.in_channels())
       throw py::value_error("velocity: x must be [b, N_img, " + std::to_string(c.in_channels()) + "] and txt [T, " +
@@ -462,56 +552,53 @@ class DitPy {
     if (pooled.size() != c.pooled_dim)
       throw py::value_error("velocity: pooled has " + std::to_string(pooled.size()) + " values, expected " +
                             std::to_string(c.pooled_dim));
-    const std::vector<float> full(x.data(), x.data() + x.size());
-    const std::vector<float> text(txt.data(), txt.data() + txt.size());
-    std::vector<float> out;
-    {
-      py::gil_scoped_release release;
-      Run& r = run(shape, pass);
-      const DitShard& s = r.model->shard();
-      // The model reads and writes the active backend's memory (host data go there and back).
-      DeviceVector<float> x_p, txt_p, pooled_d, v_p;
-      x_p.assign(shard_latent(full, c, shape, s));
-      txt_p.assign(shard_text(text, c.text_dim, s));
-      pooled_d.assign(pooled.data(), pooled.size());
-      v_p.resize(x_p.size());
-      const ScopedF32GemmCompute precision(compute_);
-      r.exchange->set_compute(compute_);
-      r.exchange->begin_step(step, steps);
-      r.model->velocity(x_p.data(), txt_p.data(), pooled_d.data(), t, guidance, v_p.data());
-      out = gather_latent(*comm_, to_host<float>(v_p.view()), c, shape, s);
-    }
-    py::array_t<float> v({x.shape(0), x.shape(1), x.shape(2)});
-    std::copy(out.begin(), out.end(), v.mutable_data());
-    return v;
+    return shape;
   }
 
- private:
-  struct Run {
-    std::unique_ptr<AttentionExchange> exchange;
-    std::unique_ptr<DitModel> model;
-  };
-  // The exchange and model of one pass (its V-Major caches), rebuilt when the pass's shape changes
-  // (collectively: every rank calls velocity() with the same shapes in the same order).
-  Run& run(const DitShape& shape, int pass) {
-    Run& r = runs_[pass];
+  // One pass's velocity on this rank's rows: [b, I_p, C_in] on the host. Collective over the run's ranks.
+  std::vector<float> pass_velocity(Run& r, const Floats& x, const Floats& txt, const Floats& pooled, double t,
+                                   double guidance, int step, int steps) {
+    const DitConfig& c = w_->config();
+    const DitShard& s = r.model->shard();
+    // The model reads and writes the active backend's memory (host data go there and back).
+    DeviceVector<float> x_p, txt_p, pooled_d, v_p;
+    x_p.assign(shard_latent(std::vector<float>(x.data(), x.data() + x.size()), c, r.model->shape(), s));
+    txt_p.assign(shard_text(std::vector<float>(txt.data(), txt.data() + txt.size()), c.text_dim, s));
+    pooled_d.assign(pooled.data(), pooled.size());
+    v_p.resize(x_p.size());
+    const ScopedF32GemmCompute precision(compute_);
+    r.exchange->set_compute(compute_);
+    r.exchange->begin_step(step, steps);
+    if (step == 0) r.model->set_step_cache(step_cache_, *r.comm);  // a new generation: the cache starts afresh
+    r.model->velocity(x_p.data(), txt_p.data(), pooled_d.data(), t, guidance, v_p.data());
+    return to_host<float>(v_p.view());
+  }
+
+  // The exchange and model of one pass (its V-Major caches) over `comm`, rebuilt when the pass's
+  // shape changes (collectively: every rank calls velocity() with the same shapes in the same order).
+  Run& run(const DitShape& shape, int key, Communicator& comm) {
+    Run& r = runs_[key];
     const DitShape& s = r.model ? r.model->shape() : DitShape{};
     if (r.model && s.batch == shape.batch && s.width == shape.width && s.height == shape.height &&
         s.text_tokens == shape.text_tokens)
       return r;
     r.model.reset();  // the model uses the exchange: destroyed first
-    r.exchange = make_attention_exchange(mode_, *comm_, group_size_, schedule_, ulysses_);
+    r.exchange = make_attention_exchange(mode_, comm, group_size_, schedule_, ulysses_);
     r.model = std::make_unique<DitModel>(*w_, shape, *r.exchange);
+    r.comm = &comm;
+    r.model->set_step_cache(step_cache_, comm);
     return r;
   }
 
   std::unique_ptr<MpiCommunicator> comm_;
+  std::unique_ptr<CfgGroups> groups_;  // cfg_parallel
   std::unique_ptr<DitWeights> w_;
+  StepCacheSpec step_cache_;
   ExchangeMode mode_ = ExchangeMode::flat;
   DType compute_ = DType::f32;
   CacheSchedule schedule_;
   int ulysses_ = 0, group_size_ = 1;
-  std::map<int, Run> runs_;  // by pass
+  std::map<int, Run> runs_;  // by pass (CFG-parallel pairs: kPairKey + the half's pass)
 };
 
 PYBIND11_MODULE(_core, m) {
@@ -554,10 +641,15 @@ PYBIND11_MODULE(_core, m) {
       .def("backward", &SplitKVLayerPy::backward, py::arg("saved"), py::arg("params"), py::arg("dy"));
   py::class_<DitPy>(m, "Dit")
       .def(py::init<const std::string&, MPI_Fint, const std::string&, int, int, const std::string&, bool, const std::string&,
-                    double>(),
+                    double, bool, const std::string&>(),
            py::arg("folder"), py::arg("comm_f"), py::arg("mode"), py::arg("ulysses_degree"), py::arg("group_size"),
-           py::arg("weights_dtype"), py::arg("shard_weights"), py::arg("dtype"), py::arg("cache_ratio"))
+           py::arg("weights_dtype"), py::arg("shard_weights"), py::arg("dtype"), py::arg("cache_ratio"),
+           py::arg("cfg_parallel") = false, py::arg("step_cache") = "none")
       .def("config", &DitPy::config)
+      .def("step_cache_stats", &DitPy::step_cache_stats)
+      .def("velocity_pair", &DitPy::velocity_pair, py::arg("x0"), py::arg("txt0"), py::arg("pooled0"), py::arg("x1"),
+           py::arg("txt1"), py::arg("pooled1"), py::arg("height"), py::arg("width"), py::arg("t"), py::arg("guidance"),
+           py::arg("step"), py::arg("steps"))
       .def("velocity", &DitPy::velocity, py::arg("x"), py::arg("height"), py::arg("width"), py::arg("txt"), py::arg("pooled"),
            py::arg("t"), py::arg("guidance"), py::arg("pass_index"), py::arg("step"), py::arg("steps"));
   py::class_<DrafterPy>(m, "Drafter")

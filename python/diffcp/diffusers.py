@@ -116,10 +116,39 @@ class _Forward:
                     break
             else:
                 groups.append([i])
-        for grp in groups:
-            p = _f32(pooled[grp[0]]) if pooled is not None else np.zeros(0, np.float32)
-            out[grp] = self.core.velocity(np.ascontiguousarray(x[grp]), 16 * gh, 16 * gw, _f32(txt[grp[0]]), p, t, g,
-                                          self.state.next_pass(), step, self.state.steps)
+        passes = [(np.ascontiguousarray(x[grp]), _f32(txt[grp[0]]),
+                   _f32(pooled[grp[0]]) if pooled is not None else np.zeros(0, np.float32)) for grp in groups]
+        state = self.state
+        if state.cfg_parallel and len(groups) == 2 and len(groups[0]) == len(groups[1]):
+            # SD3's [negative; prompt] batch: its two passes at once, one per half of the ranks.
+            state.next_pass(), state.next_pass()
+            v = self.core.velocity_pair(*passes[0], *passes[1], 16 * gh, 16 * gw, t, g, step, state.steps)
+            out[groups[0]], out[groups[1]] = v[0], v[1]
+            return out
+        if state.cfg_parallel and state.two_calls and len(groups) == 1:
+            # Qwen-Image's / FLUX.1's true CFG: the prompt's call, then the negative prompt's. The first
+            # call's output is handed back now and filled in by the second call, which runs both passes
+            # at once (the pipeline reads neither before the second call returns).
+            if state.pending is None:
+                state.next_pass()
+                state.pending = {"inputs": passes[0], "out": out, "step": step, "sample": None}
+                return out
+            first = state.pending
+            state.pending = None
+            if first["step"] != step:
+                raise RuntimeError("diffcp.diffusers: cfg_parallel expected the negative prompt's call in the same step")
+            state.next_pass()
+            v = self.core.velocity_pair(*first["inputs"], *passes[0], 16 * gh, 16 * gw, t, g, step, state.steps)
+            first["out"][...] = v[0]
+            if first["sample"] is not None:
+                first["sample"].copy_(torch.from_numpy(v[0]))
+            out[...] = v[1]
+            return out
+        if state.pending is not None:
+            raise RuntimeError("diffcp.diffusers: cfg_parallel held back a call whose negative-prompt call never came")
+        for grp, pas in zip(groups, passes):
+            out[grp] = self.core.velocity(pas[0], 16 * gh, 16 * gw, pas[1], pas[2], t, g, state.next_pass(), step,
+                                          state.steps)
         return out
 
     @staticmethod
@@ -162,10 +191,11 @@ class _Forward:
             raise NotImplementedError("diffcp.diffusers: every image of a batch must share the timestep")
         return float(t[0])
 
-    @staticmethod
-    def output(out: np.ndarray, like, return_dict: bool):
+    def output(self, out: np.ndarray, like, return_dict: bool):
         import torch
         sample = torch.from_numpy(out).to(device=like.device, dtype=like.dtype)
+        if self.state.pending is not None and self.state.pending["out"] is out:  # cfg_parallel: filled later
+            self.state.pending["sample"] = sample
         if not return_dict:
             return (sample,)
         from diffusers.models.modeling_outputs import Transformer2DModelOutput
@@ -288,11 +318,15 @@ _FORWARDS = {"FluxTransformer2DModel": _FluxForward, "SD3Transformer2DModel": _S
 class _StepState:
     """The denoising step of each forward (V-Major's schedule reads it): a new timestep, a new step."""
 
-    def __init__(self):
+    def __init__(self, cfg_parallel: bool = False):
+        self.cfg_parallel = cfg_parallel
         self.reset(1)
 
-    def reset(self, steps: int):
+    def reset(self, steps: int, two_calls: bool = False):
+        """A pipeline call of `steps` steps; two_calls: classifier-free guidance as two transformer
+        calls a step (the prompt's, then the negative prompt's: Qwen-Image, FLUX.1's true CFG)."""
         self.steps, self.step, self.t, self.passes = max(int(steps), 1), -1, None, 0
+        self.two_calls, self.pending = two_calls, None
 
     def step_of(self, t: float) -> int:
         if t != self.t:
@@ -304,6 +338,19 @@ class _StepState:
         """The index of this model run within the step (0, 1, ...: its V-Major caches)."""
         self.passes += 1
         return self.passes - 1
+
+
+def _two_calls(pipe, args, kwargs) -> bool:
+    """Whether the call runs true CFG as two transformer calls a step: QwenImagePipeline's and
+    FluxPipeline's rule, true_cfg_scale > 1 with a negative prompt (or its embeddings)."""
+    import inspect
+    sig = inspect.signature(pipe.__call__)
+    if "true_cfg_scale" not in sig.parameters:
+        return False
+    given = sig.bind_partial(*args, **kwargs).arguments
+    scale = given.get("true_cfg_scale", sig.parameters["true_cfg_scale"].default)
+    negative = given.get("negative_prompt") is not None or given.get("negative_prompt_embeds") is not None
+    return scale is not None and float(scale) > 1 and negative
 
 
 def _steps(pipe, args, kwargs) -> int:
@@ -335,16 +382,19 @@ class ParallelPipeline:
         return getattr(self.__dict__["pipe"], name)
 
     def __call__(self, *args, **kwargs):
-        self._state.reset(_steps(self.pipe, args, kwargs))
+        self._state.reset(_steps(self.pipe, args, kwargs), _two_calls(self.pipe, args, kwargs))
         if self.output_on == "rank0" and self.comm.Get_rank() != 0:
             kwargs["output_type"] = "latent"
-        return self.pipe(*args, **kwargs)
+        out = self.pipe(*args, **kwargs)
+        if self._state.pending is not None:
+            raise RuntimeError("diffcp.diffusers: cfg_parallel held back a call whose negative-prompt call never came")
+        return out
 
 
 def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | None = None,
                 ring_degree: int | None = None, dtype: str = "bf16", weights_dtype: str = "auto",
                 shard_weights: bool = False, group_size: int = 0, cache_ratio: float = 1.0,
-                output_on: str = "rank0") -> ParallelPipeline:
+                output_on: str = "rank0", cfg_parallel: bool = False, step_cache: str = "none") -> ParallelPipeline:
     """Runs ``pipe``'s transformer across the ranks of ``comm`` with diffcp.
 
     Args:
@@ -359,6 +409,12 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
         group_size: TAPA's link group L (0: the ranks of a node).
         cache_ratio: CoCoDiff's V-Major ratio at the last step (linear schedule after 5 warm-up steps).
         output_on: ``rank0`` | ``all``: where the decoded images are made.
+        cfg_parallel: classifier-free guidance's two passes at once on two halves of the ranks (an even
+            P; each half runs ``mode`` over P/2 ranks and holds the weights, sharded within it with
+            ``shard_weights``): SD3.5's [negative; prompt] batch, Qwen-Image's and FLUX.1's (true_cfg_scale)
+            two calls a step.
+        step_cache: ``none`` | ``fbcache:THRESHOLD``: First-Block Cache per pass (docs/dit.md); the
+            decisions are in ``core.step_cache_stats()``.
     """
     import torch
     comm = _world(comm)
@@ -376,7 +432,11 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     if weights_dtype == "auto":
         weights_dtype = "bf16" if params and params[0].dtype == torch.bfloat16 else "f32"
     P = comm.Get_size()
-    U = _ulysses_degree(P, int(transformer.config.num_attention_heads), ulysses_degree, ring_degree)
+    if cfg_parallel and P % 2:
+        raise ValueError(f"cfg_parallel splits the ranks into two equal halves, one per classifier-free guidance pass; "
+                         f"P = {P} is odd")
+    U = _ulysses_degree(P // 2 if cfg_parallel else P, int(transformer.config.num_attention_heads), ulysses_degree,
+                        ring_degree)
     try:
         folder, tmp, err = *_weights_folder(transformer), None
     except Exception as e:  # every rank agrees before the collectives below
@@ -386,13 +446,13 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     dup = comm.Dup()  # diffcp's traffic never matches the caller's
     try:
         core = _core.Dit(folder, dup.py2f(), mode, U, group_size, weights_dtype, bool(shard_weights), dtype,
-                         float(cache_ratio))
+                         float(cache_ratio), bool(cfg_parallel), str(step_cache))
     finally:
         if tmp is not None:
             tmp.cleanup()
     with torch.no_grad():  # the weights live in diffcp now: drop torch's copies (dtype and device stay)
         for p in params:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-    state = _StepState()
+    state = _StepState(bool(cfg_parallel))
     transformer.forward = _FORWARDS[name](core, state)  # nn.Module.__call__ calls self.forward
     return ParallelPipeline(pipe, core, state, dup, output_on)

@@ -253,3 +253,78 @@ def test_flux2_forward_equals_numpy_reference():
                          timestep=torch.full((2,), 0.3), img_ids=img_ids, txt_ids=torch.zeros(T, 4),
                          guidance=torch.full((2,), 4.0), return_dict=False)
     d.cleanup()
+
+
+# ---- issue #52: CFG-parallel and step caching ----
+
+def test_sd3_cfg_parallel_runs_the_batch_halves_at_once(sd3_folder):
+    # SD3's [negative; prompt] batch with cfg_parallel: each half of the ranks runs one prompt; both
+    # equal the float64 reference (P odd: refused by name).
+    pipe = SimpleNamespace(transformer=SD3Transformer2DModel(sd3_folder))
+    if P % 2:
+        with pytest.raises(ValueError, match=f"P = {P} is odd"):
+            diffcp.diffusers.parallelize(pipe, cfg_parallel=True)
+        return
+    par = diffcp.diffusers.parallelize(pipe, mode="tapa", dtype="f32", weights_dtype="f32", cfg_parallel=True)
+    assert par.core.config()["cfg_parallel"]
+    rng = np.random.default_rng(9)
+    lat = rng.standard_normal((2, 4, 6, 10)).astype(np.float32)
+    txt = rng.standard_normal((2, 7, 32)).astype(np.float32)
+    pooled = rng.standard_normal((2, 24)).astype(np.float32)
+    out = pipe.transformer(hidden_states=torch.from_numpy(lat), encoder_hidden_states=torch.from_numpy(txt),
+                           pooled_projections=torch.from_numpy(pooled), timestep=torch.full((2,), 640.0),
+                           joint_attention_kwargs=None, return_dict=False)[0].numpy()
+    a, w, _ = SD3.load_folder(sd3_folder)
+    ref = SD3.SD3Reference(a, w)
+    for i in range(2):
+        want = ref.forward(lat[i:i + 1].astype(np.float64), txt[i].astype(np.float64), pooled[i].astype(np.float64), 0.64)
+        close(out[i:i + 1], want, 1e-4, f"cfg_parallel image {i}")
+
+
+def test_qwen_image_cfg_parallel_pairs_the_two_calls():
+    # QwenImagePipeline's true CFG with cfg_parallel: the prompt's call returns its tensor at once and
+    # the negative prompt's call fills it (both passes run then, one per half); each equals the reference.
+    if P % 2:
+        pytest.skip("cfg_parallel needs an even P")
+    d = tempfile.TemporaryDirectory()
+    subprocess.run([sys.executable, str(ROOT / "tools" / "qwenimage_reference.py"), "make", "--out", d.name], check=True,
+                   stdout=subprocess.DEVNULL)
+    pipe = SimpleNamespace(transformer=QwenImageTransformer2DModel(Path(d.name)))
+    par = diffcp.diffusers.parallelize(pipe, mode="vfirst", dtype="f32", weights_dtype="f32", cfg_parallel=True)
+    a, w, _ = QWEN.load_folder(Path(d.name))
+    ref = QWEN.QwenImageReference(a, w)
+    rng = np.random.default_rng(17)
+    gh, gw = 3, 5
+    x = rng.standard_normal((1, gh * gw, a["in_channels"])).astype(np.float32)
+    encs = [rng.standard_normal((1, n, a["joint_attention_dim"])).astype(np.float32) for n in (7, 4)]
+    for step in range(2):
+        par._state.reset(2, two_calls=True) if step == 0 else None
+        t = 0.8 - 0.3 * step
+        outs = [pipe.transformer(hidden_states=torch.from_numpy(x), encoder_hidden_states=torch.from_numpy(e),
+                                 encoder_hidden_states_mask=None, timestep=torch.full((1,), t),
+                                 img_shapes=[[(1, gh, gw)]], guidance=None, attention_kwargs=None,
+                                 return_dict=False)[0] for e in encs]
+        for e, o, what in zip(encs, outs, ("prompt", "negative")):
+            close(o.numpy(), ref.forward(x.astype(np.float64), e[0].astype(np.float64), t, gh, gw), 1e-4,
+                  f"step {step} {what}")
+    assert par._state.pending is None
+    d.cleanup()
+
+
+def test_step_cache_threshold_zero_is_exact_and_a_huge_one_skips(folder):
+    x, txt, pooled, img_ids, txt_ids = inputs(1, 80, 48, 7, seed=21)
+    runs = {}
+    for spec in ("none", "fbcache:0", "fbcache:1e9"):
+        pipe = SimpleNamespace(transformer=FluxTransformer2DModel(folder))
+        par = diffcp.diffusers.parallelize(pipe, mode="flat", dtype="f32", weights_dtype="f32", step_cache=spec)
+        par._state.reset(3)
+        runs[spec] = [call(pipe.transformer, x, txt, pooled, img_ids, txt_ids, t, 3.5) for t in (0.9, 0.6, 0.3)]
+        stats = par.core.step_cache_stats()
+        if spec == "fbcache:1e9":
+            assert stats["0"]["computed"] == 1 and stats["0"]["cached"] == 2, stats
+        elif spec == "fbcache:0":
+            assert stats["0"]["computed"] == 3 and stats["0"]["cached"] == 0, stats
+    for a_, b_ in zip(runs["none"], runs["fbcache:0"]):
+        assert np.array_equal(a_, b_)
+    assert np.array_equal(runs["none"][0], runs["fbcache:1e9"][0])  # the first step is always full
+    assert not np.array_equal(runs["none"][2], runs["fbcache:1e9"][2])  # later steps reuse the residual
