@@ -2,7 +2,8 @@
 // P = 1, 2, 3, 4, 8 (ctest registers every P).
 //
 //   * CFG-parallel (dit/run.hpp): the two passes of classifier-free guidance on two halves of the
-//     ranks. In both CFG families (Qwen-Image's norm-keeping guidance, SD3.5's), every mode (flat,
+//     ranks. In every family with CFG (Qwen-Image's norm-keeping guidance, SD3.5's, FLUX.1's true
+//     CFG beside its distilled guidance), every mode (flat,
 //     TAPA, V-First, CoCoDiff at r = 0 and at r > 0) and USP where the half allows it, with a
 //     negative prompt of another length (its own padding) and an image grid no half divides:
 //       - bitwise the sequential run on one half (the same P/2-rank exchanges, pass for pass);
@@ -63,11 +64,12 @@ Inputs make_inputs(const DitConfig& cfg, int steps = 3) {
   Inputs in{prompt_conditioning(cfg, kShape, "a serving test"),
             {flow_schedule(steps, TimeSchedule::flux, kShape.image_tokens()), 4.0, {}},
             initial_noise(cfg, kShape, 11)};
-  if (cfg.true_cfg()) {  // a negative prompt of 7 tokens
+  if (cfg.accepts_negative()) {  // a negative prompt of 7 tokens (FLUX.1: its true CFG, scale 3)
     const DitConditioning neg = prompt_conditioning(cfg, DitShape{1, 16, 16, 7}, "");
     in.cond.negative_txt = neg.txt;
     in.cond.negative_pooled = cfg.has_pooled() ? neg.pooled : std::vector<float>{};
     in.cond.negative_tokens = 7;
+    in.opt.true_cfg_scale = 3.0;
   }
   return in;
 }
@@ -118,13 +120,15 @@ TEST(CfgParallel, OddRankCountsAndRunsWithoutANegativePassAreRefused) {
   const CfgGroups g = make_cfg_groups(world());
   EXPECT_EQ(g.group->size(), P / 2);
   EXPECT_EQ(g.pass(), world().rank() < P / 2 ? 0 : 1);
-  // FLUX.1 has no classifier-free guidance pass; Qwen-Image with guidance 1 runs one pass.
-  for (const DitFamily family : {DitFamily::flux1, DitFamily::qwen_image}) {
+  // FLUX.2 has no classifier-free guidance pass; FLUX.1 with true_cfg_scale 1 and Qwen-Image with
+  // guidance 1 run one pass.
+  for (const DitFamily family : {DitFamily::flux2, DitFamily::flux1, DitFamily::qwen_image}) {
     const DitConfig cfg = serving_config(family);
     DitWeights w(cfg);
     w.init_random(3);
     Inputs in = make_inputs(cfg);
     in.opt.guidance = 1.0;
+    in.opt.true_cfg_scale = 1.0;
     const std::string err = error_of([&] { cfg_parallel(g, w, in, {ExchangeMode::flat, {}, 0}, in.opt); });
     EXPECT_NE(err.find("--cfg-parallel: this run has no negative pass"), std::string::npos) << err;
   }
@@ -135,7 +139,7 @@ TEST(CfgParallel, EqualsTheSequentialRunInEveryFamilyAndMode) {
   if (P % 2 == 1) GTEST_SKIP() << "CFG-parallel needs an even P";
   const CfgGroups g = make_cfg_groups(world());
   const auto self = world().split(world().rank(), 0, "self");
-  for (const DitFamily family : {DitFamily::qwen_image, DitFamily::sd3}) {
+  for (const DitFamily family : {DitFamily::qwen_image, DitFamily::sd3, DitFamily::flux1}) {
     SCOPED_TRACE(dit_family_name(family));
     const DitConfig cfg = serving_config(family);
     DitWeights w(cfg);
@@ -268,7 +272,7 @@ TEST(StepCache, ThresholdZeroIsBitwiseTheExactRun) {
       EXPECT_TRUE(bitwise_equal(exact.latent, cached.latent)) << "max |diff| " << max_abs_diff(exact.latent, cached.latent);
       EXPECT_EQ(cached.steps_computed[0], 3);
       EXPECT_EQ(cached.steps_cached[0], 0);
-      EXPECT_EQ(cached.steps_computed[1], cfg.true_cfg() ? 3 : 0);
+      EXPECT_EQ(cached.steps_computed[1], cfg.accepts_negative() ? 3 : 0);
       EXPECT_EQ(cached.rel_l1.size(), 3u);
     }
   }
@@ -296,7 +300,7 @@ TEST(StepCache, CachedRunsEqualTheOneRankCachedRunAndDecideAlike) {
       const DitRun run = sequential(world(), w, in, m, huge);
       EXPECT_EQ(run.steps_computed[0], 1);
       EXPECT_EQ(run.steps_cached[0], 3);
-      if (cfg.true_cfg()) {
+      if (cfg.accepts_negative()) {
         EXPECT_EQ(run.steps_cached[1], 3);
       }
       if (m.schedule.ratio == 0) {

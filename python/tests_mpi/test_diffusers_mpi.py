@@ -170,16 +170,13 @@ def test_steps_follow_the_pipeline_call():
     assert steps(Pipe(), (), {"sigmas": [1.0, 0.5, 0.25]}) == 3
 
 
-@pytest.mark.parametrize("mode", ["flat", "vfirst"])
-def test_sd3_forward_with_cfg_batch_equals_numpy_reference(sd3_folder, mode):
-    # SD3's pipeline batches [negative; prompt]: two prompts of one batch, run as two passes. A
-    # 80 x 48 image: a 3 x 5 grid, 15 tokens (P = 2, 4 divide it not).
+def check_sd3_cfg_batch(sd3_folder, pipe, what: str):
+    """SD3's pipeline batches [negative; prompt]: two prompts of one batch, run as two passes. A
+    80 x 48 image: a 3 x 5 grid, 15 tokens (P = 2, 4 divide it not). Both against the reference."""
     rng = np.random.default_rng(9)
     lat = rng.standard_normal((2, 4, 6, 10)).astype(np.float32)
     txt = rng.standard_normal((2, 7, 32)).astype(np.float32)
     pooled = rng.standard_normal((2, 24)).astype(np.float32)
-    pipe = SimpleNamespace(transformer=SD3Transformer2DModel(sd3_folder))
-    diffcp.diffusers.parallelize(pipe, mode=mode, dtype="f32", weights_dtype="f32")
     out = pipe.transformer(hidden_states=torch.from_numpy(lat), encoder_hidden_states=torch.from_numpy(txt),
                            pooled_projections=torch.from_numpy(pooled), timestep=torch.full((2,), 640.0),
                            joint_attention_kwargs=None, return_dict=False)[0].numpy()
@@ -187,7 +184,14 @@ def test_sd3_forward_with_cfg_batch_equals_numpy_reference(sd3_folder, mode):
     ref = SD3.SD3Reference(a, w)
     for i in range(2):
         want = ref.forward(lat[i:i + 1].astype(np.float64), txt[i].astype(np.float64), pooled[i].astype(np.float64), 0.64)
-        close(out[i:i + 1], want, 1e-4, f"{mode} image {i}")
+        close(out[i:i + 1], want, 1e-4, f"{what} image {i}")
+
+
+@pytest.mark.parametrize("mode", ["flat", "vfirst"])
+def test_sd3_forward_with_cfg_batch_equals_numpy_reference(sd3_folder, mode):
+    pipe = SimpleNamespace(transformer=SD3Transformer2DModel(sd3_folder))
+    diffcp.diffusers.parallelize(pipe, mode=mode, dtype="f32", weights_dtype="f32")
+    check_sd3_cfg_batch(sd3_folder, pipe, mode)
 
 
 QWEN = _reference_module("qwenimage_reference")
@@ -267,18 +271,7 @@ def test_sd3_cfg_parallel_runs_the_batch_halves_at_once(sd3_folder):
         return
     par = diffcp.diffusers.parallelize(pipe, mode="tapa", dtype="f32", weights_dtype="f32", cfg_parallel=True)
     assert par.core.config()["cfg_parallel"]
-    rng = np.random.default_rng(9)
-    lat = rng.standard_normal((2, 4, 6, 10)).astype(np.float32)
-    txt = rng.standard_normal((2, 7, 32)).astype(np.float32)
-    pooled = rng.standard_normal((2, 24)).astype(np.float32)
-    out = pipe.transformer(hidden_states=torch.from_numpy(lat), encoder_hidden_states=torch.from_numpy(txt),
-                           pooled_projections=torch.from_numpy(pooled), timestep=torch.full((2,), 640.0),
-                           joint_attention_kwargs=None, return_dict=False)[0].numpy()
-    a, w, _ = SD3.load_folder(sd3_folder)
-    ref = SD3.SD3Reference(a, w)
-    for i in range(2):
-        want = ref.forward(lat[i:i + 1].astype(np.float64), txt[i].astype(np.float64), pooled[i].astype(np.float64), 0.64)
-        close(out[i:i + 1], want, 1e-4, f"cfg_parallel image {i}")
+    check_sd3_cfg_batch(sd3_folder, pipe, "cfg_parallel")
 
 
 def test_qwen_image_cfg_parallel_pairs_the_two_calls():
