@@ -199,6 +199,45 @@ TEST(SimDit, UnsupportedShapesGiveReasons) {
   EXPECT_THROW(simulate_dit(bad, cfg, shape, dit_options({"flat"})), Error);
 }
 
+// Issue #52's serving features: sequential CFG moves twice the bytes of one pass; CFG-parallel
+// runs one pass on each half (its bytes the P/2 run's: nothing across nodes when a half is a node)
+// plus the velocity pair; a cached step moves one layer's bytes, and the time falls with the
+// cached fraction; bad combinations are refused.
+TEST(SimDit, CfgParallelAndStepCacheFollowTheirClosedForms) {
+  const DitConfig cfg = dit_preset("default");  // 24 heads, 2 double + 4 single blocks
+  const DitShape shape{1, 512, 512, 64};
+  const int steps = 10;
+  const CacheSchedule r0{CacheScheduleKind::fixed, 0.0, 0, 0};
+  SimDitOptions one = dit_options({"tapa"}, r0, steps), two = one, par = one;
+  two.cfg = true;
+  par.cfg = par.cfg_parallel = true;
+  const auto p1 = simulate_dit(machine(8, 4), cfg, shape, one), p2 = simulate_dit(machine(8, 4), cfg, shape, two);
+  EXPECT_EQ(p2[0].bytes_inter_total, 2 * p1[0].bytes_inter_total);
+  EXPECT_EQ(p2[0].bytes_intra_total, 2 * p1[0].bytes_intra_total);
+  EXPECT_GT(p2[0].step_ms, 1.9 * p1[0].step_ms);
+  const auto half = simulate_dit(machine(4, 4), cfg, shape, one), pp = simulate_dit(machine(8, 4), cfg, shape, par);
+  EXPECT_EQ(pp[0].P, 8);
+  EXPECT_EQ(pp[0].bytes_inter_total, 0u);  // each half is one node: its all-to-alls stay inside
+  EXPECT_EQ(pp[0].bytes_intra_total, half[0].bytes_intra_total);
+  EXPECT_GT(pp[0].step_ms, half[0].step_ms);  // + the velocity pair, across the nodes
+  EXPECT_LT(pp[0].step_ms, p2[0].step_ms);
+  SimDitOptions cached = one;
+  cached.cached_fraction = 1.0;  // every step after the first: the first block only
+  const auto c = simulate_dit(machine(8, 4), cfg, shape, cached);
+  const std::uint64_t per_layer = p1[0].bytes_inter_total / steps / 6;
+  EXPECT_EQ(c[0].bytes_inter_total, p1[0].bytes_inter_total / steps + (steps - 1) * per_layer);
+  EXPECT_LT(c[0].total_ms, 0.5 * p1[0].total_ms);
+  cached.cached_fraction = 0.5;
+  EXPECT_LT(simulate_dit(machine(8, 4), cfg, shape, cached)[0].total_ms, p1[0].total_ms);
+  EXPECT_NE(simulate_dit(machine(3, 1), cfg, shape, par)[0].reason.find("P = 3 is odd"), std::string::npos);
+  SimDitOptions bad = one;
+  bad.cfg_parallel = true;  // without cfg
+  EXPECT_THROW(simulate_dit(machine(8, 4), cfg, shape, bad), Error);
+  bad = one;
+  bad.cached_fraction = 1.5;
+  EXPECT_THROW(simulate_dit(machine(8, 4), cfg, shape, bad), Error);
+}
+
 SimTrainOptions train_options(int cp, int dp, std::int64_t global_batch) {
   SimTrainOptions o;
   o.cp = cp;

@@ -85,6 +85,11 @@ class DitStepModel {
 
   // Compute of a step outside the exchanges (the same every step).
   double per_step_compute() const { return per_step_ + block_compute_; }
+  // A step the First-Block Cache skips: the per-step work, the first block (double if any) and the
+  // cache's own elementwise work; the exchange is the caller's.
+  double cached_step_compute() const { return per_step_ + (cfg_.double_blocks > 0 ? d_block_ : s_block_) + cache_ew_; }
+  // The velocity rows one rank holds: b I_p C_in f32 (CFG-parallel's pair all-gather).
+  double velocity_bytes() const { return pair_bytes_; }
 
   ExchangeCost exchange(ExchangeMode mode, int step) const {
     ExchangeCost c;
@@ -187,7 +192,11 @@ class DitStepModel {
                 gemm(1, H, 2 * H) + ew(8 * Mi * H) + gemm(Mi, H, C_in) + ew(12 * Mi * C_in);
     if (cfg_.guidance_embed) per_step_ += gemm(1, static_cast<double>(cfg_.time_dim), H) + gemm(1, H, H);
     const double D = static_cast<double>(cfg_.double_blocks), S = static_cast<double>(cfg_.single_blocks);
-    block_compute_ = D * (d_pre + d_window_ + d_post) + S * (s_pre + s_window_ + s_post) + static_cast<double>(layers) * (attn + copies);
+    d_block_ = d_pre + d_window_ + d_post + attn + copies;
+    s_block_ = s_pre + s_window_ + s_post + attn + copies;
+    block_compute_ = D * d_block_ + S * s_block_;
+    cache_ew_ = ew(56 * Mi * H);
+    pair_bytes_ = Mi * C_in * f;
   }
 
   const SimMachine& m_;
@@ -206,6 +215,7 @@ class DitStepModel {
   Peers p1_, p2_;
   double blk_qkv_ = 0, blk_o_ = 0;
   double d_window_ = 0, s_window_ = 0, per_step_ = 0, block_compute_ = 0;
+  double d_block_ = 0, s_block_ = 0, cache_ew_ = 0, pair_bytes_ = 0;
 };
 
 // Rows of `modes` that cannot run, with the reason.
@@ -223,27 +233,48 @@ std::vector<SimDitResult> unsupported_rows(const SimDitOptions& opt, int P, int 
   return out;
 }
 
+// Whether First-Block Cache skips step `step` of `steps` when it skips round(fraction (steps - 1))
+// of the steps after the first, spread evenly.
+bool cached_step(int step, int steps, double fraction) {
+  if (step == 0 || steps < 2) return false;
+  const double k = std::round(fraction * (steps - 1)) / (steps - 1);
+  return std::floor(step * k + 1e-9) != std::floor((step - 1) * k + 1e-9);
+}
+
 // One mode's run: every step's exchanges on the model, their bytes checked against the closed form.
-SimDitResult simulate_mode(const DitStepModel& model, const std::string& mode_name, const DitConfig& cfg,
+// m: the whole machine (the model's may be a CFG-parallel half of it).
+SimDitResult simulate_mode(const SimMachine& m, const DitStepModel& model, const std::string& mode_name, const DitConfig& cfg,
                            const SimDitOptions& opt) {
   const ExchangeMode mode = parse_exchange_mode(mode_name);
   SimDitResult r;
   r.mode = mode_name;
-  r.P = model.P;
+  r.P = m.P;
   r.L = model.L;
   r.steps = opt.steps;
   const bool vmajor = mode == ExchangeMode::cocodiff;
   const double D = static_cast<double>(cfg.double_blocks), S = static_cast<double>(cfg.single_blocks);
   const double layers = static_cast<double>(model.layers);
   const std::int64_t hd_i = cfg.heads / model.P * cfg.head_dim;
+  // Passes a rank runs per step; CFG-parallel's pair: rank p and p + P/2, on another node when a
+  // half holds whole nodes.
+  const double passes = opt.cfg && !opt.cfg_parallel ? 2.0 : 1.0;
+  const Peers pair = m.P / 2 >= m.R ? Peers{0, 1} : Peers{1, 0};
+  const double pair_ms = opt.cfg_parallel ? phase_ms(m, pair, model.velocity_bytes()) : 0.0;
   std::vector<double> step_times;
   for (int step = 0; step < opt.steps; ++step) {
     const ExchangeCost c = model.exchange(mode, step);
     SimDitStep s;
     s.active = c.active;
-    if (mode == ExchangeMode::flat) {
-      s.bytes_intra = static_cast<std::uint64_t>(std::llround(layers * c.intra));
-      s.bytes_inter = static_cast<std::uint64_t>(std::llround(layers * c.inter));
+    if (cached_step(step, opt.steps, opt.cached_fraction)) {  // the first block and its exchange only
+      const bool first_double = cfg.double_blocks > 0;
+      s.bytes_intra = static_cast<std::uint64_t>(std::llround(passes * c.intra));
+      s.bytes_inter = static_cast<std::uint64_t>(std::llround(passes * c.inter));
+      s.comm_ms = passes * (first_double ? c.comm_d : c.comm_s) + pair_ms;
+      s.exposed_comm_ms = passes * (first_double ? c.exposed_d : c.exposed_s) + pair_ms;
+      s.compute_ms = passes * (model.cached_step_compute() + c.extra);
+    } else if (mode == ExchangeMode::flat) {
+      s.bytes_intra = static_cast<std::uint64_t>(std::llround(passes * layers * c.intra));
+      s.bytes_inter = static_cast<std::uint64_t>(std::llround(passes * layers * c.inter));
     } else {
       // The reported bytes are the closed form's; the timed pieces must add up to them.
       const VMajorBytes cf = step_bytes(model.P, model.L, model.n_i, hd_i, model.layers, opt.schedule, step, opt.steps, vmajor);
@@ -251,12 +282,14 @@ SimDitResult simulate_mode(const DitStepModel& model, const std::string& mode_na
                        std::llround(layers * c.inter) == static_cast<long long>(cf.inter),
                    "sim dit: mode ", mode_name, " step ", step, ": the timed pieces move ", layers * c.intra, " / ",
                    layers * c.inter, " bytes, the closed form ", cf.intra, " / ", cf.inter);
-      s.bytes_intra = cf.intra;
-      s.bytes_inter = cf.inter;
+      s.bytes_intra = static_cast<std::uint64_t>(passes) * cf.intra;
+      s.bytes_inter = static_cast<std::uint64_t>(passes) * cf.inter;
     }
-    s.comm_ms = D * c.comm_d + S * c.comm_s;
-    s.exposed_comm_ms = D * c.exposed_d + S * c.exposed_s;
-    s.compute_ms = model.per_step_compute() + layers * c.extra;
+    if (!cached_step(step, opt.steps, opt.cached_fraction)) {
+      s.comm_ms = passes * (D * c.comm_d + S * c.comm_s) + pair_ms;
+      s.exposed_comm_ms = passes * (D * c.exposed_d + S * c.exposed_s) + pair_ms;
+      s.compute_ms = passes * (model.per_step_compute() + layers * c.extra);
+    }
     s.step_ms = s.compute_ms + s.exposed_comm_ms;
     r.total_ms += s.step_ms;
     r.compute_ms += s.compute_ms / opt.steps;
@@ -268,10 +301,11 @@ SimDitResult simulate_mode(const DitStepModel& model, const std::string& mode_na
     step_times.push_back(s.step_ms);
     r.per_step.push_back(s);
   }
-  if (mode != ExchangeMode::flat) {
-    // The run's closed form equals the sum of its steps'.
+  if (mode != ExchangeMode::flat && opt.cached_fraction == 0) {
+    // The run's closed form (times the passes) equals the sum of its steps'.
     const VMajorBytes run = vmajor_predicted_bytes(model.P, model.L, model.n_i, hd_i, model.layers, opt.schedule, opt.steps, vmajor);
-    DIFFCP_CHECK(run.intra == r.bytes_intra_total && run.inter == r.bytes_inter_total, "sim dit: mode ", mode_name,
+    DIFFCP_CHECK(static_cast<std::uint64_t>(passes) * run.intra == r.bytes_intra_total &&
+                     static_cast<std::uint64_t>(passes) * run.inter == r.bytes_inter_total, "sim dit: mode ", mode_name,
                  ": per-step bytes ", r.bytes_intra_total, " / ", r.bytes_inter_total, " != the run's closed form ",
                  run.intra, " / ", run.inter);
   }
@@ -293,21 +327,30 @@ std::vector<SimDitResult> simulate_dit(const SimMachine& m, const DitConfig& cfg
   DIFFCP_CHECK(opt.steps >= 1, "sim dit: --steps = ", opt.steps, ", expected >= 1");
   DIFFCP_CHECK(opt.group_size >= 0, "sim dit: --group-size = ", opt.group_size, ", expected >= 1 (0: the ranks of a node)");
   DIFFCP_CHECK(!opt.modes.empty(), "sim dit: no modes");
+  DIFFCP_CHECK(std::isfinite(opt.cached_fraction) && opt.cached_fraction >= 0 && opt.cached_fraction <= 1,
+               "sim dit: --cached-fraction = ", opt.cached_fraction, ", expected in [0, 1]");
+  DIFFCP_CHECK(!opt.cfg_parallel || opt.cfg, "sim dit: --cfg-parallel runs the two passes of classifier-free guidance: add --cfg");
   for (const std::string& mode : opt.modes) parse_exchange_mode(mode);  // throws naming the modes
 
-  const int P = m.P;
+  // CFG-parallel: each half of the ranks runs one pass, the model on P/2 of them.
+  if (opt.cfg_parallel && m.P % 2 != 0)
+    return unsupported_rows(opt, m.P, 1, "sim dit: --cfg-parallel splits the ranks into two equal halves; P = " +
+                                             std::to_string(m.P) + " is odd");
+  SimMachine half = m;
+  if (opt.cfg_parallel) half.P = m.P / 2;
+  const int P = half.P;
   const int L = opt.group_size > 0 ? opt.group_size : std::min(m.R, P);
   DitShard shard;
   try {
     shard = make_dit_shard(cfg, shape, P, 0);
   } catch (const Error& e) {
-    return unsupported_rows(opt, P, L, reason_of(e));
+    return unsupported_rows(opt, m.P, L, reason_of(e));
   }
   if (P % L != 0)
-    return unsupported_rows(opt, P, L, "sim dit: group size L = " + std::to_string(L) + " does not divide P = " + std::to_string(P) + " ranks");
-  const DitStepModel model(m, cfg, shape, shard, L, opt);
+    return unsupported_rows(opt, m.P, L, "sim dit: group size L = " + std::to_string(L) + " does not divide P = " + std::to_string(P) + " ranks");
+  const DitStepModel model(half, cfg, shape, shard, L, opt);
   std::vector<SimDitResult> out;
-  for (const std::string& mode : opt.modes) out.push_back(simulate_mode(model, mode, cfg, opt));
+  for (const std::string& mode : opt.modes) out.push_back(simulate_mode(m, model, mode, cfg, opt));
   return out;
 }
 

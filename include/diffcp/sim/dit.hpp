@@ -41,6 +41,12 @@
 // Group bytes: flat's per rank: (L - 1) blocks to group mates, (P - L) across; TAPA's from
 // vmajor_predicted_bytes(vmajor = false). Note: both send the same (P - L) blocks across groups;
 // TAPA forwards (L - 1)/L of the data inside the group and needs L x fewer inter-group messages.
+// Serving features (SimDitOptions): cfg doubles a step's compute, communication and bytes (two
+// passes one after the other); cfg_parallel runs one pass per half (the model above on P/2 ranks,
+// L capped at P/2) and adds the velocity pair's all-gather (b I_p C_in f32 to the rank P/2 away:
+// across nodes when a half spans whole nodes); a cached step (First-Block Cache) runs the per-step
+// work, the first block and its exchange, and the cache's elementwise work (56 B per image-row
+// element: copies, the residual update, two L1 sums) instead of every block.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +64,11 @@ struct SimDitOptions {
   int group_size = 0;              // L; 0: the machine's ranks per node (capped at P)
   int steps = 50;                  // denoising steps
   CacheSchedule schedule;          // cocodiff's (dit/cache_schedule.hpp)
+  // The serving features (issue #52, docs/dit.md):
+  bool cfg = false;            // classifier-free guidance: two passes a step (a negative prompt of T tokens)
+  bool cfg_parallel = false;   // the two passes at once, one per half of the ranks (needs cfg and an even P)
+  double cached_fraction = 0;  // First-Block Cache: this fraction of the steps after the first runs only the
+                               // first block (a run's steps_cached / (steps - 1)); spread evenly over the run
 };
 
 // One denoising step of one mode, per rank.
