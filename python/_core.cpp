@@ -406,7 +406,8 @@ class DrafterPy {
 class DitPy {
  public:
   DitPy(const std::string& folder, MPI_Fint comm, const std::string& mode, int ulysses, int group_size,
-        const std::string& weights_dtype, bool shard_weights, const std::string& compute, double cache_ratio) {
+        const std::string& weights_dtype, bool shard_weights, const std::string& compute, double cache_ratio,
+        const std::string& wire) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw py::value_error("Dit: MPI is not initialized (import mpi4py.MPI first)");
@@ -416,6 +417,8 @@ class DitPy {
     mode_ = parse_exchange_mode(mode);
     DIFFCP_CHECK(compute == "f32" || compute == "bf16", "dtype '", compute, "': expected f32 or bf16");
     compute_ = compute == "bf16" ? DType::bf16 : DType::f32;
+    wire_ = parse_wire(wire);
+    check_wire_supported(wire_, compute_);  // the active backend runs the codec, before any collective
     DIFFCP_CHECK(weights_dtype == "f32" || weights_dtype == "bf16", "weights_dtype '", weights_dtype, "': expected f32 or bf16");
     const DType storage = weights_dtype == "bf16" ? DType::bf16 : DType::f32;
     DIFFCP_CHECK(!(shard_weights && storage == DType::f32 && compute_ == DType::bf16),
@@ -501,6 +504,7 @@ class DitPy {
       return r;
     r.model.reset();  // the model uses the exchange: destroyed first
     r.exchange = make_attention_exchange(mode_, *comm_, group_size_, schedule_, ulysses_);
+    r.exchange->set_wire(wire_);
     r.model = std::make_unique<DitModel>(*w_, shape, *r.exchange);
     return r;
   }
@@ -509,6 +513,7 @@ class DitPy {
   std::unique_ptr<DitWeights> w_;
   ExchangeMode mode_ = ExchangeMode::flat;
   DType compute_ = DType::f32;
+  Wire wire_ = Wire::compute;  // the exchanges' payload (dit/wire.hpp)
   CacheSchedule schedule_;
   int ulysses_ = 0, group_size_ = 1;
   std::map<int, Run> runs_;  // by pass
@@ -554,9 +559,10 @@ PYBIND11_MODULE(_core, m) {
       .def("backward", &SplitKVLayerPy::backward, py::arg("saved"), py::arg("params"), py::arg("dy"));
   py::class_<DitPy>(m, "Dit")
       .def(py::init<const std::string&, MPI_Fint, const std::string&, int, int, const std::string&, bool, const std::string&,
-                    double>(),
+                    double, const std::string&>(),
            py::arg("folder"), py::arg("comm_f"), py::arg("mode"), py::arg("ulysses_degree"), py::arg("group_size"),
-           py::arg("weights_dtype"), py::arg("shard_weights"), py::arg("dtype"), py::arg("cache_ratio"))
+           py::arg("weights_dtype"), py::arg("shard_weights"), py::arg("dtype"), py::arg("cache_ratio"),
+           py::arg("wire") = "auto")
       .def("config", &DitPy::config)
       .def("velocity", &DitPy::velocity, py::arg("x"), py::arg("height"), py::arg("width"), py::arg("txt"), py::arg("pooled"),
            py::arg("t"), py::arg("guidance"), py::arg("pass_index"), py::arg("step"), py::arg("steps"));

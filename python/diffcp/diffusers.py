@@ -344,7 +344,7 @@ class ParallelPipeline:
 def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | None = None,
                 ring_degree: int | None = None, dtype: str = "bf16", weights_dtype: str = "auto",
                 shard_weights: bool = False, group_size: int = 0, cache_ratio: float = 1.0,
-                output_on: str = "rank0") -> ParallelPipeline:
+                output_on: str = "rank0", wire: str = "auto") -> ParallelPipeline:
     """Runs ``pipe``'s transformer across the ranks of ``comm`` with diffcp.
 
     Args:
@@ -359,6 +359,8 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
         group_size: TAPA's link group L (0: the ranks of a node).
         cache_ratio: CoCoDiff's V-Major ratio at the last step (linear schedule after 5 warm-up steps).
         output_on: ``rank0`` | ``all``: where the decoded images are made.
+        wire: ``auto`` | ``fp8``: the exchanges' payload: ``dtype`` itself, or e4m3 with one float32
+            scale per (token, head) (half of bf16's bytes; decoded into ``dtype`` before attention).
     """
     import torch
     comm = _world(comm)
@@ -386,7 +388,7 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     dup = comm.Dup()  # diffcp's traffic never matches the caller's
     try:
         core = _core.Dit(folder, dup.py2f(), mode, U, group_size, weights_dtype, bool(shard_weights), dtype,
-                         float(cache_ratio))
+                         float(cache_ratio), wire)
     finally:
         if tmp is not None:
             tmp.cleanup()
