@@ -117,7 +117,7 @@ void AttentionExchange::seq_to_head(HeadRows<const float> qkv) {
 
 const void* AttentionExchange::encode(const void* x, std::int64_t elements, DeviceVector<std::uint8_t>& enc) const {
   if (wire_ != Wire::fp8) return x;
-  const std::int64_t d = layout_.head_dim;
+  const std::int64_t d = wire_format().head_dim;
   enc.resize(wire_bytes(elements));
   fp8_encode(x, compute_, elements / d, d, enc.data());
   return enc.data();
@@ -125,10 +125,14 @@ const void* AttentionExchange::encode(const void* x, std::int64_t elements, Devi
 
 const void* AttentionExchange::decode(const void* w, std::int64_t elements, DeviceVector<std::uint8_t>& dec) const {
   if (wire_ != Wire::fp8) return w;
-  const std::int64_t d = layout_.head_dim;
   dec.resize(elements * static_cast<std::int64_t>(dtype_size(compute_)));
-  fp8_decode(w, elements / d, d, dec.data(), compute_);
+  decode_to(w, elements, dec.data());
   return dec.data();
+}
+
+void AttentionExchange::decode_to(const void* w, std::int64_t elements, void* x) const {
+  const std::int64_t d = wire_format().head_dim;
+  fp8_decode(w, elements / d, d, x, compute_);
 }
 
 void* AttentionExchange::head_qkv_wire() {
@@ -140,7 +144,7 @@ void* AttentionExchange::head_qkv_wire() {
 void AttentionExchange::decode_head(const void* from) {
   const std::int64_t all = head_rows() * 3 * hd();
   if (wire_ == Wire::fp8) {
-    fp8_decode(from ? from : qkv_wire_.data(), all / layout_.head_dim, layout_.head_dim, qkv_head_.data(), compute_);
+    decode_to(from ? from : qkv_wire_.data(), all, qkv_head_.data());
   } else if (from && from != qkv_head_.data()) {
     const std::int64_t bytes = all * static_cast<std::int64_t>(dtype_size(compute_));
     copy(TensorView::contiguous(qkv_head_.data(), DType::u8, {bytes}, active_device()),
@@ -160,7 +164,7 @@ void AttentionExchange::head_to_seq(HeadRows<float> out) {
   if (fp8) o_recv_wire_.resize(wire_bytes(all));
   timed_all_to_all(encode(o_head_.data(), all, send_wire_), fp8 ? static_cast<void*>(o_recv_wire_.data()) : o_recv_.data(),
                    static_cast<std::size_t>(bn * h));
-  if (fp8) fp8_decode(o_recv_wire_.data(), all / l.head_dim, l.head_dim, o_recv_.data(), compute_);
+  if (fp8) decode_to(o_recv_wire_.data(), all, o_recv_.data());
   // o_recv: [P][b n_p][hd] in the compute dtype: from rank r, this rank's tokens' outputs of r's
   // heads (a row scatter per r, widened to f32).
   for (std::int64_t r = 0; r < P_; ++r)

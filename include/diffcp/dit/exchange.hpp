@@ -221,6 +221,8 @@ class AttentionExchange {
   // The values of wire payload w [elements] in the compute dtype: fp8 decodes it into `dec` (resized)
   // and returns dec's data; the compute wire returns w itself.
   const void* decode(const void* w, std::int64_t elements, DeviceVector<std::uint8_t>& dec) const;
+  // fp8 only: decodes wire payload w [elements] into x [elements] of the compute dtype.
+  void decode_to(const void* w, std::int64_t elements, void* x) const;
   // The head-layout q|k|v [P b n_p][3][hd] as received, in the wire format (subclasses fill it; the
   // compute wire: the buffer attention reads), and decode_head(), which makes the compute-dtype head
   // layout attention reads from `from` ([P b n_p][3][hd] in the wire format; null: head_qkv_wire()).
