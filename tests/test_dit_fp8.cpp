@@ -14,7 +14,8 @@
 //   * the exchange in every mode (flat, tapa, vfirst, cocodiff) and USP (U in {P, 1}: Ring's K|V
 //     hops in fp8): equals the fp64 attention of the decoded q, k, v within o's codec bound (the only
 //     rounding left after the inputs' is o's return trip), genuinely differs from the f32 exchange,
-//     and flat / tapa / vfirst (and cocodiff's first, full, exchange) are bitwise equal.
+//     and flat / tapa / vfirst (and cocodiff's first, full, exchange) are bitwise equal; the same
+//     with bf16 compute (decoded into bf16; a sanity bound, the bf16 kernel's error dominates).
 //   * the sampler in every mode with the fp8 wire (cocodiff with selective steps at r = 0, bitwise
 //     TAPA's, and with the linear schedule): the bytes per link class and the scale bytes equal the
 //     closed forms (vmajor_predicted_bytes, ring_kv_bytes, dit_predicted_bytes with the fp8 wire),
@@ -251,28 +252,42 @@ TEST(Fp8Exchange, EveryModeWithinTheCodecBoundOfTheDecodedReference) {
                   qkv_all.data() + (j * N + p * n_p + t) * 3 * H, sizeof(float) * static_cast<std::size_t>(3 * H));
   // The reference: fp64 dense attention per image of the decoded q, k, v (every (token, head) block
   // round-tripped by the plain codec), o [b][N][H].
+  // bf16 compute decodes into bf16: the reference of those runs reads the decoded values rounded to bf16.
   const std::vector<float> dec = ref_blocks(qkv_all, d);
-  std::vector<double> o_ref;
+  std::vector<float> dec16(dec.size());
+  for (std::size_t i = 0; i < dec.size(); ++i) dec16[i] = bf16_to_f32(f32_to_bf16(dec[i]));
   const BlockMask dense(N, N, {}, {{0, 0, 0}});
-  for (std::int64_t j = 0; j < b; ++j) {
-    std::vector<double> q, k, v, o, lse;
-    for (std::int64_t i = 0; i < N; ++i) {
-      const float* row = dec.data() + (j * N + i) * 3 * H;
-      q.insert(q.end(), row, row + H);
-      k.insert(k.end(), row + H, row + 2 * H);
-      v.insert(v.end(), row + 2 * H, row + 3 * H);
+  const auto reference = [&](const std::vector<float>& in) {  // o [b][N][H]
+    std::vector<double> o_all;
+    for (std::int64_t j = 0; j < b; ++j) {
+      std::vector<double> q, k, v, o, lse;
+      for (std::int64_t i = 0; i < N; ++i) {
+        const float* row = in.data() + (j * N + i) * 3 * H;
+        q.insert(q.end(), row, row + H);
+        k.insert(k.end(), row + H, row + 2 * H);
+        v.insert(v.end(), row + 2 * H, row + 3 * H);
+      }
+      reference_attention_forward(dense, {heads, heads, d}, q, k, v, o, lse);
+      o_all.insert(o_all.end(), o.begin(), o.end());
     }
-    reference_attention_forward(dense, {heads, heads, d}, q, k, v, o, lse);
-    o_ref.insert(o_ref.end(), o.begin(), o.end());
-  }
+    return o_all;
+  };
+  const std::vector<double> o_ref = reference(dec), o_ref16 = reference(dec16);
+  std::vector<double> vmax(static_cast<std::size_t>(b * heads), 0.0);  // per (image, head): max |v| over the keys
+  for (std::int64_t j = 0; j < b; ++j)
+    for (std::int64_t i = 0; i < N; ++i)
+      for (std::int64_t c = 0; c < H; ++c)
+        vmax[static_cast<std::size_t>(j * heads + c / d)] =
+            std::max<double>(vmax[static_cast<std::size_t>(j * heads + c / d)], std::fabs(dec16[static_cast<std::size_t>((j * N + i) * 3 * H + 2 * H + c)]));
   std::vector<int> degrees{P};
   if (P > 1) degrees.push_back(1);  // USP: Ring attention over all P ranks, its K|V hops in fp8
   for (const int U : degrees) {
-    std::vector<float> first;
+    std::vector<float> first, first16;
     for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff}) {
       SCOPED_TRACE(std::string(exchange_mode_name(mode)) + " U = " + std::to_string(U));
-      const auto run = [&](Wire wire) {
+      const auto run = [&](Wire wire, DType compute = DType::f32) {
         const auto ex = make_attention_exchange(mode, world(), 1, {CacheScheduleKind::fixed, 0.5, 1, 0}, U);
+        ex->set_compute(compute);
         ex->set_wire(wire);
         ex->set_layout(l);
         ex->begin_step(0, 2);
@@ -315,6 +330,29 @@ TEST(Fp8Exchange, EveryModeWithinTheCodecBoundOfTheDecodedReference) {
         if (std::find(l.rows.begin(), l.rows.end(), r) == l.rows.end()) {
           EXPECT_EQ(got[static_cast<std::size_t>(r * H)], -1.f);
         }
+      // bf16 compute: decoded into bf16 (Ring's hops too), the bf16 kernel. Bitwise across the modes;
+      // against the fp64 attention of the bf16-rounded decoded inputs within o's codec bound plus
+      // 2^-3 of the head's largest |v|: a sanity bound, not a derived one (a lost scale is off by
+      // ~|v| itself). The bf16 kernel's own error dominates here: in the heads scaled by up to 2^6
+      // the logits reach ~10^4 and its roundings move near-tie probabilities (measured: up to
+      // 2^-4.8 of |v| at P = 8).
+      const std::vector<float> got16 = run(Wire::fp8, DType::bf16);
+      if (first16.empty())
+        first16 = got16;
+      else
+        EXPECT_EQ(0, std::memcmp(first16.data(), got16.data(), got16.size() * sizeof(float)));
+      for (std::int64_t j = 0; j < b; ++j)
+        for (std::int64_t t = 0; t < n_p; ++t)
+          for (std::int64_t h = 0; h < heads; ++h) {
+            const std::int64_t row = l.rows[static_cast<std::size_t>(j * n_p + t)];
+            const double* r = o_ref16.data() + (j * N + p * n_p + t) * H + h * d;
+            double amax = 0;
+            for (std::int64_t c = 0; c < d; ++c) amax = std::max(amax, std::fabs(r[c]));
+            for (std::int64_t c = 0; c < d; ++c)
+              ASSERT_LE(std::fabs(got16[static_cast<std::size_t>(row * H + h * d + c)] - r[c]),
+                        codec_bound(r[c], amax / 448) + 0x1p-3 * vmax[static_cast<std::size_t>(j * heads + h)] + 1e-5)
+                  << "bf16: image " << j << " token " << t << " head " << h;
+          }
     }
   }
 }
