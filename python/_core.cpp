@@ -411,7 +411,7 @@ class DitPy {
  public:
   DitPy(const std::string& folder, MPI_Fint comm, const std::string& mode, int ulysses, int group_size,
         const std::string& weights_dtype, bool shard_weights, const std::string& compute, double cache_ratio,
-        bool cfg_parallel, const std::string& step_cache) {
+        bool cfg_parallel, const std::string& step_cache, const std::string& wire) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw py::value_error("Dit: MPI is not initialized (import mpi4py.MPI first)");
@@ -421,6 +421,8 @@ class DitPy {
     mode_ = parse_exchange_mode(mode);
     DIFFCP_CHECK(compute == "f32" || compute == "bf16", "dtype '", compute, "': expected f32 or bf16");
     compute_ = compute == "bf16" ? DType::bf16 : DType::f32;
+    wire_ = parse_wire(wire);
+    check_wire_supported(wire_, compute_);  // the active backend runs the codec, before any collective
     DIFFCP_CHECK(weights_dtype == "f32" || weights_dtype == "bf16", "weights_dtype '", weights_dtype, "': expected f32 or bf16");
     const DType storage = weights_dtype == "bf16" ? DType::bf16 : DType::f32;
     DIFFCP_CHECK(!(shard_weights && storage == DType::f32 && compute_ == DType::bf16),
@@ -584,6 +586,7 @@ class DitPy {
       return r;
     r.model.reset();  // the model uses the exchange: destroyed first
     r.exchange = make_attention_exchange(mode_, comm, group_size_, schedule_, ulysses_);
+    r.exchange->set_wire(wire_);
     r.model = std::make_unique<DitModel>(*w_, shape, *r.exchange);
     r.comm = &comm;
     r.model->set_step_cache(step_cache_, comm);
@@ -596,6 +599,7 @@ class DitPy {
   StepCacheSpec step_cache_;
   ExchangeMode mode_ = ExchangeMode::flat;
   DType compute_ = DType::f32;
+  Wire wire_ = Wire::compute;  // the exchanges' payload (dit/wire.hpp)
   CacheSchedule schedule_;
   int ulysses_ = 0, group_size_ = 1;
   std::map<int, Run> runs_;  // by pass (CFG-parallel pairs: kPairKey + the half's pass)
@@ -641,10 +645,10 @@ PYBIND11_MODULE(_core, m) {
       .def("backward", &SplitKVLayerPy::backward, py::arg("saved"), py::arg("params"), py::arg("dy"));
   py::class_<DitPy>(m, "Dit")
       .def(py::init<const std::string&, MPI_Fint, const std::string&, int, int, const std::string&, bool, const std::string&,
-                    double, bool, const std::string&>(),
+                    double, bool, const std::string&, const std::string&>(),
            py::arg("folder"), py::arg("comm_f"), py::arg("mode"), py::arg("ulysses_degree"), py::arg("group_size"),
            py::arg("weights_dtype"), py::arg("shard_weights"), py::arg("dtype"), py::arg("cache_ratio"),
-           py::arg("cfg_parallel") = false, py::arg("step_cache") = "none")
+           py::arg("cfg_parallel") = false, py::arg("step_cache") = "none", py::arg("wire") = "auto")
       .def("config", &DitPy::config)
       .def("step_cache_stats", &DitPy::step_cache_stats)
       .def("velocity_pair", &DitPy::velocity_pair, py::arg("x0"), py::arg("txt0"), py::arg("pooled0"), py::arg("x1"),

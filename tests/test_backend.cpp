@@ -60,7 +60,8 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::add, OpKind::adamw_step, OpKind::bias_add,
                           OpKind::fill, OpKind::convert, OpKind::lse_shift, OpKind::gather_rows,
                           OpKind::scatter_rows, OpKind::l1_distance, OpKind::cross_entropy,
-                          OpKind::cross_entropy_backward, OpKind::scale_sumsq, OpKind::guidance_combine};
+                          OpKind::cross_entropy_backward, OpKind::scale_sumsq, OpKind::guidance_combine,
+                          OpKind::fp8_encode, OpKind::fp8_decode};
 
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
   static_assert(std::size(kAllOps) == kOpKindCount);
@@ -70,7 +71,8 @@ TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
   for (OpKind op : kAllOps) {
     const bool bf16 = op == OpKind::gemm || op == OpKind::attention_forward || op == OpKind::attention_backward ||
                       op == OpKind::attention_delta || op == OpKind::fill || op == OpKind::convert ||
-                      op == OpKind::gather_rows || op == OpKind::scatter_rows || op == OpKind::l1_distance;
+                      op == OpKind::gather_rows || op == OpKind::scatter_rows || op == OpKind::l1_distance ||
+                      op == OpKind::fp8_encode || op == OpKind::fp8_decode;
     EXPECT_TRUE(cpu.supports(op, DType::f32)) << op_name(op);
     EXPECT_EQ(cpu.supports(op, DType::bf16), bf16) << op_name(op);
     EXPECT_FALSE(cpu.supports(op, DType::f64)) << op_name(op);

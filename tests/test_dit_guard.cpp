@@ -8,7 +8,9 @@
 // (weights, activations, modulation, RoPE table, the Euler update in guard memory) in every mode in
 // f32, USP (Ring attention over all ranks) under Flat and cocodiff, bf16 compute (the rounded
 // weights) under cocodiff, and bf16-stored weights sharded over the ranks (their all-gathers in
-// guard memory) under V-First and Flat: every step's velocity and the final latent equal the CPU run's.
+// guard memory) under V-First and Flat, and the fp8 wire under cocodiff (the codec as device ops,
+// V-Major's fp8 caches, bf16 decode): every step's velocity and the final latent equal the CPU run's.
+// The exchange test runs its f32 cases in both wires (fp8: Ring's K|V hops too).
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,15 +46,18 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
   for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff})
     for (const DType compute : {DType::f32, DType::bf16})
       for (const int U : degrees)
-        for (const int L : {1, 2}) {
-          if (P % L != 0 || (U < P && L > 1)) continue;
+        for (const int L : {1, 2})
+          for (const Wire wire : {Wire::compute, Wire::fp8}) {
+          // (fp8 with bf16 compute: the sampling test below and test_guard's codec case)
+          if (P % L != 0 || (U < P && L > 1) || (wire == Wire::fp8 && compute == DType::bf16)) continue;
           SCOPED_TRACE(std::string(exchange_mode_name(mode)) + " " + dtype_name(compute) + " U=" + std::to_string(U) +
-                       " L=" + std::to_string(L));
+                       " L=" + std::to_string(L) + " wire " + wire_name(wire));
           const auto run = [&](Backend& be) {
             ScopedBackend use(be);
             const auto ex = make_attention_exchange(mode, world, L, schedule, U);
             ex->set_device(be.device());
             ex->set_compute(compute);
+            ex->set_wire(wire);
             ex->set_layout(l);
             Buffer qkv = to_device(std::span<const float>(qkv_init), be), out = to_device(std::span<const float>(out_init), be);
             const HeadRows<const float> q{qkv.ptr<float>(), l.local_rows, 3 * heads, d, 3 * H};
@@ -171,6 +176,7 @@ TEST(DitSamplingOnGuardDevice, EveryModeEqualsTheCpuRunBitForBit) {
     int U;
     DType storage = DType::f32;  // the weights' (dit/weights.hpp)
     bool shard = false;          // --shard-weights: the gathers read and write device memory
+    Wire wire = Wire::compute;   // --wire
   };
   std::vector<Case> cases;
   for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::tapa, ExchangeMode::vfirst, ExchangeMode::cocodiff})
@@ -178,18 +184,23 @@ TEST(DitSamplingOnGuardDevice, EveryModeEqualsTheCpuRunBitForBit) {
   cases.push_back({ExchangeMode::cocodiff, DType::bf16, P});
   cases.push_back({ExchangeMode::vfirst, DType::f32, P, DType::bf16, true});
   cases.push_back({ExchangeMode::flat, DType::bf16, P, DType::bf16, true});
+  // The fp8 wire: V-Major's selective sends and fp8 caches, decoded into bf16 (Ring's fp8 K|V hops:
+  // the exchange test above).
+  cases.push_back({ExchangeMode::cocodiff, DType::bf16, P, DType::f32, false, Wire::fp8});
   if (P > 1)
     for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::cocodiff}) cases.push_back({mode, DType::f32, 1});
-  for (const auto& [mode, compute, U, storage, shard] : cases) {
+  for (const auto& [mode, compute, U, storage, shard, wire] : cases) {
     const int L = U == P && P % 2 == 0 ? 2 : 1;
     SCOPED_TRACE(std::string(exchange_mode_name(mode)) + " " + dtype_name(compute) + " U=" + std::to_string(U) +
-                 " L=" + std::to_string(L) + " weights " + dtype_name(storage) + (shard ? " sharded" : ""));
+                 " L=" + std::to_string(L) + " weights " + dtype_name(storage) + (shard ? " sharded" : "") + " wire " +
+                 wire_name(wire));
     const auto run = [&](Backend& be) {
       ScopedBackend use(be);
       DitWeights w(cfg, storage, shard ? &world : nullptr);
       w.init_random(3);
       const auto ex = make_attention_exchange(mode, world, L, schedule, U);
       ex->set_device(be.device());
+      ex->set_wire(wire);
       SampleOptions opt;
       opt.timesteps = flow_schedule(steps, TimeSchedule::flux, shape.image_tokens());
       opt.compute = compute;

@@ -22,6 +22,7 @@
 #include "diffcp/dit/ops.hpp"
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/buffer.hpp"
+#include "diffcp/ops/fp8.hpp"
 #include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/ops/linear.hpp"
@@ -236,6 +237,16 @@ std::vector<OpCase> op_cases() {
                    [](Backend&, auto& t) {
                      l1_distance(F(t[0]), F(t[1]), DType::f32, 3, 4, 5, F(t[4]));
                      l1_distance(H(t[2]), H(t[3]), DType::bf16, 3, 4, 5, F(t[5]));
+                   }});
+  // The fp8 codec (the DiT's --wire fp8): f32 and bf16 blocks of 16 encoded (6 x 20 bytes, held in
+  // f32 arrays' memory) and decoded.
+  cases.push_back({"fp8 encode / decode", {OpKind::fp8_encode, OpKind::fp8_decode},
+                   {{f, 6 * 16, -30.f, 30.f}, {h, 6 * 16}, {f, 30}, {f, 30}, {f, 6 * 16}, {h, 6 * 16}},
+                   [](Backend&, auto& t) {
+                     fp8_encode(F(t[0]), DType::f32, 6, 16, F(t[2]));
+                     fp8_encode(H(t[1]), DType::bf16, 6, 16, F(t[3]));
+                     fp8_decode(F(t[2]), 6, 16, F(t[4]), DType::f32);
+                     fp8_decode(F(t[3]), 6, 16, H(t[5]), DType::bf16);
                    }});
   cases.push_back({"lse shift", {OpKind::lse_shift}, {{f, 40}, {f, 40}, {f, 40}}, [](Backend& b, auto& t) {
                      fill(F(t[1]) + 7, 3, -std::numeric_limits<float>::infinity());  // rows no rank saw

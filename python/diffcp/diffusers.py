@@ -394,7 +394,8 @@ class ParallelPipeline:
 def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | None = None,
                 ring_degree: int | None = None, dtype: str = "bf16", weights_dtype: str = "auto",
                 shard_weights: bool = False, group_size: int = 0, cache_ratio: float = 1.0,
-                output_on: str = "rank0", cfg_parallel: bool = False, step_cache: str = "none") -> ParallelPipeline:
+                output_on: str = "rank0", cfg_parallel: bool = False, step_cache: str = "none",
+                wire: str = "auto") -> ParallelPipeline:
     """Runs ``pipe``'s transformer across the ranks of ``comm`` with diffcp.
 
     Args:
@@ -415,6 +416,8 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
             two calls a step.
         step_cache: ``none`` | ``fbcache:THRESHOLD``: First-Block Cache per pass (docs/dit.md); the
             decisions are in ``core.step_cache_stats()``.
+        wire: ``auto`` | ``fp8``: the exchanges' payload: ``dtype`` itself, or e4m3 with one float32
+            scale per (token, head) (half of bf16's bytes; decoded into ``dtype`` before attention).
     """
     import torch
     comm = _world(comm)
@@ -446,7 +449,7 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     dup = comm.Dup()  # diffcp's traffic never matches the caller's
     try:
         core = _core.Dit(folder, dup.py2f(), mode, U, group_size, weights_dtype, bool(shard_weights), dtype,
-                         float(cache_ratio), bool(cfg_parallel), str(step_cache))
+                         float(cache_ratio), bool(cfg_parallel), str(step_cache), wire)
     finally:
         if tmp is not None:
             tmp.cleanup()

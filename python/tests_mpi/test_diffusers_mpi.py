@@ -122,6 +122,24 @@ def test_forward_equals_numpy_reference(folder, mode):
     close(call(pipe.transformer, x, txt, pooled, img_ids, txt_ids, 0.7, 3.5), want, 1e-4, mode)
 
 
+def test_fp8_wire_stays_close_to_f32(folder):
+    # wire="fp8": q, k, v, o travel as e4m3 with one float32 scale per (token, head) (2^-4 relative
+    # per element); one forward stays within 2^-4 of the f32 run's scale (measured: 2^-6.6 at P = 2), and is
+    # not the f32 run itself.
+    x, txt, pooled, img_ids, txt_ids = inputs(1, 80, 48, 7, seed=4)
+    outs = {}
+    for wire in ("auto", "fp8"):
+        pipe = SimpleNamespace(transformer=FluxTransformer2DModel(folder))
+        par = diffcp.diffusers.parallelize(pipe, mode="tapa", dtype="f32", weights_dtype="f32", wire=wire)
+        par._state.reset(1)
+        outs[wire] = call(pipe.transformer, x, txt, pooled, img_ids, txt_ids, 0.6, 3.5)
+    assert np.abs(outs["fp8"] - outs["auto"]).max() > 0
+    close(outs["fp8"], outs["auto"], 2 ** -4, "fp8 wire vs f32")
+    pipe = SimpleNamespace(transformer=FluxTransformer2DModel(folder))
+    with pytest.raises(Exception, match="--wire 'e5m2': unknown wire format"):
+        diffcp.diffusers.parallelize(pipe, mode="flat", dtype="f32", weights_dtype="f32", wire="e5m2")
+
+
 def test_bf16_sharded_weights_and_two_prompts(folder):
     x, txt, pooled, img_ids, txt_ids = inputs(2, 64, 48, 5, seed=5)
     txt[1] += 0.5  # a second prompt: the batch runs as two groups

@@ -35,6 +35,7 @@ namespace {
 struct DitOptions {
   std::string mode = "flat";
   std::string dtype = "f32";
+  std::string wire = "auto";
   int steps = 50;
   std::int64_t resolution = 512, width = 0, height = 0, batch = 1, text_tokens = 64;  // width/height 0: --resolution
   std::uint64_t seed = 1, weight_seed = 1;
@@ -343,6 +344,10 @@ void add_dit_command(CLI::App& app) {
                                     "and Ring's K|V in bf16, f32 accumulation; latents and norms f32). PSNR against "
                                     "f32: --save-latent of an f32 run, then --reference")
       ->capture_default_str();
+  c->add_option("--wire", o.wire, "the exchanges' payload: auto (the --dtype) | fp8 (e4m3 with one f32 scale per "
+                                  "(token, head): half of bf16's payload bytes; decoded into --dtype before attention; "
+                                  "Ring's K|V and V-Major's sends and caches too; judged by PSNR / SSIM, not a tolerance)")
+      ->capture_default_str();
   c->add_flag("--json", o.json, "print one JSON object");
 }
 
@@ -353,6 +358,7 @@ namespace {
 // and reference files, --compare's reference run.
 struct DitPlan {
   ExchangeMode mode = ExchangeMode::flat;
+  Wire wire = Wire::compute;
   CacheSchedule schedule;
   std::unique_ptr<SafeTensorsSet> ck;
   DitFileFormat format = DitFileFormat::bfl;  // of ck's names
@@ -388,6 +394,8 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
   DIFFCP_CHECK(o.compare.empty() || o.compare == "flat", "--compare '", o.compare, "': only flat is supported");
   DIFFCP_CHECK(o.compare.empty() || o.reference.empty(), "--compare and --reference: give one of them");
   DIFFCP_CHECK(o.dtype == "f32" || o.dtype == "bf16", "--dtype '", o.dtype, "': expected f32 or bf16");
+  pl.wire = parse_wire(o.wire);
+  check_wire_supported(pl.wire, o.dtype == "bf16" ? DType::bf16 : DType::f32);  // the active backend runs the codec
   if (!o.weights.empty() && is_directory(o.weights)) {  // a diffusers pipeline or transformer folder
     DiffusersTransformer t = open_diffusers_transformer(o.weights);
     pl.ck = std::make_unique<SafeTensorsSet>(t.weights);
@@ -514,7 +522,7 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
   const double gathered = w.gather_comm() ? static_cast<double>(w.gather_comm()->stats()[CommOp::recv].bytes_recv) : 0.0;
   std::vector<double> per_step{static_cast<double>(run.stats.bytes_intra), static_cast<double>(run.stats.bytes_inter),
                                static_cast<double>(run.stats.messages), static_cast<double>(run.stats.ring_bytes),
-                               gathered, w.gather_stats().wait_ms};
+                               gathered, w.gather_stats().wait_ms, static_cast<double>(run.stats.scale_bytes)};
   world.all_reduce<double>(per_step);
   for (double& v : per_step) v /= static_cast<double>(world.size()) * o.steps;
   // Cache memory: the largest over ranks. V-First: fraction of V phase-1s complete before the wait.
@@ -525,13 +533,13 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
   std::vector<double> vsum{static_cast<double>(run.stats.v_hidden), static_cast<double>(run.stats.v_started), run.stats.v_wait_ms};
   world.all_reduce<double>(vsum);
   DitBytesPrediction pred = dit_predicted_bytes(pl.cfg, shape, pl.shard, pl.deg, pl.pass_P, pl.mode, pl.schedule,
-                                                o.steps, ex.group_size(), ex.link_group_size(), pl.opt.compute);
+                                                o.steps, ex.group_size(), ex.link_group_size(), pl.opt.compute, pl.wire);
   const bool two_passes = uses_negative_pass(pl.cfg, pl.in.cond, pl.opt);
   if (two_passes) {  // the negative prompt's pass moves its own bytes
     const DitShape ns = negative_shape(shape, pl.in.cond);
     const DitBytesPrediction n = dit_predicted_bytes(pl.cfg, ns, make_dit_shard(pl.cfg, ns, pl.pass_P, pl.pass_rank, pl.deg.ulysses),
                                                      pl.deg, pl.pass_P, pl.mode, pl.schedule, o.steps, ex.group_size(),
-                                                     ex.link_group_size(), pl.opt.compute);
+                                                     ex.link_group_size(), pl.opt.compute, pl.wire);
     pred += n;
     if (o.cfg_parallel) pred *= 0.5;  // each rank runs one of the two passes: the average over the ranks
   }
@@ -565,6 +573,9 @@ nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, con
           {"ring_degree", pl.deg.ring},
           {"ring_bytes", per_step[3]},
           {"predicted_ring_bytes", pred.ring},
+          {"wire", wire_name(pl.wire)},
+          {"scale_bytes", per_step[6]},
+          {"predicted_scale_bytes", pred.scales},
           {"predicted_bytes_inter_group", pred.inter},
           {"tapa_bytes_inter_group", pred.tapa_inter},
           {"predicted_inter_ratio_vs_tapa", pred.inter_ratio()},
@@ -639,9 +650,11 @@ bool compare_with_reference(Communicator& world, const DitOptions& o, DitPlan& p
   } else {
     ref_latent = std::move(pl.reference);
   }
-  const bool skips = pl.opt.step_cache.enabled && pl.opt.step_cache.threshold > 0;  // lossy by design, as V-Major
+  // Lossy by design, as V-Major: the step cache skipping blocks, the fp8 wire (e4m3 keeps 3 mantissa
+  // bits): judged by PSNR / SSIM.
+  const bool skips = pl.opt.step_cache.enabled && pl.opt.step_cache.threshold > 0;
   const DitComparison c = compare_dit_latents(run.latent, ref_latent, pl.cfg, pl.in.shape,
-                                              skips ? std::nullopt
+                                              skips || pl.wire == Wire::fp8 ? std::nullopt
                                               : pl.compare_ref ? dit_check_tolerance(pl.mode, pl.schedule, pl.opt.compute)
                                                                : dit_reference_file_tolerance(pl.mode, pl.schedule));
   // One verdict for the job: every rank compared the same gathered latents, but each sampled the
@@ -695,6 +708,9 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
   std::printf("  per rank per step: %.0f bytes inside groups, %.0f bytes across groups, %.1f messages; cache %.0f bytes/rank\n",
               j["bytes_intra_group"].get<double>(), j["bytes_inter_group"].get<double>(), j["messages"].get<double>(),
               static_cast<double>(j["cache_bytes_per_rank"].get<std::uint64_t>()));
+  if (pl.wire == Wire::fp8)
+    std::printf("  fp8 wire (e4m3, one f32 scale per (token, head)): of those bytes %.0f are scales (%.0f predicted)\n",
+                j["scale_bytes"].get<double>(), j["predicted_scale_bytes"].get<double>());
   if (pl.deg.ring > 1)
     std::printf("  USP: Ulysses degree U = %d x Ring degree R = %d; Ring's K|V %.0f bytes per rank per step (of the above), "
                 "%.0f predicted\n",
@@ -731,7 +747,8 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
   if (j["tolerance"].is_null()) {
     std::printf("  not judged by a tolerance: %s by design (PSNR / SSIM above say how close)\n",
                 j["step_cache"].get<std::string>() != "none" && pl.opt.step_cache.threshold > 0 ? "the step cache skips blocks"
-                                                                                              : "V-Major reuses stale rows");
+                : pl.wire == Wire::fp8 ? "the fp8 wire rounds q, k, v, o to e4m3"
+                                       : "V-Major reuses stale rows");
     return;
   }
   std::printf("  latent check: worst error %.3g of its tolerance (atol %.3g x max(1, max|ref|) + rtol %.3g |ref|; <= 1 "
@@ -767,6 +784,8 @@ int run_dit(Communicator& world) {
   const auto ex_neg = uses_negative_pass(cfg, pl.in.cond, pl.opt) && !groups
                           ? make_attention_exchange(pl.mode, world, o.group_size, pl.schedule, pl.deg.ulysses)
                           : nullptr;
+  ex->set_wire(pl.wire);
+  if (ex_neg) ex_neg->set_wire(pl.wire);
   const std::vector<float> noise = pl.in.noise.empty() ? initial_noise(cfg, shape, o.seed) : pl.in.noise;
   pl.opt.on_velocity = velocity_dumper(world, pass_comm, o, pl.schedule_name, cfg, shape, pl.shard, pl.opt);
   const DitRun run = run_dit_sampling(world, w, shape, *ex, pl.in.cond, noise, pl.opt, ex_neg.get(), groups ? &*groups : nullptr);

@@ -6,7 +6,7 @@ namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 // f32 everywhere; bf16 (f32 accumulation, f32 lse / delta) on GEMM and attention, and bf16
 // memory ops (fill, convert, row gather / scatter) and V-Major's L1 distance; u8 rows (copies,
-// gathers, scatters).
+// gathers, scatters); the fp8 codec from / to f32 and bf16.
 bool CpuBackend::supports(OpKind op, DType dtype) const {
   if (dtype == DType::f32) return true;
   if (dtype == DType::u8)  // raw rows: same-dtype copies, gathers and scatters
@@ -21,7 +21,9 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
     case OpKind::convert:
     case OpKind::gather_rows:
     case OpKind::scatter_rows:
-    case OpKind::l1_distance: return true;
+    case OpKind::l1_distance:
+    case OpKind::fp8_encode:
+    case OpKind::fp8_decode: return true;
     default: return false;
   }
 }

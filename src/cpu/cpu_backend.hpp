@@ -2,7 +2,7 @@
 // and attention. OpenMP over rows / work items, GEMMs on oneDNN (sgemm.hpp). Compiled once per ISA
 // (isa.hpp) into namespace diffcp::cpu::<isa>; dispatch.cpp picks the instance that runs. One file
 // per op family defines its hooks: linear.cpp, attention.cpp, merge.cpp, rmsnorm.cpp, rope.cpp,
-// elementwise.cpp, optim.cpp; backend.cpp holds name(), supports(), describe() and the instance.
+// elementwise.cpp, optim.cpp, fp8.cpp; backend.cpp holds name(), supports(), describe() and the instance.
 // Private to src/cpu/.
 #pragma once
 
@@ -49,6 +49,8 @@ class CpuBackend final : public Backend {
   void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args) override;
   void fill(TensorView x, float value) override;
   void convert(ConstTensorView src, TensorView dst) override;
+  void fp8_encode(ConstTensorView x, TensorView enc) override;  // fp8.cpp
+  void fp8_decode(ConstTensorView enc, TensorView x) override;
   void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
   void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) override;
   void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;

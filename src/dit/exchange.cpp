@@ -6,6 +6,7 @@
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/comm/tapa.hpp"
 #include "diffcp/core/error.hpp"
+#include "diffcp/ops/fp8.hpp"
 
 namespace diffcp {
 
@@ -104,12 +105,51 @@ void AttentionExchange::seq_to_head(HeadRows<const float> qkv) {
   const ExchangeLayout& l = layout_;
   const std::int64_t hp = l.heads / P_, h = hd(), bn = l.batch * l.tokens_p;
   // send: [P][b n_p][3][hd]: for destination r, each token's q, k, v slices of r's heads (a row
-  // gather per (r, c), rounded to the wire dtype).
+  // gather per (r, c), rounded to the compute dtype; fp8: then encoded).
   for (std::int64_t r = 0; r < P_; ++r)
     for (std::int64_t c = 0; c < 3; ++c)
       gather_rows(qkv.at(0, c * l.heads + r * hp), DType::f32, qkv.rows, qkv.row_stride, l.rows, h,
-                  wire_at(send_.data(), (r * bn * 3 + c) * h), wire(), 3 * h);
-  timed_all_to_all(send_.data(), qkv_head_.data(), static_cast<std::size_t>(bn * 3 * h));
+                  compute_at(send_.data(), (r * bn * 3 + c) * h), compute_, 3 * h);
+  const std::int64_t all = P_ * bn * 3 * h;
+  timed_all_to_all(encode(send_.data(), all, send_wire_), head_qkv_wire(), static_cast<std::size_t>(bn * 3 * h));
+  decode_head();
+}
+
+const void* AttentionExchange::encode(const void* x, std::int64_t elements, DeviceVector<std::uint8_t>& enc) const {
+  if (wire_ != Wire::fp8) return x;
+  const std::int64_t d = wire_format().head_dim;
+  enc.resize(wire_bytes(elements));
+  fp8_encode(x, compute_, elements / d, d, enc.data());
+  return enc.data();
+}
+
+const void* AttentionExchange::decode(const void* w, std::int64_t elements, DeviceVector<std::uint8_t>& dec) const {
+  if (wire_ != Wire::fp8) return w;
+  dec.resize(elements * static_cast<std::int64_t>(dtype_size(compute_)));
+  decode_to(w, elements, dec.data());
+  return dec.data();
+}
+
+void AttentionExchange::decode_to(const void* w, std::int64_t elements, void* x) const {
+  const std::int64_t d = wire_format().head_dim;
+  fp8_decode(w, elements / d, d, x, compute_);
+}
+
+void* AttentionExchange::head_qkv_wire() {
+  if (wire_ != Wire::fp8) return qkv_head_.data();
+  qkv_wire_.resize(wire_bytes(head_rows() * 3 * hd()));
+  return qkv_wire_.data();
+}
+
+void AttentionExchange::decode_head(const void* from) {
+  const std::int64_t all = head_rows() * 3 * hd();
+  if (wire_ == Wire::fp8) {
+    decode_to(from ? from : qkv_wire_.data(), all, qkv_head_.data());
+  } else if (from && from != qkv_head_.data()) {
+    const std::int64_t bytes = all * static_cast<std::int64_t>(dtype_size(compute_));
+    copy(TensorView::contiguous(qkv_head_.data(), DType::u8, {bytes}, active_device()),
+         ConstTensorView::contiguous(from, DType::u8, {bytes}, active_device()));
+  }
 }
 
 void AttentionExchange::head_to_seq(HeadRows<float> out) {
@@ -119,18 +159,29 @@ void AttentionExchange::head_to_seq(HeadRows<float> out) {
                l.local_rows, ", ", l.heads, ", ", l.head_dim, "]");
   const std::int64_t hp = l.heads / P_, h = hd(), bn = l.batch * l.tokens_p;
   // o rows of source rank r are contiguous in head layout: block r goes back to rank r.
-  timed_all_to_all(o_head_.data(), o_recv_.data(), static_cast<std::size_t>(bn * h));
-  // o_recv: [P][b n_p][hd]: from rank r, this rank's tokens' outputs of r's heads (a row scatter
-  // per r, widened to f32).
+  const std::int64_t all = P_ * bn * h;
+  const bool fp8 = wire_ == Wire::fp8;
+  if (fp8) o_recv_wire_.resize(wire_bytes(all));
+  timed_all_to_all(encode(o_head_.data(), all, send_wire_), fp8 ? static_cast<void*>(o_recv_wire_.data()) : o_recv_.data(),
+                   static_cast<std::size_t>(bn * h));
+  if (fp8) decode_to(o_recv_wire_.data(), all, o_recv_.data());
+  // o_recv: [P][b n_p][hd] in the compute dtype: from rank r, this rank's tokens' outputs of r's
+  // heads (a row scatter per r, widened to f32).
   for (std::int64_t r = 0; r < P_; ++r)
-    scatter_rows(wire_at(o_recv_.data(), r * bn * h), wire(), h, l.rows, h, out.at(0, r * hp), DType::f32, out.rows,
+    scatter_rows(compute_at(o_recv_.data(), r * bn * h), compute_, h, l.rows, h, out.at(0, r * hp), DType::f32, out.rows,
                  out.row_stride);
 }
 
 void AttentionExchange::set_compute(DType compute) {
   DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "attention exchange: compute ", dtype_name(compute),
                ", expected f32 or bf16");
+  check_wire_supported(wire_, compute);
   compute_ = compute;
+}
+
+void AttentionExchange::set_wire(Wire w) {
+  check_wire_supported(w, compute_);
+  wire_ = w;
 }
 
 template <typename T>
@@ -143,9 +194,12 @@ void AttentionExchange::attend() {
     attention_forward(mask(), q, k, v, o, lse_);
     return;
   }
-  const RingTraffic t = ring_->forward(masks_, q, k, v, o, lse_);
+  // fp8: the hops carry the K|V blocks as received (columns k|v of the wire head layout).
+  const RingWire kv_wire{wire_at(head_qkv_wire(), h), wire_bytes(3 * h), wire_format()};
+  const RingTraffic t = ring_->forward(masks_, q, k, v, o, lse_, wire_ == Wire::fp8 ? &kv_wire : nullptr);
   (ring_intra_ ? stats_.bytes_intra : stats_.bytes_inter) += t.bytes;
   stats_.ring_bytes += t.bytes;
+  stats_.scale_bytes += wire_format().scale_share(t.bytes);
   stats_.messages += t.messages;
   stats_.comm_ms += t.comm_ms;
 }
@@ -182,6 +236,7 @@ ExchangeStats& ExchangeStats::operator+=(const ExchangeStats& o) {
   bytes_inter += o.bytes_inter;
   messages += o.messages;
   ring_bytes += o.ring_bytes;
+  scale_bytes += o.scale_bytes;
   calls += o.calls;
   comm_ms += o.comm_ms;
   v_started += o.v_started;

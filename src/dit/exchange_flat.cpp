@@ -14,10 +14,11 @@ class FlatExchange final : public AttentionExchange {
   // The bytes go to the L-1 other ranks of this rank's group (ranks [g L, (g+1) L)) and the P-L
   // ranks of other groups: the flat algorithm does not care, the link classes do.
   void all_to_all(const void* send, void* recv, std::size_t count) override {
-    world_.all_to_all_async(send, recv, count, wire())->wait();
-    const std::uint64_t block = count * wire_size();
+    world_.all_to_all_async(send, recv, wire_count(static_cast<std::int64_t>(count)), wire())->wait();
+    const std::uint64_t block = static_cast<std::uint64_t>(wire_bytes(static_cast<std::int64_t>(count)));
     stats_.bytes_intra += block * static_cast<std::uint64_t>(group_size() - 1);
     stats_.bytes_inter += block * static_cast<std::uint64_t>(size() - group_size());
+    stats_.scale_bytes += wire_format().scale_share(block * static_cast<std::uint64_t>(size() - 1));
     if (count > 0) stats_.messages += static_cast<std::uint64_t>(size() - 1);
   }
 

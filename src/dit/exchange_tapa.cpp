@@ -21,6 +21,10 @@ void TapaExchange::count_since(const Counters& b) {
   const std::uint64_t inter_ag = n.inter_ag.bytes_sent - b.inter_ag.bytes_sent;
   const std::uint64_t intra_ag = n.intra_ag.bytes_sent - b.intra_ag.bytes_sent;
   stats_.bytes_inter += inter_a2a + inter_ag;
+  // The payload moves in the sends and all-to-alls; the all_gathers carry V-Major's f32 L1 partials
+  // and i32 active indices, no scales.
+  stats_.scale_bytes += wire_format().scale_share((n.intra_send.bytes_sent - b.intra_send.bytes_sent) +
+                                                  (n.intra_a2a.bytes_sent - b.intra_a2a.bytes_sent) + inter_a2a);
   const std::uint64_t G1 = static_cast<std::uint64_t>(tapa_.num_groups() - 1), L1 = static_cast<std::uint64_t>(group_size() - 1);
   // Phase 1: one message per non-empty block (the send calls); phase 2: one per other group.
   stats_.messages += (n.intra_send.calls - b.intra_send.calls) +
@@ -31,7 +35,7 @@ void TapaExchange::count_since(const Counters& b) {
 
 void TapaExchange::all_to_all(const void* send, void* recv, std::size_t count) {
   const Counters before = counters();
-  tapa_.all_to_all(send, recv, count, wire());
+  tapa_.all_to_all(send, recv, wire_count(static_cast<std::int64_t>(count)), wire());
   count_since(before);
 }
 

@@ -17,13 +17,15 @@ void VFirstExchange::start_v(HeadRows<const float> qkv) {
   const ExchangeLayout& l = layout();
   const std::int64_t P = size(), hp = l.heads / P, h = hd(), bn = tokens();
   v_send_.resize(P * bn * h);
-  // v_send: [P][b n_p][hd]: for destination r, each token's v slice of r's heads.
+  // v_send: [P][b n_p][hd]: for destination r, each token's v slice of r's heads (compute dtype;
+  // fp8: then encoded into v_wire_, which stays untouched while V's phase 1 flies).
   for (std::int64_t r = 0; r < P; ++r)
     gather_rows(qkv.at(0, 2 * l.heads + r * hp), DType::f32, qkv.rows, qkv.row_stride, l.rows, h,
-                wire_at(v_send_.data(), r * bn * h), wire(), h);
+                compute_at(v_send_.data(), r * bn * h), compute(), h);
+  const void* payload = encode(v_send_.data(), P * bn * h, v_wire_);
   v_before_ = counters();
   const double t0 = now_ms();
-  v_p1_.emplace(tapa_.phase1_async(tapa_.plan_uniform(static_cast<std::size_t>(bn * h)), v_send_.data(), wire()));
+  v_p1_.emplace(tapa_.phase1_async(tapa_.plan_uniform(wire_count(bn * h)), payload, wire()));
   stats_.comm_ms += now_ms() - t0;
   v_done_ = false;
   ++stats_.v_started;
@@ -55,7 +57,7 @@ void VFirstExchange::pack_qk(HeadRows<const float> qkv, const std::int32_t* acti
   for (std::int64_t r = 0; r < P; ++r)
     for (std::int64_t c = 0; c < 2; ++c)
       gather_rows(qkv.at(0, c * l.heads + r * hp), DType::f32, qkv.rows, qkv.row_stride, rows, h,
-                  wire_at(dst, (r * count * 2 + c) * h), wire(), 2 * h);
+                  compute_at(dst, (r * count * 2 + c) * h), compute(), 2 * h);
 }
 
 void VFirstExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
@@ -68,12 +70,13 @@ void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, DeviceVector<std::u
   if (!v_p1_) start_v(qkv);
   const std::int64_t P = size(), h = hd(), bn = tokens();
   qk_send_.resize(P * bn * 2 * h);
-  qk_recv_.resize(P * bn * 2 * h);
-  v_recv_.resize(static_cast<std::int64_t>(v_send_.size()));
+  qk_recv_.resize(wire_bytes(P * bn * 2 * h));
+  v_recv_.resize(wire_bytes(P * bn * h));
   pack_qk(qkv, nullptr, bn, qk_send_.data());
+  const void* qk_payload = encode(qk_send_.data(), P * bn * 2 * h, qk_wire_);
 
   double t0 = now_ms();
-  TapaPhase1 qk_p1 = tapa_.phase1_async(tapa_.plan_uniform(static_cast<std::size_t>(bn * 2 * h)), qk_send_.data(), wire());
+  TapaPhase1 qk_p1 = tapa_.phase1_async(tapa_.plan_uniform(wire_count(bn * 2 * h)), qk_payload, wire());
   stats_.comm_ms += now_ms() - t0;
   wait_v();
   if (v_p1_copy) {
@@ -90,10 +93,13 @@ void VFirstExchange::exchange_qkv(HeadRows<const float> qkv, DeviceVector<std::u
   count_since(v_before_);
   ++stats_.calls;
 
-  // Head layout [P b n_p][3][hd]: q|k from the q|k exchange, v from V's (row copies in the wire dtype).
-  void* head = head_qkv();
-  convert_rows(qk_recv_.data(), wire(), 2 * h, head, wire(), 3 * h, P * bn, 2 * h);
-  convert_rows(v_recv_.data(), wire(), h, wire_at(head, 2 * h), wire(), 3 * h, P * bn, h);
+  // Head layout [P b n_p][3][hd] in the wire format: q|k from the q|k exchange, v from V's (row
+  // copies of bytes); then decoded for attention (fp8).
+  void* head = head_qkv_wire();
+  const std::int64_t qk = wire_bytes(2 * h), row = wire_bytes(3 * h), v = wire_bytes(h);
+  convert_rows(qk_recv_.data(), DType::u8, qk, head, DType::u8, row, P * bn, qk);
+  convert_rows(v_recv_.data(), DType::u8, v, wire_at(head, 2 * h), DType::u8, row, P * bn, v);
+  decode_head();
 }
 
 std::unique_ptr<AttentionExchange> make_vfirst_exchange(Communicator& world, int group_size) {

@@ -80,13 +80,15 @@ DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape
 
 DitBytesPrediction dit_predicted_bytes(const DitConfig& cfg, const DitShape& shape, const DitShard& shard, UspDegrees deg,
                                        int P, ExchangeMode mode, const CacheSchedule& schedule, int steps, int group_size,
-                                       int link_group_size, DType compute) {
+                                       int link_group_size, DType compute, Wire wire) {
   const std::int64_t n_tok = shape.batch * shard.tokens_p();
   const std::int64_t hdim = cfg.hidden() / deg.ulysses, layers = cfg.double_blocks + cfg.single_blocks;
-  VMajorBytes tapa = vmajor_predicted_bytes(deg.ulysses, group_size, n_tok, hdim, layers, schedule, steps, false, compute);
+  const WireFormat f{compute, wire, cfg.head_dim};
+  VMajorBytes tapa = vmajor_predicted_bytes(deg.ulysses, group_size, n_tok, hdim, layers, schedule, steps, false, f);
   VMajorBytes run = vmajor_predicted_bytes(deg.ulysses, group_size, n_tok, hdim, layers, schedule, steps,
-                                           mode == ExchangeMode::cocodiff, compute);
-  const std::uint64_t ring = static_cast<std::uint64_t>(steps * layers) * ring_kv_bytes(deg.ring, n_tok, cfg.hidden(), compute);
+                                           mode == ExchangeMode::cocodiff, f);
+  const std::uint64_t ring_hop = ring_kv_bytes(deg.ring, n_tok, cfg.hidden(), f);
+  const std::uint64_t ring = static_cast<std::uint64_t>(steps * layers) * ring_hop;
   int ring_inter_ranks = 0;
   for (int p = 0; p < P; ++p) ring_inter_ranks += !ring_next_in_group(p, deg.ulysses, deg.ring, link_group_size);
   const std::uint64_t ring_inter = ring * static_cast<std::uint64_t>(ring_inter_ranks) / static_cast<std::uint64_t>(P);
@@ -99,6 +101,7 @@ DitBytesPrediction dit_predicted_bytes(const DitConfig& cfg, const DitShape& sha
   b.qkv = static_cast<double>(run.inter_qkv) * inv;
   b.tapa_qkv = static_cast<double>(tapa.inter_qkv) * inv;
   b.ring = static_cast<double>(ring) * inv;
+  b.scales = static_cast<double>(run.scales + f.scale_share(ring)) * inv;
   return b;
 }
 
@@ -108,6 +111,7 @@ DitBytesPrediction& DitBytesPrediction::operator+=(const DitBytesPrediction& o) 
   qkv += o.qkv;
   tapa_qkv += o.tapa_qkv;
   ring += o.ring;
+  scales += o.scales;
   return *this;
 }
 

@@ -36,9 +36,13 @@ void VMajorExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
   if (!v_p1_) start_v(qkv);
   if (layer_ >= caches_.size()) caches_.emplace_back();
   LayerCache& c = caches_[layer_++];
-  const std::int64_t n = tokens(), h = hd(), e = static_cast<std::int64_t>(wire_size());
-  // (a cache of another shape or payload dtype is refilled)
-  const bool cached = c.qkv_p2.size() == uz(size() * n * 3 * h * e) && c.v_p1.size() == uz(size() * n * h * e);
+  const std::int64_t n = tokens(), h = hd();
+  // (a cache of another shape or wire format is refilled)
+  const WireFormat f = wire_format();
+  const bool cached = c.qkv_p2.size() == uz(wire_bytes(size() * n * 3 * h)) && c.v_p1.size() == uz(wire_bytes(size() * n * h)) &&
+                      c.compute == f.compute && c.wire == f.wire;
+  c.compute = f.compute;
+  c.wire = f.wire;
   if (!cached || schedule_.full(step_, steps_)) {
     full_exchange(qkv, c);
   } else {
@@ -49,8 +53,7 @@ void VMajorExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {
 
 void VMajorExchange::full_exchange(HeadRows<const float> qkv, LayerCache& c) {
   exchange_qkv(qkv, &c.v_p1);
-  const std::int64_t bytes = head_rows() * 3 * hd() * static_cast<std::int64_t>(wire_size());
-  c.qkv_p2.assign(static_cast<const std::uint8_t*>(head_qkv()), bytes, active_device());
+  c.qkv_p2.assign(static_cast<const std::uint8_t*>(head_qkv_wire()), wire_bytes(head_rows() * 3 * hd()), active_device());
   ++stats_.full;
 }
 
@@ -61,12 +64,13 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   // 1. V's phase 1 (full): staged [G][L][n][hd], block hh*L + j = group mate j's tokens for (hh, i).
   wait_v();
   const std::byte* vs = v_p1_->output().data();
-  const std::size_t e = wire_size();
 
   // 2. Partial L1 over this lane's heads per group token [L][n] (on the device; the selection below
-  //    is host metadata), summed over the lanes in order.
+  //    is host metadata), summed over the lanes in order; on the values in the compute dtype (fp8:
+  //    both sides decoded).
   l1_dev_.resize(L * n);
-  l1_distance(vs, c.v_p1.data(), wire(), G, L * n, h, l1_dev_.data());
+  l1_distance(decode(vs, G * L * n * h, l1_a_), decode(c.v_p1.data(), G * L * n * h, l1_b_), compute(), G, L * n, h,
+              l1_dev_.data());
   l1_part_ = to_host<float>(l1_dev_.view());
   double t0 = now_ms();
   l1_all_.resize(uz(L * L * n));
@@ -101,7 +105,7 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
 
   // 4. V^p1 mirrors what the receivers will hold: the active rows are refreshed. Rows of hd
   //    elements: vs and V^p1 index (hh, j, t) as row (hh L + j) n + t.
-  const std::int64_t rb = h * static_cast<std::int64_t>(e);  // bytes of one row of hd
+  const std::int64_t rb = wire_bytes(h);                      // bytes of one row of hd
   std::vector<std::int64_t> active_rows;                      // [G][L][k]
   for (std::int64_t hh = 0; hh < G; ++hh)
     for (std::int64_t j = 0; j < L; ++j)
@@ -116,16 +120,17 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   // 5. Q|K phase 1 of this rank's active rows, then one phase 2 of the active q|k|v rows.
   qk_send_.resize(P * k * 2 * h);
   pack_qk(qkv, act_all_.data() + me * k, k, qk_send_.data());
+  const void* qk_payload = encode(qk_send_.data(), P * k * 2 * h, qk_wire_);
   p2_recv_.resize(n_act * 3 * rb);
   t0 = now_ms();
   if (k > 0) {
-    TapaPhase1 qk_p1 = tapa_.phase1_async(tapa_.plan_uniform(uz(k * 2 * h)), qk_send_.data(), wire());
+    TapaPhase1 qk_p1 = tapa_.phase1_async(tapa_.plan_uniform(wire_count(k * 2 * h)), qk_payload, wire());
     qk_p1.wait();
     stats_.comm_ms += now_ms() - t0;
     // [G][L][k] rows of [q|k | v]: q|k from phase 1's output ([G][L][k][2][hd]), v placed in step 4.
     convert_rows(qk_p1.output().data(), DType::u8, 2 * rb, p2_send_.data(), DType::u8, 3 * rb, n_act, 2 * rb);
     t0 = now_ms();
-    tapa_.inter().all_to_all_async(p2_send_.data(), p2_recv_.data(), uz(L * k * 3 * h), wire())->wait();
+    tapa_.inter().all_to_all_async(p2_send_.data(), p2_recv_.data(), wire_count(L * k * 3 * h), wire())->wait();
   }
   v_p1_.reset();
   stats_.comm_ms += now_ms() - t0;
@@ -138,36 +143,47 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   for (std::int64_t s = 0; s < P; ++s)
     for (std::int64_t a = 0; a < k; ++a) dst_rows[uz(s * k + a)] = s * n + act_all_[uz(s * k + a)];
   scatter_rows(p2_recv_.data(), DType::u8, 3 * rb, dst_rows, 3 * rb, c.qkv_p2.data(), DType::u8, P * n, 3 * rb);
-  copy(TensorView::contiguous(head_qkv(), DType::u8, {static_cast<std::int64_t>(c.qkv_p2.size())}, active_backend().device()),
-       c.qkv_p2.view());
+  decode_head(c.qkv_p2.data());
 }
 
 VMajorBytes vmajor_predicted_bytes(int P, int L, std::int64_t n, std::int64_t hd, std::int64_t layers,
                                    const CacheSchedule& schedule, int steps, bool vmajor, DType payload) {
+  return vmajor_predicted_bytes(P, L, n, hd, layers, schedule, steps, vmajor, WireFormat{payload, Wire::compute, 1});
+}
+
+VMajorBytes vmajor_predicted_bytes(int P, int L, std::int64_t n, std::int64_t hd, std::int64_t layers,
+                                   const CacheSchedule& schedule, int steps, bool vmajor, const WireFormat& wire) {
   DIFFCP_CHECK(P >= 1 && L >= 1 && P % L == 0, "vmajor_predicted_bytes: L = ", L, " does not divide P = ", P);
-  const std::uint64_t G = static_cast<std::uint64_t>(P / L), Lu = static_cast<std::uint64_t>(L), f = dtype_size(payload);
-  const std::uint64_t N = static_cast<std::uint64_t>(n), h = static_cast<std::uint64_t>(hd);
+  const std::uint64_t G = static_cast<std::uint64_t>(P / L), Lu = static_cast<std::uint64_t>(L);
+  const std::uint64_t N = static_cast<std::uint64_t>(n);
+  // Bytes (and of them scale bytes) of `rows` rows of c hd payload elements.
+  const auto rows = [&](std::uint64_t r, std::int64_t c) { return r * wire.bytes(c * hd); };
+  const auto scales = [&](std::uint64_t r, std::int64_t c) { return r * wire.scale_bytes(c * hd); };
   VMajorBytes out;
   for (int step = 0; step < steps; ++step) {
-    std::uint64_t intra = 0, inter = 0, inter_qkv = 0;
+    std::uint64_t intra = 0, inter = 0, inter_qkv = 0, sc = 0;
     // o back: TAPA at full size.
-    intra += (Lu - 1) * G * N * h * f;
-    inter += (G - 1) * Lu * N * h * f;
+    intra += rows((Lu - 1) * G * N, 1);
+    inter += rows((G - 1) * Lu * N, 1);
+    sc += scales((Lu - 1) * G * N + (G - 1) * Lu * N, 1);
     if (!vmajor || schedule.full(step, steps)) {
-      intra += (Lu - 1) * G * N * 3 * h * f;
-      inter_qkv = (G - 1) * Lu * N * 3 * h * f;
+      intra += rows((Lu - 1) * G * N, 3);
+      inter_qkv = rows((G - 1) * Lu * N, 3);
+      sc += scales((Lu - 1) * G * N + (G - 1) * Lu * N, 3);
     } else {
       const std::uint64_t k = N - static_cast<std::uint64_t>(schedule.cached_tokens(step, steps, n));
-      intra += (Lu - 1) * G * N * h * f            // V phase 1, full
-               + (Lu - 1) * Lu * N * sizeof(float)  // L1 partials (f32) all-gathered in the group
-               + (Lu - 1) * G * k * 2 * h * f;      // Q|K phase 1, active rows
-      inter_qkv = (G - 1) * Lu * k * 3 * h * f;     // phase 2, active q|k|v rows
+      intra += rows((Lu - 1) * G * N, 1)                // V phase 1, full
+               + (Lu - 1) * Lu * N * sizeof(float)     // L1 partials (f32) all-gathered in the group
+               + rows((Lu - 1) * G * k, 2);            // Q|K phase 1, active rows
+      inter_qkv = rows((G - 1) * Lu * k, 3);           // phase 2, active q|k|v rows
+      sc += scales((Lu - 1) * G * N, 1) + scales((Lu - 1) * G * k, 2) + scales((G - 1) * Lu * k, 3);
       if (k > 0) inter += (G - 1) * Lu * k * sizeof(std::int32_t);  // active indices all-gathered
     }
     const std::uint64_t l = static_cast<std::uint64_t>(layers);
     out.intra += l * intra;
     out.inter += l * (inter + inter_qkv);
     out.inter_qkv += l * inter_qkv;
+    out.scales += l * sc;
   }
   return out;
 }

@@ -43,6 +43,8 @@ const char* op_name(OpKind op) {
     case OpKind::cross_entropy_backward: return "cross_entropy_backward";
     case OpKind::scale_sumsq: return "scale_sumsq";
     case OpKind::guidance_combine: return "guidance_combine";
+    case OpKind::fp8_encode: return "fp8_encode";
+    case OpKind::fp8_decode: return "fp8_decode";
   }
   return "?";
 }
@@ -109,6 +111,8 @@ void Backend::l1_distance(ConstTensorView a, ConstTensorView, TensorView) { unsu
 void Backend::gather_rows(ConstTensorView, std::span<const std::int64_t>, TensorView dst) {
   unsupported(OpKind::gather_rows, dst.dtype);
 }
+void Backend::fp8_encode(ConstTensorView x, TensorView) { unsupported(OpKind::fp8_encode, x.dtype); }
+void Backend::fp8_decode(ConstTensorView, TensorView x) { unsupported(OpKind::fp8_decode, x.dtype); }
 void Backend::scatter_rows(ConstTensorView src, std::span<const std::int64_t>, TensorView) {
   unsupported(OpKind::scatter_rows, src.dtype);
 }

@@ -301,6 +301,14 @@ void GuardBackend::scatter_rows(ConstTensorView src, std::span<const std::int64_
   DIFFCP_GUARD_OP(scatter_rows, C(src), rows, C(dst));
 }
 
+void GuardBackend::fp8_encode(ConstTensorView x, TensorView enc) {
+  const char* op = "fp8_encode";
+  DIFFCP_GUARD_OP(fp8_encode, C(x), C(enc));
+}
+void GuardBackend::fp8_decode(ConstTensorView enc, TensorView x) {
+  const char* op = "fp8_decode";
+  DIFFCP_GUARD_OP(fp8_decode, C(enc), C(x));
+}
 void GuardBackend::l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) {
   const char* op = "l1_distance";
   DIFFCP_GUARD_OP(l1_distance, C(a), C(b), C(out));

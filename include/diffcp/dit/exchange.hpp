@@ -31,6 +31,13 @@
 // the bf16 attention kernel reads the head layout in place (f32 accumulation and softmax) and o
 // returns in bf16, widened to f32 as it is unpacked. lse and V-Major's L1 statistics stay f32.
 //
+// Wire (set_wire, dit/wire.hpp): Wire::compute (default) sends the payload above. Wire::fp8 packs
+// the same rows in the compute dtype, encodes them (ops/fp8.hpp: e4m3, one f32 scale per (token,
+// head)) and sends the blocks; receivers decode into the compute dtype before attention. o returns
+// encoded the same way. V-Major's selective sends and caches hold the blocks as received; Ring's K|V
+// hops carry the blocks, each group's K|V decoded where it is used (so every rank attends to the same
+// decoded values). Flat, TAPA and V-First stay bitwise equal with one wire.
+//
 // Call order (every rank of the group, same sequence): the constructor (collective), then any
 // number of attention() calls with equal layouts on all ranks; set_layout() is local.
 #pragma once
@@ -47,6 +54,7 @@
 #include "diffcp/dit/cache_schedule.hpp"
 #include "diffcp/dit/ring_attention.hpp"
 #include "diffcp/dit/usp.hpp"
+#include "diffcp/dit/wire.hpp"
 #include "diffcp/ops/buffer.hpp"
 
 namespace diffcp {
@@ -63,6 +71,8 @@ struct ExchangeStats {
   std::uint64_t messages = 0;     // point-to-point messages sent (an all-to-all: one per peer it sends a block to;
                                   // a ring hop: one)
   std::uint64_t ring_bytes = 0;   // of bytes_intra + bytes_inter: Ring's K|V (USP; ring_kv_bytes per attention)
+  std::uint64_t scale_bytes = 0;  // of bytes_intra + bytes_inter: the fp8 wire's scales (4 per (token, head)
+                                  // block sent; 0 for the compute-dtype wire)
   std::uint64_t calls = 0;        // all-to-alls (two per attention)
   double comm_ms = 0;             // wall time inside communication calls (post, test, wait, collectives):
                                   // the communication the compute did not hide ("exposed")
@@ -155,8 +165,17 @@ class AttentionExchange {
 
   // The payload and attention dtype (see the header comment): f32 (default) or bf16. Set it before
   // the first attention() or between steps (a change makes V-Major refill its caches).
+  // fp8 wire: throws when the active backend declines fp8_encode / fp8_decode on `compute`.
   void set_compute(DType compute);
   DType compute() const { return compute_; }
+  // The wire format (dit/wire.hpp): Wire::compute (default) or Wire::fp8. Local; every rank must set
+  // the same before the first attention() or between steps (a change makes V-Major refill its
+  // caches). fp8 throws "backend '<name>' does not support fp8_encode on <dtype>" when the active
+  // backend declines the codec, before any communication.
+  void set_wire(Wire w);
+  Wire wire_kind() const { return wire_; }
+  // How payload elements become bytes on the wire (the layout's d_h; set_layout first for fp8 sizes).
+  WireFormat wire_format() const { return {compute_, wire_, layout_.head_dim}; }
 
   // The two halves attention() is made of (for tests and later schedules).
   void seq_to_head(HeadRows<const float> qkv);
@@ -171,9 +190,9 @@ class AttentionExchange {
 
  protected:
   AttentionExchange(ExchangeMode mode, int rank, int P, int L);
-  // Communicator::all_to_all semantics: send, recv [P * count] elements of wire(), block r to /
-  // from rank r. Implementations add their bytes and messages to stats_ (the caller adds calls and
-  // comm_ms).
+  // Communicator::all_to_all semantics: send, recv [P * count] payload elements in the wire format
+  // (wire_bytes(count) bytes per block), block r to / from rank r. Implementations add their bytes,
+  // scale bytes and messages to stats_ (the caller adds calls and comm_ms).
   virtual void all_to_all(const void* send, void* recv, std::size_t count) = 0;
   // The device of the communicators the subclass exchanges on (set_device).
   virtual void set_comm_device(Device d) = 0;
@@ -181,15 +200,34 @@ class AttentionExchange {
 
   std::int64_t head_rows() const { return P_ * layout_.batch * layout_.tokens_p; }  // P b n_p
   std::int64_t hd() const { return layout_.heads / P_ * layout_.head_dim; }         // h_p d_h
-  // The payload dtype (= compute()) and its element size; element i of a payload buffer.
-  DType wire() const { return compute_; }
-  std::size_t wire_size() const { return dtype_size(compute_); }
-  std::byte* wire_at(void* base, std::int64_t i) const { return static_cast<std::byte*>(base) + i * wire_size(); }
-  const std::byte* wire_at(const void* base, std::int64_t i) const {
-    return static_cast<const std::byte*>(base) + i * wire_size();
+  // Messages: the element dtype the communicators are given (compute(), or u8 for fp8) and how many
+  // of them `elements` payload elements are (elements, or their bytes for fp8).
+  DType wire() const { return wire_ == Wire::fp8 ? DType::u8 : compute_; }
+  std::size_t wire_count(std::int64_t elements) const {
+    return wire_ == Wire::fp8 ? static_cast<std::size_t>(wire_bytes(elements)) : static_cast<std::size_t>(elements);
   }
-  // The head-layout q|k|v [P b n_p][3][hd] in wire() that attention reads (subclasses fill it).
-  void* head_qkv() { return qkv_head_.data(); }
+  // Bytes of `elements` payload elements on the wire (whole (token, head) blocks; wire_format()).
+  std::int64_t wire_bytes(std::int64_t elements) const { return static_cast<std::int64_t>(wire_format().bytes(elements)); }
+  // Payload element i (a multiple of d_h for fp8) of a wire buffer, and element i of a buffer in the
+  // compute dtype (what is packed, and what attention reads).
+  std::byte* wire_at(void* base, std::int64_t i) const { return static_cast<std::byte*>(base) + wire_bytes(i); }
+  const std::byte* wire_at(const void* base, std::int64_t i) const { return static_cast<const std::byte*>(base) + wire_bytes(i); }
+  std::byte* compute_at(void* base, std::int64_t i) const {
+    return static_cast<std::byte*>(base) + i * static_cast<std::int64_t>(dtype_size(compute_));
+  }
+  // The payload to send for x [elements] in the compute dtype: fp8 encodes it into `enc` (resized)
+  // and returns enc's data; the compute wire returns x itself.
+  const void* encode(const void* x, std::int64_t elements, DeviceVector<std::uint8_t>& enc) const;
+  // The values of wire payload w [elements] in the compute dtype: fp8 decodes it into `dec` (resized)
+  // and returns dec's data; the compute wire returns w itself.
+  const void* decode(const void* w, std::int64_t elements, DeviceVector<std::uint8_t>& dec) const;
+  // fp8 only: decodes wire payload w [elements] into x [elements] of the compute dtype.
+  void decode_to(const void* w, std::int64_t elements, void* x) const;
+  // The head-layout q|k|v [P b n_p][3][hd] as received, in the wire format (subclasses fill it; the
+  // compute wire: the buffer attention reads), and decode_head(), which makes the compute-dtype head
+  // layout attention reads from `from` ([P b n_p][3][hd] in the wire format; null: head_qkv_wire()).
+  void* head_qkv_wire();
+  void decode_head(const void* from = nullptr);
   // Attention on head_qkv() (USP: Ring attention over the groups), then head -> seq into out (as the
   // second half of attention()).
   void finish_attention(HeadRows<float> out);
@@ -213,12 +251,16 @@ class AttentionExchange {
   bool ring_intra_ = false;
   ExchangeLayout layout_;
   std::vector<BlockMask> masks_;  // [R] by Ulysses group
-  // Payload buffers sized in f32 elements (bf16 uses half of each): send [P][b n_p][3][hd],
+  // Buffers in the compute dtype, sized in f32 elements (bf16 uses half of each): send [P][b n_p][3][hd],
   // head-layout q|k|v [P b n_p][3][hd], o [P b n_p][hd] and the o coming back [P][b n_p][hd].
   // In the active backend's memory.
   DeviceVector<float> send_, qkv_head_, o_head_, o_recv_;
   DeviceVector<float> lse_;  // [P b n_p, h_p]
+  // fp8 wire only, bytes: what is sent (q|k|v, then o), the head-layout q|k|v as received, the o
+  // coming back.
+  DeviceVector<std::uint8_t> send_wire_, qkv_wire_, o_recv_wire_;
   DType compute_ = DType::f32;
+  Wire wire_ = Wire::compute;
 };
 
 // The exchange for `mode` over the ranks of `world` in groups of `group_size` consecutive ranks

@@ -31,7 +31,8 @@ class VFirstExchange : public TapaExchange {
   void exchange_qkv(HeadRows<const float> qkv, DeviceVector<std::uint8_t>* v_p1_copy);
   std::int64_t tokens() const { return layout().batch * layout().tokens_p; }  // b n_p
   // Packs the q|k slices of the local rows `active` [count] (exchange-order token indices; null:
-  // all b n_p in order) for every destination: dst [P][count][2][hd] in wire().
+  // all b n_p in order) for every destination: dst [P][count][2][hd] in compute() (encode() makes
+  // the payload).
   void pack_qk(HeadRows<const float> qkv, const std::int32_t* active, std::int64_t count, void* dst) const;
   // Blocks until V's phase 1 is complete (v_hidden when a poll saw it complete first; v_wait_ms).
   void wait_v();
@@ -41,7 +42,9 @@ class VFirstExchange : public TapaExchange {
   std::optional<TapaPhase1> v_p1_;  // V's phase 1 in flight: [G][L][b n_p][hd] staged
   bool v_done_ = false;
   Counters v_before_{};             // counters when V's phase 1 was posted
-  DeviceVector<float> v_send_, qk_send_, v_recv_, qk_recv_;  // payload buffers (f32 slots; bf16 uses half)
+  DeviceVector<float> v_send_, qk_send_;                // packed rows in the compute dtype (f32 slots; bf16 uses half)
+  DeviceVector<std::uint8_t> v_wire_, qk_wire_;         // fp8: their encoded payloads (in flight while phase 1 runs)
+  DeviceVector<std::uint8_t> v_recv_, qk_recv_;         // received payload bytes [P][b n_p][hd], [P][b n_p][2][hd]
 };
 
 }  // namespace diffcp

@@ -30,9 +30,14 @@
 // bf16 (the exchange's payload): q, k, v, o and the K|V hops in bf16, the bf16 kernel; partial
 // outputs widened and merged in f32, the merged o rounded once.
 //
+// fp8 wire (dit/wire.hpp, RingWire): the hops carry this group's K|V blocks as the exchange received
+// them (e4m3 + one f32 scale per (token, head)); every block, this group's own too, is decoded into
+// the compute dtype where it is used, so all ranks attend to the same values.
+//
 // Bytes (per rank per attention, every rank alike, e = 4 for f32, 2 for bf16): R-1 hops, each one
 // group's K and V for h_p heads, 2 M hd = 2 b n_p H elements:
 //   ring_kv_bytes = e * 2 b n_p H = 2 e b N H / P           (N = P n_p tokens per image)
+// fp8: 2 b n_p (H + 4 n_h) (1 byte per element, 4 per (token, head) block of d_h = H / n_h).
 // all to ring rank g+1 (world rank p + U mod P): inside the link group iff it shares p's group of L.
 // Compare the Ulysses all-to-alls (q|k|v in, o out): 16 (U-1)/U b n_p H. Summed over the P ranks,
 // Ulysses moves 16 (U-1)/U b N H and the ring 8 b N H: past the head limit (U fixed) the
@@ -51,11 +56,22 @@
 #include "diffcp/comm/communicator.hpp"
 #include "diffcp/ops/buffer.hpp"
 #include "diffcp/core/tensor.hpp"
+#include "diffcp/dit/wire.hpp"
 
 namespace diffcp {
 
 // ring_kv_bytes above: R the ring degree, tokens_p = b n_p, hidden = H. Throws for R < 1.
 std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden, DType payload = DType::f32);
+// The same in any wire format (fp8: H a multiple of wire.head_dim).
+std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden, const WireFormat& wire);
+
+// This group's K|V as the exchange received them in an fp8 wire: kv: [M] rows of
+// wire.bytes(2 hd) bytes (k blocks, then v blocks) at row stride ld bytes.
+struct RingWire {
+  const void* kv = nullptr;
+  std::int64_t ld = 0;
+  WireFormat wire;
+};
 
 // What one forward() moved (the exchange adds it to its ExchangeStats).
 struct RingTraffic {
@@ -78,19 +94,22 @@ class RingAttention {
   //   masks: [R] q's rows against group s's M key rows (masks[s]; equal unless a group holds padding)
   //   q, k, v: [M, h_p, d_h] this rank's head-layout tensors (any row stride), f32 or bf16
   //   o: [M, h_p, d_h] out   lse: [M h_p] out
+  //   fp8: (optional) the K|V blocks the hops carry instead of k, v (which are then not read)
   RingTraffic forward(std::span<const BlockMask> masks, HeadRows<const float> q, HeadRows<const float> k,
-                      HeadRows<const float> v, HeadRows<float> o, std::span<float> lse);
+                      HeadRows<const float> v, HeadRows<float> o, std::span<float> lse, const RingWire* fp8 = nullptr);
   RingTraffic forward(std::span<const BlockMask> masks, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
-                      HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse);
+                      HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse, const RingWire* fp8 = nullptr);
 
  private:
   template <typename T>
   RingTraffic forward_t(std::span<const BlockMask> masks, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
-                        HeadRows<T> o, std::span<float> lse);
+                        HeadRows<T> o, std::span<float> lse, const RingWire* fp8);
 
   std::unique_ptr<Communicator> ring_;
   // In the active backend's memory.
-  DeviceVector<float> kv_[2];                         // [M][2][hd] visiting K|V (f32 slots; bf16 uses half)
+  DeviceVector<float> kv_[2];                         // [M][2][hd] visiting K|V (f32 slots; bf16 uses half;
+                                                      // fp8: the decoded block in kv_[0])
+  DeviceVector<std::uint8_t> kv_wire_[2];             // fp8: [M] rows of wire.bytes(2 hd) visiting K|V blocks
   DeviceVector<bf16_t> o16_;                          // [M, hd] a bf16 partial
   DeviceVector<float> o_run_, o_part_, o_tmp_;        // [M, hd]
   DeviceVector<float> lse_run_, lse_part_, lse_tmp_;  // [M h_p]

@@ -58,12 +58,13 @@ DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape
 // The closed forms of a run's bytes across link groups, per rank per step: P ranks, USP degrees
 // `deg`, the Ulysses exchange in groups of `group_size` (TAPA's L, at most U), link groups of
 // `link_group_size` ranks (Ring's K|V counts across groups for the ranks whose ring successor lies
-// in another link group), `steps` steps, payloads in `compute`.
+// in another link group), `steps` steps, payloads in `compute` sent in `wire` (dit/wire.hpp).
 struct DitBytesPrediction {
   double inter = 0;       // this run's: CoCoDiff's cache schedule; every other mode moves TAPA's
   double tapa_inter = 0;  // TAPA's, for the same run
   double qkv = 0, tapa_qkv = 0;  // of inter / tapa_inter: the q|k|v phase 2 bytes
   double ring = 0;        // USP: Ring's K|V (every link class)
+  double scales = 0;      // fp8 wire: of everything this rank sends (intra + inter + ring), the scale bytes
   double inter_ratio() const { return inter > 0 ? tapa_inter / inter : 1.0; }
   double qkv_ratio() const { return qkv > 0 ? tapa_qkv / qkv : 1.0; }  // TAPA's q|k|v phase 2 over this run's
   DitBytesPrediction& operator+=(const DitBytesPrediction& o);  // two passes of a step (classifier-free guidance)
@@ -71,7 +72,7 @@ struct DitBytesPrediction {
 };
 DitBytesPrediction dit_predicted_bytes(const DitConfig& cfg, const DitShape& shape, const DitShard& shard, UspDegrees deg,
                                        int P, ExchangeMode mode, const CacheSchedule& schedule, int steps, int group_size,
-                                       int link_group_size, DType compute);
+                                       int link_group_size, DType compute, Wire wire = Wire::compute);
 
 // Memory per rank: the weights (dit/weights.hpp: matrices in `storage`, replicated or sharded over
 // `weight_shards` ranks with two gather windows; vectors in f32; plus, for f32 matrices under bf16

@@ -8,9 +8,10 @@
 //   V^p1  [G][L][n][hd]    V's phase-1 output (all tokens of the group, this rank's lane of heads)
 //   QKV^p2 [P][n][3][hd]   the head-layout q|k|v the attention reads (Q^p2, K^p2, V^p2 interleaved,
 //                          so attention sees exactly TAPA's layout and strides)
-// i.e. 4 n H elements of the payload dtype per layer (H = n_h d_h; f32, or bf16: half the bytes),
-// independent of P for a fixed image. The L1 statistics are computed in f32 (double sums) from the
-// payload values, and all-gathered in f32.
+// i.e. 4 n H elements of the payload dtype per layer (H = n_h d_h; f32, or bf16: half the bytes;
+// fp8 wire: the e4m3 blocks as received, 4 n (H + 4 n_h) bytes), independent of P for a fixed image.
+// The L1 statistics are computed in f32 (double sums) from the payload values (fp8: decoded into the
+// compute dtype), and all-gathered in f32.
 //
 // Full step (warm-up, sync, step 0): V-First's exchange; the outputs fill V^p1 and QKV^p2.
 // Selective step:
@@ -53,9 +54,11 @@ class VMajorExchange final : public VFirstExchange {
   std::uint64_t cache_bytes() const override;
 
  private:
-  struct LayerCache {  // in wire(), in the active backend's memory
+  struct LayerCache {  // in the wire format (fp8: the blocks as received), in the active backend's memory
     DeviceVector<std::uint8_t> v_p1;    // [G][L][n][hd]
     DeviceVector<std::uint8_t> qkv_p2;  // [P][n][3][hd]
+    DType compute = DType::f32;         // the wire format they hold
+    Wire wire = Wire::compute;
   };
   void full_exchange(HeadRows<const float> qkv, LayerCache& c);
   void selective_exchange(HeadRows<const float> qkv, LayerCache& c, std::int64_t cached);
@@ -67,19 +70,25 @@ class VMajorExchange final : public VFirstExchange {
   std::vector<float> l1_part_, l1_all_;  // host: the token selection is host metadata
   DeviceVector<float> l1_dev_;           // [L n] this lane's L1 partials, on the device
   DeviceVector<std::uint8_t> p2_send_, p2_recv_;  // payload bytes
+  DeviceVector<std::uint8_t> l1_a_, l1_b_;        // fp8: V's phase 1 and V^p1 decoded for the L1 [G][L][n][hd]
   std::vector<double> l1_;
   std::vector<std::int32_t> act_group_, act_all_, order_;
 };
 
 // Bytes one rank sends in a run (closed form of the exchange above, every rank alike): `layers`
-// attention exchanges per step, n tokens and hd per rank, rows in `payload` (f32 or bf16; the L1
-// partials f32, the active indices i32).
+// attention exchanges per step, n tokens and hd per rank, rows in `payload` (f32 or bf16) or a wire
+// format (the L1 partials f32, the active indices i32).
 struct VMajorBytes {
   std::uint64_t intra = 0, inter = 0;  // inside / across groups, everything (as ExchangeStats)
   std::uint64_t inter_qkv = 0;         // of inter: the q|k|v phase 2 alone (what V-Major shrinks)
+  std::uint64_t scales = 0;            // of intra + inter: the fp8 wire's scales (ExchangeStats::scale_bytes)
 };
 // vmajor = false: TAPA's (every step full). Throws for P % L != 0.
 VMajorBytes vmajor_predicted_bytes(int P, int L, std::int64_t n, std::int64_t hd, std::int64_t layers,
                                    const CacheSchedule& schedule, int steps, bool vmajor, DType payload = DType::f32);
+// The same in any wire format (dit/wire.hpp; fp8: rows of hd elements are whole blocks of
+// wire.head_dim, 1 byte per element + 4 per block).
+VMajorBytes vmajor_predicted_bytes(int P, int L, std::int64_t n, std::int64_t hd, std::int64_t layers,
+                                   const CacheSchedule& schedule, int steps, bool vmajor, const WireFormat& wire);
 
 }  // namespace diffcp

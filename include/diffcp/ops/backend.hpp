@@ -63,8 +63,10 @@ enum class OpKind : std::uint8_t {
   cross_entropy_backward,  //
   scale_sumsq,         // ops/optim.hpp (gradient scaling and the clip norm's sum of squares)
   guidance_combine,    // ops/elementwise.hpp (the DiT sampler's classifier-free guidance)
+  fp8_encode,          // ops/fp8.hpp (the DiT's --wire fp8 exchanges: e4m3 blocks with an f32 scale)
+  fp8_decode,          //
 };
-inline constexpr int kOpKindCount = 30;
+inline constexpr int kOpKindCount = 32;
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -211,6 +213,11 @@ class Backend {
   // dtype): [n] contiguous, or [rows, cols] with row strides (stride[1] = 1) on both sides.
   // supports(convert, dtype) names the non-f32 side.
   virtual void convert(ConstTensorView src, TensorView dst);
+  // ops/fp8.hpp's blocked e4m3 codec; supports(op, x's dtype: f32 or bf16).
+  // x: [n, d] contiguous  enc: [n, d + 4] u8 contiguous out (per block: f32 scale, d e4m3 codes)
+  virtual void fp8_encode(ConstTensorView x, TensorView enc);
+  // enc: [n, d + 4] u8 contiguous  x: [n, d] contiguous out
+  virtual void fp8_decode(ConstTensorView enc, TensorView x);
 
  protected:
   [[noreturn]] void unsupported(OpKind op, DType dtype) const;

@@ -71,6 +71,8 @@ class GuardBackend final : public Backend {
   void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args) override;
   void fill(TensorView x, float value) override;
   void convert(ConstTensorView src, TensorView dst) override;
+  void fp8_encode(ConstTensorView x, TensorView enc) override;
+  void fp8_decode(ConstTensorView enc, TensorView x) override;
   void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
   void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) override;
   void cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target, std::span<double> stats,
