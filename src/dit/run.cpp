@@ -116,7 +116,7 @@ DitBytesPrediction& DitBytesPrediction::operator+=(const DitBytesPrediction& o) 
 }
 
 DitBytesPrediction& DitBytesPrediction::operator*=(double f) {
-  for (double* v : {&inter, &tapa_inter, &qkv, &tapa_qkv, &ring}) *v *= f;
+  for (double* v : {&inter, &tapa_inter, &qkv, &tapa_qkv, &ring, &scales}) *v *= f;
   return *this;
 }
 
