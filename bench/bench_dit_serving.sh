@@ -22,8 +22,12 @@
 #            prediction from a profile calibrated on that cluster (sim calibrate), with the run's
 #            cached fraction fed back, and its error.
 #
-# Writes bench/dit_step_cache.csv, bench/dit_cfg_parallel.csv, bench/cluster_dit_serving.csv.
-# Usage: bench/bench_dit_serving.sh [cache|cfg|cluster]...  (default all). cluster needs root.
+#   sim      `diffcp sim dit` at FLUX.1-dev's shape, P = 8-64 on the h100-ib and aurora profiles: exact
+#            (sequential CFG), + CFG-parallel, + fp8 wire, + step cache (half the steps), all three.
+#
+# Writes bench/dit_step_cache.csv, bench/dit_cfg_parallel.csv, bench/cluster_dit_serving.csv,
+# bench/sim_dit_serving.csv. Usage: bench/bench_dit_serving.sh [cache|cfg|cluster|sim]...  (default
+# all). cluster needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -34,7 +38,7 @@ CL_STEPS=${CL_STEPS:-8}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 studies=("$@")
-[ ${#studies[@]} -eq 0 ] && studies=(cache cfg cluster)
+[ ${#studies[@]} -eq 0 ] && studies=(cache cfg cluster sim)
 base=(dit --resolution 256 --out "" --json)
 
 for study in "${studies[@]}"; do
@@ -98,7 +102,7 @@ for study in "${studies[@]}"; do
             extra=(); sim=(--cfg)
             case $v in
               cfg_parallel) extra=(--cfg-parallel); sim+=(--cfg-parallel) ;;
-              fp8) extra=(--wire fp8) ;;
+              fp8) extra=(--wire fp8); sim+=(--wire fp8) ;;
               step_cache) extra=(--step-cache fbcache:0.66) ;;
             esac
             echo "cluster: $gbit Gbit/s, $mode, $v" >&2
@@ -117,6 +121,33 @@ for study in "${studies[@]}"; do
         scripts/emucluster.sh down --name "$cluster" >/dev/null; cluster=""
       done
       echo "wrote $out" ;;
-    *) echo "unknown study '$study' (cache, cfg, cluster)" >&2; exit 1 ;;
+    sim)
+      # `diffcp sim dit` at the papers' scale: FLUX.1-dev's shape (24 heads x 128, 19 double + 38
+      # single blocks) at 1024^2 (4096 image + 512 text tokens), 28 steps with true CFG, P = 8-64
+      # (8 ranks a node); CFG-parallel where P/2 divides the 24 heads, the step cache at half the steps.
+      out=bench/sim_dit_serving.csv
+      echo "profile,P,mode,variant,supported,step_ms,total_ms,bytes_inter_group,reason" >"$out"
+      shape=(--heads 24 --head-dim 128 --double-blocks 19 --single-blocks 38 --mlp-hidden 12288 --resolution 1024
+             --text-tokens 512 --steps 28 --cfg)
+      for profile in h100-ib aurora; do
+        for P in 8 16 24 32 48 64; do
+          for mode in flat cocodiff; do
+            for v in exact cfg_parallel fp8 step_cache all; do
+              extra=()
+              case $v in
+                cfg_parallel) extra=(--cfg-parallel) ;;
+                fp8) extra=(--wire fp8) ;;
+                step_cache) extra=(--cached-fraction 0.5) ;;
+                all) extra=(--cfg-parallel --wire fp8 --cached-fraction 0.5) ;;
+              esac
+              "$bin" sim dit --profile "$profile" --P "$P" "${shape[@]}" --mode "$mode" "${extra[@]}" --json |
+                jq -r --arg pr "$profile" --arg v "$v" '.[0] | [$pr, .P, .mode, $v, .supported, (.step_ms // ""), (.total_ms // ""),
+                  (.bytes_inter_group // ""), (.reason | gsub(","; ";"))] | map(tostring) | join(",")' >>"$out"
+            done
+          done
+        done
+      done
+      echo "wrote $out" ;;
+    *) echo "unknown study '$study' (cache, cfg, cluster, sim)" >&2; exit 1 ;;
   esac
 done

@@ -24,6 +24,7 @@ struct SimDitCli {
   double cache_ratio = 1.0;
   int warmup = 5, sync_every = 10;
   bool cfg = false, cfg_parallel = false;
+  std::string wire = "auto";
   double cached_fraction = 0;
 };
 SimDitCli g_dit;
@@ -73,6 +74,8 @@ void add_sim_dit(CLI::App* sim) {
   c->add_option("--warmup", o.warmup, "cocodiff: full-exchange steps at the start")->capture_default_str();
   c->add_option("--sync-every", o.sync_every, "cocodiff: a full exchange every this many steps (0: never)")->capture_default_str();
   c->add_option("--group-size", o.group_size, "TAPA's group L (0: the ranks of a node)")->capture_default_str();
+  c->add_option("--wire", o.wire, "the exchanges' payload: auto (f32) | fp8 (e4m3 + one f32 scale per (token, head))")
+      ->capture_default_str();
   c->add_flag("--cfg", o.cfg, "classifier-free guidance: two transformer passes a step");
   c->add_flag("--cfg-parallel", o.cfg_parallel, "the two passes at once on two halves of the ranks (with --cfg; an even P)");
   c->add_option("--cached-fraction", o.cached_fraction, "First-Block Cache: the fraction of the steps after the first that run "
@@ -90,6 +93,7 @@ int run_sim_dit() {
   opt.steps = o.steps;
   opt.schedule = {parse_cache_schedule(o.cache_schedule), o.cache_ratio, o.warmup, o.sync_every};
   opt.cfg = o.cfg;
+  opt.wire = parse_wire(o.wire);
   opt.cfg_parallel = o.cfg_parallel;
   opt.cached_fraction = o.cached_fraction;
   warn_profile_fit(m, cfg.heads, cfg.heads, cfg.head_dim);
@@ -100,7 +104,8 @@ int run_sim_dit() {
     nlohmann::ordered_json j{{"mode", r.mode},         {"P", r.P},         {"profile", m.profile.name},
                              {"ranks_per_node", m.R},  {"group_size", r.L}, {"supported", r.supported()},
                              {"reason", r.reason},     {"steps", r.steps},
-                             {"cfg", o.cfg},           {"cfg_parallel", o.cfg_parallel}, {"cached_fraction", o.cached_fraction}};
+                             {"cfg", o.cfg},           {"cfg_parallel", o.cfg_parallel}, {"cached_fraction", o.cached_fraction},
+                             {"wire", o.wire}};
     if (r.supported())
       j.update(nlohmann::ordered_json{{"step_ms", r.step_ms}, {"total_ms", r.total_ms}, {"compute_ms", r.compute_ms},
                                       {"exposed_comm_ms", r.exposed_comm_ms}, {"comm_ms", r.comm_ms},

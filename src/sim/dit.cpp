@@ -45,13 +45,13 @@ double phase_ms(const SimMachine& m, Peers peers, double bytes_per_peer) {
 // one-step run; a selective step with r is a fixed-r two-step run (step 0 is always full) minus
 // its first step.
 VMajorBytes step_bytes(int P, int L, std::int64_t n, std::int64_t hd, std::int64_t layers, const CacheSchedule& schedule,
-                       int step, int steps, bool vmajor) {
-  if (!vmajor || schedule.full(step, steps)) return vmajor_predicted_bytes(P, L, n, hd, layers, schedule, 1, false);
+                       int step, int steps, bool vmajor, const WireFormat& wf) {
+  if (!vmajor || schedule.full(step, steps)) return vmajor_predicted_bytes(P, L, n, hd, layers, schedule, 1, false, wf);
   const CacheSchedule fixed{CacheScheduleKind::fixed, schedule.ratio_at(step, steps), 0, 0};
   DIFFCP_CHECK(fixed.cached_tokens(1, 2, n) == schedule.cached_tokens(step, steps, n), "sim dit: step ", step,
                ": the one-step schedule caches a different number of tokens");
-  const VMajorBytes two = vmajor_predicted_bytes(P, L, n, hd, layers, fixed, 2, true);
-  const VMajorBytes one = vmajor_predicted_bytes(P, L, n, hd, layers, fixed, 1, true);
+  const VMajorBytes two = vmajor_predicted_bytes(P, L, n, hd, layers, fixed, 2, true, wf);
+  const VMajorBytes one = vmajor_predicted_bytes(P, L, n, hd, layers, fixed, 1, true, wf);
   return {two.intra - one.intra, two.inter - one.inter, two.inter_qkv - one.inter_qkv};
 }
 
@@ -78,8 +78,8 @@ class DitStepModel {
     p1_ = {std::min(L, Rn) - 1, L - std::min(L, Rn)};
     const int p2_intra = std::min(G - 1, (Rn + L - 1) / L - 1);
     p2_ = {p2_intra, G - 1 - p2_intra};
-    blk_qkv_ = n * 3 * hd * f;  // one destination's block
-    blk_o_ = n * hd * f;
+    blk_qkv_ = n * 3 * hd * e_;  // one destination's block
+    blk_o_ = n * hd * e_;
     compute(shape, shard);
   }
 
@@ -116,7 +116,7 @@ class DitStepModel {
       const bool full = mode == ExchangeMode::vfirst || opt_.schedule.full(step, opt_.steps);
       // V-First: V's phase 1 under the q|k work of the block; the rest in attention().
       const double v1 = phase1(blk_o_), o = phase1(blk_o_) + phase2(blk_o_);
-      const double rest = full ? phase1(2 * n * hd * f) + phase2(blk_o_) + phase2(2 * n * hd * f) : selective(c, step);
+      const double rest = full ? phase1(2 * n * hd * e_) + phase2(blk_o_) + phase2(2 * n * hd * e_) : selective(c, step);
       if (full) add_full_qkv(c, 2.0);
       c.comm_d = c.comm_s = v1 + rest + o;
       c.exposed_d = m_.overlapped(d_window_, v1) - d_window_ + rest + o;
@@ -154,10 +154,10 @@ class DitStepModel {
     // L1 over V^p1 and the phase-1 v ([G][L][n][hd], 8 B per element), V^p1's active rows, the
     // scatter of the received rows into QKV^p2.
     c.extra = ew(8 * P * n * hd) + ew(8 * P * k * hd) + ew(8 * P * k * 3 * hd);
-    c.intra += (L - 1.0) * G * blk_o_ + (L - 1.0) * L * n * f + (L - 1.0) * G * k * 2 * hd * f;
-    c.inter += (G - 1.0) * L * k * 3 * hd * f + (k_i > 0 ? (G - 1.0) * L * k * sizeof(std::int32_t) : 0.0);
+    c.intra += (L - 1.0) * G * blk_o_ + (L - 1.0) * L * n * f + (L - 1.0) * G * k * 2 * hd * e_;
+    c.inter += (G - 1.0) * L * k * 3 * hd * e_ + (k_i > 0 ? (G - 1.0) * L * k * sizeof(std::int32_t) : 0.0);
     c.messages += k_i > 0 ? 2.0 * (G - 1.0) : 0.0;
-    return l1_gather + lists + phase1(k * 2 * hd * f) + phase2(k * 3 * hd * f);
+    return l1_gather + lists + phase1(k * 2 * hd * e_) + phase2(k * 3 * hd * e_);
   }
 
   double gemm(double rows, double K, double Ncol) const { return rows > 0 ? m_.gemm_ms(rows, K, Ncol) : 0.0; }
@@ -185,7 +185,8 @@ class DitStepModel {
     s_window_ = gemm(n, H, 2 * H) + ew(8 * n * 2 * H) + gemm(n, H, Mw);
     const double s_post = ew(8 * n * Mw) + gemm(n, H + Mw, H) + ew(12 * n * H);
     const double attn = m_.attn_fwd_ms(4 * dh * hp * b * N * N);
-    const double copies = ew(8 * n * 3 * H) + ew(8 * n * H);
+    // The exchange's copies into and out of the head layout; fp8: the codec on both sides of both.
+    const double copies = ew(8 * n * 3 * H) + ew(8 * n * H) + (opt_.wire == Wire::fp8 ? ew(2 * 10 * n * 4 * H) : 0.0);
     const double C_in = static_cast<double>(cfg_.in_channels()), Tp = static_cast<double>(shard.text_p);
     per_step_ = gemm(1, static_cast<double>(cfg_.time_dim), H) + gemm(1, H, H) + gemm(1, static_cast<double>(cfg_.pooled_dim), H) +
                 gemm(1, H, H) + gemm(Mi, C_in, H) + gemm(Tp, static_cast<double>(cfg_.text_dim), H) + ew(8 * (b - 1) * Tp * H) +
@@ -203,6 +204,8 @@ class DitStepModel {
   const DitConfig& cfg_;
   const SimDitOptions& opt_;
   static constexpr double f = sizeof(float);
+  // Payload bytes per element on the wire: f32, or fp8's e4m3 plus one f32 scale per d_h elements.
+  const double e_ = opt_.wire == Wire::fp8 ? 1.0 + 4.0 / static_cast<double>(cfg_.head_dim) : f;
 
  public:
   const int P, L, G;
@@ -255,6 +258,7 @@ SimDitResult simulate_mode(const SimMachine& m, const DitStepModel& model, const
   const double D = static_cast<double>(cfg.double_blocks), S = static_cast<double>(cfg.single_blocks);
   const double layers = static_cast<double>(model.layers);
   const std::int64_t hd_i = cfg.heads / model.P * cfg.head_dim;
+  const WireFormat wf{DType::f32, opt.wire, cfg.head_dim};
   // Passes a rank runs per step; CFG-parallel's pair: rank p and p + P/2, on another node when a
   // half holds whole nodes.
   const double passes = opt.cfg && !opt.cfg_parallel ? 2.0 : 1.0;
@@ -277,7 +281,7 @@ SimDitResult simulate_mode(const SimMachine& m, const DitStepModel& model, const
       s.bytes_inter = static_cast<std::uint64_t>(std::llround(passes * layers * c.inter));
     } else {
       // The reported bytes are the closed form's; the timed pieces must add up to them.
-      const VMajorBytes cf = step_bytes(model.P, model.L, model.n_i, hd_i, model.layers, opt.schedule, step, opt.steps, vmajor);
+      const VMajorBytes cf = step_bytes(model.P, model.L, model.n_i, hd_i, model.layers, opt.schedule, step, opt.steps, vmajor, wf);
       DIFFCP_CHECK(std::llround(layers * c.intra) == static_cast<long long>(cf.intra) &&
                        std::llround(layers * c.inter) == static_cast<long long>(cf.inter),
                    "sim dit: mode ", mode_name, " step ", step, ": the timed pieces move ", layers * c.intra, " / ",
@@ -303,7 +307,7 @@ SimDitResult simulate_mode(const SimMachine& m, const DitStepModel& model, const
   }
   if (mode != ExchangeMode::flat && opt.cached_fraction == 0) {
     // The run's closed form (times the passes) equals the sum of its steps'.
-    const VMajorBytes run = vmajor_predicted_bytes(model.P, model.L, model.n_i, hd_i, model.layers, opt.schedule, opt.steps, vmajor);
+    const VMajorBytes run = vmajor_predicted_bytes(model.P, model.L, model.n_i, hd_i, model.layers, opt.schedule, opt.steps, vmajor, wf);
     DIFFCP_CHECK(static_cast<std::uint64_t>(passes) * run.intra == r.bytes_intra_total &&
                      static_cast<std::uint64_t>(passes) * run.inter == r.bytes_inter_total, "sim dit: mode ", mode_name,
                  ": per-step bytes ", r.bytes_intra_total, " / ", r.bytes_inter_total, " != the run's closed form ",

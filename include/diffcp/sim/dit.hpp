@@ -46,7 +46,10 @@
 // L capped at P/2) and adds the velocity pair's all-gather (b I_p C_in f32 to the rank P/2 away:
 // across nodes when a half spans whole nodes); a cached step (First-Block Cache) runs the per-step
 // work, the first block and its exchange, and the cache's elementwise work (56 B per image-row
-// element: copies, the residual update, two L1 sums) instead of every block.
+// element: copies, the residual update, two L1 sums) instead of every block. The fp8 wire moves
+// q|k|v and o (and V-Major's selective rows) at 1 + 4 / d_h bytes per element (e4m3 and one f32
+// scale per (token, head): WireFormat) and adds the codec's elementwise work (encode 5 B, decode 5 B
+// per element, both directions of both all-to-alls); the L1 partials and index lists stay as they are.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +58,7 @@
 
 #include "diffcp/dit/cache_schedule.hpp"
 #include "diffcp/dit/config.hpp"
+#include "diffcp/dit/wire.hpp"
 #include "diffcp/sim/machine.hpp"
 
 namespace diffcp {
@@ -67,6 +71,7 @@ struct SimDitOptions {
   // The serving features (issue #52, docs/dit.md):
   bool cfg = false;            // classifier-free guidance: two passes a step (a negative prompt of T tokens)
   bool cfg_parallel = false;   // the two passes at once, one per half of the ranks (needs cfg and an even P)
+  Wire wire = Wire::compute;   // the exchanges' payload (dit/wire.hpp): f32, or fp8 (1 + 4 / d_h bytes per element)
   double cached_fraction = 0;  // First-Block Cache: this fraction of the steps after the first runs only the
                                // first block (a run's steps_cached / (steps - 1)); spread evenly over the run
 };
