@@ -466,6 +466,20 @@ TEST(Fp8Sampler, BytesAreTheClosedFormsAndThePayloadHalfOfBf16) {
     EXPECT_DOUBLE_EQ(b.ring * steps, static_cast<double>(ring));
     EXPECT_DOUBLE_EQ(b.scales * steps, static_cast<double>(ex->stats().scale_bytes));
   }
+  // USP with V-Major's selective steps: the ring hops carry this layer's K|V (V-Major's cache on a
+  // selective step, not the last full exchange's buffer), so cocodiff at r = 0 stays bitwise TAPA's.
+  std::vector<int> rings;
+  if (P > 1) rings.push_back(1);
+  if (P > 2 && P % 2 == 0) rings.push_back(P / 2);
+  for (const int U : rings) {
+    SCOPED_TRACE("USP U = " + std::to_string(U));
+    const auto tapa = make_attention_exchange(ExchangeMode::tapa, world(), 1, r0, U);
+    const auto coco = make_attention_exchange(ExchangeMode::cocodiff, world(), 1, r0, U);
+    const std::vector<float> a = run_sampler(world(), w, shape, *tapa, steps, Wire::fp8);
+    const std::vector<float> c = run_sampler(world(), w, shape, *coco, steps, Wire::fp8);
+    EXPECT_GT(coco->stats().selective, 0u);
+    EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
+  }
 }
 
 }  // namespace

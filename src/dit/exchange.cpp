@@ -144,7 +144,8 @@ void* AttentionExchange::head_qkv_wire() {
 void AttentionExchange::decode_head(const void* from) {
   const std::int64_t all = head_rows() * 3 * hd();
   if (wire_ == Wire::fp8) {
-    decode_to(from ? from : qkv_wire_.data(), all, qkv_head_.data());
+    head_wire_src_ = from ? from : qkv_wire_.data();  // what the ring hops carry (V-Major: this layer's cache)
+    decode_to(head_wire_src_, all, qkv_head_.data());
   } else if (from && from != qkv_head_.data()) {
     const std::int64_t bytes = all * static_cast<std::int64_t>(dtype_size(compute_));
     copy(TensorView::contiguous(qkv_head_.data(), DType::u8, {bytes}, active_device()),
@@ -194,8 +195,10 @@ void AttentionExchange::attend() {
     attention_forward(mask(), q, k, v, o, lse_);
     return;
   }
-  // fp8: the hops carry the K|V blocks as received (columns k|v of the wire head layout).
-  const RingWire kv_wire{wire_at(head_qkv_wire(), h), wire_bytes(3 * h), wire_format()};
+  // fp8: the hops carry the K|V blocks as received (columns k|v of the wire head layout decode_head()
+  // read: the exchange's, or V-Major's cache of this layer on a selective step).
+  DIFFCP_CHECK(wire_ != Wire::fp8 || head_wire_src_ != nullptr, "attention exchange: fp8 ring hops before decode_head()");
+  const RingWire kv_wire{wire_at(head_wire_src_, h), wire_bytes(3 * h), wire_format()};
   const RingTraffic t = ring_->forward(masks_, q, k, v, o, lse_, wire_ == Wire::fp8 ? &kv_wire : nullptr);
   (ring_intra_ ? stats_.bytes_intra : stats_.bytes_inter) += t.bytes;
   stats_.ring_bytes += t.bytes;

@@ -228,6 +228,7 @@ class AttentionExchange {
   // layout attention reads from `from` ([P b n_p][3][hd] in the wire format; null: head_qkv_wire()).
   void* head_qkv_wire();
   void decode_head(const void* from = nullptr);
+  const void* head_wire_src_ = nullptr;  // fp8: the wire head layout decode_head() last read
   // Attention on head_qkv() (USP: Ring attention over the groups), then head -> seq into out (as the
   // second half of attention()).
   void finish_attention(HeadRows<float> out);
