@@ -154,6 +154,24 @@ TEST(Fp8Codec, E4m3CodesRoundTripAndRoundToNearestEven) {
   }
 }
 
+// A non-finite element is not hidden: its whole block decodes non-finite (NaN: a NaN scale; inf: an
+// infinite scale, so 0 x inf = NaN and the inf element itself 448 x inf), the other blocks exact.
+TEST(Fp8Codec, NonFiniteInputMakesItsBlockNonFinite) {
+  const std::int64_t d = 8;
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x(3 * d, 1.f);
+    x[d + 3] = bad;
+    const std::vector<float> got = op_round_trip(x, d, DType::f32);
+    for (std::int64_t i = 0; i < 3 * d; ++i) {
+      if (i >= d && i < 2 * d) {
+        EXPECT_FALSE(std::isfinite(got[static_cast<std::size_t>(i)])) << "element " << i << " of input " << bad;
+      } else {
+        EXPECT_EQ(got[static_cast<std::size_t>(i)], 1.f) << "element " << i;
+      }
+    }
+  }
+}
+
 TEST(Fp8Codec, BlocksWithinTheBoundExactWhereRepresentable) {
   for (const std::int64_t d : {1, 8, 128}) {
     std::vector<float> x = random_normal(static_cast<std::size_t>(64 * d), 3 + static_cast<std::uint64_t>(d));

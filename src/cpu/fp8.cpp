@@ -36,7 +36,10 @@ void encode_blocks(const T* x, std::int64_t n, std::int64_t d, std::uint8_t* enc
     const T* xb = x + b * d;
     std::uint8_t* e = enc + b * (d + kFp8ScaleBytes);
     float amax = 0.f;
-    for (std::int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(value_of(xb[i])));
+    for (std::int64_t i = 0; i < d; ++i) {  // NaN propagates (std::max would drop it): the block decodes to NaN
+      const float a = std::fabs(value_of(xb[i]));
+      if (a > amax || std::isnan(a)) amax = a;  // once NaN, amax stays NaN (a > NaN is false)
+    }
     const float s = amax / kE4M3Max;
     std::memcpy(e, &s, sizeof s);
     std::uint8_t* c = e + kFp8ScaleBytes;

@@ -16,7 +16,8 @@
 // (1 + 2^-24) by the choice of s, so nothing saturates by more than that rounding, and no NaN code is
 // ever produced from finite input. A value c s with c an e4m3 value and s = amax / 448 exactly (e.g.
 // s a power of two with one element at +-448 s) round-trips exactly. A non-finite input makes the
-// block's scale non-finite and its decode NaN (visible, not hidden). bf16 decode adds one bf16
+// block's scale non-finite and its whole decode non-finite (NaN; an inf element +-inf): visible, not
+// hidden (tests/test_dit_fp8.cpp NonFiniteInput...). bf16 decode adds one bf16
 // rounding (2^-9 |x'|).
 //
 // Legend: n blocks of d elements; enc: [n][d + 4] bytes.
