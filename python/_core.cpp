@@ -439,7 +439,24 @@ class DitPy {
     const int P_pass = cfg_parallel ? comm_->size() / 2 : comm_->size();
     // U | heads, before any collective
     make_dit_shard(t.config, DitShape{1, 16, 16, 1}, P_pass, comm_->rank() % P_pass, ulysses);
-    if (cfg_parallel) groups_ = std::make_unique<CfgGroups>(make_cfg_groups(*comm_));
+    if (cfg_parallel) {
+      groups_ = std::make_unique<CfgGroups>(make_cfg_groups(*comm_));
+      // The halves build their exchanges apart (lazily, per shape): one that fails on one half only
+      // would leave the other half waiting in the pair's all-gather. Build one now, agree over all ranks.
+      std::string err;
+      try {
+        make_attention_exchange(mode_, *groups_->group, group_size_, schedule_, ulysses_);
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      std::vector<std::int32_t> failed{err.empty() ? 0 : 1};
+      {
+        const ScopedCommDevice host(*comm_, Device::host);
+        comm_->all_reduce<std::int32_t>(failed);
+      }
+      DIFFCP_CHECK(failed[0] == 0, "cfg_parallel: the exchange of ", err.empty() ? "the other half" : "this half",
+                   " cannot be made", err.empty() ? "" : ": ", err);
+    }
     w_ = std::make_unique<DitWeights>(t.config, storage, shard_weights ? &pass_comm() : nullptr);
     w_->load(ck, DitFileFormat::diffusers);
   }
@@ -473,7 +490,9 @@ class DitPy {
         e["computed"] = st.computed;
         e["cached"] = st.cached;
         e["rel_l1"] = st.rel_l1;
-        d[py::str((key >= kPairKey ? "pair" : "") + std::to_string(key % kPairKey))] = e;
+        // CFG-parallel: "pair<i>.<q>", pair i of a step, this rank's half q
+        d[py::str(key >= kPairKey ? "pair" + std::to_string((key - kPairKey) / 2) + "." + std::to_string(key % 2)
+                                  : std::to_string(key))] = e;
       }
     return d;
   }
@@ -499,9 +518,11 @@ class DitPy {
   // CFG-parallel: a pair of passes q = 0, 1 (x_q [b, N_img, C_in], txt_q [T_q, text_dim], pooled_q) at
   // once, pass q on half q; the halves trade their velocity rows over the pair (b I_p C_in floats)
   // -> [2, b, N_img, C_in] on every rank. Collective over comm.
+  // `pair`: the pair's index within the step (each pair of a step has its own exchange and caches).
   py::array_t<float> velocity_pair(const Floats& x0, const Floats& txt0, const Floats& pooled0, const Floats& x1,
                                    const Floats& txt1, const Floats& pooled1, std::int64_t height, std::int64_t width,
-                                   double t, double guidance, int step, int steps) {
+                                   double t, double guidance, int step, int steps, int pair_index) {
+    if (pair_index < 0 || pair_index >= kPairKey / 2) throw py::value_error("velocity_pair: pair index out of range");
     if (!groups_) throw py::value_error("velocity_pair: this Dit was made without cfg_parallel");
     const DitShape s0 = check_inputs(x0, height, width, txt0, pooled0), s1 = check_inputs(x1, height, width, txt1, pooled1);
     if (s0.batch != s1.batch) throw py::value_error("velocity_pair: the two passes have " + std::to_string(s0.batch) +
@@ -511,7 +532,7 @@ class DitPy {
     std::vector<float> both[2];
     {
       py::gil_scoped_release release;
-      Run& r = run(q == 0 ? s0 : s1, kPairKey + q, *groups_->group);
+      Run& r = run(q == 0 ? s0 : s1, kPairKey + 2 * pair_index + q, *groups_->group);
       const std::vector<float> v_p = q == 0 ? pass_velocity(r, x0, txt0, pooled0, t, guidance, step, steps)
                                             : pass_velocity(r, x1, txt1, pooled1, t, guidance, step, steps);
       std::vector<float> pair(2 * v_p.size());
@@ -653,7 +674,7 @@ PYBIND11_MODULE(_core, m) {
       .def("step_cache_stats", &DitPy::step_cache_stats)
       .def("velocity_pair", &DitPy::velocity_pair, py::arg("x0"), py::arg("txt0"), py::arg("pooled0"), py::arg("x1"),
            py::arg("txt1"), py::arg("pooled1"), py::arg("height"), py::arg("width"), py::arg("t"), py::arg("guidance"),
-           py::arg("step"), py::arg("steps"))
+           py::arg("step"), py::arg("steps"), py::arg("pair_index") = 0)
       .def("velocity", &DitPy::velocity, py::arg("x"), py::arg("height"), py::arg("width"), py::arg("txt"), py::arg("pooled"),
            py::arg("t"), py::arg("guidance"), py::arg("pass_index"), py::arg("step"), py::arg("steps"));
   py::class_<DrafterPy>(m, "Drafter")

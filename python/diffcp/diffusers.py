@@ -119,33 +119,34 @@ class _Forward:
         passes = [(np.ascontiguousarray(x[grp]), _f32(txt[grp[0]]),
                    _f32(pooled[grp[0]]) if pooled is not None else np.zeros(0, np.float32)) for grp in groups]
         state = self.state
+        if state.pending is not None and (len(groups) != 1 or state.pending["step"] != step):
+            raise RuntimeError("diffcp.diffusers: cfg_parallel held back a call whose negative-prompt call never came")
         if state.cfg_parallel and len(groups) == 2 and len(groups[0]) == len(groups[1]):
-            # SD3's [negative; prompt] batch: its two passes at once, one per half of the ranks.
-            state.next_pass(), state.next_pass()
-            v = self.core.velocity_pair(*passes[0], *passes[1], 16 * gh, 16 * gw, t, g, step, state.steps)
+            # SD3's [negative; prompt] batch (or any two prompts of one call): both passes at once, one
+            # per half of the ranks; each pair of a step keeps its own caches (pair index).
+            pair = state.next_pass() // 2
+            state.next_pass()
+            v = self.core.velocity_pair(*passes[0], *passes[1], 16 * gh, 16 * gw, t, g, step, state.steps, pair)
             out[groups[0]], out[groups[1]] = v[0], v[1]
             return out
-        if state.cfg_parallel and state.two_calls and len(groups) == 1:
-            # Qwen-Image's / FLUX.1's true CFG: the prompt's call, then the negative prompt's. The first
-            # call's output is handed back now and filled in by the second call, which runs both passes
-            # at once (the pipeline reads neither before the second call returns).
+        if state.cfg_parallel and state.two_calls and len(groups) == 1 and (state.passes == 0 or state.pending):
+            # Qwen-Image's / FLUX.1's true CFG: the prompt's call, then the negative prompt's. The step's
+            # first call hands its output back now (NaN until filled) and the second call, which runs
+            # both passes at once, fills it (the pipelines read neither before the second call returns).
             if state.pending is None:
                 state.next_pass()
+                out[...] = np.nan
                 state.pending = {"inputs": passes[0], "out": out, "step": step, "sample": None}
                 return out
             first = state.pending
             state.pending = None
-            if first["step"] != step:
-                raise RuntimeError("diffcp.diffusers: cfg_parallel expected the negative prompt's call in the same step")
-            state.next_pass()
-            v = self.core.velocity_pair(*first["inputs"], *passes[0], 16 * gh, 16 * gw, t, g, step, state.steps)
+            pair = state.next_pass() // 2
+            v = self.core.velocity_pair(*first["inputs"], *passes[0], 16 * gh, 16 * gw, t, g, step, state.steps, pair)
             first["out"][...] = v[0]
             if first["sample"] is not None:
                 first["sample"].copy_(torch.from_numpy(v[0]))
             out[...] = v[1]
             return out
-        if state.pending is not None:
-            raise RuntimeError("diffcp.diffusers: cfg_parallel held back a call whose negative-prompt call never came")
         for grp, pas in zip(groups, passes):
             out[grp] = self.core.velocity(pas[0], 16 * gh, 16 * gw, pas[1], pas[2], t, g, state.next_pass(), step,
                                           state.steps)

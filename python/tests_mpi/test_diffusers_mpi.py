@@ -339,3 +339,42 @@ def test_step_cache_threshold_zero_is_exact_and_a_huge_one_skips(folder):
         assert np.array_equal(a_, b_)
     assert np.array_equal(runs["none"][0], runs["fbcache:1e9"][0])  # the first step is always full
     assert not np.array_equal(runs["none"][2], runs["fbcache:1e9"][2])  # later steps reuse the residual
+
+
+def test_cfg_parallel_keeps_each_pair_of_a_step_apart():
+    # Two prompts per call, two true-CFG calls a step (FluxPipeline / QwenImagePipeline with a list of
+    # prompts and of negative prompts): each call is its own pair with its own caches. With a step cache
+    # that reuses every step after the first, cfg_parallel equals the sequential passes (each prompt its
+    # own pass), step for step; pairs sharing caches would apply one prompt's residual to another's.
+    if P % 2:
+        pytest.skip("cfg_parallel needs an even P")
+    d = tempfile.TemporaryDirectory()
+    subprocess.run([sys.executable, str(ROOT / "tools" / "qwenimage_reference.py"), "make", "--out", d.name], check=True,
+                   stdout=subprocess.DEVNULL)
+    a = QWEN.load_folder(Path(d.name))[0]
+    rng = np.random.default_rng(23)
+    gh, gw = 3, 5
+    x = rng.standard_normal((2, gh * gw, a["in_channels"])).astype(np.float32)
+    calls = [rng.standard_normal((2, 6, a["joint_attention_dim"])).astype(np.float32) for _ in range(2)]
+    outs = {}
+    for par in (False, True):
+        pipe = SimpleNamespace(transformer=QwenImageTransformer2DModel(Path(d.name)))
+        p = diffcp.diffusers.parallelize(pipe, mode="flat", dtype="f32", weights_dtype="f32", cfg_parallel=par,
+                                         step_cache="fbcache:1e9")
+        p._state.reset(3, two_calls=True)
+        got = []
+        for t in (0.9, 0.6, 0.3):
+            res = [pipe.transformer(hidden_states=torch.from_numpy(x), encoder_hidden_states=torch.from_numpy(e),
+                                    encoder_hidden_states_mask=None, timestep=torch.full((2,), t),
+                                    img_shapes=[[(1, gh, gw)]] * 2, guidance=None, attention_kwargs=None,
+                                    return_dict=False)[0] for e in calls]
+            got.append([r.numpy().copy() for r in res])
+        outs[par] = got
+        if par:
+            stats = p.core.step_cache_stats()
+            half = 0 if RANK < P // 2 else 1
+            assert {k: v["cached"] for k, v in stats.items()} == {f"pair0.{half}": 2, f"pair1.{half}": 2}, stats
+    for k, (seq, par) in enumerate(zip(outs[False], outs[True])):
+        for c in range(2):
+            close(par[c], seq[c], 1e-4, f"step {k} call {c}")
+    d.cleanup()

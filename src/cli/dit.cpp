@@ -295,8 +295,8 @@ void add_dit_command(CLI::App& app) {
   g_text_tokens_opt = c->add_option("--text-tokens", o.text_tokens, "text tokens T (default: --text-embeddings' T)")->capture_default_str();
   c->add_option("--text-embeddings", o.text_embeddings, "text tokens from your T5: .npy [T, context_in_dim] or [1, T, context_in_dim] (with --pooled; default: the hashed --prompt)");
   c->add_option("--pooled", o.pooled, "pooled vector from your CLIP: .npy [vec_in_dim] or [1, vec_in_dim] (with --text-embeddings; FLUX.1 only)");
-  c->add_option("--negative-text-embeddings", o.negative_text_embeddings, "Qwen-Image's and SD3.5's classifier-free guidance: the negative prompt's encoder_hidden_states, .npy [T_neg, joint_attention_dim] or [1, T_neg, ...] (read with --guidance > 1)");
-  c->add_option("--negative-pooled", o.negative_pooled, "SD3.5: the negative prompt's pooled_projections, .npy [pooled_projection_dim] (with --negative-text-embeddings)");
+  c->add_option("--negative-text-embeddings", o.negative_text_embeddings, "classifier-free guidance's negative prompt (Qwen-Image and SD3.5 with --guidance > 1, FLUX.1 with --true-cfg-scale > 1): its encoder_hidden_states, .npy [T_neg, text dim] or [1, T_neg, ...]");
+  c->add_option("--negative-pooled", o.negative_pooled, "SD3.5 / FLUX.1: the negative prompt's pooled_projections, .npy [pooled_projection_dim] (with --negative-text-embeddings)");
   c->add_option("--noise", o.noise, "initial noise in the layout the family's diffusers transformer takes: packed 2x2 patches .npy [b, N_img, in_channels] (FLUX.1, FLUX.2, Qwen-Image), or the latent image [b, C, H/8, W/8] (SD3.5); default: seeded N(0, 1), --seed");
   c->add_option("--true-cfg-scale", o.true_cfg_scale, "FLUX.1: true classifier-free guidance's scale (FluxPipeline's "
                 "true_cfg_scale; > 1 runs the negative prompt's pass too: --negative-text-embeddings / --negative-pooled, "

@@ -155,8 +155,8 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
   const std::int64_t text_dim = cfg.text_dim;
   const bool cfg_pass = uses_negative_pass(cfg, cond, opt), split = cfg_pair.pair != nullptr;
   DIFFCP_CHECK(!split || (cfg_pass && negative == nullptr && cfg_pair.pair->size() == 2),
-               "euler_sample: CFG-parallel needs a run with a negative pass (a true-CFG family, a negative prompt and "
-               "guidance > 1), a pair of two ranks and no negative model on this rank");
+               "euler_sample: CFG-parallel needs a run with a negative pass (a family with CFG, a negative prompt and "
+               "a guidance scale > 1), a pair of two ranks and no negative model on this rank");
   // This rank's model runs the prompt's pass, or (CFG-parallel, pass 1) the negative prompt's.
   const bool neg_here = split && cfg_pair.pass() == 1;
   const std::vector<float>& my_txt = neg_here ? cond.negative_txt : cond.txt;
