@@ -262,7 +262,9 @@ SimDitResult simulate_mode(const SimMachine& m, const DitStepModel& model, const
   // Passes a rank runs per step; CFG-parallel's pair: rank p and p + P/2, on another node when a
   // half holds whole nodes.
   const double passes = opt.cfg && !opt.cfg_parallel ? 2.0 : 1.0;
-  const Peers pair = m.P / 2 >= m.R ? Peers{0, 1} : Peers{1, 0};
+  bool pair_crosses = false;  // the slowest pair decides: any rank p < P/2 whose partner is on another node
+  for (int p = 0; p < m.P / 2; ++p) pair_crosses = pair_crosses || p / m.R != (p + m.P / 2) / m.R;
+  const Peers pair = pair_crosses ? Peers{0, 1} : Peers{1, 0};
   const double pair_ms = opt.cfg_parallel ? phase_ms(m, pair, model.velocity_bytes()) : 0.0;
   std::vector<double> step_times;
   for (int step = 0; step < opt.steps; ++step) {

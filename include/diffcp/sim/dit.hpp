@@ -44,7 +44,7 @@
 // Serving features (SimDitOptions): cfg doubles a step's compute, communication and bytes (two
 // passes one after the other); cfg_parallel runs one pass per half (the model above on P/2 ranks,
 // L capped at P/2) and adds the velocity pair's all-gather (b I_p C_in f32 to the rank P/2 away:
-// across nodes when a half spans whole nodes); a cached step (First-Block Cache) runs the per-step
+// across nodes when any rank's partner is on another node); a cached step (First-Block Cache) runs the per-step
 // work, the first block and its exchange, and the cache's elementwise work (56 B per image-row
 // element: copies, the residual update, two L1 sums) instead of every block. The fp8 wire moves
 // q|k|v and o (and V-Major's selective rows) at 1 + 4 / d_h bytes per element (e4m3 and one f32
