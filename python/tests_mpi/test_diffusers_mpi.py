@@ -224,11 +224,17 @@ class Flux2Transformer2DModel(FluxTransformer2DModel):
     """The stand-in under FLUX.2's class name."""
 
 
-def _parallel(tool: str, module, cls, reference: str, mode: str):
-    """A folder made by tools/<tool>, its stand-in transformer parallelized, the NumPy reference."""
+def _tool_folder(tool: str) -> tempfile.TemporaryDirectory:
+    """A diffusers folder made by tools/<tool> (a temporary directory: call .cleanup())."""
     d = tempfile.TemporaryDirectory()
     subprocess.run([sys.executable, str(ROOT / "tools" / tool), "make", "--out", d.name], check=True,
                    stdout=subprocess.DEVNULL)
+    return d
+
+
+def _parallel(tool: str, module, cls, reference: str, mode: str):
+    """A folder made by tools/<tool>, its stand-in transformer parallelized, the NumPy reference."""
+    d = _tool_folder(tool)
     pipe = SimpleNamespace(transformer=cls(Path(d.name)))
     diffcp.diffusers.parallelize(pipe, mode=mode, dtype="f32", weights_dtype="f32")
     a, w, _ = module.load_folder(Path(d.name))
@@ -297,9 +303,7 @@ def test_qwen_image_cfg_parallel_pairs_the_two_calls():
     # the negative prompt's call fills it (both passes run then, one per half); each equals the reference.
     if P % 2:
         pytest.skip("cfg_parallel needs an even P")
-    d = tempfile.TemporaryDirectory()
-    subprocess.run([sys.executable, str(ROOT / "tools" / "qwenimage_reference.py"), "make", "--out", d.name], check=True,
-                   stdout=subprocess.DEVNULL)
+    d = _tool_folder("qwenimage_reference.py")
     pipe = SimpleNamespace(transformer=QwenImageTransformer2DModel(Path(d.name)))
     par = diffcp.diffusers.parallelize(pipe, mode="vfirst", dtype="f32", weights_dtype="f32", cfg_parallel=True)
     a, w, _ = QWEN.load_folder(Path(d.name))
@@ -348,9 +352,7 @@ def test_cfg_parallel_keeps_each_pair_of_a_step_apart():
     # own pass), step for step; pairs sharing caches would apply one prompt's residual to another's.
     if P % 2:
         pytest.skip("cfg_parallel needs an even P")
-    d = tempfile.TemporaryDirectory()
-    subprocess.run([sys.executable, str(ROOT / "tools" / "qwenimage_reference.py"), "make", "--out", d.name], check=True,
-                   stdout=subprocess.DEVNULL)
+    d = _tool_folder("qwenimage_reference.py")
     a = QWEN.load_folder(Path(d.name))[0]
     rng = np.random.default_rng(23)
     gh, gw = 3, 5
