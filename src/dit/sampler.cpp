@@ -177,13 +177,14 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
   // [2, n], the prompt's pass's then the negative's, after the pair's all-gather).
   const std::int64_t n = static_cast<std::int64_t>(x_p.size());
   DeviceVector<float> txt, pooled, x, v, neg_txt, neg_pooled, v_neg;
+  DeviceVector<float> v_pair;  // CFG-parallel: [2, n] the prompt's pass's velocity, then the negative's
   txt.assign(shard_text(my_txt, text_dim, s));
   pooled.assign(my_pooled);
   x.assign(x_p);
   v.resize(n);
   const ScopedF32GemmCompute precision(opt.compute);
   model.exchange().set_compute(opt.compute);
-  if (split) v_neg.resize(2 * n);
+  if (split) v_pair.resize(2 * n);
   if (cfg_pass && !split) {
     const DitShard& ns = negative->shard();
     neg_txt.assign(shard_text(cond.negative_txt, text_dim, ns));
@@ -206,14 +207,14 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
     model.exchange().begin_step(k, steps);
     model.velocity(x.data(), txt.data(), pooled.data(), tk, opt.guidance, v.data());
     float* v_step = v.data();  // the velocity of the step, after guidance
-    if (split) {  // v_neg = [v_prompt | v_negative] from the pair
+    if (split) {  // v_pair = [v_prompt | v_negative] from the pair
       const auto p0 = std::chrono::steady_clock::now();
       const ScopedCommDevice device(*cfg_pair.pair, active_device());
-      cfg_pair.pair->all_gather_async(v.data(), v_neg.data(), static_cast<std::size_t>(n), DType::f32)->wait();
+      cfg_pair.pair->all_gather_async(v.data(), v_pair.data(), static_cast<std::size_t>(n), DType::f32)->wait();
       active_backend().synchronize();
       pair_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
-      v_step = v_neg.data();
-      guidance_combine(v_step, v_neg.data() + n, n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(cfg_scale(cfg, opt)),
+      v_step = v_pair.data();
+      guidance_combine(v_step, v_pair.data() + n, n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(cfg_scale(cfg, opt)),
                        cfg.cfg_keeps_norm());
     } else if (cfg_pass) {  // v = v_neg + g (v - v_neg) (Qwen-Image: the conditional norm of each token kept)
       negative->exchange().begin_step(k, steps);
