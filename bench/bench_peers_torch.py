@@ -168,8 +168,55 @@ def torch_dit(a: argparse.Namespace) -> dict:
             img.add_(v, alpha=-0.02)  # the Euler update, as a sampler step does
 
     n_par = sum(x.numel() for x in model.parameters())
-    return {"torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "torch_parameters": n_par, "flux_step_ms": median_ms(step, a.reps)}
+    row = {"torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "torch_parameters": n_par, "flux_step_ms": median_ms(step, a.reps)}
+    if a.openvino:
+        row.update(openvino_dit(a, model, dict(img=img, img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t, y=y,
+                                               guidance=guid)))
+    return row
+
+
+def openvino_dit(a: argparse.Namespace, model, inputs: dict) -> dict:
+    """The same model through OpenVINO as a CPU user runs it: convert_model on the PyTorch module,
+    compiled for the CPU at each precision (f32 forced; bf16 = its default where the CPU has
+    avx512_bf16 / AMX), one stream, --threads threads; the output checked against PyTorch's."""
+    import numpy as np
+    import openvino as ov
+    import torch
+
+    inputs = {k: v for k, v in inputs.items() if v is not None}
+    with torch.inference_mode():
+        ref = model(**inputs).numpy()
+    ov_model = ov.convert_model(model, example_input=inputs)
+    core = ov.Core()
+    row = {"openvino": ov.__version__}
+    names = [i.get_any_name() for i in ov_model.inputs]
+    feed = [inputs[n].numpy() for n in names]
+    for prec in ("f32", "bf16"):
+        cfg = {"INFERENCE_PRECISION_HINT": prec, "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(a.threads),
+               "PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": "YES" if a.ov_profile else "NO"}
+        compiled = core.compile_model(ov_model, "CPU", cfg)
+        req = compiled.create_infer_request()
+        img = feed[names.index("img")]
+
+        def step():
+            out = req.infer(feed)[0]
+            np.subtract(img, 0.02 * out, out=img)  # the Euler update, as in the PyTorch step
+
+        start = img.copy()
+        got = req.infer(feed)[0]
+        peak = float(np.abs(ref).max())
+        row[f"ov_{prec}_max_err_over_peak"] = float(np.abs(got - ref).max()) / peak
+        row[f"ov_{prec}_step_ms"] = median_ms(step, a.reps)
+        img[...] = start
+        if a.ov_profile:  # per op type: the sum of each node's real time in the last call
+            fam: dict[str, float] = {}
+            for n in req.profiling_info:
+                fam[n.node_type] = fam.get(n.node_type, 0.0) + n.real_time.total_seconds() * 1e3
+            row[f"ov_{prec}_profile_ms"] = {k: round(v, 3) for k, v in sorted(fam.items(), key=lambda kv: -kv[1])}
+            row[f"ov_{prec}_exec_types"] = sorted({n.exec_type for n in req.profiling_info if n.node_type in
+                                                    ("FullyConnected", "MatMul", "ScaledDotProductAttention")})
+    return row
 
 
 # ----------------------------------------------------------------------------- driver
@@ -259,6 +306,8 @@ def main() -> None:
     td = sub.add_parser("_torch_dit")
     td.add_argument("--params", required=True)
     td.add_argument("--flux-src", required=True)
+    td.add_argument("--openvino", action="store_true")
+    td.add_argument("--ov-profile", action="store_true")
     for s in (ta, td):
         s.add_argument("--reps", type=int, default=5)
         s.add_argument("--threads", type=int, default=2)

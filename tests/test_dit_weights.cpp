@@ -20,6 +20,10 @@
 
 #include <gtest/gtest.h>
 
+#include "diffcp/core/half.hpp"
+#include "diffcp/core/random.hpp"
+#include "diffcp/dit/ops.hpp"
+#include "diffcp/ops/backend.hpp"
 #include "diffcp/dit/image.hpp"
 #include "diffcp/dit/metrics.hpp"
 #include "diffcp/dit/run.hpp"
@@ -139,6 +143,52 @@ TEST(DitWeightStorage, Bf16WeightsAreBf16ComputesOperands) {
   EXPECT_GE(psnr, 40.0);
   EXPECT_TRUE(std::isfinite(psnr)) << "bf16 weights gave exactly the f32 image: the bf16 GEMMs did not run";
   RecordProperty("bf16_weights_psnr_db", std::to_string(psnr));
+}
+
+// dense_linear (ops/backend.hpp), the bf16-weight product the DiT runs: a column slice of a wider
+// weight into a column slice of a wider y, at row counts of the model's chunks and tails. The packed
+// weight gives bitwise the stored one's result, and both the fp64 product of the bf16 operands to
+// f32 accumulation's bound; a repacked copy goes when the weights change.
+TEST(DitWeightPacking, PackedEqualsStoredAndTheFp64Product) {
+  const std::int64_t K = 96, Nw = 80, c0 = 16, N = 48, ldy = 56;
+  const std::vector<float> w32 = random_normal(K * Nw, 7, 0.2), bias = random_normal(Nw, 8);
+  std::vector<bf16_t> W(w32.size());
+  for (std::size_t i = 0; i < W.size(); ++i) W[i].bits = f32_to_bf16(w32[i]);
+  ConstTensorView wv = ConstTensorView::contiguous(W.data() + c0, DType::bf16, {K, N});
+  wv.stride[0] = Nw;
+  const std::unique_ptr<PackedWeight> packed = cpu_backend().pack_weight(wv);
+  RecordProperty("packed", packed ? "yes" : "no (this CPU's oneDNN has no native bf16 matmul)");
+  for (const std::int64_t M : {1, 7, 64, 130}) {
+    const std::vector<float> x = random_normal(M * K, 9 + M);
+    std::vector<float> y0(M * ldy, -1.f), y1(M * ldy, -1.f);
+    dit_linear(x.data(), K, M, K, W.data() + c0, Nw, N, bias.data() + c0, y0.data(), ldy);
+    dit_linear(x.data(), K, M, K, W.data() + c0, Nw, N, bias.data() + c0, y1.data(), ldy, packed.get());
+    EXPECT_EQ(std::memcmp(y0.data(), y1.data(), sizeof(float) * y0.size()), 0) << "M = " << M;
+    for (std::int64_t r = 0; r < M; ++r) {
+      for (std::int64_t j = 0; j < N; ++j) {
+        double ref = bias[static_cast<std::size_t>(c0 + j)], mag = std::abs(ref);
+        for (std::int64_t k = 0; k < K; ++k) {
+          const double t = static_cast<double>(bf16_to_f32(f32_to_bf16(x[static_cast<std::size_t>(r * K + k)]))) *
+                           bf16_to_f32(W[static_cast<std::size_t>(k * Nw + c0 + j)].bits);
+          ref += t;
+          mag += std::abs(t);
+        }
+        ASSERT_NEAR(y0[static_cast<std::size_t>(r * ldy + j)], ref, 1e-5 * mag + 1e-6) << "M = " << M << " (" << r << ", " << j << ")";
+      }
+      for (std::int64_t j = N; j < ldy; ++j) ASSERT_EQ(y0[static_cast<std::size_t>(r * ldy + j)], -1.f) << "wrote past ncols";
+    }
+  }
+  // DitWeights: a packed copy per (Linear, columns), dropped by a new init.
+  const DitConfig cfg = weights_config(DitFamily::flux1);
+  DitWeights w(cfg, DType::bf16);
+  w.init_random(3);
+  const DitLinear& l = w.layout().double_blocks.at(0).img.qkv;
+  const PackedWeight* a = w.packed(l, 0, l.out);
+  EXPECT_EQ(a, w.packed(l, 0, l.out));
+  EXPECT_EQ(w.packed_bytes() > 0, a != nullptr);
+  w.init_random(4);
+  EXPECT_EQ(w.packed_bytes(), 0u);
+  EXPECT_THROW(w.packed(l, 8, l.out), Error);
 }
 
 TEST(DitWeightSharding, EqualsReplicatedBitwiseWithGatherBytesInClosedForm) {

@@ -207,6 +207,16 @@ std::vector<OpCase> op_cases() {
                      gemm(false, false, 20, 16, 24, 1.f, F(t[0]), 30, F(t[1]), 16, 0.f, F(t[2]), 16);
                      set_f32_gemm_compute(DType::f32);
                    }});
+  // The DiT's bf16-weight product: a column slice of a wider weight into a column slice of a wider
+  // y, as stored and packed (the packed one made from guard memory by the guard backend).
+  cases.push_back({"dense_linear (dit_linear on bf16 weights)", {OpKind::dense_linear, OpKind::convert},
+                   {{f, 20 * 30}, {h, 24 * 40}, {f, 40}, {f, 20 * 18}, {f, 20 * 18}}, [](Backend& b, auto& t) {
+                     dit_linear(F(t[0]), 30, 20, 24, H(t[1]) + 8, 40, 16, F(t[2]) + 8, F(t[3]), 18);
+                     ConstTensorView w = ConstTensorView::contiguous(H(t[1]) + 8, DType::bf16, {24, 16}, b.device());
+                     w.stride[0] = 40;
+                     const std::unique_ptr<PackedWeight> packed = b.pack_weight(w);
+                     dit_linear(F(t[0]), 30, 20, 24, H(t[1]) + 8, 40, 16, F(t[2]) + 8, F(t[4]), 18, packed.get());
+                   }});
   cases.push_back({"bias", {OpKind::bias_add, OpKind::bias_backward}, {{f, 12 * 40}, {f, 40}, {f, 40}},
                    [](Backend&, auto& t) {
                      bias_add(F(t[0]), 12, 40, F(t[1]));

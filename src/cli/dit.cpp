@@ -57,6 +57,7 @@ struct DitOptions {
   int warmup = 5, sync_every = 10;
   int ulysses_degree = 0, ring_degree = 0;  // read only when given (g_ulysses_opt / g_ring_opt)
   bool json = false;
+  bool profile = false;
 };
 
 // CLI11 binds the options to this object; run_dit reads it (one subcommand per process).
@@ -349,6 +350,8 @@ void add_dit_command(CLI::App& app) {
                                   "Ring's K|V and V-Major's sends and caches too; judged by PSNR / SSIM, not a tolerance)")
       ->capture_default_str();
   c->add_flag("--json", o.json, "print one JSON object");
+  c->add_flag("--profile", o.profile, "time each op family of the step (dit/profile.hpp): profile_ms_per_step in the report, "
+              "the slowest rank's per family, over the steps after the first (the warm-up)");
 }
 
 namespace {
@@ -631,6 +634,7 @@ bool compare_with_reference(Communicator& world, const DitOptions& o, DitPlan& p
     SampleOptions flat_opt = pl.opt;
     flat_opt.on_velocity = {};  // --dump-velocity: the run itself only
     flat_opt.step_cache = {};   // the exact run (the CFG passes one after the other, every block)
+    flat_opt.profile = nullptr;
     reference_run = pl.compare_ref->describe(world.size());
     const bool cfg = uses_negative_pass(pl.cfg, pl.in.cond, pl.opt);
     if (pl.compare_ref->single_rank) {
@@ -788,6 +792,8 @@ int run_dit(Communicator& world) {
   if (ex_neg) ex_neg->set_wire(pl.wire);
   const std::vector<float> noise = pl.in.noise.empty() ? initial_noise(cfg, shape, o.seed) : pl.in.noise;
   pl.opt.on_velocity = velocity_dumper(world, pass_comm, o, pl.schedule_name, cfg, shape, pl.shard, pl.opt);
+  DitProfile profile;
+  if (o.profile) pl.opt.profile = &profile;
   const DitRun run = run_dit_sampling(world, w, shape, *ex, pl.in.cond, noise, pl.opt, ex_neg.get(), groups ? &*groups : nullptr);
   if (world.rank() == 0) {
     const std::int64_t side_h = shape.grid_h() * cfg.patch, side_w = shape.grid_w() * cfg.patch;
@@ -797,6 +803,14 @@ int run_dit(Communicator& world) {
     if (!o.save_latent.empty()) write_latent(o.save_latent, run.latent, cfg, shape);
   }
   nlohmann::ordered_json j = report_json(world, o, pl, run, *ex, w);
+  if (o.profile) {  // per family: the slowest rank's time per denoising step after the first
+    std::vector<double> ms(profile.ms.begin(), profile.ms.end());
+    world.all_reduce<double>(ms, ReduceOp::max);
+    nlohmann::ordered_json per_step;
+    for (std::size_t i = 0; i < ms.size(); ++i)
+      per_step[std::string(kDitPhaseNames[i])] = o.steps > 1 ? ms[i] / (o.steps - 1) : 0.0;
+    j["profile_ms_per_step"] = per_step;
+  }
   const bool passed = (o.compare.empty() && o.reference.empty()) || compare_with_reference(world, o, pl, w, noise, run, *ex, j);
   const int rc = passed ? 0 : 2;
   if (world.rank() != 0) return rc;

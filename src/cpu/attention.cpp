@@ -23,6 +23,10 @@ namespace diffcp::cpu::DIFFCP_CPU_ISA {
 namespace {
 
 constexpr std::int64_t kKeyTile = 512;  // keys per tile (see bench/RESULTS.md, issue #39)
+// Forward: query rows per tile, so that a [rows, kKeyTile] score tile stays in L2 when a block has
+// many query rows (the DiT's dense attention: a block is one image's tokens of this rank). Blocks
+// of at most this many rows (DFlash: G*B <= 128) run as one tile, as before (issue #54).
+constexpr std::int64_t kQueryTile = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -42,6 +46,27 @@ float exp2_shifted(float* __restrict p, std::int64_t n, float shift) {
   }
   if (j < n) {
     const vf e = exp2(load_part(p + j, n - j, kNegInf) - sh);
+    store_part(p + j, e, n - j);
+    acc += e;
+  }
+  return hsum(acc);
+}
+
+// p[j] = 2^(c p[j] - shift) for j < n (c > 0); returns their sum. exp2_shifted's twin for score
+// tiles whose GEMM left the scale out (bf16: oneDNN's bf16 matmul with an output scale runs ~8x
+// slower, issue #54).
+float exp2_scaled_shifted(float* __restrict p, std::int64_t n, float c, float shift) {
+  using namespace simd;
+  const vf sh = broadcast(shift), cv = broadcast(c);
+  vf acc{};
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf e = exp2(load(p + j) * cv - sh);
+    store(p + j, e);
+    acc += e;
+  }
+  if (j < n) {
+    const vf e = exp2(load_part(p + j, n - j, kNegInf) * cv - sh);
     store_part(p + j, e, n - j);
     acc += e;
   }
@@ -177,11 +202,12 @@ bool window_edge(const KeyWindow& w, std::int64_t B, std::int64_t a, std::int64_
 }
 
 // Scores S of such a tile (tile row t = g*B + r: the query at position a + r; key j at y0 + j)
-// set to -inf outside each row's window. key_major: S is [kt, GB] (ld GB), else [GB, kt] (ld ld).
+// set to -inf outside each row's window. key_major: S is [kt, GB] (ld GB), else [GB, kt] (ld ld);
+// S may hold tile rows [t0, t0 + rows) only (row t of S is tile row t0 + t; key_major: all rows).
 void mask_window(const KeyWindow& w, const Dims& s, std::int64_t a, std::int64_t y0, std::int64_t kt, float* S,
-                 std::int64_t ld, bool key_major) {
-  for (std::int64_t t = 0; t < s.GB; ++t) {
-    const std::int64_t q = a + t % s.B;
+                 std::int64_t ld, bool key_major, std::int64_t t0 = 0, std::int64_t rows = -1) {
+  for (std::int64_t t = 0; t < (rows < 0 ? s.GB : rows); ++t) {
+    const std::int64_t q = a + (t0 + t) % s.B;
     const std::int64_t lo = std::clamp<std::int64_t>(w.first(q) - y0, 0, kt);
     const std::int64_t hi = std::clamp<std::int64_t>(w.last(q) + 1 - y0, lo, kt);
     for (std::int64_t j = 0; j < kt; ++j)
@@ -195,8 +221,8 @@ struct ForwardScratch {
   std::vector<float> o, p, m, l;
   std::vector<RowRange> ranges;
   explicit ForwardScratch(const Dims& s)
-      : q(s.GB * s.d), p_lo(std::is_same_v<T, float> ? 0 : s.GB * kKeyTile), o(s.GB * s.d), p(s.GB * kKeyTile),
-        m(s.GB), l(s.GB) {}
+      : q(s.GB * s.d), p_lo(std::is_same_v<T, float> ? 0 : std::min(s.GB, kQueryTile) * kKeyTile), o(s.GB * s.d),
+        p(std::min(s.GB, kQueryTile) * kKeyTile), m(s.GB), l(s.GB) {}
 };
 
 template <typename T>
@@ -219,32 +245,45 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
   std::fill(w.l.begin(), w.l.end(), 0.f);
   const KeyWindow& win = mask.window();
   const std::int64_t a = mask.blocks()[static_cast<std::size_t>(i)].ctx_end;
-  for (const RowRange& rr : w.ranges) {
-    for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile) {
-      const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
-      const bool full = kt == kKeyTile;
-      tile_gemm(false, true, GB, kt, d, s.scale * kLog2e, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, w.p.data(),
-                kKeyTile, full);
-      const std::int64_t y0 = rr.pos + (j0 - rr.begin);
-      if (window_edge(win, s.B, a, y0, kt)) mask_window(win, s, a, y0, kt, w.p.data(), kKeyTile, false);
-      for (std::int64_t t = 0; t < GB; ++t) {
-        float* pr = w.p.data() + t * kKeyTile;
-        const float mx = row_max(pr, kt, w.m[t]);
-        if (mx == kNegInf) {  // a window hides every key of this row so far: nothing to add
-          std::fill_n(pr, kt, 0.f);
-          continue;
+  // f32: the GEMM scales the scores; bf16: the softmax does (c), as oneDNN's bf16 matmul is slow
+  // with an output scale. max(c x) = c max(x) exactly for c > 0, so both find the same row max.
+  constexpr bool kScaleInGemm = std::is_same_v<T, float>;
+  const float c = s.scale * kLog2e;
+  for (std::int64_t t0 = 0; t0 < GB; t0 += kQueryTile) {  // tile rows [t0, t0 + tq)
+    const std::int64_t tq = std::min(kQueryTile, GB - t0);
+    float* m = w.m.data() + t0;
+    float* l = w.l.data() + t0;
+    float* o_rows = w.o.data() + t0 * d;
+    for (const RowRange& rr : w.ranges) {
+      for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile) {
+        const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
+        const bool full = kt == kKeyTile && (tq == GB || tq == kQueryTile);  // the few fixed tile shapes
+        tile_gemm(false, true, tq, kt, d, kScaleInGemm ? c : 1.f, w.q.data() + t0 * d, d, k.at(j0, h), k.row_stride,
+                  0.f, w.p.data(), kKeyTile, full);
+        const std::int64_t y0 = rr.pos + (j0 - rr.begin);
+        if (window_edge(win, s.B, a, y0, kt)) mask_window(win, s, a, y0, kt, w.p.data(), kKeyTile, false, t0, tq);
+        for (std::int64_t t = 0; t < tq; ++t) {
+          float* pr = w.p.data() + t * kKeyTile;
+          const float mx = kScaleInGemm ? row_max(pr, kt, m[t]) : std::max(m[t], c * row_max(pr, kt, kNegInf));
+          if (mx == kNegInf) {  // a window hides every key of this row so far: nothing to add
+            std::fill_n(pr, kt, 0.f);
+            if constexpr (!std::is_same_v<T, float>) std::fill_n(w.p_lo.data() + t * kKeyTile, kt, T{});
+            continue;
+          }
+          const float sum = kScaleInGemm ? exp2_shifted(pr, kt, mx) : exp2_scaled_shifted(pr, kt, c, mx);
+          // bf16: P's row rounded while it is in L1 (the PV GEMM's operand), not in a pass over the tile
+          if constexpr (!std::is_same_v<T, float>) convert_to_bf16(pr, w.p_lo.data() + t * kKeyTile, kt);
+          const float alpha = simd::exp2(m[t] - mx);  // m = -inf on the first tile -> 0
+          if (alpha != 1.f) {
+            float* orow = o_rows + t * d;
+            for (std::int64_t c = 0; c < d; ++c) orow[c] *= alpha;
+          }
+          l[t] = l[t] * alpha + sum;
+          m[t] = mx;
         }
-        const float sum = exp2_shifted(pr, kt, mx);
-        const float alpha = simd::exp2(w.m[t] - mx);  // m = -inf on the first tile -> 0
-        if (alpha != 1.f) {
-          float* orow = w.o.data() + t * d;
-          for (std::int64_t c = 0; c < d; ++c) orow[c] *= alpha;
-        }
-        w.l[t] = w.l[t] * alpha + sum;
-        w.m[t] = mx;
+        const T* P = std::is_same_v<T, float> ? reinterpret_cast<const T*>(w.p.data()) : w.p_lo.data();
+        tile_gemm(false, false, tq, d, kt, 1.f, P, kKeyTile, v.at(j0, h), v.row_stride, 1.f, o_rows, d, full);
       }
-      const T* P = operand(w.p.data(), GB, kt, kKeyTile, w.p_lo);
-      tile_gemm(false, false, GB, d, kt, 1.f, P, kKeyTile, v.at(j0, h), v.row_stride, 1.f, w.o.data(), d, full);
     }
   }
   for (std::int64_t t = 0; t < GB; ++t) {
@@ -472,6 +511,15 @@ void backward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k
 // f32; d_h = 16, the tiny drafter, 2.7x slower); the result is bf16 storage with f32 compute all
 // through (P and dS not rounded): at least as accurate as the tiled bf16 path.
 constexpr std::int64_t kMinBf16TileHeadDim = 64;
+// Except in a forward whose blocks fill whole query tiles (G*B >= kQueryTile: the DiT's dense
+// attention, a block per image) with d_h >= 32: there the fixed-shape bf16 tiles run 2.2x the f32
+// ones (kQueryTile x 512 x 32, AMX; issue #54), and the widening pass costs a copy of q, k, v.
+constexpr std::int64_t kMinBf16WideBlockHeadDim = 32;
+bool widen_bf16_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k) {
+  const std::int64_t d = q.shape[2], G = k.shape[1] > 0 ? q.shape[1] / k.shape[1] : 1;
+  if (d >= kMinBf16TileHeadDim) return false;
+  return !(d >= kMinBf16WideBlockHeadDim && G * mask.block() >= kQueryTile);
+}
 
 struct Widened {
   std::vector<float> data;
@@ -501,7 +549,7 @@ void round_rows(const Widened& w, HeadRows<bf16_t> out) {
 
 void CpuBackend::attention_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
                                    TensorView o, TensorView lse, float softmax_scale) {
-  if (q.dtype == DType::bf16 && q.shape[2] < kMinBf16TileHeadDim) {
+  if (q.dtype == DType::bf16 && widen_bf16_forward(mask, q, k)) {
     const auto q32 = widen_rows(HeadRows<const bf16_t>::from(q)), k32 = widen_rows(HeadRows<const bf16_t>::from(k));
     const auto v32 = widen_rows(HeadRows<const bf16_t>::from(v));
     const auto o16 = HeadRows<bf16_t>::from(o);

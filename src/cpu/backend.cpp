@@ -4,11 +4,11 @@
 
 namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
-// f32 everywhere; bf16 (f32 accumulation, f32 lse / delta) on GEMM and attention, and bf16
+// f32 everywhere; bf16 (f32 accumulation, f32 lse / delta) on GEMM, dense_linear and attention, and bf16
 // memory ops (fill, convert, row gather / scatter) and V-Major's L1 distance; u8 rows (copies,
 // gathers, scatters); the fp8 codec from / to f32 and bf16.
 bool CpuBackend::supports(OpKind op, DType dtype) const {
-  if (dtype == DType::f32) return true;
+  if (dtype == DType::f32) return op != OpKind::dense_linear;  // dense_linear: bf16 weights
   if (dtype == DType::u8)  // raw rows: same-dtype copies, gathers and scatters
     return op == OpKind::convert || op == OpKind::gather_rows || op == OpKind::scatter_rows;
   if (dtype != DType::bf16) return false;
@@ -23,7 +23,8 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
     case OpKind::scatter_rows:
     case OpKind::l1_distance:
     case OpKind::fp8_encode:
-    case OpKind::fp8_decode: return true;
+    case OpKind::fp8_decode:
+    case OpKind::dense_linear: return true;
     default: return false;
   }
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
@@ -87,6 +88,7 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
 
 void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
                        std::int64_t ldy) {
+  const DitPhaseScope t(timing_, DitPhase::gemm);
   for (std::int64_t r0 = 0; r0 < rows; r0 += kPollRows) {
     linear(l, x + r0 * l.in, l.in, std::min(kPollRows, rows - r0), c0, ncols, y + r0 * ldy, ldy);
     ex_.poll();
@@ -98,9 +100,10 @@ void DitModel::linear(const DitLinear& l, const float* x, std::int64_t ldx, std:
                       std::int64_t ncols, float* y, std::int64_t ldy) const {
   // W: [in, out], columns c0.. with row stride out
   if (w_.storage() == DType::f32 && f32_gemm_compute() == DType::bf16)
-    dit_linear(x, ldx, M, l.in, w_.rounded(l) + c0, l.out, ncols, param(l.b) + c0, y, ldy);
+    dit_linear(x, ldx, M, l.in, w_.rounded(l) + c0, l.out, ncols, param(l.b) + c0, y, ldy, w_.packed(l, c0, ncols));
   else if (w_.storage() == DType::bf16)
-    dit_linear(x, ldx, M, l.in, static_cast<const bf16_t*>(w_.matrix(l)) + c0, l.out, ncols, param(l.b) + c0, y, ldy);
+    dit_linear(x, ldx, M, l.in, static_cast<const bf16_t*>(w_.matrix(l)) + c0, l.out, ncols, param(l.b) + c0, y, ldy,
+               w_.packed(l, c0, ncols));
   else
     dit_linear(x, ldx, M, l.in, static_cast<const float*>(w_.matrix(l)) + c0, l.out, ncols, param(l.b) + c0, y, ldy);
 }
@@ -117,7 +120,11 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   DIFFCP_CHECK(!(f32_gemm_compute() == DType::bf16 && w_.storage() == DType::f32 && w_.sharded()),
                "dit: bf16 compute on sharded f32 weights is not supported; store them in bf16 (--weights-dtype bf16)");
   w_.begin_forward();
+  // The first evaluation is the warm-up (primitives made, weights packed): not profiled.
+  timing_ = evaluations_++ > 0 ? profile_ : nullptr;
+  if (timing_) ++timing_->evaluations;
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
+  std::optional<DitPhaseScope> phase(std::in_place, timing_, DitPhase::conditioning);
   // The timestep features (host math on one scalar) into temb_.
   const auto features = [&](double s) {
     temb_.assign(timestep_embedding(s, cfg_.time_dim));
@@ -158,6 +165,7 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
     for (std::int64_t j = 1; j < shape_.batch; ++j) device_copy(x_.data() + j * Tp * H, x_.data(), Tp * H);
   }
 
+  phase.reset();
   // The blocks; with a step cache, the first one, then the rest unless the cache stands in for them.
   float* img_x = x_.data() + img_rows_.row0 * H;
   if (step_cache_) step_cache_->enter(img_x);
@@ -173,6 +181,7 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   }
 
   // Final layer on the image rows: (shift, scale).
+  const DitPhaseScope final_phase(timing_, DitPhase::final_layer);
   modulation(L.final_mod, mod_.data());
   const float* img = x_.data() + img_rows_.row0 * H;
   layernorm_modulate(img, img_rows_.rows, H, mod_.data(), mod_.data() + H, static_cast<float>(cfg_.eps), xm_.data());
@@ -203,8 +212,9 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
     float* mod = mods_.data() + s * 6 * H;  // shift1, scale1, gate1, shift2, scale2, gate2 (pre_only: shift, scale)
-    modulation(w->mod, mod);
-    layernorm_modulate(x_.data() + r.row0 * H, r.rows, H, mod, mod + H, eps, xm_.data() + r.row0 * H);
+    timed(DitPhase::conditioning, [&] { modulation(w->mod, mod); });
+    timed(DitPhase::layernorm_mod,
+          [&] { layernorm_modulate(x_.data() + r.row0 * H, r.rows, H, mod, mod + H, eps, xm_.data() + r.row0 * H); });
     project(w->qkv, xm_.data() + r.row0 * H, r.rows, 2 * H, H, big_.data() + r.row0 * 3 * H + 2 * H, 3 * H);
   }
   ex_.start_v({big_.data(), Mp_, 3 * cfg_.heads, d, 3 * H});
@@ -212,11 +222,13 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
     const auto& [w, r] = streams[s];
     float* qkv = big_.data() + r.row0 * 3 * H;
     project(w->qkv, xm_.data() + r.row0 * H, r.rows, 0, 2 * H, qkv, 3 * H);
-    qk_norm_rope(qkv, r.rows, 3 * H, cfg_.heads, d, param(w->q_scale), param(w->k_scale), eps, r.rope);
+    timed(DitPhase::qk_norm_rope,
+          [&] { qk_norm_rope(qkv, r.rows, 3 * H, cfg_.heads, d, param(w->q_scale), param(w->k_scale), eps, r.rope); });
     ex_.poll();
   }
 
-  ex_.attention({big_.data(), Mp_, 3 * cfg_.heads, d, 3 * H}, {attn_.data(), Mp_, cfg_.heads, d, H});
+  timed(DitPhase::attention,
+        [&] { ex_.attention({big_.data(), Mp_, 3 * cfg_.heads, d, 3 * H}, {attn_.data(), Mp_, cfg_.heads, d, H}); });
 
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
@@ -224,42 +236,50 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
     const float* mod = mods_.data() + s * 6 * H;
     float* x = x_.data() + r.row0 * H;
     float* xm = xm_.data() + r.row0 * H;
-    linear(w->proj, attn_.data() + r.row0 * H, H, r.rows, y_.data(), H);
-    gated_add(x, r.rows, H, mod + 2 * H, y_.data(), H);
-    layernorm_modulate(x, r.rows, H, mod + 3 * H, mod + 4 * H, eps, xm);
+    timed(DitPhase::gemm, [&] { linear(w->proj, attn_.data() + r.row0 * H, H, r.rows, y_.data(), H); });
+    timed(DitPhase::gated_add, [&] { gated_add(x, r.rows, H, mod + 2 * H, y_.data(), H); });
+    timed(DitPhase::layernorm_mod, [&] { layernorm_modulate(x, r.rows, H, mod + 3 * H, mod + 4 * H, eps, xm); });
     const std::int64_t mi = cfg_.mlp_in();
-    linear(w->mlp0, xm, H, r.rows, big_.data(), mi);  // q | k | v are consumed: reuse
-    if (cfg_.swiglu())
-      swiglu_rows(big_.data(), r.rows, M, mi);  // [gate | up] -> silu(gate) * up in the first M columns
-    else
-      gelu_tanh_inplace(big_.data(), r.rows, M, M);
-    linear(w->mlp2, big_.data(), mi, r.rows, y_.data(), H);
-    gated_add(x, r.rows, H, mod + 5 * H, y_.data(), H);
+    timed(DitPhase::gemm, [&] { linear(w->mlp0, xm, H, r.rows, big_.data(), mi); });  // q | k | v are consumed: reuse
+    timed(DitPhase::activation, [&] {
+      if (cfg_.swiglu())
+        swiglu_rows(big_.data(), r.rows, M, mi);  // [gate | up] -> silu(gate) * up in the first M columns
+      else
+        gelu_tanh_inplace(big_.data(), r.rows, M, M);
+    });
+    timed(DitPhase::gemm, [&] { linear(w->mlp2, big_.data(), mi, r.rows, y_.data(), H); });
+    timed(DitPhase::gated_add, [&] { gated_add(x, r.rows, H, mod + 5 * H, y_.data(), H); });
   }
 }
 
 void DitModel::single_block(const DitLayout::SingleBlock& blk) {
   const std::int64_t H = cfg_.hidden(), M = cfg_.mlp_hidden, d = cfg_.head_dim, ld = 3 * H + cfg_.mlp_in();
   const float eps = static_cast<float>(cfg_.eps);
-  modulation(blk.mod, mod_.data());  // shift, scale, gate
-  layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, eps, xm_.data());
+  timed(DitPhase::conditioning, [&] { modulation(blk.mod, mod_.data()); });  // shift, scale, gate
+  timed(DitPhase::layernorm_mod, [&] { layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, eps, xm_.data()); });
   // linear1 -> [M_p, q | k | v | m]: v first (V-First), then q | k + norm + RoPE, then m.
   project(blk.linear1, xm_.data(), Mp_, 2 * H, H, big_.data() + 2 * H, ld);
   ex_.start_v({big_.data(), Mp_, 3 * cfg_.heads, d, ld});
   project(blk.linear1, xm_.data(), Mp_, 0, 2 * H, big_.data(), ld);
   for (const StreamRows& r : {txt_rows_, img_rows_}) {
-    qk_norm_rope(big_.data() + r.row0 * ld, r.rows, ld, cfg_.heads, d, param(blk.q_scale), param(blk.k_scale), eps, r.rope);
+    timed(DitPhase::qk_norm_rope, [&] {
+      qk_norm_rope(big_.data() + r.row0 * ld, r.rows, ld, cfg_.heads, d, param(blk.q_scale), param(blk.k_scale), eps, r.rope);
+    });
     ex_.poll();
   }
   project(blk.linear1, xm_.data(), Mp_, 3 * H, cfg_.mlp_in(), big_.data() + 3 * H, ld);
   // The attention output overwrites the v columns, so [a | act(m)] is linear2's input in place.
-  ex_.attention({big_.data(), Mp_, 3 * cfg_.heads, d, ld}, {big_.data() + 2 * H, Mp_, cfg_.heads, d, ld});
-  if (cfg_.swiglu())
-    swiglu_rows(big_.data() + 3 * H, Mp_, M, ld);
-  else
-    gelu_tanh_inplace(big_.data() + 3 * H, Mp_, M, ld);
-  linear(blk.linear2, big_.data() + 2 * H, ld, Mp_, y_.data(), H);
-  gated_add(x_.data(), Mp_, H, mod_.data() + 2 * H, y_.data(), H);
+  timed(DitPhase::attention, [&] {
+    ex_.attention({big_.data(), Mp_, 3 * cfg_.heads, d, ld}, {big_.data() + 2 * H, Mp_, cfg_.heads, d, ld});
+  });
+  timed(DitPhase::activation, [&] {
+    if (cfg_.swiglu())
+      swiglu_rows(big_.data() + 3 * H, Mp_, M, ld);
+    else
+      gelu_tanh_inplace(big_.data() + 3 * H, Mp_, M, ld);
+  });
+  timed(DitPhase::gemm, [&] { linear(blk.linear2, big_.data() + 2 * H, ld, Mp_, y_.data(), H); });
+  timed(DitPhase::gated_add, [&] { gated_add(x_.data(), Mp_, H, mod_.data() + 2 * H, y_.data(), H); });
 }
 
 }  // namespace diffcp

@@ -29,14 +29,20 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 }
 
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const bf16_t* W16, std::int64_t ldw,
-                std::int64_t N, const float* bias, float* y, std::int64_t ldy) {
+                std::int64_t N, const float* bias, float* y, std::int64_t ldy, const PackedWeight* packed) {
   check_linear(M, K, N, ldx, ldw, ldy);
   if (M == 0) return;
   thread_local DeviceVector<bf16_t> x16;  // [M, K] x rounded, in the active backend's memory
   x16.resize(M * K);
   convert_rows(x, DType::f32, ldx, x16.data(), DType::bf16, K, M, K);
-  if (bias) convert_rows(bias, DType::f32, 0, y, DType::f32, ldy, M, N);  // y = bias in every row
-  gemm_bf16_f32acc(false, false, M, N, K, 1.f, x16.data(), K, W16, ldw, bias ? 1.f : 0.f, y, ldy);
+  const Device d = active_device();
+  ConstTensorView w = ConstTensorView::contiguous(W16, DType::bf16, {K, N}, d);
+  w.stride[0] = ldw;
+  TensorView yv = TensorView::contiguous(y, DType::f32, {M, N}, d);
+  yv.stride[0] = ldy;
+  backend_for(OpKind::dense_linear, DType::bf16)
+      .dense_linear(ConstTensorView::contiguous(x16.data(), DType::bf16, {M, K}, d), w, packed,
+                    ConstTensorView::contiguous(bias, DType::f32, {bias ? N : 0}, d), yv);
 }
 
 std::vector<float> timestep_embedding(double t, std::int64_t dim) {

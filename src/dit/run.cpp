@@ -42,6 +42,8 @@ DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape
   if (cfg && !split) neg = std::make_unique<DitModel>(w, negative_shape(shape, cond), *negative_ex);
   model.set_step_cache(opt.step_cache, pass_comm);
   if (neg) neg->set_step_cache(opt.step_cache, pass_comm);
+  model.set_profile(opt.profile);
+  if (neg) neg->set_profile(opt.profile);
   std::vector<float> x_p = shard_latent(noise, w.config(), shape, model.shard());
   ex.reset_stats();
   if (neg) negative_ex->reset_stats();

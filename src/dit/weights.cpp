@@ -182,7 +182,14 @@ void DitWeights::write(const DitLayout::Tensor& t, F&& produce) {
   }
 }
 
+void DitWeights::drop_derived() {
+  rounded_.clear();
+  packed_.clear();
+  for (PackedMap& m : window_packed_) m.clear();
+}
+
 void DitWeights::init_random(std::uint64_t seed) {
+  drop_derived();
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   for (const DitLayout::Tensor& t : layout_.tensors) write(t, [&](float* p) {
@@ -242,6 +249,7 @@ void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck, DitFil
 
 
 void DitWeights::load(const SafeTensorsSet& ck, DitFileFormat format) {
+  drop_derived();
   check_dit_checkpoint(cfg_, ck, format);
   for (const DitLayout::Tensor& t : layout_.tensors) {
     // The tensor's rows from its parts in the file ([out, in] rows of a Linear weight, which lands
@@ -286,6 +294,7 @@ std::vector<float> DitWeights::host_params() const {
 }
 
 void DitWeights::set_host_params(const std::vector<float>& p) {
+  drop_derived();
   DIFFCP_CHECK(static_cast<std::int64_t>(p.size()) == layout_.total, "dit weights: ", p.size(), " parameters, the model has ",
                layout_.total);
   for (const DitLayout::Tensor& t : layout_.tensors)
@@ -349,6 +358,7 @@ void DitWeights::issue(int u) const {
   if (!pending_.empty()) finish_pending();  // a gather nobody asked for yet: complete it first (messages stay in order)
   pending_window_ = 1 - current_;
   window_unit_[pending_window_] = -1;
+  window_packed_[pending_window_].clear();  // its packed copies are of the unit it held
   pending_unit_ = u;
   // The all-gather as point-to-point messages (the receives first): they progress at every poll()
   // and complete in one copy each on a node, where a non-blocking collective would wait for its
@@ -364,6 +374,31 @@ void DitWeights::issue(int u) const {
   convert_rows(mine, storage_, static_cast<std::int64_t>(c), window + static_cast<std::size_t>(rank_) * c * e, storage_,
                static_cast<std::int64_t>(c), 1, static_cast<std::int64_t>(c));
   ++stats_.gathers;
+}
+
+const PackedWeight* DitWeights::packed(const DitLinear& l, std::int64_t c0, std::int64_t ncols) const {
+  DIFFCP_CHECK(c0 >= 0 && ncols >= 0 && c0 + ncols <= l.out, "dit weights: columns [", c0, ", ", c0 + ncols,
+               ") of a Linear with ", l.out);
+  // matrix() first: for a sharded block unit it makes the current window the one holding l's unit.
+  const bf16_t* w = (storage_ == DType::bf16 ? static_cast<const bf16_t*>(matrix(l)) : rounded(l)) + c0;
+  PackedMap& cache = sharded() && l.unit != 0 ? window_packed_[current_] : packed_;
+  auto [it, fresh] = cache.try_emplace({l.unit, l.at, c0, ncols});
+  if (fresh) {
+    Backend& b = active_backend();
+    DIFFCP_CHECK(&b == backend(), "dit weights: packed on backend '", b.name(), "', the weights live on '",
+                 backend()->name(), "'");
+    ConstTensorView v = ConstTensorView::contiguous(w, DType::bf16, {l.in, ncols}, b.device());
+    v.stride[0] = l.out;
+    it->second = b.pack_weight(v);
+  }
+  return it->second.get();
+}
+
+std::size_t DitWeights::packed_bytes() const {
+  std::size_t n = 0;
+  for (const PackedMap* m : {&packed_, &window_packed_[0], &window_packed_[1]})
+    for (const auto& [key, p] : *m) n += p ? p->bytes() : 0;
+  return n;
 }
 
 const bf16_t* DitWeights::rounded(const DitLinear& l) const {

@@ -45,6 +45,7 @@ const char* op_name(OpKind op) {
     case OpKind::guidance_combine: return "guidance_combine";
     case OpKind::fp8_encode: return "fp8_encode";
     case OpKind::fp8_decode: return "fp8_decode";
+    case OpKind::dense_linear: return "dense_linear";
   }
   return "?";
 }
@@ -60,6 +61,10 @@ void Backend::unsupported(OpKind op, DType dtype) const { fail_unsupported(*this
 void Backend::gemm(const GemmArgs& a) { unsupported(OpKind::gemm, a.dtype); }
 void Backend::bias_backward(ConstTensorView dy, TensorView) { unsupported(OpKind::bias_backward, dy.dtype); }
 void Backend::bias_add(TensorView y, ConstTensorView) { unsupported(OpKind::bias_add, y.dtype); }
+void Backend::dense_linear(ConstTensorView x, ConstTensorView, const PackedWeight*, ConstTensorView, TensorView) {
+  unsupported(OpKind::dense_linear, x.dtype);
+}
+std::unique_ptr<PackedWeight> Backend::pack_weight(ConstTensorView) { return nullptr; }
 void Backend::attention_forward(const BlockMask&, ConstTensorView q, ConstTensorView, ConstTensorView, TensorView,
                                 TensorView, float) {
   unsupported(OpKind::attention_forward, q.dtype);

@@ -194,6 +194,16 @@ void GuardBackend::bias_add(TensorView y, ConstTensorView b) {
   const char* op = "bias_add";
   DIFFCP_GUARD_OP(bias_add, C(y), C(b));
 }
+void GuardBackend::dense_linear(ConstTensorView x, ConstTensorView w, const PackedWeight* packed, ConstTensorView bias,
+                                TensorView y) {
+  const char* op = "dense_linear";
+  DIFFCP_GUARD_OP(dense_linear, C(x), C(w), packed, C(bias), C(y));
+}
+std::unique_ptr<PackedWeight> GuardBackend::pack_weight(ConstTensorView w) {
+  const ConstTensorView host = checked("pack_weight", "w", w);
+  Open open(*this);
+  return cpu_backend().pack_weight(host);
+}
 void GuardBackend::attention_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
                                      TensorView o, TensorView lse, float softmax_scale) {
   const char* op = "attention_forward";

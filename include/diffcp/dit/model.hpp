@@ -35,6 +35,7 @@
 #include "diffcp/dit/config.hpp"
 #include "diffcp/dit/exchange.hpp"
 #include "diffcp/dit/ops.hpp"
+#include "diffcp/dit/profile.hpp"
 #include "diffcp/dit/step_cache.hpp"
 #include "diffcp/dit/weights.hpp"
 #include "diffcp/ops/buffer.hpp"
@@ -70,6 +71,9 @@ class DitModel {
   // spec.enabled false: off. Throws for a model of fewer than two blocks (nothing to skip).
   void set_step_cache(const StepCacheSpec& spec, Communicator& comm);
   const FirstBlockCache* step_cache() const { return step_cache_.get(); }  // null: off
+  // Per op family timers (dit/profile.hpp) into `profile` from the next velocity() on, the model's
+  // first (warm-up) evaluation left out; null: off.
+  void set_profile(DitProfile* profile) { profile_ = profile; }
 
  private:
   // Rows [row0, row0 + rows) of the activations form one stream (text or image).
@@ -95,6 +99,11 @@ class DitModel {
   }
   // out [n] = Lin(silu(vec)) for a modulation layer of n = k*H outputs
   void modulation(const DitLinear& l, float* out) const;
+  template <class F>
+  void timed(DitPhase phase, F&& f) {  // f() under phase's timer (dit/profile.hpp)
+    const DitPhaseScope t(timing_, phase);
+    f();
+  }
   const float* param(std::int64_t offset) const { return w_.vector(offset); }  // a vector (bias, scale, table)
 
   const DitWeights& w_;
@@ -103,6 +112,9 @@ class DitModel {
   DitShard shard_;
   AttentionExchange& ex_;
   std::unique_ptr<FirstBlockCache> step_cache_;
+  DitProfile* profile_ = nullptr;
+  DitProfile* timing_ = nullptr;  // this evaluation's: profile_, or null on the first
+  int evaluations_ = 0;
   std::unique_ptr<AxialRope> rope_;      // [b I_p] image rows
   std::unique_ptr<AxialRope> txt_rope_;  // [b T_p] text rows (Qwen-Image; null: FLUX's text is not rotated)
   StreamRows txt_rows_{}, img_rows_{};

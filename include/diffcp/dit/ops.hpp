@@ -26,10 +26,11 @@ namespace diffcp {
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const float* W, std::int64_t ldw,
                 std::int64_t N, const float* bias, float* y, std::int64_t ldy);
 // The same with W already rounded to bf16 (W16: [K, N], row stride ldw): x is rounded per call, the
-// product accumulated in f32 (ops/gemm.hpp gemm_bf16_f32acc). What the model runs under bf16
-// compute, its weights rounded once (DitModel).
+// product accumulated in f32 by the backend's dense_linear (ops/backend.hpp), reading `packed`
+// (W16 as the backend's pack_weight laid it out; null: W16) — the same result either way. What
+// the model runs under bf16 compute, its weights rounded once (DitModel).
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const bf16_t* W16, std::int64_t ldw,
-                std::int64_t N, const float* bias, float* y, std::int64_t ldy);
+                std::int64_t N, const float* bias, float* y, std::int64_t ldy, const PackedWeight* packed = nullptr);
 
 // FLUX's timestep features of t in [0, 1]: with s = 1000 t, half = dim/2 and
 // f_i = exp(-ln(10000) i / half): [cos(s f_0..s f_{half-1}), sin(s f_0..s f_{half-1})]. [dim]

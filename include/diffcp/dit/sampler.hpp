@@ -20,6 +20,7 @@
 
 #include "diffcp/comm/communicator.hpp"
 #include "diffcp/dit/model.hpp"
+#include "diffcp/dit/profile.hpp"
 #include "diffcp/dit/step_cache.hpp"
 
 namespace diffcp {
@@ -96,6 +97,8 @@ struct SampleOptions {
   // prompt, the negative pass runs too and the velocities combine as v_neg + s (v - v_neg), while
   // `guidance` stays the distilled guidance embedding of both passes. Read by FLUX.1 only.
   double true_cfg_scale = 1.0;
+  // Per op family timers (dit/profile.hpp): run_dit_sampling sets it on each pass's model; null: off.
+  DitProfile* profile = nullptr;
 };
 
 // The scale classifier-free guidance combines the two velocities with: FLUX.1's true_cfg_scale,

@@ -23,7 +23,9 @@
 // time (a negative prompt's model shares the weights and runs after).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -109,6 +111,14 @@ class DitWeights {
   // The rounded copy of every matrix is made once, on first use, and kept (2 * matrices bytes, shared
   // by every model on these weights). Not sharded weights.
   const bf16_t* rounded(const DitLinear& l) const;
+  // The bf16 weight the model's GEMMs read (the storage in bf16, else the rounded copy), columns
+  // [c0, c0 + ncols) of Linear l, laid out by the active backend for dense_linear
+  // (ops/backend.hpp pack_weight): made on first use and kept (about 2 bytes per element,
+  // packed_bytes()), dropped when the weights change. Sharded block units: packed from the gather
+  // window, kept while the window holds the unit (so once per unit and forward). Null where the
+  // backend keeps weights as stored; the product is the same either way.
+  const PackedWeight* packed(const DitLinear& l, std::int64_t c0, std::int64_t ncols) const;
+  std::size_t packed_bytes() const;
   void begin_forward() const;
   void poll() const;
   DitGatherStats gather_stats() const { return stats_; }
@@ -139,6 +149,11 @@ class DitWeights {
   mutable int pending_unit_ = -1, pending_window_ = 0;
   mutable DitGatherStats stats_;
   mutable std::vector<Buffer> rounded_;  // [units] bf16, made by rounded()
+  // packed(): by (unit, offset, c0, ncols); null entries: the backend declined
+  using PackedMap = std::map<std::array<std::int64_t, 4>, std::unique_ptr<PackedWeight>>;
+  mutable PackedMap packed_;
+  mutable PackedMap window_packed_[2];  // sharded: per gather window, for the unit it holds
+  void drop_derived();  // the weights change: the rounded and packed copies go
 };
 
 }  // namespace diffcp

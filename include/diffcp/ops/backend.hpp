@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -65,8 +66,9 @@ enum class OpKind : std::uint8_t {
   guidance_combine,    // ops/elementwise.hpp (the DiT sampler's classifier-free guidance)
   fp8_encode,          // ops/fp8.hpp (the DiT's --wire fp8 exchanges: e4m3 blocks with an f32 scale)
   fp8_decode,          //
+  dense_linear,        // dit/ops.hpp (dit_linear on bf16 weights: fixed-shape kernels, packed weights)
 };
-inline constexpr int kOpKindCount = 32;
+inline constexpr int kOpKindCount = 33;
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -93,6 +95,14 @@ struct GemmArgs {
   std::int64_t ldc = 0;
   DType dtype = DType::f32;
   DType c_dtype = DType::f32;
+};
+
+// A [K, N] bf16 weight matrix laid out once for this backend's dense_linear (Backend::pack_weight;
+// CPU: oneDNN's blocked layout for its AMX / AVX-512 matmul). Owned by the caller; read-only.
+class PackedWeight {
+ public:
+  virtual ~PackedWeight() = default;
+  virtual std::size_t bytes() const = 0;  // the memory it holds
 };
 
 class Backend {
@@ -131,6 +141,15 @@ class Backend {
   virtual void bias_backward(ConstTensorView dy, TensorView db);
   // y: [M, N] += b: [N] on every row
   virtual void bias_add(TensorView y, ConstTensorView b);
+  // The layer product of inference with bf16 weights, y = x w + bias, f32 accumulation:
+  //   x: [M, K] bf16 (row stride >= K)  w: [K, N] bf16 (row stride >= N)  bias: [N] f32, or empty
+  //   y: [M, N] f32 out (row stride >= N)  packed: w as pack_weight made it, or null (w read as is).
+  // The result does not depend on `packed` (the same kernel reads either layout).
+  virtual void dense_linear(ConstTensorView x, ConstTensorView w, const PackedWeight* packed, ConstTensorView bias,
+                            TensorView y);
+  // w: [K, N] bf16 packed for dense_linear; null where this backend reads weights as stored
+  // (default) or has no faster layout for this shape.
+  virtual std::unique_ptr<PackedWeight> pack_weight(ConstTensorView w);
 
   // q: [Q, n_q, d_h]  k, v: [L_k, n_kv, d_h]  o: [Q, n_q, d_h] out  lse: [Q*n_q] out.
   // Rank-3 views have contiguous heads (strides {row_stride, d_h, 1}); softmax_scale <= 0: 1/sqrt(d_h).

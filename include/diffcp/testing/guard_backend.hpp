@@ -42,6 +42,10 @@ class GuardBackend final : public Backend {
   void gemm(const GemmArgs& args) override;
   void bias_backward(ConstTensorView dy, TensorView db) override;
   void bias_add(TensorView y, ConstTensorView b) override;
+  // Packed weights are the CPU backend's (host memory only its kernels read), made from guard memory.
+  void dense_linear(ConstTensorView x, ConstTensorView w, const PackedWeight* packed, ConstTensorView bias,
+                    TensorView y) override;
+  std::unique_ptr<PackedWeight> pack_weight(ConstTensorView w) override;
   void attention_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
                          TensorView o, TensorView lse, float softmax_scale) override;
   void attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
