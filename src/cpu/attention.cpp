@@ -52,22 +52,34 @@ float exp2_shifted(float* __restrict p, std::int64_t n, float shift) {
   return hsum(acc);
 }
 
-// p[j] = 2^(c p[j] - shift) for j < n (c > 0); returns their sum. exp2_shifted's twin for score
-// tiles whose GEMM left the scale out (bf16: oneDNN's bf16 matmul with an output scale runs ~8x
-// slower, issue #54).
-float exp2_scaled_shifted(float* __restrict p, std::int64_t n, float c, float shift) {
+// p[j] = 2^(c p[j] - shift) for j < n (c > 0), rounded to bf16 into lo[0..n) (round to nearest
+// even, as convert_to_bf16: the values are finite and >= 0); returns the sum of the f32 values. The
+// bf16 tiles' P in one pass, for score tiles whose GEMM left the scale out (oneDNN's bf16 matmul
+// with an output scale runs ~8x slower, issue #54).
+float exp2_scaled_shifted_bf16(const float* __restrict p, std::int64_t n, float c, float shift,
+                               std::uint16_t* __restrict lo) {
   using namespace simd;
+  typedef std::uint16_t vh __attribute__((vector_size(DIFFCP_SIMD_BYTES / 2)));
   const vf sh = broadcast(shift), cv = broadcast(c);
+  const auto round_into = [](vf e, std::uint16_t* out, std::int64_t m) {  // m <= kLanes values
+    vi bits;
+    std::memcpy(&bits, &e, sizeof bits);
+    const vh r = __builtin_convertvector((bits + 0x7fff + ((bits >> 16) & 1)) >> 16, vh);
+    if (m == kLanes)
+      std::memcpy(out, &r, sizeof r);
+    else
+      for (std::int64_t i = 0; i < m; ++i) out[i] = r[i];
+  };
   vf acc{};
   std::int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     const vf e = exp2(load(p + j) * cv - sh);
-    store(p + j, e);
+    round_into(e, lo + j, kLanes);
     acc += e;
   }
   if (j < n) {
     const vf e = exp2(load_part(p + j, n - j, kNegInf) * cv - sh);
-    store_part(p + j, e, n - j);
+    round_into(e, lo + j, n - j);
     acc += e;
   }
   return hsum(acc);
@@ -217,7 +229,7 @@ void mask_window(const KeyWindow& w, const Dims& s, std::int64_t a, std::int64_t
 
 template <typename T>
 struct ForwardScratch {
-  std::vector<T> q, p_lo;
+  std::vector<T> q, p_lo, kc, vc;  // kc, vc: a head's visible K / V rows, contiguous (many query tiles)
   std::vector<float> o, p, m, l;
   std::vector<RowRange> ranges;
   explicit ForwardScratch(const Dims& s)
@@ -249,16 +261,37 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
   // with an output scale. max(c x) = c max(x) exactly for c > 0, so both find the same row max.
   constexpr bool kScaleInGemm = std::is_same_v<T, float>;
   const float c = s.scale * kLog2e;
+  // Several query tiles read every key tile: the head's visible K and V rows are copied once into
+  // dense [rows, d] tiles (strided rows of the fused q|k|v layout cost the GEMMs TLB and cache
+  // misses; dense bf16 ones get oneDNN's brgemm, AMX here: issue #54).
+  const bool dense_kv = GB > kQueryTile;
+  if (dense_kv) {
+    std::int64_t n = 0;
+    for (const RowRange& rr : w.ranges) n += rr.end - rr.begin;
+    w.kc.resize(n * d);
+    w.vc.resize(n * d);
+    n = 0;
+    for (const RowRange& rr : w.ranges)
+      for (std::int64_t j = rr.begin; j < rr.end; ++j, ++n) {
+        std::memcpy(w.kc.data() + n * d, k.at(j, h), sizeof(T) * d);
+        std::memcpy(w.vc.data() + n * d, v.at(j, h), sizeof(T) * d);
+      }
+  }
   for (std::int64_t t0 = 0; t0 < GB; t0 += kQueryTile) {  // tile rows [t0, t0 + tq)
     const std::int64_t tq = std::min(kQueryTile, GB - t0);
     float* m = w.m.data() + t0;
     float* l = w.l.data() + t0;
     float* o_rows = w.o.data() + t0 * d;
+    std::int64_t dense_row = 0;  // the range's first row in kc / vc
     for (const RowRange& rr : w.ranges) {
       for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile) {
         const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
-        const bool full = kt == kKeyTile && (tq == GB || tq == kQueryTile);  // the few fixed tile shapes
-        tile_gemm(false, true, tq, kt, d, kScaleInGemm ? c : 1.f, w.q.data() + t0 * d, d, k.at(j0, h), k.row_stride,
+        const T* kt_rows = dense_kv ? w.kc.data() + (dense_row + j0 - rr.begin) * d : k.at(j0, h);
+        const T* vt_rows = dense_kv ? w.vc.data() + (dense_row + j0 - rr.begin) * d : v.at(j0, h);
+        const std::int64_t ldk = dense_kv ? d : k.row_stride, ldv = dense_kv ? d : v.row_stride;
+        // Fixed-shape kernels for the few tile shapes (a dense block's tails repeat in every item too)
+        const bool full = dense_kv || (kt == kKeyTile && (tq == GB || tq == kQueryTile));
+        tile_gemm(false, true, tq, kt, d, kScaleInGemm ? c : 1.f, w.q.data() + t0 * d, d, kt_rows, ldk,
                   0.f, w.p.data(), kKeyTile, full);
         const std::int64_t y0 = rr.pos + (j0 - rr.begin);
         if (window_edge(win, s.B, a, y0, kt)) mask_window(win, s, a, y0, kt, w.p.data(), kKeyTile, false, t0, tq);
@@ -270,20 +303,24 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
             if constexpr (!std::is_same_v<T, float>) std::fill_n(w.p_lo.data() + t * kKeyTile, kt, T{});
             continue;
           }
-          const float sum = kScaleInGemm ? exp2_shifted(pr, kt, mx) : exp2_scaled_shifted(pr, kt, c, mx);
-          // bf16: P's row rounded while it is in L1 (the PV GEMM's operand), not in a pass over the tile
-          if constexpr (!std::is_same_v<T, float>) convert_to_bf16(pr, w.p_lo.data() + t * kKeyTile, kt);
+          // bf16: P's row goes straight to the PV GEMM's bf16 operand (one pass, no f32 row written)
+          float sum;
+          if constexpr (kScaleInGemm)
+            sum = exp2_shifted(pr, kt, mx);
+          else
+            sum = exp2_scaled_shifted_bf16(pr, kt, c, mx, &w.p_lo[static_cast<std::size_t>(t * kKeyTile)].bits);
           const float alpha = simd::exp2(m[t] - mx);  // m = -inf on the first tile -> 0
           if (alpha != 1.f) {
             float* orow = o_rows + t * d;
-            for (std::int64_t c = 0; c < d; ++c) orow[c] *= alpha;
+            for (std::int64_t e = 0; e < d; ++e) orow[e] *= alpha;
           }
           l[t] = l[t] * alpha + sum;
           m[t] = mx;
         }
         const T* P = std::is_same_v<T, float> ? reinterpret_cast<const T*>(w.p.data()) : w.p_lo.data();
-        tile_gemm(false, false, tq, d, kt, 1.f, P, kKeyTile, v.at(j0, h), v.row_stride, 1.f, o_rows, d, full);
+        tile_gemm(false, false, tq, d, kt, 1.f, P, kKeyTile, vt_rows, ldv, 1.f, o_rows, d, full);
       }
+      dense_row += rr.end - rr.begin;
     }
   }
   for (std::int64_t t = 0; t < GB; ++t) {
