@@ -16,8 +16,8 @@ The Python face of the C++ library (see docs/python.md):
   Qwen-Image, FLUX.2) whose transformer runs sequence-parallel on diffcp (import it explicitly;
   it needs torch, and diffusers for the pipelines).
 
-Shapes use SPEC.md's names: ``b`` samples, ``S`` packed context rows, ``B`` block size,
-``N`` blocks, ``Q = N * B`` query rows, ``P`` ranks.
+Shapes use the names of docs/design.md (Part A): ``b`` samples, ``S`` packed context rows,
+``B`` block size, ``N`` blocks, ``Q = N * B`` query rows, ``P`` ranks.
 """
 from __future__ import annotations
 
