@@ -1,28 +1,36 @@
 #!/usr/bin/env python3
-"""diffcp's CPU kernels next to what a CPU user would pick instead, in PyTorch (same run, same shape).
+"""diffcp's CPU kernels next to what a CPU user would pick instead (same run, same shape).
 
   attention: the DFlash block-sparse mask (bench_attention's, written by --dump-mask) on
              PyTorch's scaled_dot_product_attention (dense boolean mask, enable_gqa; forward +
              backward) and on torch.compile'd FlexAttention (block mask from a mask_mod; forward),
              against bench_attention's f32 forward and backward.
-  dit:       one denoising step of the DiT: `diffcp dit` (step_ms, P = 1) against Black Forest Labs'
-             own FLUX model (flux.model.Flux from a checkout of github.com/black-forest-labs/flux,
-             --flux-src; not part of diffcp) at the same FluxParams (from `diffcp dit --dry-run`),
-             same image and text tokens, random weights, torch.inference_mode.
+  dit:       one denoising step of the DiT: `diffcp dit` (step_ms, P = 1, f32 and bf16, with its
+             per-op-family --profile) against Black Forest Labs' own FLUX model (flux.model.Flux from
+             a checkout of github.com/black-forest-labs/flux, --flux-src; not part of diffcp) at the
+             same FluxParams (from `diffcp dit --dry-run`), same image and text tokens, random
+             weights, torch.inference_mode; with --openvino, that PyTorch model through OpenVINO as a
+             CPU user runs it (openvino.convert_model, compiled for the CPU at f32 and at bf16, one
+             stream, --threads threads, PERF_COUNT per op type), each output checked against
+             PyTorch's. --shape small | flux: issue #54's two shapes (DIT_SHAPES); --p2 adds diffcp's
+             sequence-parallel step at P = 2 (mpirun, one thread per rank); --rounds R interleaves
+             every runtime once per round and reports medians over the rounds.
 
 --isa avx2 runs both sides as on an AVX2-only CPU (DIFFCP_CPU_ISA=avx2, oneDNN capped at AVX2 for
 diffcp; ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2 for
-PyTorch); --isa native lets each pick what the CPU has. Threads: --threads for both (OMP and
-torch.set_num_threads). Medians of --reps after a warm-up. Prints one JSON object per run and
-appends it to --csv when given.
+PyTorch and OpenVINO's oneDNN; the row's ov_*_exec_types say which kernels OpenVINO ran); --isa
+native lets each pick what the CPU has. Threads: --threads for all (OMP and torch.set_num_threads,
+OpenVINO's INFERENCE_NUM_THREADS). Medians of --reps after a warm-up. Prints one JSON object per run
+and appends it to --csv when given.
 
-PyTorch is not a diffcp dependency: `--venv DIR --install` makes DIR a venv with torch, numpy and
-einops from PyPI (about 3 GB: the PyPI wheel pulls the CUDA libraries) and runs the PyTorch side in
-it; without --install, DIR must already have them (or omit --venv to use this python3's torch).
-Not part of CI.
+PyTorch and OpenVINO are not diffcp dependencies: `--venv DIR --install` makes DIR a venv with
+torch, numpy, einops and openvino from PyPI (about 3 GB: the PyPI torch wheel pulls the CUDA
+libraries) and runs the peers in it; without --install, DIR must already have them (or omit --venv
+to use this python3's). Not part of CI.
 
   bench/bench_peers_torch.py attention --venv /work/torch-venv --install --isa avx2
-  bench/bench_peers_torch.py dit --venv /work/torch-venv --flux-src /path/to/flux --isa avx2
+  bench/bench_peers_torch.py dit --venv /work/torch-venv --flux-src /path/to/flux --openvino --shape small \
+      --rounds 3 --p2 --csv bench/dit_cpu_peers.csv
 """
 from __future__ import annotations
 
@@ -62,7 +70,7 @@ def torch_python(a: argparse.Namespace) -> str:
     if a.install:
         if not py.exists():
             subprocess.run([sys.executable, "-m", "venv", a.venv], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "torch", "numpy", "einops"], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "torch", "numpy", "einops", "openvino"], check=True)
     if not py.exists():
         sys.exit(f"bench_peers_torch: no venv at {a.venv} (add --install to make one)")
     return str(py)
@@ -169,7 +177,9 @@ def torch_dit(a: argparse.Namespace) -> dict:
 
     n_par = sum(x.numel() for x in model.parameters())
     row = {"torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-           "torch_parameters": n_par, "flux_step_ms": median_ms(step, a.reps)}
+           "torch_parameters": n_par}
+    if not a.no_torch:
+        row["flux_step_ms"] = median_ms(step, a.reps)
     if a.openvino:
         row.update(openvino_dit(a, model, dict(img=img, img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t, y=y,
                                                guidance=guid)))
@@ -257,23 +267,77 @@ def cmd_attention(a: argparse.Namespace) -> None:
                "bwd_over_f32_gemm": round(ours["bwd_over_f32_gemm"], 3)})
 
 
+# The two model shapes of the DiT comparison (issue #54): the default preset (FLUX architecture at
+# hidden 768, 24 x 32 heads, 2 double + 4 single blocks, 512^2 image = 1024 tokens + 64 text), and
+# FLUX.1's real width (3072, 24 x 128, MLP 12288) at reduced depth, 1024^2 image (4096 tokens) with
+# FLUX's 512 text tokens.
+DIT_SHAPES = {
+    "small": ["--resolution", "512", "--text-tokens", "64"],
+    "flux": ["--resolution", "1024", "--text-tokens", "512", "--heads", "24", "--head-dim", "128", "--mlp-hidden",
+             "12288", "--double-blocks", "1", "--single-blocks", "2"],
+}
+
+
+def median(v: list[float]) -> float:
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
 def cmd_dit(a: argparse.Namespace) -> None:
     if not a.flux_src or not (Path(a.flux_src) / "src" / "flux" / "model.py").exists():
         sys.exit("bench_peers_torch dit: --flux-src must be a checkout of github.com/black-forest-labs/flux")
     env = isa_env(a.isa, a.threads)
-    base = [str(a.diffcp), "dit", "--resolution", str(a.resolution), "--out", "", "--json"]
+    shape = DIT_SHAPES[a.shape] if a.shape else ["--resolution", str(a.resolution)]
+    base = [str(a.diffcp), "dit", *shape, "--out", "", "--json"]
+    # P = 2: one thread per rank on the same cores (Open MPI binds each rank to a core at np <= 2)
+    env_p2 = dict(env, OMP_NUM_THREADS=str(max(1, a.threads // 2)))
+    mpi = ["mpirun", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS"]
+    runs: dict[str, list[float]] = {}
+    profiles: dict[str, dict] = {}
+    keep: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         params = Path(tmp) / "params.json"
         dry = run_json(base + ["--dry-run"], env)
         params.write_text(json.dumps(dry))
-        ours = run_json(base + ["--steps", str(a.steps)], env)
-        peer = run_json([torch_python(a), __file__, "_torch_dit", "--params", str(params), "--flux-src", a.flux_src,
-                         "--reps", str(a.reps), "--threads", str(a.threads)], env)
-    record(a, {"what": "dit_step", "isa": a.isa, "threads": a.threads, "torch": peer["torch"],
-               "torch_cpu_capability": peer["torch_cpu_capability"], "resolution": a.resolution,
-               "diffcp_parameters": dry["parameters"], "torch_parameters": peer["torch_parameters"],
-               "diffcp_step_ms": round(ours["step_ms"], 2), "flux_step_ms": round(peer["flux_step_ms"], 2),
-               "speedup_vs_flux": round(peer["flux_step_ms"] / ours["step_ms"], 3)})
+        for _ in range(a.rounds):  # interleaved: every runtime once per round, medians over the rounds
+            for dt in ("f32", "bf16"):
+                ours = run_json(base + ["--steps", str(a.steps), "--dtype", dt, "--profile"], env)
+                runs.setdefault(f"diffcp_{dt}_step_ms", []).append(ours["step_ms"])
+                profiles[f"diffcp_{dt}"] = ours["profile_ms_per_step"]
+                if a.p2:
+                    two = run_json(mpi + base + ["--steps", str(a.steps), "--dtype", dt], env_p2)
+                    runs.setdefault(f"diffcp_p2_{dt}_step_ms", []).append(two["step_ms"])
+            if a.no_peers:
+                continue
+            peer = run_json([torch_python(a), __file__, "_torch_dit", "--params", str(params), "--flux-src", a.flux_src,
+                             "--reps", str(a.reps), "--threads", str(a.threads)] +
+                            (["--openvino", "--ov-profile"] if a.openvino else []) + (["--no-torch"] if a.no_torch else []),
+                            env)
+            for k, v in peer.items():
+                if k.endswith("_step_ms"):
+                    runs.setdefault(k, []).append(v)
+                elif k.endswith("_profile_ms"):
+                    profiles[k[:-len("_profile_ms")]] = v
+                else:
+                    keep[k] = v
+    row = {"what": "dit_step", "shape": a.shape or f"resolution {a.resolution}", "isa": a.isa, "threads": a.threads,
+           "rounds": a.rounds, "image_tokens": dry["image_tokens"] if "image_tokens" in dry else None,
+           "diffcp_parameters": dry["parameters"]}
+    row.update({k: v for k, v in keep.items() if not k.endswith("_exec_types")})
+    row.update({k: round(median(v), 2) for k, v in runs.items()})
+    for dt in ("f32", "bf16"):
+        ours = row.get(f"diffcp_{dt}_step_ms")
+        for peer in ("flux", "ov"):
+            key = "flux_step_ms" if peer == "flux" else f"ov_{dt}_step_ms"
+            if ours and row.get(key) and (peer == "ov" or dt == "f32"):
+                row[f"speedup_{dt}_vs_{peer}"] = round(row[key] / ours, 3)
+        if row.get(f"diffcp_p2_{dt}_step_ms"):
+            row[f"p2_speedup_{dt}"] = round(ours / row[f"diffcp_p2_{dt}_step_ms"], 3)
+    for k, v in keep.items():
+        if k.endswith("_exec_types"):
+            row[k] = " ".join(v)
+    row["profiles"] = json.dumps(profiles, sort_keys=True)  # per op family, ms per step (the last round's)
+    record(a, row)
 
 
 def main() -> None:
@@ -299,7 +363,13 @@ def main() -> None:
     dt.add_argument("--diffcp", type=Path, default=BUILD / "src" / "diffcp")
     dt.add_argument("--flux-src", help="checkout of github.com/black-forest-labs/flux")
     dt.add_argument("--resolution", type=int, default=256)
+    dt.add_argument("--shape", choices=sorted(DIT_SHAPES), help="a model shape of issue #54 (overrides --resolution)")
     dt.add_argument("--steps", type=int, default=10)
+    dt.add_argument("--rounds", type=int, default=1, help="interleaved rounds (every runtime once each); medians")
+    dt.add_argument("--openvino", action="store_true", help="OpenVINO too (the venv needs `openvino`; --install adds it)")
+    dt.add_argument("--p2", action="store_true", help="diffcp's sequence-parallel step at P = 2 too (mpirun)")
+    dt.add_argument("--no-torch", action="store_true", help="skip the PyTorch model's timing (it still builds the model)")
+    dt.add_argument("--no-peers", action="store_true", help="diffcp only")
     # the PyTorch side, run in the venv's python with the ISA environment
     ta = sub.add_parser("_torch_attention")
     ta.add_argument("--mask", required=True)
@@ -308,6 +378,7 @@ def main() -> None:
     td.add_argument("--flux-src", required=True)
     td.add_argument("--openvino", action="store_true")
     td.add_argument("--ov-profile", action="store_true")
+    td.add_argument("--no-torch", action="store_true")
     for s in (ta, td):
         s.add_argument("--reps", type=int, default=5)
         s.add_argument("--threads", type=int, default=2)

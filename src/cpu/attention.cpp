@@ -52,34 +52,24 @@ float exp2_shifted(float* __restrict p, std::int64_t n, float shift) {
   return hsum(acc);
 }
 
-// p[j] = 2^(c p[j] - shift) for j < n (c > 0), rounded to bf16 into lo[0..n) (round to nearest
-// even, as convert_to_bf16: the values are finite and >= 0); returns the sum of the f32 values. The
+// p[j] = 2^(c p[j] - shift) for j < n (c > 0), rounded to bf16 into lo[0..n) (simd::store_bf16);
+// returns the sum of the f32 values. The
 // bf16 tiles' P in one pass, for score tiles whose GEMM left the scale out (oneDNN's bf16 matmul
 // with an output scale runs ~8x slower, issue #54).
 float exp2_scaled_shifted_bf16(const float* __restrict p, std::int64_t n, float c, float shift,
                                std::uint16_t* __restrict lo) {
   using namespace simd;
-  typedef std::uint16_t vh __attribute__((vector_size(DIFFCP_SIMD_BYTES / 2)));
   const vf sh = broadcast(shift), cv = broadcast(c);
-  const auto round_into = [](vf e, std::uint16_t* out, std::int64_t m) {  // m <= kLanes values
-    vi bits;
-    std::memcpy(&bits, &e, sizeof bits);
-    const vh r = __builtin_convertvector((bits + 0x7fff + ((bits >> 16) & 1)) >> 16, vh);
-    if (m == kLanes)
-      std::memcpy(out, &r, sizeof r);
-    else
-      for (std::int64_t i = 0; i < m; ++i) out[i] = r[i];
-  };
   vf acc{};
   std::int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     const vf e = exp2(load(p + j) * cv - sh);
-    round_into(e, lo + j, kLanes);
+    store_bf16(lo + j, e);
     acc += e;
   }
   if (j < n) {
     const vf e = exp2(load_part(p + j, n - j, kNegInf) * cv - sh);
-    round_into(e, lo + j, n - j);
+    store_bf16(lo + j, e, n - j);
     acc += e;
   }
   return hsum(acc);
@@ -138,7 +128,7 @@ inline void store_row(const float* __restrict src, float mul, bf16_t* __restrict
     const std::int64_t m = std::min<std::int64_t>(256, n - c0);
 #pragma omp simd
     for (std::int64_t c = 0; c < m; ++c) tmp[c] = src[c0 + c] * mul;
-    convert_to_bf16(tmp, dst + c0, m);
+    simd::to_bf16(tmp, reinterpret_cast<std::uint16_t*>(dst + c0), m);
   }
 }
 
@@ -150,7 +140,7 @@ const T* operand(const float* x, std::int64_t rows, std::int64_t cols, std::int6
     return x;
   } else {
     for (std::int64_t r = 0; r < rows; ++r)
-      convert_to_bf16(x + r * ld, lo.data() + r * ld, cols);
+      simd::to_bf16(x + r * ld, reinterpret_cast<std::uint16_t*>(lo.data() + r * ld), cols);
     return lo.data();
   }
 }
@@ -568,7 +558,7 @@ Widened widen_rows(HeadRows<const bf16_t> x) {
   w.rows = head_rows(w.data, x.rows, x.heads, x.dim);
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < x.rows; ++r)
-    convert_to_f32(x.at(r, 0), w.rows.at(r, 0), x.heads * x.dim);
+    simd::to_f32(reinterpret_cast<const std::uint16_t*>(x.at(r, 0)), w.rows.at(r, 0), x.heads * x.dim);
   return w;
 }
 Widened f32_rows_like(HeadRows<bf16_t> x) {

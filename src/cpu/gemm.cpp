@@ -140,7 +140,8 @@ MatmulCache& cache() {
 // Converts the [rows, cols] matrix at x (row stride ld) into a dense f32 one.
 void widen(const bf16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::vector<float>& out) {
   out.resize(static_cast<std::size_t>(rows * cols));
-  for (std::int64_t r = 0; r < rows; ++r) convert_to_f32(x + r * ld, out.data() + r * cols, cols);
+  for (std::int64_t r = 0; r < rows; ++r)
+    simd::to_f32(reinterpret_cast<const std::uint16_t*>(x + r * ld), out.data() + r * cols, cols);
 }
 
 }  // namespace
@@ -203,7 +204,7 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
   sgemm(trans_a, trans_b, M, N, K, alpha, mc.a32.data(), trans_a ? M : K, mc.b32.data(), trans_b ? K : N, beta,
         mc.c32.data(), N);
   for (std::int64_t r = 0; r < M; ++r)
-    convert_to_bf16(mc.c32.data() + r * N, c + r * ldc, N);
+    simd::to_bf16(mc.c32.data() + r * N, reinterpret_cast<std::uint16_t*>(c + r * ldc), N);
 }
 
 // ---- dense_linear: y = x w + bias with bf16 x, w; fixed-shape primitives, optionally packed w ----
@@ -328,12 +329,25 @@ void CpuBackend::dense_linear(ConstTensorView x, ConstTensorView w, const Packed
                "dense_linear: x [", M, ", ", K, "], w [", w.shape[0], ", ", N, "], y [", y.shape[0], ", ", y.shape[1],
                "], bias [", bias.numel(), "] do not match");
   if (M == 0 || N == 0) return;
+  // oneDNN's brgemm writes dense rows only: a strided y (a column slice of a wider row, e.g. V-First's
+  // v columns) is computed into a dense tile and copied, in blocks of kPackProbeRows rows so that
+  // the tile stays in L2; so every y layout runs the same kernel.
+  if (y.stride[0] != N && M > kPackProbeRows) {
+    for (std::int64_t r0 = 0; r0 < M; r0 += kPackProbeRows) {
+      const std::int64_t m = std::min(kPackProbeRows, M - r0);
+      ConstTensorView xb = x;
+      TensorView yb = y;
+      xb.data = static_cast<const bf16_t*>(x.data) + r0 * x.stride[0];
+      xb.shape[0] = yb.shape[0] = m;
+      yb.data = static_cast<float*>(y.data) + r0 * y.stride[0];
+      dense_linear(xb, w, packed, bias, yb);
+    }
+    return;
+  }
   const bool has_bias = bias.numel() > 0;
   float* const y_out = y.ptr<float>();
   const std::int64_t ldx = x.stride[0], ldw = w.stride[0], ldy_out = y.stride[0];
   LinearCache& lc = linear_cache();
-  // oneDNN's brgemm writes dense rows only: a strided y (a column slice of a wider row, e.g. V-First's
-  // v columns) is computed into a dense tile and copied, so every y layout runs the same kernel.
   const bool dense_y = ldy_out == N;
   if (!dense_y) lc.tile.resize(static_cast<std::size_t>(M * N));
   float* const yp = dense_y ? y_out : lc.tile.data();

@@ -101,4 +101,41 @@ inline vf exp2(vf x) {
 // One value, the same bits as a lane of the vector form.
 inline float exp2(float x) { return exp2(broadcast(x))[0]; }
 
+// f32 <-> bf16 on vectors, bit-exact with core/half.hpp's convert_to_bf16 / convert_to_f32 (round to
+// nearest even, a NaN stays a quiet NaN). half.hpp's loops sit above this header's pragma, so they
+// compile for the baseline ISA: the kernels' conversions (the DiT's bf16 GEMM operands, P of the
+// bf16 attention tiles) use these (issue #54).
+typedef std::uint32_t vu __attribute__((vector_size(DIFFCP_SIMD_BYTES)));
+typedef std::uint16_t vh __attribute__((vector_size(DIFFCP_SIMD_BYTES / 2)));
+// The m <= kLanes first lanes of v, rounded, into out[0..m).
+inline void store_bf16(std::uint16_t* out, vf v, std::int64_t m = kLanes) {
+  vu u;
+  std::memcpy(&u, &v, sizeof u);
+  const vu rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  const vu nan = reinterpret_cast<vu>((u & 0x7fffffffu) > 0x7f800000u);  // all ones where NaN
+  const vh h = __builtin_convertvector(((nan & (u | 0x400000u)) | (~nan & rounded)) >> 16, vh);
+  if (m == kLanes)
+    std::memcpy(out, &h, sizeof h);
+  else
+    for (std::int64_t i = 0; i < m; ++i) out[i] = h[i];
+}
+inline void to_bf16(const float* __restrict x, std::uint16_t* __restrict out, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store_bf16(out + i, load(x + i));
+  if (i < n) store_bf16(out + i, load_part(x + i, n - i, 0.f), n - i);
+}
+inline void to_f32(const std::uint16_t* __restrict x, float* __restrict out, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    vh h;
+    std::memcpy(&h, x + i, sizeof h);
+    const vu u = __builtin_convertvector(h, vu) << 16;
+    std::memcpy(out + i, &u, sizeof u);
+  }
+  for (; i < n; ++i) {
+    const std::uint32_t u = static_cast<std::uint32_t>(x[i]) << 16;
+    std::memcpy(out + i, &u, 4);
+  }
+}
+
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA::simd

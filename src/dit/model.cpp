@@ -89,8 +89,11 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
 void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
                        std::int64_t ldy) {
   const DitPhaseScope t(timing_, DitPhase::gemm);
-  for (std::int64_t r0 = 0; r0 < rows; r0 += kPollRows) {
-    linear(l, x + r0 * l.in, l.in, std::min(kPollRows, rows - r0), c0, ncols, y + r0 * ldy, ldy);
+  // One rank with replicated weights has nothing to progress: one GEMM over all rows (the GEMM
+  // libraries run a tall M faster than chunks of 64: issue #54). Every mode of one P chunks alike.
+  const std::int64_t chunk = ex_.seq_size() == 1 && !w_.sharded() ? std::max<std::int64_t>(rows, 1) : kPollRows;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    linear(l, x + r0 * l.in, l.in, std::min(chunk, rows - r0), c0, ncols, y + r0 * ldy, ldy);
     ex_.poll();
     w_.poll();
   }

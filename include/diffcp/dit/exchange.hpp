@@ -103,7 +103,8 @@ struct ExchangeLayout {
 };
 
 // Rows of projection between two polls of the exchange (V-First, SPEC B.3): the model projects in
-// chunks of these rows in every mode, so that the modes compute the same sums (bitwise equal).
+// chunks of these rows in every mode, so that the modes compute the same sums (bitwise equal);
+// on one rank (nothing to progress) in one chunk.
 inline constexpr std::int64_t kPollRows = 64;
 
 class AttentionExchange {

@@ -84,8 +84,9 @@ class DitModel {
   void double_block(const DitLayout::DoubleBlock& blk);
   void single_block(const DitLayout::SingleBlock& blk);
   // y[rows, ncols] (row stride ldy) = x[rows, l.in] W[:, c0 : c0 + ncols] + bias[c0 : c0 + ncols], in
-  // chunks of kPollRows rows with exchange().poll() after each (V-First's progress). The chunks are
-  // the same in every mode, so every mode computes bitwise the same q, k, v.
+  // chunks of kPollRows rows with exchange().poll() after each (V-First's progress; one chunk on one
+  // rank with replicated weights). The chunks are the same in every mode of one P, so every mode
+  // computes bitwise the same q, k, v.
   void project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
                std::int64_t ldy);
   // y[M, ncols] (row stride ldy) = x[M, l.in] (row stride ldx) W[:, c0 : c0 + ncols] + b[c0 : c0 +
