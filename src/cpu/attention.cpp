@@ -27,6 +27,7 @@ constexpr std::int64_t kKeyTile = 512;  // keys per tile (see bench/RESULTS.md, 
 // many query rows (the DiT's dense attention: a block is one image's tokens of this rank). Blocks
 // of at most this many rows (DFlash: G*B <= 128) run as one tile, as before (issue #54).
 constexpr std::int64_t kQueryTile = 128;
+constexpr std::int64_t kDenseKeyTileMax = 1152;  // keys per tile at most, in such blocks
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -267,6 +268,21 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
         std::memcpy(w.vc.data() + n * d, v.at(j, h), sizeof(T) * d);
       }
   }
+  // Dense blocks: key tiles as long as L2 holds a [kQueryTile, tile] score tile (the whole row of a
+  // 1088-token image in one tile: no online rescaling; 1.1x the attention of 512-key tiles here).
+  std::int64_t key_tile = kKeyTile;
+  if (dense_kv) {
+    std::int64_t longest = 0;
+    for (const RowRange& rr : w.ranges) longest = std::max(longest, rr.end - rr.begin);
+    const std::int64_t tiles = (longest + kDenseKeyTileMax - 1) / kDenseKeyTileMax;
+    key_tile = (longest + tiles - 1) / tiles;
+    key_tile = (key_tile + 15) / 16 * 16;
+  }
+  const std::int64_t ldp = key_tile;  // P's row stride
+  if (w.p.size() < static_cast<std::size_t>(std::min(GB, kQueryTile) * ldp)) {
+    w.p.resize(std::min(GB, kQueryTile) * ldp);
+    if constexpr (!std::is_same_v<T, float>) w.p_lo.resize(w.p.size());
+  }
   for (std::int64_t t0 = 0; t0 < GB; t0 += kQueryTile) {  // tile rows [t0, t0 + tq)
     const std::int64_t tq = std::min(kQueryTile, GB - t0);
     float* m = w.m.data() + t0;
@@ -274,23 +290,23 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
     float* o_rows = w.o.data() + t0 * d;
     std::int64_t dense_row = 0;  // the range's first row in kc / vc
     for (const RowRange& rr : w.ranges) {
-      for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += kKeyTile) {
-        const std::int64_t kt = std::min(kKeyTile, rr.end - j0);
+      for (std::int64_t j0 = rr.begin; j0 < rr.end; j0 += key_tile) {
+        const std::int64_t kt = std::min(key_tile, rr.end - j0);
         const T* kt_rows = dense_kv ? w.kc.data() + (dense_row + j0 - rr.begin) * d : k.at(j0, h);
         const T* vt_rows = dense_kv ? w.vc.data() + (dense_row + j0 - rr.begin) * d : v.at(j0, h);
         const std::int64_t ldk = dense_kv ? d : k.row_stride, ldv = dense_kv ? d : v.row_stride;
         // Fixed-shape kernels for the few tile shapes (a dense block's tails repeat in every item too)
-        const bool full = dense_kv || (kt == kKeyTile && (tq == GB || tq == kQueryTile));
+        const bool full = dense_kv || (kt == key_tile && (tq == GB || tq == kQueryTile));
         tile_gemm(false, true, tq, kt, d, kScaleInGemm ? c : 1.f, w.q.data() + t0 * d, d, kt_rows, ldk,
-                  0.f, w.p.data(), kKeyTile, full);
+                  0.f, w.p.data(), ldp, full);
         const std::int64_t y0 = rr.pos + (j0 - rr.begin);
-        if (window_edge(win, s.B, a, y0, kt)) mask_window(win, s, a, y0, kt, w.p.data(), kKeyTile, false, t0, tq);
+        if (window_edge(win, s.B, a, y0, kt)) mask_window(win, s, a, y0, kt, w.p.data(), ldp, false, t0, tq);
         for (std::int64_t t = 0; t < tq; ++t) {
-          float* pr = w.p.data() + t * kKeyTile;
+          float* pr = w.p.data() + t * ldp;
           const float mx = kScaleInGemm ? row_max(pr, kt, m[t]) : std::max(m[t], c * row_max(pr, kt, kNegInf));
           if (mx == kNegInf) {  // a window hides every key of this row so far: nothing to add
             std::fill_n(pr, kt, 0.f);
-            if constexpr (!std::is_same_v<T, float>) std::fill_n(w.p_lo.data() + t * kKeyTile, kt, T{});
+            if constexpr (!std::is_same_v<T, float>) std::fill_n(w.p_lo.data() + t * ldp, kt, T{});
             continue;
           }
           // bf16: P's row goes straight to the PV GEMM's bf16 operand (one pass, no f32 row written)
@@ -298,7 +314,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
           if constexpr (kScaleInGemm)
             sum = exp2_shifted(pr, kt, mx);
           else
-            sum = exp2_scaled_shifted_bf16(pr, kt, c, mx, &w.p_lo[static_cast<std::size_t>(t * kKeyTile)].bits);
+            sum = exp2_scaled_shifted_bf16(pr, kt, c, mx, &w.p_lo[static_cast<std::size_t>(t * ldp)].bits);
           const float alpha = simd::exp2(m[t] - mx);  // m = -inf on the first tile -> 0
           if (alpha != 1.f) {
             float* orow = o_rows + t * d;
@@ -308,7 +324,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
           m[t] = mx;
         }
         const T* P = std::is_same_v<T, float> ? reinterpret_cast<const T*>(w.p.data()) : w.p_lo.data();
-        tile_gemm(false, false, tq, d, kt, 1.f, P, kKeyTile, vt_rows, ldv, 1.f, o_rows, d, full);
+        tile_gemm(false, false, tq, d, kt, 1.f, P, ldp, vt_rows, ldv, 1.f, o_rows, d, full);
       }
       dense_row += rr.end - rr.begin;
     }
