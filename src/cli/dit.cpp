@@ -58,6 +58,7 @@ struct DitOptions {
   int ulysses_degree = 0, ring_degree = 0;  // read only when given (g_ulysses_opt / g_ring_opt)
   bool json = false;
   bool profile = false;
+  bool no_pack_weights = false;
 };
 
 // CLI11 binds the options to this object; run_dit reads it (one subcommand per process).
@@ -350,6 +351,8 @@ void add_dit_command(CLI::App& app) {
                                   "Ring's K|V and V-Major's sends and caches too; judged by PSNR / SSIM, not a tolerance)")
       ->capture_default_str();
   c->add_flag("--json", o.json, "print one JSON object");
+  c->add_flag("--no-pack-weights", o.no_pack_weights, "bf16 GEMMs: no packed copy of the weights (about 2 bytes per weight "
+              "element less; the same results; slower: the layout is made per call; dit/weights.hpp packed)");
   c->add_flag("--profile", o.profile, "time each op family of the step (dit/profile.hpp): profile_ms_per_step in the report, "
               "the slowest rank's per family, over the steps after the first (the warm-up)");
 }
@@ -502,7 +505,7 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
 void print_dry_run(Communicator& world, const DitOptions& o, const DitPlan& pl) {
   if (world.rank() != 0) return;
   const DitShape& shape = pl.in.shape;
-  const DitMemory mem = dit_memory_per_rank(pl.cfg, shape, pl.shard, pl.storage, pl.weight_shards, pl.opt.compute);
+  const DitMemory mem = dit_memory_per_rank(pl.cfg, shape, pl.shard, pl.storage, pl.weight_shards, pl.opt.compute, !o.no_pack_weights);
   const nlohmann::ordered_json j{{"dry_run", true}, {"config", pl.cfg.to_json()},
                                  {"flux_params", pl.cfg.family == DitFamily::flux1 ? pl.cfg.to_flux_params() : nlohmann::json(nullptr)},
                                  {"parameters", DitLayout(pl.cfg).parameters}, {"weights", o.weights.empty() ? "random" : o.weights},
@@ -702,7 +705,7 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
     std::printf("  weights: RANDOM (seeded init, --weight-seed %llu; no --weights given)\n",
                 static_cast<unsigned long long>(o.weight_seed));
   } else {
-    const DitMemory mem = dit_memory_per_rank(cfg, shape, pl.shard, pl.storage, pl.weight_shards, pl.opt.compute);
+    const DitMemory mem = dit_memory_per_rank(cfg, shape, pl.shard, pl.storage, pl.weight_shards, pl.opt.compute, !o.no_pack_weights);
     std::printf("  weights: %s (%lld parameters, %.2f GB %s per rank%s; activations %.2f GB per rank)\n", o.weights.c_str(),
                 static_cast<long long>(j["parameters"].get<std::int64_t>()), mem.weight_bytes / 1e9, dtype_name(pl.storage),
                 o.shard_weights ? ", sharded over the ranks" : " on every rank", mem.activation_bytes / 1e9);
@@ -778,6 +781,7 @@ int run_dit(Communicator& world) {
   if (o.cfg_parallel) groups = make_cfg_groups(world);
   Communicator& pass_comm = groups ? *groups->group : world;
   DitWeights w(cfg, pl.storage, o.shard_weights ? &pass_comm : nullptr);
+  w.set_packing(!o.no_pack_weights);
   if (pl.ck)
     w.load(*pl.ck, pl.format);
   else

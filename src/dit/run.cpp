@@ -1,5 +1,6 @@
 #include "diffcp/dit/run.hpp"
 
+#include <algorithm>
 #include <memory>
 
 #include "diffcp/core/error.hpp"
@@ -123,11 +124,18 @@ DitBytesPrediction& DitBytesPrediction::operator*=(double f) {
 }
 
 DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const DitShard& shard, DType storage,
-                              int weight_shards, DType compute) {
+                              int weight_shards, DType compute, bool packed_weights) {
   const DitLayout L(cfg);
   const std::int64_t Mp = shape.batch * shard.tokens_p(), H = cfg.hidden();
   const bool rounded_copy = storage == DType::f32 && compute == DType::bf16;
-  return {static_cast<double>(dit_weight_bytes(L, storage, weight_shards) + (rounded_copy ? 2 * L.matrices : 0)),
+  const bool bf16_gemms = packed_weights && (storage == DType::bf16 || compute == DType::bf16);
+  // Packed copies (dit/weights.hpp packed): every matrix replicated; sharded, units[0] and one slice
+  // (at most the largest Linear of a block).
+  std::int64_t largest = 0;
+  for (std::size_t u = 1; u < L.units.size(); ++u)
+    for (const std::int64_t n : L.units[u].n) largest = std::max(largest, n);
+  const std::int64_t packed = !bf16_gemms ? 0 : weight_shards > 1 ? 2 * (L.units[0].size + largest) : 2 * L.matrices;
+  return {static_cast<double>(dit_weight_bytes(L, storage, weight_shards) + (rounded_copy ? 2 * L.matrices : 0) + packed),
           4.0 * static_cast<double>(Mp * (4 * H + 3 * H + cfg.mlp_in()))};
 }
 

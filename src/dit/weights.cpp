@@ -185,7 +185,8 @@ void DitWeights::write(const DitLayout::Tensor& t, F&& produce) {
 void DitWeights::drop_derived() {
   rounded_.clear();
   packed_.clear();
-  for (PackedMap& m : window_packed_) m.clear();
+  window_packed_.reset();
+  window_packed_of_ = -1;
 }
 
 void DitWeights::init_random(std::uint64_t seed) {
@@ -358,7 +359,7 @@ void DitWeights::issue(int u) const {
   if (!pending_.empty()) finish_pending();  // a gather nobody asked for yet: complete it first (messages stay in order)
   pending_window_ = 1 - current_;
   window_unit_[pending_window_] = -1;
-  window_packed_[pending_window_].clear();  // its packed copies are of the unit it held
+  if (window_packed_of_ == pending_window_) window_packed_of_ = -1;  // its packed slice was of the unit it held
   pending_unit_ = u;
   // The all-gather as point-to-point messages (the receives first): they progress at every poll()
   // and complete in one copy each on a node, where a non-blocking collective would wait for its
@@ -376,28 +377,47 @@ void DitWeights::issue(int u) const {
   ++stats_.gathers;
 }
 
+void DitWeights::set_packing(bool on) {
+  packing_ = on;
+  if (!on) {
+    packed_.clear();
+    window_packed_.reset();
+    window_packed_of_ = -1;
+  }
+}
+
 const PackedWeight* DitWeights::packed(const DitLinear& l, std::int64_t c0, std::int64_t ncols) const {
+  if (!packing_) return nullptr;
   DIFFCP_CHECK(c0 >= 0 && ncols >= 0 && c0 + ncols <= l.out, "dit weights: columns [", c0, ", ", c0 + ncols,
                ") of a Linear with ", l.out);
   // matrix() first: for a sharded block unit it makes the current window the one holding l's unit.
   const bf16_t* w = (storage_ == DType::bf16 ? static_cast<const bf16_t*>(matrix(l)) : rounded(l)) + c0;
-  PackedMap& cache = sharded() && l.unit != 0 ? window_packed_[current_] : packed_;
-  auto [it, fresh] = cache.try_emplace({l.unit, l.at, c0, ncols});
-  if (fresh) {
+  const PackedKey key{l.unit, l.at, c0, ncols};
+  const auto pack = [&] {
     Backend& b = active_backend();
     DIFFCP_CHECK(&b == backend(), "dit weights: packed on backend '", b.name(), "', the weights live on '",
                  backend()->name(), "'");
     ConstTensorView v = ConstTensorView::contiguous(w, DType::bf16, {l.in, ncols}, b.device());
     v.stride[0] = l.out;
-    it->second = b.pack_weight(v);
+    return b.pack_weight(v);
+  };
+  if (sharded() && l.unit != 0) {
+    if (window_packed_of_ != current_ || window_key_ != key) {
+      window_packed_ = pack();
+      window_packed_of_ = current_;
+      window_key_ = key;
+    }
+    return window_packed_.get();
   }
+  auto [it, fresh] = packed_.try_emplace(key);
+  if (fresh) it->second = pack();
   return it->second.get();
 }
 
 std::size_t DitWeights::packed_bytes() const {
   std::size_t n = 0;
-  for (const PackedMap* m : {&packed_, &window_packed_[0], &window_packed_[1]})
-    for (const auto& [key, p] : *m) n += p ? p->bytes() : 0;
+  for (const auto& [key, p] : packed_) n += p ? p->bytes() : 0;
+  if (window_packed_) n += window_packed_->bytes();
   return n;
 }
 

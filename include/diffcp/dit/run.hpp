@@ -76,12 +76,17 @@ DitBytesPrediction dit_predicted_bytes(const DitConfig& cfg, const DitShape& sha
 
 // Memory per rank: the weights (dit/weights.hpp: matrices in `storage`, replicated or sharded over
 // `weight_shards` ranks with two gather windows; vectors in f32; plus, for f32 matrices under bf16
-// compute, their bf16 copy) and the model's activation buffers (dit/model.hpp). Ulysses and Ring
-// split tokens and heads of the activations, not the weights.
+// compute, their bf16 copy; plus, where the GEMMs read bf16 weights, the packed copies
+// DitWeights::packed makes when the backend packs (the CPU with a native bf16 matmul: 2 bytes per
+// matrix element; sharded, of units[0] and at most the largest Linear of a block; the layout's
+// padding not counted)) and
+// the model's activation buffers (dit/model.hpp). Ulysses and Ring split tokens and heads of the
+// activations, not the weights.
 struct DitMemory {
   double weight_bytes = 0, activation_bytes = 0;
 };
 DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const DitShard& shard,
-                              DType storage = DType::f32, int weight_shards = 1, DType compute = DType::f32);
+                              DType storage = DType::f32, int weight_shards = 1, DType compute = DType::f32,
+                              bool packed_weights = true);
 
 }  // namespace diffcp

@@ -115,10 +115,14 @@ class DitWeights {
   // [c0, c0 + ncols) of Linear l, laid out by the active backend for dense_linear
   // (ops/backend.hpp pack_weight): made on first use and kept (about 2 bytes per element,
   // packed_bytes()), dropped when the weights change. Sharded block units: packed from the gather
-  // window, kept while the window holds the unit (so once per unit and forward). Null where the
-  // backend keeps weights as stored; the product is the same either way.
+  // window, one slice at a time (a projection's row chunks run back to back: one packing per
+  // projection, no copy of a whole unit). Null where the backend keeps weights as stored; the
+  // product is the same either way.
   const PackedWeight* packed(const DitLinear& l, std::int64_t c0, std::int64_t ncols) const;
   std::size_t packed_bytes() const;
+  // Packing on (default) or off (packed() null: the same results, about 2 bytes per weight element
+  // less, bf16 GEMMs that lay the weights out per call: slower). Off drops the packed copies.
+  void set_packing(bool on);
   void begin_forward() const;
   void poll() const;
   DitGatherStats gather_stats() const { return stats_; }
@@ -150,9 +154,13 @@ class DitWeights {
   mutable DitGatherStats stats_;
   mutable std::vector<Buffer> rounded_;  // [units] bf16, made by rounded()
   // packed(): by (unit, offset, c0, ncols); null entries: the backend declined
-  using PackedMap = std::map<std::array<std::int64_t, 4>, std::unique_ptr<PackedWeight>>;
-  mutable PackedMap packed_;
-  mutable PackedMap window_packed_[2];  // sharded: per gather window, for the unit it holds
+  using PackedKey = std::array<std::int64_t, 4>;
+  mutable std::map<PackedKey, std::unique_ptr<PackedWeight>> packed_;
+  // sharded block units: the last slice packed from a window (its key; window -1: none)
+  mutable PackedKey window_key_{};
+  mutable int window_packed_of_ = -1;
+  mutable std::unique_ptr<PackedWeight> window_packed_;
+  bool packing_ = true;
   void drop_derived();  // the weights change: the rounded and packed copies go
 };
 

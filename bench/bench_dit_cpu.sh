@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Issue #54: the DiT step on CPU next to OpenVINO and BFL's PyTorch FLUX, and what the change costs
+# elsewhere. Not part of CI.
+#
+#   peers: bench/bench_peers_torch.py dit --openvino, interleaved rounds (medians), one thread pair
+#          (--threads 2, P = 1): the default preset ("small": hidden 768, 24 x 32 heads, 2 double +
+#          4 single blocks, 512^2 = 1024 image + 64 text tokens) natively with diffcp's P = 2 step,
+#          the same with the AVX2 kernels forced (--isa avx2: DIFFCP_CPU_ISA=avx2, oneDNN and
+#          OpenVINO's oneDNN capped at AVX2), and FLUX.1's real width ("flux": 3072, 24 x 128, MLP
+#          12288, 1 double + 2 single blocks, 1024^2 = 4096 image + 512 text tokens) natively.
+#          -> bench/dit_cpu_peers.csv (one row per run: step medians, ratios, per-op-family profiles)
+#   ab:    the benchmarks the change could slow, same run, interleaved, against OLD (a diffcp build
+#          of the commit before issue #54): bench_device_core_ab.sh (every CP method's layer step at
+#          P = 2 in f32 and bf16, the drafter's training step, the DiT step) -> bench/dit_cpu_ab.csv,
+#          and bench_attention (the DFlash block-sparse kernels, f32 and bf16) -> bench/dit_cpu_ab_attention.csv
+#
+# Usage: VENV=/work/ov-venv FLUX_SRC=/path/to/flux [ROWS="small avx2 flux"] bench/bench_dit_cpu.sh peers
+#        OLD_BUILD=/path/to/old/build/release bench/bench_dit_cpu.sh ab
+# VENV: a venv with torch, numpy, einops and openvino (bench_peers_torch.py --install makes one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+what=${1:?usage: bench/bench_dit_cpu.sh peers|ab}
+case "$what" in
+  peers)
+    venv=${VENV:?VENV=<venv with torch, numpy, einops, openvino>}
+    flux=${FLUX_SRC:?FLUX_SRC=<a checkout of github.com/black-forest-labs/flux>}
+    csv=${CSV:-bench/dit_cpu_peers.csv}
+    run() { python3 bench/bench_peers_torch.py dit --venv "$venv" --flux-src "$flux" --openvino --csv "$csv" "$@"; }
+    rows=${ROWS:-small avx2 flux}
+    [[ " $rows " == *" small "* ]] && run --shape small --rounds "${ROUNDS:-3}" --steps 6 --reps 5 --p2
+    [[ " $rows " == *" avx2 "* ]] && run --shape small --rounds "${ROUNDS:-3}" --steps 6 --reps 5 --isa avx2
+    [[ " $rows " == *" flux "* ]] && run --shape flux --rounds "${FLUX_ROUNDS:-2}" --steps 3 --reps 2
+    true
+    ;;
+  ab)
+    old=${OLD_BUILD:?OLD_BUILD=<build/release of the commit before issue #54>}
+    OLD="$old/src/diffcp" CSV=bench/dit_cpu_ab.csv REPEAT="${REPEAT:-3}" bench/bench_device_core_ab.sh
+    out=bench/dit_cpu_ab_attention.csv
+    echo "build,dtype,fwd_ms,bwd_ms" >"$out"
+    for ((r = 1; r <= ${REPEAT:-3}; r++)); do
+      for b in old new; do
+        bin=build/release/bench/bench_attention
+        [[ $b == old ]] && bin="$old/bench/bench_attention"
+        for dt in f32 bf16; do
+          "$bin" --samples 2 --context 8192 --anchors 128 --dtype "$dt" --reps 5 --json |
+            python3 -c "import json,sys; j=json.load(sys.stdin); p='bf16_' if '$dt' == 'bf16' else ''; print('$b,$dt,%s,%s' % (j[p + 'fwd_ms'], j[p + 'bwd_ms']))" >>"$out"
+        done
+      done
+    done
+    python3 - "$out" <<'PY'
+import collections, csv, statistics, sys
+d = collections.defaultdict(list)
+for r in csv.DictReader(open(sys.argv[1])):
+    for k in ("fwd_ms", "bwd_ms"):
+        d[(r["dtype"], k, r["build"])].append(float(r[k]))
+print("| attention | old median ms | new median ms | new / old |")
+print("|---|---|---|---|")
+for dt in ("f32", "bf16"):
+    for k in ("fwd_ms", "bwd_ms"):
+        o, n = statistics.median(d[(dt, k, "old")]), statistics.median(d[(dt, k, "new")])
+        print(f"| {dt} {k} | {o:.2f} | {n:.2f} | {n / o:.3f} |")
+PY
+    ;;
+  *) echo "usage: bench/bench_dit_cpu.sh peers|ab" >&2; exit 2 ;;
+esac
