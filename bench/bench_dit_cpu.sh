@@ -12,7 +12,8 @@
 #   ab:    the benchmarks the change could slow, same run, interleaved, against OLD (a diffcp build
 #          of the commit before issue #54): bench_device_core_ab.sh (every CP method's layer step at
 #          P = 2 in f32 and bf16, the drafter's training step, the DiT step) -> bench/dit_cpu_ab.csv,
-#          and bench_attention (the DFlash block-sparse kernels, f32 and bf16) -> bench/dit_cpu_ab_attention.csv
+#          the DiT step at the small shape in f32 and bf16 (P = 1) -> bench/dit_cpu_ab_step.csv, and
+#          bench_attention (the DFlash block-sparse kernels, f32 and bf16) -> bench/dit_cpu_ab_attention.csv
 #
 # Usage: VENV=/work/ov-venv FLUX_SRC=/path/to/flux [ROWS="small avx2 flux"] bench/bench_dit_cpu.sh peers
 #        OLD_BUILD=/path/to/old/build/release bench/bench_dit_cpu.sh ab
@@ -36,6 +37,18 @@ case "$what" in
   ab)
     old=${OLD_BUILD:?OLD_BUILD=<build/release of the commit before issue #54>}
     OLD="$old/src/diffcp" CSV=bench/dit_cpu_ab.csv REPEAT="${REPEAT:-3}" bench/bench_device_core_ab.sh
+    step=bench/dit_cpu_ab_step.csv  # the small shape's step, both dtypes, P = 1 (2 threads)
+    echo "build,dtype,step_ms" >"$step"
+    for ((r = 1; r <= ${REPEAT:-3}; r++)); do
+      for b in old new; do
+        bin=build/release/src/diffcp
+        [[ $b == old ]] && bin="$old/src/diffcp"
+        for dt in f32 bf16; do
+          OMP_NUM_THREADS=2 "$bin" dit --resolution 512 --text-tokens 64 --steps 6 --dtype "$dt" --out "" --json |
+            python3 -c "import json,sys; print('$b,$dt,%s' % json.load(sys.stdin)['step_ms'])" >>"$step"
+        done
+      done
+    done
     out=bench/dit_cpu_ab_attention.csv
     echo "build,dtype,fwd_ms,bwd_ms" >"$out"
     for ((r = 1; r <= ${REPEAT:-3}; r++)); do
@@ -48,12 +61,20 @@ case "$what" in
         done
       done
     done
-    python3 - "$out" <<'PY'
+    python3 - "$out" "$step" <<'PY'
 import collections, csv, statistics, sys
 d = collections.defaultdict(list)
 for r in csv.DictReader(open(sys.argv[1])):
     for k in ("fwd_ms", "bwd_ms"):
         d[(r["dtype"], k, r["build"])].append(float(r[k]))
+step = collections.defaultdict(list)
+for r in csv.DictReader(open(sys.argv[2])):
+    step[(r["dtype"], r["build"])].append(float(r["step_ms"]))
+print("| DiT step, 512^2, P = 1 | old median ms | new median ms | old / new (speed-up) |")
+print("|---|---|---|---|")
+for dt in ("f32", "bf16"):
+    o, n = statistics.median(step[(dt, "old")]), statistics.median(step[(dt, "new")])
+    print(f"| {dt} | {o:.1f} | {n:.1f} | {o / n:.3f} |")
 print("| attention | old median ms | new median ms | new / old |")
 print("|---|---|---|---|")
 for dt in ("f32", "bf16"):

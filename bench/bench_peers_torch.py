@@ -234,39 +234,15 @@ def openvino_dit(a: argparse.Namespace, model, inputs: dict) -> dict:
 # ----------------------------------------------------------------------------- driver
 def record(a: argparse.Namespace, row: dict) -> None:
     print(json.dumps(row))
-    if a.csv:
+    if a.csv:  # rows of different runs may have different columns: the file keeps their union
         path = Path(a.csv)
-        new = not path.exists()
-        with path.open("a", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(row))
-            if new:
-                wr.writeheader()
-            wr.writerow(row)
-
-
-def cmd_attention(a: argparse.Namespace) -> None:
-    env = isa_env(a.isa, a.threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        mask = Path(tmp) / "mask.json"
-        ours = run_json([str(a.bench), "--samples", str(a.samples), "--context", str(a.context), "--anchors",
-                         str(a.anchors), "--n-q", str(a.n_q), "--n-kv", str(a.n_kv), "--d-h", str(a.d_h), "--reps",
-                         str(a.reps), "--dtype", "f32", "--json", "--dump-mask", str(mask)], env)
-        peer = run_json([torch_python(a), __file__, "_torch_attention", "--mask", str(mask), "--n-q", str(a.n_q),
-                         "--n-kv", str(a.n_kv), "--d-h", str(a.d_h), "--reps", str(a.reps), "--threads",
-                         str(a.threads)], env)
-    assert peer["visible_pairs_per_head"] == ours["visible_pairs_per_head"], "the two masks differ"
-    fb = ours["fwd_ms"] + ours["bwd_ms"]
-    record(a, {"what": "attention", "isa": a.isa, "threads": a.threads, "kernels": ours["kernels"],
-               "torch": peer["torch"], "torch_cpu_capability": peer["torch_cpu_capability"], "samples": a.samples,
-               "context": a.context, "anchors": a.anchors, "n_q": a.n_q, "n_kv": a.n_kv, "d_h": a.d_h,
-               "diffcp_fwd_ms": round(ours["fwd_ms"], 2), "diffcp_bwd_ms": round(ours["bwd_ms"], 2),
-               "sdpa_fwd_ms": round(peer["sdpa_fwd_ms"], 2), "sdpa_fwd_bwd_ms": round(peer["sdpa_fwd_bwd_ms"], 2),
-               "flex_compiled_fwd_ms": round(peer["flex_compiled_fwd_ms"], 2),
-               "speedup_vs_sdpa_fwd_bwd": round(peer["sdpa_fwd_bwd_ms"] / fb, 3),
-               "speedup_vs_sdpa_fwd": round(peer["sdpa_fwd_ms"] / ours["fwd_ms"], 3),
-               "speedup_vs_flex_fwd": round(peer["flex_compiled_fwd_ms"] / ours["fwd_ms"], 3),
-               "fwd_over_f32_gemm": round(ours["fwd_over_f32_gemm"], 3),
-               "bwd_over_f32_gemm": round(ours["bwd_over_f32_gemm"], 3)})
+        rows = list(csv.DictReader(path.open())) if path.exists() else []
+        fields = list(rows[0].keys()) if rows else []
+        fields += [k for k in row if k not in fields]
+        with path.open("w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=fields)
+            wr.writeheader()
+            wr.writerows(rows + [row])
 
 
 # The two model shapes of the DiT comparison (issue #54): the default preset (FLUX architecture at

@@ -80,61 +80,86 @@ bool is_reference(const dnnl::matmul::primitive_desc& pd) {
   return std::strncmp(pd.impl_info_str(), "ref", 3) == 0;
 }
 
-class MatmulCache {
- public:
-  MatmulCache() : eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {}
-
-  MatmulEntry& get(const MatmulKey& k) {
-    auto it = map_.find(k);
-    if (it != map_.end()) return *it->second;
-    if (map_.size() >= kMaxEntries) map_.clear();  // shapes of a run are few; bound pathological growth
-    auto e = std::make_unique<MatmulEntry>();
-    const std::int64_t M = k.runtime_mk ? DNNL_RUNTIME_DIM_VAL : k.M, K = k.runtime_mk ? DNNL_RUNTIME_DIM_VAL : k.K;
-    const auto a = strided(M, K, k.lda, k.ta, dnnl_dt::bf16), b = strided(K, k.N, k.ldb, k.tb, dnnl_dt::bf16);
-    const dnnl::memory::desc c({M, k.N}, k.c_bf16 ? dnnl_dt::bf16 : dnnl_dt::f32, dnnl::memory::dims{k.ldc, 1});
-    dnnl::primitive_attr attr;
-    // Fixed shapes: a user scratchpad per entry. Run-time shapes: oneDNN sizes its own per call.
-    if (!k.runtime_mk) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (k.alpha != 1.f) attr.set_output_scales(0, {k.alpha});
-    if (k.beta != 0.f) {
-      dnnl::post_ops po;
-      po.append_sum(k.beta);
-      attr.set_post_ops(po);
-    }
-    try {
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng_);
-      if (is_reference(pd)) return *map_.emplace(k, std::move(e)).first->second;  // converted path is faster
-      e->prim = dnnl::matmul(pd);
-      if (!k.runtime_mk) {
-        e->a = dnnl::memory(a, eng_, DNNL_MEMORY_NONE);
-        e->b = dnnl::memory(b, eng_, DNNL_MEMORY_NONE);
-        e->c = dnnl::memory(c, eng_, DNNL_MEMORY_NONE);
-        e->scratch_buf.resize(pd.scratchpad_desc().get_size());
-        e->scratch = dnnl::memory(pd.scratchpad_desc(), eng_, e->scratch_buf.data());
-      }
-      e->native = true;
-    } catch (const dnnl::error& err) {
-      DIFFCP_CHECK(err.status == dnnl_unimplemented, "oneDNN bf16 matmul (M=", k.M, " N=", k.N, " K=", k.K,
-                   ") cannot be created: ", err.what());
-      e->native = false;  // no bf16 matmul on this CPU: convert + sgemm
-    }
-    return *map_.emplace(k, std::move(e)).first->second;
+std::unique_ptr<MatmulEntry> make_matmul(const dnnl::engine& eng, const MatmulKey& k) {
+  auto e = std::make_unique<MatmulEntry>();
+  const std::int64_t M = k.runtime_mk ? DNNL_RUNTIME_DIM_VAL : k.M, K = k.runtime_mk ? DNNL_RUNTIME_DIM_VAL : k.K;
+  const auto a = strided(M, K, k.lda, k.ta, dnnl_dt::bf16), b = strided(K, k.N, k.ldb, k.tb, dnnl_dt::bf16);
+  const dnnl::memory::desc c({M, k.N}, k.c_bf16 ? dnnl_dt::bf16 : dnnl_dt::f32, dnnl::memory::dims{k.ldc, 1});
+  dnnl::primitive_attr attr;
+  // Fixed shapes: a user scratchpad per entry. Run-time shapes: oneDNN sizes its own per call.
+  if (!k.runtime_mk) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (k.alpha != 1.f) attr.set_output_scales(0, {k.alpha});
+  if (k.beta != 0.f) {
+    dnnl::post_ops po;
+    po.append_sum(k.beta);
+    attr.set_post_ops(po);
   }
-  dnnl::stream& stream() { return strm_; }
-  const dnnl::engine& engine() const { return eng_; }
-  std::vector<float> a32, b32, c32;  // the conversion path's operands
-  std::vector<float> tile;           // the product before it is added to C
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
+    if (is_reference(pd)) return e;  // the converted path is faster
+    e->prim = dnnl::matmul(pd);
+    if (!k.runtime_mk) {
+      e->a = dnnl::memory(a, eng, DNNL_MEMORY_NONE);
+      e->b = dnnl::memory(b, eng, DNNL_MEMORY_NONE);
+      e->c = dnnl::memory(c, eng, DNNL_MEMORY_NONE);
+      e->scratch_buf.resize(pd.scratchpad_desc().get_size());
+      e->scratch = dnnl::memory(pd.scratchpad_desc(), eng, e->scratch_buf.data());
+    }
+    e->native = true;
+  } catch (const dnnl::error& err) {
+    DIFFCP_CHECK(err.status == dnnl_unimplemented, "oneDNN bf16 matmul (M=", k.M, " N=", k.N, " K=", k.K,
+                 ") cannot be created: ", err.what());
+    e->native = false;  // no bf16 matmul on this CPU: convert + sgemm
+  }
+  return e;
+}
 
- private:
-  static constexpr std::size_t kMaxEntries = 512;
-  dnnl::engine eng_;
-  dnnl::stream strm_;
-  std::unordered_map<MatmulKey, std::unique_ptr<MatmulEntry>, MatmulKeyHash> map_;
+// dense_linear's primitives (below): one per (M, N, K, strides, bias), the weights in the layout
+// the primitive picks (format any).
+struct LinearKey {
+  std::int64_t M, N, K, ldx, ldy;
+  bool bias;
+  bool operator==(const LinearKey&) const = default;
+};
+struct LinearKeyHash {
+  std::size_t operator()(const LinearKey& k) const {
+    std::size_t h = k.bias ? 1u : 0u;
+    for (std::int64_t v : {k.M, k.N, k.K, k.ldx, k.ldy}) h = h * 1000003u ^ static_cast<std::size_t>(v);
+    return h;
+  }
+};
+struct LinearEntry {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  std::vector<std::byte> scratch;
+  bool native = false;
 };
 
-MatmulCache& cache() {
-  thread_local MatmulCache c;  // oneDNN streams are per thread; the tile GEMMs run on every thread
-  return c;
+// Per thread (oneDNN streams are per thread; the attention's tile GEMMs run on every thread): the
+// engine and stream, the primitives made so far, and the scratch buffers of the calls.
+struct OneDnn {
+  OneDnn() : eng(dnnl::engine::kind::cpu, 0), strm(eng) {}
+  dnnl::engine eng;
+  dnnl::stream strm;
+  std::unordered_map<MatmulKey, std::unique_ptr<MatmulEntry>, MatmulKeyHash> matmuls;
+  std::unordered_map<LinearKey, std::unique_ptr<LinearEntry>, LinearKeyHash> linears;
+  std::vector<float> a32, b32, c32;  // the conversion path's operands
+  std::vector<float> tile;           // a product before it is added to C (gemm_bf16), a dense y (dense_linear)
+  std::vector<std::byte> w_scratch;  // dense_linear: w reordered for a call without (a fitting) packed weight
+};
+
+OneDnn& onednn() {
+  thread_local OneDnn o;
+  return o;
+}
+
+// The entry of key k in `map`, made by make(k) on first use.
+template <typename Map, typename Make>
+auto& cached(Map& map, const typename Map::key_type& k, Make make) {
+  auto it = map.find(k);
+  if (it != map.end()) return *it->second;
+  if (map.size() >= 512) map.clear();  // shapes of a run are few; bound pathological growth
+  return *map.emplace(k, make(k)).first->second;
 }
 
 // Converts the [rows, cols] matrix at x (row stride ld) into a dense f32 one.
@@ -153,13 +178,14 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
                dtype_name(c_dtype));
   const bool c_bf16 = c_dtype == DType::bf16;
   if (M == 0 || N == 0) return;
-  MatmulCache& mc = cache();
+  OneDnn& mc = onednn();
   // f32 C += product: oneDNN's sum post-op halved the rate of the attention tile GEMMs (measured
   // 400 -> 180 GFLOP/s at 256 x 128 x 128), so the product goes to a scratch tile, added here.
   const bool add_here = !c_bf16 && beta != 0.f;
   const bool rt = !fixed_shape;
-  MatmulEntry* e = K > 0 ? &mc.get({trans_a, trans_b, c_bf16, rt, rt ? 0 : M, N, rt ? 0 : K, lda, ldb,
-                                    add_here ? N : ldc, alpha, add_here ? 0.f : beta})
+  const auto make = [&](const MatmulKey& k) { return make_matmul(mc.eng, k); };
+  MatmulEntry* e = K > 0 ? &cached(mc.matmuls, {trans_a, trans_b, c_bf16, rt, rt ? 0 : M, N, rt ? 0 : K, lda, ldb,
+                                                add_here ? N : ldc, alpha, add_here ? 0.f : beta}, make)
                          : nullptr;
   if (e != nullptr && e->native) {
     if (add_here) mc.tile.resize(static_cast<std::size_t>(M * N));
@@ -167,9 +193,9 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
     if (rt) {  // memory objects of this call's shape
       const dnnl::memory::desc cd({M, N}, c_bf16 ? dnnl_dt::bf16 : dnnl_dt::f32,
                                   dnnl::memory::dims{add_here ? N : ldc, 1});
-      e->a = dnnl::memory(strided(M, K, lda, trans_a, dnnl_dt::bf16), mc.engine(), const_cast<bf16_t*>(A));
-      e->b = dnnl::memory(strided(K, N, ldb, trans_b, dnnl_dt::bf16), mc.engine(), const_cast<bf16_t*>(B));
-      e->c = dnnl::memory(cd, mc.engine(), c_out);
+      e->a = dnnl::memory(strided(M, K, lda, trans_a, dnnl_dt::bf16), mc.eng, const_cast<bf16_t*>(A));
+      e->b = dnnl::memory(strided(K, N, ldb, trans_b, dnnl_dt::bf16), mc.eng, const_cast<bf16_t*>(B));
+      e->c = dnnl::memory(cd, mc.eng, c_out);
     } else {
       e->a.set_data_handle(const_cast<bf16_t*>(A));
       e->b.set_data_handle(const_cast<bf16_t*>(B));
@@ -179,7 +205,7 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
                                     {DNNL_ARG_WEIGHTS, e->b.get()},
                                     {DNNL_ARG_DST, e->c.get()},
                                     {DNNL_ARG_SCRATCHPAD, rt ? nullptr : e->scratch.get()}};
-    const dnnl_status_t st = dnnl_primitive_execute(e->prim.get(), mc.stream().get(), rt ? 3 : 4, args);
+    const dnnl_status_t st = dnnl_primitive_execute(e->prim.get(), mc.strm.get(), rt ? 3 : 4, args);
     DIFFCP_CHECK(st == dnnl_success, "oneDNN bf16 matmul (M=", M, " N=", N, " K=", K, ") failed: status ",
                  static_cast<int>(st));
     if (add_here)
@@ -229,26 +255,6 @@ struct CpuPackedWeight final : PackedWeight {
   std::size_t bytes() const override { return desc.get_size(); }
 };
 
-struct LinearKey {
-  std::int64_t M, N, K, ldx, ldy;  // the weights: in the layout the primitive picks (format any)
-  bool bias;
-  bool operator==(const LinearKey&) const = default;
-};
-struct LinearKeyHash {
-  std::size_t operator()(const LinearKey& k) const {
-    std::size_t h = k.bias ? 1u : 0u;
-    for (std::int64_t v : {k.M, k.N, k.K, k.ldx, k.ldy}) h = h * 1000003u ^ static_cast<std::size_t>(v);
-    return h;
-  }
-};
-
-struct LinearEntry {
-  dnnl::matmul::primitive_desc pd;
-  dnnl::matmul prim;
-  std::vector<std::byte> scratch;
-  bool native = false;
-};
-
 dnnl::matmul::primitive_desc linear_pd(const dnnl::engine& eng, const LinearKey& k) {
   const dnnl::memory::desc x({k.M, k.K}, dnnl_dt::bf16, dnnl::memory::dims{k.ldx, 1});
   const dnnl::memory::desc w({k.K, k.N}, dnnl_dt::bf16, dnnl::memory::format_tag::any);
@@ -260,42 +266,24 @@ dnnl::matmul::primitive_desc linear_pd(const dnnl::engine& eng, const LinearKey&
   return {dnnl::matmul::desc(x, w, b, y), attr, eng};
 }
 
-class LinearCache {
- public:
-  LinearCache() : eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {}
-  LinearEntry& get(const LinearKey& k) {
-    auto it = map_.find(k);
-    if (it != map_.end()) return *it->second;
-    if (map_.size() >= kMaxEntries) map_.clear();
-    auto e = std::make_unique<LinearEntry>();
-    try {
-      e->pd = linear_pd(eng_, k);
-      if (!is_reference(e->pd)) {
-        e->prim = dnnl::matmul(e->pd);
-        e->scratch.resize(e->pd.scratchpad_desc().get_size());
-        e->native = true;
-      }
-    } catch (const dnnl::error& err) {
-      DIFFCP_CHECK(err.status == dnnl_unimplemented, "oneDNN bf16 linear (M=", k.M, " N=", k.N, " K=", k.K,
-                   ") cannot be created: ", err.what());
+std::unique_ptr<LinearEntry> make_linear(const dnnl::engine& eng, const LinearKey& k) {
+  auto e = std::make_unique<LinearEntry>();
+  try {
+    e->pd = linear_pd(eng, k);
+    if (!is_reference(e->pd)) {
+      e->prim = dnnl::matmul(e->pd);
+      e->scratch.resize(e->pd.scratchpad_desc().get_size());
+      e->native = true;
     }
-    return *map_.emplace(k, std::move(e)).first->second;
+  } catch (const dnnl::error& err) {
+    DIFFCP_CHECK(err.status == dnnl_unimplemented, "oneDNN bf16 linear (M=", k.M, " N=", k.N, " K=", k.K,
+                 ") cannot be created: ", err.what());
   }
-  const dnnl::engine& engine() const { return eng_; }
-  dnnl::stream& stream() { return strm_; }
-  std::vector<float> tile;           // a dense y for a strided one
-  std::vector<std::byte> w_scratch;  // w reordered for a call without (a fitting) packed weight
+  return e;
+}
 
- private:
-  static constexpr std::size_t kMaxEntries = 256;
-  dnnl::engine eng_;
-  dnnl::stream strm_;
-  std::unordered_map<LinearKey, std::unique_ptr<LinearEntry>, LinearKeyHash> map_;
-};
-
-LinearCache& linear_cache() {
-  thread_local LinearCache c;
-  return c;
+LinearEntry& linear_entry(OneDnn& o, const LinearKey& k) {
+  return cached(o.linears, k, [&](const LinearKey& key) { return make_linear(o.eng, key); });
 }
 
 }  // namespace
@@ -305,17 +293,17 @@ std::unique_ptr<PackedWeight> CpuBackend::pack_weight(ConstTensorView w) {
                "with unit column stride");
   const std::int64_t K = w.shape[0], N = w.shape[1], ldw = w.stride[0];
   if (K == 0 || N == 0) return nullptr;
-  LinearCache& lc = linear_cache();
-  const LinearEntry& q = lc.get({kPackProbeRows, N, K, K, N, false});
+  OneDnn& lc = onednn();
+  const LinearEntry& q = linear_entry(lc, {kPackProbeRows, N, K, K, N, false});
   if (!q.native) return nullptr;
   auto pw = std::make_unique<CpuPackedWeight>();
   pw->K = K;
   pw->N = N;
   pw->desc = q.pd.weights_desc();
-  pw->mem = dnnl::memory(pw->desc, lc.engine());
-  dnnl::memory src({{K, N}, dnnl_dt::bf16, dnnl::memory::dims{ldw, 1}}, lc.engine(), const_cast<void*>(w.data));
-  dnnl::reorder(src, pw->mem).execute(lc.stream(), src, pw->mem);
-  lc.stream().wait();
+  pw->mem = dnnl::memory(pw->desc, lc.eng);
+  dnnl::memory src({{K, N}, dnnl_dt::bf16, dnnl::memory::dims{ldw, 1}}, lc.eng, const_cast<void*>(w.data));
+  dnnl::reorder(src, pw->mem).execute(lc.strm, src, pw->mem);
+  lc.strm.wait();
   return pw;
 }
 
@@ -347,7 +335,7 @@ void CpuBackend::dense_linear(ConstTensorView x, ConstTensorView w, const Packed
   const bool has_bias = bias.numel() > 0;
   float* const y_out = y.ptr<float>();
   const std::int64_t ldx = x.stride[0], ldw = w.stride[0], ldy_out = y.stride[0];
-  LinearCache& lc = linear_cache();
+  OneDnn& lc = onednn();
   const bool dense_y = ldy_out == N;
   if (!dense_y) lc.tile.resize(static_cast<std::size_t>(M * N));
   float* const yp = dense_y ? y_out : lc.tile.data();
@@ -357,7 +345,7 @@ void CpuBackend::dense_linear(ConstTensorView x, ConstTensorView w, const Packed
                "dense_linear: the packed weight is not this backend's or not [K, N]");
   // One primitive per shape, weights in the layout it asks for: `packed` when it is that layout,
   // else w reordered into it here (so the kernel, and the result, never depend on `packed`).
-  LinearEntry* e = K > 0 ? &lc.get({M, N, K, ldx, ldy, has_bias}) : nullptr;
+  LinearEntry* e = K > 0 ? &linear_entry(lc, {M, N, K, ldx, ldy, has_bias}) : nullptr;
   if (e == nullptr || !e->native) {  // K = 0, or no native bf16 matmul: bias rows, then the converted GEMM
     for (std::int64_t r = 0; r < M; ++r) {
       float* yr = yp + r * ldy;
@@ -369,24 +357,24 @@ void CpuBackend::dense_linear(ConstTensorView x, ConstTensorView w, const Packed
     gemm_bf16(false, false, M, N, K, 1.f, x.ptr<bf16_t>(), ldx, w.ptr<bf16_t>(), ldw, 1.f, yp, ldy, DType::f32,
               /*fixed_shape=*/false);
   } else {
-    dnnl::memory xm(e->pd.src_desc(), lc.engine(), const_cast<void*>(x.data));
+    dnnl::memory xm(e->pd.src_desc(), lc.eng, const_cast<void*>(x.data));
     dnnl::memory wm;
     if (pw != nullptr && e->pd.weights_desc() == pw->desc) {
       wm = pw->mem;
     } else {
       const dnnl::memory::desc stored({K, N}, dnnl_dt::bf16, dnnl::memory::dims{ldw, 1});
-      dnnl::memory src(stored, lc.engine(), const_cast<void*>(w.data));
+      dnnl::memory src(stored, lc.eng, const_cast<void*>(w.data));
       lc.w_scratch.resize(e->pd.weights_desc().get_size());
-      wm = dnnl::memory(e->pd.weights_desc(), lc.engine(), lc.w_scratch.data());
-      dnnl::reorder(src, wm).execute(lc.stream(), src, wm);
+      wm = dnnl::memory(e->pd.weights_desc(), lc.eng, lc.w_scratch.data());
+      dnnl::reorder(src, wm).execute(lc.strm, src, wm);
     }
-    dnnl::memory ym(e->pd.dst_desc(), lc.engine(), yp);
-    dnnl::memory sm(e->pd.scratchpad_desc(), lc.engine(), e->scratch.data());
+    dnnl::memory ym(e->pd.dst_desc(), lc.eng, yp);
+    dnnl::memory sm(e->pd.scratchpad_desc(), lc.eng, e->scratch.data());
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym},
                                                {DNNL_ARG_SCRATCHPAD, sm}};
     if (has_bias)
-      args.emplace(DNNL_ARG_BIAS, dnnl::memory(e->pd.bias_desc(), lc.engine(), const_cast<void*>(bias.data)));
-    e->prim.execute(lc.stream(), args);
+      args.emplace(DNNL_ARG_BIAS, dnnl::memory(e->pd.bias_desc(), lc.eng, const_cast<void*>(bias.data)));
+    e->prim.execute(lc.strm, args);
   }
   if (!dense_y)
     for (std::int64_t r = 0; r < M; ++r) std::memcpy(y_out + r * ldy_out, yp + r * N, sizeof(float) * N);
