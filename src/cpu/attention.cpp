@@ -34,19 +34,23 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // p[j] = 2^(p[j] - shift) for j < n; returns their sum. On the SIMD layer (isa.hpp): written as a
 // plain loop, GCC 12 vectorised it for AVX-512 but not for AVX2 (its clamp became branches).
-// The tail's spare lanes hold -inf, whose 2^ is exactly 0.
-float exp2_shifted(float* __restrict p, std::int64_t n, float shift) {
+// The tail's spare lanes hold -inf, whose 2^ is exactly 0. kScaled: 2^(c p[j] - shift) (c > 0), for
+// score tiles whose GEMM left the scale out (bf16: oneDNN's bf16 matmul with an output scale runs
+// ~8x slower, issue #54).
+template <bool kScaled = false>
+float exp2_shifted(float* __restrict p, std::int64_t n, float shift, float c = 1.f) {
   using namespace simd;
-  const vf sh = broadcast(shift);
+  const vf sh = broadcast(shift), cv = broadcast(c);
+  const auto arg = [&](vf x) { return kScaled ? x * cv - sh : x - sh; };
   vf acc{};
   std::int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
-    const vf e = exp2(load(p + j) - sh);
+    const vf e = exp2(arg(load(p + j)));
     store(p + j, e);
     acc += e;
   }
   if (j < n) {
-    const vf e = exp2(load_part(p + j, n - j, kNegInf) - sh);
+    const vf e = exp2(arg(load_part(p + j, n - j, kNegInf)));
     store_part(p + j, e, n - j);
     acc += e;
   }
@@ -383,11 +387,15 @@ void backward_tile(const Dims& s, HeadRows<const T> k, HeadRows<const T> v, Head
     tile_gemm(true, false, GB, d, kt, s.scale, P, GB, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d, full);
     tile_gemm(false, false, kt, d, GB, s.scale, P, GB, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride, full);
   } else {
-    // S = (scale log2(e)) q K^T, then P = 2^(S - lse2) row by row
-    tile_gemm(false, true, GB, kt, d, s.scale * kLog2e, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, P, kKeyTile,
+    // S = (scale log2(e)) q K^T, then P = 2^(S - lse2) row by row. bf16: the scales are applied
+    // outside the GEMMs, to the scores in the exp and to dS before it is rounded (oneDNN's bf16
+    // matmul with an output scale runs ~8x slower; issue #54).
+    constexpr bool kBf16 = !std::is_same_v<T, float>;
+    const float c = s.scale * kLog2e;
+    tile_gemm(false, true, GB, kt, d, kBf16 ? 1.f : c, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, P, kKeyTile,
               full);
     if (edge != nullptr) mask_window(*edge, s, a, y0, kt, P, kKeyTile, false);
-    for (std::int64_t t = 0; t < GB; ++t) exp2_shifted(P + t * kKeyTile, kt, w.lse2[t]);
+    for (std::int64_t t = 0; t < GB; ++t) exp2_shifted<kBf16>(P + t * kKeyTile, kt, w.lse2[t], c);
     // dV += P^T dO ; dP = dO V^T ; dS = P (dP - D)
     tile_gemm(true, false, kt, d, GB, 1.f, operand(P, GB, kt, kKeyTile, w.p_lo), kKeyTile, w.dout.data(), d, 1.f,
               dv.at(j0, h), dv.row_stride, full);
@@ -396,13 +404,20 @@ void backward_tile(const Dims& s, HeadRows<const T> k, HeadRows<const T> v, Head
       float* __restrict pr = P + t * kKeyTile;
       const float* __restrict dpr = dP + t * kKeyTile;
       const float D = w.delta[t];
+      if constexpr (kBf16) {
+        const float sc = s.scale;
 #pragma omp simd
-      for (std::int64_t j = 0; j < kt; ++j) pr[j] = pr[j] * (dpr[j] - D);
+        for (std::int64_t j = 0; j < kt; ++j) pr[j] = pr[j] * (dpr[j] - D) * sc;
+      } else {
+#pragma omp simd
+        for (std::int64_t j = 0; j < kt; ++j) pr[j] = pr[j] * (dpr[j] - D);
+      }
     }
-    // dQ += scale dS K ; dK += scale dS^T q
+    // dQ += scale dS K ; dK += scale dS^T q (bf16: dS holds the scale)
     const T* dS = operand(P, GB, kt, kKeyTile, w.p_lo);
-    tile_gemm(false, false, GB, d, kt, s.scale, dS, kKeyTile, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d, full);
-    tile_gemm(true, false, kt, d, GB, s.scale, dS, kKeyTile, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride, full);
+    const float ds_scale = kBf16 ? 1.f : s.scale;
+    tile_gemm(false, false, GB, d, kt, ds_scale, dS, kKeyTile, k.at(j0, h), k.row_stride, 1.f, w.dq.data(), d, full);
+    tile_gemm(true, false, kt, d, GB, ds_scale, dS, kKeyTile, w.q.data(), d, 1.f, dk.at(j0, h), dk.row_stride, full);
   }
 }
 
