@@ -37,30 +37,28 @@ case "$what" in
   ab)
     old=${OLD_BUILD:?OLD_BUILD=<build/release of the commit before issue #54>}
     OLD="$old/src/diffcp" CSV=bench/dit_cpu_ab.csv REPEAT="${REPEAT:-3}" bench/bench_device_core_ab.sh
-    step=bench/dit_cpu_ab_step.csv  # the small shape's step, both dtypes, P = 1 (2 threads)
-    echo "build,dtype,step_ms" >"$step"
-    for ((r = 1; r <= ${REPEAT:-3}; r++)); do
-      for b in old new; do
-        bin=build/release/src/diffcp
-        [[ $b == old ]] && bin="$old/src/diffcp"
-        for dt in f32 bf16; do
-          OMP_NUM_THREADS=2 "$bin" dit --resolution 512 --text-tokens 64 --steps 6 --dtype "$dt" --out "" --json |
-            python3 -c "import json,sys; print('$b,$dt,%s' % json.load(sys.stdin)['step_ms'])" >>"$step"
+    # interleave CMD: runs CMD <build> <build dir> <dtype> for every round (REPEAT), build (old first) and dtype
+    interleave() {
+      for ((r = 1; r <= ${REPEAT:-3}; r++)); do
+        for b in old new; do
+          dir=build/release
+          [[ $b == old ]] && dir="$old"
+          for dt in f32 bf16; do "$@" "$b" "$dir" "$dt"; done
         done
       done
-    done
+    }
+    dit_step() {  # the small shape's step, P = 1 (2 threads)
+      OMP_NUM_THREADS=2 "$2/src/diffcp" dit --resolution 512 --text-tokens 64 --steps 6 --dtype "$3" --out "" --json |
+        python3 -c "import json,sys; print('$1,$3,%s' % json.load(sys.stdin)['step_ms'])"
+    }
+    attention() {  # the DFlash block-sparse kernels, forward and backward
+      "$2/bench/bench_attention" --samples 2 --context 8192 --anchors 128 --dtype "$3" --reps 5 --json |
+        python3 -c "import json,sys; j=json.load(sys.stdin); p='bf16_' if '$3' == 'bf16' else ''; print('$1,$3,%s,%s' % (j[p + 'fwd_ms'], j[p + 'bwd_ms']))"
+    }
+    step=bench/dit_cpu_ab_step.csv
+    { echo "build,dtype,step_ms"; interleave dit_step; } >"$step"
     out=bench/dit_cpu_ab_attention.csv
-    echo "build,dtype,fwd_ms,bwd_ms" >"$out"
-    for ((r = 1; r <= ${REPEAT:-3}; r++)); do
-      for b in old new; do
-        bin=build/release/bench/bench_attention
-        [[ $b == old ]] && bin="$old/bench/bench_attention"
-        for dt in f32 bf16; do
-          "$bin" --samples 2 --context 8192 --anchors 128 --dtype "$dt" --reps 5 --json |
-            python3 -c "import json,sys; j=json.load(sys.stdin); p='bf16_' if '$dt' == 'bf16' else ''; print('$b,$dt,%s,%s' % (j[p + 'fwd_ms'], j[p + 'bwd_ms']))" >>"$out"
-        done
-      done
-    done
+    { echo "build,dtype,fwd_ms,bwd_ms"; interleave attention; } >"$out"
     python3 - "$out" "$step" <<'PY'
 import collections, csv, statistics, sys
 d = collections.defaultdict(list)

@@ -460,6 +460,8 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
                             : flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()),
             guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32, {}, o.true_cfg_scale};
   pl.opt.step_cache = parse_step_cache(o.step_cache);
+  DIFFCP_CHECK(!o.profile || o.steps >= 2, "--profile times the steps after the first (the warm-up): --steps ", o.steps,
+               " leaves none; run at least 2");
   DIFFCP_CHECK(!pl.opt.step_cache.enabled || cfg.double_blocks + cfg.single_blocks >= 2, "--step-cache ", o.step_cache,
                ": the model has ", cfg.double_blocks + cfg.single_blocks, " block(s); First-Block Cache needs at least two");
   if (o.cfg_parallel) {

@@ -36,9 +36,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // plain loop, GCC 12 vectorised it for AVX-512 but not for AVX2 (its clamp became branches).
 // The tail's spare lanes hold -inf, whose 2^ is exactly 0. kScaled: 2^(c p[j] - shift) (c > 0), for
 // score tiles whose GEMM left the scale out (bf16: oneDNN's bf16 matmul with an output scale runs
-// ~8x slower, issue #54).
+// ~8x slower, issue #54). lo: the values rounded to bf16 there instead of written back to p (the
+// bf16 tiles' P operand in the same pass; simd::store_bf16).
 template <bool kScaled = false>
-float exp2_shifted(float* __restrict p, std::int64_t n, float shift, float c = 1.f) {
+float exp2_shifted(float* __restrict p, std::int64_t n, float shift, float c = 1.f, std::uint16_t* __restrict lo = nullptr) {
   using namespace simd;
   const vf sh = broadcast(shift), cv = broadcast(c);
   const auto arg = [&](vf x) { return kScaled ? x * cv - sh : x - sh; };
@@ -46,35 +47,18 @@ float exp2_shifted(float* __restrict p, std::int64_t n, float shift, float c = 1
   std::int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     const vf e = exp2(arg(load(p + j)));
-    store(p + j, e);
+    if (lo)
+      store_bf16(lo + j, e);
+    else
+      store(p + j, e);
     acc += e;
   }
   if (j < n) {
     const vf e = exp2(arg(load_part(p + j, n - j, kNegInf)));
-    store_part(p + j, e, n - j);
-    acc += e;
-  }
-  return hsum(acc);
-}
-
-// p[j] = 2^(c p[j] - shift) for j < n (c > 0), rounded to bf16 into lo[0..n) (simd::store_bf16);
-// returns the sum of the f32 values. The
-// bf16 tiles' P in one pass, for score tiles whose GEMM left the scale out (oneDNN's bf16 matmul
-// with an output scale runs ~8x slower, issue #54).
-float exp2_scaled_shifted_bf16(const float* __restrict p, std::int64_t n, float c, float shift,
-                               std::uint16_t* __restrict lo) {
-  using namespace simd;
-  const vf sh = broadcast(shift), cv = broadcast(c);
-  vf acc{};
-  std::int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const vf e = exp2(load(p + j) * cv - sh);
-    store_bf16(lo + j, e);
-    acc += e;
-  }
-  if (j < n) {
-    const vf e = exp2(load_part(p + j, n - j, kNegInf) * cv - sh);
-    store_bf16(lo + j, e, n - j);
+    if (lo)
+      store_bf16(lo + j, e, n - j);
+    else
+      store_part(p + j, e, n - j);
     acc += e;
   }
   return hsum(acc);
@@ -318,7 +302,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
           if constexpr (kScaleInGemm)
             sum = exp2_shifted(pr, kt, mx);
           else
-            sum = exp2_scaled_shifted_bf16(pr, kt, c, mx, &w.p_lo[static_cast<std::size_t>(t * ldp)].bits);
+            sum = exp2_shifted<true>(pr, kt, mx, c, &w.p_lo[static_cast<std::size_t>(t * ldp)].bits);
           const float alpha = simd::exp2(m[t] - mx);  // m = -inf on the first tile -> 0
           if (alpha != 1.f) {
             float* orow = o_rows + t * d;
@@ -571,7 +555,7 @@ void backward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k
 constexpr std::int64_t kMinBf16TileHeadDim = 64;
 // Except in a forward whose blocks fill whole query tiles (G*B >= kQueryTile: the DiT's dense
 // attention, a block per image) with d_h >= 32: there the fixed-shape bf16 tiles run 2.2x the f32
-// ones (kQueryTile x 512 x 32, AMX; issue #54), and the widening pass costs a copy of q, k, v.
+// ones (kQueryTile x 512 x 32 measured, AMX; issue #54), and the widening pass costs a copy of q, k, v.
 constexpr std::int64_t kMinBf16WideBlockHeadDim = 32;
 bool widen_bf16_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k) {
   const std::int64_t d = q.shape[2], G = k.shape[1] > 0 ? q.shape[1] / k.shape[1] : 1;

@@ -114,17 +114,17 @@ std::unique_ptr<MatmulEntry> make_matmul(const dnnl::engine& eng, const MatmulKe
   return e;
 }
 
-// dense_linear's primitives (below): one per (M, N, K, strides, bias), the weights in the layout
-// the primitive picks (format any).
+// dense_linear's primitives (below): one per (M, N, K, x's row stride, bias), the weights in the
+// layout the primitive picks (format any).
 struct LinearKey {
-  std::int64_t M, N, K, ldx, ldy;
+  std::int64_t M, N, K, ldx;  // y is dense ([M, N]; dense_linear copies into a strided one)
   bool bias;
   bool operator==(const LinearKey&) const = default;
 };
 struct LinearKeyHash {
   std::size_t operator()(const LinearKey& k) const {
     std::size_t h = k.bias ? 1u : 0u;
-    for (std::int64_t v : {k.M, k.N, k.K, k.ldx, k.ldy}) h = h * 1000003u ^ static_cast<std::size_t>(v);
+    for (std::int64_t v : {k.M, k.N, k.K, k.ldx}) h = h * 1000003u ^ static_cast<std::size_t>(v);
     return h;
   }
 };
@@ -144,7 +144,8 @@ struct OneDnn {
   std::unordered_map<MatmulKey, std::unique_ptr<MatmulEntry>, MatmulKeyHash> matmuls;
   std::unordered_map<LinearKey, std::unique_ptr<LinearEntry>, LinearKeyHash> linears;
   std::vector<float> a32, b32, c32;  // the conversion path's operands
-  std::vector<float> tile;           // a product before it is added to C (gemm_bf16), a dense y (dense_linear)
+  std::vector<float> tile;           // gemm_bf16: a product before it is added to C
+  std::vector<float> dense_y;        // dense_linear: y for a strided one (kept apart: its fallback calls gemm_bf16)
   std::vector<std::byte> w_scratch;  // dense_linear: w reordered for a call without (a fitting) packed weight
 };
 
@@ -258,7 +259,7 @@ struct CpuPackedWeight final : PackedWeight {
 dnnl::matmul::primitive_desc linear_pd(const dnnl::engine& eng, const LinearKey& k) {
   const dnnl::memory::desc x({k.M, k.K}, dnnl_dt::bf16, dnnl::memory::dims{k.ldx, 1});
   const dnnl::memory::desc w({k.K, k.N}, dnnl_dt::bf16, dnnl::memory::format_tag::any);
-  const dnnl::memory::desc y({k.M, k.N}, dnnl_dt::f32, dnnl::memory::dims{k.ldy, 1});
+  const dnnl::memory::desc y({k.M, k.N}, dnnl_dt::f32, dnnl::memory::dims{k.N, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (!k.bias) return {dnnl::matmul::desc(x, w, y), attr, eng};
@@ -294,7 +295,7 @@ std::unique_ptr<PackedWeight> CpuBackend::pack_weight(ConstTensorView w) {
   const std::int64_t K = w.shape[0], N = w.shape[1], ldw = w.stride[0];
   if (K == 0 || N == 0) return nullptr;
   OneDnn& lc = onednn();
-  const LinearEntry& q = linear_entry(lc, {kPackProbeRows, N, K, K, N, false});
+  const LinearEntry& q = linear_entry(lc, {kPackProbeRows, N, K, K, false});
   if (!q.native) return nullptr;
   auto pw = std::make_unique<CpuPackedWeight>();
   pw->K = K;
@@ -337,15 +338,15 @@ void CpuBackend::dense_linear(ConstTensorView x, ConstTensorView w, const Packed
   const std::int64_t ldx = x.stride[0], ldw = w.stride[0], ldy_out = y.stride[0];
   OneDnn& lc = onednn();
   const bool dense_y = ldy_out == N;
-  if (!dense_y) lc.tile.resize(static_cast<std::size_t>(M * N));
-  float* const yp = dense_y ? y_out : lc.tile.data();
+  if (!dense_y) lc.dense_y.resize(static_cast<std::size_t>(M * N));
+  float* const yp = dense_y ? y_out : lc.dense_y.data();
   const std::int64_t ldy = N;
   const auto* pw = dynamic_cast<const CpuPackedWeight*>(packed);
   DIFFCP_CHECK(packed == nullptr || (pw != nullptr && pw->K == K && pw->N == N),
                "dense_linear: the packed weight is not this backend's or not [K, N]");
   // One primitive per shape, weights in the layout it asks for: `packed` when it is that layout,
   // else w reordered into it here (so the kernel, and the result, never depend on `packed`).
-  LinearEntry* e = K > 0 ? &linear_entry(lc, {M, N, K, ldx, ldy, has_bias}) : nullptr;
+  LinearEntry* e = K > 0 ? &linear_entry(lc, {M, N, K, ldx, has_bias}) : nullptr;
   if (e == nullptr || !e->native) {  // K = 0, or no native bf16 matmul: bias rows, then the converted GEMM
     for (std::int64_t r = 0; r < M; ++r) {
       float* yr = yp + r * ldy;

@@ -182,11 +182,15 @@ void DitWeights::write(const DitLayout::Tensor& t, F&& produce) {
   }
 }
 
-void DitWeights::drop_derived() {
-  rounded_.clear();
+void DitWeights::drop_packed() {
   packed_.clear();
   window_packed_.reset();
   window_packed_of_ = -1;
+}
+
+void DitWeights::drop_derived() {
+  rounded_.clear();
+  drop_packed();
 }
 
 void DitWeights::init_random(std::uint64_t seed) {
@@ -379,11 +383,7 @@ void DitWeights::issue(int u) const {
 
 void DitWeights::set_packing(bool on) {
   packing_ = on;
-  if (!on) {
-    packed_.clear();
-    window_packed_.reset();
-    window_packed_of_ = -1;
-  }
+  if (!on) drop_packed();
 }
 
 const PackedWeight* DitWeights::packed(const DitLinear& l, std::int64_t c0, std::int64_t ncols) const {

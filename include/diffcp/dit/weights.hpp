@@ -161,6 +161,7 @@ class DitWeights {
   mutable int window_packed_of_ = -1;
   mutable std::unique_ptr<PackedWeight> window_packed_;
   bool packing_ = true;
+  void drop_packed();   // the packed copies go
   void drop_derived();  // the weights change: the rounded and packed copies go
 };
 
