@@ -30,6 +30,7 @@
 #include "diffcp/dit/run.hpp"
 #include "diffcp/dit/sampler.hpp"
 #include "diffcp/drafter/draft.hpp"
+#include "diffcp/drafter/draft_cache.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/drafter/hf_format.hpp"
 #include "diffcp/workload/batch.hpp"
@@ -396,9 +397,52 @@ class DrafterPy {
     return r;
   }
 
+  const DrafterWeights& weights() const { return w_; }
+  Communicator& comm() { return *comm_; }
+
  private:
   DrafterWeights w_;
   std::unique_ptr<MpiCommunicator> comm_;
+};
+
+// The draft KV cache of one generation (drafter/draft_cache.hpp): append the target's hidden
+// states of the positions it accepts, draft a block from the cached K/V. Collective over the
+// drafter's communicator, as DrafterPy::draft. Keeps its drafter alive (keep_alive below).
+class DraftCachePy {
+ public:
+  explicit DraftCachePy(DrafterPy& d) : cache_(d.comm(), d.weights().config, d.weights().params), cfg_(d.weights().config) {}
+
+  //   target_hidden: [n >= 1, n_t*H] float32, positions [len, len + n)
+  void append(const Floats& target_hidden) {
+    const std::int64_t T = cfg_.target_layers * cfg_.hidden;
+    if (target_hidden.ndim() != 2 || target_hidden.shape(1) != T || target_hidden.shape(0) < 1)
+      throw py::value_error("append: target_hidden must be [n >= 1, n_t*H = " + std::to_string(T) + "]");
+    py::gil_scoped_release release;
+    cache_.append({target_hidden.data(), static_cast<std::size_t>(target_hidden.size())});
+  }
+
+  //   noise: [b, H] float32, 1 <= b <= block_size -> [b, H] float32 (as DrafterPy::draft)
+  py::array_t<float> draft(const Floats& noise) {
+    if (noise.ndim() != 2 || noise.shape(1) != cfg_.hidden || noise.shape(0) < 1 || noise.shape(0) > cfg_.block)
+      throw py::value_error("draft: noise_embedding must be [b, H = " + std::to_string(cfg_.hidden) +
+                            "] with 1 <= b <= block_size = " + std::to_string(cfg_.block));
+    if (cache_.length() < 1) throw py::value_error("draft: the cache holds no context yet (append the prompt's first)");
+    std::vector<float> out;
+    {
+      py::gil_scoped_release release;
+      out = cache_.draft({noise.data(), static_cast<std::size_t>(noise.size())});
+    }
+    py::array_t<float> r({static_cast<py::ssize_t>(noise.shape(0)), static_cast<py::ssize_t>(cfg_.hidden)});
+    std::copy(out.begin(), out.end(), r.mutable_data());
+    return r;
+  }
+
+  std::int64_t length() const { return cache_.length(); }
+  std::int64_t bytes() const { return cache_.bytes(); }
+
+ private:
+  DraftCache cache_;
+  DrafterConfig cfg_;
 };
 
 // A diffusers transformer folder's DiT, run across the ranks of `comm` (diffcp.diffusers): the
@@ -680,7 +724,13 @@ PYBIND11_MODULE(_core, m) {
   py::class_<DrafterPy>(m, "Drafter")
       .def(py::init<const std::string&, MPI_Fint>(), py::arg("dir"), py::arg("comm_f"))
       .def("config", &DrafterPy::config)
-      .def("draft", &DrafterPy::draft, py::arg("target_hidden"), py::arg("noise_embedding"));
+      .def("draft", &DrafterPy::draft, py::arg("target_hidden"), py::arg("noise_embedding"))
+      .def("new_cache", [](DrafterPy& d) { return std::make_unique<DraftCachePy>(d); }, py::keep_alive<0, 1>());
+  py::class_<DraftCachePy>(m, "DraftCache")
+      .def("append", &DraftCachePy::append, py::arg("target_hidden"))
+      .def("draft", &DraftCachePy::draft, py::arg("noise_embedding"))
+      .def("__len__", &DraftCachePy::length)
+      .def_property_readonly("bytes", &DraftCachePy::bytes);
   m.def("attention_forward", &attention_forward_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"),
         py::arg("lse"), py::arg("lengths"), py::arg("anchors"), py::arg("block"), py::arg("softmax_scale"));
   m.def("attention_backward", &attention_backward_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"),

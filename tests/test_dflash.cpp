@@ -18,6 +18,7 @@
 #include "diffcp/cp/attention_layer.hpp"
 #include "diffcp/drafter/checkpoint.hpp"
 #include "diffcp/drafter/draft.hpp"
+#include "diffcp/drafter/draft_cache.hpp"
 #include "diffcp/drafter/hf_format.hpp"
 #include "diffcp/drafter/model.hpp"
 #include "diffcp/drafter/trainer.hpp"
@@ -408,6 +409,72 @@ TEST(DFlashDraft, OneBlockEqualsTheFp64ReferenceAtEveryRankCount) {
   const auto p = test_params(cfg, 1);
   expect_error([&] { draft_block(test::world(), cfg, p, std::vector<float>(10), 3, std::vector<float>(cfg.block * cfg.hidden)); },
                "expected [ctx, n_t*H] = [3, 128]");
+}
+
+// The draft KV cache (issue #53): the context appended in pieces (crossing the cache's chunks of
+// 256 positions, which the ranks hold round-robin), each draft equals the stateless draft_block
+// within f32 rounding and the fp64 reference within the f32 bound; a sliding layer keeps at most
+// 2 (W - 1) keys per rank, a full layer all of them over the ranks.
+TEST(DraftCache, EqualsTheStatelessDraftAndTheFp64ReferenceAtEveryRankCount) {
+  Communicator& w = test::world();
+  for (const std::string preset : {"tiny", "small-sliding", "tiny-sliding"}) {
+    DrafterConfig cfg = drafter_preset(preset.substr(0, preset.find('-')));
+    if (preset == "small-sliding") {
+      cfg.layer_types = {"sliding_attention", "full_attention", "sliding_attention", "sliding_attention"};
+      cfg.sliding_window = 40;
+    } else if (preset == "tiny-sliding") {
+      cfg.layer_types = {"full_attention", "sliding_attention"};
+      cfg.sliding_window = 5;
+      cfg.is_causal = false;
+    }
+    const std::int64_t T = cfg.target_layers * cfg.hidden, H = cfg.hidden;
+    const std::vector<float> p = test_params(cfg, 23);
+    const std::int64_t total = preset == "small-sliding" ? 560 : 700;
+    const auto hid = randn(static_cast<std::size_t>(total * T), 31);
+    DraftCache cache(w, cfg, p);
+    expect_error([&] { cache.draft(std::vector<float>(static_cast<std::size_t>(cfg.block * H))); }, "no context yet");
+    expect_error([&] { cache.append(std::vector<float>(static_cast<std::size_t>(T + 1))); }, "expected [n >= 1, n_t*H");
+    std::int64_t ctx = 0;
+    for (std::int64_t piece : {1, 36, 200, 1, 62, 100, 300}) {
+      piece = std::min(piece, total - ctx);
+      if (piece == 0) break;
+      cache.append(std::span<const float>(hid).subspan(static_cast<std::size_t>(ctx * T), static_cast<std::size_t>(piece * T)));
+      ctx += piece;
+      ASSERT_EQ(cache.length(), ctx);
+      for (const std::int64_t b : {cfg.block, std::int64_t{3}}) {
+        SCOPED_TRACE(preset + " ctx " + std::to_string(ctx) + " b " + std::to_string(b));
+        DrafterConfig cb = cfg;
+        cb.block = b;
+        const auto noise = randn(static_cast<std::size_t>(b * H), 40 + static_cast<std::uint64_t>(ctx));
+        const std::vector<float> got = cache.draft(noise);
+        const std::vector<float> stateless =
+            draft_block(w, cb, p, std::span<const float>(hid).first(static_cast<std::size_t>(ctx * T)), ctx, noise);
+        const std::vector<float> h(hid.begin(), hid.begin() + ctx * T);
+        const Vec ref = Ref{cb, p}.draft(h, ctx, noise);
+        const CompareResult r = compare<float>(got, ref, scaled_to(kTolF32, ref));
+        EXPECT_TRUE(r.pass()) << "vs fp64: max abs err " << r.max_abs << ", worst ratio " << r.worst_ratio;
+        double diff = 0, scale = 0;
+        ASSERT_EQ(got.size(), stateless.size());
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          diff = std::max(diff, static_cast<double>(std::abs(got[i] - stateless[i])));
+          scale = std::max(scale, static_cast<double>(std::abs(stateless[i])));
+        }
+        EXPECT_LE(diff, 1e-5 * scale) << "vs draft_block";
+      }
+    }
+    for (std::int64_t l = 0; l < cfg.layers; ++l) {
+      const KeyWindow win = cfg.layer_window(l);
+      const std::int64_t keys = cache.cached_keys(l);
+      std::int64_t all = keys;
+      w.all_reduce<std::int64_t>(std::span<std::int64_t>(&all, 1));
+      if (win.window > 0)
+        EXPECT_LE(keys, 2 * (win.window - 1)) << preset << " layer " << l;
+      else
+        EXPECT_EQ(all, total) << preset << " layer " << l;
+    }
+    expect_error([&] { cache.draft(std::vector<float>(static_cast<std::size_t>((cfg.block + 1) * H))); },
+                 "with 1 <= b <= B");
+  }
 }
 
 // Also for a drafter with sliding-window layers (issue #36): it trains from the released format

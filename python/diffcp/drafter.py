@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _core
 
-__all__ = ["Drafter"]
+__all__ = ["Drafter", "DraftCache"]
 
 
 def _f32_rows(x) -> np.ndarray:
@@ -71,3 +71,38 @@ class Drafter:
             ``1 .. b-1`` into the draft logits of positions ``ctx+1 .. ctx+b-1``.
         """
         return self._core.draft(_f32_rows(target_hidden), _f32_rows(noise_embedding))
+
+    def new_cache(self) -> "DraftCache":
+        """A draft KV cache for one generation (C++ ``DraftCache``): :meth:`DraftCache.append` the
+        target's hidden states as positions are accepted, :meth:`DraftCache.draft` a block from the
+        cached K/V. A block then costs its own rows and attention over the cache, no O(context)
+        projection (``draft`` recomputes the context's fusion and K/V every call). Equal to
+        :meth:`draft` on the same context within f32 rounding (not bitwise: other GEMM row blocks
+        and attention tiles)."""
+        return DraftCache(self._core.new_cache())
+
+
+class DraftCache:
+    """The draft KV cache of one generation; make it with :meth:`Drafter.new_cache`. Collective
+    over the drafter's communicator (every rank appends and drafts the same arrays)."""
+
+    def __init__(self, core):
+        self._core = core
+
+    def append(self, target_hidden) -> None:
+        """``target_hidden``: ``[n, n_t * H]`` the target's hidden states of the next ``n`` positions
+        (as :meth:`Drafter.draft`'s ``target_hidden``, from position ``len(self)`` on)."""
+        self._core.append(_f32_rows(target_hidden))
+
+    def draft(self, noise_embedding) -> np.ndarray:
+        """One block at positions ``len(self) ..``: ``noise_embedding`` ``[b, H]``, ``1 <= b <=
+        block_size`` -> float32 ``[b, H]`` (as :meth:`Drafter.draft` with the appended context)."""
+        return self._core.draft(_f32_rows(noise_embedding))
+
+    def __len__(self) -> int:
+        return self._core.__len__()
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of cached K/V on this rank (capacity included)."""
+        return self._core.bytes

@@ -1,4 +1,4 @@
-"""diffcp.Drafter and diffcp.speculative.generate (issue #36) with Debian's torch, no transformers:
+"""diffcp.Drafter and diffcp.speculative.generate (issues #36, #53) with Debian's torch, no transformers:
 a tiny float64 causal LM stands in for the target (the call signature of a transformers model, no
 KV cache), drafters are written here as DFlash folders (random weights, full and sliding layers).
 
@@ -6,8 +6,16 @@ KV cache), drafters are written here as DFlash folders (random weights, full and
   for token, with a real (random) drafter, full or sliding, and any block size.
 * The acceptance logic is exact: an oracle drafter (it knows the greedy continuation) is accepted
   whole (tau = B), one wrong at slot k gets exactly k accepted per block; the stats add up.
+* The draft KV cache (issue #53) drafts what the stateless draft does (within f32 rounding), with
+  the context appended in pieces; greedy decoding stays lossless with it and without it.
+* Speculative sampling is lossless in distribution: one verification step gives tokens distributed
+  as p (chi-square, many draws), and the first 3 tokens of whole generations (a 6-token vocabulary,
+  a real drafter, many seeds) are distributed as the target's own sampling, computed exactly by
+  enumeration; with the acceptance rule broken on purpose (accept every draft; or draw the
+  correction from p instead of the residual) the same tests reject.
 * Bad input is a ValueError naming it.
 """
+import math
 import json
 import struct
 import types
@@ -24,15 +32,16 @@ V = H = 32  # the fake target's LM head is the identity: a one-hot hidden row pi
 class TinyLM(torch.nn.Module):
     """A float64 causal LM with transformers' call signature (recomputes the whole sequence)."""
 
-    def __init__(self, layers=4, seed=0):
+    def __init__(self, layers=4, seed=0, vocab=V):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.emb = torch.nn.Embedding(V, H).double()
-        self.emb.weight.data = torch.randn(V, H, generator=g, dtype=torch.float64)
+        self.emb = torch.nn.Embedding(vocab, H).double()
+        self.emb.weight.data = torch.randn(vocab, H, generator=g, dtype=torch.float64)
         self.qkv = [torch.randn(H, 3 * H, generator=g, dtype=torch.float64) / H ** 0.5 for _ in range(layers)]
         self.mlp = [torch.randn(H, H, generator=g, dtype=torch.float64) / H ** 0.5 for _ in range(layers)]
-        self.head = torch.nn.Linear(H, V, bias=False).double()
-        self.head.weight.data = torch.eye(V, H, dtype=torch.float64) * 3.0
+        self.head = torch.nn.Linear(H, vocab, bias=False).double()
+        self.head.weight.data = (torch.eye(V, H, dtype=torch.float64) * 3.0 if vocab == V else
+                                 torch.randn(vocab, H, generator=g, dtype=torch.float64) / H ** 0.5)
 
     def get_input_embeddings(self):
         return self.emb
@@ -65,7 +74,7 @@ def greedy(target, prompt, n):
     return seq
 
 
-def write_drafter(path, layer_types=None, window=None, block=4, layers=2, seed=1):
+def write_drafter(path, layer_types=None, window=None, block=4, layers=2, seed=1, vocab=V):
     """A DFlash folder (config.json + model.safetensors) with random weights for the fake target."""
     path.mkdir(parents=True, exist_ok=True)
     n_t, nq, nkv, d, F = 2, 4, 2, 8, 48
@@ -92,8 +101,8 @@ def write_drafter(path, layer_types=None, window=None, block=4, layers=2, seed=1
     (path / "model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
     cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H, "num_hidden_layers": layers,
            "num_attention_heads": nq, "num_key_value_heads": nkv, "head_dim": d, "intermediate_size": F,
-           "vocab_size": V, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "block_size": block, "num_target_layers": 4,
-           "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": V - 1}}
+           "vocab_size": vocab, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "block_size": block, "num_target_layers": 4,
+           "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": vocab - 1}}
     if layer_types:
         cfg.update(layer_types=layer_types, use_sliding_window=window is not None, sliding_window=window)
     (path / "config.json").write_text(json.dumps(cfg))
@@ -175,3 +184,157 @@ def test_stop_tokens_and_bad_input(tmp_path, target):
         drafter.draft(np.zeros((3, H), np.float32), np.zeros((4, H), np.float32))
     with pytest.raises(ValueError, match="config.json"):
         diffcp.Drafter.load(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("kind", ["full", "sliding"])
+def test_draft_cache_drafts_what_the_stateless_draft_does(tmp_path, kind):
+    layer_types = ["sliding_attention", "full_attention"] if kind == "sliding" else None
+    drafter = diffcp.Drafter.load(write_drafter(tmp_path / kind, layer_types, window=3 if layer_types else None))
+    rng = np.random.default_rng(3)
+    hidden = rng.standard_normal((300, 2 * H)).astype(np.float32)
+    cache = drafter.new_cache()
+    with pytest.raises(ValueError, match="no context yet"):
+        cache.draft(np.zeros((4, H), np.float32))
+    ctx = 0
+    for piece in [1, 4, 1, 250, 44]:
+        cache.append(hidden[ctx:ctx + piece])
+        ctx += piece
+        assert len(cache) == ctx
+        for b in (4, 2):
+            noise = rng.standard_normal((b, H)).astype(np.float32)
+            got, ref = cache.draft(noise), drafter.draft(hidden[:ctx], noise)
+            np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    assert cache.bytes > 0
+    with pytest.raises(ValueError, match="target_hidden must be"):
+        cache.append(np.zeros((2, H), np.float32))
+    with pytest.raises(ValueError, match="noise_embedding must be"):
+        cache.draft(np.zeros((5, H), np.float32))
+
+
+def test_greedy_is_lossless_with_and_without_the_draft_cache(tmp_path, target):
+    drafter = diffcp.Drafter.load(write_drafter(tmp_path / "d"))
+    prompt = torch.randint(0, V - 1, (9,), generator=torch.Generator().manual_seed(4))
+    ref = greedy(target, prompt, 15)
+    for draft_cache in (True, False):
+        out, stats = diffcp.speculative.generate(target, drafter, prompt, 15, draft_cache=draft_cache)
+        assert torch.equal(out[0], ref), draft_cache
+        assert stats["draft_seconds"] > 0 and stats["target_seconds"] > 0
+    with pytest.raises(ValueError, match="has no new_cache"):
+        diffcp.speculative.generate(target, OracleDrafter(ref), prompt, 4, draft_cache=True)
+    with pytest.raises(ValueError, match="temperature = -1"):
+        diffcp.speculative.generate(target, drafter, prompt, 4, temperature=-1)
+    with pytest.raises(ValueError, match="top_p = 0"):
+        diffcp.speculative.generate(target, drafter, prompt, 4, temperature=1, top_p=0)
+    with pytest.raises(ValueError, match="top_k = -2"):
+        diffcp.speculative.generate(target, drafter, prompt, 4, temperature=1, top_k=-2)
+
+
+def test_sampled_generation_is_reproducible_and_greedy_at_temperature_zero(tmp_path, target):
+    drafter = diffcp.Drafter.load(write_drafter(tmp_path / "d"))
+    prompt = torch.arange(7) % (V - 1)
+    a, _ = diffcp.speculative.generate(target, drafter, prompt, 12, temperature=0.8, top_k=8, top_p=0.9, seed=5)
+    b, _ = diffcp.speculative.generate(target, drafter, prompt, 12, temperature=0.8, top_k=8, top_p=0.9, seed=5)
+    assert torch.equal(a, b)
+    greedy_out, _ = diffcp.speculative.generate(target, drafter, prompt, 12, temperature=0.0, seed=5)
+    assert torch.equal(greedy_out[0], greedy(target, prompt, 12))
+
+
+def test_warp_matches_top_k_then_top_p():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    p = diffcp.speculative.warp(logits, 1.0)
+    assert torch.allclose(p, torch.softmax(logits.double(), -1))
+    p = diffcp.speculative.warp(logits, 0.5, top_k=3)
+    assert (p[0, 3:] == 0).all() and torch.allclose(p[0, :3], torch.softmax(logits[0, :3].double() / 0.5, -1))
+    full = torch.softmax(logits.double(), -1)[0]
+    p = diffcp.speculative.warp(logits, 1.0, top_p=float(full[0] + 1e-3))  # the crossing token is kept
+    assert (p[0, 2:] == 0).all() and torch.allclose(p[0, :2], full[:2] / full[:2].sum())
+
+
+def chi_square_p(observed, expected):
+    """Pearson's chi-square p-value (cells with expected < 5 pooled; the Wilson-Hilferty normal
+    approximation of the chi-square tail)."""
+    obs, exp = np.asarray(observed, float), np.asarray(expected, float)
+    small = exp < 5
+    if small.any():
+        obs = np.append(obs[~small], obs[small].sum())
+        exp = np.append(exp[~small], exp[small].sum())
+    x2, k = float(((obs - exp) ** 2 / exp).sum()), len(exp) - 1
+    z = ((x2 / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def accept_everything(drafts, q, p, gen):
+    """A broken rule: every draft is accepted (the output then follows the drafter)."""
+    k = int(drafts.shape[0])
+    return k, diffcp.speculative._draw(p[k], gen)
+
+
+def correction_from_p(drafts, q, p, gen):
+    """A broken rule: the right acceptance, but the correction drawn from p, not the residual."""
+    for i in range(int(drafts.shape[0])):
+        x = int(drafts[i])
+        if float(torch.rand((), generator=gen, dtype=torch.float64)) * float(q[i, x]) >= float(p[i, x]):
+            return i, diffcp.speculative._draw(p[i], gen)
+    return int(drafts.shape[0]), diffcp.speculative._draw(p[-1], gen)
+
+
+@pytest.mark.parametrize("rule", ["exact", "accept_everything", "correction_from_p"])
+def test_one_verification_draws_from_p(rule):
+    """One block position: output token = the draft if accepted, else the correction; ~ p exactly."""
+    verify = {"exact": diffcp.speculative.verify_sampled, "accept_everything": accept_everything,
+              "correction_from_p": correction_from_p}[rule]
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    q = torch.tensor([[0.1, 0.6, 0.1, 0.2]], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    n, counts = 20000, np.zeros(4)
+    for _ in range(n):
+        x = torch.multinomial(q[0], 1, generator=gen)
+        accepted, token = verify(x, q, p, gen)
+        counts[int(x) if accepted else token] += 1
+    pv = chi_square_p(counts, n * p[0].numpy())
+    assert (pv > 1e-4) if rule == "exact" else (pv < 1e-6), (rule, counts / n, pv)
+
+
+def exact_first_tokens(target, prompt, k, warp_args):
+    """{(t1..tk): probability} of the target's own sampling, by enumeration."""
+    probs = {(): 1.0}
+    with torch.no_grad():
+        for _ in range(k):
+            nxt = {}
+            for seq, pr in probs.items():
+                ids = torch.cat([prompt, torch.tensor(seq, dtype=torch.long)])
+                p = diffcp.speculative.warp(target(ids[None]).logits[0, -1], **warp_args)
+                for t in range(p.shape[0]):
+                    if p[t] > 0:
+                        nxt[seq + (t,)] = pr * float(p[t])
+            probs = nxt
+    return probs
+
+
+@pytest.mark.parametrize("rule", ["exact", "accept_everything", "correction_from_p"])
+def test_sampling_is_lossless_in_distribution(tmp_path, monkeypatch, rule):
+    """The first 3 tokens of speculative sampling (B = 4: one draft block of 2 drafts after the
+    prefill's token), over many seeds, against the target's exact joint distribution."""
+    vocab = 6
+    target = TinyLM(vocab=vocab, seed=2).eval()
+    drafter = diffcp.Drafter.load(write_drafter(tmp_path / "d", vocab=vocab, seed=3))
+    prompt = torch.tensor([0, 3, 1, 4, 2])
+    warp_args = dict(temperature=1.3, top_k=5, top_p=0.97)
+    exact = exact_first_tokens(target, prompt, 3, warp_args)
+    if rule != "exact":
+        monkeypatch.setattr(diffcp.speculative, "verify_sampled",
+                            accept_everything if rule == "accept_everything" else correction_from_p)
+    n, counts, accepted = 3000, {}, 0
+    for seed in range(n):
+        out, stats = diffcp.speculative.generate(target, drafter, prompt, 3, seed=seed, **warp_args)
+        seq = tuple(out[0, len(prompt):].tolist())
+        counts[seq] = counts.get(seq, 0) + 1
+        accepted += stats["acceptance_lengths"][0] - 1
+    outside = sum(c for seq, c in counts.items() if seq not in exact)  # sequences the target cannot sample
+    cells = sorted(exact)
+    pv = chi_square_p([counts.get(c, 0) for c in cells], [n * exact[c] for c in cells])
+    if rule == "exact":
+        assert accepted / n > 0.2, f"too few drafts accepted ({accepted / n:.2f} per block) to test the rule"
+        assert outside == 0 and pv > 1e-4, (outside, pv)
+    else:
+        assert outside > 0 or pv < 1e-6, (rule, pv)
