@@ -137,6 +137,7 @@ int run_export(const ExportOptions& opt);
 struct DraftOptions {
   std::string model, target_hidden, noise, out, balancer = "lpt";
   int reps = 1;
+  bool draft_cache = false;  // draft from a DraftCache (drafter/draft_cache.hpp) holding the context
 };
 void add_draft_command(CLI::App& app, DraftOptions& opt);
 int run_draft(Communicator& world, const DraftOptions& opt);
