@@ -738,6 +738,33 @@ PYBIND11_MODULE(_core, m) {
         py::arg("anchors"), py::arg("block"), py::arg("softmax_scale"));
   m.def("to_bf16", &to_bf16_py, py::arg("x"));
   m.def("from_bf16", &from_bf16_py, py::arg("x"));
+  // The registered backends (this module registers none beyond the library's: the CPU), and the
+  // check of a `backend=` argument: known, and on host memory (the bindings hand numpy memory to
+  // the ops; a device backend needs staging, which comes with it).
+  m.def("backends", [] {
+    py::list out;
+    for (Backend* b : registered_backends()) {
+      py::dict d;
+      d["name"] = b->name();
+      d["device"] = device_name(b->device());
+      d["f32"] = b->describe(DType::f32);
+      d["bf16"] = b->describe(DType::bf16);
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("check_backend", [](const std::string& name) {
+    Backend* found = nullptr;
+    std::string names;
+    for (Backend* b : registered_backends()) {
+      if (name == b->name()) found = b;
+      names += (names.empty() ? "" : ", ") + std::string(b->name());
+    }
+    if (found == nullptr) throw py::value_error("backend '" + name + "': not in this build; registered backends: " + names);
+    if (found->device() != Device::host)
+      throw py::value_error("backend '" + name + "': its memory is the " + device_name(found->device()) +
+                            " device's; the Python bindings run on host-memory backends only (" + names + ")");
+  }, py::arg("name"));
   m.def("bf16_path", [] { return active_backend().describe(DType::bf16); });
   m.def("cpu_kernels", [] { return active_backend().describe(DType::f32); });
 }

@@ -7,11 +7,15 @@ The Python face of the C++ library (see docs/python.md):
 * :mod:`diffcp.attention` — the block-sparse DFlash attention kernels (forward / backward) on
   numpy arrays or CPU torch tensors, float32 or bf16, zero-copy; :mod:`diffcp.torch` (where
   torch is installed) — the same as a ``torch.autograd.Function``.
+* :func:`backends` — the compute backends of this build; ``backend=`` on :class:`SplitKV`,
+  :meth:`Drafter.load` and ``diffusers.parallelize`` chooses one (host-memory backends only: the
+  bindings hand numpy memory to the ops).
 * :func:`to_bf16`, :func:`from_bf16` — float32 <-> bf16 bits (uint16; numpy has no bfloat16).
 * :class:`SplitKV` — one Split-KV attention layer over an mpi4py communicator.
 * :class:`Drafter` — a DFlash drafter loaded from a DFlash-format folder, drafting one block;
-  :mod:`diffcp.speculative` — ``generate(target, drafter, input_ids, max_new_tokens)``, lossless
-  greedy speculative decoding with a transformers target, measuring tau.
+  :mod:`diffcp.speculative` — ``generate(target, drafter, input_ids, max_new_tokens)``,
+  speculative decoding with a transformers target (greedy, or sampled: lossless in distribution)
+  from a draft KV cache, measuring tau and time.
 * :mod:`diffcp.diffusers` — ``parallelize(pipe)``: a diffusers pipeline (FLUX.1, SD3.5,
   Qwen-Image, FLUX.2) whose transformer runs sequence-parallel on diffcp (import it explicitly;
   it needs torch, and diffusers for the pipelines).
@@ -33,7 +37,7 @@ from .drafter import Drafter
 from .splitkv import LayerConfig, SplitKV
 
 __all__ = ["Plan", "plan", "balancer_names", "attention", "SplitKV", "LayerConfig", "Drafter", "speculative",
-           "to_bf16", "from_bf16", "bf16_path", "cpu_kernels"]
+           "to_bf16", "from_bf16", "bf16_path", "cpu_kernels", "backends"]
 
 
 @dataclass(frozen=True)
@@ -145,3 +149,9 @@ def cpu_kernels() -> str:
     """Which CPU kernels run (the package is portable: its kernels are compiled for AVX-512, AVX2
     and the x86-64 baseline and the widest this CPU has is chosen; DIFFCP_CPU_ISA=avx2 chooses)."""
     return _core.cpu_kernels()
+
+
+def backends() -> list[dict]:
+    """The compute backends this build registers: ``[{"name", "device", "f32", "bf16"}]`` (what
+    runs each dtype there). The CLI's ``diffcp backends`` lists the same (and its guard device)."""
+    return [dict(b) for b in _core.backends()]

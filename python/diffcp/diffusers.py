@@ -396,7 +396,7 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
                 ring_degree: int | None = None, dtype: str = "bf16", weights_dtype: str = "auto",
                 shard_weights: bool = False, group_size: int = 0, cache_ratio: float = 1.0,
                 output_on: str = "rank0", cfg_parallel: bool = False, step_cache: str = "none",
-                wire: str = "auto") -> ParallelPipeline:
+                wire: str = "auto", backend: str = "cpu") -> ParallelPipeline:
     """Runs ``pipe``'s transformer across the ranks of ``comm`` with diffcp.
 
     Args:
@@ -419,7 +419,9 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
             decisions are in ``core.step_cache_stats()``.
         wire: ``auto`` | ``fp8``: the exchanges' payload: ``dtype`` itself, or e4m3 with one float32
             scale per (token, head) (half of bf16's bytes; decoded into ``dtype`` before attention).
+        backend: the compute backend (:func:`diffcp.backends`; ``"cpu"``).
     """
+    _core.check_backend(str(backend))
     import torch
     comm = _world(comm)
     if output_on not in ("rank0", "all"):

@@ -39,17 +39,19 @@ class Drafter:
         self.hidden_size: int = self.config["hidden_size"]
 
     @classmethod
-    def load(cls, path: str, comm=None) -> "Drafter":
+    def load(cls, path: str, comm=None, backend: str = "cpu") -> "Drafter":
         """Loads ``path/config.json`` + ``path/model.safetensors``.
 
         Args:
             comm: an ``mpi4py.MPI.Comm`` whose ranks draft together (Split-KV over the context;
                 every rank calls :meth:`draft` with the same arrays), or ``None`` for this process
                 alone (``COMM_SELF``).
+            backend: the compute backend (:func:`diffcp.backends`; ``"cpu"``).
 
         Raises:
             ValueError naming what the folder lacks or what its config asks that is not supported.
         """
+        _core.check_backend(str(backend))
         from mpi4py import MPI  # Debian's python3-mpi4py; initialises MPI
         comm = MPI.COMM_SELF if comm is None else comm
         if not hasattr(comm, "py2f"):

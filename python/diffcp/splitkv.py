@@ -31,10 +31,13 @@ class SplitKV:
         dtype: ``"f32"``, or ``"bf16"``: attention and projection GEMMs in bf16 with f32
             accumulation and the row collectives in bf16 (half the bytes); the arrays in and out,
             norms, RoPE, lse and D stay float32 (C++ ``SplitKVOptions::compute``).
+        backend: the compute backend (:func:`diffcp.backends`; ``"cpu"``).
     """
 
-    def __init__(self, comm, config: LayerConfig, lengths, anchors, block: int, plan=None, dtype: str = "f32"):
+    def __init__(self, comm, config: LayerConfig, lengths, anchors, block: int, plan=None, dtype: str = "f32",
+                 backend: str = "cpu"):
         from . import _batch_args
+        _core.check_backend(str(backend))
         if not hasattr(comm, "py2f") or not hasattr(comm, "Get_size"):
             raise TypeError(f"comm: expected an mpi4py communicator, got {type(comm).__name__}")
         if plan is not None and plan.P != comm.Get_size():

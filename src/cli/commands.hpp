@@ -11,6 +11,7 @@
 
 #include "diffcp/comm/communicator.hpp"
 #include "diffcp/core/stats.hpp"
+#include "diffcp/ops/backend.hpp"
 #include "diffcp/drafter/trainer.hpp"
 #include "diffcp/testing/compare.hpp"
 
@@ -139,6 +140,13 @@ struct DraftOptions {
   int reps = 1;
   bool draft_cache = false;  // draft from a DraftCache (drafter/draft_cache.hpp) holding the context
 };
+// `diffcp backends`: the registered backends (cli/backends.cpp). select_backend makes `name` the
+// active backend for subcommand `command` (registering the CLI's: cpu and the guard device);
+// unknown, or a device backend for a command that reads results on the host: an error naming it.
+void add_backends_command(CLI::App& app);
+int run_backends(const std::string& selected);
+Backend& select_backend(const std::string& name, const std::string& command);
+
 void add_draft_command(CLI::App& app, DraftOptions& opt);
 int run_draft(Communicator& world, const DraftOptions& opt);
 

@@ -29,6 +29,11 @@ int main(int argc, char** argv) {
           },
           "SECONDS"))
       ->capture_default_str();
+  std::string backend = "cpu";
+  app.add_option("--backend", backend,
+                 "compute backend of every command that computes (`diffcp backends` lists them); on every rank")
+      ->envname("DIFFCP_BACKEND")
+      ->capture_default_str();
   diffcp::cli::AttnOptions attn;
   diffcp::cli::PlanOptions plan;
   diffcp::cli::TrainCommand train;
@@ -45,15 +50,19 @@ int main(int argc, char** argv) {
   diffcp::cli::add_draft_command(app, draft);
   diffcp::cli::add_bench_command(app, bench_cp, bench_p2p, bench_coll);
   diffcp::cli::add_sim_command(app);
+  diffcp::cli::add_backends_command(app);
   // Parse before MPI starts so --help and usage errors need no MPI; every rank parses the same argv.
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  const std::string command = app.get_subcommands().front()->get_name();
   const bool sim_model = app.got_subcommand("sim") && !diffcp::cli::sim_needs_mpi(app);
-  if (app.got_subcommand("plan") || app.got_subcommand("export") || sim_model) {  // no MPI
+  if (app.got_subcommand("plan") || app.got_subcommand("export") || app.got_subcommand("backends") || sim_model) {  // no MPI
     try {
+      if (app.got_subcommand("backends")) return diffcp::cli::run_backends(backend);
+      diffcp::cli::select_backend(backend, command);
       if (sim_model) return diffcp::cli::run_sim(app);
       return app.got_subcommand("plan") ? diffcp::cli::run_plan(plan) : diffcp::cli::run_export(export_opt);
     } catch (const std::exception& e) {
@@ -63,6 +72,7 @@ int main(int argc, char** argv) {
   }
   diffcp::Communicator::set_watchdog_timeout(comm_timeout);
   return diffcp::run_mpi_main(argc, argv, [&](diffcp::Communicator& world) {
+    diffcp::cli::select_backend(backend, command);  // every rank: a refused name fails on all of them
     if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);
     if (app.got_subcommand("train")) return diffcp::cli::run_train(world, train);
     if (app.got_subcommand("dit")) return diffcp::cli::run_dit(world);

@@ -193,6 +193,12 @@ Backend& find_backend(std::string_view name) {
   DIFFCP_FAIL("unknown backend '", name, "'; registered backends: ", names);
 }
 
+std::vector<Backend*> registered_backends() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.backends;
+}
+
 Backend& active_backend() { return *active().load(std::memory_order_relaxed); }
 
 Backend& set_backend(Backend& b) { return *active().exchange(&b); }

@@ -269,6 +269,8 @@ Backend& cpu_backend(std::string_view isa);
 void register_backend(Backend& b);
 // The registered backend called `name`; the error lists the registered names.
 Backend& find_backend(std::string_view name);
+// Every registered backend, in registration order (the CPU's first).
+std::vector<Backend*> registered_backends();
 // The backend the public ops run on (cpu_backend() until changed).
 Backend& active_backend();
 // Its device: where the raw pointers handed to the op wrappers point (their views carry it).

@@ -1,0 +1,54 @@
+// `diffcp backends` and the global `--backend NAME` (DIFFCP_BACKEND): which backends this build
+// registers, what runs on each, and the one every computing command runs on.
+#include <cstdio>
+
+#include "cli/commands.hpp"
+#include "diffcp/core/error.hpp"
+#include "diffcp/ops/backend.hpp"
+#include "diffcp/testing/guard_backend.hpp"
+
+namespace diffcp::cli {
+
+namespace {
+// The CLI registers the guard device too (testing/guard_backend.hpp): a check backend on host
+// pages only its own ops may touch, so `--backend guard` shows that a command keeps its data on
+// the device (slow; a host loop over device memory faults).
+void register_cli_backends() { (void)guard_backend(); }
+}  // namespace
+
+void add_backends_command(CLI::App& app) {
+  app.add_subcommand("backends", "List the compute backends of this build and machine (select one with --backend)");
+}
+
+Backend& select_backend(const std::string& name, const std::string& command) {
+  register_cli_backends();
+  Backend& b = find_backend(name);
+  // The commands whose own layer (inputs, outputs, reports) touches device memory only through
+  // the backend: the guard device runs them (bitwise the CPU's result). The others read results
+  // on the host and run on host-memory backends only, until they are moved over (issue #51).
+  const bool device_clean = command == "train" || command == "draft" || command == "plan" || command == "export";
+  DIFFCP_CHECK(b.device() == Device::host || device_clean, "--backend ", name, ": `diffcp ", command,
+               "` runs on host-memory backends only (cpu); the ", device_name(b.device()),
+               " device runs `diffcp train` and `diffcp draft`");
+  set_backend(b);
+  return b;
+}
+
+int run_backends(const std::string& selected) {
+  register_cli_backends();
+  find_backend(selected);  // an unknown --backend is an error here too
+  for (Backend* b : registered_backends()) {
+    std::printf("%-6s device %-6s %s%s\n", b->name(), device_name(b->device()),
+                b == &cpu_backend() ? "the default" : "a check device for tests (slow)",
+                selected == b->name() ? "; selected (--backend / DIFFCP_BACKEND)" : "");
+    for (DType t : {DType::f32, DType::bf16}) std::printf("       %s: %s\n", dtype_name(t), b->describe(t).c_str());
+    if (b == &cpu_backend()) {
+      std::printf("       instruction sets compiled in (DIFFCP_CPU_ISA):");
+      for (const CpuIsa& isa : cpu_isas()) std::printf(" %s%s", isa.name.c_str(), isa.supported ? "" : " (not on this CPU)");
+      std::printf("\n");
+    }
+  }
+  return 0;
+}
+
+}  // namespace diffcp::cli
