@@ -31,6 +31,7 @@
 #include "diffcp/dit/sampler.hpp"
 #include "diffcp/drafter/draft.hpp"
 #include "diffcp/drafter/draft_cache.hpp"
+#include "diffcp/dit/usp.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/drafter/hf_format.hpp"
 #include "diffcp/workload/batch.hpp"
@@ -463,14 +464,11 @@ class DitPy {
     const DiffusersTransformer t = open_diffusers_transformer(folder);
     const SafeTensorsSet ck(t.weights);
     mode_ = parse_exchange_mode(mode);
-    DIFFCP_CHECK(compute == "f32" || compute == "bf16", "dtype '", compute, "': expected f32 or bf16");
-    compute_ = compute == "bf16" ? DType::bf16 : DType::f32;
+    compute_ = compute_dtype(compute, "dtype");
     wire_ = parse_wire(wire);
     check_wire_supported(wire_, compute_);  // the active backend runs the codec, before any collective
-    DIFFCP_CHECK(weights_dtype == "f32" || weights_dtype == "bf16", "weights_dtype '", weights_dtype, "': expected f32 or bf16");
-    const DType storage = weights_dtype == "bf16" ? DType::bf16 : DType::f32;
-    DIFFCP_CHECK(!(shard_weights && storage == DType::f32 && compute_ == DType::bf16),
-                 "shard_weights with dtype bf16 needs weights_dtype bf16");
+    const DType storage = diffcp::weights_dtype(weights_dtype, false, "weights_dtype");  // "auto" resolved in Python
+    check_shard_weights(shard_weights, storage, compute_, "shard_weights", "weights_dtype");
     schedule_ = {CacheScheduleKind::linear, cache_ratio, 5, 10};
     schedule_.validate();
     ulysses_ = ulysses;
@@ -765,6 +763,11 @@ PYBIND11_MODULE(_core, m) {
       throw py::value_error("backend '" + name + "': its memory is the " + device_name(found->device()) +
                             " device's; the Python bindings run on host-memory backends only (" + names + ")");
   }, py::arg("name"));
+  // USP's degrees (dit/usp.hpp): the given ones checked, or the largest U dividing P and the heads.
+  m.def("resolve_usp_degrees", [](int P, std::int64_t heads, std::optional<int> ulysses, std::optional<int> ring) {
+    const UspDegrees d = resolve_usp_degrees(P, heads, ulysses, ring);
+    return py::make_tuple(d.ulysses, d.ring);
+  }, py::arg("P"), py::arg("heads"), py::arg("ulysses") = std::nullopt, py::arg("ring") = std::nullopt);
   m.def("bf16_path", [] { return active_backend().describe(DType::bf16); });
   m.def("cpu_kernels", [] { return active_backend().describe(DType::f32); });
 }

@@ -50,21 +50,6 @@ def _world(comm):
     return comm
 
 
-def _ulysses_degree(P: int, heads: int, ulysses: int | None, ring: int | None) -> int:
-    """U of USP (dit/usp.hpp's defaults): given, P / ring, or the largest divisor of P dividing the heads."""
-    if ulysses is not None and ring is not None and ulysses * ring != P:
-        raise ValueError(f"ulysses_degree {ulysses} x ring_degree {ring} != P = {P} ranks")
-    if ulysses is None and ring is not None:
-        if ring < 1 or P % ring:
-            raise ValueError(f"ring_degree {ring} does not divide P = {P} ranks")
-        ulysses = P // ring
-    if ulysses is None:
-        ulysses = max(u for u in range(1, P + 1) if P % u == 0 and heads % u == 0)
-    if ulysses < 1 or P % ulysses:
-        raise ValueError(f"ulysses_degree {ulysses} does not divide P = {P} ranks")
-    return ulysses
-
-
 def _weights_folder(transformer) -> tuple[str, tempfile.TemporaryDirectory | None]:
     """The transformer's diffusers folder (config.json + safetensors); written here when it has none."""
     src = getattr(transformer.config, "_name_or_path", None)
@@ -441,8 +426,8 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     if cfg_parallel and P % 2:
         raise ValueError(f"cfg_parallel splits the ranks into two equal halves, one per classifier-free guidance pass; "
                          f"P = {P} is odd")
-    U = _ulysses_degree(P // 2 if cfg_parallel else P, int(transformer.config.num_attention_heads), ulysses_degree,
-                        ring_degree)
+    U, _ = _core.resolve_usp_degrees(P // 2 if cfg_parallel else P, int(transformer.config.num_attention_heads),
+                                     ulysses_degree, ring_degree)
     try:
         folder, tmp, err = *_weights_folder(transformer), None
     except Exception as e:  # every rank agrees before the collectives below

@@ -399,9 +399,9 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
   pl.schedule.validate();
   DIFFCP_CHECK(o.compare.empty() || o.compare == "flat", "--compare '", o.compare, "': only flat is supported");
   DIFFCP_CHECK(o.compare.empty() || o.reference.empty(), "--compare and --reference: give one of them");
-  DIFFCP_CHECK(o.dtype == "f32" || o.dtype == "bf16", "--dtype '", o.dtype, "': expected f32 or bf16");
+  const DType compute = compute_dtype(o.dtype, "--dtype");
   pl.wire = parse_wire(o.wire);
-  check_wire_supported(pl.wire, o.dtype == "bf16" ? DType::bf16 : DType::f32);  // the active backend runs the codec
+  check_wire_supported(pl.wire, compute);  // the active backend runs the codec
   if (!o.weights.empty() && is_directory(o.weights)) {  // a diffusers pipeline or transformer folder
     DiffusersTransformer t = open_diffusers_transformer(o.weights);
     pl.ck = std::make_unique<SafeTensorsSet>(t.weights);
@@ -458,7 +458,7 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
                                  .pipeline_sigmas(o.steps, shape.image_tokens(), cfg.family)
             : flux2_default ? flux2_scheduler.pipeline_sigmas(o.steps, shape.image_tokens(), DitFamily::flux2)
                             : flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()),
-            guidance, {}, o.dtype == "bf16" ? DType::bf16 : DType::f32, {}, o.true_cfg_scale};
+            guidance, {}, compute, {}, o.true_cfg_scale};
   pl.opt.step_cache = parse_step_cache(o.step_cache);
   DIFFCP_CHECK(!o.profile || o.steps >= 2, "--profile times the steps after the first (the warm-up): --steps ", o.steps,
                " leaves none; run at least 2");
@@ -484,14 +484,9 @@ DitPlan plan_dit(Communicator& world, const DitOptions& o) {
     }
   }
   if (pl.ck) check_dit_checkpoint(cfg, *pl.ck, pl.format);  // names every missing, extra or misshapen tensor
-  DIFFCP_CHECK(o.weights_dtype == "auto" || o.weights_dtype == "f32" || o.weights_dtype == "bf16", "--weights-dtype '",
-               o.weights_dtype, "': expected auto, f32 or bf16");
-  pl.storage = o.weights_dtype == "bf16" || (o.weights_dtype == "auto" && pl.ck && linear_weights_in_bf16(cfg, *pl.ck, pl.format))
-                   ? DType::bf16
-                   : DType::f32;
+  pl.storage = weights_dtype(o.weights_dtype, pl.ck && linear_weights_in_bf16(cfg, *pl.ck, pl.format), "--weights-dtype");
   pl.weight_shards = o.shard_weights ? pl.pass_P : 1;
-  DIFFCP_CHECK(!(o.shard_weights && pl.storage == DType::f32 && pl.opt.compute == DType::bf16), "--shard-weights with ",
-               "--dtype bf16 needs the weights stored in bf16: --weights-dtype bf16");
+  check_shard_weights(o.shard_weights, pl.storage, pl.opt.compute, "--shard-weights", "--weights-dtype");
   // --compare flat: a genuine reference, never this run's own configuration (refused where none).
   if (!o.compare.empty()) pl.compare_ref = flat_reference_for(pl.mode, pl.deg, world.size(), cfg.heads, o.cfg_parallel);
   if (!o.reference.empty()) {

@@ -1,3 +1,4 @@
+#include "diffcp/core/env.hpp"
 #include "diffcp/comm/communicator.hpp"
 
 #include "staging.hpp"
@@ -150,10 +151,10 @@ std::unique_ptr<Communicator> Communicator::split_node_local(const std::string& 
   // DIFFCP_NODE=<id> (every rank or none) overrides the backend's idea of a node: the emulated
   // hosts of scripts/emucluster.sh are separate nodes to MPI but share an emulated node's switch.
   std::int64_t node = -1;
-  if (const char* env = std::getenv("DIFFCP_NODE"); env != nullptr && *env != '\0') {
+  if (const auto env = env_value(EnvKnob::node)) {
     char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    DIFFCP_CHECK(*end == '\0' && v >= 0 && v <= (1 << 30), "DIFFCP_NODE = '", env,
+    const long long v = std::strtoll(env->c_str(), &end, 10);
+    DIFFCP_CHECK(*end == '\0' && v >= 0 && v <= (1 << 30), "DIFFCP_NODE = '", *env,
                  "': expected a non-negative integer (the node this rank belongs to)");
     node = v;
   }

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "diffcp/core/env.hpp"
 #include "diffcp/comm/communicator.hpp"
 
 namespace diffcp {
@@ -27,11 +28,11 @@ std::optional<double>& timeout_setting() {
 }
 
 double timeout_from_env() {
-  const char* env = std::getenv("DIFFCP_COMM_TIMEOUT");
-  if (env == nullptr || *env == '\0') return 0.0;
+  const auto env = env_value(EnvKnob::comm_timeout);
+  if (!env) return 0.0;
   char* end = nullptr;
-  const double v = std::strtod(env, &end);
-  DIFFCP_CHECK(*end == '\0' && std::isfinite(v) && v >= 0, "DIFFCP_COMM_TIMEOUT = '", env,
+  const double v = std::strtod(env->c_str(), &end);
+  DIFFCP_CHECK(*end == '\0' && std::isfinite(v) && v >= 0, "DIFFCP_COMM_TIMEOUT = '", *env,
                "': expected a number of seconds >= 0 (0 = no watchdog)");
   return v;
 }

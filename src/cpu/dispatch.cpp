@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "diffcp/core/env.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/ops/backend.hpp"
 
@@ -91,11 +92,11 @@ Backend& cpu_backend(std::string_view isa) {
 
 Backend& cpu_backend() {
   static Backend& chosen = [&]() -> Backend& {
-    if (const char* want = std::getenv("DIFFCP_CPU_ISA"); want != nullptr && *want != '\0') {
+    if (const auto want = env_value(EnvKnob::cpu_isa)) {
       try {
-        return cpu_backend(want);
+        return cpu_backend(*want);
       } catch (const Error& e) {
-        DIFFCP_FAIL("DIFFCP_CPU_ISA=", want, ": ", e.what());
+        DIFFCP_FAIL("DIFFCP_CPU_ISA=", *want, ": ", e.what());
       }
     }
     for (const IsaEntry& e : entries())

@@ -11,6 +11,21 @@
 
 namespace diffcp {
 
+DType compute_dtype(const std::string& name, const char* what) {
+  DIFFCP_CHECK(name == "f32" || name == "bf16", what, " '", name, "': expected f32 or bf16");
+  return name == "bf16" ? DType::bf16 : DType::f32;
+}
+
+DType weights_dtype(const std::string& name, bool file_is_bf16, const char* what) {
+  DIFFCP_CHECK(name == "auto" || name == "f32" || name == "bf16", what, " '", name, "': expected auto, f32 or bf16");
+  return name == "bf16" || (name == "auto" && file_is_bf16) ? DType::bf16 : DType::f32;
+}
+
+void check_shard_weights(bool shard, DType storage, DType compute, const char* shard_what, const char* weights_what) {
+  DIFFCP_CHECK(!(shard && storage == DType::f32 && compute == DType::bf16), shard_what,
+               " with bf16 compute needs the weights stored in bf16: ", weights_what, " bf16");
+}
+
 CfgGroups make_cfg_groups(Communicator& world) {
   const int P = world.size();
   DIFFCP_CHECK(P % 2 == 0, "--cfg-parallel splits the ranks into two equal halves, one per classifier-free guidance ",

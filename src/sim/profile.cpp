@@ -1,3 +1,4 @@
+#include "diffcp/core/env.hpp"
 #include "diffcp/sim/profile.hpp"
 
 #include <cmath>
@@ -144,10 +145,9 @@ Profile load_profile(const std::string& name_or_file) {
   std::string path = name_or_file;
   if (!std::filesystem::is_regular_file(path)) {
     // $DIFFCP_PROFILES, else the source tree's profiles/, else the installed copy.
-    const char* env = std::getenv("DIFFCP_PROFILES");
     std::string dir = DIFFCP_INSTALLED_PROFILE_DIR;
     if (std::filesystem::is_directory(DIFFCP_PROFILE_DIR)) dir = DIFFCP_PROFILE_DIR;
-    if (env != nullptr && *env != '\0') dir = env;
+    if (const auto env = env_value(EnvKnob::profiles)) dir = *env;
     path = dir + "/" + name_or_file + ".json";
   }
   DIFFCP_CHECK(std::filesystem::is_regular_file(path), "profile '", name_or_file, "': no such file, nor ", path,

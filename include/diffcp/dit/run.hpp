@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "diffcp/comm/communicator.hpp"
@@ -14,6 +15,18 @@
 #include "diffcp/dit/sampler.hpp"
 
 namespace diffcp {
+
+// The run's precision rules, one place for the CLI (`--dtype`, `--weights-dtype`,
+// `--shard-weights`) and Python (`dtype=`, `weights_dtype=`, `shard_weights=`); `what` names the
+// option in the errors.
+//   compute_dtype:  "f32" | "bf16" -> the compute dtype (GEMMs, attention, exchanges' payloads)
+//   weights_dtype:  "f32" | "bf16" | "auto" (= bf16 when the file's Linear weights are bf16,
+//                   `file_is_bf16`) -> the Linear weights' dtype in memory
+//   check_shard_weights: sharded weights computed in bf16 need them stored in bf16 (a block's
+//                   gathered slice is the GEMM's operand; f32 shards would be gathered to be rounded)
+DType compute_dtype(const std::string& name, const char* what);
+DType weights_dtype(const std::string& name, bool file_is_bf16, const char* what);
+void check_shard_weights(bool shard, DType storage, DType compute, const char* shard_what, const char* weights_what);
 
 // CFG-parallel: the P ranks of a world as two halves, each running one pass of classifier-free
 // guidance with its own exchange over `group` (ranks [0, P/2): the prompt's pass, [P/2, P): the

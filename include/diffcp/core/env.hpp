@@ -1,0 +1,22 @@
+// Every environment variable the library reads, read here and nowhere else (docs/running.md,
+// "Environment", lists them with their meaning). A variable that is unset or empty is absent.
+//   DIFFCP_CPU_ISA       the CPU backend's instruction set (ops/backend.hpp cpu_backend)
+//   DIFFCP_NODE          this rank's node, overriding the host name (comm/communicator.hpp topology)
+//   DIFFCP_COMM_TIMEOUT  the collective watchdog's seconds (comm/watchdog)
+//   DIFFCP_PROFILES      the folder of `diffcp sim`'s machine profiles (sim/profile.hpp)
+// The CLI also reads DIFFCP_BACKEND (--backend) and DIFFCP_COMM_TIMEOUT (--comm-timeout) as its
+// options' defaults (CLI11 envname, src/cli/main.cpp).
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace diffcp {
+
+enum class EnvKnob { cpu_isa, node, comm_timeout, profiles };
+
+const char* env_name(EnvKnob k);  // "DIFFCP_CPU_ISA", ...
+// The variable's value, or nullopt when it is unset or empty.
+std::optional<std::string> env_value(EnvKnob k);
+
+}  // namespace diffcp
