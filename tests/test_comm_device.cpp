@@ -181,13 +181,13 @@ TEST(CommOnDevice, TapaAllToAllEqualsTheHostRun) {
 
 TEST(CommOnDevice, ADeviceOtherThanTheActiveBackendsIsRefused) {
   std::unique_ptr<Communicator> c = test::world().split(0, test::world().rank(), "device");
-  c->set_device(Device::guard);
+  c->set_device(guard_device());
   std::vector<float> x(4, 1.f);
   const std::string e = error_of([&] { c->all_reduce<float>(x); });
   EXPECT_NE(e.find("communicator 'device' works on guard memory, but the active backend 'cpu' holds host memory"),
             std::string::npos)
       << e;
-  EXPECT_FALSE(c->reads_device(Device::guard));
+  EXPECT_FALSE(c->reads_device(guard_device()));
   EXPECT_TRUE(c->reads_device(Device::host));
 }
 

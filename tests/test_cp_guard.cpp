@@ -140,7 +140,7 @@ TEST(CpOnGuardDevice, ALayerRefusesAnotherBackendOrACommunicatorOnOtherMemory) {
     EXPECT_NE(error_of(forward).find("the active backend is 'guard', but the layer's buffers were sized on 'cpu'"),
               std::string::npos);
   }
-  comm->set_device(Device::guard);
+  comm->set_device(guard_device());
   EXPECT_NE(error_of(forward).find("works on guard memory, the backend 'cpu' on host memory: set_device(host)"),
             std::string::npos);
   comm->set_device(Device::host);

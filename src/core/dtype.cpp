@@ -1,5 +1,9 @@
 #include "diffcp/core/dtype.hpp"
 
+#include <deque>
+#include <mutex>
+#include <string>
+
 #include "diffcp/core/error.hpp"
 
 namespace diffcp {
@@ -34,12 +38,32 @@ const char* dtype_name(DType t) {
 
 bool dtype_is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16; }
 
+namespace {
+struct DeviceNames {
+  std::mutex mu;
+  std::deque<std::string> names{"host"};  // index = the Device's value; a deque keeps c_str() stable
+};
+DeviceNames& device_names() {
+  static DeviceNames n;
+  return n;
+}
+}  // namespace
+
+Device register_device(const char* name) {
+  DeviceNames& n = device_names();
+  std::lock_guard<std::mutex> lock(n.mu);
+  for (std::size_t i = 0; i < n.names.size(); ++i)
+    if (n.names[i] == name) return static_cast<Device>(i);
+  DIFFCP_CHECK(n.names.size() < 256, "register_device('", name, "'): 255 devices are registered already");
+  n.names.emplace_back(name);
+  return static_cast<Device>(n.names.size() - 1);
+}
+
 const char* device_name(Device d) {
-  switch (d) {
-    case Device::host: return "host";
-    case Device::guard: return "guard";
-  }
-  return "?";
+  DeviceNames& n = device_names();
+  std::lock_guard<std::mutex> lock(n.mu);
+  const auto i = static_cast<std::size_t>(d);
+  return i < n.names.size() ? n.names[i].c_str() : "?";
 }
 
 }  // namespace diffcp

@@ -127,7 +127,7 @@ void GuardBackend::check_range(const char* op, const char* what, const void* p, 
 
 template <typename View>
 View GuardBackend::checked(const char* op, const char* what, View t) const {
-  DIFFCP_CHECK(t.device == Device::guard, "guard: ", op, ": ", what, " ", t.describe(),
+  DIFFCP_CHECK(t.device == device_, "guard: ", op, ": ", what, " ", t.describe(),
                " is labelled ", device_name(t.device), " memory: a device op takes guard views");
   check_range(op, what, t.data, extent_bytes(t));
   t.device = Device::host;  // the CPU kernels see plain memory, open for the op's duration
@@ -140,24 +140,24 @@ GuardBackend::Counters GuardBackend::counters() const {
 }
 
 void GuardBackend::copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
-  DIFFCP_CHECK((dst_device == Device::host || dst_device == Device::guard) &&
-                   (src_device == Device::host || src_device == Device::guard),
+  DIFFCP_CHECK((dst_device == Device::host || dst_device == device_) &&
+                   (src_device == Device::host || src_device == device_),
                "guard: copy between ", device_name(src_device), " and ", device_name(dst_device), " memory");
   if (bytes == 0) return;
-  if (src_device == Device::guard) check_range("copy", "src", src, bytes);
-  if (dst_device == Device::guard) check_range("copy", "dst", dst, bytes);
+  if (src_device == device_) check_range("copy", "src", src, bytes);
+  if (dst_device == device_) check_range("copy", "dst", dst, bytes);
   // A side labelled host must be host memory (a device pointer in a host view is a bug a GPU
   // would not forgive).
-  DIFFCP_CHECK(src_device == Device::guard || !owns(src, 1), "guard: copy: src ", src,
+  DIFFCP_CHECK(src_device == device_ || !owns(src, 1), "guard: copy: src ", src,
                " is guard device memory in a view labelled host");
-  DIFFCP_CHECK(dst_device == Device::guard || !owns(dst, 1), "guard: copy: dst ", dst,
+  DIFFCP_CHECK(dst_device == device_ || !owns(dst, 1), "guard: copy: dst ", dst,
                " is guard device memory in a view labelled host");
   {
     Open open(*this);
     std::memcpy(dst, src, bytes);
   }
   std::lock_guard<std::mutex> lock(mu_);
-  const bool from = src_device == Device::guard, to = dst_device == Device::guard;
+  const bool from = src_device == device_, to = dst_device == device_;
   (from && to ? counters_.device_to_device : to ? counters_.host_to_device : counters_.device_to_host) +=
       from || to ? bytes : 0;
 }

@@ -28,10 +28,13 @@ template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<double>() { return DType::f64; }
 template <> constexpr DType dtype_of<bf16_t>() { return DType::bf16; }
 
-// Where a tensor's memory lives. host: this process's memory. guard: the guard device's (a test
-// backend, testing/guard_backend.hpp: host pages that only its own ops may touch). A GPU backend
-// adds its device here.
-enum class Device : std::uint8_t { host, guard };
-const char* device_name(Device d);
+// Where a tensor's memory lives: the host (this process's memory), or a device that a backend
+// registered (register_device). Open: the library names only the host; the guard device of the
+// tests (testing/guard_backend.hpp) and a GPU backend's device are registered by their backends.
+enum class Device : std::uint8_t { host = 0 };
+// The device called `name` ("cuda", "guard"), registered on first use: the same name gives the
+// same device. Thread-safe. At most 255 devices besides the host.
+Device register_device(const char* name);
+const char* device_name(Device d);  // "host", a registered name, or "?"
 
 }  // namespace diffcp

@@ -31,7 +31,7 @@ class GuardBackend final : public Backend {
  public:
   GuardBackend();
   const char* name() const override { return "guard"; }
-  Device device() const override { return Device::guard; }
+  Device device() const override { return device_; }
   bool supports(OpKind op, DType dtype) const override { return cpu_backend().supports(op, dtype); }
   std::string describe(DType dtype) const override;
 
@@ -105,6 +105,7 @@ class GuardBackend final : public Backend {
     std::uintptr_t base;  // the mapping: `span` bytes of the buffer's pages, then one page never opened
     std::size_t span, bytes;  // bytes: what was asked for (the range checks use it)
   };
+  Device device_ = register_device("guard");
   mutable std::mutex mu_;
   std::map<std::uintptr_t, Region> buffers_;  // the pointer handed out -> its region
   int open_depth_ = 0;
@@ -113,5 +114,7 @@ class GuardBackend final : public Backend {
 
 // The process's guard device, registered as "guard". Select it with ScopedBackend.
 GuardBackend& guard_backend();
+// Its device (registered as "guard").
+inline Device guard_device() { return guard_backend().device(); }
 
 }  // namespace diffcp
