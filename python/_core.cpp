@@ -759,13 +759,13 @@ PYBIND11_MODULE(_core, m) {
       names += (names.empty() ? "" : ", ") + std::string(b->name());
     }
     if (found == nullptr) throw py::value_error("backend '" + name + "': not in this build; registered backends: " + names);
-    if (found->device() != Device::host)
-      throw py::value_error("backend '" + name + "': its memory is the " + device_name(found->device()) +
-                            " device's; the Python bindings run on host-memory backends only (" + names + ")");
+    if (found != &active_backend())
+      throw py::value_error("backend '" + name + "': the Python bindings hand numpy memory to the process's backend, '" +
+                            active_backend().name() + "'; no other is selectable from Python yet");
   }, py::arg("name"));
   // USP's degrees (dit/usp.hpp): the given ones checked, or the largest U dividing P and the heads.
   m.def("resolve_usp_degrees", [](int P, std::int64_t heads, std::optional<int> ulysses, std::optional<int> ring) {
-    const UspDegrees d = resolve_usp_degrees(P, heads, ulysses, ring);
+    const UspDegrees d = resolve_usp_degrees(P, heads, ulysses, ring, "ulysses_degree", "ring_degree");
     return py::make_tuple(d.ulysses, d.ring);
   }, py::arg("P"), py::arg("heads"), py::arg("ulysses") = std::nullopt, py::arg("ring") = std::nullopt);
   m.def("bf16_path", [] { return active_backend().describe(DType::bf16); });

@@ -10,9 +10,32 @@
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/testing/guard_backend.hpp"
 #include "diffcp/testing/op_harness.hpp"
+#ifdef DIFFCP_HAVE_CUDA
+#include "diffcp/cuda/backend.hpp"
+#endif
 
 namespace diffcp {
 namespace {
+
+// The CUDA backend (a -DDIFFCP_CUDA=ON build) through the harness, where this machine has a GPU;
+// skipped, saying why, elsewhere.
+TEST(OpHarness, CudaBackendWithinItsBoundsOfTheCpu) {
+#ifndef DIFFCP_HAVE_CUDA
+  GTEST_SKIP() << "not built with the CUDA backend (-DDIFFCP_CUDA=ON)";
+#else
+  std::string why;
+  if (!cuda_device_present(&why)) {
+    GTEST_SKIP() << "no CUDA device here: " << why;
+  }
+  int ran = 0;
+  for (const OpResult& r : run_op_harness(cuda_backend())) {
+    SCOPED_TRACE("cuda: " + r.name + " [" + r.shape + "]");
+    EXPECT_TRUE(r.failure.empty()) << r.failure;
+    ran += !r.skipped;
+  }
+  EXPECT_GT(ran, 0);
+#endif
+}
 
 TEST(OpHarness, EveryRegisteredBackendIsWithinItsBoundsOfTheCpu) {
   (void)guard_backend();  // registers the test library's backend
@@ -28,7 +51,9 @@ TEST(OpHarness, EveryRegisteredBackendIsWithinItsBoundsOfTheCpu) {
     }
     std::set<std::string> names;
     for (const OpCase& c : op_cases()) names.insert(c.name);
-    if (b == &guard_backend()) EXPECT_EQ(ran, names) << "the guard supports every op the CPU does";
+    if (b == &guard_backend()) {
+      EXPECT_EQ(ran, names) << "the guard supports every op the CPU does";
+    }
   }
   EXPECT_GE(backends, 1);
 }

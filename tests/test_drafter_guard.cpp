@@ -13,6 +13,7 @@
 
 #include "diffcp/core/random.hpp"
 #include "diffcp/drafter/draft.hpp"
+#include "diffcp/drafter/draft_cache.hpp"
 #include "diffcp/drafter/model.hpp"
 #include "diffcp/drafter/trainer.hpp"
 #include "diffcp/ops/buffer.hpp"
@@ -89,6 +90,43 @@ TEST(DrafterOnGuardDevice, DraftEqualsTheCpuRunBitForBit) {
   const std::vector<float> cpu = run(cpu_backend()), guard = run(guard_backend());
   EXPECT_GT(guard_backend().counters().ops, ops_before);
   ASSERT_EQ(cpu.size(), static_cast<std::size_t>(cfg.block * cfg.hidden));
+  EXPECT_TRUE(guard == cpu) << "the drafted hidden states differ";
+}
+
+// The draft KV cache (issue #53) on the guard device: the context appended in pieces (crossing its
+// chunks over the ranks) and a block drafted after each, with a sliding layer, equal to the CPU's
+// run bit for bit; no host code touches its device memory.
+TEST(DrafterOnGuardDevice, DraftCacheEqualsTheCpuRunBitForBit) {
+  DrafterConfig cfg = drafter_preset("tiny");
+  cfg.layer_types = {"sliding_attention", "full_attention"};
+  cfg.sliding_window = 20;
+  const std::int64_t T = cfg.target_layers * cfg.hidden;
+  std::vector<float> params;
+  {
+    std::unique_ptr<Communicator> me = test::world().split(test::world().rank(), 0, "solo");
+    Drafter d(*me, cfg);
+    d.init_params(8);
+    params = to_host<float>(d.params().view());
+  }
+  const std::vector<float> hidden = random_normal(static_cast<std::size_t>(600 * T), 9);
+  const auto run = [&](Backend& b) {
+    ScopedBackend use(b);
+    DraftCache cache(test::world(), cfg, params);
+    std::vector<float> out;
+    std::int64_t at = 0;
+    for (const std::int64_t piece : {1, 300, 7, 292}) {
+      cache.append(std::span<const float>(hidden).subspan(static_cast<std::size_t>(at * T), static_cast<std::size_t>(piece * T)));
+      at += piece;
+      const std::vector<float> noise = random_normal(static_cast<std::size_t>(cfg.block * cfg.hidden), 10 + static_cast<std::uint64_t>(at));
+      const std::vector<float> block = cache.draft(noise);
+      out.insert(out.end(), block.begin(), block.end());
+    }
+    return out;
+  };
+  const std::int64_t ops_before = guard_backend().counters().ops;
+  const std::vector<float> cpu = run(cpu_backend()), guard = run(guard_backend());
+  EXPECT_GT(guard_backend().counters().ops, ops_before);
+  ASSERT_EQ(cpu.size(), static_cast<std::size_t>(4 * cfg.block * cfg.hidden));
   EXPECT_TRUE(guard == cpu) << "the drafted hidden states differ";
 }
 

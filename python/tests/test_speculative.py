@@ -259,6 +259,7 @@ def chi_square_p(observed, expected):
         obs = np.append(obs[~small], obs[small].sum())
         exp = np.append(exp[~small], exp[small].sum())
     x2, k = float(((obs - exp) ** 2 / exp).sum()), len(exp) - 1
+    assert k >= 1, "one cell after pooling: nothing to test"
     z = ((x2 / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
     return 0.5 * math.erfc(z / math.sqrt(2))
 

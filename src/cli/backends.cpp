@@ -6,14 +6,34 @@
 #include "diffcp/core/error.hpp"
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/testing/guard_backend.hpp"
+#ifdef DIFFCP_HAVE_CUDA
+#include "diffcp/cuda/backend.hpp"
+#endif
 
 namespace diffcp::cli {
 
 namespace {
+// The commands whose own layer (inputs, outputs, reports) touches device memory only through the
+// backend: a device backend runs them. The others read results on the host and run on host-memory
+// backends only, until they are moved over (issue #51).
+constexpr const char* kDeviceCommands[] = {"train", "draft", "plan", "export"};
+
 // The CLI registers the guard device too (testing/guard_backend.hpp): a check backend on host
 // pages only its own ops may touch, so `--backend guard` shows that a command keeps its data on
-// the device (slow; a host loop over device memory faults).
-void register_cli_backends() { (void)guard_backend(); }
+// the device (slow; a host loop over device memory faults). And the CUDA backend, in a build
+// with it, where this machine has a device.
+void register_cli_backends() {
+  (void)guard_backend();
+#ifdef DIFFCP_HAVE_CUDA
+  if (cuda_device_present()) (void)cuda_backend();
+#endif
+}
+
+const char* role(const Backend& b) {
+  if (&b == &cpu_backend()) return "the default";
+  if (b.device() == guard_device()) return "a check device for tests (slow)";
+  return "a device backend";
+}
 }  // namespace
 
 void add_backends_command(CLI::App& app) {
@@ -23,13 +43,14 @@ void add_backends_command(CLI::App& app) {
 Backend& select_backend(const std::string& name, const std::string& command) {
   register_cli_backends();
   Backend& b = find_backend(name);
-  // The commands whose own layer (inputs, outputs, reports) touches device memory only through
-  // the backend: the guard device runs them (bitwise the CPU's result). The others read results
-  // on the host and run on host-memory backends only, until they are moved over (issue #51).
-  const bool device_clean = command == "train" || command == "draft" || command == "plan" || command == "export";
+  bool device_clean = false;
+  std::string which;
+  for (const char* c : kDeviceCommands) {
+    device_clean = device_clean || command == c;
+    which += std::string(which.empty() ? "" : ", ") + "`diffcp " + c + "`";
+  }
   DIFFCP_CHECK(b.device() == Device::host || device_clean, "--backend ", name, ": `diffcp ", command,
-               "` runs on host-memory backends only (cpu); the ", device_name(b.device()),
-               " device runs `diffcp train` and `diffcp draft`");
+               "` runs on host-memory backends only (cpu); a device backend runs ", which);
   set_backend(b);
   return b;
 }
@@ -38,8 +59,7 @@ int run_backends(const std::string& selected) {
   register_cli_backends();
   find_backend(selected);  // an unknown --backend is an error here too
   for (Backend* b : registered_backends()) {
-    std::printf("%-6s device %-6s %s%s\n", b->name(), device_name(b->device()),
-                b == &cpu_backend() ? "the default" : "a check device for tests (slow)",
+    std::printf("%-6s device %-6s %s%s\n", b->name(), device_name(b->device()), role(*b),
                 selected == b->name() ? "; selected (--backend / DIFFCP_BACKEND)" : "");
     for (DType t : {DType::f32, DType::bf16}) std::printf("       %s: %s\n", dtype_name(t), b->describe(t).c_str());
     if (b == &cpu_backend()) {
@@ -48,6 +68,11 @@ int run_backends(const std::string& selected) {
       std::printf("\n");
     }
   }
+#ifdef DIFFCP_HAVE_CUDA
+  if (std::string why; !cuda_device_present(&why)) std::printf("cuda   built in; not available here: %s\n", why.c_str());
+#else
+  std::printf("cuda   not built in (configure with -DDIFFCP_CUDA=ON, where nvcc is found)\n");
+#endif
   return 0;
 }
 

@@ -6,22 +6,23 @@
 
 namespace diffcp {
 
-UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> ulysses, std::optional<int> ring) {
+UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> ulysses, std::optional<int> ring,
+                               const char* ulysses_what, const char* ring_what) {
   DIFFCP_CHECK(P >= 1 && heads >= 1, "dit: P = ", P, " ranks, ", heads, " heads; expected >= 1 each");
-  DIFFCP_CHECK(!ulysses || *ulysses >= 1, "--ulysses-degree = ", ulysses.value_or(0), ", expected >= 1");
-  DIFFCP_CHECK(!ring || *ring >= 1, "--ring-degree = ", ring.value_or(0), ", expected >= 1");
+  DIFFCP_CHECK(!ulysses || *ulysses >= 1, ulysses_what, " = ", ulysses.value_or(0), ", expected >= 1");
+  DIFFCP_CHECK(!ring || *ring >= 1, ring_what, " = ", ring.value_or(0), ", expected >= 1");
   UspDegrees d;
   if (ulysses && ring) {
-    DIFFCP_CHECK(static_cast<std::int64_t>(*ulysses) * *ring == P, "--ulysses-degree U = ", *ulysses,
-                 " x --ring-degree R = ", *ring, " = ", static_cast<std::int64_t>(*ulysses) * *ring,
+    DIFFCP_CHECK(static_cast<std::int64_t>(*ulysses) * *ring == P, ulysses_what, " U = ", *ulysses,
+                 " x ", ring_what, " R = ", *ring, " = ", static_cast<std::int64_t>(*ulysses) * *ring,
                  ", expected U x R = P = ", P, " ranks");
     d = {*ulysses, *ring};
   } else if (ulysses) {
-    DIFFCP_CHECK(P % *ulysses == 0, "--ulysses-degree U = ", *ulysses, " does not divide P = ", P,
+    DIFFCP_CHECK(P % *ulysses == 0, ulysses_what, " U = ", *ulysses, " does not divide P = ", P,
                  " ranks (R = P / U)");
     d = {*ulysses, P / *ulysses};
   } else if (ring) {
-    DIFFCP_CHECK(P % *ring == 0, "--ring-degree R = ", *ring, " does not divide P = ", P, " ranks (U = P / R)");
+    DIFFCP_CHECK(P % *ring == 0, ring_what, " R = ", *ring, " does not divide P = ", P, " ranks (U = P / R)");
     d = {P / *ring, *ring};
   } else {
     for (int U = P; U >= 1; --U)
@@ -32,7 +33,7 @@ UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> uly
   }
   DIFFCP_CHECK(heads % d.ulysses == 0, "dit: Ulysses degree U = ", d.ulysses, " does not divide the ", heads,
                " attention heads (Ulysses shards heads; P = ", P, " = U x R with R = ", d.ring,
-               ": choose --ulysses-degree / --ring-degree so that U divides the heads)");
+               ": choose ", ulysses_what, " / ", ring_what, " so that U divides the heads)");
   return d;
 }
 

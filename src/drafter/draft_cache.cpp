@@ -162,7 +162,10 @@ std::vector<float> DraftCache::draft(std::span<const float> noise) {
   rstd_.resize(b * std::max(cfg_.n_q, std::int64_t{1}));
   k_lin_.resize(b * kvw);
   const std::int64_t part = b * qw + b * cfg_.n_q;  // one rank's partial: o [b, n_q, d_h], then lse [b, n_q]
-  if (P > 1) parts_.resize(P * part);
+  if (P > 1) {
+    send_.resize(part);
+    parts_.resize(P * part);
+  }
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     Layer& L = layers_[l];
     const auto& off = layout_.layer[l];
@@ -182,9 +185,9 @@ std::vector<float> DraftCache::draft(std::span<const float> noise) {
     }
     const BlockMask mask = layer_mask(L, b, holds_block);
     const std::int64_t keys = mask.key_rows();
-    float* o = P > 1 ? parts_.data() + cp_.rank() * part : o_.data();
-    float* lse = o + b * qw;
-    if (P == 1) lse = lse_.data();
+    // P > 1: this rank's partial (o, lse) into its send buffer (not aliasing the gather's receive buffer).
+    float* o = P > 1 ? send_.data() : o_.data();
+    float* lse = P > 1 ? send_.data() + b * qw : lse_.data();
     attention_forward(mask, head_view<const float>(q_.data(), b, cfg_.n_q, cfg_.d_h),
                       head_view<const float>(L.k.data(), keys, cfg_.n_kv, cfg_.d_h),
                       head_view<const float>(L.v.data(), keys, cfg_.n_kv, cfg_.d_h), head_view(o, b, cfg_.n_q, cfg_.d_h),
@@ -192,7 +195,7 @@ std::vector<float> DraftCache::draft(std::span<const float> noise) {
     if (P > 1) {  // Split-KV: the partials of every rank, merged in rank order (the same on every rank)
       {
         const ScopedCommDevice on(cp_, active_device());
-        cp_.all_gather_async(o, parts_.data(), static_cast<std::size_t>(part), DType::f32)->wait();
+        cp_.all_gather_async(send_.data(), parts_.data(), static_cast<std::size_t>(part), DType::f32)->wait();
       }
       std::vector<HeadRows<const float>> o_parts;
       std::vector<std::span<const float>> lse_parts;

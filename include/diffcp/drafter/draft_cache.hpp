@@ -21,7 +21,7 @@
 // blocks (a GEMM's row result may depend on M and on the row's place in the kernel's blocking),
 // and the attention visits the keys in other tiles (draft_block splits the context into up to
 // 4 chunks per rank; the online softmax's accumulation order follows the tiles). Tests bound the
-// difference (test_draft_cache.cpp).
+// difference (tests/test_dflash.cpp, DraftCache.*; on the guard device: test_drafter_guard.cpp).
 //
 // Collective: every rank of `cp` calls append() and draft() in the same order with the same
 // arguments (the whole target_hidden and noise, as draft_block).
@@ -84,7 +84,7 @@ class DraftCache {
   std::int64_t length_ = 0;
   RopeTable rope_{2, 1.0, 1};
   // Scratch, sized once per shape.
-  DeviceVector<float> hidden_, c_lin_, c_, rstd_, k_lin_, h_, a_, q_, o_, lse_, y_, gate_, up_, act_, parts_;
+  DeviceVector<float> hidden_, c_lin_, c_, rstd_, k_lin_, h_, a_, q_, o_, lse_, y_, gate_, up_, act_, send_, parts_;
 };
 
 }  // namespace diffcp

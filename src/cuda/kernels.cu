@@ -1,0 +1,115 @@
+// The CUDA backend's element-wise kernels (kernels.hpp). Grid-stride loops over 2-D index spaces;
+// each element is computed by one thread with the expression the CPU backend uses (float math,
+// expf), so results agree with the CPU's within a few ulps (the op harness's bounds).
+#include "kernels.hpp"
+
+#include <cuda_runtime.h>
+
+namespace diffcp::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+inline cudaStream_t st(Stream s) { return static_cast<cudaStream_t>(s); }
+
+inline unsigned blocks_for(std::int64_t n) {
+  const std::int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 4 ? 65535 * 4 : b));
+}
+
+inline int launched() { return static_cast<int>(cudaGetLastError()); }
+
+// Round to nearest even, NaN kept quiet (as core/half.hpp f32_to_bf16).
+__device__ inline std::uint16_t to_bf16(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+__device__ inline float from_bf16(std::uint16_t b) { return __uint_as_float(static_cast<unsigned>(b) << 16); }
+
+template <typename F>
+__global__ void each_2d(std::int64_t rows, std::int64_t cols, F f) {
+  const std::int64_t n = rows * cols;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    f(i / cols, i % cols);
+}
+
+template <typename F>
+int launch_2d(std::int64_t rows, std::int64_t cols, Stream s, F f) {
+  if (rows <= 0 || cols <= 0) return 0;
+  each_2d<<<blocks_for(rows * cols), kThreads, 0, st(s)>>>(rows, cols, f);
+  return launched();
+}
+
+}  // namespace
+
+int fill_f32(float* x, std::int64_t n, float value, Stream s) {
+  return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t c) { x[c] = value; });
+}
+int fill_bf16(std::uint16_t* x, std::int64_t n, std::uint16_t bits, Stream s) {
+  return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t c) { x[c] = bits; });
+}
+int convert_f32_bf16(const float* src, std::int64_t ld_src, std::uint16_t* dst, std::int64_t ld_dst, std::int64_t rows,
+                     std::int64_t cols, Stream s) {
+  return launch_2d(rows, cols, s, [=] __device__(std::int64_t r, std::int64_t c) { dst[r * ld_dst + c] = to_bf16(src[r * ld_src + c]); });
+}
+int convert_bf16_f32(const std::uint16_t* src, std::int64_t ld_src, float* dst, std::int64_t ld_dst, std::int64_t rows,
+                     std::int64_t cols, Stream s) {
+  return launch_2d(rows, cols, s, [=] __device__(std::int64_t r, std::int64_t c) { dst[r * ld_dst + c] = from_bf16(src[r * ld_src + c]); });
+}
+int copy_rows(const void* src, std::int64_t ld_src, void* dst, std::int64_t ld_dst, std::int64_t rows, std::int64_t cols,
+              int elem_bytes, Stream s) {
+  if (rows <= 0 || cols <= 0) return 0;
+  const std::size_t w = static_cast<std::size_t>(cols) * elem_bytes;
+  return static_cast<int>(cudaMemcpy2DAsync(dst, static_cast<std::size_t>(ld_dst) * elem_bytes, src,
+                                            static_cast<std::size_t>(ld_src) * elem_bytes, w, static_cast<std::size_t>(rows),
+                                            cudaMemcpyDeviceToDevice, st(s)));
+}
+int axpy(float* y, const float* x, float alpha, std::int64_t n, Stream s) {
+  if (alpha == 1.f) return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) { y[i] += x[i]; });
+  return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) { y[i] += alpha * x[i]; });
+}
+int silu(float* x, std::int64_t n, Stream s) {
+  return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) { x[i] = x[i] / (1.f + expf(-x[i])); });
+}
+int gelu_tanh(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, Stream s) {
+  return launch_2d(rows, cols, s, [=] __device__(std::int64_t r, std::int64_t c) {
+    const float v = x[r * ld + c], k = 0.7978845608028654f;  // sqrt(2 / pi)
+    x[r * ld + c] = 0.5f * v * (1.f + tanhf(k * (v + 0.044715f * v * v * v)));
+  });
+}
+int swiglu_forward(const float* gate, std::int64_t lg, const float* up, std::int64_t lu, float* act, std::int64_t la,
+                   std::int64_t rows, std::int64_t cols, Stream s) {
+  return launch_2d(rows, cols, s, [=] __device__(std::int64_t r, std::int64_t c) {
+    const float g = gate[r * lg + c];
+    act[r * la + c] = g * (1.f / (1.f + expf(-g))) * up[r * lu + c];
+  });
+}
+int swiglu_backward(const float* dact, const float* gate, const float* up, float* dgate, float* dup, std::int64_t n,
+                    Stream s) {
+  return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) {
+    const float sg = 1.f / (1.f + expf(-gate[i]));
+    dup[i] = dact[i] * gate[i] * sg;
+    dgate[i] = dact[i] * up[i] * sg * (1.f + gate[i] * (1.f - sg));
+  });
+}
+int bias_add(float* y, const float* b, std::int64_t M, std::int64_t N, Stream s) {
+  return launch_2d(M, N, s, [=] __device__(std::int64_t r, std::int64_t c) { y[r * N + c] += b[c]; });
+}
+int bias_backward(const float* dy, float* db, std::int64_t M, std::int64_t N, Stream s) {
+  return launch_2d(1, N, s, [=] __device__(std::int64_t, std::int64_t c) {
+    float acc = db[c];
+    for (std::int64_t r = 0; r < M; ++r) acc += dy[r * N + c];  // row order, as the CPU's
+    db[c] = acc;
+  });
+}
+int scale_f32(float* c, std::int64_t rows, std::int64_t cols, std::int64_t ldc, float beta, Stream s) {
+  return launch_2d(rows, cols, s, [=] __device__(std::int64_t r, std::int64_t j) {
+    c[r * ldc + j] = beta == 0.f ? 0.f : beta * c[r * ldc + j];
+  });
+}
+
+}  // namespace diffcp::cuda
