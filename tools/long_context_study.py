@@ -3,33 +3,32 @@
 and 4; not in CI: needs torch >= 2.6 and transformers from PyPI, hours at full size; the defaults are
 the reduced sizes that ran on a 2-core machine, see bench/long_context_study.txt).
 
-1. target: a Qwen3ForCausalLM (transformers, random init, no hub: vocab 64, hidden 64) trained on
-   a "dictionary" corpus. A document first lists K keys, each followed by its random motif of M
-   tokens (the header); the body is filler (short local patterns: a random 2-5 token pattern
-   repeated, from a filler alphabet) in which keys recur, each recurrence followed by its motif:
-   the motif is only predictable by looking back at the header, up to the document's length
-   back. The target is trained on short sequences whose body sits at a random position offset
-   (PoSE-style position skipping: the header at positions 0.., the body chunk up to
-   --target-max-pos later), so RoPE sees every relative distance up to --target-max-pos while each
-   step computes only --target-seq tokens. Its own motif accuracy vs distance is measured on
-   contiguous documents of every prompt length (its extrapolation to real, dense long contexts).
-2. drafter data: for each drafter training context C, documents of exactly C tokens (same token
-   budget per C), their target features (the target's hidden states of the drafter's layers) and
-   target greedy tokens, written as `diffcp train` shards (the tools/extract_shards.py format);
-   loss mask on windows around each recurrence (so every anchor sits where the key, its motif or
-   the filler after it is drafted).
+1. target: a Qwen3ForCausalLM (transformers, random init, no hub: vocab 64, hidden 64, 6 layers)
+   for a corpus whose documents repeat with a period of D tokens (--period): the first D tokens are
+   i.i.d. random, every later token equals the one D back, so past D everything is predictable
+   and only by looking D tokens back. The target is trained PoSE-style (positional skip): each
+   sequence is three chunks of n tokens, A at a random position g (up to --target-max-pos), a
+   random distractor chunk somewhere in between, and A again at g + D; the loss is on the
+   repeat. So RoPE sees the offset D (and the offsets around and below it) at every absolute
+   position while a step computes only 3n tokens. Its own next-token accuracy right after
+   prompts of every length (dense, contiguous documents) is measured and reported.
+   (A first corpus, a header of random motifs recalled by key tokens far later, needed an
+   induction circuit that did not form in 1000 steps on this machine; see the report.)
+2. drafter data: for each drafter training context C, --docs documents of exactly C tokens
+   (+ --heldout), their target features (the target's hidden states of the drafter's layers, as
+   tools/extract_shards.py picks them) and the target's greedy tokens, as `diffcp train` shards
+   (loss mask everywhere). A drafter trained at C < D never sees a predictable token.
 3. `mpirun -np 2 diffcp train --preset tiny --context C --balancer lpt` (Split-KV over 2 ranks;
    --context is the packing length: one document per micro-batch), `diffcp export`.
-4. decoding: prompts = a fresh document cut right after a recurring key whose previous
-   occurrence is the header (distance ~ the prompt length); every drafter decodes every prompt
-   with diffcp.speculative.generate (greedy), checked against the target's greedy generation
-   (lossless) -> bench/long_context_tau.csv.
+4. decoding: prompts = fresh documents cut at each prompt length; every drafter decodes every
+   prompt with diffcp.speculative.generate (greedy), checked against the target's greedy
+   generation (lossless) -> bench/long_context_tau.csv.
 5. speed: tokens/s of diffcp.speculative.generate vs transformers' model.generate(do_sample=False)
    (its KV cache) on the same prompts, with the longest-trained drafter, at --speed-lengths; the
-   target and draft time per block (from the stats when the build reports them, else timed here
-   by wrapping the target and the drafter) -> bench/speculative_speed.csv. When
-   diffcp.speculative.generate accepts temperature/top_p/top_k/seed (speculative sampling), a
-   sampled row (temperature --temperature) is measured too, against model.generate(do_sample=True).
+   target and draft time per block timed here by wrapping the target and the drafter (works with
+   every build) -> bench/speculative_speed.csv. When diffcp.speculative.generate accepts
+   temperature/top_p/top_k/seed (speculative sampling), a sampled row (temperature
+   --temperature) is measured too, against model.generate(do_sample=True).
 
 Run (from the repository root; Debian's mpi4py is needed by diffcp.Drafter.load; if the venv
 lacks it, this script appends /usr/lib/python3/dist-packages to the END of sys.path, so the venv's
@@ -72,53 +71,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Corpus:
-    """Token layout: content tokens 0..n-1, filler tokens n..62 (63 is the drafter's mask).
+    """Documents that repeat with a period of D tokens: the first D are i.i.d. random tokens
+    (0..62), every later token equals the one D positions back. Past D, each token is predictable
+    exactly, and only by looking D tokens back (nothing local predicts it)."""
 
-    A document's header is a random permutation S of the n content tokens (each appears once, so
-    the token after a content token is defined by the header); the body is i.i.d. filler in which
-    segments S[j:j+r] recur (r in rec_min..rec_max). Inside a recurrence, each next token is the
-    one after the current token in the header: predictable only by looking back at the header
-    (or at an earlier recurrence), up to the document's length back."""
+    def __init__(self, period):
+        self.D = period
 
-    def __init__(self, n_content, rec_min, rec_max):
-        self.n, self.rec_min, self.rec_max = n_content, rec_min, rec_max
-        self.fill_lo = n_content
-        assert MASK - self.fill_lo >= 8 and rec_max < n_content
-
-    def header(self, rng):
-        return rng.permutation(self.n).tolist()
-
-    def filler(self, rng, n):
-        return rng.integers(self.fill_lo, MASK, size=n).tolist()
-
-    def body(self, rng, S, n, R):
-        """n tokens: filler with R recurrences at random places -> tokens, [(offset, length)]."""
-        lens = rng.integers(self.rec_min, self.rec_max + 1, size=R)
-        fill = n - int(lens.sum())
-        assert fill > R, (n, R)
-        cuts = np.sort(rng.choice(np.arange(1, fill), size=R, replace=False))
-        fl = self.filler(rng, fill)
-        toks, recs, prev = [], [], 0
-        for c, r in zip(cuts, lens):
-            toks += fl[prev:c]
-            j = int(rng.integers(0, self.n - r + 1))
-            recs.append((len(toks), int(r)))
-            toks += S[j:j + r]
-            prev = c
-        toks += fl[prev:]
-        return toks, recs
-
-    def document(self, rng, length, R):
-        S = self.header(rng)
-        body, recs = self.body(rng, S, length - len(S), R)
-        return S + body, [(len(S) + o, r) for o, r in recs]
+    def document(self, rng, length):
+        return np.resize(rng.integers(0, MASK, size=self.D), length).tolist()
 
     def prompt(self, rng, length, cont):
-        """A document cut right after the first token of a recurrence whose only earlier occurrence
-        is the header (length - 1 - n tokens back), and its true continuation (cont tokens)."""
-        S = self.header(rng)
-        j = int(rng.integers(0, self.n - cont))
-        return S + self.filler(rng, length - self.n - 1) + [S[j]], S[j + 1:j + 1 + cont]
+        doc = self.document(rng, length + cont)
+        return doc[:length], doc[length:]
 
 
 def make_target(args):
@@ -127,7 +92,12 @@ def make_target(args):
                       head_dim=16, max_position_embeddings=2 * args.target_max_pos, rope_theta=args.rope_theta,
                       tie_word_embeddings=False)
     cfg._attn_implementation = "sdpa"
-    return Qwen3ForCausalLM(cfg)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():  # QK-norm gain: |q.k|/sqrt(d) <= d g^2 / sqrt(d); g = 1 caps the logits at 4 (d = 16),
+        for layer in model.model.layers:  # too flat to pick one key among thousands
+            layer.self_attn.q_norm.weight.fill_(args.qk_norm_init)
+            layer.self_attn.k_norm.weight.fill_(args.qk_norm_init)
+    return model
 
 
 def train_target(args, corpus, log):
@@ -138,47 +108,38 @@ def train_target(args, corpus, log):
         opt, lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * s / args.target_steps))))
     rng = np.random.default_rng(args.seed)
     model.train()
-    T = args.target_seq
+    n, D = args.target_chunk, corpus.D
     for step in range(args.target_steps):
-        xs, ps, ws, ms = [], [], [], []
+        # PoSE-style: chunk A at a random position g, a distractor chunk R somewhere between, and
+        # B = A at g + D: every step sees the offset D (and the offsets around and below it)
+        # while computing 3n tokens
+        xs, ps = [], []
         for _ in range(args.target_batch):
-            head = corpus.header(rng)
-            n = T - len(head)
-            body, recs = corpus.body(rng, head, n, max(1, n // 60))
-            # PoSE: the body starts at a log-uniform offset after the header (up to max_pos)
-            gap = int(np.exp(rng.uniform(0, np.log(args.target_max_pos - T)))) - 1
-            pos = list(range(len(head))) + list(range(len(head) + gap, len(head) + gap + n))
-            w = np.ones(T, dtype=np.float32)
-            w[:len(head)] = 0.0  # header motifs are random: no loss there
-            mt = np.zeros(T, dtype=bool)
-            for o, r in recs:  # the predictable tokens of each recurrence (all but its first)
-                mt[len(head) + o + 1:len(head) + o + r] = True
-            ms.append(mt)
-            xs.append(head + body)
-            ps.append(pos)
-            ws.append(w)
+            A = rng.integers(0, MASK, size=n).tolist()
+            R = rng.integers(0, MASK, size=n).tolist()
+            g = int(rng.integers(0, args.target_max_pos - D - n))
+            u = int(rng.integers(n, D - n + 1))
+            xs.append(A + R + A)
+            ps.append(list(range(g, g + n)) + list(range(g + u, g + u + n)) + list(range(g + D, g + D + n)))
         x = torch.tensor(xs)
-        logits = model(x, position_ids=torch.tensor(ps)).logits[:, :-1]
-        w = torch.tensor(np.stack(ws))[:, 1:]
-        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, V), x[:, 1:].reshape(-1), reduction="none")
-        loss = (ce * w.reshape(-1)).sum() / w.sum()
+        logits = model(x, position_ids=torch.tensor(ps)).logits[:, 2 * n:-1]  # predictions of B's tokens 1..
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), x[:, 2 * n + 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         if step % 100 == 0 or step == args.target_steps - 1:
-            mt = torch.tensor(np.stack(ms))[:, 1:]
-            acc = (logits.argmax(-1) == x[:, 1:])[mt].float().mean().item()
-            log(f"  target step {step}: loss {loss.item():.4f}, motif-token accuracy in the batch {acc:.3f}")
+            acc = (logits.argmax(-1) == x[:, 2 * n + 1:]).float().mean().item()
+            log(f"  target step {step}: loss {loss.item():.4f}, accuracy on the repeated chunk {acc:.3f}")
     model.eval()
     return model
 
 
 @torch.no_grad()
 def target_accuracy(model, corpus, rng, length, n_docs, cont):
-    """Teacher-forced accuracy of the target on the motif tokens after a key that recurs at the
-    end of a contiguous document of `length` tokens (previous occurrence: the header)."""
+    """Teacher-forced accuracy of the target on the `cont` tokens after a prompt of `length`
+    tokens of a periodic document, and on the first of them."""
     hit = tot = first = 0
     for _ in range(n_docs):
         p, motif = corpus.prompt(rng, length, cont)
@@ -221,11 +182,9 @@ def write_shards(model, corpus, args, C, out, log):
             shard, buf = shard + 1, []
 
     for _ in range(n_docs):
-        toks, recs = corpus.document(rng, C, args.recurrences)
-        mask = np.zeros(C, dtype=np.uint8)
-        for o, r in recs:  # anchors (and loss) on the recurrences, from 2 tokens before each
-            mask[max(0, o - 2):o + r] = 1
-        rec += len(recs)
+        toks = corpus.document(rng, C)
+        mask = np.ones(C, dtype=np.uint8)  # loss and anchors everywhere (past D, all is a repeat)
+        rec += max(0, C - corpus.D)
         o = model(torch.tensor([toks]), output_hidden_states=True)
         h = torch.cat([o.hidden_states[l + 1][0] for l in layers], dim=-1).numpy()
         greedy = np.concatenate([[toks[0]], o.logits[0, :-1].argmax(-1).numpy()])
@@ -233,7 +192,7 @@ def write_shards(model, corpus, args, C, out, log):
         if len(buf) == per_shard:
             flush()
     flush()
-    log(f"  C = {C}: {n_docs} documents ({args.heldout} held out), {rec} recurrences, target layers {layers}")
+    log(f"  C = {C}: {n_docs} documents ({args.heldout} held out), {rec} tokens past the first period, target layers {layers}")
 
 
 class Timed:
@@ -276,19 +235,18 @@ def main():
     ap.add_argument("--speed-csv", default="bench/speculative_speed.csv")
     ap.add_argument("--seed", type=int, default=0)
     # corpus
-    ap.add_argument("--content", type=int, default=40, help="content tokens (the header's length)")
-    ap.add_argument("--rec-min", type=int, default=12)
-    ap.add_argument("--rec-max", type=int, default=32)
-    ap.add_argument("--recurrences", type=int, default=6, help="recurrences per drafter training document")
+    ap.add_argument("--period", type=int, default=1024, help="D: documents repeat every D tokens")
     # target
     ap.add_argument("--target-layers", type=int, default=6)
     ap.add_argument("--target-ffn", type=int, default=256)
     ap.add_argument("--rope-theta", type=float, default=1e6)
     ap.add_argument("--target-steps", type=int, default=600)
-    ap.add_argument("--target-batch", type=int, default=8)
-    ap.add_argument("--target-seq", type=int, default=512)
+    ap.add_argument("--target-chunk", type=int, default=128, help="n: tokens per PoSE chunk (3 chunks a sequence)")
+    ap.add_argument("--target-batch", type=int, default=16)
     ap.add_argument("--target-max-pos", type=int, default=16384)
     ap.add_argument("--target-lr", type=float, default=3e-3)
+    ap.add_argument("--qk-norm-init", type=float, default=1.0, help="the target's q_norm/k_norm weights at init")
+    ap.add_argument("--target-rec-every", type=int, default=30, help="target training: one recurrence per this many body tokens")
     # drafters
     ap.add_argument("--contexts", default="512,2048,8192", help="drafter training contexts")
     ap.add_argument("--docs", type=int, default=96, help="training documents per drafter (of C tokens each)")
@@ -296,10 +254,10 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--anchors", type=int, default=48)
     # decoding
-    ap.add_argument("--lengths", default="512,2048,8192,16384", help="prompt lengths")
+    ap.add_argument("--lengths", default="2048,4096,8192,16384", help="prompt lengths")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--speed-lengths", default="512,8192")
+    ap.add_argument("--speed-lengths", default="2048,16384")
     ap.add_argument("--speed-prompts", type=int, default=3)
     ap.add_argument("--speed-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -320,7 +278,7 @@ def main():
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
 
-    corpus = Corpus(args.content, args.rec_min, args.rec_max)
+    corpus = Corpus(args.period)
     log(f"long_context_study: torch {torch.__version__}, transformers {__import__('transformers').__version__}, "
         f"threads {torch.get_num_threads()}, diffcp {args.diffcp}, work {args.work}")
     log("  " + " ".join(sys.argv[1:]))
@@ -334,15 +292,15 @@ def main():
             model = train_target(args, corpus, log)
             model.save_pretrained(tdir)
             log(f"1. target ({args.target_layers} layers, hidden 64, ffn {args.target_ffn}, rope_theta {args.rope_theta:g}) "
-                f"trained {args.target_steps} steps x {args.target_batch} x {args.target_seq} tokens, PoSE offsets up to "
+                f"trained {args.target_steps} steps x {args.target_batch} x 3 x {args.target_chunk} tokens, PoSE positions up to "
                 f"{args.target_max_pos}: {time.time() - t0:.0f} s")
         model = Qwen3ForCausalLM.from_pretrained(tdir, dtype=torch.float32, attn_implementation="sdpa").eval()
         t0 = time.time()
         rng = np.random.default_rng(args.seed + 7)
         for L in sorted(set(lengths + contexts)):
             acc, first = target_accuracy(model, corpus, rng, L, 4, args.new_tokens)
-            log(f"  target accuracy at prompt length {L}: motif tokens {acc:.3f}, first motif token {first:.2f} "
-                f"(teacher-forced, 4 documents, the key's previous occurrence ~{L} tokens back)")
+            log(f"  target accuracy at prompt length {L}: next-token accuracy {acc:.3f} on the {args.new_tokens} tokens after "
+                f"the prompt, {first:.2f} on the first (teacher-forced, 4 documents, period {corpus.D})")
         log(f"   ({time.time() - t0:.0f} s)")
     model = Qwen3ForCausalLM.from_pretrained(tdir, dtype=torch.float32, attn_implementation="sdpa").eval()
 
@@ -392,7 +350,7 @@ def main():
                                    eos_token_id=None)
                 refs.append(g[0, len(p):].tolist())
             motif_ok = np.mean([sum(a == b for a, b in zip(r, m)) / len(m) for r, (_, m) in zip(refs, prompts)])
-            log(f"4. prompt length {L}: target greedy ({time.time() - t0:.0f} s), motif tokens right {motif_ok:.3f}")
+            log(f"4. prompt length {L}: target greedy ({time.time() - t0:.0f} s), its {args.new_tokens} tokens right (vs the document) {motif_ok:.3f}")
             for C in contexts:
                 t0 = time.time()
                 taus, lossless, new, fwd = [], 0, 0, 0
@@ -407,7 +365,7 @@ def main():
                            tau_min=round(float(np.min(taus)), 4), tau_max=round(float(np.max(taus)), 4),
                            tokens_per_target_forward=round(new / fwd, 4),
                            lossless="yes" if lossless == len(prompts) else f"no ({lossless}/{len(prompts)})",
-                           prompts=len(prompts), new_tokens=args.new_tokens, target_motif_accuracy=round(float(motif_ok), 4),
+                           prompts=len(prompts), new_tokens=args.new_tokens, target_greedy_accuracy=round(float(motif_ok), 4),
                            trainer_heldout_tau=train_tau.get(C), seconds=round(time.time() - t0, 1))
                 rows.append(row)
                 log(f"   drafter C = {C}: tau {row['tau']:.3f} (prompts {row['tau_min']:.2f}..{row['tau_max']:.2f}), "
