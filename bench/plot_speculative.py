@@ -43,7 +43,7 @@ def plot_tau(rows):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("DFlash drafters trained at several contexts (Split-KV, P = 2):\n"
-                 "acceptance length vs prompt length, dictionary-recall corpus", fontsize=9)
+                 "acceptance length vs prompt length; corpus: documents repeating every 1024 tokens", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(HERE, "long_context_tau.png"), dpi=120)
     print()
@@ -61,6 +61,7 @@ def plot_speed(rows):
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("new tokens / s (1 CPU thread)")
+    ax.set_ylim(0, max(base + spec) * 1.35)
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     sp = [float(r["speedup"]) for r in rows]

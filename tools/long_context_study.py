@@ -281,7 +281,7 @@ def main():
     ap.add_argument("--steps", default="2000,2000,1000", help="drafter steps: one number, or one per --contexts entry")
     ap.add_argument("--anchors", type=int, default=128)
     # decoding
-    ap.add_argument("--lengths", default="2048,4096,8192", help="prompt lengths")
+    ap.add_argument("--lengths", default="1024,1536,2048,4096,8192,16384", help="prompt lengths")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--speed-lengths", default="2048,8192")
