@@ -273,7 +273,6 @@ def main():
     ap.add_argument("--target-max-pos", type=int, default=16384)
     ap.add_argument("--target-lr", type=float, default=3e-3)
     ap.add_argument("--qk-norm-init", type=float, default=1.0, help="the target's q_norm/k_norm weights at init")
-    ap.add_argument("--target-rec-every", type=int, default=30, help="target training: one recurrence per this many body tokens")
     # drafters
     ap.add_argument("--contexts", default="512,2048,8192", help="drafter training contexts")
     ap.add_argument("--docs", type=int, default=48, help="training documents per drafter (of C tokens each)")
