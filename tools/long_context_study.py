@@ -277,7 +277,7 @@ def main():
     ap.add_argument("--contexts", default="512,2048,8192", help="drafter training contexts")
     ap.add_argument("--docs", type=int, default=48, help="training documents per drafter (of C tokens each)")
     ap.add_argument("--heldout", type=int, default=2)
-    ap.add_argument("--steps", default="2000,2000,1000", help="drafter steps: one number, or one per --contexts entry")
+    ap.add_argument("--steps", default="2000", help="drafter steps: one number, or one per --contexts entry")
     ap.add_argument("--anchors", type=int, default=128)
     # decoding
     ap.add_argument("--lengths", default="1024,1536,2048,4096,8192,16384", help="prompt lengths")
