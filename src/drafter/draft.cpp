@@ -27,14 +27,17 @@ std::vector<float> draft_block(Communicator& cp, const DrafterConfig& cfg, std::
   batch.lengths = {ctx + B};
   batch.anchors = {{ctx}};
   batch.validate();
-  const CostModel cost(batch, cfg.layer_windows());
   // Up to 4 chunks per rank (as training's default), fewer when the context is short; with fewer
   // rows than ranks, contiguous shares (some ranks hold none).
   const std::int64_t S = ctx + B, P = cp.size();
   const int J = static_cast<int>(std::clamp<std::int64_t>(S / P, 1, 4));
-  const Plan plan = make_balancer(S < P ? "none" : balancer)->plan(batch, cost, cp.size(), J);
   DrafterBatch mb;
-  mb.shard = chunked_shard(batch, cp.size(), cp.rank(), plan.chunks_of_rank());
+  if (S < P) {
+    mb.shard = contiguous_shard(batch, cp.size(), cp.rank());
+  } else {
+    const Plan plan = make_balancer(balancer)->plan(batch, CostModel(batch, cfg.layer_windows()), cp.size(), J);
+    mb.shard = chunked_shard(batch, cp.size(), cp.rank(), plan.chunks_of_rank());
+  }
   mb.tokens.assign(static_cast<std::size_t>(ctx + B), 0);
   mb.loss_mask.assign(mb.tokens.size(), 0);
   for (const PosRange& r : mb.shard.chunks)
