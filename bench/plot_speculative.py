@@ -50,13 +50,13 @@ def plot_tau(rows):
 
 
 def plot_speed(rows):
-    labels = [f"{r['mode']}\nprompt {int(r['prompt_length'])}" for r in rows]
+    labels = [f"{r['mode'].replace('-', chr(10))}\nprompt {int(r['prompt_length'])}" for r in rows]
     base = [float(r["baseline_tokens_per_s"]) for r in rows]
     spec = [float(r["speculative_tokens_per_s"]) for r in rows]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9.6, 4.0))
     x = range(len(rows))
     w = 0.38
-    ax.bar([i - w / 2 for i in x], base, w, label="target greedy (transformers generate, KV cache)", color="C7")
+    ax.bar([i - w / 2 for i in x], base, w, label="target alone (transformers generate, KV cache; greedy or sampled)", color="C7")
     ax.bar([i + w / 2 for i in x], spec, w, label="diffcp.speculative.generate", color="C0")
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, fontsize=8)

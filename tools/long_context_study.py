@@ -414,7 +414,10 @@ def main():
         C = max(contexts)
         drafter = diffcp.Drafter.load(f"{args.work}/drafter_{C}")
         params = inspect.signature(diffcp.speculative.generate).parameters
-        modes = ["greedy"] + (["sampled"] if "temperature" in params else [])
+        # greedy from the draft KV cache and, for the before/after, drafting statelessly (the whole
+        # context every block); sampled from the cache (builds with those arguments)
+        modes = (["greedy", "greedy-stateless", "sampled"] if "draft_cache" in params else
+                 ["greedy"] + (["sampled"] if "temperature" in params else []))
         rows = []
         for L in [int(x) for x in args.speed_lengths.split(",")]:
             rng = np.random.default_rng(args.seed + 200 + L)
@@ -424,7 +427,8 @@ def main():
                 taus, blocks, new_b, new_s, lossless = [], 0, 0, 0, 0
                 for i, p in enumerate(prompts):
                     ids = torch.tensor([p])
-                    kw = dict(do_sample=False) if mode == "greedy" else dict(do_sample=True, temperature=args.temperature)
+                    greedy = mode.startswith("greedy")
+                    kw = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature)
                     torch.manual_seed(i)
                     t = time.perf_counter()
                     g = model.generate(ids, max_new_tokens=args.speed_new_tokens, pad_token_id=MASK, eos_token_id=None,
@@ -432,18 +436,19 @@ def main():
                     base_s += time.perf_counter() - t
                     new_b += g.shape[1] - len(p)
                     tm, td = Timed(model, "__call__"), Timed(drafter, "draft")
-                    sk = spec_kwargs(temperature=0.0 if mode == "greedy" else args.temperature, seed=i)
+                    sk = spec_kwargs(temperature=0.0 if greedy else args.temperature, seed=i,
+                                     draft_cache=mode != "greedy-stateless")
                     t = time.perf_counter()
                     out, st = diffcp.speculative.generate(tm, td, torch.tensor(p), args.speed_new_tokens, use_cache=True, **sk)
                     spec_s += time.perf_counter() - t
                     new_s += st["new_tokens"]
-                    lossless += mode == "greedy" and out[0, len(p):].tolist() == g[0, len(p):].tolist()
+                    lossless += greedy and out[0, len(p):].tolist() == g[0, len(p):].tolist()
                     taus.append(st["tau"])
                     blocks += len(st["acceptance_lengths"])
                     # timed around the calls (works with every build); the first target call is the prefill
                     pre_s += tm.times[0]
                     tgt_s += sum(tm.times[1:])
-                    dr_s += sum(td.times)
+                    dr_s += st.get("draft_seconds", sum(td.times))  # the cache's appends and the LM head too, where reported
                 n = len(prompts)
                 row = dict(mode=mode, train_context=C, prompt_length=L, prompts=n, new_tokens=args.speed_new_tokens,
                            baseline_tokens_per_s=round(new_b / base_s, 2), speculative_tokens_per_s=round(new_s / spec_s, 2),
@@ -451,7 +456,7 @@ def main():
                            # without the prefill (the same forward in both; timed in the speculative run)
                            decode_speedup=round((base_s - pre_s) / (spec_s - pre_s) * new_s / new_b, 3),
                            tau=round(float(np.mean(taus)), 3),
-                           lossless=("yes" if lossless == n else f"no ({lossless}/{n})") if mode == "greedy" else "n/a",
+                           lossless=("yes" if lossless == n else f"no ({lossless}/{n})") if mode.startswith("greedy") else "n/a",
                            baseline_s=round(base_s / n, 3), speculative_s=round(spec_s / n, 3),
                            prefill_s=round(pre_s / n, 3), target_s=round(tgt_s / n, 3), draft_s=round(dr_s / n, 3),
                            target_ms_per_block=round(1e3 * tgt_s / max(1, blocks), 2),
