@@ -11,7 +11,8 @@
 # communication, no synchronisation: what two replicas that never talk get). Its tokens/s summed
 # over the two, divided by P = 1's, is the best any P = 2 split can reach on this host in that
 # hour (two cores share the L3, the memory bandwidth and the host's other tenants); the table
-# reports the P = 2 speed-up against it (parallel efficiency = P = 2 / pair).
+# reports the P = 2 speed-up against it (parallel efficiency = P = 2 / pair). Writes every run to
+# bench/train_throughput.csv (DIFFCP_TRAIN_CSV): config, dtype, P (or pair), step ms, tokens/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -49,6 +50,7 @@ for dt in ${DTYPES:-f32 bf16}; do
     pair small "$dt" --preset small --context 8192 --anchors 4 --steps 6 >>"$log"
   done
 done
+{ echo "config,dtype,P,median_step_ms,tokens_per_s"; awk '{print $1 "," $2 "," $3 "," $4 "," $5}' "$log"; } > "${DIFFCP_TRAIN_CSV:-bench/train_throughput.csv}"
 python3 - "$log" <<'PY'
 import statistics, sys
 runs, pairs = {}, {}

@@ -3,7 +3,8 @@
 # --comm-timeout 0 (off: operations are not wrapped) and 600 (the CLI default: every wait polls a
 # deadline) for ROUNDS rounds (default 5) of `diffcp bench coll --bytes 64 --reps 1000` (latency:
 # where a per-operation cost would show) and of a 30-step `diffcp train`, 2 ranks on shared memory
-# (Open MPI binds each rank to one core at np 2). Prints the medians over rounds.
+# (Open MPI binds each rank to one core at np 2). Prints the medians over rounds and writes them to
+# bench/watchdog.csv (DIFFCP_WATCHDOG_CSV).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${DIFFCP_BUILD:-build/release}/src/diffcp
@@ -19,10 +20,14 @@ for r in $(seq "$rounds"); do
   done
 done
 median() { sort -g | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
+csv=${DIFFCP_WATCHDOG_CSV:-bench/watchdog.csv}
+echo "what,off,timeout_600,unit,ratio" > "$csv"
 printf '%-16s %14s %14s %8s\n' what "off" "timeout 600" ratio
 for w in all_gather reduce_scatter all_reduce all_to_all train_step; do
   off=$(awk -v w=$w '$1==0 && $2==w {print $3}' "$tmp/coll" | median)
   on=$(awk -v w=$w '$1==600 && $2==w {print $3}' "$tmp/coll" | median)
   unit=$([ $w = train_step ] && echo ms || echo us)
-  printf '%-16s %11.2f %s %11.2f %s %8.3f\n' $w "$off" $unit "$on" $unit "$(awk -v a="$on" -v b="$off" 'BEGIN{print a/b}')"
+  ratio=$(awk -v a="$on" -v b="$off" 'BEGIN{print a/b}')
+  printf '%-16s %11.2f %s %11.2f %s %8.3f\n' $w "$off" $unit "$on" $unit "$ratio"
+  echo "$w,$off,$on,$unit,$ratio" >> "$csv"
 done
