@@ -244,6 +244,14 @@ class Timed:
         return r
 
 
+def write_csv(path, rows, log):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    log(f"   wrote {path}")
+
+
 def spec_kwargs(**want):
     """Only the keyword arguments this build's diffcp.speculative.generate accepts."""
     params = inspect.signature(diffcp.speculative.generate).parameters
@@ -403,11 +411,7 @@ def main():
                 log(f"   drafter C = {C}: tau {row['tau']:.3f} (prompts {row['tau_min']:.2f}..{row['tau_max']:.2f}), "
                     f"{row['tokens_per_target_forward']:.2f} tokens/target forward, lossless {row['lossless']}, "
                     f"{row['seconds']:.0f} s")
-        with open(args.tau_csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        log(f"   wrote {args.tau_csv}")
+        write_csv(args.tau_csv, rows, log)
 
     # 5. speed
     if "speed" in stages:
@@ -467,11 +471,7 @@ def main():
                     f"{row['lossless']}); per prompt: prefill {row['prefill_s']:.2f} s, target blocks {row['target_s']:.2f} s, draft {row['draft_s']:.2f} s of "
                     f"{row['speculative_s']:.2f} s; target {row['target_ms_per_block']:.1f} ms/forward vs draft "
                     f"{row['draft_ms_per_block']:.1f} ms/block")
-        with open(args.speed_csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        log(f"   wrote {args.speed_csv}")
+        write_csv(args.speed_csv, rows, log)
 
 
 if __name__ == "__main__":
