@@ -21,13 +21,14 @@ void lt_ok(cublasStatus_t s, const char* what) {
   DIFFCP_CHECK(s == CUBLAS_STATUS_SUCCESS, "cuda: cublasLt ", what, ": status ", static_cast<int>(s));
 }
 
-// [rows, cols] and the row stride of a rank-1 (contiguous: one row) or rank-2 view.
+// [rows, cols] and the row stride of a rank-1 view (one row) or of a rank-2 view (its own stride,
+// contiguous or not: both sides of a copy must agree on the rows).
 struct Rows {
   std::int64_t rows, cols, ld;
 };
 template <typename View>
 Rows rows_of(const View& t) {
-  if (t.rank < 2 || t.is_contiguous()) return {1, t.numel(), t.numel()};
+  if (t.rank < 2) return {1, t.numel(), t.numel()};
   return {t.size(0), t.size(1), t.stride[0]};
 }
 
@@ -93,10 +94,19 @@ class CudaBackend final : public Backend {
   }
   void convert(ConstTensorView src, TensorView dst) override {
     const bool flat = src.is_contiguous() && dst.is_contiguous();
-    const Rows s = flat ? Rows{1, src.numel(), 0} : rows_of(src), d = flat ? Rows{1, dst.numel(), 0} : rows_of(dst);
-    if (src.dtype == dst.dtype)
-      launched(cuda::copy_rows(src.data, s.ld == 0 ? s.cols : s.ld, dst.data, d.ld == 0 ? d.cols : d.ld, s.rows, s.cols,
-                               static_cast<int>(src.element_size()), stream_),
+    // flat: one row of n; else [rows, cols] with each side's row stride (0 on the source: a broadcast)
+    const Rows s = flat ? Rows{1, src.numel(), src.numel()} : rows_of(src),
+               d = flat ? Rows{1, dst.numel(), dst.numel()} : rows_of(dst);
+    DIFFCP_CHECK(s.rows == d.rows && s.cols == d.cols, "cuda: convert: ", src.describe(), " -> ", dst.describe());
+    if (src.dtype == dst.dtype && s.ld != 0)
+      launched(cuda::copy_rows(src.data, s.ld, dst.data, d.ld, s.rows, s.cols, static_cast<int>(src.element_size()), stream_),
+               "convert");
+    else if (src.dtype == dst.dtype)  // a broadcast of one row: as an f32 or bf16 "conversion" to itself
+      launched(src.dtype == DType::bf16
+                   ? cuda::copy_rows_broadcast_u16(static_cast<const std::uint16_t*>(src.data), static_cast<std::uint16_t*>(dst.data),
+                                                   d.ld, d.rows, d.cols, stream_)
+                   : cuda::copy_rows_broadcast_f32(static_cast<const float*>(src.data), static_cast<float*>(dst.data), d.ld,
+                                                   d.rows, d.cols, stream_),
                "convert");
     else if (dst.dtype == DType::bf16)
       launched(cuda::convert_f32_bf16(static_cast<const float*>(src.data), s.ld, static_cast<std::uint16_t*>(dst.data), d.ld,

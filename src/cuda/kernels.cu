@@ -68,6 +68,13 @@ int copy_rows(const void* src, std::int64_t ld_src, void* dst, std::int64_t ld_d
                                             static_cast<std::size_t>(ld_src) * elem_bytes, w, static_cast<std::size_t>(rows),
                                             cudaMemcpyDeviceToDevice, st(s)));
 }
+int copy_rows_broadcast_f32(const float* src, float* dst, std::int64_t ld_dst, std::int64_t rows, std::int64_t cols, Stream s) {
+  return launch_2d(rows, cols, s, [=] __device__(std::int64_t r, std::int64_t c) { dst[r * ld_dst + c] = src[c]; });
+}
+int copy_rows_broadcast_u16(const std::uint16_t* src, std::uint16_t* dst, std::int64_t ld_dst, std::int64_t rows,
+                            std::int64_t cols, Stream s) {
+  return launch_2d(rows, cols, s, [=] __device__(std::int64_t r, std::int64_t c) { dst[r * ld_dst + c] = src[c]; });
+}
 int axpy(float* y, const float* x, float alpha, std::int64_t n, Stream s) {
   if (alpha == 1.f) return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) { y[i] += x[i]; });
   return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) { y[i] += alpha * x[i]; });

@@ -20,6 +20,10 @@ int convert_bf16_f32(const std::uint16_t* src, std::int64_t ld_src, float* dst, 
                      std::int64_t cols, Stream s);
 int copy_rows(const void* src, std::int64_t ld_src, void* dst, std::int64_t ld_dst, std::int64_t rows, std::int64_t cols,
               int elem_bytes, Stream s);
+// dst[r, :cols] = src[:cols] for every row r (row stride ld_dst): one row broadcast
+int copy_rows_broadcast_f32(const float* src, float* dst, std::int64_t ld_dst, std::int64_t rows, std::int64_t cols, Stream s);
+int copy_rows_broadcast_u16(const std::uint16_t* src, std::uint16_t* dst, std::int64_t ld_dst, std::int64_t rows,
+                            std::int64_t cols, Stream s);
 // y[n] += alpha x[n] (alpha = 1: y + x exactly)
 int axpy(float* y, const float* x, float alpha, std::int64_t n, Stream s);
 // x[n] = silu(x) in place
