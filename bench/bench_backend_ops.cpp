@@ -10,6 +10,9 @@
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/testing/guard_backend.hpp"
 #include "diffcp/testing/op_harness.hpp"
+#ifdef DIFFCP_HAVE_CUDA
+#include "diffcp/cuda/backend.hpp"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"The op harness: every op of a backend against the CPU backend"};
@@ -22,6 +25,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     (void)diffcp::guard_backend();  // registered by the test library
+#ifdef DIFFCP_HAVE_CUDA
+    if (backend == "cuda") (void)diffcp::cuda_backend();  // registers it, or says why there is no device
+#endif
     diffcp::Backend& b = diffcp::find_backend(backend);
     int failed = 0, skipped = 0, n = 0;
     std::printf("%-44s %-40s %-6s %10s", "case", "shape", "result", "err/bound");
