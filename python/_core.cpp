@@ -752,13 +752,7 @@ PYBIND11_MODULE(_core, m) {
     return out;
   });
   m.def("check_backend", [](const std::string& name) {
-    Backend* found = nullptr;
-    std::string names;
-    for (Backend* b : registered_backends()) {
-      if (name == b->name()) found = b;
-      names += (names.empty() ? "" : ", ") + std::string(b->name());
-    }
-    if (found == nullptr) throw py::value_error("backend '" + name + "': not in this build; registered backends: " + names);
+    const Backend* found = &find_backend(name);  // unknown: the error names the registered ones
     if (found != &active_backend())
       throw py::value_error("backend '" + name + "': the Python bindings hand numpy memory to the process's backend, '" +
                             active_backend().name() + "'; no other is selectable from Python yet");

@@ -13,9 +13,15 @@
 
 namespace diffcp {
 
+namespace {
+const DrafterConfig& validated(const DrafterConfig& c) {
+  c.validate();  // before the layout and the RoPE table are made from it
+  return c;
+}
+}  // namespace
+
 DraftCache::DraftCache(Communicator& cp, const DrafterConfig& cfg, std::span<const float> params)
-    : cp_(cp), cfg_(cfg), layout_(cfg) {
-  cfg_.validate();
+    : cp_(cp), cfg_(validated(cfg)), layout_(cfg_), rope_(cfg_.d_h, cfg_.rope_theta, kChunk) {
   DIFFCP_CHECK(static_cast<std::int64_t>(params.size()) == layout_.total, "draft cache: ", params.size(),
                " parameters, the model has ", layout_.total);
   params_.assign(params);
@@ -71,7 +77,7 @@ void DraftCache::evict(Layer& L) {
 }
 
 void DraftCache::ensure_rope(std::int64_t max_pos) {
-  if (rope_.d_h() == cfg_.d_h && rope_.max_pos() >= max_pos) return;
+  if (rope_.max_pos() >= max_pos) return;
   rope_ = RopeTable(cfg_.d_h, cfg_.rope_theta, std::max(max_pos, 2 * rope_.max_pos()));
 }
 

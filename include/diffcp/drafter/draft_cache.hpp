@@ -82,7 +82,7 @@ class DraftCache {
   std::vector<Layer> layers_;
   std::vector<std::int64_t> own_;  // positions this rank holds, ascending
   std::int64_t length_ = 0;
-  RopeTable rope_{2, 1.0, 1};
+  RopeTable rope_;  // positions [0, max_pos), grown by doubling
   // Scratch, sized once per shape.
   DeviceVector<float> hidden_, c_lin_, c_, rstd_, k_lin_, h_, a_, q_, o_, lse_, y_, gate_, up_, act_, send_, parts_;
 };
