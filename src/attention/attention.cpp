@@ -2,6 +2,9 @@
 // backend (ops/backend.hpp; the CPU kernels are src/cpu/attention.cpp), and FLOP counts.
 #include "diffcp/attention/attention.hpp"
 
+#include <initializer_list>
+#include <utility>
+
 #include "diffcp/ops/backend.hpp"
 
 namespace diffcp {
@@ -60,6 +63,37 @@ void attention_backward(const BlockMask& mask, HeadRows<const bf16_t> q, HeadRow
                         std::span<const float> delta, HeadRows<bf16_t> dq, HeadRows<bf16_t> dk, HeadRows<bf16_t> dv,
                         float softmax_scale) {
   backward_t(mask, q, k, v, do_, lse, delta, dq, dk, dv, softmax_scale);
+}
+
+namespace {
+// The storage dtype of an attention call: q's, and every other view's (else an error naming it).
+DType storage_of(const char* op, std::initializer_list<std::pair<const char*, DType>> views) {
+  const DType t = views.begin()->second;
+  for (const auto& [name, d] : views)
+    DIFFCP_CHECK(d == t, op, ": ", name, " holds ", dtype_name(d), ", q holds ", dtype_name(t),
+                 " (one storage dtype for every tensor but lse and delta)");
+  return t;
+}
+}  // namespace
+
+void attention_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v, TensorView o,
+                       std::span<float> lse, float softmax_scale) {
+  const DType t = storage_of("attention_forward", {{"q", q.dtype}, {"k", k.dtype}, {"v", v.dtype}, {"o", o.dtype}});
+  backend_for(OpKind::attention_forward, t).attention_forward(mask, q, k, v, o, device_view(lse), softmax_scale);
+}
+
+void attention_delta(ConstTensorView do_, ConstTensorView o, std::span<float> delta) {
+  const DType t = storage_of("attention_delta", {{"do", do_.dtype}, {"o", o.dtype}});
+  backend_for(OpKind::attention_delta, t).attention_delta(do_, o, device_view(delta));
+}
+
+void attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                        ConstTensorView do_, std::span<const float> lse, std::span<const float> delta, TensorView dq,
+                        TensorView dk, TensorView dv, float softmax_scale) {
+  const DType t = storage_of("attention_backward", {{"q", q.dtype}, {"k", k.dtype}, {"v", v.dtype}, {"do", do_.dtype},
+                                                    {"dq", dq.dtype}, {"dk", dk.dtype}, {"dv", dv.dtype}});
+  backend_for(OpKind::attention_backward, t)
+      .attention_backward(mask, q, k, v, do_, device_view(lse), device_view(delta), dq, dk, dv, softmax_scale);
 }
 
 double attention_forward_flops(const BlockMask& mask, std::int64_t n_q, std::int64_t d_h) {

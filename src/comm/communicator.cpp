@@ -330,3 +330,66 @@ WorkPtr Communicator::barrier_async() {
 }
 
 }  // namespace diffcp
+
+// ---- the view forms: dtype and memory from the tensors ----
+namespace diffcp {
+
+namespace {
+// `send` and `recv` hold one dtype in one memory, contiguous, and at least their parts.
+void check_pair(const char* op, const ConstTensorView& send, std::size_t send_n, const ConstTensorView& recv,
+                std::size_t recv_n) {
+  DIFFCP_CHECK(send.dtype == recv.dtype && send.device == recv.device && send.is_contiguous() && recv.is_contiguous(),
+               op, ": send ", send.describe(), " and recv ", recv.describe(),
+               " must be contiguous, of one dtype, in one memory");
+  DIFFCP_CHECK(static_cast<std::size_t>(send.numel()) >= send_n && static_cast<std::size_t>(recv.numel()) >= recv_n,
+               op, ": send ", send.describe(), " and recv ", recv.describe(), " hold fewer than the ", send_n, " and ",
+               recv_n, " elements the counts move");
+}
+}  // namespace
+
+WorkPtr Communicator::all_gather_v_async(ConstTensorView send, TensorView recv, std::span<const std::size_t> counts,
+                                         CollAlgo algo) {
+  check_counts(counts, "all_gather_v");
+  check_pair("all_gather_v", send, counts[static_cast<std::size_t>(rank())], recv, sum(counts));
+  const ScopedCommDevice on(*this, send.device);
+  return all_gather_v_async(send.data, recv.data, counts, send.dtype, algo);
+}
+
+WorkPtr Communicator::reduce_scatter_v_async(ConstTensorView send, TensorView recv,
+                                             std::span<const std::size_t> counts, ReduceOp op, CollAlgo algo) {
+  check_counts(counts, "reduce_scatter_v");
+  check_pair("reduce_scatter_v", send, sum(counts), recv, counts[static_cast<std::size_t>(rank())]);
+  const ScopedCommDevice on(*this, send.device);
+  return reduce_scatter_v_async(send.data, recv.data, counts, send.dtype, op, algo);
+}
+
+WorkPtr Communicator::all_to_all_v_async(ConstTensorView send, std::span<const std::size_t> send_counts,
+                                         TensorView recv, std::span<const std::size_t> recv_counts) {
+  check_counts(send_counts, "all_to_all_v");
+  check_counts(recv_counts, "all_to_all_v");
+  check_pair("all_to_all_v", send, sum(send_counts), recv, sum(recv_counts));
+  const ScopedCommDevice on(*this, send.device);
+  return all_to_all_v_async(send.data, send_counts, recv.data, recv_counts, send.dtype);
+}
+
+WorkPtr Communicator::broadcast_async(ConstTensorView root_data, TensorView recv, int root) {
+  const bool me = rank() == root;
+  check_pair("broadcast", root_data, 0, recv, 0);
+  const ScopedCommDevice on(*this, root_data.device);
+  return broadcast_async(me ? const_cast<void*>(root_data.data) : recv.data,
+                         static_cast<std::size_t>(me ? root_data.numel() : recv.numel()), root_data.dtype, root);
+}
+
+WorkPtr Communicator::send_async(ConstTensorView buf, int dst, int tag) {
+  DIFFCP_CHECK(buf.is_contiguous(), "send: ", buf.describe(), " is not contiguous");
+  const ScopedCommDevice on(*this, buf.device);
+  return send_async(buf.data, static_cast<std::size_t>(buf.numel()), buf.dtype, dst, tag);
+}
+
+WorkPtr Communicator::recv_async(TensorView buf, int src, int tag) {
+  DIFFCP_CHECK(buf.is_contiguous(), "recv: ", buf.describe(), " is not contiguous");
+  const ScopedCommDevice on(*this, buf.device);
+  return recv_async(buf.data, static_cast<std::size_t>(buf.numel()), buf.dtype, src, tag);
+}
+
+}  // namespace diffcp

@@ -2,7 +2,9 @@
 
 #include <utility>
 
+#include "diffcp/cp/cp_common.hpp"
 #include "diffcp/ops/backend.hpp"
+#include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
 
@@ -41,7 +43,12 @@ CpSaved CpAttentionLayer::forward(const AttnLayerParams& w, ConstTensorView x_p,
   CpSaved saved;
   saved.state_ = spare_ ? std::move(spare_) : new_state();
   timings_ = {};
-  forward_impl(*saved.state_, w, x_p.ptr<float>(), ctx_p.ptr<float>(), y_p.ptr<float>());
+  {
+    const ScopedF32GemmCompute precision(compute_);  // bf16: the projections' GEMMs too
+    const auto t0 = CpClock::now();
+    forward_impl(*saved.state_, w, x_p.ptr<float>(), ctx_p.ptr<float>(), y_p.ptr<float>());
+    timings_.fwd_ms = elapsed_ms(t0);
+  }
   saved.layer_ = this;
   saved.generation_ = generation_;
   saved.x_p_ = x_p;
@@ -68,8 +75,13 @@ void CpAttentionLayer::backward(CpSaved&& saved, const AttnLayerParams& w, Const
   check_view("dx_p", dx_p, dtype(), {Qp, H}, device);
   check_view("dctx_p", dctx_p, dtype(), {Cp, H}, device);
   std::unique_ptr<CpSavedState> st = take_state(saved, "backward", false);
-  backward_impl(*st, w, saved.x_p_.ptr<float>(), saved.ctx_p_.ptr<float>(), dy_p.ptr<float>(), dx_p.ptr<float>(),
-                dctx_p.ptr<float>(), grad);
+  {
+    const ScopedF32GemmCompute precision(compute_);
+    const auto t0 = CpClock::now();
+    backward_impl(*st, w, saved.x_p_.ptr<float>(), saved.ctx_p_.ptr<float>(), dy_p.ptr<float>(), dx_p.ptr<float>(),
+                  dctx_p.ptr<float>(), grad);
+    timings_.bwd_ms = elapsed_ms(t0);
+  }
   spare_ = std::move(st);
 }
 

@@ -35,11 +35,6 @@ void LvXAttnLayer::on_reshard() {
   dq_own_.resize(n(Qp * qw));
   dkv_.resize(n(2 * own_.Lp() * kvw));
   dkv_step_.resize(dkv_.size());
-  if (bf16()) {
-    for (auto* v : {&kv16_, &dkv16_}) v->resize(dkv_.size());
-    for (auto* v : {&o16_, &dq16_}) v->resize(n(Q_max * qw));
-    q16_.resize(n(Qp * qw));
-  }
 }
 
 // Per layer, for the state of rank s (Q_s rows), each over P-1 hops: forward q (n_q d_h, dtype)
@@ -52,82 +47,79 @@ double LvXAttnLayer::predicted_bytes_per_layer() const {
   return lvxattn_bytes_per_layer(cfg_, compute_, shard_.batch.query_rows(), shard_.P);
 }
 
-// The packed backward inputs of `rows` rows: [q | do] in compute_ (qdo_floats f32 slots), then
-// lse and D [rows, n_q] each in f32.
-std::int64_t LvXAttnLayer::qdo_floats(std::int64_t rows) const { return (bf16() ? 1 : 2) * rows * cfg_.q_width(); }
-
-void LvXAttnLayer::step_forward(const BlockMask& mask, const void* q, std::int64_t rows, float* o, float* lse) {
-  const std::int64_t n_q = cfg_.n_q, n_kv = cfg_.n_kv, d = cfg_.d_h, Lp = own_.Lp(), kvw = cfg_.kv_width();
-  const std::span<float> lse_out(lse, static_cast<std::size_t>(rows * n_q));
-  if (!bf16()) {
-    attention_forward(mask, head_view(static_cast<const float*>(q), rows, n_q, d), head_view(kv_, Lp, n_kv, d),
-                      head_view(kv_ + Lp * kvw, Lp, n_kv, d), head_view(o, rows, n_q, d), lse_out);
-    return;
-  }
-  const bf16_t* kv = kv16_.data();
-  attention_forward(mask, head_view(static_cast<const bf16_t*>(q), rows, n_q, d), head_view(kv, Lp, n_kv, d),
-                    head_view(kv + Lp * kvw, Lp, n_kv, d), head_view(o16_.data(), rows, n_q, d), lse_out);
-  convert(o16_.data(), o, rows * cfg_.q_width());
+// n elements of dtype t at byte offset `at` of the f32 slots `buf`: the parts of a packed message of
+// mixed dtypes (the backward inputs [q | do] in the compute dtype, then lse and D in f32).
+TensorView LvXAttnLayer::part(const DeviceVector<float>& buf, std::int64_t at, DType t, std::int64_t n) const {
+  const std::int64_t bytes = static_cast<std::int64_t>(buf.size() * sizeof(float));
+  DIFFCP_CHECK(at >= 0 && at % static_cast<std::int64_t>(dtype_size(t)) == 0 &&
+                   at + n * static_cast<std::int64_t>(dtype_size(t)) <= bytes,
+               "lvxattn: ", n, " ", dtype_name(t), " at byte ", at, " of a ", bytes, "-byte buffer");
+  return TensorView::contiguous(reinterpret_cast<char*>(buf.data()) + at, t, {n}, active_device());
 }
 
-void LvXAttnLayer::step_backward(const BlockMask& mask, const float* in, std::int64_t rows, float* dq, float* dkv) {
+// The packed backward inputs of `rows` rows: [q | do] in compute_, then lse and D [rows, n_q] f32.
+std::int64_t LvXAttnLayer::qdo_bytes(std::int64_t rows) const {
+  return 2 * rows * cfg_.q_width() * static_cast<std::int64_t>(dtype_size(compute_));
+}
+std::int64_t LvXAttnLayer::in_bytes(std::int64_t rows) const {
+  return qdo_bytes(rows) + 2 * rows * cfg_.n_q * static_cast<std::int64_t>(sizeof(float));
+}
+
+void LvXAttnLayer::step_forward(const BlockMask& mask, ConstTensorView q, std::int64_t rows, float* o, float* lse) {
   const std::int64_t n_q = cfg_.n_q, n_kv = cfg_.n_kv, d = cfg_.d_h, Lp = own_.Lp(), kvw = cfg_.kv_width();
-  const std::int64_t qw = cfg_.q_width(), stats = rows * n_q;
-  const float* lse = in + qdo_floats(rows);
+  const TensorView o_f32 = device_view(o, rows * cfg_.q_width()), o_c = compute_out(o_f32, compute_, o_c_);
+  attention_forward(mask, head_view(q, rows, n_q, d), head_view(kv_, Lp, n_kv, d), head_view(kv_, Lp, n_kv, d, Lp * kvw),
+                    head_view(o_c, rows, n_q, d), std::span<float>(lse, static_cast<std::size_t>(rows * n_q)));
+  from_compute(o_c, o_f32);
+}
+
+void LvXAttnLayer::step_backward(const BlockMask& mask, const DeviceVector<float>& in, std::int64_t rows, float* dq,
+                                 float* dkv) {
+  const std::int64_t n_q = cfg_.n_q, n_kv = cfg_.n_kv, d = cfg_.d_h, Lp = own_.Lp(), kvw = cfg_.kv_width();
+  const std::int64_t qw = cfg_.q_width(), stats = rows * n_q, e = static_cast<std::int64_t>(dtype_size(compute_));
+  const ConstTensorView q = part(in, 0, compute_, rows * qw), dout = part(in, rows * qw * e, compute_, rows * qw);
+  const float* lse = part(in, qdo_bytes(rows), DType::f32, 2 * stats).ptr<float>();
   const std::span<const float> lse_in(lse, static_cast<std::size_t>(stats)), delta_in(lse + stats, lse_in.size());
-  if (!bf16()) {
-    attention_backward(mask, head_view(in, rows, n_q, d), head_view(kv_, Lp, n_kv, d), head_view(kv_ + Lp * kvw, Lp, n_kv, d),
-                       head_view(in + rows * qw, rows, n_q, d), lse_in, delta_in, head_view(dq, rows, n_q, d),
-                       head_view(dkv, Lp, n_kv, d), head_view(dkv + Lp * kvw, Lp, n_kv, d));
-    return;
-  }
-  const auto* q = reinterpret_cast<const bf16_t*>(in);
-  const bf16_t* kv = kv16_.data();
-  bf16_t* dkv16 = dkv16_.data();
-  attention_backward(mask, head_view(q, rows, n_q, d), head_view(kv, Lp, n_kv, d), head_view(kv + Lp * kvw, Lp, n_kv, d),
-                     head_view(q + rows * qw, rows, n_q, d), lse_in, delta_in, head_view(dq16_.data(), rows, n_q, d),
-                     head_view(dkv16, Lp, n_kv, d), head_view(dkv16 + Lp * kvw, Lp, n_kv, d));
-  convert(dq16_.data(), dq, rows * qw);
-  convert(dkv16, dkv, 2 * Lp * kvw);
+  const TensorView dq_f32 = device_view(dq, rows * qw), dq_c = compute_out(dq_f32, compute_, dq_c_);
+  const TensorView dkv_f32 = device_view(dkv, 2 * Lp * kvw), dkv_c = compute_out(dkv_f32, compute_, dkv_c_);
+  attention_backward(mask, head_view(q, rows, n_q, d), head_view(kv_, Lp, n_kv, d), head_view(kv_, Lp, n_kv, d, Lp * kvw),
+                     head_view(dout, rows, n_q, d), lse_in, delta_in, head_view(dq_c, rows, n_q, d),
+                     head_view(dkv_c, Lp, n_kv, d), head_view(dkv_c, Lp, n_kv, d, Lp * kvw));
+  from_compute(dq_c, dq_f32);
+  from_compute(dkv_c, dkv_f32);
 }
 
 void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                 float* y_p) {
   Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
-  const ScopedF32GemmCompute precision(compute_);
-  const auto t0 = CpClock::now();
   const int P = shard_.P, p = shard_.p, next = (p + 1) % P, prev = (p + P - 1) % P;
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, d = cfg_.d_h, qw = cfg_.q_width();
-  const DType t_q = compute_;  // the travelling q
   const auto state_count = [&](std::int64_t rows) { return static_cast<std::size_t>(rows * (qw + n_q)); };
-  const auto q_count = [&](std::int64_t rows) { return static_cast<std::size_t>(rows * qw); };
+  const auto q_in = [&](int slot, std::int64_t rows) { return part(in_[slot], 0, compute_, rows * qw); };  // travelling q
   const auto o_of = [&](float* buf, std::int64_t rows) { return head_view(buf, rows, n_q, d); };
   const auto lse_of = [&](float* buf, std::int64_t rows) {
     return std::span<float>(buf + rows * qw, static_cast<std::size_t>(rows * n_q));
   };
   own_.project_q(w, x_p, st.own);
-  if (bf16()) convert(st.own.q.data(), q16_.data(), Qp * qw);
-  const void* q_own = bf16() ? static_cast<const void*>(q16_.data()) : st.own.q.data();
+  const ConstTensorView q_own = to_compute(st.own.q.view(), compute_, q_c_);
   WorkPtr q_send[2], q_recv[2], acc_send[2];
   if (P > 1) {  // first hop: own q to next; rank p-1's q arrives for step 1
-    q_send[0] = comm_.send_async(q_own, q_count(Qp), t_q, next, kTagQuery);
-    q_recv[1] = comm_.recv_async(in_[1].data(), q_count(rows_of(prev)), t_q, prev, kTagQuery);
+    q_send[0] = comm_.send_async(q_own, next, kTagQuery);
+    q_recv[1] = comm_.recv_async(q_in(1, rows_of(prev)), prev, kTagQuery);
   }
   own_.project_kv(w, x_p, ctx_p, st.own, q_recv[1].get());
-  kv_ = st.own.kv.data();
-  if (bf16()) convert(kv_, kv16_.data(), static_cast<std::int64_t>(kv16_.size()));
+  kv_ = to_compute(st.own.kv.view(), compute_, kv_c_);
   step_forward(masks_[static_cast<std::size_t>(p)], q_own, Qp, own_part_.data(), own_part_.data() + Qp * qw);
 
   for (int t = 1; t < P; ++t) {
     const int s = src_of_step(t);
     const std::int64_t Qs = rows_of(s);
-    const float* q_s = in_[t % 2].data();
+    const TensorView q_s = q_in(t % 2, Qs);
     timings_.fwd_overlap_exposed_ms += timed_wait(*q_recv[t % 2]);
     if (t + 1 < P) {  // q_s moves on at once; q of the next step's state comes in
-      q_send[t % 2] = comm_.send_async(q_s, q_count(Qs), t_q, next, kTagQuery);
+      q_send[t % 2] = comm_.send_async(q_s, next, kTagQuery);
       if (q_send[(t + 1) % 2]) timings_.fwd_overlap_exposed_ms += timed_wait(*q_send[(t + 1) % 2]);
-      q_recv[(t + 1) % 2] = comm_.recv_async(in_[(t + 1) % 2].data(), q_count(rows_of(src_of_step(t + 1))), t_q, prev,
-                                             kTagQuery);
+      q_recv[(t + 1) % 2] = comm_.recv_async(q_in((t + 1) % 2, rows_of(src_of_step(t + 1))), prev, kTagQuery);
     }
     WorkPtr acc_recv = t >= 2 ? comm_.recv_async(acc_in_.data(), state_count(Qs), DType::f32, prev, kTagRunning) : nullptr;
     if (acc_send[t % 2]) timings_.fwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
@@ -154,54 +146,42 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   for (WorkPtr* wk : {&q_send[0], &q_send[1], &acc_send[0], &acc_send[1]})
     if (*wk) timings_.fwd_overlap_exposed_ms += timed_wait(**wk);
   own_.output_forward(w, st.own, y_p);
-  timings_.fwd_ms = elapsed_ms(t0);
 }
 
 void LvXAttnLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                  const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
   Saved& st = static_cast<Saved&>(state);
-  const ScopedF32GemmCompute precision(compute_);
-  const auto t0 = CpClock::now();
   const int P = shard_.P, p = shard_.p, next = (p + 1) % P, prev = (p + P - 1) % P;
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, qw = cfg_.q_width(), Lp = own_.Lp(), kvw = cfg_.kv_width();
-  // The packed inputs travel as f32 elements, or (bf16) as the bytes of their mixed dtypes.
-  const DType t_in = bf16() ? DType::u8 : DType::f32;
-  const auto in_count = [&](std::int64_t rows) {
-    const auto floats = static_cast<std::size_t>(qdo_floats(rows) + 2 * rows * n_q);
-    return bf16() ? floats * sizeof(float) : floats;
+  const std::int64_t e = static_cast<std::int64_t>(dtype_size(compute_)), f = sizeof(float);
+  // The packed inputs [q | do | lse | D] travel as the bytes of their mixed dtypes.
+  const auto message = [&](const DeviceVector<float>& buf, std::int64_t rows) {
+    return part(buf, 0, DType::u8, in_bytes(rows));
   };
 
   own_.output_backward(w, st.own, dy_p, grad);
-  kv_ = st.own.kv.data();
-  if (bf16()) convert(kv_, kv16_.data(), static_cast<std::int64_t>(kv16_.size()));  // (another forward may have run)
-  float* mine = own_part_.data();  // own inputs, packed: the first hop's message and step 0's operands
-  if (bf16()) {
-    auto* qdo = reinterpret_cast<bf16_t*>(mine);
-    convert(st.own.q.data(), qdo, Qp * qw);
-    convert(own_.dout().data(), qdo + Qp * qw, Qp * qw);
-  } else {
-    device_copy(mine, st.own.q.data(), Qp * qw);
-    device_copy(mine + Qp * qw, own_.dout().data(), Qp * qw);
-  }
-  device_copy(mine + qdo_floats(Qp), st.own.lse.data(), Qp * n_q);
-  device_copy(mine + qdo_floats(Qp) + Qp * n_q, own_.delta().data(), Qp * n_q);
+  kv_ = to_compute(st.own.kv.view(), compute_, kv_c_);  // (another forward may have run since)
+  // Own inputs, packed: the first hop's message and step 0's operands.
+  convert(st.own.q.view(), part(own_part_, 0, compute_, Qp * qw));
+  convert(own_.dout().view(), part(own_part_, Qp * qw * e, compute_, Qp * qw));
+  convert(st.own.lse.view(), part(own_part_, qdo_bytes(Qp), DType::f32, Qp * n_q));
+  convert(own_.delta().view(), part(own_part_, qdo_bytes(Qp) + Qp * n_q * f, DType::f32, Qp * n_q));
   WorkPtr in_send[2], in_recv[2], acc_send[2];
   if (P > 1) {  // first hop: own inputs
-    in_send[0] = comm_.send_async(mine, in_count(Qp), t_in, next, kTagQuery);
-    in_recv[1] = comm_.recv_async(in_[1].data(), in_count(rows_of(prev)), t_in, prev, kTagQuery);
+    in_send[0] = comm_.send_async(message(own_part_, Qp), next, kTagQuery);
+    in_recv[1] = comm_.recv_async(message(in_[1], rows_of(prev)), prev, kTagQuery);
   }
-  step_backward(masks_[static_cast<std::size_t>(p)], mine, Qp, dq_own_.data(), dkv_.data());
+  step_backward(masks_[static_cast<std::size_t>(p)], own_part_, Qp, dq_own_.data(), dkv_.data());
 
   for (int t = 1; t < P; ++t) {
     const int s = src_of_step(t);
     const std::int64_t Qs = rows_of(s);
-    const float* in = in_[t % 2].data();
+    const DeviceVector<float>& in = in_[t % 2];
     timings_.bwd_overlap_exposed_ms += timed_wait(*in_recv[t % 2]);
     if (t + 1 < P) {
-      in_send[t % 2] = comm_.send_async(in, in_count(Qs), t_in, next, kTagQuery);
+      in_send[t % 2] = comm_.send_async(message(in, Qs), next, kTagQuery);
       if (in_send[(t + 1) % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*in_send[(t + 1) % 2]);
-      in_recv[(t + 1) % 2] = comm_.recv_async(in_[(t + 1) % 2].data(), in_count(rows_of(src_of_step(t + 1))), t_in,
-                                              prev, kTagQuery);
+      in_recv[(t + 1) % 2] = comm_.recv_async(message(in_[(t + 1) % 2], rows_of(src_of_step(t + 1))), prev, kTagQuery);
     }
     const std::size_t dq_count = static_cast<std::size_t>(Qs * qw);
     WorkPtr acc_recv = t >= 2 ? comm_.recv_async(acc_in_.data(), dq_count, DType::f32, prev, kTagRunning) : nullptr;
@@ -226,7 +206,6 @@ void LvXAttnLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   for (WorkPtr* wk : {&in_send[0], &in_send[1], &acc_send[0], &acc_send[1]})
     if (*wk) timings_.bwd_overlap_exposed_ms += timed_wait(**wk);
   own_.backward_q(w, st.own, x_p, dq_own_.data(), dx_p, 1.f, grad);
-  timings_.bwd_ms = elapsed_ms(t0);
 }
 
 }  // namespace diffcp

@@ -64,28 +64,25 @@ T* SplitKVLayer::buffer(DeviceVector<T>& v, std::int64_t n) {
   return v.data();
 }
 
+TensorView SplitKVLayer::buffer(Workspace& v, std::int64_t n) {
+  if (v.resize(opt_.compute, n)) ++allocations_;
+  return v.view();
+}
+
 void SplitKVLayer::gather_rows(const float* mine, std::int64_t width, float* all) {
-  const std::int64_t Qp = own_.Qp();
-  if (opt_.compute == DType::f32) {
-    comm_.all_gather_v_async(mine, all, row_counts(width), DType::f32, opt_.collectives)->wait();
-    return;
-  }
-  convert(mine, buffer(send16_, Qp * width), Qp * width);
-  comm_.all_gather_v_async(send16_.data(), buffer(recv16_, Q_ * width), row_counts(width), DType::bf16,
-                           opt_.collectives)->wait();
-  convert(recv16_.data(), all, Q_ * width);
+  const TensorView all_f32 = device_view(all, Q_ * width);
+  const TensorView all_c = compute_out(all_f32, opt_.compute, recv_c_);
+  comm_.all_gather_v_async(to_compute(device_view(mine, own_.Qp() * width), opt_.compute, send_c_), all_c,
+                           row_counts(width), opt_.collectives)->wait();
+  from_compute(all_c, all_f32);
 }
 
 void SplitKVLayer::reduce_scatter_rows(const float* all, std::int64_t width, float* mine) {
-  const std::int64_t Qp = own_.Qp();
-  if (opt_.compute == DType::f32) {
-    comm_.reduce_scatter_v_async(all, mine, row_counts(width), DType::f32, ReduceOp::sum, opt_.collectives)->wait();
-    return;
-  }
-  convert(all, buffer(send16_, Q_ * width), Q_ * width);
-  comm_.reduce_scatter_v_async(send16_.data(), buffer(recv16_, Qp * width), row_counts(width), DType::bf16,
-                               ReduceOp::sum, opt_.collectives)->wait();
-  convert(recv16_.data(), mine, Qp * width);
+  const TensorView mine_f32 = device_view(mine, own_.Qp() * width);
+  const TensorView mine_c = compute_out(mine_f32, opt_.compute, recv_c_);
+  comm_.reduce_scatter_v_async(to_compute(device_view(all, Q_ * width), opt_.compute, send_c_), mine_c,
+                               row_counts(width), ReduceOp::sum, opt_.collectives)->wait();
+  from_compute(mine_c, mine_f32);
 }
 
 std::vector<std::size_t> SplitKVLayer::row_counts(std::int64_t width) const {
@@ -128,23 +125,13 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
                                 float* y_p) {
   using Params = AttnLayerParams;
   Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
-  const ScopedF32GemmCompute precision(opt_.compute);  // bf16: the projections' GEMMs too
-  const auto t0 = CpClock::now();
+  const DType c = opt_.compute;
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width(), d = cfg_.d_h, Qp = own_.Qp();
 
-  // 1. Local queries, normed and rotated, then launch their all-gather (bf16 mode: of bf16 rows).
-  const bool bf = opt_.compute == DType::bf16;
+  // 1. Local queries, normed and rotated, then launch their all-gather (rows of the compute dtype).
   own_.project_q(w, x_p, st.own);
-  float* q_all = nullptr;
-  WorkPtr ag;
-  if (bf) {
-    bf16_t* q16 = buffer(q16_p_, Qp * qw);
-    convert(st.own.q.data(), q16, Qp * qw);
-    ag = comm_.all_gather_v_async(q16, buffer(st.q_all16, Q_ * qw), row_counts(qw), DType::bf16, opt_.collectives);
-  } else {
-    q_all = buffer(st.q_all, Q_ * qw);
-    ag = comm_.all_gather_v_async(st.own.q.data(), q_all, row_counts(qw), DType::f32, opt_.collectives);
-  }
+  const TensorView q_all = buffer(st.q_all, Q_ * qw);
+  WorkPtr ag = comm_.all_gather_v_async(to_compute(st.own.q.view(), c, q_p_), q_all, row_counts(qw), opt_.collectives);
 
   // 2. Local keys/values of [ctx_p; X_p] while the all-gather flies (polled between row chunks).
   own_.project_kv(w, x_p, ctx_p, st.own, ag.get());
@@ -153,21 +140,15 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   timings_.fwd_overlap_exposed_ms = elapsed_ms(tw);
 
   // 3. Attention over local keys: this rank's partial (o, lse) of every query row.
-  const std::int64_t Lk = own_.Lk(), kvw = cfg_.kv_width(), n_q = cfg_.n_q;
+  const std::int64_t Lk = own_.Lk(), kvw = cfg_.kv_width(), n_q = cfg_.n_q, n_kv = cfg_.n_kv;
   float* lse_p = buffer(lse_p_, Q_ * n_q);
-  // [Q, n_q d_h] f32 partial output: saved for the backward's D unless the owner merge runs.
-  float* obar = merge_ ? (bf ? nullptr : buffer(obar_, Q_ * qw)) : buffer(st.obar, Q_ * qw);
-  bf16_t* obar16 = bf ? buffer(obar16_, Q_ * qw) : nullptr;
-  if (bf) {
-    bf16_t* kv16 = buffer(st.kv16, 2 * Lk * kvw);
-    convert(st.own.kv.data(), kv16, 2 * Lk * kvw);
-    attention_forward(*mask_, head_view(st.q_all16.data(), Q_, n_q, d), head_view(kv16, Lk, cfg_.n_kv, d),
-                      head_view(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view(obar16, Q_, n_q, d), lse_p_);
-    if (!merge_) convert(obar16, obar, Q_ * qw);
-  } else {
-    attention_forward(*mask_, head_view(q_all, Q_, n_q, d), own_.k_view(st.own), own_.v_view(st.own),
-                      head_view(obar, Q_, n_q, d), lse_p_);
-  }
+  st.kv = to_compute(st.own.kv.view(), c, st.kv_c);  // [2, L_k, kvw]: k rows, then v rows
+  // [Q, n_q d_h] partial output: straight to the owner merge's all-to-all, or saved (f32) for the
+  // backward's D.
+  const TensorView obar_c = merge_ ? buffer(obar_c_, Q_ * qw) : compute_out(device_view(buffer(st.obar, Q_ * qw), Q_ * qw), c, obar_c_);
+  attention_forward(*mask_, head_view(q_all, Q_, n_q, d), head_view(st.kv, Lk, n_kv, d),
+                    head_view(st.kv, Lk, n_kv, d, Lk * kvw), head_view(obar_c, Q_, n_q, d), lse_p_);
+  if (!merge_) from_compute(obar_c, st.obar.view());
 
   float* o_p = st.own.o.data();  // [Q_p, n_q d_h], sized by project_q; used with oproj owned
   if (merge_) {
@@ -178,15 +159,14 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     const std::vector<std::size_t> recv_l(static_cast<std::size_t>(nP), static_cast<std::size_t>(Qp * n_q));
     float* parts = buffer(parts_, nP * Qp * qw);
     float* lse_parts = buffer(lse_parts_, nP * Qp * n_q);
+    const TensorView parts_c = compute_out(parts_.view(), c, recv_c_);
     tw = CpClock::now();
-    WorkPtr a2a_o = bf ? comm_.all_to_all_v_async(obar16, row_counts(qw), buffer(recv16_, nP * Qp * qw), recv_o,
-                                                  DType::bf16)
-                       : comm_.all_to_all_v_async(obar, row_counts(qw), parts, recv_o, DType::f32);
-    WorkPtr a2a_l = comm_.all_to_all_v_async(lse_p, row_counts(n_q), lse_parts, recv_l, DType::f32);
+    WorkPtr a2a_o = comm_.all_to_all_v_async(obar_c, row_counts(qw), parts_c, recv_o);
+    WorkPtr a2a_l = comm_.all_to_all_v_async(lse_p_.view(), row_counts(n_q), lse_parts_.view(), recv_l);
     a2a_o->wait();
     a2a_l->wait();
     timings_.blocking_comm_ms += elapsed_ms(tw);
-    if (bf) convert(recv16_.data(), parts, nP * Qp * qw);
+    from_compute(parts_c, parts_.view());
     std::vector<HeadRows<const float>> o_parts;
     std::vector<std::span<const float>> l_parts;
     for (int r = 0; r < nP; ++r) {
@@ -199,6 +179,7 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     // 4. The global log-sum-exp and the rescaled local output; then
     //    oproj all: output projection of all Q rows' partial output, reduce-scatter to the owners;
     //    oproj owned (hierarchical collectives): reduce-scatter the partial output, project the owned rows.
+    float* obar = st.obar.data();
     device_copy(buffer(st.lse, Q_ * n_q), lse_p, Q_ * n_q);
     tw = CpClock::now();
     all_reduce_lse(comm_, st.lse, opt_.collectives);
@@ -218,37 +199,31 @@ void SplitKVLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     }
   }
   bias_add(y_p, Qp, H, w[Params::bo]);
-  timings_.fwd_ms = elapsed_ms(t0);
 }
 
 void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                                  const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) {
   using Params = AttnLayerParams;
   Saved& st = static_cast<Saved&>(state);
-  const ScopedF32GemmCompute precision(opt_.compute);
-  const auto t0 = CpClock::now();
+  const DType c = opt_.compute;
   const std::int64_t H = cfg_.hidden, qw = cfg_.q_width(), kvw = cfg_.kv_width(), d = cfg_.d_h;
-  const std::int64_t Qp = own_.Qp(), Lk = own_.Lk();
+  const std::int64_t Qp = own_.Qp(), Lk = own_.Lk(), n_q = cfg_.n_q, n_kv = cfg_.n_kv;
 
   // 1. oproj all: gather dY; do = g W_o^T and this rank's share of dW_o = obar_p^T g (sums to o^T g).
   //    oproj owned: do_p = dY_p W_o^T and dW_o share o_p^T dY_p locally, then gather do.
-  const bool bf = opt_.compute == DType::bf16;
-  const std::int64_t n_q = cfg_.n_q;
   bias_backward(dy_p, Qp, H, grad[Params::bo]);
-  float* dout = bf && merge_ ? nullptr : buffer(dout_, Q_ * qw);        // [Q, n_q d_h] f32 do
-  bf16_t* dout16 = bf ? buffer(dout16_, Q_ * qw) : nullptr;            // [Q, n_q d_h] bf16 do
+  ConstTensorView dout_c;      // [Q, n_q d_h] do in the compute dtype, as the attention backward reads it
   float* lse = st.lse.data();  // [Q, n_q] the global lse (the owner merge gathers it below)
   auto tw = CpClock::now();
   if (merge_) {
     // 2. Owner merge: the owner holds its rows' merged o_p and lse_p, so D_p = rowsum(do_p * o_p) is
-    //    local; do (compute dtype) and [lse_p | D_p] (f32) are gathered together.
+    //    local; do (compute dtype) and [lse_p | D_p] (f32) are gathered together. do travels and
+    //    enters the kernel rounded to the compute dtype: D of the same rounded rows.
     float* dout_p = buffer(g_, Qp * qw);
     linear_backward_input(dy_p, Qp, H, w[Params::wo], qw, dout_p);
     linear_backward_weight(st.own.o.data(), Qp, qw, dy_p, H, grad[Params::wo]);
-    if (bf) {  // do travels and enters the kernel rounded to bf16: D of the same rounded rows
-      convert(dout_p, buffer(send16_, Qp * qw), Qp * qw);
-      convert(send16_.data(), dout_p, Qp * qw);
-    }
+    const ConstTensorView dout_p_c = to_compute(g_.view(), c, send_c_);
+    from_compute(dout_p_c, g_.view());
     float* stats_p = buffer(stats_p_, Qp * 2 * n_q);  // [Q_p, 2, n_q]: lse row, then D row
     float* delta_p = buffer(delta_, Qp * n_q);
     attention_delta(head_view<const float>(dout_p, Qp, n_q, d), head_view<const float>(st.own.o.data(), Qp, n_q, d),
@@ -256,22 +231,20 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     convert_rows(st.lse.data(), DType::f32, n_q, stats_p, DType::f32, 2 * n_q, Qp, n_q);
     convert_rows(delta_p, DType::f32, n_q, stats_p + n_q, DType::f32, 2 * n_q, Qp, n_q);
     float* stats = buffer(stats_all_, Q_ * 2 * n_q);
+    const TensorView dout_all = buffer(dout_c_, Q_ * qw);
     tw = CpClock::now();
-    WorkPtr ag_do;
-    if (bf) {
-      ag_do = comm_.all_gather_v_async(send16_.data(), dout16, row_counts(qw), DType::bf16, opt_.collectives);
-    } else {
-      ag_do = comm_.all_gather_v_async(dout_p, dout, row_counts(qw), DType::f32, opt_.collectives);
-    }
-    WorkPtr ag_stats = comm_.all_gather_v_async(stats_p, stats, row_counts(2 * n_q), DType::f32, opt_.collectives);
+    WorkPtr ag_do = comm_.all_gather_v_async(dout_p_c, dout_all, row_counts(qw), opt_.collectives);
+    WorkPtr ag_stats = comm_.all_gather_v_async(stats_p_.view(), stats_all_.view(), row_counts(2 * n_q), opt_.collectives);
     ag_do->wait();
     ag_stats->wait();
     timings_.blocking_comm_ms += elapsed_ms(tw);
+    dout_c = dout_all;
     lse = buffer(lse_all_, Q_ * n_q);
     buffer(delta_, Q_ * n_q);
     convert_rows(stats, DType::f32, 2 * n_q, lse, DType::f32, n_q, Q_, n_q);
     convert_rows(stats + n_q, DType::f32, 2 * n_q, delta_.data(), DType::f32, n_q, Q_, n_q);
   } else {
+    float* dout = buffer(dout_, Q_ * qw);  // [Q, n_q d_h] f32 do
     if (opt_.oproj == OProj::all) {
       float* g = buffer(g_, Q_ * H);
       gather_rows(dy_p, H, g);
@@ -292,44 +265,30 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     tw = CpClock::now();
     comm_.all_reduce<float>(delta_, ReduceOp::sum, opt_.collectives);
     timings_.blocking_comm_ms += elapsed_ms(tw);
-    if (bf) convert(dout, dout16, Q_ * qw);
+    dout_c = to_compute(dout_.view(), c, dout_c_);
   }
   const std::span<const float> lse_all(lse, static_cast<std::size_t>(Q_ * n_q));
 
   // 3. Local attention backward with the global lse and D; launch the dq reduce-scatter.
-  float* dkv = buffer(dkv_, 2 * Lk * kvw);  // [2, L_k, kvw]: dk rows, then dv rows
-  float* dq_p = buffer(dq_p_, Qp * qw);
-  WorkPtr rs;
-  if (bf) {
-    bf16_t* dq16 = buffer(dq16_, Q_ * qw);
-    bf16_t* dkv16 = buffer(dkv16_, 2 * Lk * kvw);
-    const bf16_t* kv16 = st.kv16.data();
-    attention_backward(*mask_, head_view(st.q_all16.data(), Q_, n_q, d), head_view(kv16, Lk, cfg_.n_kv, d),
-                       head_view(kv16 + Lk * kvw, Lk, cfg_.n_kv, d), head_view(dout16, Q_, n_q, d), lse_all,
-                       delta_, head_view(dq16, Q_, n_q, d), head_view(dkv16, Lk, cfg_.n_kv, d),
-                       head_view(dkv16 + Lk * kvw, Lk, cfg_.n_kv, d));
-    rs = comm_.reduce_scatter_v_async(dq16, buffer(dq16_p_, Qp * qw), row_counts(qw), DType::bf16, ReduceOp::sum,
-                                      opt_.collectives);
-    convert(dkv16, dkv, 2 * Lk * kvw);
-  } else {
-    float* dq_all = buffer(dq_all_, Q_ * qw);
-    attention_backward(*mask_, head_view(st.q_all.data(), Q_, n_q, d), own_.k_view(st.own),
-                       own_.v_view(st.own), head_view(dout, Q_, n_q, d), lse_all, delta_,
-                       head_view(dq_all, Q_, n_q, d), head_view(dkv, Lk, cfg_.n_kv, d),
-                       head_view(dkv + Lk * kvw, Lk, cfg_.n_kv, d));
-    rs = comm_.reduce_scatter_v_async(dq_all, dq_p, row_counts(qw), DType::f32, ReduceOp::sum, opt_.collectives);
-  }
+  buffer(dkv_, 2 * Lk * kvw);  // [2, L_k, kvw]: dk rows, then dv rows
+  buffer(dq_p_, Qp * qw);
+  const TensorView dq_c = buffer(dq_c_, Q_ * qw), dkv_c = compute_out(dkv_.view(), c, dkv_c_);
+  attention_backward(*mask_, head_view(st.q_all.view(), Q_, n_q, d), head_view(st.kv, Lk, n_kv, d),
+                     head_view(st.kv, Lk, n_kv, d, Lk * kvw), head_view(dout_c, Q_, n_q, d), lse_all, delta_,
+                     head_view(dq_c, Q_, n_q, d), head_view(dkv_c, Lk, n_kv, d), head_view(dkv_c, Lk, n_kv, d, Lk * kvw));
+  const TensorView dq_p_c = compute_out(dq_p_.view(), c, dq_p_c_);
+  WorkPtr rs = comm_.reduce_scatter_v_async(dq_c, dq_p_c, row_counts(qw), ReduceOp::sum, opt_.collectives);
+  from_compute(dkv_c, dkv_.view());
 
   // 4. K/V projection backward (real rows only) while dq travels (polled); dk, dv stay on this rank.
-  own_.backward_kv(w, st.own, x_p, ctx_p, dkv, dx_p, 0.f, dctx_p, grad, rs.get());
+  own_.backward_kv(w, st.own, x_p, ctx_p, dkv_.data(), dx_p, 0.f, dctx_p, grad, rs.get());
   tw = CpClock::now();
   rs->wait();
   timings_.bwd_overlap_exposed_ms = elapsed_ms(tw);
-  if (bf) convert(dq16_p_.data(), dq_p, Qp * qw);
+  from_compute(dq_p_c, dq_p_.view());
 
   // 5. Query projection backward: RoPE^-1, RMSNorm_q backward, then dX_p += dq_lin W_q^T.
-  own_.backward_q(w, st.own, x_p, dq_p, dx_p, 1.f, grad);
-  timings_.bwd_ms = elapsed_ms(t0);
+  own_.backward_q(w, st.own, x_p, dq_p_.data(), dx_p, 1.f, grad);
 }
 
 }  // namespace diffcp

@@ -148,3 +148,52 @@ void scatter_rows(const void* src, DType src_t, std::int64_t ld_src, std::span<c
 }
 
 }  // namespace diffcp
+
+namespace diffcp {
+
+namespace {
+// ws sized to t's elements in `dtype`, viewed with t's shape (contiguous).
+TensorView like(const ConstTensorView& t, DType dtype, Workspace& ws) {
+  DIFFCP_CHECK(t.is_contiguous(), "compute seam: ", t.describe(), " is not contiguous");
+  ws.resize(dtype, t.numel());
+  TensorView v = TensorView::contiguous(ws.view().data, dtype, {}, ws.view().device);
+  v.rank = t.rank;
+  v.shape = t.shape;
+  std::int64_t st = 1;
+  for (int i = t.rank - 1; i >= 0; --i) {
+    v.stride[static_cast<std::size_t>(i)] = st;
+    st *= t.shape[static_cast<std::size_t>(i)];
+  }
+  return v;
+}
+void check_compute(DType compute) {
+  DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "compute dtype ", dtype_name(compute),
+               ": expected f32 or bf16");
+}
+}  // namespace
+
+ConstTensorView to_compute(ConstTensorView src, DType compute, Workspace& ws) {
+  check_compute(compute);
+  DIFFCP_CHECK(src.dtype == DType::f32, "to_compute: ", src.describe(), " is not f32");
+  if (compute == DType::f32) return src;
+  const TensorView out = like(src, compute, ws);
+  convert(src, out);
+  return out;
+}
+
+TensorView compute_out(TensorView dst, DType compute, Workspace& ws) {
+  check_compute(compute);
+  DIFFCP_CHECK(dst.dtype == DType::f32, "compute_out: ", dst.describe(), " is not f32");
+  return compute == DType::f32 ? dst : like(dst, compute, ws);
+}
+
+void from_compute(ConstTensorView src, TensorView dst) {
+  if (src.data == dst.data && src.dtype == dst.dtype) return;
+  convert(src, dst);
+}
+
+void round_to(TensorView x, DType compute, Workspace& ws) {
+  from_compute(to_compute(x, compute, ws), x);
+}
+
+}  // namespace diffcp

@@ -57,6 +57,16 @@ void attention_backward(const BlockMask& mask, HeadRows<const bf16_t> q, HeadRow
                         HeadRows<bf16_t> dq, HeadRows<bf16_t> dk, HeadRows<bf16_t> dv,
                         float softmax_scale = 0.f);
 
+// The three ops on views of one storage dtype, f32 or bf16 (the rank-3 views [rows, heads, d_h]
+// have contiguous heads: core/tensor.hpp head_view), dispatched on q's dtype; a view of another
+// dtype is an error naming it. What the CP methods call, one code path for both compute dtypes.
+void attention_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v, TensorView o,
+                       std::span<float> lse, float softmax_scale = 0.f);
+void attention_delta(ConstTensorView do_, ConstTensorView o, std::span<float> delta);
+void attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                        ConstTensorView do_, std::span<const float> lse, std::span<const float> delta, TensorView dq,
+                        TensorView dk, TensorView dv, float softmax_scale = 0.f);
+
 // FLOPs as FlashAttention counts them, over visible pairs only: 4*d_h per pair per query head
 // forward, 10*d_h backward (score recomputation included).
 double attention_forward_flops(const BlockMask& mask, std::int64_t n_q, std::int64_t d_h);

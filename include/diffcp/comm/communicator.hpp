@@ -77,6 +77,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "diffcp/core/dtype.hpp"
+#include "diffcp/core/tensor.hpp"
 #include "diffcp/core/error.hpp"
 
 namespace diffcp {
@@ -257,6 +258,22 @@ class Communicator {
   WorkPtr send_async(const void* buf, std::size_t count, DType type, int dst, int tag = 0);
   WorkPtr recv_async(void* buf, std::size_t count, DType type, int src, int tag = 0);
   WorkPtr barrier_async();
+
+  // ---- the same on tensor views (what the layers call): the dtype comes from the tensors and so
+  // does the memory, host or a device, that the operation reads and writes (not set_device());
+  // counts are in elements, as above; each view holds at least its part ----
+  WorkPtr all_gather_v_async(ConstTensorView send, TensorView recv, std::span<const std::size_t> counts,
+                             CollAlgo algo = CollAlgo::flat);
+  WorkPtr reduce_scatter_v_async(ConstTensorView send, TensorView recv, std::span<const std::size_t> counts,
+                                 ReduceOp op, CollAlgo algo = CollAlgo::flat);
+  WorkPtr all_to_all_v_async(ConstTensorView send, std::span<const std::size_t> send_counts, TensorView recv,
+                             std::span<const std::size_t> recv_counts);
+  // root sends all of `root_data`; every other rank receives as many elements into `recv` (each
+  // rank passes both; root_data is read on the root only, recv written elsewhere only).
+  WorkPtr broadcast_async(ConstTensorView root_data, TensorView recv, int root);
+  // All of `buf` (a contiguous view: slice it with prefix()).
+  WorkPtr send_async(ConstTensorView buf, int dst, int tag = 0);
+  WorkPtr recv_async(TensorView buf, int src, int tag = 0);
 
   // ---- blocking, typed conveniences (async + wait) ----
   template <typename T> void all_gather(std::span<const T> send, std::span<T> recv);

@@ -140,6 +140,42 @@ void check_view(const char* what, const BasicTensorView<VoidPtr>& t, DType dtype
                ", expected a contiguous ", want, "] ", device_name(device), " tensor");
 }
 
+// The first n elements of the contiguous tensor `t`, as a rank-1 view [n] (an error if they do not fit).
+template <typename VoidPtr>
+BasicTensorView<VoidPtr> prefix(const BasicTensorView<VoidPtr>& t, std::int64_t n) {
+  DIFFCP_CHECK(t.is_contiguous() && n >= 0 && n <= t.numel(), "prefix: ", n, " elements of ", t.describe());
+  return BasicTensorView<VoidPtr>::contiguous(t.data, t.dtype, {n}, t.device);
+}
+
+// A view of no elements with t's dtype and memory: a collective's part on a rank that has none.
+template <typename VoidPtr>
+BasicTensorView<VoidPtr> empty_like(const BasicTensorView<VoidPtr>& t) {
+  return BasicTensorView<VoidPtr>::contiguous(t.data, t.dtype, {0}, t.device);
+}
+
+// A [rows, heads, dim] view with contiguous heads inside the contiguous tensor `t` (its dtype and
+// device): element (r, h, i) at element offset + r * ld + h * dim + i of t; ld = 0 means heads * dim.
+// E.g. the k and v halves of a [rows, 2, heads, dim] tensor: offsets 0 and heads * dim, ld = 2 heads dim.
+template <typename VoidPtr>
+BasicTensorView<VoidPtr> head_view(const BasicTensorView<VoidPtr>& t, std::int64_t rows, std::int64_t heads,
+                                   std::int64_t dim, std::int64_t offset = 0, std::int64_t ld = 0) {
+  if (ld == 0) ld = heads * dim;
+  const std::int64_t end = rows == 0 ? offset : offset + (rows - 1) * ld + heads * dim;
+  DIFFCP_CHECK(t.is_contiguous() && rows >= 0 && heads >= 0 && dim >= 0 && offset >= 0 && ld >= heads * dim &&
+                   end <= t.numel(),
+               "head_view: [", rows, ", ", heads, ", ", dim, "] at offset ", offset, ", row stride ", ld,
+               " does not fit in ", t.describe());
+  using Byte = std::conditional_t<std::is_same_v<VoidPtr, const void*>, const char, char>;
+  BasicTensorView<VoidPtr> v;
+  v.data = static_cast<Byte*>(t.data) + offset * static_cast<std::int64_t>(t.element_size());
+  v.dtype = t.dtype;
+  v.device = t.device;
+  v.rank = 3;
+  v.shape = {rows, heads, dim, 0};
+  v.stride = {ld, dim, 1, 0};
+  return v;
+}
+
 template <typename T>
 struct HeadRows {
   T* data = nullptr;

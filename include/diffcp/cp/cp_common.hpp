@@ -141,11 +141,6 @@ class OwnRows {
 
   DeviceVector<float>& dout() { return dout_; }    // [Q_p, qw] after output_backward
   DeviceVector<float>& delta() { return delta_; }  // [Q_p, n_q] after output_backward
-  HeadRows<const float> q_view(const OwnActivations& a) const { return head_view(a.q.data(), Qp_, cfg_.n_q, cfg_.d_h); }
-  HeadRows<const float> k_view(const OwnActivations& a) const { return head_view(a.kv.data(), Lk_, cfg_.n_kv, cfg_.d_h); }
-  HeadRows<const float> v_view(const OwnActivations& a) const {
-    return head_view(a.kv.data() + Lk_ * cfg_.kv_width(), Lk_, cfg_.n_kv, cfg_.d_h);
-  }
   // How many times a buffer (activations or scratch) had to grow: 0 per step while shapes repeat.
   std::int64_t allocations() const { return allocations_; }
 

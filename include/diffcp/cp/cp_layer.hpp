@@ -126,7 +126,9 @@ class CpAttentionLayer {
   // An empty saved state of the method's type (the pool's first fill).
   virtual std::unique_ptr<CpSavedState> new_state() const = 0;
   // The method's forward and backward on checked contiguous f32 buffers (shapes as above). `st`
-  // is a state made by new_state(), reused across steps: the method sizes its buffers.
+  // is a state made by new_state(), reused across steps: the method sizes its buffers. The caller
+  // runs them with the GEMMs in compute() precision (ScopedF32GemmCompute) and times them
+  // (timings().fwd_ms, bwd_ms).
   virtual void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                             float* y_p) = 0;
   virtual void backward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,

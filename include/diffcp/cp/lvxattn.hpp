@@ -50,14 +50,16 @@ class LvXAttnLayer final : public CpAttentionLayer {
   void backward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
                      const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   int src_of_step(int t) const { return (shard_.p - t + 2 * shard_.P) % shard_.P; }
-  bool bf16() const { return compute_ == DType::bf16; }
-  // f32 slots that [q | do] of `rows` rows take in the packed backward inputs (bf16: half).
-  std::int64_t qdo_floats(std::int64_t rows) const;
-  // One attention call of the query state at `q` (f32 or bf16) on the local K/V: o, lse out (f32).
-  void step_forward(const BlockMask& mask, const void* q, std::int64_t rows, float* o, float* lse);
+  // Bytes that [q | do] of `rows` rows take in the packed backward inputs, and the whole message
+  // [q | do | lse | D].
+  std::int64_t qdo_bytes(std::int64_t rows) const;
+  std::int64_t in_bytes(std::int64_t rows) const;
+  TensorView part(const DeviceVector<float>& buf, std::int64_t at, DType t, std::int64_t n) const;
+  // One attention call of the query state q [rows, qw] (compute dtype) on the local K/V: o, lse out (f32).
+  void step_forward(const BlockMask& mask, ConstTensorView q, std::int64_t rows, float* o, float* lse);
   // Its backward from the packed inputs `in` [q | do | lse | D]: dq [rows, qw], dkv [2, L_p, kvw]
   // out (f32).
-  void step_backward(const BlockMask& mask, const float* in, std::int64_t rows, float* dq, float* dkv);
+  void step_backward(const BlockMask& mask, const DeviceVector<float>& in, std::int64_t rows, float* dq, float* dkv);
   std::int64_t rows_of(int r) const { return shard_.query_rows[static_cast<std::size_t>(r)]; }
 
   OwnRows own_;
@@ -69,9 +71,9 @@ class LvXAttnLayer final : public CpAttentionLayer {
   DeviceVector<float> acc_out_[2];          // outgoing running state, double-buffered
   DeviceVector<float> own_part_;            // forward: own [o | lse]; backward: own inputs [q|do|lse|D]
   DeviceVector<float> dq_own_, dkv_, dkv_step_;  // [Q_p, qw], [2, L_p, kvw] x2
-  const float* kv_ = nullptr;                   // the saved [2, L_p, kvw] k|v rows of this pass
-  // compute = bf16: the local k|v rows, own q, a step's o / dq / dk|dv (the kernels' outputs).
-  DeviceVector<bf16_t> kv16_, q16_, o16_, dq16_, dkv16_;
+  ConstTensorView kv_;                    // the saved [2, L_p, kvw] k|v rows of this pass, in the compute dtype
+  // The kernels' operands and outputs in the compute dtype (f32: the f32 tensors themselves).
+  Workspace kv_c_, q_c_, o_c_, dq_c_, dkv_c_;
 };
 
 }  // namespace diffcp

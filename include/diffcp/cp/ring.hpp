@@ -49,23 +49,24 @@ class RingLayer final : public CpAttentionLayer {
                      const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   int src_of_step(int t) const { return (shard_.p - t + 2 * shard_.P) % shard_.P; }
   std::size_t kv_count(int r) const { return static_cast<std::size_t>(key_rows_[static_cast<std::size_t>(r)] * 2 * cfg_.kv_width()); }
-  HeadRows<const float> k_of(const float* kv, int r) const;  // kv: [2, L_r, kvw]
-  HeadRows<const float> v_of(const float* kv, int r) const;
 
   OwnRows own_;
   std::vector<BlockMask> masks_;         // [P]: own query blocks x rank r's key rows
   std::vector<std::int64_t> key_rows_;   // [P] L_r
-  DeviceVector<float> kv_buf_[2];         // [2, L_max, kvw] visiting K/V, double-buffered
+  Workspace kv_buf_[2];                   // [2, L_max, kvw] visiting K/V (compute dtype), double-buffered
   DeviceVector<float> o_step_, lse_step_, o_tmp_, lse_tmp_;  // [Q_p, n_q d_h], [Q_p, n_q]
   DeviceVector<float> dq_, dq_step_;      // [Q_p, n_q d_h]
+  // The dk/dv accumulators travel and add in f32 whatever the compute dtype:
   DeviceVector<float> dkv_own_, dkv_in_;  // [2, L_p, kvw] own contribution; [2, L_max, kvw] arriving accumulator
   DeviceVector<float> dkv_out_[2];        // [2, L_max, kvw] outgoing accumulators, double-buffered
-  // compute = bf16: q, do of the own rows, own and visiting K/V shards, a step's o / dq / dk|dv.
-  DeviceVector<bf16_t> q16_, dout16_, kv16_own_, kv16_buf_[2], o16_, dq16_, dkv16_;
-  // One step's attention on the shard `cur` (f32 or bf16) of rank s: o, lse out (f32).
-  void step_forward(const OwnActivations& own, const void* cur, int s, float* o, DeviceVector<float>& lse);
-  // One step's attention backward on `cur`: dq [Q_p, qw] and dkv [2, L_s, kvw] out (f32).
-  void step_backward(const OwnActivations& own, const void* cur, int s, float* dq, float* dkv);
+  // The kernels' operands and outputs in the compute dtype (compute = f32: the f32 tensors themselves).
+  Workspace q_c_, dout_c_, kv_own_c_, o_c_, dq_c_, dkv_c_;
+  // One step's attention of q [Q_p, n_q, d_h] on rank s's shard kv [2, L_s, kvw] (compute dtype):
+  // o [Q_p, qw], lse [Q_p, n_q] out (f32).
+  void step_forward(ConstTensorView q, ConstTensorView kv, int s, float* o, DeviceVector<float>& lse);
+  // Its backward (dout: [Q_p, qw] compute dtype): dq [Q_p, qw] and dkv [2, L_s, kvw] out (f32).
+  void step_backward(const OwnActivations& own, ConstTensorView q, ConstTensorView kv, ConstTensorView dout, int s,
+                     float* dq, float* dkv);
 };
 
 }  // namespace diffcp

@@ -48,19 +48,21 @@ class RingXLayer final : public CpAttentionLayer {
                      const float* dy_p, float* dx_p, float* dctx_p, AttnLayerParams& grad) override;
   // Counts of a reduce to `root` of `n` elements: zero except at root.
   std::vector<std::size_t> rooted_counts(int root, std::int64_t n) const;
-  // Posts the broadcast of step t's payload (root t's own buffer, or into buf elsewhere).
-  WorkPtr post_broadcast(int t, void* own, void* buf, std::int64_t n);
+  // Posts the broadcast of step t's payload: root t's `own` [n], received into buf_[slot] elsewhere.
+  WorkPtr post_broadcast(int t, ConstTensorView own, int slot, std::int64_t n);
 
   OwnRows own_;
   std::vector<BlockMask> fwd_masks_;      // [P]: rank t's query blocks x local key rows
   std::vector<BlockMask> bwd_masks_;      // [P]: local query blocks x rank t's key rows
   std::vector<std::int64_t> query_rows_, key_rows_;  // [P] Q_t, L_t
-  DeviceVector<float> buf_[2];             // broadcast payloads, double-buffered: q_t or [2, L_t, kvw]
+  Workspace buf_[2];                       // broadcast payloads (compute dtype), double-buffered: q_t or [2, L_t, kvw]
+  // lse, the rescale and dq's accumulation stay f32 whatever the compute dtype:
   DeviceVector<float> o_part_, lse_part_, lse_all_;  // [Q_max, n_q d_h], [Q_max, n_q] x2
   DeviceVector<float> dq_, dq_step_;       // [Q_p, n_q d_h]
-  DeviceVector<float> dkv_part_, dkv_own_; // [2, L_max, kvw], [2, L_p, kvw]
-  // compute = bf16: the payloads and kernel operands above in bf16 (same shapes).
-  DeviceVector<bf16_t> buf16_[2], q16_, kv16_, o16_part_, o16_own_, dout16_, dq16_, dkv16_part_, dkv16_own_;
+  DeviceVector<float> dkv_own_;            // [2, L_p, kvw]
+  Workspace dkv_part_;                     // [2, L_max, kvw] a step's dk|dv partial (compute dtype)
+  // The kernels' operands and the reduced rows in the compute dtype (f32: the f32 tensors themselves).
+  Workspace q_c_, kv_c_, dout_c_, o_c_, o_own_c_, dq_c_, dkv_own_c_;
 };
 
 }  // namespace diffcp

@@ -113,11 +113,12 @@ class SplitKVLayer final : public CpAttentionLayer {
  private:
   // What forward saves for backward (besides the input views).
   struct Saved : CpSavedState {
-    OwnActivations own;            // q_p, k_p, v_p (L_k padded rows); own.o = o_p with oproj owned
-    DeviceVector<float> q_all;      // [Q, n_q d_h] gathered, normed and rotated
-    DeviceVector<float> obar;       // [Q, n_q d_h] rescaled local output (empty with the owner merge)
-    DeviceVector<float> lse;        // [Q, n_q] global lse; owner merge: [Q_p, n_q] the owned rows'
-    DeviceVector<bf16_t> q_all16, kv16;  // compute = bf16: q gathered, [2, L_k, kvw] k and v rows
+    OwnActivations own;  // q_p, k_p, v_p (L_k padded rows); own.o = o_p with oproj owned
+    Workspace q_all;     // [Q, n_q d_h] gathered, normed and rotated (compute dtype)
+    Workspace kv_c;      // [2, L_k, kvw] own.kv rounded (compute = bf16; f32 reads own.kv)
+    ConstTensorView kv;  // [2, L_k, kvw] k rows, then v rows, in the compute dtype: own.kv or kv_c
+    DeviceVector<float> obar;  // [Q, n_q d_h] rescaled local output (empty with the owner merge)
+    DeviceVector<float> lse;   // [Q, n_q] global lse; owner merge: [Q_p, n_q] the owned rows'
   };
   void on_reshard() override;
   std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
@@ -128,7 +129,8 @@ class SplitKVLayer final : public CpAttentionLayer {
   std::vector<std::size_t> row_counts(std::int64_t width) const;  // per-rank element counts of [Q_r, width]
   template <typename T>
   T* buffer(DeviceVector<T>& v, std::int64_t n);  // v resized to n, counting growth
-  // The rows of a bf16 mode collective: f32 -> bf16 before, bf16 -> f32 after.
+  TensorView buffer(Workspace& v, std::int64_t n);  // the same in the compute dtype
+  // A collective of f32 rows that travel in the compute dtype.
   void gather_rows(const float* mine, std::int64_t width, float* all);
   void reduce_scatter_rows(const float* all, std::int64_t width, float* mine);
 
@@ -140,9 +142,11 @@ class SplitKVLayer final : public CpAttentionLayer {
   OwnRows own_;  // the projections of the rows this rank owns (cp_common.hpp), K/V padded to the bucket
   // Step scratch in the backend's memory, kept so that steps of equal shape reuse it.
   DeviceVector<float> lse_p_;                        // [Q, n_q] local lse
-  DeviceVector<float> ybar_, g_, dout_, delta_, dq_all_, dkv_, dq_p_;
-  DeviceVector<float> obar_, parts_, lse_parts_, stats_p_, stats_all_, lse_all_;  // the owner merge
-  DeviceVector<bf16_t> q16_p_, obar16_, send16_, recv16_, dout16_, dq16_, dkv16_, dq16_p_;  // compute = bf16
+  DeviceVector<float> ybar_, g_, dout_, delta_, dkv_, dq_p_;
+  DeviceVector<float> parts_, lse_parts_, stats_p_, stats_all_, lse_all_;  // the owner merge
+  // In the compute dtype: q_p, the partial output, the rows collectives send and receive, do, dq,
+  // dk|dv, dq_p.
+  Workspace q_p_, obar_c_, send_c_, recv_c_, dout_c_, dq_c_, dkv_c_, dq_p_c_;
   std::int64_t allocations_ = 0;
 };
 

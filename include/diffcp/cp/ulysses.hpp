@@ -47,15 +47,14 @@ class UlyssesLayer final : public CpAttentionLayer {
  private:
   // What forward saves for backward (besides the input views).
   struct Saved : CpSavedState {
-    OwnActivations own;  // q_p, [k_p; v_p], o_p, lse_p of the owned rows
-    DeviceVector<float> q_head, o_head, lse_head;  // [Q, hq, d_h], [Q, hq, d_h], [Q, hq]
-    DeviceVector<float> kv_head;                   // [S+Q, 2, hkv, d_h]: k | v per row
-    DeviceVector<bf16_t> q_head16, o_head16, kv_head16;  // compute = bf16: the same three in bf16
+    OwnActivations own;            // q_p, [k_p; v_p], o_p, lse_p of the owned rows
+    Workspace q_head, o_head;      // [Q, hq, d_h] x2 (compute dtype)
+    Workspace kv_head;             // [S+Q, 2, hkv, d_h]: k | v per row (compute dtype)
+    DeviceVector<float> lse_head;  // [Q, hq]
   };
-  // One all-to-all-v of `send` ([sum send_counts] f32): as is, or (bf16) rounded into `scratch`
-  // and received into `recv16` instead of `recv`.
-  WorkPtr exchange(const float* send, const std::vector<std::size_t>& send_counts, float* recv, bf16_t* recv16,
-                   const std::vector<std::size_t>& recv_counts, DeviceVector<bf16_t>& scratch);
+  // One all-to-all-v of the packed f32 rows `send`, travelling in the compute dtype, into `recv`.
+  WorkPtr exchange(const DeviceVector<float>& send, const std::vector<std::size_t>& send_counts, TensorView recv,
+                   const std::vector<std::size_t>& recv_counts);
   void on_reshard() override;
   std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
   void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
@@ -67,10 +66,11 @@ class UlyssesLayer final : public CpAttentionLayer {
   std::int64_t P_ = 1, hq_ = 0, hkv_ = 0, Q_ = 0, L_ = 0;  // L_ = S + Q
   // all-to-all element counts per peer: query side [Q_r hq d_h], key side [L_r 2 hkv d_h]
   std::vector<std::size_t> q_own_counts_, q_all_counts_, kv_own_counts_, kv_all_counts_;
-  DeviceVector<float> q_send_, q_recv_, kv_send_, kv_recv_;  // [P][rows, slice] packing scratch
-  DeviceVector<float> do_head_, delta_head_, dq_head_, dkv_head_;  // as their forward tensors
+  DeviceVector<float> q_send_, q_recv_, kv_send_, kv_recv_;  // [P][rows, slice] packing scratch (f32)
+  Workspace do_head_, dq_head_, dkv_head_;                 // as their forward tensors (compute dtype)
+  DeviceVector<float> delta_head_;                          // [Q, hq]
   DeviceVector<float> dq_p_, dkv_p_;                        // [Q_p, n_q d_h], [2, L_p, n_kv d_h]
-  DeviceVector<bf16_t> q_s16_, kv_s16_, q_r16_, kv_r16_, do_head16_, dq_head16_, dkv_head16_;  // compute = bf16
+  Workspace send_c_, recv_c_, kv_recv_c_;                   // the f32 rows that travel, in the compute dtype
 };
 
 }  // namespace diffcp

@@ -289,6 +289,11 @@ auto device_view(std::span<T> s) {
   v.device = active_device();
   return v;
 }
+// A rank-1 view [n] of raw memory at p in the active backend's memory (a layer's f32 pointers).
+template <typename T>
+auto device_view(T* p, std::int64_t n) {
+  return device_view(std::span<T>(p, static_cast<std::size_t>(n)));
+}
 // Makes `b` the active backend (it need not be registered) and returns the previous one.
 Backend& set_backend(Backend& b);
 // The active backend after checking that it supports (op, dtype); otherwise the error

@@ -99,6 +99,46 @@ class DeviceVector {
   std::int64_t size_ = 0;
 };
 
+// A layer's scratch or saved tensor whose dtype is chosen at run time (the layer's compute dtype):
+// what DeviceVector<T> is for one fixed T. resize(dtype, n) reallocates only to grow, or when the
+// dtype or the active backend changes; contents are not kept.
+class Workspace {
+ public:
+  // Returns whether it had to allocate (the layers count their allocations).
+  bool resize(DType dtype, std::int64_t n) {
+    const bool moves = buf_.backend() != &active_backend() || buf_.dtype() != dtype;
+    const bool grows = n > (moves ? 0 : buf_.numel());
+    if (moves) buf_ = Buffer(dtype, 0);
+    if (grows) buf_.reserve(n);
+    size_ = n;
+    return grows;
+  }
+  DType dtype() const { return buf_.dtype(); }
+  std::int64_t size() const { return size_; }
+  // [size] of the backend's device; or a contiguous view of the first prod(shape) elements.
+  TensorView view() const { return buf_.view({size_}); }
+  TensorView view(std::initializer_list<std::int64_t> shape) const { return buf_.view(shape); }
+
+ private:
+  Buffer buf_;
+  std::int64_t size_ = 0;
+};
+
+// The compute-dtype seam of a mixed-precision layer: the f32 tensors at a layer's boundary and its
+// f32 accumulators meet the kernels and payloads of the compute dtype (f32 or bf16) here, and only
+// here, so a method is written once for both.
+// `src` (f32) in `compute`: src itself for f32 (no copy), else rounded to bf16 into `ws` (same shape).
+ConstTensorView to_compute(ConstTensorView src, DType compute, Workspace& ws);
+// Where an op of `compute` writes a result that ends in the f32 tensor `dst`: dst itself for f32,
+// else `ws` (bf16, dst's shape); from_compute() then widens it into dst.
+TensorView compute_out(TensorView dst, DType compute, Workspace& ws);
+// dst (f32) = src widened; nothing when src is dst (compute_out's f32 case). Contiguous views of
+// equal element counts.
+void from_compute(ConstTensorView src, TensorView dst);
+// x (f32) rounded to `compute` in place (do that travels and enters a kernel rounded, so that what
+// is computed from x locally sees the same values); nothing for f32.
+void round_to(TensorView x, DType compute, Workspace& ws);
+
 // The memory ops, on the active backend. Each view names its device (host or the active backend's);
 // the error names the view that does not fit.
 
