@@ -61,8 +61,8 @@ void UlyssesLayer::on_reshard() {
 double UlyssesLayer::predicted_bytes_per_layer() const { return ulysses_bytes_per_layer(cfg_, compute_, Q_, L_, P_); }
 
 WorkPtr UlyssesLayer::exchange(const DeviceVector<float>& send, const std::vector<std::size_t>& send_counts,
-                               TensorView recv, const std::vector<std::size_t>& recv_counts) {
-  return comm_.all_to_all_v_async(to_compute(send.view(), compute_, send_c_), send_counts, recv, recv_counts);
+                               TensorView recv, const std::vector<std::size_t>& recv_counts, Workspace& send_c) {
+  return comm_.all_to_all_v_async(to_compute(send.view(), compute_, send_c), send_counts, recv, recv_counts);
 }
 
 void UlyssesLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
@@ -79,11 +79,11 @@ void UlyssesLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   own_.project_q(w, x_p, st.own);
   const float* q_src[] = {st.own.q.data()};
   pack_head_slices(q_src, own_.Qp(), P_, hq_ * d, q_send_.data());
-  WorkPtr a2a_q = exchange(q_send_, q_own_counts_, st.q_head.view(), q_all_counts_);
+  WorkPtr a2a_q = exchange(q_send_, q_own_counts_, st.q_head.view(), q_all_counts_, q_send_c_);
   own_.project_kv(w, x_p, ctx_p, st.own, a2a_q.get());
   const float* kv_src[] = {st.own.kv.data(), st.own.kv.data() + Lp * cfg_.kv_width()};
   pack_head_slices(kv_src, Lp, P_, hkv_ * d, kv_send_.data());
-  WorkPtr a2a_kv = exchange(kv_send_, kv_own_counts_, st.kv_head.view(), kv_all_counts_);
+  WorkPtr a2a_kv = exchange(kv_send_, kv_own_counts_, st.kv_head.view(), kv_all_counts_, kv_send_c_);
   timings_.fwd_overlap_exposed_ms = timed_wait(*a2a_q);
   timings_.blocking_comm_ms += timed_wait(*a2a_kv);
 
@@ -114,7 +114,7 @@ void UlyssesLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   const float* do_src[] = {own_.dout().data()};
   pack_head_slices(do_src, own_.Qp(), P_, hq_ * d, q_send_.data());
   auto tw = CpClock::now();
-  exchange(q_send_, q_own_counts_, do_head_.view(), q_all_counts_)->wait();
+  exchange(q_send_, q_own_counts_, do_head_.view(), q_all_counts_, q_send_c_)->wait();
   timings_.blocking_comm_ms += elapsed_ms(tw);
 
   // 2. Attention backward for this rank's heads over the whole sequence.

@@ -185,12 +185,13 @@ void AttentionExchange::set_wire(Wire w) {
   wire_ = w;
 }
 
-template <typename T>
 void AttentionExchange::attend() {
   const std::int64_t M = head_rows(), hp = layout_.heads / P_, d = layout_.head_dim, h = hd();
-  const T* qkv = reinterpret_cast<const T*>(qkv_head_.data());
-  const HeadRows<const T> q{qkv, M, hp, d, 3 * h}, k{qkv + h, M, hp, d, 3 * h}, v{qkv + 2 * h, M, hp, d, 3 * h};
-  const HeadRows<T> o{reinterpret_cast<T*>(o_head_.data()), M, hp, d, h};
+  const Device dev = active_device();
+  const ConstTensorView qkv = ConstTensorView::contiguous(qkv_head_.data(), compute_, {M * 3 * h}, dev);
+  const ConstTensorView q = head_view(qkv, M, hp, d, 0, 3 * h), k = head_view(qkv, M, hp, d, h, 3 * h),
+                        v = head_view(qkv, M, hp, d, 2 * h, 3 * h);
+  const TensorView o = head_view(TensorView::contiguous(o_head_.data(), compute_, {M * h}, dev), M, hp, d);
   if (!ring_) {
     attention_forward(mask(), q, k, v, o, lse_);
     return;
@@ -208,10 +209,7 @@ void AttentionExchange::attend() {
 }
 
 void AttentionExchange::finish_attention(HeadRows<float> out) {
-  if (compute_ == DType::bf16)
-    attend<bf16_t>();
-  else
-    attend<float>();
+  attend();
   head_to_seq(out);
 }
 

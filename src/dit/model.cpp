@@ -101,14 +101,8 @@ void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, st
 
 void DitModel::linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, std::int64_t c0,
                       std::int64_t ncols, float* y, std::int64_t ldy) const {
-  // W: [in, out], columns c0.. with row stride out
-  if (w_.storage() == DType::f32 && f32_gemm_compute() == DType::bf16)
-    dit_linear(x, ldx, M, l.in, w_.rounded(l) + c0, l.out, ncols, param(l.b) + c0, y, ldy, w_.packed(l, c0, ncols));
-  else if (w_.storage() == DType::bf16)
-    dit_linear(x, ldx, M, l.in, static_cast<const bf16_t*>(w_.matrix(l)) + c0, l.out, ncols, param(l.b) + c0, y, ldy,
-               w_.packed(l, c0, ncols));
-  else
-    dit_linear(x, ldx, M, l.in, static_cast<const float*>(w_.matrix(l)) + c0, l.out, ncols, param(l.b) + c0, y, ldy);
+  // W: [in, out], columns c0.. with row stride out, in the dtype the GEMM reads
+  dit_linear(x, ldx, M, w_.gemm_weight(l, c0, ncols), param(l.b) + c0, y, ldy, w_.packed(l, c0, ncols));
 }
 
 void DitModel::modulation(const DitLinear& l, float* out) const { linear(l, silu_vec_.data(), l.in, 1, out, l.out); }

@@ -45,6 +45,19 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
                     ConstTensorView::contiguous(bias, DType::f32, {bias ? N : 0}, d), yv);
 }
 
+void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, ConstTensorView w, const float* bias, float* y,
+                std::int64_t ldy, const PackedWeight* packed) {
+  DIFFCP_CHECK(w.rank == 2 && w.stride[1] == 1 && (w.dtype == DType::f32 || w.dtype == DType::bf16) &&
+                   (packed == nullptr || w.dtype == DType::bf16),
+               "dit_linear: weight ", w.describe(), (packed ? " with a packed copy" : ""),
+               "; expected [K, N] f32 or bf16 rows (packed: bf16 only)");
+  const std::int64_t K = w.shape[0], N = w.shape[1];
+  if (w.dtype == DType::f32)
+    dit_linear(x, ldx, M, K, w.ptr<float>(), w.stride[0], N, bias, y, ldy);
+  else
+    dit_linear(x, ldx, M, K, w.ptr<bf16_t>(), w.stride[0], N, bias, y, ldy, packed);
+}
+
 std::vector<float> timestep_embedding(double t, std::int64_t dim) {
   DIFFCP_CHECK(dim >= 2 && dim % 2 == 0, "timestep_embedding: dim = ", dim, ", expected even and >= 2");
   const std::int64_t half = dim / 2;

@@ -1,7 +1,6 @@
 #include "diffcp/dit/ring_attention.hpp"
 
 #include <chrono>
-#include <type_traits>
 #include <utility>
 
 #include "diffcp/attention/attention.hpp"
@@ -38,58 +37,43 @@ RingAttention::RingAttention(std::unique_ptr<Communicator> ring) : ring_(std::mo
   DIFFCP_CHECK(ring_ != nullptr, "ring attention: no ring communicator");
 }
 
-RingTraffic RingAttention::forward(std::span<const BlockMask> masks, HeadRows<const float> q, HeadRows<const float> k,
-                                   HeadRows<const float> v, HeadRows<float> o, std::span<float> lse, const RingWire* fp8) {
-  return forward_t(masks, q, k, v, o, lse, fp8);
-}
-RingTraffic RingAttention::forward(std::span<const BlockMask> masks, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
-                                   HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse, const RingWire* fp8) {
-  return forward_t(masks, q, k, v, o, lse, fp8);
-}
-
-template <typename T>
-RingTraffic RingAttention::forward_t(std::span<const BlockMask> masks, HeadRows<const T> q, HeadRows<const T> k,
-                                     HeadRows<const T> v, HeadRows<T> o, std::span<float> lse, const RingWire* fp8) {
-  constexpr bool bf16 = std::is_same_v<T, bf16_t>;
-  const std::int64_t M = q.rows, h = q.heads, d = q.dim, hd = h * d;
-  for (const HeadRows<const T>& t : {k, v, HeadRows<const T>(o)})
-    DIFFCP_CHECK(t.rows == M && t.heads == h && t.dim == d, "ring attention: a tensor has shape [", t.rows, ", ",
-                 t.heads, ", ", t.dim, "], expected q's [", M, ", ", h, ", ", d, "]");
+RingTraffic RingAttention::forward(std::span<const BlockMask> masks, ConstTensorView q, ConstTensorView k,
+                                   ConstTensorView v, TensorView o, std::span<float> lse, const RingWire* fp8) {
+  const DType T = q.dtype;
+  DIFFCP_CHECK(q.rank == 3, "ring attention: q is ", q.describe(), ", expected [M, h_p, d_h]");
+  const std::int64_t M = q.shape[0], h = q.shape[1], d = q.shape[2], hd = h * d;
+  for (const ConstTensorView& t : {k, v, ConstTensorView(o)})
+    DIFFCP_CHECK(t.rank == 3 && t.shape[0] == M && t.shape[1] == h && t.shape[2] == d && t.dtype == T,
+                 "ring attention: a tensor is ", t.describe(), ", expected q's ", q.describe());
   const int R = size(), g = rank(), next = (g + 1) % R, prev = (g + R - 1) % R;
   DIFFCP_CHECK(static_cast<int>(masks.size()) == R, "ring attention: ", masks.size(), " masks, expected one per group (", R, ")");
   for (const BlockMask& mask : masks)
     DIFFCP_CHECK(mask.key_rows() == M && static_cast<std::int64_t>(lse.size()) == M * h, "ring attention: mask of ",
                  mask.key_rows(), " key rows and lse of ", lse.size(), ", expected ", M, " and ", M * h);
-  const std::size_t count = uz(M * 2 * hd);
-  for (auto* b : {&kv_[0], &kv_[1]}) b->resize(static_cast<std::int64_t>(count));
+  const std::int64_t count = M * 2 * hd;
+  for (auto* b : {&kv_[0], &kv_[1]}) b->resize(T, count);
   // What a hop moves: count elements of T, or (fp8) M rows of 2 hd elements as blocks, in bytes.
   const std::int64_t row_bytes = fp8 ? static_cast<std::int64_t>(fp8->wire.bytes(2 * hd)) : 0;
-  const std::size_t hop = fp8 ? uz(M * row_bytes) : count;
-  const DType hop_t = fp8 ? DType::u8 : dtype_of<T>();
   if (fp8)
     for (auto* b : {&kv_wire_[0], &kv_wire_[1]}) b->resize(M * row_bytes);
   for (auto* b : {&o_run_, &o_part_, &o_tmp_}) b->resize(M * hd);
   for (auto* b : {&lse_run_, &lse_part_, &lse_tmp_}) b->resize(M * h);
-  if (bf16) o16_.resize(M * hd);
   const auto view = [&](DeviceVector<float>& b) { return HeadRows<float>{b.data(), M, h, d, hd}; };
-  const auto kv = [&](int i) { return reinterpret_cast<T*>(kv_[i].data()); };
   // This group's K|V, one contiguous message: kv[i] = [k row i | v row i], [M][2][hd] (row copies;
   // fp8: the blocks' rows, [M] rows of row_bytes).
   if (fp8) {
     convert_rows(fp8->kv, DType::u8, fp8->ld, kv_wire_[0].data(), DType::u8, row_bytes, M, row_bytes);
   } else {
-    convert_rows(k.data, dtype_of<T>(), k.row_stride, kv(0), dtype_of<T>(), 2 * hd, M, hd);
-    convert_rows(v.data, dtype_of<T>(), v.row_stride, kv(0) + hd, dtype_of<T>(), 2 * hd, M, hd);
+    convert_rows(k.data, T, k.stride[0], kv_[0].view().data, T, 2 * hd, M, hd);
+    convert_rows(v.data, T, v.stride[0], head_view(kv_[0].view(), M, h, d, hd, 2 * hd).data, T, 2 * hd, M, hd);
   }
-  const auto hop_buf = [&](int i) -> void* { return fp8 ? static_cast<void*>(kv_wire_[i].data()) : static_cast<void*>(kv(i)); };
-  // The partial (o, lse) of q against the K|V `kt`, `vt` into f32 `o32`, `l32` (bf16: widened).
-  const auto partial = [&](const BlockMask& mask, HeadRows<const T> kt, HeadRows<const T> vt, DeviceVector<float>& o32, DeviceVector<float>& l32) {
-    if constexpr (bf16) {
-      attention_forward(mask, q, kt, vt, HeadRows<bf16_t>{o16_.data(), M, h, d, hd}, l32);
-      convert(o16_.data(), o32.data(), M * hd);
-    } else {
-      attention_forward(mask, q, kt, vt, view(o32), l32);
-    }
+  const auto hop_buf = [&](int i) { return fp8 ? kv_wire_[i].view() : kv_[i].view(); };
+  // The partial (o, lse) of q against the K|V `kt`, `vt` into f32 `o32`, `l32` (computed in T).
+  const auto partial = [&](const BlockMask& mask, ConstTensorView kt, ConstTensorView vt, DeviceVector<float>& o32,
+                           DeviceVector<float>& l32) {
+    const TensorView o_c = compute_out(o32.view(), T, o_c_);
+    attention_forward(mask, q, kt, vt, head_view(o_c, M, h, d), l32);
+    from_compute(o_c, o32.view());
   };
   RingTraffic traffic;
   int cur = 0;
@@ -97,16 +81,16 @@ RingTraffic RingAttention::forward_t(std::span<const BlockMask> masks, HeadRows<
     WorkPtr send, recv;
     if (t + 1 < R) {  // group g-t-1's block flies while group g-t's is computed
       const double t0 = now_ms();
-      recv = ring_->recv_async(hop_buf(1 - cur), hop, hop_t, prev, kTagKV);
-      send = ring_->send_async(hop_buf(cur), hop, hop_t, next, kTagKV);
+      recv = ring_->recv_async(hop_buf(1 - cur), prev, kTagKV);
+      send = ring_->send_async(hop_buf(cur), next, kTagKV);
       traffic.comm_ms += now_ms() - t0;
-      traffic.bytes += hop * dtype_size(hop_t);
+      traffic.bytes += static_cast<std::uint64_t>(hop_buf(cur).numel()) * hop_buf(cur).element_size();
       ++traffic.messages;
     }
     // fp8: the visiting blocks decoded into kv_[0] ([M][2][hd] of T) while the next ones fly.
     const int at = fp8 ? 0 : cur;
-    if (fp8) fp8_decode(kv_wire_[cur].data(), M * 2 * h, d, kv(0), dtype_of<T>());
-    const HeadRows<const T> kt{kv(at), M, h, d, 2 * hd}, vt{kv(at) + hd, M, h, d, 2 * hd};
+    if (fp8) fp8_decode(kv_wire_[cur].data(), M * 2 * h, d, kv_[0].view().data, T);
+    const ConstTensorView kt = head_view(kv_[at].view(), M, h, d, 0, 2 * hd), vt = head_view(kv_[at].view(), M, h, d, hd, 2 * hd);
     const BlockMask& mask = masks[static_cast<std::size_t>((g - t + R) % R)];  // group g - t's keys
     if (R == 1) {
       attention_forward(mask, q, kt, vt, o, lse);
@@ -120,11 +104,9 @@ RingTraffic RingAttention::forward_t(std::span<const BlockMask> masks, HeadRows<
         lse_merge(o_parts, lse_parts, view(o_tmp_), lse_tmp_);
         std::swap(o_run_, o_tmp_);
         std::swap(lse_run_, lse_tmp_);
-      } else if constexpr (bf16) {  // the merged output rounded once
+      } else {  // the last merge, in f32, then the output's rows (rounded once in bf16)
         lse_merge(o_parts, lse_parts, view(o_tmp_), lse);
-        convert_rows(o_tmp_.data(), DType::f32, hd, o.data, DType::bf16, o.row_stride, M, hd);
-      } else {
-        lse_merge(o_parts, lse_parts, o, lse);  // the last partial merges straight into the output
+        convert_rows(o_tmp_.data(), DType::f32, hd, o.data, T, o.stride[0], M, hd);
       }
     }
     if (send) {

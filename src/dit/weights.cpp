@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <set>
@@ -11,6 +12,7 @@
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
+#include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
 
@@ -390,16 +392,14 @@ const PackedWeight* DitWeights::packed(const DitLinear& l, std::int64_t c0, std:
   if (!packing_) return nullptr;
   DIFFCP_CHECK(c0 >= 0 && ncols >= 0 && c0 + ncols <= l.out, "dit weights: columns [", c0, ", ", c0 + ncols,
                ") of a Linear with ", l.out);
-  // matrix() first: for a sharded block unit it makes the current window the one holding l's unit.
-  const bf16_t* w = (storage_ == DType::bf16 ? static_cast<const bf16_t*>(matrix(l)) : rounded(l)) + c0;
+  const ConstTensorView w = gemm_weight(l, c0, ncols);  // for a sharded block unit: its window made current
+  if (w.dtype != DType::bf16) return nullptr;           // the f32 GEMMs read the weights as stored
   const PackedKey key{l.unit, l.at, c0, ncols};
   const auto pack = [&] {
     Backend& b = active_backend();
     DIFFCP_CHECK(&b == backend(), "dit weights: packed on backend '", b.name(), "', the weights live on '",
                  backend()->name(), "'");
-    ConstTensorView v = ConstTensorView::contiguous(w, DType::bf16, {l.in, ncols}, b.device());
-    v.stride[0] = l.out;
-    return b.pack_weight(v);
+    return b.pack_weight(w);
   };
   if (sharded() && l.unit != 0) {
     if (window_packed_of_ != current_ || window_key_ != key) {
@@ -419,6 +419,19 @@ std::size_t DitWeights::packed_bytes() const {
   for (const auto& [key, p] : packed_) n += p ? p->bytes() : 0;
   if (window_packed_) n += window_packed_->bytes();
   return n;
+}
+
+ConstTensorView DitWeights::gemm_weight(const DitLinear& l, std::int64_t c0, std::int64_t ncols) const {
+  DIFFCP_CHECK(c0 >= 0 && ncols >= 0 && c0 + ncols <= l.out, "dit weights: columns [", c0, ", ", c0 + ncols,
+               ") of a Linear with ", l.out);
+  const void* m = matrix(l);
+  const bool round = storage_ == DType::f32 && f32_gemm_compute() == DType::bf16;
+  const DType t = round ? DType::bf16 : storage_;
+  const std::byte* at = static_cast<const std::byte*>(round ? static_cast<const void*>(rounded(l)) : m) +
+                        static_cast<std::size_t>(c0) * dtype_size(t);
+  ConstTensorView v = ConstTensorView::contiguous(at, t, {l.in, ncols}, backend()->device());
+  v.stride[0] = l.out;
+  return v;
 }
 
 const bf16_t* DitWeights::rounded(const DitLinear& l) const {

@@ -52,9 +52,10 @@ class UlyssesLayer final : public CpAttentionLayer {
     Workspace kv_head;             // [S+Q, 2, hkv, d_h]: k | v per row (compute dtype)
     DeviceVector<float> lse_head;  // [Q, hq]
   };
-  // One all-to-all-v of the packed f32 rows `send`, travelling in the compute dtype, into `recv`.
+  // One all-to-all-v of the packed f32 rows `send`, travelling in the compute dtype (rounded into
+  // send_c, which must stay untouched until the exchange completes), into `recv`.
   WorkPtr exchange(const DeviceVector<float>& send, const std::vector<std::size_t>& send_counts, TensorView recv,
-                   const std::vector<std::size_t>& recv_counts);
+                   const std::vector<std::size_t>& recv_counts, Workspace& send_c);
   void on_reshard() override;
   std::unique_ptr<CpSavedState> new_state() const override { return std::make_unique<Saved>(); }
   void forward_impl(CpSavedState& st, const AttnLayerParams& w, const float* x_p, const float* ctx_p,
@@ -70,7 +71,8 @@ class UlyssesLayer final : public CpAttentionLayer {
   Workspace do_head_, dq_head_, dkv_head_;                 // as their forward tensors (compute dtype)
   DeviceVector<float> delta_head_;                          // [Q, hq]
   DeviceVector<float> dq_p_, dkv_p_;                        // [Q_p, n_q d_h], [2, L_p, n_kv d_h]
-  Workspace send_c_, recv_c_, kv_recv_c_;                   // the f32 rows that travel, in the compute dtype
+  // The f32 rows that travel, in the compute dtype (one per exchange in flight at once).
+  Workspace q_send_c_, kv_send_c_, recv_c_, kv_recv_c_;
 };
 
 }  // namespace diffcp

@@ -238,8 +238,7 @@ class AttentionExchange {
 
  private:
   void timed_all_to_all(const void* send, void* recv, std::size_t count);
-  // The attention on the head layout in T (= wire()): o_head_ [P b n_p][hd] out.
-  template <typename T>
+  // The attention on the head layout in the compute dtype: o_head_ [P b n_p][hd] out.
   void attend();
   friend std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode, Communicator&, int,
                                                                     const CacheSchedule&, int);

@@ -31,6 +31,10 @@ void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 // the model runs under bf16 compute, its weights rounded once (DitModel).
 void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const bf16_t* W16, std::int64_t ldw,
                 std::int64_t N, const float* bias, float* y, std::int64_t ldy, const PackedWeight* packed = nullptr);
+// The one the model calls: w, the weight columns a GEMM reads ([K, N], row stride >= N, f32 or bf16:
+// DitWeights::gemm_weight), dispatched on its dtype to the two above; packed: bf16 only (or null).
+void dit_linear(const float* x, std::int64_t ldx, std::int64_t M, ConstTensorView w, const float* bias, float* y,
+                std::int64_t ldy, const PackedWeight* packed = nullptr);
 
 // FLUX's timestep features of t in [0, 1]: with s = 1000 t, half = dim/2 and
 // f_i = exp(-ln(10000) i / half): [cos(s f_0..s f_{half-1}), sin(s f_0..s f_{half-1})]. [dim]

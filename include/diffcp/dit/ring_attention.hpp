@@ -92,26 +92,21 @@ class RingAttention {
 
   // o, lse = softmax attention (scale 1/sqrt(d_h)) of q over the keys of every group:
   //   masks: [R] q's rows against group s's M key rows (masks[s]; equal unless a group holds padding)
-  //   q, k, v: [M, h_p, d_h] this rank's head-layout tensors (any row stride), f32 or bf16
+  //   q, k, v: [M, h_p, d_h] this rank's head-layout tensors (core/tensor.hpp head_view: any row
+  //            stride), f32 or bf16, o the same dtype
   //   o: [M, h_p, d_h] out   lse: [M h_p] out
   //   fp8: (optional) the K|V blocks the hops carry instead of k, v (which are then not read)
-  RingTraffic forward(std::span<const BlockMask> masks, HeadRows<const float> q, HeadRows<const float> k,
-                      HeadRows<const float> v, HeadRows<float> o, std::span<float> lse, const RingWire* fp8 = nullptr);
-  RingTraffic forward(std::span<const BlockMask> masks, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
-                      HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse, const RingWire* fp8 = nullptr);
+  RingTraffic forward(std::span<const BlockMask> masks, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                      TensorView o, std::span<float> lse, const RingWire* fp8 = nullptr);
 
  private:
-  template <typename T>
-  RingTraffic forward_t(std::span<const BlockMask> masks, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
-                        HeadRows<T> o, std::span<float> lse, const RingWire* fp8);
-
   std::unique_ptr<Communicator> ring_;
   // In the active backend's memory.
-  DeviceVector<float> kv_[2];                         // [M][2][hd] visiting K|V (f32 slots; bf16 uses half;
-                                                      // fp8: the decoded block in kv_[0])
+  Workspace kv_[2];                                   // [M][2][hd] visiting K|V in q's dtype (fp8: the
+                                                      // decoded block in kv_[0])
   DeviceVector<std::uint8_t> kv_wire_[2];             // fp8: [M] rows of wire.bytes(2 hd) visiting K|V blocks
-  DeviceVector<bf16_t> o16_;                          // [M, hd] a bf16 partial
-  DeviceVector<float> o_run_, o_part_, o_tmp_;        // [M, hd]
+  Workspace o_c_;                                     // [M, hd] a partial in q's dtype (f32: o_run_ / o_part_ itself)
+  DeviceVector<float> o_run_, o_part_, o_tmp_;        // [M, hd]: the merge runs in f32
   DeviceVector<float> lse_run_, lse_part_, lse_tmp_;  // [M h_p]
 };
 

@@ -111,13 +111,17 @@ class DitWeights {
   // The rounded copy of every matrix is made once, on first use, and kept (2 * matrices bytes, shared
   // by every model on these weights). Not sharded weights.
   const bf16_t* rounded(const DitLinear& l) const;
+  // Columns [c0, c0 + ncols) of l's weight as the GEMMs read it, [in, ncols] with row stride l.out:
+  // bf16 when stored in bf16 or when the f32 GEMMs run in bf16 (f32_gemm_compute(), ops/gemm.hpp:
+  // the rounded copy), else f32. Through matrix() (so a sharded unit's window is current).
+  ConstTensorView gemm_weight(const DitLinear& l, std::int64_t c0, std::int64_t ncols) const;
   // The bf16 weight the model's GEMMs read (the storage in bf16, else the rounded copy), columns
   // [c0, c0 + ncols) of Linear l, laid out by the active backend for dense_linear
   // (ops/backend.hpp pack_weight): made on first use and kept (about 2 bytes per element,
   // packed_bytes()), dropped when the weights change. Sharded block units: packed from the gather
   // window, one slice at a time (a projection's row chunks run back to back: one packing per
-  // projection, no copy of a whole unit). Null where the backend keeps weights as stored; the
-  // product is the same either way.
+  // projection, no copy of a whole unit). Null where the backend keeps weights as stored, or where
+  // the GEMMs read f32 (gemm_weight); the product is the same either way.
   const PackedWeight* packed(const DitLinear& l, std::int64_t c0, std::int64_t ncols) const;
   std::size_t packed_bytes() const;
   // Packing on (default) or off (packed() null: the same results, about 2 bytes per weight element
