@@ -347,6 +347,13 @@ void check_pair(const char* op, const ConstTensorView& send, std::size_t send_n,
 }
 }  // namespace
 
+WorkPtr Communicator::all_gather_async(ConstTensorView send, TensorView recv) {
+  const std::size_t n = static_cast<std::size_t>(send.numel());
+  check_pair("all_gather", send, n, recv, n * static_cast<std::size_t>(size()));
+  const ScopedCommDevice on(*this, send.device);
+  return all_gather_async(send.data, recv.data, n, send.dtype);
+}
+
 WorkPtr Communicator::all_gather_v_async(ConstTensorView send, TensorView recv, std::span<const std::size_t> counts,
                                          CollAlgo algo) {
   check_counts(counts, "all_gather_v");
@@ -370,6 +377,12 @@ WorkPtr Communicator::all_to_all_v_async(ConstTensorView send, std::span<const s
   check_pair("all_to_all_v", send, sum(send_counts), recv, sum(recv_counts));
   const ScopedCommDevice on(*this, send.device);
   return all_to_all_v_async(send.data, send_counts, recv.data, recv_counts, send.dtype);
+}
+
+WorkPtr Communicator::all_reduce_async(TensorView inout, ReduceOp op, CollAlgo algo) {
+  DIFFCP_CHECK(inout.is_contiguous(), "all_reduce: ", inout.describe(), " is not contiguous");
+  const ScopedCommDevice on(*this, inout.device);
+  return all_reduce_async(inout.data, inout.data, static_cast<std::size_t>(inout.numel()), inout.dtype, op, algo);
 }
 
 WorkPtr Communicator::broadcast_async(ConstTensorView root_data, TensorView recv, int root) {

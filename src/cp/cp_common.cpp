@@ -53,16 +53,17 @@ KeyRows own_key_rows(const CpShard& s) { return {s.chunks, s.blocks}; }
 
 std::vector<KeyRows> gather_key_rows(Communicator& cp, const CpShard& s) {
   const std::size_t P = static_cast<std::size_t>(cp.size());
-  const ScopedCommDevice on_host(cp, Device::host);  // chunk lists: host metadata
+  // The chunk lists: host metadata (host views, whatever memory cp's set_device names).
   std::vector<std::int64_t> mine;  // begin, end of each chunk
   for (const PosRange& c : s.chunks) mine.insert(mine.end(), {c.begin, c.end});
   std::vector<std::int64_t> n_mine{static_cast<std::int64_t>(mine.size())}, n_all(P);
-  cp.all_gather<std::int64_t>(n_mine, n_all);
+  cp.all_gather_async(view_of(n_mine, {1}), view_of(n_all, {cp.size()}))->wait();
   std::vector<std::size_t> counts(n_all.begin(), n_all.end());
   std::size_t total = 0;
   for (std::size_t c : counts) total += c;
   std::vector<std::int64_t> all(total);
-  cp.all_gather_v<std::int64_t>(mine, all, counts);
+  cp.all_gather_v_async(view_of(std::span<const std::int64_t>(mine)), view_of(std::span<std::int64_t>(all)), counts)
+      ->wait();
   const std::vector<Shard> blocks = block_ranges(s);
   std::vector<KeyRows> out(P);
   std::size_t at = 0;

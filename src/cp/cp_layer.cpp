@@ -28,9 +28,6 @@ void CpAttentionLayer::check_memory() const {
   const Backend& b = active_backend();
   DIFFCP_CHECK(&b == backend_, name(), ": the active backend is '", b.name(), "', but the layer's buffers were sized on '",
                backend_->name(), "' (reshard() under the backend that runs the layer)");
-  DIFFCP_CHECK(comm_.device() == b.device(), name(), ": the communicator '", comm_.name(), "' works on ",
-               device_name(comm_.device()), " memory, the backend '", b.name(), "' on ", device_name(b.device()),
-               " memory: set_device(", device_name(b.device()), ") on the communicator");
 }
 
 CpSaved CpAttentionLayer::forward(const AttnLayerParams& w, ConstTensorView x_p, ConstTensorView ctx_p, TensorView y_p) {
@@ -90,6 +87,8 @@ void CpAttentionLayer::discard(CpSaved&& saved) {
   spare_ = take_state(saved, "discard", true);
 }
 
-void allreduce_grads(Communicator& group, AttnLayerParams& grad) { group.all_reduce<float>(grad.all()); }
+void allreduce_grads(Communicator& group, AttnLayerParams& grad) {
+  group.all_reduce_async(device_view(grad.all()), ReduceOp::sum)->wait();
+}
 
 }  // namespace diffcp

@@ -10,8 +10,9 @@ int lse_all_reduces(const Communicator& comm, LseReduce how) {
 }
 
 void all_reduce_lse(Communicator& comm, std::span<float> lse, CollAlgo algo, LseReduce how) {
+  const TensorView lse_v = device_view(lse);
   if (lse_all_reduces(comm, how) == 1) {
-    comm.all_reduce<float>(lse, ReduceOp::logsumexp, algo);
+    comm.all_reduce_async(lse_v, ReduceOp::logsumexp, algo)->wait();
     return;
   }
   // In the backend's memory (as lse): the max, then exp(lse_p - m) in [0, 1] (no overflow; a row
@@ -19,9 +20,9 @@ void all_reduce_lse(Communicator& comm, std::span<float> lse, CollAlgo algo, Lse
   thread_local DeviceVector<float> m;
   m.resize(static_cast<std::int64_t>(lse.size()));
   device_copy(m.data(), lse.data(), static_cast<std::int64_t>(lse.size()));
-  comm.all_reduce<float>(std::span<float>(m.data(), lse.size()), ReduceOp::max, algo);
+  comm.all_reduce_async(m.view(), ReduceOp::max, algo)->wait();
   lse_shift_to_exp(lse, std::span<const float>(m.data(), lse.size()));
-  comm.all_reduce<float>(lse, ReduceOp::sum, algo);
+  comm.all_reduce_async(lse_v, ReduceOp::sum, algo)->wait();
   lse_shift_from_exp(lse, std::span<const float>(m.data(), lse.size()));
 }
 

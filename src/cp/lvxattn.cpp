@@ -94,7 +94,7 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   Saved& st = static_cast<Saved&>(state);  // made by new_state(): CpAttentionLayer checked the owner
   const int P = shard_.P, p = shard_.p, next = (p + 1) % P, prev = (p + P - 1) % P;
   const std::int64_t Qp = own_.Qp(), n_q = cfg_.n_q, d = cfg_.d_h, qw = cfg_.q_width();
-  const auto state_count = [&](std::int64_t rows) { return static_cast<std::size_t>(rows * (qw + n_q)); };
+  const auto state_count = [&](std::int64_t rows) { return rows * (qw + n_q); };
   const auto q_in = [&](int slot, std::int64_t rows) { return part(in_[slot], 0, compute_, rows * qw); };  // travelling q
   const auto o_of = [&](float* buf, std::int64_t rows) { return head_view(buf, rows, n_q, d); };
   const auto lse_of = [&](float* buf, std::int64_t rows) {
@@ -121,7 +121,7 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
       if (q_send[(t + 1) % 2]) timings_.fwd_overlap_exposed_ms += timed_wait(*q_send[(t + 1) % 2]);
       q_recv[(t + 1) % 2] = comm_.recv_async(q_in((t + 1) % 2, rows_of(src_of_step(t + 1))), prev, kTagQuery);
     }
-    WorkPtr acc_recv = t >= 2 ? comm_.recv_async(acc_in_.data(), state_count(Qs), DType::f32, prev, kTagRunning) : nullptr;
+    WorkPtr acc_recv = t >= 2 ? comm_.recv_async(prefix(acc_in_.view(), state_count(Qs)), prev, kTagRunning) : nullptr;
     if (acc_send[t % 2]) timings_.fwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
     float* out = acc_out_[t % 2].data();
     float* part = t == 1 ? out : part_.data();  // the running state starts here at step 1
@@ -131,10 +131,10 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
       merge_two(o_of(acc_in_.data(), Qs), lse_of(acc_in_.data(), Qs), o_of(part, Qs), lse_of(part, Qs), o_of(out, Qs),
                 lse_of(out, Qs));
     }
-    acc_send[t % 2] = comm_.send_async(out, state_count(Qs), DType::f32, next, kTagRunning);  // last hop: home
+    acc_send[t % 2] = comm_.send_async(device_view(out, state_count(Qs)), next, kTagRunning);  // last hop: home
   }
   if (P > 1) {  // this rank's running state comes home and meets its own partial
-    WorkPtr home = comm_.recv_async(acc_in_.data(), state_count(Qp), DType::f32, prev, kTagRunning);
+    WorkPtr home = comm_.recv_async(prefix(acc_in_.view(), state_count(Qp)), prev, kTagRunning);
     timings_.fwd_overlap_exposed_ms += timed_wait(*home);
     merge_two(o_of(own_part_.data(), Qp), lse_of(own_part_.data(), Qp), o_of(acc_in_.data(), Qp),
               lse_of(acc_in_.data(), Qp), o_of(st.own.o.data(), Qp), st.own.lse);
@@ -183,8 +183,8 @@ void LvXAttnLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
       if (in_send[(t + 1) % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*in_send[(t + 1) % 2]);
       in_recv[(t + 1) % 2] = comm_.recv_async(message(in_[(t + 1) % 2], rows_of(src_of_step(t + 1))), prev, kTagQuery);
     }
-    const std::size_t dq_count = static_cast<std::size_t>(Qs * qw);
-    WorkPtr acc_recv = t >= 2 ? comm_.recv_async(acc_in_.data(), dq_count, DType::f32, prev, kTagRunning) : nullptr;
+    const std::int64_t dq_count = Qs * qw;
+    WorkPtr acc_recv = t >= 2 ? comm_.recv_async(prefix(acc_in_.view(), dq_count), prev, kTagRunning) : nullptr;
     if (acc_send[t % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
     float* dq = acc_out_[t % 2].data();
     step_backward(masks_[static_cast<std::size_t>(s)], in, Qs, dq, dkv_step_.data());
@@ -193,10 +193,10 @@ void LvXAttnLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
       timings_.bwd_overlap_exposed_ms += timed_wait(*acc_recv);
       add_into(dq, acc_in_.data(), Qs * qw);
     }
-    acc_send[t % 2] = comm_.send_async(dq, dq_count, DType::f32, next, kTagRunning);  // last hop: home
+    acc_send[t % 2] = comm_.send_async(device_view(dq, dq_count), next, kTagRunning);  // last hop: home
   }
   // dk, dv are complete: their projection backward overlaps this rank's dq coming home.
-  WorkPtr home = P > 1 ? comm_.recv_async(acc_in_.data(), static_cast<std::size_t>(Qp * qw), DType::f32, prev, kTagRunning)
+  WorkPtr home = P > 1 ? comm_.recv_async(prefix(acc_in_.view(), Qp * qw), prev, kTagRunning)
                        : nullptr;
   own_.backward_kv(w, st.own, x_p, ctx_p, dkv_.data(), dx_p, 0.f, dctx_p, grad, home.get());
   if (home) {

@@ -125,7 +125,7 @@ void RingLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, con
       send = comm_.send_async(prefix(cur, kv_count(s)), next, kTagKV);
     }
     // Rank s's accumulator (f32), started at s+1 (t = 1), arrives from prev for t >= 2.
-    if (t >= 2) acc_recv = comm_.recv_async(dkv_in_.data(), kv_count(s), DType::f32, prev, kTagAcc);
+    if (t >= 2) acc_recv = comm_.recv_async(prefix(dkv_in_.view(), kv_count(s)), prev, kTagAcc);
     if (t >= 1 && acc_send[t % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
     float* dkv = t == 0 ? dkv_own_.data() : dkv_out_[t % 2].data();
     float* dq = t == 0 ? dq_.data() : dq_step_.data();
@@ -136,7 +136,7 @@ void RingLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, con
         timings_.bwd_overlap_exposed_ms += timed_wait(*acc_recv);
         add_into(dkv, dkv_in_.data(), 2 * Ls * kvw);
       }
-      acc_send[t % 2] = comm_.send_async(dkv, kv_count(s), DType::f32, next, kTagAcc);  // the last hop goes home
+      acc_send[t % 2] = comm_.send_async(device_view(dkv, kv_count(s)), next, kTagAcc);  // the last hop goes home
     }
     if (send) {
       timings_.bwd_overlap_exposed_ms += timed_wait(*recv) + timed_wait(*send);
@@ -144,7 +144,7 @@ void RingLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, con
     }
   }
   // This rank's accumulator comes home from prev; the q-side backward overlaps it.
-  WorkPtr home = P > 1 ? comm_.recv_async(dkv_in_.data(), kv_count(p), DType::f32, prev, kTagAcc) : nullptr;
+  WorkPtr home = P > 1 ? comm_.recv_async(prefix(dkv_in_.view(), kv_count(p)), prev, kTagAcc) : nullptr;
   own_.backward_q(w, st.own, x_p, dq_.data(), dx_p, 0.f, grad);
   if (home) {
     timings_.bwd_overlap_exposed_ms += timed_wait(*home);

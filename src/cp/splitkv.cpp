@@ -263,7 +263,7 @@ void SplitKVLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     buffer(delta_, Q_ * n_q);
     attention_delta(head_view(dout, Q_, n_q, d), head_view(st.obar.data(), Q_, n_q, d), delta_);
     tw = CpClock::now();
-    comm_.all_reduce<float>(delta_, ReduceOp::sum, opt_.collectives);
+    comm_.all_reduce_async(delta_.view(), ReduceOp::sum, opt_.collectives)->wait();
     timings_.blocking_comm_ms += elapsed_ms(tw);
     dout_c = to_compute(dout_.view(), c, dout_c_);
   }

@@ -17,7 +17,6 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::size_t uz(std::int64_t v) { return static_cast<std::size_t>(v); }
 }  // namespace
 
 std::uint64_t ring_kv_bytes(int R, std::int64_t tokens_p, std::int64_t hidden, DType payload) {

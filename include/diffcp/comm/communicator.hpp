@@ -262,12 +262,16 @@ class Communicator {
   // ---- the same on tensor views (what the layers call): the dtype comes from the tensors and so
   // does the memory, host or a device, that the operation reads and writes (not set_device());
   // counts are in elements, as above; each view holds at least its part ----
+  // send: [count], recv: [size() * count].
+  WorkPtr all_gather_async(ConstTensorView send, TensorView recv);
   WorkPtr all_gather_v_async(ConstTensorView send, TensorView recv, std::span<const std::size_t> counts,
                              CollAlgo algo = CollAlgo::flat);
   WorkPtr reduce_scatter_v_async(ConstTensorView send, TensorView recv, std::span<const std::size_t> counts,
                                  ReduceOp op, CollAlgo algo = CollAlgo::flat);
   WorkPtr all_to_all_v_async(ConstTensorView send, std::span<const std::size_t> send_counts, TensorView recv,
                              std::span<const std::size_t> recv_counts);
+  // In place over all of `inout`.
+  WorkPtr all_reduce_async(TensorView inout, ReduceOp op, CollAlgo algo = CollAlgo::flat);
   // root sends all of `root_data`; every other rank receives as many elements into `recv` (each
   // rank passes both; root_data is read on the root only, recv written elsewhere only).
   WorkPtr broadcast_async(ConstTensorView root_data, TensorView recv, int root);

@@ -8,8 +8,9 @@
 // share of the parameter gradients (sum over the group with allreduce_grads). Every tensor is a
 // contiguous view of the layer's dtype() (f32) in the active backend's memory, checked at the
 // boundary: a wrong shape, dtype or device is a diffcp::Error naming the tensor. The layer runs on
-// the backend active at its last reshard() (its buffers live there), and its communicator must
-// work on that backend's memory (Communicator::set_device); forward() and backward() check both. Inside, a method computes and communicates in its
+// the backend active at its last reshard() (its buffers live there; forward() and backward() check
+// it). Its collectives take views, which carry the memory they live in: the communicator's
+// set_device() does not matter to it. Inside, a method computes and communicates in its
 // compute() dtype: f32, or bf16 (bf16 kernels and payloads, f32 accumulation; each method's header
 // says which of its tensors stay f32).
 //
@@ -142,7 +143,7 @@ class CpAttentionLayer {
 
  private:
   std::unique_ptr<CpSavedState> take_state(CpSaved& saved, const char* what, bool any_generation) const;
-  // The active backend is the one of the last reshard(), and the communicator works on its memory.
+  // The active backend is the one of the last reshard().
   void check_memory() const;
   std::uint64_t generation_ = 0;
   const Backend* backend_ = nullptr;  // active at the last reshard(): the buffers live in its memory

@@ -17,7 +17,8 @@ enum class LseReduce : std::uint8_t {
   fallback,  // max + sum (what a backend without the fused operator runs; tests compare the two)
 };
 
-// lse: [n] in/out, the same n on every rank. Collective over `comm`.
+// lse: [n] in/out in the active backend's memory, the same n on every rank. Collective over
+// `comm` (whatever memory its set_device names: the tensors say where they live).
 void all_reduce_lse(Communicator& comm, std::span<float> lse, CollAlgo algo = CollAlgo::flat,
                     LseReduce how = LseReduce::best);
 
