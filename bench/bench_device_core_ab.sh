@@ -7,9 +7,12 @@
 # (mpirun --bind-to core; this machine has 2). Interleaved REPEAT times (default 3); every run goes
 # to CSV (default bench/device_core_ab.csv); prints the medians and new / old ratios.
 # FOCUS=1: instead, the measures nearest to 1.0 again with more repetitions: every method's f32
-# layer step with 21 repetitions per run and the DiT step, 6 interleaved rounds (CSV default
-# bench/device_core_ab_focus.csv).
-# Usage: OLD=<diffcp of the previous commit> [FOCUS=1] bench/bench_device_core_ab.sh
+# layer step (FOCUS_DTYPES="f32 bf16": and bf16) with 21 repetitions per run and the DiT step, 6
+# interleaved rounds (CSV default bench/device_core_ab_focus.csv).
+# Issue #51 (each method written once over typed views) runs it again with CSV=bench/seam_ab.csv:
+# OLD = 780489b, NEW = the change, both built alike in git worktrees (release preset,
+# -DDIFFCP_CUDA=OFF, target diffcp_cli, in worktrees).
+# Usage: OLD=<diffcp of the previous commit> [NEW=<diffcp>] [FOCUS=1] [CSV=...] bench/bench_device_core_ab.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -39,12 +42,14 @@ dit() {  # tag, binary
 }
 focus_round() {  # tag, binary
   dit "$1" "$2"
-  mpirun -np 2 --bind-to core "$2" bench cp --methods all --dtype f32 --reps 21 --csv "$tmp" >/dev/null
-  python3 - "$1" "$tmp" >>"$out" <<'PY'
+  for dt in ${FOCUS_DTYPES:-f32}; do
+    mpirun -np 2 --bind-to core "$2" bench cp --methods all --dtype "$dt" --reps 21 --csv "$tmp" >/dev/null
+    python3 - "$1" "$dt" "$tmp" >>"$out" <<'PY'
 import csv, sys
-for r in csv.DictReader(open(sys.argv[2])):
-    print(sys.argv[1], f"cp_{r['method']}_f32_reps21_step_ms", r["step_ms"])
+for r in csv.DictReader(open(sys.argv[3])):
+    print(sys.argv[1], f"cp_{r['method']}_{sys.argv[2]}_reps21_step_ms", r["step_ms"])
 PY
+  done
 }
 if [[ -n "${FOCUS:-}" ]]; then
   repeat=${REPEAT:-6}

@@ -34,6 +34,7 @@
 #include "diffcp/dit/usp.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/drafter/hf_format.hpp"
+#include "diffcp/testing/layer_run.hpp"
 #include "diffcp/workload/batch.hpp"
 
 namespace py = pybind11;
@@ -492,10 +493,7 @@ class DitPy {
         err = e.what();
       }
       std::vector<std::int32_t> failed{err.empty() ? 0 : 1};
-      {
-        const ScopedCommDevice host(*comm_, Device::host);
-        comm_->all_reduce<std::int32_t>(failed);
-      }
+      comm_->all_reduce<std::int32_t>(failed);
       DIFFCP_CHECK(failed[0] == 0, "cfg_parallel: the exchange of ", err.empty() ? "the other half" : "this half",
                    " cannot be made", err.empty() ? "" : ": ", err);
     }
@@ -578,10 +576,7 @@ class DitPy {
       const std::vector<float> v_p = q == 0 ? pass_velocity(r, x0, txt0, pooled0, t, guidance, step, steps)
                                             : pass_velocity(r, x1, txt1, pooled1, t, guidance, step, steps);
       std::vector<float> pair(2 * v_p.size());
-      {
-        const ScopedCommDevice host(*groups_->pair, Device::host);
-        groups_->pair->all_gather<float>(v_p, pair);
-      }
+      groups_->pair->all_gather<float>(v_p, pair);
       for (int k = 0; k < 2; ++k)
         both[k] = gather_latent(*groups_->group, std::vector<float>(pair.begin() + k * v_p.size(),
                                                                     pair.begin() + (k + 1) * v_p.size()),
@@ -668,6 +663,56 @@ class DitPy {
   std::map<int, Run> runs_;  // by pass (CFG-parallel pairs: kPairKey + the half's pass)
 };
 
+// diffcp.run_layer: one CP method's measured layer run (testing/layer_run.hpp), the routine `diffcp
+// attn` runs, over an mpi4py communicator; every rank calls it alike (collective).
+py::dict run_layer_py(MPI_Fint comm, const AttnLayerConfig& cfg, const std::string& method, const std::string& layout,
+                      std::int64_t samples, std::int64_t context, std::int64_t queries, std::int64_t block,
+                      double prompt_fraction, std::int64_t window, const std::string& dtype, std::uint64_t seed,
+                      int warmup, int reps, int J, bool check) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw py::value_error("run_layer: MPI is not initialized (import mpi4py.MPI first)");
+  DIFFCP_CHECK(dtype == "f32" || dtype == "bf16", "run_layer: dtype '", dtype, "': expected f32 or bf16");
+  DIFFCP_CHECK(block >= 1 && queries >= 0 && queries % block == 0, "run_layer: queries = ", queries,
+               " per sample, block = ", block, "; expected block >= 1 dividing queries");
+  cfg.validate();
+  MpiCommunicator world(MPI_Comm_f2c(comm), "python");
+  LayerProblem pb(cfg, make_random_batch(samples, context, queries / block, block, prompt_fraction, seed), seed);
+  pb.window = KeyWindow::sliding(window);
+  const ReferenceLayerResult ref = check ? pb.reference() : ReferenceLayerResult{};
+  LayerRunSpec spec;
+  spec.method = method;
+  spec.layout = layout;
+  spec.J = J;
+  spec.warmup = warmup;
+  spec.reps = reps;
+  spec.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
+  spec.reference = check ? &ref : nullptr;
+  const LayerRun run = [&] {
+    py::gil_scoped_release release;
+    return run_layer(world, pb, spec);
+  }();
+  py::dict d;
+  d["method"] = run.method;
+  d["layout"] = run.layout;
+  d["J"] = run.J;
+  d["fwd_ms"] = run.fwd_ms;
+  d["bwd_ms"] = run.bwd_ms;
+  d["step_ms"] = run.step_ms;
+  d["exposed_comm_ms"] = run.exposed_comm_ms;
+  d["bytes_per_layer"] = run.bytes_per_layer;
+  d["predicted_bytes_per_layer"] = run.predicted_bytes_per_layer;
+  d["redistribution_bytes"] = run.redistribution_bytes;
+  d["imbalance_pct"] = run.imbalance_pct;
+  d["oproj"] = run.oproj;
+  d["checked"] = run.checked;
+  d["check_passed"] = run.check_passed;
+  d["max_rel_err"] = run.max_rel_err;
+  d["max_tol_ratio"] = run.max_tol_ratio;
+  d["mismatches"] = run.mismatches;
+  return d;
+}
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "diffcp's C++ core (use the diffcp package, not this module)";
   py::register_exception_translator([](std::exception_ptr p) {
@@ -680,6 +725,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("plan", &plan, py::arg("lengths"), py::arg("anchors"), py::arg("block"), py::arg("P"), py::arg("J"),
         py::arg("balancer"), py::arg("windows") = std::vector<std::int64_t>{});
   m.def("balancer_names", &balancer_names);
+  m.def("run_layer", &run_layer_py, py::arg("comm"), py::arg("config"), py::arg("method"), py::arg("layout"),
+        py::arg("samples"), py::arg("context"), py::arg("queries"), py::arg("block"), py::arg("prompt_fraction"),
+        py::arg("window"), py::arg("dtype"), py::arg("seed"), py::arg("warmup"), py::arg("reps"), py::arg("J"),
+        py::arg("check"));
   py::class_<AttnLayerConfig>(m, "LayerConfig")
       .def(py::init([](std::int64_t hidden, std::int64_t n_q, std::int64_t n_kv, std::int64_t d_h, double rope_theta,
                        double rms_eps) { return AttnLayerConfig{hidden, n_q, n_kv, d_h, rope_theta, rms_eps}; }),

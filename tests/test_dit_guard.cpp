@@ -55,7 +55,6 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
           const auto run = [&](Backend& be) {
             ScopedBackend use(be);
             const auto ex = make_attention_exchange(mode, world, L, schedule, U);
-            ex->set_device(be.device());
             ex->set_compute(compute);
             ex->set_wire(wire);
             ex->set_layout(l);
@@ -77,7 +76,6 @@ TEST(DitExchangeOnGuardDevice, EqualsTheCpuRunBitForBit) {
             if (mode == ExchangeMode::cocodiff) {
               EXPECT_GT(ex->stats().selective, 0u);
             }
-            ex->set_device(Device::host);
             return to_host<float>(out.view());
           };
           const std::vector<float> cpu = run(cpu_backend());
@@ -136,16 +134,12 @@ TEST(DitSamplingOnGuardDevice, QwenImageFlux2AndSd3EqualTheCpuRunBitForBit) {
         const CacheSchedule schedule{CacheScheduleKind::fixed, 0.5, 1, 0};
         const auto ex = make_attention_exchange(mode, world, 1, schedule);
         const auto neg = make_attention_exchange(mode, world, 1, schedule);
-        ex->set_device(be.device());
-        neg->set_device(be.device());
         SampleOptions opt;
         opt.timesteps = flow_schedule(3, TimeSchedule::flux, shape.image_tokens());
         opt.guidance = 4.0;
         std::vector<std::vector<float>> out;
         opt.on_velocity = [&](int, const std::vector<float>& v) { out.push_back(v); };
         out.push_back(run_dit_sampling(world, w, shape, *ex, cond, noise, opt, neg.get()).latent);
-        ex->set_device(Device::host);
-        neg->set_device(Device::host);
         return out;
       };
       const auto cpu = run(cpu_backend());
@@ -199,7 +193,6 @@ TEST(DitSamplingOnGuardDevice, EveryModeEqualsTheCpuRunBitForBit) {
       DitWeights w(cfg, storage, shard ? &world : nullptr);
       w.init_random(3);
       const auto ex = make_attention_exchange(mode, world, L, schedule, U);
-      ex->set_device(be.device());
       ex->set_wire(wire);
       SampleOptions opt;
       opt.timesteps = flow_schedule(steps, TimeSchedule::flux, shape.image_tokens());
@@ -210,7 +203,6 @@ TEST(DitSamplingOnGuardDevice, EveryModeEqualsTheCpuRunBitForBit) {
       if (mode == ExchangeMode::cocodiff) {
         EXPECT_GT(ex->stats().selective, 0u);
       }
-      ex->set_device(Device::host);
       return out;
     };
     const auto cpu = run(cpu_backend());
@@ -252,8 +244,6 @@ TEST(DitServingOnGuardDevice, CfgParallelAndStepCacheEqualTheCpuRunBitForBit) {
     const CacheSchedule schedule{CacheScheduleKind::fixed, 0.5, 1, 0};
     const auto ex = make_attention_exchange(ExchangeMode::cocodiff, pass_comm, 1, schedule);
     const auto ex_neg = groups ? nullptr : make_attention_exchange(ExchangeMode::cocodiff, world, 1, schedule);
-    ex->set_device(be.device());
-    if (ex_neg) ex_neg->set_device(be.device());
     SampleOptions opt;
     opt.timesteps = flow_schedule(4, TimeSchedule::flux, shape.image_tokens());
     opt.guidance = 4.0;
@@ -263,8 +253,6 @@ TEST(DitServingOnGuardDevice, CfgParallelAndStepCacheEqualTheCpuRunBitForBit) {
     const DitRun r = run_dit_sampling(world, w, shape, *ex, cond, noise, opt, ex_neg.get(), groups ? &*groups : nullptr);
     out.push_back(r.latent);
     out.push_back({static_cast<float>(r.steps_cached[0]), static_cast<float>(r.steps_cached[1])});
-    ex->set_device(Device::host);
-    if (ex_neg) ex_neg->set_device(Device::host);
     return out;
   };
   const auto cpu = run(cpu_backend());

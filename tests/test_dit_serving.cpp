@@ -161,10 +161,7 @@ TEST(CfgParallel, EqualsTheSequentialRunInEveryFamilyAndMode) {
       // Each rank moves its pass's bytes: the pair together moves what the half's sequential run does.
       std::vector<double> pair_sum{static_cast<double>(par.stats.bytes_intra + par.stats.bytes_inter),
                                    static_cast<double>(par.stats.calls)};
-      {
-        const ScopedCommDevice host(*g.pair, Device::host);
-        g.pair->all_reduce<double>(pair_sum);
-      }
+      g.pair->all_reduce<double>(pair_sum);
       EXPECT_EQ(pair_sum[0], static_cast<double>(half.stats.bytes_intra + half.stats.bytes_inter));
       EXPECT_EQ(pair_sum[1], static_cast<double>(half.stats.calls));
       if (m.schedule.ratio > 0) continue;  // V-Major's stale rows: lossy by design, bitwise above is the check
@@ -309,7 +306,6 @@ TEST(StepCache, CachedRunsEqualTheOneRankCachedRunAndDecideAlike) {
       }
       // The decision's input is all-reduced: rel_l1 bitwise the same on every rank.
       std::vector<double> mine(run.rel_l1.begin() + 1, run.rel_l1.end()), lo = mine, hi = mine;
-      const ScopedCommDevice host(world(), Device::host);
       world().all_reduce<double>(lo, ReduceOp::max);
       for (double& v : hi) v = -v;
       world().all_reduce<double>(hi, ReduceOp::max);

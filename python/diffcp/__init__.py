@@ -36,7 +36,7 @@ from . import speculative
 from .drafter import Drafter
 from .splitkv import LayerConfig, SplitKV
 
-__all__ = ["Plan", "plan", "balancer_names", "attention", "SplitKV", "LayerConfig", "Drafter", "speculative",
+__all__ = ["Plan", "plan", "balancer_names", "attention", "SplitKV", "LayerConfig", "run_layer", "Drafter", "speculative",
            "to_bf16", "from_bf16", "bf16_path", "cpu_kernels", "backends"]
 
 
@@ -155,3 +155,23 @@ def backends() -> list[dict]:
     """The compute backends this build registers: ``[{"name", "device", "f32", "bf16"}]`` (what
     runs each dtype there). The CLI's ``diffcp backends`` lists the same (and its guard device)."""
     return [dict(b) for b in _core.backends()]
+
+
+def run_layer(comm, config: LayerConfig, method: str = "splitkv", layout: str = "none", samples: int = 2,
+              context: int = 1024, queries: int = 256, block: int = 16, prompt_fraction: float = 0.25,
+              window: int = 0, dtype: str = "f32", seed: int = 1, warmup: int = 1, reps: int = 3, J: int = 16,
+              check: bool = False) -> dict:
+    """One CP method's measured drafter-attention layer step over an mpi4py communicator: the
+    library routine ``diffcp attn`` runs (C++ ``testing/layer_run.hpp``; nothing re-derived here).
+    A seeded packed batch of ``samples`` samples (``context`` tokens, ``queries`` query rows in
+    blocks of ``block``), the context laid out by the balancer ``layout``, ``warmup`` untimed and
+    ``reps`` timed forward + backward steps. Returns the medians of the slowest rank
+    (``step_ms``, ``fwd_ms``, ``bwd_ms``, ``exposed_comm_ms``), the bytes one layer sent per rank
+    against the method's closed form (``bytes_per_layer``, ``predicted_bytes_per_layer``), and with
+    ``check`` the comparison with the fp64 reference (``check_passed``, ``max_rel_err``, ...).
+    Collective: every rank calls it with the same arguments."""
+    if not hasattr(comm, "py2f") or not hasattr(comm, "Get_size"):
+        raise TypeError(f"comm: expected an mpi4py communicator, got {type(comm).__name__}")
+    return dict(_core.run_layer(comm.py2f(), config, str(method), str(layout), int(samples), int(context),
+                                int(queries), int(block), float(prompt_fraction), int(window), str(dtype), int(seed),
+                                int(warmup), int(reps), int(J), bool(check)))

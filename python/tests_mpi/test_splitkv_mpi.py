@@ -118,3 +118,19 @@ def test_bf16_within_2_5x_single_process_bf16_error():
     assert sent / P == pytest.approx(layer.predicted_bytes_per_layer, rel=1e-9)
     with pytest.raises(ValueError, match="dtype 'fp8': expected f32 or bf16"):
         diffcp.SplitKV(COMM, CFG, LENGTHS, ANCHORS, B, dtype="fp8")
+
+
+@pytest.mark.parametrize("method", ["splitkv", "ring", "lvxattn"])
+def test_run_layer_is_the_library_run(method):
+    """diffcp.run_layer is the library's measured layer run (what `diffcp attn` runs): it passes the
+    fp64 check, its bytes equal the method's closed form, and the same call is the same on every rank."""
+    r = diffcp.run_layer(COMM, CFG, method=method, layout="lpt" if method == "splitkv" else "none", samples=2,
+                         context=160, queries=32, block=8, J=2, warmup=0, reps=2, check=True)
+    assert r["checked"] and r["check_passed"], r
+    assert r["max_rel_err"] < 1e-4, r
+    assert r["bytes_per_layer"] == pytest.approx(r["predicted_bytes_per_layer"], rel=1e-12), r
+    assert r["step_ms"] > 0
+    both = COMM.allgather((r["bytes_per_layer"], r["check_passed"]))
+    assert all(b == both[0] for b in both)
+    with pytest.raises(ValueError, match="queries = 30 per sample, block = 8"):
+        diffcp.run_layer(COMM, CFG, queries=30, block=8)

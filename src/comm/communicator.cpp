@@ -2,6 +2,7 @@
 #include "diffcp/comm/communicator.hpp"
 
 #include "staging.hpp"
+#include "diffcp/ops/backend.hpp"
 
 #include <cstdlib>
 
@@ -169,7 +170,7 @@ std::unique_ptr<Communicator> Communicator::split_node_local(const std::string& 
 
 WorkPtr Communicator::all_gather_async(const void* send, void* recv, std::size_t count, DType type) {
   check_no_staged_op("all_gather");
-  if (stages(false)) {
+  if (stages(false, send, recv)) {
     Staging s(*this, type);
     const void* hs = s.in(send, count);
     void* hr = s.out(recv, count * static_cast<std::size_t>(size()));
@@ -184,7 +185,7 @@ WorkPtr Communicator::all_gather_v_async(const void* send, void* recv,
                                          std::span<const std::size_t> counts, DType type, CollAlgo algo) {
   check_no_staged_op("all_gather_v");
   check_counts(counts, "all_gather_v");
-  if (stages(algo == CollAlgo::hierarchical && hierarchy_useful())) {
+  if (stages(algo == CollAlgo::hierarchical && hierarchy_useful(), send, recv)) {
     Staging s(*this, type);
     const void* hs = s.in(send, counts[static_cast<std::size_t>(rank())]);
     void* hr = s.out(recv, sum(counts));
@@ -200,7 +201,7 @@ WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv, std::si
                                            DType type, ReduceOp op) {
   check_no_staged_op("reduce_scatter");
   check_reduce(op, type, "reduce_scatter");
-  if (stages(false)) {
+  if (stages(false, send, recv)) {
     Staging s(*this, type);
     const void* hs = s.in(send, count * static_cast<std::size_t>(size()));
     void* hr = s.out(recv, count);
@@ -222,7 +223,7 @@ WorkPtr Communicator::reduce_scatter_v_async(const void* send, void* recv,
                  "hierarchical reduce_scatter_v: supports sum of f32 / f64 / bf16, got ", dtype_name(type),
                  op == ReduceOp::sum ? "" : " with another reduction than sum");
   }
-  if (stages(algo == CollAlgo::hierarchical && hierarchy_useful())) {
+  if (stages(algo == CollAlgo::hierarchical && hierarchy_useful(), send, recv)) {
     Staging s(*this, type);
     const void* hs = s.in(send, sum(counts));
     void* hr = s.out(recv, counts[static_cast<std::size_t>(rank())]);
@@ -238,7 +239,7 @@ WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t
                                        ReduceOp op, CollAlgo algo) {
   check_no_staged_op("all_reduce");
   check_reduce(op, type, "all_reduce");
-  if (stages(algo == CollAlgo::hierarchical && hierarchy_useful())) {
+  if (stages(algo == CollAlgo::hierarchical && hierarchy_useful(), send, recv)) {
     Staging s(*this, type);
     const void* hs = s.in(send, n);
     void* hr = s.out(recv, n);
@@ -257,7 +258,7 @@ WorkPtr Communicator::all_reduce_async(const void* send, void* recv, std::size_t
 
 WorkPtr Communicator::all_to_all_async(const void* send, void* recv, std::size_t count, DType type) {
   check_no_staged_op("all_to_all");
-  if (stages(false)) {
+  if (stages(false, send, recv)) {
     Staging s(*this, type);
     const void* hs = s.in(send, count * static_cast<std::size_t>(size()));
     void* hr = s.out(recv, count * static_cast<std::size_t>(size()));
@@ -274,7 +275,7 @@ WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::
   check_no_staged_op("all_to_all_v");
   check_counts(send_counts, "all_to_all_v send_counts");
   check_counts(recv_counts, "all_to_all_v recv_counts");
-  if (stages(false)) {
+  if (stages(false, send, recv)) {
     Staging s(*this, type);
     const void* hs = s.in(send, sum(send_counts));
     void* hr = s.out(recv, sum(recv_counts));
@@ -290,7 +291,7 @@ WorkPtr Communicator::all_to_all_v_async(const void* send, std::span<const std::
 WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int root) {
   check_no_staged_op("broadcast");
   check_peer(root, "broadcast root");
-  if (stages(false)) {
+  if (stages(false, buf)) {
     Staging s(*this, type);
     void* hb = rank() == root ? const_cast<void*>(s.in(buf, n)) : s.out(buf, n);  // the root's data is unchanged
     return s.issue([&] { return broadcast_async(hb, n, type, root); });
@@ -304,7 +305,7 @@ WorkPtr Communicator::broadcast_async(void* buf, std::size_t n, DType type, int 
 WorkPtr Communicator::send_async(const void* buf, std::size_t n, DType type, int dst, int tag) {
   check_peer(dst, "send destination");
   DIFFCP_CHECK(tag >= 0 && tag <= kMaxUserTag, "send: tag ", tag, " must be in [0, ", kMaxUserTag, "]");
-  if (stages(false)) {
+  if (stages(false, buf)) {
     Staging s(*this, type);
     const void* hb = s.in(buf, n);
     return s.issue([&] { return send_async(hb, n, type, dst, tag); });
@@ -316,7 +317,7 @@ WorkPtr Communicator::send_async(const void* buf, std::size_t n, DType type, int
 WorkPtr Communicator::recv_async(void* buf, std::size_t n, DType type, int src, int tag) {
   check_peer(src, "recv source");
   DIFFCP_CHECK(tag >= 0 && tag <= kMaxUserTag, "recv: tag ", tag, " must be in [0, ", kMaxUserTag, "]");
-  if (stages(false)) {
+  if (stages(false, buf)) {
     Staging s(*this, type);
     void* hb = s.out(buf, n);
     return s.issue([&] { return recv_async(hb, n, type, src, tag); });
@@ -335,6 +336,12 @@ WorkPtr Communicator::barrier_async() {
 namespace diffcp {
 
 namespace {
+// The view names the memory its data lives in (the active backend's device_of).
+void check_memory(const ConstTensorView& t) {
+  const Device d = active_backend().device_of(t.data);
+  DIFFCP_CHECK(t.numel() == 0 || d == t.device, "communicator: a view of ", t.describe(), " points into ",
+               device_name(d), " memory");
+}
 // `send` and `recv` hold one dtype in one memory, contiguous, and at least their parts.
 void check_pair(const char* op, const ConstTensorView& send, std::size_t send_n, const ConstTensorView& recv,
                 std::size_t recv_n) {
@@ -350,7 +357,7 @@ void check_pair(const char* op, const ConstTensorView& send, std::size_t send_n,
 WorkPtr Communicator::all_gather_async(ConstTensorView send, TensorView recv) {
   const std::size_t n = static_cast<std::size_t>(send.numel());
   check_pair("all_gather", send, n, recv, n * static_cast<std::size_t>(size()));
-  const ScopedCommDevice on(*this, send.device);
+  check_memory(send), check_memory(recv);
   return all_gather_async(send.data, recv.data, n, send.dtype);
 }
 
@@ -358,7 +365,7 @@ WorkPtr Communicator::all_gather_v_async(ConstTensorView send, TensorView recv, 
                                          CollAlgo algo) {
   check_counts(counts, "all_gather_v");
   check_pair("all_gather_v", send, counts[static_cast<std::size_t>(rank())], recv, sum(counts));
-  const ScopedCommDevice on(*this, send.device);
+  check_memory(send), check_memory(recv);
   return all_gather_v_async(send.data, recv.data, counts, send.dtype, algo);
 }
 
@@ -366,7 +373,7 @@ WorkPtr Communicator::reduce_scatter_v_async(ConstTensorView send, TensorView re
                                              std::span<const std::size_t> counts, ReduceOp op, CollAlgo algo) {
   check_counts(counts, "reduce_scatter_v");
   check_pair("reduce_scatter_v", send, sum(counts), recv, counts[static_cast<std::size_t>(rank())]);
-  const ScopedCommDevice on(*this, send.device);
+  check_memory(send), check_memory(recv);
   return reduce_scatter_v_async(send.data, recv.data, counts, send.dtype, op, algo);
 }
 
@@ -375,33 +382,33 @@ WorkPtr Communicator::all_to_all_v_async(ConstTensorView send, std::span<const s
   check_counts(send_counts, "all_to_all_v");
   check_counts(recv_counts, "all_to_all_v");
   check_pair("all_to_all_v", send, sum(send_counts), recv, sum(recv_counts));
-  const ScopedCommDevice on(*this, send.device);
+  check_memory(send), check_memory(recv);
   return all_to_all_v_async(send.data, send_counts, recv.data, recv_counts, send.dtype);
 }
 
 WorkPtr Communicator::all_reduce_async(TensorView inout, ReduceOp op, CollAlgo algo) {
   DIFFCP_CHECK(inout.is_contiguous(), "all_reduce: ", inout.describe(), " is not contiguous");
-  const ScopedCommDevice on(*this, inout.device);
+  check_memory(inout);
   return all_reduce_async(inout.data, inout.data, static_cast<std::size_t>(inout.numel()), inout.dtype, op, algo);
 }
 
 WorkPtr Communicator::broadcast_async(ConstTensorView root_data, TensorView recv, int root) {
   const bool me = rank() == root;
   check_pair("broadcast", root_data, 0, recv, 0);
-  const ScopedCommDevice on(*this, root_data.device);
+  check_memory(root_data), check_memory(recv);
   return broadcast_async(me ? const_cast<void*>(root_data.data) : recv.data,
                          static_cast<std::size_t>(me ? root_data.numel() : recv.numel()), root_data.dtype, root);
 }
 
 WorkPtr Communicator::send_async(ConstTensorView buf, int dst, int tag) {
   DIFFCP_CHECK(buf.is_contiguous(), "send: ", buf.describe(), " is not contiguous");
-  const ScopedCommDevice on(*this, buf.device);
+  check_memory(buf);
   return send_async(buf.data, static_cast<std::size_t>(buf.numel()), buf.dtype, dst, tag);
 }
 
 WorkPtr Communicator::recv_async(TensorView buf, int src, int tag) {
   DIFFCP_CHECK(buf.is_contiguous(), "recv: ", buf.describe(), " is not contiguous");
-  const ScopedCommDevice on(*this, buf.device);
+  check_memory(buf);
   return recv_async(buf.data, static_cast<std::size_t>(buf.numel()), buf.dtype, src, tag);
 }
 

@@ -9,8 +9,13 @@
 
 namespace diffcp {
 
-bool Communicator::stages(bool hierarchical) const {
-  return device_ != Device::host && (hierarchical || !reads_device(device_));
+bool Communicator::stages(bool hierarchical, const void* a, const void* b) const {
+  const Backend& be = active_backend();
+  for (const void* p : {a, b}) {
+    const Device d = p ? be.device_of(p) : Device::host;
+    if (d != Device::host && (hierarchical || !reads_device(d))) return true;
+  }
+  return false;
 }
 
 namespace {
@@ -57,16 +62,13 @@ class StagedCopyBack final : public Work {
 
 }  // namespace
 
-Staging::Staging(Communicator& c, DType type) : c_(c), b_(active_backend()), type_(type) {
-  DIFFCP_CHECK(b_.device() == c.device_, "communicator '", c.name(), "' works on ", device_name(c.device_),
-               " memory, but the active backend '", b_.name(), "' holds ", device_name(b_.device()), " memory");
-}
+Staging::Staging(Communicator& c, DType type) : c_(c), b_(active_backend()), type_(type) {}
 
 const void* Staging::in(const void* dev, std::size_t count) {
   const std::size_t bytes = count * dtype_size(type_);
   in_src_ = dev;
   in_.resize(bytes);
-  if (bytes) b_.copy(in_.data(), Device::host, dev, c_.device_, bytes);
+  if (bytes) b_.copy(in_.data(), Device::host, dev, b_.device_of(dev), bytes);
   c_.staging_.bytes_to_host += bytes;
   return in_.data();
 }
@@ -81,21 +83,11 @@ void* Staging::out(void* dev, std::size_t count) {
 
 WorkPtr Staging::issue(const std::function<WorkPtr()>& op) {
   ++c_.staging_.calls;
-  WorkPtr w;
-  {
-    const Device saved = c_.device_;
-    c_.device_ = Device::host;  // the same operation, on the host buffers
-    try {
-      w = op();
-    } catch (...) {
-      c_.device_ = saved;
-      throw;
-    }
-    c_.device_ = saved;
-  }
+  WorkPtr w = op();  // the same operation, on the host buffers
   const unsigned char* host_out = out_dev_ == in_src_ && out_.empty() ? in_.data() : out_.data();
+  const Device out_device = out_dev_ ? b_.device_of(out_dev_) : Device::host;
   return std::make_unique<StagedCopyBack>(std::move(w), b_, std::move(in_), std::move(out_), out_dev_, host_out,
-                                          out_bytes_, c_.device_, c_.staging_);
+                                          out_bytes_, out_device, c_.staging_);
 }
 
 }  // namespace diffcp

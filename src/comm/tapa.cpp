@@ -127,11 +127,6 @@ TapaPlan TapaAllToAll::make_plan(int P, int L, std::vector<std::size_t> send_cou
   return plan;
 }
 
-void TapaAllToAll::set_device(Device d) {
-  intra_->set_device(d);
-  inter_->set_device(d);
-}
-
 TapaPlan TapaAllToAll::plan(std::span<const std::size_t> send_counts,
                             std::span<const std::size_t> recv_counts) {
   DIFFCP_CHECK(send_counts.size() == uz(P_) && recv_counts.size() == uz(P_), "TAPA plan: got ",
@@ -140,7 +135,6 @@ TapaPlan TapaAllToAll::plan(std::span<const std::size_t> send_counts,
   const std::size_t G = uz(num_groups()), L = uz(L_);
   // Count exchange: mate j gets send_counts[h*L + j] for h in [0, G), i.e. out is [L][G] (host
   // metadata, whatever the exchange's device).
-  const ScopedCommDevice on_host(*intra_, Device::host);
   std::vector<std::uint64_t> out(L * G), in(L * G);
   for (std::size_t j = 0; j < L; ++j)
     for (std::size_t h = 0; h < G; ++h) out[j * G + h] = send_counts[h * L + j];
@@ -171,7 +165,7 @@ TapaPhase1 TapaAllToAll::phase1_async(const TapaPlan& plan, const void* send, DT
   p1.phase2_send_counts_ = plan.phase2_send_counts_;
   p1.phase2_recv_counts_ = plan.phase2_recv_counts_;
   p1.staged_bytes_ = plan.staged_total_ * es;
-  const Device device = this->device();
+  const Device device = active_backend().device_of(send);  // where the exchange's buffers live
   if (device == Device::host)
     p1.staged_.reset(new std::byte[p1.staged_bytes_]);  // default-initialised: no page touched yet
   else

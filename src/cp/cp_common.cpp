@@ -53,7 +53,7 @@ KeyRows own_key_rows(const CpShard& s) { return {s.chunks, s.blocks}; }
 
 std::vector<KeyRows> gather_key_rows(Communicator& cp, const CpShard& s) {
   const std::size_t P = static_cast<std::size_t>(cp.size());
-  // The chunk lists: host metadata (host views, whatever memory cp's set_device names).
+  // The chunk lists: host metadata.
   std::vector<std::int64_t> mine;  // begin, end of each chunk
   for (const PosRange& c : s.chunks) mine.insert(mine.end(), {c.begin, c.end});
   std::vector<std::int64_t> n_mine{static_cast<std::int64_t>(mine.size())}, n_all(P);

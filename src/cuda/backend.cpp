@@ -45,6 +45,15 @@ class CudaBackend final : public Backend {
   }
   const char* name() const override { return "cuda"; }
   Device device() const override { return device_; }
+  // Device (or managed) memory by its CUDA attributes, as a CUDA-aware MPI asks them.
+  Device device_of(const void* p) const override {
+    cudaPointerAttributes a{};
+    if (p == nullptr || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();  // a host pointer CUDA never saw: clear the sticky-free error
+      return Device::host;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? device_ : Device::host;
+  }
   std::string describe(DType dtype) const override {
     return "cuda (" + device_name_ + "): " + (dtype == DType::bf16 ? "cuBLASLt bf16, f32 accumulation" : "cuBLASLt f32 (no TF32)");
   }

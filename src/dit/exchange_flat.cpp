@@ -8,7 +8,6 @@ namespace {
 class FlatExchange final : public AttentionExchange {
  public:
   FlatExchange(Communicator& world, int L) : AttentionExchange(ExchangeMode::flat, world.rank(), world.size(), L), world_(world) {}
-  void set_comm_device(Device d) override { world_.set_device(d); }
 
  private:
   // The bytes go to the L-1 other ranks of this rank's group (ranks [g L, (g+1) L)) and the P-L

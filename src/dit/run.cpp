@@ -85,7 +85,6 @@ DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape
       counts[static_cast<std::size_t>(2 * q + 1)] = m->step_cache()->stats().cached;
     }
   if (model.step_cache() != nullptr) r.rel_l1 = model.step_cache()->stats().rel_l1;
-  const ScopedCommDevice host(world, Device::host);  // host metadata
   world.all_reduce<double>(counts, ReduceOp::max);
   for (int q = 0; q < 2; ++q) {
     r.steps_computed[q] = static_cast<int>(counts[static_cast<std::size_t>(2 * q)]);

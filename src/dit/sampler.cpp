@@ -100,7 +100,6 @@ std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x
                " of ", comm.size(), ", the shard rank ", shard.p, " of ", shard.P);
   const std::int64_t C = cfg.in_channels(), N = shape.image_tokens(), Ip = shard.image_p, b = shape.batch;
   std::vector<float> all(x_p.size() * static_cast<std::size_t>(shard.P)), full(static_cast<std::size_t>(b * N * C));
-  const ScopedCommDevice host(comm, Device::host);  // the latents are host data here
   comm.all_gather<float>(x_p, all);
   // all: [P][b][I_p][C] -> full: [b][N][C], the real rows of each rank
   for (int r = 0; r < shard.P; ++r)
@@ -209,7 +208,6 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
     float* v_step = v.data();  // the velocity of the step, after guidance
     if (split) {  // v_pair = [v_prompt | v_negative] from the pair
       const auto p0 = std::chrono::steady_clock::now();
-      const ScopedCommDevice device(*cfg_pair.pair, active_device());
       cfg_pair.pair->all_gather_async(v.data(), v_pair.data(), static_cast<std::size_t>(n), DType::f32)->wait();
       active_backend().synchronize();
       pair_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();

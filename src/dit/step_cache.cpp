@@ -66,10 +66,7 @@ bool FirstBlockCache::reuse(float* x) {
   if (have_first_) {
     // The same decision on every rank of the pass: sums over all real rows.
     std::vector<double> sums{real_rows_l1(first_.data(), in_.data()), real_rows_l1(first_.data(), zeros_.data())};
-    {
-      const ScopedCommDevice host(comm_, Device::host);
-      comm_.all_reduce<double>(sums);
-    }
+    comm_.all_reduce<double>(sums);
     rel = sums[1] > 0 ? sums[0] / sums[1] : (sums[0] > 0 ? std::numeric_limits<double>::infinity() : 0.0);
   }
   stats_.rel_l1.push_back(rel);

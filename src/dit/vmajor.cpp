@@ -75,7 +75,6 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   double t0 = now_ms();
   l1_all_.resize(uz(L * L * n));
   if (L > 1) {
-    const ScopedCommDevice on_host(tapa_.intra(), Device::host);
     tapa_.intra().all_gather<float>(l1_part_, l1_all_);
   } else
     l1_all_ = l1_part_;
@@ -97,7 +96,6 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   act_all_.resize(uz(P * k));
   t0 = now_ms();
   if (G > 1 && k > 0) {
-    const ScopedCommDevice on_host(tapa_.inter(), Device::host);
     tapa_.inter().all_gather<std::int32_t>(act_group_, act_all_);  // [G][L][k] = [P][k] by flat source
   } else
     std::copy(act_group_.begin(), act_group_.end(), act_all_.begin() + g * L * k);

@@ -127,7 +127,6 @@ DitWeights::DitWeights(const DitConfig& cfg, DType storage, Communicator* shard_
                ": expected f32 or bf16");
   if (shard_over != nullptr && shard_over->size() > 1) {
     comm_ = shard_over->split(0, shard_over->rank(), "dit.weights");
-    comm_->set_device(active_device());
     shards_ = comm_->size();
     rank_ = comm_->rank();
   }

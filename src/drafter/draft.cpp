@@ -54,13 +54,9 @@ std::vector<float> draft_block(Communicator& cp, const DrafterConfig& cfg, std::
   // The owner of the block sends its rows to every rank.
   const std::size_t have = mine ? static_cast<std::size_t>(B * H) : 0;
   std::vector<std::size_t> counts(static_cast<std::size_t>(cp.size()));
-  {
-    const ScopedCommDevice host(cp, Device::host);
-    cp.all_gather<std::size_t>(std::span<const std::size_t>(&have, 1), std::span<std::size_t>(counts));
-  }
+  cp.all_gather<std::size_t>(std::span<const std::size_t>(&have, 1), std::span<std::size_t>(counts));
   DeviceVector<float> out;  // [B, H]
   out.resize(B * H);
-  const ScopedCommDevice on(cp, active_device());
   cp.all_gather_v_async(out_p.data(), out.data(), counts, DType::f32)->wait();
   return to_host<float>(out.view());
 }

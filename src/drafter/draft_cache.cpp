@@ -199,10 +199,7 @@ std::vector<float> DraftCache::draft(std::span<const float> noise) {
                       head_view<const float>(L.v.data(), keys, cfg_.n_kv, cfg_.d_h), head_view(o, b, cfg_.n_q, cfg_.d_h),
                       {lse, static_cast<std::size_t>(b * cfg_.n_q)});
     if (P > 1) {  // Split-KV: the partials of every rank, merged in rank order (the same on every rank)
-      {
-        const ScopedCommDevice on(cp_, active_device());
-        cp_.all_gather_async(send_.data(), parts_.data(), static_cast<std::size_t>(part), DType::f32)->wait();
-      }
+      cp_.all_gather_async(send_.data(), parts_.data(), static_cast<std::size_t>(part), DType::f32)->wait();
       std::vector<HeadRows<const float>> o_parts;
       std::vector<std::span<const float>> lse_parts;
       for (std::int64_t r = 0; r < P; ++r) {

@@ -76,8 +76,6 @@ void LmHead::run(const float* hf, std::int64_t Qp, const std::int32_t* target, c
   Communicator& g = *group_;
   const int G = g.size(), me = g.rank();
   std::vector<std::int64_t> q(static_cast<std::size_t>(G));
-  const Device dev = active_device();
-  const ScopedCommDevice host(g, Device::host);  // metadata; the device rows below say so
   g.all_gather<std::int64_t>(std::vector<std::int64_t>{Qp}, q);
   std::vector<std::size_t> rows_of(static_cast<std::size_t>(G)), vals_of(rows_of.size());
   std::int64_t Q = 0, off = 0;
@@ -90,10 +88,7 @@ void LmHead::run(const float* hf, std::int64_t Qp, const std::int32_t* target, c
   hf_all.resize(Q * H);
   std::vector<std::int32_t> t_all(static_cast<std::size_t>(Q));
   std::vector<double> w_all(static_cast<std::size_t>(Q));
-  {
-    const ScopedCommDevice on(g, dev);
-    g.all_gather_v_async(hf, hf_all.data(), vals_of, DType::f32)->wait();
-  }
+  g.all_gather_v_async(hf, hf_all.data(), vals_of, DType::f32)->wait();
   g.all_gather_v<std::int32_t>(std::span<const std::int32_t>(target, static_cast<std::size_t>(Qp)), t_all, rows_of);
   g.all_gather_v<double>(std::span<const double>(weight, static_cast<std::size_t>(Qp)), w_all, rows_of);
   std::vector<double> mine(static_cast<std::size_t>(Q * 4)), all(static_cast<std::size_t>(Q * 4 * G));
@@ -131,7 +126,6 @@ void LmHead::run(const float* hf, std::int64_t Qp, const std::int32_t* target, c
                            rows_of_span(w_all.data(), a, rows), rows_of_span(lse.data(), a, rows));
     linear_backward_input(lg.data(), rows, n, w_.data(), H, dhf_all.data() + a * H);
   }
-  const ScopedCommDevice on(g, dev);
   g.reduce_scatter_v_async(dhf_all.data(), dhf, vals_of, DType::f32, ReduceOp::sum)->wait();
 }
 

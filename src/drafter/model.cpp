@@ -216,14 +216,12 @@ void Drafter::forward(const DrafterBatch& mb) {
 }
 
 const DeviceVector<float>& Drafter::forward_hidden(const DrafterBatch& mb) {
-  const ScopedCommDevice on(comm_, active_device());  // Split-KV's collectives move device rows
   forward(mb);
   return hf_;
 }
 
 DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
   DIFFCP_CHECK(lm_head_ != nullptr, "drafter: no LM head set (set_lm_head)");
-  const ScopedCommDevice on(comm_, active_device());  // Split-KV's collectives move device rows
   forward(mb);
   DeviceVector<float> dhf;  // [Q_p, H] (this step only: the memory is the next forward's)
   const DrafterStats st = loss(mb, backward, dhf);

@@ -76,7 +76,6 @@ void ShardedState::gather_unit(int u, bool async) {
   Gathered& g = gathered_[u];
   const std::int64_t c = piece(u);
   g.buf.resize(W_ * c);
-  const ScopedCommDevice on(mesh_, device());
   g.pending = mesh_.all_gather_async(own(p_own_, u), g.buf.data(), static_cast<std::size_t>(c), DType::f32);
   if (!async) g.pending->wait(), g.pending.reset();
 }
@@ -108,11 +107,8 @@ void ShardedState::release(int u, bool backward) {
   const std::int64_t c = piece(u);
   DeviceVector<float> mine;  // [c_u] this rank's reduced share
   mine.resize(c);
-  {
-    const ScopedCommDevice on(mesh_, device());
-    mesh_.reduce_scatter_async(gscratch_.data(), mine.data(), static_cast<std::size_t>(c), DType::f32, ReduceOp::sum)
-        ->wait();
-  }
+  mesh_.reduce_scatter_async(gscratch_.data(), mine.data(), static_cast<std::size_t>(c), DType::f32, ReduceOp::sum)
+      ->wait();
   add_into(own(g_own_, u), mine.data(), c);
   gscratch_ = DeviceVector<float>();  // freed until the next unit's backward
 }
@@ -130,7 +126,6 @@ void ShardedState::zero_grads() {
 }
 
 double ShardedState::reduce_grads(double scale) {
-  const ScopedCommDevice on(mesh_, device());
   if (mode_ == ShardMode::none) {
     mesh_.all_reduce<float>(std::span<float>(grads_.data(), grads_.size()));
     return grad_norm_ = std::sqrt(scale_sumsq(grads_.data(), layout_.total, scale));
@@ -144,7 +139,6 @@ double ShardedState::reduce_grads(double scale) {
   }
   // padding is zero
   std::vector<double> t{scale_sumsq(g_own_.data(), static_cast<std::int64_t>(g_own_.size()), scale)};
-  const ScopedCommDevice host(mesh_, Device::host);
   mesh_.all_reduce<double>(t);
   return grad_norm_ = std::sqrt(t[0]);
 }
@@ -162,7 +156,6 @@ void ShardedState::apply(AdamW& adam, double lr_now, double clip) {
   }
   clip_all(g_own_);
   DeviceVector<float> mine;  // optimizer: [hi - lo] the updated piece
-  const ScopedCommDevice on(mesh_, device());
   for (int u = 0; u < units(); ++u) {
     const auto [lo, hi] = owned(u, r_);
     if (mode_ == ShardMode::full) {
@@ -205,7 +198,6 @@ std::vector<float> ShardedState::gather_params() {
     return full;
   }
   DeviceVector<float> all;
-  const ScopedCommDevice on(mesh_, device());
   for (int u = 0; u < units(); ++u) {
     const auto& U = layout_.units[static_cast<std::size_t>(u)];
     all.resize(W_ * piece(u));
@@ -250,7 +242,6 @@ void ShardedState::write_unit(CheckpointWriter* w, int u, const DeviceVector<flo
     return;
   }
   std::vector<float> buf;
-  const ScopedCommDevice host(mesh_, Device::host);
   for (int r = 0; r < W_; ++r) {
     const auto [lo, hi] = owned(u, r);
     const auto n = static_cast<std::size_t>(hi - lo);
@@ -274,7 +265,6 @@ void ShardedState::save(const std::string& path, const nlohmann::json& meta) {
   for (int u = 0; u < units(); ++u) write_unit(w.get(), u, whole ? &m_ : nullptr, m_);
   for (int u = 0; u < units(); ++u) write_unit(w.get(), u, whole ? &v_ : nullptr, v_);
   if (w) w->commit();
-  const ScopedCommDevice host(mesh_, Device::host);
   mesh_.barrier();
 }
 

@@ -307,7 +307,6 @@ StepStats Trainer::step() {
   const TrainOptions& opt = m.opt;
   DIFFCP_CHECK(m.step < opt.steps, "Trainer::step: the run is done (", m.step, " of TrainOptions::steps = ", opt.steps, ")");
   const ScopedF32GemmCompute precision(m.compute);
-  const ScopedCommDevice host(m.world, Device::host);  // the step's statistics (the model scopes its own)
   const std::int64_t s = m.step, B = m.cfg.block;
   const auto t0 = Clock::now();
   const Drafter::Phases ph0 = m.drafter->phases();
@@ -412,13 +411,11 @@ double Trainer::evaluate() {
       per[2 * static_cast<std::size_t>(r.sample)] += 1.0 + static_cast<double>(accepted);
       per[2 * static_cast<std::size_t>(r.sample) + 1] += 1.0;
     }
-    const ScopedCommDevice host(*m.cp, Device::host);
     m.cp->all_reduce<double>(per);
     for (std::size_t u = 0; u < nsamp; ++u)
       if (per[2 * u + 1] > 0) tau_sum += per[2 * u] / per[2 * u + 1], responses += 1;
   }
   std::vector<double> t{tau_sum, responses};
-  const ScopedCommDevice host(m.world, Device::host);
   m.world.all_reduce<double>(t);  // every CP rank of a group holds the same sums: divide by cp
   m.res.tau = t[1] > 0 ? t[0] / t[1] : 0.0;
   return m.res.tau;
@@ -459,7 +456,6 @@ TrainResult Trainer::result() {
                   {"lm_head", ph.lm_head / n}, {"gather_wait", ph.gather_wait / n}, {"reduce", m.t_reduce / n},
                   {"optimizer", m.t_optim / n}};
   }
-  const ScopedCommDevice host(m.world, Device::host);
   std::vector<double> mem{static_cast<double>(m.state->resident_bytes()) / (1 << 20), res.lm_head_mb};
   m.world.all_reduce<double>(mem, ReduceOp::max);
   res.state_mb = mem[0];

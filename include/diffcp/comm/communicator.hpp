@@ -45,9 +45,11 @@
 // refuses every other collective and set_topology (it throws), so ranks cannot issue collectives
 // in different orders.
 //
-// Device memory (comm/staging.cpp). The pointers given to a communicator point into memory of its
-// device() (set_device; default the host), as the ops' pointers point into the active backend's.
-// A backend that reads that device's memory itself (reads_device: NCCL will read the GPU's) gets
+// Device memory (comm/staging.cpp). A communicator learns where each buffer lives from the buffer
+// itself, as CUDA-aware MPI does from a pointer's attributes: memory the active backend allocated
+// is its device's (Backend::device_of), anything else the host's; a view's device must agree. So
+// one operation may move host metadata and the next device rows, with nothing to switch. A
+// backend that reads that device's memory itself (reads_device: NCCL will read the GPU's) gets
 // the pointers as they are. Otherwise the base class stages: it copies the send data to host
 // buffers through the active backend's copy, runs the operation on them (a hierarchical one always
 // runs on host buffers: its node sums are host code), and copies the received data back when the
@@ -186,10 +188,6 @@ class Communicator {
   nlohmann::json stats_json() const;
 
   // ---- device memory (see the header comment) ----
-  // Where the pointers given to this communicator's operations point: the host (default) or the
-  // device of the backend active when an operation is issued (checked when it is staged).
-  void set_device(Device d) { device_ = d; }
-  Device device() const { return device_; }
   // Whether the backend reads and writes memory of `d` itself. Default: the host only (MPI
   // without CUDA-awareness).
   virtual bool reads_device(Device d) const { return d == Device::host; }
@@ -259,8 +257,8 @@ class Communicator {
   WorkPtr recv_async(void* buf, std::size_t count, DType type, int src, int tag = 0);
   WorkPtr barrier_async();
 
-  // ---- the same on tensor views (what the layers call): the dtype comes from the tensors and so
-  // does the memory, host or a device, that the operation reads and writes (not set_device());
+  // ---- the same on tensor views (what the layers call): the dtype comes from the tensors, and the
+  // memory they name must be where the pointers are (an error otherwise);
   // counts are in elements, as above; each view holds at least its part ----
   // send: [count], recv: [size() * count].
   WorkPtr all_gather_async(ConstTensorView send, TensorView recv);
@@ -385,24 +383,12 @@ class Communicator {
   std::uint64_t coll_seq_ = 0;  // collectives issued (all ranks issue the same sequence)
   // Device memory (comm/staging.cpp).
   friend class Staging;
-  bool stages(bool hierarchical) const;  // whether an operation on device_ memory runs on host copies
-  Device device_ = Device::host;
+  // Whether an operation on these buffers (null: none) runs on host copies: one of them is device
+  // memory that this backend does not read (or any device memory, for a hierarchical operation).
+  bool stages(bool hierarchical, const void* a, const void* b = nullptr) const;
   StagingStats staging_;
 };
 
-// Sets a communicator's device for a scope and restores it: e.g. the host, for an exchange of host
-// metadata (chunk lists) by a layer whose data lives on a device.
-class ScopedCommDevice {
- public:
-  ScopedCommDevice(Communicator& c, Device d) : c_(c), previous_(c.device()) { c.set_device(d); }
-  ~ScopedCommDevice() { c_.set_device(previous_); }
-  ScopedCommDevice(const ScopedCommDevice&) = delete;
-  ScopedCommDevice& operator=(const ScopedCommDevice&) = delete;
-
- private:
-  Communicator& c_;
-  Device previous_;
-};
 
 // ---- template definitions ----
 template <typename T> void Communicator::all_gather(std::span<const T> send, std::span<T> recv) {

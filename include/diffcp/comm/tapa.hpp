@@ -102,7 +102,7 @@ class TapaPhase1 {
   // The phase-1 output: [TapaPlan::phase1_output_count()] elements of the exchange's type, P
   // blocks laid out [h][j] (block (g, j) -> (h, i) at index h*L + j, see the file comment), as raw
   // bytes; valid after wait() (V-Major, SPEC B.4, reads V's here).
-  // In the exchange's device memory (TapaAllToAll::set_device).
+  // In the memory the send buffer lives in (the active backend's device_of(send)).
   std::span<const std::byte> output() const { return {staged(), staged_bytes_}; }
 
  private:
@@ -144,11 +144,6 @@ class TapaAllToAll {
   int local_index() const { return local_; }  // i = rank % L
 
   // The sub-communicators and their counters: "inside group" and "across groups" bytes.
-  // Where the send and receive buffers of the exchanges live (Communicator::set_device of the
-  // group communicators; the phase-1 output is allocated there and the blocks that stay on this
-  // rank are copied by the active backend). Default: the host.
-  void set_device(Device d);
-  Device device() const { return intra_->device(); }
   Communicator& intra() { return *intra_; }  // size L, rank i
   Communicator& inter() { return *inter_; }  // size G, rank g
   const CommStats& intra_stats() const { return intra_->stats(); }

@@ -9,8 +9,7 @@
 // contiguous view of the layer's dtype() (f32) in the active backend's memory, checked at the
 // boundary: a wrong shape, dtype or device is a diffcp::Error naming the tensor. The layer runs on
 // the backend active at its last reshard() (its buffers live there; forward() and backward() check
-// it). Its collectives take views, which carry the memory they live in: the communicator's
-// set_device() does not matter to it. Inside, a method computes and communicates in its
+// it). Its collectives take views; the communicator learns from each buffer where it lives. Inside, a method computes and communicates in its
 // compute() dtype: f32, or bf16 (bf16 kernels and payloads, f32 accumulation; each method's header
 // says which of its tensors stay f32).
 //

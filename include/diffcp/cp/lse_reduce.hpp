@@ -18,7 +18,7 @@ enum class LseReduce : std::uint8_t {
 };
 
 // lse: [n] in/out in the active backend's memory, the same n on every rank. Collective over
-// `comm` (whatever memory its set_device names: the tensors say where they live).
+// `comm`.
 void all_reduce_lse(Communicator& comm, std::span<float> lse, CollAlgo algo = CollAlgo::flat,
                     LseReduce how = LseReduce::best);
 

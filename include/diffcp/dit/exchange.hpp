@@ -156,14 +156,6 @@ class AttentionExchange {
   // Bytes of this rank's cross-step caches (cocodiff: V^p1, Q^p2, K^p2, V^p2 per layer).
   virtual std::uint64_t cache_bytes() const { return 0; }
 
-  // Where qkv, out and the payload buffers live: the communicators' device (Communicator::set_device;
-  // the buffers are the active backend's). Default: the host. cocodiff's caches are host code still
-  // (issue #33): on another device they fault on the guard device.
-  void set_device(Device d) {
-    set_comm_device(d);
-    if (ring_) ring_->set_device(d);
-  }
-
   // The payload and attention dtype (see the header comment): f32 (default) or bf16. Set it before
   // the first attention() or between steps (a change makes V-Major refill its caches).
   // fp8 wire: throws when the active backend declines fp8_encode / fp8_decode on `compute`.
@@ -195,8 +187,6 @@ class AttentionExchange {
   // (wire_bytes(count) bytes per block), block r to / from rank r. Implementations add their bytes,
   // scale bytes and messages to stats_ (the caller adds calls and comm_ms).
   virtual void all_to_all(const void* send, void* recv, std::size_t count) = 0;
-  // The device of the communicators the subclass exchanges on (set_device).
-  virtual void set_comm_device(Device d) = 0;
   ExchangeStats stats_;
 
   std::int64_t head_rows() const { return P_ * layout_.batch * layout_.tokens_p; }  // P b n_p

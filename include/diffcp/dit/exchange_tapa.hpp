@@ -11,7 +11,6 @@ class TapaExchange : public AttentionExchange {
  public:
   TapaExchange(Communicator& world, int L, ExchangeMode mode = ExchangeMode::tapa)
       : AttentionExchange(mode, world.rank(), world.size(), L), tapa_(world, L) {}
-  void set_comm_device(Device d) override { tapa_.set_device(d); }
 
  protected:
   // The sub-communicators' counters at one moment.

@@ -87,8 +87,6 @@ class RingAttention {
   int size() const { return ring_->size(); }  // R
   int rank() const { return ring_->rank(); }  // g
   const CommStats& comm_stats() const { return ring_->stats(); }
-  // Where q, k, v, o, lse live (the ring communicator's device; the buffers are the active backend's).
-  void set_device(Device d) { ring_->set_device(d); }
 
   // o, lse = softmax attention (scale 1/sqrt(d_h)) of q over the keys of every group:
   //   masks: [R] q's rows against group s's M key rows (masks[s]; equal unless a group holds padding)

@@ -115,6 +115,9 @@ class Backend {
   // of the active backend, as cuBLAS pointers point into the GPU's; views carry device().
   // Default: the host (the CPU backend).
   virtual Device device() const { return Device::host; }
+  // The memory `p` points into: device() for memory this backend allocated, else the host (what
+  // communicators stage by, as CUDA-aware MPI asks a pointer's attributes). Default: the host.
+  virtual Device device_of(const void* p) const { return Device::host; }
   // `bytes` of device() memory, 64-byte aligned, uninitialised; bytes = 0 gives nullptr.
   // Default: the host heap. Prefer Buffer (ops/buffer.hpp), which frees it.
   virtual void* allocate(std::size_t bytes);

@@ -32,6 +32,7 @@ class GuardBackend final : public Backend {
   GuardBackend();
   const char* name() const override { return "guard"; }
   Device device() const override { return device_; }
+  Device device_of(const void* p) const override { return p != nullptr && owns(p, 1) ? device_ : Device::host; }
   bool supports(OpKind op, DType dtype) const override { return cpu_backend().supports(op, dtype); }
   std::string describe(DType dtype) const override;
 
