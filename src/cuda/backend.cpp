@@ -70,7 +70,15 @@ class CudaBackend final : public Backend {
       case OpKind::swiglu_backward:
       case OpKind::bias_add:
       case OpKind::bias_backward:
+      case OpKind::lse_rescale:
+      case OpKind::lse_shift:
+      case OpKind::rmsnorm_forward:
+      case OpKind::rmsnorm_backward:
+      case OpKind::gated_add:
+      case OpKind::adamw_step:
         return dtype == DType::f32;
+      case OpKind::attention_delta:
+        return dtype == DType::f32 || dtype == DType::bf16;
       default:
         return false;
     }
@@ -154,6 +162,52 @@ class CudaBackend final : public Backend {
   }
   void bias_backward(ConstTensorView dy, TensorView db) override {
     launched(cuda::bias_backward(dy.ptr<float>(), db.ptr<float>(), dy.size(0), dy.size(1), stream_), "bias_backward");
+  }
+
+  void lse_rescale(TensorView o, ConstTensorView lse_p, ConstTensorView lse) override {
+    launched(cuda::lse_rescale(o.ptr<float>(), o.size(0), o.size(1), o.size(2), o.stride[0], lse_p.ptr<float>(),
+                               lse.ptr<float>(), stream_),
+             "lse_rescale");
+  }
+  void lse_shift(TensorView x, ConstTensorView m, bool to_exp) override {
+    launched(cuda::lse_shift(x.ptr<float>(), m.ptr<float>(), x.numel(), to_exp, stream_), "lse_shift");
+  }
+  void attention_delta(ConstTensorView do_, ConstTensorView o, TensorView delta) override {
+    DIFFCP_CHECK(do_.rank == 3 && o.rank == 3 && do_.shape == o.shape && do_.dtype == o.dtype &&
+                     delta.numel() == do_.size(0) * do_.size(1),
+                 "cuda: attention_delta: do ", do_.describe(), ", o ", o.describe(), ", delta ", delta.describe());
+    if (do_.dtype == DType::bf16)
+      launched(cuda::attention_delta_bf16(static_cast<const std::uint16_t*>(do_.data), do_.stride[0],
+                                          static_cast<const std::uint16_t*>(o.data), o.stride[0], delta.ptr<float>(),
+                                          do_.size(0), do_.size(1), do_.size(2), stream_),
+               "attention_delta");
+    else
+      launched(cuda::attention_delta_f32(do_.ptr<float>(), do_.stride[0], o.ptr<float>(), o.stride[0], delta.ptr<float>(),
+                                         do_.size(0), do_.size(1), do_.size(2), stream_),
+               "attention_delta");
+  }
+  void rmsnorm_forward(ConstTensorView x, ConstTensorView w, float eps, TensorView y, TensorView rstd) override {
+    DIFFCP_CHECK(x.is_contiguous() && y.is_contiguous(), "cuda: rmsnorm_forward: ", x.describe(), " -> ", y.describe(),
+                 " (contiguous rows expected)");
+    launched(cuda::rmsnorm_forward(x.ptr<float>(), w.ptr<float>(), eps, y.ptr<float>(), rstd.ptr<float>(),
+                                   x.size(0) * x.size(1), x.size(2), stream_),
+             "rmsnorm_forward");
+  }
+  void rmsnorm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView rstd, ConstTensorView w, TensorView dx,
+                        TensorView dw) override {
+    DIFFCP_CHECK(dy.is_contiguous() && x.is_contiguous() && dx.is_contiguous(), "cuda: rmsnorm_backward: contiguous rows expected");
+    launched(cuda::rmsnorm_backward(dy.ptr<float>(), x.ptr<float>(), rstd.ptr<float>(), w.ptr<float>(), dx.ptr<float>(),
+                                    dw.ptr<float>(), x.size(0) * x.size(1), x.size(2), stream_),
+             "rmsnorm_backward");
+  }
+  void gated_add(TensorView x, ConstTensorView gate, ConstTensorView y) override {
+    launched(cuda::gated_add(x.ptr<float>(), gate.ptr<float>(), y.ptr<float>(), y.stride[0], x.size(0), x.size(1), stream_),
+             "gated_add");
+  }
+  void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& a) override {
+    launched(cuda::adamw_step(p.ptr<float>(), g.ptr<float>(), m.ptr<float>(), v.ptr<float>(), p.numel(), a.b1, a.b2,
+                              a.step, a.inv_sqrt_c2, a.eps, a.decay, stream_),
+             "adamw_step");
   }
 
   // Row-major C = alpha op(A) op(B) + beta C as cuBLASLt's column-major C^T = op(B)^T op(A)^T: a

@@ -119,4 +119,85 @@ int scale_f32(float* c, std::int64_t rows, std::int64_t cols, std::int64_t ldc, 
   });
 }
 
+int lse_rescale(float* o, std::int64_t rows, std::int64_t heads, std::int64_t dim, std::int64_t ld, const float* lse_p,
+                const float* lse, Stream s) {
+  return launch_2d(rows * heads, dim, s, [=] __device__(std::int64_t v, std::int64_t c) {
+    const float lp = lse_p[v];
+    const float wgt = lp == -INFINITY ? 0.f : expf(lp - lse[v]);
+    o[(v / heads) * ld + (v % heads) * dim + c] *= wgt;
+  });
+}
+int lse_shift(float* x, const float* m, std::int64_t n, bool to_exp, Stream s) {
+  if (to_exp)
+    return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) { x[i] = m[i] == -INFINITY ? 0.f : expf(x[i] - m[i]); });
+  return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) {
+    x[i] = m[i] == -INFINITY ? -INFINITY : m[i] + logf(x[i]);
+  });
+}
+int attention_delta_f32(const float* do_, std::int64_t ld_do, const float* o, std::int64_t ld_o, float* delta,
+                        std::int64_t rows, std::int64_t heads, std::int64_t dim, Stream s) {
+  return launch_2d(1, rows * heads, s, [=] __device__(std::int64_t, std::int64_t v) {
+    const float* a = do_ + (v / heads) * ld_do + (v % heads) * dim;
+    const float* b = o + (v / heads) * ld_o + (v % heads) * dim;
+    float acc = 0.f;
+    for (std::int64_t c = 0; c < dim; ++c) acc += a[c] * b[c];
+    delta[v] = acc;
+  });
+}
+int attention_delta_bf16(const std::uint16_t* do_, std::int64_t ld_do, const std::uint16_t* o, std::int64_t ld_o,
+                         float* delta, std::int64_t rows, std::int64_t heads, std::int64_t dim, Stream s) {
+  return launch_2d(1, rows * heads, s, [=] __device__(std::int64_t, std::int64_t v) {
+    const std::uint16_t* a = do_ + (v / heads) * ld_do + (v % heads) * dim;
+    const std::uint16_t* b = o + (v / heads) * ld_o + (v % heads) * dim;
+    float acc = 0.f;
+    for (std::int64_t c = 0; c < dim; ++c) acc += from_bf16(a[c]) * from_bf16(b[c]);
+    delta[v] = acc;
+  });
+}
+int rmsnorm_forward(const float* x, const float* w, float eps, float* y, float* rstd, std::int64_t v, std::int64_t d,
+                    Stream s) {
+  return launch_2d(1, v, s, [=] __device__(std::int64_t, std::int64_t i) {
+    const float* xv = x + i * d;
+    float ss = 0.f;
+    for (std::int64_t c = 0; c < d; ++c) ss += xv[c] * xv[c];
+    const float r = 1.f / sqrtf(ss / static_cast<float>(d) + eps);
+    rstd[i] = r;
+    float* yv = y + i * d;
+    for (std::int64_t c = 0; c < d; ++c) yv[c] = xv[c] * r * w[c];
+  });
+}
+int rmsnorm_backward(const float* dy, const float* x, const float* rstd, const float* w, float* dx, float* dw,
+                     std::int64_t v, std::int64_t d, Stream s) {
+  // dw first (it reads dy, which dx may overwrite), one thread per column over the vectors in order.
+  int e = launch_2d(1, d, s, [=] __device__(std::int64_t, std::int64_t c) {
+    float acc = 0.f;
+    for (std::int64_t i = 0; i < v; ++i) acc += dy[i * d + c] * x[i * d + c] * rstd[i];
+    dw[c] += acc;
+  });
+  if (e != 0) return e;
+  return launch_2d(1, v, s, [=] __device__(std::int64_t, std::int64_t i) {
+    const float* xv = x + i * d;
+    const float* dyv = dy + i * d;
+    const float r = rstd[i];
+    float gx = 0.f;
+    for (std::int64_t c = 0; c < d; ++c) gx += dyv[c] * w[c] * xv[c];
+    const float k = r * r * gx / static_cast<float>(d);
+    float* dxv = dx + i * d;
+    for (std::int64_t c = 0; c < d; ++c) dxv[c] = r * (dyv[c] * w[c] - xv[c] * k);
+  });
+}
+int gated_add(float* x, const float* gate, const float* y, std::int64_t ldy, std::int64_t rows, std::int64_t H, Stream s) {
+  return launch_2d(rows, H, s, [=] __device__(std::int64_t r, std::int64_t c) { x[r * H + c] += gate[c] * y[r * ldy + c]; });
+}
+int adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, float b1, float b2, float step,
+               float inv_sqrt_c2, float eps, float decay, Stream s) {
+  return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) {
+    const float mi = b1 * m[i] + (1.f - b1) * g[i];
+    const float vi = b2 * v[i] + (1.f - b2) * g[i] * g[i];
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - step * mi / (sqrtf(vi) * inv_sqrt_c2 + eps);
+  });
+}
+
 }  // namespace diffcp::cuda

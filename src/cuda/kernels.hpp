@@ -41,4 +41,29 @@ int bias_backward(const float* dy, float* db, std::int64_t M, std::int64_t N, St
 // C (rows x cols, row stride ldc, f32 or bf16 bits) = beta * C: the GEMM's K = 0 case
 int scale_f32(float* c, std::int64_t rows, std::int64_t cols, std::int64_t ldc, float beta, Stream s);
 
+// ---- per (row, head) vectors of a [rows, heads, dim] tensor with row stride ld (heads contiguous) ----
+// o[r, h, :] *= exp(lse_p - lse) (0 where lse_p = -inf); lse_p, lse: [rows * heads]
+int lse_rescale(float* o, std::int64_t rows, std::int64_t heads, std::int64_t dim, std::int64_t ld, const float* lse_p,
+                const float* lse, Stream s);
+// x[n] = exp(x - m) (0 where m = -inf), or m + log(x) (-inf where m = -inf)
+int lse_shift(float* x, const float* m, std::int64_t n, bool to_exp, Stream s);
+// delta[r * heads + h] = sum_c do[r, h, c] o[r, h, c] in f32 (bf16: the bits widened); ld_*: row strides
+int attention_delta_f32(const float* do_, std::int64_t ld_do, const float* o, std::int64_t ld_o, float* delta,
+                        std::int64_t rows, std::int64_t heads, std::int64_t dim, Stream s);
+int attention_delta_bf16(const std::uint16_t* do_, std::int64_t ld_do, const std::uint16_t* o, std::int64_t ld_o,
+                         float* delta, std::int64_t rows, std::int64_t heads, std::int64_t dim, Stream s);
+// RMSNorm over the last dim of contiguous [v, d] (v = rows * heads vectors): y = x * rstd * w,
+// rstd[v] = 1 / sqrt(mean(x^2) + eps) (y may alias x)
+int rmsnorm_forward(const float* x, const float* w, float eps, float* y, float* rstd, std::int64_t v, std::int64_t d,
+                    Stream s);
+// dx = rstd * (dy w - x rstd^2 sum(dy w x) / d) (dx may alias dy);  dw[c] += sum_v dy x rstd (vector order)
+int rmsnorm_backward(const float* dy, const float* x, const float* rstd, const float* w, float* dx, float* dw,
+                     std::int64_t v, std::int64_t d, Stream s);
+// x: rows x H (contiguous) += gate[H] * y (row stride ldy)
+int gated_add(float* x, const float* gate, const float* y, std::int64_t ldy, std::int64_t rows, std::int64_t H, Stream s);
+// AdamW (ops/optim.hpp): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+// p = p decay - step m / (sqrt(v) inv_sqrt_c2 + eps)
+int adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, float b1, float b2, float step,
+               float inv_sqrt_c2, float eps, float decay, Stream s);
+
 }  // namespace diffcp::cuda
