@@ -176,7 +176,9 @@ TEST(CommOnDevice, TapaAllToAllEqualsTheHostRun) {
       EXPECT_EQ(tapa.intra().staging().calls + tapa.inter().staging().calls, staged);
       EXPECT_EQ(exchange(guard_backend(), uneven), host);
       // Staged when there is device memory to move (an empty exchange holds none: null buffers).
-      if (!uneven || ns + nr > 0) EXPECT_GT(tapa.intra().staging().calls + tapa.inter().staging().calls, staged);
+      if (!uneven || ns + nr > 0) {
+        EXPECT_GT(tapa.intra().staging().calls + tapa.inter().staging().calls, staged);
+      }
     }
   }
 }
