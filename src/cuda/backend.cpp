@@ -76,6 +76,8 @@ class CudaBackend final : public Backend {
       case OpKind::rmsnorm_backward:
       case OpKind::gated_add:
       case OpKind::adamw_step:
+      case OpKind::layernorm_modulate:
+      case OpKind::scale_sumsq:
         return dtype == DType::f32;
       case OpKind::attention_delta:
         return dtype == DType::f32 || dtype == DType::bf16;
@@ -204,6 +206,20 @@ class CudaBackend final : public Backend {
     launched(cuda::gated_add(x.ptr<float>(), gate.ptr<float>(), y.ptr<float>(), y.stride[0], x.size(0), x.size(1), stream_),
              "gated_add");
   }
+  void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
+                          TensorView y) override {
+    launched(cuda::layernorm_modulate(x.ptr<float>(), shift.ptr<float>(), scale.ptr<float>(), eps, y.ptr<float>(),
+                                      x.size(0), x.size(1), stream_),
+             "layernorm_modulate");
+  }
+  double scale_sumsq(TensorView x, double scale) override {
+    if (sumsq_ == nullptr) cuda_ok(cudaMalloc(&sumsq_, sizeof(double)), "cudaMalloc(scale_sumsq)");
+    launched(cuda::scale_sumsq(x.ptr<float>(), x.numel(), scale, sumsq_, stream_), "scale_sumsq");
+    double host = 0;
+    cuda_ok(cudaMemcpyAsync(&host, sumsq_, sizeof(double), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    synchronize();  // a scalar for the host (the gradient norm)
+    return host;
+  }
   void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& a) override {
     launched(cuda::adamw_step(p.ptr<float>(), g.ptr<float>(), m.ptr<float>(), v.ptr<float>(), p.numel(), a.b1, a.b2,
                               a.step, a.inv_sqrt_c2, a.eps, a.decay, stream_),
@@ -249,6 +265,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
+  double* sumsq_ = nullptr;  // scale_sumsq's result on the device
   std::string device_name_;
 };
 

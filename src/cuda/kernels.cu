@@ -189,6 +189,46 @@ int rmsnorm_backward(const float* dy, const float* x, const float* rstd, const f
 int gated_add(float* x, const float* gate, const float* y, std::int64_t ldy, std::int64_t rows, std::int64_t H, Stream s) {
   return launch_2d(rows, H, s, [=] __device__(std::int64_t r, std::int64_t c) { x[r * H + c] += gate[c] * y[r * ldy + c]; });
 }
+int layernorm_modulate(const float* x, const float* shift, const float* scale, float eps, float* y, std::int64_t rows,
+                       std::int64_t H, Stream s) {
+  return launch_2d(1, rows, s, [=] __device__(std::int64_t, std::int64_t r) {
+    const float* xr = x + r * H;
+    float* yr = y + r * H;
+    double sum = 0;
+    for (std::int64_t c = 0; c < H; ++c) sum += xr[c];
+    const float m = static_cast<float>(sum / static_cast<double>(H));
+    double q = 0;
+    for (std::int64_t c = 0; c < H; ++c) q += static_cast<double>(xr[c] - m) * (xr[c] - m);
+    const float rstd = 1.f / sqrtf(static_cast<float>(q / static_cast<double>(H)) + eps);
+    for (std::int64_t c = 0; c < H; ++c) yr[c] = (1.f + scale[c]) * ((xr[c] - m) * rstd) + shift[c];
+  });
+}
+
+namespace {
+// One block: out[0] = sum of x^2 in double (strided partial sums, then a tree in shared memory).
+__global__ void sumsq_one_block(const float* x, std::int64_t n, double* out) {
+  __shared__ double part[kThreads];
+  double acc = 0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += static_cast<double>(x[i]) * x[i];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = part[0];
+}
+}  // namespace
+
+int scale_sumsq(float* x, std::int64_t n, double scale, double* out, Stream s) {
+  const int e = launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) {
+    x[i] = static_cast<float>(static_cast<double>(x[i]) * scale);
+  });
+  if (e != 0) return e;
+  sumsq_one_block<<<1, kThreads, 0, st(s)>>>(x, n, out);
+  return launched();
+}
+
 int adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, float b1, float b2, float step,
                float inv_sqrt_c2, float eps, float decay, Stream s) {
   return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t i) {

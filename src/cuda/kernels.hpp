@@ -61,6 +61,12 @@ int rmsnorm_backward(const float* dy, const float* x, const float* rstd, const f
                      std::int64_t v, std::int64_t d, Stream s);
 // x: rows x H (contiguous) += gate[H] * y (row stride ldy)
 int gated_add(float* x, const float* gate, const float* y, std::int64_t ldy, std::int64_t rows, std::int64_t H, Stream s);
+// y = (1 + scale) * LayerNorm(x) + shift per row (no affine; mean and variance per row):
+// x, y: rows x H contiguous, shift, scale: [H]
+int layernorm_modulate(const float* x, const float* shift, const float* scale, float eps, float* y, std::int64_t rows,
+                       std::int64_t H, Stream s);
+// x[n] = float(double(x) * scale) in place, and out[0] (device, double) = sum of the new x^2 in double
+int scale_sumsq(float* x, std::int64_t n, double scale, double* out, Stream s);
 // AdamW (ops/optim.hpp): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
 // p = p decay - step m / (sqrt(v) inv_sqrt_c2 + eps)
 int adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, float b1, float b2, float step,

@@ -3,7 +3,7 @@
 // through the stream, GEMMs through cuBLASLt (f32 with f32 compute: no TF32; bf16 operands with f32
 // accumulation), and element-wise kernels (src/cuda/kernels.cu: fill, convert, add, SiLU, GELU,
 // SwiGLU, bias add / backward, RMSNorm forward / backward, lse rescale / shift, attention's D,
-// gated add, AdamW). It implements the ops listed by supports(); every other op fails with
+// gated add, LayerNorm-modulate, AdamW, the gradient scaling with its sum of squares). It implements the ops listed by supports(); every other op fails with
 // "backend 'cuda' does not support <op> on <dtype>", and the op harness (testing/op_harness.hpp)
 // skips the cases that use one. Memory it allocated is its device's (device_of: the pointer's CUDA
 // attributes), so communicators stage it through the host without being told. The DFlash
