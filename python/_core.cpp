@@ -223,6 +223,13 @@ py::array_t<float> from_bf16_py(const py::array_t<std::uint16_t, py::array::c_st
   return out;
 }
 
+// The bindings that take an mpi4py communicator need MPI initialized (by importing mpi4py.MPI).
+void require_mpi(const char* what) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw py::value_error(std::string(what) + ": MPI is not initialized (import mpi4py.MPI first)");
+}
+
 // One Split-KV attention layer over an mpi4py communicator (the handle comes in as comm.py2f(), so
 // no mpi4py headers are needed). The layer is collective: every rank of the communicator calls
 // forward / backward together, as in C++.
@@ -240,9 +247,7 @@ class SplitKVLayerPy {
                  const std::string& dtype)
       : cfg_(cfg) {
     if (dtype != "f32" && dtype != "bf16") throw py::value_error("SplitKV: dtype '" + dtype + "': expected f32 or bf16");
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) throw py::value_error("SplitKV: MPI is not initialized (import mpi4py.MPI first)");
+    require_mpi("SplitKV");
     comm_ = std::make_unique<MpiCommunicator>(MPI_Comm_f2c(comm), "python");
     cfg_.validate();
     const PackedBatch batch = make_batch(lengths, anchors, block);
@@ -347,9 +352,7 @@ class SplitKVLayerPy {
 class DrafterPy {
  public:
   DrafterPy(const std::string& dir, MPI_Fint comm) : w_(import_dflash(dir)) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) throw py::value_error("Drafter: MPI is not initialized (import mpi4py.MPI first)");
+    require_mpi("Drafter");
     comm_ = std::make_unique<MpiCommunicator>(MPI_Comm_f2c(comm), "python");
   }
 
@@ -458,9 +461,7 @@ class DitPy {
   DitPy(const std::string& folder, MPI_Fint comm, const std::string& mode, int ulysses, int group_size,
         const std::string& weights_dtype, bool shard_weights, const std::string& compute, double cache_ratio,
         bool cfg_parallel, const std::string& step_cache, const std::string& wire) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) throw py::value_error("Dit: MPI is not initialized (import mpi4py.MPI first)");
+    require_mpi("Dit");
     comm_ = std::make_unique<MpiCommunicator>(MPI_Comm_f2c(comm), "python");
     const DiffusersTransformer t = open_diffusers_transformer(folder);
     const SafeTensorsSet ck(t.weights);
@@ -669,9 +670,7 @@ py::dict run_layer_py(MPI_Fint comm, const AttnLayerConfig& cfg, const std::stri
                       std::int64_t samples, std::int64_t context, std::int64_t queries, std::int64_t block,
                       double prompt_fraction, std::int64_t window, const std::string& dtype, std::uint64_t seed,
                       int warmup, int reps, int J, bool check) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) throw py::value_error("run_layer: MPI is not initialized (import mpi4py.MPI first)");
+  require_mpi("run_layer");
   DIFFCP_CHECK(dtype == "f32" || dtype == "bf16", "run_layer: dtype '", dtype, "': expected f32 or bf16");
   DIFFCP_CHECK(block >= 1 && queries >= 0 && queries % block == 0, "run_layer: queries = ", queries,
                " per sample, block = ", block, "; expected block >= 1 dividing queries");
