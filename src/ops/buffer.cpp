@@ -192,8 +192,4 @@ void from_compute(ConstTensorView src, TensorView dst) {
   convert(src, dst);
 }
 
-void round_to(TensorView x, DType compute, Workspace& ws) {
-  from_compute(to_compute(x, compute, ws), x);
-}
-
 }  // namespace diffcp

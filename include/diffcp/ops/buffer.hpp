@@ -135,9 +135,6 @@ TensorView compute_out(TensorView dst, DType compute, Workspace& ws);
 // dst (f32) = src widened; nothing when src is dst (compute_out's f32 case). Contiguous views of
 // equal element counts.
 void from_compute(ConstTensorView src, TensorView dst);
-// x (f32) rounded to `compute` in place (do that travels and enters a kernel rounded, so that what
-// is computed from x locally sees the same values); nothing for f32.
-void round_to(TensorView x, DType compute, Workspace& ws);
 
 // The memory ops, on the active backend. Each view names its device (host or the active backend's);
 // the error names the view that does not fit.
