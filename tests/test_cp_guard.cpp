@@ -4,7 +4,9 @@
 // through host buffers (comm/communicator.hpp, "Device memory"). Forward + backward at every rank
 // count, f32 and bf16 (Split-KV: --oproj all and owned, flat and hierarchical collectives): the results equal
 // the same layer's on the CPU backend bit for bit (and, in f32, the fp64 reference). A host loop
-// over device memory left anywhere in the method faults the test.
+// over device memory left anywhere in the method faults the test. DIFFCP_TEST_DEVICE=cuda runs
+// the same on a GPU (tests/device_under_test.hpp): within bounds of the CPU's run, and the f32
+// layer against the fp64 reference.
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "diffcp/testing/guard_backend.hpp"
 #include "diffcp/testing/layer_problem.hpp"
 #include "error_of.hpp"
+#include "device_under_test.hpp"
 #include "forwarding_comm.hpp"
 #include "mpi_test.hpp"
 
@@ -62,6 +65,7 @@ struct Mode {
 class CpOnGuardDevice : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CpOnGuardDevice, EqualsTheCpuRunBitForBit) {
+  DIFFCP_DEVICE_OR_SKIP(dev);
   std::unique_ptr<Communicator> comm = test::world().split(0, test::world().rank(), "cp");
   const int P = comm->size(), p = comm->rank();
   comm->set_topology(p < (P + 1) / 2 ? 0 : 1);
@@ -86,12 +90,13 @@ TEST_P(CpOnGuardDevice, EqualsTheCpuRunBitForBit) {
         const SplitKVOptions opt{oproj, coll, compute};
         const Result cpu = run(cpu_backend(), *comm, method, pb, shard, opt);
         const std::uint64_t staged = comm->staging().calls;
-        const Result guard = run(guard_backend(), *comm, method, pb, shard, opt);
-        EXPECT_GT(comm->staging().calls, staged);  // the collectives really ran on guard memory
-        EXPECT_EQ(cpu.y, guard.y);
-        EXPECT_EQ(cpu.dx, guard.dx);
-        EXPECT_EQ(cpu.dctx, guard.dctx);
-        EXPECT_EQ(cpu.grad, guard.grad);
+        const Result guard = run(dev, *comm, method, pb, shard, opt);
+        EXPECT_GT(comm->staging().calls, staged);  // the collectives really ran on device memory
+        const double bound = test::device_bound(compute);
+        EXPECT_TRUE(test::matches_cpu(cpu.y, guard.y, bound));
+        EXPECT_TRUE(test::matches_cpu(cpu.dx, guard.dx, bound));
+        EXPECT_TRUE(test::matches_cpu(cpu.dctx, guard.dctx, bound));
+        EXPECT_TRUE(test::matches_cpu(cpu.grad, guard.grad, bound));
         if (compute == DType::f32) {
           const AttnLayerParams g = AttnLayerParams::view(cfg, guard.grad.data());
           EXPECT_TRUE(check_layer(ref, shard, cfg.hidden, guard.y, guard.dx, guard.dctx, g).pass());
@@ -102,6 +107,7 @@ TEST_P(CpOnGuardDevice, EqualsTheCpuRunBitForBit) {
 // A communicator without the fused log-sum-exp reduction (NCCL's case, tests/forwarding_comm.hpp):
 // Split-KV's lse all-reduce then runs as max + sum with the lse_shift op in between, on guard memory.
 TEST(CpOnGuardDevice, SplitKVWithoutAFusedLseReductionEqualsTheCpuRun) {
+  DIFFCP_DEVICE_OR_SKIP(dev);
   test::ForwardingComm comm(test::world());
   ASSERT_EQ(lse_all_reduces(comm), 2);
   AttnLayerConfig cfg;
@@ -113,16 +119,37 @@ TEST(CpOnGuardDevice, SplitKVWithoutAFusedLseReductionEqualsTheCpuRun) {
     SCOPED_TRACE(dtype_name(compute));
     const SplitKVOptions opt{OProj::all, CollAlgo::flat, compute};
     const Result cpu = run(cpu_backend(), comm, cp_method("splitkv"), pb, shard, opt);
-    const Result guard = run(guard_backend(), comm, cp_method("splitkv"), pb, shard, opt);
-    EXPECT_EQ(cpu.y, guard.y);
-    EXPECT_EQ(cpu.dx, guard.dx);
-    EXPECT_EQ(cpu.dctx, guard.dctx);
-    EXPECT_EQ(cpu.grad, guard.grad);
+    const Result guard = run(dev, comm, cp_method("splitkv"), pb, shard, opt);
+    const double bound = test::device_bound(compute);
+    EXPECT_TRUE(test::matches_cpu(cpu.y, guard.y, bound));
+    EXPECT_TRUE(test::matches_cpu(cpu.dx, guard.dx, bound));
+    EXPECT_TRUE(test::matches_cpu(cpu.dctx, guard.dctx, bound));
+    EXPECT_TRUE(test::matches_cpu(cpu.grad, guard.grad, bound));
+  }
+}
+
+// Ring and LV-XAttn over a tagless transport (NCCL's point-to-point: messages between two ranks
+// match in posting order): each rank posts its receives in the order its peer sends, so the layer
+// still equals the fp64 reference (at P >= 4 the accumulators and the next K/V or queries interleave).
+TEST(CpMethodsTagless, RingAndLvxattnReceiveInTheOrderTheirPeersSend) {
+  test::TaglessComm comm(test::world());
+  AttnLayerConfig cfg;
+  cfg.hidden = 48, cfg.n_q = 4, cfg.n_kv = 2, cfg.d_h = 16;
+  const PackedBatch batch = make_random_batch(3, 150, 5, 4, 0.25, 3);
+  const LayerProblem pb(cfg, batch, 5);
+  const CpShard shard = contiguous_shard(batch, comm.size(), comm.rank());
+  const ReferenceLayerResult ref = pb.reference();
+  for (const char* name : {"ring", "lvxattn"}) {
+    SCOPED_TRACE(name);
+    const Result r = run(cpu_backend(), comm, cp_method(name), pb, shard, SplitKVOptions{});
+    const AttnLayerParams g = AttnLayerParams::view(cfg, r.grad.data());
+    EXPECT_TRUE(check_layer(ref, shard, cfg.hidden, r.y, r.dx, r.dctx, g).pass());
   }
 }
 
 // A layer runs on the backend it was sized on.
 TEST(CpOnGuardDevice, ALayerRefusesAnotherBackend) {
+  DIFFCP_DEVICE_OR_SKIP(dev);
   std::unique_ptr<Communicator> comm = test::world().split(0, test::world().rank(), "cp");
   AttnLayerConfig cfg;
   cfg.hidden = 48, cfg.n_q = 4, cfg.n_kv = 2, cfg.d_h = 16;
@@ -134,8 +161,8 @@ TEST(CpOnGuardDevice, ALayerRefusesAnotherBackend) {
   std::unique_ptr<CpAttentionLayer> layer = cp_method("splitkv").make(*comm, cfg, shard);  // on the CPU
   const auto forward = [&] { layer->forward(pb.w, view_of(x, {Qp, H}), view_of(ctx, {Cp, H}), view_of(y, {Qp, H})); };
   {
-    ScopedBackend guard(guard_backend());
-    EXPECT_NE(error_of(forward).find("the active backend is 'guard', but the layer's buffers were sized on 'cpu'"),
+    ScopedBackend guard(dev);
+    EXPECT_NE(error_of(forward).find(std::string("the active backend is '") + dev.name() + "', but the layer's buffers were sized on 'cpu'"),
               std::string::npos);
   }
   EXPECT_EQ(error_of(forward), "");

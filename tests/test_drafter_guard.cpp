@@ -5,7 +5,8 @@
 // activation recomputation with it, and a held-out evaluation) and one `draft` block equal the
 // CPU backend's runs bit for bit (every step's loss and gradient norm, tau, the final parameters,
 // the drafted hidden states). A
-// host loop over device memory left anywhere in the drafter faults the test.
+// host loop over device memory left anywhere in the drafter faults the test. DIFFCP_TEST_DEVICE=cuda
+// runs the same on a GPU (tests/device_under_test.hpp): within bounds of the CPU's run.
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "diffcp/drafter/trainer.hpp"
 #include "diffcp/ops/buffer.hpp"
 #include "diffcp/testing/guard_backend.hpp"
+#include "device_under_test.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp {
@@ -46,6 +48,7 @@ TrainRun train_on(Backend& b, const TrainOptions& opt, bool evaluate) {
 }
 
 TEST(DrafterOnGuardDevice, TrainEqualsTheCpuRunBitForBitInEveryShardMode) {
+  DIFFCP_DEVICE_OR_SKIP(dev);
   TrainOptions opt;  // the tiny preset, 20 short steps
   opt.steps = 21;
   opt.accum = 1;
@@ -59,18 +62,22 @@ TEST(DrafterOnGuardDevice, TrainEqualsTheCpuRunBitForBitInEveryShardMode) {
     const bool evaluate = opt.shard == "full";  // the vocabulary-parallel head's argmax
     const std::int64_t ops_before = guard_backend().counters().ops;
     const TrainRun cpu = train_on(cpu_backend(), opt, evaluate);
-    const TrainRun guard = train_on(guard_backend(), opt, evaluate);
-    EXPECT_GT(guard_backend().counters().ops, ops_before);  // it ran on the guard device
+    const TrainRun guard = train_on(dev, opt, evaluate);
+    if (test::device_under_test().exact) {  // it ran on the guard device
+      EXPECT_GT(guard_backend().counters().ops, ops_before);
+    }
     ASSERT_EQ(cpu.loss.size(), 20u);
-    EXPECT_EQ(guard.loss, cpu.loss);
-    EXPECT_EQ(guard.grad_norm, cpu.grad_norm);
-    EXPECT_EQ(guard.tau, cpu.tau);
-    ASSERT_EQ(guard.params.size(), cpu.params.size());
-    EXPECT_TRUE(guard.params == cpu.params) << "the trained parameters differ";
+    const double bound = test::kDeviceBoundF32;
+    EXPECT_TRUE(test::matches_cpu(cpu.loss, guard.loss, bound)) << "the losses differ";
+    EXPECT_TRUE(test::matches_cpu(cpu.grad_norm, guard.grad_norm, bound)) << "the gradient norms differ";
+    // tau counts argmax matches: on a device a near-tie may go the other way
+    EXPECT_TRUE(test::matches_cpu(std::vector{cpu.tau}, std::vector{guard.tau}, test::device_under_test().exact ? 0 : 0.1));
+    EXPECT_TRUE(test::matches_cpu(cpu.params, guard.params, bound)) << "the trained parameters differ";
   }
 }
 
 TEST(DrafterOnGuardDevice, DraftEqualsTheCpuRunBitForBit) {
+  DIFFCP_DEVICE_OR_SKIP(dev);
   const DrafterConfig cfg = drafter_preset("tiny");
   const std::int64_t ctx = 37, T = cfg.target_layers * cfg.hidden;
   std::vector<float> params;
@@ -87,16 +94,19 @@ TEST(DrafterOnGuardDevice, DraftEqualsTheCpuRunBitForBit) {
     return draft_block(test::world(), cfg, params, hidden, ctx, noise);
   };
   const std::int64_t ops_before = guard_backend().counters().ops;
-  const std::vector<float> cpu = run(cpu_backend()), guard = run(guard_backend());
-  EXPECT_GT(guard_backend().counters().ops, ops_before);
+  const std::vector<float> cpu = run(cpu_backend()), guard = run(dev);
+  if (test::device_under_test().exact) {
+    EXPECT_GT(guard_backend().counters().ops, ops_before);
+  }
   ASSERT_EQ(cpu.size(), static_cast<std::size_t>(cfg.block * cfg.hidden));
-  EXPECT_TRUE(guard == cpu) << "the drafted hidden states differ";
+  EXPECT_TRUE(test::matches_cpu(cpu, guard, test::kDeviceBoundF32)) << "the drafted hidden states differ";
 }
 
 // The draft KV cache (issue #53) on the guard device: the context appended in pieces (crossing its
 // chunks over the ranks) and a block drafted after each, with a sliding layer, equal to the CPU's
 // run bit for bit; no host code touches its device memory.
 TEST(DrafterOnGuardDevice, DraftCacheEqualsTheCpuRunBitForBit) {
+  DIFFCP_DEVICE_OR_SKIP(dev);
   DrafterConfig cfg = drafter_preset("tiny");
   cfg.layer_types = {"sliding_attention", "full_attention"};
   cfg.sliding_window = 20;
@@ -124,10 +134,12 @@ TEST(DrafterOnGuardDevice, DraftCacheEqualsTheCpuRunBitForBit) {
     return out;
   };
   const std::int64_t ops_before = guard_backend().counters().ops;
-  const std::vector<float> cpu = run(cpu_backend()), guard = run(guard_backend());
-  EXPECT_GT(guard_backend().counters().ops, ops_before);
+  const std::vector<float> cpu = run(cpu_backend()), guard = run(dev);
+  if (test::device_under_test().exact) {
+    EXPECT_GT(guard_backend().counters().ops, ops_before);
+  }
   ASSERT_EQ(cpu.size(), static_cast<std::size_t>(4 * cfg.block * cfg.hidden));
-  EXPECT_TRUE(guard == cpu) << "the drafted hidden states differ";
+  EXPECT_TRUE(test::matches_cpu(cpu, guard, test::kDeviceBoundF32)) << "the drafted hidden states differ";
 }
 
 }  // namespace

@@ -14,9 +14,10 @@ namespace diffcp::cli {
 
 namespace {
 // The commands whose own layer (inputs, outputs, reports) touches device memory only through the
-// backend: a device backend runs them. The others read results on the host and run on host-memory
-// backends only, until they are moved over (issue #51).
-constexpr const char* kDeviceCommands[] = {"train", "draft", "plan", "export"};
+// backend: a device backend runs them (dit: every mode and option, tested on the guard device:
+// cli_dit_backend_guard, test_dit_guard). attn and bench read results on the host and run on
+// host-memory backends only, until they are moved over.
+constexpr const char* kDeviceCommands[] = {"train", "draft", "plan", "export", "dit"};
 
 // The CLI registers the guard device too (testing/guard_backend.hpp): a check backend on host
 // pages only its own ops may touch, so `--backend guard` shows that a command keeps its data on

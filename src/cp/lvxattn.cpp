@@ -116,12 +116,14 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     const std::int64_t Qs = rows_of(s);
     const TensorView q_s = q_in(t % 2, Qs);
     timings_.fwd_overlap_exposed_ms += timed_wait(*q_recv[t % 2]);
+    // The running state of step t - 1 is posted before the next q: prev sent them in that order,
+    // and a tagless transport (NCCL) matches by order.
+    WorkPtr acc_recv = t >= 2 ? comm_.recv_async(prefix(acc_in_.view(), state_count(Qs)), prev, kTagRunning) : nullptr;
     if (t + 1 < P) {  // q_s moves on at once; q of the next step's state comes in
       q_send[t % 2] = comm_.send_async(q_s, next, kTagQuery);
       if (q_send[(t + 1) % 2]) timings_.fwd_overlap_exposed_ms += timed_wait(*q_send[(t + 1) % 2]);
       q_recv[(t + 1) % 2] = comm_.recv_async(q_in((t + 1) % 2, rows_of(src_of_step(t + 1))), prev, kTagQuery);
     }
-    WorkPtr acc_recv = t >= 2 ? comm_.recv_async(prefix(acc_in_.view(), state_count(Qs)), prev, kTagRunning) : nullptr;
     if (acc_send[t % 2]) timings_.fwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
     float* out = acc_out_[t % 2].data();
     float* part = t == 1 ? out : part_.data();  // the running state starts here at step 1
@@ -178,13 +180,14 @@ void LvXAttnLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     const std::int64_t Qs = rows_of(s);
     const DeviceVector<float>& in = in_[t % 2];
     timings_.bwd_overlap_exposed_ms += timed_wait(*in_recv[t % 2]);
+    const std::int64_t dq_count = Qs * qw;
+    // (dq of step t - 1 before the next inputs: the order prev sent them in, as in the forward)
+    WorkPtr acc_recv = t >= 2 ? comm_.recv_async(prefix(acc_in_.view(), dq_count), prev, kTagRunning) : nullptr;
     if (t + 1 < P) {
       in_send[t % 2] = comm_.send_async(message(in, Qs), next, kTagQuery);
       if (in_send[(t + 1) % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*in_send[(t + 1) % 2]);
       in_recv[(t + 1) % 2] = comm_.recv_async(message(in_[(t + 1) % 2], rows_of(src_of_step(t + 1))), prev, kTagQuery);
     }
-    const std::int64_t dq_count = Qs * qw;
-    WorkPtr acc_recv = t >= 2 ? comm_.recv_async(prefix(acc_in_.view(), dq_count), prev, kTagRunning) : nullptr;
     if (acc_send[t % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
     float* dq = acc_out_[t % 2].data();
     step_backward(masks_[static_cast<std::size_t>(s)], in, Qs, dq, dkv_step_.data());

@@ -120,12 +120,13 @@ void RingLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, con
     const int s = src_of_step(t);
     const std::int64_t Ls = key_rows_[static_cast<std::size_t>(s)];
     WorkPtr send, recv, acc_recv;
+    // Rank s's accumulator (f32), started at s+1 (t = 1), arrives from prev for t >= 2. Posted before
+    // the next K/V: prev sent them in that order, and a tagless transport (NCCL) matches by order.
+    if (t >= 2) acc_recv = comm_.recv_async(prefix(dkv_in_.view(), kv_count(s)), prev, kTagAcc);
     if (t + 1 < P) {
       recv = comm_.recv_async(prefix(kv_buf_[t % 2].view(), kv_count(src_of_step(t + 1))), prev, kTagKV);
       send = comm_.send_async(prefix(cur, kv_count(s)), next, kTagKV);
     }
-    // Rank s's accumulator (f32), started at s+1 (t = 1), arrives from prev for t >= 2.
-    if (t >= 2) acc_recv = comm_.recv_async(prefix(dkv_in_.view(), kv_count(s)), prev, kTagAcc);
     if (t >= 1 && acc_send[t % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
     float* dkv = t == 0 ? dkv_own_.data() : dkv_out_[t % 2].data();
     float* dq = t == 0 ? dq_.data() : dq_step_.data();

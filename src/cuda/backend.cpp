@@ -3,10 +3,17 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <string>
+#include <vector>
 
+#include "attention.hpp"
+#include "diffcp/attention/mask.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
+#include "diffcp/ops/rope.hpp"
 #include "kernels.hpp"
 
 namespace diffcp {
@@ -44,6 +51,7 @@ class CudaBackend final : public Backend {
     device_name_ = std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor);
   }
   const char* name() const override { return "cuda"; }
+  cudaStream_t stream() const { return stream_; }  // for cuda_stream() (the NCCL communicator)
   Device device() const override { return device_; }
   // Device (or managed) memory by its CUDA attributes, as a CUDA-aware MPI asks them.
   Device device_of(const void* p) const override {
@@ -58,6 +66,9 @@ class CudaBackend final : public Backend {
     return "cuda (" + device_name_ + "): " + (dtype == DType::bf16 ? "cuBLASLt bf16, f32 accumulation" : "cuBLASLt f32 (no TF32)");
   }
   bool supports(OpKind op, DType dtype) const override {
+    const bool f32_or_bf16 = dtype == DType::f32 || dtype == DType::bf16;
+    if (dtype == DType::u8)  // raw rows: same-dtype copies, gathers and scatters
+      return op == OpKind::convert || op == OpKind::gather_rows || op == OpKind::scatter_rows;
     switch (op) {
       case OpKind::gemm:
       case OpKind::fill:
@@ -78,9 +89,24 @@ class CudaBackend final : public Backend {
       case OpKind::adamw_step:
       case OpKind::layernorm_modulate:
       case OpKind::scale_sumsq:
+      case OpKind::lse_merge:
+      case OpKind::rope:
+      case OpKind::qk_norm_rope:
+      case OpKind::guidance_combine:
+      case OpKind::cross_entropy:
+      case OpKind::cross_entropy_backward:
         return dtype == DType::f32;
       case OpKind::attention_delta:
-        return dtype == DType::f32 || dtype == DType::bf16;
+      case OpKind::attention_forward:
+      case OpKind::attention_backward:
+      case OpKind::gather_rows:
+      case OpKind::scatter_rows:
+      case OpKind::l1_distance:
+      case OpKind::fp8_encode:
+      case OpKind::fp8_decode:
+        return f32_or_bf16;
+      case OpKind::dense_linear:
+        return dtype == DType::bf16;
       default:
         return false;
     }
@@ -120,14 +146,15 @@ class CudaBackend final : public Backend {
     if (src.dtype == dst.dtype && s.ld != 0)
       launched(cuda::copy_rows(src.data, s.ld, dst.data, d.ld, s.rows, s.cols, static_cast<int>(src.element_size()), stream_),
                "convert");
-    else if (src.dtype == dst.dtype)  // a broadcast of one row: as an f32 or bf16 "conversion" to itself
+    else if (src.dtype == dst.dtype) {  // a broadcast of one row: as an f32 or bf16 "conversion" to itself
+      DIFFCP_CHECK(src.dtype != DType::u8, "cuda: convert: a broadcast row of u8 (", src.describe(), ")");
       launched(src.dtype == DType::bf16
                    ? cuda::copy_rows_broadcast_u16(static_cast<const std::uint16_t*>(src.data), static_cast<std::uint16_t*>(dst.data),
                                                    d.ld, d.rows, d.cols, stream_)
                    : cuda::copy_rows_broadcast_f32(static_cast<const float*>(src.data), static_cast<float*>(dst.data), d.ld,
                                                    d.rows, d.cols, stream_),
                "convert");
-    else if (dst.dtype == DType::bf16)
+    } else if (dst.dtype == DType::bf16)
       launched(cuda::convert_f32_bf16(static_cast<const float*>(src.data), s.ld, static_cast<std::uint16_t*>(dst.data), d.ld,
                                       s.rows, s.cols, stream_),
                "convert");
@@ -212,6 +239,198 @@ class CudaBackend final : public Backend {
                                       x.size(0), x.size(1), stream_),
              "layernorm_modulate");
   }
+  void attention_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v, TensorView o,
+                         TensorView lse, float softmax_scale) override {
+    cuda::AttentionDims a = attention_dims(mask, q, k, v, softmax_scale);
+    check_heads("o", o, a.Q, a.n_q, a.d);
+    check_stats("lse", lse, a);
+    a.ld_o = o.stride[0];
+    launched(cuda::attention_forward(q.dtype == DType::bf16, q.data, k.data, v.data, o.data, lse.ptr<float>(),
+                                     attention_plan(mask), a, stream_),
+             "attention_forward");
+  }
+  void attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                          ConstTensorView do_, ConstTensorView lse, ConstTensorView delta, TensorView dq, TensorView dk,
+                          TensorView dv, float softmax_scale) override {
+    cuda::AttentionDims a = attention_dims(mask, q, k, v, softmax_scale);
+    const std::int64_t Lk = k.size(0);
+    check_heads("do", do_, a.Q, a.n_q, a.d);
+    check_heads("dq", dq, a.Q, a.n_q, a.d);
+    check_heads("dk", dk, Lk, a.n_kv, a.d);
+    check_heads("dv", dv, Lk, a.n_kv, a.d);
+    check_stats("lse", lse, a);
+    check_stats("delta", delta, a);
+    a.ld_do = do_.stride[0];
+    a.ld_dq = dq.stride[0];
+    // dk, dv: f32 sums over the query rows that see a key, in place (f32) or in scratch rounded
+    // once to bf16 at the end (as the CPU's kernel).
+    const bool bf16 = q.dtype == DType::bf16;
+    const std::int64_t w = a.n_kv * a.d;
+    const std::size_t scratch = bf16 ? sizeof(float) * static_cast<std::size_t>(Lk * w) : 0;
+    float* dk_acc = bf16 ? static_cast<float*>(allocate(scratch)) : dk.ptr<float>();
+    float* dv_acc = bf16 ? static_cast<float*>(allocate(scratch)) : dv.ptr<float>();
+    a.ld_dk = bf16 ? w : dk.stride[0];
+    a.ld_dv = bf16 ? w : dv.stride[0];
+    const auto zero = [&](float* x, std::int64_t ld) {
+      if (Lk > 0)
+        cuda_ok(cudaMemset2DAsync(x, sizeof(float) * ld, 0, sizeof(float) * w, Lk, stream_), "cudaMemset2DAsync");
+    };
+    zero(dk_acc, a.ld_dk);
+    zero(dv_acc, a.ld_dv);
+    launched(cuda::attention_backward(bf16, q.data, k.data, v.data, do_.data, lse.ptr<float>(), delta.ptr<float>(), dq.data,
+                                      dk_acc, dv_acc, attention_plan(mask), a, stream_),
+             "attention_backward");
+    if (bf16) {
+      launched(cuda::convert_f32_bf16(dk_acc, w, static_cast<std::uint16_t*>(dk.data), dk.stride[0], Lk, w, stream_),
+               "attention_backward (dk)");
+      launched(cuda::convert_f32_bf16(dv_acc, w, static_cast<std::uint16_t*>(dv.data), dv.stride[0], Lk, w, stream_),
+               "attention_backward (dv)");
+      deallocate(dk_acc, scratch);
+      deallocate(dv_acc, scratch);
+    }
+  }
+  void lse_merge(std::span<const ConstTensorView> o_parts, std::span<const ConstTensorView> lse_parts, TensorView o,
+                 TensorView lse) override {
+    DIFFCP_CHECK(o.rank == 3 && o.stride[1] == o.size(2) && o.stride[2] == 1 && o_parts.size() == lse_parts.size() &&
+                     lse.numel() == o.size(0) * o.size(1),
+                 "cuda: lse_merge: o ", o.describe(), ", lse ", lse.describe(), ", ", o_parts.size(), " o parts, ",
+                 lse_parts.size(), " lse parts");
+    HostArgs h;
+    for (std::size_t p = 0; p < o_parts.size(); ++p) {
+      const ConstTensorView& x = o_parts[p];
+      DIFFCP_CHECK(x.rank == 3 && x.shape == o.shape && x.stride[1] == o.size(2) && x.stride[2] == 1 &&
+                       lse_parts[p].numel() == lse.numel(),
+                   "cuda: lse_merge: part ", p, " is ", x.describe(), " with lse ", lse_parts[p].describe(), ", output ",
+                   o.describe());
+      const std::int64_t words[3] = {static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(x.data)), x.stride[0],
+                                     static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(lse_parts[p].data))};
+      h.add(std::span<const std::int64_t>(words));
+    }
+    const auto* parts = static_cast<const std::int64_t*>(upload(h));
+    launched(cuda::lse_merge(parts, static_cast<std::int64_t>(o_parts.size()), o.ptr<float>(), o.stride[0], lse.ptr<float>(),
+                             o.size(0), o.size(1), o.size(2), stream_),
+             "lse_merge");
+  }
+  void rope(TensorView x, std::span<const std::int64_t> positions, const RopeTable& table, bool inverse) override {
+    DIFFCP_CHECK(x.rank == 3 && x.is_contiguous() && x.size(2) == table.d_h() &&
+                     static_cast<std::int64_t>(positions.size()) == x.size(0),
+                 "cuda: rope: x ", x.describe(), ", ", positions.size(), " positions, table d_h ", table.d_h());
+    // Each row's table entries, gathered here (the table is host memory) and staged in one copy.
+    const std::int64_t half = table.d_h() / 2;
+    HostArgs h;
+    for (const bool sine : {false, true})
+      for (const std::int64_t pos : positions) {
+        DIFFCP_CHECK(pos >= 0 && pos < table.max_pos(), "cuda: rope: position ", pos, " outside [0, ", table.max_pos(), ")");
+        h.add(std::span<const float>(sine ? table.sin(pos) : table.cos(pos), static_cast<std::size_t>(half)));
+      }
+    const auto* cs = static_cast<const float*>(upload(h));
+    launched(cuda::rope(x.ptr<float>(), cs, cs + x.size(0) * half, x.size(0), x.size(1), x.size(2), inverse ? -1.f : 1.f,
+                        stream_),
+             "rope");
+  }
+  void qk_norm_rope(TensorView qkv, ConstTensorView q_scale, ConstTensorView k_scale, float eps, ConstTensorView cos,
+                    ConstTensorView sin) override {
+    DIFFCP_CHECK(qkv.rank == 4 && qkv.size(1) == 3 && qkv.stride[3] == 1 && qkv.stride[2] == qkv.size(3) &&
+                     qkv.stride[1] == qkv.size(2) * qkv.size(3),
+                 "cuda: qk_norm_rope: qkv ", qkv.describe(), " (expected [rows, 3, heads, d_h], contiguous in a row)");
+    const bool rotate = cos.rank != 0;
+    launched(cuda::qk_norm_rope(qkv.ptr<float>(), qkv.stride[0], qkv.size(0), qkv.size(2), qkv.size(3), q_scale.ptr<float>(),
+                                k_scale.ptr<float>(), eps, rotate ? cos.ptr<float>() : nullptr,
+                                rotate ? sin.ptr<float>() : nullptr, stream_),
+             "qk_norm_rope");
+  }
+  void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override {
+    move_rows(src, rows, dst, false);
+  }
+  void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override {
+    move_rows(src, rows, dst, true);
+  }
+  void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) override {
+    DIFFCP_CHECK(a.rank == 3 && a.is_contiguous() && b.is_contiguous() && a.shape == b.shape && a.dtype == b.dtype &&
+                     out.numel() == a.size(1),
+                 "cuda: l1_distance: a ", a.describe(), ", b ", b.describe(), ", out ", out.describe());
+    launched(cuda::l1_distance(a.data, b.data, a.dtype == DType::bf16, out.ptr<float>(), a.size(0), a.size(1), a.size(2),
+                               stream_),
+             "l1_distance");
+  }
+  void guidance_combine(TensorView v, ConstTensorView v_neg, float scale, bool keep_norm) override {
+    DIFFCP_CHECK(v.rank == 2 && v.is_contiguous() && v_neg.is_contiguous() && v.shape == v_neg.shape,
+                 "cuda: guidance_combine: v ", v.describe(), ", v_neg ", v_neg.describe());
+    launched(cuda::guidance_combine(v.ptr<float>(), v_neg.ptr<float>(), scale, keep_norm, v.size(0), v.size(1), stream_),
+             "guidance_combine");
+  }
+  void cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target, std::span<double> stats,
+                     std::span<const double> weight) override {
+    const std::int64_t R = logits.size(0), n = logits.size(1);
+    DIFFCP_CHECK(logits.rank == 2 && static_cast<std::int64_t>(target.size()) == R &&
+                     static_cast<std::int64_t>(stats.size()) == 4 * R && (weight.empty() || static_cast<std::int64_t>(weight.size()) == R),
+                 "cuda: cross_entropy: logits ", logits.describe(), ", ", target.size(), " targets, ", stats.size(),
+                 " stats, ", weight.size(), " weights");
+    if (R == 0) return;
+    // Device: [R, 4] stats out, then the targets and weights staged in.
+    HostArgs h;
+    h.add(std::span<const double>(stats.data(), stats.size()));  // room for the stats
+    const std::size_t w_at = h.add(weight), t_at = h.add(target);
+    auto* base = static_cast<unsigned char*>(const_cast<void*>(upload(h)));
+    auto* st = reinterpret_cast<double*>(base);
+    launched(cuda::cross_entropy(logits.ptr<float>(), logits.stride[0], R, n, v0, reinterpret_cast<const std::int32_t*>(base + t_at),
+                                 st, weight.empty() ? nullptr : reinterpret_cast<const double*>(base + w_at), stream_),
+             "cross_entropy");
+    copy(stats.data(), Device::host, st, device_, sizeof(double) * stats.size());  // O(R) results for the host
+  }
+  void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
+                              std::span<const double> weight, std::span<const double> lse) override {
+    const std::int64_t R = logits.size(0);
+    DIFFCP_CHECK(logits.rank == 2 && static_cast<std::int64_t>(target.size()) == R &&
+                     static_cast<std::int64_t>(weight.size()) == R && static_cast<std::int64_t>(lse.size()) == R,
+                 "cuda: cross_entropy_backward: logits ", logits.describe(), ", ", target.size(), " targets, ", weight.size(),
+                 " weights, ", lse.size(), " lse");
+    if (R == 0) return;
+    HostArgs h;
+    const std::size_t w_at = h.add(weight), l_at = h.add(lse), t_at = h.add(target);
+    const auto* base = static_cast<const unsigned char*>(upload(h));
+    launched(cuda::cross_entropy_backward(logits.ptr<float>(), logits.stride[0], R, logits.size(1), v0,
+                                          reinterpret_cast<const std::int32_t*>(base + t_at),
+                                          reinterpret_cast<const double*>(base + w_at),
+                                          reinterpret_cast<const double*>(base + l_at), stream_),
+             "cross_entropy_backward");
+  }
+  void fp8_encode(ConstTensorView x, TensorView enc) override {
+    DIFFCP_CHECK(x.rank == 2 && x.is_contiguous() && enc.is_contiguous() && enc.numel() == x.size(0) * (x.size(1) + 4),
+                 "cuda: fp8_encode: x ", x.describe(), ", enc ", enc.describe());
+    launched(cuda::fp8_encode(x.data, x.dtype == DType::bf16, static_cast<std::uint8_t*>(enc.data), x.size(0), x.size(1),
+                              stream_),
+             "fp8_encode");
+  }
+  void fp8_decode(ConstTensorView enc, TensorView x) override {
+    DIFFCP_CHECK(x.rank == 2 && x.is_contiguous() && enc.is_contiguous() && enc.numel() == x.size(0) * (x.size(1) + 4),
+                 "cuda: fp8_decode: enc ", enc.describe(), ", x ", x.describe());
+    launched(cuda::fp8_decode(static_cast<const std::uint8_t*>(enc.data), x.data, x.dtype == DType::bf16, x.size(0),
+                              x.size(1), stream_),
+             "fp8_decode");
+  }
+  // y = x w + bias through cuBLASLt (bf16 operands, f32 accumulation and output); no packed layout.
+  void dense_linear(ConstTensorView x, ConstTensorView w, const PackedWeight*, ConstTensorView bias, TensorView y) override {
+    DIFFCP_CHECK(x.rank == 2 && w.rank == 2 && y.rank == 2 && x.dtype == DType::bf16 && w.dtype == DType::bf16 &&
+                     y.dtype == DType::f32 && x.size(1) == w.size(0) && y.size(0) == x.size(0) && y.size(1) == w.size(1) &&
+                     x.stride[1] == 1 && w.stride[1] == 1 && y.stride[1] == 1,
+                 "cuda: dense_linear: x ", x.describe(), ", w ", w.describe(), ", y ", y.describe());
+    GemmArgs g;
+    g.M = x.size(0);
+    g.N = w.size(1);
+    g.K = x.size(1);
+    g.A = x.data;
+    g.lda = x.stride[0];
+    g.B = w.data;
+    g.ldb = w.stride[0];
+    g.C = y.data;
+    g.ldc = y.stride[0];
+    g.dtype = DType::bf16;
+    g.c_dtype = DType::f32;
+    gemm(g);
+    if (bias.numel() > 0)
+      launched(cuda::bias_add_rows(y.ptr<float>(), y.stride[0], bias.ptr<float>(), g.M, g.N, stream_), "dense_linear (bias)");
+  }
   double scale_sumsq(TensorView x, double scale) override {
     if (sumsq_ == nullptr) cuda_ok(cudaMalloc(&sumsq_, sizeof(double)), "cudaMalloc(scale_sumsq)");
     launched(cuda::scale_sumsq(x.ptr<float>(), x.numel(), scale, sumsq_, stream_), "scale_sumsq");
@@ -260,6 +479,119 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // ---- attention: shapes and the mask's plan (src/cuda/attention.hpp) ----
+  static void check_heads(const char* name, const ConstTensorView& t, std::int64_t rows, std::int64_t heads, std::int64_t d) {
+    DIFFCP_CHECK(t.rank == 3 && t.size(0) == rows && t.size(1) == heads && t.size(2) == d && t.stride[1] == d &&
+                     t.stride[2] == 1 && t.stride[0] >= heads * d && (rows == 0 || t.data != nullptr),
+                 "cuda: attention: ", name, " is ", t.describe(), ", expected [", rows, ", ", heads, ", ", d,
+                 "] with contiguous heads");
+  }
+  static void check_stats(const char* name, const ConstTensorView& t, const cuda::AttentionDims& a) {
+    DIFFCP_CHECK(t.numel() == a.Q * a.n_q && t.dtype == DType::f32, "cuda: attention: ", name, " is ", t.describe(),
+                 ", expected Q*n_q = ", a.Q * a.n_q, " f32 entries");
+  }
+  static cuda::AttentionDims attention_dims(const BlockMask& mask, const ConstTensorView& q, const ConstTensorView& k,
+                                            const ConstTensorView& v, float softmax_scale) {
+    DIFFCP_CHECK(q.rank == 3 && k.rank == 3, "cuda: attention: q ", q.describe(), ", k ", k.describe(), " (rank 3 expected)");
+    cuda::AttentionDims a;
+    a.Q = mask.query_rows();
+    a.N = mask.num_blocks();
+    a.B = mask.block();
+    a.n_q = q.size(1);
+    a.n_kv = k.size(1);
+    a.d = q.size(2);
+    DIFFCP_CHECK(a.n_q >= 1 && a.n_kv >= 1 && a.n_q % a.n_kv == 0 && a.d >= 1 && a.d <= cuda::kMaxHeadDim,
+                 "cuda: attention: n_q = ", a.n_q, ", n_kv = ", a.n_kv, ", d_h = ", a.d, " (n_q a multiple of n_kv, 1 <= d_h <= ",
+                 cuda::kMaxHeadDim, ")");
+    check_heads("q", q, a.Q, a.n_q, a.d);
+    check_heads("k", k, mask.key_rows(), a.n_kv, a.d);
+    check_heads("v", v, mask.key_rows(), a.n_kv, a.d);
+    a.window = mask.window().window;
+    a.causal = mask.window().causal;
+    a.scale = softmax_scale > 0.f ? softmax_scale : 1.f / std::sqrt(static_cast<float>(a.d));
+    a.ld_q = q.stride[0];
+    a.ld_k = k.stride[0];
+    a.ld_v = v.stride[0];
+    return a;
+  }
+  // The mask as attention.hpp's plan, in device memory (reused across calls: the copy is ordered
+  // after the kernels that read the previous plan).
+  const std::int64_t* attention_plan(const BlockMask& mask) {
+    const std::int64_t N = mask.num_blocks();
+    plan_host_.assign(static_cast<std::size_t>(2 * N + 1), 0);
+    for (std::int64_t i = 0; i < N; ++i) {
+      plan_host_[static_cast<std::size_t>(i)] = mask.blocks()[static_cast<std::size_t>(i)].ctx_end;
+      plan_host_[static_cast<std::size_t>(N + i)] = (static_cast<std::int64_t>(plan_host_.size()) - 2 * N - 1) / 3;
+      mask.visible_ranges(i, ranges_);
+      for (const RowRange& r : ranges_) plan_host_.insert(plan_host_.end(), {r.begin, r.end, r.pos});
+    }
+    plan_host_[static_cast<std::size_t>(2 * N)] = (static_cast<std::int64_t>(plan_host_.size()) - 2 * N - 1) / 3;
+    HostArgs h;
+    h.add(std::span<const std::int64_t>(plan_host_));
+    return static_cast<const std::int64_t*>(upload(h));
+  }
+
+  // ---- host metadata of one op (index lists, a mask's plan, table rows), staged in one copy ----
+  class HostArgs {
+   public:
+    // Appends `v` at an 8-byte aligned offset; returns the offset.
+    template <typename T>
+    std::size_t add(std::span<const T> v) {
+      const std::size_t at = (bytes_.size() + 7) / 8 * 8;
+      bytes_.resize(at + v.size_bytes());
+      if (!v.empty()) std::memcpy(bytes_.data() + at, v.data(), v.size_bytes());
+      return at;
+    }
+    const std::vector<unsigned char>& bytes() const { return bytes_; }
+
+   private:
+    std::vector<unsigned char> bytes_;
+  };
+  // `h` in device memory for the op about to be issued: one buffer, reused by the next op (its copy
+  // is ordered after the kernels that read this one), staged through pinned memory that the
+  // previous copy has finished reading.
+  const void* upload(const HostArgs& h) {
+    const std::size_t bytes = h.bytes().size();
+    if (staged_ == nullptr) cuda_ok(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_ok(cudaEventSynchronize(staged_), "cudaEventSynchronize(upload)");
+    if (bytes > upload_bytes_) {
+      deallocate(upload_, upload_bytes_);
+      if (upload_pinned_ != nullptr) cuda_ok(cudaFreeHost(upload_pinned_), "cudaFreeHost");
+      upload_bytes_ = std::max<std::size_t>(bytes * 2, 4096);
+      upload_ = allocate(upload_bytes_);
+      cuda_ok(cudaMallocHost(&upload_pinned_, upload_bytes_), "cudaMallocHost(upload)");
+    }
+    if (bytes == 0) return upload_;
+    std::memcpy(upload_pinned_, h.bytes().data(), bytes);
+    cuda_ok(cudaMemcpyAsync(upload_, upload_pinned_, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(upload)");
+    cuda_ok(cudaEventRecord(staged_, stream_), "cudaEventRecord(upload)");
+    return upload_;
+  }
+  void move_rows(const ConstTensorView& src, std::span<const std::int64_t> rows, const TensorView& dst, bool scatter) {
+    const std::int64_t n = static_cast<std::int64_t>(rows.size()), w = scatter ? src.size(1) : dst.size(1);
+    const ConstTensorView& many = scatter ? static_cast<const ConstTensorView&>(dst) : src;  // the [M, w] side
+    DIFFCP_CHECK(src.rank == 2 && dst.rank == 2 && src.stride[1] == 1 && dst.stride[1] == 1 && src.size(1) == dst.size(1) &&
+                     (scatter ? src.size(0) : dst.size(0)) == n &&
+                     (src.dtype == dst.dtype || (src.dtype != DType::u8 && dst.dtype != DType::u8)),
+                 "cuda: ", scatter ? "scatter_rows" : "gather_rows", ": src ", src.describe(), ", dst ", dst.describe(), ", ",
+                 n, " rows");
+    for (const std::int64_t r : rows)
+      DIFFCP_CHECK(r >= 0 && r < many.size(0), "cuda: row ", r, " outside [0, ", many.size(0), ")");
+    if (n == 0 || w == 0) return;
+    HostArgs h;
+    h.add(rows);
+    launched(cuda::move_rows(src.data, src.stride[0], static_cast<int>(src.element_size()), dst.data, dst.stride[0],
+                             static_cast<int>(dst.element_size()), static_cast<const std::int64_t*>(upload(h)), n, w, scatter,
+                             stream_),
+             scatter ? "scatter_rows" : "gather_rows");
+  }
+  std::vector<std::int64_t> plan_host_;
+  std::vector<RowRange> ranges_;
+  void* upload_ = nullptr;         // device
+  void* upload_pinned_ = nullptr;  // host, pinned
+  std::size_t upload_bytes_ = 0;   // of each
+  cudaEvent_t staged_ = nullptr;   // after the last upload's copy
+
   static constexpr std::size_t kWorkspace = std::size_t{32} << 20;
   Device device_ = register_device("cuda");
   cudaStream_t stream_ = nullptr;
@@ -291,5 +623,8 @@ Backend& cuda_backend() {
   }();
   return b;
 }
+
+// ---- cuda_stream() (cuda/backend.hpp): the NCCL communicator issues on the backend's stream ----
+void* cuda_stream() { return static_cast<CudaBackend&>(cuda_backend()).stream(); }
 
 }  // namespace diffcp

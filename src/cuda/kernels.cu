@@ -240,4 +240,229 @@ int adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, flo
   });
 }
 
+int lse_merge(const std::int64_t* parts, std::int64_t P, float* o, std::int64_t ld, float* lse, std::int64_t rows,
+              std::int64_t heads, std::int64_t dim, Stream s) {
+  return launch_2d(1, rows * heads, s, [=] __device__(std::int64_t, std::int64_t v) {
+    const std::int64_t r = v / heads, h = v % heads;
+    const auto part_lse = [&](std::int64_t p) { return reinterpret_cast<const float*>(parts[3 * p + 2])[v]; };
+    float mx = -INFINITY;
+    for (std::int64_t p = 0; p < P; ++p) mx = fmaxf(mx, part_lse(p));
+    float* dst = o + r * ld + h * dim;
+    for (std::int64_t c = 0; c < dim; ++c) dst[c] = 0.f;
+    if (mx == -INFINITY) {
+      lse[v] = -INFINITY;
+      return;
+    }
+    float sum = 0.f;
+    for (std::int64_t p = 0; p < P; ++p) sum += expf(part_lse(p) - mx);
+    const float merged = mx + logf(sum);
+    lse[v] = merged;
+    for (std::int64_t p = 0; p < P; ++p) {
+      const float wgt = expf(part_lse(p) - merged);
+      const float* src = reinterpret_cast<const float*>(parts[3 * p]) + r * parts[3 * p + 1] + h * dim;
+      for (std::int64_t c = 0; c < dim; ++c) dst[c] += wgt * src[c];
+    }
+  });
+}
+
+int rope(float* x, const float* cs, const float* sn, std::int64_t rows, std::int64_t heads, std::int64_t d, float sign,
+         Stream s) {
+  const std::int64_t half = d / 2;
+  return launch_2d(rows * heads, half, s, [=] __device__(std::int64_t v, std::int64_t i) {
+    const std::int64_t r = v / heads;
+    float* x0 = x + v * d;
+    const float a = x0[i], b = x0[i + half], c = cs[r * half + i], si = sign * sn[r * half + i];
+    x0[i] = a * c - b * si;
+    x0[i + half] = b * c + a * si;
+  });
+}
+
+int qk_norm_rope(float* qkv, std::int64_t ld, std::int64_t rows, std::int64_t heads, std::int64_t d, const float* q_scale,
+                 const float* k_scale, float eps, const float* cs, const float* sn, Stream s) {
+  return launch_2d(rows, 2 * heads, s, [=] __device__(std::int64_t r, std::int64_t h) {  // q heads, then k heads
+    float* x = qkv + r * ld + h * d;
+    const float* w = h < heads ? q_scale : k_scale;
+    float ss = 0.f;
+    for (std::int64_t c = 0; c < d; ++c) ss += x[c] * x[c];
+    const float rstd = 1.f / sqrtf(ss / static_cast<float>(d) + eps);
+    for (std::int64_t c = 0; c < d; ++c) x[c] = x[c] * rstd * w[c];
+    if (cs == nullptr) return;
+    for (std::int64_t k = 0; k < d / 2; ++k) {
+      const float x0 = x[2 * k], x1 = x[2 * k + 1], c = cs[r * (d / 2) + k], si = sn[r * (d / 2) + k];
+      x[2 * k] = c * x0 - si * x1;
+      x[2 * k + 1] = si * x0 + c * x1;
+    }
+  });
+}
+
+int move_rows(const void* src, std::int64_t ld_src, int src_bytes, void* dst, std::int64_t ld_dst, int dst_bytes,
+              const std::int64_t* idx, std::int64_t n, std::int64_t w, bool scatter, Stream s) {
+  return launch_2d(n, w, s, [=] __device__(std::int64_t i, std::int64_t c) {
+    const std::int64_t from = (scatter ? i : idx[i]) * ld_src + c, to = (scatter ? idx[i] : i) * ld_dst + c;
+    if (src_bytes == 4 && dst_bytes == 2)
+      static_cast<std::uint16_t*>(dst)[to] = to_bf16(static_cast<const float*>(src)[from]);
+    else if (src_bytes == 2 && dst_bytes == 4)
+      static_cast<float*>(dst)[to] = from_bf16(static_cast<const std::uint16_t*>(src)[from]);
+    else if (src_bytes == 4)
+      static_cast<float*>(dst)[to] = static_cast<const float*>(src)[from];
+    else if (src_bytes == 2)
+      static_cast<std::uint16_t*>(dst)[to] = static_cast<const std::uint16_t*>(src)[from];
+    else
+      static_cast<std::uint8_t*>(dst)[to] = static_cast<const std::uint8_t*>(src)[from];
+  });
+}
+
+int l1_distance(const void* a, const void* b, bool bf16, float* out, std::int64_t G, std::int64_t R, std::int64_t w,
+                Stream s) {
+  return launch_2d(1, R, s, [=] __device__(std::int64_t, std::int64_t r) {
+    double acc = 0;
+    for (std::int64_t g = 0; g < G; ++g)
+      for (std::int64_t i = 0; i < w; ++i) {
+        const std::int64_t e = (g * R + r) * w + i;
+        const float x = bf16 ? from_bf16(static_cast<const std::uint16_t*>(a)[e]) : static_cast<const float*>(a)[e];
+        const float y = bf16 ? from_bf16(static_cast<const std::uint16_t*>(b)[e]) : static_cast<const float*>(b)[e];
+        acc += fabsf(x - y);
+      }
+    out[r] = static_cast<float>(acc);
+  });
+}
+
+int guidance_combine(float* v, const float* neg, float scale, bool keep_norm, std::int64_t rows, std::int64_t C, Stream s) {
+  return launch_2d(1, rows, s, [=] __device__(std::int64_t, std::int64_t r) {
+    float* y = v + r * C;
+    const float* n = neg + r * C;
+    double cond2 = 0, comb2 = 0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      const float comb = n[c] + scale * (y[c] - n[c]);
+      cond2 += static_cast<double>(y[c]) * y[c];
+      comb2 += static_cast<double>(comb) * comb;
+      y[c] = comb;
+    }
+    if (!keep_norm || comb2 == 0) return;  // a zero row (padding) stays zero
+    const float f = static_cast<float>(sqrt(cond2) / sqrt(comb2));
+    for (std::int64_t c = 0; c < C; ++c) y[c] *= f;
+  });
+}
+
+namespace {
+// One block per row: max with its first index, then sum exp(l - max) in double (a tree over the
+// threads' strided partial sums), then dlogits when weight is given.
+__global__ void cross_entropy_rows(float* logits, std::int64_t ld, std::int64_t n, std::int64_t v0,
+                                   const std::int32_t* target, double* stats, const double* weight) {
+  __shared__ float best_v[kThreads];
+  __shared__ std::int64_t best_i[kThreads];
+  __shared__ double part[kThreads];
+  const std::int64_t row = blockIdx.x;
+  float* lg = logits + row * ld;
+  const int t = threadIdx.x;
+  float bv = -INFINITY;
+  std::int64_t bi = n;  // none yet
+  for (std::int64_t v = t; v < n; v += kThreads)
+    if (bi == n || lg[v] > bv) bv = lg[v], bi = v;  // strided: ascending v, so ties keep the first
+  best_v[t] = bv;
+  best_i[t] = bi;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (t < w) {
+      const float ov = best_v[t + w];
+      const std::int64_t oi = best_i[t + w];
+      if (oi < n && (best_i[t] == n || ov > best_v[t] || (ov == best_v[t] && oi < best_i[t]))) best_v[t] = ov, best_i[t] = oi;
+    }
+    __syncthreads();
+  }
+  const double mx = best_v[0];
+  double acc = 0;
+  for (std::int64_t v = t; v < n; v += kThreads) acc += exp(static_cast<double>(lg[v]) - mx);
+  part[t] = acc;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (t < w) part[t] += part[t + w];
+    __syncthreads();
+  }
+  const std::int64_t tg = target[row];
+  const double sum = part[0];
+  if (t == 0) {
+    double* st = stats + 4 * row;
+    st[0] = mx;
+    st[1] = sum;
+    st[2] = static_cast<double>(v0 + best_i[0]);
+    st[3] = tg >= v0 && tg < v0 + n ? static_cast<double>(lg[tg - v0]) : 0.0;
+  }
+  if (weight == nullptr) return;
+  __syncthreads();  // every thread has read the logits it needs
+  const double w = weight[row], lse = mx + log(sum);
+  for (std::int64_t v = t; v < n; v += kThreads)
+    lg[v] = static_cast<float>(w * (exp(static_cast<double>(lg[v]) - lse) - (v0 + v == tg ? 1.0 : 0.0)));
+}
+}  // namespace
+
+int cross_entropy(float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, std::int64_t v0, const std::int32_t* target,
+                  double* stats, const double* weight, Stream s) {
+  if (R <= 0 || n <= 0) return 0;
+  cross_entropy_rows<<<static_cast<unsigned>(R), kThreads, 0, st(s)>>>(logits, ld, n, v0, target, stats, weight);
+  return launched();
+}
+int cross_entropy_backward(float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, std::int64_t v0,
+                           const std::int32_t* target, const double* weight, const double* lse, Stream s) {
+  return launch_2d(R, n, s, [=] __device__(std::int64_t r, std::int64_t v) {
+    float& l = logits[r * ld + v];
+    l = static_cast<float>(weight[r] * (exp(static_cast<double>(l) - lse[r]) - (v0 + v == target[r] ? 1.0 : 0.0)));
+  });
+}
+
+namespace {
+constexpr float kE4M3Max = 448.f;
+// ops/fp8.hpp's e4m3_from_float / e4m3_to_float.
+__device__ inline std::uint8_t e4m3_code(float y) {
+  const unsigned bits = __float_as_uint(y);
+  const std::uint8_t sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
+  const float a = fabsf(y);
+  if (!(a < kE4M3Max)) return sign | 0x7Eu;
+  const unsigned ab = bits & 0x7FFFFFFFu;
+  if (ab < (121u << 23)) return sign | static_cast<std::uint8_t>(rintf(a * 512.f));
+  const unsigned r = (ab + 0x7FFFFu + ((ab >> 20) & 1u)) >> 20;
+  return sign | static_cast<std::uint8_t>(r - (120u << 3));
+}
+__device__ inline float e4m3_value(std::uint8_t c) {
+  const int e = (c >> 3) & 0xF, m = c & 7;
+  const float v = e == 15 && m == 7 ? __int_as_float(0x7fc00000) : e == 0 ? ldexpf(static_cast<float>(m), -9)
+                                                                          : ldexpf(static_cast<float>(8 + m), e - 10);
+  return (c & 0x80) ? -v : v;
+}
+}  // namespace
+
+int fp8_encode(const void* x, bool bf16, std::uint8_t* enc, std::int64_t n, std::int64_t d, Stream s) {
+  return launch_2d(1, n, s, [=] __device__(std::int64_t, std::int64_t b) {
+    const auto value = [&](std::int64_t i) {
+      return bf16 ? from_bf16(static_cast<const std::uint16_t*>(x)[b * d + i]) : static_cast<const float*>(x)[b * d + i];
+    };
+    float amax = 0.f;
+    for (std::int64_t i = 0; i < d; ++i) {  // NaN propagates: the block decodes to NaN
+      const float a = fabsf(value(i));
+      if (a > amax || isnan(a)) amax = a;
+    }
+    const float sc = amax / kE4M3Max;
+    std::uint8_t* e = enc + b * (d + 4);
+    const unsigned sb = __float_as_uint(sc);
+    for (int k = 0; k < 4; ++k) e[k] = static_cast<std::uint8_t>(sb >> (8 * k));  // little-endian f32, as memcpy
+    for (std::int64_t i = 0; i < d; ++i) e[4 + i] = sc == 0.f ? 0 : e4m3_code(value(i) / sc);
+  });
+}
+int fp8_decode(const std::uint8_t* enc, void* x, bool bf16, std::int64_t n, std::int64_t d, Stream s) {
+  return launch_2d(n, d, s, [=] __device__(std::int64_t b, std::int64_t i) {
+    const std::uint8_t* e = enc + b * (d + 4);
+    const float sc = __uint_as_float(static_cast<unsigned>(e[0]) | static_cast<unsigned>(e[1]) << 8 |
+                                     static_cast<unsigned>(e[2]) << 16 | static_cast<unsigned>(e[3]) << 24);
+    const float v = e4m3_value(e[4 + i]) * sc;
+    if (bf16)
+      static_cast<std::uint16_t*>(x)[b * d + i] = to_bf16(v);
+    else
+      static_cast<float*>(x)[b * d + i] = v;
+  });
+}
+
+int bias_add_rows(float* y, std::int64_t ldy, const float* b, std::int64_t M, std::int64_t N, Stream s) {
+  return launch_2d(M, N, s, [=] __device__(std::int64_t r, std::int64_t c) { y[r * ldy + c] += b[c]; });
+}
+
 }  // namespace diffcp::cuda

@@ -72,4 +72,41 @@ int scale_sumsq(float* x, std::int64_t n, double scale, double* out, Stream s);
 int adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, float b1, float b2, float step,
                float inv_sqrt_c2, float eps, float decay, Stream s);
 
+// ---- the rest of the op set: merges, rotations, row movement, V-Major, CFG, the loss, fp8 ----
+// The lse merge of P partial results (attention/merge.hpp); parts: device array [P] of
+// {o_p pointer, o_p row stride, lse_p pointer} as three int64 (pointers as integers):
+// o: [rows, heads, dim] (row stride ld) out, lse: [rows * heads] out. Parts summed in index order.
+int lse_merge(const std::int64_t* parts, std::int64_t P, float* o, std::int64_t ld, float* lse, std::int64_t rows,
+              std::int64_t heads, std::int64_t dim, Stream s);
+// Rotate-half RoPE in place (ops/rope.hpp): x: [rows, heads, d] contiguous; cs, sn: [rows, d/2]
+// (each row's position's table entries); sign -1: the inverse rotation.
+int rope(float* x, const float* cs, const float* sn, std::int64_t rows, std::int64_t heads, std::int64_t d, float sign,
+         Stream s);
+// The DiT's q/k RMSNorm (+ interleaved-pair RoPE): qkv: [rows, 3, heads, d] (row stride ld), the q
+// and k heads in place; q_scale, k_scale: [d]; cs, sn: [rows, d/2] or null (no rotation).
+int qk_norm_rope(float* qkv, std::int64_t ld, std::int64_t rows, std::int64_t heads, std::int64_t d, const float* q_scale,
+                 const float* k_scale, float eps, const float* cs, const float* sn, Stream s);
+// dst[i, :w] = src[idx[i], :w] (gather) or dst[idx[i], :w] = src[i, :w] (scatter), idx: device [n];
+// each element converted from src_bytes to dst_bytes (4 = f32, 2 = bf16 bits, 1 = u8: same sizes copy)
+int move_rows(const void* src, std::int64_t ld_src, int src_bytes, void* dst, std::int64_t ld_dst, int dst_bytes,
+              const std::int64_t* idx, std::int64_t n, std::int64_t w, bool scatter, Stream s);
+// out[r] = float(sum over g, then i, of |a - b| in double): a, b: [G, R, w] contiguous (bf16: bits)
+int l1_distance(const void* a, const void* b, bool bf16, float* out, std::int64_t G, std::int64_t R, std::int64_t w,
+                Stream s);
+// v: [rows, C] in place = neg + scale (v - neg), rescaled to v's norm per row when keep_norm
+int guidance_combine(float* v, const float* neg, float scale, bool keep_norm, std::int64_t rows, std::int64_t C, Stream s);
+// ops/loss.hpp's cross-entropy chunk: logits [R, n] (row stride ld); target: device [R];
+// stats: device [R, 4] out (max, sum exp(l - max), first argmax + v0, the target's logit or 0);
+// weight: device [R] or null: then logits become w (exp(l - lse) - [v0 + v == target]) in place.
+int cross_entropy(float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, std::int64_t v0, const std::int32_t* target,
+                  double* stats, const double* weight, Stream s);
+// logits [R, n] in place = w (exp(l - lse) - [v0 + v == target]); target, weight, lse: device [R]
+int cross_entropy_backward(float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, std::int64_t v0,
+                           const std::int32_t* target, const double* weight, const double* lse, Stream s);
+// ops/fp8.hpp's blocked e4m3 codec: x: [n, d] contiguous (bf16: bits), enc: [n, d + 4]
+int fp8_encode(const void* x, bool bf16, std::uint8_t* enc, std::int64_t n, std::int64_t d, Stream s);
+int fp8_decode(const std::uint8_t* enc, void* x, bool bf16, std::int64_t n, std::int64_t d, Stream s);
+// y: [M, N] (row stride ldy) += b[N] on every row
+int bias_add_rows(float* y, std::int64_t ldy, const float* b, std::int64_t M, std::int64_t N, Stream s);
+
 }  // namespace diffcp::cuda

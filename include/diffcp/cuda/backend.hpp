@@ -1,14 +1,18 @@
 // The CUDA backend (issue #55), built with -DDIFFCP_CUDA=ON (scripts/build.sh turns it on where
 // nvcc is found): one GPU, one stream, stream-ordered device memory (cudaMallocAsync), copies
 // through the stream, GEMMs through cuBLASLt (f32 with f32 compute: no TF32; bf16 operands with f32
-// accumulation), and element-wise kernels (src/cuda/kernels.cu: fill, convert, add, SiLU, GELU,
-// SwiGLU, bias add / backward, RMSNorm forward / backward, lse rescale / shift, attention's D,
-// gated add, LayerNorm-modulate, AdamW, the gradient scaling with its sum of squares). It implements the ops listed by supports(); every other op fails with
-// "backend 'cuda' does not support <op> on <dtype>", and the op harness (testing/op_harness.hpp)
-// skips the cases that use one. Memory it allocated is its device's (device_of: the pointer's CUDA
-// attributes), so communicators stage it through the host without being told. The DFlash
-// attention, RoPE, the DiT's glue and the NCCL communicator are the issue's next steps. None of it
-// has run on a GPU yet: the op harness on a lent H200 (scripts/gpu_check.sh) is the proof.
+// accumulation; dense_linear as a bf16 GEMM plus a bias pass), the block-sparse attention of
+// src/cuda/attention.cu (the DFlash mask and the DiT's dense attention, f32 / bf16 storage, f32
+// math; one warp per query row and head over the mask's visible ranges: a correctness-first
+// kernel, dK / dV by f32 atomics), and row kernels for every other op (src/cuda/kernels.cu: fill,
+// convert, add, SiLU, GELU, SwiGLU, bias, RMSNorm, RoPE, q/k-norm + RoPE, LayerNorm-modulate,
+// gated add, lse merge / rescale / shift, attention's D, gather / scatter rows, L1 distance,
+// guidance, cross-entropy, AdamW, gradient scaling, the fp8 codec). Host metadata an op takes (a
+// mask's visible ranges, row lists, RoPE table rows, targets) is staged in one copy per op through
+// pinned memory. pack_weight keeps the default (no packed layout). Every OpKind is supported in the
+// dtypes the CPU supports it. Memory it allocated is its device's (device_of: the pointer's CUDA
+// attributes), so communicators stage it through the host without being told. None of it has run
+// on a GPU yet: scripts/gpu_check.sh on a lent H200 is the proof (docs/gpu.md).
 #pragma once
 
 #include <string>
@@ -23,5 +27,8 @@ bool cuda_device_present(std::string* why = nullptr);
 // The CUDA backend on device 0, registered as "cuda" at the first call; an error naming why when
 // cuda_device_present() is false.
 Backend& cuda_backend();
+// The backend's one stream, as a cudaStream_t (opens the backend as cuda_backend() does): what
+// runs on it is ordered with every op of the backend (the NCCL communicator issues there).
+void* cuda_stream();
 
 }  // namespace diffcp

@@ -1,0 +1,43 @@
+// The CUDA backend's block-sparse attention (attention.cu): the DFlash mask of attention/mask.hpp
+// (and the DiT's dense attention, which is the same mask with one block per image), forward and
+// backward, f32 or bf16 storage with f32 math all through (scores, softmax, P and dS never
+// rounded; lse and delta f32). Plain C++ arguments, as kernels.hpp.
+//
+// Work follows the mask: a warp per (query row, query head) walks only its block's visible key
+// ranges (the plan below), 32 keys at a time, and masks a KeyWindow's edge per key. This is the
+// correctness-first kernel (no tensor cores); the backward accumulates dk and dv with f32 atomics
+// (their summation order is not fixed, so they agree with the CPU to rounding, not bit for bit).
+#pragma once
+
+#include <cstdint>
+
+namespace diffcp::cuda {
+
+using Stream = void*;  // cudaStream_t
+
+// The mask as the kernels read it, one int64 array in device memory (made by the backend from a
+// BlockMask): [anchor: N][range_offset: N + 1][ranges: R x 3], where block i's query slot r sits
+// at position anchor[i] + r, and its visible key ranges are ranges[range_offset[i] ..
+// range_offset[i + 1]), each {first local key row, end row, position of the first row}.
+struct AttentionDims {
+  std::int64_t Q = 0, n_q = 0, n_kv = 0, d = 0, B = 0, N = 0;  // d <= kMaxHeadDim
+  std::int64_t window = 0;  // KeyWindow (attention/mask.hpp): 0 = unbounded
+  bool causal = false;
+  float scale = 0;  // the softmax scale (> 0)
+  // row strides (elements) of q, k, v, o / do, dq, dk, dv: head h of row r at x + r * ld + h * d
+  std::int64_t ld_q = 0, ld_k = 0, ld_v = 0, ld_o = 0, ld_do = 0, ld_dq = 0, ld_dk = 0, ld_dv = 0;
+};
+inline constexpr std::int64_t kMaxHeadDim = 256;
+
+// q: [Q, n_q, d]  k, v: [L_k, n_kv, d]  o: [Q, n_q, d] out  lse: [Q * n_q] out (natural log; -inf
+// and o = 0 for a row that sees no key). bf16: element pointers hold bf16 bits.
+int attention_forward(bool bf16, const void* q, const void* k, const void* v, void* o, float* lse,
+                      const std::int64_t* plan, const AttentionDims& a, Stream s);
+// q, do_: [Q, n_q, d]  k, v: [L_k, n_kv, d]  lse, delta: [Q * n_q] (global)
+// dq: [Q, n_q, d] out  dk_acc, dv_acc: [L_k, n_kv, d] f32, zeroed by the caller, += (row strides
+// a.ld_dk, a.ld_dv: the f32 outputs themselves, or f32 scratch that the caller rounds to bf16).
+int attention_backward(bool bf16, const void* q, const void* k, const void* v, const void* do_, const float* lse,
+                       const float* delta, void* dq, float* dk_acc, float* dv_acc, const std::int64_t* plan,
+                       const AttentionDims& a, Stream s);
+
+}  // namespace diffcp::cuda
