@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh prepare | run OUT | rehearse OUT   (issue #55: diffcp on a lent GPU)
+# scripts/gpu_check.sh prepare | run OUT [checks|bench|all] | rehearse OUT   (issue #55: diffcp on a lent GPU)
 #
 #   prepare   (here, on a build machine with nvcc): builds everything (scripts/build.sh all turns
 #             DIFFCP_CUDA on where nvcc is found) and packs gpu_check/bundle.tar.gz (ignored by
@@ -7,7 +7,8 @@
 #             CUDA image lacks (Open MPI 4.1, oneDNN 2.6 and what they load), unpacked with
 #             `dpkg -x` into a prefix. cuBLASLt and NCCL are not packed: the device's PyTorch venv
 #             brings them (the build links against the toolkit's, no newer than the venv's).
-#   run OUT   (on the device machine, from the repository root; <= 8 minutes): unpacks the bundle,
+#   run OUT [checks|bench|all]  (on the device machine, from the repository root; checks (steps
+#             1-5) in about 5 minutes, bench (step 6) in about 8; all: both): unpacks the bundle,
 #             points Open MPI at its prefix (OPAL_PREFIX, no ssh), then, each step bounded and
 #             logged into OUT (a failed step fails the run, the rest still run):
 #               1. the machine: GPU, driver, what the programs load (ldd), mpirun;
@@ -24,7 +25,9 @@
 #               6. benchmarks (JSON lines in OUT/bench.jsonl): the block-sparse attention on the
 #                  DFlash workload (bench_device_attention: 2 x 32k context, 64 anchors x 16, 32 x
 #                  128 heads, GQA 8, bf16) against PyTorch's FlexAttention and SDPA on the same mask
-#                  (bench/bench_gpu_peers.py), and `diffcp train` steps on cuda vs cpu.
+#                  (bench/bench_gpu_peers.py); one DiT step at FLUX.1's width, bf16, against diffusers'
+#                  FluxTransformer2DModel eager and compiled (bench/bench_gpu_dit.py; diffusers from
+#                  carried wheels); `diffcp dit` over NCCL at P = 1; `diffcp train` steps on cuda vs cpu.
 #             Exit status: non-zero if a check failed.
 #   rehearse OUT  (here): `run` in a mount namespace where this machine's own Open MPI and oneDNN
 #             are hidden, so the bundle must bring them; the GPU steps skip, saying why.
@@ -54,8 +57,15 @@ case "${1:-}" in
     for d in "$stage"/debs/*.deb; do dpkg -x "$d" "$stage/prefix"; done
     rm -rf "$stage/debs" "$stage/prefix/usr/share/doc" "$stage/prefix/usr/share/man"
     ln -sf orterun "$stage/prefix/usr/bin/mpirun"  # the alternatives link dpkg -x does not make
+    # diffusers for the DiT comparison (the device image has PyTorch, not diffusers), and the
+    # versions of its pins the image may lack (pip download: wheels, no dependencies).
+    mkdir -p "$stage/wheels"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d "$stage/wheels" diffusers importlib_metadata huggingface_hub safetensors ||
+      { echo "gpu_check: pip download of the diffusers wheels failed" >&2; exit 1; }
     rm -rf "$bundle" && mkdir -p "$bundle"
-    tar -C "$stage" -czf "$bundle/bundle.tar.gz" bin prefix
+    tar -C "$stage" -czf "$bundle/bundle.tar.gz" bin prefix wheels
     grep -qx '/gpu_check/' .gitignore || echo '/gpu_check/' >> .gitignore
     du -sh "$bundle" | awk '{print "gpu_check: prepared " $1 " in gpu_check/ (carry it)"}'
     ;;
@@ -71,9 +81,12 @@ case "${1:-}" in
       exec "$0" run "$1"' "$0" "$out"
     ;;
   run)
-    out=${2:?usage: gpu_check.sh run OUT}
+    out=${2:?usage: gpu_check.sh run OUT [checks|bench|all]}
+    what=${3:-all}
+    case "$what" in checks | bench | all) ;; *) echo "gpu_check: run OUT [checks|bench|all], not '$what'" >&2; exit 2 ;; esac
     mkdir -p "$out"
     out=$(cd "$out" && pwd)
+    SECONDS=0
     [ -f "$bundle/bundle.tar.gz" ] ||
       { echo "gpu_check: no $bundle/bundle.tar.gz: run 'scripts/gpu_check.sh prepare' first, and carry $bundle" >&2; exit 1; }
     root=$(mktemp -d /tmp/diffcp_gpu.XXXX)
@@ -107,9 +120,14 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
     mpi=(mpirun --bind-to none -np)  # + the rank count, the program
     failed=()
     # step NAME SECONDS CMD...: runs CMD bounded, output into OUT/NAME.log and the log's tail.
+    # The whole run stays inside GPU_CHECK_BUDGET_S (default 540 s: a device call's 600 s less the
+    # unpacking and the copy back): a step gets at most what is left, and none starts with < 15 s.
+    budget=${GPU_CHECK_BUDGET_S:-540}
     step() {
       local name=$1 secs=$2; shift 2
-      local t0=$SECONDS rc
+      local t0=$SECONDS rc left=$((budget - SECONDS))
+      if [ $left -lt 15 ]; then say "$name: skipped (the run's budget of $budget s is spent)"; failed+=("$name"); return; fi
+      [ "$secs" -gt $left ] && secs=$left
       timeout -k 10 "$secs" "$@" >"$out/$name.log" 2>&1
       rc=$?
       say "$name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (timed out)')"
@@ -127,21 +145,23 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
     grep -qF '=> not found' "$out/machine.log" && { say "missing libraries:"; grep -F '=> not found' "$out/machine.log" | tee -a "$log"; }
     gpu=1
     command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1 || { gpu=0; say "no GPU here (nvidia-smi failed): the GPU steps skip, saying why"; }
+    if [ "$what" != bench ]; then
     step mpi_cpu_np2 60 "${mpi[@]}" 2 "$bin/diffcp" attn --check --json --reps 1  # Open MPI from the bundle, on the CPU
     step op_harness 120 "$bin/test_backend_ops" --gtest_output="xml:$out/test_backend_ops.xml"
     [ $gpu = 1 ] && step op_harness_perf 120 "$bin/bench_backend_ops" --backend cuda --perf --reps 10
     if [ $gpu = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
-      step memcheck 240 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 "$bin/bench_backend_ops" --backend cuda
+      step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/bench_backend_ops" --backend cuda
     else
       say "memcheck: skipped (no GPU or no compute-sanitizer)"
     fi
     export DIFFCP_TEST_DEVICE=cuda
-    for np in 1 2 4; do step "cp_methods_np$np" 150 "${mpi[@]}" "$np" "$bin/test_cp_guard" --gtest_brief=1; done
-    for np in 1 2 4; do step "dit_np$np" 150 "${mpi[@]}" "$np" "$bin/test_dit_guard" --gtest_brief=1; done
-    for np in 1 2; do step "drafter_np$np" 150 "${mpi[@]}" "$np" "$bin/test_drafter_guard" --gtest_brief=1; done
+    for np in 1 2 4; do step "cp_methods_np$np" 60 "${mpi[@]}" "$np" "$bin/test_cp_guard" --gtest_brief=1; done
+    for np in 1 2 4; do step "dit_np$np" 60 "${mpi[@]}" "$np" "$bin/test_dit_guard" --gtest_brief=1; done
+    for np in 1 2; do step "drafter_np$np" 90 "${mpi[@]}" "$np" "$bin/test_drafter_guard" --gtest_brief=1; done
     unset DIFFCP_TEST_DEVICE
     step nccl_np1 60 "${mpi[@]}" 1 "$bin/test_nccl_comm" --gtest_brief=1
-    if [ $gpu = 1 ]; then  # benchmarks: JSON lines
+    fi
+    if [ $gpu = 1 ] && [ "$what" != checks ]; then  # benchmarks: JSON lines
       # The forward on the whole workload; forward + backward at 4k context (the backward's dK / dV
       # atomics make the first kernel's backward slow at 32k: bounded here, stated in RESULTS).
       wl=(--samples 2 --anchors 64 --block 16 --n-q 32 --n-kv 8 --d-h 128 --dtype bf16 --json)
@@ -152,15 +172,24 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
       for c in 32k 4k; do
         step "attention_peers_$c" 150 python3 bench/bench_gpu_peers.py --mask "$out/mask_$c.json" --n-q 32 --n-kv 8 --d-h 128 --reps 10
       done
+      # The DiT step at FLUX.1's width (1 double + 2 single blocks, 1024^2, bf16) vs diffusers'.
+      if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$root/site" "$root"/wheels/*.whl \
+          >"$out/wheels.log" 2>&1; then
+        step dit_flux_width 300 env PYTHONPATH="$root/site${PYTHONPATH:+:$PYTHONPATH}" python3 bench/bench_gpu_dit.py \
+          --diffcp "$bin/diffcp" --reps 5 --compile
+      else
+        say "dit_flux_width: the diffusers wheels did not install (wheels.log)"; failed+=(wheels)
+      fi
+      step dit_nccl_np1 120 "${mpi[@]}" 1 "$bin/diffcp" --backend cuda --comm nccl dit --steps 3 --resolution 256 --json --out ""
       for b in cuda cpu; do
         step "train_$b" 120 "${mpi[@]}" 1 "$bin/diffcp" --backend "$b" train --steps 6 --context 2048 --eval-every 0 \
           --log "$out/train_$b.jsonl" --no-progress
       done
-      grep -h '^{' "$out"/attention_*.log >"$out/bench.jsonl" 2>/dev/null || true
+      grep -h '^{' "$out"/attention_*.log "$out"/dit_flux_width.log >"$out/bench.jsonl" 2>/dev/null || true
     fi
     rm -rf "$root"
     if [ ${#failed[@]} = 0 ]; then say "passed"; else say "FAILED: ${failed[*]}"; fi
     [ ${#failed[@]} = 0 ]
     ;;
-  *) sed -n '2,36p' "$0"; exit 2 ;;
+  *) sed -n '2,40p' "$0"; exit 2 ;;
 esac

@@ -125,10 +125,12 @@ __global__ void __launch_bounds__(kWarps * kLanes)
   if (lane == 0) lse[it.row * a.n_q + it.head] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
 }
 
+// dQ of one (query row, head): the forward's walk, with P = 2^(c q.k - lse log2 e) from the global
+// lse and dS = P (dP - D); dQ = scale sum dS k.
 template <typename T>
 __global__ void __launch_bounds__(kWarps * kLanes)
-    backward_kernel(AttentionDims a, const T* q, const T* k, const T* v, const T* dout, const float* lse,
-                    const float* delta, T* dq, float* dk, float* dv, const std::int64_t* plan) {
+    dq_kernel(AttentionDims a, const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta,
+              T* dq, const std::int64_t* plan) {
   extern __shared__ float smem[];  // [kWarps, 2, d]: each warp's query row and dO row
   Item it;
   if (!item_of(a, plan, it)) return;
@@ -153,34 +155,98 @@ __global__ void __launch_bounds__(kWarps * kLanes)
     for (std::int64_t j0 = begin; j0 < end; j0 += kLanes) {
       const std::int64_t j = j0 + lane;
       const bool valid = j < end && sees(a, it.qpos, pos + (j - begin));
-      float p = 0.f, ds = 0.f;
+      float ds = 0.f;
       if (valid) {
-        p = exp2f(c * dot(qs, k + j * a.ld_k + it.kvh * d, d) - lse2);
+        const float p = exp2f(c * dot(qs, k + j * a.ld_k + it.kvh * d, d) - lse2);
         ds = p * (dot(dos, v + j * a.ld_v + it.kvh * d, d) - D);  // dS = P (dP - D)
       }
       const int n = static_cast<int>(end - j0 < kLanes ? end - j0 : kLanes);
       for (int t = 0; t < n; ++t) {
-        const float pt = __shfl_sync(kFull, p, t), dst = __shfl_sync(kFull, ds, t);
-        if (pt == 0.f && dst == 0.f) continue;  // the warp agrees
-        const std::int64_t kr = j0 + t;
-        const T* krow = k + kr * a.ld_k + it.kvh * d;
-        float* dkr = dk + kr * a.ld_dk + it.kvh * d;
-        float* dvr = dv + kr * a.ld_dv + it.kvh * d;
+        const float dst = __shfl_sync(kFull, ds, t);
+        if (dst == 0.f) continue;  // the warp agrees
+        const T* krow = k + (j0 + t) * a.ld_k + it.kvh * d;
 #pragma unroll
-        for (int e = 0; e < kMaxPerLane; ++e) {
-          const std::int64_t x = lane + e * kLanes;
-          if (x < d) {
-            acc[e] += dst * load(krow, x);         // dQ += scale dS K
-            atomicAdd(dkr + x, a.scale * dst * qs[x]);  // dK += scale dS^T q
-            atomicAdd(dvr + x, pt * dos[x]);        // dV += P^T dO
-          }
-        }
+        for (int e = 0; e < kMaxPerLane; ++e)
+          if (lane + e * kLanes < d) acc[e] += dst * load(krow, lane + e * kLanes);
       }
     }
   }
 #pragma unroll
   for (int e = 0; e < kMaxPerLane; ++e)
     if (lane + e * kLanes < d) store(dq, it.row * a.ld_dq + it.head * d + lane + e * kLanes, a.scale * acc[e]);
+}
+
+// dK, dV of one (key row j, kv head h): the blocks that see the key (the key plan), 32 of a block's
+// G B query rows at a time, lane t scoring its row against the key (P and dS as dq_kernel), then
+// the lanes own the head's dimensions: dV = sum P dO, dK = scale sum dS q.
+template <typename T>
+__global__ void __launch_bounds__(kWarps * kLanes)
+    dkdv_kernel(AttentionDims a, const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta,
+                T* dk, T* dv, const std::int64_t* plan, const std::int64_t* key_plan) {
+  extern __shared__ float smem[];  // [kWarps, 2, d]: each warp's K row and V row
+  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / kLanes;
+  if (item >= a.L_k * a.n_kv) return;  // whole warps only
+  const std::int64_t j = item / a.n_kv, h = item % a.n_kv, d = a.d, G = a.n_q / a.n_kv, GB = G * a.B;
+  const int lane = threadIdx.x % kLanes;
+  float* ks = smem + (threadIdx.x / kLanes) * 2 * d;
+  float* vs = ks + d;
+  for (std::int64_t e = lane; e < d; e += kLanes) {
+    ks[e] = load(k, j * a.ld_k + h * d + e);
+    vs[e] = load(v, j * a.ld_v + h * d + e);
+  }
+  __syncwarp();
+  float acc_k[kMaxPerLane], acc_v[kMaxPerLane];  // dK / scale, dV
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) acc_k[e] = acc_v[e] = 0.f;
+  // The segment holding row j: the first whose end is past j.
+  const std::int64_t n_seg = key_plan[0];
+  const std::int64_t* seg = key_plan + 1;
+  const std::int64_t* blocks = seg + 5 * n_seg;
+  std::int64_t lo = 0, hi = n_seg;
+  while (lo < hi) {
+    const std::int64_t mid = (lo + hi) / 2;
+    if (seg[5 * mid + 1] <= j) lo = mid + 1;
+    else hi = mid;
+  }
+  const float c = a.scale * kLog2e;
+  if (lo < n_seg && seg[5 * lo] <= j) {
+    const std::int64_t* sg = seg + 5 * lo;
+    const std::int64_t y = sg[2] + (j - sg[0]);  // the key's position
+    for (std::int64_t b = sg[3]; b < sg[3] + sg[4]; ++b) {
+      const std::int64_t i = blocks[b], anchor = plan[i];
+      for (std::int64_t t0 = 0; t0 < GB; t0 += kLanes) {
+        const std::int64_t t = t0 + lane;  // tile row t = g B + r: query row i B + r, head h G + g
+        float p = 0.f, ds = 0.f;
+        if (t < GB && sees(a, anchor + t % a.B, y)) {
+          const std::int64_t row = i * a.B + t % a.B, head = h * G + t / a.B, st = row * a.n_q + head;
+          const float l0 = lse[st];
+          const float lse2 = isfinite(l0) ? l0 * kLog2e : INFINITY;
+          p = exp2f(c * dot(ks, q + row * a.ld_q + head * d, d) - lse2);
+          ds = p * (dot(vs, dout + row * a.ld_do + head * d, d) - delta[st]);
+        }
+        const int n = static_cast<int>(GB - t0 < kLanes ? GB - t0 : kLanes);
+        for (int u = 0; u < n; ++u) {
+          const float pu = __shfl_sync(kFull, p, u), dsu = __shfl_sync(kFull, ds, u);
+          if (pu == 0.f && dsu == 0.f) continue;  // the warp agrees
+          const std::int64_t tu = t0 + u, row = i * a.B + tu % a.B, head = h * G + tu / a.B;
+          const T* qr = q + row * a.ld_q + head * d;
+          const T* dor = dout + row * a.ld_do + head * d;
+#pragma unroll
+          for (int e = 0; e < kMaxPerLane; ++e)
+            if (lane + e * kLanes < d) {
+              acc_k[e] += dsu * load(qr, lane + e * kLanes);
+              acc_v[e] += pu * load(dor, lane + e * kLanes);
+            }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e)
+    if (lane + e * kLanes < d) {
+      store(dk, j * a.ld_dk + h * d + lane + e * kLanes, a.scale * acc_k[e]);
+      store(dv, j * a.ld_dv + h * d + lane + e * kLanes, acc_v[e]);
+    }
 }
 
 unsigned ctas(const AttentionDims& a) { return static_cast<unsigned>((a.Q * a.n_q + kWarps - 1) / kWarps); }
@@ -203,20 +269,34 @@ int attention_forward(bool bf16, const void* q, const void* k, const void* v, vo
 }
 
 int attention_backward(bool bf16, const void* q, const void* k, const void* v, const void* do_, const float* lse,
-                       const float* delta, void* dq, float* dk_acc, float* dv_acc, const std::int64_t* plan,
-                       const AttentionDims& a, Stream s) {
-  if (a.Q * a.n_q == 0) return 0;
+                       const float* delta, void* dq, void* dk, void* dv, const std::int64_t* plan,
+                       const std::int64_t* key_plan, const AttentionDims& a, Stream s) {
   const std::size_t smem = sizeof(float) * kWarps * 2 * static_cast<std::size_t>(a.d);
   const auto st = static_cast<cudaStream_t>(s);
-  if (bf16)
-    backward_kernel<std::uint16_t><<<ctas(a), kWarps * kLanes, smem, st>>>(
-        a, static_cast<const std::uint16_t*>(q), static_cast<const std::uint16_t*>(k),
-        static_cast<const std::uint16_t*>(v), static_cast<const std::uint16_t*>(do_), lse, delta,
-        static_cast<std::uint16_t*>(dq), dk_acc, dv_acc, plan);
-  else
-    backward_kernel<float><<<ctas(a), kWarps * kLanes, smem, st>>>(
-        a, static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
-        static_cast<const float*>(do_), lse, delta, static_cast<float*>(dq), dk_acc, dv_acc, plan);
+  const unsigned key_ctas = static_cast<unsigned>((a.L_k * a.n_kv + kWarps - 1) / kWarps);
+  using U = std::uint16_t;
+  if (a.Q * a.n_q > 0) {
+    if (bf16)
+      dq_kernel<U><<<ctas(a), kWarps * kLanes, smem, st>>>(a, static_cast<const U*>(q), static_cast<const U*>(k),
+                                                           static_cast<const U*>(v), static_cast<const U*>(do_), lse,
+                                                           delta, static_cast<U*>(dq), plan);
+    else
+      dq_kernel<float><<<ctas(a), kWarps * kLanes, smem, st>>>(
+          a, static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
+          static_cast<const float*>(do_), lse, delta, static_cast<float*>(dq), plan);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
+  }
+  if (key_ctas > 0) {
+    if (bf16)
+      dkdv_kernel<U><<<key_ctas, kWarps * kLanes, smem, st>>>(a, static_cast<const U*>(q), static_cast<const U*>(k),
+                                                              static_cast<const U*>(v), static_cast<const U*>(do_), lse,
+                                                              delta, static_cast<U*>(dk), static_cast<U*>(dv), plan,
+                                                              key_plan);
+    else
+      dkdv_kernel<float><<<key_ctas, kWarps * kLanes, smem, st>>>(
+          a, static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
+          static_cast<const float*>(do_), lse, delta, static_cast<float*>(dk), static_cast<float*>(dv), plan, key_plan);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -4,9 +4,10 @@
 // rounded; lse and delta f32). Plain C++ arguments, as kernels.hpp.
 //
 // Work follows the mask: a warp per (query row, query head) walks only its block's visible key
-// ranges (the plan below), 32 keys at a time, and masks a KeyWindow's edge per key. This is the
-// correctness-first kernel (no tensor cores); the backward accumulates dk and dv with f32 atomics
-// (their summation order is not fixed, so they agree with the CPU to rounding, not bit for bit).
+// ranges (the plan below), 32 keys at a time, and masks a KeyWindow's edge per key (forward, and
+// the backward's dQ); a warp per (key row, kv head) walks the blocks that see its key (the key
+// plan) for dK and dV: no atomics, every output written once, deterministic. This is the
+// correctness-first kernel (SIMT f32 math, no tensor cores).
 #pragma once
 
 #include <cstdint>
@@ -19,8 +20,13 @@ using Stream = void*;  // cudaStream_t
 // BlockMask): [anchor: N][range_offset: N + 1][ranges: R x 3], where block i's query slot r sits
 // at position anchor[i] + r, and its visible key ranges are ranges[range_offset[i] ..
 // range_offset[i + 1]), each {first local key row, end row, position of the first row}.
+//
+// The key plan (backward), one int64 array in device memory: [S][segments: S x 5][blocks], where
+// segment s = {first key row, end row, position of the first row, first entry in blocks, count}
+// covers key rows that the same blocks see (blocks[first .. first + count)); segments are sorted
+// by row and disjoint; a key row in no segment is seen by no query (its dK, dV are 0).
 struct AttentionDims {
-  std::int64_t Q = 0, n_q = 0, n_kv = 0, d = 0, B = 0, N = 0;  // d <= kMaxHeadDim
+  std::int64_t Q = 0, L_k = 0, n_q = 0, n_kv = 0, d = 0, B = 0, N = 0;  // d <= kMaxHeadDim
   std::int64_t window = 0;  // KeyWindow (attention/mask.hpp): 0 = unbounded
   bool causal = false;
   float scale = 0;  // the softmax scale (> 0)
@@ -34,10 +40,9 @@ inline constexpr std::int64_t kMaxHeadDim = 256;
 int attention_forward(bool bf16, const void* q, const void* k, const void* v, void* o, float* lse,
                       const std::int64_t* plan, const AttentionDims& a, Stream s);
 // q, do_: [Q, n_q, d]  k, v: [L_k, n_kv, d]  lse, delta: [Q * n_q] (global)
-// dq: [Q, n_q, d] out  dk_acc, dv_acc: [L_k, n_kv, d] f32, zeroed by the caller, += (row strides
-// a.ld_dk, a.ld_dv: the f32 outputs themselves, or f32 scratch that the caller rounds to bf16).
+// dq: [Q, n_q, d] out  dk, dv: [L_k, n_kv, d] out (all in the storage dtype; rows a.L_k).
 int attention_backward(bool bf16, const void* q, const void* k, const void* v, const void* do_, const float* lse,
-                       const float* delta, void* dq, float* dk_acc, float* dv_acc, const std::int64_t* plan,
-                       const AttentionDims& a, Stream s);
+                       const float* delta, void* dq, void* dk, void* dv, const std::int64_t* plan,
+                       const std::int64_t* key_plan, const AttentionDims& a, Stream s);
 
 }  // namespace diffcp::cuda

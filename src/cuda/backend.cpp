@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention.hpp"
@@ -15,6 +16,7 @@
 #include "diffcp/core/half.hpp"
 #include "diffcp/ops/rope.hpp"
 #include "kernels.hpp"
+#include "plan.hpp"
 
 namespace diffcp {
 
@@ -245,49 +247,39 @@ class CudaBackend final : public Backend {
     check_heads("o", o, a.Q, a.n_q, a.d);
     check_stats("lse", lse, a);
     a.ld_o = o.stride[0];
+    cuda::attention_plan(mask, plan_host_);
+    HostArgs h;
+    h.add(std::span<const std::int64_t>(plan_host_));
     launched(cuda::attention_forward(q.dtype == DType::bf16, q.data, k.data, v.data, o.data, lse.ptr<float>(),
-                                     attention_plan(mask), a, stream_),
+                                     static_cast<const std::int64_t*>(upload(h)), a, stream_),
              "attention_forward");
   }
   void attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
                           ConstTensorView do_, ConstTensorView lse, ConstTensorView delta, TensorView dq, TensorView dk,
                           TensorView dv, float softmax_scale) override {
     cuda::AttentionDims a = attention_dims(mask, q, k, v, softmax_scale);
-    const std::int64_t Lk = k.size(0);
     check_heads("do", do_, a.Q, a.n_q, a.d);
     check_heads("dq", dq, a.Q, a.n_q, a.d);
-    check_heads("dk", dk, Lk, a.n_kv, a.d);
-    check_heads("dv", dv, Lk, a.n_kv, a.d);
+    check_heads("dk", dk, a.L_k, a.n_kv, a.d);
+    check_heads("dv", dv, a.L_k, a.n_kv, a.d);
     check_stats("lse", lse, a);
     check_stats("delta", delta, a);
     a.ld_do = do_.stride[0];
     a.ld_dq = dq.stride[0];
-    // dk, dv: f32 sums over the query rows that see a key, in place (f32) or in scratch rounded
-    // once to bf16 at the end (as the CPU's kernel).
-    const bool bf16 = q.dtype == DType::bf16;
-    const std::int64_t w = a.n_kv * a.d;
-    const std::size_t scratch = bf16 ? sizeof(float) * static_cast<std::size_t>(Lk * w) : 0;
-    float* dk_acc = bf16 ? static_cast<float*>(allocate(scratch)) : dk.ptr<float>();
-    float* dv_acc = bf16 ? static_cast<float*>(allocate(scratch)) : dv.ptr<float>();
-    a.ld_dk = bf16 ? w : dk.stride[0];
-    a.ld_dv = bf16 ? w : dv.stride[0];
-    const auto zero = [&](float* x, std::int64_t ld) {
-      if (Lk > 0)
-        cuda_ok(cudaMemset2DAsync(x, sizeof(float) * ld, 0, sizeof(float) * w, Lk, stream_), "cudaMemset2DAsync");
-    };
-    zero(dk_acc, a.ld_dk);
-    zero(dv_acc, a.ld_dv);
-    launched(cuda::attention_backward(bf16, q.data, k.data, v.data, do_.data, lse.ptr<float>(), delta.ptr<float>(), dq.data,
-                                      dk_acc, dv_acc, attention_plan(mask), a, stream_),
+    a.ld_dk = dk.stride[0];
+    a.ld_dv = dv.stride[0];
+    // The forward plan (dQ) and the key plan (dK, dV) in one copy.
+    cuda::attention_plan(mask, plan_host_);
+    cuda::attention_key_plan(mask, plan_host_, key_plan_host_);
+    HostArgs h;
+    h.add(std::span<const std::int64_t>(plan_host_));
+    const std::size_t key_at = h.add(std::span<const std::int64_t>(key_plan_host_));
+    const auto* base = static_cast<const unsigned char*>(upload(h));
+    launched(cuda::attention_backward(q.dtype == DType::bf16, q.data, k.data, v.data, do_.data, lse.ptr<float>(),
+                                      delta.ptr<float>(), dq.data, dk.data, dv.data,
+                                      reinterpret_cast<const std::int64_t*>(base),
+                                      reinterpret_cast<const std::int64_t*>(base + key_at), a, stream_),
              "attention_backward");
-    if (bf16) {
-      launched(cuda::convert_f32_bf16(dk_acc, w, static_cast<std::uint16_t*>(dk.data), dk.stride[0], Lk, w, stream_),
-               "attention_backward (dk)");
-      launched(cuda::convert_f32_bf16(dv_acc, w, static_cast<std::uint16_t*>(dv.data), dv.stride[0], Lk, w, stream_),
-               "attention_backward (dv)");
-      deallocate(dk_acc, scratch);
-      deallocate(dv_acc, scratch);
-    }
   }
   void lse_merge(std::span<const ConstTensorView> o_parts, std::span<const ConstTensorView> lse_parts, TensorView o,
                  TensorView lse) override {
@@ -317,12 +309,16 @@ class CudaBackend final : public Backend {
                  "cuda: rope: x ", x.describe(), ", ", positions.size(), " positions, table d_h ", table.d_h());
     // Each row's table entries, gathered here (the table is host memory) and staged in one copy.
     const std::int64_t half = table.d_h() / 2;
-    HostArgs h;
+    std::vector<float> rows;  // [2, rows, half]: the cos rows, then the sin rows
+    rows.reserve(static_cast<std::size_t>(2 * x.size(0) * half));
     for (const bool sine : {false, true})
       for (const std::int64_t pos : positions) {
         DIFFCP_CHECK(pos >= 0 && pos < table.max_pos(), "cuda: rope: position ", pos, " outside [0, ", table.max_pos(), ")");
-        h.add(std::span<const float>(sine ? table.sin(pos) : table.cos(pos), static_cast<std::size_t>(half)));
+        const float* r = sine ? table.sin(pos) : table.cos(pos);
+        rows.insert(rows.end(), r, r + half);
       }
+    HostArgs h;
+    h.add(std::span<const float>(rows));
     const auto* cs = static_cast<const float*>(upload(h));
     launched(cuda::rope(x.ptr<float>(), cs, cs + x.size(0) * half, x.size(0), x.size(1), x.size(2), inverse ? -1.f : 1.f,
                         stream_),
@@ -468,14 +464,40 @@ class CudaBackend final : public Backend {
     lt_ok(cublasLtMatrixLayoutCreate(&la, ab, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb), "layout A");
     lt_ok(cublasLtMatrixLayoutCreate(&lb, ab, g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda), "layout B");
     lt_ok(cublasLtMatrixLayoutCreate(&lc, c, g.N, g.M, g.ldc), "layout C");
+    // The algorithm for these pointers' alignment (a column slice of a weight may be 16-byte aligned
+    // only; cuBLASLt's implicit choice assumes its default, 256).
+    cublasLtMatmulPreference_t pref = nullptr;
+    lt_ok(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    const std::uint64_t ws = kWorkspace;
+    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
+    const std::uint32_t al_a = alignment(g.B), al_b = alignment(g.A), al_c = alignment(g.C);
+    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a), "align A");
+    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b), "align B");
+    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c), "align C");
+    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c), "align D");
+    cublasLtMatmulHeuristicResult_t best{};
+    int found = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, lc, lc, pref, 1, &best, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
     const float alpha = g.alpha, beta = g.beta;
-    const cublasStatus_t s = cublasLtMatmul(lt_, desc, &alpha, g.B, la, g.A, lb, &beta, g.C, lc, g.C, lc, nullptr,
-                                            workspace_, kWorkspace, stream_);
+    const cublasStatus_t s = hs != CUBLAS_STATUS_SUCCESS || found < 1
+                                 ? hs
+                                 : cublasLtMatmul(lt_, desc, &alpha, g.B, la, g.A, lb, &beta, g.C, lc, g.C, lc, &best.algo,
+                                                  workspace_, kWorkspace, stream_);
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatmulDescDestroy(desc);
+    DIFFCP_CHECK(hs != CUBLAS_STATUS_SUCCESS || found > 0, "cuda: cublasLt: no algorithm for gemm M ", g.M, " N ", g.N,
+                 " K ", g.K, " (", dtype_name(g.dtype), ")");
     lt_ok(s, "matmul");
+  }
+  // The largest power of two (<= 256) that divides the address: cuBLASLt's alignment preference.
+  static std::uint32_t alignment(const void* p) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::uint32_t r = 256;
+    while (r > 1 && a % r != 0) r /= 2;
+    return r;
   }
 
  private:
@@ -495,6 +517,7 @@ class CudaBackend final : public Backend {
     DIFFCP_CHECK(q.rank == 3 && k.rank == 3, "cuda: attention: q ", q.describe(), ", k ", k.describe(), " (rank 3 expected)");
     cuda::AttentionDims a;
     a.Q = mask.query_rows();
+    a.L_k = mask.key_rows();
     a.N = mask.num_blocks();
     a.B = mask.block();
     a.n_q = q.size(1);
@@ -514,23 +537,6 @@ class CudaBackend final : public Backend {
     a.ld_v = v.stride[0];
     return a;
   }
-  // The mask as attention.hpp's plan, in device memory (reused across calls: the copy is ordered
-  // after the kernels that read the previous plan).
-  const std::int64_t* attention_plan(const BlockMask& mask) {
-    const std::int64_t N = mask.num_blocks();
-    plan_host_.assign(static_cast<std::size_t>(2 * N + 1), 0);
-    for (std::int64_t i = 0; i < N; ++i) {
-      plan_host_[static_cast<std::size_t>(i)] = mask.blocks()[static_cast<std::size_t>(i)].ctx_end;
-      plan_host_[static_cast<std::size_t>(N + i)] = (static_cast<std::int64_t>(plan_host_.size()) - 2 * N - 1) / 3;
-      mask.visible_ranges(i, ranges_);
-      for (const RowRange& r : ranges_) plan_host_.insert(plan_host_.end(), {r.begin, r.end, r.pos});
-    }
-    plan_host_[static_cast<std::size_t>(2 * N)] = (static_cast<std::int64_t>(plan_host_.size()) - 2 * N - 1) / 3;
-    HostArgs h;
-    h.add(std::span<const std::int64_t>(plan_host_));
-    return static_cast<const std::int64_t*>(upload(h));
-  }
-
   // ---- host metadata of one op (index lists, a mask's plan, table rows), staged in one copy ----
   class HostArgs {
    public:
@@ -554,12 +560,17 @@ class CudaBackend final : public Backend {
     const std::size_t bytes = h.bytes().size();
     if (staged_ == nullptr) cuda_ok(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming), "cudaEventCreate");
     cuda_ok(cudaEventSynchronize(staged_), "cudaEventSynchronize(upload)");
-    if (bytes > upload_bytes_) {
+    if (bytes > upload_bytes_) {  // (no pointer left dangling if an allocation throws)
       deallocate(upload_, upload_bytes_);
-      if (upload_pinned_ != nullptr) cuda_ok(cudaFreeHost(upload_pinned_), "cudaFreeHost");
-      upload_bytes_ = std::max<std::size_t>(bytes * 2, 4096);
-      upload_ = allocate(upload_bytes_);
-      cuda_ok(cudaMallocHost(&upload_pinned_, upload_bytes_), "cudaMallocHost(upload)");
+      void* pinned = std::exchange(upload_pinned_, nullptr);
+      upload_ = nullptr;
+      upload_bytes_ = 0;
+      if (pinned != nullptr) cuda_ok(cudaFreeHost(pinned), "cudaFreeHost");
+      const std::size_t grown = std::max<std::size_t>(bytes * 2, 4096);
+      cuda_ok(cudaMallocHost(&pinned, grown), "cudaMallocHost(upload)");
+      upload_pinned_ = pinned;
+      upload_ = allocate(grown);
+      upload_bytes_ = grown;
     }
     if (bytes == 0) return upload_;
     std::memcpy(upload_pinned_, h.bytes().data(), bytes);
@@ -585,8 +596,7 @@ class CudaBackend final : public Backend {
                              stream_),
              scatter ? "scatter_rows" : "gather_rows");
   }
-  std::vector<std::int64_t> plan_host_;
-  std::vector<RowRange> ranges_;
+  std::vector<std::int64_t> plan_host_, key_plan_host_;  // attention's plans (cuda/plan.hpp)
   void* upload_ = nullptr;         // device
   void* upload_pinned_ = nullptr;  // host, pinned
   std::size_t upload_bytes_ = 0;   // of each

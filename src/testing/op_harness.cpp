@@ -58,7 +58,8 @@ OpCase attention_case(const char* name, DType dt, std::int64_t nb, std::int64_t 
   OpCase c{name,
            dims({{"blocks", nb}, {"B", B}, {"S", S}, {"n_q", nq}, {"n_kv", nkv}, {"d_h", d}}),
            {{OpKind::attention_forward, dt}, {OpKind::attention_delta, dt}, {OpKind::attention_backward, dt}},
-           {{dt, q}, {dt, kv}, {dt, kv}, {dt, q}, {DType::f32, st}, {DType::f32, st}, {dt, q}, {dt, q}, {dt, kv}, {dt, kv}},
+           {{dt, q}, {dt, kv}, {dt, kv}, {dt, q}, {DType::f32, st},
+            {DType::f32, st, -1.f, 1.f, OpCompare::value, /*from_bf16=*/dt == DType::bf16}, {dt, q}, {dt, q}, {dt, kv}, {dt, kv}},
            [=](Backend&, std::vector<TensorView>& t) {
              const auto Qr = [&](int i) { return rows_of<T>(t[i], Q, nq, d); };
              const auto Kr = [&](int i) { return rows_of<T>(t[i], Lk, nkv, d); };
@@ -372,7 +373,7 @@ std::vector<OpResult> run_op_harness(Backend& b, bool perf, int reps) {
         if (std::isnan(e)) e = std::numeric_limits<double>::infinity();  // a NaN where the CPU has a number
         if (e > err) err = e, at = j;
       }
-      const double bound = a.dtype == DType::bf16 ? std::max(c.bound, kBf16Bound) : c.bound;
+      const double bound = a.dtype == DType::bf16 || a.from_bf16 ? std::max(c.bound, kBf16Bound) : c.bound;
       r.worst = std::max(r.worst, err / bound);
       if (!(err <= bound))
         why << what << ": normalised error " << err << " > bound " << bound << " (element " << at << ": " << x[at]

@@ -34,6 +34,9 @@ struct OpArray {
   std::int64_t n;
   float lo = -1.f, hi = 1.f;  // initial values uniform in [lo, hi) (bf16: rounded)
   OpCompare cmp = OpCompare::value;
+  // An f32 array computed from bf16 results (attention's D = sum dO o over a bf16 o) is held to
+  // the bf16 bound too: two correct backends' o may differ by a bf16 ulp (where P is rounded).
+  bool from_bf16 = false;
 };
 
 struct OpCase {
