@@ -13,7 +13,7 @@
 #             logged into OUT (a failed step fails the run, the rest still run):
 #               1. the machine: GPU, driver, what the programs load (ldd), mpirun;
 #               2. the op harness on "cuda" against the CPU (test_backend_ops, and
-#                  bench_backend_ops --perf for its table);
+#                  bench_backend_ops --perf for its table; again with DIFFCP_CUDA_ATTENTION=simt);
 #               3. compute-sanitizer memcheck over the op harness's kernels (once);
 #               4. every CP method forward + backward (test_cp_guard) at P = 1, 2, 4, the DiT
 #                  (test_dit_guard: the exchanges, each family's tiny config, every mode) at P = 1, 2,
@@ -148,7 +148,11 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
     if [ "$what" != bench ]; then
     step mpi_cpu_np2 60 "${mpi[@]}" 2 "$bin/diffcp" attn --check --json --reps 1  # Open MPI from the bundle, on the CPU
     step op_harness 120 "$bin/test_backend_ops" --gtest_output="xml:$out/test_backend_ops.xml"
-    [ $gpu = 1 ] && step op_harness_perf 120 "$bin/bench_backend_ops" --backend cuda --perf --reps 10
+    if [ $gpu = 1 ]; then
+      step op_harness_perf 120 "$bin/bench_backend_ops" --backend cuda --perf --reps 10
+      # the other attention forward (the warp-per-row kernel) against the CPU too
+      step op_harness_simt 60 env DIFFCP_CUDA_ATTENTION=simt "$bin/bench_backend_ops" --backend cuda
+    fi
     if [ $gpu = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
       step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/bench_backend_ops" --backend cuda
     else
@@ -161,18 +165,14 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
     unset DIFFCP_TEST_DEVICE
     step nccl_np1 60 "${mpi[@]}" 1 "$bin/test_nccl_comm" --gtest_brief=1
     fi
-    if [ $gpu = 1 ] && [ "$what" != checks ]; then  # benchmarks: JSON lines
-      # The forward on the whole workload; forward + backward at 4k context (the backward's dK / dV
-      # atomics make the first kernel's backward slow at 32k: bounded here, stated in RESULTS).
+    if [ $gpu = 1 ] && [ "$what" != checks ]; then  # benchmarks: JSON lines, the issue's goals first
       wl=(--samples 2 --anchors 64 --block 16 --n-q 32 --n-kv 8 --d-h 128 --dtype bf16 --json)
-      step attention_fwd_32k 150 "$bin/bench_device_attention" --backend cuda "${wl[@]}" --context 32768 --no-backward \
-        --reps 3 --dump-mask "$out/mask_32k.json"
-      step attention_4k 150 "$bin/bench_device_attention" --backend cuda "${wl[@]}" --context 4096 --reps 3 \
-        --dump-mask "$out/mask_4k.json"
-      for c in 32k 4k; do
-        step "attention_peers_$c" 150 python3 bench/bench_gpu_peers.py --mask "$out/mask_$c.json" --n-q 32 --n-kv 8 --d-h 128 --reps 10
-      done
-      # The DiT step at FLUX.1's width (1 double + 2 single blocks, 1024^2, bf16) vs diffusers'.
+      peers() { step "attention_peers_$1" 150 python3 bench/bench_gpu_peers.py --mask "$out/mask_$1.json" --n-q 32 --n-kv 8 --d-h 128 --reps 10; }
+      # 1. the DFlash workload (2 x 32k), forward + backward on the GEMM path, and PyTorch on its mask
+      step attention_32k 150 "$bin/bench_device_attention" --backend cuda "${wl[@]}" --context 32768 --reps 3 \
+        --dump-mask "$out/mask_32k.json"
+      peers 32k
+      # 2. the DiT step at FLUX.1's width (1 double + 2 single blocks, 1024^2, bf16) vs diffusers'
       if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$root/site" "$root"/wheels/*.whl \
           >"$out/wheels.log" 2>&1; then
         step dit_flux_width 300 env PYTHONPATH="$root/site${PYTHONPATH:+:$PYTHONPATH}" python3 bench/bench_gpu_dit.py \
@@ -180,11 +180,20 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
       else
         say "dit_flux_width: the diffusers wheels did not install (wheels.log)"; failed+=(wheels)
       fi
-      step dit_nccl_np1 120 "${mpi[@]}" 1 "$bin/diffcp" --backend cuda --comm nccl dit --steps 3 --resolution 256 --json --out ""
+      # 3. the drafter's train step, GPU and CPU; 4k context on both attention paths; the SIMT
+      #    forward at 32k; `diffcp dit` over NCCL
       for b in cuda cpu; do
         step "train_$b" 120 "${mpi[@]}" 1 "$bin/diffcp" --backend "$b" train --steps 6 --context 2048 --eval-every 0 \
           --log "$out/train_$b.jsonl" --no-progress
       done
+      step attention_4k 90 "$bin/bench_device_attention" --backend cuda "${wl[@]}" --context 4096 --reps 3 \
+        --dump-mask "$out/mask_4k.json"
+      peers 4k
+      step attention_4k_simt 90 env DIFFCP_CUDA_ATTENTION=simt "$bin/bench_device_attention" --backend cuda "${wl[@]}" \
+        --context 4096 --reps 2
+      step attention_fwd_32k_simt 90 env DIFFCP_CUDA_ATTENTION=simt "$bin/bench_device_attention" --backend cuda "${wl[@]}" \
+        --context 32768 --no-backward --reps 2
+      step dit_nccl_np1 60 "${mpi[@]}" 1 "$bin/diffcp" --backend cuda --comm nccl dit --steps 3 --resolution 256 --json --out ""
       grep -h '^{' "$out"/attention_*.log "$out"/dit_flux_width.log >"$out/bench.jsonl" 2>/dev/null || true
     fi
     rm -rf "$root"

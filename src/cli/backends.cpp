@@ -15,9 +15,9 @@ namespace diffcp::cli {
 namespace {
 // The commands whose own layer (inputs, outputs, reports) touches device memory only through the
 // backend: a device backend runs them (dit: every mode and option, tested on the guard device:
-// cli_dit_backend_guard, test_dit_guard). attn and bench read results on the host and run on
-// host-memory backends only, until they are moved over.
-constexpr const char* kDeviceCommands[] = {"train", "draft", "plan", "export", "dit"};
+// cli_dit_backend_guard, test_dit_guard; attn and bench cp: testing/layer_run.hpp's buffers,
+// cli_attn_backend_guard). sim computes on the host and runs on host-memory backends only.
+constexpr const char* kDeviceCommands[] = {"train", "draft", "plan", "export", "dit", "attn", "bench"};
 
 // The CLI registers the guard device too (testing/guard_backend.hpp): a check backend on host
 // pages only its own ops may touch, so `--backend guard` shows that a command keeps its data on

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace diffcp::cuda {
@@ -297,6 +298,156 @@ int attention_backward(bool bf16, const void* q, const void* k, const void* v, c
           a, static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
           static_cast<const float*>(do_), lse, delta, static_cast<float*>(dk), static_cast<float*>(dv), plan, key_plan);
   }
+  return static_cast<int>(cudaGetLastError());
+}
+
+namespace {
+
+template <typename P_T>
+__global__ void __launch_bounds__(kWarps * kLanes)
+    masked_softmax_kernel(AttentionDims a, const float* S, P_T* P, std::int64_t r0, std::int64_t rc, std::int64_t L,
+                          const std::int64_t* spans, std::int64_t n_spans, const std::int64_t* plan, float* lse,
+                          float* inv_l) {
+  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / kLanes;
+  if (item >= a.n_q * rc) return;  // whole warps only
+  const std::int64_t hq = item / rc, r = item % rc, row = r0 + r, blk = row / a.B;
+  const std::int64_t qpos = plan[blk] + row % a.B, rb = plan[a.N + blk], re = plan[a.N + blk + 1];
+  const std::int64_t* ranges = plan + 2 * a.N + 1;
+  const int lane = threadIdx.x % kLanes;
+  const float* srow = S + (hq * rc + r) * L;
+  P_T* prow = P + (hq * rc + r) * L;
+  // Whether this row sees key row j (its block's ranges, then the window).
+  const auto visible = [&](std::int64_t j) {
+    for (std::int64_t q = rb; q < re; ++q) {
+      const std::int64_t* g = ranges + 3 * q;
+      if (j >= g[0] && j < g[1]) return sees(a, qpos, g[2] + (j - g[0]));
+    }
+    return false;
+  };
+  float m = -INFINITY;
+  for (std::int64_t sp = 0; sp < n_spans; ++sp) {
+    const std::int64_t* g = spans + 3 * sp;
+    for (std::int64_t j = g[0] + lane; j < g[1]; j += kLanes)
+      if (visible(j)) m = fmaxf(m, srow[g[2] + (j - g[0])]);
+  }
+  m = warp_max(m);
+  float l = 0.f;
+  for (std::int64_t sp = 0; sp < n_spans; ++sp) {
+    const std::int64_t* g = spans + 3 * sp;
+    for (std::int64_t j = g[0] + lane; j < g[1]; j += kLanes) {
+      const std::int64_t c = g[2] + (j - g[0]);
+      const float p = m != -INFINITY && visible(j) ? exp2f(srow[c] - m) : 0.f;
+      l += p;
+      store(prow, c, p);  // (f32: P is S; each element is read before this lane writes it)
+    }
+  }
+  l = warp_sum(l);
+  if (lane == 0) {
+    lse[row * a.n_q + hq] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
+    inv_l[r * a.n_q + hq] = l > 0.f ? 1.f / l : 0.f;
+  }
+}
+
+template <typename T>
+__global__ void scale_rows_kernel(const float* O, const float* inv_l, T* o, std::int64_t r0, std::int64_t rc, AttentionDims a) {
+  const std::int64_t w = a.n_q * a.d, n = rc * w;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = e / w, c = e % w;
+    store(o, (r0 + r) * a.ld_o + c, O[e] * inv_l[r * a.n_q + c / a.d]);
+  }
+}
+
+}  // namespace
+
+int masked_softmax(bool bf16, const float* S, void* P, std::int64_t r0, std::int64_t rc, std::int64_t L,
+                   const std::int64_t* spans, std::int64_t n_spans, const std::int64_t* plan, float* lse, float* inv_l,
+                   const AttentionDims& a, Stream s) {
+  if (a.n_q * rc == 0) return 0;
+  const unsigned grid = static_cast<unsigned>((a.n_q * rc + kWarps - 1) / kWarps);
+  const auto st = static_cast<cudaStream_t>(s);
+  if (bf16)
+    masked_softmax_kernel<std::uint16_t><<<grid, kWarps * kLanes, 0, st>>>(a, S, static_cast<std::uint16_t*>(P), r0, rc, L,
+                                                                         spans, n_spans, plan, lse, inv_l);
+  else
+    masked_softmax_kernel<float><<<grid, kWarps * kLanes, 0, st>>>(a, S, static_cast<float*>(P), r0, rc, L, spans, n_spans,
+                                                                  plan, lse, inv_l);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int scale_rows(bool bf16, const float* O, const float* inv_l, void* o, std::int64_t r0, std::int64_t rc,
+               const AttentionDims& a, Stream s) {
+  const std::int64_t n = rc * a.n_q * a.d;
+  if (n == 0) return 0;
+  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 65535 * 8));
+  const auto st = static_cast<cudaStream_t>(s);
+  if (bf16)
+    scale_rows_kernel<std::uint16_t><<<grid, 256, 0, st>>>(O, inv_l, static_cast<std::uint16_t*>(o), r0, rc, a);
+  else
+    scale_rows_kernel<float><<<grid, 256, 0, st>>>(O, inv_l, static_cast<float*>(o), r0, rc, a);
+  return static_cast<int>(cudaGetLastError());
+}
+
+namespace {
+
+__global__ void __launch_bounds__(kWarps * kLanes)
+    masked_probs_kernel(AttentionDims a, const float* lse, float* S, std::uint16_t* Pb, std::int64_t r0, std::int64_t rc,
+                        std::int64_t L, const std::int64_t* spans, std::int64_t n_spans, const std::int64_t* plan) {
+  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / kLanes;
+  if (item >= a.n_q * rc) return;  // whole warps only
+  const std::int64_t hq = item / rc, r = item % rc, row = r0 + r, blk = row / a.B;
+  const std::int64_t qpos = plan[blk] + row % a.B, rb = plan[a.N + blk], re = plan[a.N + blk + 1];
+  const std::int64_t* ranges = plan + 2 * a.N + 1;
+  const int lane = threadIdx.x % kLanes;
+  const float l0 = lse[row * a.n_q + hq];
+  const float lse2 = isfinite(l0) ? l0 * kLog2e : INFINITY;  // a row that saw no key: P = 0
+  float* srow = S + (hq * rc + r) * L;
+  for (std::int64_t sp = 0; sp < n_spans; ++sp) {
+    const std::int64_t* g = spans + 3 * sp;
+    for (std::int64_t j = g[0] + lane; j < g[1]; j += kLanes) {
+      bool vis = false;
+      for (std::int64_t q = rb; q < re && !vis; ++q) {
+        const std::int64_t* rg = ranges + 3 * q;
+        if (j >= rg[0] && j < rg[1]) vis = sees(a, qpos, rg[2] + (j - rg[0]));
+      }
+      const std::int64_t c = g[2] + (j - g[0]);
+      const float p = vis ? exp2f(srow[c] - lse2) : 0.f;
+      srow[c] = p;
+      if (Pb != nullptr) store(Pb + (hq * rc + r) * L, c, p);
+    }
+  }
+}
+
+__global__ void softmax_grad_kernel(AttentionDims a, const float* P, float* dP, std::uint16_t* dSb, const float* delta,
+                                    std::int64_t r0, std::int64_t rc, std::int64_t L) {
+  const std::int64_t n = a.n_q * rc * L;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t hq = e / (rc * L), r = (e / L) % rc;
+    const float ds = P[e] * (dP[e] - delta[(r0 + r) * a.n_q + hq]);
+    dP[e] = ds;
+    if (dSb != nullptr) store(dSb, e, ds);
+  }
+}
+
+}  // namespace
+
+int masked_probs(const float* lse, float* S, std::uint16_t* Pb, std::int64_t r0, std::int64_t rc, std::int64_t L,
+                 const std::int64_t* spans, std::int64_t n_spans, const std::int64_t* plan, const AttentionDims& a,
+                 Stream s) {
+  if (a.n_q * rc == 0) return 0;
+  const unsigned grid = static_cast<unsigned>((a.n_q * rc + kWarps - 1) / kWarps);
+  masked_probs_kernel<<<grid, kWarps * kLanes, 0, static_cast<cudaStream_t>(s)>>>(a, lse, S, Pb, r0, rc, L, spans, n_spans,
+                                                                                plan);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int softmax_grad(const float* P, float* dP, std::uint16_t* dSb, const float* delta, std::int64_t r0, std::int64_t rc,
+                 std::int64_t L, const AttentionDims& a, Stream s) {
+  const std::int64_t n = a.n_q * rc * L;
+  if (n == 0) return 0;
+  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 65535 * 8));
+  softmax_grad_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(s)>>>(a, P, dP, dSb, delta, r0, rc, L);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -45,4 +45,28 @@ int attention_backward(bool bf16, const void* q, const void* k, const void* v, c
                        const float* delta, void* dq, void* dk, void* dv, const std::int64_t* plan,
                        const std::int64_t* key_plan, const AttentionDims& a, Stream s);
 
+// ---- the tensor-core forward: the scores of a run of query rows against its key spans as GEMMs
+// (cuBLASLt, by the backend), then these two kernels ----
+// S: [n_q, rc, L] f32, the scores in base 2 (scale log2 e q.k) of query rows [r0, r0 + rc) against
+// the L columns of the key spans; spans: device [n_spans, 3] {first key row, end row, first column}.
+// Writes P = 2^(S - m) where the mask lets the row see the key, else 0 ([n_q, rc, L] in the storage
+// dtype: P may be S itself for f32), lse [Q * n_q] (natural log; -inf for a row that sees nothing)
+// and inv_l [rc, n_q] = 1 / sum P (0 for such a row).
+int masked_softmax(bool bf16, const float* S, void* P, std::int64_t r0, std::int64_t rc, std::int64_t L,
+                   const std::int64_t* spans, std::int64_t n_spans, const std::int64_t* plan, float* lse, float* inv_l,
+                   const AttentionDims& a, Stream s);
+// The backward's probabilities from the global lse: S [n_q, rc, L] f32 scores in base 2 becomes
+// P = 2^(S - lse log2 e) where the mask lets the row see the key, else 0 (in place, f32), and, with
+// bf16 storage, P's bf16 copy in Pb (the GEMMs' operand; null for f32).
+int masked_probs(const float* lse, float* S, std::uint16_t* Pb, std::int64_t r0, std::int64_t rc, std::int64_t L,
+                 const std::int64_t* spans, std::int64_t n_spans, const std::int64_t* plan, const AttentionDims& a,
+                 Stream s);
+// dS = P (dP - D) over [n_q, rc, L]: dP (f32) in place, and its bf16 copy in dSb (null for f32);
+// D: delta [Q * n_q] of rows [r0, r0 + rc).
+int softmax_grad(const float* P, float* dP, std::uint16_t* dSb, const float* delta, std::int64_t r0, std::int64_t rc,
+                 std::int64_t L, const AttentionDims& a, Stream s);
+// o[r0 + r, h, :] = O[r, h, :] * inv_l[r, h] in the storage dtype: O [rc, n_q * d] f32 (P V).
+int scale_rows(bool bf16, const float* O, const float* inv_l, void* o, std::int64_t r0, std::int64_t rc,
+               const AttentionDims& a, Stream s);
+
 }  // namespace diffcp::cuda

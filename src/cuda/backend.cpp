@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -248,11 +249,15 @@ class CudaBackend final : public Backend {
     check_stats("lse", lse, a);
     a.ld_o = o.stride[0];
     cuda::attention_plan(mask, plan_host_);
-    HostArgs h;
-    h.add(std::span<const std::int64_t>(plan_host_));
-    launched(cuda::attention_forward(q.dtype == DType::bf16, q.data, k.data, v.data, o.data, lse.ptr<float>(),
-                                     static_cast<const std::int64_t*>(upload(h)), a, stream_),
-             "attention_forward");
+    if (simt_attention_) {
+      HostArgs h;
+      h.add(std::span<const std::int64_t>(plan_host_));
+      launched(cuda::attention_forward(q.dtype == DType::bf16, q.data, k.data, v.data, o.data, lse.ptr<float>(),
+                                       static_cast<const std::int64_t*>(upload(h)), a, stream_),
+               "attention_forward");
+      return;
+    }
+    gemm_attention_forward(mask, a, q, k, v, o, lse);
   }
   void attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
                           ConstTensorView do_, ConstTensorView lse, ConstTensorView delta, TensorView dq, TensorView dk,
@@ -268,8 +273,9 @@ class CudaBackend final : public Backend {
     a.ld_dq = dq.stride[0];
     a.ld_dk = dk.stride[0];
     a.ld_dv = dv.stride[0];
-    // The forward plan (dQ) and the key plan (dK, dV) in one copy.
     cuda::attention_plan(mask, plan_host_);
+    if (!simt_attention_) return gemm_attention_backward(mask, a, q, k, v, do_, lse, delta, dq, dk, dv);
+    // The forward plan (dQ) and the key plan (dK, dV) in one copy.
     cuda::attention_key_plan(mask, plan_host_, key_plan_host_);
     HostArgs h;
     h.add(std::span<const std::int64_t>(plan_host_));
@@ -443,12 +449,19 @@ class CudaBackend final : public Backend {
 
   // Row-major C = alpha op(A) op(B) + beta C as cuBLASLt's column-major C^T = op(B)^T op(A)^T: a
   // row-major [r, c] matrix with row stride ld is the column-major [c, r] matrix with leading dim ld.
-  void gemm(const GemmArgs& g) override {
-    if (g.M == 0 || g.N == 0) return;
+  void gemm(const GemmArgs& g) override { matmul(g, {}); }
+  // Strided batches of one GEMM: batch i reads A + i stride_a, B + i stride_b and writes
+  // C + i stride_c (elements).
+  struct Batch {
+    int count = 1;
+    std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  };
+  void matmul(const GemmArgs& g, const Batch& bt) {
+    if (g.M == 0 || g.N == 0 || bt.count == 0) return;
     DIFFCP_CHECK(g.c_dtype == DType::f32 || g.c_dtype == g.dtype, "cuda: gemm: C in ", dtype_name(g.c_dtype), " with ",
                  dtype_name(g.dtype), " operands");
     if (g.K == 0) {  // C = beta C
-      DIFFCP_CHECK(g.c_dtype == DType::f32, "cuda: gemm: K = 0 with a bf16 C");
+      DIFFCP_CHECK(g.c_dtype == DType::f32 && bt.count == 1, "cuda: gemm: K = 0 with a bf16 C or a batch");
       launched(cuda::scale_f32(static_cast<float*>(g.C), g.M, g.N, g.ldc, g.beta, stream_), "gemm (K = 0)");
       return;
     }
@@ -464,13 +477,30 @@ class CudaBackend final : public Backend {
     lt_ok(cublasLtMatrixLayoutCreate(&la, ab, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb), "layout A");
     lt_ok(cublasLtMatrixLayoutCreate(&lb, ab, g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda), "layout B");
     lt_ok(cublasLtMatrixLayoutCreate(&lc, c, g.N, g.M, g.ldc), "layout C");
+    if (bt.count > 1) {
+      const std::int32_t n = bt.count;
+      const auto batch = [&](cublasLtMatrixLayout_t l, std::int64_t stride) {
+        lt_ok(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n), "batch count");
+        lt_ok(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+              "batch stride");
+      };
+      batch(la, bt.stride_b);
+      batch(lb, bt.stride_a);
+      batch(lc, bt.stride_c);
+    }
     // The algorithm for these pointers' alignment (a column slice of a weight may be 16-byte aligned
-    // only; cuBLASLt's implicit choice assumes its default, 256).
+    // only; cuBLASLt's implicit choice assumes its default, 256), every batch's included.
+    const std::size_t es = g.dtype == DType::bf16 ? 2 : 4, ec = g.c_dtype == DType::bf16 ? 2 : 4;
+    const auto aligned = [&](const void* p, std::int64_t stride, std::size_t e) {
+      const std::uint32_t a = alignment(p);
+      return bt.count > 1 ? std::min(a, alignment(reinterpret_cast<const void*>(static_cast<std::uintptr_t>(stride) * e))) : a;
+    };
     cublasLtMatmulPreference_t pref = nullptr;
     lt_ok(cublasLtMatmulPreferenceCreate(&pref), "preference");
     const std::uint64_t ws = kWorkspace;
     lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
-    const std::uint32_t al_a = alignment(g.B), al_b = alignment(g.A), al_c = alignment(g.C);
+    const std::uint32_t al_a = aligned(g.B, bt.stride_b, es), al_b = aligned(g.A, bt.stride_a, es),
+                        al_c = aligned(g.C, bt.stride_c, ec);
     lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a), "align A");
     lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b), "align B");
     lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c), "align C");
@@ -489,7 +519,7 @@ class CudaBackend final : public Backend {
     cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatmulDescDestroy(desc);
     DIFFCP_CHECK(hs != CUBLAS_STATUS_SUCCESS || found > 0, "cuda: cublasLt: no algorithm for gemm M ", g.M, " N ", g.N,
-                 " K ", g.K, " (", dtype_name(g.dtype), ")");
+                 " K ", g.K, " (", dtype_name(g.dtype), ", batch ", bt.count, ")");
     lt_ok(s, "matmul");
   }
   // The largest power of two (<= 256) that divides the address: cuBLASLt's alignment preference.
@@ -536,6 +566,231 @@ class CudaBackend final : public Backend {
     a.ld_k = k.stride[0];
     a.ld_v = v.stride[0];
     return a;
+  }
+  // ---- attention on the tensor cores (DIFFCP_CUDA_ATTENTION=gemm, the default) ----
+  // Per run of consecutive blocks of one sample group, the key spans are the union of its blocks'
+  // visible ranges; the products with the spans are batched cuBLASLt GEMMs (a batch per kv head,
+  // one call per q head of the group g and span), the mask is applied per element by the kernels in
+  // between. Masked pairs inside the spans are computed and discarded: at most the group's own
+  // context, never another sample's. Rows go in chunks so the f32 score tiles stay within
+  // kScoreBytes.
+  struct Run {
+    // query rows [row0, row0 + rows); spans [span0, span0 + n_spans); L: the score tiles' row
+    // length (the spans' columns, each rounded up to 8)
+    std::int64_t row0, rows, span0, n_spans, L;
+  };
+  struct Runs {
+    std::vector<Run> runs;
+    std::vector<std::int64_t> spans;  // [.., 3]: first key row, end row, first column
+    const std::int64_t* plan = nullptr;   // device: the plan
+    const std::int64_t* dspans = nullptr; // device: spans
+  };
+  // The runs of `mask` (plan_host_ built), with the plan and the spans staged in one copy.
+  Runs attention_runs(const BlockMask& mask, std::int64_t N, std::int64_t B) {
+    Runs R;
+    for (std::vector<std::int64_t> blocks : mask.sample_groups()) {
+      std::sort(blocks.begin(), blocks.end());
+      for (std::size_t b0 = 0; b0 < blocks.size();) {
+        std::size_t b1 = b0 + 1;
+        while (b1 < blocks.size() && blocks[b1] == blocks[b1 - 1] + 1) ++b1;
+        std::vector<std::pair<std::int64_t, std::int64_t>> iv;  // the run's ranges, then merged
+        for (std::size_t b = b0; b < b1; ++b)
+          for (std::int64_t r = plan_host_[static_cast<std::size_t>(N + blocks[b])];
+               r < plan_host_[static_cast<std::size_t>(N + blocks[b] + 1)]; ++r) {
+            const std::int64_t* g = plan_host_.data() + 2 * N + 1 + 3 * r;
+            if (g[1] > g[0]) iv.emplace_back(g[0], g[1]);
+          }
+        std::sort(iv.begin(), iv.end());
+        Run run{blocks[b0] * B, static_cast<std::int64_t>(b1 - b0) * B, static_cast<std::int64_t>(R.spans.size() / 3), 0, 0};
+        for (std::size_t x = 0; x < iv.size();) {
+          std::int64_t end = iv[x].second;
+          std::size_t y = x + 1;
+          for (; y < iv.size() && iv[y].first <= end; ++y) end = std::max(end, iv[y].second);
+          R.spans.insert(R.spans.end(), {iv[x].first, end, run.L});
+          run.L += (end - iv[x].first + 7) / 8 * 8;  // each span's columns 16-byte aligned for the GEMMs
+          ++run.n_spans;
+          x = y;
+        }
+        R.runs.push_back(run);
+        b0 = b1;
+      }
+    }
+    HostArgs h;
+    h.add(std::span<const std::int64_t>(plan_host_));
+    const std::size_t spans_at = h.add(std::span<const std::int64_t>(R.spans));
+    const auto* base = static_cast<const unsigned char*>(upload(h));
+    R.plan = reinterpret_cast<const std::int64_t*>(base);
+    R.dspans = reinterpret_cast<const std::int64_t*>(base + spans_at);
+    return R;
+  }
+  // For each q head g of a kv group and each span of `run`: C (+)= op(A) op(B) batched over the kv
+  // heads, with the span's first key row and first column handed to `args` to fill the rest.
+  template <typename Fill>
+  void per_span(const Runs& R, const Run& run, std::int64_t G, std::int64_t n_kv, Fill fill) {
+    for (std::int64_t g = 0; g < G; ++g)
+      for (std::int64_t sp = run.span0; sp < run.span0 + run.n_spans; ++sp) {
+        const std::int64_t* span = R.spans.data() + 3 * sp;
+        GemmArgs m;
+        Batch bt;
+        bt.count = static_cast<int>(n_kv);
+        fill(m, bt, g, span[0], span[1] - span[0], span[2], sp == run.span0);
+        matmul(m, bt);
+      }
+  }
+  // rows x cols f32 (row stride ld_src) -> dst in the storage dtype (row stride ld_dst)
+  void store_rows(const float* src, std::int64_t ld_src, void* dst, std::int64_t ld_dst, std::int64_t rows,
+                  std::int64_t cols, bool bf16) {
+    launched(bf16 ? cuda::convert_f32_bf16(src, ld_src, static_cast<std::uint16_t*>(dst), ld_dst, rows, cols, stream_)
+                  : cuda::copy_rows(src, ld_src, dst, ld_dst, rows, cols, 4, stream_),
+             "attention (store)");
+  }
+
+  void gemm_attention_forward(const BlockMask& mask, const cuda::AttentionDims& a, const ConstTensorView& q,
+                              const ConstTensorView& k, const ConstTensorView& v, const TensorView& o, const TensorView& lse) {
+    const Runs R = attention_runs(mask, a.N, a.B);
+    const bool bf16 = q.dtype == DType::bf16;
+    const std::int64_t G = a.n_q / a.n_kv, d = a.d, es = bf16 ? 2 : 4;
+    const auto at = [es](const void* p, std::int64_t elems) { return static_cast<const char*>(p) + elems * es; };
+    for (const Run& run : R.runs) {
+      if (run.L == 0) {  // rows that see no key: o = 0, lse = -inf
+        cuda_ok(cudaMemset2DAsync(static_cast<char*>(o.data) + run.row0 * a.ld_o * es, a.ld_o * es, 0, a.n_q * d * es,
+                                  run.rows, stream_),
+                "cudaMemset2DAsync");
+        launched(cuda::fill_f32(lse.ptr<float>() + run.row0 * a.n_q, run.rows * a.n_q, -INFINITY, stream_), "attention_forward");
+        continue;
+      }
+      const std::int64_t rc_max = std::max<std::int64_t>(1, kScoreBytes / (4 * a.n_q * run.L));
+      for (std::int64_t r0 = run.row0; r0 < run.row0 + run.rows; r0 += rc_max) {
+        const std::int64_t rc = std::min(rc_max, run.row0 + run.rows - r0), tile = rc * run.L;
+        const std::size_t s_bytes = sizeof(float) * static_cast<std::size_t>(a.n_q * tile);
+        const std::size_t p_bytes = bf16 ? s_bytes / 2 : 0, o_bytes = sizeof(float) * static_cast<std::size_t>(rc * a.n_q * d),
+                          l_bytes = sizeof(float) * static_cast<std::size_t>(rc * a.n_q);
+        auto* S = static_cast<float*>(allocate(s_bytes));
+        void* P = bf16 ? allocate(p_bytes) : S;
+        auto* O = static_cast<float*>(allocate(o_bytes));
+        auto* inv_l = static_cast<float*>(allocate(l_bytes));
+        // S[h G + g] (the span's columns) = c q k^T
+        per_span(R, run, G, a.n_kv, [&](GemmArgs& m, Batch& bt, std::int64_t g, std::int64_t k0, std::int64_t len, std::int64_t col, bool) {
+          m.trans_b = true;
+          m.M = rc, m.N = len, m.K = d, m.alpha = a.scale * 1.4426950408889634f;
+          m.A = at(q.data, r0 * a.ld_q + g * d), m.lda = a.ld_q;
+          m.B = at(k.data, k0 * a.ld_k), m.ldb = a.ld_k;
+          m.C = S + g * tile + col, m.ldc = run.L;
+          m.dtype = q.dtype;
+          bt.stride_a = G * d, bt.stride_b = d, bt.stride_c = G * tile;
+        });
+        launched(cuda::masked_softmax(bf16, S, P, r0, rc, run.L, R.dspans + 3 * run.span0, run.n_spans, R.plan,
+                                      lse.ptr<float>(), inv_l, a, stream_),
+                 "attention_forward (softmax)");
+        // O[:, h G + g] (+)= P[h G + g] (the span's columns) v
+        per_span(R, run, G, a.n_kv, [&](GemmArgs& m, Batch& bt, std::int64_t g, std::int64_t k0, std::int64_t len, std::int64_t col, bool first) {
+          m.M = rc, m.N = d, m.K = len, m.beta = first ? 0.f : 1.f;
+          m.A = at(P, g * tile + col), m.lda = run.L;
+          m.B = at(v.data, k0 * a.ld_v), m.ldb = a.ld_v;
+          m.C = O + g * d, m.ldc = a.n_q * d;
+          m.dtype = q.dtype;
+          bt.stride_a = G * tile, bt.stride_b = d, bt.stride_c = G * d;
+        });
+        launched(cuda::scale_rows(bf16, O, inv_l, o.data, r0, rc, a, stream_), "attention_forward (1 / l)");
+        deallocate(inv_l, l_bytes);
+        deallocate(O, o_bytes);
+        if (bf16) deallocate(P, p_bytes);
+        deallocate(S, s_bytes);
+      }
+    }
+  }
+
+  // The backward as FlashAttention-2's five products, each a GEMM over the spans: S = c q k^T ->
+  // P (from the global lse, masked) ; dP = dO v^T -> dS = P (dP - D) ; dV += P^T dO ;
+  // dK += scale dS^T q ; dQ = scale dS k. dK, dV in f32 over all runs, stored once at the end.
+  void gemm_attention_backward(const BlockMask& mask, const cuda::AttentionDims& a, const ConstTensorView& q,
+                               const ConstTensorView& k, const ConstTensorView& v, const ConstTensorView& dout,
+                               const ConstTensorView& lse, const ConstTensorView& delta, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv) {
+    const Runs R = attention_runs(mask, a.N, a.B);
+    const bool bf16 = q.dtype == DType::bf16;
+    const std::int64_t G = a.n_q / a.n_kv, d = a.d, es = bf16 ? 2 : 4, kvw = a.n_kv * d;
+    const auto at = [es](const void* p, std::int64_t elems) { return static_cast<const char*>(p) + elems * es; };
+    const std::size_t kv_bytes = sizeof(float) * static_cast<std::size_t>(a.L_k * kvw);
+    auto* dk_acc = static_cast<float*>(allocate(kv_bytes));
+    auto* dv_acc = static_cast<float*>(allocate(kv_bytes));
+    if (kv_bytes > 0) {
+      cuda_ok(cudaMemsetAsync(dk_acc, 0, kv_bytes, stream_), "cudaMemsetAsync");
+      cuda_ok(cudaMemsetAsync(dv_acc, 0, kv_bytes, stream_), "cudaMemsetAsync");
+    }
+    for (const Run& run : R.runs) {
+      if (run.L == 0) {  // rows that see no key: dq = 0
+        cuda_ok(cudaMemset2DAsync(static_cast<char*>(dq.data) + run.row0 * a.ld_dq * es, a.ld_dq * es, 0, a.n_q * d * es,
+                                  run.rows, stream_),
+                "cudaMemset2DAsync");
+        continue;
+      }
+      const std::int64_t rc_max = std::max<std::int64_t>(1, kScoreBytes / (8 * a.n_q * run.L));
+      for (std::int64_t r0 = run.row0; r0 < run.row0 + run.rows; r0 += rc_max) {
+        const std::int64_t rc = std::min(rc_max, run.row0 + run.rows - r0), tile = rc * run.L;
+        const std::size_t s_bytes = sizeof(float) * static_cast<std::size_t>(a.n_q * tile), b_bytes = bf16 ? s_bytes / 2 : 0,
+                          q_bytes = sizeof(float) * static_cast<std::size_t>(rc * a.n_q * d);
+        auto* S = static_cast<float*>(allocate(s_bytes));   // scores, then P
+        auto* dP = static_cast<float*>(allocate(s_bytes));  // dP, then dS
+        auto* Pb = static_cast<std::uint16_t*>(allocate(b_bytes));
+        auto* dSb = static_cast<std::uint16_t*>(allocate(b_bytes));
+        auto* dq_acc = static_cast<float*>(allocate(q_bytes));
+        const void* P = bf16 ? static_cast<const void*>(Pb) : S;
+        const void* dS = bf16 ? static_cast<const void*>(dSb) : dP;
+        const auto scores = [&](float* C, const ConstTensorView& x, std::int64_t ld_x, const ConstTensorView& y,
+                                std::int64_t ld_y, float alpha) {  // C[h G + g] = alpha x y^T (the span's rows of y)
+          per_span(R, run, G, a.n_kv, [&](GemmArgs& m, Batch& bt, std::int64_t g, std::int64_t k0, std::int64_t len, std::int64_t col, bool) {
+            m.trans_b = true;
+            m.M = rc, m.N = len, m.K = d, m.alpha = alpha;
+            m.A = at(x.data, r0 * ld_x + g * d), m.lda = ld_x;
+            m.B = at(y.data, k0 * ld_y), m.ldb = ld_y;
+            m.C = C + g * tile + col, m.ldc = run.L;
+            m.dtype = q.dtype;
+            bt.stride_a = G * d, bt.stride_b = d, bt.stride_c = G * tile;
+          });
+        };
+        const auto to_keys = [&](float* acc, const void* W, const ConstTensorView& x, std::int64_t ld_x, float alpha) {
+          // acc[span rows, h] += alpha W[h G + g]^T x[:, h G + g]
+          per_span(R, run, G, a.n_kv, [&](GemmArgs& m, Batch& bt, std::int64_t g, std::int64_t k0, std::int64_t len, std::int64_t col, bool) {
+            m.trans_a = true;
+            m.M = len, m.N = d, m.K = rc, m.alpha = alpha, m.beta = 1.f;
+            m.A = at(W, g * tile + col), m.lda = run.L;
+            m.B = at(x.data, r0 * ld_x + g * d), m.ldb = ld_x;
+            m.C = acc + k0 * kvw, m.ldc = kvw;
+            m.dtype = q.dtype;
+            bt.stride_a = G * tile, bt.stride_b = G * d, bt.stride_c = d;
+          });
+        };
+        scores(S, q, a.ld_q, k, a.ld_k, a.scale * 1.4426950408889634f);
+        launched(cuda::masked_probs(lse.ptr<float>(), S, bf16 ? Pb : nullptr, r0, rc, run.L, R.dspans + 3 * run.span0,
+                                    run.n_spans, R.plan, a, stream_),
+                 "attention_backward (P)");
+        scores(dP, dout, a.ld_do, v, a.ld_v, 1.f);
+        launched(cuda::softmax_grad(S, dP, bf16 ? dSb : nullptr, delta.ptr<float>(), r0, rc, run.L, a, stream_),
+                 "attention_backward (dS)");
+        to_keys(dv_acc, P, dout, a.ld_do, 1.f);
+        to_keys(dk_acc, dS, q, a.ld_q, a.scale);
+        // dQ[:, h G + g] (+)= scale dS[h G + g] k (the span's rows)
+        per_span(R, run, G, a.n_kv, [&](GemmArgs& m, Batch& bt, std::int64_t g, std::int64_t k0, std::int64_t len, std::int64_t col, bool first) {
+          m.M = rc, m.N = d, m.K = len, m.alpha = a.scale, m.beta = first ? 0.f : 1.f;
+          m.A = at(dS, g * tile + col), m.lda = run.L;
+          m.B = at(k.data, k0 * a.ld_k), m.ldb = a.ld_k;
+          m.C = dq_acc + g * d, m.ldc = a.n_q * d;
+          m.dtype = q.dtype;
+          bt.stride_a = G * tile, bt.stride_b = d, bt.stride_c = G * d;
+        });
+        store_rows(dq_acc, a.n_q * d, static_cast<char*>(dq.data) + r0 * a.ld_dq * es, a.ld_dq, rc, a.n_q * d, bf16);
+        deallocate(dq_acc, q_bytes);
+        deallocate(dSb, b_bytes);
+        deallocate(Pb, b_bytes);
+        deallocate(dP, s_bytes);
+        deallocate(S, s_bytes);
+      }
+    }
+    store_rows(dk_acc, kvw, dk.data, a.ld_dk, a.L_k, kvw, bf16);
+    store_rows(dv_acc, kvw, dv.data, a.ld_dv, a.L_k, kvw, bf16);
+    deallocate(dv_acc, kv_bytes);
+    deallocate(dk_acc, kv_bytes);
   }
   // ---- host metadata of one op (index lists, a mask's plan, table rows), staged in one copy ----
   class HostArgs {
@@ -603,6 +858,14 @@ class CudaBackend final : public Backend {
   cudaEvent_t staged_ = nullptr;   // after the last upload's copy
 
   static constexpr std::size_t kWorkspace = std::size_t{32} << 20;
+  static constexpr std::int64_t kScoreBytes = std::int64_t{1} << 30;  // the GEMM forward's scores per chunk
+  // DIFFCP_CUDA_ATTENTION: gemm (default: the tensor-core forward) | simt (the warp-per-row kernel)
+  bool simt_attention_ = [] {
+    const char* e = std::getenv("DIFFCP_CUDA_ATTENTION");
+    const std::string v = e != nullptr ? e : "gemm";
+    DIFFCP_CHECK(v == "gemm" || v == "simt", "DIFFCP_CUDA_ATTENTION = '", v, "': expected gemm or simt");
+    return v == "simt";
+  }();
   Device device_ = register_device("cuda");
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;

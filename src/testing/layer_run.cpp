@@ -12,6 +12,7 @@
 #include "diffcp/core/stats.hpp"
 #include "diffcp/cp/cp_methods.hpp"
 #include "diffcp/cp/splitkv.hpp"
+#include "diffcp/ops/buffer.hpp"
 #include "diffcp/ops/linear.hpp"
 
 namespace diffcp {
@@ -56,15 +57,20 @@ OProj resolve_oproj(Communicator& world, const LayerProblem& pb, const LayerRunS
   const std::int64_t Q = pb.batch.query_rows(), H = pb.cfg.hidden, qw = pb.cfg.q_width();
   if (P == 1) return OProj::all;
   const std::int64_t rows = std::max<std::int64_t>(1, Q / P);
-  std::vector<float> o(static_cast<std::size_t>(rows * qw), 0.5f), y(static_cast<std::size_t>(rows * H));
-  std::vector<float> wo(static_cast<std::size_t>(qw * H), 0.01f);
+  // The GEMM on the active backend's memory, as the layer runs it (the all-gather's rate is the link's).
+  Backend& be = active_backend();
+  Buffer o(DType::f32, rows * qw, be), y(DType::f32, rows * H, be), wo(DType::f32, qw * H, be);
+  fill(o.view(), 0.5f);
+  fill(wo.view(), 0.01f);
   std::vector<std::size_t> counts;
   for (int r = 0; r < P; ++r) counts.push_back(static_cast<std::size_t>((Q / P + (r < Q % P)) * H));
   std::vector<float> mine(counts[static_cast<std::size_t>(world.rank())]), all(static_cast<std::size_t>(Q * H));
   std::vector<double> gemm_ms, ag_ms;
   for (int rep = 0; rep < 3; ++rep) {
+    be.synchronize();
     auto t0 = std::chrono::steady_clock::now();
-    linear_forward(o.data(), rows, qw, wo.data(), H, y.data());
+    linear_forward(o.ptr<float>(), rows, qw, wo.ptr<float>(), H, y.ptr<float>());
+    be.synchronize();
     gemm_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     if (spec.link_gbit > 0) continue;
     world.barrier();
@@ -115,11 +121,16 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   const auto ctx_p = redistribute_rows(*redist_comm, batch, plan, loaded_rows, cfg.hidden);
   std::vector<float>().swap(loaded_rows);
   const auto x_p = pb.x_rows(run.shard), dy_p = pb.dy_rows(run.shard);
-  run.y_p.resize(x_p.size());
-  run.dx_p.resize(x_p.size());
-  run.dctx_p.resize(ctx_p.size());
-  run.grad = std::make_unique<AttnLayerParams>(cfg);
-  AttnLayerParams& grad = *run.grad;
+  // Inputs, weights, outputs and gradients in the active backend's memory (a device backend: the
+  // layer runs there, the results come back for the report and the check).
+  Backend& be = active_backend();
+  const auto up = [&](const std::vector<float>& v) { return to_device(std::span<const float>(v), be); };
+  const Buffer x_d = up(x_p), ctx_d = up(ctx_p), dy_d = up(dy_p);
+  const Buffer w_d = to_device(std::span<const float>(pb.w.all()), be);
+  Buffer y_d(DType::f32, static_cast<std::int64_t>(x_p.size()), be), dx_d(DType::f32, static_cast<std::int64_t>(x_p.size()), be),
+      dctx_d(DType::f32, static_cast<std::int64_t>(ctx_p.size()), be), grad_d(DType::f32, AttnLayerParams::count(cfg), be);
+  const AttnLayerParams w = AttnLayerParams::view(cfg, w_d.ptr<float>());
+  AttnLayerParams grad(cfg, grad_d.ptr<float>());
   SplitKVOptions skv;
   skv.compute = spec.dtype;
   if (method.splitkv_options) {
@@ -136,16 +147,15 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   std::vector<double> fwd, bwd, step, exposed, fwd_exposed, bwd_exposed, blocking;
   CommStats layer_stats;
   for (int rep = 0; rep < spec.warmup + spec.reps; ++rep) {
-    std::fill(grad.all().begin(), grad.all().end(), 0.f);
+    fill(grad_d.view(), 0.f);
     world.barrier();
     world.stats().reset();
-    CpSaved saved = layer.forward(pb.w, view_of(x_p, {Qp, H}), view_of(ctx_p, {Cp, H}), view_of(run.y_p, {Qp, H}));
+    CpSaved saved = layer.forward(w, x_d.view({Qp, H}), ctx_d.view({Cp, H}), y_d.view({Qp, H}));
     if (rep + 1 == spec.warmup + spec.reps) {
       const std::span<const float> lse = layer.saved_lse(saved);
-      run.lse.assign(lse.begin(), lse.end());
+      run.lse = to_host<float>(device_view(lse));
     }
-    layer.backward(std::move(saved), pb.w, view_of(dy_p, {Qp, H}), view_of(run.dx_p, {Qp, H}), view_of(run.dctx_p, {Cp, H}),
-                   grad);
+    layer.backward(std::move(saved), w, dy_d.view({Qp, H}), dx_d.view({Qp, H}), dctx_d.view({Cp, H}), grad);
     layer_stats = world.stats();
     const CpTimings& t = layer.timings();
     std::vector<double> v{t.fwd_ms, t.bwd_ms, t.fwd_ms + t.bwd_ms, t.exposed_comm_ms(),
@@ -156,6 +166,11 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
     fwd_exposed.push_back(v[4]), bwd_exposed.push_back(v[5]), blocking.push_back(v[6]);
   }
   allreduce_grads(world, grad);
+  run.y_p = to_host<float>(y_d.view());
+  run.dx_p = to_host<float>(dx_d.view());
+  run.dctx_p = to_host<float>(dctx_d.view());
+  run.grad = std::make_unique<AttnLayerParams>(cfg);
+  copy(view_of(run.grad->all()), grad_d.view());
   const std::uint64_t hwm = probe.peak_bytes();
   std::vector<std::uint64_t> peak{hwm, hwm - std::min(hwm, probe.start_bytes)};
   std::vector<std::uint64_t> resets{probe.reset ? 1u : 0u};
@@ -194,7 +209,8 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
 
   if (spec.reference) {
     run.tolerance = spec.dtype == DType::bf16 ? kTolBf16Layer : kTolF32;
-    const LayerCheck c = check_layer(*spec.reference, run.shard, cfg.hidden, run.y_p, run.dx_p, run.dctx_p, grad, run.tolerance);
+    const LayerCheck c = check_layer(*spec.reference, run.shard, cfg.hidden, run.y_p, run.dx_p, run.dctx_p, *run.grad,
+                                     run.tolerance);
     const CompareResult all = c.all();
     std::vector<double> err{all.max_abs, all.max_rel, all.worst_ratio};
     std::vector<std::int64_t> bad{all.mismatched};

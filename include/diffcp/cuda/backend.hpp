@@ -3,8 +3,10 @@
 // through the stream, GEMMs through cuBLASLt (f32 with f32 compute: no TF32; bf16 operands with f32
 // accumulation; dense_linear as a bf16 GEMM plus a bias pass), the block-sparse attention of
 // src/cuda/attention.cu (the DFlash mask and the DiT's dense attention, f32 / bf16 storage, f32
-// math; one warp per query row and head over the mask's visible ranges: a correctness-first
-// kernel, dK / dV by f32 atomics), and row kernels for every other op (src/cuda/kernels.cu: fill,
+// softmax: the products as batched GEMMs over each sample group's key spans with masked-softmax
+// kernels between them, forward and backward; or DIFFCP_CUDA_ATTENTION=simt's kernels on the SIMT
+// units: a warp per query row, and for dK / dV a warp per key row, no atomics), and row kernels
+// for every other op (src/cuda/kernels.cu: fill,
 // convert, add, SiLU, GELU, SwiGLU, bias, RMSNorm, RoPE, q/k-norm + RoPE, LayerNorm-modulate,
 // gated add, lse merge / rescale / shift, attention's D, gather / scatter rows, L1 distance,
 // guidance, cross-entropy, AdamW, gradient scaling, the fp8 codec). Host metadata an op takes (a
