@@ -27,7 +27,8 @@
 #                  128 heads, GQA 8, bf16) against PyTorch's FlexAttention and SDPA on the same mask
 #                  (bench/bench_gpu_peers.py); one DiT step at FLUX.1's width, bf16, against diffusers'
 #                  FluxTransformer2DModel eager and compiled (bench/bench_gpu_dit.py; diffusers from
-#                  carried wheels); `diffcp dit` over NCCL at P = 1; `diffcp train` steps on cuda vs cpu.
+#                  carried wheels); one Split-KV layer step and `diffcp train` steps on cuda vs cpu;
+#                  `diffcp dit` over NCCL at P = 1.
 #             Exit status: non-zero if a check failed.
 #   rehearse OUT  (here): `run` in a mount namespace where this machine's own Open MPI and oneDNN
 #             are hidden, so the bundle must bring them; the GPU steps skip, saying why.
@@ -167,6 +168,7 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
     fi
     if [ $gpu = 1 ] && [ "$what" != checks ]; then  # benchmarks: JSON lines, the issue's goals first
       wl=(--samples 2 --anchors 64 --block 16 --n-q 32 --n-kv 8 --d-h 128 --dtype bf16 --json)
+      layer=(--samples 2 --context 4k --queries 512 --hidden 1024 --n-q 16 --n-kv 4 --d-h 64 --dtype bf16 --reps 3 --check --json)
       peers() { step "attention_peers_$1" 150 python3 bench/bench_gpu_peers.py --mask "$out/mask_$1.json" --n-q 32 --n-kv 8 --d-h 128 --reps 10; }
       # 1. the DFlash workload (2 x 32k), forward + backward on the GEMM path, and PyTorch on its mask
       step attention_32k 150 "$bin/bench_device_attention" --backend cuda "${wl[@]}" --context 32768 --reps 3 \
@@ -182,6 +184,9 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
       fi
       # 3. the drafter's train step, GPU and CPU; 4k context on both attention paths; the SIMT
       #    forward at 32k; `diffcp dit` over NCCL
+      for b in cuda cpu; do  # one Split-KV layer step (forward + backward, P = 1), checked against fp64
+        step "splitkv_$b" 90 "${mpi[@]}" 1 "$bin/diffcp" --backend "$b" attn --method splitkv "${layer[@]}"
+      done
       for b in cuda cpu; do
         step "train_$b" 120 "${mpi[@]}" 1 "$bin/diffcp" --backend "$b" train --steps 6 --context 2048 --eval-every 0 \
           --log "$out/train_$b.jsonl" --no-progress
@@ -194,7 +199,7 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
       step attention_fwd_32k_simt 90 env DIFFCP_CUDA_ATTENTION=simt "$bin/bench_device_attention" --backend cuda "${wl[@]}" \
         --context 32768 --no-backward --reps 2
       step dit_nccl_np1 60 "${mpi[@]}" 1 "$bin/diffcp" --backend cuda --comm nccl dit --steps 3 --resolution 256 --json --out ""
-      grep -h '^{' "$out"/attention_*.log "$out"/dit_flux_width.log >"$out/bench.jsonl" 2>/dev/null || true
+      grep -h '^{' "$out"/attention_*.log "$out"/dit_flux_width.log "$out"/splitkv_*.log >"$out/bench.jsonl" 2>/dev/null || true
     fi
     rm -rf "$root"
     if [ ${#failed[@]} = 0 ]; then say "passed"; else say "FAILED: ${failed[*]}"; fi

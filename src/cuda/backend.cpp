@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -249,7 +250,7 @@ class CudaBackend final : public Backend {
     check_stats("lse", lse, a);
     a.ld_o = o.stride[0];
     cuda::attention_plan(mask, plan_host_);
-    if (simt_attention_) {
+    if (simt_attention_ || !gemm_shapes(a, {q, k, v, o})) {
       HostArgs h;
       h.add(std::span<const std::int64_t>(plan_host_));
       launched(cuda::attention_forward(q.dtype == DType::bf16, q.data, k.data, v.data, o.data, lse.ptr<float>(),
@@ -274,7 +275,8 @@ class CudaBackend final : public Backend {
     a.ld_dk = dk.stride[0];
     a.ld_dv = dv.stride[0];
     cuda::attention_plan(mask, plan_host_);
-    if (!simt_attention_) return gemm_attention_backward(mask, a, q, k, v, do_, lse, delta, dq, dk, dv);
+    if (!simt_attention_ && gemm_shapes(a, {q, k, v, do_, dq, dk, dv}))
+      return gemm_attention_backward(mask, a, q, k, v, do_, lse, delta, dq, dk, dv);
     // The forward plan (dQ) and the key plan (dK, dV) in one copy.
     cuda::attention_key_plan(mask, plan_host_, key_plan_host_);
     HostArgs h;
@@ -574,6 +576,14 @@ class CudaBackend final : public Backend {
   // between. Masked pairs inside the spans are computed and discarded: at most the group's own
   // context, never another sample's. Rows go in chunks so the f32 score tiles stay within
   // kScoreBytes.
+  // Whether the GEMM path's operands are what cuBLASLt's tensor-core kernels take: d_h and every
+  // row stride multiples of 8 elements, every tensor 16-byte aligned. Else the SIMT kernels run.
+  static bool gemm_shapes(const cuda::AttentionDims& a, std::initializer_list<ConstTensorView> views) {
+    if (a.d % 8 != 0) return false;
+    for (const ConstTensorView& t : views)
+      if (t.stride[0] % 8 != 0 || alignment(t.data) < 16) return false;
+    return true;
+  }
   struct Run {
     // query rows [row0, row0 + rows); spans [span0, span0 + n_spans); L: the score tiles' row
     // length (the spans' columns, each rounded up to 8)

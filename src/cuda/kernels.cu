@@ -154,17 +154,48 @@ int attention_delta_bf16(const std::uint16_t* do_, std::int64_t ld_do, const std
     delta[v] = acc;
   });
 }
+namespace {
+// RMSNorm, one warp per vector of d (the drafter's hidden rows, the heads' d_h): lane partial
+// sums over a warp tree.
+__device__ inline float warp_total(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__global__ void rmsnorm_forward_rows(const float* x, const float* w, float eps, float* y, float* rstd, std::int64_t v,
+                                     std::int64_t d) {
+  const std::int64_t i = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
+  if (i >= v) return;  // whole warps
+  const int lane = threadIdx.x % 32;
+  const float* xv = x + i * d;
+  float ss = 0.f;
+  for (std::int64_t c = lane; c < d; c += 32) ss += xv[c] * xv[c];
+  const float r = 1.f / sqrtf(warp_total(ss) / static_cast<float>(d) + eps);
+  if (lane == 0) rstd[i] = r;
+  float* yv = y + i * d;  // (may alias x: each element is read before its lane writes it)
+  for (std::int64_t c = lane; c < d; c += 32) yv[c] = xv[c] * r * w[c];
+}
+__global__ void rmsnorm_backward_rows(const float* dy, const float* x, const float* rstd, const float* w, float* dx,
+                                      std::int64_t v, std::int64_t d) {
+  const std::int64_t i = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
+  if (i >= v) return;  // whole warps
+  const int lane = threadIdx.x % 32;
+  const float* xv = x + i * d;
+  const float* dyv = dy + i * d;
+  const float r = rstd[i];
+  float gx = 0.f;
+  for (std::int64_t c = lane; c < d; c += 32) gx += dyv[c] * w[c] * xv[c];
+  const float k = r * r * warp_total(gx) / static_cast<float>(d);
+  float* dxv = dx + i * d;  // (may alias dy: read before written, per element and lane)
+  for (std::int64_t c = lane; c < d; c += 32) dxv[c] = r * (dyv[c] * w[c] - xv[c] * k);
+}
+unsigned warp_blocks(std::int64_t n) { return static_cast<unsigned>((n + kThreads / 32 - 1) / (kThreads / 32)); }
+}  // namespace
+
 int rmsnorm_forward(const float* x, const float* w, float eps, float* y, float* rstd, std::int64_t v, std::int64_t d,
                     Stream s) {
-  return launch_2d(1, v, s, [=] __device__(std::int64_t, std::int64_t i) {
-    const float* xv = x + i * d;
-    float ss = 0.f;
-    for (std::int64_t c = 0; c < d; ++c) ss += xv[c] * xv[c];
-    const float r = 1.f / sqrtf(ss / static_cast<float>(d) + eps);
-    rstd[i] = r;
-    float* yv = y + i * d;
-    for (std::int64_t c = 0; c < d; ++c) yv[c] = xv[c] * r * w[c];
-  });
+  if (v <= 0 || d <= 0) return 0;
+  rmsnorm_forward_rows<<<warp_blocks(v), kThreads, 0, st(s)>>>(x, w, eps, y, rstd, v, d);
+  return launched();
 }
 int rmsnorm_backward(const float* dy, const float* x, const float* rstd, const float* w, float* dx, float* dw,
                      std::int64_t v, std::int64_t d, Stream s) {
@@ -174,34 +205,42 @@ int rmsnorm_backward(const float* dy, const float* x, const float* rstd, const f
     for (std::int64_t i = 0; i < v; ++i) acc += dy[i * d + c] * x[i * d + c] * rstd[i];
     dw[c] += acc;
   });
-  if (e != 0) return e;
-  return launch_2d(1, v, s, [=] __device__(std::int64_t, std::int64_t i) {
-    const float* xv = x + i * d;
-    const float* dyv = dy + i * d;
-    const float r = rstd[i];
-    float gx = 0.f;
-    for (std::int64_t c = 0; c < d; ++c) gx += dyv[c] * w[c] * xv[c];
-    const float k = r * r * gx / static_cast<float>(d);
-    float* dxv = dx + i * d;
-    for (std::int64_t c = 0; c < d; ++c) dxv[c] = r * (dyv[c] * w[c] - xv[c] * k);
-  });
+  if (e != 0 || v <= 0) return e;
+  rmsnorm_backward_rows<<<warp_blocks(v), kThreads, 0, st(s)>>>(dy, x, rstd, w, dx, v, d);
+  return launched();
 }
 int gated_add(float* x, const float* gate, const float* y, std::int64_t ldy, std::int64_t rows, std::int64_t H, Stream s) {
   return launch_2d(rows, H, s, [=] __device__(std::int64_t r, std::int64_t c) { x[r * H + c] += gate[c] * y[r * ldy + c]; });
 }
+namespace {
+// One warp per row (the DiT's rows are H = 768 .. 6144 wide): the mean, then the centred variance
+// (no cancellation), each a sum of lane partials over a warp tree, in f32 as the CPU's lane sums.
+__global__ void layernorm_modulate_rows(const float* x, const float* shift, const float* scale, float eps, float* y,
+                                        std::int64_t rows, std::int64_t H) {
+  const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
+  if (r >= rows) return;  // whole warps
+  const int lane = threadIdx.x % 32;
+  const float* xr = x + r * H;
+  float s = 0.f;
+  for (std::int64_t c = lane; c < H; c += 32) s += xr[c];
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const float m = s / static_cast<float>(H);
+  float q = 0.f;
+  for (std::int64_t c = lane; c < H; c += 32) q += (xr[c] - m) * (xr[c] - m);
+  for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+  const float rstd = 1.f / sqrtf(q / static_cast<float>(H) + eps);
+  float* yr = y + r * H;
+  for (std::int64_t c = lane; c < H; c += 32) yr[c] = (1.f + scale[c]) * ((xr[c] - m) * rstd) + shift[c];
+}
+}  // namespace
+
 int layernorm_modulate(const float* x, const float* shift, const float* scale, float eps, float* y, std::int64_t rows,
                        std::int64_t H, Stream s) {
-  return launch_2d(1, rows, s, [=] __device__(std::int64_t, std::int64_t r) {
-    const float* xr = x + r * H;
-    float* yr = y + r * H;
-    double sum = 0;
-    for (std::int64_t c = 0; c < H; ++c) sum += xr[c];
-    const float m = static_cast<float>(sum / static_cast<double>(H));
-    double q = 0;
-    for (std::int64_t c = 0; c < H; ++c) q += static_cast<double>(xr[c] - m) * (xr[c] - m);
-    const float rstd = 1.f / sqrtf(static_cast<float>(q / static_cast<double>(H)) + eps);
-    for (std::int64_t c = 0; c < H; ++c) yr[c] = (1.f + scale[c]) * ((xr[c] - m) * rstd) + shift[c];
-  });
+  if (rows <= 0 || H <= 0) return 0;
+  const std::int64_t warps_per_block = kThreads / 32;
+  layernorm_modulate_rows<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block), kThreads, 0, st(s)>>>(
+      x, shift, scale, eps, y, rows, H);
+  return launched();
 }
 
 namespace {
