@@ -38,10 +38,9 @@
 // have received a deferred send (wait or test its Work first).
 //
 // Tags: NCCL has none. Messages between two ranks match in the order they were issued, whatever
-// their tags. Callers that post sends and receives of different tags in different orders (MPI
-// matches them by tag) get the wrong data or a hang here: at P >= 4, Ring's backward (kTagKV /
-// kTagAcc) and LV-XAttn (kTagQuery / kTagRunning) post a step's receives in another order than
-// their peers send.
+// their tags, so a caller must post its receives in the order its peer sends (MPI would match them
+// by tag). Ring and LV-XAttn do (a step's accumulator before the next K/V or queries); the test
+// CpMethodsTagless (tests/test_cp_guard.cpp) runs them over MPI with every tag 0 at P = 1 to 8.
 //
 // Watchdog (comm/watchdog.cpp): Works poll, so an operation past the timeout is caught in its
 // wait()/test() as with MPI; the reports travel over the MPI duplicate. After the exchange the
