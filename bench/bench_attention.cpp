@@ -22,6 +22,7 @@
 
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/mask.hpp"
+#include "mask_json.hpp"
 #include "diffcp/core/half.hpp"
 #include "diffcp/core/random.hpp"
 #include "diffcp/ops/backend.hpp"
@@ -151,15 +152,7 @@ int main(int argc, char** argv) {
     const diffcp::PackedBatch batch = diffcp::make_random_batch(samples, context, anchors, block, 0.25, 1);
     const diffcp::BlockMask mask = diffcp::full_mask(batch);
     const std::int64_t Q = batch.query_rows(), Lk = mask.key_rows();
-    if (!dump_mask.empty()) {
-      nlohmann::json ctx = nlohmann::json::array();
-      for (const diffcp::MaskBlock& b : mask.blocks()) ctx.push_back({b.ctx_begin, b.ctx_end});
-      std::ofstream f(dump_mask);
-      f << nlohmann::json{{"block", block}, {"context_rows", batch.context_rows()}, {"key_rows", Lk}, {"query_rows", Q},
-                          {"ctx", ctx}}.dump()
-        << std::endl;
-      if (!f) throw std::runtime_error("cannot write " + dump_mask);
-    }
+    if (!dump_mask.empty()) diffcp::bench::dump_mask_json(batch, mask, dump_mask);
     const auto q = diffcp::random_normal(static_cast<std::size_t>(Q * n_q * d_h), 1);
     const auto k = diffcp::random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), 2);
     const auto v = diffcp::random_normal(static_cast<std::size_t>(Lk * n_kv * d_h), 3);

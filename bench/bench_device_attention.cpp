@@ -19,6 +19,7 @@
 
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/attention/mask.hpp"
+#include "mask_json.hpp"
 #include "diffcp/core/random.hpp"
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/buffer.hpp"
@@ -93,15 +94,7 @@ int main(int argc, char** argv) {
     const diffcp::PackedBatch batch = diffcp::make_random_batch(samples, context, anchors, block, 0.25, 1);
     const diffcp::BlockMask mask = diffcp::full_mask(batch);
     const std::int64_t Q = batch.query_rows(), Lk = mask.key_rows();
-    if (!dump_mask.empty()) {
-      nlohmann::json ctx = nlohmann::json::array();
-      for (const diffcp::MaskBlock& m : mask.blocks()) ctx.push_back({m.ctx_begin, m.ctx_end});
-      std::ofstream f(dump_mask);
-      f << nlohmann::json{{"block", block}, {"context_rows", batch.context_rows()}, {"key_rows", Lk}, {"query_rows", Q},
-                          {"ctx", ctx}}.dump()
-        << std::endl;
-      DIFFCP_CHECK(static_cast<bool>(f), "cannot write ", dump_mask);
-    }
+    if (!dump_mask.empty()) diffcp::bench::dump_mask_json(batch, mask, dump_mask);
     const Buffer q = random_buffer(b, dt, Q * n_q * d_h, 1), k = random_buffer(b, dt, Lk * n_kv * d_h, 2),
                  v = random_buffer(b, dt, Lk * n_kv * d_h, 3), dout = random_buffer(b, dt, Q * n_q * d_h, 4);
     Buffer o(dt, Q * n_q * d_h, b), dq(dt, Q * n_q * d_h, b), dk(dt, Lk * n_kv * d_h, b), dv(dt, Lk * n_kv * d_h, b),

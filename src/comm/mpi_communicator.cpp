@@ -341,17 +341,24 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split_node_local(const std::st
 std::vector<std::optional<WatchdogReport>> MpiCommunicator::do_watchdog_exchange(const WatchdogReport& mine,
                                                                                  std::span<const int> wanted,
                                                                                  double grace_s) {
+  return mpi_watchdog_exchange(comm_, kWatchdogTag, mine, wanted, grace_s);
+}
+
+std::vector<std::optional<WatchdogReport>> mpi_watchdog_exchange(MPI_Comm comm, int tag, const WatchdogReport& mine,
+                                                                 std::span<const int> wanted, double grace_s) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
   // Best effort and never blocking: the job is about to end, and a peer may be stopped, dead or
   // behind a link that is down. The send buffer is deliberately never freed (a send to such a peer
   // never completes); errors are ignored.
   auto* out = new WatchdogReport(mine);
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
     MPI_Request req = MPI_REQUEST_NULL;
-    if (MPI_Isend(out, sizeof(WatchdogReport), MPI_BYTE, r, kWatchdogTag, comm_, &req) == MPI_SUCCESS)
-      MPI_Request_free(&req);
+    if (MPI_Isend(out, sizeof(WatchdogReport), MPI_BYTE, r, tag, comm, &req) == MPI_SUCCESS) MPI_Request_free(&req);
   }
-  std::vector<std::optional<WatchdogReport>> got(static_cast<std::size_t>(size_));
+  std::vector<std::optional<WatchdogReport>> got(static_cast<std::size_t>(size));
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
   auto all_in = [&] {
     return std::all_of(wanted.begin(), wanted.end(), [&](int r) { return got[static_cast<std::size_t>(r)].has_value(); });
@@ -359,13 +366,13 @@ std::vector<std::optional<WatchdogReport>> MpiCommunicator::do_watchdog_exchange
   while (!all_in() && std::chrono::steady_clock::now() < until) {
     int flag = 0;
     MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kWatchdogTag, comm_, &flag, &st) != MPI_SUCCESS) break;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS) break;
     if (!flag) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       continue;
     }
     WatchdogReport in;
-    if (MPI_Recv(&in, sizeof in, MPI_BYTE, st.MPI_SOURCE, kWatchdogTag, comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    if (MPI_Recv(&in, sizeof in, MPI_BYTE, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
     got[static_cast<std::size_t>(st.MPI_SOURCE)] = in;
   }
   return got;

@@ -10,6 +10,7 @@
 #include <exception>
 #include <thread>
 
+#include "diffcp/comm/mpi_communicator.hpp"
 #include "diffcp/cuda/backend.hpp"
 
 namespace diffcp {
@@ -466,32 +467,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split_node_local(const std::s
 std::vector<std::optional<WatchdogReport>> NcclCommunicator::do_watchdog_exchange(const WatchdogReport& mine,
                                                                                   std::span<const int> wanted,
                                                                                   double grace_s) {
-  // Best effort and never blocking (see MpiCommunicator): the send buffer is deliberately never
-  // freed, errors are ignored.
-  auto* out = new WatchdogReport(mine);
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    MPI_Request req = MPI_REQUEST_NULL;
-    if (MPI_Isend(out, sizeof(WatchdogReport), MPI_BYTE, r, kWatchdogTag, boot_, &req) == MPI_SUCCESS)
-      MPI_Request_free(&req);
-  }
-  std::vector<std::optional<WatchdogReport>> got(static_cast<std::size_t>(size_));
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
-  auto all_in = [&] {
-    return std::all_of(wanted.begin(), wanted.end(), [&](int r) { return got[static_cast<std::size_t>(r)].has_value(); });
-  };
-  while (!all_in() && std::chrono::steady_clock::now() < until) {
-    int flag = 0;
-    MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kWatchdogTag, boot_, &flag, &st) != MPI_SUCCESS) break;
-    if (!flag) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      continue;
-    }
-    WatchdogReport in;
-    if (MPI_Recv(&in, sizeof in, MPI_BYTE, st.MPI_SOURCE, kWatchdogTag, boot_, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
-    got[static_cast<std::size_t>(st.MPI_SOURCE)] = in;
-  }
+  auto got = mpi_watchdog_exchange(boot_, kWatchdogTag, mine, wanted, grace_s);
   abort_nccl();  // the operation fails next (watchdog_expired); a kernel stuck in it must end
   return got;
 }

@@ -63,4 +63,10 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
 };
 
+// The watchdog's exchange over an MPI communicator (Communicator::do_watchdog_exchange): `mine`
+// to every other rank on `tag`, then the others' reports for up to grace_s seconds or until every
+// rank in `wanted` answered; never blocking on a peer. [size] entries (nullopt: no answer).
+std::vector<std::optional<WatchdogReport>> mpi_watchdog_exchange(MPI_Comm comm, int tag, const WatchdogReport& mine,
+                                                                 std::span<const int> wanted, double grace_s);
+
 }  // namespace diffcp
