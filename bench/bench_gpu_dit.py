@@ -33,6 +33,7 @@ def main():
     ap.add_argument("--text-tokens", type=int, default=512)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(model)")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only to rehearse the script (diffcp --backend cpu)")
     a = ap.parse_args()
 
     import numpy as np
@@ -40,14 +41,15 @@ def main():
     from diffusers import FluxTransformer2DModel
 
     torch.manual_seed(0)
-    dev = torch.device("cuda")
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
     model = FluxTransformer2DModel(num_layers=a.double, num_single_layers=a.single, guidance_embeds=True).eval()
     n_img, T, side = (a.resolution // 16) ** 2, a.text_tokens, a.resolution // 16
     rng = np.random.default_rng(0)
     txt = rng.standard_normal((T, 4096)).astype(np.float32)
     pooled = rng.standard_normal(768).astype(np.float32)
     noise = rng.standard_normal((1, n_img, 64)).astype(np.float32)
-    r = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "double": a.double, "single": a.single,
+    r = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if cuda else "cpu", "double": a.double, "single": a.single,
          "image_tokens": n_img, "text_tokens": T, "reps": a.reps,
          "parameters": sum(p.numel() for p in model.parameters())}
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,16 +69,20 @@ def main():
                       img_ids=ids.reshape(-1, 3).to(dev), txt_ids=torch.zeros(T, 3, device=dev),
                       guidance=torch.tensor([3.5], **bf), return_dict=False)
 
+        def sync():
+            if cuda:
+                torch.cuda.synchronize()
+
         def timed(fn, warm=2):
             with torch.no_grad():
                 for _ in range(warm):
                     fn(**inputs)
-                torch.cuda.synchronize()
+                sync()
                 t = []
                 for _ in range(a.reps):
                     t0 = time.perf_counter()
                     fn(**inputs)
-                    torch.cuda.synchronize()
+                    sync()
                     t.append(1e3 * (time.perf_counter() - t0))
             return statistics.median(t)
 
@@ -84,8 +90,9 @@ def main():
         if a.compile:
             r["diffusers_compile_ms"] = timed(torch.compile(model), warm=3)
         del model
-        torch.cuda.empty_cache()
-        cmd = [a.diffcp, "--backend", "cuda", "dit", "--weights", str(root), "--text-embeddings", str(root / "txt.npy"),
+        if cuda:
+            torch.cuda.empty_cache()
+        cmd = [a.diffcp, "--backend", "cuda" if cuda else "cpu", "dit", "--weights", str(root), "--text-embeddings", str(root / "txt.npy"),
                "--pooled", str(root / "pooled.npy"), "--noise", str(root / "noise.npy"), "--resolution", str(a.resolution),
                "--steps", str(a.reps + 1), "--dtype", "bf16", "--weights-dtype", "bf16", "--json", "--out", ""]
         out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
