@@ -147,24 +147,24 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
     gpu=1
     command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1 || { gpu=0; say "no GPU here (nvidia-smi failed): the GPU steps skip, saying why"; }
     if [ "$what" != bench ]; then
-    step mpi_cpu_np2 60 "${mpi[@]}" 2 "$bin/diffcp" attn --check --json --reps 1  # Open MPI from the bundle, on the CPU
-    step op_harness 120 "$bin/test_backend_ops" --gtest_output="xml:$out/test_backend_ops.xml"
-    if [ $gpu = 1 ]; then
-      step op_harness_perf 120 "$bin/bench_backend_ops" --backend cuda --perf --reps 10
-      # the other attention forward (the warp-per-row kernel) against the CPU too
-      step op_harness_simt 60 env DIFFCP_CUDA_ATTENTION=simt "$bin/bench_backend_ops" --backend cuda
-    fi
-    if [ $gpu = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
-      step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/bench_backend_ops" --backend cuda
-    else
-      say "memcheck: skipped (no GPU or no compute-sanitizer)"
-    fi
-    export DIFFCP_TEST_DEVICE=cuda
-    for np in 1 2 4; do step "cp_methods_np$np" 60 "${mpi[@]}" "$np" "$bin/test_cp_guard" --gtest_brief=1; done
-    for np in 1 2 4; do step "dit_np$np" 60 "${mpi[@]}" "$np" "$bin/test_dit_guard" --gtest_brief=1; done
-    for np in 1 2; do step "drafter_np$np" 90 "${mpi[@]}" "$np" "$bin/test_drafter_guard" --gtest_brief=1; done
-    unset DIFFCP_TEST_DEVICE
-    step nccl_np1 60 "${mpi[@]}" 1 "$bin/test_nccl_comm" --gtest_brief=1
+      step mpi_cpu_np2 60 "${mpi[@]}" 2 "$bin/diffcp" attn --check --json --reps 1  # Open MPI from the bundle, on the CPU
+      step op_harness 120 "$bin/test_backend_ops" --gtest_output="xml:$out/test_backend_ops.xml"
+      if [ $gpu = 1 ]; then
+        step op_harness_perf 120 "$bin/bench_backend_ops" --backend cuda --perf --reps 10
+        # the other attention forward (the warp-per-row kernel) against the CPU too
+        step op_harness_simt 60 env DIFFCP_CUDA_ATTENTION=simt "$bin/bench_backend_ops" --backend cuda
+      fi
+      if [ $gpu = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+        step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/bench_backend_ops" --backend cuda
+      else
+        say "memcheck: skipped (no GPU or no compute-sanitizer)"
+      fi
+      export DIFFCP_TEST_DEVICE=cuda
+      for np in 1 2 4; do step "cp_methods_np$np" 60 "${mpi[@]}" "$np" "$bin/test_cp_guard" --gtest_brief=1; done
+      for np in 1 2 4; do step "dit_np$np" 60 "${mpi[@]}" "$np" "$bin/test_dit_guard" --gtest_brief=1; done
+      for np in 1 2; do step "drafter_np$np" 90 "${mpi[@]}" "$np" "$bin/test_drafter_guard" --gtest_brief=1; done
+      unset DIFFCP_TEST_DEVICE
+      step nccl_np1 60 "${mpi[@]}" 1 "$bin/test_nccl_comm" --gtest_brief=1
     fi
     if [ $gpu = 1 ] && [ "$what" != checks ]; then  # benchmarks: JSON lines, the issue's goals first
       wl=(--samples 2 --anchors 64 --block 16 --n-q 32 --n-kv 8 --d-h 128 --dtype bf16 --json)
