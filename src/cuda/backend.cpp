@@ -4,10 +4,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -467,29 +469,6 @@ class CudaBackend final : public Backend {
       launched(cuda::scale_f32(static_cast<float*>(g.C), g.M, g.N, g.ldc, g.beta, stream_), "gemm (K = 0)");
       return;
     }
-    const cudaDataType_t ab = g.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    const cudaDataType_t c = g.c_dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    cublasLtMatmulDesc_t desc = nullptr;
-    lt_ok(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
-    const cublasOperation_t ta = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    lt_ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
-    lt_ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
-    // cuBLASLt's A = our B: op N: [N, K] (col-major), op T: [K, N]; its B = our A: op N: [K, M], op T: [M, K].
-    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-    lt_ok(cublasLtMatrixLayoutCreate(&la, ab, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb), "layout A");
-    lt_ok(cublasLtMatrixLayoutCreate(&lb, ab, g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda), "layout B");
-    lt_ok(cublasLtMatrixLayoutCreate(&lc, c, g.N, g.M, g.ldc), "layout C");
-    if (bt.count > 1) {
-      const std::int32_t n = bt.count;
-      const auto batch = [&](cublasLtMatrixLayout_t l, std::int64_t stride) {
-        lt_ok(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n), "batch count");
-        lt_ok(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
-              "batch stride");
-      };
-      batch(la, bt.stride_b);
-      batch(lb, bt.stride_a);
-      batch(lc, bt.stride_c);
-    }
     // The algorithm for these pointers' alignment (a column slice of a weight may be 16-byte aligned
     // only; cuBLASLt's implicit choice assumes its default, 256), every batch's included.
     const std::size_t es = g.dtype == DType::bf16 ? 2 : 4, ec = g.c_dtype == DType::bf16 ? 2 : 4;
@@ -497,32 +476,88 @@ class CudaBackend final : public Backend {
       const std::uint32_t a = alignment(p);
       return bt.count > 1 ? std::min(a, alignment(reinterpret_cast<const void*>(static_cast<std::uintptr_t>(stride) * e))) : a;
     };
+    const LtPlan& plan = lt_plan(g, bt, aligned(g.B, bt.stride_b, es), aligned(g.A, bt.stride_a, es),
+                                 aligned(g.C, bt.stride_c, ec));
+    const float alpha = g.alpha, beta = g.beta;
+    lt_ok(cublasLtMatmul(lt_, plan.desc, &alpha, g.B, plan.la, g.A, plan.lb, &beta, g.C, plan.lc, g.C, plan.lc, &plan.algo,
+                         workspace_, kWorkspace, stream_),
+          "matmul");
+  }
+  // cuBLASLt's descriptors and chosen algorithm for one GEMM shape (dims, leading dims, transposes,
+  // dtypes, batch and the pointers' alignments), made at the first call and reused: the heuristic
+  // runs once per shape, not per call. At most kLtPlans kept (DFlash masks give new span lengths
+  // every step): past that the cache starts over.
+  struct LtPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  static void destroy(LtPlan& p) {
+    if (p.la != nullptr) cublasLtMatrixLayoutDestroy(p.la);
+    if (p.lb != nullptr) cublasLtMatrixLayoutDestroy(p.lb);
+    if (p.lc != nullptr) cublasLtMatrixLayoutDestroy(p.lc);
+    if (p.desc != nullptr) cublasLtMatmulDescDestroy(p.desc);
+  }
+  const LtPlan& lt_plan(const GemmArgs& g, const Batch& bt, std::uint32_t al_a, std::uint32_t al_b, std::uint32_t al_c) {
+    const LtKey key{g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.trans_a, g.trans_b, static_cast<std::int64_t>(g.dtype),
+                    static_cast<std::int64_t>(g.c_dtype), bt.count, bt.stride_a, bt.stride_b, bt.stride_c, al_a, al_b, al_c};
+    if (const auto it = lt_plans_.find(key); it != lt_plans_.end()) return it->second;
+    if (lt_plans_.size() >= kLtPlans) {
+      for (auto& [k, p] : lt_plans_) destroy(p);
+      lt_plans_.clear();
+    }
+    LtPlan p;
+    struct Guard {  // frees a half-made plan if a call below throws
+      LtPlan& p;
+      bool keep = false;
+      ~Guard() {
+        if (!keep) destroy(p);
+      }
+    } guard{p};
+    const cudaDataType_t ab = g.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType_t c = g.c_dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    lt_ok(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+    const cublasOperation_t ta = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
+    lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
+    // cuBLASLt's A = our B: op N: [N, K] (col-major), op T: [K, N]; its B = our A: op N: [K, M], op T: [M, K].
+    lt_ok(cublasLtMatrixLayoutCreate(&p.la, ab, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb), "layout A");
+    lt_ok(cublasLtMatrixLayoutCreate(&p.lb, ab, g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda), "layout B");
+    lt_ok(cublasLtMatrixLayoutCreate(&p.lc, c, g.N, g.M, g.ldc), "layout C");
+    if (bt.count > 1) {
+      const std::int32_t n = bt.count;
+      const auto batch = [&](cublasLtMatrixLayout_t l, std::int64_t stride) {
+        lt_ok(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n), "batch count");
+        lt_ok(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+              "batch stride");
+      };
+      batch(p.la, bt.stride_b);
+      batch(p.lb, bt.stride_a);
+      batch(p.lc, bt.stride_c);
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     lt_ok(cublasLtMatmulPreferenceCreate(&pref), "preference");
     const std::uint64_t ws = kWorkspace;
-    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
-    const std::uint32_t al_a = aligned(g.B, bt.stride_b, es), al_b = aligned(g.A, bt.stride_a, es),
-                        al_c = aligned(g.C, bt.stride_c, ec);
-    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a), "align A");
-    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b), "align B");
-    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c), "align C");
-    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c), "align D");
+    const auto set = [&](cublasLtMatmulPreferenceAttributes_t a, const void* v, std::size_t n) {
+      const cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, a, v, n);
+      if (st != CUBLAS_STATUS_SUCCESS) cublasLtMatmulPreferenceDestroy(pref);
+      lt_ok(st, "preference");
+    };
+    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
     cublasLtMatmulHeuristicResult_t best{};
     int found = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, lc, lc, pref, 1, &best, &found);
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &best, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    const float alpha = g.alpha, beta = g.beta;
-    const cublasStatus_t s = hs != CUBLAS_STATUS_SUCCESS || found < 1
-                                 ? hs
-                                 : cublasLtMatmul(lt_, desc, &alpha, g.B, la, g.A, lb, &beta, g.C, lc, g.C, lc, &best.algo,
-                                                  workspace_, kWorkspace, stream_);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(lc);
-    cublasLtMatmulDescDestroy(desc);
-    DIFFCP_CHECK(hs != CUBLAS_STATUS_SUCCESS || found > 0, "cuda: cublasLt: no algorithm for gemm M ", g.M, " N ", g.N,
-                 " K ", g.K, " (", dtype_name(g.dtype), ", batch ", bt.count, ")");
-    lt_ok(s, "matmul");
+    lt_ok(hs, "algorithm heuristic");
+    DIFFCP_CHECK(found > 0, "cuda: cublasLt: no algorithm for gemm M ", g.M, " N ", g.N, " K ", g.K, " (",
+                 dtype_name(g.dtype), ", batch ", bt.count, ", alignments ", al_a, "/", al_b, "/", al_c, ")");
+    p.algo = best.algo;
+    guard.keep = true;
+    return lt_plans_.emplace(key, p).first->second;
   }
   // The largest power of two (<= 256) that divides the address: cuBLASLt's alignment preference.
   static std::uint32_t alignment(const void* p) {
@@ -868,6 +903,9 @@ class CudaBackend final : public Backend {
   cudaEvent_t staged_ = nullptr;   // after the last upload's copy
 
   static constexpr std::size_t kWorkspace = std::size_t{32} << 20;
+  using LtKey = std::array<std::int64_t, 17>;
+  static constexpr std::size_t kLtPlans = 4096;
+  std::map<LtKey, LtPlan> lt_plans_;
   static constexpr std::int64_t kScoreBytes = std::int64_t{1} << 30;  // the GEMM forward's scores per chunk
   // DIFFCP_CUDA_ATTENTION: gemm (default: the tensor-core forward) | simt (the warp-per-row kernel)
   bool simt_attention_ = [] {
