@@ -158,7 +158,8 @@ TEST(Fp8Codec, E4m3CodesRoundTripAndRoundToNearestEven) {
 // infinite scale, so 0 x inf = NaN and the inf element itself 448 x inf), the other blocks exact.
 TEST(Fp8Codec, NonFiniteInputMakesItsBlockNonFinite) {
   const std::int64_t d = 8;
-  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), inf, -inf}) {
     std::vector<float> x(3 * d, 1.f);
     x[d + 3] = bad;
     const std::vector<float> got = op_round_trip(x, d, DType::f32);
@@ -169,6 +170,7 @@ TEST(Fp8Codec, NonFiniteInputMakesItsBlockNonFinite) {
         EXPECT_EQ(got[static_cast<std::size_t>(i)], 1.f) << "element " << i;
       }
     }
+    if (std::isinf(bad)) EXPECT_EQ(got[static_cast<std::size_t>(d + 3)], bad) << "an infinite element keeps its sign";
   }
 }
 

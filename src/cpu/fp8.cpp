@@ -47,7 +47,12 @@ void encode_blocks(const T* x, std::int64_t n, std::int64_t d, std::uint8_t* enc
       std::memset(c, 0, static_cast<std::size_t>(d));
       continue;
     }
-    for (std::int64_t i = 0; i < d; ++i) c[i] = e4m3_from_float(value_of(xb[i]) / s);
+    // x / s with x's sign: an infinite x in its own block (s = inf) gives NaN, whose sign bit is
+    // the platform's; the code saturates to 448 with x's sign (+-inf once scaled back).
+    for (std::int64_t i = 0; i < d; ++i) {
+      const float v = value_of(xb[i]);
+      c[i] = e4m3_from_float(std::copysign(std::fabs(v / s), v));
+    }
   }
 }
 

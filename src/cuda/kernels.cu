@@ -484,7 +484,8 @@ int fp8_encode(const void* x, bool bf16, std::uint8_t* enc, std::int64_t n, std:
     std::uint8_t* e = enc + b * (d + 4);
     const unsigned sb = __float_as_uint(sc);
     for (int k = 0; k < 4; ++k) e[k] = static_cast<std::uint8_t>(sb >> (8 * k));  // little-endian f32, as memcpy
-    for (std::int64_t i = 0; i < d; ++i) e[4 + i] = sc == 0.f ? 0 : e4m3_code(value(i) / sc);
+    for (std::int64_t i = 0; i < d; ++i)  // (x / s with x's sign, as the CPU: inf / inf is NaN)
+      e[4 + i] = sc == 0.f ? 0 : e4m3_code(copysignf(fabsf(value(i) / sc), value(i)));
   });
 }
 int fp8_decode(const std::uint8_t* enc, void* x, bool bf16, std::int64_t n, std::int64_t d, Stream s) {
