@@ -1,6 +1,7 @@
 // The CUDA attention's plans (src/cuda/plan.hpp), checked on the host against the mask itself
 // (BlockMask::visible_ranges): the forward plan holds every block's anchor and ranges; the key plan
-// gives every key row exactly the blocks that see it, and the key's position. Masks: DFlash batches
+// gives every key row exactly the blocks that see it, and the key's position; the GEMM path's runs
+// cover every block once with exactly its visible keys. Masks: DFlash batches
 // with and without a sliding window, context segments held out of order with a block whose own
 // rows are elsewhere, and the DiT's dense blocks (one image each).
 #include <algorithm>
@@ -17,10 +18,52 @@
 namespace diffcp {
 namespace {
 
+// The GEMM path's runs: every block's rows in exactly one run of consecutive blocks of one sample
+// group; a run's spans disjoint, in row order, 8-aligned columns, exactly the union of its blocks'
+// visible key rows.
+void check_runs(const BlockMask& mask, const std::vector<std::int64_t>& plan) {
+  const cuda::AttentionRuns R = cuda::attention_runs(mask, plan);
+  const std::int64_t B = mask.block(), N = mask.num_blocks();
+  std::vector<int> covered(static_cast<std::size_t>(N), 0);
+  std::vector<std::int64_t> group_of(static_cast<std::size_t>(N), -1);
+  for (std::size_t g = 0; g < mask.sample_groups().size(); ++g)
+    for (const std::int64_t i : mask.sample_groups()[g]) group_of[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(g);
+  std::vector<RowRange> ranges;
+  for (const cuda::AttentionRun& run : R.runs) {
+    ASSERT_EQ(run.row0 % B, 0);
+    ASSERT_EQ(run.rows % B, 0);
+    ASSERT_GT(run.rows, 0);
+    const std::int64_t i0 = run.row0 / B, i1 = i0 + run.rows / B;
+    std::set<std::int64_t> want;  // the union of the run's blocks' visible key rows
+    for (std::int64_t i = i0; i < i1; ++i) {
+      ++covered[static_cast<std::size_t>(i)];
+      EXPECT_EQ(group_of[static_cast<std::size_t>(i)], group_of[static_cast<std::size_t>(i0)]) << "block " << i;
+      mask.visible_ranges(i, ranges);
+      for (const RowRange& r : ranges)
+        for (std::int64_t j = r.begin; j < r.end; ++j) want.insert(j);
+    }
+    std::set<std::int64_t> got;
+    std::int64_t col = 0, prev_end = -1;
+    for (std::int64_t sp = run.span0; sp < run.span0 + run.n_spans; ++sp) {
+      const std::int64_t* g = R.spans.data() + 3 * sp;
+      ASSERT_LT(g[0], g[1]);
+      EXPECT_GT(g[0], prev_end) << "spans disjoint, not adjacent, in row order";
+      EXPECT_EQ(g[2], col);
+      col += (g[1] - g[0] + 7) / 8 * 8;
+      prev_end = g[1];
+      for (std::int64_t j = g[0]; j < g[1]; ++j) got.insert(j);
+    }
+    EXPECT_EQ(run.L, col);
+    EXPECT_EQ(got, want) << "run at row " << run.row0;
+  }
+  for (std::int64_t i = 0; i < N; ++i) EXPECT_EQ(covered[static_cast<std::size_t>(i)], 1) << "block " << i;
+}
+
 void check_plans(const BlockMask& mask) {
   std::vector<std::int64_t> plan, key_plan;
   cuda::attention_plan(mask, plan);
   cuda::attention_key_plan(mask, plan, key_plan);
+  check_runs(mask, plan);
   const std::int64_t N = mask.num_blocks(), L = mask.key_rows();
   // Brute force: which blocks see each key row, at which position.
   std::vector<std::set<std::int64_t>> seen(static_cast<std::size_t>(L));

@@ -619,47 +619,15 @@ class CudaBackend final : public Backend {
       if (t.stride[0] % 8 != 0 || alignment(t.data) < 16) return false;
     return true;
   }
-  struct Run {
-    // query rows [row0, row0 + rows); spans [span0, span0 + n_spans); L: the score tiles' row
-    // length (the spans' columns, each rounded up to 8)
-    std::int64_t row0, rows, span0, n_spans, L;
+  using Run = cuda::AttentionRun;
+  struct Runs : cuda::AttentionRuns {
+    const std::int64_t* plan = nullptr;    // device: the plan
+    const std::int64_t* dspans = nullptr;  // device: the spans
   };
-  struct Runs {
-    std::vector<Run> runs;
-    std::vector<std::int64_t> spans;  // [.., 3]: first key row, end row, first column
-    const std::int64_t* plan = nullptr;   // device: the plan
-    const std::int64_t* dspans = nullptr; // device: spans
-  };
-  // The runs of `mask` (plan_host_ built), with the plan and the spans staged in one copy.
-  Runs attention_runs(const BlockMask& mask, std::int64_t N, std::int64_t B) {
+  // The runs of `mask` (cuda/plan.hpp; plan_host_ built), with the plan and the spans staged in one copy.
+  Runs attention_runs(const BlockMask& mask) {
     Runs R;
-    for (std::vector<std::int64_t> blocks : mask.sample_groups()) {
-      std::sort(blocks.begin(), blocks.end());
-      for (std::size_t b0 = 0; b0 < blocks.size();) {
-        std::size_t b1 = b0 + 1;
-        while (b1 < blocks.size() && blocks[b1] == blocks[b1 - 1] + 1) ++b1;
-        std::vector<std::pair<std::int64_t, std::int64_t>> iv;  // the run's ranges, then merged
-        for (std::size_t b = b0; b < b1; ++b)
-          for (std::int64_t r = plan_host_[static_cast<std::size_t>(N + blocks[b])];
-               r < plan_host_[static_cast<std::size_t>(N + blocks[b] + 1)]; ++r) {
-            const std::int64_t* g = plan_host_.data() + 2 * N + 1 + 3 * r;
-            if (g[1] > g[0]) iv.emplace_back(g[0], g[1]);
-          }
-        std::sort(iv.begin(), iv.end());
-        Run run{blocks[b0] * B, static_cast<std::int64_t>(b1 - b0) * B, static_cast<std::int64_t>(R.spans.size() / 3), 0, 0};
-        for (std::size_t x = 0; x < iv.size();) {
-          std::int64_t end = iv[x].second;
-          std::size_t y = x + 1;
-          for (; y < iv.size() && iv[y].first <= end; ++y) end = std::max(end, iv[y].second);
-          R.spans.insert(R.spans.end(), {iv[x].first, end, run.L});
-          run.L += (end - iv[x].first + 7) / 8 * 8;  // each span's columns 16-byte aligned for the GEMMs
-          ++run.n_spans;
-          x = y;
-        }
-        R.runs.push_back(run);
-        b0 = b1;
-      }
-    }
+    static_cast<cuda::AttentionRuns&>(R) = cuda::attention_runs(mask, plan_host_);
     HostArgs h;
     h.add(std::span<const std::int64_t>(plan_host_));
     const std::size_t spans_at = h.add(std::span<const std::int64_t>(R.spans));
@@ -668,8 +636,9 @@ class CudaBackend final : public Backend {
     R.dspans = reinterpret_cast<const std::int64_t*>(base + spans_at);
     return R;
   }
-  // For each q head g of a kv group and each span of `run`: C (+)= op(A) op(B) batched over the kv
-  // heads, with the span's first key row and first column handed to `args` to fill the rest.
+  // For each q head g of a kv group and each span of `run`: one GEMM batched over the kv heads, its
+  // arguments filled by fill(args, batch, g, the span's first key row, its length, its first
+  // column, whether it is the run's first span).
   template <typename Fill>
   void per_span(const Runs& R, const Run& run, std::int64_t G, std::int64_t n_kv, Fill fill) {
     for (std::int64_t g = 0; g < G; ++g)
@@ -692,7 +661,7 @@ class CudaBackend final : public Backend {
 
   void gemm_attention_forward(const BlockMask& mask, const cuda::AttentionDims& a, const ConstTensorView& q,
                               const ConstTensorView& k, const ConstTensorView& v, const TensorView& o, const TensorView& lse) {
-    const Runs R = attention_runs(mask, a.N, a.B);
+    const Runs R = attention_runs(mask);
     const bool bf16 = q.dtype == DType::bf16;
     const std::int64_t G = a.n_q / a.n_kv, d = a.d, es = bf16 ? 2 : 4;
     const auto at = [es](const void* p, std::int64_t elems) { return static_cast<const char*>(p) + elems * es; };
@@ -752,7 +721,7 @@ class CudaBackend final : public Backend {
                                const ConstTensorView& k, const ConstTensorView& v, const ConstTensorView& dout,
                                const ConstTensorView& lse, const ConstTensorView& delta, const TensorView& dq,
                                const TensorView& dk, const TensorView& dv) {
-    const Runs R = attention_runs(mask, a.N, a.B);
+    const Runs R = attention_runs(mask);
     const bool bf16 = q.dtype == DType::bf16;
     const std::int64_t G = a.n_q / a.n_kv, d = a.d, es = bf16 ? 2 : 4, kvw = a.n_kv * d;
     const auto at = [es](const void* p, std::int64_t elems) { return static_cast<const char*>(p) + elems * es; };

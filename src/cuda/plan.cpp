@@ -61,4 +61,38 @@ void attention_key_plan(const BlockMask& mask, const std::vector<std::int64_t>& 
   key_plan.insert(key_plan.end(), blocks.begin(), blocks.end());
 }
 
+AttentionRuns attention_runs(const BlockMask& mask, const std::vector<std::int64_t>& plan) {
+  const std::int64_t N = mask.num_blocks(), B = mask.block();
+  AttentionRuns R;
+  for (std::vector<std::int64_t> blocks : mask.sample_groups()) {
+    std::sort(blocks.begin(), blocks.end());
+    for (std::size_t b0 = 0; b0 < blocks.size();) {
+      std::size_t b1 = b0 + 1;
+      while (b1 < blocks.size() && blocks[b1] == blocks[b1 - 1] + 1) ++b1;
+      std::vector<std::pair<std::int64_t, std::int64_t>> iv;  // the run's ranges, then merged
+      for (std::size_t b = b0; b < b1; ++b)
+        for (std::int64_t r = plan[static_cast<std::size_t>(N + blocks[b])]; r < plan[static_cast<std::size_t>(N + blocks[b] + 1)];
+             ++r) {
+          const std::int64_t* g = plan.data() + 2 * N + 1 + 3 * r;
+          if (g[1] > g[0]) iv.emplace_back(g[0], g[1]);
+        }
+      std::sort(iv.begin(), iv.end());
+      AttentionRun run{blocks[b0] * B, static_cast<std::int64_t>(b1 - b0) * B, static_cast<std::int64_t>(R.spans.size() / 3),
+                       0, 0};
+      for (std::size_t x = 0; x < iv.size();) {
+        std::int64_t end = iv[x].second;
+        std::size_t y = x + 1;
+        for (; y < iv.size() && iv[y].first <= end; ++y) end = std::max(end, iv[y].second);
+        R.spans.insert(R.spans.end(), {iv[x].first, end, run.L});
+        run.L += (end - iv[x].first + 7) / 8 * 8;
+        ++run.n_spans;
+        x = y;
+      }
+      R.runs.push_back(run);
+      b0 = b1;
+    }
+  }
+  return R;
+}
+
 }  // namespace diffcp::cuda
