@@ -121,16 +121,33 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   const auto ctx_p = redistribute_rows(*redist_comm, batch, plan, loaded_rows, cfg.hidden);
   std::vector<float>().swap(loaded_rows);
   const auto x_p = pb.x_rows(run.shard), dy_p = pb.dy_rows(run.shard);
-  // Inputs, weights, outputs and gradients in the active backend's memory (a device backend: the
-  // layer runs there, the results come back for the report and the check).
+  // Inputs, weights, outputs and gradients in the active backend's memory. On the host they are
+  // the vectors themselves (no copy: the peak memory reported stays the layer's); a device backend
+  // gets copies, and the results come back for the report and the check.
   Backend& be = active_backend();
-  const auto up = [&](const std::vector<float>& v) { return to_device(std::span<const float>(v), be); };
-  const Buffer x_d = up(x_p), ctx_d = up(ctx_p), dy_d = up(dy_p);
-  const Buffer w_d = to_device(std::span<const float>(pb.w.all()), be);
-  Buffer y_d(DType::f32, static_cast<std::int64_t>(x_p.size()), be), dx_d(DType::f32, static_cast<std::int64_t>(x_p.size()), be),
-      dctx_d(DType::f32, static_cast<std::int64_t>(ctx_p.size()), be), grad_d(DType::f32, AttnLayerParams::count(cfg), be);
-  const AttnLayerParams w = AttnLayerParams::view(cfg, w_d.ptr<float>());
-  AttnLayerParams grad(cfg, grad_d.ptr<float>());
+  const bool on_host = be.device() == Device::host;
+  run.y_p.resize(x_p.size());
+  run.dx_p.resize(x_p.size());
+  run.dctx_p.resize(ctx_p.size());
+  run.grad = std::make_unique<AttnLayerParams>(cfg);
+  std::vector<Buffer> copies;  // a device backend's
+  const auto in = [&](std::span<const float> v) -> const float* {
+    if (on_host) return v.data();
+    copies.push_back(to_device(v, be));
+    return copies.back().ptr<float>();
+  };
+  const auto out = [&](std::span<float> v) -> float* {
+    if (on_host) return v.data();
+    copies.emplace_back(DType::f32, static_cast<std::int64_t>(v.size()), be);
+    return copies.back().ptr<float>();
+  };
+  const float *x_d = in(x_p), *ctx_d = in(ctx_p), *dy_d = in(dy_p), *w_d = in(pb.w.all());
+  float *y_d = out(run.y_p), *dx_d = out(run.dx_p), *dctx_d = out(run.dctx_p), *grad_d = out(run.grad->all());
+  const Device dev = be.device();
+  const auto rows = [&](const float* p, std::int64_t n) { return ConstTensorView::contiguous(p, DType::f32, {n, cfg.hidden}, dev); };
+  const auto out_rows = [&](float* p, std::int64_t n) { return TensorView::contiguous(p, DType::f32, {n, cfg.hidden}, dev); };
+  const AttnLayerParams w = AttnLayerParams::view(cfg, w_d);
+  AttnLayerParams grad(cfg, grad_d);
   SplitKVOptions skv;
   skv.compute = spec.dtype;
   if (method.splitkv_options) {
@@ -141,21 +158,21 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
   }
   run.layer = method.make(world, cfg, run.shard, skv);
   CpAttentionLayer& layer = *run.layer;
-  const std::int64_t Qp = run.shard.own_query_rows(), Cp = run.shard.context_rows(), H = cfg.hidden;
+  const std::int64_t Qp = run.shard.own_query_rows(), Cp = run.shard.context_rows();
 
   // `warmup` untimed runs, then `reps` timed ones; per run the slowest rank's time counts.
   std::vector<double> fwd, bwd, step, exposed, fwd_exposed, bwd_exposed, blocking;
   CommStats layer_stats;
   for (int rep = 0; rep < spec.warmup + spec.reps; ++rep) {
-    fill(grad_d.view(), 0.f);
+    fill(TensorView::contiguous(grad_d, DType::f32, {AttnLayerParams::count(cfg)}, dev), 0.f);
     world.barrier();
     world.stats().reset();
-    CpSaved saved = layer.forward(w, x_d.view({Qp, H}), ctx_d.view({Cp, H}), y_d.view({Qp, H}));
+    CpSaved saved = layer.forward(w, rows(x_d, Qp), rows(ctx_d, Cp), out_rows(y_d, Qp));
     if (rep + 1 == spec.warmup + spec.reps) {
       const std::span<const float> lse = layer.saved_lse(saved);
       run.lse = to_host<float>(device_view(lse));
     }
-    layer.backward(std::move(saved), w, dy_d.view({Qp, H}), dx_d.view({Qp, H}), dctx_d.view({Cp, H}), grad);
+    layer.backward(std::move(saved), w, rows(dy_d, Qp), out_rows(dx_d, Qp), out_rows(dctx_d, Cp), grad);
     layer_stats = world.stats();
     const CpTimings& t = layer.timings();
     std::vector<double> v{t.fwd_ms, t.bwd_ms, t.fwd_ms + t.bwd_ms, t.exposed_comm_ms(),
@@ -166,11 +183,11 @@ LayerRun run_layer(Communicator& world, const LayerProblem& pb, const LayerRunSp
     fwd_exposed.push_back(v[4]), bwd_exposed.push_back(v[5]), blocking.push_back(v[6]);
   }
   allreduce_grads(world, grad);
-  run.y_p = to_host<float>(y_d.view());
-  run.dx_p = to_host<float>(dx_d.view());
-  run.dctx_p = to_host<float>(dctx_d.view());
-  run.grad = std::make_unique<AttnLayerParams>(cfg);
-  copy(view_of(run.grad->all()), grad_d.view());
+  if (!on_host) {  // the results back to the host vectors
+    for (auto [host, d] : {std::pair{std::span<float>(run.y_p), y_d}, {std::span<float>(run.dx_p), dx_d},
+                           {std::span<float>(run.dctx_p), dctx_d}, {run.grad->all(), grad_d}})
+      copy(view_of(host), TensorView::contiguous(d, DType::f32, {static_cast<std::int64_t>(host.size())}, dev));
+  }
   const std::uint64_t hwm = probe.peak_bytes();
   std::vector<std::uint64_t> peak{hwm, hwm - std::min(hwm, probe.start_bytes)};
   std::vector<std::uint64_t> resets{probe.reset ? 1u : 0u};
