@@ -193,7 +193,7 @@ class CudaBackend final : public Backend {
              "swiglu_backward");
   }
   void bias_add(TensorView y, ConstTensorView b) override {
-    launched(cuda::bias_add(y.ptr<float>(), b.ptr<float>(), y.size(0), y.size(1), stream_), "bias_add");
+    launched(cuda::bias_add_rows(y.ptr<float>(), y.size(1), b.ptr<float>(), y.size(0), y.size(1), stream_), "bias_add");
   }
   void bias_backward(ConstTensorView dy, TensorView db) override {
     launched(cuda::bias_backward(dy.ptr<float>(), db.ptr<float>(), dy.size(0), dy.size(1), stream_), "bias_backward");

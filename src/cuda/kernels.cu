@@ -103,9 +103,6 @@ int swiglu_backward(const float* dact, const float* gate, const float* up, float
     dgate[i] = dact[i] * up[i] * sg * (1.f + gate[i] * (1.f - sg));
   });
 }
-int bias_add(float* y, const float* b, std::int64_t M, std::int64_t N, Stream s) {
-  return launch_2d(M, N, s, [=] __device__(std::int64_t r, std::int64_t c) { y[r * N + c] += b[c]; });
-}
 int bias_backward(const float* dy, float* db, std::int64_t M, std::int64_t N, Stream s) {
   return launch_2d(1, N, s, [=] __device__(std::int64_t, std::int64_t c) {
     float acc = db[c];

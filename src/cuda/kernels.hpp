@@ -35,8 +35,7 @@ int swiglu_forward(const float* gate, std::int64_t lg, const float* up, std::int
                    std::int64_t rows, std::int64_t cols, Stream s);
 int swiglu_backward(const float* dact, const float* gate, const float* up, float* dgate, float* dup, std::int64_t n,
                     Stream s);
-// y: M x N (contiguous) += b[N] on every row;  db[N] += column sums of dy (M x N), summed in row order
-int bias_add(float* y, const float* b, std::int64_t M, std::int64_t N, Stream s);
+// db[N] += column sums of dy (M x N, contiguous), summed in row order
 int bias_backward(const float* dy, float* db, std::int64_t M, std::int64_t N, Stream s);
 // C (rows x cols, row stride ldc, f32 or bf16 bits) = beta * C: the GEMM's K = 0 case
 int scale_f32(float* c, std::int64_t rows, std::int64_t cols, std::int64_t ldc, float beta, Stream s);
@@ -106,7 +105,7 @@ int cross_entropy_backward(float* logits, std::int64_t ld, std::int64_t R, std::
 // ops/fp8.hpp's blocked e4m3 codec: x: [n, d] contiguous (bf16: bits), enc: [n, d + 4]
 int fp8_encode(const void* x, bool bf16, std::uint8_t* enc, std::int64_t n, std::int64_t d, Stream s);
 int fp8_decode(const std::uint8_t* enc, void* x, bool bf16, std::int64_t n, std::int64_t d, Stream s);
-// y: [M, N] (row stride ldy) += b[N] on every row
+// y: [M, N] (row stride ldy) += b[N] on every row (bias_add, and dense_linear's bias)
 int bias_add_rows(float* y, std::int64_t ldy, const float* b, std::int64_t M, std::int64_t N, Stream s);
 
 }  // namespace diffcp::cuda
