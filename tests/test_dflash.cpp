@@ -10,6 +10,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "diffcp/testing/compare.hpp"
@@ -40,6 +41,11 @@ void expect_error(F&& f, const std::string& needle) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what() << "\nexpected: " << needle;
   }
+}
+
+// A directory of this process only (the np variants of this test run concurrently under ctest -j).
+std::string own_dir(const std::string& what) {
+  return (fs::temp_directory_path() / ("diffcp_test_dflash_" + what + "_" + std::to_string(::getpid()))).string();
 }
 
 // A directory shared by the ranks of this test run (rank 0 makes it empty).
@@ -231,7 +237,7 @@ TEST(DFlashFormat, SlidingLayersRoundTripAndResolveAsQwen3Config) {
   cfg.layer_types = {"sliding_attention", "full_attention"};
   cfg.sliding_window = 12;
   const std::vector<float> p = test_params(cfg, 4);
-  const std::string dir = (fs::temp_directory_path() / "diffcp_test_dflash_sliding").string();
+  const std::string dir = own_dir("sliding");
   fs::remove_all(dir);
   export_dflash(dir, cfg, p, "f32");
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
@@ -282,6 +288,7 @@ TEST(DFlashFormat, SlidingLayersRoundTripAndResolveAsQwen3Config) {
   // our checkpoint's JSON keeps them too
   EXPECT_EQ(DrafterConfig::from_json(cfg.to_json()).layer_types, cfg.layer_types);
   EXPECT_EQ(DrafterConfig::from_json(cfg.to_json()).sliding_window, 12);
+  fs::remove_all(dir);
 }
 
 TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
@@ -289,7 +296,7 @@ TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
   if (w.rank() != 0) return;  // files only
   const DrafterConfig cfg;  // tiny
   const std::vector<float> p = test_params(cfg, 3);
-  const std::string base = (fs::temp_directory_path() / "diffcp_test_dflash_malformed").string();
+  const std::string base = own_dir("malformed");
   fs::remove_all(base);
   auto fresh = [&](const std::string& name) {
     const std::string d = base + "/" + name;
