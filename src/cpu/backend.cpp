@@ -35,7 +35,9 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
 std::string CpuBackend::describe(DType dtype) const {
   const std::string kernels = "cpu (" DIFFCP_STR(DIFFCP_CPU_ISA) " kernels, " + std::to_string(DIFFCP_SIMD_BYTES * 8) +
                               "-bit vectors): ";
-  if (dtype == DType::bf16) return kernels + bf16_gemm_path();
+  if (dtype == DType::bf16)
+    return kernels + bf16_gemm_path() +
+           (amx_attention_ready(kAmxHeadDim) ? "; dense attention blocks fused on AMX tiles" : "");
   return kernels + dtype_name(dtype) + " oneDNN sgemm";
 }
 

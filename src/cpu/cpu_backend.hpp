@@ -6,7 +6,9 @@
 // Private to src/cpu/.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "diffcp/ops/backend.hpp"
 #include "sgemm.hpp"
@@ -72,5 +74,19 @@ class CpuBackend final : public Backend {
 
 // This ISA's instance.
 Backend& backend();
+
+// attention_amx.cpp: the bf16 attention of one dense block on AMX tiles (issue #54).
+// amx_attention_ready(d): these kernels carry it, the CPU and the OS grant AMX, DIFFCP_CPU_AMX is
+// not 0, and d (d_h) is a multiple of 32. amx_attention_block: q [GB, d], k, v [n, d] (dense bf16
+// rows, n >= 1), c = softmax scale * log2(e); writes o [GB, d] f32 (unnormalised), m [GB] (the
+// base-2 row max), l [GB] (row sums at m): the tile path's accumulators (attention.cpp).
+struct AmxScratch {
+  std::vector<std::uint16_t> q, kp, vp, p;
+  std::vector<float> s, o, lv, m;
+};
+bool amx_attention_ready(std::int64_t d);
+constexpr std::int64_t kAmxHeadDim = 32;  // d_h: a multiple of this
+void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uint16_t* k, const std::uint16_t* v,
+                         std::int64_t n, std::int64_t d, float c, float* o, float* m, float* l, AmxScratch& w);
 
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA

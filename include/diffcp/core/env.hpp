@@ -1,6 +1,7 @@
 // Every environment variable the library reads, read here and nowhere else (docs/running.md,
 // "Environment", lists them with their meaning). A variable that is unset or empty is absent.
 //   DIFFCP_CPU_ISA       the CPU backend's instruction set (ops/backend.hpp cpu_backend)
+//   DIFFCP_CPU_AMX       0: the CPU backend's bf16 attention leaves AMX tiles alone (cpu/attention_amx.cpp)
 //   DIFFCP_NODE          this rank's node, overriding the host name (comm/communicator.hpp topology)
 //   DIFFCP_COMM_TIMEOUT  the collective watchdog's seconds (comm/watchdog)
 //   DIFFCP_PROFILES      the folder of `diffcp sim`'s machine profiles (sim/profile.hpp)
@@ -13,7 +14,7 @@
 
 namespace diffcp {
 
-enum class EnvKnob { cpu_isa, node, comm_timeout, profiles };
+enum class EnvKnob { cpu_isa, cpu_amx, node, comm_timeout, profiles };
 
 const char* env_name(EnvKnob k);  // "DIFFCP_CPU_ISA", ...
 // The variable's value, or nullopt when it is unset or empty.

@@ -1,0 +1,383 @@
+// The bf16 attention of one dense block fused on AMX tiles (issue #54): the DiT's attention, where a
+// block is one image's tokens and every query row sees the same keys. The tile-GEMM path
+// (attention.cpp) writes each [128, keys] f32 score tile to memory through oneDNN and reads it
+// back twice; at the DiT's d_h = 32 that traffic and the softmax passes were the attention's time.
+// Here a 16-row query tile walks the keys in chunks of kChunk: S = q K^T into four AMX
+// accumulators (16 x 16 f32 each), stored to a 16 x kChunk tile that stays in L1, the online
+// softmax on it (simd::row_max / simd::exp2_shifted, P rounded to bf16 in the same pass, as the
+// tile path does), then O += P V with O's f32 rows loaded into the accumulators and stored back.
+// Same math as the tile path: bf16 operands, f32 accumulation, f32 softmax, P rounded only as an
+// operand; only the order of the f32 sums differs (chunks of kChunk keys instead of one tile).
+//
+// Only on the avx512 kernels (and a native build on such a CPU), and only when the CPU has AMX
+// (amx_tile, amx_bf16) and avx512_bf16 and the kernel grants this process the tile state
+// (arch_prctl ARCH_REQ_XCOMP_PERM): amx_attention_ready() says so. DIFFCP_CPU_AMX=0 turns it off.
+// Shapes: q [GB, d] (dense rows, the block's packed query tile), k, v [n, d] (dense rows, the keys
+// the block sees, in order), d a multiple of 32; outputs o [GB, d] f32 (unnormalised, as the tile
+// path's accumulator), m [GB] (base-2 row max of c * scores), l [GB] (the row sums at that max).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "cpu_backend.hpp"
+#include "diffcp/core/env.hpp"
+#include "diffcp/core/error.hpp"
+#include "isa.hpp"  // last (isa.hpp)
+
+#if defined(__x86_64__) && (defined(DIFFCP_CPU_ISA_AVX512) || (defined(DIFFCP_CPU_ISA_NATIVE) && defined(__AVX512F__)))
+#define DIFFCP_AMX_KERNEL 1
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512bf16")
+#endif
+
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
+
+namespace {
+
+// DIFFCP_CPU_AMX: unset or 1 = AMX where the CPU has it, 0 = off; anything else is an error.
+bool amx_knob_on() {
+  const auto knob = env_value(EnvKnob::cpu_amx);
+  if (knob && *knob != "0" && *knob != "1")
+    DIFFCP_FAIL(env_name(EnvKnob::cpu_amx), "=", *knob, ": expected 0 (off) or 1 (on where the CPU has AMX)");
+  return !(knob && *knob == "0");
+}
+
+}  // namespace
+
+#if defined(DIFFCP_AMX_KERNEL)
+
+namespace {
+
+constexpr std::int64_t kRows = 32;   // query rows per tile (two AMX tiles of 16 rows)
+constexpr std::int64_t kChunk = 64;  // keys per online-softmax step (measured best of 32-256 at d_h 32 and 128)
+constexpr std::int64_t kGroup = 4;   // query tiles that share each chunk of K and V in cache
+constexpr std::int64_t kDot = 32;    // bf16 elements of one tile row (64 bytes): the K of one tdpbf16ps
+constexpr std::int64_t kCols = 16;   // f32 columns of an accumulator
+constexpr std::int64_t kTile = 512;  // bf16 elements of one packed B tile (16 rows x 64 bytes)
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kStaleMax = 8.f;  // base 2 (exp_row)
+
+// Palette 1, every tile 16 rows x 64 bytes: tmm0-3 accumulators (scores, then O), tmm4 the A
+// operand (q, then P), tmm5-7 the B operands (K^T, then V), rotated.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+TileConfig tile_config() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  return c;
+}
+
+bool cpu_grants_amx() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool tile = d & (1u << 24), amx_bf16 = d & (1u << 22), avx512f = b & (1u << 16);
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  const bool avx512_bf16 = a & (1u << 5);
+  if (!(tile && amx_bf16 && avx512f && avx512_bf16)) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+  std::uint32_t xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG, XTILEDATA enabled by the OS
+  // Linux >= 5.16 hands out the tile data state per process on request (oneDNN asks the same way).
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+// K^T as B tiles: for each block of 16 keys and each 32-wide slice of d, 16 rows of (d pair) x
+// (16 keys x 2): kp[((kb * d/32 + s) * 16 + r) * 32 + 2n + i] = k[kb*16 + n][s*32 + 2r + i]. A d
+// pair is one 32-bit word, so each tile is a 16 x 16 transpose of words. Keys n..n_pad are zero.
+void pack_keys(const std::uint16_t* k, std::int64_t n, std::int64_t n_pad, std::int64_t d, std::uint16_t* kp) {
+  const std::int64_t slices = d / kDot;
+  std::uint32_t block[kCols * kCols];
+  for (std::int64_t kb = 0; kb < n_pad / kCols; ++kb)
+    for (std::int64_t s = 0; s < slices; ++s) {
+      for (std::int64_t key = 0; key < kCols; ++key) {  // block[key][r]: the slice's words of each key
+        const std::int64_t j = kb * kCols + key;
+        if (j < n)
+          std::memcpy(block + key * kCols, k + j * d + s * kDot, sizeof(std::uint32_t) * kCols);
+        else
+          std::fill_n(block + key * kCols, kCols, 0u);
+      }
+      std::uint32_t tile[kCols * kCols];
+      for (std::int64_t r = 0; r < kCols; ++r)
+        for (std::int64_t key = 0; key < kCols; ++key) tile[r * kCols + key] = block[key * kCols + r];
+      std::memcpy(kp + (kb * slices + s) * kTile, tile, sizeof tile);
+    }
+}
+
+// V as B tiles: for each block of 32 keys and each 16-wide column slice of d, 16 rows of (key
+// pair) x (16 columns x 2): vp[((vb * d/16 + cs) * 16 + r) * 32 + 2c + i] = v[vb*32 + 2r + i][cs*16 + c]:
+// rows 2r and 2r + 1 interleaved. Keys n..n_pad are zero (their P is 0, and 0 * 0 stays 0).
+void pack_values(const std::uint16_t* v, std::int64_t n, std::int64_t n_pad, std::int64_t d, std::uint16_t* vp) {
+  const std::int64_t slices = d / kCols;
+  for (std::int64_t vb = 0; vb < n_pad / kDot; ++vb)
+    for (std::int64_t r = 0; r < kDot / 2; ++r) {
+      const std::int64_t j = vb * kDot + 2 * r;
+      const std::uint16_t* a = j < n ? v + j * d : nullptr;
+      const std::uint16_t* b = j + 1 < n ? v + (j + 1) * d : nullptr;
+      for (std::int64_t cs = 0; cs < slices; ++cs) {
+        std::uint32_t* row = reinterpret_cast<std::uint32_t*>(vp + ((vb * slices + cs) * kCols + r) * kDot);
+        for (std::int64_t c = 0; c < kCols; ++c)
+          row[c] = (a ? a[cs * kCols + c] : 0u) | (b ? static_cast<std::uint32_t>(b[cs * kCols + c]) << 16 : 0u);
+      }
+    }
+}
+
+// The 2 x 2 register block of every product here: accumulators tmm0 / tmm1 (rows 0-15, B0 / B1),
+// tmm2 / tmm3 (rows 16-31, B0 / B1); A rows 0-15 in tmm4, rows 16-31 in tmm5; B0 in tmm6, B1 in tmm7.
+// Each B tile serves both halves of the 32 query rows, and the four accumulators are independent.
+inline void dot_2x2(const void* a, std::int64_t a_stride_bytes, std::int64_t a_half, const void* b0, const void* b1) {
+  _tile_loadd(4, a, a_stride_bytes);
+  _tile_loadd(6, b0, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_loadd(7, b1, 64);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_loadd(5, static_cast<const char*>(a) + a_half, a_stride_bytes);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+
+// c rows [0, 32), columns [0, 32) (f32, row stride `stride` bytes) <-> the four accumulators.
+inline void store_2x2(float* c, std::int64_t stride) {
+  const std::int64_t half = 16 * stride / 4;
+  _tile_stored(0, c, stride);
+  _tile_stored(1, c + kCols, stride);
+  _tile_stored(2, c + half, stride);
+  _tile_stored(3, c + half + kCols, stride);
+}
+inline void load_2x2(const float* c, std::int64_t stride) {
+  const std::int64_t half = 16 * stride / 4;
+  _tile_loadd(0, c, stride);
+  _tile_loadd(1, c + kCols, stride);
+  _tile_loadd(2, c + half, stride);
+  _tile_loadd(3, c + half + kCols, stride);
+}
+
+// Horizontal max / sum of the 16 lanes. Here and below, the masked forms of the intrinsics with
+// a full mask: GCC 12's unmasked ones warn on their undefined pass-through operand.
+constexpr __mmask16 kAll = 0xffff;
+inline float lanes_max(__m512 v) {
+  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
+  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
+  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
+  return _mm512_cvtss_f32(_mm512_mask_max_ps(v, kAll, v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
+}
+inline float lanes_sum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
+  v = _mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
+  return _mm512_cvtss_f32(_mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
+}
+
+// 2^x for x <= kStaleMax (a softmax argument), relative error 2.6e-6 (P is rounded to bf16, 2^-9,
+// right after), clamped at 2^-126 (the smallest normal: no denormal reaches the sum or the
+// tiles). f = x - floor(x) in [0, 1) by vreduceps, 2^f by a degree-4 fit of relative error on
+// [0, 1), then vscalefps multiplies by 2^floor(x): 7 vector operations where simd::exp2's bit-level
+// form takes 14.
+inline __m512 exp2_clamped(__m512 x) {
+  x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-126.f));
+  const __m512 f = _mm512_mask_reduce_ps(x, kAll, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_set1_ps(1.353414e-2f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.201157e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4144264e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9300387e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000259f));
+  return _mm512_mask_scalef_ps(p, kAll, p, x);
+}
+
+// The largest of a row's scores s[0, valid) (the real keys of a chunk).
+inline float chunk_row_max(const float* s, std::int64_t valid) {
+  const std::int64_t full = valid / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (valid - full)) - 1);
+  __m512 vmax = _mm512_set1_ps(kNegInf);
+  for (std::int64_t j = 0; j < full; j += 16) vmax = _mm512_mask_max_ps(vmax, kAll, vmax, _mm512_loadu_ps(s + j));
+  if (tail) vmax = _mm512_mask_max_ps(vmax, tail, vmax, _mm512_maskz_loadu_ps(tail, s + full));
+  return lanes_max(vmax);
+}
+
+// One row of a chunk's scores s[0, valid) (the real keys; P's columns past them are zero), whose
+// largest is s_max: its base-2 max m moves to mx = c s_max when that exceeds m by more than
+// kStaleMax (P's values then stay below 2^kStaleMax: no overflow, the same relative rounding in
+// bf16; and most chunks leave O unscaled); P = bf16(2^(c s - mx)) into p, and lv = lv * 2^(m - mx)
+// + the P values before rounding (16 partial sums, reduced once per query tile). Returns
+// 2^(m - mx), the factor for the row's O (the first chunk: 2^-inf = 0).
+inline float exp_row(const float* s, std::int64_t valid, float s_max, float c, float& m, float* lv, std::uint16_t* p) {
+  const float chunk_max = c * s_max;
+  const float mx = chunk_max > m + kStaleMax ? chunk_max : m;
+  if (mx == kNegInf) {  // every score so far -inf (non-finite inputs): nothing to add
+    std::fill_n(p, valid, std::uint16_t{0});
+    return 1.f;
+  }
+  const std::int64_t full = valid / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (valid - full)) - 1);
+  const __m512 cv = _mm512_set1_ps(c), sh = _mm512_set1_ps(mx);
+  __m512 acc = _mm512_setzero_ps();
+  for (std::int64_t j = 0; j < full; j += 16) {
+    const __m512 e = exp2_clamped(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), cv, sh));
+    acc = _mm512_add_ps(acc, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+  }
+  if (tail) {
+    const __m512 e = exp2_clamped(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(tail, s + full), cv, sh));
+    acc = _mm512_mask_add_ps(acc, tail, acc, e);
+    _mm256_mask_storeu_epi16(p + full, tail, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+  }
+  const float alpha = mx == m ? 1.f : m == kNegInf ? 0.f : _mm512_cvtss_f32(exp2_clamped(_mm512_set1_ps(m - mx)));
+  _mm512_storeu_ps(lv, _mm512_fmadd_ps(_mm512_loadu_ps(lv), _mm512_set1_ps(alpha), acc));
+  m = mx;
+  return alpha;
+}
+
+}  // namespace
+
+bool amx_attention_ready(std::int64_t d) {
+  static const bool ready = amx_knob_on() && cpu_grants_amx();
+  static_assert(kDot == kAmxHeadDim);
+  return ready && d > 0 && d % kDot == 0;
+}
+
+void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uint16_t* k, const std::uint16_t* v,
+                         std::int64_t n, std::int64_t d, float c, float* o, float* m, float* l, AmxScratch& w) {
+  DIFFCP_CHECK(d % kDot == 0 && n >= 1, "amx attention: d_h = ", d, " (a multiple of 32 expected), ", n, " keys");
+  const std::int64_t n_pad = (n + kDot - 1) / kDot * kDot;
+  const std::int64_t slices = d / kDot, col_slices = d / kCols;
+  w.kp.resize(static_cast<std::size_t>(n_pad * d));
+  w.vp.resize(static_cast<std::size_t>(n_pad * d));
+  w.q.resize(static_cast<std::size_t>(2 * kGroup * kRows * d));
+  w.s.resize(static_cast<std::size_t>(2 * kRows * kChunk));
+  w.p.resize(static_cast<std::size_t>(kRows * kChunk));
+  w.o.resize(static_cast<std::size_t>(kGroup * kRows * d));
+  w.lv.resize(static_cast<std::size_t>(kGroup * kRows * 16));
+  w.m.resize(static_cast<std::size_t>(kGroup * kRows));
+  pack_keys(k, n, n_pad, d, w.kp.data());
+  pack_values(v, n, n_pad, d, w.vp.data());
+  static const TileConfig config = tile_config();
+  _tile_loadconfig(&config);
+  std::uint16_t* P = w.p.data();
+  const std::int64_t q_half = 16 * d * 2, p_half = 16 * kChunk * 2;  // bytes to rows 16-31
+  const std::int64_t chunks = (n_pad + kChunk - 1) / kChunk, tiles = (GB + kRows - 1) / kRows;
+  const auto chunk_keys = [&](std::int64_t ch) { return std::min(kChunk, n_pad - ch * kChunk); };
+  const auto query_tile = [&](std::int64_t t) { return w.q.data() + t % (2 * kGroup) * kRows * d; };
+  // Query tile t into its buffer, zero past the block's last row.
+  const auto load_query = [&](std::int64_t t) {
+    const std::int64_t rows = std::min(kRows, GB - t * kRows);
+    std::memcpy(query_tile(t), q + t * kRows * d, sizeof(std::uint16_t) * rows * d);
+    std::fill(query_tile(t) + rows * d, query_tile(t) + kRows * d, std::uint16_t{0});
+  };
+  // S = query tile t's q K^T on chunk ch, 32 keys at a time.
+  const auto scores = [&](std::int64_t t, std::int64_t ch, float* S) {
+    const std::uint16_t* qt = query_tile(t);
+    for (std::int64_t pb = 0; pb < chunk_keys(ch) / kDot; ++pb) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      const std::uint16_t* kt = w.kp.data() + (ch * kChunk / kCols + 2 * pb) * slices * kTile;
+      for (std::int64_t s = 0; s < slices; ++s)
+        dot_2x2(qt + s * kDot, d * 2, q_half, kt + s * kTile, kt + (slices + s) * kTile);
+      store_2x2(S + 2 * pb * kCols, kChunk * 4);
+    }
+  };
+  // The steps: groups of kGroup query tiles; in a group, chunk by chunk, each tile of the group
+  // on it (the chunk's K and V stay in cache for all of them: at FLUX's width a head's packed K
+  // and V, 2.4 MB, outgrow L2). Step -> (query tile, chunk).
+  const auto step_at = [&](std::int64_t step) {
+    const std::int64_t g = step / (kGroup * chunks), rest = step % (kGroup * chunks);
+    const std::int64_t in_group = std::min(kGroup, tiles - g * kGroup);
+    return std::pair{g * kGroup + rest % in_group, rest / in_group};
+  };
+  // Each step issues the next step's score tiles before its own softmax (two S buffers, by the
+  // step's parity; measured: as fast as spreading them among the exp passes, the tile unit and
+  // the vector units overlap little here).
+  const std::int64_t steps = tiles * chunks;
+  load_query(0);
+  scores(0, 0, w.s.data());
+  for (std::int64_t step = 0; step < steps; ++step) {
+    const auto [t, ch] = step_at(step);
+    const std::int64_t c0 = ch * kChunk, kc = chunk_keys(ch);  // kc: a multiple of 32
+    float* O = w.o.data() + t % kGroup * kRows * d;
+    float* lv = w.lv.data() + t % kGroup * kRows * 16;
+    float* mt = w.m.data() + t % kGroup * kRows;
+    if (ch == 0) {
+      std::fill_n(O, kRows * d, 0.f);
+      std::fill_n(lv, kRows * 16, 0.f);
+      std::fill_n(mt, kRows, kNegInf);
+    }
+    if (step + 1 < steps) {
+      const auto [next_t, next_ch] = step_at(step + 1);
+      if (next_ch == 0) load_query(next_t);
+      scores(next_t, next_ch, w.s.data() + ((step + 1) & 1) * kRows * kChunk);
+    }
+    // The online softmax on the chunk, P rounded to bf16 in the exp pass.
+    const float* S = w.s.data() + (step & 1) * kRows * kChunk;
+    const std::int64_t valid = std::min(kc, n - c0);  // >= 1: n_pad - n < 32 <= kc
+    if (valid < kc)  // the padding keys' columns of P
+      for (std::int64_t r = 0; r < kRows; ++r) std::fill(P + r * kChunk + valid, P + r * kChunk + kc, std::uint16_t{0});
+    // Every row's max first, then the exp passes: independent rows, so the row maxima's
+    // horizontal reductions overlap instead of each stalling its own exp pass.
+    float s_max[kRows];
+    for (std::int64_t r = 0; r < kRows; ++r) s_max[r] = chunk_row_max(S + r * kChunk, valid);
+    for (std::int64_t r = 0; r < kRows; ++r) {
+      const float alpha = exp_row(S + r * kChunk, valid, s_max[r], c, mt[r], lv + r * 16, P + r * kChunk);
+      if (alpha != 1.f)
+        for (std::int64_t e = 0; e < d; ++e) O[r * d + e] *= alpha;
+    }
+    // O += P V, 32 columns of O at a time, held in the accumulators.
+    for (std::int64_t cs = 0; cs < col_slices; cs += 2) {
+      load_2x2(O + cs * kCols, d * 4);
+      for (std::int64_t vb = 0; vb < kc / kDot; ++vb) {
+        const std::uint16_t* vt = w.vp.data() + ((c0 / kDot + vb) * col_slices + cs) * kTile;
+        dot_2x2(P + vb * kDot, kChunk * 2, p_half, vt, vt + kTile);
+      }
+      store_2x2(O + cs * kCols, d * 4);
+    }
+    if (ch == chunks - 1) {
+      const std::int64_t t0 = t * kRows, rows = std::min(kRows, GB - t0);
+      std::memcpy(o + t0 * d, O, sizeof(float) * rows * d);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        m[t0 + r] = mt[r];
+        l[t0 + r] = lanes_sum(_mm512_loadu_ps(lv + r * 16));
+      }
+    }
+  }
+  _tile_release();
+}
+
+#else  // no AMX kernel in this ISA's build
+
+bool amx_attention_ready(std::int64_t) {
+  static const bool knob_checked = amx_knob_on();  // a bad value is an error on every ISA
+  (void)knob_checked;
+  return false;
+}
+
+void amx_attention_block(const std::uint16_t*, std::int64_t, const std::uint16_t*, const std::uint16_t*, std::int64_t,
+                         std::int64_t, float, float*, float*, float*, AmxScratch&) {
+  DIFFCP_FAIL("amx attention: not compiled into these kernels (avx512 only)");
+}
+
+#endif
+
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA
+
+#if defined(DIFFCP_AMX_KERNEL)
+#pragma GCC pop_options
+#endif
