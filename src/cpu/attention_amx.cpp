@@ -59,6 +59,7 @@ namespace {
 
 constexpr std::int64_t kRows = 32;   // query rows per tile (two AMX tiles of 16 rows)
 constexpr std::int64_t kChunk = 64;  // keys per online-softmax step (measured best of 32-256 at d_h 32 and 128)
+constexpr std::int64_t kSpan = 256;   // keys whose P columns are held before O += P V (4 chunks)
 constexpr std::int64_t kGroup = 4;   // query tiles that share each chunk of K and V in cache
 constexpr std::int64_t kDot = 32;    // bf16 elements of one tile row (64 bytes): the K of one tdpbf16ps
 constexpr std::int64_t kCols = 16;   // f32 columns of an accumulator
@@ -213,15 +214,19 @@ inline float chunk_row_max(const float* s, std::int64_t valid) {
   return lanes_max(vmax);
 }
 
-// One row of a chunk's scores s[0, valid) (the real keys; P's columns past them are zero), whose
-// largest is s_max: its base-2 max m moves to mx = c s_max when that exceeds m by more than
-// kStaleMax (P's values then stay below 2^kStaleMax: no overflow, the same relative rounding in
-// bf16; and most chunks leave O unscaled); P = bf16(2^(c s - mx)) into p, and lv = lv * 2^(m - mx)
-// + the P values before rounding (16 partial sums, reduced once per query tile). Returns
-// 2^(m - mx), the factor for the row's O (the first chunk: 2^-inf = 0).
-inline float exp_row(const float* s, std::int64_t valid, float s_max, float c, float& m, float* lv, std::uint16_t* p) {
+// A row's base-2 max after a chunk whose largest score is s_max: it moves to c s_max only when
+// that exceeds the current max m by more than kStaleMax (P's values then stay below 2^kStaleMax:
+// no overflow, the same relative rounding in bf16; and most chunks leave O unscaled).
+inline float moved_max(float m, float s_max, float c) {
   const float chunk_max = c * s_max;
-  const float mx = chunk_max > m + kStaleMax ? chunk_max : m;
+  return chunk_max > m + kStaleMax ? chunk_max : m;
+}
+
+// One row of a chunk's scores s[0, valid) (the real keys; P's columns past them are zero) at the
+// row's new max mx (moved_max): P = bf16(2^(c s - mx)) into p, and lv = lv * 2^(m - mx) + the P
+// values before rounding (16 partial sums, reduced once per query tile); m becomes mx. Returns
+// 2^(m - mx), the factor for the row's O (the first chunk: 2^-inf = 0).
+inline float exp_row(const float* s, std::int64_t valid, float c, float mx, float& m, float* lv, std::uint16_t* p) {
   if (mx == kNegInf) {  // every score so far -inf (non-finite inputs): nothing to add
     std::fill_n(p, valid, std::uint16_t{0});
     return 1.f;
@@ -263,7 +268,7 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
   w.vp.resize(static_cast<std::size_t>(n_pad * d));
   w.q.resize(static_cast<std::size_t>(2 * kGroup * kRows * d));
   w.s.resize(static_cast<std::size_t>(2 * kRows * kChunk));
-  w.p.resize(static_cast<std::size_t>(kRows * kChunk));
+  w.p.resize(static_cast<std::size_t>(kRows * kSpan));
   w.o.resize(static_cast<std::size_t>(kGroup * kRows * d));
   w.lv.resize(static_cast<std::size_t>(kGroup * kRows * 16));
   w.m.resize(static_cast<std::size_t>(kGroup * kRows));
@@ -272,7 +277,7 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
   static const TileConfig config = tile_config();
   _tile_loadconfig(&config);
   std::uint16_t* P = w.p.data();
-  const std::int64_t q_half = 16 * d * 2, p_half = 16 * kChunk * 2;  // bytes to rows 16-31
+  const std::int64_t q_half = 16 * d * 2, p_half = 16 * kSpan * 2;  // bytes to rows 16-31
   const std::int64_t chunks = (n_pad + kChunk - 1) / kChunk, tiles = (GB + kRows - 1) / kRows;
   const auto chunk_keys = [&](std::int64_t ch) { return std::min(kChunk, n_pad - ch * kChunk); };
   const auto query_tile = [&](std::int64_t t) { return w.q.data() + t % (2 * kGroup) * kRows * d; };
@@ -296,22 +301,37 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
       store_2x2(S + 2 * pb * kCols, kChunk * 4);
     }
   };
-  // The steps: groups of kGroup query tiles; in a group, chunk by chunk, each tile of the group
-  // on it (the chunk's K and V stay in cache for all of them: at FLUX's width a head's packed K
-  // and V, 2.4 MB, outgrow L2). Step -> (query tile, chunk).
-  const auto step_at = [&](std::int64_t step) {
-    const std::int64_t g = step / (kGroup * chunks), rest = step % (kGroup * chunks);
-    const std::int64_t in_group = std::min(kGroup, tiles - g * kGroup);
-    return std::pair{g * kGroup + rest % in_group, rest / in_group};
+  // O += P V over the `keys` columns of P held (keys [key0, key0 + keys)), 32 columns of O at a
+  // time in the accumulators: once per span of kSpan keys, or before O is rescaled.
+  const auto add_pv = [&](float* O, std::int64_t key0, std::int64_t keys) {
+    for (std::int64_t cs = 0; cs < col_slices; cs += 2) {
+      load_2x2(O + cs * kCols, d * 4);
+      for (std::int64_t vb = 0; vb < keys / kDot; ++vb) {
+        const std::uint16_t* vt = w.vp.data() + ((key0 / kDot + vb) * col_slices + cs) * kTile;
+        dot_2x2(P + vb * kDot, kSpan * 2, p_half, vt, vt + kTile);
+      }
+      store_2x2(O + cs * kCols, d * 4);
+    }
   };
+  // The steps (query tile, chunk): groups of kGroup query tiles; in a group, span by span (kSpan
+  // keys: their K and V stay in cache for all the group's tiles; at FLUX's width a head's packed
+  // K and V, 2.4 MB, outgrow L2), each tile of the group through the span's chunks.
+  std::vector<std::pair<std::int64_t, std::int64_t>>& order = w.order;
+  order.clear();
+  constexpr std::int64_t kChunksPerSpan = kSpan / kChunk;
+  for (std::int64_t g0 = 0; g0 < tiles; g0 += kGroup)
+    for (std::int64_t c0 = 0; c0 < chunks; c0 += kChunksPerSpan)
+      for (std::int64_t t = g0; t < std::min(tiles, g0 + kGroup); ++t)
+        for (std::int64_t ch = c0; ch < std::min(chunks, c0 + kChunksPerSpan); ++ch) order.emplace_back(t, ch);
   // Each step issues the next step's score tiles before its own softmax (two S buffers, by the
   // step's parity; measured: as fast as spreading them among the exp passes, the tile unit and
   // the vector units overlap little here).
-  const std::int64_t steps = tiles * chunks;
+  const std::int64_t steps = static_cast<std::int64_t>(order.size());
   load_query(0);
   scores(0, 0, w.s.data());
+  std::int64_t held = 0, held_key0 = 0;  // the keys whose P columns wait for add_pv, from held_key0
   for (std::int64_t step = 0; step < steps; ++step) {
-    const auto [t, ch] = step_at(step);
+    const auto [t, ch] = order[static_cast<std::size_t>(step)];
     const std::int64_t c0 = ch * kChunk, kc = chunk_keys(ch);  // kc: a multiple of 32
     float* O = w.o.data() + t % kGroup * kRows * d;
     float* lv = w.lv.data() + t % kGroup * kRows * 16;
@@ -321,34 +341,36 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
       std::fill_n(lv, kRows * 16, 0.f);
       std::fill_n(mt, kRows, kNegInf);
     }
+    if (ch % kChunksPerSpan == 0) held = 0, held_key0 = c0;
     if (step + 1 < steps) {
-      const auto [next_t, next_ch] = step_at(step + 1);
+      const auto [next_t, next_ch] = order[static_cast<std::size_t>(step + 1)];
       if (next_ch == 0) load_query(next_t);
       scores(next_t, next_ch, w.s.data() + ((step + 1) & 1) * kRows * kChunk);
     }
-    // The online softmax on the chunk, P rounded to bf16 in the exp pass.
+    // The online softmax on the chunk, P rounded to bf16 in the exp pass. Every row's max first
+    // (independent rows: their horizontal reductions overlap), then the exp passes.
     const float* S = w.s.data() + (step & 1) * kRows * kChunk;
     const std::int64_t valid = std::min(kc, n - c0);  // >= 1: n_pad - n < 32 <= kc
-    if (valid < kc)  // the padding keys' columns of P
-      for (std::int64_t r = 0; r < kRows; ++r) std::fill(P + r * kChunk + valid, P + r * kChunk + kc, std::uint16_t{0});
-    // Every row's max first, then the exp passes: independent rows, so the row maxima's
-    // horizontal reductions overlap instead of each stalling its own exp pass.
-    float s_max[kRows];
-    for (std::int64_t r = 0; r < kRows; ++r) s_max[r] = chunk_row_max(S + r * kChunk, valid);
+    float mx[kRows];
+    bool moved = false;
     for (std::int64_t r = 0; r < kRows; ++r) {
-      const float alpha = exp_row(S + r * kChunk, valid, s_max[r], c, mt[r], lv + r * 16, P + r * kChunk);
+      mx[r] = moved_max(mt[r], chunk_row_max(S + r * kChunk, valid), c);
+      moved |= mx[r] != mt[r];
+    }
+    if (moved && held > 0) {  // O must take the held columns at the old max before it is rescaled
+      add_pv(O, held_key0, held);
+      held = 0, held_key0 = c0;
+    }
+    std::uint16_t* Pc = P + held;  // this chunk's columns
+    if (valid < kc)  // the padding keys' columns
+      for (std::int64_t r = 0; r < kRows; ++r) std::fill(Pc + r * kSpan + valid, Pc + r * kSpan + kc, std::uint16_t{0});
+    for (std::int64_t r = 0; r < kRows; ++r) {
+      const float alpha = exp_row(S + r * kChunk, valid, c, mx[r], mt[r], lv + r * 16, Pc + r * kSpan);
       if (alpha != 1.f)
         for (std::int64_t e = 0; e < d; ++e) O[r * d + e] *= alpha;
     }
-    // O += P V, 32 columns of O at a time, held in the accumulators.
-    for (std::int64_t cs = 0; cs < col_slices; cs += 2) {
-      load_2x2(O + cs * kCols, d * 4);
-      for (std::int64_t vb = 0; vb < kc / kDot; ++vb) {
-        const std::uint16_t* vt = w.vp.data() + ((c0 / kDot + vb) * col_slices + cs) * kTile;
-        dot_2x2(P + vb * kDot, kChunk * 2, p_half, vt, vt + kTile);
-      }
-      store_2x2(O + cs * kCols, d * 4);
-    }
+    held += kc;
+    if (ch == chunks - 1 || (ch + 1) % kChunksPerSpan == 0) add_pv(O, held_key0, held);
     if (ch == chunks - 1) {
       const std::int64_t t0 = t * kRows, rows = std::min(kRows, GB - t0);
       std::memcpy(o + t0 * d, O, sizeof(float) * rows * d);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "diffcp/ops/backend.hpp"
@@ -83,6 +84,7 @@ Backend& backend();
 struct AmxScratch {
   std::vector<std::uint16_t> q, kp, vp, p;
   std::vector<float> s, o, lv, m;
+  std::vector<std::pair<std::int64_t, std::int64_t>> order;  // the steps (query tile, chunk)
 };
 bool amx_attention_ready(std::int64_t d);
 constexpr std::int64_t kAmxHeadDim = 32;  // d_h: a multiple of this
