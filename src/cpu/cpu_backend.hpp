@@ -6,7 +6,9 @@
 // Private to src/cpu/.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,9 +83,27 @@ Backend& backend();
 // not 0, and d (d_h) is a multiple of 32. amx_attention_block: q [GB, d], k, v [n, d] (dense bf16
 // rows, n >= 1), c = softmax scale * log2(e); writes o [GB, d] f32 (unnormalised), m [GB] (the
 // base-2 row max), l [GB] (row sums at m): the tile path's accumulators (attention.cpp).
+// Tile loads and stores of a row that crosses a cache line run at half the rate (measured: a
+// B tile at an address 16 mod 64 halved the dot products' rate), so every tile buffer starts on a
+// 64-byte line and every row stride here is a multiple of 64 bytes.
+template <typename T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <typename U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const LineAligned<U>&) const { return true; }
+};
+template <typename T>
+using LineVector = std::vector<T, LineAligned<T>>;
+
 struct AmxScratch {
-  std::vector<std::uint16_t> q, kp, vp, p;
-  std::vector<float> s, o, lv, m;
+  LineVector<std::uint16_t> q, kp, vp, p;
+  LineVector<float> s, o, lv;
+  std::vector<float> m;
   std::vector<std::pair<std::int64_t, std::int64_t>> order;  // the steps (query tile, chunk)
 };
 bool amx_attention_ready(std::int64_t d);
