@@ -170,7 +170,9 @@ TEST(Fp8Codec, NonFiniteInputMakesItsBlockNonFinite) {
         EXPECT_EQ(got[static_cast<std::size_t>(i)], 1.f) << "element " << i;
       }
     }
-    if (std::isinf(bad)) EXPECT_EQ(got[static_cast<std::size_t>(d + 3)], bad) << "an infinite element keeps its sign";
+    if (std::isinf(bad)) {
+      EXPECT_EQ(got[static_cast<std::size_t>(d + 3)], bad) << "an infinite element keeps its sign";
+    }
   }
 }
 

@@ -91,7 +91,7 @@ void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, st
   const DitPhaseScope t(timing_, DitPhase::gemm);
   // One rank with replicated weights has nothing to progress: one GEMM over all rows (the GEMM
   // libraries run a tall M faster than chunks of 64: issue #54). Every mode of one P chunks alike.
-  const std::int64_t chunk = ex_.seq_size() == 1 && !w_.sharded() ? std::max<std::int64_t>(rows, 1) : kPollRows;
+  const std::int64_t chunk = one_rank() ? std::max<std::int64_t>(rows, 1) : kPollRows;
   for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
     linear(l, x + r0 * l.in, l.in, std::min(chunk, rows - r0), c0, ncols, y + r0 * ldy, ldy);
     ex_.poll();
@@ -205,20 +205,26 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
   const std::pair<const DitLayout::Stream*, StreamRows> streams[] = {{&blk.txt, txt_rows_}, {&blk.img, img_rows_}};
 
   // Each stream's modulated, normed, rotated q | k | v into big_ as [M_p, 3H] (rows in place). V-First
-  // (SPEC B.3): both streams' v columns first, V's exchange starts, then q | k + norm + RoPE.
+  // (SPEC B.3): both streams' v columns first, V's exchange starts, then q | k + norm + RoPE. One
+  // rank: nothing to overlap, so q | k | v in one GEMM (dense rows: no column-slice copies, the
+  // activations rounded once).
+  const bool whole = one_rank();
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
     float* mod = mods_.data() + s * 6 * H;  // shift1, scale1, gate1, shift2, scale2, gate2 (pre_only: shift, scale)
     timed(DitPhase::conditioning, [&] { modulation(w->mod, mod); });
     timed(DitPhase::layernorm_mod,
           [&] { layernorm_modulate(x_.data() + r.row0 * H, r.rows, H, mod, mod + H, eps, xm_.data() + r.row0 * H); });
-    project(w->qkv, xm_.data() + r.row0 * H, r.rows, 2 * H, H, big_.data() + r.row0 * 3 * H + 2 * H, 3 * H);
+    if (whole)
+      project(w->qkv, xm_.data() + r.row0 * H, r.rows, 0, 3 * H, big_.data() + r.row0 * 3 * H, 3 * H);
+    else
+      project(w->qkv, xm_.data() + r.row0 * H, r.rows, 2 * H, H, big_.data() + r.row0 * 3 * H + 2 * H, 3 * H);
   }
   ex_.start_v({big_.data(), Mp_, 3 * cfg_.heads, d, 3 * H});
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
     float* qkv = big_.data() + r.row0 * 3 * H;
-    project(w->qkv, xm_.data() + r.row0 * H, r.rows, 0, 2 * H, qkv, 3 * H);
+    if (!whole) project(w->qkv, xm_.data() + r.row0 * H, r.rows, 0, 2 * H, qkv, 3 * H);
     timed(DitPhase::qk_norm_rope,
           [&] { qk_norm_rope(qkv, r.rows, 3 * H, cfg_.heads, d, param(w->q_scale), param(w->k_scale), eps, r.rope); });
     ex_.poll();
@@ -254,17 +260,22 @@ void DitModel::single_block(const DitLayout::SingleBlock& blk) {
   const float eps = static_cast<float>(cfg_.eps);
   timed(DitPhase::conditioning, [&] { modulation(blk.mod, mod_.data()); });  // shift, scale, gate
   timed(DitPhase::layernorm_mod, [&] { layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, eps, xm_.data()); });
-  // linear1 -> [M_p, q | k | v | m]: v first (V-First), then q | k + norm + RoPE, then m.
-  project(blk.linear1, xm_.data(), Mp_, 2 * H, H, big_.data() + 2 * H, ld);
+  // linear1 -> [M_p, q | k | v | m]: v first (V-First), then q | k + norm + RoPE, then m. One rank:
+  // all of it in one GEMM (as in double_block).
+  const bool whole = one_rank();
+  if (whole)
+    project(blk.linear1, xm_.data(), Mp_, 0, ld, big_.data(), ld);
+  else
+    project(blk.linear1, xm_.data(), Mp_, 2 * H, H, big_.data() + 2 * H, ld);
   ex_.start_v({big_.data(), Mp_, 3 * cfg_.heads, d, ld});
-  project(blk.linear1, xm_.data(), Mp_, 0, 2 * H, big_.data(), ld);
+  if (!whole) project(blk.linear1, xm_.data(), Mp_, 0, 2 * H, big_.data(), ld);
   for (const StreamRows& r : {txt_rows_, img_rows_}) {
     timed(DitPhase::qk_norm_rope, [&] {
       qk_norm_rope(big_.data() + r.row0 * ld, r.rows, ld, cfg_.heads, d, param(blk.q_scale), param(blk.k_scale), eps, r.rope);
     });
     ex_.poll();
   }
-  project(blk.linear1, xm_.data(), Mp_, 3 * H, cfg_.mlp_in(), big_.data() + 3 * H, ld);
+  if (!whole) project(blk.linear1, xm_.data(), Mp_, 3 * H, cfg_.mlp_in(), big_.data() + 3 * H, ld);
   // The attention output overwrites the v columns, so [a | act(m)] is linear2's input in place.
   timed(DitPhase::attention, [&] {
     ex_.attention({big_.data(), Mp_, 3 * cfg_.heads, d, ld}, {big_.data() + 2 * H, Mp_, cfg_.heads, d, ld});

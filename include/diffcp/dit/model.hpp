@@ -89,6 +89,9 @@ class DitModel {
   // computes bitwise the same q, k, v.
   void project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
                std::int64_t ldy);
+  // One rank with replicated weights: no exchange to progress, so projections run whole (one GEMM
+  // over all rows and all of a fused weight's columns).
+  bool one_rank() const { return ex_.seq_size() == 1 && !w_.sharded(); }
   // y[M, ncols] (row stride ldy) = x[M, l.in] (row stride ldx) W[:, c0 : c0 + ncols] + b[c0 : c0 +
   // ncols]: with the f32 weights, the bf16 ones (stored so, or their rounded copy under bf16
   // compute: DitWeights::rounded), from the gather window when sharded (dit/weights.hpp).
