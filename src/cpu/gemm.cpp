@@ -321,11 +321,9 @@ void CpuBackend::dense_linear(ConstTensorView x, ConstTensorView w, const Packed
   // oneDNN's brgemm writes dense rows only: a strided y (a column slice of a wider row, e.g. V-First's
   // v columns) is computed into a dense tile and copied, in blocks of kPackProbeRows rows so that
   // the tile stays in L2; so every y layout runs the same kernel.
-  static const long dbg_chunk = getenv("DBG_CHUNK") ? atol(getenv("DBG_CHUNK")) : 0;
-  const std::int64_t rc = dbg_chunk > 0 ? dbg_chunk : kPackProbeRows;
-  if ((y.stride[0] != N || dbg_chunk > 0) && M > rc) {
-    for (std::int64_t r0 = 0; r0 < M; r0 += rc) {
-      const std::int64_t m = std::min(rc, M - r0);
+  if (y.stride[0] != N && M > kPackProbeRows) {
+    for (std::int64_t r0 = 0; r0 < M; r0 += kPackProbeRows) {
+      const std::int64_t m = std::min(kPackProbeRows, M - r0);
       ConstTensorView xb = x;
       TensorView yb = y;
       xb.data = static_cast<const bf16_t*>(x.data) + r0 * x.stride[0];
