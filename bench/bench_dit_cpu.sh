@@ -14,14 +14,20 @@
 #          P = 2 in f32 and bf16, the drafter's training step, the DiT step) -> bench/dit_cpu_ab.csv,
 #          the DiT step at the small shape in f32 and bf16 (P = 1) -> bench/dit_cpu_ab_step.csv, and
 #          bench_attention (the DFlash block-sparse kernels, f32 and bf16) -> bench/dit_cpu_ab_attention.csv
+#          (AB_OUT=<prefix> names the three files otherwise)
+#   amx:   the dense attention kernel alone (bench_dense_attention, bf16 forward, 2 threads) at both
+#          shapes' heads (small: 1088 tokens, 24 x 32; FLUX width: 4608 tokens, 24 x 128), the AMX
+#          kernel against the tile path (DIFFCP_CPU_AMX=0), interleaved REPEAT times
+#          -> bench/dit_cpu_amx_attention.csv
 #
 # Usage: VENV=/work/ov-venv FLUX_SRC=/path/to/flux [ROWS="small avx2 flux"] bench/bench_dit_cpu.sh peers
 #        OLD_BUILD=/path/to/old/build/release bench/bench_dit_cpu.sh ab
+#        bench/bench_dit_cpu.sh amx
 # VENV: a venv with torch, numpy, einops and openvino (bench_peers_torch.py --install makes one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-what=${1:?usage: bench/bench_dit_cpu.sh peers|ab}
+what=${1:?usage: bench/bench_dit_cpu.sh peers|ab|amx}
 case "$what" in
   peers)
     venv=${VENV:?VENV=<venv with torch, numpy, einops, openvino>}
@@ -35,8 +41,9 @@ case "$what" in
     true
     ;;
   ab)
-    old=${OLD_BUILD:?OLD_BUILD=<build/release of the commit before issue #54>}
-    OLD="$old/src/diffcp" CSV=bench/dit_cpu_ab.csv REPEAT="${REPEAT:-3}" bench/bench_device_core_ab.sh
+    old=${OLD_BUILD:?OLD_BUILD=<build/release of the commit before the change>}
+    ab=${AB_OUT:-bench/dit_cpu_ab}  # the files' prefix (the AMX part of issue #54: bench/dit_cpu_ab_amx)
+    OLD="$old/src/diffcp" CSV="$ab.csv" REPEAT="${REPEAT:-3}" bench/bench_device_core_ab.sh
     # interleave CMD: runs CMD <build> <build dir> <dtype> for every round (REPEAT), build (old first) and dtype
     interleave() {
       for ((r = 1; r <= ${REPEAT:-3}; r++)); do
@@ -55,9 +62,9 @@ case "$what" in
       "$2/bench/bench_attention" --samples 2 --context 8192 --anchors 128 --dtype "$3" --reps 5 --json |
         python3 -c "import json,sys; j=json.load(sys.stdin); p='bf16_' if '$3' == 'bf16' else ''; print('$1,$3,%s,%s' % (j[p + 'fwd_ms'], j[p + 'bwd_ms']))"
     }
-    step=bench/dit_cpu_ab_step.csv
+    step=${ab}_step.csv
     { echo "build,dtype,step_ms"; interleave dit_step; } >"$step"
-    out=bench/dit_cpu_ab_attention.csv
+    out=${ab}_attention.csv
     { echo "build,dtype,fwd_ms,bwd_ms"; interleave attention; } >"$out"
     python3 - "$out" "$step" <<'PY'
 import collections, csv, statistics, sys
@@ -81,5 +88,30 @@ for dt in ("f32", "bf16"):
         print(f"| {dt} {k} | {o:.2f} | {n:.2f} | {n / o:.3f} |")
 PY
     ;;
-  *) echo "usage: bench/bench_dit_cpu.sh peers|ab" >&2; exit 2 ;;
+  amx)
+    bin=build/release/bench/bench_dense_attention
+    out=bench/dit_cpu_amx_attention.csv
+    echo "shape,kernel,tokens,heads,d_h,median_ms,gflops" >"$out"
+    for ((r = 1; r <= ${REPEAT:-3}; r++)); do
+      for shape in "small 1088 24 32" "flux 4608 24 128"; do
+        set -- $shape
+        for amx in 1 0; do
+          DIFFCP_CPU_AMX=$amx OMP_NUM_THREADS=2 "$bin" --tokens "$2" --heads "$3" --d-h "$4" --reps 5 |
+            python3 -c "import json,sys; j=json.load(sys.stdin); k='amx' if 'AMX' in j['kernels'] else 'tile'; print('$1,%s,%d,%d,%d,%.3f,%.1f' % (k, j['tokens'], j['heads'], j['d_h'], j['median_ms'], j['gflops']))" >>"$out"
+        done
+      done
+    done
+    python3 - "$out" <<'PY'
+import collections, csv, statistics, sys
+d = collections.defaultdict(list)
+for r in csv.DictReader(open(sys.argv[1])):
+    d[(r["shape"], r["kernel"])].append(float(r["median_ms"]))
+print("| shape | tile path ms | AMX kernel ms | speed-up |")
+print("|---|---|---|---|")
+for shape in ("small", "flux"):
+    t, a = statistics.median(d[(shape, "tile")]), statistics.median(d[(shape, "amx")])
+    print(f"| {shape} | {t:.2f} | {a:.2f} | {t / a:.2f}x |")
+PY
+    ;;
+  *) echo "usage: bench/bench_dit_cpu.sh peers|ab|amx" >&2; exit 2 ;;
 esac

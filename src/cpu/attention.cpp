@@ -32,6 +32,48 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// p[j] = 2^(p[j] - shift) for j < n; returns their sum. On the SIMD layer (isa.hpp): written as a
+// plain loop, GCC 12 vectorised it for AVX-512 but not for AVX2 (its clamp became branches).
+// The tail's spare lanes hold -inf, whose 2^ is exactly 0. kScaled: 2^(c p[j] - shift) (c > 0), for
+// score tiles whose GEMM left the scale out (bf16: oneDNN's bf16 matmul with an output scale runs
+// ~8x slower, issue #54). lo: the values rounded to bf16 there instead of written back to p (the
+// bf16 tiles' P operand in the same pass; simd::store_bf16).
+template <bool kScaled = false>
+float exp2_shifted(float* __restrict p, std::int64_t n, float shift, float c = 1.f, std::uint16_t* __restrict lo = nullptr) {
+  using namespace simd;
+  const vf sh = broadcast(shift), cv = broadcast(c);
+  const auto arg = [&](vf x) { return kScaled ? x * cv - sh : x - sh; };
+  vf acc{};
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf e = exp2(arg(load(p + j)));
+    if (lo)
+      store_bf16(lo + j, e);
+    else
+      store(p + j, e);
+    acc += e;
+  }
+  if (j < n) {
+    const vf e = exp2(arg(load_part(p + j, n - j, kNegInf)));
+    if (lo)
+      store_bf16(lo + j, e, n - j);
+    else
+      store_part(p + j, e, n - j);
+    acc += e;
+  }
+  return hsum(acc);
+}
+
+// max(init, p[0..n)).
+float row_max(const float* __restrict p, std::int64_t n, float init) {
+  using namespace simd;
+  vf m = broadcast(init);
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) m = max(m, load(p + j));
+  if (j < n) m = max(m, load_part(p + j, n - j, kNegInf));
+  return hmax(m);
+}
+
 // p[j, t] = 2^(p[j, t] - shift[t]) for j < rows, t < cols (dense rows of cols): the backward's
 // key-major P^T, each column its query row's lse. Spare tail lanes: shift +inf, 2^-inf = 0.
 [[maybe_unused]] void exp2_shifted_cols(float* __restrict p, std::int64_t rows, std::int64_t cols,
@@ -169,22 +211,10 @@ struct ForwardScratch {
   std::vector<T> q, p_lo, kc, vc;  // kc, vc: a head's visible K / V rows, contiguous (many query tiles)
   std::vector<float> o, p, m, l;
   std::vector<RowRange> ranges;
-  AmxScratch amx;  // bf16 dense blocks on AMX tiles
   explicit ForwardScratch(const Dims& s)
       : q(s.GB * s.d), p_lo(std::is_same_v<T, float> ? 0 : std::min(s.GB, kQueryTile) * kKeyTile), o(s.GB * s.d),
         p(std::min(s.GB, kQueryTile) * kKeyTile), m(s.GB), l(s.GB) {}
 };
-
-// o = the accumulator / l, rounded to T; lse from (m, l). l = 0: a window hid every key this call
-// holds from the row (lse -inf, o 0).
-template <typename T>
-void finish_rows(const Dims& s, std::int64_t i, std::int64_t h, const ForwardScratch<T>& w, HeadRows<T> o,
-                 std::span<float> lse) {
-  for (std::int64_t t = 0; t < s.GB; ++t) {
-    store_row(w.o.data() + t * s.d, w.l[t] > 0.f ? 1.f / w.l[t] : 0.f, o.at(i * s.B + t % s.B, h * s.G + t / s.B), s.d);
-    lse[stat_index(s, i, h, t)] = w.l[t] > 0.f ? (w.m[t] + std::log2(w.l[t])) * kLn2 : kNegInf;
-  }
-}
 
 template <typename T>
 void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, HeadRows<const T> k,
@@ -226,14 +256,6 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
         std::memcpy(w.vc.data() + n * d, v.at(j, h), sizeof(T) * d);
       }
   }
-  // bf16 dense blocks on AMX: the whole block fused, scores in tiles (attention_amx.cpp).
-  if constexpr (!std::is_same_v<T, float>) {
-    if (dense_kv && !win.active() && amx_attention_ready(d)) {
-      amx_attention_block(&w.q[0].bits, GB, &w.kc[0].bits, &w.vc[0].bits, static_cast<std::int64_t>(w.kc.size()) / d,
-                          d, c, w.o.data(), w.m.data(), w.l.data(), w.amx);
-      return finish_rows(s, i, h, w, o, lse);
-    }
-  }
   // Dense blocks: key tiles as long as L2 holds a [kQueryTile, tile] score tile (the whole row of a
   // 1088-token image in one tile: no online rescaling; 1.1x the attention of 512-key tiles here).
   std::int64_t key_tile = kKeyTile;
@@ -269,7 +291,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
         if (window_edge(win, s.B, a, y0, kt)) mask_window(win, s, a, y0, kt, w.p.data(), ldp, false, t0, tq);
         for (std::int64_t t = 0; t < tq; ++t) {
           float* pr = w.p.data() + t * ldp;
-          const float mx = kScaleInGemm ? simd::row_max(pr, kt, m[t]) : std::max(m[t], c * simd::row_max(pr, kt, kNegInf));
+          const float mx = kScaleInGemm ? row_max(pr, kt, m[t]) : std::max(m[t], c * row_max(pr, kt, kNegInf));
           if (mx == kNegInf) {  // a window hides every key of this row so far: nothing to add
             std::fill_n(pr, kt, 0.f);
             if constexpr (!std::is_same_v<T, float>) std::fill_n(w.p_lo.data() + t * ldp, kt, T{});
@@ -278,9 +300,9 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
           // bf16: P's row goes straight to the PV GEMM's bf16 operand (one pass, no f32 row written)
           float sum;
           if constexpr (kScaleInGemm)
-            sum = simd::exp2_shifted(pr, kt, mx);
+            sum = exp2_shifted(pr, kt, mx);
           else
-            sum = simd::exp2_shifted<true>(pr, kt, mx, c, &w.p_lo[static_cast<std::size_t>(t * ldp)].bits);
+            sum = exp2_shifted<true>(pr, kt, mx, c, &w.p_lo[static_cast<std::size_t>(t * ldp)].bits);
           const float alpha = simd::exp2(m[t] - mx);  // m = -inf on the first tile -> 0
           if (alpha != 1.f) {
             float* orow = o_rows + t * d;
@@ -295,7 +317,47 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
       dense_row += rr.end - rr.begin;
     }
   }
-  finish_rows(s, i, h, w, o, lse);
+  for (std::int64_t t = 0; t < GB; ++t) {
+    // l = 0: a window hid every key this call holds from the row (lse -inf, o 0, as above).
+    store_row(w.o.data() + t * d, w.l[t] > 0.f ? 1.f / w.l[t] : 0.f, o.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
+    lse[stat_index(s, i, h, t)] = w.l[t] > 0.f ? (w.m[t] + std::log2(w.l[t])) * kLn2 : kNegInf;
+  }
+}
+
+// forward_item on AMX tiles (attention_amx.cpp), for bf16 blocks of more than kQueryTile rows (the
+// DiT's dense attention: every key of an image visible, no window): the q tile and the visible K, V
+// rows packed as there, then the fused kernel, then o and lse from its accumulators. A function of
+// its own, so that the tile path's code is the one it was. Scratch per thread, 64-byte lines.
+void amx_item(const BlockMask& mask, const Dims& s, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
+              HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse, std::int64_t i, std::int64_t h,
+              ForwardScratch<bf16_t>& w) {
+  thread_local AmxScratch amx;
+  mask.visible_ranges(i, w.ranges);
+  std::int64_t n = 0;
+  for (const RowRange& rr : w.ranges) n += rr.end - rr.begin;
+  const std::int64_t d = s.d;
+  if (n == 0) {
+    for (std::int64_t t = 0; t < s.GB; ++t) {
+      std::memset(static_cast<void*>(o.at(i * s.B + t % s.B, h * s.G + t / s.B)), 0, sizeof(bf16_t) * d);
+      lse[stat_index(s, i, h, t)] = kNegInf;
+    }
+    return;
+  }
+  pack_tile(q, s, i, h, w.q.data());
+  w.kc.resize(n * d);
+  w.vc.resize(n * d);
+  n = 0;
+  for (const RowRange& rr : w.ranges)
+    for (std::int64_t j = rr.begin; j < rr.end; ++j, ++n) {
+      std::memcpy(w.kc.data() + n * d, k.at(j, h), sizeof(bf16_t) * d);
+      std::memcpy(w.vc.data() + n * d, v.at(j, h), sizeof(bf16_t) * d);
+    }
+  amx_attention_block(&w.q[0].bits, s.GB, &w.kc[0].bits, &w.vc[0].bits, n, d, s.scale * kLog2e, w.o.data(),
+                      w.m.data(), w.l.data(), amx);
+  for (std::int64_t t = 0; t < s.GB; ++t) {  // l = 0 only where every score was -inf (non-finite inputs)
+    store_row(w.o.data() + t * d, w.l[t] > 0.f ? 1.f / w.l[t] : 0.f, o.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
+    lse[stat_index(s, i, h, t)] = w.l[t] > 0.f ? (w.m[t] + std::log2(w.l[t])) * kLn2 : kNegInf;
+  }
 }
 
 template <typename T>
@@ -353,7 +415,7 @@ void backward_tile(const Dims& s, HeadRows<const T> k, HeadRows<const T> v, Head
     tile_gemm(false, true, GB, kt, d, kBf16 ? 1.f : c, w.q.data(), d, k.at(j0, h), k.row_stride, 0.f, P, kKeyTile,
               full);
     if (edge != nullptr) mask_window(*edge, s, a, y0, kt, P, kKeyTile, false);
-    for (std::int64_t t = 0; t < GB; ++t) simd::exp2_shifted<kBf16>(P + t * kKeyTile, kt, w.lse2[t], c);
+    for (std::int64_t t = 0; t < GB; ++t) exp2_shifted<kBf16>(P + t * kKeyTile, kt, w.lse2[t], c);
     // dV += P^T dO ; dP = dO V^T ; dS = P (dP - D)
     tile_gemm(true, false, kt, d, GB, 1.f, operand(P, GB, kt, kKeyTile, w.p_lo), kKeyTile, w.dout.data(), d, 1.f,
               dv.at(j0, h), dv.row_stride, full);
@@ -426,6 +488,19 @@ void forward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_
                " entries, expected Q*n_q = ", s.Q * s.n_q);
   const std::int64_t items = mask.num_blocks() * s.n_kv;
   ParallelErrors errors;
+  // bf16 dense blocks (forward_item's dense_kv) without a window: on AMX tiles where the CPU has them.
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    if (s.GB > kQueryTile && !mask.window().active() && amx_attention_ready(s.d)) {
+#pragma omp parallel
+      {
+        ForwardScratch<T> w(s);
+#pragma omp for schedule(dynamic, 1)
+        for (std::int64_t it = 0; it < items; ++it)
+          errors.run([&] { amx_item(mask, s, q, k, v, o, lse, it / s.n_kv, it % s.n_kv, w); });
+      }
+      return errors.rethrow();
+    }
+  }
 #pragma omp parallel
   {
     ForwardScratch<T> w(s);

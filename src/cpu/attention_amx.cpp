@@ -4,7 +4,7 @@
 // back twice; at the DiT's d_h = 32 that traffic and the softmax passes were the attention's time.
 // Here a 16-row query tile walks the keys in chunks of kChunk: S = q K^T into four AMX
 // accumulators (16 x 16 f32 each), stored to a 16 x kChunk tile that stays in L1, the online
-// softmax on it (simd::row_max / simd::exp2_shifted, P rounded to bf16 in the same pass, as the
+// softmax on it (chunk_row_max / exp_row, P rounded to bf16 in the same pass, as the
 // tile path does), then O += P V with O's f32 rows loaded into the accumulators and stored back.
 // Same math as the tile path: bf16 operands, f32 accumulation, f32 softmax, P rounded only as an
 // operand; only the order of the f32 sums differs (chunks of kChunk keys instead of one tile).

@@ -138,45 +138,4 @@ inline void to_f32(const std::uint16_t* __restrict x, float* __restrict out, std
   }
 }
 
-// The online softmax's row passes (the attention kernels: attention.cpp, attention_amx.cpp).
-// p[j] = 2^(p[j] - shift) for j < n; returns their sum. On the SIMD layer (isa.hpp): written as a
-// plain loop, GCC 12 vectorised it for AVX-512 but not for AVX2 (its clamp became branches).
-// The tail's spare lanes hold -inf, whose 2^ is exactly 0. kScaled: 2^(c p[j] - shift) (c > 0), for
-// score tiles whose GEMM left the scale out (bf16: oneDNN's bf16 matmul with an output scale runs
-// ~8x slower, issue #54). lo: the values rounded to bf16 there instead of written back to p (the
-// bf16 tiles' P operand in the same pass; simd::store_bf16).
-template <bool kScaled = false>
-inline float exp2_shifted(float* __restrict p, std::int64_t n, float shift, float c = 1.f, std::uint16_t* __restrict lo = nullptr) {
-  const vf sh = broadcast(shift), cv = broadcast(c);
-  const auto arg = [&](vf x) { return kScaled ? x * cv - sh : x - sh; };
-  vf acc{};
-  std::int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const vf e = exp2(arg(load(p + j)));
-    if (lo)
-      store_bf16(lo + j, e);
-    else
-      store(p + j, e);
-    acc += e;
-  }
-  if (j < n) {
-    const vf e = exp2(arg(load_part(p + j, n - j, -__builtin_inff())));
-    if (lo)
-      store_bf16(lo + j, e, n - j);
-    else
-      store_part(p + j, e, n - j);
-    acc += e;
-  }
-  return hsum(acc);
-}
-
-// max(init, p[0..n)).
-inline float row_max(const float* __restrict p, std::int64_t n, float init) {
-  vf m = broadcast(init);
-  std::int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) m = max(m, load(p + j));
-  if (j < n) m = max(m, load_part(p + j, n - j, -__builtin_inff()));
-  return hmax(m);
-}
-
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA::simd
