@@ -2,12 +2,17 @@
 // block is one image's tokens and every query row sees the same keys. The tile-GEMM path
 // (attention.cpp) writes each [128, keys] f32 score tile to memory through oneDNN and reads it
 // back twice; at the DiT's d_h = 32 that traffic and the softmax passes were the attention's time.
-// Here a 16-row query tile walks the keys in chunks of kChunk: S = q K^T into four AMX
-// accumulators (16 x 16 f32 each), stored to a 16 x kChunk tile that stays in L1, the online
-// softmax on it (chunk_row_max / exp_row, P rounded to bf16 in the same pass, as the
-// tile path does), then O += P V with O's f32 rows loaded into the accumulators and stored back.
+// Here a tile of 32 query rows walks the keys in chunks of kChunk: S = q K^T in a 2 x 2 block of
+// AMX accumulators (each 16 x 16 f32), stored to a 32 x kChunk tile that stays in L1; the online
+// softmax on it (chunk_row_max, then exp_row: P rounded to bf16 in the exp pass, as the tile path
+// does) with a stale max that moves only by more than 2^kStaleMax, so O is rarely rescaled; P's
+// columns held over spans of kSpan keys, then O += P V with O's f32 rows loaded into the
+// accumulators and stored back. kGroup query tiles take each span in turn (its K and V stay in
+// cache), and each step issues the next one's score tiles before its own softmax. Every tile
+// buffer starts on a 64-byte line (LineVector: a tile row across two lines halves the rate).
 // Same math as the tile path: bf16 operands, f32 accumulation, f32 softmax, P rounded only as an
-// operand; only the order of the f32 sums differs (chunks of kChunk keys instead of one tile).
+// operand; only the order of the f32 sums differs. A query row's result depends only on the
+// ordered keys it sees (never on the other rows of its tile or on where the keys were stored).
 //
 // Only on the avx512 kernels (and a native build on such a CPU), and only when the CPU has AMX
 // (amx_tile, amx_bf16) and avx512_bf16 and the kernel grants this process the tile state
@@ -59,7 +64,7 @@ namespace {
 
 constexpr std::int64_t kRows = 32;   // query rows per tile (two AMX tiles of 16 rows)
 constexpr std::int64_t kChunk = 64;  // keys per online-softmax step (measured best of 32-256 at d_h 32 and 128)
-constexpr std::int64_t kSpan = 256;   // keys whose P columns are held before O += P V (4 chunks)
+constexpr std::int64_t kSpan = 256;  // keys whose P columns are held before O += P V (4 chunks)
 constexpr std::int64_t kGroup = 4;   // query tiles that share each chunk of K and V in cache
 constexpr std::int64_t kDot = 32;    // bf16 elements of one tile row (64 bytes): the K of one tdpbf16ps
 constexpr std::int64_t kCols = 16;   // f32 columns of an accumulator
@@ -67,8 +72,8 @@ constexpr std::int64_t kTile = 512;  // bf16 elements of one packed B tile (16 r
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kStaleMax = 8.f;  // base 2 (exp_row)
 
-// Palette 1, every tile 16 rows x 64 bytes: tmm0-3 accumulators (scores, then O), tmm4 the A
-// operand (q, then P), tmm5-7 the B operands (K^T, then V), rotated.
+// Palette 1, every tile 16 rows x 64 bytes: tmm0-3 accumulators (scores, then O), tmm4 / tmm5 the
+// A operand's two row halves (q, then P), tmm6 / tmm7 the B operands (K^T, then V): dot_2x2.
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;
   std::uint8_t start_row = 0;
