@@ -124,7 +124,7 @@ inline void store_row(const float* __restrict src, float mul, bf16_t* __restrict
 // The f32 tile x ([rows, cols], row stride ld) as a GEMM operand of type T: x itself for f32,
 // else rounded into `lo` (same layout).
 template <typename T>
-const T* operand(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::vector<T>& lo) {
+const T* operand(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, LineVector<T>& lo) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else {
@@ -208,8 +208,9 @@ void mask_window(const KeyWindow& w, const Dims& s, std::int64_t a, std::int64_t
 
 template <typename T>
 struct ForwardScratch {
-  std::vector<T> q, p_lo, kc, vc;  // kc, vc: a head's visible K / V rows, contiguous (many query tiles)
-  std::vector<float> o, p, m, l;
+  LineVector<T> q, p_lo, kc, vc;  // kc, vc: a head's visible K / V rows, contiguous (many query tiles)
+  LineVector<float> o, p;
+  std::vector<float> m, l;
   std::vector<RowRange> ranges;
   explicit ForwardScratch(const Dims& s)
       : q(s.GB * s.d), p_lo(std::is_same_v<T, float> ? 0 : std::min(s.GB, kQueryTile) * kKeyTile), o(s.GB * s.d),
@@ -362,8 +363,9 @@ void amx_item(const BlockMask& mask, const Dims& s, HeadRows<const bf16_t> q, He
 
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> q, dout, p_lo;
-  std::vector<float> dq, p, dp, lse2, delta;
+  LineVector<T> q, dout, p_lo;
+  LineVector<float> dq, p, dp;
+  std::vector<float> lse2, delta;
   std::vector<RowRange> ranges;
   explicit BackwardScratch(const Dims& s)
       : q(s.GB * s.d), dout(s.GB * s.d), p_lo(std::is_same_v<T, float> ? 0 : s.GB * kKeyTile), dq(s.GB * s.d),
