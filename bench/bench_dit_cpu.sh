@@ -43,7 +43,8 @@ case "$what" in
   ab)
     old=${OLD_BUILD:?OLD_BUILD=<build/release of the commit before the change>}
     ab=${AB_OUT:-bench/dit_cpu_ab}  # the files' prefix (the AMX part of issue #54: bench/dit_cpu_ab_amx)
-    OLD="$old/src/diffcp" CSV="$ab.csv" REPEAT="${REPEAT:-3}" bench/bench_device_core_ab.sh
+    # AB_ONLY=attention: the block-sparse kernels' pair alone (the last part below)
+    [[ ${AB_ONLY:-} == attention ]] || OLD="$old/src/diffcp" CSV="$ab.csv" REPEAT="${REPEAT:-3}" bench/bench_device_core_ab.sh
     # interleave CMD: runs CMD <build> <build dir> <dtype> for every round (REPEAT), build (old first) and dtype
     interleave() {
       for ((r = 1; r <= ${REPEAT:-3}; r++)); do
@@ -63,23 +64,24 @@ case "$what" in
         python3 -c "import json,sys; j=json.load(sys.stdin); p='bf16_' if '$3' == 'bf16' else ''; print('$1,$3,%s,%s' % (j[p + 'fwd_ms'], j[p + 'bwd_ms']))"
     }
     step=${ab}_step.csv
-    { echo "build,dtype,step_ms"; interleave dit_step; } >"$step"
+    [[ ${AB_ONLY:-} == attention ]] || { echo "build,dtype,step_ms"; interleave dit_step; } >"$step"
     out=${ab}_attention.csv
     { echo "build,dtype,fwd_ms,bwd_ms"; interleave attention; } >"$out"
     python3 - "$out" "$step" <<'PY'
-import collections, csv, statistics, sys
+import collections, csv, os, statistics, sys
 d = collections.defaultdict(list)
 for r in csv.DictReader(open(sys.argv[1])):
     for k in ("fwd_ms", "bwd_ms"):
         d[(r["dtype"], k, r["build"])].append(float(r[k]))
 step = collections.defaultdict(list)
-for r in csv.DictReader(open(sys.argv[2])):
-    step[(r["dtype"], r["build"])].append(float(r["step_ms"]))
-print("| DiT step, 512^2, P = 1 | old median ms | new median ms | old / new (speed-up) |")
-print("|---|---|---|---|")
-for dt in ("f32", "bf16"):
-    o, n = statistics.median(step[(dt, "old")]), statistics.median(step[(dt, "new")])
-    print(f"| {dt} | {o:.1f} | {n:.1f} | {o / n:.3f} |")
+if os.path.exists(sys.argv[2]):  # absent with AB_ONLY=attention
+    for r in csv.DictReader(open(sys.argv[2])):
+        step[(r["dtype"], r["build"])].append(float(r["step_ms"]))
+    print("| DiT step, 512^2, P = 1 | old median ms | new median ms | old / new (speed-up) |")
+    print("|---|---|---|---|")
+    for dt in ("f32", "bf16"):
+        o, n = statistics.median(step[(dt, "old")]), statistics.median(step[(dt, "new")])
+        print(f"| {dt} | {o:.1f} | {n:.1f} | {o / n:.3f} |")
 print("| attention | old median ms | new median ms | new / old |")
 print("|---|---|---|---|")
 for dt in ("f32", "bf16"):
