@@ -217,6 +217,22 @@ struct ForwardScratch {
         p(std::min(s.GB, kQueryTile) * kKeyTile), m(s.GB), l(s.GB) {}
 };
 
+// kv head h's rows of k and v that w.ranges hold, in order, into w.kc and w.vc as dense [n, d_h].
+template <typename T>
+void copy_visible_rows(HeadRows<const T> k, HeadRows<const T> v, std::int64_t h, ForwardScratch<T>& w) {
+  std::int64_t n = 0;
+  for (const RowRange& rr : w.ranges) n += rr.end - rr.begin;
+  const std::int64_t d = k.dim;
+  w.kc.resize(n * d);
+  w.vc.resize(n * d);
+  n = 0;
+  for (const RowRange& rr : w.ranges)
+    for (std::int64_t j = rr.begin; j < rr.end; ++j, ++n) {
+      std::memcpy(w.kc.data() + n * d, k.at(j, h), sizeof(T) * d);
+      std::memcpy(w.vc.data() + n * d, v.at(j, h), sizeof(T) * d);
+    }
+}
+
 template <typename T>
 void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, HeadRows<const T> k,
                   HeadRows<const T> v, HeadRows<T> o, std::span<float> lse, std::int64_t i, std::int64_t h,
@@ -245,18 +261,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
   // dense [rows, d] tiles (strided rows of the fused q|k|v layout cost the GEMMs TLB and cache
   // misses; dense bf16 ones get oneDNN's brgemm, AMX here: issue #54).
   const bool dense_kv = GB > kQueryTile;
-  if (dense_kv) {
-    std::int64_t n = 0;
-    for (const RowRange& rr : w.ranges) n += rr.end - rr.begin;
-    w.kc.resize(n * d);
-    w.vc.resize(n * d);
-    n = 0;
-    for (const RowRange& rr : w.ranges)
-      for (std::int64_t j = rr.begin; j < rr.end; ++j, ++n) {
-        std::memcpy(w.kc.data() + n * d, k.at(j, h), sizeof(T) * d);
-        std::memcpy(w.vc.data() + n * d, v.at(j, h), sizeof(T) * d);
-      }
-  }
+  if (dense_kv) copy_visible_rows(k, v, h, w);
   // Dense blocks: key tiles as long as L2 holds a [kQueryTile, tile] score tile (the whole row of a
   // 1088-token image in one tile: no online rescaling; 1.1x the attention of 512-key tiles here).
   std::int64_t key_tile = kKeyTile;
@@ -327,8 +332,8 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
 
 // forward_item on AMX tiles (attention_amx.cpp), for bf16 blocks of more than kQueryTile rows (the
 // DiT's dense attention: every key of an image visible, no window): the q tile and the visible K, V
-// rows packed as there, then the fused kernel, then o and lse from its accumulators. A function of
-// its own, so that the tile path's code is the one it was. Scratch per thread, 64-byte lines.
+// rows packed as there, then the fused kernel, then o and lse from its accumulators. Scratch per
+// thread, on 64-byte lines.
 void amx_item(const BlockMask& mask, const Dims& s, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
               HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse, std::int64_t i, std::int64_t h,
               ForwardScratch<bf16_t>& w) {
@@ -345,14 +350,7 @@ void amx_item(const BlockMask& mask, const Dims& s, HeadRows<const bf16_t> q, He
     return;
   }
   pack_tile(q, s, i, h, w.q.data());
-  w.kc.resize(n * d);
-  w.vc.resize(n * d);
-  n = 0;
-  for (const RowRange& rr : w.ranges)
-    for (std::int64_t j = rr.begin; j < rr.end; ++j, ++n) {
-      std::memcpy(w.kc.data() + n * d, k.at(j, h), sizeof(bf16_t) * d);
-      std::memcpy(w.vc.data() + n * d, v.at(j, h), sizeof(bf16_t) * d);
-    }
+  copy_visible_rows(k, v, h, w);
   amx_attention_block(&w.q[0].bits, s.GB, &w.kc[0].bits, &w.vc[0].bits, n, d, s.scale * kLog2e, w.o.data(),
                       w.m.data(), w.l.data(), amx);
   for (std::int64_t t = 0; t < s.GB; ++t) {  // l = 0 only where every score was -inf (non-finite inputs)
