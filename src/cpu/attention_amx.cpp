@@ -65,7 +65,7 @@ namespace {
 constexpr std::int64_t kRows = 32;   // query rows per tile (two AMX tiles of 16 rows)
 constexpr std::int64_t kChunk = 64;  // keys per online-softmax step (measured best of 32-256 at d_h 32 and 128)
 constexpr std::int64_t kSpan = 256;  // keys whose P columns are held before O += P V (4 chunks)
-constexpr std::int64_t kGroup = 4;   // query tiles that share each chunk of K and V in cache
+constexpr std::int64_t kGroup = 4;   // query tiles that take each span of K and V in turn (in cache)
 constexpr std::int64_t kDot = 32;    // bf16 elements of one tile row (64 bytes): the K of one tdpbf16ps
 constexpr std::int64_t kCols = 16;   // f32 columns of an accumulator
 constexpr std::int64_t kTile = 512;  // bf16 elements of one packed B tile (16 rows x 64 bytes)
