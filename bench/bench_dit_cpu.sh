@@ -19,15 +19,17 @@
 #          shapes' heads (small: 1088 tokens, 24 x 32; FLUX width: 4608 tokens, 24 x 128), the AMX
 #          kernel against the tile path (DIFFCP_CPU_AMX=0), interleaved REPEAT times
 #          -> bench/dit_cpu_amx_attention.csv
+#   fma:   the same in f32: the fused FMA kernel against the tile path (DIFFCP_CPU_FUSED_F32=0)
+#          -> bench/dit_cpu_fma_attention.csv
 #
 # Usage: VENV=/work/ov-venv FLUX_SRC=/path/to/flux [ROWS="small avx2 flux"] bench/bench_dit_cpu.sh peers
 #        OLD_BUILD=/path/to/old/build/release bench/bench_dit_cpu.sh ab
-#        bench/bench_dit_cpu.sh amx
+#        bench/bench_dit_cpu.sh amx|fma
 # VENV: a venv with torch, numpy, einops and openvino (bench_peers_torch.py --install makes one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-what=${1:?usage: bench/bench_dit_cpu.sh peers|ab|amx}
+what=${1:?usage: bench/bench_dit_cpu.sh peers|ab|amx|fma}
 case "$what" in
   peers)
     venv=${VENV:?VENV=<venv with torch, numpy, einops, openvino>}
@@ -90,30 +92,34 @@ for dt in ("f32", "bf16"):
         print(f"| {dt} {k} | {o:.2f} | {n:.2f} | {n / o:.3f} |")
 PY
     ;;
-  amx)
+  amx | fma)
+    # amx: bf16, the AMX kernel against the tile path (DIFFCP_CPU_AMX); fma: f32, the fused FMA
+    # kernel against the tile path (DIFFCP_CPU_FUSED_F32).
     bin=build/release/bench/bench_dense_attention
-    out=bench/dit_cpu_amx_attention.csv
+    if [ "$what" = amx ]; then dtype=bf16 knob=DIFFCP_CPU_AMX mark=AMX; else dtype=f32 knob=DIFFCP_CPU_FUSED_F32 mark=FMA; fi
+    out=bench/dit_cpu_${what}_attention.csv
     echo "shape,kernel,tokens,heads,d_h,median_ms,gflops" >"$out"
     for ((r = 1; r <= ${REPEAT:-3}; r++)); do
       for shape in "small 1088 24 32" "flux 4608 24 128"; do
         set -- $shape
-        for amx in 1 0; do
-          DIFFCP_CPU_AMX=$amx OMP_NUM_THREADS=2 "$bin" --tokens "$2" --heads "$3" --d-h "$4" --reps 5 |
-            python3 -c "import json,sys; j=json.load(sys.stdin); k='amx' if 'AMX' in j['kernels'] else 'tile'; print('$1,%s,%d,%d,%d,%.3f,%.1f' % (k, j['tokens'], j['heads'], j['d_h'], j['median_ms'], j['gflops']))" >>"$out"
+        for on in 1 0; do
+          env "$knob=$on" OMP_NUM_THREADS=2 "$bin" --dtype "$dtype" --tokens "$2" --heads "$3" --d-h "$4" --reps 5 |
+            python3 -c "import json,sys; j=json.load(sys.stdin); k='$what' if '$mark' in j['kernels'] else 'tile'; print('$1,%s,%d,%d,%d,%.3f,%.1f' % (k, j['tokens'], j['heads'], j['d_h'], j['median_ms'], j['gflops']))" >>"$out"
         done
       done
     done
-    python3 - "$out" <<'PY'
+    python3 - "$out" "$what" <<'PY'
 import collections, csv, statistics, sys
 d = collections.defaultdict(list)
 for r in csv.DictReader(open(sys.argv[1])):
     d[(r["shape"], r["kernel"])].append(float(r["median_ms"]))
-print("| shape | tile path ms | AMX kernel ms | speed-up |")
+what = sys.argv[2]
+print(f"| shape | tile path ms | {what} kernel ms | speed-up |")
 print("|---|---|---|---|")
 for shape in ("small", "flux"):
-    t, a = statistics.median(d[(shape, "tile")]), statistics.median(d[(shape, "amx")])
+    t, a = statistics.median(d[(shape, "tile")]), statistics.median(d[(shape, what)])
     print(f"| {shape} | {t:.2f} | {a:.2f} | {t / a:.2f}x |")
 PY
     ;;
-  *) echo "usage: bench/bench_dit_cpu.sh peers|ab|amx" >&2; exit 2 ;;
+  *) echo "usage: bench/bench_dit_cpu.sh peers|ab|amx|fma" >&2; exit 2 ;;
 esac

@@ -6,12 +6,14 @@
 // sample, an edge inside a 512-key tile, causal and two-sided, rows a call's window hides wholly.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <utility>
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <type_traits>
 
 #include <gtest/gtest.h>
 
@@ -302,13 +304,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCase, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The DiT's attention (dit/exchange.cpp): blocks of many query rows that all see one image's keys,
-// no window. In bf16 on a CPU with AMX these run fused on AMX tiles (cpu/attention_amx.cpp), else
-// on the tile path; both must pass the bf16 gate against fp64. Shapes: d_h 32 / 64 / 128, key
-// counts that are not a multiple of the kernel's 32 or its 64-key chunk, query rows that are not a
-// multiple of its 32-row tiles, GQA, and scores large enough to move the running max many times.
-// The same keys held as two segments (two ranks' shards, padding rows between them, as Ulysses at
-// P = 2 lays them out) must give the same result; on the AMX kernel, the same bits (a query
-// row's result depends only on the ordered keys it sees, so P = 1 and P = 2 agree exactly).
+// no window. These run fused where the kernels can (cpu/attention_fma.cpp: f32 on the FMA units of
+// the avx512 kernels; cpu/attention_amx.cpp: bf16 on AMX tiles where the CPU has them), else on
+// the tile path; every path must pass the dtype's gate against fp64 (f32: kTolF32; bf16: the bf16
+// gate). Shapes: d_h 32 / 64 / 128, key counts that are not a multiple of the kernels' 32-key
+// steps or their chunks, query rows that are not a multiple of their 12- or 32-row strips, GQA,
+// and scores large enough to move the running max many times. The same keys held as two segments
+// (two ranks' shards, padding rows between them, as Ulysses at P = 2 lays them out) must give the
+// same result; on a fused kernel, the same bits (a query row's result depends only on the ordered
+// keys it sees, so P = 1 and P = 2 agree exactly).
 struct DenseCase {
   const char* name;
   std::int64_t Q, Lk, n_q, n_kv, d_h;
@@ -324,67 +328,103 @@ bool cpu_flag(const std::string& flag) {
   return false;
 }
 
-class DenseBf16 : public ::testing::TestWithParam<DenseCase> {};
+template <typename T>
+std::vector<T> as_storage(const std::vector<float>& x) {
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return to_bf16(x);
+}
+std::vector<double> as_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+std::vector<double> as_double(const std::vector<bf16_t>& x) { return to_double(x); }
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool same_bits(bf16_t a, bf16_t b) { return a.bits == b.bits; }
 
-TEST_P(DenseBf16, WithinGateAndShardLayoutInvariant) {
-  const DenseCase& c = GetParam();
+// o against the fp64 reference: f32 elementwise at kTolF32, bf16 within the bf16 gate.
+template <typename T>
+void expect_dense_close(const std::vector<T>& o, const std::vector<double>& o_ref, const char* what) {
+  if constexpr (std::is_same_v<T, float>) {
+    expect_close(o, o_ref, kTolF32, what);
+  } else {
+    const double err = normwise_error(to_double(o), o_ref), floor = storage_error(o_ref);
+    EXPECT_LE(err, kBf16Gate * floor + 1e-6) << what << ": normwise error " << err << ", bf16 storage error " << floor;
+  }
+}
+
+template <typename T>
+void dense_case(const DenseCase& c, const char* fused_path, std::int64_t fused_d) {
   const std::int64_t Q = c.Q, Lk = c.Lk, nq = c.n_q, nkv = c.n_kv, d = c.d_h;
   auto qf = random_normal(static_cast<std::size_t>(Q * nq * d), 11);
-  const auto kf = random_normal(static_cast<std::size_t>(Lk * nkv * d), 12);
-  const auto vf = random_normal(static_cast<std::size_t>(Lk * nkv * d), 13);
+  auto kf = random_normal(static_cast<std::size_t>(Lk * nkv * d), 12);
+  auto vf = random_normal(static_cast<std::size_t>(Lk * nkv * d), 13);
   for (float& x : qf) x *= c.q_scale;
-  const auto q = to_bf16(qf), k = to_bf16(kf), v = to_bf16(vf);
+  const auto q = as_storage<T>(qf), k = as_storage<T>(kf), v = as_storage<T>(vf);
   // One block of all Q rows over keys [0, Lk) (P = 1).
   const BlockMask one(Q, Lk, {{0, 0, Lk}}, {{0, Lk, -1}});
-  std::vector<bf16_t> o(q.size());
+  std::vector<T> o(q.size());
   std::vector<float> lse(static_cast<std::size_t>(Q * nq));
   attention_forward(one, head_rows(q, Q, nq, d), head_rows(k, Lk, nkv, d), head_rows(v, Lk, nkv, d),
                     head_rows(o, Q, nq, d), lse);
   std::vector<double> o_ref, lse_ref;
-  reference_attention_forward(one, RefShape{nq, nkv, d}, to_double(q), to_double(k), to_double(v), o_ref, lse_ref);
-  const double err = normwise_error(to_double(o), o_ref), floor = storage_error(o_ref);
-  EXPECT_LE(err, kBf16Gate * floor + 1e-6) << "o: normwise error " << err << ", bf16 storage error " << floor;
+  reference_attention_forward(one, RefShape{nq, nkv, d}, as_double(q), as_double(k), as_double(v), o_ref, lse_ref);
+  expect_dense_close(o, o_ref, "o");
   double lse_err = 0;
   for (std::size_t i = 0; i < lse.size(); ++i) lse_err = std::max(lse_err, std::abs(lse[i] - lse_ref[i]));
-  EXPECT_LE(lse_err, 1.0 / 1024) << "lse";
+  constexpr double kLseTol = std::is_same_v<T, float> ? 1e-5 : 1.0 / 1024;
+  EXPECT_LE(lse_err, kLseTol) << "lse";
 
   // Two "ranks": query rows in two blocks of Q/2; key rows [0, L1) at positions [0, L1), then 5
   // padding rows, then rows holding positions [L1, Lk).
   const std::int64_t half = Q / 2, L1 = Lk / 3, pad = 5, Lk2 = Lk + pad;
   const BlockMask two(half, Lk2, {{0, 0, L1}, {L1 + pad, L1, Lk - L1}}, {{0, Lk, -1}, {0, Lk, -1}});
-  std::vector<bf16_t> k2(static_cast<std::size_t>(Lk2 * nkv * d)), v2(k2.size());
+  std::vector<T> k2(static_cast<std::size_t>(Lk2 * nkv * d)), v2(k2.size());
+  const T loud = as_storage<T>({1e4f})[0];  // padding rows: loud if they leak in
   for (std::int64_t r = 0; r < Lk2; ++r) {
     const std::int64_t src = r < L1 ? r : r < L1 + pad ? -1 : r - pad;
     for (std::int64_t e = 0; e < nkv * d; ++e) {
       const std::size_t at = static_cast<std::size_t>(r * nkv * d + e);
-      k2[at].bits = src < 0 ? f32_to_bf16(1e4f) : k[static_cast<std::size_t>(src * nkv * d + e)].bits;  // padding: loud
-      v2[at].bits = src < 0 ? f32_to_bf16(1e4f) : v[static_cast<std::size_t>(src * nkv * d + e)].bits;
+      k2[at] = src < 0 ? loud : k[static_cast<std::size_t>(src * nkv * d + e)];
+      v2[at] = src < 0 ? loud : v[static_cast<std::size_t>(src * nkv * d + e)];
     }
   }
-  std::vector<bf16_t> o2(q.size());
+  std::vector<T> o2(q.size());
   std::vector<float> lse2(lse.size());
   attention_forward(two, head_rows(q, Q, nq, d), head_rows(k2, Lk2, nkv, d), head_rows(v2, Lk2, nkv, d),
                     head_rows(o2, Q, nq, d), lse2);
-  const std::string path = cpu_backend().describe(DType::bf16);
-  if (path.find("AMX") != std::string::npos && d % 32 == 0) {  // the AMX kernel's head dims
-    for (std::size_t i = 0; i < o.size(); ++i) ASSERT_EQ(o[i].bits, o2[i].bits) << "o element " << i;
+  const std::string path = cpu_backend().describe(std::is_same_v<T, float> ? DType::f32 : DType::bf16);
+  if (path.find(fused_path) != std::string::npos && d % fused_d == 0) {  // the fused kernel's head dims
+    for (std::size_t i = 0; i < o.size(); ++i) ASSERT_TRUE(same_bits(o[i], o2[i])) << "o element " << i;
     EXPECT_EQ(lse, lse2);
   } else {
-    EXPECT_LE(normwise_error(to_double(o2), o_ref), kBf16Gate * floor + 1e-6) << "o, two segments";
+    expect_dense_close(o2, o_ref, "o, two segments");
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, DenseBf16,
-    ::testing::Values(DenseCase{"d32_dit_small", 1088, 1088, 3, 3, 32, 1.f},
-                      DenseCase{"d64_uneven", 602, 701, 2, 2, 64, 1.f},
-                      DenseCase{"d128_gqa2", 300, 517, 4, 2, 128, 1.f},
-                      DenseCase{"d32_peaky_scores", 400, 999, 2, 2, 32, 4.f},
-                      DenseCase{"d48_tile_path", 400, 300, 2, 2, 48, 1.f}),
-    [](const auto& info) { return std::string(info.param.name); });
+class DenseF32 : public ::testing::TestWithParam<DenseCase> {};
+TEST_P(DenseF32, WithinTolF32AndShardLayoutInvariant) { dense_case<float>(GetParam(), "FMA", 32); }
+class DenseBf16 : public ::testing::TestWithParam<DenseCase> {};
+TEST_P(DenseBf16, WithinGateAndShardLayoutInvariant) { dense_case<bf16_t>(GetParam(), "AMX", 32); }
+
+const auto kDenseCases = ::testing::Values(DenseCase{"d32_dit_small", 1088, 1088, 3, 3, 32, 1.f},
+                                           DenseCase{"d64_uneven", 602, 701, 2, 2, 64, 1.f},
+                                           DenseCase{"d128_gqa2", 300, 517, 4, 2, 128, 1.f},
+                                           DenseCase{"d32_peaky_scores", 400, 999, 2, 2, 32, 4.f},
+                                           DenseCase{"d48_tile_path", 400, 300, 2, 2, 48, 1.f});
+INSTANTIATE_TEST_SUITE_P(Shapes, DenseF32, kDenseCases, [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, DenseBf16, kDenseCases, [](const auto& info) { return std::string(info.param.name); });
+
+// Where the avx512 kernels run, f32 dense blocks run fused on the FMA units, and `describe` says
+// so; DIFFCP_CPU_FUSED_F32=0 (the ctest entry attention_dense_no_fused) turns it off.
+TEST(Attention, FusedF32PathIsTakenOnTheAvx512Kernels) {
+  const std::string path = cpu_backend().describe(DType::f32);
+  const char* knob = std::getenv("DIFFCP_CPU_FUSED_F32");
+  const bool off = knob != nullptr && std::string(knob) == "0";
+  const bool avx512 = path.find("avx512 kernels") != std::string::npos;
+  EXPECT_EQ(path.find("fused on FMA") != std::string::npos, avx512 && !off) << "f32 path: " << path;
+}
 
 // Where the CPU has AMX and avx512_bf16 and the avx512 kernels run, bf16 dense blocks run on AMX
-// tiles, and `describe` says so; DIFFCP_CPU_AMX=0 (the ctest entry attention_dense_no_amx) turns
+// tiles, and `describe` says so; DIFFCP_CPU_AMX=0 (the ctest entry attention_dense_unfused) turns
 // it off.
 TEST(Attention, AmxPathIsTakenWhereTheCpuHasIt) {
   const std::string path = cpu_backend().describe(DType::bf16);

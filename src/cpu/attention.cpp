@@ -330,29 +330,44 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
   }
 }
 
-// forward_item on AMX tiles (attention_amx.cpp), for bf16 blocks of more than kQueryTile rows (the
-// DiT's dense attention: every key of an image visible, no window): the q tile and the visible K, V
-// rows packed as there, then the fused kernel, then o and lse from its accumulators. Scratch per
-// thread, on 64-byte lines.
-void amx_item(const BlockMask& mask, const Dims& s, HeadRows<const bf16_t> q, HeadRows<const bf16_t> k,
-              HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse, std::int64_t i, std::int64_t h,
-              ForwardScratch<bf16_t>& w) {
-  thread_local AmxScratch amx;
+// forward_item fused in one kernel, for dense blocks of more than kQueryTile rows without a window
+// (the DiT's attention: every key of an image visible): bf16 on AMX tiles (attention_amx.cpp),
+// f32 on the FMA units (attention_fma.cpp). The q tile and the visible K, V rows packed as there,
+// then the kernel, then o and lse from its accumulators. Kernel scratch per thread, on 64-byte
+// lines.
+template <typename T>
+bool fused_ready(std::int64_t d) {
+  if constexpr (std::is_same_v<T, float>)
+    return fma_attention_ready(d);
+  else
+    return amx_attention_ready(d);
+}
+
+template <typename T>
+void fused_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
+                HeadRows<T> o, std::span<float> lse, std::int64_t i, std::int64_t h, ForwardScratch<T>& w) {
   mask.visible_ranges(i, w.ranges);
   std::int64_t n = 0;
   for (const RowRange& rr : w.ranges) n += rr.end - rr.begin;
   const std::int64_t d = s.d;
   if (n == 0) {
     for (std::int64_t t = 0; t < s.GB; ++t) {
-      std::memset(static_cast<void*>(o.at(i * s.B + t % s.B, h * s.G + t / s.B)), 0, sizeof(bf16_t) * d);
+      std::memset(static_cast<void*>(o.at(i * s.B + t % s.B, h * s.G + t / s.B)), 0, sizeof(T) * d);
       lse[stat_index(s, i, h, t)] = kNegInf;
     }
     return;
   }
   pack_tile(q, s, i, h, w.q.data());
   copy_visible_rows(k, v, h, w);
-  amx_attention_block(&w.q[0].bits, s.GB, &w.kc[0].bits, &w.vc[0].bits, n, d, s.scale * kLog2e, w.o.data(),
-                      w.m.data(), w.l.data(), amx);
+  const float c = s.scale * kLog2e;
+  if constexpr (std::is_same_v<T, float>) {
+    thread_local FmaScratch fma;
+    fma_attention_block(w.q.data(), s.GB, w.kc.data(), w.vc.data(), n, d, c, w.o.data(), w.m.data(), w.l.data(), fma);
+  } else {
+    thread_local AmxScratch amx;
+    amx_attention_block(&w.q[0].bits, s.GB, &w.kc[0].bits, &w.vc[0].bits, n, d, c, w.o.data(), w.m.data(),
+                        w.l.data(), amx);
+  }
   for (std::int64_t t = 0; t < s.GB; ++t) {  // l = 0 only where every score was -inf (non-finite inputs)
     store_row(w.o.data() + t * d, w.l[t] > 0.f ? 1.f / w.l[t] : 0.f, o.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
     lse[stat_index(s, i, h, t)] = w.l[t] > 0.f ? (w.m[t] + std::log2(w.l[t])) * kLn2 : kNegInf;
@@ -488,18 +503,17 @@ void forward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_
                " entries, expected Q*n_q = ", s.Q * s.n_q);
   const std::int64_t items = mask.num_blocks() * s.n_kv;
   ParallelErrors errors;
-  // bf16 dense blocks (forward_item's dense_kv) without a window: on AMX tiles where the CPU has them.
-  if constexpr (std::is_same_v<T, bf16_t>) {
-    if (s.GB > kQueryTile && !mask.window().active() && amx_attention_ready(s.d)) {
+  // Dense blocks (forward_item's dense_kv) without a window: fused where these kernels can (f32 on
+  // the FMA units, bf16 on AMX tiles where the CPU has them).
+  if (s.GB > kQueryTile && !mask.window().active() && fused_ready<T>(s.d)) {
 #pragma omp parallel
-      {
-        ForwardScratch<T> w(s);
+    {
+      ForwardScratch<T> w(s);
 #pragma omp for schedule(dynamic, 1)
-        for (std::int64_t it = 0; it < items; ++it)
-          errors.run([&] { amx_item(mask, s, q, k, v, o, lse, it / s.n_kv, it % s.n_kv, w); });
-      }
-      return errors.rethrow();
+      for (std::int64_t it = 0; it < items; ++it)
+        errors.run([&] { fused_item(mask, s, q, k, v, o, lse, it / s.n_kv, it % s.n_kv, w); });
     }
+    return errors.rethrow();
   }
 #pragma omp parallel
   {

@@ -38,7 +38,8 @@ std::string CpuBackend::describe(DType dtype) const {
   if (dtype == DType::bf16)
     return kernels + bf16_gemm_path() +
            (amx_attention_ready(kAmxHeadDim) ? "; dense attention blocks fused on AMX tiles" : "");
-  return kernels + dtype_name(dtype) + " oneDNN sgemm";
+  return kernels + dtype_name(dtype) + " oneDNN sgemm" +
+         (dtype == DType::f32 && fma_attention_ready(kFmaHeadDim) ? "; dense attention blocks fused on FMA registers" : "");
 }
 
 Backend& backend() {
