@@ -1,8 +1,9 @@
 // The DiT's dense attention forward (issue #54): one block of --tokens query rows over the same
 // --tokens keys, --heads heads of --d-h (dit/exchange.cpp's mask at P = 1), timed on the CPU
-// backend. Which kernel runs is the backend's choice (`kernels` in the output: in bf16 on a CPU
-// with AMX the fused AMX kernel, else the tile path; DIFFCP_CPU_AMX=0 forces the tile path), so
-// bench_dit_cpu.sh amx runs it twice, interleaved. Medians of --reps timed calls after one warm-up.
+// backend. Which kernel runs is the backend's choice (`kernels` in the output: bf16 fused on AMX
+// tiles on a CPU with AMX, else f32 and bf16 fused on AVX-512 registers where the kernels can,
+// else the tile path; DIFFCP_CPU_AMX=0 DIFFCP_CPU_FUSED=0 force the tile path), so
+// bench_dit_cpu.sh fused runs it twice, interleaved. Medians of --reps timed calls after one warm-up.
 #include <algorithm>
 #include <chrono>
 #include <iostream>

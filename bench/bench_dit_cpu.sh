@@ -15,21 +15,21 @@
 #          the DiT step at the small shape in f32 and bf16 (P = 1) -> bench/dit_cpu_ab_step.csv, and
 #          bench_attention (the DFlash block-sparse kernels, f32 and bf16) -> bench/dit_cpu_ab_attention.csv
 #          (AB_OUT=<prefix> names the three files otherwise)
-#   amx:   the dense attention kernel alone (bench_dense_attention, bf16 forward, 2 threads) at both
-#          shapes' heads (small: 1088 tokens, 24 x 32; FLUX width: 4608 tokens, 24 x 128), the AMX
-#          kernel against the tile path (DIFFCP_CPU_AMX=0), interleaved REPEAT times
-#          -> bench/dit_cpu_amx_attention.csv
-#   fma:   the same in f32: the fused FMA kernel against the tile path (DIFFCP_CPU_FUSED_F32=0)
-#          -> bench/dit_cpu_fma_attention.csv
+#   fused: the dense attention kernels alone (bench_dense_attention, forward, 2 threads) at both
+#          shapes' heads (small: 1088 tokens, 24 x 32; FLUX width: 4608 tokens, 24 x 128), f32 and
+#          bf16 (DTYPES), the fused kernel the CPU gets (AMX tiles or AVX-512 registers) against
+#          the tile path (DIFFCP_CPU_AMX=0 DIFFCP_CPU_FUSED=0), interleaved REPEAT times
+#          -> bench/dit_cpu_fused_attention.csv (OUT= names another; the AMX kernel's first
+#          measurement, bf16 only, is bench/dit_cpu_amx_attention.csv, when this mode was `amx`)
 #
 # Usage: VENV=/work/ov-venv FLUX_SRC=/path/to/flux [ROWS="small avx2 flux"] bench/bench_dit_cpu.sh peers
 #        OLD_BUILD=/path/to/old/build/release bench/bench_dit_cpu.sh ab
-#        bench/bench_dit_cpu.sh amx|fma
+#        bench/bench_dit_cpu.sh fused
 # VENV: a venv with torch, numpy, einops and openvino (bench_peers_torch.py --install makes one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-what=${1:?usage: bench/bench_dit_cpu.sh peers|ab|amx|fma}
+what=${1:?usage: bench/bench_dit_cpu.sh peers|ab|fused}
 case "$what" in
   peers)
     venv=${VENV:?VENV=<venv with torch, numpy, einops, openvino>}
@@ -92,34 +92,38 @@ for dt in ("f32", "bf16"):
         print(f"| {dt} {k} | {o:.2f} | {n:.2f} | {n / o:.3f} |")
 PY
     ;;
-  amx | fma)
-    # amx: bf16, the AMX kernel against the tile path (DIFFCP_CPU_AMX); fma: f32, the fused FMA
-    # kernel against the tile path (DIFFCP_CPU_FUSED_F32).
+  fused)
+    # Each dtype's dense kernel as the CPU picks it (bf16: AMX tiles, else AVX-512 registers where
+    # the CPU has avx512_bf16; f32: AVX-512 registers) against the tile path (DIFFCP_CPU_AMX=0
+    # DIFFCP_CPU_FUSED=0).
     bin=build/release/bench/bench_dense_attention
-    if [ "$what" = amx ]; then dtype=bf16 knob=DIFFCP_CPU_AMX mark=AMX; else dtype=f32 knob=DIFFCP_CPU_FUSED_F32 mark=FMA; fi
-    out=bench/dit_cpu_${what}_attention.csv
-    echo "shape,kernel,tokens,heads,d_h,median_ms,gflops" >"$out"
+    out=${OUT:-bench/dit_cpu_fused_attention.csv}
+    echo "shape,dtype,kernel,tokens,heads,d_h,median_ms,gflops" >"$out"
     for ((r = 1; r <= ${REPEAT:-3}; r++)); do
       for shape in "small 1088 24 32" "flux 4608 24 128"; do
         set -- $shape
-        for on in 1 0; do
-          env "$knob=$on" OMP_NUM_THREADS=2 "$bin" --dtype "$dtype" --tokens "$2" --heads "$3" --d-h "$4" --reps 5 |
-            python3 -c "import json,sys; j=json.load(sys.stdin); k='$what' if '$mark' in j['kernels'] else 'tile'; print('$1,%s,%d,%d,%d,%.3f,%.1f' % (k, j['tokens'], j['heads'], j['d_h'], j['median_ms'], j['gflops']))" >>"$out"
+        for dtype in ${DTYPES:-f32 bf16}; do
+          for on in 1 0; do
+            DIFFCP_CPU_AMX=$on DIFFCP_CPU_FUSED=$on OMP_NUM_THREADS=2 "$bin" --dtype "$dtype" --tokens "$2" --heads "$3" \
+              --d-h "$4" --reps 5 |
+              python3 -c "import json,sys; j=json.load(sys.stdin); k=j['kernels']; k='amx' if 'AMX' in k else 'avx512' if 'AVX-512 reg' in k else 'tile'; print('$1,$dtype,%s,%d,%d,%d,%.3f,%.1f' % (k, j['tokens'], j['heads'], j['d_h'], j['median_ms'], j['gflops']))" >>"$out"
+          done
         done
       done
     done
-    python3 - "$out" "$what" <<'PY'
+    python3 - "$out" <<'PY'
 import collections, csv, statistics, sys
 d = collections.defaultdict(list)
 for r in csv.DictReader(open(sys.argv[1])):
-    d[(r["shape"], r["kernel"])].append(float(r["median_ms"]))
-what = sys.argv[2]
-print(f"| shape | tile path ms | {what} kernel ms | speed-up |")
-print("|---|---|---|---|")
-for shape in ("small", "flux"):
-    t, a = statistics.median(d[(shape, "tile")]), statistics.median(d[(shape, what)])
-    print(f"| {shape} | {t:.2f} | {a:.2f} | {t / a:.2f}x |")
+    d[(r["shape"], r["dtype"], r["kernel"])].append(float(r["median_ms"]))
+print("| shape | dtype | tile path ms | fused kernel | fused ms | speed-up |")
+print("|---|---|---|---|---|---|")
+for (shape, dtype, kernel), ms in sorted(d.items()):
+    if kernel == "tile" or not d[(shape, dtype, "tile")]:
+        continue
+    t, a = statistics.median(d[(shape, dtype, "tile")]), statistics.median(ms)
+    print(f"| {shape} | {dtype} | {t:.2f} | {kernel} | {a:.2f} | {t / a:.2f}x |")
 PY
     ;;
-  *) echo "usage: bench/bench_dit_cpu.sh peers|ab|amx|fma" >&2; exit 2 ;;
+  *) echo "usage: bench/bench_dit_cpu.sh peers|ab|fused" >&2; exit 2 ;;
 esac

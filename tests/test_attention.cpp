@@ -304,9 +304,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCase, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The DiT's attention (dit/exchange.cpp): blocks of many query rows that all see one image's keys,
-// no window. These run fused where the kernels can (cpu/attention_fma.cpp: f32 on the FMA units of
-// the avx512 kernels; cpu/attention_amx.cpp: bf16 on AMX tiles where the CPU has them), else on
-// the tile path; every path must pass the dtype's gate against fp64 (f32: kTolF32; bf16: the bf16
+// no window. These run fused where the kernels can (cpu/attention_amx.cpp: bf16 on AMX tiles where
+// the CPU has them; cpu/attention_avx512.cpp: f32, and bf16 where the CPU has avx512_bf16, on the
+// avx512 kernels' registers), else on the tile path; every path must pass the dtype's gate against fp64 (f32: kTolF32; bf16: the bf16
 // gate). Shapes: d_h 32 / 64 / 128, key counts that are not a multiple of the kernels' 32-key
 // steps or their chunks, query rows that are not a multiple of their 12- or 32-row strips, GQA,
 // and scores large enough to move the running max many times. The same keys held as two segments
@@ -401,9 +401,9 @@ void dense_case(const DenseCase& c, const char* fused_path, std::int64_t fused_d
 }
 
 class DenseF32 : public ::testing::TestWithParam<DenseCase> {};
-TEST_P(DenseF32, WithinTolF32AndShardLayoutInvariant) { dense_case<float>(GetParam(), "FMA", 32); }
+TEST_P(DenseF32, WithinTolF32AndShardLayoutInvariant) { dense_case<float>(GetParam(), "fused on", 32); }
 class DenseBf16 : public ::testing::TestWithParam<DenseCase> {};
-TEST_P(DenseBf16, WithinGateAndShardLayoutInvariant) { dense_case<bf16_t>(GetParam(), "AMX", 32); }
+TEST_P(DenseBf16, WithinGateAndShardLayoutInvariant) { dense_case<bf16_t>(GetParam(), "fused on", 32); }
 
 const auto kDenseCases = ::testing::Values(DenseCase{"d32_dit_small", 1088, 1088, 3, 3, 32, 1.f},
                                            DenseCase{"d64_uneven", 602, 701, 2, 2, 64, 1.f},
@@ -413,26 +413,25 @@ const auto kDenseCases = ::testing::Values(DenseCase{"d32_dit_small", 1088, 1088
 INSTANTIATE_TEST_SUITE_P(Shapes, DenseF32, kDenseCases, [](const auto& info) { return std::string(info.param.name); });
 INSTANTIATE_TEST_SUITE_P(Shapes, DenseBf16, kDenseCases, [](const auto& info) { return std::string(info.param.name); });
 
-// Where the avx512 kernels run, f32 dense blocks run fused on the FMA units, and `describe` says
-// so; DIFFCP_CPU_FUSED_F32=0 (the ctest entry attention_dense_no_fused) turns it off.
-TEST(Attention, FusedF32PathIsTakenOnTheAvx512Kernels) {
-  const std::string path = cpu_backend().describe(DType::f32);
-  const char* knob = std::getenv("DIFFCP_CPU_FUSED_F32");
-  const bool off = knob != nullptr && std::string(knob) == "0";
-  const bool avx512 = path.find("avx512 kernels") != std::string::npos;
-  EXPECT_EQ(path.find("fused on FMA") != std::string::npos, avx512 && !off) << "f32 path: " << path;
-}
-
-// Where the CPU has AMX and avx512_bf16 and the avx512 kernels run, bf16 dense blocks run on AMX
-// tiles, and `describe` says so; DIFFCP_CPU_AMX=0 (the ctest entry attention_dense_unfused) turns
-// it off.
-TEST(Attention, AmxPathIsTakenWhereTheCpuHasIt) {
-  const std::string path = cpu_backend().describe(DType::bf16);
-  const char* knob = std::getenv("DIFFCP_CPU_AMX");
-  const bool off = knob != nullptr && std::string(knob) == "0";
-  const bool avx512 = cpu_backend().describe(DType::f32).find("avx512 kernels") != std::string::npos;
-  const bool expect = avx512 && !off && cpu_flag("amx_tile") && cpu_flag("amx_bf16") && cpu_flag("avx512_bf16");
-  EXPECT_EQ(path.find("AMX") != std::string::npos, expect) << "bf16 path: " << path;
+// The dense blocks' kernel is the one the CPU and the knobs allow, and `describe` says which: bf16 on
+// AMX tiles where the avx512 kernels run on a CPU with amx_tile, amx_bf16 and avx512_bf16 (unless
+// DIFFCP_CPU_AMX=0), else on AVX-512 registers where it has avx512_bf16; f32 on AVX-512 registers
+// wherever the avx512 kernels run; none of these with DIFFCP_CPU_FUSED=0 (AMX aside). The ctest
+// entries attention_dense_no_amx and attention_dense_unfused run it with the knobs set.
+TEST(Attention, DensePathIsTheFusedOneWhereTheCpuHasIt) {
+  const auto off = [](const char* name) {
+    const char* knob = std::getenv(name);
+    return knob != nullptr && std::string(knob) == "0";
+  };
+  const std::string f32 = cpu_backend().describe(DType::f32), bf16 = cpu_backend().describe(DType::bf16);
+  const bool avx512 = f32.find("avx512 kernels") != std::string::npos;
+  const bool amx = avx512 && !off("DIFFCP_CPU_AMX") && cpu_flag("amx_tile") && cpu_flag("amx_bf16") &&
+                   cpu_flag("avx512_bf16");
+  const bool vec = avx512 && !off("DIFFCP_CPU_FUSED");
+  EXPECT_EQ(f32.find("fused on AVX-512 registers") != std::string::npos, vec) << "f32 path: " << f32;
+  EXPECT_EQ(bf16.find("fused on AMX tiles") != std::string::npos, amx) << "bf16 path: " << bf16;
+  EXPECT_EQ(bf16.find("fused on AVX-512 registers") != std::string::npos, !amx && vec && cpu_flag("avx512_bf16"))
+      << "bf16 path: " << bf16;
 }
 
 // Rows inside larger buffers (a fused q|k|v projection output): row_stride > heads * d_h.

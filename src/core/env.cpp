@@ -8,7 +8,7 @@ const char* env_name(EnvKnob k) {
   switch (k) {
     case EnvKnob::cpu_isa: return "DIFFCP_CPU_ISA";
     case EnvKnob::cpu_amx: return "DIFFCP_CPU_AMX";
-    case EnvKnob::cpu_fused_f32: return "DIFFCP_CPU_FUSED_F32";
+    case EnvKnob::cpu_fused: return "DIFFCP_CPU_FUSED";
     case EnvKnob::node: return "DIFFCP_NODE";
     case EnvKnob::comm_timeout: return "DIFFCP_COMM_TIMEOUT";
     case EnvKnob::profiles: return "DIFFCP_PROFILES";

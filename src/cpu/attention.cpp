@@ -331,16 +331,16 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
 }
 
 // forward_item fused in one kernel, for dense blocks of more than kQueryTile rows without a window
-// (the DiT's attention: every key of an image visible): bf16 on AMX tiles (attention_amx.cpp),
-// f32 on the FMA units (attention_fma.cpp). The q tile and the visible K, V rows packed as there,
-// then the kernel, then o and lse from its accumulators. Kernel scratch per thread, on 64-byte
-// lines.
+// (the DiT's attention: every key of an image visible): bf16 on AMX tiles where the CPU has them
+// (attention_amx.cpp), else f32 and bf16 on AVX-512 registers (attention_avx512.cpp). The q tile
+// and the visible K, V rows packed as there, then the kernel, then o and lse from its
+// accumulators. Kernel scratch per thread, on 64-byte lines.
 template <typename T>
 bool fused_ready(std::int64_t d) {
   if constexpr (std::is_same_v<T, float>)
-    return fma_attention_ready(d);
+    return vec_attention_ready(DType::f32, d);
   else
-    return amx_attention_ready(d);
+    return amx_attention_ready(d) || vec_attention_ready(DType::bf16, d);
 }
 
 template <typename T>
@@ -361,12 +361,16 @@ void fused_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, HeadR
   copy_visible_rows(k, v, h, w);
   const float c = s.scale * kLog2e;
   if constexpr (std::is_same_v<T, float>) {
-    thread_local FmaScratch fma;
-    fma_attention_block(w.q.data(), s.GB, w.kc.data(), w.vc.data(), n, d, c, w.o.data(), w.m.data(), w.l.data(), fma);
-  } else {
+    thread_local VecScratch<float> vec;
+    vec_attention_block(w.q.data(), s.GB, w.kc.data(), w.vc.data(), n, d, c, w.o.data(), w.m.data(), w.l.data(), vec);
+  } else if (amx_attention_ready(d)) {
     thread_local AmxScratch amx;
     amx_attention_block(&w.q[0].bits, s.GB, &w.kc[0].bits, &w.vc[0].bits, n, d, c, w.o.data(), w.m.data(),
                         w.l.data(), amx);
+  } else {
+    thread_local VecScratch<std::uint16_t> vec;
+    vec_attention_block(&w.q[0].bits, s.GB, &w.kc[0].bits, &w.vc[0].bits, n, d, c, w.o.data(), w.m.data(),
+                        w.l.data(), vec);
   }
   for (std::int64_t t = 0; t < s.GB; ++t) {  // l = 0 only where every score was -inf (non-finite inputs)
     store_row(w.o.data() + t * d, w.l[t] > 0.f ? 1.f / w.l[t] : 0.f, o.at(i * s.B + t % s.B, h * s.G + t / s.B), d);

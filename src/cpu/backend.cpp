@@ -35,11 +35,12 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
 std::string CpuBackend::describe(DType dtype) const {
   const std::string kernels = "cpu (" DIFFCP_STR(DIFFCP_CPU_ISA) " kernels, " + std::to_string(DIFFCP_SIMD_BYTES * 8) +
                               "-bit vectors): ";
-  if (dtype == DType::bf16)
-    return kernels + bf16_gemm_path() +
-           (amx_attention_ready(kAmxHeadDim) ? "; dense attention blocks fused on AMX tiles" : "");
-  return kernels + dtype_name(dtype) + " oneDNN sgemm" +
-         (dtype == DType::f32 && fma_attention_ready(kFmaHeadDim) ? "; dense attention blocks fused on FMA registers" : "");
+  // The DiT's dense attention blocks (attention.cpp: fused_item).
+  const std::string dense = dtype == DType::bf16 && amx_attention_ready(kAmxHeadDim)
+                                ? "; dense attention blocks fused on AMX tiles"
+                            : vec_attention_ready(dtype, kVecHeadDim) ? "; dense attention blocks fused on AVX-512 registers"
+                                                                      : "";
+  return kernels + (dtype == DType::bf16 ? bf16_gemm_path() : dtype_name(dtype) + std::string(" oneDNN sgemm")) + dense;
 }
 
 Backend& backend() {

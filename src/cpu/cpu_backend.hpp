@@ -111,18 +111,24 @@ constexpr std::int64_t kAmxHeadDim = 32;  // d_h: a multiple of this
 void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uint16_t* k, const std::uint16_t* v,
                          std::int64_t n, std::int64_t d, float c, float* o, float* m, float* l, AmxScratch& w);
 
-// attention_fma.cpp: the f32 attention of one dense block fused on the FMA units (issue #54), the
-// f32 twin of the AMX kernel above. fma_attention_ready(d): these kernels carry it (avx512),
-// DIFFCP_CPU_FUSED_F32 is not 0, and d (d_h) is a multiple of 32. fma_attention_block: q [GB, d],
-// k, v [n, d] (dense f32 rows, n >= 1), c = softmax scale * log2(e); writes o [GB, d] f32
-// (unnormalised), m [GB] (the base-2 row max), l [GB] (row sums at m).
-struct FmaScratch {
-  LineVector<float> kt, q, o, lv;
+// attention_avx512.cpp: the attention of one dense block fused on AVX-512 registers (issue #54):
+// f32 on the FMA units, bf16 on avx512_bf16's dot products (where AMX does not run it).
+// vec_attention_ready(dtype, d): these kernels carry it (avx512), bf16 also needs avx512_bf16 on
+// the CPU, DIFFCP_CPU_FUSED is not 0, and d (d_h) is a multiple of 32. vec_attention_block: q
+// [GB, d], k, v [n, d] (dense rows of the storage type, n >= 1), c = softmax scale * log2(e);
+// writes o [GB, d] f32 (unnormalised), m [GB] (the base-2 row max), l [GB] (row sums at m).
+template <typename E>
+struct VecScratch {
+  LineVector<E> kt, vp, q;  // K^T by chunks, bf16 V in key pairs, a group of query strips
+  LineVector<float> o, lv;
   std::vector<float> m;
 };
-bool fma_attention_ready(std::int64_t d);
-constexpr std::int64_t kFmaHeadDim = 32;  // d_h: a multiple of this
-void fma_attention_block(const float* q, std::int64_t GB, const float* k, const float* v, std::int64_t n,
-                         std::int64_t d, float c, float* o, float* m, float* l, FmaScratch& w);
+bool vec_attention_ready(DType dtype, std::int64_t d);
+constexpr std::int64_t kVecHeadDim = 32;  // d_h: a multiple of this
+void vec_attention_block(const float* q, std::int64_t GB, const float* k, const float* v, std::int64_t n,
+                         std::int64_t d, float c, float* o, float* m, float* l, VecScratch<float>& w);
+void vec_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uint16_t* k, const std::uint16_t* v,
+                         std::int64_t n, std::int64_t d, float c, float* o, float* m, float* l,
+                         VecScratch<std::uint16_t>& w);
 
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA

@@ -1,0 +1,347 @@
+// The attention of one dense block fused on AVX-512 registers (issue #54): the DiT's attention,
+// where a block is one image's tokens and every query row sees the same keys. f32 runs on the FMA
+// units; bf16 on avx512_bf16's dot products (vdpbf16ps: two bf16 products per f32 lane), where the
+// CPU has no AMX (attention_amx.cpp) or AMX is turned off. The tile-GEMM path (attention.cpp)
+// writes each [128, keys] f32 score tile to L2 through oneDNN and reads it back twice, and oneDNN
+// packs the short-K operands of every call again. Here a strip of kRows query rows walks the keys
+// in chunks of kChunk: S = q K^T in 12 x 2 vector accumulators (24 of the 32 zmm registers; K^T
+// packed once per block so each step of the dot product loads two vectors of keys and broadcasts
+// one q element, or one pair of them, per row), the online softmax on those registers (a stale max
+// that moves only when a chunk's exceeds it by 2^kStaleMax, checked in the score domain without a
+// horizontal reduction; P = 2^(c s - m) by vreduceps + a degree-5 fit + vscalefps), P stored as a
+// 12 x 32 L1 tile (bf16: rounded there, as the tile path rounds it), then O += P V with O's rows
+// loaded into the accumulators 32 columns at a time (bf16: V packed in key pairs). kGroup strips
+// take each span of kSpan keys in turn (their K^T and V stay in L2: at FLUX's width a head's K and
+// V, 4.7 MB in f32, outgrow it).
+// Same math as the tile path: f32 (or bf16) operands, f32 accumulation, base-2 online softmax on
+// c * scores, P rounded to bf16 only as an operand, exp to 1.5e-7 (the tile path's simd::exp2:
+// 2e-7); only the order of the f32 sums differs. A query row's result depends only on the ordered
+// keys it sees (never on the other rows of its strip or on where the keys were stored), so P = 1
+// and the shards of P = 2 give the same bits.
+//
+// Only on the avx512 kernels (and a native build on such a CPU); bf16 also needs avx512_bf16.
+// DIFFCP_CPU_FUSED=0 turns it off (the tile path then runs these blocks). Shapes: q [GB, d] (dense
+// rows: the block's packed query tile), k, v [n, d] (dense rows, the keys the block sees, in
+// order), d a multiple of 32; outputs o [GB, d] f32 (unnormalised, as the tile path's
+// accumulator), m [GB] (base-2 row max of c * scores), l [GB] (the row sums at that max).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+#include "cpu_backend.hpp"
+#include "diffcp/core/env.hpp"
+#include "diffcp/core/error.hpp"
+#include "isa.hpp"  // last (isa.hpp)
+
+#if defined(__x86_64__) && (defined(DIFFCP_CPU_ISA_AVX512) || (defined(DIFFCP_CPU_ISA_NATIVE) && defined(__AVX512F__)))
+#define DIFFCP_AVX512_KERNEL 1
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")  // the bf16 steps only run where the CPU has it (cpu_has_avx512_bf16)
+#endif
+
+namespace diffcp::cpu::DIFFCP_CPU_ISA {
+
+namespace {
+
+// DIFFCP_CPU_FUSED: unset or 1 = the fused kernels where these kernels carry them, 0 = off;
+// anything else is an error.
+bool fused_knob_on() {
+  const auto knob = env_value(EnvKnob::cpu_fused);
+  if (knob && *knob != "0" && *knob != "1")
+    DIFFCP_FAIL(env_name(EnvKnob::cpu_fused), "=", *knob, ": expected 0 (off) or 1 (on: the avx512 kernels)");
+  return !(knob && *knob == "0");
+}
+
+}  // namespace
+
+#if defined(DIFFCP_AVX512_KERNEL)
+
+namespace {
+
+constexpr std::int64_t kRows = 12;   // query rows per strip: 12 x 2 score accumulators
+constexpr std::int64_t kChunk = 32;  // keys per online-softmax step: two vectors of scores per row
+constexpr std::int64_t kSpan = 256;  // keys whose K^T and V a group of strips shares in cache
+constexpr std::int64_t kGroup = 8;   // strips that take each span in turn
+constexpr std::int64_t kLanes = 16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kStaleMax = 8.f;  // base 2
+constexpr __mmask16 kAll = 0xffff;
+
+bool cpu_has_avx512_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
+
+// The storage type's operands. f32: one element per lane; bf16: a pair per 32-bit lane (the pair
+// is along d in q K^T and along the keys in P V), vdpbf16ps adding both products to the f32 lane.
+template <typename E>
+struct Ops;
+template <>
+struct Ops<float> {
+  static constexpr std::int64_t kPair = 1;
+  using V = __m512;
+  static V load(const float* p) { return _mm512_load_ps(p); }
+  static V broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static __m512 madd(__m512 acc, V a, V b) { return _mm512_fmadd_ps(a, b, acc); }
+  static void store_p(float* p, __m512 e0, __m512 e1) {
+    _mm512_store_ps(p, e0);
+    _mm512_store_ps(p + kLanes, e1);
+  }
+};
+template <>
+struct Ops<std::uint16_t> {
+  static constexpr std::int64_t kPair = 2;
+  using V = __m512i;
+  static V load(const std::uint16_t* p) { return _mm512_load_si512(p); }
+  static V broadcast(const std::uint16_t* p) {
+    std::int32_t pair;
+    std::memcpy(&pair, p, sizeof pair);
+    return _mm512_set1_epi32(pair);
+  }
+  static __m512 madd(__m512 acc, V a, V b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+  static void store_p(std::uint16_t* p, __m512 e0, __m512 e1) {  // P's 32 keys in order, rounded
+    _mm512_store_si512(p, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+  }
+};
+
+// Masked forms with a full mask: GCC 12's unmasked ones warn on their undefined pass-through.
+inline float lanes_max(__m512 v) {
+  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
+  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
+  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
+  return _mm512_cvtss_f32(_mm512_mask_max_ps(v, kAll, v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
+}
+inline float lanes_sum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
+  v = _mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
+  return _mm512_cvtss_f32(_mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
+}
+
+// 2^x for x <= kStaleMax (a softmax argument), relative error 1.5e-7, clamped at 2^-126 (the
+// smallest normal: no denormal reaches the sums or the products). f = x - floor(x) in [0, 1) by
+// vreduceps, 2^f by a degree-5 fit of relative error on [0, 1), then vscalefps multiplies by
+// 2^floor(x): 8 vector operations.
+inline __m512 exp2_clamped(__m512 x) {
+  x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-126.f));
+  const __m512 f = _mm512_mask_reduce_ps(x, kAll, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_set1_ps(1.8775753e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.98934435e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.58263138e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40153626e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93153083e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99999994f));
+  return _mm512_mask_scalef_ps(p, kAll, p, x);
+}
+
+// K^T by chunks, d in runs of kPair: kt[((ch * d / kPair + e) * kChunk + j) * kPair + i] =
+// k[ch * kChunk + j][e * kPair + i]; keys n..n_pad are zero.
+template <typename E>
+void pack_keys(const E* k, std::int64_t n, std::int64_t n_pad, std::int64_t d, E* kt) {
+  constexpr std::int64_t kPair = Ops<E>::kPair;
+  for (std::int64_t j0 = 0; j0 < n_pad; j0 += kChunk) {
+    E* chunk = kt + j0 * d;
+    for (std::int64_t j = 0; j < kChunk; ++j) {
+      const E* row = j0 + j < n ? k + (j0 + j) * d : nullptr;
+      for (std::int64_t e = 0; e < d; ++e) chunk[((e / kPair) * kChunk + j) * kPair + e % kPair] = row ? row[e] : E{};
+    }
+  }
+}
+
+// bf16 V in key pairs: vp[((ch * kChunk / 2 + jp) * d + c) * 2 + i] = v[ch * kChunk + 2 jp + i][c];
+// keys n..n_pad are zero (their P is 0, and 0 * 0 stays 0).
+void pack_values(const std::uint16_t* v, std::int64_t n, std::int64_t n_pad, std::int64_t d, std::uint16_t* vp) {
+  for (std::int64_t j = 0; j < n_pad; j += 2)
+    for (std::int64_t i = 0; i < 2; ++i) {
+      const std::uint16_t* row = j + i < n ? v + (j + i) * d : nullptr;
+      std::uint16_t* out = vp + (j / 2) * d * 2 + i;
+      for (std::int64_t c = 0; c < d; ++c) out[2 * c] = row ? row[c] : std::uint16_t{0};
+    }
+}
+
+// The per-strip state: O [kRows, d] (unnormalised), each row's base-2 max m, its threshold in the
+// score domain thr = (m + kStaleMax) / c (a score above it moves the max), and 16 partial row
+// sums lv at m.
+struct Strip {
+  float* O;
+  float* m;
+  float* thr;
+  float* lv;
+};
+
+// One step: strip st (query rows qs [kRows, d]) on a chunk of keys, `valid` of them real (K^T
+// chunk kc [d / kPair, kChunk, kPair]; V rows vc: f32 [valid, d], bf16 in key pairs
+// [kChunk / 2, d, 2]): the scores, the online softmax, O += P V.
+template <typename E>
+void strip_step(const E* qs, const E* kc, const E* vc, std::int64_t valid, std::int64_t d, float c, const Strip& st) {
+  using Op = Ops<E>;
+  constexpr std::int64_t kPair = Op::kPair;
+  __m512 s[kRows][2];
+#pragma GCC unroll 12
+  for (int r = 0; r < kRows; ++r) s[r][0] = s[r][1] = _mm512_setzero_ps();
+  for (std::int64_t e = 0; e < d / kPair; ++e) {
+    const E* b = kc + e * kChunk * kPair;
+    const auto b0 = Op::load(b), b1 = Op::load(b + kLanes * kPair);
+#pragma GCC unroll 12
+    for (int r = 0; r < kRows; ++r) {
+      const auto a = Op::broadcast(qs + r * d + e * kPair);
+      s[r][0] = Op::madd(s[r][0], a, b0);
+      s[r][1] = Op::madd(s[r][1], a, b1);
+    }
+  }
+  // The real keys' lanes (the last chunk may hold fewer than kChunk).
+  const __mmask16 live0 = valid >= kLanes ? kAll : static_cast<__mmask16>((1u << valid) - 1);
+  const __mmask16 live1 =
+      valid >= kChunk ? kAll : valid > kLanes ? static_cast<__mmask16>((1u << (valid - kLanes)) - 1) : 0;
+  alignas(64) E P[kRows * kChunk];
+  const __m512 cv = _mm512_set1_ps(c), neg_inf = _mm512_set1_ps(kNegInf);
+#pragma GCC unroll 12
+  for (int r = 0; r < kRows; ++r) {
+    const __m512 s0 = _mm512_mask_blend_ps(live0, neg_inf, s[r][0]);
+    const __m512 s1 = _mm512_mask_blend_ps(live1, neg_inf, s[r][1]);
+    const __m512 vmax = _mm512_mask_max_ps(s0, kAll, s0, s1);
+    if (__builtin_expect(_mm512_cmp_ps_mask(vmax, _mm512_set1_ps(st.thr[r]), _CMP_GT_OQ) != 0, 0)) {
+      // The max moves: O and the sums so far are rescaled to the new one (the first chunk: by 0).
+      const float mx = c * lanes_max(vmax), m_old = st.m[r];
+      const float alpha = m_old == kNegInf ? 0.f : _mm512_cvtss_f32(exp2_clamped(_mm512_set1_ps(m_old - mx)));
+      float* orow = st.O + r * d;
+      for (std::int64_t e = 0; e < d; e += kLanes)
+        _mm512_store_ps(orow + e, _mm512_mul_ps(_mm512_load_ps(orow + e), _mm512_set1_ps(alpha)));
+      _mm512_store_ps(st.lv + r * kLanes, _mm512_mul_ps(_mm512_load_ps(st.lv + r * kLanes), _mm512_set1_ps(alpha)));
+      st.m[r] = mx;
+      st.thr[r] = (mx + kStaleMax) / c;
+    }
+    if (__builtin_expect(st.m[r] == kNegInf, 0)) {  // every score so far -inf or NaN: nothing to add
+      Op::store_p(P + r * kChunk, _mm512_setzero_ps(), _mm512_setzero_ps());
+      continue;
+    }
+    const __m512 sh = _mm512_set1_ps(st.m[r]);
+    const __m512 e0 = _mm512_maskz_mov_ps(live0, exp2_clamped(_mm512_fmsub_ps(s0, cv, sh)));
+    const __m512 e1 = _mm512_maskz_mov_ps(live1, exp2_clamped(_mm512_fmsub_ps(s1, cv, sh)));
+    Op::store_p(P + r * kChunk, e0, e1);
+    _mm512_store_ps(st.lv + r * kLanes, _mm512_add_ps(_mm512_load_ps(st.lv + r * kLanes), _mm512_add_ps(e0, e1)));
+  }
+  // O += P V, 32 columns of O at a time in the accumulators (bf16: a pair of keys a step; the
+  // padding keys' P and V are zero).
+  const std::int64_t steps = (valid + kPair - 1) / kPair;
+  for (std::int64_t cb = 0; cb < d; cb += 2 * kLanes) {
+    __m512 acc[kRows][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < kRows; ++r) {
+      acc[r][0] = _mm512_load_ps(st.O + r * d + cb);
+      acc[r][1] = _mm512_load_ps(st.O + r * d + cb + kLanes);
+    }
+    for (std::int64_t j = 0; j < steps; ++j) {
+      const E* vj = vc + (j * d + cb) * kPair;
+      const auto v0 = Op::load(vj), v1 = Op::load(vj + kLanes * kPair);
+#pragma GCC unroll 12
+      for (int r = 0; r < kRows; ++r) {
+        const auto a = Op::broadcast(P + r * kChunk + j * kPair);
+        acc[r][0] = Op::madd(acc[r][0], a, v0);
+        acc[r][1] = Op::madd(acc[r][1], a, v1);
+      }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < kRows; ++r) {
+      _mm512_store_ps(st.O + r * d + cb, acc[r][0]);
+      _mm512_store_ps(st.O + r * d + cb + kLanes, acc[r][1]);
+    }
+  }
+}
+
+template <typename E>
+void block_impl(const E* q, std::int64_t GB, const E* k, const E* v, std::int64_t n, std::int64_t d, float c,
+                float* o, float* m, float* l, VecScratch<E>& w) {
+  DIFFCP_CHECK(d % kVecHeadDim == 0 && n >= 1, "fused attention: d_h = ", d, " (a multiple of ", kVecHeadDim,
+               " expected), ", n, " keys");
+  const std::int64_t chunks = (n + kChunk - 1) / kChunk, n_pad = chunks * kChunk;
+  const std::int64_t strips = (GB + kRows - 1) / kRows;
+  constexpr std::int64_t kChunksPerSpan = kSpan / kChunk;
+  w.kt.resize(static_cast<std::size_t>(n_pad * d));
+  w.q.resize(static_cast<std::size_t>(kGroup * kRows * d));
+  w.o.resize(static_cast<std::size_t>(kGroup * kRows * d));
+  w.lv.resize(static_cast<std::size_t>(kGroup * kRows * kLanes));
+  w.m.resize(static_cast<std::size_t>(2 * kGroup * kRows));
+  pack_keys(k, n, n_pad, d, w.kt.data());
+  const E* vr = v;  // f32: V's dense rows as they are
+  if constexpr (Ops<E>::kPair == 2) {
+    w.vp.resize(static_cast<std::size_t>(n_pad * d));
+    pack_values(v, n, n_pad, d, w.vp.data());
+    vr = w.vp.data();
+  }
+  for (std::int64_t g0 = 0; g0 < strips; g0 += kGroup) {
+    const std::int64_t group = std::min(kGroup, strips - g0), r0 = g0 * kRows;
+    const std::int64_t rows = std::min(group * kRows, GB - r0);
+    // The group's query rows, zero past the block's last row (their results are dropped).
+    std::memcpy(w.q.data(), q + r0 * d, sizeof(E) * rows * d);
+    std::fill(w.q.begin() + rows * d, w.q.end(), E{});
+    std::fill(w.o.begin(), w.o.end(), 0.f);
+    std::fill(w.lv.begin(), w.lv.end(), 0.f);
+    std::fill(w.m.begin(), w.m.end(), kNegInf);  // m, then thr
+    for (std::int64_t ch0 = 0; ch0 < chunks; ch0 += kChunksPerSpan)
+      for (std::int64_t t = 0; t < group; ++t) {
+        const Strip st{w.o.data() + t * kRows * d, w.m.data() + t * kRows, w.m.data() + (kGroup + t) * kRows,
+                       w.lv.data() + t * kRows * kLanes};
+        for (std::int64_t ch = ch0; ch < std::min(chunks, ch0 + kChunksPerSpan); ++ch)
+          strip_step(w.q.data() + t * kRows * d, w.kt.data() + ch * kChunk * d, vr + ch * kChunk * d,
+                     std::min(kChunk, n - ch * kChunk), d, c, st);
+      }
+    std::memcpy(o + r0 * d, w.o.data(), sizeof(float) * rows * d);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      m[r0 + r] = w.m[static_cast<std::size_t>(r)];
+      l[r0 + r] = lanes_sum(_mm512_load_ps(w.lv.data() + r * kLanes));
+    }
+  }
+}
+
+}  // namespace
+
+bool vec_attention_ready(DType dtype, std::int64_t d) {
+  static const bool on = fused_knob_on();
+  static const bool bf16 = cpu_has_avx512_bf16();
+  static_assert(2 * kLanes == kVecHeadDim);
+  return on && (dtype == DType::f32 || (dtype == DType::bf16 && bf16)) && d > 0 && d % kVecHeadDim == 0;
+}
+
+void vec_attention_block(const float* q, std::int64_t GB, const float* k, const float* v, std::int64_t n,
+                         std::int64_t d, float c, float* o, float* m, float* l, VecScratch<float>& w) {
+  block_impl(q, GB, k, v, n, d, c, o, m, l, w);
+}
+
+void vec_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uint16_t* k, const std::uint16_t* v,
+                         std::int64_t n, std::int64_t d, float c, float* o, float* m, float* l,
+                         VecScratch<std::uint16_t>& w) {
+  DIFFCP_CHECK(vec_attention_ready(DType::bf16, d), "fused bf16 attention: this CPU has no avx512_bf16");
+  block_impl(q, GB, k, v, n, d, c, o, m, l, w);
+}
+
+#else  // no fused kernels in this ISA's build
+
+bool vec_attention_ready(DType, std::int64_t) {
+  static const bool knob_checked = fused_knob_on();  // a bad value is an error on every ISA
+  (void)knob_checked;
+  return false;
+}
+
+void vec_attention_block(const float*, std::int64_t, const float*, const float*, std::int64_t, std::int64_t, float,
+                         float*, float*, float*, VecScratch<float>&) {
+  DIFFCP_FAIL("fused attention: not compiled into these kernels (avx512 only)");
+}
+void vec_attention_block(const std::uint16_t*, std::int64_t, const std::uint16_t*, const std::uint16_t*, std::int64_t,
+                         std::int64_t, float, float*, float*, float*, VecScratch<std::uint16_t>&) {
+  DIFFCP_FAIL("fused attention: not compiled into these kernels (avx512 only)");
+}
+
+#endif
+
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA
+
+#if defined(DIFFCP_AVX512_KERNEL)
+#pragma GCC pop_options
+#endif
