@@ -20,7 +20,9 @@
 #          bf16 (DTYPES), the fused kernel the CPU gets (AMX tiles or AVX-512 registers) against
 #          the tile path (DIFFCP_CPU_AMX=0 DIFFCP_CPU_FUSED=0), interleaved REPEAT times
 #          -> bench/dit_cpu_fused_attention.csv (OUT= names another; the AMX kernel's first
-#          measurement, bf16 only, is bench/dit_cpu_amx_attention.csv, when this mode was `amx`)
+#          measurement, bf16 only, is bench/dit_cpu_amx_attention.csv, when this mode was `amx`);
+#          then the small shape's DiT step at P = 1 and 2 both ways -> bench/dit_cpu_fused_step.csv
+#          (STEP_OUT=)
 #
 # Usage: VENV=/work/ov-venv FLUX_SRC=/path/to/flux [ROWS="small avx2 flux"] bench/bench_dit_cpu.sh peers
 #        OLD_BUILD=/path/to/old/build/release bench/bench_dit_cpu.sh ab
@@ -111,8 +113,37 @@ PY
         done
       done
     done
-    python3 - "$out" <<'PY'
+    # The DiT step (small shape, P = 1 with 2 threads and P = 2 with one each) with the fused kernels
+    # and with the tile path, interleaved: what the kernels change in the step.
+    step=${STEP_OUT:-bench/dit_cpu_fused_step.csv}
+    echo "np,dtype,kernel,step_ms" >"$step"
+    for ((r = 1; r <= ${REPEAT:-3}; r++)); do
+      for np in 1 2; do
+        for dtype in ${DTYPES:-f32 bf16}; do
+          for on in 1 0; do
+            kernel=$([ $on = 1 ] && echo fused || echo tile)
+            launch=()  # P = 1 runs directly (mpirun -np 1 would bind its two threads to one core)
+            [ $np = 2 ] && launch=(mpirun -np 2 -x DIFFCP_CPU_AMX -x DIFFCP_CPU_FUSED -x OMP_NUM_THREADS)
+            env DIFFCP_CPU_AMX=$on DIFFCP_CPU_FUSED=$on OMP_NUM_THREADS=$((3 - np)) OMPI_ALLOW_RUN_AS_ROOT=1 \
+              OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${launch[@]}" \
+              build/release/src/diffcp dit --resolution 512 --text-tokens 64 --steps 6 --dtype "$dtype" --out "" --json |
+              python3 -c "import json,sys; print('$np,$dtype,$kernel,%s' % json.load(sys.stdin)['step_ms'])" >>"$step"
+          done
+        done
+      done
+    done
+    python3 - "$out" "$step" <<'PY'
 import collections, csv, statistics, sys
+s = collections.defaultdict(list)
+for r in csv.DictReader(open(sys.argv[2])):
+    s[(r["np"], r["dtype"], r["kernel"])].append(float(r["step_ms"]))
+print("| DiT step, 512^2 | dtype | tile path ms | fused ms | speed-up |")
+print("|---|---|---|---|---|")
+for np_ in ("1", "2"):
+    for dt in ("f32", "bf16"):
+        if s[(np_, dt, "tile")]:
+            t, f = statistics.median(s[(np_, dt, "tile")]), statistics.median(s[(np_, dt, "fused")])
+            print(f"| P = {np_} | {dt} | {t:.1f} | {f:.1f} | {t / f:.3f}x |")
 d = collections.defaultdict(list)
 for r in csv.DictReader(open(sys.argv[1])):
     d[(r["shape"], r["dtype"], r["kernel"])].append(float(r["median_ms"]))

@@ -8,14 +8,17 @@
 // packed once per block so each step of the dot product loads two vectors of keys and broadcasts
 // one q element, or one pair of them, per row), the online softmax on those registers (a stale max
 // that moves only when a chunk's exceeds it by 2^kStaleMax, checked in the score domain without a
-// horizontal reduction; P = 2^(c s - m) by vreduceps + a degree-5 fit + vscalefps), P stored as a
+// horizontal reduction; P = 2^(c s - m) by vreduceps + a polynomial + vscalefps), P stored as a
 // 12 x 32 L1 tile (bf16: rounded there, as the tile path rounds it), then O += P V with O's rows
-// loaded into the accumulators 32 columns at a time (bf16: V packed in key pairs). kGroup strips
+// loaded into the accumulators 32 columns at a time (bf16: V packed in key pairs), one chunk
+// behind (after the next chunk's softmax: P is never read right after it is stored; a moving max
+// rescales the held row of P with O). kGroup strips
 // take each span of kSpan keys in turn (their K^T and V stay in L2: at FLUX's width a head's K and
 // V, 4.7 MB in f32, outgrow it).
 // Same math as the tile path: f32 (or bf16) operands, f32 accumulation, base-2 online softmax on
-// c * scores, P rounded to bf16 only as an operand, exp to 1.5e-7 (the tile path's simd::exp2:
-// 2e-7); only the order of the f32 sums differs. A query row's result depends only on the ordered
+// c * scores, P rounded to bf16 only as an operand, exp to 1.5e-7 in f32 (the tile path's
+// simd::exp2: 2e-7) and 2.7e-6 in bf16 (P is then rounded to 2^-9); only the order of the f32 sums
+// differs. A query row's result depends only on the ordered
 // keys it sees (never on the other rows of its strip or on where the keys were stored), so P = 1
 // and the shards of P = 2 give the same bits.
 //
@@ -93,6 +96,10 @@ struct Ops<float> {
     _mm512_store_ps(p, e0);
     _mm512_store_ps(p + kLanes, e1);
   }
+  static void scale_p(float* p, __m512 alpha) {  // a row of P held for the next O += P V
+    _mm512_store_ps(p, _mm512_mul_ps(_mm512_load_ps(p), alpha));
+    _mm512_store_ps(p + kLanes, _mm512_mul_ps(_mm512_load_ps(p + kLanes), alpha));
+  }
 };
 template <>
 struct Ops<std::uint16_t> {
@@ -107,6 +114,13 @@ struct Ops<std::uint16_t> {
   static __m512 madd(__m512 acc, V a, V b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
   static void store_p(std::uint16_t* p, __m512 e0, __m512 e1) {  // P's 32 keys in order, rounded
     _mm512_store_si512(p, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+  }
+  static __m512 widen(const std::uint16_t* p) {  // 16 bf16 -> f32
+    const __m512i wide = _mm512_maskz_cvtepu16_epi32(kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, wide, 16));
+  }
+  static void scale_p(std::uint16_t* p, __m512 alpha) {  // rounded again: P as the tile path would hold it
+    store_p(p, _mm512_mul_ps(widen(p), alpha), _mm512_mul_ps(widen(p + kLanes), alpha));
   }
 };
 
@@ -124,19 +138,30 @@ inline float lanes_sum(__m512 v) {
   return _mm512_cvtss_f32(_mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
 }
 
-// 2^x for x <= kStaleMax (a softmax argument), relative error 1.5e-7, clamped at 2^-126 (the
-// smallest normal: no denormal reaches the sums or the products). f = x - floor(x) in [0, 1) by
-// vreduceps, 2^f by a degree-5 fit of relative error on [0, 1), then vscalefps multiplies by
-// 2^floor(x): 8 vector operations.
+// 2^x for x <= kStaleMax (a softmax argument), clamped at 2^-126 (the smallest normal: no denormal
+// reaches the sums or the products). f = x - floor(x) in [0, 1) by vreduceps, 2^f by a fit of
+// relative error on [0, 1), then vscalefps multiplies by 2^floor(x). f32: degree 5, relative error
+// 1.5e-7 (8 vector operations); bf16, whose P is rounded to 2^-9 right after: degree 4, 2.7e-6 (the
+// AMX kernel's).
+template <typename E>
 inline __m512 exp2_clamped(__m512 x) {
   x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-126.f));
   const __m512 f = _mm512_mask_reduce_ps(x, kAll, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p = _mm512_set1_ps(1.8775753e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.98934435e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.58263138e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40153626e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93153083e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99999994f));
+  __m512 p;
+  if constexpr (Ops<E>::kPair == 1) {
+    p = _mm512_set1_ps(1.8775753e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.98934435e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.58263138e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40153626e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93153083e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99999994f));
+  } else {
+    p = _mm512_set1_ps(1.353414e-2f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.201157e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4144264e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9300387e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000259f));
+  }
   return _mm512_mask_scalef_ps(p, kAll, p, x);
 }
 
@@ -175,11 +200,13 @@ struct Strip {
   float* lv;
 };
 
-// One step: strip st (query rows qs [kRows, d]) on a chunk of keys, `valid` of them real (K^T
-// chunk kc [d / kPair, kChunk, kPair]; V rows vc: f32 [valid, d], bf16 in key pairs
-// [kChunk / 2, d, 2]): the scores, the online softmax, O += P V.
-template <typename E>
-void strip_step(const E* qs, const E* kc, const E* vc, std::int64_t valid, std::int64_t d, float c, const Strip& st) {
+// The scores and the online softmax of strip st (query rows qs [kRows, d]) on a chunk of keys,
+// `valid` of them real (K^T chunk kc [d / kPair, kChunk, kPair]): P [kRows, kChunk] (the padding
+// keys' columns 0). `held`: the previous chunk's P, whose O += P V is still to come: where a row's
+// max moves, O, the sums and that row of `held` are rescaled (the first chunk: by 0).
+template <typename E, bool kFull>
+void scores_softmax(const E* qs, const E* kc, std::int64_t valid, std::int64_t d, float c, const Strip& st, E* P,
+                    E* held) {
   using Op = Ops<E>;
   constexpr std::int64_t kPair = Op::kPair;
   __m512 s[kRows][2];
@@ -199,21 +226,20 @@ void strip_step(const E* qs, const E* kc, const E* vc, std::int64_t valid, std::
   const __mmask16 live0 = valid >= kLanes ? kAll : static_cast<__mmask16>((1u << valid) - 1);
   const __mmask16 live1 =
       valid >= kChunk ? kAll : valid > kLanes ? static_cast<__mmask16>((1u << (valid - kLanes)) - 1) : 0;
-  alignas(64) E P[kRows * kChunk];
   const __m512 cv = _mm512_set1_ps(c), neg_inf = _mm512_set1_ps(kNegInf);
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
-    const __m512 s0 = _mm512_mask_blend_ps(live0, neg_inf, s[r][0]);
-    const __m512 s1 = _mm512_mask_blend_ps(live1, neg_inf, s[r][1]);
+    const __m512 s0 = kFull ? s[r][0] : _mm512_mask_blend_ps(live0, neg_inf, s[r][0]);
+    const __m512 s1 = kFull ? s[r][1] : _mm512_mask_blend_ps(live1, neg_inf, s[r][1]);
     const __m512 vmax = _mm512_mask_max_ps(s0, kAll, s0, s1);
     if (__builtin_expect(_mm512_cmp_ps_mask(vmax, _mm512_set1_ps(st.thr[r]), _CMP_GT_OQ) != 0, 0)) {
-      // The max moves: O and the sums so far are rescaled to the new one (the first chunk: by 0).
+      // The max moves: O, the sums and the held P so far are rescaled to the new one.
       const float mx = c * lanes_max(vmax), m_old = st.m[r];
-      const float alpha = m_old == kNegInf ? 0.f : _mm512_cvtss_f32(exp2_clamped(_mm512_set1_ps(m_old - mx)));
+      const __m512 alpha = _mm512_set1_ps(m_old == kNegInf ? 0.f : _mm512_cvtss_f32(exp2_clamped<E>(_mm512_set1_ps(m_old - mx))));
       float* orow = st.O + r * d;
-      for (std::int64_t e = 0; e < d; e += kLanes)
-        _mm512_store_ps(orow + e, _mm512_mul_ps(_mm512_load_ps(orow + e), _mm512_set1_ps(alpha)));
-      _mm512_store_ps(st.lv + r * kLanes, _mm512_mul_ps(_mm512_load_ps(st.lv + r * kLanes), _mm512_set1_ps(alpha)));
+      for (std::int64_t e = 0; e < d; e += kLanes) _mm512_store_ps(orow + e, _mm512_mul_ps(_mm512_load_ps(orow + e), alpha));
+      _mm512_store_ps(st.lv + r * kLanes, _mm512_mul_ps(_mm512_load_ps(st.lv + r * kLanes), alpha));
+      if (held) Op::scale_p(held + r * kChunk, alpha);
       st.m[r] = mx;
       st.thr[r] = (mx + kStaleMax) / c;
     }
@@ -222,20 +248,29 @@ void strip_step(const E* qs, const E* kc, const E* vc, std::int64_t valid, std::
       continue;
     }
     const __m512 sh = _mm512_set1_ps(st.m[r]);
-    const __m512 e0 = _mm512_maskz_mov_ps(live0, exp2_clamped(_mm512_fmsub_ps(s0, cv, sh)));
-    const __m512 e1 = _mm512_maskz_mov_ps(live1, exp2_clamped(_mm512_fmsub_ps(s1, cv, sh)));
+    __m512 e0 = exp2_clamped<E>(_mm512_fmsub_ps(s0, cv, sh)), e1 = exp2_clamped<E>(_mm512_fmsub_ps(s1, cv, sh));
+    if (!kFull) {
+      e0 = _mm512_maskz_mov_ps(live0, e0);
+      e1 = _mm512_maskz_mov_ps(live1, e1);
+    }
     Op::store_p(P + r * kChunk, e0, e1);
     _mm512_store_ps(st.lv + r * kLanes, _mm512_add_ps(_mm512_load_ps(st.lv + r * kLanes), _mm512_add_ps(e0, e1)));
   }
-  // O += P V, 32 columns of O at a time in the accumulators (bf16: a pair of keys a step; the
-  // padding keys' P and V are zero).
-  const std::int64_t steps = (valid + kPair - 1) / kPair;
+}
+
+// O [kRows, d] += P V for one chunk: P [kRows, kChunk], V rows vc (f32 [valid, d]; bf16 in key pairs
+// [kChunk / 2, d, 2], the padding keys' P and V zero), `steps` keys (bf16: pairs of keys), 32
+// columns of O at a time in the accumulators.
+template <typename E>
+void add_pv(const E* P, const E* vc, std::int64_t steps, std::int64_t d, float* O) {
+  using Op = Ops<E>;
+  constexpr std::int64_t kPair = Op::kPair;
   for (std::int64_t cb = 0; cb < d; cb += 2 * kLanes) {
     __m512 acc[kRows][2];
 #pragma GCC unroll 12
     for (int r = 0; r < kRows; ++r) {
-      acc[r][0] = _mm512_load_ps(st.O + r * d + cb);
-      acc[r][1] = _mm512_load_ps(st.O + r * d + cb + kLanes);
+      acc[r][0] = _mm512_load_ps(O + r * d + cb);
+      acc[r][1] = _mm512_load_ps(O + r * d + cb + kLanes);
     }
     for (std::int64_t j = 0; j < steps; ++j) {
       const E* vj = vc + (j * d + cb) * kPair;
@@ -249,10 +284,30 @@ void strip_step(const E* qs, const E* kc, const E* vc, std::int64_t valid, std::
     }
 #pragma GCC unroll 12
     for (int r = 0; r < kRows; ++r) {
-      _mm512_store_ps(st.O + r * d + cb, acc[r][0]);
-      _mm512_store_ps(st.O + r * d + cb + kLanes, acc[r][1]);
+      _mm512_store_ps(O + r * d + cb, acc[r][0]);
+      _mm512_store_ps(O + r * d + cb + kLanes, acc[r][1]);
     }
   }
+}
+
+// Strip st (query rows qs) through chunks [ch0, ch1) of the keys (K^T kt, V vr as block_impl packs
+// them): each chunk's O += P V runs after the next chunk's softmax (P in two buffers), so its P is
+// never read right after it was stored.
+template <typename E>
+void strip_span(const E* qs, const E* kt, const E* vr, std::int64_t n, std::int64_t ch0, std::int64_t ch1,
+                std::int64_t d, float c, const Strip& st) {
+  constexpr std::int64_t kPair = Ops<E>::kPair;
+  alignas(64) E P[2][kRows * kChunk];
+  const auto valid = [&](std::int64_t ch) { return std::min(kChunk, n - ch * kChunk); };
+  for (std::int64_t ch = ch0; ch < ch1; ++ch) {
+    E* held = ch > ch0 ? P[(ch - 1) & 1] : nullptr;
+    if (valid(ch) == kChunk)
+      scores_softmax<E, true>(qs, kt + ch * kChunk * d, kChunk, d, c, st, P[ch & 1], held);
+    else
+      scores_softmax<E, false>(qs, kt + ch * kChunk * d, valid(ch), d, c, st, P[ch & 1], held);
+    if (held) add_pv(held, vr + (ch - 1) * kChunk * d, (valid(ch - 1) + kPair - 1) / kPair, d, st.O);
+  }
+  add_pv(P[(ch1 - 1) & 1], vr + (ch1 - 1) * kChunk * d, (valid(ch1 - 1) + kPair - 1) / kPair, d, st.O);
 }
 
 template <typename E>
@@ -288,9 +343,8 @@ void block_impl(const E* q, std::int64_t GB, const E* k, const E* v, std::int64_
       for (std::int64_t t = 0; t < group; ++t) {
         const Strip st{w.o.data() + t * kRows * d, w.m.data() + t * kRows, w.m.data() + (kGroup + t) * kRows,
                        w.lv.data() + t * kRows * kLanes};
-        for (std::int64_t ch = ch0; ch < std::min(chunks, ch0 + kChunksPerSpan); ++ch)
-          strip_step(w.q.data() + t * kRows * d, w.kt.data() + ch * kChunk * d, vr + ch * kChunk * d,
-                     std::min(kChunk, n - ch * kChunk), d, c, st);
+        strip_span(w.q.data() + t * kRows * d, w.kt.data(), vr, n, ch0, std::min(chunks, ch0 + kChunksPerSpan), d, c,
+                   st);
       }
     std::memcpy(o + r0 * d, w.o.data(), sizeof(float) * rows * d);
     for (std::int64_t r = 0; r < rows; ++r) {
