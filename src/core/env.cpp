@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "diffcp/core/error.hpp"
+
 namespace diffcp {
 
 const char* env_name(EnvKnob k) {
@@ -20,6 +22,12 @@ std::optional<std::string> env_value(EnvKnob k) {
   const char* v = std::getenv(env_name(k));
   if (v == nullptr || *v == '\0') return std::nullopt;
   return std::string(v);
+}
+
+bool env_switch(EnvKnob k, const char* on) {
+  const auto knob = env_value(k);
+  if (knob && *knob != "0" && *knob != "1") DIFFCP_FAIL(env_name(k), "=", *knob, ": expected 0 (off) or 1 (", on, ")");
+  return !(knob && *knob == "0");
 }
 
 }  // namespace diffcp

@@ -49,12 +49,7 @@ namespace diffcp::cpu::DIFFCP_CPU_ISA {
 namespace {
 
 // DIFFCP_CPU_AMX: unset or 1 = AMX where the CPU has it, 0 = off; anything else is an error.
-bool amx_knob_on() {
-  const auto knob = env_value(EnvKnob::cpu_amx);
-  if (knob && *knob != "0" && *knob != "1")
-    DIFFCP_FAIL(env_name(EnvKnob::cpu_amx), "=", *knob, ": expected 0 (off) or 1 (on where the CPU has AMX)");
-  return !(knob && *knob == "0");
-}
+bool amx_knob_on() { return env_switch(EnvKnob::cpu_amx, "on where the CPU has AMX"); }
 
 }  // namespace
 
@@ -177,37 +172,12 @@ inline void load_2x2(const float* c, std::int64_t stride) {
   _tile_loadd(3, c + half + kCols, stride);
 }
 
-// Horizontal max / sum of the 16 lanes. Here and below, the masked forms of the intrinsics with
-// a full mask: GCC 12's unmasked ones warn on their undefined pass-through operand.
-constexpr __mmask16 kAll = 0xffff;
-inline float lanes_max(__m512 v) {
-  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
-  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
-  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
-  return _mm512_cvtss_f32(_mm512_mask_max_ps(v, kAll, v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
-}
-inline float lanes_sum(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
-  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
-  v = _mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
-  return _mm512_cvtss_f32(_mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
-}
-
-// 2^x for x <= kStaleMax (a softmax argument), relative error 2.6e-6 (P is rounded to bf16, 2^-9,
-// right after), clamped at 2^-126 (the smallest normal: no denormal reaches the sum or the
-// tiles). f = x - floor(x) in [0, 1) by vreduceps, 2^f by a degree-4 fit of relative error on
-// [0, 1), then vscalefps multiplies by 2^floor(x): 7 vector operations where simd::exp2's bit-level
-// form takes 14.
-inline __m512 exp2_clamped(__m512 x) {
-  x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-126.f));
-  const __m512 f = _mm512_mask_reduce_ps(x, kAll, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p = _mm512_set1_ps(1.353414e-2f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.201157e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4144264e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9300387e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000259f));
-  return _mm512_mask_scalef_ps(p, kAll, p, x);
-}
+using simd::kAll;
+using simd::lanes_max;
+using simd::lanes_sum;
+// 2^x for a softmax argument x <= kStaleMax, P rounded to bf16 (2^-9) right after: the degree-4
+// form, relative error 2.7e-6, 7 vector operations where simd::exp2's bit-level form takes 14.
+inline __m512 exp2_clamped(__m512 x) { return simd::exp2_floor<4>(x); }
 
 // The largest of a row's scores s[0, valid) (the real keys of a chunk).
 inline float chunk_row_max(const float* s, std::int64_t valid) {

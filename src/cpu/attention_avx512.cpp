@@ -54,12 +54,7 @@ namespace {
 
 // DIFFCP_CPU_FUSED: unset or 1 = the fused kernels where these kernels carry them, 0 = off;
 // anything else is an error.
-bool fused_knob_on() {
-  const auto knob = env_value(EnvKnob::cpu_fused);
-  if (knob && *knob != "0" && *knob != "1")
-    DIFFCP_FAIL(env_name(EnvKnob::cpu_fused), "=", *knob, ": expected 0 (off) or 1 (on: the avx512 kernels)");
-  return !(knob && *knob == "0");
-}
+bool fused_knob_on() { return env_switch(EnvKnob::cpu_fused, "on: the avx512 kernels"); }
 
 }  // namespace
 
@@ -74,7 +69,9 @@ constexpr std::int64_t kGroup = 8;   // strips that take each span in turn
 constexpr std::int64_t kLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kStaleMax = 8.f;  // base 2
-constexpr __mmask16 kAll = 0xffff;
+using simd::kAll;
+using simd::lanes_max;
+using simd::lanes_sum;
 
 bool cpu_has_avx512_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -124,45 +121,12 @@ struct Ops<std::uint16_t> {
   }
 };
 
-// Masked forms with a full mask: GCC 12's unmasked ones warn on their undefined pass-through.
-inline float lanes_max(__m512 v) {
-  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
-  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
-  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
-  return _mm512_cvtss_f32(_mm512_mask_max_ps(v, kAll, v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
-}
-inline float lanes_sum(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
-  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
-  v = _mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
-  return _mm512_cvtss_f32(_mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
-}
-
-// 2^x for x <= kStaleMax (a softmax argument), clamped at 2^-126 (the smallest normal: no denormal
-// reaches the sums or the products). f = x - floor(x) in [0, 1) by vreduceps, 2^f by a fit of
-// relative error on [0, 1), then vscalefps multiplies by 2^floor(x). f32: degree 5, relative error
-// 1.5e-7 (8 vector operations); bf16, whose P is rounded to 2^-9 right after: degree 4, 2.7e-6 (the
-// AMX kernel's).
+// 2^x for a softmax argument x <= kStaleMax (simd::exp2_floor): f32 degree 5, relative error
+// 1.5e-7 (the tile path's simd::exp2: 2e-7); bf16, whose P is rounded to 2^-9 right after, the AMX
+// kernel's degree 4 (2.7e-6).
 template <typename E>
 inline __m512 exp2_clamped(__m512 x) {
-  x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-126.f));
-  const __m512 f = _mm512_mask_reduce_ps(x, kAll, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p;
-  if constexpr (Ops<E>::kPair == 1) {
-    p = _mm512_set1_ps(1.8775753e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.98934435e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.58263138e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40153626e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93153083e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99999994f));
-  } else {
-    p = _mm512_set1_ps(1.353414e-2f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.201157e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4144264e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9300387e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000259f));
-  }
-  return _mm512_mask_scalef_ps(p, kAll, p, x);
+  return simd::exp2_floor<Ops<E>::kPair == 1 ? 5 : 4>(x);
 }
 
 // K^T by chunks, d in runs of kPair: kt[((ch * d / kPair + e) * kChunk + j) * kPair + i] =

@@ -17,6 +17,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>  // before the target pragma, as every library header
+#endif
 
 #if !defined(DIFFCP_CPU_ISA)
 #error "src/cpu kernel files are compiled once per ISA with -DDIFFCP_CPU_ISA=<isa> (src/CMakeLists.txt)"
@@ -139,3 +142,54 @@ inline void to_f32(const std::uint16_t* __restrict x, float* __restrict out, std
 }
 
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA::simd
+
+#if defined(__x86_64__) && DIFFCP_SIMD_BYTES == 64
+// AVX-512 helpers of the fused attention kernels (attention_amx.cpp, attention_avx512.cpp). The
+// masked forms of the intrinsics with a full mask: GCC 12's unmasked ones warn on their undefined
+// pass-through operand.
+namespace diffcp::cpu::DIFFCP_CPU_ISA::simd {
+
+constexpr __mmask16 kAll = 0xffff;
+// Horizontal max / sum of the 16 lanes.
+inline float lanes_max(__m512 v) {
+  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
+  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
+  v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
+  return _mm512_cvtss_f32(_mm512_mask_max_ps(v, kAll, v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
+}
+inline float lanes_sum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
+  v = _mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
+  return _mm512_cvtss_f32(_mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
+}
+
+// 2^x for x <= 2^7 (a softmax argument), clamped at 2^-126 (the smallest normal: no denormal
+// reaches a sum or a product). f = x - floor(x) in [0, 1) by vreduceps, 2^f by a fit of relative
+// error on [0, 1), then vscalefps multiplies by 2^floor(x). kDegree 5: relative error 1.5e-7
+// (f32 results), 8 vector operations; 4: 2.7e-6 (P rounded to bf16, 2^-9, right after), 7.
+template <int kDegree>
+inline __m512 exp2_floor(__m512 x) {
+  static_assert(kDegree == 4 || kDegree == 5);
+  x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-126.f));
+  const __m512 f = _mm512_mask_reduce_ps(x, kAll, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p;
+  if constexpr (kDegree == 5) {
+    p = _mm512_set1_ps(1.8775753e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.98934435e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.58263138e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40153626e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93153083e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99999994f));
+  } else {
+    p = _mm512_set1_ps(1.353414e-2f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.201157e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4144264e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9300387e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000259f));
+  }
+  return _mm512_mask_scalef_ps(p, kAll, p, x);
+}
+
+}  // namespace diffcp::cpu::DIFFCP_CPU_ISA::simd
+#endif

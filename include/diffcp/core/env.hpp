@@ -19,5 +19,8 @@ enum class EnvKnob { cpu_isa, cpu_amx, cpu_fused, node, comm_timeout, profiles }
 const char* env_name(EnvKnob k);  // "DIFFCP_CPU_ISA", ...
 // The variable's value, or nullopt when it is unset or empty.
 std::optional<std::string> env_value(EnvKnob k);
+// A 0 / 1 switch: false for 0, true for 1 or unset; any other value is an error naming the
+// variable and `on` (what 1 means).
+bool env_switch(EnvKnob k, const char* on);
 
 }  // namespace diffcp
