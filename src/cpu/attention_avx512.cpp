@@ -12,15 +12,14 @@
 // 12 x 32 L1 tile (bf16: rounded there, as the tile path rounds it), then O += P V with O's rows
 // loaded into the accumulators 32 columns at a time (bf16: V packed in key pairs), one chunk
 // behind (after the next chunk's softmax: P is never read right after it is stored; a moving max
-// rescales the held row of P with O). kGroup strips
-// take each span of kSpan keys in turn (their K^T and V stay in L2: at FLUX's width a head's K and
-// V, 4.7 MB in f32, outgrow it).
+// rescales the held row of P with O). kGroup strips take each span of kSpan keys in turn (their
+// K^T and V stay in L2: at FLUX's width a head's K and V, 4.7 MB in f32, outgrow it).
 // Same math as the tile path: f32 (or bf16) operands, f32 accumulation, base-2 online softmax on
 // c * scores, P rounded to bf16 only as an operand, exp to 1.5e-7 in f32 (the tile path's
 // simd::exp2: 2e-7) and 2.7e-6 in bf16 (P is then rounded to 2^-9); only the order of the f32 sums
-// differs. A query row's result depends only on the ordered
-// keys it sees (never on the other rows of its strip or on where the keys were stored), so P = 1
-// and the shards of P = 2 give the same bits.
+// differs. A query row's result depends only on the ordered keys it sees (never on the other rows
+// of its strip or on where the keys were stored), so P = 1 and the shards of P = 2 give the same
+// bits.
 //
 // Only on the avx512 kernels (and a native build on such a CPU); bf16 also needs avx512_bf16.
 // DIFFCP_CPU_FUSED=0 turns it off (the tile path then runs these blocks). Shapes: q [GB, d] (dense
@@ -116,7 +115,7 @@ struct Ops<std::uint16_t> {
     const __m512i wide = _mm512_maskz_cvtepu16_epi32(kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, wide, 16));
   }
-  static void scale_p(std::uint16_t* p, __m512 alpha) {  // rounded again: P as the tile path would hold it
+  static void scale_p(std::uint16_t* p, __m512 alpha) {  // rounded twice: only where a row's max moves
     store_p(p, _mm512_mul_ps(widen(p), alpha), _mm512_mul_ps(widen(p + kLanes), alpha));
   }
 };
