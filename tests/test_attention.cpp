@@ -409,7 +409,8 @@ const auto kDenseCases = ::testing::Values(DenseCase{"d32_dit_small", 1088, 1088
                                            DenseCase{"d64_uneven", 602, 701, 2, 2, 64, 1.f},
                                            DenseCase{"d128_gqa2", 300, 517, 4, 2, 128, 1.f},
                                            DenseCase{"d32_peaky_scores", 400, 999, 2, 2, 32, 4.f},
-                                           DenseCase{"d48_tile_path", 400, 300, 2, 2, 48, 1.f});
+                                           DenseCase{"d48_tile_path", 400, 300, 2, 2, 48, 1.f},
+                                           DenseCase{"d32_fewer_keys_than_a_chunk", 200, 20, 2, 1, 32, 2.f});
 INSTANTIATE_TEST_SUITE_P(Shapes, DenseF32, kDenseCases, [](const auto& info) { return std::string(info.param.name); });
 INSTANTIATE_TEST_SUITE_P(Shapes, DenseBf16, kDenseCases, [](const auto& info) { return std::string(info.param.name); });
 
