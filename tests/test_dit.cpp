@@ -145,10 +145,11 @@ TEST(DitShard, ModesAndGroupSizes) {
 // `heads` heads and Ulysses degree U (0: P; U < P adds Ring attention over the P / U groups).
 // `padded`: rank r holds only valid[r] = max(0, n_p - 2r) real tokens per image (the last ranks, and
 // at P = 8 whole Ulysses groups of USP, none), the rest padding: the reference attends over the real
-// tokens alone.
-void check_exchange_against_dense_reference(std::int64_t heads, int U, bool padded = false) {
+// tokens alone. n_p tokens per rank and image, d = d_h.
+void check_exchange_against_dense_reference(std::int64_t heads, int U, bool padded = false, std::int64_t n_p = 5,
+                                            std::int64_t d = 4) {
   const int P = world().size(), p = world().rank();
-  const std::int64_t b = 2, n_p = 5, N = P * n_p, d = 4, H = heads * d;
+  const std::int64_t b = 2, N = P * n_p, H = heads * d;
   // Local rows in a scrambled order (the exchange must follow the row table, not assume one).
   ExchangeLayout l{b, n_p, heads, d, b * n_p + 3, {}, {}};
   for (std::int64_t i = 0; i < b * n_p; ++i) l.rows.push_back((i * 7 + 3) % (b * n_p + 3));
@@ -214,6 +215,14 @@ void check_exchange_against_dense_reference(std::int64_t heads, int U, bool padd
 
 TEST(DitExchange, AttentionEqualsDenseReferencePerImage) { check_exchange_against_dense_reference(2 * world().size(), 0); }
 TEST(DitExchange, PaddingKeysAreSeenByNoQuery) { check_exchange_against_dense_reference(2 * world().size(), 0, true); }
+// Query blocks (one per source rank and image: n_p rows) of more than 128 rows at d_h 32: the
+// blocks the CPU backend runs on its fused dense kernels (cpu/attention_avx512.cpp,
+// attention_amx.cpp), through the exchange, at every P.
+TEST(DitExchange, FusedDenseBlocksEqualDenseReferencePerImage) {
+  const std::int64_t n_p = 136;
+  check_exchange_against_dense_reference(world().size(), 0, false, n_p, 32);
+  check_exchange_against_dense_reference(world().size(), 0, true, n_p, 32);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Flat at P vs the same sampler on one rank (every rank repeats the P = 1 run on its own

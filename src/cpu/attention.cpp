@@ -507,8 +507,8 @@ void forward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_
                " entries, expected Q*n_q = ", s.Q * s.n_q);
   const std::int64_t items = mask.num_blocks() * s.n_kv;
   ParallelErrors errors;
-  // Dense blocks (forward_item's dense_kv) without a window: fused where these kernels can (f32 on
-  // the FMA units, bf16 on AMX tiles where the CPU has them).
+  // Dense blocks (forward_item's dense_kv) without a window: fused where these kernels can
+  // (fused_item: bf16 on AMX tiles, else f32 and bf16 on AVX-512 registers).
   if (s.GB > kQueryTile && !mask.window().active() && fused_ready<T>(s.d)) {
 #pragma omp parallel
     {

@@ -276,8 +276,10 @@ void strip_span(const E* qs, const E* kt, const E* vr, std::int64_t n, std::int6
 template <typename E>
 void block_impl(const E* q, std::int64_t GB, const E* k, const E* v, std::int64_t n, std::int64_t d, float c,
                 float* o, float* m, float* l, VecScratch<E>& w) {
-  DIFFCP_CHECK(d % kVecHeadDim == 0 && n >= 1, "fused attention: d_h = ", d, " (a multiple of ", kVecHeadDim,
-               " expected), ", n, " keys");
+  const DType dtype = Ops<E>::kPair == 1 ? DType::f32 : DType::bf16;
+  DIFFCP_CHECK(vec_attention_ready(dtype, d) && n >= 1, "fused ", dtype_name(dtype), " attention: not for d_h = ", d,
+               " and ", n, " keys on this CPU (vec_attention_ready: d_h a multiple of ", kVecHeadDim,
+               ", bf16 needs avx512_bf16, DIFFCP_CPU_FUSED not 0; at least one key)");
   const std::int64_t chunks = (n + kChunk - 1) / kChunk, n_pad = chunks * kChunk;
   const std::int64_t strips = (GB + kRows - 1) / kRows;
   constexpr std::int64_t kChunksPerSpan = kSpan / kChunk;
@@ -334,7 +336,6 @@ void vec_attention_block(const float* q, std::int64_t GB, const float* k, const 
 void vec_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uint16_t* k, const std::uint16_t* v,
                          std::int64_t n, std::int64_t d, float c, float* o, float* m, float* l,
                          VecScratch<std::uint16_t>& w) {
-  DIFFCP_CHECK(vec_attention_ready(DType::bf16, d), "fused bf16 attention: this CPU has no avx512_bf16");
   block_impl(q, GB, k, v, n, d, c, o, m, l, w);
 }
 
