@@ -17,7 +17,8 @@
 #          (AB_OUT=<prefix> names the three files otherwise)
 #   fused: the dense attention kernels alone (bench_dense_attention, forward, 2 threads) at both
 #          shapes' heads (small: 1088 tokens, 24 x 32; FLUX width: 4608 tokens, 24 x 128), f32 and
-#          bf16 (DTYPES), the fused kernel the CPU gets (AMX tiles or AVX-512 registers) against
+#          bf16 (DTYPES), the fused kernel the CPU gets (AMX tiles or AVX-512 registers; ISA=avx2:
+#          the AVX2 kernels forced and oneDNN capped at AVX2, f32 on AVX2 registers) against
 #          the tile path (DIFFCP_CPU_AMX=0 DIFFCP_CPU_FUSED=0), interleaved REPEAT times
 #          -> bench/dit_cpu_fused_attention.csv (OUT= names another; the AMX kernel's first
 #          measurement, bf16 only, is bench/dit_cpu_amx_attention.csv, when this mode was `amx`);
@@ -26,7 +27,7 @@
 #
 # Usage: VENV=/work/ov-venv FLUX_SRC=/path/to/flux [ROWS="small avx2 flux"] bench/bench_dit_cpu.sh peers
 #        OLD_BUILD=/path/to/old/build/release bench/bench_dit_cpu.sh ab
-#        bench/bench_dit_cpu.sh fused
+#        [ISA=avx2] bench/bench_dit_cpu.sh fused
 # VENV: a venv with torch, numpy, einops and openvino (bench_peers_torch.py --install makes one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -96,19 +97,24 @@ PY
     ;;
   fused)
     # Each dtype's dense kernel as the CPU picks it (bf16: AMX tiles, else AVX-512 registers where
-    # the CPU has avx512_bf16; f32: AVX-512 registers) against the tile path (DIFFCP_CPU_AMX=0
-    # DIFFCP_CPU_FUSED=0).
+    # the CPU has avx512_bf16; f32: AVX-512 registers; ISA=avx2: AVX2 registers) against the tile
+    # path (DIFFCP_CPU_AMX=0 DIFFCP_CPU_FUSED=0).
+    dtypes=${DTYPES:-f32 bf16}
+    if [[ ${ISA:-} == avx2 ]]; then  # no bf16 kernel on AVX2 registers: f32 unless DTYPES says
+      export DIFFCP_CPU_ISA=avx2 DNNL_MAX_CPU_ISA=AVX2
+      dtypes=${DTYPES:-f32}
+    fi
     bin=build/release/bench/bench_dense_attention
     out=${OUT:-bench/dit_cpu_fused_attention.csv}
     echo "shape,dtype,kernel,tokens,heads,d_h,median_ms,gflops" >"$out"
     for ((r = 1; r <= ${REPEAT:-3}; r++)); do
       for shape in "small 1088 24 32" "flux 4608 24 128"; do
         set -- $shape
-        for dtype in ${DTYPES:-f32 bf16}; do
+        for dtype in $dtypes; do
           for on in 1 0; do
             DIFFCP_CPU_AMX=$on DIFFCP_CPU_FUSED=$on OMP_NUM_THREADS=2 "$bin" --dtype "$dtype" --tokens "$2" --heads "$3" \
               --d-h "$4" --reps 5 |
-              python3 -c "import json,sys; j=json.load(sys.stdin); k=j['kernels']; k='amx' if 'AMX' in k else 'avx512' if 'AVX-512 reg' in k else 'tile'; print('$1,$dtype,%s,%d,%d,%d,%.3f,%.1f' % (k, j['tokens'], j['heads'], j['d_h'], j['median_ms'], j['gflops']))" >>"$out"
+              python3 -c "import json,sys; j=json.load(sys.stdin); k=j['kernels']; k='amx' if 'AMX' in k else 'avx512' if 'AVX-512 reg' in k else 'avx2' if 'AVX2 reg' in k else 'tile'; print('$1,$dtype,%s,%d,%d,%d,%.3f,%.1f' % (k, j['tokens'], j['heads'], j['d_h'], j['median_ms'], j['gflops']))" >>"$out"
           done
         done
       done
@@ -119,11 +125,11 @@ PY
     echo "np,dtype,kernel,step_ms" >"$step"
     for ((r = 1; r <= ${REPEAT:-3}; r++)); do
       for np in 1 2; do
-        for dtype in ${DTYPES:-f32 bf16}; do
+        for dtype in $dtypes; do
           for on in 1 0; do
             kernel=$([ $on = 1 ] && echo fused || echo tile)
             launch=()  # P = 1 runs directly (mpirun -np 1 would bind its two threads to one core)
-            [ $np = 2 ] && launch=(mpirun -np 2 -x DIFFCP_CPU_AMX -x DIFFCP_CPU_FUSED -x OMP_NUM_THREADS)
+            [ $np = 2 ] && launch=(mpirun -np 2 -x DIFFCP_CPU_AMX -x DIFFCP_CPU_FUSED -x OMP_NUM_THREADS ${ISA:+-x DIFFCP_CPU_ISA -x DNNL_MAX_CPU_ISA})
             env DIFFCP_CPU_AMX=$on DIFFCP_CPU_FUSED=$on OMP_NUM_THREADS=$((3 - np)) OMPI_ALLOW_RUN_AS_ROOT=1 \
               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${launch[@]}" \
               build/release/src/diffcp dit --resolution 512 --text-tokens 64 --steps 6 --dtype "$dtype" --out "" --json |

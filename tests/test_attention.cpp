@@ -305,10 +305,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCase, ::testing::ValuesIn(cases()),
 
 // The DiT's attention (dit/exchange.cpp): blocks of many query rows that all see one image's keys,
 // no window. These run fused where the kernels can (cpu/attention_amx.cpp: bf16 on AMX tiles where
-// the CPU has them; cpu/attention_avx512.cpp: f32, and bf16 where the CPU has avx512_bf16, on the
-// avx512 kernels' registers), else on the tile path; every path must pass the dtype's gate against fp64 (f32: kTolF32; bf16: the bf16
-// gate). Shapes: d_h 32 / 64 / 128, key counts that are not a multiple of the kernels' 32-key
-// steps or their chunks, query rows that are not a multiple of their 12- or 32-row strips, GQA,
+// the CPU has them; cpu/attention_vec.cpp: f32 on the avx512 and avx2 kernels' registers, bf16 on
+// the avx512 kernels' where the CPU has avx512_bf16), else on the tile path; every path must pass
+// the dtype's gate against fp64 (f32: kTolF32; bf16: the bf16 gate). Shapes: d_h 32 / 64 / 128,
+// key counts that are not a multiple of the kernels' 16- or 32-key steps or their chunks, query rows that are not a multiple of their 6-, 12- or 32-row strips, GQA,
 // and scores large enough to move the running max many times. The same keys held as two segments
 // (two ranks' shards, padding rows between them, as Ulysses at P = 2 lays them out) must give the
 // same result; on a fused kernel, the same bits (a query row's result depends only on the ordered
@@ -415,24 +415,30 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DenseF32, kDenseCases, [](const auto& info) { r
 INSTANTIATE_TEST_SUITE_P(Shapes, DenseBf16, kDenseCases, [](const auto& info) { return std::string(info.param.name); });
 
 // The dense blocks' kernel is the one the CPU and the knobs allow, and `describe` says which: bf16 on
-// AMX tiles where the avx512 kernels run on a CPU with amx_tile, amx_bf16 and avx512_bf16 (unless
+// AMX tiles where the 512-bit kernels run on a CPU with amx_tile, amx_bf16 and avx512_bf16 (unless
 // DIFFCP_CPU_AMX=0), else on AVX-512 registers where it has avx512_bf16; f32 on AVX-512 registers
-// wherever the avx512 kernels run; none of these with DIFFCP_CPU_FUSED=0 (AMX aside). The ctest
-// entries attention_dense_no_amx and attention_dense_unfused run it with the knobs set.
+// wherever the 512-bit kernels run, on AVX2 registers wherever the 256-bit ones do; none of these
+// with DIFFCP_CPU_FUSED=0 (AMX aside). The ctest entries attention_dense_no_amx,
+// attention_dense_unfused and cpu_isa_avx2_attention run it with the knobs set.
 TEST(Attention, DensePathIsTheFusedOneWhereTheCpuHasIt) {
   const auto off = [](const char* name) {
     const char* knob = std::getenv(name);
     return knob != nullptr && std::string(knob) == "0";
   };
   const std::string f32 = cpu_backend().describe(DType::f32), bf16 = cpu_backend().describe(DType::bf16);
-  const bool avx512 = f32.find("avx512 kernels") != std::string::npos;
+  const bool avx512 = f32.find("512-bit vectors") != std::string::npos;
+  const bool avx2 = f32.find("256-bit vectors") != std::string::npos;
   const bool amx = avx512 && !off("DIFFCP_CPU_AMX") && cpu_flag("amx_tile") && cpu_flag("amx_bf16") &&
                    cpu_flag("avx512_bf16");
-  const bool vec = avx512 && !off("DIFFCP_CPU_FUSED");
-  EXPECT_EQ(f32.find("fused on AVX-512 registers") != std::string::npos, vec) << "f32 path: " << f32;
+  const bool vec = (avx512 || avx2) && !off("DIFFCP_CPU_FUSED");
+  EXPECT_EQ(f32.find(avx512 ? "fused on AVX-512 registers" : "fused on AVX2 registers") != std::string::npos, vec)
+      << "f32 path: " << f32;
   EXPECT_EQ(bf16.find("fused on AMX tiles") != std::string::npos, amx) << "bf16 path: " << bf16;
-  EXPECT_EQ(bf16.find("fused on AVX-512 registers") != std::string::npos, !amx && vec && cpu_flag("avx512_bf16"))
+  EXPECT_EQ(bf16.find("fused on AVX-512 registers") != std::string::npos,
+            avx512 && !amx && vec && cpu_flag("avx512_bf16"))
       << "bf16 path: " << bf16;
+  EXPECT_EQ(bf16.find("registers") != std::string::npos, avx512 && !amx && vec && cpu_flag("avx512_bf16"))
+      << "bf16 path (no bf16 kernel on AVX2 registers): " << bf16;
 }
 
 // Rows inside larger buffers (a fused q|k|v projection output): row_stride > heads * d_h.

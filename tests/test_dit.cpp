@@ -216,7 +216,7 @@ void check_exchange_against_dense_reference(std::int64_t heads, int U, bool padd
 TEST(DitExchange, AttentionEqualsDenseReferencePerImage) { check_exchange_against_dense_reference(2 * world().size(), 0); }
 TEST(DitExchange, PaddingKeysAreSeenByNoQuery) { check_exchange_against_dense_reference(2 * world().size(), 0, true); }
 // Query blocks (one per source rank and image: n_p rows) of more than 128 rows at d_h 32: the
-// blocks the CPU backend runs on its fused dense kernels (cpu/attention_avx512.cpp,
+// blocks the CPU backend runs on its fused dense kernels (cpu/attention_vec.cpp,
 // attention_amx.cpp), through the exchange, at every P.
 TEST(DitExchange, FusedDenseBlocksEqualDenseReferencePerImage) {
   const std::int64_t n_p = 136;

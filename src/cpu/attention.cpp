@@ -332,7 +332,7 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
 
 // forward_item fused in one kernel, for dense blocks of more than kQueryTile rows without a window
 // (the DiT's attention: every key of an image visible): bf16 on AMX tiles where the CPU has them
-// (attention_amx.cpp), else f32 and bf16 on AVX-512 registers (attention_avx512.cpp). The q tile
+// (attention_amx.cpp), else on AVX-512 (f32, bf16) or AVX2 (f32) registers (attention_vec.cpp). The q tile
 // and the visible K, V rows packed as there, then the kernel, then o and lse from its
 // accumulators. Kernel scratch per thread, on 64-byte lines.
 template <typename T>
@@ -508,7 +508,7 @@ void forward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_
   const std::int64_t items = mask.num_blocks() * s.n_kv;
   ParallelErrors errors;
   // Dense blocks (forward_item's dense_kv) without a window: fused where these kernels can
-  // (fused_item: bf16 on AMX tiles, else f32 and bf16 on AVX-512 registers).
+  // (fused_item: bf16 on AMX tiles, else on AVX-512 or AVX2 registers).
   if (s.GB > kQueryTile && !mask.window().active() && fused_ready<T>(s.d)) {
 #pragma omp parallel
     {

@@ -38,8 +38,10 @@ std::string CpuBackend::describe(DType dtype) const {
   // The DiT's dense attention blocks (attention.cpp: fused_item).
   const std::string dense = dtype == DType::bf16 && amx_attention_ready(kAmxHeadDim)
                                 ? "; dense attention blocks fused on AMX tiles"
-                            : vec_attention_ready(dtype, kVecHeadDim) ? "; dense attention blocks fused on AVX-512 registers"
-                                                                      : "";
+                            : vec_attention_ready(dtype, kVecHeadDim)
+                                ? (DIFFCP_SIMD_BYTES == 64 ? "; dense attention blocks fused on AVX-512 registers"
+                                                           : "; dense attention blocks fused on AVX2 registers")
+                                : "";
   return kernels + (dtype == DType::bf16 ? bf16_gemm_path() : dtype_name(dtype) + std::string(" oneDNN sgemm")) + dense;
 }
 

@@ -111,10 +111,10 @@ constexpr std::int64_t kAmxHeadDim = 32;  // d_h: a multiple of this
 void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uint16_t* k, const std::uint16_t* v,
                          std::int64_t n, std::int64_t d, float c, float* o, float* m, float* l, AmxScratch& w);
 
-// attention_avx512.cpp: the attention of one dense block fused on AVX-512 registers (issue #54):
-// f32 on the FMA units, bf16 on avx512_bf16's dot products (where AMX does not run it).
-// vec_attention_ready(dtype, d): these kernels carry it (avx512), bf16 also needs avx512_bf16 on
-// the CPU, DIFFCP_CPU_FUSED is not 0, and d (d_h) is a multiple of 32. vec_attention_block: q
+// attention_vec.cpp: the attention of one dense block fused on vector registers (issue #54): f32
+// on the FMA units (AVX-512 or AVX2), bf16 on avx512_bf16's dot products (where AMX does not run
+// it). vec_attention_ready(dtype, d): these kernels carry it (avx512: f32 and bf16, where the CPU
+// has avx512_bf16; avx2: f32), DIFFCP_CPU_FUSED is not 0, and d (d_h) is a multiple of 32. vec_attention_block: q
 // [GB, d], k, v [n, d] (dense rows of the storage type, n >= 1), c = softmax scale * log2(e);
 // writes o [GB, d] f32 (unnormalised), m [GB] (the base-2 row max), l [GB] (row sums at m).
 template <typename E>

@@ -143,14 +143,29 @@ inline void to_f32(const std::uint16_t* __restrict x, float* __restrict out, std
 
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA::simd
 
-#if defined(__x86_64__) && DIFFCP_SIMD_BYTES == 64
-// AVX-512 helpers of the fused attention kernels (attention_amx.cpp, attention_avx512.cpp). The
-// masked forms of the intrinsics with a full mask: GCC 12's unmasked ones warn on their undefined
-// pass-through operand.
+#if defined(__x86_64__) && DIFFCP_SIMD_BYTES >= 32
+// Helpers of the fused attention kernels (attention_amx.cpp, attention_vec.cpp) on the ISA's
+// registers: lanes_max / lanes_sum (horizontal max / sum) and exp2_floor<kDegree>(x), 2^x for
+// x <= 2^7 (a softmax argument), clamped at 2^-126 (the smallest normal: no denormal reaches a sum
+// or a product). f = x - floor(x) in [0, 1) (exact), 2^f by a fit of relative error on [0, 1),
+// times 2^floor(x). kDegree 5: relative error 1.5e-7 (f32 results); 4: 2.7e-6 (P rounded to bf16,
+// 2^-9, right after). Both widths compute the same bits per lane.
 namespace diffcp::cpu::DIFFCP_CPU_ISA::simd {
 
+// The fits' coefficients, highest power first.
+constexpr float kExp2Fit5[6] = {1.8775753e-3f, 8.98934435e-3f, 5.58263138e-2f, 2.40153626e-1f, 6.93153083e-1f,
+                                0.99999994f};
+constexpr float kExp2Fit4[5] = {1.353414e-2f, 5.201157e-2f, 2.4144264e-1f, 6.9300387e-1f, 1.00000259f};
+template <int kDegree>
+constexpr const float* exp2_fit() {
+  static_assert(kDegree == 4 || kDegree == 5);
+  return kDegree == 5 ? kExp2Fit5 : kExp2Fit4;
+}
+
+#if DIFFCP_SIMD_BYTES == 64
+// The masked forms of the intrinsics with a full mask: GCC 12's unmasked ones warn on their
+// undefined pass-through operand.
 constexpr __mmask16 kAll = 0xffff;
-// Horizontal max / sum of the 16 lanes.
 inline float lanes_max(__m512 v) {
   v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0x4E));
   v = _mm512_mask_max_ps(v, kAll, v, _mm512_mask_shuffle_f32x4(v, kAll, v, v, 0xB1));
@@ -163,33 +178,39 @@ inline float lanes_sum(__m512 v) {
   v = _mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0x4E));
   return _mm512_cvtss_f32(_mm512_add_ps(v, _mm512_mask_permute_ps(v, kAll, v, 0xB1)));
 }
-
-// 2^x for x <= 2^7 (a softmax argument), clamped at 2^-126 (the smallest normal: no denormal
-// reaches a sum or a product). f = x - floor(x) in [0, 1) by vreduceps, 2^f by a fit of relative
-// error on [0, 1), then vscalefps multiplies by 2^floor(x). kDegree 5: relative error 1.5e-7
-// (f32 results), 8 vector operations; 4: 2.7e-6 (P rounded to bf16, 2^-9, right after), 7.
+// f by vreduceps, the product by vscalefps.
 template <int kDegree>
 inline __m512 exp2_floor(__m512 x) {
-  static_assert(kDegree == 4 || kDegree == 5);
   x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-126.f));
   const __m512 f = _mm512_mask_reduce_ps(x, kAll, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p;
-  if constexpr (kDegree == 5) {
-    p = _mm512_set1_ps(1.8775753e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.98934435e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.58263138e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40153626e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93153083e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99999994f));
-  } else {
-    p = _mm512_set1_ps(1.353414e-2f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.201157e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4144264e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9300387e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000259f));
-  }
+  __m512 p = _mm512_set1_ps(exp2_fit<kDegree>()[0]);
+#pragma GCC unroll 5
+  for (int i = 1; i <= kDegree; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(exp2_fit<kDegree>()[i]));
   return _mm512_mask_scalef_ps(p, kAll, p, x);
 }
+#else
+inline float lanes_max(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+inline float lanes_sum(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+// f by vroundps and a subtraction, 2^floor(x) put into the exponent bits.
+template <int kDegree>
+inline __m256 exp2_floor(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-126.f));
+  const __m256 n = _mm256_floor_ps(x), f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(exp2_fit<kDegree>()[0]);
+#pragma GCC unroll 5
+  for (int i = 1; i <= kDegree; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(exp2_fit<kDegree>()[i]));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+#endif
 
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA::simd
 #endif
