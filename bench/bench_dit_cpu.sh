@@ -48,8 +48,10 @@ case "$what" in
   ab)
     old=${OLD_BUILD:?OLD_BUILD=<build/release of the commit before the change>}
     ab=${AB_OUT:-bench/dit_cpu_ab}  # the files' prefix (the AMX part of issue #54: bench/dit_cpu_ab_amx)
-    # AB_ONLY=attention: the block-sparse kernels' pair alone (the last part below)
-    [[ ${AB_ONLY:-} == attention ]] || OLD="$old/src/diffcp" CSV="$ab.csv" REPEAT="${REPEAT:-3}" bench/bench_device_core_ab.sh
+    # AB_ONLY=attention: the block-sparse kernels' pair alone (the last part below); AB_ONLY=dense:
+    # the DiT step and the dense attention kernels (bench_dense_attention at both shapes' heads, as
+    # `fused` runs them) -> ${AB_OUT}_step.csv, ${AB_OUT}_dense.csv (a change to the fused kernels only)
+    [[ -n ${AB_ONLY:-} ]] || OLD="$old/src/diffcp" CSV="$ab.csv" REPEAT="${REPEAT:-3}" bench/bench_device_core_ab.sh
     # interleave CMD: runs CMD <build> <build dir> <dtype> for every round (REPEAT), build (old first) and dtype
     interleave() {
       for ((r = 1; r <= ${REPEAT:-3}; r++)); do
@@ -68,16 +70,30 @@ case "$what" in
       "$2/bench/bench_attention" --samples 2 --context 8192 --anchors 128 --dtype "$3" --reps 5 --json |
         python3 -c "import json,sys; j=json.load(sys.stdin); p='bf16_' if '$3' == 'bf16' else ''; print('$1,$3,%s,%s' % (j[p + 'fwd_ms'], j[p + 'bwd_ms']))"
     }
+    dense() {  # the DiT's dense attention, forward, 24 heads, 2 threads: small (d_h 32), FLUX width (128)
+      for shape in "small 1088 32 5" "flux 4608 128 2"; do
+        set -- "$@" $shape
+        OMP_NUM_THREADS=2 "$2/bench/bench_dense_attention" --dtype "$3" --tokens "$5" --heads 24 --d-h "$6" --reps "$7" |
+          python3 -c "import json,sys; print('$1,$3-$4,%s,' % json.load(sys.stdin)['median_ms'])"
+        set -- "$1" "$2" "$3"
+      done
+    }
     step=${ab}_step.csv
     [[ ${AB_ONLY:-} == attention ]] || { echo "build,dtype,step_ms"; interleave dit_step; } >"$step"
-    out=${ab}_attention.csv
-    { echo "build,dtype,fwd_ms,bwd_ms"; interleave attention; } >"$out"
+    if [[ ${AB_ONLY:-} == dense ]]; then
+      out=${ab}_dense.csv
+      { echo "build,dtype,fwd_ms,bwd_ms"; interleave dense; } >"$out"  # dtype: <dtype>-<shape>; no backward
+    else
+      out=${ab}_attention.csv
+      { echo "build,dtype,fwd_ms,bwd_ms"; interleave attention; } >"$out"
+    fi
     python3 - "$out" "$step" <<'PY'
 import collections, csv, os, statistics, sys
 d = collections.defaultdict(list)
 for r in csv.DictReader(open(sys.argv[1])):
     for k in ("fwd_ms", "bwd_ms"):
-        d[(r["dtype"], k, r["build"])].append(float(r[k]))
+        if r[k]:
+            d[(r["dtype"], k, r["build"])].append(float(r[k]))
 step = collections.defaultdict(list)
 if os.path.exists(sys.argv[2]):  # absent with AB_ONLY=attention
     for r in csv.DictReader(open(sys.argv[2])):
@@ -89,10 +105,9 @@ if os.path.exists(sys.argv[2]):  # absent with AB_ONLY=attention
         print(f"| {dt} | {o:.1f} | {n:.1f} | {o / n:.3f} |")
 print("| attention | old median ms | new median ms | new / old |")
 print("|---|---|---|---|")
-for dt in ("f32", "bf16"):
-    for k in ("fwd_ms", "bwd_ms"):
-        o, n = statistics.median(d[(dt, k, "old")]), statistics.median(d[(dt, k, "new")])
-        print(f"| {dt} {k} | {o:.2f} | {n:.2f} | {n / o:.3f} |")
+for dt, k in sorted({(dt, k) for dt, k, _ in d}):
+    o, n = statistics.median(d[(dt, k, "old")]), statistics.median(d[(dt, k, "new")])
+    print(f"| {dt} {k} | {o:.2f} | {n:.2f} | {n / o:.3f} |")
 PY
     ;;
   fused)

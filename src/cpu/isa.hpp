@@ -149,7 +149,7 @@ inline void to_f32(const std::uint16_t* __restrict x, float* __restrict out, std
 // x <= 2^7 (a softmax argument), clamped at 2^-126 (the smallest normal: no denormal reaches a sum
 // or a product). f = x - floor(x) in [0, 1) (exact), 2^f by a fit of relative error on [0, 1),
 // times 2^floor(x). kDegree 5: relative error 1.5e-7 (f32 results); 4: 2.7e-6 (P rounded to bf16,
-// 2^-9, right after). Both widths compute the same bits per lane.
+// 2^-9, right after). Both widths run the same steps: f exact, the same fit, an exact scaling.
 namespace diffcp::cpu::DIFFCP_CPU_ISA::simd {
 
 // The fits' coefficients, highest power first.
