@@ -71,11 +71,11 @@ case "$what" in
         python3 -c "import json,sys; j=json.load(sys.stdin); p='bf16_' if '$3' == 'bf16' else ''; print('$1,$3,%s,%s' % (j[p + 'fwd_ms'], j[p + 'bwd_ms']))"
     }
     dense() {  # the DiT's dense attention, forward, 24 heads, 2 threads: small (d_h 32), FLUX width (128)
+      local name tokens dh reps
       for shape in "small 1088 32 5" "flux 4608 128 2"; do
-        set -- "$@" $shape
-        OMP_NUM_THREADS=2 "$2/bench/bench_dense_attention" --dtype "$3" --tokens "$5" --heads 24 --d-h "$6" --reps "$7" |
-          python3 -c "import json,sys; print('$1,$3-$4,%s,' % json.load(sys.stdin)['median_ms'])"
-        set -- "$1" "$2" "$3"
+        read -r name tokens dh reps <<<"$shape"
+        OMP_NUM_THREADS=2 "$2/bench/bench_dense_attention" --dtype "$3" --tokens "$tokens" --heads 24 --d-h "$dh" \
+          --reps "$reps" | python3 -c "import json,sys; print('$1,$3-$name,%s,' % json.load(sys.stdin)['median_ms'])"
       done
     }
     step=${ab}_step.csv

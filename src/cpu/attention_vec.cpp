@@ -34,7 +34,6 @@
 #include <limits>
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -145,11 +144,6 @@ struct Ops<float> {
 };
 #if DIFFCP_VEC_KERNEL == 512
 using simd::kAll;
-
-bool cpu_has_avx512_bf16() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
-}
 
 template <>
 struct Ops<std::uint16_t> {
@@ -380,7 +374,7 @@ void block_impl(const E* q, std::int64_t GB, const E* k, const E* v, std::int64_
 bool vec_attention_ready(DType dtype, std::int64_t d) {
   static const bool on = fused_knob_on();
 #if DIFFCP_VEC_KERNEL == 512
-  static const bool bf16 = cpu_has_avx512_bf16();
+  static const bool bf16 = (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16"));
 #else
   constexpr bool bf16 = false;  // no bf16 dot product on AVX2
 #endif
