@@ -12,12 +12,14 @@
 #include <gtest/gtest.h>
 
 #include "diffcp/comm/mpi_communicator.hpp"
+#include "diffcp/comm/mpi_runtime.hpp"
+#include "diffcp/core/env.hpp"
 #include "mpi_test.hpp"
 
 namespace diffcp::test {
 
 namespace {
-MpiCommunicator* g_world = nullptr;
+Communicator* g_world = nullptr;
 
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
@@ -46,7 +48,11 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rc = 0;
   {
-    diffcp::MpiCommunicator world(MPI_COMM_WORLD, "world");
+    // DIFFCP_COMM=rendezvous runs the suite over NCCL's semantics (comm/rendezvous_communicator.hpp).
+    diffcp::MpiCommunicator mpi_world(MPI_COMM_WORLD, "world");
+    const auto kind = diffcp::env_value(diffcp::EnvKnob::comm);
+    const std::unique_ptr<diffcp::Communicator> other = diffcp::make_world(kind.value_or("mpi"));
+    diffcp::Communicator& world = other ? *other : mpi_world;
     diffcp::test::g_world = &world;
     if (world.rank() != 0) {
       auto& listeners = ::testing::UnitTest::GetInstance()->listeners();

@@ -11,9 +11,6 @@
 #include "cli/sim.hpp"
 #include "diffcp/comm/mpi_runtime.hpp"
 #include "diffcp/core/error.hpp"
-#ifdef DIFFCP_HAVE_CUDA
-#include "diffcp/comm/nccl_communicator.hpp"
-#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"diffcp: communication-efficient parallel attention for diffusion models"};
@@ -42,9 +39,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string comm = "mpi";
   app.add_option("--comm", comm,
-                 "communicator of every MPI command: mpi, or nccl (the GPUs, bootstrapped over MPI: a CUDA build, "
-                 "one GPU per rank)")
-      ->check(CLI::IsMember({"mpi", "nccl"}))
+                 "communicator of every MPI command: mpi; rendezvous (NCCL's semantics made strict, on MPI: "
+                 "synchronous sends, grouped transfers, one stream, no tags); or nccl (the GPUs, bootstrapped over "
+                 "MPI: a CUDA build, one GPU per rank)")
+      ->envname("DIFFCP_COMM")
+      ->check(CLI::IsMember({"mpi", "rendezvous", "nccl"}))
       ->capture_default_str();
   diffcp::cli::AttnOptions attn;
   diffcp::cli::PlanOptions plan;
@@ -85,15 +84,8 @@ int main(int argc, char** argv) {
   diffcp::Communicator::set_watchdog_timeout(comm_timeout);
   return diffcp::run_mpi_main(argc, argv, [&](diffcp::Communicator& mpi_world) {
     diffcp::cli::select_backend(backend, command);  // every rank: a refused name fails on all of them
-    std::unique_ptr<diffcp::Communicator> nccl_world;  // --comm nccl: the world over NCCL
-    if (comm == "nccl") {
-#ifdef DIFFCP_HAVE_CUDA
-      nccl_world = std::make_unique<diffcp::NcclCommunicator>(MPI_COMM_WORLD, "world");
-#else
-      DIFFCP_FAIL("--comm nccl: this build has no CUDA backend (configure with -DDIFFCP_CUDA=ON)");
-#endif
-    }
-    diffcp::Communicator& world = nccl_world ? *nccl_world : mpi_world;
+    const std::unique_ptr<diffcp::Communicator> other_world = diffcp::make_world(comm);  // null: MPI
+    diffcp::Communicator& world = other_world ? *other_world : mpi_world;
     if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);
     if (app.got_subcommand("train")) return diffcp::cli::run_train(world, train);
     if (app.got_subcommand("dit")) return diffcp::cli::run_dit(world);

@@ -412,4 +412,45 @@ WorkPtr Communicator::recv_async(TensorView buf, int src, int tag) {
   return recv_async(buf.data, static_cast<std::size_t>(buf.numel()), buf.dtype, src, tag);
 }
 
+namespace {
+// The transfers of one hop: complete when every one of them is.
+class HopWork final : public Work {
+ public:
+  explicit HopWork(std::vector<WorkPtr> works) : works_(std::move(works)) {}
+  void wait() override {
+    for (WorkPtr& w : works_) w->wait();
+  }
+  bool test() override {
+    bool all = true;
+    for (WorkPtr& w : works_) all = w->test() && all;  // test every one: each drives progress
+    return all;
+  }
+
+ private:
+  std::vector<WorkPtr> works_;
+};
+}  // namespace
+
+WorkPtr Communicator::exchange_async(std::span<const P2pOp> ops) {
+  std::vector<WorkPtr> works;
+  works.reserve(ops.size());
+  do_group_begin();
+  try {
+    for (const P2pOp& op : ops) {
+      if (op.is_send) {
+        works.push_back(send_async(op.buf, op.peer, 0));
+      } else {
+        TensorView out{const_cast<void*>(op.buf.data), op.buf.dtype, op.buf.device, op.buf.rank, op.buf.shape,
+                       op.buf.stride};
+        works.push_back(recv_async(out, op.peer, 0));
+      }
+    }
+  } catch (...) {
+    do_group_end();
+    throw;
+  }
+  do_group_end();
+  return std::make_unique<HopWork>(std::move(works));
+}
+
 }  // namespace diffcp

@@ -9,6 +9,10 @@
 #endif
 
 #include "diffcp/comm/mpi_communicator.hpp"
+#include "diffcp/comm/rendezvous_communicator.hpp"
+#ifdef DIFFCP_HAVE_CUDA
+#include "diffcp/comm/nccl_communicator.hpp"
+#endif
 
 namespace diffcp {
 
@@ -52,6 +56,27 @@ int run_mpi_main(int argc, char** argv, const std::function<int(Communicator& wo
   }
   MPI_Finalize();
   return rc;
+}
+
+std::vector<std::string> comm_kinds() {
+#ifdef DIFFCP_HAVE_CUDA
+  return {"mpi", "rendezvous", "nccl"};
+#else
+  return {"mpi", "rendezvous"};
+#endif
+}
+
+std::unique_ptr<Communicator> make_world(const std::string& kind) {
+  if (kind == "mpi") return nullptr;
+  if (kind == "rendezvous") return std::make_unique<RendezvousCommunicator>(MPI_COMM_WORLD, "world");
+#ifdef DIFFCP_HAVE_CUDA
+  if (kind == "nccl") return std::make_unique<NcclCommunicator>(MPI_COMM_WORLD, "world");
+#else
+  DIFFCP_CHECK(kind != "nccl", "communicator 'nccl': this build has no CUDA backend (configure with -DDIFFCP_CUDA=ON)");
+#endif
+  std::string choices;
+  for (const std::string& k : comm_kinds()) choices += (choices.empty() ? "" : ", ") + k;
+  DIFFCP_FAIL("communicator '", kind, "': expected one of ", choices);
 }
 
 }  // namespace diffcp

@@ -12,6 +12,7 @@ const char* env_name(EnvKnob k) {
     case EnvKnob::cpu_amx: return "DIFFCP_CPU_AMX";
     case EnvKnob::cpu_fused: return "DIFFCP_CPU_FUSED";
     case EnvKnob::node: return "DIFFCP_NODE";
+    case EnvKnob::comm: return "DIFFCP_COMM";
     case EnvKnob::comm_timeout: return "DIFFCP_COMM_TIMEOUT";
     case EnvKnob::profiles: return "DIFFCP_PROFILES";
   }

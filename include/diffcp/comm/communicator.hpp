@@ -277,6 +277,23 @@ class Communicator {
   WorkPtr send_async(ConstTensorView buf, int dst, int tag = 0);
   WorkPtr recv_async(TensorView buf, int src, int tag = 0);
 
+  // ---- one hop of point-to-point transfers, issued together (torch's batch_isend_irecv) ----
+  // The sends and receives of `ops` form one group: on NCCL one ncclGroupStart / ncclGroupEnd
+  // (transfers deferred before it are issued first, in a group of their own), on MPI requests
+  // posted together. The returned Work completes when all of them have. Messages between two
+  // ranks match in the order they were issued (no tags: tag 0 on MPI), so a caller arranges that
+  // a send and its receive fall in the same hop on both ranks and in the same order among the
+  // hop's transfers to that peer: then no group waits on a peer's later group (a cycle that NCCL
+  // turns into a hang once messages outgrow its buffers; the rendezvous communicator at any size).
+  struct P2pOp {
+    static P2pOp send(ConstTensorView buf, int dst) { return {true, {buf.data, buf.dtype, buf.device, buf.rank, buf.shape, buf.stride}, dst}; }
+    static P2pOp recv(TensorView buf, int src) { return {false, {buf.data, buf.dtype, buf.device, buf.rank, buf.shape, buf.stride}, src}; }
+    bool is_send = true;
+    ConstTensorView buf;  // contiguous; a receive writes it
+    int peer = 0;
+  };
+  WorkPtr exchange_async(std::span<const P2pOp> ops);
+
   // ---- blocking, typed conveniences (async + wait) ----
   template <typename T> void all_gather(std::span<const T> send, std::span<T> recv);
   template <typename T>
@@ -328,6 +345,10 @@ class Communicator {
   virtual WorkPtr do_send(const void* buf, std::size_t count, DType type, int dst, int tag);
   virtual WorkPtr do_recv(void* buf, std::size_t count, DType type, int src, int tag);
   virtual WorkPtr do_barrier();
+  // exchange_async's group bracket around its send_async / recv_async calls. Default: nothing
+  // (MPI posts each at once). A deferring backend (NCCL, rendezvous) issues its queue at both.
+  virtual void do_group_begin() {}
+  virtual void do_group_end() {}
   virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name);
   virtual std::unique_ptr<Communicator> do_split_node_local(const std::string& name);
   // The error of every default hook.

@@ -57,6 +57,7 @@ class MpiCommunicator final : public Communicator {
                                                                   double grace_s) override;
 
  private:
+  friend class RendezvousCommunicator;  // its transport: these hooks on its copies of the buffers
   MpiCommunicator(MPI_Comm owned, std::string name, bool /*adopt*/);
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

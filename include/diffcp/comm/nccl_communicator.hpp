@@ -115,6 +115,9 @@ class NcclCommunicator final : public Communicator {
   WorkPtr do_send(const void* buf, std::size_t count, DType type, int dst, int tag) override;
   WorkPtr do_recv(void* buf, std::size_t count, DType type, int src, int tag) override;
   WorkPtr do_barrier() override;
+  // exchange_async's hop: the queue before it, then the hop, each one group.
+  void do_group_begin() override { flush(); }
+  void do_group_end() override { flush(); }
   std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name) override;
   std::unique_ptr<Communicator> do_split_node_local(const std::string& name) override;
   std::vector<std::optional<WatchdogReport>> do_watchdog_exchange(const WatchdogReport& mine,

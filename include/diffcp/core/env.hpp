@@ -14,7 +14,7 @@
 
 namespace diffcp {
 
-enum class EnvKnob { cpu_isa, cpu_amx, cpu_fused, node, comm_timeout, profiles };
+enum class EnvKnob { cpu_isa, cpu_amx, cpu_fused, node, comm, comm_timeout, profiles };
 
 const char* env_name(EnvKnob k);  // "DIFFCP_CPU_ISA", ...
 // The variable's value, or nullopt when it is unset or empty.
