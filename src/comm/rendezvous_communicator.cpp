@@ -175,8 +175,14 @@ struct RendezvousStream {
   void progress() {
     while (!queue.empty()) {
       RendezvousUnit& head = *queue.front();
-      if (!head.started) head.start();
-      if (!head.poll()) return;
+      try {
+        if (!head.started) head.start();
+        if (!head.poll()) return;
+      } catch (...) {  // the unit failed: it leaves the stream (its Works report done), the error goes up
+        head.done = true;
+        queue.pop_front();
+        throw;
+      }
       queue.pop_front();
     }
   }

@@ -4,17 +4,13 @@
 
 #include <algorithm>
 #include <span>
+#include <vector>
 
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/cp/bytes.hpp"
 #include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
-
-namespace {
-constexpr int kTagQuery = 0;    // q (forward) or the backward inputs [q | do | lse | D]
-constexpr int kTagRunning = 1;  // running [o | lse] (forward) or the dq accumulator (backward)
-}  // namespace
 
 LvXAttnLayer::LvXAttnLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute)
     : CpAttentionLayer(cp, cfg, "lvxattn", compute) {
@@ -102,12 +98,19 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
   };
   own_.project_q(w, x_p, st.own);
   const ConstTensorView q_own = to_compute(st.own.q.view(), compute_, q_c_);
-  WorkPtr q_send[2], q_recv[2], acc_send[2];
-  if (P > 1) {  // first hop: own q to next; rank p-1's q arrives for step 1
-    q_send[0] = comm_.send_async(q_own, next, kTagQuery);
-    q_recv[1] = comm_.recv_async(q_in(1, rows_of(prev)), prev, kTagQuery);
+  // Hop t runs during step t and carries, to next and from prev, the running state of step t - 1
+  // (t >= 2: prev's arrives for this step's queries) and the queries of step t + 1; hop 0 the own
+  // queries, the last hop step P - 1's state home. A message and its receive fall in the same hop on
+  // both ranks (no group waits on a peer's later one: NCCL, comm/rendezvous_communicator.hpp), and a
+  // hop lists its transfers to a peer in one order: running state, then queries (no tags).
+  using Op = Communicator::P2pOp;
+  const auto acc_of = [&](int t) { return device_view(acc_out_[t % 2].data(), state_count(rows_of(src_of_step(t)))); };
+  WorkPtr hop;
+  if (P > 1) {  // hop 0: own q to next; rank p-1's q arrives for step 1
+    const Op ops[] = {Op::send(q_own, next), Op::recv(q_in(1, rows_of(prev)), prev)};
+    hop = comm_.exchange_async(ops);
   }
-  own_.project_kv(w, x_p, ctx_p, st.own, q_recv[1].get());
+  own_.project_kv(w, x_p, ctx_p, st.own, hop.get());
   kv_ = to_compute(st.own.kv.view(), compute_, kv_c_);
   step_forward(masks_[static_cast<std::size_t>(p)], q_own, Qp, own_part_.data(), own_part_.data() + Qp * qw);
 
@@ -115,29 +118,30 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     const int s = src_of_step(t);
     const std::int64_t Qs = rows_of(s);
     const TensorView q_s = q_in(t % 2, Qs);
-    timings_.fwd_overlap_exposed_ms += timed_wait(*q_recv[t % 2]);
-    // The running state of step t - 1 is posted before the next q: prev sent them in that order,
-    // and a tagless transport (NCCL) matches by order.
-    WorkPtr acc_recv = t >= 2 ? comm_.recv_async(prefix(acc_in_.view(), state_count(Qs)), prev, kTagRunning) : nullptr;
-    if (t + 1 < P) {  // q_s moves on at once; q of the next step's state comes in
-      q_send[t % 2] = comm_.send_async(q_s, next, kTagQuery);
-      if (q_send[(t + 1) % 2]) timings_.fwd_overlap_exposed_ms += timed_wait(*q_send[(t + 1) % 2]);
-      q_recv[(t + 1) % 2] = comm_.recv_async(q_in((t + 1) % 2, rows_of(src_of_step(t + 1))), prev, kTagQuery);
+    if (hop) timings_.fwd_overlap_exposed_ms += timed_wait(*hop);  // hop t - 1: q_s is here
+    std::vector<Op> ops;
+    if (t >= 2) {
+      ops.push_back(Op::send(acc_of(t - 1), next));
+      ops.push_back(Op::recv(prefix(acc_in_.view(), state_count(Qs)), prev));
     }
-    if (acc_send[t % 2]) timings_.fwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
+    if (t + 1 < P) {  // q_s moves on; q of the next step comes in
+      ops.push_back(Op::send(q_s, next));
+      ops.push_back(Op::recv(q_in((t + 1) % 2, rows_of(src_of_step(t + 1))), prev));
+    }
+    hop = ops.empty() ? nullptr : comm_.exchange_async(ops);
     float* out = acc_out_[t % 2].data();
     float* part = t == 1 ? out : part_.data();  // the running state starts here at step 1
     step_forward(masks_[static_cast<std::size_t>(s)], q_s, Qs, part, part + Qs * qw);
-    if (acc_recv) {
-      timings_.fwd_overlap_exposed_ms += timed_wait(*acc_recv);
+    if (t >= 2) {
+      timings_.fwd_overlap_exposed_ms += timed_wait(*hop);
       merge_two(o_of(acc_in_.data(), Qs), lse_of(acc_in_.data(), Qs), o_of(part, Qs), lse_of(part, Qs), o_of(out, Qs),
                 lse_of(out, Qs));
     }
-    acc_send[t % 2] = comm_.send_async(device_view(out, state_count(Qs)), next, kTagRunning);  // last hop: home
   }
-  if (P > 1) {  // this rank's running state comes home and meets its own partial
-    WorkPtr home = comm_.recv_async(prefix(acc_in_.view(), state_count(Qp)), prev, kTagRunning);
-    timings_.fwd_overlap_exposed_ms += timed_wait(*home);
+  if (P > 1) {  // step P - 1's state goes on to its owner; this rank's comes home and meets its own partial
+    if (hop) timings_.fwd_overlap_exposed_ms += timed_wait(*hop);
+    const Op ops[] = {Op::send(acc_of(P - 1), next), Op::recv(prefix(acc_in_.view(), state_count(Qp)), prev)};
+    timings_.fwd_overlap_exposed_ms += timed_wait(*comm_.exchange_async(ops));
     merge_two(o_of(own_part_.data(), Qp), lse_of(own_part_.data(), Qp), o_of(acc_in_.data(), Qp),
               lse_of(acc_in_.data(), Qp), o_of(st.own.o.data(), Qp), st.own.lse);
   } else {
@@ -145,8 +149,6 @@ void LvXAttnLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, c
     device_copy(st.own.o.data(), own_part_.data(), n_o);
     device_copy(st.own.lse.data(), own_part_.data() + n_o, static_cast<std::int64_t>(st.own.lse.size()));
   }
-  for (WorkPtr* wk : {&q_send[0], &q_send[1], &acc_send[0], &acc_send[1]})
-    if (*wk) timings_.fwd_overlap_exposed_ms += timed_wait(**wk);
   own_.output_forward(w, st.own, y_p);
 }
 
@@ -168,10 +170,13 @@ void LvXAttnLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
   convert(own_.dout().view(), part(own_part_, Qp * qw * e, compute_, Qp * qw));
   convert(st.own.lse.view(), part(own_part_, qdo_bytes(Qp), DType::f32, Qp * n_q));
   convert(own_.delta().view(), part(own_part_, qdo_bytes(Qp) + Qp * n_q * f, DType::f32, Qp * n_q));
-  WorkPtr in_send[2], in_recv[2], acc_send[2];
-  if (P > 1) {  // first hop: own inputs
-    in_send[0] = comm_.send_async(message(own_part_, Qp), next, kTagQuery);
-    in_recv[1] = comm_.recv_async(message(in_[1], rows_of(prev)), prev, kTagQuery);
+  // The hops of the forward, with the inputs for the queries and the dq accumulator for the state.
+  using Op = Communicator::P2pOp;
+  const auto acc_of = [&](int t) { return device_view(acc_out_[t % 2].data(), rows_of(src_of_step(t)) * qw); };
+  WorkPtr hop;
+  if (P > 1) {  // hop 0: own inputs
+    const Op ops[] = {Op::send(message(own_part_, Qp), next), Op::recv(message(in_[1], rows_of(prev)), prev)};
+    hop = comm_.exchange_async(ops);
   }
   step_backward(masks_[static_cast<std::size_t>(p)], own_part_, Qp, dq_own_.data(), dkv_.data());
 
@@ -179,35 +184,37 @@ void LvXAttnLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, 
     const int s = src_of_step(t);
     const std::int64_t Qs = rows_of(s);
     const DeviceVector<float>& in = in_[t % 2];
-    timings_.bwd_overlap_exposed_ms += timed_wait(*in_recv[t % 2]);
-    const std::int64_t dq_count = Qs * qw;
-    // (dq of step t - 1 before the next inputs: the order prev sent them in, as in the forward)
-    WorkPtr acc_recv = t >= 2 ? comm_.recv_async(prefix(acc_in_.view(), dq_count), prev, kTagRunning) : nullptr;
-    if (t + 1 < P) {
-      in_send[t % 2] = comm_.send_async(message(in, Qs), next, kTagQuery);
-      if (in_send[(t + 1) % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*in_send[(t + 1) % 2]);
-      in_recv[(t + 1) % 2] = comm_.recv_async(message(in_[(t + 1) % 2], rows_of(src_of_step(t + 1))), prev, kTagQuery);
+    if (hop) timings_.bwd_overlap_exposed_ms += timed_wait(*hop);  // hop t - 1: the inputs are here
+    std::vector<Op> ops;
+    if (t >= 2) {
+      ops.push_back(Op::send(acc_of(t - 1), next));
+      ops.push_back(Op::recv(prefix(acc_in_.view(), Qs * qw), prev));
     }
-    if (acc_send[t % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
+    if (t + 1 < P) {
+      ops.push_back(Op::send(message(in, Qs), next));
+      ops.push_back(Op::recv(message(in_[(t + 1) % 2], rows_of(src_of_step(t + 1))), prev));
+    }
+    hop = ops.empty() ? nullptr : comm_.exchange_async(ops);
     float* dq = acc_out_[t % 2].data();
     step_backward(masks_[static_cast<std::size_t>(s)], in, Qs, dq, dkv_step_.data());
     add_into(dkv_.data(), dkv_step_.data(), 2 * Lp * kvw);
-    if (acc_recv) {
-      timings_.bwd_overlap_exposed_ms += timed_wait(*acc_recv);
+    if (t >= 2) {
+      timings_.bwd_overlap_exposed_ms += timed_wait(*hop);
       add_into(dq, acc_in_.data(), Qs * qw);
     }
-    acc_send[t % 2] = comm_.send_async(device_view(dq, dq_count), next, kTagRunning);  // last hop: home
   }
   // dk, dv are complete: their projection backward overlaps this rank's dq coming home.
-  WorkPtr home = P > 1 ? comm_.recv_async(prefix(acc_in_.view(), Qp * qw), prev, kTagRunning)
-                       : nullptr;
+  if (hop) timings_.bwd_overlap_exposed_ms += timed_wait(*hop);
+  WorkPtr home;
+  if (P > 1) {
+    const Op ops[] = {Op::send(acc_of(P - 1), next), Op::recv(prefix(acc_in_.view(), Qp * qw), prev)};
+    home = comm_.exchange_async(ops);
+  }
   own_.backward_kv(w, st.own, x_p, ctx_p, dkv_.data(), dx_p, 0.f, dctx_p, grad, home.get());
   if (home) {
     timings_.bwd_overlap_exposed_ms += timed_wait(*home);
     add_into(dq_own_.data(), acc_in_.data(), Qp * qw);
   }
-  for (WorkPtr* wk : {&in_send[0], &in_send[1], &acc_send[0], &acc_send[1]})
-    if (*wk) timings_.bwd_overlap_exposed_ms += timed_wait(**wk);
   own_.backward_q(w, st.own, x_p, dq_own_.data(), dx_p, 1.f, grad);
 }
 

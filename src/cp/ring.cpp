@@ -4,17 +4,13 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "diffcp/attention/attention.hpp"
 #include "diffcp/cp/bytes.hpp"
 #include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
-
-namespace {
-constexpr int kTagKV = 0;   // a visiting K/V shard
-constexpr int kTagAcc = 1;  // a travelling dk/dv accumulator
-}  // namespace
 
 RingLayer::RingLayer(Communicator& cp, const AttnLayerConfig& cfg, CpShard shard, DType compute)
     : CpAttentionLayer(cp, cfg, "ring", compute) {
@@ -83,10 +79,12 @@ void RingLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, cons
   ConstTensorView cur = to_compute(st.own.kv.view(), compute_, kv_own_c_);  // the shard this step computes on
   for (int t = 0; t < P; ++t) {
     const int s = src_of_step(t);
-    WorkPtr send, recv;
+    WorkPtr hop;
     if (t + 1 < P) {  // the next shard flies while this one is computed
-      recv = comm_.recv_async(prefix(kv_buf_[t % 2].view(), kv_count(src_of_step(t + 1))), prev, kTagKV);
-      send = comm_.send_async(prefix(cur, kv_count(s)), next, kTagKV);
+      const Communicator::P2pOp ops[] = {
+          Communicator::P2pOp::send(prefix(cur, kv_count(s)), next),
+          Communicator::P2pOp::recv(prefix(kv_buf_[t % 2].view(), kv_count(src_of_step(t + 1))), prev)};
+      hop = comm_.exchange_async(ops);
     }
     if (t == 0) {
       step_forward(q, cur, s, st.own.o.data(), st.own.lse);
@@ -97,8 +95,8 @@ void RingLayer::forward_impl(CpSavedState& state, const AttnLayerParams& w, cons
       std::swap(st.own.o, o_tmp_);
       std::swap(st.own.lse, lse_tmp_);
     }
-    if (send) {
-      timings_.fwd_overlap_exposed_ms += timed_wait(*recv) + timed_wait(*send);
+    if (hop) {
+      timings_.fwd_overlap_exposed_ms += timed_wait(*hop);
       cur = kv_buf_[t % 2].view();
     }
   }
@@ -115,44 +113,46 @@ void RingLayer::backward_impl(CpSavedState& state, const AttnLayerParams& w, con
   const ConstTensorView q = to_compute(st.own.q.view(), compute_, q_c_);
   const ConstTensorView dout = to_compute(own_.dout().view(), compute_, dout_c_);
   ConstTensorView cur = to_compute(st.own.kv.view(), compute_, kv_own_c_);
-  WorkPtr acc_send[2];
+  // Hop t (t >= 1) runs during step t and carries, to next and from prev, the accumulator of step
+  // t - 1 (t >= 2: prev's arrives for this step's shard) and the K/V shard of step t + 1; the last
+  // hop takes step P - 1's accumulator home. A message and its receive fall in the same hop on both
+  // ranks, so no group waits on a peer's later one (NCCL, comm/rendezvous_communicator.hpp), and
+  // each hop lists its transfers to a peer in one order: accumulator, then K/V (no tags).
+  const auto acc_of = [&](int t) { return device_view(dkv_out_[t % 2].data(), kv_count(src_of_step(t))); };
   for (int t = 0; t < P; ++t) {
     const int s = src_of_step(t);
     const std::int64_t Ls = key_rows_[static_cast<std::size_t>(s)];
-    WorkPtr send, recv, acc_recv;
-    // Rank s's accumulator (f32), started at s+1 (t = 1), arrives from prev for t >= 2. Posted before
-    // the next K/V: prev sent them in that order, and a tagless transport (NCCL) matches by order.
-    if (t >= 2) acc_recv = comm_.recv_async(prefix(dkv_in_.view(), kv_count(s)), prev, kTagAcc);
-    if (t + 1 < P) {
-      recv = comm_.recv_async(prefix(kv_buf_[t % 2].view(), kv_count(src_of_step(t + 1))), prev, kTagKV);
-      send = comm_.send_async(prefix(cur, kv_count(s)), next, kTagKV);
+    std::vector<Communicator::P2pOp> ops;
+    if (t >= 2) {
+      ops.push_back(Communicator::P2pOp::send(acc_of(t - 1), next));
+      ops.push_back(Communicator::P2pOp::recv(prefix(dkv_in_.view(), kv_count(s)), prev));
     }
-    if (t >= 1 && acc_send[t % 2]) timings_.bwd_overlap_exposed_ms += timed_wait(*acc_send[t % 2]);
+    if (t + 1 < P) {
+      ops.push_back(Communicator::P2pOp::send(prefix(cur, kv_count(s)), next));
+      ops.push_back(Communicator::P2pOp::recv(prefix(kv_buf_[t % 2].view(), kv_count(src_of_step(t + 1))), prev));
+    }
+    WorkPtr hop = ops.empty() ? nullptr : comm_.exchange_async(ops);
     float* dkv = t == 0 ? dkv_own_.data() : dkv_out_[t % 2].data();
     float* dq = t == 0 ? dq_.data() : dq_step_.data();
     step_backward(st.own, q, cur, dout, s, dq, dkv);
-    if (t >= 1) {
-      add_into(dq_.data(), dq_step_.data(), Qp * cfg_.q_width());
-      if (acc_recv) {
-        timings_.bwd_overlap_exposed_ms += timed_wait(*acc_recv);
-        add_into(dkv, dkv_in_.data(), 2 * Ls * kvw);
-      }
-      acc_send[t % 2] = comm_.send_async(device_view(dkv, kv_count(s)), next, kTagAcc);  // the last hop goes home
-    }
-    if (send) {
-      timings_.bwd_overlap_exposed_ms += timed_wait(*recv) + timed_wait(*send);
-      cur = kv_buf_[t % 2].view();
-    }
+    if (hop) timings_.bwd_overlap_exposed_ms += timed_wait(*hop);
+    if (t >= 1) add_into(dq_.data(), dq_step_.data(), Qp * cfg_.q_width());
+    if (t >= 2) add_into(dkv, dkv_in_.data(), 2 * Ls * kvw);
+    if (t + 1 < P) cur = kv_buf_[t % 2].view();
   }
-  // This rank's accumulator comes home from prev; the q-side backward overlaps it.
-  WorkPtr home = P > 1 ? comm_.recv_async(prefix(dkv_in_.view(), kv_count(p)), prev, kTagAcc) : nullptr;
+  // Step P - 1's accumulator goes on to its owner and this rank's comes home from prev; the q-side
+  // backward overlaps them.
+  WorkPtr home;
+  if (P > 1) {
+    const Communicator::P2pOp ops[] = {Communicator::P2pOp::send(acc_of(P - 1), next),
+                                       Communicator::P2pOp::recv(prefix(dkv_in_.view(), kv_count(p)), prev)};
+    home = comm_.exchange_async(ops);
+  }
   own_.backward_q(w, st.own, x_p, dq_.data(), dx_p, 0.f, grad);
   if (home) {
     timings_.bwd_overlap_exposed_ms += timed_wait(*home);
     add_into(dkv_own_.data(), dkv_in_.data(), 2 * own_.Lp() * kvw);
   }
-  for (WorkPtr& a : acc_send)
-    if (a) timings_.bwd_overlap_exposed_ms += timed_wait(*a);
   own_.backward_kv(w, st.own, x_p, ctx_p, dkv_own_.data(), dx_p, 1.f, dctx_p, grad, nullptr);
 }
 
