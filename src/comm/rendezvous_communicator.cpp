@@ -40,6 +40,7 @@ struct Region {
   bool in, out;
   std::vector<unsigned char> copy;  // in: what was read at start; out: what arrives
   bool poisoned = false;            // out: the caller's buffer holds kPoison since issue / start
+  bool copied = false;              // in: copied at issue (then checked unchanged at start)
   bool overlaps(const void* p, std::size_t n) const {
     const auto *a = static_cast<const unsigned char*>(user), *b = static_cast<const unsigned char*>(p);
     return a < b + n && b < a + bytes;
@@ -80,10 +81,21 @@ struct RendezvousUnit {
     std::memset(r.user, kPoison, r.bytes);
     r.poisoned = true;
   }
+  // Whether this unit, not yet complete, writes the caller's bytes [p, p + n).
+  bool writes(const void* p, std::size_t n) const {
+    return !done && std::any_of(regions.begin(), regions.end(), [&](const Region& r) { return r.out && r.overlaps(p, n); });
+  }
+  void written_in_flight(const Region& r, const char* when) const {
+    DIFFCP_FAIL(describe(), ": its send buffer (", r.bytes, " bytes) was written ", when,
+                " (the transfer may read it at any time until it completes)");
+  }
   void start() {
     started = true;
-    for (Region& r : regions)
-      if (r.in) std::memcpy(r.copy.data(), r.user, r.bytes);  // read as the kernel would, now
+    for (Region& r : regions) {
+      if (!r.in) continue;
+      if (r.copied && std::memcmp(r.copy.data(), r.user, r.bytes) != 0) written_in_flight(r, "between its issue and its start");
+      std::memcpy(r.copy.data(), r.user, r.bytes);  // read as the kernel would, now
+    }
     for (Region& r : regions)  // an output not poisoned at issue (in place, or read by an earlier unit)
       if (r.out && !r.poisoned) poison(r);
     if (start_fn) {
@@ -140,11 +152,8 @@ struct RendezvousUnit {
       if (r.out) {
         DIFFCP_CHECK(all_poison(u, r.bytes), describe(), ": its receive buffer (", r.bytes,
                      " bytes) was written while the operation was in flight (only its completion may touch it)");
-      } else if (r.in && std::none_of(regions.begin(), regions.end(), [&](const Region& o) {
-                   return o.out && o.overlaps(r.user, r.bytes);
-                 })) {
-        DIFFCP_CHECK(std::memcmp(u, r.copy.data(), r.bytes) == 0, describe(), ": its send buffer (", r.bytes,
-                     " bytes) was written while the operation was in flight (a GPU may read it until completion)");
+      } else if (r.in && !writes(r.user, r.bytes) && std::memcmp(u, r.copy.data(), r.bytes) != 0) {
+        written_in_flight(r, "while the operation was in flight");
       }
     }
     for (Region& r : regions)
@@ -159,16 +168,29 @@ struct RendezvousUnit {
 struct RendezvousStream {
   std::deque<std::shared_ptr<RendezvousUnit>> queue;  // not yet complete, in issue order
   // A receive buffer is undefined from its issue on: poisoned now, unless an operation before it
-  // on the stream still reads those bytes (stream order lets it: then at its start).
+  // on the stream still reads or writes those bytes (stream order lets it: then at its start).
   void poison_at_issue(RendezvousUnit& u, Region& r, const RendezvousUnit* open) {
-    const auto read_earlier = [&](const RendezvousUnit& e) { return &e != &u && e.reads(r.user, r.bytes); };
+    const auto read_earlier = [&](const RendezvousUnit& e) {
+      return &e != &u && (e.reads(r.user, r.bytes) || e.writes(r.user, r.bytes));
+    };
     if (std::any_of(queue.begin(), queue.end(), [&](const auto& e) { return read_earlier(*e); })) return;
     if (open && read_earlier(*open)) return;
     u.poison(r);
   }
+  // Send data is copied at issue too (and checked unchanged at start), unless an operation before
+  // it on the stream still writes those bytes (then the data is the one it will have).
+  void copy_at_issue(RendezvousUnit& u, Region& r) {
+    if (r.copied || std::any_of(queue.begin(), queue.end(), [&](const auto& e) { return e->writes(r.user, r.bytes); }))
+      return;
+    std::memcpy(r.copy.data(), r.user, r.bytes);
+    r.copied = true;
+    (void)u;
+  }
   void push(std::shared_ptr<RendezvousUnit> u) {
-    for (Region& r : u->regions)
+    for (Region& r : u->regions) {
+      if (r.in && !r.out && !u->writes(r.user, r.bytes)) copy_at_issue(*u, r);
       if (r.out && !r.in && !r.poisoned && !u->reads(r.user, r.bytes)) poison_at_issue(*u, r, nullptr);
+    }
     queue.push_back(std::move(u));
     progress();
   }
@@ -390,7 +412,10 @@ WorkPtr RendezvousCommunicator::do_send(const void* buf, std::size_t count, DTyp
     open_->owner = this;
   }
   const std::size_t bytes = count * dtype_size(type);
-  if (bytes > 0) open_->p2p.push_back({true, open_->add(buf, bytes, true, false), dst});  // 0 bytes: nothing, as NCCL
+  if (bytes > 0) {  // 0 bytes: nothing, as NCCL
+    open_->p2p.push_back({true, open_->add(buf, bytes, true, false), dst});
+    if (!open_->writes(buf, bytes)) stream_->copy_at_issue(*open_, open_->regions.back());
+  }
   return std::make_unique<RendezvousWork>(*this, open_);
 }
 
