@@ -33,17 +33,41 @@ std::string mpi_error(int code) {
 }
 }  // namespace
 
-// One piece of caller memory an operation reads (in) or writes (out), and its copy.
+// Caller memory an operation reads (in) or writes (out), and its copy: [0, bytes) or, for the
+// v-collectives, only the blocks the counts and displacements name.
 struct Region {
   void* user;
   std::size_t bytes;
   bool in, out;
   std::vector<unsigned char> copy;  // in: what was read at start; out: what arrives
+  std::vector<std::pair<std::size_t, std::size_t>> pieces;  // (offset, length) in bytes; empty: all
   bool poisoned = false;            // out: the caller's buffer holds kPoison since issue / start
   bool copied = false;              // in: copied at issue (then checked unchanged at start)
+
+  unsigned char* at(std::size_t off) const { return static_cast<unsigned char*>(user) + off; }
+  template <typename F> bool all(F f) const {  // f(offset, length) over the pieces
+    if (pieces.empty()) return f(std::size_t{0}, bytes);
+    return std::all_of(pieces.begin(), pieces.end(), [&](const auto& pc) { return f(pc.first, pc.second); });
+  }
   bool overlaps(const void* p, std::size_t n) const {
-    const auto *a = static_cast<const unsigned char*>(user), *b = static_cast<const unsigned char*>(p);
-    return a < b + n && b < a + bytes;
+    const auto* b = static_cast<const unsigned char*>(p);
+    return !all([&](std::size_t off, std::size_t len) { return !(at(off) < b + n && b < at(off) + len); });
+  }
+  void poison() {
+    all([&](std::size_t off, std::size_t len) { return std::memset(at(off), kPoison, len), true; });
+    poisoned = true;
+  }
+  void read() {
+    all([&](std::size_t off, std::size_t len) { return std::memcpy(copy.data() + off, at(off), len), true; });
+  }
+  void deliver() {
+    all([&](std::size_t off, std::size_t len) { return std::memcpy(at(off), copy.data() + off, len), true; });
+  }
+  bool unchanged() const {
+    return all([&](std::size_t off, std::size_t len) { return std::memcmp(at(off), copy.data() + off, len) == 0; });
+  }
+  bool still_poisoned() const {
+    return all([&](std::size_t off, std::size_t len) { return all_poison(at(off), len); });
   }
 };
 
@@ -66,8 +90,20 @@ struct RendezvousUnit {
 
   void* buf(std::size_t i) { return regions[i].copy.data(); }
   std::size_t add(const void* user, std::size_t bytes, bool in, bool out) {
-    regions.push_back({const_cast<void*>(user), bytes, in, out, std::vector<unsigned char>(bytes)});
+    regions.push_back({const_cast<void*>(user), bytes, in, out, std::vector<unsigned char>(bytes), {}});
     return regions.size() - 1;
+  }
+  // A v-collective's buffer: the blocks of counts / displs (elements of es bytes).
+  void add_blocks(const void* user, std::span<const std::size_t> counts, std::span<const std::size_t> displs,
+                  std::size_t es, bool in) {
+    std::size_t extent = 0;
+    std::vector<std::pair<std::size_t, std::size_t>> pieces;
+    for (std::size_t i = 0; i < counts.size(); ++i)
+      if (counts[i] > 0) {
+        pieces.emplace_back(displs[i] * es, counts[i] * es);
+        extent = std::max(extent, (displs[i] + counts[i]) * es);
+      }
+    regions[add(user, extent, in, !in)].pieces = std::move(pieces);
   }
   std::string describe() const {
     return "'" + what + "' on rendezvous communicator '" + owner->name() + "'";
@@ -76,10 +112,6 @@ struct RendezvousUnit {
   // Whether this unit, not yet complete, still needs the caller's bytes [p, p + n).
   bool reads(const void* p, std::size_t n) const {
     return !done && std::any_of(regions.begin(), regions.end(), [&](const Region& r) { return r.in && r.overlaps(p, n); });
-  }
-  void poison(Region& r) {
-    std::memset(r.user, kPoison, r.bytes);
-    r.poisoned = true;
   }
   // Whether this unit, not yet complete, writes the caller's bytes [p, p + n).
   bool writes(const void* p, std::size_t n) const {
@@ -93,11 +125,11 @@ struct RendezvousUnit {
     started = true;
     for (Region& r : regions) {
       if (!r.in) continue;
-      if (r.copied && std::memcmp(r.copy.data(), r.user, r.bytes) != 0) written_in_flight(r, "between its issue and its start");
-      std::memcpy(r.copy.data(), r.user, r.bytes);  // read as the kernel would, now
+      if (r.copied && !r.unchanged()) written_in_flight(r, "between its issue and its start");
+      r.read();  // as the kernel would, now
     }
     for (Region& r : regions)  // an output not poisoned at issue (in place, or read by an earlier unit)
-      if (r.out && !r.poisoned) poison(r);
+      if (r.out && !r.poisoned) r.poison();
     if (start_fn) {
       inner = start_fn(*this);
       return;
@@ -148,16 +180,15 @@ struct RendezvousUnit {
   void finish() {
     for (std::size_t i = 0; i < regions.size(); ++i) {
       const Region& r = regions[i];
-      const auto* u = static_cast<const unsigned char*>(r.user);
       if (r.out) {
-        DIFFCP_CHECK(all_poison(u, r.bytes), describe(), ": its receive buffer (", r.bytes,
+        DIFFCP_CHECK(r.still_poisoned(), describe(), ": its receive buffer (", r.bytes,
                      " bytes) was written while the operation was in flight (only its completion may touch it)");
-      } else if (r.in && !writes(r.user, r.bytes) && std::memcmp(u, r.copy.data(), r.bytes) != 0) {
+      } else if (r.in && !writes(r.user, r.bytes) && !r.unchanged()) {
         written_in_flight(r, "while the operation was in flight");
       }
     }
     for (Region& r : regions)
-      if (r.out) std::memcpy(r.user, r.copy.data(), r.bytes);
+      if (r.out) r.deliver();
     done = true;
     regions.clear();
     regions.shrink_to_fit();
@@ -175,14 +206,14 @@ struct RendezvousStream {
     };
     if (std::any_of(queue.begin(), queue.end(), [&](const auto& e) { return read_earlier(*e); })) return;
     if (open && read_earlier(*open)) return;
-    u.poison(r);
+    r.poison();
   }
   // Send data is copied at issue too (and checked unchanged at start), unless an operation before
   // it on the stream still writes those bytes (then the data is the one it will have).
   void copy_at_issue(RendezvousUnit& u, Region& r) {
     if (r.copied || std::any_of(queue.begin(), queue.end(), [&](const auto& e) { return e->writes(r.user, r.bytes); }))
       return;
-    std::memcpy(r.copy.data(), r.user, r.bytes);
+    r.read();
     r.copied = true;
     (void)u;
   }
@@ -299,12 +330,6 @@ std::shared_ptr<RendezvousUnit> unit(const char* what) {
   u->what = what;
   return u;
 }
-std::size_t extent(std::span<const std::size_t> counts, std::span<const std::size_t> displs) {
-  std::size_t e = 0;
-  for (std::size_t i = 0; i < counts.size(); ++i)
-    if (counts[i] > 0) e = std::max(e, displs[i] + counts[i]);
-  return e;
-}
 }  // namespace
 
 WorkPtr RendezvousCommunicator::do_all_gather(const void* send, void* recv, std::size_t count, DType type) {
@@ -322,7 +347,7 @@ WorkPtr RendezvousCommunicator::do_all_gather_v(const void* send, std::size_t se
   auto u = unit("all_gather_v");
   const std::size_t es = dtype_size(type);
   u->add(send, send_count * es, true, false);
-  u->add(recv, extent(counts, displs) * es, false, true);
+  u->add_blocks(recv, counts, displs, es, false);
   u->start_fn = [this, send_count, c = std::vector<std::size_t>(counts.begin(), counts.end()),
                  d = std::vector<std::size_t>(displs.begin(), displs.end()), type](RendezvousUnit& x) {
     return mpi_->do_all_gather_v(x.buf(0), send_count, x.buf(1), c, d, type);
@@ -384,8 +409,8 @@ WorkPtr RendezvousCommunicator::do_all_to_all_v(const void* send, std::span<cons
                                                 std::span<const std::size_t> recv_displs, DType type) {
   auto u = unit("all_to_all_v");
   const std::size_t es = dtype_size(type);
-  u->add(send, extent(send_counts, send_displs) * es, true, false);
-  u->add(recv, extent(recv_counts, recv_displs) * es, false, true);
+  u->add_blocks(send, send_counts, send_displs, es, true);
+  u->add_blocks(recv, recv_counts, recv_displs, es, false);
   const auto vec = [](std::span<const std::size_t> s) { return std::vector<std::size_t>(s.begin(), s.end()); };
   u->start_fn = [this, sc = vec(send_counts), sd = vec(send_displs), rc = vec(recv_counts), rd = vec(recv_displs),
                  type](RendezvousUnit& x) { return mpi_->do_all_to_all_v(x.buf(0), sc, sd, x.buf(1), rc, rd, type); };
@@ -432,8 +457,16 @@ WorkPtr RendezvousCommunicator::do_recv(void* buf, std::size_t count, DType type
   return std::make_unique<RendezvousWork>(*this, open_);
 }
 
-std::unique_ptr<Communicator> RendezvousCommunicator::do_split(int color, int key, const std::string& name) {
+void RendezvousCommunicator::drain() {
   flush();
+  while (!stream_->queue.empty()) {
+    stream_->progress();
+    std::this_thread::yield();
+  }
+}
+
+std::unique_ptr<Communicator> RendezvousCommunicator::do_split(int color, int key, const std::string& name) {
+  drain();
   std::unique_ptr<Communicator> sub = mpi_->do_split(color, key, name + ".mpi");
   if (!sub) return nullptr;
   return std::unique_ptr<Communicator>(new RendezvousCommunicator(
@@ -441,7 +474,7 @@ std::unique_ptr<Communicator> RendezvousCommunicator::do_split(int color, int ke
 }
 
 std::unique_ptr<Communicator> RendezvousCommunicator::do_split_node_local(const std::string& name) {
-  flush();
+  drain();
   std::unique_ptr<Communicator> sub = mpi_->do_split_node_local(name + ".mpi");
   return std::unique_ptr<Communicator>(new RendezvousCommunicator(
       std::unique_ptr<MpiCommunicator>(static_cast<MpiCommunicator*>(sub.release())), stream_, name));

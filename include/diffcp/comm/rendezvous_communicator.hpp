@@ -21,7 +21,8 @@
 //      flight is an error naming the operation.
 //   6. Reductions as NCCL has them: sum and max, bf16 sum, no logsumexp (all_reduce_lse falls back).
 // Progress: an operation advances only inside a Work's wait() / test() on this rank (of any
-// communicator of the family), as MPI progresses. A cycle (each rank waiting on a group that needs
+// communicator of the family), as MPI progresses; split() first runs the stream empty (a GPU's
+// stream would go on while the host blocks in the split). A cycle (each rank waiting on a group that needs
 // a peer's later group) hangs, and the watchdog (DIFFCP_COMM_TIMEOUT / --comm-timeout) names it.
 // Memory: host only (device buffers are staged by the base class, as for MPI).
 #pragma once
@@ -85,6 +86,9 @@ class RendezvousCommunicator final : public Communicator {
                          std::string name);
   // Issues the open group (nothing when it is empty) onto the stream.
   void flush();
+  // Runs the stream empty: before a blocking MPI call outside it (a split), where a GPU's stream
+  // would go on by itself but this one advances only inside wait() / test().
+  void drain();
   // A collective: the open group first, then the unit; returns its Work.
   WorkPtr enqueue(std::shared_ptr<RendezvousUnit> u);
 
