@@ -172,23 +172,28 @@ TapaPhase1 TapaAllToAll::phase1_async(const TapaPlan& plan, const void* send, DT
     p1.staged_dev_ = Buffer(DType::u8, static_cast<std::int64_t>(p1.staged_bytes_));
   std::byte* staged = p1.staged();
   const auto* src = static_cast<const std::byte*>(send);
-  // One message per non-empty block, tag h (the destination group): a mate's G blocks are
-  // neither contiguous in `send` nor in the staged layout. Receives first, so eager messages
-  // land in posted buffers. Both sides skip the same empty blocks (the counts were exchanged).
+  // One message per non-empty block: a mate's G blocks are neither contiguous in `send` nor in the
+  // staged layout. All of them one hop (exchange_async: one NCCL group); between two ranks the
+  // blocks go and are received in the order of h (messages match in order, no tags). Both sides
+  // skip the same empty blocks (the counts were exchanged).
+  std::vector<Communicator::P2pOp> ops;
+  const auto view = [&](const std::byte* p, std::size_t n) {
+    return ConstTensorView::contiguous(p, type, {static_cast<std::int64_t>(n)}, device);
+  };
   for (std::size_t h = 0; h < G; ++h)
     for (std::size_t j = 0; j < L; ++j) {
       const std::size_t k = h * L + j, n = plan.staged_counts_[k];
       if (j != i && n > 0)
-        p1.works_.push_back(intra_->recv_async(staged + plan.staged_offsets_[k] * es, n, type,
-                                               static_cast<int>(j), static_cast<int>(h)));
+        ops.push_back(Communicator::P2pOp::recv(
+            TensorView::contiguous(staged + plan.staged_offsets_[k] * es, type, {static_cast<std::int64_t>(n)}, device),
+            static_cast<int>(j)));
     }
   for (std::size_t h = 0; h < G; ++h)
     for (std::size_t j = 0; j < L; ++j) {
       const std::size_t d = h * L + j, n = plan.send_counts_[d];
-      if (j != i && n > 0)
-        p1.works_.push_back(intra_->send_async(src + plan.send_offsets_[d] * es, n, type,
-                                               static_cast<int>(j), static_cast<int>(h)));
+      if (j != i && n > 0) ops.push_back(Communicator::P2pOp::send(view(src + plan.send_offsets_[d] * es, n), static_cast<int>(j)));
     }
+  if (!ops.empty()) p1.works_.push_back(intra_->exchange_async(ops));
   // The blocks to local index i stay on this rank: block (g, i) -> (h, i) is staged index h*L + i.
   for (std::size_t h = 0; h < G; ++h) {
     const std::size_t d = h * L + i, n = plan.send_counts_[d];

@@ -11,7 +11,6 @@
 namespace diffcp {
 
 namespace {
-constexpr int kTagKV = 0;  // a visiting K|V block (the ring communicator carries nothing else)
 
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -77,11 +76,12 @@ RingTraffic RingAttention::forward(std::span<const BlockMask> masks, ConstTensor
   RingTraffic traffic;
   int cur = 0;
   for (int t = 0; t < R; ++t) {
-    WorkPtr send, recv;
-    if (t + 1 < R) {  // group g-t-1's block flies while group g-t's is computed
+    WorkPtr hop;
+    if (t + 1 < R) {  // group g-t-1's block flies while group g-t's is computed: one hop
       const double t0 = now_ms();
-      recv = ring_->recv_async(hop_buf(1 - cur), prev, kTagKV);
-      send = ring_->send_async(hop_buf(cur), next, kTagKV);
+      const Communicator::P2pOp ops[] = {Communicator::P2pOp::send(hop_buf(cur), next),
+                                         Communicator::P2pOp::recv(hop_buf(1 - cur), prev)};
+      hop = ring_->exchange_async(ops);
       traffic.comm_ms += now_ms() - t0;
       traffic.bytes += static_cast<std::uint64_t>(hop_buf(cur).numel()) * hop_buf(cur).element_size();
       ++traffic.messages;
@@ -108,10 +108,9 @@ RingTraffic RingAttention::forward(std::span<const BlockMask> masks, ConstTensor
         convert_rows(o_tmp_.data(), DType::f32, hd, o.data, T, o.stride[0], M, hd);
       }
     }
-    if (send) {
+    if (hop) {
       const double t0 = now_ms();
-      recv->wait();
-      send->wait();
+      hop->wait();
       traffic.comm_ms += now_ms() - t0;
       cur = 1 - cur;
     }

@@ -373,10 +373,17 @@ void DitWeights::issue(int u) const {
   const void* mine = units_[static_cast<std::size_t>(u)].data();
   std::byte* window = static_cast<std::byte*>(windows_[pending_window_].data());
   const std::size_t e = dtype_size(storage_);
+  // One hop (exchange_async): on NCCL one group, so no rank's send waits on a later group.
+  const Device dev = active_backend().device_of(mine);
+  std::vector<Communicator::P2pOp> ops;
+  const auto n = static_cast<std::int64_t>(c);
   for (int r = 0; r < shards_; ++r)
-    if (r != rank_) pending_.push_back(comm_->recv_async(window + static_cast<std::size_t>(r) * c * e, c, storage_, r));
+    if (r != rank_)
+      ops.push_back(Communicator::P2pOp::recv(
+          TensorView::contiguous(window + static_cast<std::size_t>(r) * c * e, storage_, {n}, dev), r));
   for (int r = 0; r < shards_; ++r)
-    if (r != rank_) pending_.push_back(comm_->send_async(mine, c, storage_, r));
+    if (r != rank_) ops.push_back(Communicator::P2pOp::send(ConstTensorView::contiguous(mine, storage_, {n}, dev), r));
+  if (!ops.empty()) pending_.push_back(comm_->exchange_async(ops));
   convert_rows(mine, storage_, static_cast<std::int64_t>(c), window + static_cast<std::size_t>(rank_) * c * e, storage_,
                static_cast<std::int64_t>(c), 1, static_cast<std::int64_t>(c));
   ++stats_.gathers;

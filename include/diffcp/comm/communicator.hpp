@@ -1,7 +1,7 @@
 // The one communicator interface. Every collective and point-to-point transfer of diffcp goes
 // through it, so every byte moved is counted (per operation kind, per communicator).
 //
-// Backends (MPI now, NCCL later) implement the protected do_* hooks; the public methods validate
+// Backends (MPI; rendezvous: NCCL's semantics on MPI; NCCL in CUDA builds) implement the protected do_* hooks; the public methods validate
 // arguments, count bytes and forward (non-virtual interface). Every operation has an async form
 // returning a Work handle with wait(); the blocking forms are async + wait.
 //

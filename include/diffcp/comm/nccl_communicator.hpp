@@ -26,7 +26,8 @@
 // after it; test() queries the event (and NCCL's asynchronous error), wait() polls test(). Once a
 // Work completes, the host may read what it received (host buffers are copied back by then).
 //
-// Point-to-point is deferred, because NCCL on one stream would deadlock on diffcp's ring pattern:
+// Point-to-point is deferred (and exchange_async's hop is one group of its own: the callers in
+// cp/ and dit/ use it), because NCCL on one stream would deadlock on diffcp's ring pattern:
 // every rank posts recv_async(prev) then send_async(next) and waits later; issued one by one,
 // each rank's ncclRecv would block the stream ahead of its own ncclSend. So send_async /
 // recv_async only queue the transfer (a host source is copied to the device at once); the queue
@@ -39,8 +40,10 @@
 //
 // Tags: NCCL has none. Messages between two ranks match in the order they were issued, whatever
 // their tags, so a caller must post its receives in the order its peer sends (MPI would match them
-// by tag). Ring and LV-XAttn do (a step's accumulator before the next K/V or queries); the test
-// CpMethodsTagless (tests/test_cp_guard.cpp) runs them over MPI with every tag 0 at P = 1 to 8.
+// by tag). A group completes as a whole and a send may wait for its receive, so a send and its
+// receive must fall in the same group on both ranks. The rendezvous communicator
+// (comm/rendezvous_communicator.hpp) models all of this on MPI; the CP suite, the DiT and the
+// trainer run on it (ctest -R rendezvous).
 //
 // Watchdog (comm/watchdog.cpp): Works poll, so an operation past the timeout is caught in its
 // wait()/test() as with MPI; the reports travel over the MPI duplicate. After the exchange the

@@ -8,7 +8,11 @@
 // tensor argument is checked to lie inside the bytes one of its buffers was allocated with
 // ("guard: gemm: A ... is not guard device memory"), as a GPU would fault on a host pointer; a
 // copy refuses guard memory on a side labelled host. A code path that runs on the guard device therefore keeps its data on
-// the device, moves it only through the backend's copies, and would run on a GPU backend as it is.
+// the device and moves it only through the backend's copies. What it cannot show: it runs every op
+// at once, on the calling thread, on one device, so stream order, overlap, a host read of a result
+// not yet synchronized and a host sync per op all pass here and still matter on a GPU; and it says
+// nothing about NCCL's grouping and matching (the rendezvous communicator proves those:
+// comm/rendezvous_communicator.hpp). docs/gpu.md says what each double proves.
 //
 // Host-side op parameters stay on the host, as a GPU backend receives them: the BlockMask, the
 // RopeTable and the RoPE positions (a device backend uploads and caches them).
