@@ -244,11 +244,11 @@ class SplitKVLayerPy {
  public:
   SplitKVLayerPy(MPI_Fint comm, const AttnLayerConfig& cfg, const Ints& lengths, const std::vector<Ints>& anchors,
                  std::int64_t block, const std::optional<Ints>& chunks, const std::optional<Ints>& rank,
-                 const std::string& dtype)
+                 const std::string& dtype, const std::string& comm_kind)
       : cfg_(cfg) {
     if (dtype != "f32" && dtype != "bf16") throw py::value_error("SplitKV: dtype '" + dtype + "': expected f32 or bf16");
     require_mpi("SplitKV");
-    comm_ = std::make_unique<MpiCommunicator>(MPI_Comm_f2c(comm), "python");
+    comm_ = make_communicator(comm_kind, MPI_Comm_f2c(comm), "python");
     cfg_.validate();
     const PackedBatch batch = make_batch(lengths, anchors, block);
     const int P = comm_->size(), p = comm_->rank();
@@ -339,7 +339,7 @@ class SplitKVLayerPy {
 
  private:
   AttnLayerConfig cfg_;
-  std::unique_ptr<MpiCommunicator> comm_;
+  std::unique_ptr<Communicator> comm_;
   std::unique_ptr<CpShard> shard_;
   std::unique_ptr<SplitKVLayer> layer_;
 };
@@ -351,9 +351,9 @@ class SplitKVLayerPy {
 // for one process). Collective like SplitKV: every rank of the communicator calls draft together.
 class DrafterPy {
  public:
-  DrafterPy(const std::string& dir, MPI_Fint comm) : w_(import_dflash(dir)) {
+  DrafterPy(const std::string& dir, MPI_Fint comm, const std::string& comm_kind) : w_(import_dflash(dir)) {
     require_mpi("Drafter");
-    comm_ = std::make_unique<MpiCommunicator>(MPI_Comm_f2c(comm), "python");
+    comm_ = make_communicator(comm_kind, MPI_Comm_f2c(comm), "python");
   }
 
   py::dict config() const {
@@ -407,7 +407,7 @@ class DrafterPy {
 
  private:
   DrafterWeights w_;
-  std::unique_ptr<MpiCommunicator> comm_;
+  std::unique_ptr<Communicator> comm_;
 };
 
 // The draft KV cache of one generation (drafter/draft_cache.hpp): append the target's hidden
@@ -460,9 +460,9 @@ class DitPy {
  public:
   DitPy(const std::string& folder, MPI_Fint comm, const std::string& mode, int ulysses, int group_size,
         const std::string& weights_dtype, bool shard_weights, const std::string& compute, double cache_ratio,
-        bool cfg_parallel, const std::string& step_cache, const std::string& wire) {
+        bool cfg_parallel, const std::string& step_cache, const std::string& wire, const std::string& comm_kind) {
     require_mpi("Dit");
-    comm_ = std::make_unique<MpiCommunicator>(MPI_Comm_f2c(comm), "python");
+    comm_ = make_communicator(comm_kind, MPI_Comm_f2c(comm), "python");
     const DiffusersTransformer t = open_diffusers_transformer(folder);
     const SafeTensorsSet ck(t.weights);
     mode_ = parse_exchange_mode(mode);
@@ -652,7 +652,7 @@ class DitPy {
     return r;
   }
 
-  std::unique_ptr<MpiCommunicator> comm_;
+  std::unique_ptr<Communicator> comm_;
   std::unique_ptr<CfgGroups> groups_;  // cfg_parallel
   std::unique_ptr<DitWeights> w_;
   StepCacheSpec step_cache_;
@@ -669,13 +669,14 @@ class DitPy {
 py::dict run_layer_py(MPI_Fint comm, const AttnLayerConfig& cfg, const std::string& method, const std::string& layout,
                       std::int64_t samples, std::int64_t context, std::int64_t queries, std::int64_t block,
                       double prompt_fraction, std::int64_t window, const std::string& dtype, std::uint64_t seed,
-                      int warmup, int reps, int J, bool check) {
+                      int warmup, int reps, int J, bool check, const std::string& comm_kind) {
   require_mpi("run_layer");
   DIFFCP_CHECK(dtype == "f32" || dtype == "bf16", "run_layer: dtype '", dtype, "': expected f32 or bf16");
   DIFFCP_CHECK(block >= 1 && queries >= 0 && queries % block == 0, "run_layer: queries = ", queries,
                " per sample, block = ", block, "; expected block >= 1 dividing queries");
   cfg.validate();
-  MpiCommunicator world(MPI_Comm_f2c(comm), "python");
+  const std::unique_ptr<Communicator> comm_ptr = make_communicator(comm_kind, MPI_Comm_f2c(comm), "python");
+  Communicator& world = *comm_ptr;
   LayerProblem pb(cfg, make_random_batch(samples, context, queries / block, block, prompt_fraction, seed), seed);
   pb.window = KeyWindow::sliding(window);
   const ReferenceLayerResult ref = check ? pb.reference() : ReferenceLayerResult{};
@@ -742,9 +743,10 @@ PYBIND11_MODULE(_core, m) {
   py::class_<SavedPy, std::shared_ptr<SavedPy>>(m, "Saved");
   py::class_<SplitKVLayerPy>(m, "SplitKV")
       .def(py::init<MPI_Fint, const AttnLayerConfig&, const Ints&, const std::vector<Ints>&, std::int64_t,
-                    const std::optional<Ints>&, const std::optional<Ints>&, const std::string&>(),
+                    const std::optional<Ints>&, const std::optional<Ints>&, const std::string&, const std::string&>(),
            py::arg("comm_f"), py::arg("config"), py::arg("lengths"), py::arg("anchors"), py::arg("block"),
-           py::arg("chunks") = std::nullopt, py::arg("rank") = std::nullopt, py::arg("dtype") = "f32")
+           py::arg("chunks") = std::nullopt, py::arg("rank") = std::nullopt, py::arg("dtype") = "f32",
+           py::arg("comm_kind") = "mpi")
       .def_property_readonly("param_count", &SplitKVLayerPy::param_count)
       .def("param_layout", &SplitKVLayerPy::param_layout)
       .def("init_params", &SplitKVLayerPy::init_params, py::arg("seed"))
@@ -756,10 +758,11 @@ PYBIND11_MODULE(_core, m) {
       .def("backward", &SplitKVLayerPy::backward, py::arg("saved"), py::arg("params"), py::arg("dy"));
   py::class_<DitPy>(m, "Dit")
       .def(py::init<const std::string&, MPI_Fint, const std::string&, int, int, const std::string&, bool, const std::string&,
-                    double, bool, const std::string&, const std::string&>(),
+                    double, bool, const std::string&, const std::string&, const std::string&>(),
            py::arg("folder"), py::arg("comm_f"), py::arg("mode"), py::arg("ulysses_degree"), py::arg("group_size"),
            py::arg("weights_dtype"), py::arg("shard_weights"), py::arg("dtype"), py::arg("cache_ratio"),
-           py::arg("cfg_parallel") = false, py::arg("step_cache") = "none", py::arg("wire") = "auto")
+           py::arg("cfg_parallel") = false, py::arg("step_cache") = "none", py::arg("wire") = "auto",
+           py::arg("comm_kind") = "mpi")
       .def("config", &DitPy::config)
       .def("step_cache_stats", &DitPy::step_cache_stats)
       .def("velocity_pair", &DitPy::velocity_pair, py::arg("x0"), py::arg("txt0"), py::arg("pooled0"), py::arg("x1"),
@@ -768,7 +771,8 @@ PYBIND11_MODULE(_core, m) {
       .def("velocity", &DitPy::velocity, py::arg("x"), py::arg("height"), py::arg("width"), py::arg("txt"), py::arg("pooled"),
            py::arg("t"), py::arg("guidance"), py::arg("pass_index"), py::arg("step"), py::arg("steps"));
   py::class_<DrafterPy>(m, "Drafter")
-      .def(py::init<const std::string&, MPI_Fint>(), py::arg("dir"), py::arg("comm_f"))
+      .def(py::init<const std::string&, MPI_Fint, const std::string&>(), py::arg("dir"), py::arg("comm_f"),
+           py::arg("comm_kind") = "mpi")
       .def("config", &DrafterPy::config)
       .def("draft", &DrafterPy::draft, py::arg("target_hidden"), py::arg("noise_embedding"))
       .def("new_cache", [](DrafterPy& d) { return std::make_unique<DraftCachePy>(d); }, py::keep_alive<0, 1>());

@@ -157,6 +157,22 @@ def backends() -> list[dict]:
     return [dict(b) for b in _core.backends()]
 
 
+def _comm_kind(comm, default=None):
+    """(mpi4py communicator, transport) from a ``comm=`` argument: an mpi4py communicator (over MPI),
+    ``"mpi"`` or ``"rendezvous"`` (``MPI.COMM_WORLD``; rendezvous: NCCL's semantics made strict on MPI,
+    docs/gpu.md), or None for ``default`` (an mpi4py communicator)."""
+    if comm is None:
+        comm = default
+    if isinstance(comm, str):
+        if comm not in ("mpi", "rendezvous"):
+            raise ValueError(f"comm: '{comm}': expected an mpi4py communicator, 'mpi' or 'rendezvous'")
+        from mpi4py import MPI  # Debian's python3-mpi4py; initialises MPI
+        return MPI.COMM_WORLD, comm
+    if not hasattr(comm, "py2f") or not hasattr(comm, "Get_size"):
+        raise TypeError(f"comm: expected an mpi4py communicator, 'mpi' or 'rendezvous', got {type(comm).__name__}")
+    return comm, "mpi"
+
+
 def run_layer(comm, config: LayerConfig, method: str = "splitkv", layout: str = "none", samples: int = 2,
               context: int = 1024, queries: int = 256, block: int = 16, prompt_fraction: float = 0.25,
               window: int = 0, dtype: str = "f32", seed: int = 1, warmup: int = 1, reps: int = 3, J: int = 16,
@@ -170,8 +186,7 @@ def run_layer(comm, config: LayerConfig, method: str = "splitkv", layout: str = 
     against the method's closed form (``bytes_per_layer``, ``predicted_bytes_per_layer``), and with
     ``check`` the comparison with the fp64 reference (``check_passed``, ``max_rel_err``, ...).
     Collective: every rank calls it with the same arguments."""
-    if not hasattr(comm, "py2f") or not hasattr(comm, "Get_size"):
-        raise TypeError(f"comm: expected an mpi4py communicator, got {type(comm).__name__}")
+    comm, kind = _comm_kind(comm)
     return dict(_core.run_layer(comm.py2f(), config, str(method), str(layout), int(samples), int(context),
                                 int(queries), int(block), float(prompt_fraction), int(window), str(dtype), int(seed),
-                                int(warmup), int(reps), int(J), bool(check)))
+                                int(warmup), int(reps), int(J), bool(check), kind))

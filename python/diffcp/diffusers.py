@@ -42,12 +42,10 @@ SUPPORTED_TRANSFORMERS = ("FluxTransformer2DModel", "SD3Transformer2DModel", "Qw
 
 
 def _world(comm):
-    if comm is None:
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
-    if not hasattr(comm, "py2f") or not hasattr(comm, "Get_size"):
-        raise TypeError(f"comm: expected an mpi4py communicator, got {type(comm).__name__}")
-    return comm
+    """(mpi4py communicator, transport): see diffcp._comm_kind; None is MPI.COMM_WORLD."""
+    from mpi4py import MPI
+    from . import _comm_kind
+    return _comm_kind(comm, MPI.COMM_WORLD)
 
 
 def _weights_folder(transformer) -> tuple[str, tempfile.TemporaryDirectory | None]:
@@ -386,7 +384,8 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
 
     Args:
         pipe: a diffusers pipeline whose ``transformer`` is one of :data:`SUPPORTED_TRANSFORMERS`.
-        comm: an mpi4py communicator (default ``MPI.COMM_WORLD``); collective over it.
+        comm: an mpi4py communicator (default ``MPI.COMM_WORLD``); collective over it. Or
+            ``"rendezvous"``: ``MPI.COMM_WORLD`` on NCCL's semantics made strict (docs/gpu.md).
         mode: ``flat`` | ``tapa`` | ``vfirst`` | ``cocodiff`` (docs/dit.md).
         ulysses_degree, ring_degree: USP's degrees (default: Ulysses over the largest divisor of P
             that divides the heads, a Ring over the rest).
@@ -408,7 +407,7 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     """
     _core.check_backend(str(backend))
     import torch
-    comm = _world(comm)
+    comm, comm_kind = _world(comm)
     if output_on not in ("rank0", "all"):
         raise ValueError(f"output_on '{output_on}': expected rank0 or all")
     transformer = getattr(pipe, "transformer", None)
@@ -437,7 +436,7 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     dup = comm.Dup()  # diffcp's traffic never matches the caller's
     try:
         core = _core.Dit(folder, dup.py2f(), mode, U, group_size, weights_dtype, bool(shard_weights), dtype,
-                         float(cache_ratio), bool(cfg_parallel), str(step_cache), wire)
+                         float(cache_ratio), bool(cfg_parallel), str(step_cache), wire, comm_kind)
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -53,10 +53,9 @@ class Drafter:
         """
         _core.check_backend(str(backend))
         from mpi4py import MPI  # Debian's python3-mpi4py; initialises MPI
-        comm = MPI.COMM_SELF if comm is None else comm
-        if not hasattr(comm, "py2f"):
-            raise TypeError(f"comm: expected an mpi4py communicator, got {type(comm).__name__}")
-        return cls(_core.Drafter(str(path), comm.py2f()), comm)
+        from . import _comm_kind
+        comm, kind = _comm_kind(comm, MPI.COMM_SELF)
+        return cls(_core.Drafter(str(path), comm.py2f(), kind), comm)
 
     def draft(self, target_hidden, noise_embedding) -> np.ndarray:
         """One draft block.

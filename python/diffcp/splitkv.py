@@ -23,7 +23,8 @@ class SplitKV:
     """One Split-KV attention layer.
 
     Args:
-        comm: an ``mpi4py.MPI.Comm`` (duplicated inside; diffcp's traffic never matches yours).
+        comm: an ``mpi4py.MPI.Comm`` (duplicated inside; diffcp's traffic never matches yours), or
+            ``"rendezvous"``: ``MPI.COMM_WORLD`` on NCCL's semantics made strict (docs/gpu.md).
         config: :class:`LayerConfig` ``(hidden, n_q, n_kv, d_h, rope_theta=1e6, rms_eps=1e-6)``.
         lengths, anchors, block: the packed micro-batch (as :func:`diffcp.plan`); the same on every rank.
         plan: a :class:`diffcp.Plan` for ``P = comm.Get_size()`` ranks (e.g. LPT), or ``None`` for
@@ -38,14 +39,14 @@ class SplitKV:
                  backend: str = "cpu"):
         from . import _batch_args
         _core.check_backend(str(backend))
-        if not hasattr(comm, "py2f") or not hasattr(comm, "Get_size"):
-            raise TypeError(f"comm: expected an mpi4py communicator, got {type(comm).__name__}")
+        from . import _comm_kind
+        comm, kind = _comm_kind(comm)
         if plan is not None and plan.P != comm.Get_size():
             raise ValueError(f"plan: made for P = {plan.P}, the communicator has {comm.Get_size()} ranks")
         lengths, anchors, block = _batch_args(lengths, anchors, block)
         self._layer = _core.SplitKV(comm.py2f(), config, lengths, anchors, block,
                                     None if plan is None else plan.chunks, None if plan is None else plan.rank,
-                                    str(dtype))
+                                    str(dtype), kind)
         self.config = config
 
     @property

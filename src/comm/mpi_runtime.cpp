@@ -66,17 +66,21 @@ std::vector<std::string> comm_kinds() {
 #endif
 }
 
-std::unique_ptr<Communicator> make_world(const std::string& kind) {
-  if (kind == "mpi") return nullptr;
-  if (kind == "rendezvous") return std::make_unique<RendezvousCommunicator>(MPI_COMM_WORLD, "world");
+std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Comm comm, const std::string& name) {
+  if (kind == "mpi") return std::make_unique<MpiCommunicator>(comm, name);
+  if (kind == "rendezvous") return std::make_unique<RendezvousCommunicator>(comm, name);
 #ifdef DIFFCP_HAVE_CUDA
-  if (kind == "nccl") return std::make_unique<NcclCommunicator>(MPI_COMM_WORLD, "world");
+  if (kind == "nccl") return std::make_unique<NcclCommunicator>(comm, name);
 #else
   DIFFCP_CHECK(kind != "nccl", "communicator 'nccl': this build has no CUDA backend (configure with -DDIFFCP_CUDA=ON)");
 #endif
   std::string choices;
   for (const std::string& k : comm_kinds()) choices += (choices.empty() ? "" : ", ") + k;
   DIFFCP_FAIL("communicator '", kind, "': expected one of ", choices);
+}
+
+std::unique_ptr<Communicator> make_world(const std::string& kind) {
+  return kind == "mpi" ? nullptr : make_communicator(kind, MPI_COMM_WORLD, "world");
 }
 
 }  // namespace diffcp

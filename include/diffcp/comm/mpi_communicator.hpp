@@ -64,6 +64,11 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
 };
 
+// A communicator over `comm`'s ranks of the kind `kind` names: "mpi" (an MpiCommunicator),
+// "rendezvous" (comm/rendezvous_communicator.hpp) or "nccl" (a CUDA build); anything else throws
+// naming the choices (comm_kinds(), comm/mpi_runtime.hpp). Collective over comm.
+std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Comm comm, const std::string& name);
+
 // The watchdog's exchange over an MPI communicator (Communicator::do_watchdog_exchange): `mine`
 // to every other rank on `tag`, then the others' reports for up to grace_s seconds or until every
 // rank in `wanted` answered; never blocking on a peer. [size] entries (nullopt: no answer).
