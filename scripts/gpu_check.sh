@@ -15,13 +15,16 @@
 #               2. the op harness on "cuda" against the CPU (test_backend_ops, and
 #                  bench_backend_ops --perf for its table; again with DIFFCP_CUDA_ATTENTION=simt);
 #               3. compute-sanitizer memcheck over the op harness's kernels (once);
-#               4. every CP method forward + backward (test_cp_guard) at P = 1, 2, 4, the DiT
+#               4. every CP method forward + backward (test_cp_guard) at P = 1-4, the DiT
 #                  (test_dit_guard: the exchanges, each family's tiny config, every mode) at P = 1, 2,
 #                  4, and the drafter (test_drafter_guard: train steps in every shard mode, draft,
 #                  the draft cache) at P = 1, 2 with DIFFCP_TEST_DEVICE=cuda: each rank on the one
 #                  GPU, the MPI communicator staging through the host; f32 against the fp64
 #                  reference, everything within its bound of the CPU's run (tests/device_under_test.hpp);
-#               5. the NCCL communicator at P = 1 (test_nccl_comm);
+#                  Then test_cp_guard at P = 3 on the rendezvous communicator (NCCL's grouping);
+#               5. the NCCL communicator at P = 1 (test_nccl_comm), and where the device has
+#                  several GPUs (one per rank) at P = 2, 3, 4: test_nccl_comm and every CP method's
+#                  `diffcp attn --check --comm nccl`;
 #               6. benchmarks (JSON lines in OUT/bench.jsonl): the block-sparse attention on the
 #                  DFlash workload (bench_device_attention: 2 x 32k context, 64 anchors x 16, 32 x
 #                  128 heads, GQA 8, bf16) against PyTorch's FlexAttention and SDPA on the same mask
@@ -160,11 +163,26 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
         say "memcheck: skipped (no GPU or no compute-sanitizer)"
       fi
       export DIFFCP_TEST_DEVICE=cuda
-      for np in 1 2 4; do step "cp_methods_np$np" 60 "${mpi[@]}" "$np" "$bin/test_cp_guard" --gtest_brief=1; done
+      for np in 1 2 3 4; do step "cp_methods_np$np" 60 "${mpi[@]}" "$np" "$bin/test_cp_guard" --gtest_brief=1; done
       for np in 1 2 4; do step "dit_np$np" 60 "${mpi[@]}" "$np" "$bin/test_dit_guard" --gtest_brief=1; done
       for np in 1 2; do step "drafter_np$np" 90 "${mpi[@]}" "$np" "$bin/test_drafter_guard" --gtest_brief=1; done
+      # the grouping the rendezvous communicator proved on the CPU, on the GPU's memory (staged)
+      step cp_methods_rendezvous_np3 60 env DIFFCP_COMM=rendezvous "${mpi[@]}" 3 "$bin/test_cp_guard" --gtest_brief=1
       unset DIFFCP_TEST_DEVICE
       step nccl_np1 60 "${mpi[@]}" 1 "$bin/test_nccl_comm" --gtest_brief=1
+      # NCCL across GPUs, one per rank (its node-local rank picks it), where the device has them:
+      # the communicator's tests and every CP method forward + backward against fp64 at P = 2-4
+      ngpu=0
+      [ $gpu = 1 ] && ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+      own_gpu=(sh -c 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"')
+      for np in 2 3 4; do
+        if [ "$ngpu" -lt "$np" ]; then say "nccl at P = $np: skipped ($ngpu GPUs)"; continue; fi
+        step "nccl_np$np" 60 "${mpi[@]}" "$np" "${own_gpu[@]}" "$bin/test_nccl_comm" --gtest_brief=1
+        for m in splitkv ring ringx lvxattn; do
+          step "nccl_${m}_np$np" 60 "${mpi[@]}" "$np" "${own_gpu[@]}" "$bin/diffcp" --backend cuda --comm nccl attn \
+            --method "$m" --check --reps 1 --warmup 0
+        done
+      done
     fi
     if [ $gpu = 1 ] && [ "$what" != checks ]; then  # benchmarks: JSON lines, the issue's goals first
       wl=(--samples 2 --anchors 64 --block 16 --n-q 32 --n-kv 8 --d-h 128 --dtype bf16 --json)
