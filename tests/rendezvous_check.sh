@@ -56,6 +56,7 @@ case "$what" in
     dit usp_fp8 --mode flat --ulysses-degree 2 --ring-degree 2 --wire fp8
     dit shard_weights --mode vfirst --group-size 2 --shard-weights
     dit step_cache --mode flat --step-cache fbcache:0.5
+    dit cfg_parallel_step_cache --mode cocodiff --true-cfg-scale 3.5 --cfg-parallel --step-cache fbcache:0.5
     dit bf16 --mode cocodiff --group-size 2 --dtype bf16 ;;
   train)
     for c in mpi rendezvous; do
