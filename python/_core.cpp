@@ -728,7 +728,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("run_layer", &run_layer_py, py::arg("comm"), py::arg("config"), py::arg("method"), py::arg("layout"),
         py::arg("samples"), py::arg("context"), py::arg("queries"), py::arg("block"), py::arg("prompt_fraction"),
         py::arg("window"), py::arg("dtype"), py::arg("seed"), py::arg("warmup"), py::arg("reps"), py::arg("J"),
-        py::arg("check"));
+        py::arg("check"), py::arg("comm_kind") = "mpi");
   py::class_<AttnLayerConfig>(m, "LayerConfig")
       .def(py::init([](std::int64_t hidden, std::int64_t n_q, std::int64_t n_kv, std::int64_t d_h, double rope_theta,
                        double rms_eps) { return AttnLayerConfig{hidden, n_q, n_kv, d_h, rope_theta, rms_eps}; }),

@@ -138,12 +138,12 @@ def test_run_layer_is_the_library_run(method):
 
 @pytest.mark.parametrize("method", ["splitkv", "ring", "lvxattn"])
 def test_rendezvous_transport(method):
-    """comm="rendezvous": MPI.COMM_WORLD on NCCL's semantics made strict (docs/gpu.md); the same
-    layer run passes the fp64 check with the same bytes, and so does a SplitKV layer's step."""
+    """comm="rendezvous": MPI.COMM_WORLD on NCCL's semantics made strict (docs/gpu.md); the layer
+    run passes the fp64 check, with the bytes of the method's closed form."""
     kw = dict(method=method, samples=2, context=160, queries=32, block=8, J=2, warmup=0, reps=1, check=True)
     r = diffcp.run_layer("rendezvous", CFG, **kw)
-    m = diffcp.run_layer(COMM, CFG, **kw)
     assert r["check_passed"], r
-    assert r["bytes_per_layer"] == m["bytes_per_layer"]
+    # the closed form (Split-KV's lse all-reduce is max + sum there: NCCL has no logsumexp)
+    assert r["bytes_per_layer"] == pytest.approx(r["predicted_bytes_per_layer"], rel=1e-12), r
     with pytest.raises(ValueError, match="expected an mpi4py communicator, 'mpi' or 'rendezvous'"):
         diffcp.run_layer("gloo", CFG)
