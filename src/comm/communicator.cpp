@@ -446,7 +446,7 @@ WorkPtr Communicator::exchange_async(std::span<const P2pOp> ops) {
       }
     }
   } catch (...) {
-    do_group_end();
+    do_group_cancel();  // none of the hop is issued where the backend can hold it back
     throw;
   }
   do_group_end();

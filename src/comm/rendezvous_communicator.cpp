@@ -98,6 +98,7 @@ struct RendezvousUnit {
   WorkPtr inner;                   // a collective in flight
   std::vector<MPI_Request> reqs;   // a group's requests in flight
   bool started = false, done = false;
+  std::string error;  // why the unit failed: the next of its other Works to be tested throws it too
 
   void* buf(std::size_t i) { return regions[i].copy.data(); }
   std::size_t add(const void* user, std::size_t bytes, bool in, bool out) {
@@ -242,8 +243,9 @@ struct RendezvousStream {
       try {
         if (!head.started) head.start();
         if (!head.poll()) return;
-      } catch (...) {  // the unit failed: it leaves the stream (its Works report done), the error goes up
-        head.done = true;
+      } catch (const std::exception& e) {  // the unit failed: it leaves the stream, the error goes up
+        head.done = true;                    // (and to every other Work of the unit)
+        head.error = e.what();
         queue.pop_front();
         throw;
       }
@@ -270,9 +272,15 @@ class RendezvousWork final : public Work {
     for (int idle = 0; !test();) back_off(idle);
   }
   bool test() override {
-    if (u_->done) return true;
-    if (c_.open_ == u_) c_.flush();  // a deferred transfer: its group goes now
-    c_.stream_->progress();
+    if (!u_->done) {
+      if (c_.open_ == u_) c_.flush();  // a deferred transfer: its group goes now
+      c_.stream_->progress();
+    }
+    if (u_->done && !u_->error.empty()) {
+      const std::string e = std::move(u_->error);  // once per Work: the next test() reports done
+      u_->error.clear();
+      throw Error(e);
+    }
     return u_->done;
   }
 
@@ -290,7 +298,10 @@ RendezvousCommunicator::RendezvousCommunicator(std::unique_ptr<MpiCommunicator> 
     : Communicator(std::move(name)), mpi_(std::move(mpi)), stream_(std::move(stream)) {}
 
 RendezvousCommunicator::~RendezvousCommunicator() {
-  if (std::uncaught_exceptions() != 0) return;
+  if (std::uncaught_exceptions() != 0) {  // unwinding: what never started must not outlive this communicator
+    std::erase_if(stream_->queue, [&](const auto& u) { return u->owner == this && !u->started; });
+    return;
+  }
   // This communicator's units must not outlive its MPI handle.
   try {
     flush();

@@ -90,8 +90,7 @@ class WatchedWork final : public Work {
     }
   }
   void wait() override {
-    while (!test()) {
-    }
+    while (!test()) std::this_thread::yield();  // a peer on the same core gets to run
   }
   bool test() override {
     if (done_) return true;

@@ -349,6 +349,10 @@ class Communicator {
   // (MPI posts each at once). A deferring backend (NCCL, rendezvous) issues its queue at both.
   virtual void do_group_begin() {}
   virtual void do_group_end() {}
+  // A hop that failed part-way (a refused transfer): what was queued of it is dropped where the
+  // backend still holds it (rendezvous). NCCL's deferred Works drop theirs as they are destroyed;
+  // MPI's requests are already posted.
+  virtual void do_group_cancel() {}
   virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name);
   virtual std::unique_ptr<Communicator> do_split_node_local(const std::string& name);
   // The error of every default hook.

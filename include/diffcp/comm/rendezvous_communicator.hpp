@@ -73,6 +73,7 @@ class RendezvousCommunicator final : public Communicator {
   WorkPtr do_barrier() override;
   void do_group_begin() override { flush(); }
   void do_group_end() override { flush(); }
+  void do_group_cancel() override { open_.reset(); }
   std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name) override;
   std::unique_ptr<Communicator> do_split_node_local(const std::string& name) override;
   std::vector<std::optional<WatchdogReport>> do_watchdog_exchange(const WatchdogReport& mine,
