@@ -23,3 +23,4 @@ cmake --build --preset release --target diffcp_cli test_cuda_plan test_nccl_comm
   test_dit_guard test_drafter_guard bench_backend_ops bench_device_attention
 echo "cuda_build_check: CUDA build in $((SECONDS - t0)) s"
 ctest --preset release -L cuda
+echo "cuda_build_check: the CUDA build and its cuda-labelled tests passed"
