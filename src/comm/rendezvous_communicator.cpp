@@ -212,27 +212,24 @@ struct RendezvousStream {
   std::deque<std::shared_ptr<RendezvousUnit>> queue;  // not yet complete, in issue order
   // A receive buffer is undefined from its issue on: poisoned now, unless an operation before it
   // on the stream still reads or writes those bytes (stream order lets it: then at its start).
-  void poison_at_issue(RendezvousUnit& u, Region& r, const RendezvousUnit* open) {
-    const auto read_earlier = [&](const RendezvousUnit& e) {
-      return &e != &u && (e.reads(r.user, r.bytes) || e.writes(r.user, r.bytes));
-    };
-    if (std::any_of(queue.begin(), queue.end(), [&](const auto& e) { return read_earlier(*e); })) return;
-    if (open && read_earlier(*open)) return;
-    r.poison();
+  // (The unit's own other regions are its caller's to check: reads() / writes() on it.)
+  void poison_at_issue(Region& r) {
+    if (std::none_of(queue.begin(), queue.end(),
+                     [&](const auto& e) { return e->reads(r.user, r.bytes) || e->writes(r.user, r.bytes); }))
+      r.poison();
   }
   // Send data is copied at issue too (and checked unchanged at start), unless an operation before
   // it on the stream still writes those bytes (then the data is the one it will have).
-  void copy_at_issue(RendezvousUnit& u, Region& r) {
+  void copy_at_issue(Region& r) {
     if (r.copied || std::any_of(queue.begin(), queue.end(), [&](const auto& e) { return e->writes(r.user, r.bytes); }))
       return;
     r.read();
     r.copied = true;
-    (void)u;
   }
   void push(std::shared_ptr<RendezvousUnit> u) {
     for (Region& r : u->regions) {
-      if (r.in && !r.out && !u->writes(r.user, r.bytes)) copy_at_issue(*u, r);
-      if (r.out && !r.in && !r.poisoned && !u->reads(r.user, r.bytes)) poison_at_issue(*u, r, nullptr);
+      if (r.in && !r.out && !u->writes(r.user, r.bytes)) copy_at_issue(r);
+      if (r.out && !r.in && !r.poisoned && !u->reads(r.user, r.bytes)) poison_at_issue(r);
     }
     queue.push_back(std::move(u));
     progress();
@@ -461,7 +458,7 @@ WorkPtr RendezvousCommunicator::do_send(const void* buf, std::size_t count, DTyp
   const std::size_t bytes = count * dtype_size(type);
   if (bytes > 0) {  // 0 bytes: nothing, as NCCL
     open_->p2p.push_back({true, open_->add(buf, bytes, true, false), dst});
-    if (!open_->writes(buf, bytes)) stream_->copy_at_issue(*open_, open_->regions.back());
+    if (!open_->writes(buf, bytes)) stream_->copy_at_issue(open_->regions.back());
   }
   return std::make_unique<RendezvousWork>(*this, open_);
 }
@@ -474,7 +471,7 @@ WorkPtr RendezvousCommunicator::do_recv(void* buf, std::size_t count, DType type
   const std::size_t bytes = count * dtype_size(type);
   if (bytes > 0) {
     open_->p2p.push_back({false, open_->add(buf, bytes, false, true), src});
-    if (!open_->reads(buf, bytes)) stream_->poison_at_issue(*open_, open_->regions.back(), open_.get());
+    if (!open_->reads(buf, bytes)) stream_->poison_at_issue(open_->regions.back());
   }
   return std::make_unique<RendezvousWork>(*this, open_);
 }
