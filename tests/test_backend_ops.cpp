@@ -2,8 +2,13 @@
 // within its stated error bound of the CPU backend, at every shape; and the harness itself can
 // fail: a backend that gets one op wrong (by more than the bound) fails with that op's case, shape
 // and array named, its other cases pass or are skipped, and a difference below the bound passes.
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+#include <ostream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -15,47 +20,76 @@
 #endif
 
 namespace diffcp {
+// gtest prints a target by its name.
+void PrintTo(const OpHarnessTarget& t, std::ostream* os) { *os << t.name; }
+
 namespace {
 
-// The CUDA backend (a -DDIFFCP_CUDA=ON build) through the harness, where this machine has a GPU;
-// skipped, saying why, elsewhere.
-TEST(OpHarness, CudaBackendWithinItsBoundsOfTheCpu) {
+// `-o OP` / `-b BACKEND` (ggml's test-backend-ops filters): only the cases whose name or ops
+// contain OP, only the target named BACKEND ("cpu" alone: every CPU ISA). Set in main().
+std::string g_op, g_backend;
+
+bool selected(const std::string& target) {
+  return g_backend.empty() || target == g_backend || (g_backend == "cpu" && target.starts_with("cpu:"));
+}
+
+std::vector<OpHarnessTarget> selected_targets() {
+  std::vector<OpHarnessTarget> out;
+  for (const OpHarnessTarget& t : op_harness_targets())
+    if (selected(t.name)) out.push_back(t);
+  return out;
+}
+
+// Each target (every registered backend but the CPU's, every CPU ISA this machine runs) within
+// each case's bound of its reference. One ctest per target.
+class OpHarnessTargets : public ::testing::TestWithParam<OpHarnessTarget> {};
+
+TEST_P(OpHarnessTargets, EveryCaseWithinItsBoundOfTheReference) {
+  const OpHarnessTarget& t = GetParam();
+  std::set<std::string> ran, names;
+  for (const OpResult& r : run_op_harness(*t.backend, {.op = g_op, .reference = t.reference})) {
+    SCOPED_TRACE(t.name + ": " + r.name + " [" + r.shape + "]");
+    EXPECT_TRUE(r.failure.empty()) << r.failure;
+    if (!r.skipped) ran.insert(r.name);
+  }
+  for (const OpCase& c : op_cases()) names.insert(c.name);
+  if (!g_op.empty()) {
+    EXPECT_FALSE(ran.empty()) << "-o " << g_op << ": no case of " << t.name << " matches";
+  } else if (t.name == "guard" || t.name.starts_with("cpu:")) {
+    EXPECT_EQ(ran, names) << t.name << " supports every op the CPU does";
+  } else {
+    EXPECT_FALSE(ran.empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OpHarness, OpHarnessTargets, ::testing::ValuesIn(selected_targets()),
+                         [](const ::testing::TestParamInfo<OpHarnessTarget>& i) {
+                           std::string n = i.param.name;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(OpHarnessTargets);  // -b naming nothing here
+
+// What must be among the targets: the guard always; every CPU ISA this machine runs where the
+// build has more than one; the CUDA backend where there is a device (skipped, saying why, elsewhere).
+TEST(OpHarness, TheTargetsAreEveryBackendAndEveryCpuIsaHere) {
+  std::set<std::string> targets;
+  for (const OpHarnessTarget& t : op_harness_targets()) targets.insert(t.name);
+  EXPECT_TRUE(targets.count("guard"));
+  std::vector<std::string> isas;
+  for (const CpuIsa& isa : cpu_isas())
+    if (isa.supported) isas.push_back(isa.name);
+  if (isas.size() > 1) {
+    for (const std::string& isa : isas) EXPECT_TRUE(targets.count("cpu:" + isa)) << isa;
+  }
 #ifndef DIFFCP_HAVE_CUDA
   GTEST_SKIP() << "not built with the CUDA backend (-DDIFFCP_CUDA=ON)";
 #else
   std::string why;
-  if (!cuda_device_present(&why)) {
-    GTEST_SKIP() << "no CUDA device here: " << why;
-  }
-  int ran = 0;
-  for (const OpResult& r : run_op_harness(cuda_backend())) {
-    SCOPED_TRACE("cuda: " + r.name + " [" + r.shape + "]");
-    EXPECT_TRUE(r.failure.empty()) << r.failure;
-    ran += !r.skipped;
-  }
-  EXPECT_GT(ran, 0);
+  if (!cuda_device_present(&why)) GTEST_SKIP() << "no CUDA device here: " << why;
+  EXPECT_TRUE(targets.count("cuda"));
 #endif
-}
-
-TEST(OpHarness, EveryRegisteredBackendIsWithinItsBoundsOfTheCpu) {
-  (void)guard_backend();  // registers the test library's backend
-  int backends = 0;
-  for (Backend* b : registered_backends()) {
-    if (b == &cpu_backend()) continue;
-    ++backends;
-    std::set<std::string> ran;
-    for (const OpResult& r : run_op_harness(*b)) {
-      SCOPED_TRACE(std::string(b->name()) + ": " + r.name + " [" + r.shape + "]");
-      EXPECT_TRUE(r.failure.empty()) << r.failure;
-      if (!r.skipped) ran.insert(r.name);
-    }
-    std::set<std::string> names;
-    for (const OpCase& c : op_cases()) names.insert(c.name);
-    if (b == &guard_backend()) {
-      EXPECT_EQ(ran, names) << "the guard supports every op the CPU does";
-    }
-  }
-  EXPECT_GE(backends, 1);
 }
 
 TEST(OpHarness, EveryOpKindHasACaseAndEdgeShapes) {
@@ -123,3 +157,31 @@ TEST(OpHarness, AWrongOpFailsNamingItsCaseShapeAndArray) {
 
 }  // namespace
 }  // namespace diffcp
+
+// test_backend_ops [-o OP] [-b BACKEND] [gtest flags]
+int main(int argc, char** argv) {
+  std::vector<char*> rest{argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const bool o = std::strcmp(argv[i], "-o") == 0, b = std::strcmp(argv[i], "-b") == 0;
+    if ((o || b) && i + 1 == argc) {
+      std::fprintf(stderr, "test_backend_ops: %s needs a value (-o OP: a case or op name part; -b BACKEND: a target)\n", argv[i]);
+      return 2;
+    }
+    if (o) diffcp::g_op = argv[++i];
+    else if (b) diffcp::g_backend = argv[++i];
+    else rest.push_back(argv[i]);
+  }
+  (void)diffcp::guard_backend();  // registers the test library's backend
+#ifdef DIFFCP_HAVE_CUDA
+  if (diffcp::cuda_device_present(nullptr)) (void)diffcp::cuda_backend();  // registers it
+#endif
+  if (!diffcp::g_backend.empty() && diffcp::selected_targets().empty()) {
+    std::string names;
+    for (const diffcp::OpHarnessTarget& t : diffcp::op_harness_targets()) names += " " + t.name;
+    std::fprintf(stderr, "test_backend_ops: -b %s: no such target here; targets:%s\n", diffcp::g_backend.c_str(), names.c_str());
+    return 2;
+  }
+  int n = static_cast<int>(rest.size());
+  ::testing::InitGoogleTest(&n, rest.data());
+  return RUN_ALL_TESTS();
+}

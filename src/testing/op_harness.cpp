@@ -333,9 +333,20 @@ std::vector<std::vector<unsigned char>> run_op_case(Backend& b, const OpCase& c)
   return out;
 }
 
-std::vector<OpResult> run_op_harness(Backend& b, bool perf, int reps) {
+namespace {
+bool case_matches(const OpCase& c, const std::string& op) {
+  if (op.empty() || c.name.find(op) != std::string::npos) return true;
+  for (const auto& [kind, dt] : c.ops)
+    if (std::string(op_name(kind)).find(op) != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+std::vector<OpResult> run_op_harness(Backend& b, const OpHarnessOptions& o) {
+  Backend& ref_backend = o.reference != nullptr ? *o.reference : cpu_backend();
   std::vector<OpResult> results;
   for (const OpCase& c : op_cases()) {
+    if (!case_matches(c, o.op)) continue;
     OpResult r;
     r.name = c.name;
     r.shape = c.shape;
@@ -350,7 +361,7 @@ std::vector<OpResult> run_op_harness(Backend& b, bool perf, int reps) {
       results.push_back(r);
       continue;
     }
-    const auto ref = run_op_case(cpu_backend(), c);
+    const auto ref = run_op_case(ref_backend, c);
     const auto got = run_op_case(b, c);
     std::ostringstream why;
     for (std::size_t i = 0; i < c.arrays.size(); ++i) {
@@ -377,16 +388,30 @@ std::vector<OpResult> run_op_harness(Backend& b, bool perf, int reps) {
       r.worst = std::max(r.worst, err / bound);
       if (!(err <= bound))
         why << what << ": normalised error " << err << " > bound " << bound << " (element " << at << ": " << x[at]
-            << ", the cpu's " << y[at] << "); ";
+            << ", the reference's " << y[at] << "); ";
     }
     r.failure = why.str();
-    if (perf) {
-      r.cpu_ms = median_ms(cpu_backend(), c, reps);
-      r.backend_ms = median_ms(b, c, reps);
+    if (o.perf) {
+      r.cpu_ms = median_ms(ref_backend, c, o.reps);
+      r.backend_ms = median_ms(b, c, o.reps);
     }
     results.push_back(r);
   }
   return results;
+}
+
+std::vector<OpHarnessTarget> op_harness_targets() {
+  std::vector<OpHarnessTarget> out;
+  for (Backend* b : registered_backends())
+    if (b != &cpu_backend()) out.push_back({b->name(), b, &cpu_backend()});
+  std::vector<std::string> isas;
+  for (const CpuIsa& isa : cpu_isas())
+    if (isa.supported) isas.push_back(isa.name);  // widest first
+  if (isas.size() < 2) return out;
+  const std::string base = std::find(isas.begin(), isas.end(), "generic") != isas.end() ? "generic" : isas.back();
+  for (const std::string& isa : isas)
+    out.push_back({"cpu:" + isa, &cpu_backend(isa), &cpu_backend(isa == base ? isas.front() : base)});
+  return out;
 }
 
 }  // namespace diffcp

@@ -68,8 +68,25 @@ struct OpResult {
   double bytes = 0, flops = 0;
 };
 
-// Every case of op_cases() on `b` against the CPU backend. perf: also times each case on both
-// (median of `reps` runs after one warm-up).
-std::vector<OpResult> run_op_harness(Backend& b, bool perf = false, int reps = 10);
+struct OpHarnessOptions {
+  std::string op;                // run only the cases whose name or op names contain it ("" = all)
+  Backend* reference = nullptr;  // what `b` is compared with (nullptr: the CPU backend, cpu_backend())
+  bool perf = false;             // also time each case on both (median of `reps` runs after one warm-up)
+  int reps = 10;
+};
+// Every case of op_cases() (those matching o.op) on `b` against the reference.
+std::vector<OpResult> run_op_harness(Backend& b, const OpHarnessOptions& o = {});
+
+// What the harness puts through it on this machine: every registered backend but the CPU's, and
+// the CPU backend once per instruction set this build has and this CPU runs (its kernels are
+// separate implementations per ISA: src/cpu/isa.hpp), each named as `-b` selects it
+// ("guard", "cuda", "cpu:avx2", ...). A CPU ISA is compared with the generic (x86-64 baseline)
+// kernels, and those with the widest other ISA; a build with one ISA has no CPU target.
+struct OpHarnessTarget {
+  std::string name;
+  Backend* backend;
+  Backend* reference;
+};
+std::vector<OpHarnessTarget> op_harness_targets();
 
 }  // namespace diffcp
