@@ -4,7 +4,7 @@
 #     that a run's allocation is tested against): FLUX.1-dev at 1024^2 (512 text tokens) for
 #     P = 1, 2, 4, 8, and Qwen-Image (1664x928, 256 text tokens), FLUX.2-dev and SD3.5-large (1024^2)
 #     at P = 2, in f32 and bf16, replicated and sharded (--shard-weights). Data-less files of the
-#     published configs (tests/diffusers_fixture.sh): no weights are read.
+#     published configs (tests/dit/diffusers_fixture.sh): no weights are read.
 #     -> bench/dit_weights_memory.csv
 #  2. Measured at reduced depth, real width (FLUX.1's H 3072 = 24 heads x 128, M 12288; 2 double +
 #     6 single blocks, FLUX's 1:2, random weights), 512^2 with 64 text tokens, 6 Euler steps, P = 2 (one rank per
@@ -19,7 +19,7 @@ bin=${1:-build/release/src/diffcp}
 export OMP_NUM_THREADS=1
 fixture=$(mktemp -d)
 trap 'rm -rf "$fixture"' EXIT
-tests/diffusers_fixture.sh "${DIFFCP_PYTHON:-/usr/bin/python3}" "$fixture" > /dev/null
+tests/dit/diffusers_fixture.sh "${DIFFCP_PYTHON:-/usr/bin/python3}" "$fixture" > /dev/null
 
 mem_csv=bench/dit_weights_memory.csv
 echo "model,P,weights_dtype,shard_weights,parameters,weights_bytes_per_rank,activation_bytes_per_rank,gather_bytes_per_forward" > "$mem_csv"

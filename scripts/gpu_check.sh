@@ -20,7 +20,7 @@
 #                  4, and the drafter (test_drafter_guard: train steps in every shard mode, draft,
 #                  the draft cache) at P = 1, 2 with DIFFCP_TEST_DEVICE=cuda: each rank on the one
 #                  GPU, the MPI communicator staging through the host; f32 against the fp64
-#                  reference, everything within its bound of the CPU's run (tests/device_under_test.hpp);
+#                  reference, everything within its bound of the CPU's run (tests/support/device_under_test.hpp);
 #                  Then test_cp_guard at P = 3 on the rendezvous communicator (NCCL's grouping);
 #               5. the NCCL communicator at P = 1 (test_nccl_comm), and where the device has
 #                  several GPUs (one per rank) at P = 2, 3, 4: test_nccl_comm and every CP method's

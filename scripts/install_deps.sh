@@ -18,7 +18,7 @@ test_pkgs=(
       iproute2 util-linux procps jq
       # fuzz/ (libFuzzer targets built with clang, ASan + UBSan, linked by lld)
       clang libclang-rt-14-dev lld
-      # tools/dflash_reference.py (the numpy check of the DFlash format, tests/dflash_numpy_check.sh)
+      # tools/dflash_reference.py (the numpy check of the DFlash format, tests/drafter/dflash_numpy_check.sh)
       python3-numpy
       # the Python package (python/: pybind11 extension, pytest suite, `pip install .` in a venv;
       # pip fetches the build backend from PyPI over HTTPS, which needs the CA bundle)

@@ -37,8 +37,16 @@ const char* role(const Backend& b) {
 }
 }  // namespace
 
+namespace {
+bool g_print_key = false;  // backends --key
+}  // namespace
+
 void add_backends_command(CLI::App& app) {
-  app.add_subcommand("backends", "List the compute backends of this build and machine (select one with --backend)");
+  CLI::App* sub =
+      app.add_subcommand("backends", "List the compute backends of this build and machine (select one with --backend)");
+  sub->add_flag("--key", g_print_key,
+                "print only what determines the selected backend's result bits (its kernel_key: the CPU's kernels' "
+                "version and ISA, compiler, oneDNN version and paths): the bitwise golden's machine key");
 }
 
 Backend& select_backend(const std::string& name, const std::string& command) {
@@ -58,7 +66,11 @@ Backend& select_backend(const std::string& name, const std::string& command) {
 
 int run_backends(const std::string& selected) {
   register_cli_backends();
-  find_backend(selected);  // an unknown --backend is an error here too
+  Backend& chosen = find_backend(selected);  // an unknown --backend is an error here too
+  if (g_print_key) {
+    std::printf("%s\n", chosen.kernel_key().c_str());
+    return 0;
+  }
   for (Backend* b : registered_backends()) {
     std::printf("%-6s device %-6s %s%s\n", b->name(), device_name(b->device()), role(*b),
                 selected == b->name() ? "; selected (--backend / DIFFCP_BACKEND)" : "");

@@ -45,6 +45,18 @@ std::string CpuBackend::describe(DType dtype) const {
   return kernels + (dtype == DType::bf16 ? bf16_gemm_path() : dtype_name(dtype) + std::string(" oneDNN sgemm")) + dense;
 }
 
+std::string CpuBackend::kernel_key() const {
+  const char* dense_f32 = vec_attention_ready(DType::f32, kVecHeadDim) ? "vec" : "none";
+  const char* dense_bf16 = amx_attention_ready(kAmxHeadDim)                     ? "amx"
+                           : vec_attention_ready(DType::bf16, kVecHeadDim) ? "vec"
+                                                                           : "none";
+  std::string cxx = __VERSION__;
+  for (char& c : cxx)
+    if (c == ' ') c = '_';
+  return "cpu_kernels=v" + std::to_string(kCpuKernelsVersion) + " isa=" DIFFCP_STR(DIFFCP_CPU_ISA) " cxx=" + cxx +
+         " " + onednn_key() + " dense_f32=" + dense_f32 + " dense_bf16=" + dense_bf16;
+}
+
 Backend& backend() {
   static CpuBackend b;
   return b;

@@ -22,11 +22,18 @@
 
 namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
+// The CPU kernels' arithmetic version: bump it in the change that makes any CPU kernel's result
+// differ by one bit on purpose (a new reduction order, a new fused path). It is part of
+// kernel_key(), so the bitwise golden (tests/project/bitwise_golden.sh) asks for a new recording instead
+// of failing; a change that must not change bits (a refactor) leaves it alone and is checked.
+inline constexpr int kCpuKernelsVersion = 1;
+
 class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
   bool supports(OpKind op, DType dtype) const override;
   std::string describe(DType dtype) const override;
+  std::string kernel_key() const override;
 
   void gemm(const GemmArgs& args) override;
   void bias_backward(ConstTensorView dy, TensorView db) override;

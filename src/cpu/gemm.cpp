@@ -381,40 +381,60 @@ void CpuBackend::dense_linear(ConstTensorView x, ConstTensorView w, const Packed
     for (std::int64_t r = 0; r < M; ++r) std::memcpy(y_out + r * ldy_out, yp + r * N, sizeof(float) * N);
 }
 
-std::string bf16_gemm_path() {
-  // One probe primitive at a typical tile shape tells whether oneDNN has a bf16 matmul here.
-  static const std::string path = [] {
-    const char* isa = [] {
-      switch (dnnl_get_effective_cpu_isa()) {
-        case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
-        case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
-        case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
-        case dnnl_cpu_isa_avx512_core: return "avx512_core";
-        case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
-        case dnnl_cpu_isa_avx2: return "avx2";
-        case dnnl_cpu_isa_avx: return "avx";
-        case dnnl_cpu_isa_sse41: return "sse41";
-        default: return "other";
-      }
-    }();
+namespace {
+// What oneDNN runs here for a bf16 matmul, probed once with one primitive at a typical tile shape.
+struct Bf16Probe {
+  const char* isa;   // oneDNN's effective ISA
+  std::string impl;  // its matmul implementation; "" where it has none or only its reference one
+  bool reference;
+};
+const Bf16Probe& bf16_probe() {
+  static const Bf16Probe probe = [] {
+    Bf16Probe p{[] {
+                  switch (dnnl_get_effective_cpu_isa()) {
+                    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+                    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+                    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+                    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+                    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+                    case dnnl_cpu_isa_avx2: return "avx2";
+                    case dnnl_cpu_isa_avx: return "avx";
+                    case dnnl_cpu_isa_sse41: return "sse41";
+                    default: return "other";
+                  }
+                }(),
+                "", false};
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     const dnnl::memory::desc a({64, 128}, dnnl_dt::bf16, dnnl::memory::format_tag::ab);
     const dnnl::memory::desc b({128, 256}, dnnl_dt::bf16, dnnl::memory::format_tag::ab);
     const dnnl::memory::desc c({64, 256}, dnnl_dt::f32, dnnl::memory::format_tag::ab);
     try {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), eng);
-      const std::string impl = pd.impl_info_str();
-      if (is_reference(pd))
-        return std::string("bf16 converted to f32 + oneDNN sgemm (oneDNN has only its reference bf16 matmul on ISA ") +
-               isa + ")";
-      const bool native = std::strcmp(isa, "avx512_core_bf16") == 0 || std::strcmp(isa, "avx512_core_amx") == 0;
-      return std::string("oneDNN bf16 matmul (") + impl + ", ISA " + isa +
-             (native ? ", native bf16 instructions)" : ", bf16 emulated in f32 units)");
+      p.reference = is_reference(pd);
+      if (!p.reference) p.impl = pd.impl_info_str();
     } catch (const dnnl::error&) {
-      return std::string("bf16 converted to f32 + oneDNN sgemm (oneDNN has no bf16 matmul on ISA ") + isa + ")";
     }
+    return p;
   }();
-  return path;
+  return probe;
+}
+}  // namespace
+
+std::string bf16_gemm_path() {
+  const Bf16Probe& p = bf16_probe();
+  if (p.impl.empty())
+    return std::string("bf16 converted to f32 + oneDNN sgemm (oneDNN has ") +
+           (p.reference ? "only its reference bf16 matmul" : "no bf16 matmul") + " on ISA " + p.isa + ")";
+  const bool native = std::strcmp(p.isa, "avx512_core_bf16") == 0 || std::strcmp(p.isa, "avx512_core_amx") == 0;
+  return "oneDNN bf16 matmul (" + p.impl + ", ISA " + p.isa +
+         (native ? ", native bf16 instructions)" : ", bf16 emulated in f32 units)");
+}
+
+std::string onednn_key() {
+  const dnnl_version_t* v = dnnl_version();
+  const Bf16Probe& p = bf16_probe();
+  return "onednn=" + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+         " onednn_isa=" + p.isa + " bf16_gemm=" + (p.impl.empty() ? std::string("converted") : p.impl);
 }
 
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA

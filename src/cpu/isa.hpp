@@ -4,7 +4,7 @@
 // -DDIFFCP_CPU_ISA=<isa> -DDIFFCP_CPU_ISA_<ISA>; dispatch.cpp picks one at run time from the CPU's
 // features (DIFFCP_CPU_ISA=<isa> in the environment overrides).
 //
-// This header must be a kernel file's LAST include (tests/cpu_isa_check.sh checks it): the
+// This header must be a kernel file's LAST include (tests/kernels/cpu_isa_check.sh checks it): the
 // `#pragma GCC target` below applies to every function defined after it, so the kernel file's own
 // functions, its OpenMP regions and what they inline are compiled for the ISA, while the library
 // and std templates declared in the headers above it keep the baseline ISA in every copy (no

@@ -1,7 +1,7 @@
 // The CUDA attention's plans of a BlockMask (the layouts are in attention.hpp) and the GEMM path's
 // runs and spans, built on the host
 // and staged to the device with each call. Plain C++: built in every configuration, so their unit
-// test (tests/test_cuda_plan.cpp) runs without a GPU.
+// test (tests/kernels/test_cuda_plan.cpp) runs without a GPU.
 #pragma once
 
 #include <cstdint>

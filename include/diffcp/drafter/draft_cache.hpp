@@ -21,7 +21,7 @@
 // blocks (a GEMM's row result may depend on M and on the row's place in the kernel's blocking),
 // and the attention visits the keys in other tiles (draft_block splits the context into up to
 // 4 chunks per rank; the online softmax's accumulation order follows the tiles). Tests bound the
-// difference (tests/test_dflash.cpp, DraftCache.*; on the guard device: test_drafter_guard.cpp).
+// difference (tests/drafter/test_dflash.cpp, DraftCache.*; on the guard device: test_drafter_guard.cpp).
 //
 // Collective: every rank of `cp` calls append() and draft() in the same order with the same
 // arguments (the whole target_hidden and noise, as draft_block).

@@ -137,6 +137,10 @@ class Backend {
   // What runs ops of `dtype` here, for logs and benchmark output (e.g. which oneDNN kernel and
   // instruction set serves bf16). Default: the backend's name.
   virtual std::string describe(DType dtype) const { return std::string(name()) + " (" + dtype_name(dtype) + ")"; }
+  // What determines this backend's result bits, as one line of key=value words (the CPU's: its
+  // kernels' version and ISA, the compiler, oneDNN's version and paths, the fused attention paths).
+  // `diffcp backends --key` prints the active one; the bitwise golden is recorded under it.
+  virtual std::string kernel_key() const { return name(); }
 
   // ---- hooks: each default fails naming this backend, the op and the dtype ----
   virtual void gemm(const GemmArgs& args);

@@ -9,7 +9,7 @@
 //                     all-zero block) gives c_i = 0
 // Decoded: x_i' = e4m3_value(c_i) * s, rounded once to the destination dtype (f32 or bf16).
 //
-// Error bound (f32 decode; what tests/test_dit_fp8.cpp asserts): with y = fl(x / s),
+// Error bound (f32 decode; what tests/dit/test_dit_fp8.cpp asserts): with y = fl(x / s),
 //   |x' - x| <= 2^-4 |x| + 2^-10 s + 2^-21 |x|
 // 2^-4 |x|: half an ulp of a 3-bit mantissa (|y| in the normal range [2^-6, 448]); 2^-10 s: half the
 // subnormal spacing 2^-9 (|y| < 2^-6); 2^-21 |x|: the f32 roundings of x / s and c s. |y| <= 448
@@ -17,7 +17,7 @@
 // ever produced from finite input. A value c s with c an e4m3 value and s = amax / 448 exactly (e.g.
 // s a power of two with one element at +-448 s) round-trips exactly. A non-finite input makes the
 // block's scale non-finite and its whole decode non-finite (NaN; an inf element +-inf): visible, not
-// hidden (tests/test_dit_fp8.cpp NonFiniteInput...). bf16 decode adds one bf16
+// hidden (tests/dit/test_dit_fp8.cpp NonFiniteInput...). bf16 decode adds one bf16
 // rounding (2^-9 |x'|).
 //
 // Legend: n blocks of d elements; enc: [n][d + 4] bytes.

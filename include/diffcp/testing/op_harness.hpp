@@ -7,8 +7,8 @@
 // under test, from the same inputs, and the arrays (inputs and outputs) are compared afterwards.
 // A backend that does not support one of a case's (op, dtype) pairs skips that case (reported);
 // one that claims an op and gets it wrong fails with the case, its shape, the array and the error.
-// The guard device passes it bit for bit (tests/test_guard.cpp checks that stronger property on
-// the same cases); tests/test_backend_ops.cpp runs every registered backend through it and shows
+// The guard device passes it bit for bit (tests/kernels/test_guard.cpp checks that stronger property on
+// the same cases); tests/kernels/test_backend_ops.cpp runs every registered backend through it and shows
 // that a wrong op fails; bench/bench_backend_ops.cpp is the command (`--perf`).
 #pragma once
 

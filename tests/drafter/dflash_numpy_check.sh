@@ -48,13 +48,13 @@ PY
   mpirun --oversubscribe -np 3 "$bin" draft --model "$work/$dtype" --target-hidden "$work/H.npy" \
     --noise-embedding "$work/E.npy" --out "$work/got_$dtype.npy" >/dev/null
   echo "$dtype:"
-  "$py" "$here/../tools/dflash_reference.py" "$work/$dtype" "$work/H.npy" "$work/E.npy" "$work/ref_$dtype.npy" \
+  "$py" "$here/../../tools/dflash_reference.py" "$work/$dtype" "$work/H.npy" "$work/E.npy" "$work/ref_$dtype.npy" \
     --check "$work/got_$dtype.npy" --rtol 2e-5
 done
 mpirun --oversubscribe -np 3 "$bin" draft --model "$work/f32" --target-hidden "$work/H.npy" \
   --noise-embedding "$work/E.npy" --out "$work/cached_f32.npy" --draft-cache >/dev/null
 echo "f32 from the draft cache:"
-"$py" "$here/../tools/dflash_reference.py" "$work/f32" "$work/H.npy" "$work/E.npy" "$work/ref_f32.npy" \
+"$py" "$here/../../tools/dflash_reference.py" "$work/f32" "$work/H.npy" "$work/E.npy" "$work/ref_f32.npy" \
   --check "$work/cached_f32.npy" --rtol 2e-5
 for variant in "100 null" "7 null" "100 false"; do
   set -- $variant
@@ -71,11 +71,11 @@ PY
   mpirun --oversubscribe -np 3 "$bin" draft --model "$d" --target-hidden "$work/H.npy" \
     --noise-embedding "$work/E.npy" --out "$d/got.npy" >/dev/null
   echo "sliding window $1, is_causal $2:"
-  "$py" "$here/../tools/dflash_reference.py" "$d" "$work/H.npy" "$work/E.npy" "$d/ref.npy" --check "$d/got.npy" --rtol 2e-5
+  "$py" "$here/../../tools/dflash_reference.py" "$d" "$work/H.npy" "$work/E.npy" "$d/ref.npy" --check "$d/got.npy" --rtol 2e-5
   mpirun --oversubscribe -np 2 "$bin" draft --model "$d" --target-hidden "$work/H.npy" \
     --noise-embedding "$work/E.npy" --out "$d/cached.npy" --draft-cache >/dev/null
   echo "  from the draft cache:"
-  "$py" "$here/../tools/dflash_reference.py" "$d" "$work/H.npy" "$work/E.npy" "$d/ref.npy" --check "$d/cached.npy" --rtol 2e-5
+  "$py" "$here/../../tools/dflash_reference.py" "$d" "$work/H.npy" "$work/E.npy" "$d/ref.npy" --check "$d/cached.npy" --rtol 2e-5
   # the window matters: the full-attention drafter's block differs
   "$py" -c "import numpy as np, sys; a, b = np.load(sys.argv[1]), np.load(sys.argv[2]); e = np.abs(a - b).max() / np.abs(b).max(); print(f'  differs from full attention by {e:.3g}'); sys.exit(int(e < 1e-3))" "$d/got.npy" "$work/got_f32.npy"
 done

@@ -13,7 +13,7 @@
 //     under their base kind); stats_json() / CommStats::to_json().
 //   * split (reversed key order, opt-out with color < 0, separate counters) and split_node_local.
 //   * invalid arguments throw diffcp::Error identically on every rank, before any collective.
-//   * the seam for other backends: a partial backend (tests/forwarding_comm.hpp) fails naming
+//   * the seam for other backends: a partial backend (tests/support/forwarding_comm.hpp) fails naming
 //     itself and the operation it lacks; the log-sum-exp merge without the fused reduction (max,
 //     then sum of rescaled exponentials) equals the fused one and the fp64 value.
 #include <algorithm>

@@ -13,9 +13,9 @@ family=${1:?usage: family_numpy_check.sh qwen_image|flux2|sd3 DIFFCP}
 bin=${2:?usage: family_numpy_check.sh qwen_image|flux2|sd3 DIFFCP}
 here=$(cd "$(dirname "$0")" && pwd)
 case $family in
-  qwen_image) ref="$here/../tools/qwenimage_reference.py" ;;
-  flux2) ref="$here/../tools/flux2_reference.py" ;;
-  sd3) ref="$here/../tools/sd3_reference.py" ;;
+  qwen_image) ref="$here/../../tools/qwenimage_reference.py" ;;
+  flux2) ref="$here/../../tools/flux2_reference.py" ;;
+  sd3) ref="$here/../../tools/sd3_reference.py" ;;
   *) echo "family_numpy_check.sh: unknown family '$family'" >&2; exit 2 ;;
 esac
 work=$(mktemp -d)

@@ -11,7 +11,7 @@ set -euo pipefail
 py=${DIFFCP_PYTHON:-python3}  # a python3 with numpy (tests/CMakeLists.txt)
 bin=${1:?usage: flux_numpy_check.sh DIFFCP}
 here=$(cd "$(dirname "$0")" && pwd)
-ref="$here/../tools/flux_reference.py"
+ref="$here/../../tools/flux_reference.py"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

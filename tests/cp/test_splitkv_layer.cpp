@@ -193,7 +193,7 @@ TEST(SplitKVLayerComm, CountersEqualClosedFormAndIgnoreContextLength) {
   EXPECT_EQ(totals[0], totals[1]);
 }
 
-// On a backend without the fused log-sum-exp reduction (tests/forwarding_comm.hpp: NCCL's case) the
+// On a backend without the fused log-sum-exp reduction (tests/support/forwarding_comm.hpp: NCCL's case) the
 // layer merges lse by max + sum: still exact, one all-reduce more, and the closed form counts it.
 TEST(SplitKVLayerComm, WithoutFusedLseReductionExactAndClosedForm) {
   test::ForwardingComm toy(world());

@@ -11,7 +11,7 @@
 // guard memory) under V-First and Flat, and the fp8 wire under cocodiff (the codec as device ops,
 // V-Major's fp8 caches, bf16 decode): every step's velocity and the final latent equal the CPU run's.
 // The exchange test runs its f32 cases in both wires (fp8: Ring's K|V hops too).
-// DIFFCP_TEST_DEVICE=cuda runs the same on a GPU (tests/device_under_test.hpp): within bounds of
+// DIFFCP_TEST_DEVICE=cuda runs the same on a GPU (tests/support/device_under_test.hpp): within bounds of
 // the CPU's run.
 #include <optional>
 #include <string>

@@ -9,7 +9,7 @@ py=${DIFFCP_PYTHON:-python3}  # a python3 with numpy (tests/CMakeLists.txt)
 bin=${1:?usage: sim_cluster_check.sh DIFFCP TOL_PCT}
 tol=${2:?}
 here=$(cd "$(dirname "$0")" && pwd)
-emu="$here/../scripts/emucluster.sh"
+emu="$here/../../scripts/emucluster.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
@@ -17,7 +17,8 @@ export OMP_NUM_THREADS=1
 shape=(--samples 2 --context 4k --queries 256 --hidden 1024 --n-q 16 --n-kv 4 --d-h 64 --oproj owned)
 topo=(--nodes 2 --ranks-per-node 1 --inter-gbit 2 --intra-gbit 16)
 # One attempt: calibrate, run, predict, compare. Exit 0: passed; 1: a step time off (the host's
-# slow spells move one measurement or one calibration by 35-60 %: bench/RESULTS.md); 2: bytes differ.
+# slow spells move one measurement or one calibration by 35-60 %:
+# bench/history/2026-12-02-issue-12-sim.md); 2: bytes differ.
 attempt() {
   "$emu" run "${topo[@]}" -- "$bin" sim calibrate --n-q 16 --n-kv 4 --d-h 64 --out "$work/profile.json" >/dev/null
   "$emu" run "${topo[@]}" -- "$bin" bench cp --methods splitkv,ring,lvxattn "${shape[@]}" --reps 3 --json >"$work/meas.json"

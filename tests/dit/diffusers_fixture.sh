@@ -17,7 +17,7 @@ set -euo pipefail
 py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
 dir=${2:?usage: diffusers_fixture.sh PYTHON DIR}
 here="$(cd "$(dirname "$0")" && pwd)"
-ref="$here/../tools/flux_reference.py"
+ref="$here/../../tools/flux_reference.py"
 rm -rf "$dir"
 "$py" "$ref" make --out "$dir/pipe" --format diffusers >/dev/null
 t="$dir/pipe/transformer"
@@ -38,15 +38,15 @@ json.dump(c, open(sys.argv[2], "w"))
 PY
 done
 mkdir -p "$dir/empty"
-qref="$here/../tools/qwenimage_reference.py"
+qref="$here/../../tools/qwenimage_reference.py"
 "$py" "$qref" make --out "$dir/qwen" --text-tokens 8 --neg-tokens 5 >/dev/null
-"$py" "$qref" header --config "$here/data/qwen-image-diffusers.json" --out "$dir/qwen-image" >/dev/null
-fref="$here/../tools/flux2_reference.py"
+"$py" "$qref" header --config "$here/../data/qwen-image-diffusers.json" --out "$dir/qwen-image" >/dev/null
+fref="$here/../../tools/flux2_reference.py"
 "$py" "$fref" make --out "$dir/flux2" >/dev/null
-"$py" "$fref" header --config "$here/data/flux2-dev-diffusers.json" --out "$dir/flux2-dev" >/dev/null
-sref="$here/../tools/sd3_reference.py"
+"$py" "$fref" header --config "$here/../data/flux2-dev-diffusers.json" --out "$dir/flux2-dev" >/dev/null
+sref="$here/../../tools/sd3_reference.py"
 "$py" "$sref" make --out "$dir/sd3" >/dev/null
-"$py" "$sref" header --config "$here/data/sd3.5-large-diffusers.json" --out "$dir/sd3.5-large" >/dev/null
+"$py" "$sref" header --config "$here/../data/sd3.5-large-diffusers.json" --out "$dir/sd3.5-large" >/dev/null
 mkdir -p "$dir/sd3_dual"
 ln -s "$dir/sd3/transformer/diffusion_pytorch_model.safetensors" "$dir/sd3_dual/"
 "$py" -c "import json, sys; c = json.load(open(sys.argv[1])); c['dual_attention_layers'] = [0]; json.dump(c, open(sys.argv[2], 'w'))" \
@@ -74,7 +74,7 @@ c["zero_cond_t" if sys.argv[3] == "qwen_zero_cond" else "guidance_embeds"] = Tru
 json.dump(c, open(sys.argv[2], "w"))
 PY
 done
-"$py" "$ref" header --format diffusers --config "$here/data/flux1-dev-diffusers.json" --out "$dir/flux1-dev" >/dev/null
+"$py" "$ref" header --format diffusers --config "$here/../data/flux1-dev-diffusers.json" --out "$dir/flux1-dev" >/dev/null
 for case in sched_karras sched_field; do
   mkdir -p "$dir/$case/scheduler"
   ln -s "$t" "$dir/$case/transformer"

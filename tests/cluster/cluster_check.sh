@@ -11,7 +11,7 @@
 set -uo pipefail
 bin=$1 nodes=$2 rpn=$3 inter=$4 intra=$5
 here=$(cd "$(dirname "$0")" && pwd)
-emu="$here/../scripts/emucluster.sh"
+emu="$here/../../scripts/emucluster.sh"
 fail() { echo "cluster_check: FAIL: $*"; exit 1; }
 topo=(--nodes "$nodes" --ranks-per-node "$rpn" --inter-gbit "$inter" --intra-gbit "$intra")
 before=$(ip netns list | grep -c '^dcpemu-' || true)

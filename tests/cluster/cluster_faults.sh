@@ -13,7 +13,7 @@ set -uo pipefail
 bin=${1:?usage: cluster_faults.sh DIFFCP [RESULTS.csv]}
 results=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
-emu="$here/../scripts/emucluster.sh"
+emu="$here/../../scripts/emucluster.sh"
 timeout_s=5         # --comm-timeout of the runs
 steps=120 every=5   # ~65 ms a step here: ~8 s a run, a checkpoint every 5 steps
 fail() { echo "cluster_faults: FAIL: $*"; exit 1; }

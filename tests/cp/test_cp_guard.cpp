@@ -5,7 +5,7 @@
 // count, f32 and bf16 (Split-KV: --oproj all and owned, flat and hierarchical collectives): the results equal
 // the same layer's on the CPU backend bit for bit (and, in f32, the fp64 reference). A host loop
 // over device memory left anywhere in the method faults the test. DIFFCP_TEST_DEVICE=cuda runs
-// the same on a GPU (tests/device_under_test.hpp): within bounds of the CPU's run, and the f32
+// the same on a GPU (tests/support/device_under_test.hpp): within bounds of the CPU's run, and the f32
 // layer against the fp64 reference.
 #include <string>
 #include <vector>
@@ -104,7 +104,7 @@ TEST_P(CpOnGuardDevice, EqualsTheCpuRunBitForBit) {
       }
 }
 
-// A communicator without the fused log-sum-exp reduction (NCCL's case, tests/forwarding_comm.hpp):
+// A communicator without the fused log-sum-exp reduction (NCCL's case, tests/support/forwarding_comm.hpp):
 // Split-KV's lse all-reduce then runs as max + sum with the lse_shift op in between, on guard memory.
 TEST(CpOnGuardDevice, SplitKVWithoutAFusedLseReductionEqualsTheCpuRun) {
   DIFFCP_DEVICE_OR_SKIP(dev);

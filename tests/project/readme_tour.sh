@@ -5,7 +5,7 @@
 set -euo pipefail
 bin=${1:?usage: readme_tour.sh DIFFCP}
 here=$(cd "$(dirname "$0")" && pwd)
-readme="$here/../README.md"
+readme="$here/../../README.md"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mapfile -t lines < <(awk '/^## A tour/ {s = 1} s && /^```sh/ {b = 1; next} b && /^```/ {exit}
@@ -16,7 +16,7 @@ n=0
 for line in "${lines[@]}"; do
   case "$line" in
     d=*) continue ;;                      # the README's own path to the program
-    "source scripts/env.sh") source "$here/../scripts/env.sh"; continue ;;
+    "source scripts/env.sh") source "$here/../../scripts/env.sh"; continue ;;
     *emucluster.sh*) echo "readme_tour: skipped (cluster tests): $line"; continue ;;
   esac
   echo "readme_tour: \$ $line"

@@ -6,7 +6,7 @@
 // CPU backend's runs bit for bit (every step's loss and gradient norm, tau, the final parameters,
 // the drafted hidden states). A
 // host loop over device memory left anywhere in the drafter faults the test. DIFFCP_TEST_DEVICE=cuda
-// runs the same on a GPU (tests/device_under_test.hpp): within bounds of the CPU's run.
+// runs the same on a GPU (tests/support/device_under_test.hpp): within bounds of the CPU's run.
 #include <string>
 #include <vector>
 

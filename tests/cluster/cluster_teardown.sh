@@ -7,7 +7,7 @@
 # after each: no namespace of the run, no state, no process of the run left.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-emu="$here/../scripts/emucluster.sh"
+emu="$here/../../scripts/emucluster.sh"
 fail() { echo "cluster_teardown: FAIL: $*"; exit 1; }
 topo=(--nodes 2 --ranks-per-node 1 --inter-gbit 1)
 nothing_left() {  # $1 = what happened
