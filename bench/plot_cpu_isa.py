@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Medians per (build, isa, d_h) of bench/bench_cpu_isa.sh's CSV, as the table in bench/RESULTS.md."""
+"""Medians per (build, isa, d_h) of bench/bench_cpu_isa.sh's CSV, as the table in
+bench/history/2026-12-03-issue-39-avx2-portable-build.md (bench/RESULTS.md's `kernels` table is
+bench/results_tables.py's)."""
 import csv
 import statistics
 import sys
