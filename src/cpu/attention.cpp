@@ -22,7 +22,7 @@ namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 namespace {
 
-constexpr std::int64_t kKeyTile = 512;  // keys per tile (see bench/RESULTS.md, issue #39)
+constexpr std::int64_t kKeyTile = 512;  // keys per tile (bench/history/2026-12-03-issue-39-avx2-portable-build.md)
 // Forward: query rows per tile, so that a [rows, kKeyTile] score tile stays in L2 when a block has
 // many query rows (the DiT's dense attention: a block is one image's tokens of this rank). Blocks
 // of at most this many rows (DFlash: G*B <= 128) run as one tile, as before (issue #54).
@@ -394,7 +394,7 @@ struct BackwardScratch {
 // its other tile shapes (512 x 128 x 64, one thread), which held the d_h = 128 backward to 62 % of
 // GEMM. On AVX-512 the row-major form was as fast or faster (f32), and oneDNN's bf16 matmul ran
 // key-major ~12 % slower: there, and for bf16 everywhere, tiles stay row-major ([GB, kt]).
-// Measured: bench/RESULTS.md, issue #39.
+// Measured: bench/history/2026-12-03-issue-39-avx2-portable-build.md.
 constexpr bool kKeyMajorF32Backward = DIFFCP_SIMD_BYTES < 64;
 
 // One key tile [j0, j0 + kt) of a block's backward (kv head h): dV, dK += (rows j0..), w.dq +=.

@@ -368,7 +368,7 @@ void DitWeights::issue(int u) const {
   pending_unit_ = u;
   // The all-gather as point-to-point messages (the receives first): they progress at every poll()
   // and complete in one copy each on a node, where a non-blocking collective would wait for its
-  // rounds (measured in bench/RESULTS.md). Window = [P][c_u]: rank r's slice at r c_u.
+  // rounds (measured: bench/history/2026-12-04-issue-35-weights-and-pipelines.md). Window = [P][c_u]: rank r's slice at r c_u.
   const std::size_t c = static_cast<std::size_t>(slice(u));
   const void* mine = units_[static_cast<std::size_t>(u)].data();
   std::byte* window = static_cast<std::byte*>(windows_[pending_window_].data());
