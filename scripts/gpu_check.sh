@@ -170,16 +170,16 @@ print(c[0] if c else "")' "$1" 2>/dev/null || true)
       step cp_methods_rendezvous_np3 60 env DIFFCP_COMM=rendezvous "${mpi[@]}" 3 "$bin/test_cp_guard" --gtest_brief=1
       unset DIFFCP_TEST_DEVICE
       step nccl_np1 60 "${mpi[@]}" 1 "$bin/test_nccl_comm" --gtest_brief=1
-      # NCCL across GPUs, one per rank (its node-local rank picks it), where the device has them:
+      # NCCL across GPUs, one per rank (the library picks it by the node-local rank:
+      # comm/mpi_runtime.hpp node_local; no CUDA_VISIBLE_DEVICES), where the device has them:
       # the communicator's tests and every CP method forward + backward against fp64 at P = 2-4
       ngpu=0
       [ $gpu = 1 ] && ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-      own_gpu=(sh -c 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"')
       for np in 2 3 4; do
         if [ "$ngpu" -lt "$np" ]; then say "nccl at P = $np: skipped ($ngpu GPUs)"; continue; fi
-        step "nccl_np$np" 60 "${mpi[@]}" "$np" "${own_gpu[@]}" "$bin/test_nccl_comm" --gtest_brief=1
+        step "nccl_np$np" 60 "${mpi[@]}" "$np" "$bin/test_nccl_comm" --gtest_brief=1
         for m in splitkv ring ringx lvxattn; do
-          step "nccl_${m}_np$np" 60 "${mpi[@]}" "$np" "${own_gpu[@]}" "$bin/diffcp" --backend cuda --comm nccl attn \
+          step "nccl_${m}_np$np" 60 "${mpi[@]}" "$np" "$bin/diffcp" --backend cuda --comm nccl attn \
             --method "$m" --check --reps 1 --warmup 0
         done
       done

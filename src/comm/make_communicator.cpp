@@ -19,6 +19,7 @@ std::vector<std::string> comm_kinds() {
 }
 
 std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Comm comm, const std::string& name) {
+  find_node_local(comm);  // before the NCCL communicator creates the CUDA backend (it picks its GPU by it)
   if (kind == "mpi") return std::make_unique<MpiCommunicator>(comm, name);
   if (kind == "rendezvous") return std::make_unique<RendezvousCommunicator>(comm, name);
 #ifdef DIFFCP_HAVE_CUDA

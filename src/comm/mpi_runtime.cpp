@@ -25,6 +25,24 @@ namespace {
 }
 }  // namespace
 
+namespace {
+NodeLocal g_node_local;  // set once, by find_node_local, before any device backend exists
+}  // namespace
+
+NodeLocal node_local() { return g_node_local; }
+
+void find_node_local(MPI_Comm comm) {
+  if (g_node_local.rank >= 0) return;
+  MPI_Comm node = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_rank(node, &rank);
+    MPI_Comm_size(node, &size);
+    MPI_Comm_free(&node);
+  }
+  g_node_local = {rank, size};
+}
+
 int run_mpi_main(int argc, char** argv, const std::function<int(Communicator& world)>& body) {
 #if defined(__GLIBC__)
   // Keep freed memory in the process (a caching allocator in effect, as PyTorch has): glibc
@@ -43,6 +61,7 @@ int run_mpi_main(int argc, char** argv, const std::function<int(Communicator& wo
   }
   int rc = 0;
   try {
+    find_node_local(MPI_COMM_WORLD);
     MpiCommunicator world(MPI_COMM_WORLD, "world");
     rc = body(world);
   } catch (const std::exception& e) {

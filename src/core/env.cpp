@@ -15,6 +15,7 @@ const char* env_name(EnvKnob k) {
     case EnvKnob::comm: return "DIFFCP_COMM";
     case EnvKnob::comm_timeout: return "DIFFCP_COMM_TIMEOUT";
     case EnvKnob::profiles: return "DIFFCP_PROFILES";
+    case EnvKnob::cuda_attention: return "DIFFCP_CUDA_ATTENTION";
   }
   return "?";
 }

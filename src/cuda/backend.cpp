@@ -16,6 +16,8 @@
 
 #include "attention.hpp"
 #include "diffcp/attention/mask.hpp"
+#include "diffcp/comm/mpi_runtime.hpp"
+#include "diffcp/core/env.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
 #include "diffcp/ops/rope.hpp"
@@ -48,13 +50,17 @@ Rows rows_of(const View& t) {
 class CudaBackend final : public Backend {
  public:
   CudaBackend() {
-    cuda_ok(cudaSetDevice(0), "cudaSetDevice(0)");
+    int devices = 0;
+    cuda_ok(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+    ordinal_ = cuda_device_ordinal();
+    cuda_ok(cudaSetDevice(ordinal_), "cudaSetDevice");
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     lt_ok(cublasLtCreate(&lt_), "create");
     cuda_ok(cudaMalloc(&workspace_, kWorkspace), "cudaMalloc(cuBLASLt workspace)");
     cudaDeviceProp p{};
-    cuda_ok(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
-    device_name_ = std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor);
+    cuda_ok(cudaGetDeviceProperties(&p, ordinal_), "cudaGetDeviceProperties");
+    device_name_ = "GPU " + std::to_string(ordinal_) + " of " + std::to_string(devices) + ": " + p.name + ", sm_" +
+                   std::to_string(p.major) + std::to_string(p.minor);
   }
   const char* name() const override { return "cuda"; }
   cudaStream_t stream() const { return stream_; }  // for cuda_stream() (the NCCL communicator)
@@ -878,11 +884,11 @@ class CudaBackend final : public Backend {
   static constexpr std::int64_t kScoreBytes = std::int64_t{1} << 30;  // the GEMM forward's scores per chunk
   // DIFFCP_CUDA_ATTENTION: gemm (default: the tensor-core forward) | simt (the warp-per-row kernel)
   bool simt_attention_ = [] {
-    const char* e = std::getenv("DIFFCP_CUDA_ATTENTION");
-    const std::string v = e != nullptr ? e : "gemm";
-    DIFFCP_CHECK(v == "gemm" || v == "simt", "DIFFCP_CUDA_ATTENTION = '", v, "': expected gemm or simt");
+    const std::string v = env_value(EnvKnob::cuda_attention).value_or("gemm");
+    DIFFCP_CHECK(v == "gemm" || v == "simt", env_name(EnvKnob::cuda_attention), " = '", v, "': expected gemm or simt");
     return v == "simt";
   }();
+  int ordinal_ = 0;  // this rank's GPU
   Device device_ = register_device("cuda");
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
@@ -901,6 +907,16 @@ bool cuda_device_present(std::string* why) {
     return false;
   }
   return true;
+}
+
+int cuda_device_ordinal() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices <= 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  const NodeLocal here = node_local();
+  return here.rank >= 0 ? here.rank % devices : 0;
 }
 
 Backend& cuda_backend() {

@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "diffcp/comm/communicator.hpp"
+#include "diffcp/comm/mpi_runtime.hpp"
 #include "diffcp/cp/lse_reduce.hpp"
 #include "error_of.hpp"
 #include "forwarding_comm.hpp"
@@ -707,4 +708,15 @@ TEST_F(Comm, LseMergeFallbackEqualsFusedAndFp64) {
 }
 
 }  // namespace
+// The node-local rank a device backend picks its GPU by (comm/mpi_runtime.hpp): every rank of this
+// one-machine job shares the node, in world-rank order.
+TEST(NodeLocal, EveryRankOfThisMachineInWorldOrder) {
+  Communicator& world = test::world();
+  const NodeLocal here = node_local();
+  EXPECT_EQ(here.size, world.size());
+  EXPECT_EQ(here.rank, world.rank());
+  find_node_local(MPI_COMM_WORLD);  // a second call changes nothing (and is not collective)
+  EXPECT_EQ(node_local().rank, here.rank);
+}
+
 }  // namespace diffcp

@@ -58,7 +58,7 @@ const std::string& why_not() {
     constexpr std::size_t kBusId = 32;  // "0000:3b:00.0" or with an 8-digit domain, and its end
     std::string mine;
     char bus[kBusId] = {};  // the last byte stays 0
-    if (cuda_device_present(&mine) && cudaDeviceGetPCIBusId(bus, kBusId - 1, 0) != cudaSuccess)
+    if (cuda_device_present(&mine) && cudaDeviceGetPCIBusId(bus, kBusId - 1, cuda_device_ordinal()) != cudaSuccess)
       mine = "cudaDeviceGetPCIBusId failed";
     int have = mine.empty() ? 1 : 0;
     world.all_reduce(std::span<int>(&have, 1), ReduceOp::sum);
@@ -72,7 +72,7 @@ const std::string& why_not() {
       for (int b = 0; b < a; ++b)
         if (id(a) == id(b))
           return "needs one GPU per rank: ranks " + std::to_string(b) + " and " + std::to_string(a) + " share GPU " + id(a) +
-                 " (the CUDA backend uses device 0 of what a rank sees)";
+                 " (a rank computes on its node-local rank modulo the GPUs it sees: more ranks than GPUs)";
     return std::string();
   }();
   return why;

@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  diffcp::find_node_local(MPI_COMM_WORLD);  // as run_mpi_main does: a device backend picks its GPU by it
   int rc = 0;
   {
     // DIFFCP_COMM=rendezvous runs the suite over NCCL's semantics (comm/rendezvous_communicator.hpp).

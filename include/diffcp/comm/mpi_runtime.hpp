@@ -1,6 +1,8 @@
 // Process-level MPI set-up and the job-wide error policy.
 #pragma once
 
+#include <mpi.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,5 +25,19 @@ int run_mpi_main(int argc, char** argv, const std::function<int(Communicator& wo
 std::unique_ptr<Communicator> make_world(const std::string& kind);
 // The kinds make_world takes in this build, e.g. {"mpi", "rendezvous"}.
 std::vector<std::string> comm_kinds();
+
+// This process's place among the ranks of its machine (MPI_COMM_TYPE_SHARED: the ranks that share
+// its memory, and so its GPUs). rank -1 until find_node_local ran. A device backend picks its
+// device by it (the CUDA backend: device rank % devices), so P ranks on a node of P GPUs get one
+// each without CUDA_VISIBLE_DEVICES set by hand.
+struct NodeLocal {
+  int rank = -1;
+  int size = 0;
+};
+NodeLocal node_local();
+// Collective over `comm` (every rank of it, the first time any of them calls it; later calls do
+// nothing): finds node_local(). run_mpi_main and make_communicator call it before anything can
+// create a device backend; a program that initialises MPI itself calls it after MPI_Init.
+void find_node_local(MPI_Comm comm);
 
 }  // namespace diffcp

@@ -5,6 +5,7 @@
 //   DIFFCP_NODE          this rank's node, overriding the host name (comm/communicator.hpp topology)
 //   DIFFCP_COMM_TIMEOUT  the collective watchdog's seconds (comm/watchdog)
 //   DIFFCP_PROFILES      the folder of `diffcp sim`'s machine profiles (sim/profile.hpp)
+//   DIFFCP_CUDA_ATTENTION  gemm (default) | simt: the CUDA backend's attention forward (cuda/backend.cpp)
 // The CLI also reads DIFFCP_BACKEND (--backend) and DIFFCP_COMM_TIMEOUT (--comm-timeout) as its
 // options' defaults (CLI11 envname, src/cli/main.cpp).
 #pragma once
@@ -14,7 +15,7 @@
 
 namespace diffcp {
 
-enum class EnvKnob { cpu_isa, cpu_amx, cpu_fused, node, comm, comm_timeout, profiles };
+enum class EnvKnob { cpu_isa, cpu_amx, cpu_fused, node, comm, comm_timeout, profiles, cuda_attention };
 
 const char* env_name(EnvKnob k);  // "DIFFCP_CPU_ISA", ...
 // The variable's value, or nullopt when it is unset or empty.

@@ -26,8 +26,11 @@ namespace diffcp {
 // Whether this process can use a CUDA device; when not, `why` (if given) says why (no driver, no
 // device, the CUDA error).
 bool cuda_device_present(std::string* why = nullptr);
-// The CUDA backend on device 0, registered as "cuda" at the first call; an error naming why when
-// cuda_device_present() is false.
+// The device this rank computes on: its node-local rank (comm/mpi_runtime.hpp node_local) modulo
+// the devices it sees, so P ranks on a node of P GPUs get one each; device 0 outside MPI.
+int cuda_device_ordinal();
+// The CUDA backend on cuda_device_ordinal(), registered as "cuda" at the first call; an error
+// naming why when cuda_device_present() is false.
 Backend& cuda_backend();
 // The backend's one stream, as a cudaStream_t (opens the backend as cuda_backend() does): what
 // runs on it is ordered with every op of the backend (the NCCL communicator issues there).
