@@ -246,7 +246,7 @@ class SplitKVLayerPy {
                  std::int64_t block, const std::optional<Ints>& chunks, const std::optional<Ints>& rank,
                  const std::string& dtype, const std::string& comm_kind)
       : cfg_(cfg) {
-    if (dtype != "f32" && dtype != "bf16") throw py::value_error("SplitKV: dtype '" + dtype + "': expected f32 or bf16");
+    const DType compute = compute_dtype(dtype, "SplitKV: dtype");  // diffcp::Error: ValueError
     require_mpi("SplitKV");
     comm_ = make_communicator(comm_kind, MPI_Comm_f2c(comm), "python");
     cfg_.validate();
@@ -268,7 +268,7 @@ class SplitKVLayerPy {
       shard_ = std::make_unique<CpShard>(contiguous_shard(batch, P, p));
     }
     SplitKVOptions opt;
-    opt.compute = dtype == "bf16" ? DType::bf16 : DType::f32;
+    opt.compute = compute;
     layer_ = std::make_unique<SplitKVLayer>(*comm_, cfg_, *shard_, opt);
   }
 
@@ -671,7 +671,7 @@ py::dict run_layer_py(MPI_Fint comm, const AttnLayerConfig& cfg, const std::stri
                       double prompt_fraction, std::int64_t window, const std::string& dtype, std::uint64_t seed,
                       int warmup, int reps, int J, bool check, const std::string& comm_kind) {
   require_mpi("run_layer");
-  DIFFCP_CHECK(dtype == "f32" || dtype == "bf16", "run_layer: dtype '", dtype, "': expected f32 or bf16");
+  const DType compute = compute_dtype(dtype, "run_layer: dtype");
   DIFFCP_CHECK(block >= 1 && queries >= 0 && queries % block == 0, "run_layer: queries = ", queries,
                " per sample, block = ", block, "; expected block >= 1 dividing queries");
   cfg.validate();
@@ -686,7 +686,7 @@ py::dict run_layer_py(MPI_Fint comm, const AttnLayerConfig& cfg, const std::stri
   spec.J = J;
   spec.warmup = warmup;
   spec.reps = reps;
-  spec.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
+  spec.dtype = compute;
   spec.reference = check ? &ref : nullptr;
   const LayerRun run = [&] {
     py::gil_scoped_release release;

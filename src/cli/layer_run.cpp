@@ -48,8 +48,7 @@ LayerWorkload make_workload(const AttnOptions& opt) {
   const CountRange context = parse_range(opt.context, "--context");
   LayerWorkload w;
   w.queries = parse_count(opt.queries, "--queries");
-  DIFFCP_CHECK(opt.dtype == "f32" || opt.dtype == "bf16", "--dtype = '", opt.dtype, "': expected f32 or bf16");
-  w.dtype = opt.dtype == "bf16" ? DType::bf16 : DType::f32;
+  w.dtype = compute_dtype(opt.dtype, "--dtype =");
   DIFFCP_CHECK(opt.block >= 1, "--block = ", opt.block, ", expected >= 1");
   DIFFCP_CHECK(opt.window >= 0 && opt.window <= kMaxKeyWindow, "--window = ", opt.window,
                ", expected 1 .. 2^40 (or 0: full attention)");
@@ -81,7 +80,7 @@ LayerRunSpec layer_run_spec(const AttnOptions& opt, const std::string& method, c
   spec.oproj = opt.oproj;
   spec.collectives = opt.collectives;
   spec.link_gbit = opt.link_gbit;
-  spec.dtype = opt.dtype == "bf16" ? DType::bf16 : DType::f32;
+  spec.dtype = compute_dtype(opt.dtype, "--dtype =");
   return spec;
 }
 

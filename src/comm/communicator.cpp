@@ -336,9 +336,9 @@ WorkPtr Communicator::barrier_async() {
 namespace diffcp {
 
 namespace {
-// The view names the memory its data lives in (the active backend's device_of).
+// The view names the memory its data lives in (its backend's device_of: ops/backend.hpp backend_of).
 void check_memory(const ConstTensorView& t) {
-  const Device d = active_backend().device_of(t.data);
+  const Device d = backend_of(t.data).device_of(t.data);
   DIFFCP_CHECK(t.numel() == 0 || d == t.device, "communicator: a view of ", t.describe(), " points into ",
                device_name(d), " memory");
 }

@@ -1,5 +1,5 @@
 // Collectives on device memory through host buffers (comm/communicator.hpp, "Device memory"): the
-// send data is copied to the host by the active backend's copy, the operation runs on host
+// send data is copied to the host by its memory's backend (backend_of), the operation runs on host
 // buffers, and the received data is copied back when it completes.
 #include "staging.hpp"
 
@@ -10,9 +10,8 @@
 namespace diffcp {
 
 bool Communicator::stages(bool hierarchical, const void* a, const void* b) const {
-  const Backend& be = active_backend();
   for (const void* p : {a, b}) {
-    const Device d = p ? be.device_of(p) : Device::host;
+    const Device d = p ? backend_of(p).device_of(p) : Device::host;
     if (d != Device::host && (hierarchical || !reads_device(d))) return true;
   }
   return false;
@@ -62,13 +61,16 @@ class StagedCopyBack final : public Work {
 
 }  // namespace
 
-Staging::Staging(Communicator& c, DType type) : c_(c), b_(active_backend()), type_(type) {}
+Staging::Staging(Communicator& c, DType type) : c_(c), type_(type) {}
 
 const void* Staging::in(const void* dev, std::size_t count) {
   const std::size_t bytes = count * dtype_size(type_);
   in_src_ = dev;
   in_.resize(bytes);
-  if (bytes) b_.copy(in_.data(), Device::host, dev, b_.device_of(dev), bytes);
+  if (bytes) {
+    Backend& b = backend_of(dev);
+    b.copy(in_.data(), Device::host, dev, b.device_of(dev), bytes);
+  }
   c_.staging_.bytes_to_host += bytes;
   return in_.data();
 }
@@ -85,8 +87,9 @@ WorkPtr Staging::issue(const std::function<WorkPtr()>& op) {
   ++c_.staging_.calls;
   WorkPtr w = op();  // the same operation, on the host buffers
   const unsigned char* host_out = out_dev_ == in_src_ && out_.empty() ? in_.data() : out_.data();
-  const Device out_device = out_dev_ ? b_.device_of(out_dev_) : Device::host;
-  return std::make_unique<StagedCopyBack>(std::move(w), b_, std::move(in_), std::move(out_), out_dev_, host_out,
+  Backend& b = backend_of(out_dev_);
+  const Device out_device = out_dev_ ? b.device_of(out_dev_) : Device::host;
+  return std::make_unique<StagedCopyBack>(std::move(w), b, std::move(in_), std::move(out_), out_dev_, host_out,
                                           out_bytes_, out_device, c_.staging_);
 }
 

@@ -22,7 +22,6 @@ class Staging {
 
  private:
   Communicator& c_;
-  Backend& b_;
   DType type_;
   std::vector<unsigned char> in_, out_;
   const void* in_src_ = nullptr;

@@ -165,7 +165,8 @@ TapaPhase1 TapaAllToAll::phase1_async(const TapaPlan& plan, const void* send, DT
   p1.phase2_send_counts_ = plan.phase2_send_counts_;
   p1.phase2_recv_counts_ = plan.phase2_recv_counts_;
   p1.staged_bytes_ = plan.staged_total_ * es;
-  const Device device = active_backend().device_of(send);  // where the exchange's buffers live
+  Backend& owner = backend_of(send);  // the exchange's buffers' backend, whatever is active
+  const Device device = owner.device_of(send);
   if (device == Device::host)
     p1.staged_.reset(new std::byte[p1.staged_bytes_]);  // default-initialised: no page touched yet
   else
@@ -201,8 +202,7 @@ TapaPhase1 TapaAllToAll::phase1_async(const TapaPlan& plan, const void* send, DT
     if (device == Device::host)
       std::memcpy(staged + plan.staged_offsets_[d] * es, src + plan.send_offsets_[d] * es, n * es);
     else
-      active_backend().copy(staged + plan.staged_offsets_[d] * es, device, src + plan.send_offsets_[d] * es, device,
-                            n * es);
+      owner.copy(staged + plan.staged_offsets_[d] * es, device, src + plan.send_offsets_[d] * es, device, n * es);
   }
   return p1;
 }

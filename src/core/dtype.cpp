@@ -38,6 +38,11 @@ const char* dtype_name(DType t) {
 
 bool dtype_is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16; }
 
+DType compute_dtype(std::string_view name, std::string_view what) {
+  DIFFCP_CHECK(name == "f32" || name == "bf16", what, " '", name, "': expected f32 or bf16");
+  return name == "bf16" ? DType::bf16 : DType::f32;
+}
+
 namespace {
 struct DeviceNames {
   std::mutex mu;

@@ -11,11 +11,6 @@
 
 namespace diffcp {
 
-DType compute_dtype(const std::string& name, const char* what) {
-  DIFFCP_CHECK(name == "f32" || name == "bf16", what, " '", name, "': expected f32 or bf16");
-  return name == "bf16" ? DType::bf16 : DType::f32;
-}
-
 DType weights_dtype(const std::string& name, bool file_is_bf16, const char* what) {
   DIFFCP_CHECK(name == "auto" || name == "f32" || name == "bf16", what, " '", name, "': expected auto, f32 or bf16");
   return name == "bf16" || (name == "auto" && file_is_bf16) ? DType::bf16 : DType::f32;

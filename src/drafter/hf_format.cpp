@@ -211,7 +211,7 @@ DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
 }  // namespace
 
 void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<const float> params, const std::string& dtype) {
-  DIFFCP_CHECK(dtype == "f32" || dtype == "bf16", "export dtype '", dtype, "': expected f32 or bf16");
+  (void)compute_dtype(dtype, "export dtype");
   const DrafterLayout lay(c);
   DIFFCP_CHECK(static_cast<std::int64_t>(params.size()) == lay.total, "export: ", params.size(),
                " parameters, the model has ", lay.total);

@@ -102,7 +102,7 @@ void validate(const TrainOptions& opt, int W) {
                "': expected all, owned or auto");
   DIFFCP_CHECK(opt.recompute == "auto" || opt.recompute == "on" || opt.recompute == "off", "TrainOptions::recompute '",
                opt.recompute, "': expected on, off or auto");
-  DIFFCP_CHECK(opt.dtype == "f32" || opt.dtype == "bf16", "TrainOptions::dtype '", opt.dtype, "': expected f32 or bf16");
+  (void)compute_dtype(opt.dtype, "TrainOptions::dtype");
   DIFFCP_CHECK(!opt.resume || !opt.out.empty(), "TrainOptions::resume needs TrainOptions::out (the directory of checkpoint.bin)");
   DIFFCP_CHECK(opt.init.empty() || opt.preset.empty(), "TrainOptions::init '", opt.init, "' and TrainOptions::preset '",
                opt.preset, "': give one (the drafter directory's config.json is the shape)");
@@ -243,7 +243,7 @@ void Trainer::Impl::describe_data(double lr) {
 void Trainer::Impl::make_drafter(DrafterWeights& init, bool real_shape, int W) {
   shard = resolve_shard_mode(opt.shard, real_shape, W);
   res.shard = shard_mode_name(shard);
-  compute = opt.dtype == "bf16" ? DType::bf16 : DType::f32;
+  compute = compute_dtype(opt.dtype, "TrainOptions::dtype");
   res.dtype = opt.dtype;
   const OProj oproj = opt.oproj != "auto" ? parse_oproj(opt.oproj) : choose_oproj_by_shape(cfg.attn());
   res.oproj = oproj_name(oproj);

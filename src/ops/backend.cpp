@@ -199,6 +199,16 @@ std::vector<Backend*> registered_backends() {
   return r.backends;
 }
 
+Backend& backend_of(const void* p) {
+  if (p != nullptr) {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (Backend* b : r.backends)
+      if (b->device() != Device::host && b->device_of(p) == b->device()) return *b;
+  }
+  return cpu_backend();
+}
+
 Backend& active_backend() { return *active().load(std::memory_order_relaxed); }
 
 Backend& set_backend(Backend& b) { return *active().exchange(&b); }

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace diffcp {
 
@@ -13,6 +14,9 @@ enum class DType : std::uint8_t { u8, u16, i32, i64, u64, f32, f64, bf16 };
 std::size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "f32", "bf16", ...
 bool dtype_is_float(DType t);     // f32, f64, bf16
+// The one parser of a compute dtype's name: "f32" or "bf16"; else an error
+// "<what> '<name>': expected f32 or bf16" (what: the field or flag, e.g. "--dtype").
+DType compute_dtype(std::string_view name, std::string_view what);
 
 struct bf16_t {  // the storage type of DType::bf16
   std::uint16_t bits = 0;

@@ -19,12 +19,11 @@ namespace diffcp {
 // The run's precision rules, one place for the CLI (`--dtype`, `--weights-dtype`,
 // `--shard-weights`) and Python (`dtype=`, `weights_dtype=`, `shard_weights=`); `what` names the
 // option in the errors.
-//   compute_dtype:  "f32" | "bf16" -> the compute dtype (GEMMs, attention, exchanges' payloads)
+//   compute_dtype (core/dtype.hpp): "f32" | "bf16" -> the compute dtype (GEMMs, attention, exchanges)
 //   weights_dtype:  "f32" | "bf16" | "auto" (= bf16 when the file's Linear weights are bf16,
 //                   `file_is_bf16`) -> the Linear weights' dtype in memory
 //   check_shard_weights: sharded weights computed in bf16 need them stored in bf16 (a block's
 //                   gathered slice is the GEMM's operand; f32 shards would be gathered to be rounded)
-DType compute_dtype(const std::string& name, const char* what);
 DType weights_dtype(const std::string& name, bool file_is_bf16, const char* what);
 void check_shard_weights(bool shard, DType storage, DType compute, const char* shard_what, const char* weights_what);
 

@@ -278,6 +278,10 @@ void register_backend(Backend& b);
 Backend& find_backend(std::string_view name);
 // Every registered backend, in registration order (the CPU's first).
 std::vector<Backend*> registered_backends();
+// The backend whose memory `p` points into: the registered device backend whose device_of(p) is
+// its device, else (host memory) the CPU backend. Memory knows its backend: a communicator asks it
+// where a buffer lives and who copies it, whatever backend is active.
+Backend& backend_of(const void* p);
 // The backend the public ops run on (cpu_backend() until changed).
 Backend& active_backend();
 // Its device: where the raw pointers handed to the op wrappers point (their views carry it).
