@@ -20,8 +20,9 @@
 #   check-all  the same for every ISA this machine runs (DIFFCP_CPU_ISA=each): minutes per ISA;
 #   record     every ISA this machine runs, each under its own key (run it on the commit BEFORE a
 #              change, then `check` after it; a new machine: record from the commit before the
-#              work starts). DIFFCP_GOLDEN_KEY=KEY records under KEY instead of asking the binary
-#              (to record with an older build whose `backends` has no --key: give the new one's).
+#              work starts). DIFFCP_GOLDEN_KEY=KEY records under KEY instead of asking the binary,
+#              for the ISA DIFFCP_CPU_ISA names (or the CPU's choice): to record with an older build
+#              whose `backends` has no --key, give the new build's `DIFFCP_CPU_ISA=X diffcp backends --key`.
 # Keys of the older scheme (a hash of `diffcp backends`' text) are kept and still checked where
 # they match (`legacy`), so a machine recorded before keeps its guard until it records again.
 set -euo pipefail
@@ -31,6 +32,7 @@ case "$mode" in check|check-all|record) ;; *) echo "bitwise_golden.sh: mode '$mo
 here=$(cd "$(dirname "$0")" && pwd)
 golden=${3:-$here/../data/bitwise_golden.txt}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+given_isa=${DIFFCP_CPU_ISA:-}  # with DIFFCP_GOLDEN_KEY: the ISA that key is of
 unset DIFFCP_CPU_ISA DIFFCP_BACKEND ONEDNN_MAX_CPU_ISA DNNL_MAX_CPU_ISA
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -42,10 +44,11 @@ key_of() {  # the readable key of the kernels DIFFCP_CPU_ISA (or the CPU's choic
 }
 id_of() { printf '%s' "$1" | sha256sum | cut -c1-16; }
 legacy_id() { ("$bin" backends | sed -n '1,/^guard/p' | grep -v '^guard'; echo "$build") | sha256sum | cut -c1-16; }
-# The ISAs this machine runs (compiled in and on this CPU); with DIFFCP_GOLDEN_KEY only the CPU's choice.
+# The ISAs this machine runs (compiled in and on this CPU); with DIFFCP_GOLDEN_KEY only the one it
+# is of (DIFFCP_CPU_ISA, or the CPU's choice).
 isas=$("$bin" backends | sed -n 's/^ *instruction sets compiled in (DIFFCP_CPU_ISA)://p' |
   sed 's/ [a-z0-9_]* (not on this CPU)//g')
-[ -n "${DIFFCP_GOLDEN_KEY:-}" ] && isas=default
+[ -n "${DIFFCP_GOLDEN_KEY:-}" ] && isas=${given_isa:-default}
 use_isa() { if [ "$1" = default ]; then unset DIFFCP_CPU_ISA; else export DIFFCP_CPU_ISA=$1; fi; }
 
 # hash_of DIR FILE...: one hash of the named files' bytes, in order.
