@@ -172,6 +172,7 @@ check_one() {
 }
 
 if [ "$mode" = check ]; then
+  [ -n "${DIFFCP_GOLDEN_KEY:-}" ] && use_isa "$isas"  # the ISA the given key is of
   rc=0
   check_one || rc=$?
   exit $rc
