@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/commands.hpp"
+#include "diffcp/comm/communicator.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/testing/guard_backend.hpp"
@@ -62,6 +63,16 @@ Backend& select_backend(const std::string& name, const std::string& command) {
                "` runs on host-memory backends only (cpu); a device backend runs ", which);
   set_backend(b);
   return b;
+}
+
+void print_host_syncs(const char* command, std::int64_t steps) {
+  if (&active_backend() != &guard_backend()) return;
+  const GuardBackend::Counters c = guard_backend().counters();
+  const std::int64_t staged = Communicator::staged_reads();
+  std::printf("diffcp %s: guard device: %lld host syncs in %lld steps (%lld ops), %lld of them the communicators' staging "
+              "of device memory (none with NCCL), %lld the computation's\n",
+              command, static_cast<long long>(c.host_syncs), static_cast<long long>(steps), static_cast<long long>(c.ops),
+              static_cast<long long>(staged), static_cast<long long>(c.host_syncs - staged));
 }
 
 int run_backends(const std::string& selected) {

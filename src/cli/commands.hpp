@@ -146,6 +146,10 @@ struct DraftOptions {
 void add_backends_command(CLI::App& app);
 int run_backends(const std::string& selected);
 Backend& select_backend(const std::string& name, const std::string& command);
+// On the guard device: "diffcp COMMAND: guard device: N host syncs in S steps ..." (rank 0's; the
+// counter: testing/guard_backend.hpp host_syncs): where a GPU's host would have waited, split
+// into the communicators' staging (Communicator::staged_reads) and the computation's.
+void print_host_syncs(const char* command, std::int64_t steps);
 
 void add_draft_command(CLI::App& app, DraftOptions& opt);
 int run_draft(Communicator& world, const DraftOptions& opt);

@@ -819,6 +819,7 @@ int run_dit(Communicator& world) {
     std::printf("%s\n", j.dump().c_str());
   else
     print_text(o, pl, j, *ex, world.size(), passed);
+  if (!o.json) print_host_syncs("dit", o.steps);
   return rc;
 }
 

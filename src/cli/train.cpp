@@ -147,6 +147,7 @@ int run_train(Communicator& world, TrainCommand cmd) {
                 r.recompute ? ", activations recomputed" : "", r.state_mb, r.lm_head_mb);
     for (const auto& [name, ms] : r.phases) std::printf(" %s %.0f", name.c_str(), ms);
     std::printf("\n");
+    print_host_syncs("train", opt.steps);
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 // buffers, and the received data is copied back when it completes.
 #include "staging.hpp"
 
+#include <atomic>
 #include <exception>
 
 #include "diffcp/ops/backend.hpp"
@@ -63,6 +64,12 @@ class StagedCopyBack final : public Work {
 
 Staging::Staging(Communicator& c, DType type) : c_(c), type_(type) {}
 
+namespace {
+std::atomic<std::int64_t> g_staged_reads{0};
+}  // namespace
+
+std::int64_t Communicator::staged_reads() { return g_staged_reads.load(std::memory_order_relaxed); }
+
 const void* Staging::in(const void* dev, std::size_t count) {
   const std::size_t bytes = count * dtype_size(type_);
   in_src_ = dev;
@@ -70,6 +77,7 @@ const void* Staging::in(const void* dev, std::size_t count) {
   if (bytes) {
     Backend& b = backend_of(dev);
     b.copy(in_.data(), Device::host, dev, b.device_of(dev), bytes);
+    g_staged_reads.fetch_add(1, std::memory_order_relaxed);
   }
   c_.staging_.bytes_to_host += bytes;
   return in_.data();

@@ -160,6 +160,7 @@ void GuardBackend::copy(void* dst, Device dst_device, const void* src, Device sr
   const bool from = src_device == device_, to = dst_device == device_;
   (from && to ? counters_.device_to_device : to ? counters_.host_to_device : counters_.device_to_host) +=
       from || to ? bytes : 0;
+  counters_.host_syncs += from && !to;
 }
 
 // Each hook: range-check every tensor, open the buffers, run the CPU backend's hook.
@@ -327,6 +328,8 @@ void GuardBackend::cross_entropy(TensorView logits, std::int64_t v0, std::span<c
                                  std::span<double> stats, std::span<const double> weight) {
   const char* op = "cross_entropy";
   DIFFCP_GUARD_OP(cross_entropy, C(logits), v0, target, stats, weight);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.host_syncs;  // the statistics land in host memory
 }
 void GuardBackend::cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
                                           std::span<const double> weight, std::span<const double> lse) {
@@ -338,9 +341,15 @@ double GuardBackend::scale_sumsq(TensorView x, double scale) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++counters_.ops;
+    ++counters_.host_syncs;  // its value is returned to the host
   }
   Open open(*this);
   return cpu_backend().scale_sumsq(C(x), scale);
+}
+
+void GuardBackend::synchronize() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.host_syncs;
 }
 
 #undef C

@@ -7,11 +7,13 @@
 // the drafted hidden states). A
 // host loop over device memory left anywhere in the drafter faults the test. DIFFCP_TEST_DEVICE=cuda
 // runs the same on a GPU (tests/support/device_under_test.hpp): within bounds of the CPU's run.
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "diffcp/comm/communicator.hpp"
 #include "diffcp/core/random.hpp"
 #include "diffcp/drafter/draft.hpp"
 #include "diffcp/drafter/draft_cache.hpp"
@@ -74,6 +76,35 @@ TEST(DrafterOnGuardDevice, TrainEqualsTheCpuRunBitForBitInEveryShardMode) {
     EXPECT_TRUE(test::matches_cpu(std::vector{cpu.tau}, std::vector{guard.tau}, test::device_under_test().exact ? 0 : 0.1));
     EXPECT_TRUE(test::matches_cpu(cpu.params, guard.params, bound)) << "the trained parameters differ";
   }
+}
+
+// Host syncs (testing/guard_backend.hpp host_syncs: where a GPU's host would wait) of the train
+// step's computation, the communicators' staging of device memory left out (NCCL makes none):
+// a constant per step, the same for 2 and 4 layers and for a longer context (more chunks).
+TEST(DrafterOnGuardDevice, HostSyncsPerStepDoNotGrowWithLayersOrContext) {
+  const auto per_step = [](const char* preset, std::int64_t context) {
+    ScopedBackend use(guard_backend());
+    TrainOptions opt;
+    opt.preset = preset;
+    opt.steps = 8;  // the held-out evaluation runs after step 8 only
+    opt.accum = 1;
+    opt.context = context;
+    opt.anchors = 3;
+    opt.bucket = 32;
+    opt.eval_every = 0;
+    Trainer trainer(test::world(), opt);
+    (void)trainer.step();  // the first step's one-time uploads
+    const auto syncs = [] { return guard_backend().counters().host_syncs - Communicator::staged_reads(); };
+    const std::int64_t before = syncs();
+    for (int s = 0; s < 4; ++s) (void)trainer.step();
+    return (syncs() - before) / 4.0;
+  };
+  const double tiny = per_step("tiny", 64), small = per_step("small", 64), longer = per_step("tiny", 256);
+  EXPECT_EQ(tiny, small) << "2 layers against 4";
+  EXPECT_EQ(tiny, longer) << "context 64 against 256";
+  EXPECT_LE(tiny, 4.0);
+  EXPECT_GE(tiny, 1.0);  // the loss statistics reach the host once a step at least
+  if (test::world().rank() == 0) std::printf("host syncs per train step (computation): %g\n", tiny);
 }
 
 TEST(DrafterOnGuardDevice, DraftEqualsTheCpuRunBitForBit) {

@@ -197,6 +197,9 @@ class Communicator {
     std::uint64_t bytes_to_device = 0; // host -> device copies (received data)
   };
   const StagingStats& staging() const { return staging_; }
+  // Device -> host copies of send data made by every communicator's staging in this process (each
+  // is a host sync on a GPU; a communicator that reads device memory, NCCL, makes none).
+  static std::int64_t staged_reads();
 
   // ---- sub-communicators (each has its own counters) ----
   // Ranks with equal color form a group, ordered by (key, old rank). color < 0: this rank joins

@@ -89,12 +89,16 @@ class GuardBackend final : public Backend {
   void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
                               std::span<const double> weight, std::span<const double> lse) override;
   double scale_sumsq(TensorView x, double scale) override;
+  void synchronize() override;  // counts a host sync (the guard's ops have finished when they return)
   void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
 
   // What crossed between the host and the device, and how many ops ran (tests read them).
   struct Counters {
     std::int64_t ops = 0;
     std::size_t host_to_device = 0, device_to_host = 0, device_to_device = 0;  // bytes
+    // Where a GPU's host would wait for the device (a host sync): a copy into host memory, an op
+    // that returns a value or statistics to the host (scale_sumsq, cross_entropy), synchronize().
+    std::int64_t host_syncs = 0;
   };
   Counters counters() const;
   // Whether [p, p + bytes) lies inside one live guard buffer.
