@@ -170,7 +170,7 @@ TapaPhase1 TapaAllToAll::phase1_async(const TapaPlan& plan, const void* send, DT
   if (device == Device::host)
     p1.staged_.reset(new std::byte[p1.staged_bytes_]);  // default-initialised: no page touched yet
   else
-    p1.staged_dev_ = Buffer(DType::u8, static_cast<std::int64_t>(p1.staged_bytes_));
+    p1.staged_dev_ = Buffer(DType::u8, static_cast<std::int64_t>(p1.staged_bytes_), owner);
   std::byte* staged = p1.staged();
   const auto* src = static_cast<const std::byte*>(send);
   // One message per non-empty block: a mate's G blocks are neither contiguous in `send` nor in the

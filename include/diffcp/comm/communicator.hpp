@@ -46,12 +46,13 @@
 // in different orders.
 //
 // Device memory (comm/staging.cpp). A communicator learns where each buffer lives from the buffer
-// itself, as CUDA-aware MPI does from a pointer's attributes: memory the active backend allocated
-// is its device's (Backend::device_of), anything else the host's; a view's device must agree. So
+// itself, as CUDA-aware MPI does from a pointer's attributes: memory a registered device backend
+// allocated is its device's (ops/backend.hpp backend_of, Backend::device_of), whatever backend is
+// active; anything else the host's; a view's device must agree. So
 // one operation may move host metadata and the next device rows, with nothing to switch. A
 // backend that reads that device's memory itself (reads_device: NCCL will read the GPU's) gets
 // the pointers as they are. Otherwise the base class stages: it copies the send data to host
-// buffers through the active backend's copy, runs the operation on them (a hierarchical one always
+// buffers through the copy of the backend the memory is of, runs the operation on them (a hierarchical one always
 // runs on host buffers: its node sums are host code), and copies the received data back when the
 // operation completes (wait / test): all of a recv's `count` elements, so a staged recv needs the
 // exact size the sender sends. Those copies are counted in staging(), apart from the network

@@ -102,7 +102,7 @@ class TapaPhase1 {
   // The phase-1 output: [TapaPlan::phase1_output_count()] elements of the exchange's type, P
   // blocks laid out [h][j] (block (g, j) -> (h, i) at index h*L + j, see the file comment), as raw
   // bytes; valid after wait() (V-Major, SPEC B.4, reads V's here).
-  // In the memory the send buffer lives in (the active backend's device_of(send)).
+  // In the memory the send buffer lives in (backend_of(send)).
   std::span<const std::byte> output() const { return {staged(), staged_bytes_}; }
 
  private:
@@ -113,7 +113,7 @@ class TapaPhase1 {
   std::vector<std::size_t> phase2_send_counts_, phase2_recv_counts_;
   // Declared before works_: members die in reverse order, so the works (which wait for their
   // messages on destruction) go before the buffer they write. Host memory, or (an exchange on a
-  // device) a Buffer of the active backend.
+  // device) a Buffer of the send buffer's backend.
   std::byte* staged() const { return staged_dev_.data() ? static_cast<std::byte*>(staged_dev_.data()) : staged_.get(); }
   std::unique_ptr<std::byte[]> staged_;
   Buffer staged_dev_;
