@@ -23,9 +23,7 @@ namespace {
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);  // MPI_Abort does not return; belt and braces
 }
-}  // namespace
 
-namespace {
 NodeLocal g_node_local;  // set once, by find_node_local, before any device backend exists
 }  // namespace
 

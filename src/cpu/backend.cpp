@@ -32,29 +32,33 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
 #define DIFFCP_STR2(x) #x
 #define DIFFCP_STR(x) DIFFCP_STR2(x)
 
+namespace {
+// Which kernel runs the DiT's dense attention blocks of `dtype` (attention.cpp: fused_item):
+// "amx" (tiles), "vec" (fused on vector registers) or "none" (the tile path over oneDNN).
+const char* dense_attention_path(DType dtype) {
+  if (dtype == DType::bf16 && amx_attention_ready(kAmxHeadDim)) return "amx";
+  return vec_attention_ready(dtype, kVecHeadDim) ? "vec" : "none";
+}
+}  // namespace
+
 std::string CpuBackend::describe(DType dtype) const {
   const std::string kernels = "cpu (" DIFFCP_STR(DIFFCP_CPU_ISA) " kernels, " + std::to_string(DIFFCP_SIMD_BYTES * 8) +
                               "-bit vectors): ";
-  // The DiT's dense attention blocks (attention.cpp: fused_item).
-  const std::string dense = dtype == DType::bf16 && amx_attention_ready(kAmxHeadDim)
-                                ? "; dense attention blocks fused on AMX tiles"
-                            : vec_attention_ready(dtype, kVecHeadDim)
-                                ? (DIFFCP_SIMD_BYTES == 64 ? "; dense attention blocks fused on AVX-512 registers"
-                                                           : "; dense attention blocks fused on AVX2 registers")
-                                : "";
+  const std::string path = dense_attention_path(dtype);
+  const std::string dense = path == "amx"   ? "; dense attention blocks fused on AMX tiles"
+                            : path == "vec" ? (DIFFCP_SIMD_BYTES == 64 ? "; dense attention blocks fused on AVX-512 registers"
+                                                                       : "; dense attention blocks fused on AVX2 registers")
+                                            : "";
   return kernels + (dtype == DType::bf16 ? bf16_gemm_path() : dtype_name(dtype) + std::string(" oneDNN sgemm")) + dense;
 }
 
 std::string CpuBackend::kernel_key() const {
-  const char* dense_f32 = vec_attention_ready(DType::f32, kVecHeadDim) ? "vec" : "none";
-  const char* dense_bf16 = amx_attention_ready(kAmxHeadDim)                     ? "amx"
-                           : vec_attention_ready(DType::bf16, kVecHeadDim) ? "vec"
-                                                                           : "none";
   std::string cxx = __VERSION__;
   for (char& c : cxx)
     if (c == ' ') c = '_';
   return "cpu_kernels=v" + std::to_string(kCpuKernelsVersion) + " isa=" DIFFCP_STR(DIFFCP_CPU_ISA) " cxx=" + cxx +
-         " " + onednn_key() + " dense_f32=" + dense_f32 + " dense_bf16=" + dense_bf16;
+         " " + onednn_key() + " dense_f32=" + dense_attention_path(DType::f32) +
+         " dense_bf16=" + dense_attention_path(DType::bf16);
 }
 
 Backend& backend() {

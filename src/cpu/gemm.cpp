@@ -388,22 +388,22 @@ struct Bf16Probe {
   std::string impl;  // its matmul implementation; "" where it has none or only its reference one
   bool reference;
 };
+const char* onednn_isa() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_sse41: return "sse41";
+    default: return "other";
+  }
+}
 const Bf16Probe& bf16_probe() {
   static const Bf16Probe probe = [] {
-    Bf16Probe p{[] {
-                  switch (dnnl_get_effective_cpu_isa()) {
-                    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
-                    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
-                    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
-                    case dnnl_cpu_isa_avx512_core: return "avx512_core";
-                    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
-                    case dnnl_cpu_isa_avx2: return "avx2";
-                    case dnnl_cpu_isa_avx: return "avx";
-                    case dnnl_cpu_isa_sse41: return "sse41";
-                    default: return "other";
-                  }
-                }(),
-                "", false};
+    Bf16Probe p{onednn_isa(), "", false};
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     const dnnl::memory::desc a({64, 128}, dnnl_dt::bf16, dnnl::memory::format_tag::ab);
     const dnnl::memory::desc b({128, 256}, dnnl_dt::bf16, dnnl::memory::format_tag::ab);
