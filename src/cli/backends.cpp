@@ -26,6 +26,7 @@ constexpr const char* kDeviceCommands[] = {"train", "draft", "plan", "export", "
 // with it, where this machine has a device.
 void register_cli_backends() {
   (void)guard_backend();
+  (void)guard_async_backend();
 #ifdef DIFFCP_HAVE_CUDA
   if (cuda_device_present()) (void)cuda_backend();
 #endif
@@ -33,7 +34,10 @@ void register_cli_backends() {
 
 const char* role(const Backend& b) {
   if (&b == &cpu_backend()) return "the default";
-  if (b.device() == guard_device()) return "a check device for tests (slow)";
+  if (is_guard(b))
+    return static_cast<const GuardBackend&>(b).mode() == GuardBackend::Mode::stream
+               ? "a check device for tests: CUDA's stream order (slow)"
+               : "a check device for tests (slow)";
   return "a device backend";
 }
 }  // namespace
@@ -66,12 +70,13 @@ Backend& select_backend(const std::string& name, const std::string& command) {
 }
 
 void print_host_syncs(const char* command, std::int64_t steps) {
-  if (&active_backend() != &guard_backend()) return;
-  const GuardBackend::Counters c = guard_backend().counters();
+  if (!is_guard(active_backend())) return;
+  const GuardBackend& g = static_cast<const GuardBackend&>(active_backend());
+  const GuardBackend::Counters c = g.counters();
   const std::int64_t staged = Communicator::staged_reads();
-  std::printf("diffcp %s: guard device: %lld host syncs in %lld steps (%lld ops), %lld of them the communicators' staging "
+  std::printf("diffcp %s: %s device: %lld host syncs in %lld steps (%lld ops), %lld of them the communicators' staging "
               "of device memory (none with NCCL), %lld the computation's\n",
-              command, static_cast<long long>(c.host_syncs), static_cast<long long>(steps), static_cast<long long>(c.ops),
+              command, g.name(), static_cast<long long>(c.host_syncs), static_cast<long long>(steps), static_cast<long long>(c.ops),
               static_cast<long long>(staged), static_cast<long long>(c.host_syncs - staged));
 }
 

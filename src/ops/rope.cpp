@@ -25,6 +25,21 @@ RopeTable::RopeTable(std::int64_t d_h, double theta, std::int64_t max_pos) : d_h
   }
 }
 
+RopeTable RopeTable::rows(std::span<const std::int64_t> positions) const {
+  RopeTable t;
+  t.d_h_ = d_h_;
+  t.max_pos_ = static_cast<std::int64_t>(positions.size());
+  const std::int64_t half = d_h_ / 2;
+  t.cos_.reserve(positions.size() * static_cast<std::size_t>(half));
+  t.sin_.reserve(t.cos_.capacity());
+  for (std::int64_t pos : positions) {
+    DIFFCP_CHECK(pos >= 0 && pos < max_pos_, "RoPE: position ", pos, " outside the table [0, ", max_pos_, ")");
+    t.cos_.insert(t.cos_.end(), cos(pos), cos(pos) + half);
+    t.sin_.insert(t.sin_.end(), sin(pos), sin(pos) + half);
+  }
+  return t;
+}
+
 void rope_apply(float* x, std::int64_t rows, std::int64_t heads, std::span<const std::int64_t> positions,
                 const RopeTable& table, bool inverse) {
   DIFFCP_CHECK(static_cast<std::int64_t>(positions.size()) == rows, "RoPE: ", positions.size(),

@@ -83,6 +83,7 @@ diffcp_add_fail_test(cli_plan_bad_range "--context = '9k:2k': the range's end is
 diffcp_add_fail_test(cli_plan_bad_windows "--windows = 'w2': expected a non-negative count" $<TARGET_FILE:diffcp_cli> plan --windows 2048,w2)
 diffcp_add_mpi_test(test_cp_methods cp/test_cp_methods.cpp)
 diffcp_add_mpi_test(test_cp_guard cp/test_cp_guard.cpp)
+diffcp_add_guard_async_test(test_cp_guard 3 4)
 
 
 

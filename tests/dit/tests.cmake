@@ -18,6 +18,7 @@ foreach(np 5 6 7)  # any token count at any P: every P up to 8
   set_tests_properties(test_dit_uneven_np${np} PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 300 LABELS mpi)
 endforeach()
 diffcp_add_mpi_test(test_dit_guard dit/test_dit_guard.cpp)
+diffcp_add_guard_async_test(test_dit_guard 3)
 # The fp8 wire (--wire fp8, issue #52): the codec, the exchange in every mode and USP, the bytes.
 diffcp_add_mpi_test(test_dit_fp8 dit/test_dit_fp8.cpp)
 set(DIT ${MPIRUN} 2 $<TARGET_FILE:diffcp_cli> dit)

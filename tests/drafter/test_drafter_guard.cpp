@@ -63,11 +63,11 @@ TEST(DrafterOnGuardDevice, TrainEqualsTheCpuRunBitForBitInEveryShardMode) {
     SCOPED_TRACE(shard);
     opt.shard = shard;
     const bool evaluate = opt.shard == "full";  // the vocabulary-parallel head's argmax
-    const std::int64_t ops_before = guard_backend().counters().ops;
+    const std::int64_t ops_before = test::guard_ops();
     const TrainRun cpu = train_on(cpu_backend(), opt, evaluate);
     const TrainRun guard = train_on(dev, opt, evaluate);
     if (test::device_under_test().exact) {  // it ran on the guard device
-      EXPECT_GT(guard_backend().counters().ops, ops_before);
+      EXPECT_GT(test::guard_ops(), ops_before);
     }
     ASSERT_EQ(cpu.loss.size(), 20u);
     const double bound = test::kDeviceBoundF32;
@@ -85,7 +85,7 @@ TEST(DrafterOnGuardDevice, TrainEqualsTheCpuRunBitForBitInEveryShardMode) {
 // chunks) up to one step in four.
 TEST(DrafterOnGuardDevice, HostSyncsPerStepDoNotGrowWithLayersOrContext) {
   const auto per_step = [](const char* preset, std::int64_t context) {
-    ScopedBackend use(guard_backend());
+    ScopedBackend use(test::guard_under_test());
     TrainOptions opt;
     opt.preset = preset;
     opt.steps = 8;  // the held-out evaluation runs after step 8 only
@@ -96,7 +96,7 @@ TEST(DrafterOnGuardDevice, HostSyncsPerStepDoNotGrowWithLayersOrContext) {
     opt.eval_every = 0;
     Trainer trainer(test::world(), opt);
     (void)trainer.step();  // the first step's one-time uploads
-    const auto syncs = [] { return guard_backend().counters().host_syncs - Communicator::staged_reads(); };
+    const auto syncs = [] { return test::guard_under_test().counters().host_syncs - Communicator::staged_reads(); };
     const std::int64_t before = syncs();
     for (int s = 0; s < 4; ++s) (void)trainer.step();
     return (syncs() - before) / 4.0;
@@ -129,10 +129,10 @@ TEST(DrafterOnGuardDevice, DraftEqualsTheCpuRunBitForBit) {
     ScopedBackend use(b);
     return draft_block(test::world(), cfg, params, hidden, ctx, noise);
   };
-  const std::int64_t ops_before = guard_backend().counters().ops;
+  const std::int64_t ops_before = test::guard_ops();
   const std::vector<float> cpu = run(cpu_backend()), guard = run(dev);
   if (test::device_under_test().exact) {
-    EXPECT_GT(guard_backend().counters().ops, ops_before);
+    EXPECT_GT(test::guard_ops(), ops_before);
   }
   ASSERT_EQ(cpu.size(), static_cast<std::size_t>(cfg.block * cfg.hidden));
   EXPECT_TRUE(test::matches_cpu(cpu, guard, test::kDeviceBoundF32)) << "the drafted hidden states differ";
@@ -169,10 +169,10 @@ TEST(DrafterOnGuardDevice, DraftCacheEqualsTheCpuRunBitForBit) {
     }
     return out;
   };
-  const std::int64_t ops_before = guard_backend().counters().ops;
+  const std::int64_t ops_before = test::guard_ops();
   const std::vector<float> cpu = run(cpu_backend()), guard = run(dev);
   if (test::device_under_test().exact) {
-    EXPECT_GT(guard_backend().counters().ops, ops_before);
+    EXPECT_GT(test::guard_ops(), ops_before);
   }
   ASSERT_EQ(cpu.size(), static_cast<std::size_t>(4 * cfg.block * cfg.hidden));
   EXPECT_TRUE(test::matches_cpu(cpu, guard, test::kDeviceBoundF32)) << "the drafted hidden states differ";

@@ -40,3 +40,4 @@ set_tests_properties(cli_train_export_init PROPERTIES FIXTURES_SETUP dflash_dir)
 set_tests_properties(cli_draft_bad_hidden PROPERTIES FIXTURES_REQUIRED dflash_dir)
 
 diffcp_add_mpi_test(test_drafter_guard drafter/test_drafter_guard.cpp)
+diffcp_add_guard_async_test(test_drafter_guard 3)

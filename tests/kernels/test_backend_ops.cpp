@@ -55,7 +55,7 @@ TEST_P(OpHarnessTargets, EveryCaseWithinItsBoundOfTheReference) {
   for (const OpCase& c : op_cases()) names.insert(c.name);
   if (!g_op.empty()) {
     EXPECT_FALSE(ran.empty()) << "-o " << g_op << ": no case of " << t.name << " matches";
-  } else if (t.name == "guard" || t.name.starts_with("cpu:")) {
+  } else if (t.name.starts_with("guard") || t.name.starts_with("cpu:")) {
     EXPECT_EQ(ran, names) << t.name << " supports every op the CPU does";
   } else {
     EXPECT_FALSE(ran.empty());
@@ -71,12 +71,13 @@ INSTANTIATE_TEST_SUITE_P(OpHarness, OpHarnessTargets, ::testing::ValuesIn(select
                          });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(OpHarnessTargets);  // -b naming nothing here
 
-// What must be among the targets: the guard always; every CPU ISA this machine runs where the
+// What must be among the targets: both guard devices always; every CPU ISA this machine runs where the
 // build has more than one; the CUDA backend where there is a device (skipped, saying why, elsewhere).
 TEST(OpHarness, TheTargetsAreEveryBackendAndEveryCpuIsaHere) {
   std::set<std::string> targets;
   for (const OpHarnessTarget& t : op_harness_targets()) targets.insert(t.name);
   EXPECT_TRUE(targets.count("guard"));
+  EXPECT_TRUE(targets.count("guard-async"));
   std::vector<std::string> isas;
   for (const CpuIsa& isa : cpu_isas())
     if (isa.supported) isas.push_back(isa.name);
@@ -171,7 +172,8 @@ int main(int argc, char** argv) {
     else if (b) diffcp::g_backend = argv[++i];
     else rest.push_back(argv[i]);
   }
-  (void)diffcp::guard_backend();  // registers the test library's backend
+  (void)diffcp::guard_backend();  // registers the test library's backends
+  (void)diffcp::guard_async_backend();
 #ifdef DIFFCP_HAVE_CUDA
   if (diffcp::cuda_device_present(nullptr)) (void)diffcp::cuda_backend();  // registers it
 #endif

@@ -4,9 +4,12 @@
 //  - every op computes on the guard bit for bit what it computes on the CPU backend, each op's
 //    arguments living in guard buffers and reaching the host only through the backend's copy
 //    (the op harness's cases, testing/op_harness.hpp: every op at several shapes);
-//  - Buffer, fill, convert and copy on both backends.
+//  - Buffer, fill, convert and copy on both backends;
+//  - guard-async: ops in issue order, host sources taken at the call, frees in stream order, a host
+//    read of a queued result faults naming the op, a failed op reported at the next wait.
 #include <csignal>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <set>
@@ -46,7 +49,8 @@ TEST(GuardDevice, HostReadOfDeviceMemoryFaults) {
         const volatile float* p = b.ptr<float>();
         std::printf("%f\n", static_cast<double>(p[3]));
       },
-      testing::KilledBySignal(SIGSEGV), "guard device: SIGSEGV");
+      testing::KilledBySignal(SIGSEGV), "guard device: SIGSEGV at 0x[0-9a-f]+: host code touched guard device memory \\(a "
+                                        "buffer of 64 bytes at 0x[0-9a-f]+\\).*No op has written it");
 }
 
 TEST(GuardDevice, HostWriteOfDeviceMemoryFaults) {
@@ -120,19 +124,99 @@ TEST(GuardDevice, BuffersCopiesFillAndConvert) {
 // ---- every op: the guard computes what the CPU computes, bit for bit (the harness's cases) ----
 
 TEST(GuardDevice, EveryOpComputesWhatTheCpuComputes) {
-  std::set<OpKind> covered;
-  for (const OpCase& c : op_cases()) {
-    SCOPED_TRACE(c.name + " [" + c.shape + "]");
-    const std::int64_t ops_before = guard_backend().counters().ops;
-    const auto cpu = run_op_case(cpu_backend(), c);
-    const auto guard = run_op_case(guard_backend(), c);
-    EXPECT_GE(guard_backend().counters().ops - ops_before, static_cast<std::int64_t>(c.ops.size()));
-    ASSERT_EQ(cpu.size(), guard.size());
-    for (std::size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(cpu[i] == guard[i]) << "array " << i << " differs";
-    for (const auto& [op, dtype] : c.ops) covered.insert(op);
+  for (GuardBackend* g : {&guard_backend(), &guard_async_backend()}) {
+    std::set<OpKind> covered;
+    for (const OpCase& c : op_cases()) {
+      SCOPED_TRACE(std::string(g->name()) + ": " + c.name + " [" + c.shape + "]");
+      const std::int64_t ops_before = g->counters().ops;
+      const auto cpu = run_op_case(cpu_backend(), c);
+      const auto guard = run_op_case(*g, c);
+      EXPECT_GE(g->counters().ops - ops_before, static_cast<std::int64_t>(c.ops.size()));
+      ASSERT_EQ(cpu.size(), guard.size());
+      for (std::size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(cpu[i] == guard[i]) << "array " << i << " differs";
+      for (const auto& [op, dtype] : c.ops) covered.insert(op);
+    }
+    for (int k = 0; k < kOpKindCount; ++k)
+      EXPECT_TRUE(covered.count(static_cast<OpKind>(k))) << op_name(static_cast<OpKind>(k)) << " has no guard case";
   }
-  for (int k = 0; k < kOpKindCount; ++k)
-    EXPECT_TRUE(covered.count(static_cast<OpKind>(k))) << op_name(static_cast<OpKind>(k)) << " has no guard case";
+}
+
+// ---- guard-async: CUDA's execution model (ops queued, run in issue order by a worker thread) ----
+
+TEST(GuardAsyncDevice, OpsRunInIssueOrderAndHostSourcesAreTakenAtTheCall) {
+  GuardBackend& g = guard_async_backend();
+  ScopedBackend on(g);
+  constexpr std::int64_t n = 1 << 16;
+  std::vector<float> host(n, 1.f);
+  Buffer a(DType::f32, n, g), b(DType::f32, n, g);
+  const GuardBackend::Counters before = g.counters();
+  copy(a.view(), view_of(std::span<const float>(host)));  // queued; the source may be reused at once
+  std::fill(host.begin(), host.end(), 7.f);
+  add_into(a.ptr<float>(), a.ptr<float>(), n);  // 2
+  {
+    Buffer tmp(DType::f32, n, g);  // freed while the ops that read it are still queued: in stream order
+    fill(tmp.view(), 3.f);
+    add_into(a.ptr<float>(), tmp.ptr<float>(), n);  // 5
+  }
+  fill(b.view(), 0.5f);
+  add_into(a.ptr<float>(), b.ptr<float>(), n);  // 5.5
+  EXPECT_EQ(g.counters().host_syncs, before.host_syncs);  // nothing so far waited for the device
+  for (float v : to_host<float>(a.view())) ASSERT_EQ(v, 5.5f);
+  const GuardBackend::Counters after = g.counters();
+  EXPECT_EQ(after.host_syncs - before.host_syncs, 1);  // the copy into host memory
+  EXPECT_EQ(after.ops - before.ops, 5);
+  g.synchronize();
+  EXPECT_EQ(g.counters().host_syncs - before.host_syncs, 2);
+}
+
+// A host read of a result the stream has not produced yet faults, naming the op queued to write it.
+void read_a_queued_result() {
+  GuardBackend& g = guard_async_backend();
+  ScopedBackend on(g);
+  constexpr std::int64_t m = 768;
+  Buffer x(DType::f32, m * m, g), y(DType::f32, m * m, g);
+  fill(x.view(), 1.f);
+  for (int i = 0; i < 8; ++i)  // seconds of queued work ahead of the read
+    gemm(false, false, m, m, m, 1.f, x.data(), m, x.data(), m, 0.f, y.data(), m);
+  fill(y.view(), 2.f);
+  const volatile float* p = y.ptr<float>();
+  std::printf("%f\n", static_cast<double>(p[0]));
+}
+
+TEST(GuardAsyncDevice, AHostReadOfAQueuedResultFaultsNamingTheOp) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(read_a_queued_result(), testing::KilledBySignal(SIGSEGV),
+              "host code touched guard-async device memory \\(a buffer of [0-9]+ bytes at 0x[0-9a-f]+\\).*Last "
+              "written by fill \\(op [0-9]+, still queued: a result read before a synchronize covered it\\)");
+}
+
+// An op that fails on the stream is reported at the next host wait, once, naming it; the guard
+// (immediate) reports it at the call. Here the CPU kernel's own check fails: delta has 1 element for 4 rows.
+TEST(GuardAsyncDevice, AnOpThatFailsOnTheStreamIsReportedAtTheNextWaitNamingIt) {
+  for (GuardBackend* g : {&guard_backend(), &guard_async_backend()}) {
+    SCOPED_TRACE(g->name());
+    ScopedBackend on(*g);
+    Buffer o(DType::f32, 2 * 2 * 4, *g), delta(DType::f32, 1, *g);
+    fill(o.view(), 1.f);
+    const auto call = [&] { g->attention_delta(o.view({2, 2, 4}), o.view({2, 2, 4}), delta.view()); };
+    if (g->mode() == GuardBackend::Mode::immediate) {
+      EXPECT_NE(error_of(call).find("attention_delta: delta has 1"), std::string::npos);
+      continue;
+    }
+    EXPECT_NO_THROW(call());  // queued
+    // Reported at the next call (when the stream has failed by then) or else at the wait, where
+    // this fill, queued after the failure, is skipped.
+    const std::string e = error_of([&] {
+      fill(delta.view(), 0.f);
+      g->synchronize();
+    });
+    EXPECT_TRUE(e.starts_with("guard-async: attention_delta (op ") && e.find(" on the stream) failed: ") != std::string::npos &&
+                e.find("attention_delta: delta has 1") != std::string::npos)
+        << e;
+    EXPECT_NO_THROW(g->synchronize());  // reported once
+    fill(delta.view(), 4.f);
+    EXPECT_EQ(to_host<float>(delta.view()), std::vector<float>{4.f});
+  }
 }
 
 }  // namespace

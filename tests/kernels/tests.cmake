@@ -87,24 +87,26 @@ diffcp_add_fail_test(cli_backend_unknown_env "unknown backend 'gpu'; registered 
                      ${CMAKE_COMMAND} -E env DIFFCP_BACKEND=gpu $<TARGET_FILE:diffcp_cli> backends)
 diffcp_add_fail_test(cli_backend_guard_sim_refused "--backend guard: `diffcp sim` runs on host-memory backends only \\(cpu\\); a device backend runs `diffcp train`"
                      $<TARGET_FILE:diffcp_cli> --backend guard sim cp)
-# `diffcp attn` and `bench cp` on the guard device (testing/layer_run.hpp's buffers; --oproj auto
+# `diffcp attn` and `bench cp` on both guard devices (testing/layer_run.hpp's buffers; --oproj auto
 # measures its GEMM there too): every method passes the fp64 check with the CPU run's errors.
 add_test(NAME cli_attn_backend_guard COMMAND ${RUN_OK} ${CMAKE_COMMAND} -E env bash -c
-  "set -e; for b in cpu guard; do ${MPIEXEC_EXECUTABLE} -np 2 $<TARGET_FILE:diffcp_cli> --backend $b bench cp --methods all --check --json --reps 1 \
+  "set -e; for b in cpu guard guard-async; do ${MPIEXEC_EXECUTABLE} -np 2 $<TARGET_FILE:diffcp_cli> --backend $b bench cp --methods all --check --json --reps 1 \
      | grep -o '\"max_abs_err\":[^,]*' > /tmp/diffcp_attn_$b.$$; \
      ${MPIEXEC_EXECUTABLE} -np 2 $<TARGET_FILE:diffcp_cli> --backend $b attn --oproj auto --dtype bf16 --window 300 --check --json --reps 1 \
      | grep -o '\"max_abs_err\":[^,]*' >> /tmp/diffcp_attn_$b.$$; done; \
-   test $(wc -l < /tmp/diffcp_attn_cpu.$$) -eq 6; cmp /tmp/diffcp_attn_cpu.$$ /tmp/diffcp_attn_guard.$$ && echo 'errors equal'; \
-   rm -f /tmp/diffcp_attn_cpu.$$ /tmp/diffcp_attn_guard.$$")
+   test $(wc -l < /tmp/diffcp_attn_cpu.$$) -eq 6; cmp /tmp/diffcp_attn_cpu.$$ /tmp/diffcp_attn_guard.$$; \
+   cmp /tmp/diffcp_attn_cpu.$$ /tmp/diffcp_attn_guard-async.$$ && echo 'errors equal'; \
+   rm -f /tmp/diffcp_attn_cpu.$$ /tmp/diffcp_attn_guard.$$ /tmp/diffcp_attn_guard-async.$$")
 set_tests_properties(cli_attn_backend_guard PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 180
                      PASS_REGULAR_EXPRESSION "errors equal" FAIL_REGULAR_EXPRESSION "run_ok: FAILED|check_passed\":false")
-# `diffcp dit` on the guard device from the CLI (CoCoDiff, bf16 weights sharded over the ranks, the
+# `diffcp dit` on both guard devices from the CLI (CoCoDiff, bf16 weights sharded over the ranks, the
 # PNG written from device memory): the final latent equals the CPU run's byte for byte.
 add_test(NAME cli_dit_backend_guard COMMAND ${RUN_OK} ${CMAKE_COMMAND} -E env bash -c
   "set -e; d=$(mktemp -d); trap 'rm -rf $d' EXIT; \
-   for b in cpu guard; do ${MPIEXEC_EXECUTABLE} -np 2 $<TARGET_FILE:diffcp_cli> --backend $b dit --steps 3 --resolution 256 \
+   for b in cpu guard guard-async; do ${MPIEXEC_EXECUTABLE} -np 2 $<TARGET_FILE:diffcp_cli> --backend $b dit --steps 3 --resolution 256 \
      --mode cocodiff --weights-dtype bf16 --shard-weights --out $d/$b.png --save-latent $d/$b.npy; done; \
-   cmp $d/cpu.npy $d/guard.npy && cmp $d/cpu.png $d/guard.png && echo 'latents equal'")
+   cmp $d/cpu.npy $d/guard.npy && cmp $d/cpu.png $d/guard.png; \
+   cmp $d/cpu.npy $d/guard-async.npy && cmp $d/cpu.png $d/guard-async.png && echo 'latents equal'")
 set_tests_properties(cli_dit_backend_guard PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 180
                      PASS_REGULAR_EXPRESSION "latents equal" FAIL_REGULAR_EXPRESSION "run_ok: FAILED")
 # The trainer on the guard device from the CLI: every step's loss equals the CPU run's.
@@ -115,6 +117,18 @@ add_test(NAME cli_train_backend_guard COMMAND ${RUN_OK} ${CMAKE_COMMAND} -E env 
    test $(wc -l < $d/cpu.loss) -eq 4; cmp $d/cpu.loss $d/guard.loss && echo 'losses equal'")
 set_tests_properties(cli_train_backend_guard PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 180
                      PASS_REGULAR_EXPRESSION "losses equal" FAIL_REGULAR_EXPRESSION "run_ok: FAILED")
+# Issue #65's check: at P = 3 on the stream-ordered guard device over the rendezvous communicator
+# (NCCL's matching and grouping, CUDA's stream order), every step's loss equals the CPU run's over MPI.
+add_test(NAME cli_train_backend_guard_async COMMAND ${RUN_OK} ${CMAKE_COMMAND} -E env bash -c
+  "set -e; d=$(mktemp -d); trap 'rm -rf $d' EXIT; \
+   ${MPIEXEC_EXECUTABLE} --oversubscribe -np 3 $<TARGET_FILE:diffcp_cli> train --steps 4 --context 128 --log $d/cpu.jsonl --no-progress; \
+   ${MPIEXEC_EXECUTABLE} --oversubscribe -np 3 $<TARGET_FILE:diffcp_cli> --backend guard-async train --comm rendezvous --steps 4 --context 128 \
+     --log $d/async.jsonl --no-progress; \
+   grep -o '\"loss\":[^,]*' $d/cpu.jsonl > $d/cpu.loss; grep -o '\"loss\":[^,]*' $d/async.jsonl > $d/async.loss; \
+   test $(wc -l < $d/cpu.loss) -eq 4; cmp $d/cpu.loss $d/async.loss && echo 'losses equal'")
+set_tests_properties(cli_train_backend_guard_async PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 180
+                     PASS_REGULAR_EXPRESSION "guard-async device: [0-9]+ host syncs.*losses equal"
+                     FAIL_REGULAR_EXPRESSION "run_ok: FAILED")
 
 # The README's tour, command by command, as a newcomer runs it (issue #37: the front door is tested).
 add_test(NAME readme_tour COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/project/readme_tour.sh $<TARGET_FILE:diffcp_cli>)

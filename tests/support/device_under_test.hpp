@@ -1,6 +1,7 @@
 // The device backend of the *_guard tests (test_cp_guard, test_dit_guard, test_drafter_guard):
 // the guard device by default (testing/guard_backend.hpp: it computes what the CPU computes, so
-// the runs equal the CPU's bit for bit), or the backend DIFFCP_TEST_DEVICE names ("cuda": the
+// the runs equal the CPU's bit for bit), or the backend DIFFCP_TEST_DEVICE names ("guard-async":
+// the same device in CUDA's stream order, equally exact; "cuda": the
 // same tests on a GPU, scripts/gpu_check.sh; its kernels differ from the CPU's, so the runs agree
 // with the CPU's within a bound relative to the largest value, and f32 layers still pass the fp64
 // reference).
@@ -41,8 +42,8 @@ inline const DeviceUnderTest& device_under_test() {
     DeviceUnderTest r;
     const char* env = std::getenv("DIFFCP_TEST_DEVICE");
     const std::string name = env != nullptr && *env != '\0' ? env : "guard";
-    if (name == "guard") {
-      r.backend = &guard_backend();
+    if (name == "guard" || name == "guard-async") {
+      r.backend = name == "guard" ? &guard_backend() : &guard_async_backend();
       return r;
     }
     r.exact = false;
@@ -56,11 +57,19 @@ inline const DeviceUnderTest& device_under_test() {
       return r;
     }
 #endif
-    r.error = "DIFFCP_TEST_DEVICE=" + name + ": not a device of this build (guard, or cuda in a CUDA build)";
+    r.error = "DIFFCP_TEST_DEVICE=" + name + ": not a device of this build (guard, guard-async, or cuda in a CUDA build)";
     return r;
   }();
   return d;
 }
+
+// The guard device under test (guard-async where DIFFCP_TEST_DEVICE names it), else the guard:
+// the tests that count ops and host syncs read its counters.
+inline GuardBackend& guard_under_test() {
+  Backend* b = device_under_test().backend;
+  return b != nullptr && is_guard(*b) ? static_cast<GuardBackend&>(*b) : guard_backend();
+}
+inline std::int64_t guard_ops() { return guard_under_test().counters().ops; }
 
 // Whether `dev` (the device's run) matches `cpu` (the CPU's): equal on an exact device, else
 // within bound * max |cpu| everywhere (and the same length). The message names the worst element.

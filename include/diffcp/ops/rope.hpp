@@ -18,9 +18,13 @@ class RopeTable {
   std::int64_t max_pos() const { return max_pos_; }
   const float* cos(std::int64_t pos) const { return cos_.data() + pos * (d_h_ / 2); }
   const float* sin(std::int64_t pos) const { return sin_.data() + pos * (d_h_ / 2); }
+  // The rows of `positions` (each inside the table) as a table of positions [0, n): what a device
+  // backend takes with an op issued now and run later (the guard-async device; a GPU uploads them).
+  RopeTable rows(std::span<const std::int64_t> positions) const;
 
  private:
-  std::int64_t d_h_, max_pos_;
+  RopeTable() = default;
+  std::int64_t d_h_ = 0, max_pos_ = 0;
   std::vector<float> cos_, sin_;
 };
 

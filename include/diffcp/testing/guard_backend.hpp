@@ -1,31 +1,49 @@
-// The guard device: a test backend (ops/backend.hpp) whose memory the host cannot touch.
+// The guard devices: test backends (ops/backend.hpp) whose memory the host cannot touch, in the
+// two execution models a code path must survive.
 //
-// Its buffers are host pages kept PROT_NONE (mprotect) except while one of its own ops or copies
-// runs, so any host code that reads or writes device memory between ops faults at once (SIGSEGV,
-// after a line on stderr naming the guard device; the fault then goes to the previous handler).
-// Each buffer ends at the end of its pages, followed by a page that is never opened. Its ops
-// forward to the CPU backend, so they compute exactly what the CPU computes; before each, every
-// tensor argument is checked to lie inside the bytes one of its buffers was allocated with
-// ("guard: gemm: A ... is not guard device memory"), as a GPU would fault on a host pointer; a
-// copy refuses guard memory on a side labelled host. A code path that runs on the guard device therefore keeps its data on
-// the device and moves it only through the backend's copies. What it cannot show: it runs every op
-// at once, on the calling thread, on one device, so stream order, overlap, a host read of a result
-// not yet synchronized and a host sync per op all pass here and still matter on a GPU; and it says
-// nothing about NCCL's grouping and matching (the rendezvous communicator proves those:
-// comm/rendezvous_communicator.hpp). docs/gpu.md says what each double proves.
+//  - "guard" (guard_backend()): every op runs when it is called, on the calling thread.
+//  - "guard-async" (guard_async_backend()): CUDA's execution model. Every op, copy and free is
+//    queued on one stream and run in issue order by a worker thread; the call returns at once.
+//    The host waits only where a GPU's host waits: synchronize(), a copy into host memory, the ops
+//    that return values to the host (scale_sumsq, cross_entropy's statistics) and pack_weight.
+//    Host arguments are taken at the call, as a GPU backend uploads them (index lists, the RoPE
+//    rows of the positions, loss targets and weights, the BlockMask, the source of a
+//    host-to-device copy); a packed weight is freed in stream order, as device memory. An op that fails on the stream is reported at the next host
+//    wait or the next call, once, naming it ("guard-async: attention_forward (op 12 on the
+//    stream) failed: ..."); the ops queued after it are skipped until then.
 //
-// Host-side op parameters stay on the host, as a GPU backend receives them: the BlockMask, the
-// RopeTable and the RoPE positions (a device backend uploads and caches them).
+// Memory: a buffer's address is a reservation of PROT_NONE pages that never becomes accessible,
+// as a GPU address is no host address, so any host read or write of device memory faults at once,
+// on any thread, whatever runs meanwhile (SIGSEGV, after a line on stderr naming the guard device,
+// the buffer and the last op queued to write it, with whether that op had run or was still queued:
+// the host read a result not yet synchronized). The bytes live in a second mapping that only the
+// backend's ops reach (each op's views are translated to it when it is issued); that mapping ends
+// at the end of its pages, followed by a page never opened, so an op that overruns a buffer past
+// its 64-byte-rounded end faults too. Before each op, every tensor argument is checked to lie
+// inside the bytes one live buffer was allocated with ("guard: gemm: A ... is not guard device
+// memory"), as a GPU faults on a host pointer; a copy refuses guard memory on a side labelled
+// host. The ops forward to the CPU backend, so both devices compute what the CPU computes, bit for
+// bit.
 //
-// While an op runs, all guard buffers are accessible (not only the op's): host code running on
-// another thread during that time is not caught.
+// What they cannot show: one device, one stream (the communicators stage through host memory and
+// wait for the stream first; NCCL's own stream and its grouping and matching are the rendezvous
+// communicator's to prove: comm/rendezvous_communicator.hpp); the CPU's kernels are not a GPU's
+// (numerics, speed, memory). docs/gpu.md says what each double proves and what only a GPU can.
+//
+// One host thread issues a guard device's ops (as one thread drives a CUDA stream).
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "diffcp/ops/backend.hpp"
 
@@ -33,8 +51,11 @@ namespace diffcp {
 
 class GuardBackend final : public Backend {
  public:
-  GuardBackend();
-  const char* name() const override { return "guard"; }
+  enum class Mode { immediate, stream };  // "guard", "guard-async"
+  explicit GuardBackend(Mode mode);
+  ~GuardBackend() override;
+  const char* name() const override { return mode_ == Mode::stream ? "guard-async" : "guard"; }
+  Mode mode() const { return mode_; }
   Device device() const override { return device_; }
   Device device_of(const void* p) const override { return p != nullptr && owns(p, 1) ? device_ : Device::host; }
   bool supports(OpKind op, DType dtype) const override { return cpu_backend().supports(op, dtype); }
@@ -47,7 +68,8 @@ class GuardBackend final : public Backend {
   void gemm(const GemmArgs& args) override;
   void bias_backward(ConstTensorView dy, TensorView db) override;
   void bias_add(TensorView y, ConstTensorView b) override;
-  // Packed weights are the CPU backend's (host memory only its kernels read), made from guard memory.
+  // Packed weights are the CPU backend's (host memory only its kernels read), made from guard memory
+  // and freed in stream order; dense_linear takes only the ones this device made.
   void dense_linear(ConstTensorView x, ConstTensorView w, const PackedWeight* packed, ConstTensorView bias,
                     TensorView y) override;
   std::unique_ptr<PackedWeight> pack_weight(ConstTensorView w) override;
@@ -89,7 +111,7 @@ class GuardBackend final : public Backend {
   void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
                               std::span<const double> weight, std::span<const double> lse) override;
   double scale_sumsq(TensorView x, double scale) override;
-  void synchronize() override;  // counts a host sync (the guard's ops have finished when they return)
+  void synchronize() override;  // waits for the stream (guard-async); counts a host sync
   void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
 
   // What crossed between the host and the device, and how many ops ran (tests read them).
@@ -101,29 +123,69 @@ class GuardBackend final : public Backend {
     std::int64_t host_syncs = 0;
   };
   Counters counters() const;
-  // Whether [p, p + bytes) lies inside one live guard buffer.
+  // Whether [p, p + bytes) lies inside one live guard buffer (allocated, not yet freed).
   bool owns(const void* p, std::size_t bytes) const;
 
- private:
-  class Open;  // makes every buffer accessible for one op or copy (nestable)
-  template <typename View>
-  View checked(const char* op, const char* what, View t) const;  // a host-labelled copy of `t`, after the range check
-  void check_range(const char* op, const char* what, const void* p, std::size_t bytes) const;
+  // Drops `held` (a host object queued ops may read: a packed weight) once the stream has run
+  // everything issued so far, as device memory is freed.
+  void release_after_stream(std::shared_ptr<void> held) noexcept;
 
+  // The SIGSEGV handler's description of `addr` (best effort: empty when it is no buffer of this
+  // device or the device's lock is held); async-signal-safe formatting into `out`.
+  std::size_t describe_fault(std::uintptr_t addr, char* out, std::size_t cap) const;
+
+ private:
   struct Region {
-    std::uintptr_t base;  // the mapping: `span` bytes of the buffer's pages, then one page never opened
+    std::uintptr_t base;   // the address reservation: `span` bytes of PROT_NONE pages, then one more
+    std::uintptr_t store;  // the bytes: `span` bytes, then one page never opened
     std::size_t span, bytes;  // bytes: what was asked for (the range checks use it)
+    bool freed = false;       // deallocated by the host; unmapped when the stream reaches the free
+    const char* last_op = nullptr;  // the last op issued that writes it, and its number on the stream
+    std::int64_t last_seq = 0;
   };
-  Device device_ = register_device("guard");
+  // `bytes` at p inside one live buffer (else the error naming op and what), translated to where
+  // the ops read it; `writes`: the op's output (the fault message names the last writer).
+  void* at(const char* op, const char* what, const void* p, std::size_t bytes, bool writes);
+  template <typename View>
+  View checked(const char* op, const char* what, View t);  // a host-labelled, translated copy of `t`
+  // The stream (guard-async): tasks in issue order, numbered from 1.
+  struct Task {
+    // compute: an op (counted in Counters::ops); transfer: a copy; release: a free, which runs
+    // even after a failure (the memory still goes)
+    enum Kind { compute, transfer, release };
+    const char* op;
+    std::int64_t seq;
+    Kind kind;
+    std::function<void()> run;
+  };
+  // Runs `task` now (immediate) or queues it on the stream.
+  void submit(const char* op, std::function<void()> task, Task::Kind kind = Task::compute);
+  // Waits until the stream has run everything issued; reports a failed op (once).
+  void wait_stream();
+  void count_host_sync();
+  void worker();
+
+  Mode mode_;
+  Device device_;
   mutable std::mutex mu_;
   std::map<std::uintptr_t, Region> buffers_;  // the pointer handed out -> its region
-  int open_depth_ = 0;
   Counters counters_;
+  std::deque<Task> queue_;
+  std::condition_variable queued_, drained_;
+  std::int64_t issued_ = 0;
+  std::atomic<std::int64_t> done_{0};
+  std::string error_;  // the first failure on the stream, until reported
+  std::int64_t skip_through_ = 0;  // tasks issued before a failure was reported are skipped
+  bool stop_ = false;
+  std::thread worker_;
 };
 
-// The process's guard device, registered as "guard". Select it with ScopedBackend.
+// The process's guard devices, registered as "guard" and "guard-async". Select one with ScopedBackend.
 GuardBackend& guard_backend();
-// Its device (registered as "guard").
+GuardBackend& guard_async_backend();
+// Their devices (registered under the same names).
 inline Device guard_device() { return guard_backend().device(); }
+// Whether `b` is one of the guard devices.
+bool is_guard(const Backend& b);
 
 }  // namespace diffcp
