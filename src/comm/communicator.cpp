@@ -420,6 +420,9 @@ class HopWork final : public Work {
   void wait() override {
     for (WorkPtr& w : works_) w->wait();
   }
+  void synchronize() override {
+    for (WorkPtr& w : works_) w->synchronize();
+  }
   bool test() override {
     bool all = true;
     for (WorkPtr& w : works_) all = w->test() && all;  // test every one: each drives progress

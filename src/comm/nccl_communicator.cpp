@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <thread>
 
 #include "diffcp/comm/mpi_communicator.hpp"
@@ -124,7 +125,7 @@ class NcclWork final : public Work {
  public:
   explicit NcclWork(NcclCommunicator& c) : c_(c), done_(std::make_shared<NcclDone>()) {}
   ~NcclWork() override {
-    if (!finished_ && !c_.aborted_ && std::uncaught_exceptions() == 0) {
+    if (!finished_ && !ordered_ && !c_.aborted_ && std::uncaught_exceptions() == 0) {
       try {
         wait();
       } catch (const std::exception& e) {  // a destructor cannot throw: end the process (the job with it)
@@ -160,9 +161,30 @@ class NcclWork final : public Work {
   }
   void record() { done_->record(c_.stream_); }
   const std::shared_ptr<NcclDone>& done() const { return done_; }
+  // The barrier's Work: its wait() is a host wait (what a barrier is for).
+  void host_wait() { host_wait_ = true; }
 
   void wait() override {
+    if (!order_stream(0, "")) synchronize();
+  }
+  void synchronize() override {
     while (!test()) std::this_thread::yield();
+  }
+  // The compute stream waits for the operation's event (no host block), unless host memory
+  // receives data (copied back at completion: the host waits) or this is a barrier.
+  bool order_stream(double timeout_s, const std::string& what) override {
+    if (finished_ || ordered_) return true;
+    if (host_wait_ || std::any_of(temps_.begin(), temps_.end(), [](const Temp& t) { return t.back != nullptr; }))
+      return false;
+    if (done_->event == nullptr) c_.flush();  // a deferred transfer: issue the queue now
+    DIFFCP_CHECK(done_->event != nullptr, "nccl communicator '", c_.name(),
+                 "': a transfer was lost (its group failed to issue earlier)");
+    c_.check_alive();
+    DIFFCP_CUDA_CHECK(cudaStreamWaitEvent(c_.compute_, done_->event, 0));
+    if (timeout_s > 0) c_.watch(done_, timeout_s, what);
+    release();  // its temporaries (device copies of host sources) go in stream order
+    ordered_ = true;
+    return true;
   }
   bool test() override {
     if (finished_) return true;
@@ -208,6 +230,8 @@ class NcclWork final : public Work {
   std::shared_ptr<NcclDone> done_;
   std::vector<Temp> temps_;
   bool finished_ = false;
+  bool ordered_ = false;    // the compute stream waits for it (wait() without a host block)
+  bool host_wait_ = false;  // wait() blocks the host (the barrier)
 };
 
 // ---- set-up ----
@@ -228,7 +252,15 @@ void NcclCommunicator::join() {
   DIFFCP_MPI_CHECK(MPI_Comm_rank(boot_, &rank_));
   DIFFCP_MPI_CHECK(MPI_Comm_size(boot_, &size_));
   device_ = cuda_backend().device();  // opens the backend: its device is current on this thread
-  stream_ = static_cast<cudaStream_t>(cuda_stream());
+  compute_ = static_cast<cudaStream_t>(cuda_stream());
+  // NCCL's own stream (c10d's): it waits for the compute stream at each operation; the compute
+  // stream waits for it only where a Work is waited.
+  cudaStream_t own = nullptr;
+  DIFFCP_CUDA_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+  stream_ = own;
+  cudaEvent_t ready = nullptr;
+  DIFFCP_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  ready_ = ready;
   ncclUniqueId id{};
   if (rank_ == 0) DIFFCP_NCCL_CHECK(ncclGetUniqueId(&id));
   DIFFCP_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, boot_));
@@ -240,8 +272,16 @@ void NcclCommunicator::join() {
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    stop_watch_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
   // Destroying waits for the operations in flight; nothing to report to from a destructor.
   if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_), (void)cudaStreamDestroy(stream_);
+  if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
   if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -277,12 +317,52 @@ void NcclCommunicator::abort_nccl() noexcept {
 std::unique_ptr<NcclWork> NcclCommunicator::start() {
   check_alive();
   flush();  // transfers queued before this operation go first
+  after_compute();
   return std::make_unique<NcclWork>(*this);
+}
+
+void NcclCommunicator::after_compute() {
+  DIFFCP_CUDA_CHECK(cudaEventRecord(ready_, compute_));
+  DIFFCP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+}
+
+// The device-side watch (the watchdog's part for stream-ordered waits): a thread polls the events
+// of the operations the compute stream waits for; one past its deadline ends the job with a
+// message naming it (an exception cannot reach the host thread, which may be anywhere).
+void NcclCommunicator::watch(std::shared_ptr<NcclDone> done, double timeout_s, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  watched_.push_back({std::move(done), deadline, what, timeout_s});
+  if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch_loop(); });
+}
+
+void NcclCommunicator::watch_loop() {
+  (void)cudaSetDevice(cuda_device_ordinal());
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!stop_watch_) {
+    watch_cv_.wait_for(lock, std::chrono::milliseconds(20));
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(watched_, [&](const Watched& w) {
+      const cudaError_t e = cudaEventQuery(w.done->event);
+      if (e == cudaErrorNotReady && now < w.deadline) return false;
+      if (e == cudaSuccess) return true;
+      std::fprintf(stderr,
+                   "diffcp: error: nccl communicator '%s' (rank %d of %d): %s %s within %.3g s on the device (the "
+                   "compute stream waits for it; a peer that never joined it?); aborting the job\n",
+                   name().c_str(), rank_, size_, w.what.c_str(),
+                   e == cudaErrorNotReady ? "did not complete" : cudaGetErrorString(e), w.timeout_s);
+      std::fflush(stderr);
+      if (comm_ != nullptr) (void)ncclCommAbort(comm_);  // ends the kernel stuck waiting for a peer
+      std::_Exit(1);  // mpirun ends the other ranks
+    });
+  }
 }
 
 void NcclCommunicator::flush() {
   if (deferred_.empty()) return;
   check_alive();
+  after_compute();
   std::vector<Deferred> queue;
   queue.swap(deferred_);
   Group g;
@@ -440,6 +520,7 @@ WorkPtr NcclCommunicator::do_recv(void* buf, std::size_t count, DType type, int 
 WorkPtr NcclCommunicator::do_barrier() {
   // Complete once every rank has contributed: a max of one word (the value stays 0).
   auto w = start();
+  w->host_wait();
   DIFFCP_NCCL_CHECK(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclMax, comm_, stream_));
   w->record();
   return w;

@@ -20,6 +20,7 @@ class Phase2Work final : public Work {
   Phase2Work(std::unique_ptr<std::byte[]> staged, Buffer staged_dev, WorkPtr inner)
       : staged_(std::move(staged)), staged_dev_(std::move(staged_dev)), inner_(std::move(inner)) {}
   void wait() override { inner_->wait(); }
+  void synchronize() override { inner_->synchronize(); }
   bool test() override { return inner_->test(); }
 
  private:

@@ -80,7 +80,7 @@ class WatchedWork final : public Work {
       : inner_(std::move(inner)), comm_(comm), what_(what), sent_(sent), recvd_(recvd), timeout_s_(timeout_s),
         issued_(Clock::now()), deadline_(deadline(issued_, timeout_s)) {}
   ~WatchedWork() override {
-    if (done_ || std::uncaught_exceptions() != 0) return;
+    if (done_ || ordered_ || std::uncaught_exceptions() != 0) return;
     try {
       wait();
     } catch (const std::exception& e) {  // a destructor cannot throw: end the process (the job with it)
@@ -89,7 +89,18 @@ class WatchedWork final : public Work {
       std::abort();
     }
   }
+  // On a device stream (NCCL): the compute stream waits, the backend's own watch keeps the
+  // deadline; on the host: poll until complete, or fail at the deadline.
   void wait() override {
+    if (done_ || ordered_) return;
+    const double left = std::chrono::duration<double>(deadline_ - Clock::now()).count();
+    if (inner_->order_stream(std::max(left, 1e-3), describe())) {
+      ordered_ = true;
+      return;
+    }
+    synchronize();
+  }
+  void synchronize() override {
     while (!test()) std::this_thread::yield();  // a peer on the same core gets to run
   }
   bool test() override {
@@ -109,8 +120,16 @@ class WatchedWork final : public Work {
   WatchdogReport what_;
   std::uint64_t sent_, recvd_;
   double timeout_s_;
+  // "all_gather (collective 12) on 'cp'": what a device-side watch names when it expires.
+  std::string describe() const {
+    const auto op = static_cast<CommOp>(what_.op);
+    return std::string(comm_op_name(op)) +
+           (is_p2p(op) ? " with rank " + std::to_string(what_.peer) : " (collective " + std::to_string(what_.seq) + ")") +
+           " on '" + comm_.name() + "'";
+  }
   Clock::time_point issued_, deadline_;
-  bool done_ = false;
+  bool done_ = false;     // complete (the host saw it)
+  bool ordered_ = false;  // handed to the device stream (wait() on NCCL)
 };
 
 void Communicator::set_watchdog_timeout(double seconds) {

@@ -35,6 +35,7 @@
 #include "diffcp/cp/lse_reduce.hpp"
 #include "diffcp/cuda/backend.hpp"
 #include "diffcp/ops/buffer.hpp"
+#include "diffcp/ops/elementwise.hpp"
 #include "error_of.hpp"
 #include "mpi_test.hpp"
 
@@ -377,7 +378,7 @@ TEST(NcclComm, RingTransfersAreDeferredSoTheyCannotDeadlock) {
     Array<float> send(s, true), recv(4, -1.f, true), sum(std::vector<float>{1.f}, true);
     WorkPtr r = c.recv_async(recv.data(), 4, DType::f32, prev, 0);
     WorkPtr w = c.send_async(send.data(), 4, DType::f32, next, 0);
-    c.all_reduce_async(sum.data(), sum.data(), 1, DType::f32, ReduceOp::sum)->wait();
+    c.all_reduce_async(sum.data(), sum.data(), 1, DType::f32, ReduceOp::sum)->synchronize();  // the host waits
     EXPECT_TRUE(r->test()) << "the transfers were issued before the all_reduce, on the same stream";
     EXPECT_TRUE(w->test());
     EXPECT_EQ(sum.read()[0], static_cast<float>(P));
@@ -397,6 +398,23 @@ TEST(NcclComm, RingTransfersAreDeferredSoTheyCannotDeadlock) {
     expect_from_prev(recv_b, "second of two");
   }
   Communicator::set_watchdog_timeout(timeout);
+}
+
+// NCCL runs on its own stream: wait() makes the compute stream wait (the next op on it sees the
+// data, the host does not block), synchronize() is the host wait (the Work has completed).
+TEST(NcclComm, WaitOrdersTheComputeStreamSynchronizeWaitsOnTheHost) {
+  DIFFCP_SKIP_WITHOUT_GPUS();
+  NcclCommunicator& c = nccl();
+  const int P = c.size();
+  ScopedBackend cuda(cuda_backend());
+  Array<float> x(std::vector<float>(1 << 20, 1.f), true);
+  WorkPtr w = c.all_reduce_async(x.data(), x.data(), 1 << 20, DType::f32, ReduceOp::sum);
+  w->wait();
+  add_into(x.data(), x.data(), 1 << 20);  // on the compute stream, after the all-reduce
+  for (float v : x.read()) ASSERT_EQ(v, 2.f * static_cast<float>(P));
+  WorkPtr g = c.all_reduce_async(x.data(), x.data(), 1 << 20, DType::f32, ReduceOp::max);
+  g->synchronize();
+  EXPECT_TRUE(g->test());
 }
 
 TEST(NcclComm, SplitAndNodeLocal) {

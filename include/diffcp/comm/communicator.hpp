@@ -156,8 +156,10 @@ class CommStats {
 // Handle of an operation in flight: "ordered completion". wait() returns once the operation's
 // results are ordered before everything this rank issues afterwards and its buffers may be reused
 // by later work; it rethrows a backend error. A host backend (MPI) blocks until the data is there;
-// a stream backend (NCCL) may instead make the caller's stream wait for the communication stream
-// and return at once: later ops on that stream see the data, the host may not read it yet.
+// a stream backend (NCCL) instead makes the compute stream wait for the communication stream and
+// returns at once (c10d's Work::wait): later ops on that stream see the data, the host may not
+// read it yet. synchronize() is the host wait: afterwards the operation has completed (timings end
+// there; host buffers hold what was received with either call).
 // Destroying a handle that was never waited waits for it (except during stack unwinding, when the
 // job is about to abort anyway).
 class Work {
@@ -166,6 +168,13 @@ class Work {
   virtual void wait() = 0;
   // Non-blocking completion test; also drives the backend's progress engine.
   virtual bool test() = 0;
+  // The host waits for completion. Default: wait(), which is that for a host backend.
+  virtual void synchronize() { wait(); }
+  // wait()'s stream-ordered form, for wrappers that watch an operation (the watchdog): orders the
+  // compute stream after the operation, hands its deadline (`timeout_s` from now; 0: none) and a
+  // description to the backend's own watch, and returns true; false when the operation is not on
+  // a device stream (the caller then waits on the host). Default: false.
+  virtual bool order_stream(double timeout_s, const std::string& what) { return false; }
 };
 using WorkPtr = std::unique_ptr<Work>;
 

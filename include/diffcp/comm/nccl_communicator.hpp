@@ -1,6 +1,8 @@
-// NCCL implementation of the Communicator interface (issue #55): the GPU's collectives, issued on
-// the CUDA backend's one stream (cuda/backend.hpp, cuda_stream()), so they are stream-ordered with
-// the backend's kernels and copies like any other op. Built with -DDIFFCP_CUDA=ON only.
+// NCCL implementation of the Communicator interface (issue #55): the GPU's collectives, on NCCL's
+// own stream (c10d's design, issue #65): each operation first makes that stream wait for an event
+// recorded on the CUDA backend's compute stream (cuda/backend.hpp, cuda_stream()), so it reads what
+// the kernels issued before it wrote, and the compute stream runs on meanwhile: communication
+// overlaps the compute issued between an operation and its wait. Built with -DDIFFCP_CUDA=ON only.
 //
 // Bootstrap: MPI only finds the peers. The constructor duplicates an MPI communicator, rank 0
 // makes an ncclUniqueId and broadcasts it over it, and every rank joins on the CUDA backend's
@@ -22,9 +24,11 @@
 // in f32 and rounds), as the MPI backend; logsumexp nowhere, so all_reduce_lse (cp/lse_reduce.hpp)
 // runs its max + sum fallback.
 //
-// Works ("ordered completion", communicator.hpp): an operation records a CUDA event on the stream
-// after it; test() queries the event (and NCCL's asynchronous error), wait() polls test(). Once a
-// Work completes, the host may read what it received (host buffers are copied back by then).
+// Works ("ordered completion", communicator.hpp): an operation records a CUDA event on NCCL's
+// stream after it; test() queries the event (and NCCL's asynchronous error). wait() makes the
+// compute stream wait for the event and returns (no host block): the ops issued after it see the
+// data. synchronize() is the host wait (polls test()). Where host memory receives data (copied
+// back from a device temporary at completion) and for barrier(), wait() is the host wait too.
 //
 // Point-to-point is deferred (and exchange_async's hop is one group of its own: the callers in
 // cp/ and dit/ use it), because NCCL on one stream would deadlock on diffcp's ring pattern:
@@ -33,10 +37,10 @@
 // recv_async only queue the transfer (a host source is copied to the device at once); the queue
 // is issued, in order, inside one ncclGroupStart / ncclGroupEnd when any of its Works is waited or
 // tested, or before the next collective on this communicator (collectives keep their order after
-// the transfers issued before them). Consequences: (1) a deferred send reaches the stream only
-// then, so compute issued between send_async and the wait runs before the transfer (correct, but
-// no overlap); (2) do not block outside this communicator on something that needs the peer to
-// have received a deferred send (wait or test its Work first).
+// the transfers issued before them). Consequences: (1) a lone send_async reaches NCCL's stream only
+// then (exchange_async's hop is issued at once, and overlaps the compute after it: Ring, RingX,
+// LV-XAttn, USP's ring and the DiT's gathers use it); (2) do not block outside this communicator
+// on something that needs the peer to have received a deferred send (wait or test its Work first).
 //
 // Tags: NCCL has none. Messages between two ranks match in the order they were issued, whatever
 // their tags, so a caller must post its receives in the order its peer sends (MPI would match them
@@ -45,8 +49,11 @@
 // (comm/rendezvous_communicator.hpp) models all of this on MPI; the CP suite, the DiT and the
 // trainer run on it (ctest -R rendezvous).
 //
-// Watchdog (comm/watchdog.cpp): Works poll, so an operation past the timeout is caught in its
-// wait()/test() as with MPI; the reports travel over the MPI duplicate. After the exchange the
+// Watchdog (comm/watchdog.cpp): an operation past the timeout in synchronize()/test() is caught
+// there as with MPI; the reports travel over the MPI duplicate. A wait() hands the operation to a
+// thread of this communicator that polls its event: past the deadline it prints the operation
+// ("all_gather (collective 12) on 'cp' did not complete within 600 s on the device"), aborts the
+// NCCL communicator and ends the process, and mpirun the job (the host thread may be anywhere). After the exchange the
 // NCCL communicator is aborted (ncclCommAbort ends a kernel stuck waiting for a peer); every later
 // operation on it throws. An NCCL asynchronous error (a peer lost) is thrown from test()/wait()
 // the same way, after aborting the communicator.
@@ -59,13 +66,19 @@
 
 #include <mpi.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "diffcp/comm/communicator.hpp"
 
 struct ncclComm;    // ncclComm_t
 struct CUstream_st; // cudaStream_t
+struct CUevent_st;  // cudaEvent_t
 
 namespace diffcp {
 
@@ -131,8 +144,13 @@ class NcclCommunicator final : public Communicator {
   friend class NcclWork;
   NcclCommunicator(MPI_Comm owned, std::string name, bool /*adopt*/);
   void join();  // the NCCL communicator over boot_ (constructors)
-  // A Work for one operation on the stream; flushes the deferred transfers first.
+  // A Work for one operation on the stream; flushes the deferred transfers first, and orders
+  // NCCL's stream after the compute stream.
   std::unique_ptr<NcclWork> start();
+  void after_compute();  // NCCL's stream waits for what the compute stream has issued so far
+  // The device-side watch of an operation the compute stream waits for (see the header comment).
+  void watch(std::shared_ptr<NcclDone> done, double timeout_s, const std::string& what);
+  void watch_loop();
   // Issues the deferred transfers in one group (nothing when there are none).
   void flush();
   // Drops the deferred transfer of a Work destroyed before it was issued (during unwinding).
@@ -156,13 +174,26 @@ class NcclCommunicator final : public Communicator {
 
   MPI_Comm boot_ = MPI_COMM_NULL;  // duplicate of the bootstrap communicator (split, watchdog)
   ncclComm* comm_ = nullptr;        // null once aborted
-  CUstream_st* stream_ = nullptr;   // the CUDA backend's
+  CUstream_st* stream_ = nullptr;   // NCCL's own
+  CUstream_st* compute_ = nullptr;  // the CUDA backend's
+  CUevent_st* ready_ = nullptr;     // recorded on compute_ before each operation, waited by stream_
   Device device_ = Device::host;    // the CUDA backend's
   int rank_ = 0, size_ = 1;
   bool aborted_ = false;
   std::int32_t* barrier_word_ = nullptr;  // [1] on the device: the barrier's all-reduce
   std::vector<Deferred> deferred_;
   StagingStats host_staging_;
+  struct Watched {
+    std::shared_ptr<NcclDone> done;
+    std::chrono::steady_clock::time_point deadline;
+    std::string what;
+    double timeout_s;
+  };
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::vector<Watched> watched_;
+  bool stop_watch_ = false;
+  std::thread watchdog_;  // started at the first watched wait
 };
 
 }  // namespace diffcp
