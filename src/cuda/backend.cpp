@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -55,6 +56,12 @@ class CudaBackend final : public Backend {
     ordinal_ = cuda_device_ordinal();
     cuda_ok(cudaSetDevice(ordinal_), "cudaSetDevice");
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // Stream-ordered allocations stay in the device's pool when freed (a layer's scratch, an
+    // attention chunk's score tiles): no trip to the driver per step (as PyTorch's caching allocator).
+    cudaMemPool_t pool = nullptr;
+    cuda_ok(cudaDeviceGetDefaultMemPool(&pool, ordinal_), "cudaDeviceGetDefaultMemPool");
+    std::uint64_t keep = UINT64_MAX;
+    cuda_ok(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
     lt_ok(cublasLtCreate(&lt_), "create");
     cuda_ok(cudaMalloc(&workspace_, kWorkspace), "cudaMalloc(cuBLASLt workspace)");
     cudaDeviceProp p{};
@@ -73,6 +80,15 @@ class CudaBackend final : public Backend {
       return Device::host;
     }
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? device_ : Device::host;
+  }
+  // Page-locked host memory (cudaMallocHost / cudaHostRegister): a copy reads it asynchronously.
+  static bool pinned(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeHost;
   }
   std::string describe(DType dtype) const override {
     return "cuda (" + device_name_ + "): " + (dtype == DType::bf16 ? "cuBLASLt bf16, f32 accumulation" : "cuBLASLt f32 (no TF32)");
@@ -138,8 +154,11 @@ class CudaBackend final : public Backend {
     DIFFCP_CHECK((dst_device == Device::host || dst_device == device_) && (src_device == Device::host || src_device == device_),
                  "cuda: copy between ", device_name(src_device), " and ", device_name(dst_device), " memory");
     cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
-    // A host source may be reused and a host destination holds the data when copy() returns.
-    if (dst_device == Device::host || src_device == Device::host) synchronize();
+    // A host destination holds the data when copy() returns: the host waits (a host sync). A
+    // pageable host source has been taken into the driver's staging when cudaMemcpyAsync returns:
+    // it may be reused, and the host does not wait for the stream; a pinned one is read by the
+    // DMA later, so the host waits for it.
+    if (dst_device == Device::host || (src_device == Device::host && pinned(src))) synchronize();
   }
   void synchronize() override { cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
@@ -828,29 +847,36 @@ class CudaBackend final : public Backend {
    private:
     std::vector<unsigned char> bytes_;
   };
-  // `h` in device memory for the op about to be issued: one buffer, reused by the next op (its copy
-  // is ordered after the kernels that read this one), staged through pinned memory that the
-  // previous copy has finished reading.
+  // `h` in device memory for the op about to be issued: one device buffer, reused by the next op
+  // (its copy is ordered after the kernels that read this one), staged through a ring of pinned
+  // slots. The host waits only for the copy that last read the slot it reuses, kUploadSlots
+  // uploads ago: no host sync per op while the device is fewer ops behind than that.
   const void* upload(const HostArgs& h) {
     const std::size_t bytes = h.bytes().size();
-    if (staged_ == nullptr) cuda_ok(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_ok(cudaEventSynchronize(staged_), "cudaEventSynchronize(upload)");
     if (bytes > upload_bytes_) {  // (no pointer left dangling if an allocation throws)
       deallocate(upload_, upload_bytes_);
-      void* pinned = std::exchange(upload_pinned_, nullptr);
       upload_ = nullptr;
       upload_bytes_ = 0;
-      if (pinned != nullptr) cuda_ok(cudaFreeHost(pinned), "cudaFreeHost");
       const std::size_t grown = std::max<std::size_t>(bytes * 2, 4096);
-      cuda_ok(cudaMallocHost(&pinned, grown), "cudaMallocHost(upload)");
-      upload_pinned_ = pinned;
       upload_ = allocate(grown);
       upload_bytes_ = grown;
     }
     if (bytes == 0) return upload_;
-    std::memcpy(upload_pinned_, h.bytes().data(), bytes);
-    cuda_ok(cudaMemcpyAsync(upload_, upload_pinned_, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(upload)");
-    cuda_ok(cudaEventRecord(staged_, stream_), "cudaEventRecord(upload)");
+    Slot& slot = upload_slots_[upload_next_++ % kUploadSlots];
+    if (slot.copied == nullptr) cuda_ok(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_ok(cudaEventSynchronize(slot.copied), "cudaEventSynchronize(upload slot)");  // done long ago, as a rule
+    if (bytes > slot.bytes) {
+      void* pinned = std::exchange(slot.pinned, nullptr);
+      slot.bytes = 0;
+      if (pinned != nullptr) cuda_ok(cudaFreeHost(pinned), "cudaFreeHost");
+      const std::size_t grown = std::max<std::size_t>(bytes * 2, 4096);
+      cuda_ok(cudaMallocHost(&pinned, grown), "cudaMallocHost(upload)");
+      slot.pinned = pinned;
+      slot.bytes = grown;
+    }
+    std::memcpy(slot.pinned, h.bytes().data(), bytes);
+    cuda_ok(cudaMemcpyAsync(upload_, slot.pinned, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(upload)");
+    cuda_ok(cudaEventRecord(slot.copied, stream_), "cudaEventRecord(upload)");
     return upload_;
   }
   void move_rows(const ConstTensorView& src, std::span<const std::int64_t> rows, const TensorView& dst, bool scatter) {
@@ -872,10 +898,16 @@ class CudaBackend final : public Backend {
              scatter ? "scatter_rows" : "gather_rows");
   }
   std::vector<std::int64_t> plan_host_, key_plan_host_;  // attention's plans (cuda/plan.hpp)
-  void* upload_ = nullptr;         // device
-  void* upload_pinned_ = nullptr;  // host, pinned
-  std::size_t upload_bytes_ = 0;   // of each
-  cudaEvent_t staged_ = nullptr;   // after the last upload's copy
+  void* upload_ = nullptr;        // device
+  std::size_t upload_bytes_ = 0;
+  struct Slot {
+    void* pinned = nullptr;  // host, pinned
+    std::size_t bytes = 0;
+    cudaEvent_t copied = nullptr;  // after the last copy out of it
+  };
+  static constexpr std::size_t kUploadSlots = 64;
+  std::array<Slot, kUploadSlots> upload_slots_{};
+  std::size_t upload_next_ = 0;
 
   static constexpr std::size_t kWorkspace = std::size_t{32} << 20;
   using LtKey = std::array<std::int64_t, 17>;
