@@ -1,15 +1,23 @@
 #include "diffcp/attention/mask.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 
 #include "diffcp/core/error.hpp"
 
 namespace diffcp {
 
+namespace {
+std::uint64_t next_mask_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
 BlockMask::BlockMask(std::int64_t block, std::int64_t key_rows, std::vector<ContextSegment> segments,
                      std::vector<MaskBlock> blocks, KeyWindow window)
-    : block_(block), key_rows_(key_rows), segments_(std::move(segments)), blocks_(std::move(blocks)), window_(window) {
+    : id_(next_mask_id()), block_(block), key_rows_(key_rows), segments_(std::move(segments)), blocks_(std::move(blocks)), window_(window) {
   DIFFCP_CHECK(block_ >= 1, "mask: block size B = ", block_, ", expected >= 1");
   DIFFCP_CHECK(window_.window >= 0 && window_.window <= kMaxKeyWindow, "mask: sliding window W = ", window_.window,
                ", expected 1 .. 2^40 (or 0: none)");

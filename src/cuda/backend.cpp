@@ -276,12 +276,9 @@ class CudaBackend final : public Backend {
     check_heads("o", o, a.Q, a.n_q, a.d);
     check_stats("lse", lse, a);
     a.ld_o = o.stride[0];
-    cuda::attention_plan(mask, plan_host_);
     if (simt_attention_ || !gemm_shapes(a, {q, k, v, o})) {
-      HostArgs h;
-      h.add(std::span<const std::int64_t>(plan_host_));
       launched(cuda::attention_forward(q.dtype == DType::bf16, q.data, k.data, v.data, o.data, lse.ptr<float>(),
-                                       static_cast<const std::int64_t*>(upload(h)), a, stream_),
+                                       prepare(mask, false).at(0), a, stream_),
                "attention_forward");
       return;
     }
@@ -301,19 +298,13 @@ class CudaBackend final : public Backend {
     a.ld_dq = dq.stride[0];
     a.ld_dk = dk.stride[0];
     a.ld_dv = dv.stride[0];
-    cuda::attention_plan(mask, plan_host_);
     if (!simt_attention_ && gemm_shapes(a, {q, k, v, do_, dq, dk, dv}))
       return gemm_attention_backward(mask, a, q, k, v, do_, lse, delta, dq, dk, dv);
-    // The forward plan (dQ) and the key plan (dK, dV) in one copy.
-    cuda::attention_key_plan(mask, plan_host_, key_plan_host_);
-    HostArgs h;
-    h.add(std::span<const std::int64_t>(plan_host_));
-    const std::size_t key_at = h.add(std::span<const std::int64_t>(key_plan_host_));
-    const auto* base = static_cast<const unsigned char*>(upload(h));
+    // The forward plan (dQ) and the key plan (dK, dV), prepared once for the mask.
+    const PreparedMask& pm = prepare(mask, true);
     launched(cuda::attention_backward(q.dtype == DType::bf16, q.data, k.data, v.data, do_.data, lse.ptr<float>(),
-                                      delta.ptr<float>(), dq.data, dk.data, dv.data,
-                                      reinterpret_cast<const std::int64_t*>(base),
-                                      reinterpret_cast<const std::int64_t*>(base + key_at), a, stream_),
+                                      delta.ptr<float>(), dq.data, dk.data, dv.data, pm.at(0), pm.at(pm.key_at), a,
+                                      stream_),
              "attention_backward");
   }
   void lse_merge(std::span<const ConstTensorView> o_parts, std::span<const ConstTensorView> lse_parts, TensorView o,
@@ -649,18 +640,70 @@ class CudaBackend final : public Backend {
     const std::int64_t* plan = nullptr;    // device: the plan
     const std::int64_t* dspans = nullptr;  // device: the spans
   };
-  // The runs of `mask` (cuda/plan.hpp; plan_host_ built), with the plan and the spans staged in one copy.
+  // The runs of `mask` (cuda/plan.hpp), with the plan and the spans on the device, prepared once.
   Runs attention_runs(const BlockMask& mask) {
+    const PreparedMask& pm = prepare(mask, false);
     Runs R;
-    static_cast<cuda::AttentionRuns&>(R) = cuda::attention_runs(mask, plan_host_);
-    HostArgs h;
-    h.add(std::span<const std::int64_t>(plan_host_));
-    const std::size_t spans_at = h.add(std::span<const std::int64_t>(R.spans));
-    const auto* base = static_cast<const unsigned char*>(upload(h));
-    R.plan = reinterpret_cast<const std::int64_t*>(base);
-    R.dspans = reinterpret_cast<const std::int64_t*>(base + spans_at);
+    static_cast<cuda::AttentionRuns&>(R) = pm.runs;
+    R.plan = pm.at(0);
+    R.dspans = pm.at(pm.spans_at);
     return R;
   }
+  // ---- a mask's plans, prepared once (as FlexAttention builds its BlockMask once per batch) ----
+  // The plan (both paths), the GEMM path's runs and spans and, once a SIMT backward asks, the key
+  // plan, in one device buffer per mask, keyed by BlockMask::id(): a mask made once per batch is
+  // planned and uploaded once, not at every call. The least recently used of kPreparedMasks goes
+  // (its buffer freed in stream order, after the kernels that read it).
+  struct PreparedMask {
+    std::uint64_t id = 0, used = 0;
+    std::vector<std::int64_t> plan;  // host: attention_plan
+    cuda::AttentionRuns runs;        // host: the GEMM path's work list
+    void* dev = nullptr;             // [plan | spans | key plan]
+    std::size_t bytes = 0, spans_at = 0, key_at = 0;
+    bool has_key_plan = false;
+    const std::int64_t* at(std::size_t offset) const {
+      return reinterpret_cast<const std::int64_t*>(static_cast<const unsigned char*>(dev) + offset);
+    }
+  };
+  static constexpr std::size_t kPreparedMasks = 32;
+  const PreparedMask& prepare(const BlockMask& mask, bool key_plan) {
+    auto it = std::find_if(prepared_.begin(), prepared_.end(), [&](const PreparedMask& m) { return m.id == mask.id(); });
+    if (it == prepared_.end()) {
+      if (prepared_.size() == kPreparedMasks) {
+        const auto lru = std::min_element(prepared_.begin(), prepared_.end(),
+                                          [](const PreparedMask& x, const PreparedMask& y) { return x.used < y.used; });
+        deallocate(lru->dev, lru->bytes);
+        prepared_.erase(lru);
+      }
+      PreparedMask m;
+      m.id = mask.id();
+      cuda::attention_plan(mask, m.plan);
+      m.runs = cuda::attention_runs(mask, m.plan);
+      prepared_.push_back(std::move(m));
+      it = prepared_.end() - 1;
+    }
+    PreparedMask& p = *it;
+    p.used = ++prepared_clock_;
+    if (p.dev != nullptr && (p.has_key_plan || !key_plan)) return p;
+    HostArgs h;
+    h.add(std::span<const std::int64_t>(p.plan));
+    p.spans_at = h.add(std::span<const std::int64_t>(p.runs.spans));
+    if (key_plan || p.has_key_plan) {
+      std::vector<std::int64_t> kp;
+      cuda::attention_key_plan(mask, p.plan, kp);
+      p.key_at = h.add(std::span<const std::int64_t>(kp));
+      p.has_key_plan = true;
+    }
+    deallocate(p.dev, p.bytes);  // a key plan added: the buffer is made again (stream-ordered free)
+    p.dev = nullptr;
+    p.bytes = 0;
+    p.dev = allocate(std::max<std::size_t>(h.bytes().size(), 8));
+    p.bytes = std::max<std::size_t>(h.bytes().size(), 8);
+    stage(h, p.dev);
+    return p;
+  }
+  std::vector<PreparedMask> prepared_;
+  std::uint64_t prepared_clock_ = 0;
   // For each q head g of a kv group and each span of `run`: one GEMM batched over the kv heads, its
   // arguments filled by fill(args, batch, g, the span's first key row, its length, its first
   // column, whether it is the run's first span).
@@ -862,6 +905,13 @@ class CudaBackend final : public Backend {
       upload_bytes_ = grown;
     }
     if (bytes == 0) return upload_;
+    stage(h, upload_);
+    return upload_;
+  }
+  // h's bytes copied to `dev` on the stream, through the next pinned slot of the ring.
+  void stage(const HostArgs& h, void* dev) {
+    const std::size_t bytes = h.bytes().size();
+    if (bytes == 0) return;
     Slot& slot = upload_slots_[upload_next_++ % kUploadSlots];
     if (slot.copied == nullptr) cuda_ok(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming), "cudaEventCreate");
     cuda_ok(cudaEventSynchronize(slot.copied), "cudaEventSynchronize(upload slot)");  // done long ago, as a rule
@@ -875,9 +925,8 @@ class CudaBackend final : public Backend {
       slot.bytes = grown;
     }
     std::memcpy(slot.pinned, h.bytes().data(), bytes);
-    cuda_ok(cudaMemcpyAsync(upload_, slot.pinned, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(upload)");
+    cuda_ok(cudaMemcpyAsync(dev, slot.pinned, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(upload)");
     cuda_ok(cudaEventRecord(slot.copied, stream_), "cudaEventRecord(upload)");
-    return upload_;
   }
   void move_rows(const ConstTensorView& src, std::span<const std::int64_t> rows, const TensorView& dst, bool scatter) {
     const std::int64_t n = static_cast<std::int64_t>(rows.size()), w = scatter ? src.size(1) : dst.size(1);
@@ -897,7 +946,6 @@ class CudaBackend final : public Backend {
                              stream_),
              scatter ? "scatter_rows" : "gather_rows");
   }
-  std::vector<std::int64_t> plan_host_, key_plan_host_;  // attention's plans (cuda/plan.hpp)
   void* upload_ = nullptr;        // device
   std::size_t upload_bytes_ = 0;
   struct Slot {

@@ -149,6 +149,7 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
   const std::vector<double>& t = opt.timesteps;
   DIFFCP_CHECK(t.size() >= 2, "euler_sample: ", t.size(), " timesteps, expected steps + 1 >= 2");
   const int steps = static_cast<int>(t.size()) - 1;
+  const ScopedBackend on(model.backend());  // the run's context: the weights' backend, opt.compute (below)
   const DitShard& s = model.shard();
   const DitConfig& cfg = model.config();
   const std::int64_t text_dim = cfg.text_dim;

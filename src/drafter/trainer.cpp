@@ -112,6 +112,9 @@ void validate(const TrainOptions& opt, int W) {
 
 struct Trainer::Impl {
   Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_);
+  // The run's backend, the constructing thread's active one: every entry point installs it (with
+  // the compute dtype), so the run computes there whichever thread calls it.
+  Backend& backend = active_backend();
 
   // The pack that global micro-batch g visits: pack order_e[g mod n] in epoch e = g / n, a fresh
   // order each epoch, a function of (seed, e) only, so resumed runs and any DP x accumulation
@@ -304,6 +307,7 @@ Trainer::~Trainer() = default;
 
 StepStats Trainer::step() {
   Impl& m = *impl_;
+  const ScopedBackend on(m.backend);
   const TrainOptions& opt = m.opt;
   DIFFCP_CHECK(m.step < opt.steps, "Trainer::step: the run is done (", m.step, " of TrainOptions::steps = ", opt.steps, ")");
   const ScopedF32GemmCompute precision(m.compute);
@@ -380,6 +384,7 @@ StepStats Trainer::step() {
 
 double Trainer::evaluate() {
   Impl& m = *impl_;
+  const ScopedBackend on(m.backend);
   const ScopedF32GemmCompute precision(m.compute);
   const std::int64_t B = m.cfg.block;
   double tau_sum = 0, responses = 0;
@@ -423,6 +428,7 @@ double Trainer::evaluate() {
 
 void Trainer::save(const std::string& path) {
   Impl& m = *impl_;
+  const ScopedBackend on(m.backend);
   const auto dir = std::filesystem::path(path).parent_path();
   if (m.rank == 0 && !dir.empty()) std::filesystem::create_directories(dir);
   m.state->save(path, {{"config", m.cfg.to_json()}, {"step", m.step}, {"seed", m.opt.seed}, {"adam_t", m.adam.t},
@@ -445,6 +451,7 @@ TrainResult Trainer::run() {
 
 TrainResult Trainer::result() {
   Impl& m = *impl_;
+  const ScopedBackend on(m.backend);
   TrainResult res = m.res;
   if (m.opt.keep_params) res.params = m.state->gather_params();
   if (!m.step_ms.empty()) {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "diffcp/core/error.hpp"
@@ -163,9 +164,10 @@ Registry& registry() {
   static Registry r;
   return r;
 }
-// Plain pointer semantics; atomic so a stray concurrent read is not a data race.
-std::atomic<Backend*>& active() {
-  static std::atomic<Backend*> a{&cpu_backend()};
+// The calling thread's current backend (CUDA's current device, PyTorch's current stream): a run
+// installs its own (ScopedBackend) and another thread's choice never reaches it.
+Backend*& active() {
+  thread_local Backend* a = &cpu_backend();
   return a;
 }
 
@@ -209,9 +211,9 @@ Backend& backend_of(const void* p) {
   return cpu_backend();
 }
 
-Backend& active_backend() { return *active().load(std::memory_order_relaxed); }
+Backend& active_backend() { return *active(); }
 
-Backend& set_backend(Backend& b) { return *active().exchange(&b); }
+Backend& set_backend(Backend& b) { return *std::exchange(active(), &b); }
 
 Backend& backend_for(OpKind op, DType dtype) {
   Backend& b = active_backend();

@@ -1,8 +1,6 @@
 // gemm (ops/gemm.hpp): argument checks, then the active backend.
 #include "diffcp/ops/gemm.hpp"
 
-#include <atomic>
-
 #include "diffcp/core/error.hpp"
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/buffer.hpp"
@@ -11,7 +9,8 @@ namespace diffcp {
 
 namespace {
 
-std::atomic<DType> g_f32_compute{DType::f32};
+// The calling thread's, as the current backend (ops/backend.hpp): a run installs its own.
+thread_local DType g_f32_compute = DType::f32;
 
 // The stored [rows, cols] matrix at x (row stride ld, the backend's memory) rounded into a dense
 // bf16 one in `out` (a workspace in the active backend's memory, grown as needed).
@@ -36,12 +35,12 @@ void gemm_bf16_f32acc(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N
       .gemm({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, DType::bf16, DType::f32});
 }
 
-DType f32_gemm_compute() { return g_f32_compute.load(std::memory_order_relaxed); }
+DType f32_gemm_compute() { return g_f32_compute; }
 
 void set_f32_gemm_compute(DType compute) {
   DIFFCP_CHECK(compute == DType::f32 || compute == DType::bf16, "f32 GEMM compute precision ", dtype_name(compute),
                ": expected f32 or bf16");
-  g_f32_compute.store(compute, std::memory_order_relaxed);
+  g_f32_compute = compute;
 }
 
 void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,

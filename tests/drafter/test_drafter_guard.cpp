@@ -9,6 +9,7 @@
 // runs the same on a GPU (tests/support/device_under_test.hpp): within bounds of the CPU's run.
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,35 @@ TEST(DrafterOnGuardDevice, TrainEqualsTheCpuRunBitForBitInEveryShardMode) {
 // step's computation, the communicators' staging of device memory left out (NCCL makes none):
 // a constant per step (at most 4), the same for 2 and 4 layers and for 4x the context (more
 // chunks) up to one step in four.
+// A trainer holds the backend it was built on: its step runs there whatever the calling thread's
+// active backend (here the CPU's), with the losses of a run made and stepped on the device.
+TEST(DrafterOnGuardDevice, ATrainerRunsOnTheBackendItWasBuiltOn) {
+  DIFFCP_DEVICE_OR_SKIP(dev);
+  TrainOptions opt;
+  opt.preset = "tiny";
+  opt.steps = 2;
+  opt.context = 64;
+  opt.anchors = 3;
+  opt.bucket = 32;
+  opt.eval_every = 0;
+  std::vector<double> inside, outside;
+  {
+    ScopedBackend use(dev);
+    Trainer t(test::world(), opt);
+    for (int s = 0; s < 2; ++s) inside.push_back(t.step().loss);
+  }
+  std::optional<Trainer> t;
+  {
+    ScopedBackend use(dev);
+    t.emplace(test::world(), opt);
+  }
+  ASSERT_EQ(&active_backend(), &cpu_backend());
+  const std::int64_t ops = test::guard_ops();
+  for (int s = 0; s < 2; ++s) outside.push_back(t->step().loss);
+  if (test::device_under_test().exact) EXPECT_GT(test::guard_ops(), ops);
+  EXPECT_EQ(inside, outside);
+}
+
 TEST(DrafterOnGuardDevice, HostSyncsPerStepDoNotGrowWithLayersOrContext) {
   const auto per_step = [](const char* preset, std::int64_t context) {
     ScopedBackend use(test::guard_under_test());

@@ -596,6 +596,16 @@ TEST(BadInput, BatchValidation) {
   expect_error([&] { make_random_batch(-2, 100, 2, 16, 0.25, 1); }, "samples = -2");
 }
 
+// A mask's id names its contents for the device backends' prepared plans: a copy shares it, any
+// other mask (even an equal one, made again) has its own.
+TEST(Attention, MaskIdsNameTheirContents) {
+  const BlockMask a(4, 8, {{0, 0, 4}}, {{0, 4, 4}}), b(4, 8, {{0, 0, 4}}, {{0, 4, 4}});
+  const BlockMask copy = a;
+  EXPECT_EQ(copy.id(), a.id());
+  EXPECT_NE(a.id(), b.id());
+  EXPECT_NE(a.id(), 0u);
+}
+
 TEST(BadInput, MaskValidation) {
   expect_error([] { BlockMask(4, 10, {{0, 0, 6}, {4, 20, 6}}, {}); }, "overlap");  // rows 4,5 twice
   expect_error([] { BlockMask(4, 20, {{0, 0, 6}, {6, 3, 6}}, {}); }, "overlap");  // positions 3..5 twice

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "diffcp/attention/attention.hpp"
@@ -269,6 +271,23 @@ TEST(Backend, RegisteringASecondBackendUnderATakenNameFails) {
   EXPECT_NE(msg.find("a backend named 'toy' is already registered"), std::string::npos) << msg;
   EXPECT_EQ(&find_backend("toy"), &toy());  // the first one stays
   EXPECT_NO_THROW(register_backend(toy()));  // the same object again: nothing
+}
+
+// The active backend and the f32 GEMM precision are the calling thread's: a thread starts on the
+// CPU backend in f32, and another thread's choice never reaches it (as CUDA's current device).
+TEST(Backend, TheActiveBackendAndPrecisionAreTheCallingThreads) {
+  ScopedBackend scoped(toy());
+  ScopedF32GemmCompute bf16(DType::bf16);
+  const Backend* seen = nullptr;
+  DType precision = DType::bf16;
+  std::thread([&] {
+    seen = &active_backend();
+    precision = f32_gemm_compute();
+  }).join();
+  EXPECT_EQ(seen, &cpu_backend());
+  EXPECT_EQ(precision, DType::f32);
+  EXPECT_EQ(&active_backend(), &toy());
+  EXPECT_EQ(f32_gemm_compute(), DType::bf16);
 }
 
 TEST(Backend, ToyRunsGemmAndDeclinesAttention) {

@@ -94,6 +94,10 @@ class BlockMask {
   const std::vector<ContextSegment>& segments() const { return segments_; }  // sorted by pos
   const std::vector<MaskBlock>& blocks() const { return blocks_; }
   const KeyWindow& window() const { return window_; }
+  // A process-unique number of this mask's contents (a mask never changes after construction; its
+  // copies share the number): what a device backend keys the plans it prepared for it by, so a
+  // mask built once per batch is planned and uploaded once (the CUDA backend).
+  std::uint64_t id() const { return id_; }
 
   // Replaces `out` with the local key-row ranges block i sees, the union over its B query rows
   // (context ranges in position order, then its own rows). O(log #segments + #ranges).
@@ -108,6 +112,7 @@ class BlockMask {
   const std::vector<std::vector<std::int64_t>>& sample_groups() const { return groups_; }
 
  private:
+  std::uint64_t id_;
   std::int64_t block_, key_rows_;
   std::vector<ContextSegment> segments_;
   std::vector<MaskBlock> blocks_;

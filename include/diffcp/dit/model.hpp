@@ -55,6 +55,8 @@ class DitModel {
   const DitShard& shard() const { return shard_; }
   const DitShape& shape() const { return shape_; }
   AttentionExchange& exchange() { return ex_; }
+  // The backend holding the weights: the one this model runs on (a run installs it).
+  Backend& backend() const { return *const_cast<Backend*>(w_.backend()); }
 
   // One velocity evaluation. Collective over the exchange's ranks (two all-to-alls per block). Runs
   // on the backend holding the weights (an error otherwise); every pointer is its device memory.

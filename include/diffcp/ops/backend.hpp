@@ -269,7 +269,11 @@ std::vector<CpuIsa> cpu_isas();
 Backend& cpu_backend(std::string_view isa);
 
 // ---- the registry: a backend is registered by name and selected as the active one ----
-// Not thread-safe against running ops: select the backend before, not while, ops run.
+// The registry is shared and thread-safe. The active backend is the calling thread's (as CUDA's
+// current device): the run that owns a backend installs it around its ops (ScopedBackend; the
+// trainer, the DiT sampler and the layer runners do, from what they were built with), and the CP
+// layers and the DiT model check that they run on the backend their buffers and weights live on.
+// A new thread starts on the CPU backend.
 
 // Makes `b` known to find_backend. The caller keeps `b` alive while it is registered. A second
 // backend with the same name is an error; registering the same object again does nothing.
@@ -282,7 +286,7 @@ std::vector<Backend*> registered_backends();
 // its device, else (host memory) the CPU backend. Memory knows its backend: a communicator asks it
 // where a buffer lives and who copies it, whatever backend is active.
 Backend& backend_of(const void* p);
-// The backend the public ops run on (cpu_backend() until changed).
+// The backend the public ops run on, on this thread (cpu_backend() until changed).
 Backend& active_backend();
 // Its device: where the raw pointers handed to the op wrappers point (their views carry it).
 inline Device active_device() { return active_backend().device(); }
@@ -305,7 +309,7 @@ template <typename T>
 auto device_view(T* p, std::int64_t n) {
   return device_view(std::span<T>(p, static_cast<std::size_t>(n)));
 }
-// Makes `b` the active backend (it need not be registered) and returns the previous one.
+// Makes `b` this thread's active backend (it need not be registered) and returns the previous one.
 Backend& set_backend(Backend& b);
 // The active backend after checking that it supports (op, dtype); otherwise the error
 // "backend '<name>' does not support <op> on <dtype>". What every public op calls first.

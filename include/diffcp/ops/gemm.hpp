@@ -28,8 +28,10 @@ void gemm_bf16_f32acc(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N
 // The compute precision of f32 GEMMs (autocast, as torch's set_float32_matmul_precision("medium")
 // or AMP): f32 (default), or bf16 — A and B rounded to bf16, products accumulated in f32, C f32.
 // What mixed-precision training runs: f32 master weights, optimizer, loss and gradient reduction,
-// bf16 GEMMs. Process-wide (every thread), not thread-safe against GEMMs running: set it between
-// steps. bf16 needs the active backend's bf16 GEMM.
+// bf16 GEMMs. The calling thread's setting, as its current backend (ops/backend.hpp): the layer,
+// trainer or DiT run that owns a compute dtype installs it (ScopedF32GemmCompute) around its ops,
+// and the GEMM wrappers read it when an op is issued (a queued op carries it). bf16 needs the
+// active backend's bf16 GEMM.
 DType f32_gemm_compute();
 void set_f32_gemm_compute(DType compute);  // f32 | bf16
 class ScopedF32GemmCompute {
