@@ -11,6 +11,7 @@
 #include "cli/sim.hpp"
 #include "diffcp/comm/mpi_runtime.hpp"
 #include "diffcp/core/error.hpp"
+#include "diffcp/ops/backend.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"diffcp: communication-efficient parallel attention for diffusion models"};
@@ -86,17 +87,21 @@ int main(int argc, char** argv) {
     diffcp::cli::select_backend(backend, command);  // every rank: a refused name fails on all of them
     const std::unique_ptr<diffcp::Communicator> other_world = diffcp::make_world(comm);  // null: MPI
     diffcp::Communicator& world = other_world ? *other_world : mpi_world;
-    if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);
-    if (app.got_subcommand("train")) return diffcp::cli::run_train(world, train);
-    if (app.got_subcommand("dit")) return diffcp::cli::run_dit(world);
-    if (app.got_subcommand("draft")) return diffcp::cli::run_draft(world, draft);
-    if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("cp"))
-      return diffcp::cli::run_bench_cp(world, bench_cp);
-    if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("p2p"))
-      return diffcp::cli::run_bench_p2p(world, bench_p2p);
-    if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("coll"))
-      return diffcp::cli::run_bench_coll(world, bench_coll);
-    if (app.got_subcommand("sim")) return diffcp::cli::run_sim_calibrate(world);
-    return 1;
+    const int rc = [&] {
+      if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);
+      if (app.got_subcommand("train")) return diffcp::cli::run_train(world, train);
+      if (app.got_subcommand("dit")) return diffcp::cli::run_dit(world);
+      if (app.got_subcommand("draft")) return diffcp::cli::run_draft(world, draft);
+      if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("cp"))
+        return diffcp::cli::run_bench_cp(world, bench_cp);
+      if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("p2p"))
+        return diffcp::cli::run_bench_p2p(world, bench_p2p);
+      if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("coll"))
+        return diffcp::cli::run_bench_coll(world, bench_coll);
+      if (app.got_subcommand("sim")) return diffcp::cli::run_sim_calibrate(world);
+      return 1;
+    }();
+    diffcp::active_backend().synchronize();  // the device has run (and reported) everything before exit
+    return rc;
   });
 }

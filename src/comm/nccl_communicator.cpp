@@ -89,6 +89,16 @@ bool device_memory(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
+// Page-locked host memory (cudaMallocHost / cudaHostRegister): a copy from it is asynchronous.
+bool page_locked(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
 // ncclGroupStart ... end(); an exception inside closes the group on the way out.
 class Group {
  public:
@@ -142,7 +152,7 @@ class NcclWork final : public Work {
     if (bytes == 0 || device_memory(p)) return p;
     void* d = temporary(bytes);
     DIFFCP_CUDA_CHECK(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, c_.stream_));
-    temps_.push_back({d, p, nullptr, bytes});
+    temps_.push_back({d, p, nullptr, bytes, page_locked(p)});
     c_.host_staging_.bytes_to_device += bytes;
     return d;
   }
@@ -156,7 +166,7 @@ class NcclWork final : public Work {
         return t.dev;
       }
     void* d = temporary(bytes);
-    temps_.push_back({d, nullptr, p, bytes});
+    temps_.push_back({d, nullptr, p, bytes, false});
     return d;
   }
   void record() { done_->record(c_.stream_); }
@@ -165,23 +175,25 @@ class NcclWork final : public Work {
   void host_wait() { host_wait_ = true; }
 
   void wait() override {
-    if (!order_stream(0, "")) synchronize();
+    if (!order_stream(std::chrono::steady_clock::time_point::max(), "")) synchronize();
   }
   void synchronize() override {
     while (!test()) std::this_thread::yield();
   }
   // The compute stream waits for the operation's event (no host block), unless host memory
-  // receives data (copied back at completion: the host waits) or this is a barrier.
-  bool order_stream(double timeout_s, const std::string& what) override {
+  // receives data (copied back at completion: the host waits), a source is page-locked host memory
+  // (copied in asynchronously: reusable only after completion), or this is a barrier.
+  bool order_stream(std::chrono::steady_clock::time_point deadline, const std::string& what) override {
     if (finished_ || ordered_) return true;
-    if (host_wait_ || std::any_of(temps_.begin(), temps_.end(), [](const Temp& t) { return t.back != nullptr; }))
+    if (host_wait_ ||
+        std::any_of(temps_.begin(), temps_.end(), [](const Temp& t) { return t.back != nullptr || t.pinned_src; }))
       return false;
     if (done_->event == nullptr) c_.flush();  // a deferred transfer: issue the queue now
     DIFFCP_CHECK(done_->event != nullptr, "nccl communicator '", c_.name(),
                  "': a transfer was lost (its group failed to issue earlier)");
     c_.check_alive();
     DIFFCP_CUDA_CHECK(cudaStreamWaitEvent(c_.compute_, done_->event, 0));
-    if (timeout_s > 0) c_.watch(done_, timeout_s, what);
+    if (deadline != std::chrono::steady_clock::time_point::max()) c_.watch(done_, deadline, what);
     release();  // its temporaries (device copies of host sources) go in stream order
     ordered_ = true;
     return true;
@@ -213,6 +225,7 @@ class NcclWork final : public Work {
     const void* src;  // host memory copied in (null: none)
     void* back;       // host memory copied back at completion (null: none)
     std::size_t bytes;
+    bool pinned_src;  // src is page-locked: its copy runs asynchronously
   };
   void* temporary(std::size_t bytes) {
     if (temps_.empty()) ++c_.host_staging_.calls;
@@ -265,6 +278,7 @@ void NcclCommunicator::join() {
   if (rank_ == 0) DIFFCP_NCCL_CHECK(ncclGetUniqueId(&id));
   DIFFCP_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, boot_));
   ncclComm_t comm = nullptr;
+  cuda_release_cached_memory();  // NCCL's buffers come from outside the backend's pool
   DIFFCP_NCCL_CHECK(ncclCommInitRank(&comm, size_, id, rank_));
   comm_ = comm;
   DIFFCP_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof *barrier_word_));
@@ -273,7 +287,10 @@ void NcclCommunicator::join() {
 
 NcclCommunicator::~NcclCommunicator() {
   {
-    std::lock_guard<std::mutex> lock(watch_mu_);
+    // Operations the compute stream waits for keep their deadlines until they complete (the thread
+    // ends the job past one): only then is it safe to destroy the communicator without a watch.
+    std::unique_lock<std::mutex> lock(watch_mu_);
+    watch_cv_.wait(lock, [&] { return watched_.empty(); });
     stop_watch_ = true;
   }
   watch_cv_.notify_all();
@@ -329,14 +346,15 @@ void NcclCommunicator::after_compute() {
 // The device-side watch (the watchdog's part for stream-ordered waits): a thread polls the events
 // of the operations the compute stream waits for; one past its deadline ends the job with a
 // message naming it (an exception cannot reach the host thread, which may be anywhere).
-void NcclCommunicator::watch(std::shared_ptr<NcclDone> done, double timeout_s, const std::string& what) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+void NcclCommunicator::watch(std::shared_ptr<NcclDone> done, std::chrono::steady_clock::time_point deadline,
+                             const std::string& what) {
   std::lock_guard<std::mutex> lock(watch_mu_);
-  watched_.push_back({std::move(done), deadline, what, timeout_s});
+  watched_.push_back({std::move(done), deadline, what, std::chrono::steady_clock::now()});
   if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch_loop(); });
 }
 
+// The thread only reads events and prints: it never touches the NCCL communicator (the host thread
+// owns it); past a deadline the process ends (mpirun then ends the job), which frees the GPU.
 void NcclCommunicator::watch_loop() {
   (void)cudaSetDevice(cuda_device_ordinal());
   std::unique_lock<std::mutex> lock(watch_mu_);
@@ -348,14 +366,15 @@ void NcclCommunicator::watch_loop() {
       if (e == cudaErrorNotReady && now < w.deadline) return false;
       if (e == cudaSuccess) return true;
       std::fprintf(stderr,
-                   "diffcp: error: nccl communicator '%s' (rank %d of %d): %s %s within %.3g s on the device (the "
-                   "compute stream waits for it; a peer that never joined it?); aborting the job\n",
+                   "diffcp: error: nccl communicator '%s' (rank %d of %d): %s %s after %.3g s on the device (the "
+                   "compute stream waits for it; a peer that never joined it?); ending the job\n",
                    name().c_str(), rank_, size_, w.what.c_str(),
-                   e == cudaErrorNotReady ? "did not complete" : cudaGetErrorString(e), w.timeout_s);
+                   e == cudaErrorNotReady ? "did not complete" : cudaGetErrorString(e),
+                   std::chrono::duration<double>(now - w.since).count());
       std::fflush(stderr);
-      if (comm_ != nullptr) (void)ncclCommAbort(comm_);  // ends the kernel stuck waiting for a peer
-      std::_Exit(1);  // mpirun ends the other ranks
+      std::_Exit(1);
     });
+    watch_cv_.notify_all();  // the destructor waits for the list to empty
   }
 }
 

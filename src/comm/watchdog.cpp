@@ -93,8 +93,7 @@ class WatchedWork final : public Work {
   // deadline; on the host: poll until complete, or fail at the deadline.
   void wait() override {
     if (done_ || ordered_) return;
-    const double left = std::chrono::duration<double>(deadline_ - Clock::now()).count();
-    if (inner_->order_stream(std::max(left, 1e-3), describe())) {
+    if (inner_->order_stream(deadline_, describe())) {
       ordered_ = true;
       return;
     }

@@ -57,7 +57,8 @@ class CudaBackend final : public Backend {
     cuda_ok(cudaSetDevice(ordinal_), "cudaSetDevice");
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     // Stream-ordered allocations stay in the device's pool when freed (a layer's scratch, an
-    // attention chunk's score tiles): no trip to the driver per step (as PyTorch's caching allocator).
+    // attention chunk's score tiles): no trip to the driver per step (as PyTorch's caching
+    // allocator); allocate() and cuda_release_cached_memory() give the unused part back when needed.
     cudaMemPool_t pool = nullptr;
     cuda_ok(cudaDeviceGetDefaultMemPool(&pool, ordinal_), "cudaDeviceGetDefaultMemPool");
     std::uint64_t keep = UINT64_MAX;
@@ -140,11 +141,26 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // From the stream-ordered pool, which keeps what is freed; when the device is out of memory the
+  // pool's unused memory goes back (after the stream has run) and the allocation is tried again.
   void* allocate(std::size_t bytes) override {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
-    cuda_ok(cudaMallocAsync(&p, bytes, stream_), "cudaMallocAsync");
+    if (cudaMallocAsync(&p, bytes, stream_) == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      release_cached_memory();
+      p = nullptr;
+      cuda_ok(cudaMallocAsync(&p, bytes, stream_), "cudaMallocAsync (after returning the pool's unused memory)");
+    }
+    DIFFCP_CHECK(p != nullptr, "cuda: cudaMallocAsync of ", bytes, " bytes gave no memory");
     return p;
+  }
+  // The pool's unused memory back to the device (for allocations outside it: NCCL's buffers).
+  void release_cached_memory() {
+    synchronize();
+    cudaMemPool_t pool = nullptr;
+    cuda_ok(cudaDeviceGetDefaultMemPool(&pool, ordinal_), "cudaDeviceGetDefaultMemPool");
+    cuda_ok(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
   }
   void deallocate(void* p, std::size_t) noexcept override {
     if (p != nullptr) (void)cudaFreeAsync(p, stream_);  // ordered after the ops issued before it
@@ -912,14 +928,17 @@ class CudaBackend final : public Backend {
   void stage(const HostArgs& h, void* dev) {
     const std::size_t bytes = h.bytes().size();
     if (bytes == 0) return;
-    Slot& slot = upload_slots_[upload_next_++ % kUploadSlots];
+    // Small uploads take the ring's next slot; a large one (above kSlotBytes: e.g. a long context's
+    // RoPE rows) the one large slot, whose previous copy the host waits for: at most
+    // kUploadSlots * kSlotBytes of pinned memory, plus the largest upload.
+    Slot& slot = bytes <= kSlotBytes ? upload_slots_[upload_next_++ % kUploadSlots] : large_slot_;
     if (slot.copied == nullptr) cuda_ok(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming), "cudaEventCreate");
     cuda_ok(cudaEventSynchronize(slot.copied), "cudaEventSynchronize(upload slot)");  // done long ago, as a rule
     if (bytes > slot.bytes) {
       void* pinned = std::exchange(slot.pinned, nullptr);
       slot.bytes = 0;
       if (pinned != nullptr) cuda_ok(cudaFreeHost(pinned), "cudaFreeHost");
-      const std::size_t grown = std::max<std::size_t>(bytes * 2, 4096);
+      const std::size_t grown = bytes <= kSlotBytes ? kSlotBytes : bytes * 2;
       cuda_ok(cudaMallocHost(&pinned, grown), "cudaMallocHost(upload)");
       slot.pinned = pinned;
       slot.bytes = grown;
@@ -953,8 +972,9 @@ class CudaBackend final : public Backend {
     std::size_t bytes = 0;
     cudaEvent_t copied = nullptr;  // after the last copy out of it
   };
-  static constexpr std::size_t kUploadSlots = 64;
+  static constexpr std::size_t kUploadSlots = 64, kSlotBytes = std::size_t{64} << 10;
   std::array<Slot, kUploadSlots> upload_slots_{};
+  Slot large_slot_;
   std::size_t upload_next_ = 0;
 
   static constexpr std::size_t kWorkspace = std::size_t{32} << 20;
@@ -1010,7 +1030,9 @@ Backend& cuda_backend() {
   return b;
 }
 
-// ---- cuda_stream() (cuda/backend.hpp): the NCCL communicator issues on the backend's stream ----
+// ---- cuda_stream() (cuda/backend.hpp): the compute stream the NCCL communicator orders against ----
 void* cuda_stream() { return static_cast<CudaBackend&>(cuda_backend()).stream(); }
+
+void cuda_release_cached_memory() { static_cast<CudaBackend&>(cuda_backend()).release_cached_memory(); }
 
 }  // namespace diffcp

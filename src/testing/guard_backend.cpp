@@ -137,7 +137,7 @@ void GuardBackend::worker() {
     Task t = std::move(queue_.front());
     queue_.pop_front();
     // After a failure, only frees run until it is reported (and what was queued before the report).
-    const bool skip = t.kind != Task::release && (!error_.empty() || t.seq <= skip_through_);
+    const bool skip = t.kind != Task::release && (!error_.empty() || t.seq <= skip_through_ || exiting_);
     lock.unlock();
     std::string failed;
     if (!skip) {
@@ -194,6 +194,13 @@ void GuardBackend::wait_stream() {
     failed.swap(error_);
     throw Error(failed);
   }
+}
+
+// At exit: what is still queued is not run (statics it would use may be gone), only freed.
+void GuardBackend::exit_drain() noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  exiting_ = true;
+  drained_.wait(lock, [&] { return done_.load() == issued_; });
 }
 
 void GuardBackend::count_host_sync() {
@@ -600,12 +607,7 @@ GuardBackend& make_registered(GuardBackend::Mode mode) {
   register_backend(*b);
   if (mode == GuardBackend::Mode::stream) {
     static GuardBackend* async = b;
-    std::atexit([] {
-      try {
-        async->synchronize();
-      } catch (...) {  // a failure nobody read: the process is exiting anyway
-      }
-    });
+    std::atexit([] { async->exit_drain(); });
   }
   return *b;
 }

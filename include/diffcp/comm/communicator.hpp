@@ -69,6 +69,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -171,10 +172,10 @@ class Work {
   // The host waits for completion. Default: wait(), which is that for a host backend.
   virtual void synchronize() { wait(); }
   // wait()'s stream-ordered form, for wrappers that watch an operation (the watchdog): orders the
-  // compute stream after the operation, hands its deadline (`timeout_s` from now; 0: none) and a
+  // compute stream after the operation, hands its deadline (time_point::max(): none) and a
   // description to the backend's own watch, and returns true; false when the operation is not on
   // a device stream (the caller then waits on the host). Default: false.
-  virtual bool order_stream(double timeout_s, const std::string& what) { return false; }
+  virtual bool order_stream(std::chrono::steady_clock::time_point deadline, const std::string& what) { return false; }
 };
 using WorkPtr = std::unique_ptr<Work>;
 

@@ -52,8 +52,9 @@
 // Watchdog (comm/watchdog.cpp): an operation past the timeout in synchronize()/test() is caught
 // there as with MPI; the reports travel over the MPI duplicate. A wait() hands the operation to a
 // thread of this communicator that polls its event: past the deadline it prints the operation
-// ("all_gather (collective 12) on 'cp' did not complete within 600 s on the device"), aborts the
-// NCCL communicator and ends the process, and mpirun the job (the host thread may be anywhere). After the exchange the
+// ("all_gather (collective 12) on 'cp' did not complete after 600 s on the device") and ends the
+// process, and mpirun the job (the host thread may be anywhere; the thread never touches the NCCL
+// communicator). The destructor waits for the watched operations first. After the exchange the
 // NCCL communicator is aborted (ncclCommAbort ends a kernel stuck waiting for a peer); every later
 // operation on it throws. An NCCL asynchronous error (a peer lost) is thrown from test()/wait()
 // the same way, after aborting the communicator.
@@ -149,7 +150,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<NcclWork> start();
   void after_compute();  // NCCL's stream waits for what the compute stream has issued so far
   // The device-side watch of an operation the compute stream waits for (see the header comment).
-  void watch(std::shared_ptr<NcclDone> done, double timeout_s, const std::string& what);
+  void watch(std::shared_ptr<NcclDone> done, std::chrono::steady_clock::time_point deadline, const std::string& what);
   void watch_loop();
   // Issues the deferred transfers in one group (nothing when there are none).
   void flush();
@@ -187,7 +188,7 @@ class NcclCommunicator final : public Communicator {
     std::shared_ptr<NcclDone> done;
     std::chrono::steady_clock::time_point deadline;
     std::string what;
-    double timeout_s;
+    std::chrono::steady_clock::time_point since;  // when the compute stream began to wait for it
   };
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;

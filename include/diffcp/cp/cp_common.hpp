@@ -56,7 +56,10 @@ using CpClock = std::chrono::steady_clock;
 inline double elapsed_ms(CpClock::time_point t0) {
   return std::chrono::duration<double, std::milli>(CpClock::now() - t0).count();
 }
-// Waits for `w`; returns the milliseconds spent waiting (exposed communication).
+// Waits for `w`; returns the milliseconds spent waiting (exposed communication). On a host
+// communicator (MPI) that is the host's wait; on a stream one (NCCL) wait() only orders the compute
+// stream, so this reads ~0 and the exposure shows in the step's time (taken after a synchronize):
+// per-wait device timings need CUDA events, not yet measured.
 inline double timed_wait(Work& w) {
   const auto t0 = CpClock::now();
   w.wait();

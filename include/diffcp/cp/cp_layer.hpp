@@ -44,7 +44,7 @@ struct CpTimings {
   double fwd_ms = 0, bwd_ms = 0;
   double fwd_overlap_exposed_ms = 0;  // waiting for a collective launched to overlap forward compute
   double bwd_overlap_exposed_ms = 0;  // same in the backward
-  double blocking_comm_ms = 0;        // collectives with nothing to overlap
+  double blocking_comm_ms = 0;        // collectives with nothing to overlap (host waits: ~0 on NCCL, cp_common.hpp timed_wait)
   double exposed_comm_ms() const { return fwd_overlap_exposed_ms + bwd_overlap_exposed_ms + blocking_comm_ms; }
 };
 

@@ -32,8 +32,11 @@ int cuda_device_ordinal();
 // The CUDA backend on cuda_device_ordinal(), registered as "cuda" at the first call; an error
 // naming why when cuda_device_present() is false.
 Backend& cuda_backend();
-// The backend's one stream, as a cudaStream_t (opens the backend as cuda_backend() does): what
-// runs on it is ordered with every op of the backend (the NCCL communicator issues there).
+// The backend's compute stream, as a cudaStream_t (opens the backend as cuda_backend() does): every
+// op of the backend runs on it in issue order; the NCCL communicator orders its own stream against it.
 void* cuda_stream();
+// Returns the unused memory of the backend's stream-ordered pool to the device (after the stream
+// has run): before allocations outside the pool, e.g. an NCCL communicator's buffers.
+void cuda_release_cached_memory();
 
 }  // namespace diffcp

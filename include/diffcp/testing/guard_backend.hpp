@@ -164,6 +164,12 @@ class GuardBackend final : public Backend {
   void wait_stream();
   void count_host_sync();
   void worker();
+ public:
+  // Called at exit (std::atexit) and by a program's main before it returns: ops still queued are
+  // skipped (they would run while the process's statics go), frees run; no error is reported.
+  void exit_drain() noexcept;
+
+ private:
 
   Mode mode_;
   Device device_;
@@ -177,6 +183,7 @@ class GuardBackend final : public Backend {
   std::string error_;  // the first failure on the stream, until reported
   std::int64_t skip_through_ = 0;  // tasks issued before a failure was reported are skipped
   bool stop_ = false;
+  bool exiting_ = false;  // exit_drain(): compute and copies are skipped
   std::thread worker_;
 };
 
