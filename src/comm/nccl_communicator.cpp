@@ -89,16 +89,6 @@ bool device_memory(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-// Page-locked host memory (cudaMallocHost / cudaHostRegister): a copy from it is asynchronous.
-bool page_locked(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeHost;
-}
-
 // ncclGroupStart ... end(); an exception inside closes the group on the way out.
 class Group {
  public:
@@ -152,7 +142,7 @@ class NcclWork final : public Work {
     if (bytes == 0 || device_memory(p)) return p;
     void* d = temporary(bytes);
     DIFFCP_CUDA_CHECK(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, c_.stream_));
-    temps_.push_back({d, p, nullptr, bytes, page_locked(p)});
+    temps_.push_back({d, p, nullptr, bytes, cuda_page_locked(p)});
     c_.host_staging_.bytes_to_device += bytes;
     return d;
   }
@@ -297,7 +287,10 @@ NcclCommunicator::~NcclCommunicator() {
   if (watchdog_.joinable()) watchdog_.join();
   // Destroying waits for the operations in flight; nothing to report to from a destructor.
   if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
-  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_), (void)cudaStreamDestroy(stream_);
+  if (stream_ != nullptr) {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
   if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
   if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
   int finalized = 0;

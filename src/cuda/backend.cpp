@@ -82,15 +82,6 @@ class CudaBackend final : public Backend {
     }
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? device_ : Device::host;
   }
-  // Page-locked host memory (cudaMallocHost / cudaHostRegister): a copy reads it asynchronously.
-  static bool pinned(const void* p) {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return a.type == cudaMemoryTypeHost;
-  }
   std::string describe(DType dtype) const override {
     return "cuda (" + device_name_ + "): " + (dtype == DType::bf16 ? "cuBLASLt bf16, f32 accumulation" : "cuBLASLt f32 (no TF32)");
   }
@@ -174,7 +165,7 @@ class CudaBackend final : public Backend {
     // pageable host source has been taken into the driver's staging when cudaMemcpyAsync returns:
     // it may be reused, and the host does not wait for the stream; a pinned one is read by the
     // DMA later, so the host waits for it.
-    if (dst_device == Device::host || (src_device == Device::host && pinned(src))) synchronize();
+    if (dst_device == Device::host || (src_device == Device::host && cuda_page_locked(src))) synchronize();
   }
   void synchronize() override { cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
@@ -349,20 +340,16 @@ class CudaBackend final : public Backend {
     DIFFCP_CHECK(x.rank == 3 && x.is_contiguous() && x.size(2) == table.d_h() &&
                      static_cast<std::int64_t>(positions.size()) == x.size(0),
                  "cuda: rope: x ", x.describe(), ", ", positions.size(), " positions, table d_h ", table.d_h());
-    // Each row's table entries, gathered here (the table is host memory) and staged in one copy.
-    const std::int64_t half = table.d_h() / 2;
-    std::vector<float> rows;  // [2, rows, half]: the cos rows, then the sin rows
-    rows.reserve(static_cast<std::size_t>(2 * x.size(0) * half));
-    for (const bool sine : {false, true})
-      for (const std::int64_t pos : positions) {
-        DIFFCP_CHECK(pos >= 0 && pos < table.max_pos(), "cuda: rope: position ", pos, " outside [0, ", table.max_pos(), ")");
-        const float* r = sine ? table.sin(pos) : table.cos(pos);
-        rows.insert(rows.end(), r, r + half);
-      }
+    // Each row's table entries (RopeTable::rows: the table is host memory), staged in one copy.
+    const RopeTable rows = table.rows(positions);
+    const std::size_t n = positions.size() * static_cast<std::size_t>(table.d_h() / 2);
     HostArgs h;
-    h.add(std::span<const float>(rows));
-    const auto* cs = static_cast<const float*>(upload(h));
-    launched(cuda::rope(x.ptr<float>(), cs, cs + x.size(0) * half, x.size(0), x.size(1), x.size(2), inverse ? -1.f : 1.f,
+    h.add(std::span<const float>(rows.cos(0), n));
+    const std::size_t sin_at = h.add(std::span<const float>(rows.sin(0), n));
+    const auto* base = static_cast<const unsigned char*>(upload(h));
+    const auto* cs = reinterpret_cast<const float*>(base);
+    const auto* sn = reinterpret_cast<const float*>(base + sin_at);
+    launched(cuda::rope(x.ptr<float>(), cs, sn, x.size(0), x.size(1), x.size(2), inverse ? -1.f : 1.f,
                         stream_),
              "rope");
   }
@@ -1032,6 +1019,15 @@ Backend& cuda_backend() {
 
 // ---- cuda_stream() (cuda/backend.hpp): the compute stream the NCCL communicator orders against ----
 void* cuda_stream() { return static_cast<CudaBackend&>(cuda_backend()).stream(); }
+
+bool cuda_page_locked(const void* p) {
+  cudaPointerAttributes a{};
+  if (p == nullptr || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // a pointer CUDA never saw: clear the error
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
 
 void cuda_release_cached_memory() { static_cast<CudaBackend&>(cuda_backend()).release_cached_memory(); }
 

@@ -1,7 +1,6 @@
 // The Backend hooks' defaults (fail naming backend, op and dtype) and the backend registry.
 #include "diffcp/ops/backend.hpp"
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>

@@ -35,6 +35,9 @@ Backend& cuda_backend();
 // The backend's compute stream, as a cudaStream_t (opens the backend as cuda_backend() does): every
 // op of the backend runs on it in issue order; the NCCL communicator orders its own stream against it.
 void* cuda_stream();
+// Whether p is page-locked host memory (cudaMallocHost / cudaHostRegister): a copy from it runs
+// asynchronously, so its source may be reused only after the copy has completed.
+bool cuda_page_locked(const void* p);
 // Returns the unused memory of the backend's stream-ordered pool to the device (after the stream
 // has run): before allocations outside the pool, e.g. an NCCL communicator's buffers.
 void cuda_release_cached_memory();

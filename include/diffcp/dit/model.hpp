@@ -56,7 +56,7 @@ class DitModel {
   const DitShape& shape() const { return shape_; }
   AttentionExchange& exchange() { return ex_; }
   // The backend holding the weights: the one this model runs on (a run installs it).
-  Backend& backend() const { return *const_cast<Backend*>(w_.backend()); }
+  Backend& backend() const { return *w_.backend(); }
 
   // One velocity evaluation. Collective over the exchange's ranks (two all-to-alls per block). Runs
   // on the backend holding the weights (an error otherwise); every pointer is its device memory.

@@ -78,7 +78,7 @@ class DitWeights {
   DType storage() const { return storage_; }
   bool sharded() const { return shards_ > 1; }
   int shards() const { return shards_; }   // P (1: replicated)
-  const Backend* backend() const { return vectors_.backend(); }
+  Backend* backend() const { return vectors_.backend(); }
   std::int64_t bytes() const;  // this rank's allocation: dit_weight_bytes(layout(), storage(), shards())
 
   // Seeded init (same on every rank): Linear weights N(0, 1/in) (unit-variance outputs for
