@@ -6,11 +6,12 @@ namespace diffcp::cpu::DIFFCP_CPU_ISA {
 
 // f32 everywhere; bf16 (f32 accumulation, f32 lse / delta) on GEMM, dense_linear and attention, and bf16
 // memory ops (fill, convert, row gather / scatter) and V-Major's L1 distance; u8 rows (copies,
-// gathers, scatters); the fp8 codec from / to f32 and bf16.
+// gathers, scatters); the fp8 codec from / to f32 and bf16; token_rows on i32 indices.
 bool CpuBackend::supports(OpKind op, DType dtype) const {
   if (dtype == DType::f32) return op != OpKind::dense_linear;  // dense_linear: bf16 weights
   if (dtype == DType::u8)  // raw rows: same-dtype copies, gathers and scatters
     return op == OpKind::convert || op == OpKind::gather_rows || op == OpKind::scatter_rows;
+  if (dtype == DType::i32) return op == OpKind::token_rows;  // token indices -> row lists
   if (dtype != DType::bf16) return false;
   switch (op) {
     case OpKind::gemm:

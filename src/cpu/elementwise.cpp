@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <numeric>
+#include <vector>
 
 #include "diffcp/core/half.hpp"
 
@@ -172,24 +174,81 @@ void CpuBackend::l1_distance(ConstTensorView a, ConstTensorView b, TensorView ou
     l1_rows(a.ptr<const float>(), b.ptr<const float>(), G, R, w, out.ptr<float>());
 }
 
+namespace {
+// rows: [n] i64 (host metadata or device memory: both are this process's memory here), each in [0, M)
+const std::int64_t* checked_rows(const char* op, const ConstTensorView& rows, std::int64_t M) {
+  DIFFCP_CHECK(rows.dtype == DType::i64 && rows.is_contiguous(), op, ": rows ", rows.describe(), ", expected [n] i64");
+  const std::int64_t* r = rows.ptr<const std::int64_t>();
+  for (std::int64_t i = 0; i < rows.numel(); ++i)
+    DIFFCP_CHECK(r[i] >= 0 && r[i] < M, op, ": row ", r[i], " outside [0, ", M, ")");
+  return r;
+}
+}  // namespace
+
 // src: [M, w], rows: [n], dst: [n, w]: dst[i] = src[rows[i]]
-void CpuBackend::gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) {
-  const std::int64_t n = static_cast<std::int64_t>(rows.size()), w = dst.size(1);
+void CpuBackend::gather_rows(ConstTensorView src, ConstTensorView rows_v, TensorView dst) {
+  const std::int64_t* rows = checked_rows("gather_rows", rows_v, src.size(0));
+  const std::int64_t n = rows_v.numel(), w = dst.size(1);
   const std::size_t es = src.element_size(), ed = dst.element_size();
 #pragma omp parallel for schedule(static) if (n * w > (1 << 15))
   for (std::int64_t i = 0; i < n; ++i)
-    convert_n(static_cast<const char*>(src.data) + rows[static_cast<std::size_t>(i)] * src.stride[0] * es, src.dtype,
+    convert_n(static_cast<const char*>(src.data) + rows[i] * src.stride[0] * es, src.dtype,
               static_cast<char*>(dst.data) + i * dst.stride[0] * ed, dst.dtype, w);
 }
 
 // src: [n, w], rows: [n], dst: [M, w]: dst[rows[i]] = src[i]
-void CpuBackend::scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) {
-  const std::int64_t n = static_cast<std::int64_t>(rows.size()), w = src.size(1);
+void CpuBackend::scatter_rows(ConstTensorView src, ConstTensorView rows_v, TensorView dst) {
+  const std::int64_t* rows = checked_rows("scatter_rows", rows_v, dst.size(0));
+  const std::int64_t n = rows_v.numel(), w = src.size(1);
   const std::size_t es = src.element_size(), ed = dst.element_size();
 #pragma omp parallel for schedule(static) if (n * w > (1 << 15))
   for (std::int64_t i = 0; i < n; ++i)
     convert_n(static_cast<const char*>(src.data) + i * src.stride[0] * es, src.dtype,
-              static_cast<char*>(dst.data) + rows[static_cast<std::size_t>(i)] * dst.stride[0] * ed, dst.dtype, w);
+              static_cast<char*>(dst.data) + rows[i] * dst.stride[0] * ed, dst.dtype, w);
+}
+
+// parts: [lanes, S, n] f32  active: [S, k] i32 out (dit/ops.hpp select_active)
+void CpuBackend::select_active(ConstTensorView parts, TensorView active_v) {
+  const std::int64_t lanes = parts.size(0), S = parts.size(1), n = parts.size(2), k = active_v.size(1);
+  const std::int64_t n_c = n - k;
+  const float* p = parts.ptr<const float>();
+  std::int32_t* active = active_v.ptr<std::int32_t>();
+  std::vector<double> d(static_cast<std::size_t>(n));
+  std::vector<std::int32_t> order(static_cast<std::size_t>(n));
+  // (d, t) ascending, a NaN after every number: a total order, so the choice is one set
+  const auto first = [&d](std::int32_t a, std::int32_t b) {
+    const bool na = std::isnan(d[static_cast<std::size_t>(a)]), nb = std::isnan(d[static_cast<std::size_t>(b)]);
+    if (na != nb) return nb;
+    if (!na && d[static_cast<std::size_t>(a)] != d[static_cast<std::size_t>(b)])
+      return d[static_cast<std::size_t>(a)] < d[static_cast<std::size_t>(b)];
+    return a < b;
+  };
+  for (std::int64_t s = 0; s < S; ++s) {
+    for (std::int64_t t = 0; t < n; ++t) {
+      double acc = 0;
+      for (std::int64_t lane = 0; lane < lanes; ++lane) acc += p[(lane * S + s) * n + t];
+      d[static_cast<std::size_t>(t)] = acc;
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::nth_element(order.begin(), order.begin() + n_c, order.end(), first);
+    std::sort(order.begin() + n_c, order.end());
+    std::copy(order.begin() + n_c, order.end(), active + s * k);
+  }
+}
+
+// active: [S, k] i32  map: [n] i64 or none  rows: [B, k] i64 out (dit/ops.hpp token_rows)
+void CpuBackend::token_rows(ConstTensorView active_v, ConstTensorView map_v, std::int64_t n, std::int64_t stride,
+                            TensorView rows_v) {
+  const std::int64_t S = active_v.size(0), k = active_v.size(1), B = rows_v.size(0);
+  const std::int32_t* active = active_v.ptr<const std::int32_t>();
+  const std::int64_t* map = map_v.rank == 0 ? nullptr : map_v.ptr<const std::int64_t>();
+  std::int64_t* rows = rows_v.ptr<std::int64_t>();
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t a = 0; a < k; ++a) {
+      const std::int32_t t = active[(b % S) * k + a];
+      DIFFCP_CHECK(t >= 0 && t < n, "token_rows: token ", t, " outside [0, ", n, ")");
+      rows[b * k + a] = b * stride + (map ? map[t] : t);
+    }
 }
 
 // x: [rows, cols] (row stride ld) in place

@@ -89,6 +89,7 @@ class CudaBackend final : public Backend {
     const bool f32_or_bf16 = dtype == DType::f32 || dtype == DType::bf16;
     if (dtype == DType::u8)  // raw rows: same-dtype copies, gathers and scatters
       return op == OpKind::convert || op == OpKind::gather_rows || op == OpKind::scatter_rows;
+    if (dtype == DType::i32) return op == OpKind::token_rows;  // token indices -> row lists
     switch (op) {
       case OpKind::gemm:
       case OpKind::fill:
@@ -115,6 +116,7 @@ class CudaBackend final : public Backend {
       case OpKind::guidance_combine:
       case OpKind::cross_entropy:
       case OpKind::cross_entropy_backward:
+      case OpKind::select_active:
         return dtype == DType::f32;
       case OpKind::attention_delta:
       case OpKind::attention_forward:
@@ -364,11 +366,29 @@ class CudaBackend final : public Backend {
                                 rotate ? sin.ptr<float>() : nullptr, stream_),
              "qk_norm_rope");
   }
-  void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override {
-    move_rows(src, rows, dst, false);
+  void gather_rows(ConstTensorView src, ConstTensorView rows, TensorView dst) override { move_rows(src, rows, dst, false); }
+  void scatter_rows(ConstTensorView src, ConstTensorView rows, TensorView dst) override { move_rows(src, rows, dst, true); }
+  void select_active(ConstTensorView parts, TensorView active) override {
+    DIFFCP_CHECK(parts.rank == 3 && parts.is_contiguous() && active.rank == 2 && active.is_contiguous() &&
+                     active.size(0) == parts.size(1) && active.size(1) <= parts.size(2),
+                 "cuda: select_active: parts ", parts.describe(), ", active ", active.describe());
+    const std::int64_t S = parts.size(1), n = parts.size(2);
+    // scratch: the summed distances [S, n] f64 and the active flags [S, n] i32, freed in stream order
+    void* scratch = allocate(static_cast<std::size_t>(S * n) * (sizeof(double) + sizeof(std::int32_t)));
+    launched(cuda::select_active(parts.ptr<const float>(), parts.size(0), S, n, active.size(1), active.ptr<std::int32_t>(),
+                                 static_cast<double*>(scratch), stream_),
+             "select_active");
+    deallocate(scratch, 0);
   }
-  void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override {
-    move_rows(src, rows, dst, true);
+  void token_rows(ConstTensorView active, ConstTensorView map, std::int64_t n, std::int64_t stride,
+                  TensorView rows) override {
+    DIFFCP_CHECK(active.rank == 2 && active.is_contiguous() && rows.rank == 2 && rows.is_contiguous() &&
+                     rows.size(1) == active.size(1) && (map.rank == 0 || map.numel() == n),
+                 "cuda: token_rows: active ", active.describe(), ", map ", map.describe(), ", rows ", rows.describe());
+    launched(cuda::token_rows(active.ptr<const std::int32_t>(), active.size(0), active.size(1),
+                              map.rank == 0 ? nullptr : map.ptr<const std::int64_t>(), n, rows.size(0), stride,
+                              rows.ptr<std::int64_t>(), stream_),
+             "token_rows");
   }
   void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) override {
     DIFFCP_CHECK(a.rank == 3 && a.is_contiguous() && b.is_contiguous() && a.shape == b.shape && a.dtype == b.dtype &&
@@ -934,22 +954,25 @@ class CudaBackend final : public Backend {
     cuda_ok(cudaMemcpyAsync(dev, slot.pinned, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(upload)");
     cuda_ok(cudaEventRecord(slot.copied, stream_), "cudaEventRecord(upload)");
   }
-  void move_rows(const ConstTensorView& src, std::span<const std::int64_t> rows, const TensorView& dst, bool scatter) {
-    const std::int64_t n = static_cast<std::int64_t>(rows.size()), w = scatter ? src.size(1) : dst.size(1);
+  // rows: [n] i64, host metadata (range-checked by the caller, uploaded) or device memory (token_rows'
+  // output: read by the kernel, which skips a row outside [0, M)).
+  void move_rows(const ConstTensorView& src, const ConstTensorView& rows, const TensorView& dst, bool scatter) {
+    const std::int64_t n = rows.numel(), w = scatter ? src.size(1) : dst.size(1);
     const ConstTensorView& many = scatter ? static_cast<const ConstTensorView&>(dst) : src;  // the [M, w] side
     DIFFCP_CHECK(src.rank == 2 && dst.rank == 2 && src.stride[1] == 1 && dst.stride[1] == 1 && src.size(1) == dst.size(1) &&
-                     (scatter ? src.size(0) : dst.size(0)) == n &&
+                     (scatter ? src.size(0) : dst.size(0)) == n && rows.dtype == DType::i64 && rows.is_contiguous() &&
                      (src.dtype == dst.dtype || (src.dtype != DType::u8 && dst.dtype != DType::u8)),
-                 "cuda: ", scatter ? "scatter_rows" : "gather_rows", ": src ", src.describe(), ", dst ", dst.describe(), ", ",
-                 n, " rows");
-    for (const std::int64_t r : rows)
-      DIFFCP_CHECK(r >= 0 && r < many.size(0), "cuda: row ", r, " outside [0, ", many.size(0), ")");
+                 "cuda: ", scatter ? "scatter_rows" : "gather_rows", ": src ", src.describe(), ", dst ", dst.describe(),
+                 ", rows ", rows.describe());
     if (n == 0 || w == 0) return;
-    HostArgs h;
-    h.add(rows);
+    const std::int64_t* idx = rows.ptr<const std::int64_t>();
+    if (rows.device == Device::host) {
+      HostArgs h;
+      h.add(std::span<const std::int64_t>(idx, static_cast<std::size_t>(n)));
+      idx = static_cast<const std::int64_t*>(upload(h));
+    }
     launched(cuda::move_rows(src.data, src.stride[0], static_cast<int>(src.element_size()), dst.data, dst.stride[0],
-                             static_cast<int>(dst.element_size()), static_cast<const std::int64_t*>(upload(h)), n, w, scatter,
-                             stream_),
+                             static_cast<int>(dst.element_size()), idx, many.size(0), n, w, scatter, stream_),
              scatter ? "scatter_rows" : "gather_rows");
   }
   void* upload_ = nullptr;        // device

@@ -332,8 +332,9 @@ int qk_norm_rope(float* qkv, std::int64_t ld, std::int64_t rows, std::int64_t he
 }
 
 int move_rows(const void* src, std::int64_t ld_src, int src_bytes, void* dst, std::int64_t ld_dst, int dst_bytes,
-              const std::int64_t* idx, std::int64_t n, std::int64_t w, bool scatter, Stream s) {
+              const std::int64_t* idx, std::int64_t M, std::int64_t n, std::int64_t w, bool scatter, Stream s) {
   return launch_2d(n, w, s, [=] __device__(std::int64_t i, std::int64_t c) {
+    if (idx[i] < 0 || idx[i] >= M) return;  // a device row list is not checked on the host: skip
     const std::int64_t from = (scatter ? i : idx[i]) * ld_src + c, to = (scatter ? idx[i] : i) * ld_dst + c;
     if (src_bytes == 4 && dst_bytes == 2)
       static_cast<std::uint16_t*>(dst)[to] = to_bf16(static_cast<const float*>(src)[from]);
@@ -345,6 +346,80 @@ int move_rows(const void* src, std::int64_t ld_src, int src_bytes, void* dst, st
       static_cast<std::uint16_t*>(dst)[to] = static_cast<const std::uint16_t*>(src)[from];
     else
       static_cast<std::uint8_t*>(dst)[to] = static_cast<const std::uint8_t*>(src)[from];
+  });
+}
+
+namespace {
+// Per source s (one block): the tokens flagged active, in ascending order, packed into active[s, :]
+// (a block-wide prefix count over chunks of blockDim.x tokens: a ballot per warp, the warps' counts
+// scanned by thread 0).
+__global__ void compact_active(const std::int32_t* flags, std::int64_t n, std::int64_t k, std::int32_t* active) {
+  __shared__ int warp_base[32];
+  __shared__ int base, chunk;
+  const std::int64_t s = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  if (threadIdx.x == 0) base = 0;
+  __syncthreads();
+  for (std::int64_t t0 = 0; t0 < n; t0 += blockDim.x) {
+    const std::int64_t t = t0 + threadIdx.x;
+    const bool on = t < n && flags[s * n + t] != 0;
+    const unsigned m = __ballot_sync(0xffffffffu, on);
+    if (lane == 0) warp_base[warp] = __popc(m);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int acc = 0;
+      for (int w = 0; w < warps; ++w) {
+        const int c = warp_base[w];
+        warp_base[w] = acc;
+        acc += c;
+      }
+      chunk = acc;
+    }
+    __syncthreads();
+    const int at = base + warp_base[warp] + __popc(m & ((1u << lane) - 1u));
+    if (on && at < k) active[s * k + at] = static_cast<std::int32_t>(t);
+    __syncthreads();
+    if (threadIdx.x == 0) base += chunk;
+    __syncthreads();
+  }
+}
+}  // namespace
+
+int select_active(const float* parts, std::int64_t lanes, std::int64_t S, std::int64_t n, std::int64_t k,
+                  std::int32_t* active, double* scratch, Stream s) {
+  if (S <= 0 || n <= 0 || k <= 0) return 0;
+  double* d = scratch;                                               // [S, n]
+  std::int32_t* flags = reinterpret_cast<std::int32_t*>(d + S * n);  // [S, n]
+  const std::int64_t n_c = n - k;
+  int rc = launch_2d(S, n, s, [=] __device__(std::int64_t src, std::int64_t t) {
+    double acc = 0;
+    for (std::int64_t lane = 0; lane < lanes; ++lane) acc += parts[(lane * S + src) * n + t];
+    d[src * n + t] = acc;
+  });
+  if (rc != 0) return rc;
+  // rank of t in the order (d, t), a NaN after every number: the n_c first stay cached
+  rc = launch_2d(S, n, s, [=] __device__(std::int64_t src, std::int64_t t) {
+    const double* ds = d + src * n;
+    const double x = ds[t];
+    const bool xn = isnan(x);
+    std::int64_t rank = 0;
+    for (std::int64_t u = 0; u < n; ++u) {
+      const double y = ds[u];
+      const bool yn = isnan(y);
+      rank += yn != xn ? !yn : (!xn && y != x ? y < x : u < t);
+    }
+    flags[src * n + t] = rank >= n_c;
+  });
+  if (rc != 0) return rc;
+  compact_active<<<static_cast<unsigned>(S), 1024, 0, st(s)>>>(flags, n, k, active);
+  return launched();
+}
+
+int token_rows(const std::int32_t* active, std::int64_t S, std::int64_t k, const std::int64_t* map, std::int64_t n,
+               std::int64_t B, std::int64_t stride, std::int64_t* rows, Stream s) {
+  return launch_2d(B, k, s, [=] __device__(std::int64_t b, std::int64_t a) {
+    const std::int32_t t = active[(b % S) * k + a];
+    rows[b * k + a] = t < 0 || t >= n ? -1 : b * stride + (map ? map[t] : t);  // -1: skipped by move_rows
   });
 }
 

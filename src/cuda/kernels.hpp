@@ -87,8 +87,16 @@ int qk_norm_rope(float* qkv, std::int64_t ld, std::int64_t rows, std::int64_t he
                  const float* k_scale, float eps, const float* cs, const float* sn, Stream s);
 // dst[i, :w] = src[idx[i], :w] (gather) or dst[idx[i], :w] = src[i, :w] (scatter), idx: device [n];
 // each element converted from src_bytes to dst_bytes (4 = f32, 2 = bf16 bits, 1 = u8: same sizes copy)
+// (a row outside [0, M) of the [M, w] side is skipped: device row lists are not checked on the host)
 int move_rows(const void* src, std::int64_t ld_src, int src_bytes, void* dst, std::int64_t ld_dst, int dst_bytes,
-              const std::int64_t* idx, std::int64_t n, std::int64_t w, bool scatter, Stream s);
+              const std::int64_t* idx, std::int64_t M, std::int64_t n, std::int64_t w, bool scatter, Stream s);
+// V-Major's choice (dit/ops.hpp select_active): parts: [lanes, S, n] f32, active: [S, k] i32 out;
+// scratch: S n doubles then S n i32 flags (device)
+int select_active(const float* parts, std::int64_t lanes, std::int64_t S, std::int64_t n, std::int64_t k,
+                  std::int32_t* active, double* scratch, Stream s);
+// rows[b, a] = b stride + map[active[b mod S, a]] (map null: the identity; a token outside [0, n): -1)
+int token_rows(const std::int32_t* active, std::int64_t S, std::int64_t k, const std::int64_t* map, std::int64_t n,
+               std::int64_t B, std::int64_t stride, std::int64_t* rows, Stream s);
 // out[r] = float(sum over g, then i, of |a - b| in double): a, b: [G, R, w] contiguous (bf16: bits)
 int l1_distance(const void* a, const void* b, bool bf16, float* out, std::int64_t G, std::int64_t R, std::int64_t w,
                 Stream s);

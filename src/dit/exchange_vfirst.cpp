@@ -49,15 +49,20 @@ void VFirstExchange::wait_v() {
   v_done_ = true;
 }
 
-void VFirstExchange::pack_qk(HeadRows<const float> qkv, const std::int32_t* active, std::int64_t count, void* dst) const {
+void VFirstExchange::pack_qk(HeadRows<const float> qkv, const std::int64_t* rows, std::int64_t count, void* dst) const {
   const ExchangeLayout& l = layout();
   const std::int64_t P = size(), hp = l.heads / P, h = hd();
-  std::vector<std::int64_t> rows(static_cast<std::size_t>(count));  // host metadata: the local rows packed
-  for (std::int64_t a = 0; a < count; ++a) rows[static_cast<std::size_t>(a)] = l.rows[static_cast<std::size_t>(active ? active[a] : a)];
+  DIFFCP_CHECK(rows != nullptr || count == static_cast<std::int64_t>(l.rows.size()), "pack_qk: ", count, " rows of ",
+               l.rows.size());
   for (std::int64_t r = 0; r < P; ++r)
-    for (std::int64_t c = 0; c < 2; ++c)
-      gather_rows(qkv.at(0, c * l.heads + r * hp), DType::f32, qkv.rows, qkv.row_stride, rows, h,
-                  compute_at(dst, (r * count * 2 + c) * h), compute(), 2 * h);
+    for (std::int64_t c = 0; c < 2; ++c) {
+      const float* src = qkv.at(0, c * l.heads + r * hp);
+      void* out = compute_at(dst, (r * count * 2 + c) * h);
+      if (rows)
+        gather_rows(src, DType::f32, qkv.rows, qkv.row_stride, rows, count, h, out, compute(), 2 * h);
+      else
+        gather_rows(src, DType::f32, qkv.rows, qkv.row_stride, l.rows, h, out, compute(), 2 * h);
+    }
 }
 
 void VFirstExchange::attention(HeadRows<const float> qkv, HeadRows<float> out) {

@@ -116,4 +116,27 @@ void l1_distance(const void* a, const void* b, DType t, std::int64_t G, std::int
                    TensorView::contiguous(out, DType::f32, {R}, d));
 }
 
+void select_active(const float* parts, std::int64_t lanes, std::int64_t S, std::int64_t n, std::int64_t k,
+                   std::int32_t* active) {
+  DIFFCP_CHECK(lanes >= 1 && S >= 0 && n >= 0 && k >= 0 && k <= n, "select_active: ", lanes, " lanes, S = ", S,
+               ", n = ", n, ", k = ", k, " (expected lanes >= 1, 0 <= k <= n)");
+  if (S == 0 || k == 0) return;
+  const Device d = active_device();
+  backend_for(OpKind::select_active, DType::f32)
+      .select_active(ConstTensorView::contiguous(parts, DType::f32, {lanes, S, n}, d),
+                     TensorView::contiguous(active, DType::i32, {S, k}, d));
+}
+
+void token_rows(const std::int32_t* active, std::int64_t S, std::int64_t k, const std::int64_t* map, std::int64_t n,
+                std::int64_t B, std::int64_t stride, std::int64_t* rows) {
+  DIFFCP_CHECK(S >= 1 && k >= 0 && n >= 0 && B >= 0 && stride >= 0, "token_rows: S = ", S, ", k = ", k, ", n = ", n,
+               ", B = ", B, ", stride = ", stride);
+  if (B == 0 || k == 0) return;
+  const Device d = active_device();
+  backend_for(OpKind::token_rows, DType::i32)
+      .token_rows(ConstTensorView::contiguous(active, DType::i32, {S, k}, d),
+                  map ? ConstTensorView::contiguous(map, DType::i64, {n}, d) : ConstTensorView{}, n, stride,
+                  TensorView::contiguous(rows, DType::i64, {B, k}, d));
+}
+
 }  // namespace diffcp

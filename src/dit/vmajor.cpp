@@ -1,7 +1,6 @@
 #include "diffcp/dit/vmajor.hpp"
 
 #include <algorithm>
-#include <numeric>
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/dit/ops.hpp"
@@ -59,65 +58,56 @@ void VMajorExchange::full_exchange(HeadRows<const float> qkv, LayerCache& c) {
 
 void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c, std::int64_t n_c) {
   const std::int64_t P = size(), L = group_size(), G = P / L, n = tokens(), h = hd(), k = n - n_c;
-  const std::int64_t g = tapa_.group(), me = rank();
+  const std::int64_t me = rank();
 
   // 1. V's phase 1 (full): staged [G][L][n][hd], block hh*L + j = group mate j's tokens for (hh, i).
   wait_v();
   const std::byte* vs = v_p1_->output().data();
 
-  // 2. Partial L1 over this lane's heads per group token [L][n] (on the device; the selection below
-  //    is host metadata), summed over the lanes in order; on the values in the compute dtype (fp8:
-  //    both sides decoded).
-  l1_dev_.resize(L * n);
+  // 2. Partial L1 over this lane's heads per group token [L][n], summed over the lanes in order; on
+  //    the values in the compute dtype (fp8: both sides decoded). The selection stays on the device:
+  //    the partials, the choice and the lists are device memory (no host sync).
+  l1_part_.resize(L * n);
   l1_distance(decode(vs, G * L * n * h, l1_a_), decode(c.v_p1.data(), G * L * n * h, l1_b_), compute(), G, L * n, h,
-              l1_dev_.data());
-  l1_part_ = to_host<float>(l1_dev_.view());
+              l1_part_.data());
+  l1_all_.resize(L * L * n);  // [lanes][L][n]
   double t0 = now_ms();
-  l1_all_.resize(uz(L * L * n));
-  if (L > 1) {
-    tapa_.intra().all_gather<float>(l1_part_, l1_all_);
-  } else
-    l1_all_ = l1_part_;
+  tapa_.intra().all_gather_async(l1_part_.data(), l1_all_.data(), uz(L * n), DType::f32)->wait();
   stats_.comm_ms += now_ms() - t0;
-  l1_.assign(uz(L * n), 0.0);
-  for (std::int64_t lane = 0; lane < L; ++lane)
-    for (std::int64_t x = 0; x < L * n; ++x) l1_[uz(x)] += l1_all_[uz(lane * L * n + x)];
 
-  // 3. Per source mate j: the n_c smallest L1 are cached, the k others active (ascending).
-  act_group_.resize(uz(L * k));
-  order_.resize(uz(n));
-  for (std::int64_t j = 0; j < L; ++j) {
-    std::iota(order_.begin(), order_.end(), 0);
-    const double* d = l1_.data() + j * n;
-    std::sort(order_.begin(), order_.end(), [d](std::int32_t a, std::int32_t b) { return d[a] < d[b] || (d[a] == d[b] && a < b); });
-    std::sort(order_.begin() + n_c, order_.end());
-    std::copy(order_.begin() + n_c, order_.end(), act_group_.begin() + j * k);
-  }
-  act_all_.resize(uz(P * k));
+  // 3. Per source mate j: the n_c smallest L1 are cached, the k others active (ascending), [L][k];
+  //    every source's lists [G][L][k] = [P][k] by flat source.
+  act_group_.resize(L * k);
+  act_all_.resize(P * k);
+  select_active(l1_all_.data(), L, L, n, k, act_group_.data());
   t0 = now_ms();
-  if (G > 1 && k > 0) {
-    tapa_.inter().all_gather<std::int32_t>(act_group_, act_all_);  // [G][L][k] = [P][k] by flat source
-  } else
-    std::copy(act_group_.begin(), act_group_.end(), act_all_.begin() + g * L * k);
+  if (k > 0) tapa_.inter().all_gather_async(act_group_.data(), act_all_.data(), uz(L * k), DType::i32)->wait();
   stats_.comm_ms += now_ms() - t0;
 
   // 4. V^p1 mirrors what the receivers will hold: the active rows are refreshed. Rows of hd
-  //    elements: vs and V^p1 index (hh, j, t) as row (hh L + j) n + t.
-  const std::int64_t rb = wire_bytes(h);                      // bytes of one row of hd
-  std::vector<std::int64_t> active_rows;                      // [G][L][k]
-  for (std::int64_t hh = 0; hh < G; ++hh)
-    for (std::int64_t j = 0; j < L; ++j)
-      for (std::int64_t a = 0; a < k; ++a) active_rows.push_back((hh * L + j) * n + act_group_[uz(j * k + a)]);
+  //    elements: vs and V^p1 index (hh, j, t) as row (hh L + j) n + t, the active ones [G][L][k].
+  const std::int64_t rb = wire_bytes(h);  // bytes of one row of hd
   const std::int64_t n_rows = G * L * n, n_act = G * L * k;
+  rows_.resize(std::max(n_act, P * k));
   p2_send_.resize(n_act * 3 * rb);
   if (n_act > 0) {  // through p2_send_'s v columns, which step 5 fills with the same rows anyway
-    gather_rows(vs, DType::u8, n_rows, rb, active_rows, rb, p2_send_.data() + 2 * rb, DType::u8, 3 * rb);
-    scatter_rows(p2_send_.data() + 2 * rb, DType::u8, 3 * rb, active_rows, rb, c.v_p1.data(), DType::u8, n_rows, rb);
+    token_rows(act_group_.data(), L, k, nullptr, n, G * L, n, rows_.data());
+    gather_rows(vs, DType::u8, n_rows, rb, rows_.data(), n_act, rb, p2_send_.data() + 2 * rb, DType::u8, 3 * rb);
+    scatter_rows(p2_send_.data() + 2 * rb, DType::u8, 3 * rb, rows_.data(), n_act, rb, c.v_p1.data(), DType::u8, n_rows,
+                 rb);
   }
 
   // 5. Q|K phase 1 of this rank's active rows, then one phase 2 of the active q|k|v rows.
   qk_send_.resize(P * k * 2 * h);
-  pack_qk(qkv, act_all_.data() + me * k, k, qk_send_.data());
+  if (k > 0) {  // this rank's active tokens as local rows
+    const std::vector<std::int64_t>& local = layout().rows;
+    if (map_host_ != local) {
+      map_host_ = local;
+      map_.assign(local.data(), static_cast<std::int64_t>(local.size()));
+    }
+    token_rows(act_all_.data() + me * k, 1, k, map_.data(), n, 1, 0, rows_.data());
+    pack_qk(qkv, rows_.data(), k, qk_send_.data());
+  }
   const void* qk_payload = encode(qk_send_.data(), P * k * 2 * h, qk_wire_);
   p2_recv_.resize(n_act * 3 * rb);
   t0 = now_ms();
@@ -136,11 +126,12 @@ void VMajorExchange::selective_exchange(HeadRows<const float> qkv, LayerCache& c
   ++stats_.calls;
   ++stats_.selective;
 
-  // 6. Scatter the active rows into QKV^p2 (source s = g' L + j), then attention reads it.
-  std::vector<std::int64_t> dst_rows(uz(P * k));
-  for (std::int64_t s = 0; s < P; ++s)
-    for (std::int64_t a = 0; a < k; ++a) dst_rows[uz(s * k + a)] = s * n + act_all_[uz(s * k + a)];
-  scatter_rows(p2_recv_.data(), DType::u8, 3 * rb, dst_rows, 3 * rb, c.qkv_p2.data(), DType::u8, P * n, 3 * rb);
+  // 6. Scatter the active rows into QKV^p2 (source s = g' L + j: row s n + t), then attention reads it.
+  if (k > 0) {
+    token_rows(act_all_.data(), P, k, nullptr, n, P, n, rows_.data());
+    scatter_rows(p2_recv_.data(), DType::u8, 3 * rb, rows_.data(), P * k, 3 * rb, c.qkv_p2.data(), DType::u8, P * n,
+                 3 * rb);
+  }
   decode_head(c.qkv_p2.data());
 }
 

@@ -46,6 +46,8 @@ const char* op_name(OpKind op) {
     case OpKind::fp8_encode: return "fp8_encode";
     case OpKind::fp8_decode: return "fp8_decode";
     case OpKind::dense_linear: return "dense_linear";
+    case OpKind::select_active: return "select_active";
+    case OpKind::token_rows: return "token_rows";
   }
   return "?";
 }
@@ -113,12 +115,16 @@ void Backend::adamw_step(TensorView p, ConstTensorView, TensorView, TensorView, 
 }
 void Backend::lse_shift(TensorView x, ConstTensorView, bool) { unsupported(OpKind::lse_shift, x.dtype); }
 void Backend::l1_distance(ConstTensorView a, ConstTensorView, TensorView) { unsupported(OpKind::l1_distance, a.dtype); }
-void Backend::gather_rows(ConstTensorView, std::span<const std::int64_t>, TensorView dst) {
+void Backend::select_active(ConstTensorView parts, TensorView) { unsupported(OpKind::select_active, parts.dtype); }
+void Backend::token_rows(ConstTensorView active, ConstTensorView, std::int64_t, std::int64_t, TensorView) {
+  unsupported(OpKind::token_rows, active.dtype);
+}
+void Backend::gather_rows(ConstTensorView, ConstTensorView, TensorView dst) {
   unsupported(OpKind::gather_rows, dst.dtype);
 }
 void Backend::fp8_encode(ConstTensorView x, TensorView) { unsupported(OpKind::fp8_encode, x.dtype); }
 void Backend::fp8_decode(ConstTensorView, TensorView x) { unsupported(OpKind::fp8_decode, x.dtype); }
-void Backend::scatter_rows(ConstTensorView src, std::span<const std::int64_t>, TensorView) {
+void Backend::scatter_rows(ConstTensorView src, ConstTensorView, TensorView) {
   unsupported(OpKind::scatter_rows, src.dtype);
 }
 void Backend::cross_entropy(TensorView logits, std::int64_t, std::span<const std::int32_t>, std::span<double>,

@@ -119,32 +119,52 @@ void fill(float* x, std::int64_t n, float value) {
 }
 
 namespace {
-void check_rows(const char* op, std::span<const std::int64_t> rows, std::int64_t M, std::int64_t w,
-                std::int64_t ld_src, std::int64_t ld_dst, DType from, DType to) {
+void check_rows(const char* op, std::int64_t w, std::int64_t ld_src, std::int64_t ld_dst, DType from, DType to) {
   DIFFCP_CHECK(w >= 0 && ld_src >= w && ld_dst >= w, op, ": w = ", w, ", row strides ", ld_src, ", ", ld_dst);
   DIFFCP_CHECK(from == to || (from == DType::f32 && to == DType::bf16) || (from == DType::bf16 && to == DType::f32),
                op, ": ", dtype_name(from), " -> ", dtype_name(to), " rows, expected one dtype or f32 <-> bf16");
+}
+void check_host_rows(const char* op, std::span<const std::int64_t> rows, std::int64_t M) {
   for (std::int64_t r : rows) DIFFCP_CHECK(r >= 0 && r < M, op, ": row ", r, " outside [0, ", M, ")");
 }
 DType non_f32(DType a, DType b) { return a == DType::f32 ? b : a; }
+
+// One gather (scatter: the [M, w] side is dst) of n rows listed in `rows` ([n] i64, host or device).
+void move_rows(bool scatter, const void* src, DType src_t, std::int64_t ld_src, ConstTensorView rows, std::int64_t M,
+               std::int64_t w, void* dst, DType dst_t, std::int64_t ld_dst) {
+  const char* op = scatter ? "scatter_rows" : "gather_rows";
+  const std::int64_t n = rows.numel();
+  check_rows(op, w, ld_src, ld_dst, src_t, dst_t);
+  DIFFCP_CHECK(M >= 0 && n >= 0, op, ": ", n, " rows of ", M);
+  if (n == 0 || w == 0) return;
+  Backend& b = backend_for(scatter ? OpKind::scatter_rows : OpKind::gather_rows, non_f32(src_t, dst_t));
+  if (scatter)
+    b.scatter_rows(row_view<ConstTensorView>(src, src_t, n, w, ld_src), rows, row_view<TensorView>(dst, dst_t, M, w, ld_dst));
+  else
+    b.gather_rows(row_view<ConstTensorView>(src, src_t, M, w, ld_src), rows, row_view<TensorView>(dst, dst_t, n, w, ld_dst));
+}
+ConstTensorView device_rows(const std::int64_t* rows, std::int64_t n) {
+  return ConstTensorView::contiguous(rows, DType::i64, {n}, active_device());
+}
 }  // namespace
 
 void gather_rows(const void* src, DType src_t, std::int64_t M, std::int64_t ld_src, std::span<const std::int64_t> rows,
                  std::int64_t w, void* dst, DType dst_t, std::int64_t ld_dst) {
-  check_rows("gather_rows", rows, M, w, ld_src, ld_dst, src_t, dst_t);
-  if (rows.empty() || w == 0) return;
-  const auto n = static_cast<std::int64_t>(rows.size());
-  backend_for(OpKind::gather_rows, non_f32(src_t, dst_t))
-      .gather_rows(row_view<ConstTensorView>(src, src_t, M, w, ld_src), rows, row_view<TensorView>(dst, dst_t, n, w, ld_dst));
+  check_host_rows("gather_rows", rows, M);
+  move_rows(false, src, src_t, ld_src, view_of(rows), M, w, dst, dst_t, ld_dst);
 }
-
 void scatter_rows(const void* src, DType src_t, std::int64_t ld_src, std::span<const std::int64_t> rows,
                   std::int64_t w, void* dst, DType dst_t, std::int64_t M, std::int64_t ld_dst) {
-  check_rows("scatter_rows", rows, M, w, ld_src, ld_dst, src_t, dst_t);
-  if (rows.empty() || w == 0) return;
-  const auto n = static_cast<std::int64_t>(rows.size());
-  backend_for(OpKind::scatter_rows, non_f32(src_t, dst_t))
-      .scatter_rows(row_view<ConstTensorView>(src, src_t, n, w, ld_src), rows, row_view<TensorView>(dst, dst_t, M, w, ld_dst));
+  check_host_rows("scatter_rows", rows, M);
+  move_rows(true, src, src_t, ld_src, view_of(rows), M, w, dst, dst_t, ld_dst);
+}
+void gather_rows(const void* src, DType src_t, std::int64_t M, std::int64_t ld_src, const std::int64_t* rows,
+                 std::int64_t n, std::int64_t w, void* dst, DType dst_t, std::int64_t ld_dst) {
+  move_rows(false, src, src_t, ld_src, device_rows(rows, n), M, w, dst, dst_t, ld_dst);
+}
+void scatter_rows(const void* src, DType src_t, std::int64_t ld_src, const std::int64_t* rows, std::int64_t n,
+                  std::int64_t w, void* dst, DType dst_t, std::int64_t M, std::int64_t ld_dst) {
+  move_rows(true, src, src_t, ld_src, device_rows(rows, n), M, w, dst, dst_t, ld_dst);
 }
 
 }  // namespace diffcp

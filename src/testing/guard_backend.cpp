@@ -98,6 +98,12 @@ template <typename T>
 std::vector<std::remove_const_t<T>> host_copy(std::span<T> s) {
   return {s.begin(), s.end()};
 }
+// rows: [n] i64 host metadata, copied
+std::vector<std::int64_t> host_rows(const ConstTensorView& rows) {
+  DIFFCP_CHECK(rows.dtype == DType::i64 && rows.is_contiguous(), "guard: rows ", rows.describe(), ", expected [n] i64");
+  const std::int64_t* r = rows.ptr<const std::int64_t>();
+  return {r, r + rows.numel()};
+}
 
 }  // namespace
 
@@ -550,13 +556,36 @@ void GuardBackend::convert(ConstTensorView src, TensorView dst) {
   const char* op = "convert";
   submit(op, [src = C(src), dst = C(dst)] { cpu_backend().convert(src, dst); });
 }
-void GuardBackend::gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) {
+// A row list that is host metadata is copied at the call (as a GPU backend uploads it); one in
+// device memory (token_rows' output) is translated and read when the op runs.
+void GuardBackend::gather_rows(ConstTensorView src, ConstTensorView rows, TensorView dst) {
   const char* op = "gather_rows";
-  submit(op, [src = C(src), rows = host_copy(rows), dst = C(dst)] { cpu_backend().gather_rows(src, rows, dst); });
+  if (rows.device == Device::host)
+    submit(op, [src = C(src), rows = host_rows(rows), dst = C(dst)] {
+      cpu_backend().gather_rows(src, view_of(std::span<const std::int64_t>(rows)), dst);
+    });
+  else
+    submit(op, [src = C(src), rows = C(rows), dst = C(dst)] { cpu_backend().gather_rows(src, rows, dst); });
 }
-void GuardBackend::scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) {
+void GuardBackend::scatter_rows(ConstTensorView src, ConstTensorView rows, TensorView dst) {
   const char* op = "scatter_rows";
-  submit(op, [src = C(src), rows = host_copy(rows), dst = C(dst)] { cpu_backend().scatter_rows(src, rows, dst); });
+  if (rows.device == Device::host)
+    submit(op, [src = C(src), rows = host_rows(rows), dst = C(dst)] {
+      cpu_backend().scatter_rows(src, view_of(std::span<const std::int64_t>(rows)), dst);
+    });
+  else
+    submit(op, [src = C(src), rows = C(rows), dst = C(dst)] { cpu_backend().scatter_rows(src, rows, dst); });
+}
+void GuardBackend::select_active(ConstTensorView parts, TensorView active) {
+  const char* op = "select_active";
+  submit(op, [parts = C(parts), active = C(active)] { cpu_backend().select_active(parts, active); });
+}
+void GuardBackend::token_rows(ConstTensorView active, ConstTensorView map, std::int64_t n, std::int64_t stride,
+                              TensorView rows) {
+  const char* op = "token_rows";
+  submit(op, [active = C(active), map = map.rank == 0 ? map : C(map), n, stride, rows = C(rows)] {
+    cpu_backend().token_rows(active, map, n, stride, rows);
+  });
 }
 void GuardBackend::fp8_encode(ConstTensorView x, TensorView enc) {
   const char* op = "fp8_encode";

@@ -147,6 +147,29 @@ std::vector<OpCase> op_cases() {
                      l1_distance(F(t[0]), F(t[1]), DType::f32, 3, 4, 5, F(t[4]));
                      l1_distance(H(t[2]), H(t[3]), DType::bf16, 3, 4, 5, F(t[5]));
                    }});
+  // V-Major's selection on the device: the choice (ties: source 1's distances all equal), row lists
+  // through a map and without, then rows gathered and scattered by those device lists. Index
+  // arrays are held in f32 arrays' memory and compared as bytes.
+  cases.push_back({"token selection", dims({{"lanes", 2}, {"sources", 3}, {"n", 10}, {"k", 4}}),
+                   {{OpKind::select_active, f}, {OpKind::token_rows, DType::i32}, {OpKind::fill, f},
+                    {OpKind::gather_rows, f}, {OpKind::gather_rows, h}, {OpKind::scatter_rows, f}},
+                   {{f, 60}, {f, 12, -1.f, 1.f, OpCompare::exact}, {f, 10, -1.f, 1.f, OpCompare::exact},
+                    {f, 20, -1.f, 1.f, OpCompare::exact}, {f, 48, -1.f, 1.f, OpCompare::exact},
+                    {f, 24, -1.f, 1.f, OpCompare::exact}, {f, 60 * 5}, {f, 24 * 5}, {f, 30 * 5}, {h, 24 * 5}},
+                   [](Backend&, auto& t) {
+                     const auto I32 = [](const TensorView& v) { return static_cast<std::int32_t*>(v.data); };
+                     const auto I64 = [](const TensorView& v) { return static_cast<std::int64_t*>(v.data); };
+                     fill(F(t[0]) + 10, 10, 0.25f);  // source 1, lane 0
+                     fill(F(t[0]) + 40, 10, 0.5f);   // source 1, lane 1: ten equal distances
+                     select_active(F(t[0]), 2, 3, 10, 4, I32(t[1]));
+                     select_active(F(t[0]), 3, 2, 10, 5, I32(t[2]));           // [2, 5]: ten tokens in [0, 10)
+                     token_rows(I32(t[2]), 2, 5, nullptr, 10, 2, 0, I64(t[3]));  // as a map [10]
+                     token_rows(I32(t[1]), 3, 4, I64(t[3]), 10, 6, 10, I64(t[4]));
+                     token_rows(I32(t[1]), 3, 4, nullptr, 10, 3, 10, I64(t[5]));  // distinct rows of [0, 30)
+                     gather_rows(F(t[6]), DType::f32, 60, 5, I64(t[4]), 24, 5, F(t[7]), DType::f32, 5);
+                     gather_rows(F(t[6]), DType::f32, 60, 5, I64(t[4]), 24, 5, H(t[9]), DType::bf16, 5);
+                     scatter_rows(F(t[7]), DType::f32, 5, I64(t[5]), 12, 5, F(t[8]), DType::f32, 30, 5);
+                   }});
   // The fp8 codec (the DiT's --wire fp8): f32 and bf16 blocks of 16 encoded (6 x 20 bytes, held in
   // f32 arrays' memory: compared as bytes) and decoded.
   cases.push_back({"fp8 encode / decode", dims({{"rows", 6}, {"block", 16}}),

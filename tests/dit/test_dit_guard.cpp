@@ -13,6 +13,7 @@
 // The exchange test runs its f32 cases in both wires (fp8: Ring's K|V hops too).
 // DIFFCP_TEST_DEVICE=cuda runs the same on a GPU (tests/support/device_under_test.hpp): within bounds of
 // the CPU's run.
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -221,6 +222,49 @@ TEST(DitSamplingOnGuardDevice, EveryModeEqualsTheCpuRunBitForBit) {
     ASSERT_EQ(cpu.size(), static_cast<std::size_t>(steps + 1));
     const bool rounded = compute == DType::bf16 || storage == DType::bf16 || wire == Wire::fp8;
     EXPECT_TRUE(test::matches_cpu(cpu, guard, test::device_bound(rounded ? DType::bf16 : DType::f32)));
+  }
+}
+
+// Host syncs of the DiT step's computation (testing/guard_backend.hpp host_syncs; the
+// communicators' staging of device memory left out: NCCL makes none), by the difference of a
+// 4-step and an 8-step run: one per step (the latent read once a run aside), the same with 2 and 6
+// blocks, in Flat mode and in cocodiff's selective steps (V-Major's choice stays on the device).
+TEST(DitSamplingOnGuardDevice, HostSyncsPerStepDoNotGrowWithBlocks) {
+  Communicator& world = test::world();
+  const DitShape shape{1, 192, 128, 24};  // 96 image and 24 text tokens: every P divides them
+  const CacheSchedule schedule{CacheScheduleKind::fixed, 0.5, 1, 0};  // cocodiff: selective after step 1
+  const auto per_step = [&](ExchangeMode mode, std::int64_t double_blocks, std::int64_t single_blocks) {
+    ScopedBackend use(test::guard_under_test());
+    DitConfig cfg = dit_preset("tiny");
+    cfg.heads = 24;  // every P in {1, 2, 3, 4, 8} divides the heads
+    cfg.head_dim = 8;
+    cfg.rope_axes = flux_rope_axes(8);
+    cfg.mlp_hidden = 64;
+    cfg.double_blocks = double_blocks;
+    cfg.single_blocks = single_blocks;
+    DitWeights w(cfg, DType::f32, nullptr);
+    w.init_random(3);
+    const DitConditioning cond = prompt_conditioning(cfg, shape, "a counted prompt");
+    const std::vector<float> noise = initial_noise(cfg, shape, 5);
+    const auto syncs = [&](int steps) {
+      const auto ex = make_attention_exchange(mode, world, 1, schedule);
+      SampleOptions opt;
+      opt.timesteps = flow_schedule(steps, TimeSchedule::flux, shape.image_tokens());
+      const auto count = [] { return test::guard_under_test().counters().host_syncs - Communicator::staged_reads(); };
+      const std::int64_t before = count();
+      (void)run_dit_sampling(world, w, shape, *ex, cond, noise, opt);
+      if (mode == ExchangeMode::cocodiff) EXPECT_GT(ex->stats().selective, 0u);
+      return count() - before;
+    };
+    const std::int64_t four = syncs(4), eight = syncs(8);
+    return (eight - four) / 4.0;
+  };
+  for (const ExchangeMode mode : {ExchangeMode::flat, ExchangeMode::cocodiff}) {
+    SCOPED_TRACE(exchange_mode_name(mode));
+    const double two = per_step(mode, 1, 1), six = per_step(mode, 2, 4);
+    EXPECT_EQ(two, six) << "2 blocks against 6";
+    EXPECT_EQ(two, 1.0);
+    if (world.rank() == 0) std::printf("host syncs per DiT step (%s, computation): %g\n", exchange_mode_name(mode), two);
   }
 }
 

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <functional>
 #include <iterator>
+#include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
 #include "diffcp/core/random.hpp"
+#include "diffcp/dit/ops.hpp"
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/optim.hpp"
@@ -63,7 +66,8 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::fill, OpKind::convert, OpKind::lse_shift, OpKind::gather_rows,
                           OpKind::scatter_rows, OpKind::l1_distance, OpKind::cross_entropy,
                           OpKind::cross_entropy_backward, OpKind::scale_sumsq, OpKind::guidance_combine,
-                          OpKind::fp8_encode, OpKind::fp8_decode, OpKind::dense_linear};
+                          OpKind::fp8_encode, OpKind::fp8_decode, OpKind::dense_linear, OpKind::select_active,
+                          OpKind::token_rows};
 
 // dense_linear is the bf16-weight product of inference only (ops/backend.hpp).
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
@@ -78,6 +82,7 @@ TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
                       op == OpKind::fp8_encode || op == OpKind::fp8_decode || op == OpKind::dense_linear;
     EXPECT_EQ(cpu.supports(op, DType::f32), op != OpKind::dense_linear) << op_name(op);
     EXPECT_EQ(cpu.supports(op, DType::bf16), bf16) << op_name(op);
+    EXPECT_EQ(cpu.supports(op, DType::i32), op == OpKind::token_rows) << op_name(op);
     EXPECT_FALSE(cpu.supports(op, DType::f64)) << op_name(op);
     EXPECT_STRNE(op_name(op), "?");
   }
@@ -332,6 +337,54 @@ TEST(Backend, ToyRunsGemmAndDeclinesAttention) {
   EXPECT_EQ(&previous, &cpu_backend());
   EXPECT_EQ(&set_backend(previous), &toy());
   EXPECT_EQ(&active_backend(), &cpu_backend());
+}
+
+// V-Major's choice on the device (dit/ops.hpp select_active) against a plain sort: per source the
+// n - k tokens first in (distance summed over the lanes in lane order in double, index) stay
+// cached, a NaN after every number; ties, NaNs, k = 0 and k = n included. token_rows maps the
+// lists into row numbers; bad sizes are errors naming the values.
+TEST(Backend, SelectActiveKeepsTheNearestTokensAndTokenRowsNumberThem) {
+  constexpr std::int64_t lanes = 3, S = 4, n = 13;
+  std::vector<float> parts = random_normal<float>(lanes * S * n, 11);
+  for (float& x : parts) x = std::round(x);  // many ties
+  parts[(0 * S + 2) * n + 5] = std::numeric_limits<float>::quiet_NaN();            // source 2, token 5
+  parts[(2 * S + 3) * n + 0] = std::numeric_limits<float>::infinity();              // source 3, token 0
+  for (const std::int64_t k : {std::int64_t{0}, std::int64_t{1}, std::int64_t{6}, n}) {
+    SCOPED_TRACE("k = " + std::to_string(k));
+    std::vector<std::int32_t> active(static_cast<std::size_t>(S * k), -7);
+    select_active(parts.data(), lanes, S, n, k, active.data());
+    for (std::int64_t s = 0; s < S; ++s) {
+      std::vector<double> d(n, 0.0);
+      for (std::int64_t lane = 0; lane < lanes; ++lane)
+        for (std::int64_t t = 0; t < n; ++t) d[t] += parts[(lane * S + s) * n + t];
+      std::vector<std::int32_t> order(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+        if (std::isnan(d[a]) || std::isnan(d[b])) return !std::isnan(d[a]) && std::isnan(d[b]);
+        return d[a] < d[b];
+      });
+      std::vector<std::int32_t> want(order.begin() + (n - k), order.end());
+      std::sort(want.begin(), want.end());
+      EXPECT_EQ(std::vector<std::int32_t>(active.begin() + s * k, active.begin() + (s + 1) * k), want) << "source " << s;
+      if (s == 2 && k > 0) EXPECT_TRUE(std::count(want.begin(), want.end(), 5) == 1);  // the NaN is active
+    }
+    if (k == 0) continue;
+    const std::vector<std::int64_t> map = {40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52};
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(6 * k));
+    token_rows(active.data(), S, k, map.data(), n, 6, 100, rows.data());
+    for (std::int64_t b = 0; b < 6; ++b)
+      for (std::int64_t a = 0; a < k; ++a)
+        EXPECT_EQ(rows[b * k + a], b * 100 + 40 + active[(b % S) * k + a]);
+    token_rows(active.data(), S, k, nullptr, n, 2, n, rows.data());
+    EXPECT_EQ(rows[k], n + active[k]);
+  }
+  std::vector<std::int32_t> active(4 * 14);
+  EXPECT_NE(error_of([&] { select_active(parts.data(), lanes, S, n, n + 1, active.data()); }).find("k = 14"),
+            std::string::npos);
+  const std::int32_t outside[] = {3, 13};
+  std::int64_t rows[2];
+  EXPECT_NE(error_of([&] { token_rows(outside, 1, 2, nullptr, n, 1, 0, rows); }).find("token 13 outside [0, 13)"),
+            std::string::npos);
 }
 
 }  // namespace

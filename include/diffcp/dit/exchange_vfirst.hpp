@@ -30,10 +30,10 @@ class VFirstExchange : public TapaExchange {
   // phase-1 output [G][L][b n_p][hd] in wire() (cocodiff's V^p1).
   void exchange_qkv(HeadRows<const float> qkv, DeviceVector<std::uint8_t>* v_p1_copy);
   std::int64_t tokens() const { return layout().batch * layout().tokens_p; }  // b n_p
-  // Packs the q|k slices of the local rows `active` [count] (exchange-order token indices; null:
-  // all b n_p in order) for every destination: dst [P][count][2][hd] in compute() (encode() makes
-  // the payload).
-  void pack_qk(HeadRows<const float> qkv, const std::int32_t* active, std::int64_t count, void* dst) const;
+  // Packs the q|k slices of `count` local rows for every destination: dst [P][count][2][hd] in
+  // compute() (encode() makes the payload). rows: null (all b n_p in exchange order: layout().rows,
+  // count = b n_p) or [count] i64 local rows in device memory (V-Major's active rows, token_rows).
+  void pack_qk(HeadRows<const float> qkv, const std::int64_t* rows, std::int64_t count, void* dst) const;
   // Blocks until V's phase 1 is complete (v_hidden when a poll saw it complete first; v_wait_ms).
   void wait_v();
   // Steady clock in ms (for the comm_ms intervals).

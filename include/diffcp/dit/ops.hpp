@@ -71,4 +71,17 @@ void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t h
 // that order, rounded once).
 void l1_distance(const void* a, const void* b, DType t, std::int64_t G, std::int64_t R, std::int64_t w, float* out);
 
+// V-Major's token choice (SPEC B.4), on the device (no host sync):
+//   parts: [lanes, S, n] f32, each lane's partial distance of source s's token t
+//   active: [S, k] i32 out, 0 <= k <= n
+// d[s, t] = the sum over lanes, in lane order, in double. Per source the n - k tokens first in the
+// order (d, t) (a NaN distance after every number) stay cached; the other k are active, ascending.
+void select_active(const float* parts, std::int64_t lanes, std::int64_t S, std::int64_t n, std::int64_t k,
+                   std::int32_t* active);
+// Row lists from token lists, on the device:
+//   active: [S, k] i32 with entries in [0, n)  map: [n] i64, or null (the identity)
+//   rows: [B, k] i64 out: rows[b, a] = b * stride + map[active[b mod S, a]]
+void token_rows(const std::int32_t* active, std::int64_t S, std::int64_t k, const std::int64_t* map, std::int64_t n,
+                std::int64_t B, std::int64_t stride, std::int64_t* rows);
+
 }  // namespace diffcp

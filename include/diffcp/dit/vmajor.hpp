@@ -31,6 +31,8 @@
 //      phase 2 is one inter all-to-all of the active rows' q|k|v ([h][j][k][3][hd]).
 //   6. Receivers scatter the rows into QKV^p2 (indexed by the all-gathered lists); cached rows keep
 //      their older values; attention runs on QKV^p2; o goes back through TAPA at full size.
+// Steps 2, 3, 4 and 6 run on the device (dit/ops.hpp select_active and token_rows, row gathers and
+// scatters by device row lists): a selective step makes no host sync of its own.
 // r = 0 on a selective step moves every row through this path and is bitwise equal to TAPA.
 // Call order as AttentionExchange's; begin_step() each step (the sampler does it).
 #pragma once
@@ -67,12 +69,16 @@ class VMajorExchange final : public VFirstExchange {
   int step_ = 0, steps_ = 1;
   std::size_t layer_ = 0;
   std::vector<LayerCache> caches_;
-  std::vector<float> l1_part_, l1_all_;  // host: the token selection is host metadata
-  DeviceVector<float> l1_dev_;           // [L n] this lane's L1 partials, on the device
+  // The selection, all device memory (no host sync): the L1 partials of this lane [L n] and of the
+  // group's lanes [L][L n], the active tokens of the group's sources [L][k] and of all [P][k], row
+  // lists made from them [max(G L k, P k)], and the layout's local rows [n] (with a host copy that
+  // says when to upload them again).
+  DeviceVector<float> l1_part_, l1_all_;
+  DeviceVector<std::int32_t> act_group_, act_all_;
+  DeviceVector<std::int64_t> rows_, map_;
+  std::vector<std::int64_t> map_host_;
   DeviceVector<std::uint8_t> p2_send_, p2_recv_;  // payload bytes
   DeviceVector<std::uint8_t> l1_a_, l1_b_;        // fp8: V's phase 1 and V^p1 decoded for the L1 [G][L][n][hd]
-  std::vector<double> l1_;
-  std::vector<std::int32_t> act_group_, act_all_, order_;
 };
 
 // Bytes one rank sends in a run (closed form of the exchange above, every rank alike): `layers`

@@ -67,8 +67,10 @@ enum class OpKind : std::uint8_t {
   fp8_encode,          // ops/fp8.hpp (the DiT's --wire fp8 exchanges: e4m3 blocks with an f32 scale)
   fp8_decode,          //
   dense_linear,        // dit/ops.hpp (dit_linear on bf16 weights: fixed-shape kernels, packed weights)
+  select_active,       // dit/ops.hpp (V-Major's token choice on the device: f32 scores)
+  token_rows,          // dit/ops.hpp (row lists from token indices on the device: i32 indices)
 };
-inline constexpr int kOpKindCount = 33;
+inline constexpr int kOpKindCount = 35;
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -210,14 +212,23 @@ class Backend {
   virtual void guidance_combine(TensorView v, ConstTensorView v_neg, float scale, bool keep_norm);
   // p, m, v: [n] in place  g: [n]
   virtual void adamw_step(TensorView p, ConstTensorView g, TensorView m, TensorView v, const AdamWStepArgs& args);
-  // src: [M, w] (row stride >= w), rows: [n] in [0, M) (host metadata), dst: [n, w] (row stride >= w):
-  // dst[i] = src[rows[i]] in dst's dtype (one dtype, or f32 <-> bf16); supports(op, the non-f32 side)
-  virtual void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst);
-  // src: [n, w], rows: [n] in [0, M), distinct, dst: [M, w]: dst[rows[i]] = src[i] in dst's dtype
-  virtual void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst);
+  // src: [M, w] (row stride >= w), rows: [n] i64 in [0, M), dst: [n, w] (row stride >= w):
+  // dst[i] = src[rows[i]] in dst's dtype (one dtype, or f32 <-> bf16); supports(op, the non-f32 side).
+  // rows is host metadata (labelled host: read at the call, range-checked by the caller) or device
+  // memory (made on the device by token_rows: read when the op runs, no host sync).
+  virtual void gather_rows(ConstTensorView src, ConstTensorView rows, TensorView dst);
+  // src: [n, w], rows: [n] i64 in [0, M), distinct, host or device memory as above, dst: [M, w]:
+  // dst[rows[i]] = src[i] in dst's dtype
+  virtual void scatter_rows(ConstTensorView src, ConstTensorView rows, TensorView dst);
   // a, b: [G, R, w] contiguous (f32 or bf16)  out: [R] f32 = sum over g, then i, of |a - b| in double
   // (in that order), rounded once
   virtual void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out);
+  // V-Major's choice (dit/ops.hpp select_active): parts: [lanes, S, n] f32  active: [S, k] i32 out
+  virtual void select_active(ConstTensorView parts, TensorView active);
+  // active: [S, k] i32 in [0, n)  map: [n] i64 or rank 0 (the identity)  rows: [B, k] i64 out
+  // (dit/ops.hpp token_rows)
+  virtual void token_rows(ConstTensorView active, ConstTensorView map, std::int64_t n, std::int64_t stride,
+                          TensorView rows);
   // Cross-entropy over a chunk of logits (columns [v0, v0 + n) of the vocabulary; host metadata and
   // O(rows) host results, as gather_rows' index list):
   //   logits: [R, n] f32 (row stride >= n)  target: [R] global token ids

@@ -166,6 +166,13 @@ void gather_rows(const void* src, DType src_t, std::int64_t M, std::int64_t ld_s
                  std::int64_t w, void* dst, DType dst_t, std::int64_t ld_dst);
 void scatter_rows(const void* src, DType src_t, std::int64_t ld_src, std::span<const std::int64_t> rows,
                   std::int64_t w, void* dst, DType dst_t, std::int64_t M, std::int64_t ld_dst);
+// The same with the row list in the active backend's memory: rows: [n] i64, made there (dit/ops.hpp
+// token_rows), read when the op runs: no host metadata, no host sync. Each row in [0, M): checked by
+// the CPU backend and the guards when the op runs; the CUDA kernels skip a row outside.
+void gather_rows(const void* src, DType src_t, std::int64_t M, std::int64_t ld_src, const std::int64_t* rows,
+                 std::int64_t n, std::int64_t w, void* dst, DType dst_t, std::int64_t ld_dst);
+void scatter_rows(const void* src, DType src_t, std::int64_t ld_src, const std::int64_t* rows, std::int64_t n,
+                  std::int64_t w, void* dst, DType dst_t, std::int64_t M, std::int64_t ld_dst);
 // A host copy of a device view (the way tests and file writers read device results).
 template <typename T>
 std::vector<T> to_host(ConstTensorView src) {

@@ -104,15 +104,18 @@ class GuardBackend final : public Backend {
   void convert(ConstTensorView src, TensorView dst) override;
   void fp8_encode(ConstTensorView x, TensorView enc) override;
   void fp8_decode(ConstTensorView enc, TensorView x) override;
-  void gather_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
+  void gather_rows(ConstTensorView src, ConstTensorView rows, TensorView dst) override;
   void l1_distance(ConstTensorView a, ConstTensorView b, TensorView out) override;
+  void select_active(ConstTensorView parts, TensorView active) override;
+  void token_rows(ConstTensorView active, ConstTensorView map, std::int64_t n, std::int64_t stride,
+                  TensorView rows) override;
   void cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target, std::span<double> stats,
                      std::span<const double> weight) override;
   void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
                               std::span<const double> weight, std::span<const double> lse) override;
   double scale_sumsq(TensorView x, double scale) override;
   void synchronize() override;  // waits for the stream (guard-async); counts a host sync
-  void scatter_rows(ConstTensorView src, std::span<const std::int64_t> rows, TensorView dst) override;
+  void scatter_rows(ConstTensorView src, ConstTensorView rows, TensorView dst) override;
 
   // What crossed between the host and the device, and how many ops ran (tests read them).
   struct Counters {
