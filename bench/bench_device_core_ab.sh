@@ -9,10 +9,14 @@
 # FOCUS=1: instead, the measures nearest to 1.0 again with more repetitions: every method's f32
 # layer step (FOCUS_DTYPES="f32 bf16": and bf16) with 21 repetitions per run and the DiT step, 6
 # interleaved rounds (CSV default bench/device_core_ab_focus.csv).
+# DIT_ONLY=1: instead, the DiT step alone at P = 2 (256 px, 6 steps), Flat and cocodiff with every
+# step after the first selective at r = 0.5 (--cache-schedule fixed --warmup 1: V-Major's choice
+# runs in 5 of 6 steps), REPEAT (default 6) interleaved rounds (CSV default
+# bench/device_core_ab_dit.csv). Issue #65 ran it for V-Major's device selection: OLD = 654ecee.
 # Issue #51 (each method written once over typed views) runs it again with CSV=bench/seam_ab.csv:
 # OLD = 780489b, NEW = the change, both built alike in git worktrees (release preset,
 # -DDIFFCP_CUDA=OFF, target diffcp_cli, in worktrees).
-# Usage: OLD=<diffcp of the previous commit> [NEW=<diffcp>] [FOCUS=1] [CSV=...] bench/bench_device_core_ab.sh
+# Usage: OLD=<diffcp of the previous commit> [NEW=<diffcp>] [FOCUS=1 | DIT_ONLY=1] [CSV=...] bench/bench_device_core_ab.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -51,6 +55,21 @@ for r in csv.DictReader(open(sys.argv[3])):
 PY
   done
 }
+dit_p2() {  # tag, binary
+  for mode in flat cocodiff; do
+    mpirun -np 2 --bind-to core "$2" dit --resolution 256 --steps 6 --mode $mode --cache-schedule fixed \
+      --cache-ratio 0.5 --warmup 1 --out "" --json |
+      python3 -c "import json,sys; print('$1 dit_p2_${mode}_step_ms', json.load(sys.stdin)['step_ms'])" >>"$out"
+  done
+}
+if [[ -n "${DIT_ONLY:-}" ]]; then
+  repeat=${REPEAT:-6}
+  for ((r = 1; r <= repeat; r++)); do
+    dit_p2 old "$old"
+    dit_p2 new "$new"
+    echo "round $r of $repeat done" >&2
+  done
+fi
 if [[ -n "${FOCUS:-}" ]]; then
   repeat=${REPEAT:-6}
   for ((r = 1; r <= repeat; r++)); do
@@ -59,7 +78,7 @@ if [[ -n "${FOCUS:-}" ]]; then
     echo "round $r of $repeat done" >&2
   done
 fi
-for ((r = 1; r <= (${FOCUS:-0} ? 0 : repeat); r++)); do
+for ((r = 1; r <= (${FOCUS:-0} || ${DIT_ONLY:-0} ? 0 : repeat); r++)); do
   for dt in f32 bf16; do
     cp_step old "$old" $dt
     cp_step new "$new" $dt
@@ -74,7 +93,7 @@ for ((r = 1; r <= (${FOCUS:-0} ? 0 : repeat); r++)); do
   dit new "$new"
   echo "round $r of $repeat done" >&2
 done
-csv=${CSV:-bench/device_core_ab${FOCUS:+_focus}.csv}
+csv=${CSV:-bench/device_core_ab${FOCUS:+_focus}${DIT_ONLY:+_dit}.csv}
 { echo "build,measure,ms"; tr ' ' ',' <"$out"; } >"$csv"
 python3 - "$csv" <<'PY'
 import collections, csv, statistics, sys
