@@ -72,6 +72,10 @@ class CpuBackend final : public Backend {
   void token_rows(ConstTensorView active, ConstTensorView map, std::int64_t n, std::int64_t stride,
                   TensorView rows) override;
   void scatter_rows(ConstTensorView src, ConstTensorView rows, TensorView dst) override;
+  void dynamic_conv_forward(ConstTensorView x, ConstTensorView dyn, ConstTensorView base, std::int64_t block,
+                            TensorView y) override;
+  void dynamic_conv_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView dyn, ConstTensorView base,
+                             std::int64_t block, TensorView dx, TensorView ddyn, TensorView dbase) override;
   void cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target, std::span<double> stats,
                      std::span<const double> weight) override;
   void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,

@@ -117,6 +117,8 @@ class CudaBackend final : public Backend {
       case OpKind::cross_entropy:
       case OpKind::cross_entropy_backward:
       case OpKind::select_active:
+      case OpKind::dynamic_conv_forward:
+      case OpKind::dynamic_conv_backward:
         return dtype == DType::f32;
       case OpKind::attention_delta:
       case OpKind::attention_forward:
@@ -379,6 +381,26 @@ class CudaBackend final : public Backend {
                                  static_cast<double*>(scratch), stream_),
              "select_active");
     deallocate(scratch, 0);
+  }
+  void dynamic_conv_forward(ConstTensorView x, ConstTensorView dyn, ConstTensorView base, std::int64_t block,
+                            TensorView y) override {
+    DIFFCP_CHECK(x.is_contiguous() && y.is_contiguous() && base.is_contiguous() && dyn.stride[2] == 1 &&
+                     dyn.stride[1] == dyn.size(2),
+                 "cuda: dynamic_conv_forward: x ", x.describe(), ", dyn ", dyn.describe(), ", y ", y.describe());
+    launched(cuda::dynamic_conv_forward(x.ptr<const float>(), dyn.ptr<const float>(), dyn.stride[0], base.ptr<const float>(),
+                                        x.size(0), x.size(1), dyn.size(1), dyn.size(2), block, y.ptr<float>(), stream_),
+             "dynamic_conv_forward");
+  }
+  void dynamic_conv_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView dyn, ConstTensorView base,
+                             std::int64_t block, TensorView dx, TensorView ddyn, TensorView dbase) override {
+    DIFFCP_CHECK(dy.is_contiguous() && x.is_contiguous() && dx.is_contiguous() && base.is_contiguous() &&
+                     dbase.is_contiguous() && dyn.stride[2] == 1 && dyn.stride[1] == dyn.size(2) && ddyn.stride[2] == 1 &&
+                     ddyn.stride[1] == ddyn.size(2),
+                 "cuda: dynamic_conv_backward: dy ", dy.describe(), ", dyn ", dyn.describe(), ", ddyn ", ddyn.describe());
+    launched(cuda::dynamic_conv_backward(dy.ptr<const float>(), x.ptr<const float>(), dyn.ptr<const float>(), dyn.stride[0],
+                                         base.ptr<const float>(), x.size(0), x.size(1), dyn.size(1), dyn.size(2), block,
+                                         dx.ptr<float>(), ddyn.ptr<float>(), ddyn.stride[0], dbase.ptr<float>(), stream_),
+             "dynamic_conv_backward");
   }
   void token_rows(ConstTensorView active, ConstTensorView map, std::int64_t n, std::int64_t stride,
                   TensorView rows) override {

@@ -577,4 +577,44 @@ int bias_add_rows(float* y, std::int64_t ldy, const float* b, std::int64_t M, st
   return launch_2d(M, N, s, [=] __device__(std::int64_t r, std::int64_t c) { y[r * ldy + c] += b[c]; });
 }
 
+// ---- DFlash2's grouped dynamic causal convolution (ops/conv.hpp) ----
+int dynamic_conv_forward(const float* x, const float* dyn, std::int64_t ld, const float* base, std::int64_t T,
+                         std::int64_t H, std::int64_t K, std::int64_t G, std::int64_t block, float* y, Stream s) {
+  const std::int64_t gs = H / G;
+  return launch_2d(T, H, s, [=] __device__(std::int64_t t, std::int64_t c) {
+    float acc = 0.f;
+    const std::int64_t taps = t % block + 1 < K ? t % block + 1 : K;
+    for (std::int64_t o = 0; o < taps; ++o) acc += (base[o * H + c] + dyn[t * ld + o * G + c / gs]) * x[(t - o) * H + c];
+    y[t * H + c] = acc;
+  });
+}
+
+int dynamic_conv_backward(const float* dy, const float* x, const float* dyn, std::int64_t ld, const float* base,
+                          std::int64_t T, std::int64_t H, std::int64_t K, std::int64_t G, std::int64_t block, float* dx,
+                          float* ddyn, std::int64_t ld_d, float* dbase, Stream s) {
+  const std::int64_t gs = H / G;
+  int rc = launch_2d(T, H, s, [=] __device__(std::int64_t r, std::int64_t c) {
+    float acc = 0.f;
+    const std::int64_t taps = block - r % block < K ? block - r % block : K;
+    for (std::int64_t o = 0; o < taps; ++o)
+      acc += (base[o * H + c] + dyn[(r + o) * ld + o * G + c / gs]) * dy[(r + o) * H + c];
+    dx[r * H + c] = acc;
+  });
+  if (rc != 0) return rc;
+  rc = launch_2d(T, K * G, s, [=] __device__(std::int64_t t, std::int64_t j) {
+    const std::int64_t o = j / G, g = j % G;
+    float acc = 0.f;
+    if (o <= t % block)
+      for (std::int64_t c = g * gs; c < (g + 1) * gs; ++c) acc += dy[t * H + c] * x[(t - o) * H + c];
+    ddyn[t * ld_d + j] = acc;
+  });
+  if (rc != 0) return rc;
+  return launch_2d(K, H, s, [=] __device__(std::int64_t o, std::int64_t c) {
+    float acc = dbase[o * H + c];
+    for (std::int64_t t = 0; t < T; ++t)
+      if (o <= t % block) acc += dy[t * H + c] * x[(t - o) * H + c];
+    dbase[o * H + c] = acc;
+  });
+}
+
 }  // namespace diffcp::cuda

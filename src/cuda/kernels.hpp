@@ -94,6 +94,13 @@ int move_rows(const void* src, std::int64_t ld_src, int src_bytes, void* dst, st
 // scratch: S n doubles then S n i32 flags (device)
 int select_active(const float* parts, std::int64_t lanes, std::int64_t S, std::int64_t n, std::int64_t k,
                   std::int32_t* active, double* scratch, Stream s);
+// ops/conv.hpp's dynamic convolution: x, y, dy, dx: [T, H]  dyn, ddyn: [T, K, G] (row strides ld, ld_d)
+// base, dbase: [K, H] (dbase +=); blocks of `block` rows
+int dynamic_conv_forward(const float* x, const float* dyn, std::int64_t ld, const float* base, std::int64_t T,
+                         std::int64_t H, std::int64_t K, std::int64_t G, std::int64_t block, float* y, Stream s);
+int dynamic_conv_backward(const float* dy, const float* x, const float* dyn, std::int64_t ld, const float* base,
+                          std::int64_t T, std::int64_t H, std::int64_t K, std::int64_t G, std::int64_t block, float* dx,
+                          float* ddyn, std::int64_t ld_d, float* dbase, Stream s);
 // rows[b, a] = b stride + map[active[b mod S, a]] (map null: the identity; a token outside [0, n): -1)
 int token_rows(const std::int32_t* active, std::int64_t S, std::int64_t k, const std::int64_t* map, std::int64_t n,
                std::int64_t B, std::int64_t stride, std::int64_t* rows, Stream s);

@@ -29,6 +29,9 @@ void DrafterConfig::validate() const {
                  "', expected full_attention or sliding_attention");
   DIFFCP_CHECK(sliding_window >= 0 && sliding_window <= kMaxKeyWindow, "drafter: sliding window ", sliding_window,
                ", expected 1 .. 2^40 (or 0: none)");
+  DIFFCP_CHECK(conv_taps >= 0 && (conv_taps == 0 || (conv_group_size >= 1 && hidden % conv_group_size == 0)),
+               "drafter: conv_kernel_size ", conv_taps, ", conv_group_size ", conv_group_size, " for hidden ", hidden,
+               "; expected a group size dividing hidden (or conv_kernel_size 0: no convolutions)");
   attn().validate();
 }
 
@@ -49,11 +52,16 @@ std::vector<std::int64_t> default_target_layer_ids(std::int64_t depth, std::int6
 }
 
 nlohmann::json DrafterConfig::to_json() const {
-  return {{"vocab", vocab}, {"hidden", hidden}, {"target_layers", target_layers}, {"layers", layers}, {"n_q", n_q},
+  nlohmann::json j = {{"vocab", vocab}, {"hidden", hidden}, {"target_layers", target_layers}, {"layers", layers}, {"n_q", n_q},
           {"n_kv", n_kv}, {"d_h", d_h}, {"ffn", ffn}, {"block", block}, {"gamma", gamma}, {"mask_token", mask_token},
           {"rope_theta", rope_theta}, {"rms_eps", rms_eps}, {"target_layer_ids", target_layer_ids},
           {"target_depth", target_depth}, {"layer_types", layer_types}, {"sliding_window", sliding_window},
           {"is_causal", is_causal ? nlohmann::json(*is_causal) : nlohmann::json()}};
+  if (has_conv()) {  // absent for DFlash: its checkpoints' configs stay as they were
+    j["conv_taps"] = conv_taps;
+    j["conv_group_size"] = conv_group_size;
+  }
+  return j;
 }
 
 DrafterConfig DrafterConfig::from_json(const nlohmann::json& j) {
@@ -76,6 +84,8 @@ DrafterConfig DrafterConfig::from_json(const nlohmann::json& j) {
   c.layer_types = j.value("layer_types", std::vector<std::string>{});  // absent before issue #36: all full
   c.sliding_window = j.value("sliding_window", std::int64_t{0});
   if (j.contains("is_causal") && !j.at("is_causal").is_null()) c.is_causal = j.at("is_causal").get<bool>();
+  c.conv_taps = j.value("conv_taps", std::int64_t{0});
+  c.conv_group_size = j.value("conv_group_size", std::int64_t{0});
   c.validate();
   return c;
 }
@@ -142,6 +152,13 @@ DrafterLayout::DrafterLayout(const DrafterConfig& c) {
     L.w_gate = take(H * F, false);
     L.w_up = take(H * F, false);
     L.w_down = take(F * H, false);
+    if (c.has_conv()) {  // the bases start as the identity (not decayed, as the norms); the projections are matrices
+      const std::int64_t K = c.conv_taps, G = c.conv_groups();
+      L.attn_conv_base = take(2 * K * H, true);
+      L.attn_conv_proj = take(H * 2 * K * G, false);
+      L.mlp_conv_base = take(2 * K * H, true);
+      L.mlp_conv_proj = take(H * 2 * K * G, false);
+    }
     layer.push_back(L);
   }
   final_norm = take(H, true);

@@ -16,6 +16,8 @@ namespace diffcp {
 namespace {
 const DrafterConfig& validated(const DrafterConfig& c) {
   c.validate();  // before the layout and the RoPE table are made from it
+  DIFFCP_CHECK(!c.has_conv(), "draft cache: DFlash2's convolutions (conv_kernel_size ", c.conv_taps,
+               ") are not in the draft path yet (issue #67)");
   return c;
 }
 }  // namespace

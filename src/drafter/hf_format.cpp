@@ -212,6 +212,8 @@ DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
 
 void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<const float> params, const std::string& dtype) {
   (void)compute_dtype(dtype, "export dtype");
+  DIFFCP_CHECK(!c.has_conv(), "export: a drafter with DFlash2's convolutions (conv_kernel_size ", c.conv_taps,
+               ") has no export in the released layout yet (issue #67)");
   const DrafterLayout lay(c);
   DIFFCP_CHECK(static_cast<std::int64_t>(params.size()) == lay.total, "export: ", params.size(),
                " parameters, the model has ", lay.total);

@@ -48,6 +48,8 @@ const char* op_name(OpKind op) {
     case OpKind::dense_linear: return "dense_linear";
     case OpKind::select_active: return "select_active";
     case OpKind::token_rows: return "token_rows";
+    case OpKind::dynamic_conv_forward: return "dynamic_conv_forward";
+    case OpKind::dynamic_conv_backward: return "dynamic_conv_backward";
   }
   return "?";
 }
@@ -124,6 +126,13 @@ void Backend::gather_rows(ConstTensorView, ConstTensorView, TensorView dst) {
 }
 void Backend::fp8_encode(ConstTensorView x, TensorView) { unsupported(OpKind::fp8_encode, x.dtype); }
 void Backend::fp8_decode(ConstTensorView, TensorView x) { unsupported(OpKind::fp8_decode, x.dtype); }
+void Backend::dynamic_conv_forward(ConstTensorView x, ConstTensorView, ConstTensorView, std::int64_t, TensorView) {
+  unsupported(OpKind::dynamic_conv_forward, x.dtype);
+}
+void Backend::dynamic_conv_backward(ConstTensorView dy, ConstTensorView, ConstTensorView, ConstTensorView, std::int64_t,
+                                    TensorView, TensorView, TensorView) {
+  unsupported(OpKind::dynamic_conv_backward, dy.dtype);
+}
 void Backend::scatter_rows(ConstTensorView src, ConstTensorView, TensorView) {
   unsupported(OpKind::scatter_rows, src.dtype);
 }

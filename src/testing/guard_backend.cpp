@@ -576,6 +576,20 @@ void GuardBackend::scatter_rows(ConstTensorView src, ConstTensorView rows, Tenso
   else
     submit(op, [src = C(src), rows = C(rows), dst = C(dst)] { cpu_backend().scatter_rows(src, rows, dst); });
 }
+void GuardBackend::dynamic_conv_forward(ConstTensorView x, ConstTensorView dyn, ConstTensorView base, std::int64_t block,
+                                        TensorView y) {
+  const char* op = "dynamic_conv_forward";
+  submit(op, [x = C(x), dyn = C(dyn), base = C(base), block, y = C(y)] {
+    cpu_backend().dynamic_conv_forward(x, dyn, base, block, y);
+  });
+}
+void GuardBackend::dynamic_conv_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView dyn, ConstTensorView base,
+                                         std::int64_t block, TensorView dx, TensorView ddyn, TensorView dbase) {
+  const char* op = "dynamic_conv_backward";
+  submit(op, [dy = C(dy), x = C(x), dyn = C(dyn), base = C(base), block, dx = C(dx), ddyn = C(ddyn), dbase = C(dbase)] {
+    cpu_backend().dynamic_conv_backward(dy, x, dyn, base, block, dx, ddyn, dbase);
+  });
+}
 void GuardBackend::select_active(ConstTensorView parts, TensorView active) {
   const char* op = "select_active";
   submit(op, [parts = C(parts), active = C(active)] { cpu_backend().select_active(parts, active); });

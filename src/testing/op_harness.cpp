@@ -16,6 +16,7 @@
 #include "diffcp/core/stats.hpp"
 #include "diffcp/dit/ops.hpp"
 #include "diffcp/ops/buffer.hpp"
+#include "diffcp/ops/conv.hpp"
 #include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/fp8.hpp"
 #include "diffcp/ops/gemm.hpp"
@@ -169,6 +170,18 @@ std::vector<OpCase> op_cases() {
                      gather_rows(F(t[6]), DType::f32, 60, 5, I64(t[4]), 24, 5, F(t[7]), DType::f32, 5);
                      gather_rows(F(t[6]), DType::f32, 60, 5, I64(t[4]), 24, 5, H(t[9]), DType::bf16, 5);
                      scatter_rows(F(t[7]), DType::f32, 5, I64(t[5]), 12, 5, F(t[8]), DType::f32, 30, 5);
+                   }});
+  // DFlash2's dynamic convolution: 3 blocks of 4 rows, 3 taps, 4 groups of 4 channels, the taps a
+  // slice of the projection's wider rows; dbase accumulates.
+  cases.push_back({"dynamic conv", dims({{"T", 12}, {"H", 16}, {"K", 3}, {"G", 4}, {"block", 4}}),
+                   {{OpKind::dynamic_conv_forward, f}, {OpKind::dynamic_conv_backward, f}},
+                   {{f, 12 * 16}, {f, 12 * 24}, {f, 3 * 16}, {f, 12 * 16}, {f, 12 * 16}, {f, 12 * 16}, {f, 12 * 24},
+                    {f, 3 * 16}},
+                   [](Backend&, auto& t) {
+                     const DynamicConvShape s{12, 16, 3, 4, 4};
+                     dynamic_conv_forward(F(t[0]), F(t[1]), 24, F(t[2]), s, F(t[3]));
+                     dynamic_conv_backward(F(t[4]), F(t[0]), F(t[1]) + 12, 24, F(t[2]), s, F(t[5]), F(t[6]) + 12, 24,
+                                           F(t[7]));
                    }});
   // The fp8 codec (the DiT's --wire fp8): f32 and bf16 blocks of 16 encoded (6 x 20 bytes, held in
   // f32 arrays' memory: compared as bytes) and decoded.

@@ -71,6 +71,11 @@ std::vector<float> test_params(const DrafterConfig& cfg) {
     for (std::int64_t j = 0; j < len; ++j) p[static_cast<std::size_t>(off + j)] += static_cast<float>(n(rng));
   const auto a = AttnLayerParams::offsets(cfg.attn());
   for (const auto& L : lay.layer) std::fill_n(p.begin() + L.attn + a[AttnLayerParams::bo], cfg.hidden, 0.f);
+  if (cfg.has_conv())  // DFlash2: the taps' projections off their zero init (the bases are vectors: moved above)
+    for (const auto& L : lay.layer)
+      for (const std::int64_t proj : {L.attn_conv_proj, L.mlp_conv_proj})
+        for (std::int64_t j = 0; j < cfg.hidden * 2 * cfg.conv_taps * cfg.conv_groups(); ++j)
+          p[static_cast<std::size_t>(proj + j)] = static_cast<float>(n(rng));
   return p;
 }
 
@@ -79,7 +84,10 @@ std::vector<float> test_params(const DrafterConfig& cfg) {
 // gamma: the loss decay (the config's; another one for the test that the check can fail).
 // windows: the layers' sliding windows as the config's fields say (false: every layer full, the
 // sliding test's negative control).
-double reference_loss(const Problem& pb, const std::vector<float>& p, double gamma, bool windows = true) {
+// conv_blocks: DFlash2's convolution taps stop at each block's first row (false: they run across
+// the blocks, the DFlash2 test's negative control).
+double reference_loss(const Problem& pb, const std::vector<float>& p, double gamma, bool windows = true,
+                      bool conv_blocks = true) {
   const DrafterConfig& c = pb.cfg;
   const DrafterLayout lay(c);
   const std::int64_t S = pb.batch.context_rows(), Q = pb.batch.query_rows(), H = c.hidden, F = c.ffn, T = c.target_layers * H;
@@ -100,24 +108,43 @@ double reference_loss(const Problem& pb, const std::vector<float>& p, double gam
     }
     return x;
   };
+  // DFlash2 (z-lab's GroupedDynamicCausalConv): y[t, c] = sum over o < K of (base[half, o, c] +
+  // dyn[t, half, o, c / gs]) x[t - o, c], rows t - o of t's block (conv_blocks) or of the batch
+  const std::int64_t K = c.conv_taps, Gc = c.conv_groups(), KG = K * Gc;
+  const auto conv = [&](const Vec& x, const Vec& dyn, std::int64_t half, std::int64_t base) {
+    Vec y(x.size(), 0.0);
+    for (std::int64_t t = 0; t < Q; ++t)
+      for (std::int64_t ch = 0; ch < H; ++ch)
+        for (std::int64_t o = 0; o < K && o <= (conv_blocks ? t % c.block : t); ++o)
+          y[static_cast<std::size_t>(t * H + ch)] +=
+              (at(base + (half * K + o) * H + ch) + dyn[static_cast<std::size_t>(t * 2 * KG + half * KG + o * Gc + ch / c.conv_group_size)]) *
+              x[static_cast<std::size_t>((t - o) * H + ch)];
+    return y;
+  };
   const Vec ctx = norm(lin(Vec(pb.hidden.begin(), pb.hidden.end()), S, T, lay.fc, H), lay.fc_norm);
   Vec h(pb.block_input.begin(), pb.block_input.end());
   const Vec no_dy(static_cast<std::size_t>(Q * H), 0.0);
   for (std::size_t l = 0; l < lay.layer.size(); ++l) {
     const DrafterLayout::Layer& L = lay.layer[l];
     const Vec a = norm(h, L.attn_norm);
+    const Vec a_dyn = c.has_conv() ? lin(a, Q, H, L.attn_conv_proj, 2 * KG) : Vec{};
+    const Vec a_in = c.has_conv() ? conv(a, a_dyn, 0, L.attn_conv_base) : a;
     const AttnLayerParams w = AttnLayerParams::view(c.attn(), p.data() + L.attn);
     // z-lab's DFlashDraftModel: a sliding layer has the config's window and is causal unless
     // config.is_causal says otherwise
     const bool sliding = windows && !c.layer_types.empty() && c.layer_types[l] == "sliding_attention";
     const KeyWindow kw{sliding ? c.sliding_window : 0, c.is_causal ? *c.is_causal : sliding};
-    const Vec y = reference_attention_layer(c.attn(), pb.batch, w, a, ctx, no_dy, kw).y;
+    Vec y = reference_attention_layer(c.attn(), pb.batch, w, a_in, ctx, no_dy, kw).y;
+    if (c.has_conv()) y = conv(y, a_dyn, 1, L.attn_conv_base);
     for (std::size_t i = 0; i < h.size(); ++i) h[i] += y[i];
     const Vec m = norm(h, L.mlp_norm);
-    const Vec g = lin(m, Q, H, L.w_gate, F), u = lin(m, Q, H, L.w_up, F);
+    const Vec m_dyn = c.has_conv() ? lin(m, Q, H, L.mlp_conv_proj, 2 * KG) : Vec{};
+    const Vec m_in = c.has_conv() ? conv(m, m_dyn, 0, L.mlp_conv_base) : m;
+    const Vec g = lin(m_in, Q, H, L.w_gate, F), u = lin(m_in, Q, H, L.w_up, F);
     Vec act(g.size());
     for (std::size_t i = 0; i < g.size(); ++i) act[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-    const Vec down = lin(act, Q, F, L.w_down, H);
+    Vec down = lin(act, Q, F, L.w_down, H);
+    if (c.has_conv()) down = conv(down, m_dyn, 1, L.mlp_conv_base);
     for (std::size_t i = 0; i < h.size(); ++i) h[i] += down[i];
   }
   const Vec hf = norm(h, lay.final_norm);
@@ -190,6 +217,57 @@ TEST(DrafterStep, SlidingWindowLayersEqualFiniteDifferencesOfAnFp64Reference) {
   check_gradients(pb, [&](const std::vector<float>& p) { return reference_loss(pb, p, pb.cfg.gamma, false); });
 }
 
+// DFlash2: each layer's convolutions (3 taps, groups of 4 channels) around its attention and MLP,
+// over blocks of 4 rows.
+DrafterConfig dflash2_config() {
+  DrafterConfig c = tiny_config();
+  c.conv_taps = 3;
+  c.conv_group_size = 4;
+  return c;
+}
+
+TEST(DrafterStep, Dflash2ConvolutionsEqualFiniteDifferencesOfAnFp64Reference) {
+  const Problem pb(dflash2_config());
+  // against the same loss with the taps running across the blocks: the block boundary matters
+  check_gradients(pb, [&](const std::vector<float>& p) { return reference_loss(pb, p, pb.cfg.gamma, true, false); });
+}
+
+// A fresh DFlash2 (identity convolutions: tap 0 of both bases 1, the rest and the projections 0)
+// is DFlash: the same loss and, for every tensor they share, the same gradients, bit for bit.
+TEST(DrafterStep, AFreshDflash2IsDflash) {
+  const Problem v1, v2(dflash2_config());
+  const auto run = [](const Problem& pb) {
+    Communicator& world = test::world();
+    Drafter d(world, pb.cfg);
+    d.init_params(7);
+    d.state().zero_grads();
+    d.set_lm_head(LmHead(nullptr, pb.cfg.hidden, pb.cfg.vocab, pb.lm_head, 0));
+    DrafterBatch mb;
+    mb.shard = contiguous_shard(pb.batch, world.size(), world.rank());
+    mb.tokens = pb.tokens;
+    mb.loss_mask = pb.loss_mask;
+    const std::int64_t T = pb.cfg.target_layers * pb.cfg.hidden, H = pb.cfg.hidden;
+    for (const PosRange& r : mb.shard.chunks)
+      mb.hidden_p.insert(mb.hidden_p.end(), pb.hidden.begin() + r.begin * T, pb.hidden.begin() + r.end * T);
+    mb.block_input.assign(pb.block_input.begin() + mb.shard.blocks.begin * pb.cfg.block * H,
+                          pb.block_input.begin() + mb.shard.blocks.end * pb.cfg.block * H);
+    const double loss = d.step(mb, true).loss_sum;
+    return std::make_pair(loss, to_host<float>(d.grads().view()));
+  };
+  const auto [loss1, g1] = run(v1);
+  const auto [loss2, g2] = run(v2);
+  EXPECT_EQ(loss1, loss2);
+  const DrafterLayout l1(v1.cfg), l2(v2.cfg);
+  const auto same = [&](std::int64_t o1, std::int64_t o2, std::int64_t n, const char* what) {
+    EXPECT_TRUE(std::equal(g1.begin() + o1, g1.begin() + o1 + n, g2.begin() + o2)) << what;
+  };
+  same(l1.fc, l2.fc, l2.fc_norm + v2.cfg.hidden - l2.fc, "fc, fc_norm");
+  same(l1.final_norm, l2.final_norm, v2.cfg.hidden, "final_norm");
+  for (std::size_t l = 0; l < l2.layer.size(); ++l)  // the DFlash part of the layer: attn_norm .. w_down
+    same(l1.layer[l].attn_norm, l2.layer[l].attn_norm, l2.layer[l].w_down + v2.cfg.ffn * v2.cfg.hidden - l2.layer[l].attn_norm,
+         "a layer's DFlash tensors");
+}
+
 void check_gradients(const Problem& pb, const std::function<double(const std::vector<float>&)>& wrong) {
   std::vector<float> p = test_params(pb.cfg);
   const std::vector<float> g = drafter_gradients(pb, p);
@@ -200,6 +278,11 @@ void check_gradients(const Problem& pb, const std::function<double(const std::ve
   std::vector<std::pair<std::int64_t, std::int64_t>> tensors{{lay.fc, T * H}, {lay.fc_norm, H}, {lay.final_norm, H}};
   for (const auto& L : lay.layer) {
     tensors.insert(tensors.end(), {{L.attn_norm, H}, {L.mlp_norm, H}, {L.w_gate, H * F}, {L.w_up, H * F}, {L.w_down, F * H}});
+    if (pb.cfg.has_conv()) {
+      const std::int64_t KH = pb.cfg.conv_taps * H, W = H * 2 * pb.cfg.conv_taps * pb.cfg.conv_groups();
+      tensors.insert(tensors.end(), {{L.attn_conv_base, KH}, {L.attn_conv_base + KH, KH}, {L.attn_conv_proj, W},
+                                     {L.mlp_conv_base, KH}, {L.mlp_conv_base + KH, KH}, {L.mlp_conv_proj, W}});
+    }
     for (const auto id : {AttnLayerParams::wq, AttnLayerParams::wk, AttnLayerParams::wv, AttnLayerParams::wo,
                           AttnLayerParams::q_norm, AttnLayerParams::k_norm})
       tensors.push_back({L.attn + a[id], a[id + 1] - a[id]});

@@ -22,6 +22,7 @@
 #include "diffcp/core/random.hpp"
 #include "diffcp/dit/ops.hpp"
 #include "diffcp/ops/backend.hpp"
+#include "diffcp/ops/conv.hpp"
 #include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/optim.hpp"
 #include "diffcp/ops/gemm.hpp"
@@ -67,7 +68,7 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::scatter_rows, OpKind::l1_distance, OpKind::cross_entropy,
                           OpKind::cross_entropy_backward, OpKind::scale_sumsq, OpKind::guidance_combine,
                           OpKind::fp8_encode, OpKind::fp8_decode, OpKind::dense_linear, OpKind::select_active,
-                          OpKind::token_rows};
+                          OpKind::token_rows, OpKind::dynamic_conv_forward, OpKind::dynamic_conv_backward};
 
 // dense_linear is the bf16-weight product of inference only (ops/backend.hpp).
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
@@ -384,6 +385,72 @@ TEST(Backend, SelectActiveKeepsTheNearestTokensAndTokenRowsNumberThem) {
   const std::int32_t outside[] = {3, 13};
   std::int64_t rows[2];
   EXPECT_NE(error_of([&] { token_rows(outside, 1, 2, nullptr, n, 1, 0, rows); }).find("token 13 outside [0, 13)"),
+            std::string::npos);
+}
+
+// DFlash2's grouped dynamic causal convolution (ops/conv.hpp) against a plain fp64 reference, and
+// its backward against central differences of that reference (the conv is linear in each of x, the
+// taps and the base kernel, so the differences are exact up to rounding): blocks of 3 rows with 3
+// taps (the first rows of a block see fewer), the taps a slice of a wider row (the projection's
+// [T, 2, K, G]), dbase accumulated onto what it held. Bad shapes are errors naming the values.
+TEST(Backend, DynamicConvMatchesFp64AndItsGradientsDifferences) {
+  constexpr std::int64_t T = 9, H = 8, K = 3, G = 2, gs = H / G, block = 3, ld = 2 * K * G;
+  const DynamicConvShape shape{T, H, K, G, block};
+  const std::vector<float> x = random_normal<float>(T * H, 21), dyn = random_normal<float>(T * ld, 22),
+                           base = random_normal<float>(K * H, 23), w = random_normal<float>(T * H, 24);
+  const auto reference = [&](const std::vector<double>& xd, const std::vector<double>& dd, const std::vector<double>& bd) {
+    std::vector<double> y(T * H, 0.0);
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t c = 0; c < H; ++c)
+        for (std::int64_t o = 0; o < K && o <= t % block; ++o)
+          y[t * H + c] += (bd[o * H + c] + dd[t * ld + o * G + c / gs]) * xd[(t - o) * H + c];
+    return y;
+  };
+  const auto widen = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  std::vector<double> xd = widen(x), dd = widen(dyn), bd = widen(base);
+  const std::vector<double> y_ref = reference(xd, dd, bd);
+  std::vector<float> y(T * H);
+  dynamic_conv_forward(x.data(), dyn.data(), ld, base.data(), shape, y.data());
+  double scale = 0;
+  for (double v : y_ref) scale = std::max(scale, std::abs(v));
+  for (std::int64_t i = 0; i < T * H; ++i) EXPECT_NEAR(y[i], y_ref[i], 1e-6 * scale) << "y " << i;
+
+  // L = sum w y: dy = w; each gradient against (L(v + h) - L(v - h)) / 2h on the fp64 reference
+  const auto loss = [&] {
+    const std::vector<double> yy = reference(xd, dd, bd);
+    double l = 0;
+    for (std::int64_t i = 0; i < T * H; ++i) l += w[i] * yy[i];
+    return l;
+  };
+  const auto numeric = [&](std::vector<double>& v, std::size_t i) {
+    const double keep = v[i], h = 1e-3;
+    v[i] = keep + h;
+    const double up = loss();
+    v[i] = keep - h;
+    const double down = loss();
+    v[i] = keep;
+    return (up - down) / (2 * h);
+  };
+  std::vector<float> dx(T * H), ddyn(T * ld, 7.f), dbase(K * H, 0.5f);
+  dynamic_conv_backward(w.data(), x.data(), dyn.data(), ld, base.data(), shape, dx.data(), ddyn.data() + K * G, ld,
+                        dbase.data());
+  for (std::size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(dx[i], numeric(xd, i), 1e-4) << "dx " << i;
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t j = 0; j < K * G; ++j) {
+      EXPECT_NEAR(ddyn[t * ld + K * G + j], numeric(dd, t * ld + j), 1e-4) << "ddyn " << t << ", " << j;
+      EXPECT_EQ(ddyn[t * ld + j], 7.f) << "outside the taps' columns";
+    }
+  for (std::size_t i = 0; i < dbase.size(); ++i) EXPECT_NEAR(dbase[i], 0.5 + numeric(bd, i), 1e-4) << "dbase " << i;
+  EXPECT_EQ(ddyn[0 * ld + K * G + 1 * G], 0.f);  // row 0, tap 1: before the block start
+
+  EXPECT_NE(error_of([&] { dynamic_conv_forward(x.data(), dyn.data(), ld, base.data(), {T, H, K, 3, block}, y.data()); })
+                .find("H = 8 is not a multiple of G = 3"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { dynamic_conv_forward(x.data(), dyn.data(), ld, base.data(), {T, H, K, G, 4}, y.data()); })
+                .find("not whole blocks of 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { dynamic_conv_forward(x.data(), dyn.data(), ld, base.data(), shape, const_cast<float*>(x.data())); })
+                .find("aliases"),
             std::string::npos);
 }
 

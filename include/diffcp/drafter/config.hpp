@@ -36,6 +36,13 @@ struct DrafterConfig {
   std::vector<std::string> layer_types;
   std::int64_t sliding_window = 0;
   std::optional<bool> is_causal;
+  // DFlash2 (issue #67): each layer's grouped dynamic causal convolutions before and after its
+  // attention and its MLP (ops/conv.hpp; z-lab's attention_conv / mlp_conv): conv_taps K
+  // (dflash_config.conv_kernel_size) and conv_group_size channels per group (G = H / it); conv_taps
+  // = 0: none (DFlash).
+  std::int64_t conv_taps = 0, conv_group_size = 0;
+  bool has_conv() const { return conv_taps > 0; }
+  std::int64_t conv_groups() const { return has_conv() ? hidden / conv_group_size : 0; }
 
   void validate() const;
   bool sliding(std::int64_t l) const { return !layer_types.empty() && layer_types[static_cast<std::size_t>(l)] == "sliding_attention"; }
@@ -58,10 +65,13 @@ DrafterConfig drafter_preset(const std::string& name);
 
 // Offsets of every trainable tensor in the drafter's single parameter allocation.
 // fc [n_t*H, H], fc_norm [H]; per layer: attn_norm [H], attn (AttnLayerParams), mlp_norm [H],
-// w_gate [H, F], w_up [H, F], w_down [F, H]; final_norm [H]. Stored [in, out].
+// w_gate [H, F], w_up [H, F], w_down [F, H], and with convolutions (has_conv) attn_conv_base
+// [2, K, H], attn_conv_proj [H, 2 K G], mlp_conv_base, mlp_conv_proj (else -1); final_norm [H].
+// Stored [in, out].
 struct DrafterLayout {
   struct Layer {
     std::int64_t attn_norm, attn, mlp_norm, w_gate, w_up, w_down;
+    std::int64_t attn_conv_base = -1, attn_conv_proj = -1, mlp_conv_base = -1, mlp_conv_proj = -1;
   };
   std::int64_t fc, fc_norm, final_norm, total;
   std::vector<Layer> layer;

@@ -7,6 +7,9 @@
 //         (or the batch's block_input: a serving engine's noise embedding)
 //   h  += SplitKV(RMSNorm_attn(h), c)                        per layer
 //   h  += SwiGLU(RMSNorm_mlp(h)) = (silu(m W_gate) * (m W_up)) W_down
+//   DFlash2 (config has_conv): each sublayer f as conv_1(f(conv_0(x))), x its normed input, both
+//   convolutions' taps predicted from x (x W_proj: [Q_p, 2, K, G]) over the owned blocks' rows
+//   (ops/conv.hpp, blocks of B rows: local to a block, nothing communicated)
 //   logits = RMSNorm_final(h) @ lm_head                      [Q_p, V]
 // Loss (SPEC A.1): slot k of block i predicts token a_i + k with weight w_k = exp(-(k-1)/gamma)
 // for k >= 1 (w_0 = 0) times the loss mask of that token; loss = sum(CE * w) / (sum(w) + 1e-6)
@@ -30,6 +33,7 @@
 #include "diffcp/drafter/lm_head.hpp"
 #include "diffcp/drafter/sharded_state.hpp"
 #include "diffcp/ops/buffer.hpp"
+#include "diffcp/ops/conv.hpp"
 
 namespace diffcp {
 
@@ -104,14 +108,18 @@ class Drafter {
     CpSaved attn_saved;  // attn's forward context (views of a and the fused context c_), for its backward
     double attn_fwd_comm = 0;  // the exposed collectives of attn's last forward, ms (its backward adds the rest)
     DeviceVector<float> h_in, a, a_rstd, h_mid, m, m_rstd, gate, up, act;  // saved activations
+    // DFlash2's convolutions (config has_conv): the taps predicted from a and m [Q_p, 2, K, G],
+    // the convolved sublayer inputs [Q_p, H], the attention's output and the MLP's before their
+    // second convolution [Q_p, H]
+    DeviceVector<float> a_dyn, a_conv, o, m_dyn, m_conv, z;
   };
   void embed(const DrafterBatch& mb);
   void forward(const DrafterBatch& mb);  // -> hf_ (and the saved activations)
   // step()'s parts after forward(): the decay-weighted loss over the LM head (with `backward`, its
   // gradient dhf [Q_p, H]), then the backward from dhf through every layer and the fusion.
   DrafterStats loss(const DrafterBatch& mb, bool backward, DeviceVector<float>& dhf);
-  struct BackwardScratch {  // [C_p, H] x 3, [Q_p, H] x 3, [Q_p, F] x 3
-    DeviceVector<float> dc, dc_l, dc_lin, dh, da, dm, dact, dgate, dup;
+  struct BackwardScratch {  // [C_p, H] x 3, [Q_p, H] x 3, [Q_p, F] x 3; with convolutions [Q_p, H], [Q_p, 2 K G]
+    DeviceVector<float> dc, dc_l, dc_lin, dh, da, dm, dact, dgate, dup, dconv, ddyn;
   };
   void backward(const DrafterBatch& mb, const DeviceVector<float>& dhf);
   // Layer l's backward: bs.dh [Q_p, H] in (its output's gradient) and out (its input's); adds the
@@ -120,6 +128,17 @@ class Drafter {
   // Layer l on h_ (in: its input, out: its output), saving its activations in L.
   void layer_forward(std::int64_t l, LayerState& L, const float* params, const CpShard& s);
   const float* acquire(int u, bool backward);  // the unit's parameters, timing the wait
+  // DFlash2's first convolution of a sublayer (z-lab's prepare): x [Q_p, H] -> dyn = x proj
+  // [Q_p, 2 K G] (both convolutions' taps) and x_conv = conv_0(x) [Q_p, H]; and its backward:
+  // dx_conv [Q_p, H] in -> x's gradient in bs.dconv (through the convolution and the projection),
+  // the first taps' gradients in bs.ddyn's first half (its second half holds the second's), dproj
+  // += x^T ddyn, dbase[0] +=.
+  DynamicConvShape conv_shape(std::int64_t rows) const;
+  void conv_prepare(const DeviceVector<float>& x, const float* proj, const float* base, const DynamicConvShape& cs,
+                    DeviceVector<float>& dyn, DeviceVector<float>& x_conv);
+  void conv_prepare_bwd(const DeviceVector<float>& dx_conv, const DeviceVector<float>& x, const DeviceVector<float>& dyn,
+                        const float* proj, const float* base, float* dproj, float* dbase, const DynamicConvShape& cs,
+                        BackwardScratch& bs);
   // Offset of layout offset `abs` inside unit u.
   std::int64_t rel(int u, std::int64_t abs) const { return abs - layout_.units[static_cast<std::size_t>(u)].begin; }
 
@@ -137,6 +156,7 @@ class Drafter {
   DeviceVector<float> hidden_;  // [C_p, n_t*H] the batch's hidden_p uploaded (a backend of other memory than the host's)
   const float* hidden_in_ = nullptr;  // [C_p, n_t*H] the fusion's input: hidden_, or hidden_p itself on the host
   DeviceVector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_;
+  DeviceVector<float> conv_out_;  // [Q_p, H] the MLP's output after its second convolution
   std::vector<std::int32_t> argmax_;
   Phases phases_;
 };

@@ -69,8 +69,10 @@ enum class OpKind : std::uint8_t {
   dense_linear,        // dit/ops.hpp (dit_linear on bf16 weights: fixed-shape kernels, packed weights)
   select_active,       // dit/ops.hpp (V-Major's token choice on the device: f32 scores)
   token_rows,          // dit/ops.hpp (row lists from token indices on the device: i32 indices)
+  dynamic_conv_forward,   // ops/conv.hpp (DFlash2's grouped dynamic causal convolution)
+  dynamic_conv_backward,  //
 };
-inline constexpr int kOpKindCount = 35;
+inline constexpr int kOpKindCount = 37;
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -255,6 +257,13 @@ class Backend {
   virtual void fp8_encode(ConstTensorView x, TensorView enc);
   // enc: [n, d + 4] u8 contiguous  x: [n, d] contiguous out
   virtual void fp8_decode(ConstTensorView enc, TensorView x);
+  // ops/conv.hpp, f32, blocks of `block` rows:
+  //   x: [T, H]  dyn: [T, K, G] (row stride >= K G)  base: [K, H]  y: [T, H] out
+  virtual void dynamic_conv_forward(ConstTensorView x, ConstTensorView dyn, ConstTensorView base, std::int64_t block,
+                                    TensorView y);
+  //   dy: [T, H]  dx: [T, H] out  ddyn: [T, K, G] out (row stride >= K G)  dbase: [K, H] +=
+  virtual void dynamic_conv_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView dyn, ConstTensorView base,
+                                     std::int64_t block, TensorView dx, TensorView ddyn, TensorView dbase);
 
  protected:
   [[noreturn]] void unsupported(OpKind op, DType dtype) const;

@@ -116,6 +116,10 @@ class GuardBackend final : public Backend {
   double scale_sumsq(TensorView x, double scale) override;
   void synchronize() override;  // waits for the stream (guard-async); counts a host sync
   void scatter_rows(ConstTensorView src, ConstTensorView rows, TensorView dst) override;
+  void dynamic_conv_forward(ConstTensorView x, ConstTensorView dyn, ConstTensorView base, std::int64_t block,
+                            TensorView y) override;
+  void dynamic_conv_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView dyn, ConstTensorView base,
+                             std::int64_t block, TensorView dx, TensorView ddyn, TensorView dbase) override;
 
   // What crossed between the host and the device, and how many ops ran (tests read them).
   struct Counters {
