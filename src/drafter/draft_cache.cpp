@@ -7,6 +7,7 @@
 #include "diffcp/core/error.hpp"
 #include "diffcp/cp/attention_layer.hpp"
 #include "diffcp/cp/cp_common.hpp"
+#include "diffcp/ops/conv.hpp"
 #include "diffcp/ops/elementwise.hpp"
 #include "diffcp/ops/linear.hpp"
 #include "diffcp/ops/rmsnorm.hpp"
@@ -16,8 +17,6 @@ namespace diffcp {
 namespace {
 const DrafterConfig& validated(const DrafterConfig& c) {
   c.validate();  // before the layout and the RoPE table are made from it
-  DIFFCP_CHECK(!c.has_conv(), "draft cache: DFlash2's convolutions (conv_kernel_size ", c.conv_taps,
-               ") are not in the draft path yet (issue #67)");
   return c;
 }
 }  // namespace
@@ -169,6 +168,22 @@ std::vector<float> DraftCache::draft(std::span<const float> noise) {
   act_.resize(b * F);
   rstd_.resize(b * std::max(cfg_.n_q, std::int64_t{1}));
   k_lin_.resize(b * kvw);
+  // DFlash2: the block is one sequence of b rows for the convolutions; the taps of a sublayer's two
+  // convolutions predicted from its normed input (dyn_ [b, 2 K G]); conv_ [b, H] a convolved row set
+  const bool conv = cfg_.has_conv();
+  const DynamicConvShape cs{b, H, cfg_.conv_taps, cfg_.conv_groups(), b};
+  const std::int64_t KG = cs.taps * cs.groups, KH = cs.taps * H;
+  if (conv) {
+    dyn_.resize(b * 2 * KG);
+    conv_.resize(b * H);
+  }
+  // a sublayer's input after its first convolution (a_ itself without convolutions)
+  const auto prepare = [&](std::int64_t proj, std::int64_t base) {
+    if (!conv) return a_.data();
+    linear_forward(a_.data(), b, H, param(proj), 2 * KG, dyn_.data());
+    dynamic_conv_forward(a_.data(), dyn_.data(), 2 * KG, param(base), cs, conv_.data());
+    return conv_.data();
+  };
   const std::int64_t part = b * qw + b * cfg_.n_q;  // one rank's partial: o [b, n_q, d_h], then lse [b, n_q]
   if (P > 1) {
     send_.resize(part);
@@ -180,16 +195,17 @@ std::vector<float> DraftCache::draft(std::span<const float> noise) {
     const AttnLayerParams w = AttnLayerParams::view(cfg_.attn(), param(off.attn));
     // Attention: q from the block's rows; the block's own K/V after the cached rows (rank 0).
     rmsnorm_forward(h_.data(), b, 1, H, param(off.attn_norm), eps, a_.data(), rstd_.data());
-    linear_forward(a_.data(), b, H, w[AttnLayerParams::wq], qw, q_.data());
+    const float* a = prepare(off.attn_conv_proj, off.attn_conv_base);
+    linear_forward(a, b, H, w[AttnLayerParams::wq], qw, q_.data());
     rmsnorm_forward(q_.data(), b, cfg_.n_q, cfg_.d_h, w[AttnLayerParams::q_norm], eps, q_.data(), rstd_.data());
     rope_apply(q_.data(), b, cfg_.n_q, qpos, rope_, false);
     if (holds_block) {
       reserve_rows(L, L.rows + b);
       float* k = L.k.data() + L.rows * kvw;
-      linear_forward(a_.data(), b, H, w[AttnLayerParams::wk], kvw, k_lin_.data());
+      linear_forward(a, b, H, w[AttnLayerParams::wk], kvw, k_lin_.data());
       rmsnorm_forward(k_lin_.data(), b, cfg_.n_kv, cfg_.d_h, w[AttnLayerParams::k_norm], eps, k, rstd_.data());
       rope_apply(k, b, cfg_.n_kv, qpos, rope_, false);
-      linear_forward(a_.data(), b, H, w[AttnLayerParams::wv], kvw, L.v.data() + L.rows * kvw);
+      linear_forward(a, b, H, w[AttnLayerParams::wv], kvw, L.v.data() + L.rows * kvw);
     }
     const BlockMask mask = layer_mask(L, b, holds_block);
     const std::int64_t keys = mask.key_rows();
@@ -213,13 +229,21 @@ std::vector<float> DraftCache::draft(std::span<const float> noise) {
     }
     linear_forward(o_.data(), b, qw, w[AttnLayerParams::wo], H, y_.data());
     bias_add(y_.data(), b, H, w[AttnLayerParams::bo]);
-    add_into(h_.data(), y_.data(), b * H);
-    // MLP: h += silu(m W_gate) * (m W_up) W_down, m = RMSNorm(h).
+    if (conv) dynamic_conv_forward(y_.data(), dyn_.data() + KG, 2 * KG, param(off.attn_conv_base) + KH, cs, conv_.data());
+    add_into(h_.data(), (conv ? conv_ : y_).data(), b * H);
+    // MLP: h += silu(m W_gate) * (m W_up) W_down, m = RMSNorm(h) (DFlash2: both convolved).
     rmsnorm_forward(h_.data(), b, 1, H, param(off.mlp_norm), eps, a_.data(), rstd_.data());
-    linear_forward(a_.data(), b, H, param(off.w_gate), F, gate_.data());
-    linear_forward(a_.data(), b, H, param(off.w_up), F, up_.data());
+    const float* m = prepare(off.mlp_conv_proj, off.mlp_conv_base);
+    linear_forward(m, b, H, param(off.w_gate), F, gate_.data());
+    linear_forward(m, b, H, param(off.w_up), F, up_.data());
     swiglu_forward(gate_.data(), up_.data(), act_.data(), b * F);
-    linear_forward(act_.data(), b, F, param(off.w_down), H, h_.data(), 1.f);
+    if (!conv) {
+      linear_forward(act_.data(), b, F, param(off.w_down), H, h_.data(), 1.f);
+    } else {
+      linear_forward(act_.data(), b, F, param(off.w_down), H, y_.data());
+      dynamic_conv_forward(y_.data(), dyn_.data() + KG, 2 * KG, param(off.mlp_conv_base) + KH, cs, conv_.data());
+      add_into(h_.data(), conv_.data(), b * H);
+    }
   }
   rmsnorm_forward(h_.data(), b, 1, H, param(layout_.final_norm), eps, y_.data(), rstd_.data());
   return to_host<float>(y_.view());

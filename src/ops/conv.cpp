@@ -31,8 +31,8 @@ View taps_of(Ptr p, std::int64_t ld, const DynamicConvShape& s) {
 void dynamic_conv_forward(const float* x, const float* dyn, std::int64_t ld_dyn, const float* base,
                           const DynamicConvShape& s, float* y) {
   check_shape("dynamic_conv_forward", s, ld_dyn);
-  DIFFCP_CHECK(x != y, "dynamic_conv_forward: y aliases x (the taps read earlier rows of x)");
   if (s.rows == 0) return;
+  DIFFCP_CHECK(x != y, "dynamic_conv_forward: y aliases x (the taps read earlier rows of x)");
   backend_for(OpKind::dynamic_conv_forward, DType::f32)
       .dynamic_conv_forward(rows_of(x, s.rows, s.hidden), taps_of<ConstTensorView>(dyn, ld_dyn, s),
                             rows_of(base, s.taps, s.hidden), s.block, rows_of(y, s.rows, s.hidden));
@@ -42,8 +42,8 @@ void dynamic_conv_backward(const float* dy, const float* x, const float* dyn, st
                            const DynamicConvShape& s, float* dx, float* ddyn, std::int64_t ld_ddyn, float* dbase) {
   check_shape("dynamic_conv_backward", s, ld_dyn);
   check_shape("dynamic_conv_backward", s, ld_ddyn);
-  DIFFCP_CHECK(dx != dy, "dynamic_conv_backward: dx aliases dy (the taps read later rows of dy)");
   if (s.rows == 0) return;
+  DIFFCP_CHECK(dx != dy, "dynamic_conv_backward: dx aliases dy (the taps read later rows of dy)");
   backend_for(OpKind::dynamic_conv_backward, DType::f32)
       .dynamic_conv_backward(rows_of(dy, s.rows, s.hidden), rows_of(x, s.rows, s.hidden),
                              taps_of<ConstTensorView>(dyn, ld_dyn, s), rows_of(base, s.taps, s.hidden), s.block,

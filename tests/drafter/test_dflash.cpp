@@ -73,6 +73,11 @@ std::vector<float> test_params(const DrafterConfig& cfg, std::uint64_t seed) {
   for (const auto& [off, len] : lay.vectors)
     for (std::int64_t j = 0; j < len; ++j) p[static_cast<std::size_t>(off + j)] += static_cast<float>(n(rng));
   for (const auto& L : lay.layer) std::fill_n(p.begin() + L.attn + a[AttnLayerParams::bo], cfg.hidden, 0.f);
+  if (cfg.has_conv())  // DFlash2: the taps' projections off zero too (the bases are vectors: moved above)
+    for (const auto& L : lay.layer)
+      for (const std::int64_t proj : {L.attn_conv_proj, L.mlp_conv_proj})
+        for (std::int64_t j = 0; j < cfg.hidden * 2 * cfg.conv_taps * cfg.conv_groups(); ++j)
+          p[static_cast<std::size_t>(proj + j)] = static_cast<float>(n(rng));
   return p;
 }
 
@@ -117,6 +122,19 @@ struct Ref {
           b = b0 * std::cos(ang) + a0 * std::sin(ang);
         }
   }
+  // DFlash2 (z-lab's GroupedDynamicCausalConv over the block's B rows): y[t, c] = sum over
+  // o <= min(K - 1, t) of (base[half, o, c] + dyn[t, half, o, c / gs]) x[t - o, c]
+  Vec conv(const Vec& x, const Vec& dyn, std::int64_t half, std::int64_t base) const {
+    const std::int64_t H = c.hidden, B = c.block, K = c.conv_taps, G = c.conv_groups(), KG = K * G;
+    Vec y(x.size(), 0.0);
+    for (std::int64_t t = 0; t < B; ++t)
+      for (std::int64_t ch = 0; ch < H; ++ch)
+        for (std::int64_t o = 0; o < K && o <= t; ++o)
+          y[static_cast<std::size_t>(t * H + ch)] +=
+              (at(base + (half * K + o) * H + ch) + dyn[static_cast<std::size_t>(t * 2 * KG + half * KG + o * G + ch / c.conv_group_size)]) *
+              x[static_cast<std::size_t>((t - o) * H + ch)];
+    return y;
+  }
   Vec draft(const std::vector<float>& hid, std::int64_t ctx, const std::vector<float>& noise) const {
     const std::int64_t H = c.hidden, B = c.block, F = c.ffn, nq = c.n_q, nkv = c.n_kv, d = c.d_h;
     using A = AttnLayerParams;
@@ -125,7 +143,10 @@ struct Ref {
     Vec x(noise.begin(), noise.end());
     for (std::int64_t l = 0; l < c.layers; ++l) {
       const auto& L = lay.layer[static_cast<std::size_t>(l)];
-      const Vec a = norm(x, H, L.attn_norm);
+      const Vec a0 = norm(x, H, L.attn_norm);
+      const std::int64_t KG2 = 2 * c.conv_taps * c.conv_groups();
+      const Vec a_dyn = c.has_conv() ? lin(a0, B, H, L.attn_conv_proj, KG2) : Vec{};
+      const Vec a = c.has_conv() ? conv(a0, a_dyn, 0, L.attn_conv_base) : a0;
       Vec q = norm(lin(a, B, H, L.attn + ao[A::wq], nq * d), d, L.attn + ao[A::q_norm]);
       Vec kc = norm(lin(ctxf, ctx, H, L.attn + ao[A::wk], nkv * d), d, L.attn + ao[A::k_norm]);
       Vec kb = norm(lin(a, B, H, L.attn + ao[A::wk], nkv * d), d, L.attn + ao[A::k_norm]);
@@ -165,13 +186,17 @@ struct Ref {
           for (std::int64_t j = 0; j < ctx + B; ++j)
             for (std::int64_t e = 0; e < d; ++e) o[static_cast<std::size_t>((r * nq + h) * d + e)] += s[static_cast<std::size_t>(j)] / z * val(j)[e];
         }
-      const Vec y = lin(o, B, nq * d, L.attn + ao[A::wo], H);
+      Vec y = lin(o, B, nq * d, L.attn + ao[A::wo], H);
+      if (c.has_conv()) y = conv(y, a_dyn, 1, L.attn_conv_base);
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
-      const Vec m = norm(x, H, L.mlp_norm);
+      const Vec m0 = norm(x, H, L.mlp_norm);
+      const Vec m_dyn = c.has_conv() ? lin(m0, B, H, L.mlp_conv_proj, KG2) : Vec{};
+      const Vec m = c.has_conv() ? conv(m0, m_dyn, 0, L.mlp_conv_base) : m0;
       const Vec gt = lin(m, B, H, L.w_gate, F), up = lin(m, B, H, L.w_up, F);
       Vec act(gt.size());
       for (std::size_t i = 0; i < act.size(); ++i) act[i] = gt[i] / (1.0 + std::exp(-gt[i])) * up[i];
-      const Vec dn = lin(act, B, F, L.w_down, H);
+      Vec dn = lin(act, B, F, L.w_down, H);
+      if (c.has_conv()) dn = conv(dn, m_dyn, 1, L.mlp_conv_base);
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += dn[i];
     }
     return norm(x, H, lay.final_norm);
@@ -392,9 +417,12 @@ TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
 }
 
 TEST(DFlashDraft, OneBlockEqualsTheFp64ReferenceAtEveryRankCount) {
-  for (const std::string preset : {"tiny", "small", "small-sliding", "tiny-sliding"}) {
+  for (const std::string preset : {"tiny", "small", "small-sliding", "tiny-sliding", "tiny-dflash2"}) {
     DrafterConfig cfg = drafter_preset(preset.substr(0, preset.find('-')));
-    if (preset == "small-sliding") {  // mixed layers, causal windows of 40 (inside the longer contexts)
+    if (preset == "tiny-dflash2") {  // DFlash2's convolutions: 4 taps, groups of 8 channels
+      cfg.conv_taps = 4;
+      cfg.conv_group_size = 8;
+    } else if (preset == "small-sliding") {  // mixed layers, causal windows of 40 (inside the longer contexts)
       cfg.layer_types = {"sliding_attention", "full_attention", "sliding_attention", "sliding_attention"};
       cfg.sliding_window = 40;
     } else if (preset == "tiny-sliding") {  // a two-sided window of 5, below the block (B = 8)
@@ -424,9 +452,12 @@ TEST(DFlashDraft, OneBlockEqualsTheFp64ReferenceAtEveryRankCount) {
 // 2 (W - 1) keys per rank, a full layer all of them over the ranks.
 TEST(DraftCache, EqualsTheStatelessDraftAndTheFp64ReferenceAtEveryRankCount) {
   Communicator& w = test::world();
-  for (const std::string preset : {"tiny", "small-sliding", "tiny-sliding"}) {
+  for (const std::string preset : {"tiny", "small-sliding", "tiny-sliding", "tiny-dflash2"}) {
     DrafterConfig cfg = drafter_preset(preset.substr(0, preset.find('-')));
-    if (preset == "small-sliding") {
+    if (preset == "tiny-dflash2") {  // DFlash2's convolutions over the block's rows (b of them)
+      cfg.conv_taps = 3;
+      cfg.conv_group_size = 16;
+    } else if (preset == "small-sliding") {
       cfg.layer_types = {"sliding_attention", "full_attention", "sliding_attention", "sliding_attention"};
       cfg.sliding_window = 40;
     } else if (preset == "tiny-sliding") {

@@ -169,43 +169,60 @@ TEST(DrafterOnGuardDevice, DraftEqualsTheCpuRunBitForBit) {
 }
 
 // The draft KV cache (issue #53) on the guard device: the context appended in pieces (crossing its
-// chunks over the ranks) and a block drafted after each, with a sliding layer, equal to the CPU's
-// run bit for bit; no host code touches its device memory.
+// chunks over the ranks) and a block drafted after each, with a sliding layer, and with DFlash2's
+// convolutions (their taps' projections off their zero init), equal to the CPU's run bit for bit;
+// no host code touches its device memory.
 TEST(DrafterOnGuardDevice, DraftCacheEqualsTheCpuRunBitForBit) {
   DIFFCP_DEVICE_OR_SKIP(dev);
-  DrafterConfig cfg = drafter_preset("tiny");
-  cfg.layer_types = {"sliding_attention", "full_attention"};
-  cfg.sliding_window = 20;
-  const std::int64_t T = cfg.target_layers * cfg.hidden;
-  std::vector<float> params;
-  {
-    std::unique_ptr<Communicator> me = test::world().split(test::world().rank(), 0, "solo");
-    Drafter d(*me, cfg);
-    d.init_params(8);
-    params = to_host<float>(d.params().view());
-  }
-  const std::vector<float> hidden = random_normal(static_cast<std::size_t>(600 * T), 9);
-  const auto run = [&](Backend& b) {
-    ScopedBackend use(b);
-    DraftCache cache(test::world(), cfg, params);
-    std::vector<float> out;
-    std::int64_t at = 0;
-    for (const std::int64_t piece : {1, 300, 7, 292}) {
-      cache.append(std::span<const float>(hidden).subspan(static_cast<std::size_t>(at * T), static_cast<std::size_t>(piece * T)));
-      at += piece;
-      const std::vector<float> noise = random_normal(static_cast<std::size_t>(cfg.block * cfg.hidden), 10 + static_cast<std::uint64_t>(at));
-      const std::vector<float> block = cache.draft(noise);
-      out.insert(out.end(), block.begin(), block.end());
+  for (const bool dflash2 : {false, true}) {
+    SCOPED_TRACE(dflash2 ? "dflash2" : "dflash");
+    DrafterConfig cfg = drafter_preset("tiny");
+    cfg.layer_types = {"sliding_attention", "full_attention"};
+    cfg.sliding_window = 20;
+    if (dflash2) {
+      cfg.conv_taps = 3;
+      cfg.conv_group_size = 16;
     }
-    return out;
-  };
-  const std::int64_t ops_before = test::guard_ops();
-  const std::vector<float> cpu = run(cpu_backend()), guard = run(dev);
-  if (test::device_under_test().exact) {
-    EXPECT_GT(test::guard_ops(), ops_before);
+    const std::int64_t T = cfg.target_layers * cfg.hidden;
+    std::vector<float> params;
+    {
+      std::unique_ptr<Communicator> me = test::world().split(test::world().rank(), 0, "solo");
+      Drafter d(*me, cfg);
+      d.init_params(8);
+      params = to_host<float>(d.params().view());
+    }
+    if (dflash2) {
+      const DrafterLayout lay(cfg);
+      const std::int64_t n = cfg.hidden * 2 * cfg.conv_taps * cfg.conv_groups();
+      for (const auto& L : lay.layer)
+        for (const std::int64_t proj : {L.attn_conv_proj, L.mlp_conv_proj}) {
+          const std::vector<float> w = random_normal(static_cast<std::size_t>(n), static_cast<std::uint64_t>(proj), 0.1);
+          std::copy(w.begin(), w.end(), params.begin() + proj);
+        }
+    }
+    const std::vector<float> hidden = random_normal(static_cast<std::size_t>(600 * T), 9);
+    const auto run = [&](Backend& b) {
+      ScopedBackend use(b);
+      DraftCache cache(test::world(), cfg, params);
+      std::vector<float> out;
+      std::int64_t at = 0;
+      for (const std::int64_t piece : {1, 300, 7, 292}) {
+        cache.append(std::span<const float>(hidden).subspan(static_cast<std::size_t>(at * T), static_cast<std::size_t>(piece * T)));
+        at += piece;
+        const std::vector<float> noise = random_normal(static_cast<std::size_t>(cfg.block * cfg.hidden), 10 + static_cast<std::uint64_t>(at));
+        const std::vector<float> block = cache.draft(noise);
+        out.insert(out.end(), block.begin(), block.end());
+      }
+      return out;
+    };
+    const std::int64_t ops_before = test::guard_ops();
+    const std::vector<float> cpu = run(cpu_backend()), guard = run(dev);
+    if (test::device_under_test().exact) {
+      EXPECT_GT(test::guard_ops(), ops_before);
+    }
+    ASSERT_EQ(cpu.size(), static_cast<std::size_t>(4 * cfg.block * cfg.hidden));
+    EXPECT_TRUE(test::matches_cpu(cpu, guard, test::kDeviceBoundF32)) << "the drafted hidden states differ";
   }
-  ASSERT_EQ(cpu.size(), static_cast<std::size_t>(4 * cfg.block * cfg.hidden));
-  EXPECT_TRUE(test::matches_cpu(cpu, guard, test::kDeviceBoundF32)) << "the drafted hidden states differ";
 }
 
 }  // namespace

@@ -85,6 +85,7 @@ class DraftCache {
   RopeTable rope_;  // positions [0, max_pos), grown by doubling
   // Scratch, sized once per shape.
   DeviceVector<float> hidden_, c_lin_, c_, rstd_, k_lin_, h_, a_, q_, o_, lse_, y_, gate_, up_, act_, send_, parts_;
+  DeviceVector<float> dyn_, conv_;  // DFlash2: a sublayer's taps [b, 2 K G], a convolved row set [b, H]
 };
 
 }  // namespace diffcp
