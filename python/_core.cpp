@@ -375,6 +375,13 @@ class DrafterPy {
     d["layer_types"] = types;
     d["sliding_window"] = c.sliding_window > 0 ? py::object(py::int_(c.sliding_window)) : py::object(py::none());
     d["is_causal"] = c.is_causal ? py::object(py::bool_(*c.is_causal)) : py::object(py::none());
+    d["architecture"] = c.has_conv() ? "DFlash2DraftModel" : "DFlashDraftModel";
+    if (c.has_conv()) {
+      d["conv_kernel_size"] = c.conv_taps;
+      d["conv_group_size"] = c.conv_group_size;
+      d["selector_rank"] = c.selector_rank;
+      d["selector_top_k"] = c.selector_top_k;
+    }
     return d;
   }
 

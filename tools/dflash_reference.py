@@ -16,6 +16,12 @@ written from the reference implementation's published math (z-lab/dflash `DFlash
               h = h + down_proj(silu(gate_proj(m)) * up_proj(m)),  m = RMSNorm_post(h)
   out = RMSNorm_norm(h)                                               # [B, H]
 
+DFlash2 (architectures ["DFlash2DraftModel"], z-lab's GroupedDynamicCausalConv): each sublayer f
+becomes conv_1(f(conv_0(x))), x its normed input, with dyn = x kernel_projection^T viewed
+[B, 2, K, G] (G = H / conv_group_size) and
+  conv_s(y)[t, c] = sum over o < K of (base_kernel[s, o, c] + dyn[t, s, o, c // gs]) y[t - o, c]
+(zero for t - o < 0: the block's rows only). The candidate selector does not enter the hidden states.
+
 RoPE is rotate-half (pairs i, i + d/2) with inv_freq = theta^(-2i/d); GQA maps query head h to
 kv head h // (n_q / n_kv). The layer types resolve as transformers' Qwen3Config does:
 sliding_window (default 4096) only with use_sliding_window, layer_types (default: sliding from
@@ -98,10 +104,21 @@ def layer_masks(cfg, ctx_len, B):
     return out
 
 
+def grouped_conv(y, dyn, base, gs):
+    """y [B, H], dyn [B, K, G], base [K, H] -> [B, H]: the causal taps over the block's rows."""
+    out = np.zeros_like(y)
+    for o in range(base.shape[0]):
+        shifted = np.zeros_like(y)
+        shifted[o:] = y[: y.shape[0] - o]
+        out += (base[o][None, :] + np.repeat(dyn[:, o, :], gs, axis=1)) * shifted
+    return out
+
+
 def draft(model_dir, hidden, noise):
     cfg = json.load(open(f"{model_dir}/config.json"))
     w = read_safetensors(f"{model_dir}/model.safetensors")
-    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    eps = cfg["rms_norm_eps"]
+    theta = cfg["rope_theta"] if "rope_theta" in cfg else cfg["rope_parameters"]["rope_theta"]  # transformers 5's place
     nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or cfg["hidden_size"] // nq
     ctx_len, B = hidden.shape[0], noise.shape[0]
@@ -110,9 +127,22 @@ def draft(model_dir, hidden, noise):
     qpos = np.arange(ctx_len, ctx_len + B, dtype=np.float64)
     kpos = np.arange(0, ctx_len + B, dtype=np.float64)
     masks = layer_masks(cfg, ctx_len, B)
+    v2 = "DFlash2DraftModel" in cfg.get("architectures", [])
+    dc = cfg.get("dflash_config", {})
+    K, gs = dc.get("conv_kernel_size"), dc.get("conv_group_size")
+
+    def prepare(x, name):  # DFlash2: x convolved with the first taps; the second taps kept
+        if not v2:
+            return x, None
+        dyn = (x @ w[name + ".kernel_projection.weight"].T).reshape(B, 2, K, -1)
+        return grouped_conv(x, dyn[:, 0], w[name + ".base_kernel"][0], gs), dyn[:, 1]
+
+    def finish(y, dyn, name):
+        return y if dyn is None else grouped_conv(y, dyn, w[name + ".base_kernel"][1], gs)
+
     for i in range(cfg["num_hidden_layers"]):
         p = f"layers.{i}."
-        a = rms(h, w[p + "input_layernorm.weight"], eps)
+        a, a_dyn = prepare(rms(h, w[p + "input_layernorm.weight"], eps), p + "attention_conv")
         kv_in = np.concatenate([c, a], axis=0)
         q = rms((a @ w[p + "self_attn.q_proj.weight"].T).reshape(B, nq, d), w[p + "self_attn.q_norm.weight"], eps)
         k = rms((kv_in @ w[p + "self_attn.k_proj.weight"].T).reshape(-1, nkv, d), w[p + "self_attn.k_norm.weight"], eps)
@@ -125,10 +155,10 @@ def draft(model_dir, hidden, noise):
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         s /= s.sum(axis=-1, keepdims=True)
         o = np.einsum("hqk,khd->qhd", s, v).reshape(B, nq * d)
-        h = h + o @ w[p + "self_attn.o_proj.weight"].T
-        m = rms(h, w[p + "post_attention_layernorm.weight"], eps)
+        h = h + finish(o @ w[p + "self_attn.o_proj.weight"].T, a_dyn, p + "attention_conv")
+        m, m_dyn = prepare(rms(h, w[p + "post_attention_layernorm.weight"], eps), p + "mlp_conv")
         g, u = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T
-        h = h + (g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+        h = h + finish((g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T, m_dyn, p + "mlp_conv")
     return rms(h, w["norm.weight"], eps)
 
 

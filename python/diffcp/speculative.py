@@ -181,6 +181,10 @@ def generate(target, drafter, input_ids, max_new_tokens: int, block_size: int | 
         ``draft_calls``, ``seconds``, ``target_seconds`` (the target's forwards, prefill
         included), ``draft_seconds`` (drafting: the drafter, its cache's appends and the LM head).
     """
+    arch = getattr(drafter, "config", {}).get("architecture", "DFlashDraftModel")
+    if arch != "DFlashDraftModel":
+        raise NotImplementedError(f"generate: a {arch} drafter proposes through its candidate selector, which "
+                                  "diffcp does not run yet (issue #67); its draft() hidden states are exact")
     import torch
     B = drafter.block_size if block_size is None else int(block_size)
     if not 1 <= B <= drafter.block_size:

@@ -74,8 +74,9 @@ def greedy(target, prompt, n):
     return seq
 
 
-def write_drafter(path, layer_types=None, window=None, block=4, layers=2, seed=1, vocab=V):
-    """A DFlash folder (config.json + model.safetensors) with random weights for the fake target."""
+def write_drafter(path, layer_types=None, window=None, block=4, layers=2, seed=1, vocab=V, dflash2=False):
+    """A DFlash folder (config.json + model.safetensors) with random weights for the fake target;
+    dflash2: z-lab's DFlash2DraftModel layout (convolutions: 2 taps, groups of 8; a selector of rank 4)."""
     path.mkdir(parents=True, exist_ok=True)
     n_t, nq, nkv, d, F = 2, 4, 2, 8, 48
     rng = np.random.default_rng(seed)
@@ -90,6 +91,14 @@ def write_drafter(path, layer_types=None, window=None, block=4, layers=2, seed=1
                             ("self_attn.v_proj.weight", (nkv * d, H)), ("self_attn.o_proj.weight", (H, nq * d)),
                             ("mlp.gate_proj.weight", (F, H)), ("mlp.up_proj.weight", (F, H)), ("mlp.down_proj.weight", (H, F))]:
             t[p + name] = rng.standard_normal(shape) / np.sqrt(shape[1])
+        if dflash2:
+            for conv in ("attention_conv", "mlp_conv"):
+                t[p + conv + ".base_kernel"] = np.stack([np.eye(2, 1).repeat(H, axis=1)] * 2) + 0.1 * rng.standard_normal((2, 2, H))
+                t[p + conv + ".kernel_projection.weight"] = 0.1 * rng.standard_normal((2 * 2 * (H // 8), H))
+    if dflash2:
+        t["candidate_selector.hidden_projection.weight"] = rng.standard_normal((4, H)) / np.sqrt(H)
+        t["candidate_selector.predecessor_codebook"] = 0.02 * rng.standard_normal((vocab, 4))
+        t["candidate_selector.successor_codebook"] = 0.02 * rng.standard_normal((vocab, 4))
     head, blobs, off = {}, [], 0
     for name, a in t.items():
         b = np.ascontiguousarray(a, dtype="<f4").tobytes()
@@ -105,8 +114,29 @@ def write_drafter(path, layer_types=None, window=None, block=4, layers=2, seed=1
            "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": vocab - 1}}
     if layer_types:
         cfg.update(layer_types=layer_types, use_sliding_window=window is not None, sliding_window=window)
+    if dflash2:
+        cfg["architectures"] = ["DFlash2DraftModel"]
+        cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=3)
     (path / "config.json").write_text(json.dumps(cfg))
     return path
+
+
+def test_a_dflash2_drafter_drafts_and_refuses_to_decode_without_its_selector(tmp_path, target):
+    """Issue #67 so far: a DFlash2 folder loads (its architecture and keys in config) and drafts
+    (its convolutions change the block), and generate() refuses it rather than decode without the
+    candidate selector."""
+    v1 = diffcp.Drafter.load(write_drafter(tmp_path / "v1"))
+    v2 = diffcp.Drafter.load(write_drafter(tmp_path / "v2", dflash2=True))
+    assert v2.config["architecture"] == "DFlash2DraftModel" and v2.config["selector_top_k"] == 3
+    assert v1.config["architecture"] == "DFlashDraftModel"
+    rng = np.random.default_rng(0)
+    hidden = rng.standard_normal((7, 2 * H)).astype(np.float32)
+    noise = rng.standard_normal((4, H)).astype(np.float32)
+    a, b = v1.draft(hidden, noise), v2.draft(hidden, noise)
+    assert a.shape == b.shape == (4, H) and np.isfinite(b).all()
+    assert np.abs(a - b).max() > 1e-3  # the same backbone weights, convolved
+    with pytest.raises(NotImplementedError, match="candidate selector"):
+        diffcp.speculative.generate(target, v2, torch.tensor([1, 2, 3]), 4)
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,11 @@ void DrafterConfig::validate() const {
   DIFFCP_CHECK(conv_taps >= 0 && (conv_taps == 0 || (conv_group_size >= 1 && hidden % conv_group_size == 0)),
                "drafter: conv_kernel_size ", conv_taps, ", conv_group_size ", conv_group_size, " for hidden ", hidden,
                "; expected a group size dividing hidden (or conv_kernel_size 0: no convolutions)");
+  DIFFCP_CHECK(selector_rank >= 0 && (selector_rank == 0 || (selector_top_k >= 1 && selector_top_k <= vocab)),
+               "drafter: selector_rank ", selector_rank, ", selector_top_k ", selector_top_k, " for a vocabulary of ", vocab,
+               "; expected 1 <= selector_top_k <= vocab_size (or selector_rank 0: no selector)");
+  DIFFCP_CHECK(output_multiplier > 0 && logit_softcap >= 0, "drafter: output_multiplier ", output_multiplier,
+               ", final_logit_softcapping ", logit_softcap, "; expected > 0 and >= 0 (0: none)");
   attn().validate();
 }
 
@@ -61,6 +66,12 @@ nlohmann::json DrafterConfig::to_json() const {
     j["conv_taps"] = conv_taps;
     j["conv_group_size"] = conv_group_size;
   }
+  if (has_selector()) {
+    j["selector_rank"] = selector_rank;
+    j["selector_top_k"] = selector_top_k;
+  }
+  if (output_multiplier != 1.0) j["output_multiplier"] = output_multiplier;
+  if (logit_softcap != 0.0) j["logit_softcap"] = logit_softcap;
   return j;
 }
 
@@ -86,6 +97,10 @@ DrafterConfig DrafterConfig::from_json(const nlohmann::json& j) {
   if (j.contains("is_causal") && !j.at("is_causal").is_null()) c.is_causal = j.at("is_causal").get<bool>();
   c.conv_taps = j.value("conv_taps", std::int64_t{0});
   c.conv_group_size = j.value("conv_group_size", std::int64_t{0});
+  c.selector_rank = j.value("selector_rank", std::int64_t{0});
+  c.selector_top_k = j.value("selector_top_k", std::int64_t{0});
+  c.output_multiplier = j.value("output_multiplier", 1.0);
+  c.logit_softcap = j.value("logit_softcap", 0.0);
   c.validate();
   return c;
 }
@@ -162,6 +177,12 @@ DrafterLayout::DrafterLayout(const DrafterConfig& c) {
     layer.push_back(L);
   }
   final_norm = take(H, true);
+  if (c.has_selector()) {  // in the final norm's unit (the last): the codebooks are embedding tables
+    const std::int64_t r = c.selector_rank;
+    sel_pred = take(c.vocab * r, false);
+    sel_succ = take(c.vocab * r, false);
+    sel_proj = take(H * r, false);
+  }
   total = off;
   units.push_back({0, layer.empty() ? final_norm : layer[0].attn_norm});
   for (std::size_t l = 0; l < layer.size(); ++l) {

@@ -21,10 +21,15 @@ namespace {
 
 // One tensor of the format and where it lives in our parameters: a matrix stored [in, out] at
 // `offset` (exported transposed, as [out, in]) or a vector (in = 0).
+// dims: a tensor stored as it is with that shape (in = 0, out = its size: DFlash2's base kernels
+// and codebooks).
 struct Entry {
   std::string name;
   std::int64_t offset, in, out;
-  std::vector<std::int64_t> shape() const { return in == 0 ? std::vector<std::int64_t>{out} : std::vector<std::int64_t>{out, in}; }
+  std::vector<std::int64_t> dims = {};
+  std::vector<std::int64_t> shape() const {
+    return !dims.empty() ? dims : in == 0 ? std::vector<std::int64_t>{out} : std::vector<std::int64_t>{out, in};
+  }
   std::int64_t count() const { return in == 0 ? out : in * out; }
 };
 
@@ -48,8 +53,21 @@ std::vector<Entry> entries(const DrafterConfig& c) {
     e.push_back({p + "mlp.gate_proj.weight", L.w_gate, H, F});
     e.push_back({p + "mlp.up_proj.weight", L.w_up, H, F});
     e.push_back({p + "mlp.down_proj.weight", L.w_down, F, H});
+    if (c.has_conv()) {  // DFlash2: base_kernel [2, K, H], kernel_projection Linear(H -> 2 K G)
+      const std::int64_t K = c.conv_taps, KG2 = 2 * K * c.conv_groups();
+      e.push_back({p + "attention_conv.base_kernel", L.attn_conv_base, 0, 2 * K * H, {2, K, H}});
+      e.push_back({p + "attention_conv.kernel_projection.weight", L.attn_conv_proj, H, KG2});
+      e.push_back({p + "mlp_conv.base_kernel", L.mlp_conv_base, 0, 2 * K * H, {2, K, H}});
+      e.push_back({p + "mlp_conv.kernel_projection.weight", L.mlp_conv_proj, H, KG2});
+    }
   }
   e.push_back({"norm.weight", lay.final_norm, 0, H});
+  if (c.has_selector()) {  // the codebooks are stored without ".weight" in released checkpoints
+    const std::int64_t r = c.selector_rank;
+    e.push_back({"candidate_selector.hidden_projection.weight", lay.sel_proj, H, r});
+    e.push_back({"candidate_selector.predecessor_codebook", lay.sel_pred, 0, c.vocab * r, {c.vocab, r}});
+    e.push_back({"candidate_selector.successor_codebook", lay.sel_succ, 0, c.vocab * r, {c.vocab, r}});
+  }
   return e;
 }
 
@@ -136,9 +154,13 @@ void read_layer_types(const nlohmann::json& j, const std::string& path, DrafterC
 DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
   DIFFCP_CHECK(j.is_object(), "'", path, "' is not a JSON object");
   const auto arch = j.value("architectures", nlohmann::json::array());
-  bool dflash = false;
-  for (const auto& a : arch) dflash |= a.is_string() && a.get<std::string>() == "DFlashDraftModel";
-  DIFFCP_CHECK(dflash, "'", path, "': architectures = ", arch.dump(), ", expected [\"DFlashDraftModel\"] (not a DFlash drafter)");
+  bool dflash = false, dflash2 = false;
+  for (const auto& a : arch) {
+    dflash |= a.is_string() && a.get<std::string>() == "DFlashDraftModel";
+    dflash2 |= a.is_string() && a.get<std::string>() == "DFlash2DraftModel";
+  }
+  DIFFCP_CHECK(dflash || dflash2, "'", path, "': architectures = ", arch.dump(),
+               ", expected [\"DFlashDraftModel\"] or [\"DFlash2DraftModel\"] (not a DFlash drafter)");
   DIFFCP_CHECK(!optional<bool>(j, "attention_bias", false, path), "'", path,
                "': attention_bias = true; DFlash drafters (Qwen3 layers) have no attention biases");
   DIFFCP_CHECK(optional<std::string>(j, "hidden_act", "silu", path) == "silu", "'", path, "': hidden_act = ",
@@ -148,16 +170,36 @@ DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
   DIFFCP_CHECK(j.contains("dflash_config") && j.at("dflash_config").is_object(), "'", path,
                "': dflash_config is missing (expected {target_layer_ids, mask_token_id})");
   const auto& dc = j.at("dflash_config");
+  // A draft value as the reference reads it: dflash_config's, else the top level's (null: absent).
+  const auto draft_value = [&](const char* key) {
+    return dc.contains(key) ? dc.at(key) : j.contains(key) ? j.at(key) : nlohmann::json();
+  };
   // What the newest reference reads beside these and we do not implement: refused unless neutral
-  // (DFlashDraftModel: embedding scale and logit multiplier 1, no softcap), never silently ignored.
+  // (the embedding scale 1; for DFlash, the logit multiplier 1 and no softcap), never silently ignored.
   for (const auto& [key, neutral] : {std::pair<const char*, double>{"input_embedding_scale", 1.0},
                                      std::pair<const char*, double>{"output_multiplier", 1.0},
                                      std::pair<const char*, double>{"final_logit_softcapping", 0.0}}) {
-    const nlohmann::json v = dc.contains(key) ? dc.at(key) : j.contains(key) ? j.at(key) : nlohmann::json();
+    if (dflash2 && std::string(key) != "input_embedding_scale") continue;  // DFlash2's selector reads them
+    const nlohmann::json v = draft_value(key);
     DIFFCP_CHECK(v.is_null() || (v.is_number() && v.get<double>() == neutral), "'", path, "': dflash_config.", key,
                  " = ", v.dump(), " is not supported (", neutral == 0.0 ? "none" : "1", " only)");
   }
   DrafterConfig c;
+  if (dflash2) {  // the convolutions and the candidate selector: every key required
+    const auto required = [&](const char* key) {
+      DIFFCP_CHECK(!draft_value(key).is_null(), "'", path, "': dflash_config.", key, " is missing (a DFlash2 drafter has it)");
+      return positive(dc.contains(key) ? dc : j, key, path);
+    };
+    c.conv_taps = required("conv_kernel_size");
+    c.conv_group_size = required("conv_group_size");
+    c.selector_rank = required("selector_rank");
+    c.selector_top_k = required("selector_top_k");
+    const nlohmann::json mult = draft_value("output_multiplier"), cap = draft_value("final_logit_softcapping");
+    DIFFCP_CHECK(mult.is_null() || mult.is_number(), "'", path, "': dflash_config.output_multiplier = ", mult.dump());
+    DIFFCP_CHECK(cap.is_null() || cap.is_number(), "'", path, "': dflash_config.final_logit_softcapping = ", cap.dump());
+    c.output_multiplier = mult.is_null() ? 1.0 : mult.get<double>();
+    c.logit_softcap = cap.is_null() ? 0.0 : cap.get<double>();
+  }
   c.hidden = positive(j, "hidden_size", path);
   c.layers = positive(j, "num_hidden_layers", path);
   c.n_q = positive(j, "num_attention_heads", path);
@@ -212,8 +254,9 @@ DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
 
 void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<const float> params, const std::string& dtype) {
   (void)compute_dtype(dtype, "export dtype");
-  DIFFCP_CHECK(!c.has_conv(), "export: a drafter with DFlash2's convolutions (conv_kernel_size ", c.conv_taps,
-               ") has no export in the released layout yet (issue #67)");
+  DIFFCP_CHECK(c.has_conv() == c.has_selector(), "export: a drafter with ", c.has_conv() ? "" : "no ",
+               "convolutions and ", c.has_selector() ? "a" : "no", " candidate selector; the released layouts have both "
+               "(DFlash2DraftModel) or neither (DFlashDraftModel)");
   const DrafterLayout lay(c);
   DIFFCP_CHECK(static_cast<std::int64_t>(params.size()) == lay.total, "export: ", params.size(),
                " parameters, the model has ", lay.total);
@@ -228,10 +271,11 @@ void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<con
                    "]); the DFlash format has none (a checkpoint from before b_o was fixed at zero?)");
   std::filesystem::create_directories(dir);
 
+  const std::string arch = c.has_conv() ? "DFlash2DraftModel" : "DFlashDraftModel";
   nlohmann::json cfg = {
-      {"architectures", {"DFlashDraftModel"}},
+      {"architectures", {arch}},
       {"model_type", "qwen3"},
-      {"auto_map", {{"AutoModel", "dflash.DFlashDraftModel"}}},
+      {"auto_map", {{"AutoModel", "dflash." + arch}}},
       {"hidden_size", c.hidden},
       {"num_hidden_layers", c.layers},
       {"num_attention_heads", c.n_q},
@@ -261,6 +305,16 @@ void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<con
   };
 
   if (c.is_causal) cfg["is_causal"] = *c.is_causal;
+  if (c.has_conv()) {
+    auto& dc = cfg["dflash_config"];
+    dc["block_size"] = c.block;
+    dc["conv_kernel_size"] = c.conv_taps;
+    dc["conv_group_size"] = c.conv_group_size;
+    dc["selector_rank"] = c.selector_rank;
+    dc["selector_top_k"] = c.selector_top_k;
+    if (c.output_multiplier != 1.0) dc["output_multiplier"] = c.output_multiplier;
+    if (c.logit_softcap != 0.0) dc["final_logit_softcapping"] = c.logit_softcap;
+  }
 
   // Transposed [out, in] copies, in the storage dtype.
   const auto list = entries(c);

@@ -114,6 +114,12 @@ void Drafter::init_params(std::uint64_t seed) {
       }
     } else {
       ones(layout_.final_norm);
+      if (cfg_.has_selector()) {  // NeMo's identity init: successor codebook 0 (scores = the top-K logits)
+        const std::int64_t r = cfg_.selector_rank;
+        fill(layout_.sel_pred, cfg_.vocab * r, 0.02);
+        std::fill_n(out + rel(u, layout_.sel_succ), cfg_.vocab * r, 0.f);
+        fill(layout_.sel_proj, H * r, 1 / std::sqrt(static_cast<double>(H)));
+      }
     }
   });
 }

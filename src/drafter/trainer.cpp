@@ -162,6 +162,8 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   DrafterWeights init;
   if (!opt.init.empty()) init = import_dflash(opt.init);
   cfg = opt.init.empty() ? drafter_preset(opt.preset.empty() ? "tiny" : opt.preset) : init.config;
+  DIFFCP_CHECK(!cfg.has_selector(), "train: --init '", opt.init, "' is a DFlash2 drafter; its candidate selector does ",
+               "not train yet (issue #67: the convolutions do, the selector's loss is still to come)");
   // The paper's recipe for real shapes (SPEC A.1); the tiny and small synthetic ones train faster with more.
   const bool real_shape = cfg.vocab > 4096;
   const double lr = opt.lr > 0 ? opt.lr : real_shape ? 6e-4 : 5e-3;

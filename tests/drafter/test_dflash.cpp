@@ -316,6 +316,73 @@ TEST(DFlashFormat, SlidingLayersRoundTripAndResolveAsQwen3Config) {
   fs::remove_all(dir);
 }
 
+// DFlash2 in the released layout (z-lab's DFlash2DraftModel, as its Qwen3.8-27B-DFlash2 checkpoint
+// names and shapes them): architectures, dflash_config's convolution and selector keys, the
+// logits' multiplier and soft cap, base kernels [2, K, H], kernel projections [2 K G, H], the
+// selector's hidden projection [r, H] and codebooks [V, r] without ".weight"; the round trip is
+// bitwise; a missing key is refused by name; the trainer refuses to start from it (its selector
+// does not train yet) and so does nothing silently.
+TEST(DFlashFormat, Dflash2RoundTripsInTheReleasedLayout) {
+  Communicator& w = test::world();
+  auto self = w.split(w.rank(), 0, "self");  // (collective: before the other ranks leave)
+  if (w.rank() != 0) return;  // files only
+  DrafterConfig cfg;  // tiny: H 64, V 64, 2 layers
+  cfg.conv_taps = 2;
+  cfg.conv_group_size = 16;
+  cfg.selector_rank = 8;
+  cfg.selector_top_k = 4;
+  cfg.output_multiplier = 0.25;
+  cfg.logit_softcap = 20.0;
+  cfg.layer_types = {"sliding_attention", "sliding_attention"};
+  cfg.sliding_window = 12;
+  cfg.is_causal = false;
+  std::vector<float> p = test_params(cfg, 5);
+  const DrafterLayout lay(cfg);
+  const std::vector<float> succ = randn(static_cast<std::size_t>(cfg.vocab * cfg.selector_rank), 6);
+  std::copy(succ.begin(), succ.end(), p.begin() + lay.sel_succ);  // off its zero init
+  const std::string dir = own_dir("dflash2");
+  fs::remove_all(dir);
+  export_dflash(dir, cfg, p, "f32");
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  EXPECT_EQ(j.at("architectures"), nlohmann::json({"DFlash2DraftModel"}));
+  const nlohmann::json& dc = j.at("dflash_config");
+  EXPECT_EQ(dc.at("conv_kernel_size"), 2);
+  EXPECT_EQ(dc.at("conv_group_size"), 16);
+  EXPECT_EQ(dc.at("selector_rank"), 8);
+  EXPECT_EQ(dc.at("selector_top_k"), 4);
+  EXPECT_EQ(dc.at("output_multiplier"), 0.25);
+  EXPECT_EQ(dc.at("final_logit_softcapping"), 20.0);
+  EXPECT_EQ(dc.at("block_size"), cfg.block);
+  const SafeTensors st(dir + "/model.safetensors");
+  const std::int64_t H = cfg.hidden, K = cfg.conv_taps, G = cfg.conv_groups(), r = cfg.selector_rank;
+  EXPECT_EQ(st.info("layers.1.attention_conv.base_kernel").shape, (std::vector<std::int64_t>{2, K, H}));
+  EXPECT_EQ(st.info("layers.1.mlp_conv.kernel_projection.weight").shape, (std::vector<std::int64_t>{2 * K * G, H}));
+  EXPECT_EQ(st.info("candidate_selector.hidden_projection.weight").shape, (std::vector<std::int64_t>{r, H}));
+  EXPECT_EQ(st.info("candidate_selector.predecessor_codebook").shape, (std::vector<std::int64_t>{cfg.vocab, r}));
+  EXPECT_EQ(st.info("candidate_selector.successor_codebook").shape, (std::vector<std::int64_t>{cfg.vocab, r}));
+  EXPECT_EQ(st.names().size(), static_cast<std::size_t>(3 + 15 * cfg.layers + 3));
+  const DrafterWeights back = import_dflash(dir);
+  EXPECT_EQ(back.config.to_json(), cfg.to_json());
+  EXPECT_EQ(back.params, p);
+  // the drafted block of the imported drafter is the original's
+  const auto hid = randn(static_cast<std::size_t>(9 * cfg.target_layers * H), 7);
+  const auto noise = randn(static_cast<std::size_t>(cfg.block * H), 8);
+  EXPECT_EQ(draft_block(*self, back.config, back.params, hid, 9, noise), draft_block(*self, cfg, p, hid, 9, noise));
+  TrainOptions opt;
+  opt.init = dir;
+  opt.steps = 1;
+  expect_error([&] { Trainer t(*self, opt); }, "its candidate selector does not train yet");
+  edit_config(dir, [](nlohmann::json& c) { c["dflash_config"].erase("selector_rank"); });
+  expect_error([&] { import_dflash(dir); }, "dflash_config.selector_rank is missing");
+  // a DFlash drafter keeps refusing the multiplier it does not apply
+  DrafterConfig v1;
+  export_dflash(dir + "1", v1, test_params(v1, 3), "f32");
+  edit_config(dir + "1", [](nlohmann::json& c) { c["dflash_config"]["output_multiplier"] = 0.5; });
+  expect_error([&] { import_dflash(dir + "1"); }, "dflash_config.output_multiplier = 0.5 is not supported");
+  fs::remove_all(dir);
+  fs::remove_all(dir + "1");
+}
+
 TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
   Communicator& w = test::world();
   if (w.rank() != 0) return;  // files only

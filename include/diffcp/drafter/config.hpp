@@ -41,7 +41,15 @@ struct DrafterConfig {
   // (dflash_config.conv_kernel_size) and conv_group_size channels per group (G = H / it); conv_taps
   // = 0: none (DFlash).
   std::int64_t conv_taps = 0, conv_group_size = 0;
+  // DFlash2's candidate selector (z-lab's CandidateSelector: predecessor / successor codebooks
+  // [V, r], hidden_projection H -> r) and the logits it scores (x output_multiplier, then tanh
+  // soft-capping at logit_softcap; 0: none). selector_rank = 0: none. Its parameters are in the
+  // layout (imported, exported, initialised); it does not score or train yet (issue #67): the
+  // trainer and the decoders refuse a drafter that has one.
+  std::int64_t selector_rank = 0, selector_top_k = 0;
+  double output_multiplier = 1.0, logit_softcap = 0.0;
   bool has_conv() const { return conv_taps > 0; }
+  bool has_selector() const { return selector_rank > 0; }
   std::int64_t conv_groups() const { return has_conv() ? hidden / conv_group_size : 0; }
 
   void validate() const;
@@ -66,14 +74,16 @@ DrafterConfig drafter_preset(const std::string& name);
 // Offsets of every trainable tensor in the drafter's single parameter allocation.
 // fc [n_t*H, H], fc_norm [H]; per layer: attn_norm [H], attn (AttnLayerParams), mlp_norm [H],
 // w_gate [H, F], w_up [H, F], w_down [F, H], and with convolutions (has_conv) attn_conv_base
-// [2, K, H], attn_conv_proj [H, 2 K G], mlp_conv_base, mlp_conv_proj (else -1); final_norm [H].
-// Stored [in, out].
+// [2, K, H], attn_conv_proj [H, 2 K G], mlp_conv_base, mlp_conv_proj (else -1); final_norm [H];
+// with a selector (has_selector), after final_norm in its unit: sel_pred [V, r], sel_succ [V, r],
+// sel_proj [H, r] (else -1). Stored [in, out] (the codebooks as the embedding tables they are).
 struct DrafterLayout {
   struct Layer {
     std::int64_t attn_norm, attn, mlp_norm, w_gate, w_up, w_down;
     std::int64_t attn_conv_base = -1, attn_conv_proj = -1, mlp_conv_base = -1, mlp_conv_proj = -1;
   };
   std::int64_t fc, fc_norm, final_norm, total;
+  std::int64_t sel_pred = -1, sel_succ = -1, sel_proj = -1;
   std::vector<Layer> layer;
   // The units parameters are gathered and sharded by (drafter/sharded_state.hpp), in forward
   // order, each a contiguous span (begin, size): 0 = fc + fc_norm, 1 .. L = layer u - 1,
