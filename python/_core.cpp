@@ -34,6 +34,7 @@
 #include "diffcp/dit/usp.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/drafter/hf_format.hpp"
+#include "diffcp/drafter/selector.hpp"
 #include "diffcp/testing/layer_run.hpp"
 #include "diffcp/workload/batch.hpp"
 
@@ -409,6 +410,34 @@ class DrafterPy {
     return r;
   }
 
+  //   hidden: [n, H] float32 (the drafted rows 1 .. b-1)  logits: [n, V] float32 (the LM head's on them)
+  //   -> (path int64 [n], candidates int64 [n, K], q float32 [n, K] or None when greedy)
+  py::tuple propose(const Floats& hidden, const Floats& logits, std::int64_t anchor, double temperature, std::uint64_t seed) {
+    const DrafterConfig& c = w_.config;
+    if (hidden.ndim() != 2 || hidden.shape(1) != c.hidden || logits.ndim() != 2 || logits.shape(0) != hidden.shape(0) ||
+        logits.shape(1) != c.vocab)
+      throw py::value_error("propose: hidden must be [n, H = " + std::to_string(c.hidden) + "] and logits [n, V = " +
+                            std::to_string(c.vocab) + "]");
+    Proposal p;
+    {
+      py::gil_scoped_release release;
+      p = diffcp::propose(c, w_.params, {hidden.data(), static_cast<std::size_t>(hidden.size())},
+                          {logits.data(), static_cast<std::size_t>(logits.size())}, static_cast<std::int32_t>(anchor),
+                          temperature, seed);
+    }
+    const py::ssize_t n = hidden.shape(0), K = c.selector_top_k;
+    py::array_t<std::int64_t> path(n), cand({n, K});
+    std::copy(p.path.begin(), p.path.end(), path.mutable_data());
+    std::copy(p.candidates.begin(), p.candidates.end(), cand.mutable_data());
+    py::object q = py::none();
+    if (!p.q.empty()) {
+      py::array_t<float> qa({n, K});
+      std::copy(p.q.begin(), p.q.end(), qa.mutable_data());
+      q = qa;
+    }
+    return py::make_tuple(path, cand, q);
+  }
+
   const DrafterWeights& weights() const { return w_; }
   Communicator& comm() { return *comm_; }
 
@@ -782,6 +811,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("comm_kind") = "mpi")
       .def("config", &DrafterPy::config)
       .def("draft", &DrafterPy::draft, py::arg("target_hidden"), py::arg("noise_embedding"))
+      .def("propose", &DrafterPy::propose, py::arg("hidden"), py::arg("logits"), py::arg("anchor"), py::arg("temperature"),
+           py::arg("seed"))
       .def("new_cache", [](DrafterPy& d) { return std::make_unique<DraftCachePy>(d); }, py::keep_alive<0, 1>());
   py::class_<DraftCachePy>(m, "DraftCache")
       .def("append", &DraftCachePy::append, py::arg("target_hidden"))

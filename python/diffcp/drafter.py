@@ -73,6 +73,33 @@ class Drafter:
         """
         return self._core.draft(_f32_rows(target_hidden), _f32_rows(noise_embedding))
 
+    def propose(self, hidden, anchor_id: int, lm_head, temperature: float = 0.0, seed: int = 0):
+        """DFlash2 (``config["architecture"] == "DFlash2DraftModel"``): the block's drafted tokens
+        through the candidate selector, as z-lab's ``DFlash2DraftModel.propose`` (C++
+        ``drafter/selector.hpp``: each row's ``selector_top_k`` largest logits, after
+        ``output_multiplier`` and ``final_logit_softcapping``, scored with the previous drafted
+        token's codebook row; greedy takes the best, ``temperature > 0`` samples softmax(S / T)).
+
+        Args:
+            hidden: ``[b - 1, H]`` the drafter's rows 1 .. b-1 (:meth:`draft`'s output without row 0).
+            anchor_id: the block's first token (the last verified one): row 0's predecessor.
+            lm_head: ``[V, H]`` the target's LM head weight (numpy or torch).
+            temperature: 0 = greedy. seed: the draws' seed.
+
+        Returns:
+            ``(path, candidates, q)``: int64 ``[b - 1]`` the drafted tokens, int64 ``[b - 1, K]``
+            each row's candidates (by descending logit), float32 ``[b - 1, K]`` the sampling
+            distribution over them (``None`` when greedy).
+        """
+        h = _f32_rows(hidden)
+        logits = np.ascontiguousarray(h @ _f32_rows(lm_head).T, dtype=np.float32)
+        return self.propose_logits(h, logits, anchor_id, temperature, seed)
+
+    def propose_logits(self, hidden, logits, anchor_id: int, temperature: float = 0.0, seed: int = 0):
+        """:meth:`propose` with the LM head already applied: ``logits`` ``[b - 1, V]`` of ``hidden``'s
+        rows (before the multiplier and the cap)."""
+        return self._core.propose(_f32_rows(hidden), _f32_rows(logits), int(anchor_id), float(temperature), int(seed))
+
     def new_cache(self) -> "DraftCache":
         """A draft KV cache for one generation (C++ ``DraftCache``): :meth:`DraftCache.append` the
         target's hidden states as positions are accepted, :meth:`DraftCache.draft` a block from the

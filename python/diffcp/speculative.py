@@ -25,6 +25,13 @@ distributed as the target's own sampling with the same warping (tests/test_specu
 compares the first tokens' distribution with the exact one). ``seed`` makes a generation
 reproducible (one ``torch.Generator``).
 
+**DFlash2** (``DFlash2DraftModel`` drafters): the candidate selector drafts
+(:meth:`diffcp.Drafter.propose_logits`): greedy, the selector's path; sampled, each token drawn
+from q = softmax(scores / temperature) over the row's candidates (no top-k / top-p on q, as the
+reference), and verified as above with q zero outside the candidates: accept with
+min(1, p / q), on rejection draw from max(0, p - q) renormalised (z-lab's rule). Lossless as
+above: the target's greedy output, or its law.
+
 **Draft KV cache**: with a :class:`diffcp.Drafter`, the context's K/V of every drafter layer are
 kept (:meth:`diffcp.Drafter.new_cache`) and the accepted positions appended, so a block's cost does
 not grow with the context; ``draft_cache=False`` drafts statelessly (the whole context each block).
@@ -181,11 +188,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, block_size: int | 
         ``draft_calls``, ``seconds``, ``target_seconds`` (the target's forwards, prefill
         included), ``draft_seconds`` (drafting: the drafter, its cache's appends and the LM head).
     """
-    arch = getattr(drafter, "config", {}).get("architecture", "DFlashDraftModel")
-    if arch != "DFlashDraftModel":
-        raise NotImplementedError(f"generate: a {arch} drafter proposes through its candidate selector, which "
-                                  "diffcp does not run yet (issue #67); its draft() hidden states are exact")
     import torch
+    dflash2 = getattr(drafter, "config", {}).get("architecture") == "DFlash2DraftModel"
     B = drafter.block_size if block_size is None else int(block_size)
     if not 1 <= B <= drafter.block_size:
         raise ValueError(f"block_size = {block_size}: expected 1 .. the drafter's block_size = {drafter.block_size}")
@@ -242,7 +246,15 @@ def generate(target, drafter, input_ids, max_new_tokens: int, block_size: int | 
                 noise = embed(block).float().numpy()
                 drafted = cache.draft(noise) if cache is not None else drafter.draft(torch.cat(context).float().numpy(), noise)
                 draft_logits = head(torch.from_numpy(drafted[1:]).to(head.weight.dtype))
-                if sampled:
+                if dflash2:  # the candidate selector drafts; q is zero outside each row's candidates
+                    draw_seed = int(torch.randint(0, 2 ** 62, (1,), generator=gen)) if sampled else 0
+                    path, cand, qc = drafter.propose_logits(drafted[1:], draft_logits.float().numpy(), int(block[0]),
+                                                            temperature, draw_seed)
+                    block[1:] = torch.from_numpy(path)
+                    if sampled:
+                        q = torch.zeros(v - 1, draft_logits.shape[-1], dtype=torch.float64)
+                        q.scatter_(1, torch.from_numpy(cand), torch.from_numpy(qc).double())
+                elif sampled:
                     q = dist(draft_logits)
                     block[1:] = torch.multinomial(q, 1, generator=gen)[:, 0]
                 else:

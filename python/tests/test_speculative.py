@@ -116,17 +116,53 @@ def write_drafter(path, layer_types=None, window=None, block=4, layers=2, seed=1
         cfg.update(layer_types=layer_types, use_sliding_window=window is not None, sliding_window=window)
     if dflash2:
         cfg["architectures"] = ["DFlash2DraftModel"]
-        cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=3)
+        cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=3,
+                                    output_multiplier=0.7, final_logit_softcapping=5.0)
     (path / "config.json").write_text(json.dumps(cfg))
     return path
 
 
-def test_a_dflash2_drafter_drafts_and_refuses_to_decode_without_its_selector(tmp_path, target):
-    """Issue #67 so far: a DFlash2 folder loads (its architecture and keys in config) and drafts
-    (its convolutions change the block), and generate() refuses it rather than decode without the
-    candidate selector."""
+def read_tensors(path):
+    """name -> float64 array of a safetensors file (F32 only: what write_drafter writes)."""
+    raw = (path / "model.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    return {k: np.frombuffer(data[t["data_offsets"][0]:t["data_offsets"][1]], dtype="<f4").astype(np.float64).reshape(t["shape"])
+            for k, t in head.items()}
+
+
+def numpy_select(folder, hidden, logits, anchor, path=None, temperature=0.0):
+    """z-lab's CandidateSelector.select in numpy: (path, candidates, q). Given ``path`` (a sampled
+    one), each row's q is computed with that row's predecessor taken from it."""
+    t, dc = read_tensors(folder), json.loads((folder / "config.json").read_text())["dflash_config"]
+    u = logits.astype(np.float64) * dc.get("output_multiplier", 1.0)
+    cap = dc.get("final_logit_softcapping")
+    if cap:
+        u = cap * np.tanh(u / cap)
+    K = dc["selector_top_k"]
+    A, Bc = t["candidate_selector.predecessor_codebook"], t["candidate_selector.successor_codebook"]
+    P = t["candidate_selector.hidden_projection.weight"]  # [r, H]
+    prev, out_path, cands, qs = anchor, [], [], []
+    for i in range(hidden.shape[0]):
+        order = np.lexsort((np.arange(u.shape[1]), -u[i]))[:K]  # descending, ties: lower id
+        s = u[i, order] + (A[prev] * (P @ hidden[i].astype(np.float64))) @ Bc[order].T
+        if temperature > 0:
+            q = np.exp((s - s.max()) / temperature)
+            qs.append(q / q.sum())
+        prev = int(path[i]) if path is not None else int(order[np.argmax(s)])
+        out_path.append(prev)
+        cands.append(order)
+    return np.array(out_path), np.array(cands), (np.array(qs) if qs else None)
+
+
+def test_dflash2_drafts_through_its_candidate_selector(tmp_path, target):
+    """Issue #67: a DFlash2 folder loads (its architecture and keys in config) and drafts (its
+    convolutions change the block); propose() equals z-lab's selector written in numpy, greedy
+    (the path) and sampled (each row's q, its draw among the candidates); greedy speculative
+    decoding with it is lossless."""
     v1 = diffcp.Drafter.load(write_drafter(tmp_path / "v1"))
-    v2 = diffcp.Drafter.load(write_drafter(tmp_path / "v2", dflash2=True))
+    folder = write_drafter(tmp_path / "v2", dflash2=True)
+    v2 = diffcp.Drafter.load(folder)
     assert v2.config["architecture"] == "DFlash2DraftModel" and v2.config["selector_top_k"] == 3
     assert v1.config["architecture"] == "DFlashDraftModel"
     rng = np.random.default_rng(0)
@@ -135,8 +171,21 @@ def test_a_dflash2_drafter_drafts_and_refuses_to_decode_without_its_selector(tmp
     a, b = v1.draft(hidden, noise), v2.draft(hidden, noise)
     assert a.shape == b.shape == (4, H) and np.isfinite(b).all()
     assert np.abs(a - b).max() > 1e-3  # the same backbone weights, convolved
-    with pytest.raises(NotImplementedError, match="candidate selector"):
-        diffcp.speculative.generate(target, v2, torch.tensor([1, 2, 3]), 4)
+    lm_head = 2.0 * rng.standard_normal((V, H)).astype(np.float32)
+    rows = b[1:]
+    logits = rows @ lm_head.T
+    path, cand, q = v2.propose(rows, 5, lm_head)
+    ref_path, ref_cand, _ = numpy_select(folder, rows, logits, 5)
+    assert q is None and path.tolist() == ref_path.tolist() and cand.tolist() == ref_cand.tolist()
+    path, cand, q = v2.propose(rows, 5, lm_head, temperature=0.8, seed=4)
+    _, ref_cand, ref_q = numpy_select(folder, rows, logits, 5, path=path, temperature=0.8)
+    assert cand.tolist() == ref_cand.tolist() and np.abs(q - ref_q).max() < 1e-5
+    assert all(path[i] in cand[i] for i in range(len(path)))
+    prompt = torch.tensor([1, 7, 3, 9, 2])
+    out, stats = diffcp.speculative.generate(target, v2, prompt, 12)
+    assert out[0].tolist() == greedy(target, prompt, 12).tolist() and stats["new_tokens"] == 12
+    with pytest.raises(Exception, match="anchor token 99"):
+        v2.propose(rows, 99, lm_head)
 
 
 @pytest.fixture(scope="module")
@@ -342,13 +391,15 @@ def exact_first_tokens(target, prompt, k, warp_args):
     return probs
 
 
-@pytest.mark.parametrize("rule", ["exact", "accept_everything", "correction_from_p"])
-def test_sampling_is_lossless_in_distribution(tmp_path, monkeypatch, rule):
+@pytest.mark.parametrize("rule,dflash2", [("exact", False), ("accept_everything", False), ("correction_from_p", False),
+                                          ("exact", True), ("correction_from_p", True)])
+def test_sampling_is_lossless_in_distribution(tmp_path, monkeypatch, rule, dflash2):
     """The first 3 tokens of speculative sampling (B = 4: one draft block of 2 drafts after the
-    prefill's token), over many seeds, against the target's exact joint distribution."""
+    prefill's token), over many seeds, against the target's exact joint distribution; with a DFlash
+    drafter and a DFlash2 one (its q over 3 candidates of the 6 tokens)."""
     vocab = 6
     target = TinyLM(vocab=vocab, seed=2).eval()
-    drafter = diffcp.Drafter.load(write_drafter(tmp_path / "d", vocab=vocab, seed=3))
+    drafter = diffcp.Drafter.load(write_drafter(tmp_path / "d", vocab=vocab, seed=3, dflash2=dflash2))
     prompt = torch.tensor([0, 3, 1, 4, 2])
     warp_args = dict(temperature=1.3, top_k=5, top_p=0.97)
     exact = exact_first_tokens(target, prompt, 3, warp_args)
