@@ -180,7 +180,6 @@ def test_dflash2_drafts_through_its_candidate_selector(tmp_path, target):
     path, cand, q = v2.propose(rows, 5, lm_head, temperature=0.8, seed=4)
     _, ref_cand, ref_q = numpy_select(folder, rows, logits, 5, path=path, temperature=0.8)
     assert cand.tolist() == ref_cand.tolist() and np.abs(q - ref_q).max() < 1e-5
-    assert all(path[i] in cand[i] for i in range(len(path)))
     prompt = torch.tensor([1, 7, 3, 9, 2])
     out, stats = diffcp.speculative.generate(target, v2, prompt, 12)
     assert out[0].tolist() == greedy(target, prompt, 12).tolist() and stats["new_tokens"] == 12

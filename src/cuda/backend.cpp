@@ -377,10 +377,10 @@ class CudaBackend final : public Backend {
     const std::int64_t S = parts.size(1), n = parts.size(2);
     // scratch: the summed distances [S, n] f64 and the active flags [S, n] i32, freed in stream order
     void* scratch = allocate(static_cast<std::size_t>(S * n) * (sizeof(double) + sizeof(std::int32_t)));
-    launched(cuda::select_active(parts.ptr<const float>(), parts.size(0), S, n, active.size(1), active.ptr<std::int32_t>(),
-                                 static_cast<double*>(scratch), stream_),
-             "select_active");
-    deallocate(scratch, 0);
+    const int rc = cuda::select_active(parts.ptr<const float>(), parts.size(0), S, n, active.size(1),
+                                       active.ptr<std::int32_t>(), static_cast<double*>(scratch), stream_);
+    deallocate(scratch, 0);  // in stream order, after the kernels; also when the launch failed
+    launched(rc, "select_active");
   }
   void dynamic_conv_forward(ConstTensorView x, ConstTensorView dyn, ConstTensorView base, std::int64_t block,
                             TensorView y) override {

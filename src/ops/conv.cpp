@@ -1,5 +1,7 @@
 #include "diffcp/ops/conv.hpp"
 
+#include <cstdint>
+
 #include "diffcp/core/error.hpp"
 #include "diffcp/ops/backend.hpp"
 
@@ -43,7 +45,14 @@ void dynamic_conv_backward(const float* dy, const float* x, const float* dyn, st
   check_shape("dynamic_conv_backward", s, ld_dyn);
   check_shape("dynamic_conv_backward", s, ld_ddyn);
   if (s.rows == 0) return;
-  DIFFCP_CHECK(dx != dy, "dynamic_conv_backward: dx aliases dy (the taps read later rows of dy)");
+  DIFFCP_CHECK(dx != dy && dx != x, "dynamic_conv_backward: dx aliases ", dx == dy ? "dy" : "x",
+               " (the other gradients read them after dx is written)");
+  const auto extent = [&](std::int64_t ld) { return static_cast<std::size_t>((s.rows - 1) * ld + s.taps * s.groups); };  // floats
+  const auto overlap = [](const float* a, std::size_t na, const float* b, std::size_t nb) {
+    const auto at = reinterpret_cast<std::uintptr_t>(a), bt = reinterpret_cast<std::uintptr_t>(b);
+    return at < bt + nb * sizeof(float) && bt < at + na * sizeof(float);
+  };
+  DIFFCP_CHECK(!overlap(ddyn, extent(ld_ddyn), dyn, extent(ld_dyn)), "dynamic_conv_backward: ddyn overlaps dyn");
   backend_for(OpKind::dynamic_conv_backward, DType::f32)
       .dynamic_conv_backward(rows_of(dy, s.rows, s.hidden), rows_of(x, s.rows, s.hidden),
                              taps_of<ConstTensorView>(dyn, ld_dyn, s), rows_of(base, s.taps, s.hidden), s.block,

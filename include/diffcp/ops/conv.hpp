@@ -25,7 +25,7 @@ struct DynamicConvShape {
 void dynamic_conv_forward(const float* x, const float* dyn, std::int64_t ld_dyn, const float* base,
                           const DynamicConvShape& s, float* y);
 // The gradients of y above, given dy: [T, H]:
-//   dx: [T, H] out (not aliasing dy)  ddyn: [T, K, G] out, row stride ld_ddyn >= K G (0 where
+//   dx: [T, H] out (not aliasing dy or x)  ddyn: [T, K, G] out (not overlapping dyn), row stride ld_ddyn >= K G (0 where
 //   t - o crosses the block start)  dbase: [K, H] += (summed over rows in row order)
 void dynamic_conv_backward(const float* dy, const float* x, const float* dyn, std::int64_t ld_dyn, const float* base,
                            const DynamicConvShape& s, float* dx, float* ddyn, std::int64_t ld_ddyn, float* dbase);
