@@ -172,16 +172,14 @@ std::vector<float> DraftCache::draft(std::span<const float> noise) {
   // convolutions predicted from its normed input (dyn_ [b, 2 K G]); conv_ [b, H] a convolved row set
   const bool conv = cfg_.has_conv();
   const DynamicConvShape cs{b, H, cfg_.conv_taps, cfg_.conv_groups(), b};
-  const std::int64_t KG = cs.taps * cs.groups, KH = cs.taps * H;
   if (conv) {
-    dyn_.resize(b * 2 * KG);
+    dyn_.resize(b * 2 * cs.taps * cs.groups);
     conv_.resize(b * H);
   }
   // a sublayer's input after its first convolution (a_ itself without convolutions)
   const auto prepare = [&](std::int64_t proj, std::int64_t base) {
     if (!conv) return a_.data();
-    linear_forward(a_.data(), b, H, param(proj), 2 * KG, dyn_.data());
-    dynamic_conv_forward(a_.data(), dyn_.data(), 2 * KG, param(base), cs, conv_.data());
+    dynamic_conv_prepare(a_.data(), param(proj), param(base), cs, dyn_.data(), conv_.data());
     return conv_.data();
   };
   const std::int64_t part = b * qw + b * cfg_.n_q;  // one rank's partial: o [b, n_q, d_h], then lse [b, n_q]
@@ -229,7 +227,7 @@ std::vector<float> DraftCache::draft(std::span<const float> noise) {
     }
     linear_forward(o_.data(), b, qw, w[AttnLayerParams::wo], H, y_.data());
     bias_add(y_.data(), b, H, w[AttnLayerParams::bo]);
-    if (conv) dynamic_conv_forward(y_.data(), dyn_.data() + KG, 2 * KG, param(off.attn_conv_base) + KH, cs, conv_.data());
+    if (conv) dynamic_conv_finish(y_.data(), dyn_.data(), param(off.attn_conv_base), cs, conv_.data());
     add_into(h_.data(), (conv ? conv_ : y_).data(), b * H);
     // MLP: h += silu(m W_gate) * (m W_up) W_down, m = RMSNorm(h) (DFlash2: both convolved).
     rmsnorm_forward(h_.data(), b, 1, H, param(off.mlp_norm), eps, a_.data(), rstd_.data());
@@ -241,7 +239,7 @@ std::vector<float> DraftCache::draft(std::span<const float> noise) {
       linear_forward(act_.data(), b, F, param(off.w_down), H, h_.data(), 1.f);
     } else {
       linear_forward(act_.data(), b, F, param(off.w_down), H, y_.data());
-      dynamic_conv_forward(y_.data(), dyn_.data() + KG, 2 * KG, param(off.mlp_conv_base) + KH, cs, conv_.data());
+      dynamic_conv_finish(y_.data(), dyn_.data(), param(off.mlp_conv_base), cs, conv_.data());
       add_into(h_.data(), conv_.data(), b * H);
     }
   }

@@ -128,25 +128,6 @@ DynamicConvShape Drafter::conv_shape(std::int64_t rows) const {
   return {rows, cfg_.hidden, cfg_.conv_taps, cfg_.conv_groups(), cfg_.block};
 }
 
-void Drafter::conv_prepare(const DeviceVector<float>& x, const float* proj, const float* base, const DynamicConvShape& cs,
-                           DeviceVector<float>& dyn, DeviceVector<float>& x_conv) {
-  const std::int64_t KG = cs.taps * cs.groups;
-  dyn.resize(cs.rows * 2 * KG);
-  x_conv.resize(cs.rows * cs.hidden);
-  linear_forward(x.data(), cs.rows, cs.hidden, proj, 2 * KG, dyn.data());
-  dynamic_conv_forward(x.data(), dyn.data(), 2 * KG, base, cs, x_conv.data());
-}
-
-void Drafter::conv_prepare_bwd(const DeviceVector<float>& dx_conv, const DeviceVector<float>& x,
-                               const DeviceVector<float>& dyn, const float* proj, const float* base, float* dproj,
-                               float* dbase, const DynamicConvShape& cs, BackwardScratch& bs) {
-  const std::int64_t KG = cs.taps * cs.groups;
-  dynamic_conv_backward(dx_conv.data(), x.data(), dyn.data(), 2 * KG, base, cs, bs.dconv.data(), bs.ddyn.data(), 2 * KG,
-                        dbase);
-  linear_backward_weight(x.data(), cs.rows, cs.hidden, bs.ddyn.data(), 2 * KG, dproj);
-  linear_backward_input(bs.ddyn.data(), cs.rows, 2 * KG, proj, cs.hidden, bs.dconv.data(), 1.f);
-}
-
 const float* Drafter::acquire(int u, bool backward) {
   const auto t0 = std::chrono::steady_clock::now();
   const float* p = state().acquire(u, backward);
@@ -194,8 +175,12 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
   const std::int64_t Cp = s.context_rows();
   const bool conv = cfg_.has_conv();
   const DynamicConvShape cs = conv_shape(Qp);
-  const std::int64_t KG = cs.taps * cs.groups, KH = cs.taps * H;
-  if (conv) conv_prepare(L.a, params + rel(u, off.attn_conv_proj), params + rel(u, off.attn_conv_base), cs, L.a_dyn, L.a_conv);
+  if (conv) {
+    L.a_dyn.resize(Qp * 2 * cs.taps * cs.groups);
+    L.a_conv.resize(Qp * H);
+    dynamic_conv_prepare(L.a.data(), params + rel(u, off.attn_conv_proj), params + rel(u, off.attn_conv_base), cs,
+                         L.a_dyn.data(), L.a_conv.data());
+  }
   if (L.attn_saved) L.attn->discard(std::move(L.attn_saved));  // its backward never ran (evaluation, recompute)
   DeviceVector<float>& y = L.h_mid;  // attention's output (after its second convolution), then h + it
   y.resize(Qp * H);
@@ -206,14 +191,18 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
                                  dview(attn_out.data(), Qp, H));
   L.attn_fwd_comm = L.attn->timings().exposed_comm_ms();
   phases_.attention_comm += L.attn_fwd_comm;
-  if (conv)
-    dynamic_conv_forward(L.o.data(), L.a_dyn.data() + KG, 2 * KG, params + rel(u, off.attn_conv_base) + KH, cs, y.data());
+  if (conv) dynamic_conv_finish(L.o.data(), L.a_dyn.data(), params + rel(u, off.attn_conv_base), cs, y.data());
   add_into(h_, y);
   phases_.attention += ms_since(t0);
   t0 = Clock::now();
   L.h_mid.assign(h_.data(), Qp * H, active_device());
   norm_rows(h_, Qp, H, params + rel(u, off.mlp_norm), cfg_.rms_eps, L.m, L.m_rstd);
-  if (conv) conv_prepare(L.m, params + rel(u, off.mlp_conv_proj), params + rel(u, off.mlp_conv_base), cs, L.m_dyn, L.m_conv);
+  if (conv) {
+    L.m_dyn.resize(Qp * 2 * cs.taps * cs.groups);
+    L.m_conv.resize(Qp * H);
+    dynamic_conv_prepare(L.m.data(), params + rel(u, off.mlp_conv_proj), params + rel(u, off.mlp_conv_base), cs,
+                         L.m_dyn.data(), L.m_conv.data());
+  }
   const float* mlp_in = (conv ? L.m_conv : L.m).data();
   L.gate.resize(Qp * F);
   L.up.resize(Qp * F);
@@ -227,8 +216,7 @@ void Drafter::layer_forward(std::int64_t l, LayerState& L, const float* params, 
     L.z.resize(Qp * H);
     conv_out_.resize(Qp * H);
     linear_forward(L.act.data(), Qp, F, params + rel(u, off.w_down), H, L.z.data());
-    dynamic_conv_forward(L.z.data(), L.m_dyn.data() + KG, 2 * KG, params + rel(u, off.mlp_conv_base) + KH, cs,
-                         conv_out_.data());
+    dynamic_conv_finish(L.z.data(), L.m_dyn.data(), params + rel(u, off.mlp_conv_base), cs, conv_out_.data());
     add_into(h_, conv_out_);
   }
   phases_.mlp += ms_since(t0);
@@ -367,16 +355,15 @@ void Drafter::layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& 
   DeviceVector<float>& dh = bs.dh;
   const bool conv = cfg_.has_conv();
   const DynamicConvShape cs = conv_shape(Qp);
-  const std::int64_t KG = cs.taps * cs.groups, KH = cs.taps * H;
   if (conv) {
     bs.dconv.resize(Qp * H);
-    bs.ddyn.resize(Qp * 2 * KG);
+    bs.ddyn.resize(Qp * 2 * cs.taps * cs.groups);
   }
   auto t0 = Clock::now();
   // MLP: h_out = h_mid + z (DFlash2: + conv_1(z)), z = act W_down, act = silu(gate) * up.
   if (conv)  // dz into dconv; the second taps' gradients into ddyn's second half
-    dynamic_conv_backward(dh.data(), L.z.data(), L.m_dyn.data() + KG, 2 * KG, params + rel(u, off.mlp_conv_base) + KH, cs,
-                          bs.dconv.data(), bs.ddyn.data() + KG, 2 * KG, G + rel(u, off.mlp_conv_base) + KH);
+    dynamic_conv_finish_backward(dh.data(), L.z.data(), L.m_dyn.data(), params + rel(u, off.mlp_conv_base), cs,
+                                 bs.dconv.data(), bs.ddyn.data(), G + rel(u, off.mlp_conv_base));
   const float* dz = (conv ? bs.dconv : dh).data();
   const float* mlp_in = (conv ? L.m_conv : L.m).data();
   linear_backward_weight(L.act.data(), Qp, F, dz, H, G + rel(u, off.w_down));
@@ -387,8 +374,9 @@ void Drafter::layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& 
   linear_backward_input(bs.dgate.data(), Qp, F, params + rel(u, off.w_gate), H, bs.dm.data());
   linear_backward_input(bs.dup.data(), Qp, F, params + rel(u, off.w_up), H, bs.dm.data(), 1.f);
   if (conv)  // bs.dm is d(m_conv): m's gradient into dconv
-    conv_prepare_bwd(bs.dm, L.m, L.m_dyn, params + rel(u, off.mlp_conv_proj), params + rel(u, off.mlp_conv_base),
-                     G + rel(u, off.mlp_conv_proj), G + rel(u, off.mlp_conv_base), cs, bs);
+    dynamic_conv_prepare_backward(bs.dm.data(), L.m.data(), L.m_dyn.data(), params + rel(u, off.mlp_conv_proj),
+                                  params + rel(u, off.mlp_conv_base), cs, bs.dconv.data(), bs.ddyn.data(),
+                                  G + rel(u, off.mlp_conv_proj), G + rel(u, off.mlp_conv_base));
   // The norms' input gradients go into the buffer that is free at that point (da here, dm below):
   // no extra [Q_p, H] lives through the attention's backward, the step's peak.
   norm_rows_bwd(conv ? bs.dconv : bs.dm, L.h_mid, L.m_rstd, Qp, H, params + rel(u, off.mlp_norm),
@@ -399,16 +387,17 @@ void Drafter::layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& 
   // Attention: h_mid = h_in + SplitKV(a, c).
   AttnLayerParams gview(cfg_.attn(), G + rel(u, off.attn));
   if (conv)  // DFlash2: h_mid = h_in + conv_1(o), o = SplitKV(conv_0(a), c): do into dconv
-    dynamic_conv_backward(dh.data(), L.o.data(), L.a_dyn.data() + KG, 2 * KG, params + rel(u, off.attn_conv_base) + KH, cs,
-                          bs.dconv.data(), bs.ddyn.data() + KG, 2 * KG, G + rel(u, off.attn_conv_base) + KH);
+    dynamic_conv_finish_backward(dh.data(), L.o.data(), L.a_dyn.data(), params + rel(u, off.attn_conv_base), cs,
+                                 bs.dconv.data(), bs.ddyn.data(), G + rel(u, off.attn_conv_base));
   L.attn->backward(std::move(L.attn_saved), AttnLayerParams::view(cfg_.attn(), params + rel(u, off.attn)),
                    dview((conv ? bs.dconv : dh).data(), Qp, H), dview(bs.da.data(), Qp, H), dview(bs.dc_l.data(), Cp, H),
                    gview);
   fill(gview[AttnLayerParams::bo], gview.size(AttnLayerParams::bo), 0.f);  // b_o stays zero
   phases_.attention_comm += L.attn->timings().exposed_comm_ms() - L.attn_fwd_comm;  // timings(): forward + backward
   if (conv)  // bs.da is d(a_conv): a's gradient into dconv
-    conv_prepare_bwd(bs.da, L.a, L.a_dyn, params + rel(u, off.attn_conv_proj), params + rel(u, off.attn_conv_base),
-                     G + rel(u, off.attn_conv_proj), G + rel(u, off.attn_conv_base), cs, bs);
+    dynamic_conv_prepare_backward(bs.da.data(), L.a.data(), L.a_dyn.data(), params + rel(u, off.attn_conv_proj),
+                                  params + rel(u, off.attn_conv_base), cs, bs.dconv.data(), bs.ddyn.data(),
+                                  G + rel(u, off.attn_conv_proj), G + rel(u, off.attn_conv_base));
   norm_rows_bwd(conv ? bs.dconv : bs.da, L.h_in, L.a_rstd, Qp, H, params + rel(u, off.attn_norm),
                 G + rel(u, off.attn_norm), bs.dm);
   add_into(dh, bs.dm);

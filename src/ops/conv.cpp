@@ -4,6 +4,7 @@
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/ops/backend.hpp"
+#include "diffcp/ops/linear.hpp"
 
 namespace diffcp {
 
@@ -58,6 +59,33 @@ void dynamic_conv_backward(const float* dy, const float* x, const float* dyn, st
                              taps_of<ConstTensorView>(dyn, ld_dyn, s), rows_of(base, s.taps, s.hidden), s.block,
                              rows_of(dx, s.rows, s.hidden), taps_of<TensorView>(ddyn, ld_ddyn, s),
                              rows_of(dbase, s.taps, s.hidden));
+}
+
+void dynamic_conv_prepare(const float* x, const float* proj, const float* base, const DynamicConvShape& s, float* dyn,
+                          float* y) {
+  const std::int64_t KG2 = 2 * s.taps * s.groups;
+  linear_forward(x, s.rows, s.hidden, proj, KG2, dyn);
+  dynamic_conv_forward(x, dyn, KG2, base, s, y);
+}
+
+void dynamic_conv_finish(const float* x, const float* dyn, const float* base, const DynamicConvShape& s, float* y) {
+  const std::int64_t KG = s.taps * s.groups;
+  dynamic_conv_forward(x, dyn + KG, 2 * KG, base + s.taps * s.hidden, s, y);
+}
+
+void dynamic_conv_finish_backward(const float* dy, const float* x, const float* dyn, const float* base,
+                                  const DynamicConvShape& s, float* dx, float* ddyn, float* dbase) {
+  const std::int64_t KG = s.taps * s.groups, KH = s.taps * s.hidden;
+  dynamic_conv_backward(dy, x, dyn + KG, 2 * KG, base + KH, s, dx, ddyn + KG, 2 * KG, dbase + KH);
+}
+
+void dynamic_conv_prepare_backward(const float* dy, const float* x, const float* dyn, const float* proj,
+                                   const float* base, const DynamicConvShape& s, float* dx, float* ddyn, float* dproj,
+                                   float* dbase) {
+  const std::int64_t KG2 = 2 * s.taps * s.groups;
+  dynamic_conv_backward(dy, x, dyn, KG2, base, s, dx, ddyn, KG2, dbase);
+  linear_backward_weight(x, s.rows, s.hidden, ddyn, KG2, dproj);
+  linear_backward_input(ddyn, s.rows, KG2, proj, s.hidden, dx, 1.f);
 }
 
 }  // namespace diffcp

@@ -157,17 +157,25 @@ TEST(DitSamplingOnGuardDevice, QwenImageFlux2AndSd3EqualTheCpuRunBitForBit) {
   }
 }
 
+// The tiny preset with 24 heads of 8 (every U and P in {1, 2, 3, 4, 8} divides the heads), and a
+// shape of 96 image and 24 text tokens (every P divides them).
+DitConfig every_p_config() {
+  DitConfig cfg = dit_preset("tiny");
+  cfg.heads = 24;
+  cfg.head_dim = 8;
+  cfg.rope_axes = flux_rope_axes(8);
+  cfg.mlp_hidden = 64;
+  return cfg;
+}
+constexpr DitShape kEveryPShape{1, 192, 128, 24};
+
 TEST(DitSamplingOnGuardDevice, EveryModeEqualsTheCpuRunBitForBit) {
   DIFFCP_DEVICE_OR_SKIP(dev);
   Communicator& world = test::world();
   const int P = world.size();
-  DitConfig cfg = dit_preset("tiny");
-  cfg.heads = 24;  // every U in {1, 2, 3, 4, 8} divides the heads
-  cfg.head_dim = 8;
-  cfg.rope_axes = flux_rope_axes(8);
-  cfg.mlp_hidden = 64;
+  DitConfig cfg = every_p_config();
   cfg.guidance_embed = true;
-  const DitShape shape{1, 192, 128, 24};  // 96 image and 24 text tokens: every P divides them
+  const DitShape shape = kEveryPShape;
   const DitConditioning cond = prompt_conditioning(cfg, shape, "a guard prompt");
   const std::vector<float> noise = initial_noise(cfg, shape, 5);
   const int steps = 4;
@@ -231,15 +239,11 @@ TEST(DitSamplingOnGuardDevice, EveryModeEqualsTheCpuRunBitForBit) {
 // blocks, in Flat mode and in cocodiff's selective steps (V-Major's choice stays on the device).
 TEST(DitSamplingOnGuardDevice, HostSyncsPerStepDoNotGrowWithBlocks) {
   Communicator& world = test::world();
-  const DitShape shape{1, 192, 128, 24};  // 96 image and 24 text tokens: every P divides them
+  const DitShape shape = kEveryPShape;
   const CacheSchedule schedule{CacheScheduleKind::fixed, 0.5, 1, 0};  // cocodiff: selective after step 1
   const auto per_step = [&](ExchangeMode mode, std::int64_t double_blocks, std::int64_t single_blocks) {
     ScopedBackend use(test::guard_under_test());
-    DitConfig cfg = dit_preset("tiny");
-    cfg.heads = 24;  // every P in {1, 2, 3, 4, 8} divides the heads
-    cfg.head_dim = 8;
-    cfg.rope_axes = flux_rope_axes(8);
-    cfg.mlp_hidden = 64;
+    DitConfig cfg = every_p_config();
     cfg.double_blocks = double_blocks;
     cfg.single_blocks = single_blocks;
     DitWeights w(cfg, DType::f32, nullptr);

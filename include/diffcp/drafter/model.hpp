@@ -128,17 +128,8 @@ class Drafter {
   // Layer l on h_ (in: its input, out: its output), saving its activations in L.
   void layer_forward(std::int64_t l, LayerState& L, const float* params, const CpShard& s);
   const float* acquire(int u, bool backward);  // the unit's parameters, timing the wait
-  // DFlash2's first convolution of a sublayer (z-lab's prepare): x [Q_p, H] -> dyn = x proj
-  // [Q_p, 2 K G] (both convolutions' taps) and x_conv = conv_0(x) [Q_p, H]; and its backward:
-  // dx_conv [Q_p, H] in -> x's gradient in bs.dconv (through the convolution and the projection),
-  // the first taps' gradients in bs.ddyn's first half (its second half holds the second's), dproj
-  // += x^T ddyn, dbase[0] +=.
+  // DFlash2's convolutions over Q_p rows in blocks of B (ops/conv.hpp).
   DynamicConvShape conv_shape(std::int64_t rows) const;
-  void conv_prepare(const DeviceVector<float>& x, const float* proj, const float* base, const DynamicConvShape& cs,
-                    DeviceVector<float>& dyn, DeviceVector<float>& x_conv);
-  void conv_prepare_bwd(const DeviceVector<float>& dx_conv, const DeviceVector<float>& x, const DeviceVector<float>& dyn,
-                        const float* proj, const float* base, float* dproj, float* dbase, const DynamicConvShape& cs,
-                        BackwardScratch& bs);
   // Offset of layout offset `abs` inside unit u.
   std::int64_t rel(int u, std::int64_t abs) const { return abs - layout_.units[static_cast<std::size_t>(u)].begin; }
 

@@ -30,4 +30,20 @@ void dynamic_conv_forward(const float* x, const float* dyn, std::int64_t ld_dyn,
 void dynamic_conv_backward(const float* dy, const float* x, const float* dyn, std::int64_t ld_dyn, const float* base,
                            const DynamicConvShape& s, float* dx, float* ddyn, std::int64_t ld_ddyn, float* dbase);
 
+// As a sublayer f uses it (z-lab's prepare / finish): conv_1(f(conv_0(x))), both convolutions' taps
+// predicted from f's input x, dyn = x proj viewed [T, 2, K, G] (row stride 2 K G), base [2, K, H]:
+//   prepare: x [T, H] -> dyn [T, 2 K G] out, y = conv_0(x) [T, H] out   proj: [H, 2 K G]
+//   finish:  x [T, H] (f's output) -> y = conv_1(x) [T, H] out
+void dynamic_conv_prepare(const float* x, const float* proj, const float* base, const DynamicConvShape& s, float* dyn,
+                          float* y);
+void dynamic_conv_finish(const float* x, const float* dyn, const float* base, const DynamicConvShape& s, float* y);
+// Their gradients, finish's first (it fills ddyn's second half, prepare's its first and then reads
+// all of it): dy [T, H] -> dx [T, H] out; ddyn [T, 2 K G]; dbase [2, K, H] +=; prepare also
+// dproj [H, 2 K G] += x^T ddyn and dx through the projection (dx += ddyn proj^T).
+void dynamic_conv_finish_backward(const float* dy, const float* x, const float* dyn, const float* base,
+                                  const DynamicConvShape& s, float* dx, float* ddyn, float* dbase);
+void dynamic_conv_prepare_backward(const float* dy, const float* x, const float* dyn, const float* proj,
+                                   const float* base, const DynamicConvShape& s, float* dx, float* ddyn, float* dproj,
+                                   float* dbase);
+
 }  // namespace diffcp
