@@ -47,7 +47,12 @@ std::string flag_names(const std::string& msg) {
 void add_train_command(CLI::App& app, TrainCommand& cmd) {
   TrainOptions& opt = cmd.train;
   CLI::App* c = app.add_subcommand("train", "Train a DFlash drafter with Split-KV context parallelism over the mpirun ranks");
-  c->add_option("--preset", opt.preset, "model shape: tiny (default) | small | qwen3.5-35b-a3b | qwen3.5-27b");
+  c->add_option("--preset", opt.preset, "model shape: tiny (default) | small | qwen3.5-35b-a3b | qwen3.5-27b | "
+                                        "qwen3.8-27b-dflash2");
+  c->add_option("--arch", opt.arch, "dflash | dflash2 (the preset's DFlash2 variant: grouped dynamic convolutions and "
+                                    "the candidate selector); default: the preset's or --init's own");
+  c->add_option("--selector-weight", opt.selector_weight, "DFlash2: the candidate selector's loss weight lambda")
+      ->capture_default_str();
   c->add_option("--init", opt.init, "start from a DFlash drafter directory (config.json + model.safetensors, "
                                     "e.g. from diffcp export or a released drafter); its config.json is the shape");
   c->add_option("--steps", opt.steps, "optimizer steps in total")->capture_default_str();
@@ -101,6 +106,11 @@ int run_train(Communicator& world, TrainCommand cmd) {
     nlohmann::json line{{"step", st.step}, {"loss", st.loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
                         {"tokens_per_s", st.tokens_per_s}, {"step_ms", st.ms}};
     line["slot_accuracy"] = st.slot_accuracy;
+    if (st.candidate_recall) {  // DFlash2
+      line["candidate_recall"] = *st.candidate_recall;
+      line["selector_accuracy"] = *st.selector_accuracy;
+      line["selector_loss"] = *st.selector_loss;
+    }
     if (st.tau) line["tau"] = *st.tau;
     if (log.is_open()) log << line.dump() << "\n" << std::flush;
     const std::int64_t every = tty ? 1 : std::max<std::int64_t>(1, opt.steps / 20);

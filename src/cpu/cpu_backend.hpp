@@ -77,9 +77,12 @@ class CpuBackend final : public Backend {
   void dynamic_conv_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView dyn, ConstTensorView base,
                              std::int64_t block, TensorView dx, TensorView ddyn, TensorView dbase) override;
   void cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target, std::span<double> stats,
-                     std::span<const double> weight) override;
+                     std::span<const double> weight, LogitMap map) override;
   void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
-                              std::span<const double> weight, std::span<const double> lse) override;
+                              std::span<const double> weight, std::span<const double> lse, LogitMap map,
+                              SparseLogitGrad extra) override;
+  void logit_map(TensorView logits, LogitMap map) override;
+  void top_k(ConstTensorView logits, std::int64_t v0, std::span<float> values, std::span<std::int32_t> ids) override;
   double scale_sumsq(TensorView x, double scale) override;
   void gelu_tanh(TensorView x) override;
   void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,

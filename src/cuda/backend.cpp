@@ -116,6 +116,8 @@ class CudaBackend final : public Backend {
       case OpKind::guidance_combine:
       case OpKind::cross_entropy:
       case OpKind::cross_entropy_backward:
+      case OpKind::logit_map:
+      case OpKind::top_k:
       case OpKind::select_active:
       case OpKind::dynamic_conv_forward:
       case OpKind::dynamic_conv_backward:
@@ -427,7 +429,7 @@ class CudaBackend final : public Backend {
              "guidance_combine");
   }
   void cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target, std::span<double> stats,
-                     std::span<const double> weight) override {
+                     std::span<const double> weight, LogitMap map) override {
     const std::int64_t R = logits.size(0), n = logits.size(1);
     DIFFCP_CHECK(logits.rank == 2 && static_cast<std::int64_t>(target.size()) == R &&
                      static_cast<std::int64_t>(stats.size()) == 4 * R && (weight.empty() || static_cast<std::int64_t>(weight.size()) == R),
@@ -441,26 +443,58 @@ class CudaBackend final : public Backend {
     auto* base = static_cast<unsigned char*>(const_cast<void*>(upload(h)));
     auto* st = reinterpret_cast<double*>(base);
     launched(cuda::cross_entropy(logits.ptr<float>(), logits.stride[0], R, n, v0, reinterpret_cast<const std::int32_t*>(base + t_at),
-                                 st, weight.empty() ? nullptr : reinterpret_cast<const double*>(base + w_at), stream_),
+                                 st, weight.empty() ? nullptr : reinterpret_cast<const double*>(base + w_at),
+                                 map.multiplier, map.softcap, stream_),
              "cross_entropy");
     copy(stats.data(), Device::host, st, device_, sizeof(double) * stats.size());  // O(R) results for the host
   }
   void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
-                              std::span<const double> weight, std::span<const double> lse) override {
-    const std::int64_t R = logits.size(0);
+                              std::span<const double> weight, std::span<const double> lse, LogitMap map,
+                              SparseLogitGrad extra) override {
+    const std::int64_t R = logits.size(0), k = R > 0 ? static_cast<std::int64_t>(extra.ids.size()) / R : 0;
     DIFFCP_CHECK(logits.rank == 2 && static_cast<std::int64_t>(target.size()) == R &&
-                     static_cast<std::int64_t>(weight.size()) == R && static_cast<std::int64_t>(lse.size()) == R,
+                     static_cast<std::int64_t>(weight.size()) == R && static_cast<std::int64_t>(lse.size()) == R &&
+                     extra.ids.size() == extra.grad.size() && static_cast<std::int64_t>(extra.ids.size()) == R * k,
                  "cuda: cross_entropy_backward: logits ", logits.describe(), ", ", target.size(), " targets, ", weight.size(),
-                 " weights, ", lse.size(), " lse");
+                 " weights, ", lse.size(), " lse, ", extra.ids.size(), " extra ids");
     if (R == 0) return;
     HostArgs h;
-    const std::size_t w_at = h.add(weight), l_at = h.add(lse), t_at = h.add(target);
+    const std::size_t w_at = h.add(weight), l_at = h.add(lse), g_at = h.add(extra.grad), t_at = h.add(target),
+                      i_at = h.add(extra.ids);
     const auto* base = static_cast<const unsigned char*>(upload(h));
-    launched(cuda::cross_entropy_backward(logits.ptr<float>(), logits.stride[0], R, logits.size(1), v0,
-                                          reinterpret_cast<const std::int32_t*>(base + t_at),
-                                          reinterpret_cast<const double*>(base + w_at),
-                                          reinterpret_cast<const double*>(base + l_at), stream_),
-             "cross_entropy_backward");
+    // scratch: the extras' terms [R, k] f64, freed in stream order
+    void* add = k > 0 ? allocate(static_cast<std::size_t>(R * k) * sizeof(double)) : nullptr;
+    const int rc = cuda::cross_entropy_backward(
+        logits.ptr<float>(), logits.stride[0], R, logits.size(1), v0, reinterpret_cast<const std::int32_t*>(base + t_at),
+        reinterpret_cast<const double*>(base + w_at), reinterpret_cast<const double*>(base + l_at), map.multiplier,
+        map.softcap, reinterpret_cast<const std::int32_t*>(base + i_at), reinterpret_cast<const double*>(base + g_at), k,
+        static_cast<double*>(add), stream_);
+    if (add != nullptr) deallocate(add, 0);  // in stream order; also when a launch failed
+    launched(rc, "cross_entropy_backward");
+  }
+  void logit_map(TensorView logits, LogitMap map) override {
+    DIFFCP_CHECK(logits.rank == 2 && logits.stride[1] == 1, "cuda: logit_map: logits ", logits.describe());
+    launched(cuda::logit_map(logits.ptr<float>(), logits.stride[0], logits.size(0), logits.size(1), map.multiplier,
+                             map.softcap, stream_),
+             "logit_map");
+  }
+  void top_k(ConstTensorView logits, std::int64_t v0, std::span<float> values, std::span<std::int32_t> ids) override {
+    const std::int64_t R = logits.size(0), k = R > 0 ? static_cast<std::int64_t>(values.size()) / R : 0;
+    DIFFCP_CHECK(logits.rank == 2 && logits.stride[1] == 1 && values.size() == ids.size() &&
+                     static_cast<std::int64_t>(values.size()) == R * k,
+                 "cuda: top_k: logits ", logits.describe(), ", ", values.size(), " values, ", ids.size(), " ids");
+    if (R == 0) return;
+    // device [R, k] values then ids, copied back for the host (O(R k) results)
+    void* out = allocate(static_cast<std::size_t>(R * k) * (sizeof(float) + sizeof(std::int32_t)));
+    auto* v = static_cast<float*>(out);
+    auto* i = reinterpret_cast<std::int32_t*>(v + R * k);
+    const int rc = cuda::top_k(logits.ptr<const float>(), logits.stride[0], R, logits.size(1), v0, k, v, i, stream_);
+    if (rc == 0) {
+      copy(values.data(), Device::host, v, device_, sizeof(float) * values.size());
+      copy(ids.data(), Device::host, i, device_, sizeof(std::int32_t) * ids.size());
+    }
+    deallocate(out, 0);
+    launched(rc, "top_k");
   }
   void fp8_encode(ConstTensorView x, TensorView enc) override {
     DIFFCP_CHECK(x.rank == 2 && x.is_contiguous() && enc.is_contiguous() && enc.numel() == x.size(0) * (x.size(1) + 4),

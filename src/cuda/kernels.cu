@@ -458,8 +458,15 @@ int guidance_combine(float* v, const float* neg, float scale, bool keep_norm, st
 namespace {
 // One block per row: max with its first index, then sum exp(l - max) in double (a tree over the
 // threads' strided partial sums), then dlogits when weight is given.
+__device__ inline double map_slope(double y, float mult, float cap) {
+  if (cap == 0.f) return mult;
+  const double t = y / cap;
+  return mult * (1.0 - t * t);
+}
+
 __global__ void cross_entropy_rows(float* logits, std::int64_t ld, std::int64_t n, std::int64_t v0,
-                                   const std::int32_t* target, double* stats, const double* weight) {
+                                   const std::int32_t* target, double* stats, const double* weight, float mult,
+                                   float cap) {
   __shared__ float best_v[kThreads];
   __shared__ std::int64_t best_i[kThreads];
   __shared__ double part[kThreads];
@@ -502,23 +509,96 @@ __global__ void cross_entropy_rows(float* logits, std::int64_t ld, std::int64_t 
   if (weight == nullptr) return;
   __syncthreads();  // every thread has read the logits it needs
   const double w = weight[row], lse = mx + log(sum);
-  for (std::int64_t v = t; v < n; v += kThreads)
-    lg[v] = static_cast<float>(w * (exp(static_cast<double>(lg[v]) - lse) - (v0 + v == tg ? 1.0 : 0.0)));
+  for (std::int64_t v = t; v < n; v += kThreads) {
+    const double y = lg[v];
+    lg[v] = static_cast<float>(map_slope(y, mult, cap) * (w * (exp(y - lse) - (v0 + v == tg ? 1.0 : 0.0))));
+  }
+}
+
+// (a, ia) ranks before (b, ib): the larger value, then the lower id; a NaN after every number.
+__device__ inline bool ranks_before(float a, std::int64_t ia, float b, std::int64_t ib) {
+  if (isnan(a) || isnan(b)) return !isnan(a) || (isnan(b) && ia < ib);
+  return a > b || (a == b && ia < ib);
+}
+
+// One block per row: pass j picks the best element ranked after pass j - 1's pick (a tree over the
+// threads' strided bests), so the picks come out in rank order.
+__global__ void top_k_rows(const float* logits, std::int64_t ld, std::int64_t n, std::int64_t v0, std::int64_t k,
+                           float* values, std::int32_t* ids) {
+  __shared__ float best_v[kThreads];
+  __shared__ std::int64_t best_i[kThreads];
+  const std::int64_t row = blockIdx.x;
+  const float* lg = logits + row * ld;
+  const int t = threadIdx.x;
+  float prev_v = 0.f;
+  std::int64_t prev_i = -1;  // none yet
+  for (std::int64_t j = 0; j < k; ++j) {
+    float bv = 0.f;
+    std::int64_t bi = n;  // none
+    for (std::int64_t v = t; v < n; v += kThreads)
+      if ((prev_i < 0 || ranks_before(prev_v, prev_i, lg[v], v)) && (bi == n || ranks_before(lg[v], v, bv, bi))) bv = lg[v], bi = v;
+    best_v[t] = bv;
+    best_i[t] = bi;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w /= 2) {
+      if (t < w) {
+        const float ov = best_v[t + w];
+        const std::int64_t oi = best_i[t + w];
+        if (oi < n && (best_i[t] == n || ranks_before(ov, oi, best_v[t], best_i[t]))) best_v[t] = ov, best_i[t] = oi;
+      }
+      __syncthreads();
+    }
+    prev_v = best_v[0];
+    prev_i = best_i[0];
+    if (t == 0) {
+      values[row * k + j] = prev_v;
+      ids[row * k + j] = static_cast<std::int32_t>(v0 + prev_i);
+    }
+    __syncthreads();  // every thread has read this pass's pick before the next pass writes
+  }
 }
 }  // namespace
 
 int cross_entropy(float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, std::int64_t v0, const std::int32_t* target,
-                  double* stats, const double* weight, Stream s) {
+                  double* stats, const double* weight, float mult, float cap, Stream s) {
   if (R <= 0 || n <= 0) return 0;
-  cross_entropy_rows<<<static_cast<unsigned>(R), kThreads, 0, st(s)>>>(logits, ld, n, v0, target, stats, weight);
+  cross_entropy_rows<<<static_cast<unsigned>(R), kThreads, 0, st(s)>>>(logits, ld, n, v0, target, stats, weight, mult,
+                                                                        cap);
   return launched();
 }
 int cross_entropy_backward(float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, std::int64_t v0,
-                           const std::int32_t* target, const double* weight, const double* lse, Stream s) {
-  return launch_2d(R, n, s, [=] __device__(std::int64_t r, std::int64_t v) {
-    float& l = logits[r * ld + v];
-    l = static_cast<float>(weight[r] * (exp(static_cast<double>(l) - lse[r]) - (v0 + v == target[r] ? 1.0 : 0.0)));
+                           const std::int32_t* target, const double* weight, const double* lse, float mult, float cap,
+                           const std::int32_t* ids, const double* grad, std::int64_t k, double* add, Stream s) {
+  // the extras' terms at their y first (the dense pass overwrites it), then added in id order per row
+  int rc = launch_2d(R, k, s, [=] __device__(std::int64_t r, std::int64_t j) {
+    const std::int64_t c = ids[r * k + j] - v0;
+    add[r * k + j] = c >= 0 && c < n ? map_slope(logits[r * ld + c], mult, cap) * grad[r * k + j] : 0.0;
   });
+  if (rc != 0) return rc;
+  rc = launch_2d(R, n, s, [=] __device__(std::int64_t r, std::int64_t v) {
+    float& l = logits[r * ld + v];
+    const double y = l;
+    l = static_cast<float>(map_slope(y, mult, cap) * (weight[r] * (exp(y - lse[r]) - (v0 + v == target[r] ? 1.0 : 0.0))));
+  });
+  if (rc != 0) return rc;
+  return launch_2d(R, k > 0 ? 1 : 0, s, [=] __device__(std::int64_t r, std::int64_t) {
+    for (std::int64_t j = 0; j < k; ++j) {  // one thread per row: repeated ids add up
+      const std::int64_t c = ids[r * k + j] - v0;
+      if (c >= 0 && c < n) logits[r * ld + c] = static_cast<float>(static_cast<double>(logits[r * ld + c]) + add[r * k + j]);
+    }
+  });
+}
+int logit_map(float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, float mult, float cap, Stream s) {
+  return launch_2d(R, n, s, [=] __device__(std::int64_t r, std::int64_t v) {
+    float& y = logits[r * ld + v];
+    y = cap > 0.f ? cap * tanhf(mult * y / cap) : mult * y;
+  });
+}
+int top_k(const float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, std::int64_t v0, std::int64_t k,
+          float* values, std::int32_t* ids, Stream s) {
+  if (R <= 0 || k <= 0) return 0;
+  top_k_rows<<<static_cast<unsigned>(R), kThreads, 0, st(s)>>>(logits, ld, n, v0, k, values, ids);
+  return launched();
 }
 
 namespace {

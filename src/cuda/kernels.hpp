@@ -111,12 +111,21 @@ int l1_distance(const void* a, const void* b, bool bf16, float* out, std::int64_
 int guidance_combine(float* v, const float* neg, float scale, bool keep_norm, std::int64_t rows, std::int64_t C, Stream s);
 // ops/loss.hpp's cross-entropy chunk: logits [R, n] (row stride ld); target: device [R];
 // stats: device [R, 4] out (max, sum exp(l - max), first argmax + v0, the target's logit or 0);
-// weight: device [R] or null: then logits become w (exp(l - lse) - [v0 + v == target]) in place.
+// weight: device [R] or null: then logits become map'(l) w (exp(l - lse) - [v0 + v == target]) in
+// place (mult, cap: the LogitMap; map'(y) = mult (1 - (y / cap)^2), mult when cap = 0).
 int cross_entropy(float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, std::int64_t v0, const std::int32_t* target,
-                  double* stats, const double* weight, Stream s);
-// logits [R, n] in place = w (exp(l - lse) - [v0 + v == target]); target, weight, lse: device [R]
+                  double* stats, const double* weight, float mult, float cap, Stream s);
+// logits [R, n] in place = map'(y) (w (exp(y - lse) - [v0 + v == target]) + extra); target, weight,
+// lse: device [R]; ids, grad: device [R, k] (k = 0: none), add: device scratch [R, k] f64
 int cross_entropy_backward(float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, std::int64_t v0,
-                           const std::int32_t* target, const double* weight, const double* lse, Stream s);
+                           const std::int32_t* target, const double* weight, const double* lse, float mult, float cap,
+                           const std::int32_t* ids, const double* grad, std::int64_t k, double* add, Stream s);
+// logits [R, n] (row stride ld) in place = mult l, then cap tanh(. / cap) when cap > 0
+int logit_map(float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, float mult, float cap, Stream s);
+// each row's k largest of logits [R, n] (row stride ld) by (value desc, id asc, NaN last): values,
+// ids: device [R, k] out, ids + v0. One block per row, k selection passes (O(k n) per row).
+int top_k(const float* logits, std::int64_t ld, std::int64_t R, std::int64_t n, std::int64_t v0, std::int64_t k,
+          float* values, std::int32_t* ids, Stream s);
 // ops/fp8.hpp's blocked e4m3 codec: x: [n, d] contiguous (bf16: bits), enc: [n, d + 4]
 int fp8_encode(const void* x, bool bf16, std::uint8_t* enc, std::int64_t n, std::int64_t d, Stream s);
 int fp8_decode(const std::uint8_t* enc, void* x, bool bf16, std::int64_t n, std::int64_t d, Stream s);

@@ -141,7 +141,46 @@ DrafterConfig drafter_preset(const std::string& name) {
     c.target_depth = 0;
     return c;
   }
-  DIFFCP_FAIL("unknown preset '", name, "', expected tiny, small, qwen3.5-35b-a3b or qwen3.5-27b");
+  if (name == "qwen3.8-27b-dflash2") {  // the released checkpoint's config
+    c.vocab = 248320;
+    c.hidden = 5120;
+    c.layers = 5;
+    c.ffn = 17408;
+    c.n_q = 32;
+    c.n_kv = 8;
+    c.d_h = 128;
+    c.target_layers = 5;
+    c.block = 8;
+    c.gamma = 4;  // SPEC A.1's decay for B = 8
+    c.mask_token = static_cast<std::int32_t>(c.vocab - 1);
+    c.target_layer_ids = {};
+    c.target_depth = 0;
+    c.layer_types.assign(5, "sliding_attention");
+    c.sliding_window = 2048;
+    c.is_causal = false;
+    c.conv_taps = 2;
+    c.conv_group_size = 16;
+    c.selector_rank = 256;
+    c.selector_top_k = 16;
+    c.output_multiplier = 0.196;
+    c.logit_softcap = 20;
+    return c;
+  }
+  DIFFCP_FAIL("unknown preset '", name, "', expected tiny, small, qwen3.5-35b-a3b, qwen3.5-27b or qwen3.8-27b-dflash2");
+}
+
+DrafterConfig as_dflash2(DrafterConfig c) {
+  if (!c.has_conv()) {
+    c.conv_taps = 2;
+    c.conv_group_size = 16;
+    while (c.hidden % c.conv_group_size != 0) --c.conv_group_size;
+  }
+  if (!c.has_selector()) {
+    c.selector_rank = std::min<std::int64_t>(256, c.hidden);
+    c.selector_top_k = std::max<std::int64_t>(1, std::min<std::int64_t>(16, c.vocab / 2));
+  }
+  c.validate();
+  return c;
 }
 
 DrafterLayout::DrafterLayout(const DrafterConfig& c) {

@@ -276,6 +276,16 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
   return st;
 }
 
+void Drafter::set_lm_head(LmHead head) {
+  head.set_logit_map({static_cast<float>(cfg_.output_multiplier), static_cast<float>(cfg_.logit_softcap)});
+  lm_head_ = std::make_unique<LmHead>(std::move(head));
+}
+
+void Drafter::set_selector_loss_weight(double lambda) {
+  DIFFCP_CHECK(std::isfinite(lambda) && lambda >= 0, "drafter: selector loss weight ", lambda, ", expected finite and >= 0");
+  selector_lambda_ = lambda;
+}
+
 DrafterStats Drafter::loss(const DrafterBatch& mb, bool backward, DeviceVector<float>& dhf) {
   // Decay-weighted cross-entropy (lm_head.hpp: vocabulary-parallel when the head is split).
   const auto t0 = Clock::now();
@@ -287,16 +297,38 @@ DrafterStats Drafter::loss(const DrafterBatch& mb, bool backward, DeviceVector<f
   st.counted.assign(static_cast<std::size_t>(B), 0);
   argmax_.assign(static_cast<std::size_t>(Qp), 0);
   const auto refs = s.batch.blocks();
-  std::vector<std::int32_t> target(static_cast<std::size_t>(Qp));
+  std::vector<std::int32_t> target(static_cast<std::size_t>(Qp)), prev(target.size());
   std::vector<double> weight(target.size()), ce(target.size());
+  DIFFCP_CHECK(mb.prev_tokens.empty() || mb.prev_tokens.size() == mb.tokens.size(), "drafter: ", mb.prev_tokens.size(),
+               " predecessor tokens for ", mb.tokens.size(), " tokens");
+  const std::vector<std::int32_t>& before = mb.prev_tokens.empty() ? mb.tokens : mb.prev_tokens;
   for (std::int64_t r = 0; r < Qp; ++r) {
     const std::int64_t k = r % B, anchor = refs[static_cast<std::size_t>(s.blocks.begin + r / B)].anchor;
     target[static_cast<std::size_t>(r)] = mb.tokens[static_cast<std::size_t>(anchor + k)];
+    prev[static_cast<std::size_t>(r)] = (k <= 1 ? mb.tokens : before)[static_cast<std::size_t>(anchor + std::max<std::int64_t>(k - 1, 0))];
     weight[static_cast<std::size_t>(r)] =
         k == 0 ? 0.0 : std::exp(-static_cast<double>(k - 1) / cfg_.gamma) * mb.loss_mask[static_cast<std::size_t>(anchor + k)];
   }
   dhf.resize(backward ? Qp * H : 0);
-  lm_head_->run(hf_.data(), Qp, target.data(), weight.data(), ce.data(), argmax_.data(), backward, dhf.data());
+  if (!cfg_.has_selector()) {
+    lm_head_->run(hf_.data(), Qp, target.data(), weight.data(), ce.data(), argmax_.data(), backward, dhf.data());
+  } else {  // DFlash2: the candidates, the selector's loss on them, its gradient into the logits'
+    const std::int64_t K = cfg_.selector_top_k;
+    std::vector<float> top_v(static_cast<std::size_t>(Qp * K));
+    std::vector<std::int32_t> top_i(top_v.size());
+    lm_head_->forward(hf_.data(), Qp, target.data(), weight.data(), ce.data(), argmax_.data(), K, top_v, top_i);
+    SelectorLoss sl = selector_step(prev, target, weight, top_v, top_i, backward);
+    if (backward)
+      lm_head_->backward(dhf.data(), {top_i, sl.dvalues});
+    else
+      lm_head_->release();
+    argmax_ = std::move(sl.choice);  // what the drafter drafts: the selector's choice
+    st.selector_loss_sum = sl.loss_sum;
+    st.selector_rows = sl.rows;
+    st.selector_covered = sl.covered;
+    st.selector_correct = sl.correct;
+    st.loss_sum += sl.loss_sum;
+  }
   for (std::int64_t r = 0; r < Qp; ++r) {
     const auto i = static_cast<std::size_t>(r), k = static_cast<std::size_t>(r % B);
     if (weight[i] > 0) {
@@ -310,13 +342,58 @@ DrafterStats Drafter::loss(const DrafterBatch& mb, bool backward, DeviceVector<f
   return st;
 }
 
-void Drafter::backward(const DrafterBatch& mb, const DeviceVector<float>& dhf) {
+SelectorLoss Drafter::selector_step(std::span<const std::int32_t> prev, std::span<const std::int32_t> target,
+                                    std::span<const double> weight, std::span<const float> top_v,
+                                    std::span<const std::int32_t> top_i, bool backward) {
+  const std::int64_t H = cfg_.hidden, V = cfg_.vocab, r = cfg_.selector_rank;
+  const std::int64_t Qp = static_cast<std::int64_t>(prev.size());
+  const int Lu = static_cast<int>(cfg_.layers) + 1;
+  const auto unique = [](std::span<const std::int32_t> t) {
+    std::vector<std::int32_t> u(t.begin(), t.end());
+    std::sort(u.begin(), u.end());
+    u.erase(std::unique(u.begin(), u.end()), u.end());
+    return u;
+  };
+  SelectorGrads g;
+  g.pred_tokens = unique(prev);
+  g.succ_tokens = unique(top_i);
+  // h P [Q_p, r] and the codebook rows used, from the last unit's parameters (host copies: O(Q_p r))
+  const float* params = acquire(Lu, false);
+  DeviceVector<float> hp, rows;
+  hp.resize(Qp * r);
+  linear_forward(hf_.data(), Qp, H, params + rel(Lu, layout_.sel_proj), r, hp.data());
+  const auto codebook_rows = [&](std::int64_t off, const std::vector<std::int32_t>& tokens) {
+    const std::vector<std::int64_t> at(tokens.begin(), tokens.end());
+    rows.resize(static_cast<std::int64_t>(at.size()) * r);
+    if (!at.empty()) gather_rows(params + rel(Lu, off), DType::f32, V, r, at, r, rows.data(), DType::f32, r);
+    return to_host<float>(rows.view());
+  };
+  const std::vector<float> pred = codebook_rows(layout_.sel_pred, g.pred_tokens);
+  const std::vector<float> succ = codebook_rows(layout_.sel_succ, g.succ_tokens);
+  const std::vector<float> hp_host = to_host<float>(hp.view());
+  state().release(Lu, false);
+  SelectorLoss sl = selector_loss(cfg_, selector_lambda_, hp_host, top_v, top_i, prev, target, weight,
+                                  {g.pred_tokens, pred}, {g.succ_tokens, succ});
+  if (backward) {
+    g.dhp.assign(sl.dhp);
+    g.dpred = std::move(sl.dpred);
+    g.dsucc = std::move(sl.dsucc);
+    selector_grads_ = std::move(g);
+  }
+  return sl;
+}
+
+void Drafter::backward(const DrafterBatch& mb, DeviceVector<float>& dhf) {
   const std::int64_t H = cfg_.hidden, F = cfg_.ffn, T = cfg_.target_layers * H;
   const int Lu = static_cast<int>(cfg_.layers) + 1;
   const CpShard& s = mb.shard;
   const std::int64_t Qp = s.own_query_rows(), Cp = s.context_rows();
   BackwardScratch bs;  // this backward's only (its memory is the next forward's)
   const float* params = acquire(Lu, true);
+  if (selector_grads_) {  // DFlash2: the selector's part of dhf and of its parameters' gradients
+    apply_selector_grads(params, state().unit_grads(Lu), dhf);
+    selector_grads_.reset();
+  }
   norm_rows_bwd(dhf, h_, hf_rstd_, Qp, H, params + rel(Lu, layout_.final_norm),
                 state().unit_grads(Lu) + rel(Lu, layout_.final_norm), bs.dh);
   state().release(Lu, true);
@@ -337,6 +414,30 @@ void Drafter::backward(const DrafterBatch& mb, const DeviceVector<float>& dhf) {
   linear_backward_weight(hidden_in_, Cp, T, bs.dc_lin.data(), H, G + rel(0, layout_.fc));
   phases_.fusion += ms_since(t0);
   state().release(0, true);
+}
+
+void Drafter::apply_selector_grads(const float* params, float* grads, DeviceVector<float>& dhf) {
+  const SelectorGrads& g = *selector_grads_;
+  const int Lu = static_cast<int>(cfg_.layers) + 1;
+  const std::int64_t H = cfg_.hidden, V = cfg_.vocab, r = cfg_.selector_rank;
+  const std::int64_t Qp = static_cast<std::int64_t>(g.dhp.size()) / r;
+  // h P: dhf += d(hP) P^T, dP += h^T d(hP)
+  linear_backward_input(g.dhp.data(), Qp, r, params + rel(Lu, layout_.sel_proj), H, dhf.data(), 1.f);
+  linear_backward_weight(hf_.data(), Qp, H, g.dhp.data(), r, grads + rel(Lu, layout_.sel_proj));
+  // The codebook rows used: read, add, write back (each token once: the lists are unique)
+  const auto add_rows = [&](std::int64_t off, const std::vector<std::int32_t>& tokens, const std::vector<float>& d) {
+    if (tokens.empty()) return;
+    const std::vector<std::int64_t> at(tokens.begin(), tokens.end());
+    const std::int64_t m = static_cast<std::int64_t>(at.size());
+    DeviceVector<float> rows, drows;
+    rows.resize(m * r);
+    gather_rows(grads + rel(Lu, off), DType::f32, V, r, at, r, rows.data(), DType::f32, r);
+    drows.assign(d);
+    add_into(rows.data(), drows.data(), m * r);
+    scatter_rows(rows.data(), DType::f32, r, at, r, grads + rel(Lu, off), DType::f32, V, r);
+  };
+  add_rows(layout_.sel_pred, g.pred_tokens, g.dpred);
+  add_rows(layout_.sel_succ, g.succ_tokens, g.dsucc);
 }
 
 void Drafter::layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& bs) {

@@ -82,4 +82,80 @@ Proposal propose(const DrafterConfig& cfg, std::span<const float> params, std::s
   return out;
 }
 
+namespace {
+// The row of token t in rows (t must be there).
+std::int64_t row_of(const CodebookRows& c, std::int32_t t, const char* what) {
+  const auto it = std::lower_bound(c.tokens.begin(), c.tokens.end(), t);
+  DIFFCP_CHECK(it != c.tokens.end() && *it == t, "selector_loss: token ", t, " is not among the ", what, " rows given");
+  return it - c.tokens.begin();
+}
+}  // namespace
+
+SelectorLoss selector_loss(const DrafterConfig& cfg, double lambda, std::span<const float> hp,
+                           std::span<const float> values, std::span<const std::int32_t> candidates,
+                           std::span<const std::int32_t> prev, std::span<const std::int32_t> gold,
+                           std::span<const double> weight, CodebookRows pred, CodebookRows succ) {
+  DIFFCP_CHECK(cfg.has_selector(), "selector_loss: the drafter has no candidate selector");
+  const std::int64_t K = cfg.selector_top_k, r = cfg.selector_rank, n = static_cast<std::int64_t>(prev.size());
+  const auto sz = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+  DIFFCP_CHECK(hp.size() == sz(n * r) && values.size() == sz(n * K) && candidates.size() == values.size() &&
+                   gold.size() == sz(n) && weight.size() == sz(n) && pred.rows.size() == pred.tokens.size() * sz(r) &&
+                   succ.rows.size() == succ.tokens.size() * sz(r),
+               "selector_loss: ", n, " rows with ", hp.size(), " hp, ", values.size(), " values, ", candidates.size(),
+               " candidates, ", gold.size(), " gold, ", weight.size(), " weights; expected [n, r = ", r, "], [n, K = ", K,
+               "] x 2, [n] x 3, and codebook rows of r");
+  SelectorLoss out;
+  out.choice.assign(sz(n), -1);
+  out.dvalues.assign(sz(n * K), 0.0);
+  out.dhp.assign(sz(n * r), 0.f);
+  out.dpred.assign(pred.rows.size(), 0.f);
+  out.dsucc.assign(succ.rows.size(), 0.f);
+  std::vector<double> z(sz(r)), S(sz(K)), dz(sz(r));
+  std::vector<std::int64_t> srow(sz(K));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double w = weight[sz(i)];
+    const std::int64_t ar = row_of(pred, prev[sz(i)], "predecessor");
+    const float* a = pred.rows.data() + ar * r;
+    for (std::int64_t j = 0; j < r; ++j) z[sz(j)] = static_cast<double>(hp[sz(i * r + j)]) * a[j];
+    std::int64_t slot = -1, best = 0;
+    for (std::int64_t k = 0; k < K; ++k) {
+      const std::int32_t c = candidates[sz(i * K + k)];
+      srow[sz(k)] = row_of(succ, c, "successor");
+      const float* b = succ.rows.data() + srow[sz(k)] * r;
+      double s = values[sz(i * K + k)];
+      for (std::int64_t j = 0; j < r; ++j) s += z[sz(j)] * b[j];
+      S[sz(k)] = s;
+      if (s > S[sz(best)]) best = k;
+      if (c == gold[sz(i)] && slot < 0) slot = k;
+    }
+    out.choice[sz(i)] = candidates[sz(i * K + best)];
+    if (w == 0) continue;
+    ++out.rows;
+    if (slot < 0) continue;  // the gold token is not a candidate: no loss (candidate_recall)
+    ++out.covered;
+    out.correct += best == slot;
+    double lse = 0;
+    for (std::int64_t k = 0; k < K; ++k) lse += std::exp(S[sz(k)] - S[sz(best)]);
+    lse = S[sz(best)] + std::log(lse);
+    out.loss_sum += lambda * w * (lse - S[sz(slot)]);
+    std::fill(dz.begin(), dz.end(), 0.0);
+    for (std::int64_t k = 0; k < K; ++k) {
+      const double dS = lambda * w * (std::exp(S[sz(k)] - lse) - (k == slot ? 1.0 : 0.0));
+      out.dvalues[sz(i * K + k)] = dS;
+      const float* b = succ.rows.data() + srow[sz(k)] * r;
+      float* db = out.dsucc.data() + srow[sz(k)] * r;
+      for (std::int64_t j = 0; j < r; ++j) {
+        db[j] += static_cast<float>(dS * z[sz(j)]);
+        dz[sz(j)] += dS * b[j];
+      }
+    }
+    float* da = out.dpred.data() + ar * r;
+    for (std::int64_t j = 0; j < r; ++j) {
+      da[j] += static_cast<float>(dz[sz(j)] * hp[sz(i * r + j)]);
+      out.dhp[sz(i * r + j)] = static_cast<float>(dz[sz(j)] * a[j]);
+    }
+  }
+  return out;
+}
+
 }  // namespace diffcp

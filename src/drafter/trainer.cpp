@@ -162,8 +162,13 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   DrafterWeights init;
   if (!opt.init.empty()) init = import_dflash(opt.init);
   cfg = opt.init.empty() ? drafter_preset(opt.preset.empty() ? "tiny" : opt.preset) : init.config;
-  DIFFCP_CHECK(!cfg.has_selector(), "train: --init '", opt.init, "' is a DFlash2 drafter; its candidate selector does ",
-               "not train yet (issue #67: the convolutions do, the selector's loss is still to come)");
+  const std::string own = cfg.has_selector() ? "dflash2" : "dflash";
+  DIFFCP_CHECK(opt.arch.empty() || opt.arch == "dflash" || opt.arch == "dflash2", "TrainOptions::arch '", opt.arch,
+               "', expected dflash or dflash2");
+  DIFFCP_CHECK(opt.arch.empty() || opt.arch == own || opt.init.empty(), "TrainOptions::arch '", opt.arch, "': the --init drafter '",
+               opt.init, "' is ", own, ", and its folder fixes the architecture");
+  DIFFCP_CHECK(opt.arch != "dflash" || own == "dflash", "TrainOptions::arch 'dflash': the preset '", opt.preset, "' is DFlash2");
+  if (opt.arch == "dflash2") cfg = as_dflash2(cfg);
   // The paper's recipe for real shapes (SPEC A.1); the tiny and small synthetic ones train faster with more.
   const bool real_shape = cfg.vocab > 4096;
   const double lr = opt.lr > 0 ? opt.lr : real_shape ? 6e-4 : 5e-3;
@@ -257,6 +262,7 @@ void Trainer::Impl::make_drafter(DrafterWeights& init, bool real_shape, int W) {
   drafter->use_state(*state);
   res.recompute = opt.recompute == "on" || (opt.recompute == "auto" && shard == ShardMode::full);
   drafter->set_recompute(res.recompute);
+  drafter->set_selector_loss_weight(opt.selector_weight);
   if (opt.init.empty()) drafter->init_params(opt.seed + 7);
   else state->set_params(init.params), init.params = {};
   drafter->set_embedding([src = data.get()](std::span<const std::int32_t> tokens, float* out) { src->embedding_rows(tokens, out); });
@@ -319,7 +325,9 @@ StepStats Trainer::step() {
   const double redist0 = m.builder->redist_ms;
   double t_build = 0;
   m.state->zero_grads();
-  std::vector<double> stats(static_cast<std::size_t>(3 + 2 * B), 0.0);  // loss, weight, tokens, correct[B], counted[B]
+  // loss, weight, tokens, correct[B], counted[B], then DFlash2's selector: loss, rows, covered, correct
+  std::vector<double> stats(static_cast<std::size_t>(3 + 2 * B + 4), 0.0);
+  const auto sel = static_cast<std::size_t>(3 + 2 * B);
   for (std::int64_t j = 0; j < opt.accum; ++j) {
     const std::int64_t g = (s * opt.dp + m.dp_rank) * opt.accum + j;  // global micro-batch number
     const auto idx = m.pack_of(g);
@@ -335,6 +343,10 @@ StepStats Trainer::step() {
       stats[static_cast<std::size_t>(3 + k)] += static_cast<double>(st.correct[static_cast<std::size_t>(k)]);
       stats[static_cast<std::size_t>(3 + B + k)] += static_cast<double>(st.counted[static_cast<std::size_t>(k)]);
     }
+    stats[sel] += st.selector_loss_sum;
+    stats[sel + 1] += static_cast<double>(st.selector_rows);
+    stats[sel + 2] += static_cast<double>(st.selector_covered);
+    stats[sel + 3] += static_cast<double>(st.selector_correct);
   }
   // Sum over the whole mesh (CP shares and DP replicas alike) to the owners, then normalise by
   // the global weight, clip and update what this rank owns.
@@ -358,6 +370,11 @@ StepStats Trainer::step() {
   for (std::int64_t k = 1; k < B; ++k) {
     const double n = stats[static_cast<std::size_t>(3 + B + k)];
     out.slot_accuracy.push_back(n > 0 ? stats[static_cast<std::size_t>(3 + k)] / n : 0.0);
+  }
+  if (m.cfg.has_selector()) {
+    out.selector_loss = stats[sel] * inv;
+    out.candidate_recall = stats[sel + 1] > 0 ? stats[sel + 2] / stats[sel + 1] : 0.0;
+    out.selector_accuracy = stats[sel + 2] > 0 ? stats[sel + 3] / stats[sel + 2] : 0.0;
   }
   const Drafter::Phases& ph = m.drafter->phases();
   const double t_redist = m.builder->redist_ms - redist0;
@@ -402,7 +419,13 @@ double Trainer::evaluate() {
     std::vector<std::int32_t> greedy;
     const DrafterBatch mb = m.builder->build(true, m.eval_packs[e], m.anchors, rng, &greedy);
     const std::vector<std::int32_t>& want = greedy.empty() ? mb.tokens : greedy;  // SPEC: the target's argmax
-    m.drafter->step(mb, false);
+    if (m.cfg.has_selector() && !greedy.empty()) {  // DFlash2: each choice follows the target's token before it
+      DrafterBatch with = mb;
+      with.prev_tokens = greedy;
+      m.drafter->step(with, false);
+    } else {
+      m.drafter->step(mb, false);
+    }
     const auto& pred = m.drafter->predictions();
     const auto refs = mb.shard.batch.blocks();
     const std::size_t nsamp = mb.shard.batch.lengths.size();

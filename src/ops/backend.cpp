@@ -50,6 +50,8 @@ const char* op_name(OpKind op) {
     case OpKind::token_rows: return "token_rows";
     case OpKind::dynamic_conv_forward: return "dynamic_conv_forward";
     case OpKind::dynamic_conv_backward: return "dynamic_conv_backward";
+    case OpKind::logit_map: return "logit_map";
+    case OpKind::top_k: return "top_k";
   }
   return "?";
 }
@@ -137,12 +139,16 @@ void Backend::scatter_rows(ConstTensorView src, ConstTensorView, TensorView) {
   unsupported(OpKind::scatter_rows, src.dtype);
 }
 void Backend::cross_entropy(TensorView logits, std::int64_t, std::span<const std::int32_t>, std::span<double>,
-                            std::span<const double>) {
+                            std::span<const double>, LogitMap) {
   unsupported(OpKind::cross_entropy, logits.dtype);
 }
 void Backend::cross_entropy_backward(TensorView logits, std::int64_t, std::span<const std::int32_t>,
-                                     std::span<const double>, std::span<const double>) {
+                                     std::span<const double>, std::span<const double>, LogitMap, SparseLogitGrad) {
   unsupported(OpKind::cross_entropy_backward, logits.dtype);
+}
+void Backend::logit_map(TensorView logits, LogitMap) { unsupported(OpKind::logit_map, logits.dtype); }
+void Backend::top_k(ConstTensorView logits, std::int64_t, std::span<float>, std::span<std::int32_t>) {
+  unsupported(OpKind::top_k, logits.dtype);
 }
 double Backend::scale_sumsq(TensorView x, double) { unsupported(OpKind::scale_sumsq, x.dtype); }
 void Backend::fill(TensorView x, float) { unsupported(OpKind::fill, x.dtype); }

@@ -615,20 +615,33 @@ void GuardBackend::l1_distance(ConstTensorView a, ConstTensorView b, TensorView 
 }
 // The statistics land in host memory: the host waits for them (a host sync).
 void GuardBackend::cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
-                                 std::span<double> stats, std::span<const double> weight) {
+                                 std::span<double> stats, std::span<const double> weight, LogitMap map) {
   const char* op = "cross_entropy";
-  submit(op, [logits = C(logits), v0, target, stats, weight] {
-    cpu_backend().cross_entropy(logits, v0, target, stats, weight);
+  submit(op, [logits = C(logits), v0, target, stats, weight, map] {
+    cpu_backend().cross_entropy(logits, v0, target, stats, weight, map);
   });
   wait_stream();
   count_host_sync();
 }
 void GuardBackend::cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
-                                          std::span<const double> weight, std::span<const double> lse) {
+                                          std::span<const double> weight, std::span<const double> lse, LogitMap map,
+                                          SparseLogitGrad extra) {
   const char* op = "cross_entropy_backward";
-  submit(op, [logits = C(logits), v0, target = host_copy(target), weight = host_copy(weight), lse = host_copy(lse)] {
-    cpu_backend().cross_entropy_backward(logits, v0, target, weight, lse);
+  submit(op, [logits = C(logits), v0, target = host_copy(target), weight = host_copy(weight), lse = host_copy(lse), map,
+              ids = host_copy(extra.ids), grad = host_copy(extra.grad)] {
+    cpu_backend().cross_entropy_backward(logits, v0, target, weight, lse, map, SparseLogitGrad{ids, grad});
   });
+}
+void GuardBackend::logit_map(TensorView logits, LogitMap map) {
+  const char* op = "logit_map";
+  submit(op, [logits = C(logits), map] { cpu_backend().logit_map(logits, map); });
+}
+// The candidates land in host memory: the host waits for them (a host sync).
+void GuardBackend::top_k(ConstTensorView logits, std::int64_t v0, std::span<float> values, std::span<std::int32_t> ids) {
+  const char* op = "top_k";
+  submit(op, [logits = C(logits), v0, values, ids] { cpu_backend().top_k(logits, v0, values, ids); });
+  wait_stream();
+  count_host_sync();
 }
 // Its value is returned to the host: the host waits for it (a host sync).
 double GuardBackend::scale_sumsq(TensorView x, double scale) {

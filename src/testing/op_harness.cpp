@@ -280,6 +280,32 @@ std::vector<OpCase> op_cases() {
                      copy(TensorView::contiguous(t[3].data, DType::u8, {400}, b.device()),
                           ConstTensorView::contiguous(st.data(), DType::u8, {400}));
                    }});
+  // DFlash2's logits: the map (multiplier, soft cap), each row's top-K as host results (the values
+  // stored over t[1]'s first 30, the ids as bytes in t[2]), and the backward through the map with
+  // the selector's sparse gradient.
+  cases.push_back({"logit map / top-K", dims({{"rows", 5}, {"vocab", 41}, {"k", 6}}),
+                   {{OpKind::logit_map, f}, {OpKind::top_k, f}, {OpKind::cross_entropy, f}, {OpKind::cross_entropy_backward, f}},
+                   {{f, 5 * 41, -6.f, 6.f}, {f, 5 * 41, -6.f, 6.f}, {f, 30, -1.f, 1.f, OpCompare::exact}},
+                   [](Backend& b, auto& t) {
+                     const LogitMap capped{0.75f, 3.f};
+                     logit_map(F(t[0]), 5, 41, capped);
+                     logit_map(F(t[1]), 5, 41, {1.5f, 0.f});
+                     std::vector<float> val(30);
+                     std::vector<std::int32_t> ids(30);
+                     top_k(F(t[0]), 5, 41, 7, val, ids);
+                     const std::int32_t target[] = {7, 20, 47, 9, 30};
+                     const double w[] = {1, 0.5, 0, 2, 1};
+                     std::vector<double> st(20), lse(5), grad(30);
+                     cross_entropy(F(t[0]), 5, 41, 7, target, st);
+                     for (std::size_t i = 0; i < 5; ++i) lse[i] = st[4 * i] + std::log(st[4 * i + 1]);
+                     for (std::size_t j = 0; j < 30; ++j) grad[j] = 0.1 * static_cast<double>(j % 7) - 0.3;
+                     copy(TensorView::contiguous(t[2].data, DType::u8, {120}, b.device()),
+                          ConstTensorView::contiguous(ids.data(), DType::u8, {120}));
+                     copy(TensorView::contiguous(F(t[1]), DType::f32, {30}, b.device()),
+                          ConstTensorView::contiguous(val.data(), DType::f32, {30}));
+                     ids[3] = -1;  // outside the chunk: skipped
+                     cross_entropy_backward(F(t[0]), 5, 41, 7, target, w, lse, capped, {ids, grad});
+                   }});
   cases.push_back({"fill / convert", dims({{"n", 100}}), {{OpKind::fill, f}, {OpKind::fill, h}, {OpKind::convert, h}},
                    {{f, 100}, {h, 100}, {h, 50}}, [](Backend&, auto& t) {
                      convert(t[0], t[1]);

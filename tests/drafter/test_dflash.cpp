@@ -320,8 +320,7 @@ TEST(DFlashFormat, SlidingLayersRoundTripAndResolveAsQwen3Config) {
 // names and shapes them): architectures, dflash_config's convolution and selector keys, the
 // logits' multiplier and soft cap, base kernels [2, K, H], kernel projections [2 K G, H], the
 // selector's hidden projection [r, H] and codebooks [V, r] without ".weight"; the round trip is
-// bitwise; a missing key is refused by name; the trainer refuses to start from it (its selector
-// does not train yet) and so does nothing silently.
+// bitwise; a missing key is refused by name; the trainer starts from it (--arch dflash refused).
 TEST(DFlashFormat, Dflash2RoundTripsInTheReleasedLayout) {
   Communicator& w = test::world();
   auto self = w.split(w.rank(), 0, "self");  // (collective: before the other ranks leave)
@@ -370,10 +369,17 @@ TEST(DFlashFormat, Dflash2RoundTripsInTheReleasedLayout) {
   const Vec ref = Ref{cfg, p}.draft(hid, 9, noise);
   const CompareResult cr = compare<float>(draft_block(*self, back.config, back.params, hid, 9, noise), ref, scaled_to(kTolF32, ref));
   EXPECT_TRUE(cr.pass()) << "max abs err " << cr.max_abs;
-  TrainOptions opt;
+  TrainOptions opt;  // the trainer starts from it (its selector trains), and keeps its architecture
   opt.init = dir;
-  opt.steps = 1;
-  expect_error([&] { Trainer t(*self, opt); }, "its candidate selector does not train yet");
+  opt.steps = 2;
+  opt.eval_every = 0;
+  {
+    Trainer t(*self, opt);
+    const StepStats s1 = t.step();
+    EXPECT_TRUE(std::isfinite(s1.loss) && s1.candidate_recall && s1.selector_loss && *s1.selector_loss > 0);
+  }
+  opt.arch = "dflash";
+  expect_error([&] { Trainer t(*self, opt); }, "is dflash2, and its folder fixes the architecture");
   edit_config(dir, [](nlohmann::json& c) { c["dflash_config"].erase("selector_rank"); });
   expect_error([&] { import_dflash(dir); }, "dflash_config.selector_rank is missing");
   // a DFlash drafter keeps refusing the multiplier it does not apply

@@ -60,9 +60,12 @@ TEST(DrafterOnGuardDevice, TrainEqualsTheCpuRunBitForBitInEveryShardMode) {
   opt.anchors = 3;
   opt.bucket = 32;
   opt.eval_every = 0;
-  for (const char* shard : {"none", "optimizer", "full"}) {
-    SCOPED_TRACE(shard);
+  // DFlash2 (convolutions, the candidate selector over the vocabulary-parallel head) with full
+  for (const auto& [shard, arch] : {std::pair{"none", "dflash"}, std::pair{"optimizer", "dflash"},
+                                    std::pair{"full", "dflash"}, std::pair{"full", "dflash2"}}) {
+    SCOPED_TRACE(std::string(shard) + " " + arch);
     opt.shard = shard;
+    opt.arch = arch;
     const bool evaluate = opt.shard == "full";  // the vocabulary-parallel head's argmax
     const std::int64_t ops_before = test::guard_ops();
     const TrainRun cpu = train_on(cpu_backend(), opt, evaluate);

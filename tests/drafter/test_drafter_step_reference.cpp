@@ -71,6 +71,11 @@ std::vector<float> test_params(const DrafterConfig& cfg) {
     for (std::int64_t j = 0; j < len; ++j) p[static_cast<std::size_t>(off + j)] += static_cast<float>(n(rng));
   const auto a = AttnLayerParams::offsets(cfg.attn());
   for (const auto& L : lay.layer) std::fill_n(p.begin() + L.attn + a[AttnLayerParams::bo], cfg.hidden, 0.f);
+  if (cfg.has_selector())  // DFlash2's selector: the successor codebook off its zero init, all of it random
+    for (const auto& [off, len] : {std::pair{lay.sel_pred, cfg.vocab * cfg.selector_rank},
+                                   std::pair{lay.sel_succ, cfg.vocab * cfg.selector_rank},
+                                   std::pair{lay.sel_proj, cfg.hidden * cfg.selector_rank}})
+      for (std::int64_t j = 0; j < len; ++j) p[static_cast<std::size_t>(off + j)] = static_cast<float>(2 * n(rng));
   if (cfg.has_conv())  // DFlash2: the taps' projections off their zero init (the bases are vectors: moved above)
     for (const auto& L : lay.layer)
       for (const std::int64_t proj : {L.attn_conv_proj, L.mlp_conv_proj})
@@ -86,8 +91,13 @@ std::vector<float> test_params(const DrafterConfig& cfg) {
 // sliding test's negative control).
 // conv_blocks: DFlash2's convolution taps stop at each block's first row (false: they run across
 // the blocks, the DFlash2 test's negative control).
+// DFlash2's selector (cfg.has_selector(), weight lambda): the logits mapped (multiplier, soft cap),
+// and per row lambda w CE over the top-K scores S_j = y[C_j] + (h P . A[prev]) B[C_j] when the
+// target is a candidate; prev = the token before the target (lambda 0: no selector loss, the
+// selector test's negative control).
+constexpr double kLambda = 0.5;
 double reference_loss(const Problem& pb, const std::vector<float>& p, double gamma, bool windows = true,
-                      bool conv_blocks = true) {
+                      bool conv_blocks = true, double lambda = kLambda) {
   const DrafterConfig& c = pb.cfg;
   const DrafterLayout lay(c);
   const std::int64_t S = pb.batch.context_rows(), Q = pb.batch.query_rows(), H = c.hidden, F = c.ffn, T = c.target_layers * H;
@@ -161,10 +171,42 @@ double reference_loss(const Problem& pb, const std::vector<float>& p, double gam
         for (std::int64_t j = 0; j < H; ++j)
           for (std::int64_t v = 0; v < c.vocab; ++v)
             logit[static_cast<std::size_t>(v)] += hf[static_cast<std::size_t>(row * H + j)] * pb.lm_head[static_cast<std::size_t>(j * c.vocab + v)];
+        for (double& x : logit) {  // DFlash2's map (the identity for DFlash)
+          x *= c.output_multiplier;
+          if (c.logit_softcap > 0) x = c.logit_softcap * std::tanh(x / c.logit_softcap);
+        }
+        const std::int32_t gold = pb.tokens[static_cast<std::size_t>(t)];
         double mx = logit[0], se = 0;
         for (const double x : logit) mx = std::max(mx, x);
         for (const double x : logit) se += std::exp(x - mx);
-        loss += w * (mx + std::log(se) - logit[static_cast<std::size_t>(pb.tokens[static_cast<std::size_t>(t)])]);
+        loss += w * (mx + std::log(se) - logit[static_cast<std::size_t>(gold)]);
+        if (!c.has_selector()) continue;
+        const std::int64_t K = c.selector_top_k, r = c.selector_rank;
+        std::vector<std::int32_t> ids(static_cast<std::size_t>(c.vocab));
+        for (std::int32_t v = 0; v < c.vocab; ++v) ids[static_cast<std::size_t>(v)] = v;
+        std::stable_sort(ids.begin(), ids.end(), [&](std::int32_t a, std::int32_t b) {
+          return logit[static_cast<std::size_t>(a)] > logit[static_cast<std::size_t>(b)];
+        });
+        const std::int32_t prev = pb.tokens[static_cast<std::size_t>(t - 1)];
+        Vec z(static_cast<std::size_t>(r), 0.0);
+        for (std::int64_t j = 0; j < r; ++j) {
+          for (std::int64_t i = 0; i < H; ++i) z[static_cast<std::size_t>(j)] += hf[static_cast<std::size_t>(row * H + i)] * at(lay.sel_proj + i * r + j);
+          z[static_cast<std::size_t>(j)] *= at(lay.sel_pred + prev * r + j);
+        }
+        Vec S(static_cast<std::size_t>(K));
+        std::int64_t slot = -1;
+        for (std::int64_t k2 = 0; k2 < K; ++k2) {
+          const std::int32_t cand = ids[static_cast<std::size_t>(k2)];
+          double sc = logit[static_cast<std::size_t>(cand)];
+          for (std::int64_t j = 0; j < r; ++j) sc += z[static_cast<std::size_t>(j)] * at(lay.sel_succ + cand * r + j);
+          S[static_cast<std::size_t>(k2)] = sc;
+          if (cand == gold) slot = k2;
+        }
+        if (slot < 0) continue;  // not a candidate: no selector loss
+        double sm = S[0], ss = 0;
+        for (const double x : S) sm = std::max(sm, x);
+        for (const double x : S) ss += std::exp(x - sm);
+        loss += lambda * w * (sm + std::log(ss) - S[static_cast<std::size_t>(slot)]);
       }
     start += pb.batch.lengths[u];
   }
@@ -172,14 +214,24 @@ double reference_loss(const Problem& pb, const std::vector<float>& p, double gam
 }
 
 // The drafter's gradients of the same loss, computed with Split-KV over the world's ranks and
-// summed over them.
+// summed over them. DFlash2's selector: the LM head vocabulary-parallel over the ranks (each its
+// slice of columns: the candidates merged across them).
 std::vector<float> drafter_gradients(const Problem& pb, const std::vector<float>& p) {
   Communicator& world = test::world();
   const DrafterConfig& c = pb.cfg;
   Drafter d(world, c);
   d.state().set_params(p);
   d.state().zero_grads();
-  d.set_lm_head(LmHead(nullptr, c.hidden, c.vocab, pb.lm_head, 0));
+  d.set_selector_loss_weight(kLambda);
+  if (c.has_selector()) {
+    const auto [v0, v1] = vocab_slice(c.vocab, world.size(), world.rank());
+    std::vector<float> slice;
+    for (std::int64_t h = 0; h < c.hidden; ++h)
+      slice.insert(slice.end(), pb.lm_head.begin() + h * c.vocab + v0, pb.lm_head.begin() + h * c.vocab + v1);
+    d.set_lm_head(LmHead(&world, c.hidden, c.vocab, slice, v0));
+  } else {
+    d.set_lm_head(LmHead(nullptr, c.hidden, c.vocab, pb.lm_head, 0));
+  }
   DrafterBatch mb;
   mb.shard = contiguous_shard(pb.batch, world.size(), world.rank());
   mb.tokens = pb.tokens;
@@ -190,6 +242,11 @@ std::vector<float> drafter_gradients(const Problem& pb, const std::vector<float>
   const std::int64_t q0 = mb.shard.blocks.begin * c.block, q1 = mb.shard.blocks.end * c.block;
   mb.block_input.assign(pb.block_input.begin() + q0 * H, pb.block_input.begin() + q1 * H);
   const DrafterStats st = d.step(mb, true);
+  if (c.has_selector()) {  // the selector's loss is there: some targets among the candidates
+    std::vector<double> covered{static_cast<double>(st.selector_covered)};
+    world.all_reduce<double>(covered);
+    EXPECT_GE(covered[0], 3);
+  }
   std::vector<double> loss{st.loss_sum};
   world.all_reduce<double>(loss);
   EXPECT_NEAR(loss[0], reference_loss(pb, p, c.gamma), 1e-4 * std::max(1.0, std::abs(loss[0])));
@@ -230,6 +287,20 @@ TEST(DrafterStep, Dflash2ConvolutionsEqualFiniteDifferencesOfAnFp64Reference) {
   const Problem pb(dflash2_config());
   // against the same loss with the taps running across the blocks: the block boundary matters
   check_gradients(pb, [&](const std::vector<float>& p) { return reference_loss(pb, p, pb.cfg.gamma, true, false); });
+}
+
+// DFlash2's candidate selector (rank 4 over the top 16 of 32: more than a rank's columns at P = 3) on logits x 0.7 soft-capped at 3, with
+// the LM head split over the ranks: every gradient (the codebooks and the projection included)
+// against the fp64 loss.
+TEST(DrafterStep, Dflash2SelectorLossEqualsFiniteDifferencesOfAnFp64Reference) {
+  DrafterConfig c = dflash2_config();
+  c.selector_rank = 4;
+  c.selector_top_k = 16;
+  c.output_multiplier = 0.7;
+  c.logit_softcap = 3;
+  const Problem pb(c);
+  // against the same loss without the selector's term: it matters
+  check_gradients(pb, [&](const std::vector<float>& p) { return reference_loss(pb, p, pb.cfg.gamma, true, true, 0.0); });
 }
 
 // A fresh DFlash2 (identity convolutions: tap 0 of both bases 1, the rest and the projections 0)
@@ -278,6 +349,11 @@ void check_gradients(const Problem& pb, const std::function<double(const std::ve
   std::vector<std::pair<std::int64_t, std::int64_t>> tensors{{lay.fc, T * H}, {lay.fc_norm, H}, {lay.final_norm, H}};
   for (const auto& L : lay.layer) {
     tensors.insert(tensors.end(), {{L.attn_norm, H}, {L.mlp_norm, H}, {L.w_gate, H * F}, {L.w_up, H * F}, {L.w_down, F * H}});
+    if (pb.cfg.has_selector() && &L == &lay.layer.front()) {
+      const std::int64_t Vr = pb.cfg.vocab * pb.cfg.selector_rank;
+      tensors.insert(tensors.end(), {{lay.sel_pred, Vr}, {lay.sel_pred, Vr}, {lay.sel_succ, Vr}, {lay.sel_succ, Vr},
+                                     {lay.sel_proj, H * pb.cfg.selector_rank}});
+    }
     if (pb.cfg.has_conv()) {
       const std::int64_t KH = pb.cfg.conv_taps * H, W = H * 2 * pb.cfg.conv_taps * pb.cfg.conv_groups();
       tensors.insert(tensors.end(), {{L.attn_conv_base, KH}, {L.attn_conv_base + KH, KH}, {L.attn_conv_proj, W},

@@ -4,6 +4,7 @@
 // equals the uninterrupted run bitwise.
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <map>
 #include <string>
 
@@ -62,6 +63,26 @@ TEST(Trainer, ContextParallelStepEqualsSingleProcess) {
   const TrainResult ref = solo(o);
   const TrainResult cp = train(world(), o);  // cp = P, dp = 1
   expect_same_step(cp, ref);
+}
+
+// DFlash2 (--arch dflash2: convolutions and the candidate selector) at P ranks equals one process,
+// replicated and with the state and the LM head sharded (the candidates merged across the
+// vocabulary slices); the selector's figures are reported and its loss is part of the loss.
+TEST(Trainer, Dflash2ContextParallelStepEqualsSingleProcess) {
+  for (const char* shard : {"none", "full"}) {
+    TrainOptions o = small(2);
+    o.arch = "dflash2";
+    o.shard = shard;
+    const TrainResult ref = solo(o);
+    std::optional<double> recall;
+    const TrainResult cp = train(world(), o, [&](const TrainEvent& ev) {
+      if (ev.kind == TrainEvent::Kind::step) recall = ev.stats->candidate_recall;
+    });
+    expect_same_step(cp, ref);
+    ASSERT_TRUE(recall.has_value());
+    EXPECT_GT(*recall, 0.0);
+    EXPECT_LE(*recall, 1.0);
+  }
 }
 
 // Ranks in emulated nodes of 2 (DIFFCP_NODE, as scripts/emucluster.sh sets it): the CP group's

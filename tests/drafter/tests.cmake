@@ -30,6 +30,15 @@ add_test(NAME cli_train_export_init COMMAND ${RUN_OK} ${CMAKE_COMMAND} -E env ba
    ${MPIEXEC_EXECUTABLE} -np 2 $<TARGET_FILE:diffcp_cli> train --init ${DFLASH_DIR}/d --steps 20 --out ${DFLASH_DIR}/b --no-progress")
 set_tests_properties(cli_train_export_init PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 180
                      PASS_REGULAR_EXPRESSION "diffcp train: 20 steps on 2 ranks.*checkpoint ${DFLASH_DIR}/b/checkpoint.bin")
+# DFlash2: trained with Split-KV at P = 2, exported in the released layout, trained on from it.
+add_test(NAME cli_train_export_init_dflash2 COMMAND ${RUN_OK} ${CMAKE_COMMAND} -E env bash -c
+  "set -e; rm -rf ${DFLASH_DIR}2; ${MPIEXEC_EXECUTABLE} -np 2 $<TARGET_FILE:diffcp_cli> train --arch dflash2 --steps 10 --out ${DFLASH_DIR}2/a --no-progress; \
+   $<TARGET_FILE:diffcp_cli> export --checkpoint ${DFLASH_DIR}2/a/checkpoint.bin --out ${DFLASH_DIR}2/d; \
+   grep -q DFlash2DraftModel ${DFLASH_DIR}2/d/config.json; \
+   ${MPIEXEC_EXECUTABLE} -np 2 $<TARGET_FILE:diffcp_cli> train --init ${DFLASH_DIR}2/d --steps 10 --out ${DFLASH_DIR}2/b --no-progress --log ${DFLASH_DIR}2/b.jsonl; \
+   grep -q candidate_recall ${DFLASH_DIR}2/b.jsonl")
+set_tests_properties(cli_train_export_init_dflash2 PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 180
+                     PASS_REGULAR_EXPRESSION "diffcp train: 10 steps on 2 ranks.*checkpoint ${DFLASH_DIR}2/b/checkpoint.bin")
 diffcp_add_fail_test(cli_export_missing_checkpoint "checkpoint '/nonexistent/checkpoint.bin'"
                      $<TARGET_FILE:diffcp_cli> export --checkpoint /nonexistent/checkpoint.bin --out ${DFLASH_DIR}/x)
 diffcp_add_fail_test(cli_train_init_not_a_drafter "--init '/nonexistent': not a directory"

@@ -24,6 +24,7 @@
 #include "diffcp/ops/backend.hpp"
 #include "diffcp/ops/conv.hpp"
 #include "diffcp/ops/elementwise.hpp"
+#include "diffcp/ops/loss.hpp"
 #include "diffcp/ops/optim.hpp"
 #include "diffcp/ops/gemm.hpp"
 #include "diffcp/ops/linear.hpp"
@@ -68,7 +69,8 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::scatter_rows, OpKind::l1_distance, OpKind::cross_entropy,
                           OpKind::cross_entropy_backward, OpKind::scale_sumsq, OpKind::guidance_combine,
                           OpKind::fp8_encode, OpKind::fp8_decode, OpKind::dense_linear, OpKind::select_active,
-                          OpKind::token_rows, OpKind::dynamic_conv_forward, OpKind::dynamic_conv_backward};
+                          OpKind::token_rows, OpKind::dynamic_conv_forward, OpKind::dynamic_conv_backward,
+                          OpKind::logit_map, OpKind::top_k};
 
 // dense_linear is the bf16-weight product of inference only (ops/backend.hpp).
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
@@ -344,6 +346,46 @@ TEST(Backend, ToyRunsGemmAndDeclinesAttention) {
 // n - k tokens first in (distance summed over the lanes in lane order in double, index) stay
 // cached, a NaN after every number; ties, NaNs, k = 0 and k = n included. token_rows maps the
 // lists into row numbers; bad sizes are errors naming the values.
+// DFlash2's logits (ops/loss.hpp): top_k orders by value, then id, a NaN last; logit_map is
+// multiplier x soft cap; the backward through it with a sparse extra gradient equals the plain
+// double formula (repeated ids add up, ids outside the chunk skipped).
+TEST(Backend, TopKLogitMapAndTheSelectorsGradient) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x{1.f, 3.f, 3.f, nan, 2.f, /* row 2 */ -1.f, -1.f, -1.f, -1.f, 5.f};
+  std::vector<float> val(8);
+  std::vector<std::int32_t> ids(8);
+  top_k(x.data(), 2, 5, 10, val, ids);
+  EXPECT_EQ(ids, (std::vector<std::int32_t>{11, 12, 14, 10, 14, 10, 11, 12}));  // v0 + column
+  EXPECT_EQ(val[0], 3.f);
+  std::vector<float> all(5);
+  std::vector<std::int32_t> all_i(5);
+  top_k(x.data(), 1, 5, 0, all, all_i);
+  EXPECT_EQ(all_i.back(), 3);  // the NaN last
+  std::vector<float> too_many(12);
+  std::vector<std::int32_t> too_many_i(12);
+  EXPECT_THROW(top_k(x.data(), 2, 5, 0, too_many, too_many_i), Error);  // k = 6 of 5 columns
+  const LogitMap map{0.5f, 2.f};
+  std::vector<float> y{-3.f, 0.25f, 4.f, 1.f};
+  const std::vector<float> z = y;
+  logit_map(y.data(), 1, 4, map);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_NEAR(y[i], 2.0 * std::tanh(0.5 * z[i] / 2.0), 1e-6);
+  // backward: map'(y) (w (softmax(y) - onehot) + extra), extra at ids {2, 2, 9 (outside), 0}
+  const std::vector<float> y0 = y;
+  std::vector<double> st(4);
+  const std::int32_t target[] = {1};
+  cross_entropy(y.data(), 1, 4, 0, target, st);
+  const double lse = st[0] + std::log(st[1]), w = 0.75;
+  const std::vector<std::int32_t> ex_ids{2, 2, 9, 0};
+  const std::vector<double> ex{0.5, 0.25, 7.0, -1.0};
+  cross_entropy_backward(y.data(), 1, 4, 0, target, {&w, 1}, {&lse, 1}, map, {ex_ids, ex});
+  for (std::size_t v = 0; v < 4; ++v) {
+    const double e = v == 2 ? 0.75 : v == 0 ? -1.0 : 0.0;
+    const double t = static_cast<double>(y0[v]) / 2.0;
+    const double want = 0.5 * (1 - t * t) * (w * (std::exp(y0[v] - lse) - (v == 1 ? 1.0 : 0.0)) + e);
+    EXPECT_NEAR(y[v], want, 1e-6) << v;
+  }
+}
+
 TEST(Backend, SelectActiveKeepsTheNearestTokensAndTokenRowsNumberThem) {
   constexpr std::int64_t lanes = 3, S = 4, n = 13;
   std::vector<float> parts = random_normal<float>(lanes * S * n, 11);

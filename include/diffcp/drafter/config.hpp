@@ -43,9 +43,7 @@ struct DrafterConfig {
   std::int64_t conv_taps = 0, conv_group_size = 0;
   // DFlash2's candidate selector (z-lab's CandidateSelector: predecessor / successor codebooks
   // [V, r], hidden_projection H -> r) and the logits it scores (x output_multiplier, then tanh
-  // soft-capping at logit_softcap; 0: none). selector_rank = 0: none. Its parameters are in the
-  // layout (imported, exported, initialised); it does not score or train yet (issue #67): the
-  // trainer and the decoders refuse a drafter that has one.
+  // soft-capping at logit_softcap; 0: none). selector_rank = 0: none (drafter/selector.hpp).
   std::int64_t selector_rank = 0, selector_top_k = 0;
   double output_multiplier = 1.0, logit_softcap = 0.0;
   bool has_conv() const { return conv_taps > 0; }
@@ -67,9 +65,15 @@ struct DrafterConfig {
 // A.1): round(1 + i (depth - 4) / (n_t - 1)), i = 0 .. n_t - 1; depth / 2 when n_t = 1.
 std::vector<std::int64_t> default_target_layer_ids(std::int64_t depth, std::int64_t n_t);
 
-// "tiny" (the default: trains on 2 cores in seconds), "small" (for benchmarks), "qwen3.5-35b-a3b" and "qwen3.5-27b"
-// (SPEC A.1 Table 2 shapes; vocab 151936, the Qwen tokenizer's).
+// "tiny" (the default: trains on 2 cores in seconds), "small" (for benchmarks), "qwen3.5-35b-a3b",
+// "qwen3.5-27b" (DFlash) and "qwen3.8-27b-dflash2" (z-lab's Qwen3.8-27B-DFlash2: block 8, 5 sliding
+// layers of window 2048, not causal, 32 / 8 heads x 128, convolutions of 2 taps over groups of 16,
+// a selector of rank 256 over the top 16, the target's logits x 0.196 soft-capped at 20).
 DrafterConfig drafter_preset(const std::string& name);
+// The DFlash2 variant of a DFlash config (train --arch dflash2): convolutions of 2 taps over groups
+// of 16 channels (the largest divisor of H up to 16), a selector of rank min(256, H) over the top
+// min(16, V / 2) logits; the logit map stays the target's (identity unless set).
+DrafterConfig as_dflash2(DrafterConfig c);
 
 // Offsets of every trainable tensor in the drafter's single parameter allocation.
 // fc [n_t*H, H], fc_norm [H]; per layer: attn_norm [H], attn (AttnLayerParams), mlp_norm [H],

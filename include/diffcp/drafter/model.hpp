@@ -25,12 +25,14 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "diffcp/cp/splitkv.hpp"
 #include "diffcp/drafter/config.hpp"
 #include "diffcp/drafter/lm_head.hpp"
+#include "diffcp/drafter/selector.hpp"
 #include "diffcp/drafter/sharded_state.hpp"
 #include "diffcp/ops/buffer.hpp"
 #include "diffcp/ops/conv.hpp"
@@ -45,6 +47,11 @@ struct DrafterBatch {
   std::vector<std::uint8_t> loss_mask;    // [S]
   std::vector<float> hidden_p;            // [C_p, n_t*H] target hidden states of the held context rows
   std::vector<float> block_input;         // [Q_p, H] h_0 of the owned blocks; empty = embedding lookup
+  // DFlash2: [S] the tokens the candidate selector's predecessors come from for rows k >= 2 (token
+  // anchor + k - 1; row 1's is the anchor's token); empty: tokens (teacher forcing). Held-out
+  // evaluation passes the target's greedy tokens, so the choice equals sequential drafting up to
+  // the first miss.
+  std::vector<std::int32_t> prev_tokens;
 };
 
 // Sums over this rank's rows (sum over CP ranks and micro-batches gives the global figures).
@@ -52,6 +59,10 @@ struct DrafterStats {
   double loss_sum = 0;    // sum of w * CE
   double weight_sum = 0;  // sum of w
   std::vector<std::int64_t> correct, counted;  // [B] per-slot argmax hits / predictions (w > 0)
+  // DFlash2's candidate selector (drafter/selector.hpp selector_loss): its part of loss_sum, and
+  // rows with w > 0, those whose target is among the candidates, those it chose right
+  double selector_loss_sum = 0;
+  std::int64_t selector_rows = 0, selector_covered = 0, selector_correct = 0;
 };
 
 // Embedding lookup: out [n, H] (host) = the frozen embedding rows of tokens [n] (where they live:
@@ -76,7 +87,9 @@ class Drafter {
   void use_state(ShardedState& state);
   void set_embedding(EmbeddingRows rows) { embedding_ = std::move(rows); }  // before step()
   void set_embedding(std::vector<float> table);                             // [V, H] host
-  void set_lm_head(LmHead head) { lm_head_ = std::make_unique<LmHead>(std::move(head)); }  // before step()
+  void set_lm_head(LmHead head);  // before step(); DFlash2: with the config's logit map
+  // DFlash2: lambda, the candidate selector's loss weight (1 by default).
+  void set_selector_loss_weight(double lambda);
   // Activation recomputation: keep only each layer's input and run the layer's forward again in
   // backward (one Split-KV layer and one layer's activations live at a time). Saves ~all the
   // per-layer activation memory for one more forward; the results are bitwise the same.
@@ -118,10 +131,16 @@ class Drafter {
   // step()'s parts after forward(): the decay-weighted loss over the LM head (with `backward`, its
   // gradient dhf [Q_p, H]), then the backward from dhf through every layer and the fusion.
   DrafterStats loss(const DrafterBatch& mb, bool backward, DeviceVector<float>& dhf);
+  // DFlash2: the selector's loss over the rows' candidates (with `backward`, its gradients kept in
+  // selector_grads_), and their application in backward() (dhf [Q_p, H] += the selector's part).
+  SelectorLoss selector_step(std::span<const std::int32_t> prev, std::span<const std::int32_t> target,
+                             std::span<const double> weight, std::span<const float> top_v,
+                             std::span<const std::int32_t> top_i, bool backward);
+  void apply_selector_grads(const float* params, float* grads, DeviceVector<float>& dhf);
   struct BackwardScratch {  // [C_p, H] x 3, [Q_p, H] x 3, [Q_p, F] x 3; with convolutions [Q_p, H], [Q_p, 2 K G]
     DeviceVector<float> dc, dc_l, dc_lin, dh, da, dm, dact, dgate, dup, dconv, ddyn;
   };
-  void backward(const DrafterBatch& mb, const DeviceVector<float>& dhf);
+  void backward(const DrafterBatch& mb, DeviceVector<float>& dhf);  // dhf: DFlash2 adds the selector's part
   // Layer l's backward: bs.dh [Q_p, H] in (its output's gradient) and out (its input's); adds the
   // context's gradient into bs.dc.
   void layer_backward(std::int64_t l, const CpShard& s, BackwardScratch& bs);
@@ -149,6 +168,15 @@ class Drafter {
   DeviceVector<float> c_lin_, c_rstd_, c_, h_, hf_, hf_rstd_;
   DeviceVector<float> conv_out_;  // [Q_p, H] the MLP's output after its second convolution
   std::vector<std::int32_t> argmax_;
+  double selector_lambda_ = 1.0;
+  // DFlash2: the selector's gradients from loss(), applied by backward() with the last unit's
+  // parameters: d(h P) [Q_p, r] (device), the codebook rows used (ascending tokens) and theirs [m, r]
+  struct SelectorGrads {
+    DeviceVector<float> dhp;
+    std::vector<std::int32_t> pred_tokens, succ_tokens;
+    std::vector<float> dpred, dsucc;
+  };
+  std::optional<SelectorGrads> selector_grads_;
   Phases phases_;
 };
 

@@ -35,7 +35,11 @@
 namespace diffcp {
 
 struct TrainOptions {
-  std::string preset;              // tiny | small | qwen3.5-35b-a3b | qwen3.5-27b; empty = tiny (or init's)
+  std::string preset;              // tiny | small | qwen3.5-35b-a3b | qwen3.5-27b | qwen3.8-27b-dflash2; empty = tiny (or init's)
+  // dflash | dflash2 (the preset's DFlash2 variant: drafter/config.hpp as_dflash2); empty = the
+  // preset's or init's own
+  std::string arch;
+  double selector_weight = 1.0;    // DFlash2: lambda, the candidate selector's loss weight
   std::string init;                // start from a DFlash drafter directory (its config.json gives the shape)
   std::int64_t steps = 400;
   int cp = 0, dp = 1;              // cp = 0: world size / dp
@@ -123,6 +127,10 @@ struct StepStats {
   double ms = 0;                   // wall time of the step (without the evaluation)
   double tokens_per_s = 0;         // tokens / time
   std::vector<double> slot_accuracy;  // [block - 1]: share of argmax == target at block slot k = 1..block-1
+                                      // (DFlash2: the selector's choice == target)
+  // DFlash2: the share of loss rows whose target is among the selector's candidates, and of those
+  // rows the selector chose right (teacher forcing); the selector's part of loss
+  std::optional<double> candidate_recall, selector_accuracy, selector_loss;
   std::optional<double> tau;       // held-out acceptance length, when step() evaluated after this step
   std::vector<std::pair<std::string, double>> phases;  // this step's ms per phase (TrainResult::phases' names)
 };

@@ -71,8 +71,23 @@ enum class OpKind : std::uint8_t {
   token_rows,          // dit/ops.hpp (row lists from token indices on the device: i32 indices)
   dynamic_conv_forward,   // ops/conv.hpp (DFlash2's grouped dynamic causal convolution)
   dynamic_conv_backward,  //
+  logit_map,           // ops/loss.hpp (DFlash2's logits: multiplier and soft cap)
+  top_k,               // ops/loss.hpp (DFlash2's candidates: each row's K largest logits)
 };
-inline constexpr int kOpKindCount = 37;
+inline constexpr int kOpKindCount = 39;
+
+// DFlash2's map of the LM head's logits (ops/loss.hpp logit_map): y = multiplier l, then
+// softcap tanh(y / softcap) when softcap > 0.
+struct LogitMap {
+  float multiplier = 1.f, softcap = 0.f;
+  bool identity() const { return multiplier == 1.f && softcap == 0.f; }
+};
+// A sparse gradient on chosen logits of each row (ops/loss.hpp cross_entropy_backward):
+// ids: [R, k] global token ids (outside the chunk's columns: skipped)  grad: [R, k] (host)
+struct SparseLogitGrad {
+  std::span<const std::int32_t> ids;
+  std::span<const double> grad;
+};
 
 // One AdamW update's constants (ops/optim.hpp): p = p * decay - step * m' / (sqrt(v') *
 // inv_sqrt_c2 + eps), m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2.
@@ -238,11 +253,19 @@ class Backend {
   //          the target's logit (0 when it is not in [v0, v0 + n))
   //   weight: [R] or empty. Given, the chunk is the whole vocabulary (v0 = 0): the logits become
   //          dlogits = w (exp(l - lse) - [v == target]) with lse = max + log(sum), in place.
+  //   map: the logits are logit_map's output: the dlogits are times map'(l) (identity: 1)
   virtual void cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
-                             std::span<double> stats, std::span<const double> weight);
-  // logits: [R, n] f32 in place -> w (exp(l - lse) - [v0 + v == target])  target, weight, lse: [R] host
+                             std::span<double> stats, std::span<const double> weight, LogitMap map);
+  // logits: [R, n] f32 in place -> map'(y) (w (exp(y - lse) - [v0 + v == target]) + extra at its ids)
+  // target, weight, lse: [R] host  extra: ids, grad [R, k] host (k = 0: none)
   virtual void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
-                                      std::span<const double> weight, std::span<const double> lse);
+                                      std::span<const double> weight, std::span<const double> lse, LogitMap map,
+                                      SparseLogitGrad extra);
+  // logits: [R, n] f32 in place -> multiplier l, soft-capped (ops/loss.hpp logit_map)
+  virtual void logit_map(TensorView logits, LogitMap map);
+  // logits: [R, n] f32  values: [R, k] host out  ids: [R, k] host out (global: v0 + column), by
+  // value descending then id ascending, a NaN after every number (ops/loss.hpp top_k)
+  virtual void top_k(ConstTensorView logits, std::int64_t v0, std::span<float> values, std::span<std::int32_t> ids);
   // x: [n] f32 in place = float(double(x) * scale); returns the sum of the new x^2 in double, in
   // index order (a scalar for the host: the gradient norm).
   virtual double scale_sumsq(TensorView x, double scale);

@@ -5,7 +5,7 @@
 //  - "guard-async" (guard_async_backend()): CUDA's execution model. Every op, copy and free is
 //    queued on one stream and run in issue order by a worker thread; the call returns at once.
 //    The host waits only where a GPU's host waits: synchronize(), a copy into host memory, the ops
-//    that return values to the host (scale_sumsq, cross_entropy's statistics) and pack_weight.
+//    that return values to the host (scale_sumsq, cross_entropy's statistics, top_k) and pack_weight.
 //    Host arguments are taken at the call, as a GPU backend uploads them (index lists, the RoPE
 //    rows of the positions, loss targets and weights, the BlockMask, the source of a
 //    host-to-device copy); a packed weight is freed in stream order, as device memory. An op that fails on the stream is reported at the next host
@@ -110,9 +110,12 @@ class GuardBackend final : public Backend {
   void token_rows(ConstTensorView active, ConstTensorView map, std::int64_t n, std::int64_t stride,
                   TensorView rows) override;
   void cross_entropy(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target, std::span<double> stats,
-                     std::span<const double> weight) override;
+                     std::span<const double> weight, LogitMap map) override;
   void cross_entropy_backward(TensorView logits, std::int64_t v0, std::span<const std::int32_t> target,
-                              std::span<const double> weight, std::span<const double> lse) override;
+                              std::span<const double> weight, std::span<const double> lse, LogitMap map,
+                              SparseLogitGrad extra) override;
+  void logit_map(TensorView logits, LogitMap map) override;
+  void top_k(ConstTensorView logits, std::int64_t v0, std::span<float> values, std::span<std::int32_t> ids) override;
   double scale_sumsq(TensorView x, double scale) override;
   void synchronize() override;  // waits for the stream (guard-async); counts a host sync
   void scatter_rows(ConstTensorView src, ConstTensorView rows, TensorView dst) override;
