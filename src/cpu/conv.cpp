@@ -3,6 +3,11 @@
 #include <algorithm>
 
 #include "cpu_backend.hpp"
+
+#if defined(_OPENMP)  // (the fuzz project builds without -fopenmp: one thread)
+#include <omp.h>
+#endif
+
 #include "isa.hpp"  // last (isa.hpp)
 
 namespace diffcp::cpu::DIFFCP_CPU_ISA {
@@ -41,6 +46,7 @@ void CpuBackend::dynamic_conv_backward(ConstTensorView dy_v, ConstTensorView x_v
   const std::int64_t T = x_v.size(0), H = x_v.size(1), K = dyn_v.size(1), G = dyn_v.size(2), gs = H / G;
   const std::int64_t ld = dyn_v.stride[0], ld_d = ddyn_v.stride[0];
   const bool par = T * H * K > (1 << 16);
+  (void)par;  // (without OpenMP the pragmas are ignored)
   // dx[s, c] = sum over o ascending of (base[o, c] + dyn[s + o, o, g]) dy[s + o, c], s + o in s's block;
   // ddyn[t, o, g] = sum over c of group g ascending of dy[t, c] x[t - o, c] (0 across the block start)
 #pragma omp parallel for schedule(static) if (par)
@@ -67,15 +73,25 @@ void CpuBackend::dynamic_conv_backward(ConstTensorView dy_v, ConstTensorView x_v
         ddyn[t * ld_d + o * G + g] = acc;
       }
   }
-  // dbase[o, c] += sum over rows t ascending (o <= p(t)) of dy[t, c] x[t - o, c]: columns in parallel
-#pragma omp parallel for schedule(static) if (par)
-  for (std::int64_t c = 0; c < H; ++c)
-    for (std::int64_t o = 0; o < K; ++o) {
-      float acc = dbase[o * H + c];
-      for (std::int64_t t = 0; t < T; ++t)
-        if (o <= t % block) acc += dy[t * H + c] * x[(t - o) * H + c];
-      dbase[o * H + c] = acc;
+  // dbase[o, c] += sum over rows t ascending (o <= p(t)) of dy[t, c] x[t - o, c]: each thread a
+  // range of columns, its rows read in order (contiguous, vectorised over c)
+#pragma omp parallel if (par)
+  {
+#if defined(_OPENMP)
+    const int n = omp_get_num_threads(), me = omp_get_thread_num();
+#else
+    const int n = 1, me = 0;
+#endif
+    const std::int64_t c0 = H * me / n, c1 = H * (me + 1) / n;
+    for (std::int64_t t = 0; t < T; ++t) {
+      const std::int64_t valid = std::min(K, t % block + 1);
+      for (std::int64_t o = 0; o < valid; ++o) {
+        float* db = dbase + o * H;
+        const float *dyt = dy + t * H, *xs = x + (t - o) * H;
+        for (std::int64_t c = c0; c < c1; ++c) db[c] += dyt[c] * xs[c];
+      }
     }
+  }
 }
 
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA

@@ -141,8 +141,11 @@ DrafterConfig drafter_preset(const std::string& name) {
     c.target_depth = 0;
     return c;
   }
-  if (name == "qwen3.8-27b-dflash2") {  // the released checkpoint's config
-    c.vocab = 248320;
+  // z-lab's Qwen3.8-27B-DFlash2 as issue #67 gives it (block 8, 5 sliding layers of 2048, 32 / 8
+  // heads x 128); H, F and V those of the qwen3.5-27b preset's target family (1.9 B parameters,
+  // the release's 3.85 GB in bf16)
+  if (name == "qwen3.8-27b-dflash2") {
+    c.vocab = 151936;
     c.hidden = 5120;
     c.layers = 5;
     c.ffn = 17408;
@@ -161,9 +164,7 @@ DrafterConfig drafter_preset(const std::string& name) {
     c.conv_taps = 2;
     c.conv_group_size = 16;
     c.selector_rank = 256;
-    c.selector_top_k = 16;
-    c.output_multiplier = 0.196;
-    c.logit_softcap = 20;
+    c.selector_top_k = 16;  // (a Qwen target's logits: no multiplier, no soft cap)
     return c;
   }
   DIFFCP_FAIL("unknown preset '", name, "', expected tiny, small, qwen3.5-35b-a3b, qwen3.5-27b or qwen3.8-27b-dflash2");

@@ -68,7 +68,7 @@ std::vector<std::int64_t> default_target_layer_ids(std::int64_t depth, std::int6
 // "tiny" (the default: trains on 2 cores in seconds), "small" (for benchmarks), "qwen3.5-35b-a3b",
 // "qwen3.5-27b" (DFlash) and "qwen3.8-27b-dflash2" (z-lab's Qwen3.8-27B-DFlash2: block 8, 5 sliding
 // layers of window 2048, not causal, 32 / 8 heads x 128, convolutions of 2 taps over groups of 16,
-// a selector of rank 256 over the top 16, the target's logits x 0.196 soft-capped at 20).
+// a selector of rank 256 over the top 16).
 DrafterConfig drafter_preset(const std::string& name);
 // The DFlash2 variant of a DFlash config (train --arch dflash2): convolutions of 2 taps over groups
 // of 16 channels (the largest divisor of H up to 16), a selector of rank min(256, H) over the top
