@@ -19,7 +19,9 @@ the reduced sizes that ran on a 2-core machine, see bench/long_context_study.txt
    tools/extract_shards.py picks them) and the target's greedy tokens, as `diffcp train` shards
    (loss mask everywhere). A drafter trained at C < D never sees a predictable token.
 3. `mpirun -np 2 diffcp train --preset tiny --context C --balancer lpt` (Split-KV over 2 ranks;
-   --context is the packing length: one document per micro-batch), `diffcp export`.
+   --context is the packing length: one document per micro-batch), `diffcp export`; with
+   --archs dflash,dflash2 a DFlash and a DFlash2 (`--arch dflash2`) drafter per context, compared
+   in the tau and speed tables (an `arch` column; DFlash2's candidate recall from its training log).
 4. decoding: prompts = fresh documents cut at each prompt length; every drafter decodes every
    prompt with diffcp.speculative.generate (greedy), checked against the target's greedy
    generation (lossless) -> bench/long_context_tau.csv.
@@ -287,6 +289,8 @@ def main():
     ap.add_argument("--heldout", type=int, default=2)
     ap.add_argument("--steps", default="2000", help="drafter steps: one number, or one per --contexts entry")
     ap.add_argument("--anchors", type=int, default=128)
+    ap.add_argument("--archs", default="dflash", help="drafter architectures to train and compare: dflash, dflash2 "
+                    "(diffcp train --arch; issue #67: DFlash2's convolutions and candidate selector)")
     # decoding
     ap.add_argument("--lengths", default="1024,1536,2048,4096,8192,16384", help="prompt lengths")
     ap.add_argument("--prompts", type=int, default=4)
@@ -299,6 +303,9 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     contexts = [int(c) for c in args.contexts.split(",")]
+    archs = args.archs.split(",")
+    # a drafter per (context, architecture); DFlash keeps the directory names of the first study
+    tag = lambda C, a: f"{C}" if a == "dflash" else f"{C}_{a}"
     steps = [int(x) for x in args.steps.split(",")]
     steps = dict(zip(contexts, steps if len(steps) == len(contexts) else steps[:1] * len(contexts)))
     lengths = [int(c) for c in args.lengths.split(",")]
@@ -346,38 +353,43 @@ def main():
 
     # 2-3. drafters
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    train_tau = {}
+    train_tau, train_last = {}, {}
     for C in contexts:
-        sdir, ddir = f"{args.work}/shards_{C}", f"{args.work}/drafter_{C}"
+        sdir = f"{args.work}/shards_{C}"
         if "data" in stages and not os.path.exists(f"{sdir}/model.safetensors"):
             t0 = time.time()
             write_shards(model, corpus, args, C, sdir, log)
             log(f"2. shards for C = {C}: {time.time() - t0:.0f} s")
-        if "train" in stages and not os.path.exists(f"{ddir}/config.json"):
-            t0 = time.time()
-            cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1", "-np", "2",
-                   args.diffcp, "train", "--data", sdir, "--preset", "tiny", "--context", str(C), "--anchors",
-                   str(args.anchors), "--balancer", "lpt", "--steps", str(steps[C]), "--heldout", str(args.heldout),
-                   "--eval-every", str(steps[C]), "--log", f"{args.work}/train_{C}.jsonl", "--out",
-                   f"{args.work}/train_{C}", "--no-progress"]
-            log("  $ " + " ".join(cmd))
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if r.returncode:
-                print(r.stdout, r.stderr)
-                raise SystemExit(f"diffcp train failed for C = {C}")
-            m = re.search(r"held-out acceptance length tau ([0-9.]+)", r.stdout)
-            subprocess.run([args.diffcp, "export", "--checkpoint", f"{args.work}/train_{C}/checkpoint.bin", "--out", ddir],
-                           check=True, capture_output=True)
-            last = json.loads(open(f"{args.work}/train_{C}.jsonl").read().splitlines()[-1])
-            log(f"3. drafter C = {C}: {steps[C]} steps, P = 2, {time.time() - t0:.0f} s; final loss {last['loss']:.3f}, "
-                f"held-out tau {m.group(1) if m else '?'}, {last.get('step_ms', 0):.0f} ms/step")
-        if os.path.exists(f"{args.work}/train_{C}.jsonl"):
-            rows = open(f"{args.work}/train_{C}.jsonl").read().splitlines()
-            train_tau[C] = next((json.loads(x)["tau"] for x in reversed(rows) if "tau" in json.loads(x)), None)
+        for arch in archs:
+            k = tag(C, arch)
+            ddir = f"{args.work}/drafter_{k}"
+            if "train" in stages and not os.path.exists(f"{ddir}/config.json"):
+                t0 = time.time()
+                cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1", "-np", "2",
+                       args.diffcp, "train", "--data", sdir, "--preset", "tiny", "--arch", arch, "--context", str(C),
+                       "--anchors", str(args.anchors), "--balancer", "lpt", "--steps", str(steps[C]), "--heldout",
+                       str(args.heldout), "--eval-every", str(steps[C]), "--log", f"{args.work}/train_{k}.jsonl", "--out",
+                       f"{args.work}/train_{k}", "--no-progress"]
+                log("  $ " + " ".join(cmd))
+                r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if r.returncode:
+                    print(r.stdout, r.stderr)
+                    raise SystemExit(f"diffcp train failed for C = {C}, {arch}")
+                m = re.search(r"held-out acceptance length tau ([0-9.]+)", r.stdout)
+                subprocess.run([args.diffcp, "export", "--checkpoint", f"{args.work}/train_{k}/checkpoint.bin", "--out", ddir],
+                               check=True, capture_output=True)
+                last = json.loads(open(f"{args.work}/train_{k}.jsonl").read().splitlines()[-1])
+                recall = f", candidate recall {last['candidate_recall']:.3f}" if "candidate_recall" in last else ""
+                log(f"3. drafter C = {C} ({arch}): {steps[C]} steps, P = 2, {time.time() - t0:.0f} s; final loss {last['loss']:.3f}"
+                    f"{recall}, held-out tau {m.group(1) if m else '?'}, {last.get('step_ms', 0):.0f} ms/step")
+            if os.path.exists(f"{args.work}/train_{k}.jsonl"):
+                rows = [json.loads(x) for x in open(f"{args.work}/train_{k}.jsonl").read().splitlines()]
+                train_tau[k] = next((x["tau"] for x in reversed(rows) if "tau" in x), None)
+                train_last[k] = rows[-1]
 
     # 4. tau vs prompt length
     if "tau" in stages:
-        drafters = {C: diffcp.Drafter.load(f"{args.work}/drafter_{C}") for C in contexts}
+        drafters = {tag(C, a): diffcp.Drafter.load(f"{args.work}/drafter_{tag(C, a)}") for C in contexts for a in archs}
         rows = []
         for L in lengths:
             rng = np.random.default_rng(args.seed + 100 + L)
@@ -391,32 +403,37 @@ def main():
                 refs.append(g[0, len(p):].tolist())
             motif_ok = np.mean([sum(a == b for a, b in zip(r, m)) / len(m) for r, (_, m) in zip(refs, prompts)])
             log(f"4. prompt length {L}: target greedy ({time.time() - t0:.0f} s), its {args.new_tokens} tokens right (vs the document) {motif_ok:.3f}")
-            for C in contexts:
+            for C, arch in [(C, a) for C in contexts for a in archs]:
+                k = tag(C, arch)
                 t0 = time.time()
                 taus, lossless, new, fwd = [], 0, 0, 0
                 for (p, _), ref in zip(prompts, refs):
-                    out, st = diffcp.speculative.generate(model, drafters[C], torch.tensor(p), args.new_tokens,
+                    out, st = diffcp.speculative.generate(model, drafters[k], torch.tensor(p), args.new_tokens,
                                                           **spec_kwargs(temperature=0.0))
                     lossless += out[0, len(p):].tolist() == ref
                     taus.append(st["tau"])
                     new += st["new_tokens"]
                     fwd += st["target_forwards"]
-                row = dict(train_context=C, prompt_length=L, tau=round(float(np.mean(taus)), 4),
+                row = dict(train_context=C, **({"arch": arch} if archs != ["dflash"] else {}),
+                           prompt_length=L, tau=round(float(np.mean(taus)), 4),
                            tau_min=round(float(np.min(taus)), 4), tau_max=round(float(np.max(taus)), 4),
                            tokens_per_target_forward=round(new / fwd, 4),
                            lossless="yes" if lossless == len(prompts) else f"no ({lossless}/{len(prompts)})",
                            prompts=len(prompts), new_tokens=args.new_tokens, target_greedy_accuracy=round(float(motif_ok), 4),
-                           trainer_heldout_tau=train_tau.get(C), seconds=round(time.time() - t0, 1))
+                           trainer_heldout_tau=train_tau.get(k), seconds=round(time.time() - t0, 1))
+                if "candidate_recall" in train_last.get(k, {}):  # DFlash2: the last training step's
+                    row["train_candidate_recall"] = round(train_last[k]["candidate_recall"], 4)
                 rows.append(row)
-                log(f"   drafter C = {C}: tau {row['tau']:.3f} (prompts {row['tau_min']:.2f}..{row['tau_max']:.2f}), "
+                log(f"   drafter C = {C} ({arch}): tau {row['tau']:.3f} (prompts {row['tau_min']:.2f}..{row['tau_max']:.2f}), "
                     f"{row['tokens_per_target_forward']:.2f} tokens/target forward, lossless {row['lossless']}, "
                     f"{row['seconds']:.0f} s")
         write_csv(args.tau_csv, rows, log)
 
     # 5. speed
-    if "speed" in stages:
+    speed_rows = []
+    for arch in (archs if "speed" in stages else []):
         C = max(contexts)
-        drafter = diffcp.Drafter.load(f"{args.work}/drafter_{C}")
+        drafter = diffcp.Drafter.load(f"{args.work}/drafter_{tag(C, arch)}")
         params = inspect.signature(diffcp.speculative.generate).parameters
         # greedy from the draft KV cache and, for the before/after, drafting statelessly (the whole
         # context every block); sampled from the cache (builds with those arguments)
@@ -454,7 +471,8 @@ def main():
                     tgt_s += sum(tm.times[1:])
                     dr_s += st.get("draft_seconds", sum(td.times))  # the cache's appends and the LM head too, where reported
                 n = len(prompts)
-                row = dict(mode=mode, train_context=C, prompt_length=L, prompts=n, new_tokens=args.speed_new_tokens,
+                row = dict(mode=mode, train_context=C, **({"arch": arch} if archs != ["dflash"] else {}),
+                           prompt_length=L, prompts=n, new_tokens=args.speed_new_tokens,
                            baseline_tokens_per_s=round(new_b / base_s, 2), speculative_tokens_per_s=round(new_s / spec_s, 2),
                            speedup=round((new_s / spec_s) / (new_b / base_s), 3),
                            # without the prefill (the same forward in both; timed in the speculative run)
@@ -466,12 +484,14 @@ def main():
                            target_ms_per_block=round(1e3 * tgt_s / max(1, blocks), 2),
                            draft_ms_per_block=round(1e3 * dr_s / max(1, blocks), 2))
                 rows.append(row)
-                log(f"5. speed {mode}, prompt {L}: plain {row['baseline_tokens_per_s']:.1f} tok/s, speculative "
+                log(f"5. speed {arch} {mode}, prompt {L}: plain {row['baseline_tokens_per_s']:.1f} tok/s, speculative "
                     f"{row['speculative_tokens_per_s']:.1f} tok/s -> {row['speedup']:.2f}x ({row['decode_speedup']:.2f}x without the prefill; tau {row['tau']:.2f}, lossless "
                     f"{row['lossless']}); per prompt: prefill {row['prefill_s']:.2f} s, target blocks {row['target_s']:.2f} s, draft {row['draft_s']:.2f} s of "
                     f"{row['speculative_s']:.2f} s; target {row['target_ms_per_block']:.1f} ms/forward vs draft "
                     f"{row['draft_ms_per_block']:.1f} ms/block")
-        write_csv(args.speed_csv, rows, log)
+        speed_rows.extend(rows)
+    if speed_rows:
+        write_csv(args.speed_csv, speed_rows, log)
 
 
 if __name__ == "__main__":

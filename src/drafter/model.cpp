@@ -276,6 +276,15 @@ DrafterStats Drafter::step(const DrafterBatch& mb, bool backward) {
   return st;
 }
 
+void Drafter::idle_step() {
+  state().gather_rounds_only();
+  if (cfg_.has_selector()) {  // loss()'s selector reads the last unit again
+    const int Lu = static_cast<int>(cfg_.layers) + 1;
+    acquire(Lu, false);
+    state().release(Lu, false);
+  }
+}
+
 void Drafter::set_lm_head(LmHead head) {
   head.set_logit_map({static_cast<float>(cfg_.output_multiplier), static_cast<float>(cfg_.logit_softcap)});
   lm_head_ = std::make_unique<LmHead>(std::move(head));

@@ -412,7 +412,7 @@ double Trainer::evaluate() {
   const auto dp = static_cast<std::size_t>(m.opt.dp), rounds = (m.eval_packs.size() + dp - 1) / dp;
   for (auto e = static_cast<std::size_t>(m.dp_rank); e < rounds * dp; e += dp) {
     if (e >= m.eval_packs.size()) {
-      m.state->gather_rounds_only();
+      m.drafter->idle_step();
       continue;
     }
     auto rng = anchor_rng(m.opt.seed, static_cast<std::int64_t>(e), 0xe7a1);

@@ -83,6 +83,14 @@ TEST(Trainer, Dflash2ContextParallelStepEqualsSingleProcess) {
     EXPECT_GT(*recall, 0.0);
     EXPECT_LE(*recall, 1.0);
   }
+  if (world().size() % 2 == 0 && world().size() >= 4) {  // DP x CP, sharded, evaluated after the last step
+    TrainOptions o = small(2);
+    o.arch = "dflash2";
+    o.dp = 2;
+    const TrainResult ref = train(world(), o);
+    o.shard = "full";
+    expect_same_step(train(world(), o), ref);
+  }
 }
 
 // Ranks in emulated nodes of 2 (DIFFCP_NODE, as scripts/emucluster.sh sets it): the CP group's

@@ -88,6 +88,9 @@ class Drafter {
   void set_embedding(EmbeddingRows rows) { embedding_ = std::move(rows); }  // before step()
   void set_embedding(std::vector<float> table);                             // [V, H] host
   void set_lm_head(LmHead head);  // before step(); DFlash2: with the config's logit map
+  // The parameter gathers of step(mb, false) without a batch: a DP replica with no micro-batch in
+  // an evaluation round takes part in the mesh-wide gathers the others make.
+  void idle_step();
   // DFlash2: lambda, the candidate selector's loss weight (1 by default).
   void set_selector_loss_weight(double lambda);
   // Activation recomputation: keep only each layer's input and run the layer's forward again in
