@@ -130,6 +130,7 @@ struct ExportOptions {
   std::string checkpoint, out, dtype = "f32";
   std::string target_layer_ids;        // comma list; empty = the checkpoint's
   std::int64_t num_target_layers = 0;  // 0 = the checkpoint's
+  std::int64_t max_positions = 40960;  // config.json's max_position_embeddings
 };
 void add_export_command(CLI::App& app, ExportOptions& opt);
 int run_export(const ExportOptions& opt);

@@ -18,6 +18,9 @@ void add_export_command(CLI::App& app, ExportOptions& opt) {
   c->add_option("--target-layer-ids", opt.target_layer_ids,
                 "comma list: which target layers the training shards' hidden states came from (default: the checkpoint's)");
   c->add_option("--num-target-layers", opt.num_target_layers, "the target model's depth (default: the checkpoint's)");
+  c->add_option("--max-positions", opt.max_positions, "config.json's max_position_embeddings: the longest context the "
+                                                      "serving engine may give the drafter (the target's)")
+      ->capture_default_str();
 }
 
 int run_export(const ExportOptions& opt) {
@@ -37,7 +40,7 @@ int run_export(const ExportOptions& opt) {
   }
   if (opt.num_target_layers > 0) cfg.target_depth = opt.num_target_layers;
   cfg.validate();
-  export_dflash(opt.out, cfg, ck.params, opt.dtype);
+  export_dflash(opt.out, cfg, ck.params, opt.dtype, opt.max_positions);
   std::printf("diffcp export: %s (step %lld) -> %s/config.json + model.safetensors (%s, %lld layers, hidden %lld, "
               "target layers %s of %lld)\n",
               opt.checkpoint.c_str(), static_cast<long long>(step), opt.out.c_str(),

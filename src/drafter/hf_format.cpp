@@ -252,8 +252,10 @@ DrafterConfig config_from_hf(const nlohmann::json& j, const std::string& path) {
 
 }  // namespace
 
-void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<const float> params, const std::string& dtype) {
+void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<const float> params, const std::string& dtype,
+                   std::int64_t max_positions) {
   (void)compute_dtype(dtype, "export dtype");
+  DIFFCP_CHECK(max_positions >= 1, "export: max_position_embeddings ", max_positions, ", expected >= 1");
   DIFFCP_CHECK(c.has_conv() == c.has_selector(), "export: a drafter with ", c.has_conv() ? "" : "no ",
                "convolutions and ", c.has_selector() ? "a" : "no", " candidate selector; the released layouts have both "
                "(DFlash2DraftModel) or neither (DFlashDraftModel)");
@@ -287,7 +289,7 @@ void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<con
       {"rms_norm_eps", c.rms_eps},
       {"rope_theta", c.rope_theta},
       {"rope_scaling", nullptr},
-      {"max_position_embeddings", 40960},
+      {"max_position_embeddings", max_positions},
       {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"tie_word_embeddings", false},

@@ -341,9 +341,12 @@ TEST(DFlashFormat, Dflash2RoundTripsInTheReleasedLayout) {
   std::copy(succ.begin(), succ.end(), p.begin() + lay.sel_succ);  // off its zero init
   const std::string dir = own_dir("dflash2");
   fs::remove_all(dir);
-  export_dflash(dir, cfg, p, "f32");
+  export_dflash(dir, cfg, p, "f32", 262144);  // a target of 256k positions
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
   EXPECT_EQ(j.at("architectures"), nlohmann::json({"DFlash2DraftModel"}));
+  EXPECT_EQ(j.at("max_position_embeddings"), 262144);
+  EXPECT_EQ(j.at("is_causal"), false);  // every key a serving engine reads
+  EXPECT_EQ(j.at("num_target_layers"), cfg.target_depth);
   const nlohmann::json& dc = j.at("dflash_config");
   EXPECT_EQ(dc.at("conv_kernel_size"), 2);
   EXPECT_EQ(dc.at("conv_group_size"), 16);

@@ -32,8 +32,9 @@ struct DrafterWeights {
 
 // dtype: "f32" or "bf16" (round to nearest even). Needs the config's target_layer_ids and
 // target_depth. Writes DIR/config.json and DIR/model.safetensors (each atomically).
+// max_positions: max_position_embeddings, the longest context an engine may draft over (>= 1).
 void export_dflash(const std::string& dir, const DrafterConfig& cfg, std::span<const float> params,
-                   const std::string& dtype);
+                   const std::string& dtype, std::int64_t max_positions = 40960);
 
 // Reads DIR (F32, BF16 or F16 tensors, converted to f32). Every tensor's name, dtype and shape is
 // checked against the config, nothing may be missing or extra; bad input throws naming it.
