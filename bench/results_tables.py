@@ -620,18 +620,6 @@ TABLES = {
          "cache vs stateless, P = 1"], t_decoding,
         f"One DFlash draft block of the `small` drafter (H 512, 4 layers, B 16), ms, median of 5; {XEON}, 2026-12-05. "
         "Reproduce: `bench/bench_draft.sh`."),
-    "dflash2": Table(
-        ["dflash2_tau.csv", "dflash2_speed.csv"],
-        ["trained at", "drafter", "tau at prompt 1k / 1.5k / 2k / 4k / 8k", "candidate recall (training)",
-         "greedy speed-up vs the target alone at 2k / 4k", "lossless"], t_dflash2,
-        f"`tools/long_context_study.py --archs dflash,dflash2` ({XEON}, 2026-12-06): its target and period-1024 "
-        "corpus, tiny drafters trained at P = 2 (2k: 2000 steps, 8k: 1000), greedy, 4 prompts x 32 tokens (speed: 3 x "
-        "64, draft cache, prefill included). Log: [dflash2_study.txt](dflash2_study.txt)."),
-    "dflash2_step": Table(
-        ["dflash2_step.csv"],
-        ["preset", "P", "DFlash step ms", "DFlash2 step ms", "DFlash2 / DFlash", "rounds"], t_dflash2_step,
-        f"The train step, context 2048, f32, one rank per core, medians of interleaved rounds; {XEON}, 2026-12-06. "
-        "Reproduce: `bench/bench_dflash2.sh`."),
     "faults": Table(
         ["watchdog.csv", "faults.csv"], ["what", "figure", "machine", "date", "reproduce", "data"], t_faults,
         "The watchdog: medians over 5 alternating rounds; a fault: the time from the fault to the end of `mpirun`, "
