@@ -339,6 +339,37 @@ TEST(DrafterStep, AFreshDflash2IsDflash) {
          "a layer's DFlash tensors");
 }
 
+// DFlash2's convolutions and selector are local to a block: a DFlash2 step moves over the CP group
+// exactly the bytes DFlash's does (Split-KV's, every layer, forward and backward; the LM head whole).
+TEST(DrafterStep, Dflash2MovesWhatDflashMoves) {
+  DrafterConfig v2 = dflash2_config();
+  v2.selector_rank = 4;
+  v2.selector_top_k = 6;
+  const Problem v1, p2(v2);
+  const auto bytes = [](const Problem& pb) {
+    Communicator& world = test::world();
+    Drafter d(world, pb.cfg);
+    d.init_params(7);
+    d.state().zero_grads();
+    d.set_lm_head(LmHead(nullptr, pb.cfg.hidden, pb.cfg.vocab, pb.lm_head, 0));
+    DrafterBatch mb;
+    mb.shard = contiguous_shard(pb.batch, world.size(), world.rank());
+    mb.tokens = pb.tokens;
+    mb.loss_mask = pb.loss_mask;
+    const std::int64_t T = pb.cfg.target_layers * pb.cfg.hidden, H = pb.cfg.hidden;
+    for (const PosRange& r : mb.shard.chunks)
+      mb.hidden_p.insert(mb.hidden_p.end(), pb.hidden.begin() + r.begin * T, pb.hidden.begin() + r.end * T);
+    mb.block_input.assign(pb.block_input.begin() + mb.shard.blocks.begin * pb.cfg.block * H,
+                          pb.block_input.begin() + mb.shard.blocks.end * pb.cfg.block * H);
+    const std::uint64_t before = world.stats().total().bytes_sent;
+    d.step(mb, true);
+    return world.stats().total().bytes_sent - before;
+  };
+  const std::uint64_t b1 = bytes(v1), b2 = bytes(p2);
+  EXPECT_EQ(b1, b2);
+  if (test::world().size() > 1) EXPECT_GT(b1, 0u);  // Split-KV moved something
+}
+
 void check_gradients(const Problem& pb, const std::function<double(const std::vector<float>&)>& wrong) {
   std::vector<float> p = test_params(pb.cfg);
   const std::vector<float> g = drafter_gradients(pb, p);
