@@ -238,13 +238,15 @@ TEST(Trainer, ShardedCheckpointResumesOnAnotherNumberOfRanks) {
 }
 
 // Replicated and sharded (--shard full: each rank's slices of the parameters and moments, written
-// by rank 0 unit by unit) alike.
+// by rank 0 unit by unit) alike; DFlash2 sharded too.
 TEST(Trainer, ResumeAfterAKillIsBitwiseEqualToTheUninterruptedRun) {
-  for (const char* shard : {"none", "full"}) {
-    const auto dir = std::filesystem::path(::testing::TempDir()) / ("resume_" + std::string(shard) + "_np" + std::to_string(world().size()));
+  for (const auto& [shard, arch] : {std::pair{"none", "dflash"}, std::pair{"full", "dflash"}, std::pair{"full", "dflash2"}}) {
+    const auto dir = std::filesystem::path(::testing::TempDir()) /
+                     ("resume_" + std::string(shard) + "_" + arch + "_np" + std::to_string(world().size()));
     auto opts = [&](const std::string& name) {
       TrainOptions o = small(6);
       o.shard = shard;
+      o.arch = arch;
       o.out = (dir / name).string();
       o.save_every = 1;
       return o;
