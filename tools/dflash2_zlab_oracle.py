@@ -17,6 +17,8 @@ z-lab's ``from_pretrained`` and by diffcp, then:
   generate  z-lab's ``dflash_generate`` vs ``diffcp.speculative.generate`` (greedy, with and
             without the draft KV cache) on a tiny random transformers Qwen3 target: same tokens,
             same acceptance lengths (and the target's own greedy output).
+  export    the other way: ``diffcp train --arch dflash2`` + ``diffcp export`` (f32, bf16) in z-lab's
+            from_pretrained; its forward vs ``diffcp draft`` (P = 1, 2), greedy path vs ``propose``.
 
 Each check prints ``PASS|FAIL name: figures``; the exit status is 1 on any FAIL.
 
@@ -25,6 +27,7 @@ Each check prints ``PASS|FAIL name: figures``; the exit status is 1 on any FAIL.
 import argparse
 import datetime
 import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -38,6 +41,11 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAILS = []
+MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+# The keys z-lab's model.py reads with _draft_value (dflash_config, else the top level); its defaults.
+ZLAB_KEYS = {"target_layer_ids": None, "block_size": 16, "mask_token_id": None, "conv_kernel_size": None,
+             "conv_group_size": None, "selector_rank": None, "selector_top_k": None, "output_multiplier": 1.0,
+             "final_logit_softcapping": None, "input_embedding_scale": 1.0}
 
 
 def report(name, ok, figures):
@@ -91,18 +99,29 @@ def save_released(model, d):
     return sorted(t)
 
 
+def run_cli(a, args, P=None, cwd=None):
+    """diffcp's CLI (under ``mpirun -np P`` when P is given): its stdout, None on failure."""
+    cmd = (["mpirun", "-np", str(P), "--oversubscribe"] if P else []) + [a.diffcp, *args]
+    r = subprocess.run(cmd, cwd=cwd, env=MPI_ENV, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"$ {' '.join(cmd)}\n{r.stdout}{r.stderr}", file=sys.stderr)
+    return None if r.returncode else r.stdout
+
+
 def run_diffcp_draft(a, d, H, E, P, extra=()):
     with tempfile.TemporaryDirectory() as t:
         np.save(f"{t}/h.npy", H)
         np.save(f"{t}/e.npy", E)
-        cmd = ["mpirun", "-np", str(P), "--oversubscribe", a.diffcp, "draft", "--model", d, "--target-hidden",
-               f"{t}/h.npy", "--noise-embedding", f"{t}/e.npy", "--out", f"{t}/o.npy", *extra]
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(r.stdout + r.stderr, file=sys.stderr)
-            return None
-        return np.load(f"{t}/o.npy")
+        out = run_cli(a, ["draft", "--model", d, "--target-hidden", f"{t}/h.npy", "--noise-embedding", f"{t}/e.npy",
+                          "--out", f"{t}/o.npy", *extra], P)
+        return None if out is None else np.load(f"{t}/o.npy")
+
+
+def zlab_forward(m, H, E):
+    """z-lab's forward of one block: context positions 0 .. ctx-1, block ctx .. ctx+B-1, no cache."""
+    with torch.no_grad():
+        return m(position_ids=torch.arange(len(H) + len(E))[None], noise_embedding=torch.from_numpy(E)[None],
+                 target_hidden=torch.from_numpy(H)[None])[0].double().numpy()
 
 
 def check_forward(a, zl, model, d):
@@ -113,28 +132,22 @@ def check_forward(a, zl, model, d):
     for ctx, runs in [(a.ctx, [(1, ()), (2, ()), (3, ()), (2, ("--draft-cache",)), (3, ("--balancer", "zigzag"))]),
                       (a.long_ctx, [(3, ()), (3, ("--draft-cache",))])]:
         H = rng.standard_normal((ctx, n_t * a.hidden)).astype(np.float32)
-
-        def zlab(m):
-            with torch.no_grad():  # positions 0 .. ctx-1 (context), ctx .. ctx+B-1 (block), no cache
-                return m(position_ids=torch.arange(ctx + a.block)[None], noise_embedding=torch.from_numpy(E)[None],
-                         target_hidden=torch.from_numpy(H)[None])[0].double().numpy()
-
-        ref = zlab(model)
+        ref = zlab_forward(model, H, E)
         if rows is None:
             rows = ref
             re = zl.DFlash2DraftModel.from_pretrained(d, dtype=torch.float32).eval()
-            same = np.array_equal(zlab(re), ref)
+            same = np.array_equal(zlab_forward(re, H, E), ref)
             report("layout", same, f"z-lab from_pretrained of the released folder ({len(a.keys)} tensors, codebooks "
                    f"without .weight) gives its forward {'bitwise' if same else 'DIFFERENTLY'}")
             # What the check would see if a feature were dropped (so that a PASS means something).
             attn0 = model.layers[0].self_attn
             attn0.sliding_window, w = None, attn0.sliding_window
-            no_window = rel_err(zlab(model), ref)
+            no_window = rel_err(zlab_forward(model, H, E), ref)
             attn0.sliding_window = w
             convs = [(l, l.attention_conv, l.mlp_conv) for l in model.layers]
             for l, _, _ in convs:
                 l.attention_conv = l.mlp_conv = None
-            no_conv = rel_err(zlab(model), ref)
+            no_conv = rel_err(zlab_forward(model, H, E), ref)
             for l, ac, mc in convs:
                 l.attention_conv, l.mlp_conv = ac, mc
             print(f"     forward sensitivity: without the window {no_window:.3g}, without the convolutions {no_conv:.3g}")
@@ -244,6 +257,71 @@ def check_generate(a, zl, model, ours):
     model.propose, ours.propose_logits = zprop, dprop
 
 
+def zlab_load(zl, d):
+    """z-lab's from_pretrained of an exported folder: the tensors it found, the config keys it read."""
+    try:
+        m, info = zl.DFlash2DraftModel.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
+    except Exception as e:  # a required key missing, a shape it cannot build
+        return None, f"z-lab's from_pretrained raised {type(e).__name__}: {e}", False
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    dc = cfg.get("dflash_config", {})
+    defaulted = ", ".join(f"{k}={v}" for k, v in ZLAB_KEYS.items() if k not in dc and k not in cfg) or "none"
+    split = [k for k in ZLAB_KEYS if k in dc and k in cfg and dc[k] != cfg[k]]  # z-lab takes dflash_config's
+    bad = {k: sorted(v) for k, v in info.items() if v}
+    read = ", ".join(f"{k}={zl._draft_value(m.config, k)}" for k in ZLAB_KEYS if k in dc or k in cfg)
+    attn = sorted({(l.self_attn.is_causal, l.self_attn.sliding_window) for l in m.layers}, key=str)
+    amax = {k: float(v.abs().max()) for k, v in m.state_dict().items()}  # trained from 0: how far they moved
+    moved = [max(v for k, v in amax.items() if key in k) for key in ("successor_codebook", "kernel_projection")]
+    return m.eval().requires_grad_(False), (
+        f"tensors missing/unexpected/mismatched: {bad or 'none'}; read {read}; z-lab's defaults {defaulted}; "
+        f"top level vs dflash_config differ in {split or 'none'}; (is_causal, window) {attn}; trained from 0: "
+        f"max|successor codebook| {moved[0]:.3g}, max|kernel_projection| {moved[1]:.3g}"), not bad and not split
+
+
+def check_export(a, zl, diffcp):
+    from safetensors.torch import load_file
+    with tempfile.TemporaryDirectory() as t:
+        train = run_cli(a, ["train", "--arch", "dflash2", "--steps", str(a.export_steps), "--out", "T", "--no-progress"],
+                        P=2, cwd=t)
+        ok = train is not None and all(run_cli(a, ["export", "--checkpoint", "T/checkpoint.bin", "--out", dt,
+                                                   "--dtype", dt], cwd=t) is not None for dt in ("f32", "bf16"))
+        loss = next((l.split(": ", 1)[1] for l in (train or "").splitlines() if "final loss" in l), "?")
+        report("export train+export", ok, f"diffcp train --arch dflash2 --steps {a.export_steps} (tiny preset, "
+               f"2 ranks): {loss}; diffcp export --dtype f32 and bf16")
+        if not ok:
+            return
+        f32, bf16 = (load_file(f"{t}/{dt}/model.safetensors") for dt in ("f32", "bf16"))
+        same = sorted(f32) == sorted(bf16) and all(torch.equal(f32[k].bfloat16(), bf16[k]) for k in f32)
+        report("export bf16 tensors", same, f"{len(bf16)} tensors = the f32 export's rounded to nearest even: {same}")
+        for dt in ("f32", "bf16"):  # bf16: z-lab loads it as float32, diffcp as it computes
+            m, figures, ok = zlab_load(zl, d := f"{t}/{dt}")
+            report(f"export {dt} z-lab load", ok, figures)
+            if m is None:
+                continue
+            rng = np.random.default_rng(a.seed + 4)
+            Hd, V, B = m.config.hidden_size, m.config.vocab_size, m.block_size
+            inputs = lambda: (rng.standard_normal((a.ctx, m.fc.in_features)).astype(np.float32),  # noqa: E731
+                              rng.standard_normal((B, Hd)).astype(np.float32))
+            H, E = inputs()
+            ref = zlab_forward(m, H, E)
+            for P in (1, 2):
+                err = float("inf") if (got := run_diffcp_draft(a, d, H, E, P)) is None else rel_err(got, ref)
+                report(f"export {dt} forward ctx={a.ctx} P={P}", err <= a.rtol,
+                       f"B {B}: max|diff|/max|ref| = {err:.2e} (goal <= {a.rtol:g})")
+            # A random head, logits ~ N(0, 1/4), so that the selector's pair scores (small) matter at times.
+            head = torch.nn.Linear(Hd, V, bias=False).requires_grad_(False)
+            head.weight.copy_(torch.from_numpy(rng.standard_normal((V, Hd)) * 0.5 / Hd ** 0.5))
+            W, ours, bad, off = head.weight.numpy(), diffcp.Drafter.load(d), 0, 0
+            for i in range(a.export_trials):  # the drafter's rows 1 .. B-1 (first: the block above)
+                h = (ref if i == 0 else zlab_forward(m, *inputs()))[1:].astype(np.float32)
+                anchor = int(rng.integers(V))
+                zpath = m.propose(torch.from_numpy(h)[None], torch.tensor([anchor]), head, 0.0)[0][0].numpy()
+                bad += int(not np.array_equal(zpath, ours.propose(h, anchor, W)[0]))
+                off += int((zpath != (h @ W.T).argmax(1)).sum())
+            report(f"export {dt} propose greedy", bad == 0 and off > 0, f"{a.export_trials} blocks x {B - 1} rows: paths "
+                   f"differ in {bad}; the selector leaves the argmax in {off}/{a.export_trials * (B - 1)} rows (goal > 0)")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--zlab", required=True, help="directory holding z-lab's dflash/model.py")
@@ -264,6 +342,8 @@ def main():
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-generate", action="store_true")
+    p.add_argument("--export-steps", type=int, default=20, help="diffcp train steps of the export check (0: skip it)")
+    p.add_argument("--export-trials", type=int, default=64, help="propose blocks of the export check")
     a = p.parse_args()
     sys.path[:0] = [a.zlab, a.python]
     import transformers
@@ -272,8 +352,7 @@ def main():
     warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated")  # 5.x: both sides pass it
     import diffcp
     from dflash import model as zl
-    src = os.path.join(a.zlab, "dflash", "model.py")
-    sha = hashlib.sha256(open(src, "rb").read()).hexdigest()[:16]
+    sha = hashlib.sha256(open(os.path.join(a.zlab, "dflash", "model.py"), "rb").read()).hexdigest()[:16]
     rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"# {datetime.datetime.now().isoformat(timespec='seconds')} z-lab dflash/model.py @ {a.zlab_commit} "
@@ -288,10 +367,11 @@ def main():
         ok = ours.config.get("architecture") == "DFlash2DraftModel"
         report("load", ok, f"diffcp.Drafter.load: architecture {ours.config.get('architecture')}, block "
                f"{ours.block_size}, target layers {ours.target_layer_ids}")
-        rows = check_forward(a, zl, model, d)
-        check_propose(a, zl, model, ours, rows)
+        check_propose(a, zl, model, ours, check_forward(a, zl, model, d))  # its first block's rows
         if not a.skip_generate:
             check_generate(a, zl, model, ours)
+    if a.export_steps:
+        check_export(a, zl, diffcp)
     print(f"{'FAILED' if FAILS else 'ALL PASSED'}" + (f": {', '.join(FAILS)}" if FAILS else ""))
     return 1 if FAILS else 0
 
