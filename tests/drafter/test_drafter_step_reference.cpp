@@ -40,7 +40,7 @@ DrafterConfig tiny_config() {
 // the frozen LM head [H, V].
 struct Problem {
   DrafterConfig cfg;
-  PackedBatch batch = make_random_batch(2, 24, 2, 4, 0.25, 11, 40);
+  PackedBatch batch = make_random_batch(2, 24, 2, cfg.block, 0.25, 11, 40);
   std::vector<float> hidden, block_input, lm_head;
   std::vector<std::int32_t> tokens;
   std::vector<std::uint8_t> loss_mask;
@@ -284,9 +284,13 @@ DrafterConfig dflash2_config() {
 }
 
 TEST(DrafterStep, Dflash2ConvolutionsEqualFiniteDifferencesOfAnFp64Reference) {
-  const Problem pb(dflash2_config());
-  // against the same loss with the taps running across the blocks: the block boundary matters
-  check_gradients(pb, [&](const std::vector<float>& p) { return reference_loss(pb, p, pb.cfg.gamma, true, false); });
+  for (const std::int64_t B : {4, 8}) {  // (8: the taps of rows past the fourth)
+    DrafterConfig c = dflash2_config();
+    c.block = B;
+    const Problem pb(c);
+    // against the same loss with the taps running across the blocks: the block boundary matters
+    check_gradients(pb, [&](const std::vector<float>& p) { return reference_loss(pb, p, pb.cfg.gamma, true, false); });
+  }
 }
 
 // DFlash2's candidate selector (rank 4 over the top 16 of 32: more than a rank's columns at P = 3) on logits x 0.7 soft-capped at 3, with
