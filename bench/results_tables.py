@@ -483,9 +483,9 @@ def t_dflash2(d):
             t = tau.where(train_context=str(C), arch=arch)
             cells = [f"{t.where(prompt_length=str(L)).first().num('tau'):.2f}" for L in lengths]
             recall = t.first()["train_candidate_recall"] if arch == "dflash2" else ""
-            sp = speed.where(train_context=str(C), arch=arch, mode="greedy")
-            spd = " / ".join(f"{r.num('speedup'):.2f}x (tau {r.num('tau'):.2f})" for r in sp.rows) if len(sp) else "—"
-            lossless = "yes" if all(r["lossless"] == "yes" for r in t.rows + sp.rows) else "no"
+            sp = [r for r in speed.rows if (r["train_context"], r["arch"], r["mode"]) == (str(C), arch, "greedy")]
+            spd = " / ".join(f"{r.num('speedup'):.2f}x (tau {r.num('tau'):.2f})" for r in sp) if sp else "—"
+            lossless = "yes" if all(r["lossless"] == "yes" for r in t.rows + sp) else "no"
             out.append([f"{C // 1024}k", "DFlash2" if arch == "dflash2" else "DFlash", " / ".join(cells),
                         f"{float(recall):.2f}" if recall else "—", spd, lossless])
     return out
@@ -620,6 +620,18 @@ TABLES = {
          "cache vs stateless, P = 1"], t_decoding,
         f"One DFlash draft block of the `small` drafter (H 512, 4 layers, B 16), ms, median of 5; {XEON}, 2026-12-05. "
         "Reproduce: `bench/bench_draft.sh`."),
+    "dflash2": Table(
+        ["dflash2_tau.csv", "dflash2_speed.csv"],
+        ["trained at", "drafter", "tau at prompt 1k / 1.5k / 2k / 4k / 8k", "candidate recall (training)",
+         "greedy speed-up vs the target alone at 2k / 4k", "lossless"], t_dflash2,
+        f"`tools/long_context_study.py --archs dflash,dflash2` ({XEON}, 2026-12-06): its target and period-1024 "
+        "corpus, tiny drafters trained at P = 2 (2k: 2000 steps, 8k: 1000), greedy, 4 prompts x 32 tokens (speed: 3 x "
+        "64, draft cache, prefill included). Log: [dflash2_study.txt](dflash2_study.txt)."),
+    "dflash2_step": Table(
+        ["dflash2_step.csv"],
+        ["preset", "P", "DFlash step ms", "DFlash2 step ms", "DFlash2 / DFlash", "rounds"], t_dflash2_step,
+        f"The train step (context 2048, f32, 20 steps, one rank per core, `OMP_NUM_THREADS=1`), medians of 3 "
+        f"interleaved rounds; {XEON}, 2026-12-06. Reproduce: `REPEAT=3 STEPS=20 bench/bench_dflash2.sh`."),
     "faults": Table(
         ["watchdog.csv", "faults.csv"], ["what", "figure", "machine", "date", "reproduce", "data"], t_faults,
         "The watchdog: medians over 5 alternating rounds; a fault: the time from the fault to the end of `mpirun`, "

@@ -248,7 +248,7 @@ class Timed:
 
 def write_csv(path, rows, log):
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
         w.writeheader()
         w.writerows(rows)
     log(f"   wrote {path}")
