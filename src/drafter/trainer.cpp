@@ -94,6 +94,10 @@ void validate(const TrainOptions& opt, int W) {
                "(0: the preset's)");
   DIFFCP_CHECK(opt.lr >= 0 && opt.clip > 0 && opt.warmup >= 0 && opt.warmup < 1,
                "TrainOptions::lr must be > 0 (0: the preset's), TrainOptions::clip > 0, warm-up in [0, 1)");
+  DIFFCP_CHECK(std::isfinite(opt.selector_weight) && opt.selector_weight >= 0, "TrainOptions::selector_weight ",
+               opt.selector_weight, ", expected finite and >= 0");
+  DIFFCP_CHECK(opt.arch.empty() || opt.arch == "dflash" || opt.arch == "dflash2", "TrainOptions::arch '", opt.arch,
+               "', expected dflash or dflash2");
   DIFFCP_CHECK(opt.collectives == "auto" || opt.collectives == "flat" || opt.collectives == "hierarchical",
                "TrainOptions::collectives '", opt.collectives, "': expected flat, hierarchical or auto");
   DIFFCP_CHECK(opt.shard == "auto" || opt.shard == "none" || opt.shard == "optimizer" || opt.shard == "full",
@@ -163,8 +167,6 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   if (!opt.init.empty()) init = import_dflash(opt.init);
   cfg = opt.init.empty() ? drafter_preset(opt.preset.empty() ? "tiny" : opt.preset) : init.config;
   const std::string own = cfg.has_selector() ? "dflash2" : "dflash";
-  DIFFCP_CHECK(opt.arch.empty() || opt.arch == "dflash" || opt.arch == "dflash2", "TrainOptions::arch '", opt.arch,
-               "', expected dflash or dflash2");
   DIFFCP_CHECK(opt.arch.empty() || opt.arch == own || opt.init.empty(), "TrainOptions::arch '", opt.arch, "': the --init drafter '",
                opt.init, "' is ", own, ", and its folder fixes the architecture");
   DIFFCP_CHECK(opt.arch != "dflash" || own == "dflash", "TrainOptions::arch 'dflash': the preset '", opt.preset, "' is DFlash2");

@@ -43,6 +43,10 @@ diffcp_add_fail_test(cli_export_missing_checkpoint "checkpoint '/nonexistent/che
                      $<TARGET_FILE:diffcp_cli> export --checkpoint /nonexistent/checkpoint.bin --out ${DFLASH_DIR}/x)
 diffcp_add_fail_test(cli_train_init_not_a_drafter "--init '/nonexistent': not a directory"
                      ${MPIRUN} 2 $<TARGET_FILE:diffcp_cli> train --init /nonexistent)
+diffcp_add_fail_test(cli_train_bad_arch "--arch 'dflash3', expected dflash or dflash2"
+                     ${MPIRUN} 2 $<TARGET_FILE:diffcp_cli> train --arch dflash3)
+diffcp_add_fail_test(cli_train_bad_selector_weight "--selector-weight -1, expected finite and >= 0"
+                     ${MPIRUN} 2 $<TARGET_FILE:diffcp_cli> train --arch dflash2 --selector-weight -1)
 diffcp_add_fail_test(cli_draft_bad_hidden "--target-hidden .*shape \\[5,7\\], expected \\[ctx, n_t\\*H\\] with n_t\\*H = 2 \\* 64"
                      ${CMAKE_CURRENT_SOURCE_DIR}/drafter/dflash_bad_hidden.sh $<TARGET_FILE:diffcp_cli> ${DFLASH_DIR}/d ${DFLASH_DIR}/bad)
 set_tests_properties(cli_train_export_init PROPERTIES FIXTURES_SETUP dflash_dir)
