@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu_backend.hpp"
+#include "diffcp/ops/loss.hpp"
 #include "isa.hpp"  // last (isa.hpp)
 
 namespace diffcp::cpu::DIFFCP_CPU_ISA {
@@ -50,11 +51,6 @@ void row_dlogits(float* lg, std::int64_t n, std::int64_t v0, std::int32_t target
   }
 }
 
-// (value, id) before (value', id'): larger value first, then the lower id; a NaN after every number.
-bool ranks_before(float a, std::int32_t ia, float b, std::int32_t ib) {
-  if (std::isnan(a) || std::isnan(b)) return !std::isnan(a) || (std::isnan(b) && ia < ib);
-  return a > b || (a == b && ia < ib);
-}
 }  // namespace
 
 // logits: [R, n] (row stride ld)  target: [R]  stats: [R, 4] out  weight: [R] or empty (then no dlogits)
@@ -116,14 +112,14 @@ void CpuBackend::top_k(ConstTensorView logits, std::int64_t v0, std::span<float>
     for (std::int64_t i = 0; i < R; ++i) {
       const float* row = lg + i * ld;
       const auto worse = [&](std::int32_t a, std::int32_t b) {  // heap order: a ranks before b
-        return ranks_before(row[a], a, row[b], b);
+        return logit_ranks_before(row[a], a, row[b], b);
       };
       heap.clear();
       for (std::int32_t v = 0; v < n; ++v) {
         if (static_cast<std::int64_t>(heap.size()) < k) {
           heap.push_back(v);
           std::push_heap(heap.begin(), heap.end(), worse);
-        } else if (ranks_before(row[v], v, row[heap.front()], heap.front())) {
+        } else if (logit_ranks_before(row[v], v, row[heap.front()], heap.front())) {
           std::pop_heap(heap.begin(), heap.end(), worse);
           heap.back() = v;
           std::push_heap(heap.begin(), heap.end(), worse);

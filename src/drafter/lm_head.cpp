@@ -186,10 +186,8 @@ void LmHead::forward(const float* hf, std::int64_t Qp, const std::int32_t* targe
         const auto at = static_cast<std::size_t>((static_cast<std::int64_t>(r) * Q + off_ + i) * K + j);
         pool[static_cast<std::size_t>(r * K + j)] = {all_v[at], all_i[at]};
       }
-    std::partial_sort(pool.begin(), pool.begin() + K, pool.end(), [](const auto& a, const auto& b) {
-      if (std::isnan(a.first) || std::isnan(b.first)) return !std::isnan(a.first) || (std::isnan(b.first) && a.second < b.second);
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    });
+    std::partial_sort(pool.begin(), pool.begin() + K, pool.end(),
+                      [](const auto& a, const auto& b) { return logit_ranks_before(a.first, a.second, b.first, b.second); });
     for (std::int64_t j = 0; j < K; ++j) {
       top_values[static_cast<std::size_t>(i * K + j)] = pool[static_cast<std::size_t>(j)].first;
       top_ids[static_cast<std::size_t>(i * K + j)] = pool[static_cast<std::size_t>(j)].second;

@@ -213,6 +213,21 @@ double reference_loss(const Problem& pb, const std::vector<float>& p, double gam
   return loss;
 }
 
+// This rank's part of the problem's micro-batch over the world (contiguous shards).
+DrafterBatch rank_batch(const Problem& pb) {
+  Communicator& world = test::world();
+  DrafterBatch mb;
+  mb.shard = contiguous_shard(pb.batch, world.size(), world.rank());
+  mb.tokens = pb.tokens;
+  mb.loss_mask = pb.loss_mask;
+  const std::int64_t T = pb.cfg.target_layers * pb.cfg.hidden, H = pb.cfg.hidden;
+  for (const PosRange& r : mb.shard.chunks)
+    mb.hidden_p.insert(mb.hidden_p.end(), pb.hidden.begin() + r.begin * T, pb.hidden.begin() + r.end * T);
+  mb.block_input.assign(pb.block_input.begin() + mb.shard.blocks.begin * pb.cfg.block * H,
+                        pb.block_input.begin() + mb.shard.blocks.end * pb.cfg.block * H);
+  return mb;
+}
+
 // The drafter's gradients of the same loss, computed with Split-KV over the world's ranks and
 // summed over them. DFlash2's selector: the LM head vocabulary-parallel over the ranks (each its
 // slice of columns: the candidates merged across them).
@@ -232,15 +247,7 @@ std::vector<float> drafter_gradients(const Problem& pb, const std::vector<float>
   } else {
     d.set_lm_head(LmHead(nullptr, c.hidden, c.vocab, pb.lm_head, 0));
   }
-  DrafterBatch mb;
-  mb.shard = contiguous_shard(pb.batch, world.size(), world.rank());
-  mb.tokens = pb.tokens;
-  mb.loss_mask = pb.loss_mask;
-  const std::int64_t T = c.target_layers * c.hidden, H = c.hidden;
-  for (const PosRange& r : mb.shard.chunks)
-    mb.hidden_p.insert(mb.hidden_p.end(), pb.hidden.begin() + r.begin * T, pb.hidden.begin() + r.end * T);
-  const std::int64_t q0 = mb.shard.blocks.begin * c.block, q1 = mb.shard.blocks.end * c.block;
-  mb.block_input.assign(pb.block_input.begin() + q0 * H, pb.block_input.begin() + q1 * H);
+  const DrafterBatch mb = rank_batch(pb);
   const DrafterStats st = d.step(mb, true);
   if (c.has_selector()) {  // the selector's loss is there: some targets among the candidates
     std::vector<double> covered{static_cast<double>(st.selector_covered)};
@@ -317,15 +324,7 @@ TEST(DrafterStep, AFreshDflash2IsDflash) {
     d.init_params(7);
     d.state().zero_grads();
     d.set_lm_head(LmHead(nullptr, pb.cfg.hidden, pb.cfg.vocab, pb.lm_head, 0));
-    DrafterBatch mb;
-    mb.shard = contiguous_shard(pb.batch, world.size(), world.rank());
-    mb.tokens = pb.tokens;
-    mb.loss_mask = pb.loss_mask;
-    const std::int64_t T = pb.cfg.target_layers * pb.cfg.hidden, H = pb.cfg.hidden;
-    for (const PosRange& r : mb.shard.chunks)
-      mb.hidden_p.insert(mb.hidden_p.end(), pb.hidden.begin() + r.begin * T, pb.hidden.begin() + r.end * T);
-    mb.block_input.assign(pb.block_input.begin() + mb.shard.blocks.begin * pb.cfg.block * H,
-                          pb.block_input.begin() + mb.shard.blocks.end * pb.cfg.block * H);
+    const DrafterBatch mb = rank_batch(pb);
     const double loss = d.step(mb, true).loss_sum;
     return std::make_pair(loss, to_host<float>(d.grads().view()));
   };
@@ -356,15 +355,7 @@ TEST(DrafterStep, Dflash2MovesWhatDflashMoves) {
     d.init_params(7);
     d.state().zero_grads();
     d.set_lm_head(LmHead(nullptr, pb.cfg.hidden, pb.cfg.vocab, pb.lm_head, 0));
-    DrafterBatch mb;
-    mb.shard = contiguous_shard(pb.batch, world.size(), world.rank());
-    mb.tokens = pb.tokens;
-    mb.loss_mask = pb.loss_mask;
-    const std::int64_t T = pb.cfg.target_layers * pb.cfg.hidden, H = pb.cfg.hidden;
-    for (const PosRange& r : mb.shard.chunks)
-      mb.hidden_p.insert(mb.hidden_p.end(), pb.hidden.begin() + r.begin * T, pb.hidden.begin() + r.end * T);
-    mb.block_input.assign(pb.block_input.begin() + mb.shard.blocks.begin * pb.cfg.block * H,
-                          pb.block_input.begin() + mb.shard.blocks.end * pb.cfg.block * H);
+    const DrafterBatch mb = rank_batch(pb);
     const std::uint64_t before = world.stats().total().bytes_sent;
     d.step(mb, true);
     return world.stats().total().bytes_sent - before;

@@ -3,6 +3,7 @@
 // results are host metadata, O(rows); the logits are device memory. CPU: src/cpu/loss.cpp.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 
@@ -28,6 +29,12 @@ void cross_entropy(float* logits, std::int64_t R, std::int64_t n, std::int64_t v
 void cross_entropy_backward(float* logits, std::int64_t R, std::int64_t n, std::int64_t v0,
                             std::span<const std::int32_t> target, std::span<const double> weight,
                             std::span<const double> lse, LogitMap map = {}, SparseLogitGrad extra = {});
+// top_k's order: (a, ia) before (b, ib) when a is larger, or equal with the lower id; a NaN after
+// every number (the order the ranks' candidates are merged in, drafter/lm_head.cpp).
+inline bool logit_ranks_before(float a, std::int32_t ia, float b, std::int32_t ib) {
+  if (std::isnan(a) || std::isnan(b)) return !std::isnan(a) || (std::isnan(b) && ia < ib);
+  return a > b || (a == b && ia < ib);
+}
 // logits: [R, n] columns [v0, v0 + n)  values, ids: [R, k] out (host), 1 <= k <= n: each row's k
 // largest logits, by value descending then id ascending (a NaN after every number), ids global.
 void top_k(const float* logits, std::int64_t R, std::int64_t n, std::int64_t v0, std::span<float> values,
