@@ -421,12 +421,6 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     params = list(transformer.parameters())
     if weights_dtype == "auto":
         weights_dtype = "bf16" if params and params[0].dtype == torch.bfloat16 else "f32"
-    P = comm.Get_size()
-    if cfg_parallel and P % 2:
-        raise ValueError(f"cfg_parallel splits the ranks into two equal halves, one per classifier-free guidance pass; "
-                         f"P = {P} is odd")
-    U, _ = _core.resolve_usp_degrees(P // 2 if cfg_parallel else P, int(transformer.config.num_attention_heads),
-                                     ulysses_degree, ring_degree)
     try:
         folder, tmp, err = *_weights_folder(transformer), None
     except Exception as e:  # every rank agrees before the collectives below
@@ -435,8 +429,10 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
         raise err or RuntimeError("diffcp.diffusers: another rank could not write the transformer's weights")
     dup = comm.Dup()  # diffcp's traffic never matches the caller's
     try:
-        core = _core.Dit(folder, dup.py2f(), mode, U, group_size, weights_dtype, bool(shard_weights), dtype,
-                         float(cache_ratio), bool(cfg_parallel), str(step_cache), wire, comm_kind)
+        # The session checks every option (errors name these keywords) before any collective.
+        core = _core.Dit(folder, dup.py2f(), mode, ulysses_degree, ring_degree, group_size, weights_dtype,
+                         bool(shard_weights), dtype, float(cache_ratio), bool(cfg_parallel), str(step_cache), wire,
+                         comm_kind)
     finally:
         if tmp is not None:
             tmp.cleanup()

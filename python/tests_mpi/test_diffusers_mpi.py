@@ -136,7 +136,7 @@ def test_fp8_wire_stays_close_to_f32(folder):
     assert np.abs(outs["fp8"] - outs["auto"]).max() > 0
     close(outs["fp8"], outs["auto"], 2 ** -4, "fp8 wire vs f32")
     pipe = SimpleNamespace(transformer=FluxTransformer2DModel(folder))
-    with pytest.raises(Exception, match="--wire 'e5m2': unknown wire format"):
+    with pytest.raises(Exception, match="`wire` 'e5m2': unknown wire format"):
         diffcp.diffusers.parallelize(pipe, mode="flat", dtype="f32", weights_dtype="f32", wire="e5m2")
 
 
@@ -158,7 +158,7 @@ def test_bad_input_is_refused(folder):
     with pytest.raises(NotImplementedError, match="transformer Linear is not supported"):
         diffcp.diffusers.parallelize(pipe)
     pipe = SimpleNamespace(transformer=FluxTransformer2DModel(folder))
-    with pytest.raises(ValueError, match="ulysses_degree U = 3 x ring_degree R = 5 = 15, expected U x R = P"):
+    with pytest.raises(ValueError, match="`ulysses_degree` U = 3 x `ring_degree` R = 5 = 15, expected U x R = P"):
         diffcp.diffusers.parallelize(pipe, ulysses_degree=3, ring_degree=5)
     par = diffcp.diffusers.parallelize(pipe, mode="flat", dtype="f32", weights_dtype="f32")
     x, txt, pooled, img_ids, txt_ids = inputs(1, 64, 32, 4, seed=1)

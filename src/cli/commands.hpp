@@ -26,6 +26,10 @@ struct CountRange {
 };
 CountRange parse_range(const std::string& text, const char* flag);
 
+// A library error's fields, named in backticks (`cache_ratio`: dit/session.hpp), as the CLI's
+// flags (--cache-ratio): every `name` of lower-case letters, digits and underscores.
+std::string cli_flags(const std::string& message);
+
 // What every printed check adds to its JSON object `out` (`attn`, `bench cp`, `dit --compare /
 // --reference`), from a comparison already reduced over ranks and tensors: check_passed,
 // max_abs_err, max_rel_err (scale-relative: max |d| / max |ref|), max_tol_ratio (max |d| /

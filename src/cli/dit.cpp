@@ -15,14 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include <sys/resource.h>
-
 #include "cli/commands.hpp"
 #include "diffcp/core/json_file.hpp"
 #include "diffcp/dit/diffusers.hpp"
 #include "diffcp/dit/image.hpp"
 #include "diffcp/dit/metrics.hpp"
 #include "diffcp/dit/run.hpp"
+#include "diffcp/dit/session.hpp"
 #include "diffcp/dit/sampler.hpp"
 #include "diffcp/dit/vmajor.hpp"
 #include "diffcp/io/npy.hpp"
@@ -32,33 +31,22 @@ namespace diffcp::cli {
 
 namespace {
 
+// The CLI's own inputs and outputs; `run` is the library's (dit/session.hpp), its fields bound to
+// the flags of the same names.
 struct DitOptions {
-  std::string mode = "flat";
-  std::string dtype = "f32";
-  std::string wire = "auto";
-  int steps = 50;
+  DitRunOptions run;
+  int ulysses_degree = 0, ring_degree = 0;  // run's optionals, read only when given (g_ulysses_opt / g_ring_opt)
+  double guidance = 3.5;                    // run.guidance when given (g_guidance_opt)
+  bool no_pack_weights = false;             // run.pack_weights = false
   std::int64_t resolution = 512, width = 0, height = 0, batch = 1, text_tokens = 64;  // width/height 0: --resolution
   std::uint64_t seed = 1, weight_seed = 1;
   std::string prompt = "a lighthouse on a rocky coast at dusk";
-  int group_size = 0;
   std::string weights, preset = "default", config;
-  std::string text_embeddings, pooled, negative_text_embeddings, negative_pooled, noise, schedule = "auto", dump_velocity;
-  double guidance = 3.5;
-  double true_cfg_scale = 1.0;  // FLUX.1 only (FluxPipeline's true_cfg_scale)
+  std::string text_embeddings, pooled, negative_text_embeddings, negative_pooled, noise, dump_velocity;
   bool dry_run = false;
-  std::string weights_dtype = "auto";  // auto | f32 | bf16 (dit/weights.hpp)
-  bool shard_weights = false;
-  bool cfg_parallel = false;           // the two CFG passes on two halves of the ranks (dit/run.hpp)
-  std::string step_cache = "none";     // none | fbcache:THRESHOLD (dit/step_cache.hpp)
   std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;  // 0/-1: preset's
   std::string out = "diffcp_dit.png", save_latent, reference, compare;
-  std::string cache_schedule = "linear";  // cocodiff's schedule (dit/cache_schedule.hpp)
-  double cache_ratio = 1.0;
-  int warmup = 5, sync_every = 10;
-  int ulysses_degree = 0, ring_degree = 0;  // read only when given (g_ulysses_opt / g_ring_opt)
   bool json = false;
-  bool profile = false;
-  bool no_pack_weights = false;
 };
 
 // CLI11 binds the options to this object; run_dit reads it (one subcommand per process).
@@ -267,7 +255,7 @@ std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator
                                    {"guidance_embed", cfg.guidance_embed}, {"family", dit_family_name(cfg.family)},
                                    {"true_cfg", cfg.true_cfg()}, {"image_tokens", shape.image_tokens()},
                                    {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
-                                   {"in_channels", cfg.in_channels()}, {"mode", o.mode}, {"P", world.size()}};
+                                   {"in_channels", cfg.in_channels()}, {"mode", o.run.mode}, {"P", world.size()}};
     std::ofstream f(o.dump_velocity + "/timesteps.json");
     f << j.dump(1) << "\n";
     DIFFCP_CHECK(f.good(), "--dump-velocity: cannot write '", o.dump_velocity, "/timesteps.json'");
@@ -284,12 +272,12 @@ void add_dit_command(CLI::App& app) {
   DitOptions& o = g_opt;
   CLI::App* c = app.add_subcommand("dit", "DiT inference (FLUX.1, FLUX.2, Qwen-Image, SD3.5) with Ulysses sequence "
                                           "parallelism over the mpirun ranks: flow-matching Euler sampling, image out");
-  c->add_option("--mode", o.mode, "attention exchange: flat | tapa | vfirst (TAPA + V-First) | cocodiff (V-First + V-Major)")->capture_default_str();
-  c->add_option("--cache-schedule", o.cache_schedule, "cocodiff: linear (r from 0 after the warm-up to --cache-ratio at the last step) | fixed (r = --cache-ratio)")->capture_default_str();
-  c->add_option("--cache-ratio", o.cache_ratio, "cocodiff: cache ratio r in [0, 1] (fixed: every selective step; linear: the last step's)")->capture_default_str();
-  c->add_option("--warmup", o.warmup, "cocodiff: full-exchange steps at the start")->capture_default_str();
-  c->add_option("--sync-every", o.sync_every, "cocodiff: a full exchange every this many steps (0: never)")->capture_default_str();
-  c->add_option("--steps", o.steps, "denoising steps T")->capture_default_str();
+  c->add_option("--mode", o.run.mode, "attention exchange: flat | tapa | vfirst (TAPA + V-First) | cocodiff (V-First + V-Major)")->capture_default_str();
+  c->add_option("--cache-schedule", o.run.cache_schedule, "cocodiff: linear (r from 0 after the warm-up to --cache-ratio at the last step) | fixed (r = --cache-ratio)")->capture_default_str();
+  c->add_option("--cache-ratio", o.run.cache_ratio, "cocodiff: cache ratio r in [0, 1] (fixed: every selective step; linear: the last step's)")->capture_default_str();
+  c->add_option("--warmup", o.run.warmup, "cocodiff: full-exchange steps at the start")->capture_default_str();
+  c->add_option("--sync-every", o.run.sync_every, "cocodiff: a full exchange every this many steps (0: never)")->capture_default_str();
+  c->add_option("--steps", o.run.steps, "denoising steps T")->capture_default_str();
   c->add_option("--resolution", o.resolution, "image side in pixels, a multiple of 16 ((R/16)^2 image tokens); --width / --height override it")->capture_default_str();
   g_width_opt = c->add_option("--width", o.width, "image width in pixels, a multiple of 16 (default: --resolution)");
   g_height_opt = c->add_option("--height", o.height, "image height in pixels, a multiple of 16 (default: --resolution)");
@@ -300,16 +288,16 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--negative-text-embeddings", o.negative_text_embeddings, "classifier-free guidance's negative prompt (Qwen-Image and SD3.5 with --guidance > 1, FLUX.1 with --true-cfg-scale > 1): its encoder_hidden_states, .npy [T_neg, text dim] or [1, T_neg, ...]");
   c->add_option("--negative-pooled", o.negative_pooled, "SD3.5 / FLUX.1: the negative prompt's pooled_projections, .npy [pooled_projection_dim] (with --negative-text-embeddings)");
   c->add_option("--noise", o.noise, "initial noise in the layout the family's diffusers transformer takes: packed 2x2 patches .npy [b, N_img, in_channels] (FLUX.1, FLUX.2, Qwen-Image), or the latent image [b, C, H/8, W/8] (SD3.5); default: seeded N(0, 1), --seed");
-  c->add_option("--true-cfg-scale", o.true_cfg_scale, "FLUX.1: true classifier-free guidance's scale (FluxPipeline's "
+  c->add_option("--true-cfg-scale", o.run.true_cfg_scale, "FLUX.1: true classifier-free guidance's scale (FluxPipeline's "
                 "true_cfg_scale; > 1 runs the negative prompt's pass too: --negative-text-embeddings / --negative-pooled, "
                 "or the stand-in's empty prompt); --guidance stays the distilled guidance")->capture_default_str();
   g_guidance_opt = c->add_option("--guidance", o.guidance, "FLUX.1: the distilled guidance scale (guidance_in, FLUX.1-dev; default 3.5); Qwen-Image: classifier-free guidance's scale (true_cfg_scale; default 4; 1: one conditional pass)");
-  c->add_option("--schedule", o.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (a diffusers pipeline's scheduler/scheduler_config.json, as the family's pipeline uses it; else FLUX.2: Flux2Pipeline's dynamic shift; others: flux for guidance-distilled models, linear otherwise)")->capture_default_str();
+  c->add_option("--schedule", o.run.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (a diffusers pipeline's scheduler/scheduler_config.json, as the family's pipeline uses it; else FLUX.2: Flux2Pipeline's dynamic shift; others: flux for guidance-distilled models, linear otherwise)")->capture_default_str();
   c->add_option("--dump-velocity", o.dump_velocity, "write DIR/velocity_<k>.npy per step (in --noise's layout) and DIR/timesteps.json");
   c->add_flag("--dry-run", o.dry_run, "check every input, print the model shape and memory per rank; do not load the weights or sample");
   g_seed_opt = c->add_option("--seed", o.seed, "seed of the initial noise (not with --noise)")->capture_default_str();
   g_prompt_opt = c->add_option("--prompt", o.prompt, "prompt; hashed (FNV-1a) into the text conditioning (not with --text-embeddings)")->capture_default_str();
-  c->add_option("--group-size", o.group_size, "ranks per group L sharing the fast link (0: the ranks of a node)")->capture_default_str();
+  c->add_option("--group-size", o.run.group_size, "ranks per group L sharing the fast link (0: the ranks of a node)")->capture_default_str();
   g_ulysses_opt = c->add_option("--ulysses-degree", o.ulysses_degree,
                                 "USP: Ulysses over U consecutive ranks (must divide the heads); default: the largest "
                                 "divisor of P that divides the heads");
@@ -331,336 +319,211 @@ void add_dit_command(CLI::App& app) {
                                             "is judged by bf16's tolerance, 2^-5 of the peak, and exits 2 beyond it)");
   c->add_option("--compare", o.compare, "compare with a flat reference run in the same job: flat (flat Ulysses over the same ranks where P divides "
                 "the heads and this run is not that, else the one-rank run; refused for flat on one rank)");
-  c->add_option("--weights-dtype", o.weights_dtype, "the Linear weights' dtype in memory: f32 | bf16 (GEMMs then read "
+  c->add_option("--weights-dtype", o.run.weights_dtype, "the Linear weights' dtype in memory: f32 | bf16 (GEMMs then read "
                 "them as bf16, f32 accumulation) | auto (bf16 when the file stores them in BF16, f32 otherwise)")
       ->capture_default_str();
-  c->add_flag("--cfg-parallel", o.cfg_parallel, "classifier-free guidance's two passes at once on two halves of the ranks "
+  c->add_flag("--cfg-parallel", o.run.cfg_parallel, "classifier-free guidance's two passes at once on two halves of the ranks "
               "(ranks [0, P/2): the prompt's, [P/2, P): the negative prompt's; each half runs --mode over its P/2 ranks, "
               "the velocities meet by one all-gather per step); needs an even P and a run with a negative pass");
-  c->add_option("--step-cache", o.step_cache, "step caching: none | fbcache:THRESHOLD (First-Block Cache: the rest of the "
+  c->add_option("--step-cache", o.run.step_cache, "step caching: none | fbcache:THRESHOLD (First-Block Cache: the rest of the "
                 "blocks are skipped on steps where the first block's residual changed by less than THRESHOLD, relative L1, "
                 "since the last full step; 0 never skips)")->capture_default_str();
-  c->add_flag("--shard-weights", o.shard_weights, "each rank holds 1/P of every block's weights; a block's are all-gathered "
+  c->add_flag("--shard-weights", o.run.shard_weights, "each rank holds 1/P of every block's weights; a block's are all-gathered "
               "just before it runs, the next one's gather in flight (dit/weights.hpp)");
-  c->add_option("--dtype", o.dtype, "compute: f32 | bf16 (GEMMs, attention, the exchanges' payloads, V-Major's caches "
+  c->add_option("--dtype", o.run.dtype, "compute: f32 | bf16 (GEMMs, attention, the exchanges' payloads, V-Major's caches "
                                     "and Ring's K|V in bf16, f32 accumulation; latents and norms f32). PSNR against "
                                     "f32: --save-latent of an f32 run, then --reference")
       ->capture_default_str();
-  c->add_option("--wire", o.wire, "the exchanges' payload: auto (the --dtype) | fp8 (e4m3 with one f32 scale per "
+  c->add_option("--wire", o.run.wire, "the exchanges' payload: auto (the --dtype) | fp8 (e4m3 with one f32 scale per "
                                   "(token, head): half of bf16's payload bytes; decoded into --dtype before attention; "
                                   "Ring's K|V and V-Major's sends and caches too; judged by PSNR / SSIM, not a tolerance)")
       ->capture_default_str();
   c->add_flag("--json", o.json, "print one JSON object");
   c->add_flag("--no-pack-weights", o.no_pack_weights, "bf16 GEMMs: no packed copy of the weights (about 2 bytes per weight "
               "element less; the same results; slower: the layout is made per call; dit/weights.hpp packed)");
-  c->add_flag("--profile", o.profile, "time each op family of the step (dit/profile.hpp): profile_ms_per_step in the report, "
+  c->add_flag("--profile", o.run.profile, "time each op family of the step (dit/profile.hpp): profile_ms_per_step in the report, "
               "the slowest rank's per family, over the steps after the first (the warm-up)");
 }
 
 namespace {
 
 // Everything a run needs, resolved and checked identically on every rank before any
-// communication: the mode, the shapes, P | heads and tokens, the checkpoint's header, the input
-// and reference files, --compare's reference run.
+// communication: the checkpoint's header, the model shape, the run config and the generation
+// (dit/session.hpp), the input and reference files, --compare's reference run.
 struct DitPlan {
-  ExchangeMode mode = ExchangeMode::flat;
-  Wire wire = Wire::compute;
-  CacheSchedule schedule;
   std::unique_ptr<SafeTensorsSet> ck;
   DitFileFormat format = DitFileFormat::bfl;  // of ck's names
-  std::optional<DitConfig> folder_cfg;        // a diffusers folder's config.json
   std::string scheduler_config;               // a diffusers pipeline's scheduler/scheduler_config.json
   DitConfig cfg;
-  std::string schedule_name;
-  DitInputs in;
-  SampleOptions opt;
-  UspDegrees deg;
-  DitShard shard;
-  DType storage = DType::f32;                  // --weights-dtype, resolved
-  int weight_shards = 1;                       // --shard-weights: P (--cfg-parallel: P / 2)
-  int pass_P = 1, pass_rank = 0;               // the ranks of this rank's pass (--cfg-parallel: its half)
+  std::optional<DitRunConfig> run_config;
+  DitGeneration g;
+  std::vector<float> noise;                    // --noise's, packed; empty: seeded
   std::optional<DitReferenceRun> compare_ref;  // --compare flat
   std::vector<float> reference;                // --reference's latent
+  const DitRunConfig& run() const { return *run_config; }
 };
 
-// Whether the file stores every Linear weight in BF16 (--weights-dtype auto keeps them so).
-bool linear_weights_in_bf16(const DitConfig& cfg, const SafeTensorsSet& ck, DitFileFormat format) {
-  for (const DitLayout::Tensor& t : DitLayout(cfg).tensors)
-    if (t.linear_weight)
-      for (const DitFilePart& part : dit_file_parts(t, cfg, format))
-        if (ck.info(part.name).dtype != "BF16") return false;
-  return true;
-}
-
-DitPlan plan_dit(Communicator& world, const DitOptions& o) {
+DitPlan plan_dit(Communicator& world, DitOptions& o) {
   DitPlan pl;
-  pl.mode = parse_exchange_mode(o.mode);
-  pl.schedule = {parse_cache_schedule(o.cache_schedule), o.cache_ratio, o.warmup, o.sync_every};
-  pl.schedule.validate();
   DIFFCP_CHECK(o.compare.empty() || o.compare == "flat", "--compare '", o.compare, "': only flat is supported");
   DIFFCP_CHECK(o.compare.empty() || o.reference.empty(), "--compare and --reference: give one of them");
-  const DType compute = compute_dtype(o.dtype, "--dtype");
-  pl.wire = parse_wire(o.wire);
-  check_wire_supported(pl.wire, compute);  // the active backend runs the codec
+  o.run.ulysses_degree = given(g_ulysses_opt, o.ulysses_degree);
+  o.run.ring_degree = given(g_ring_opt, o.ring_degree);
+  o.run.guidance = given(g_guidance_opt, o.guidance);
+  o.run.pack_weights = !o.no_pack_weights;
+  std::optional<DitConfig> folder_cfg;  // a diffusers folder's config.json
   if (!o.weights.empty() && is_directory(o.weights)) {  // a diffusers pipeline or transformer folder
     DiffusersTransformer t = open_diffusers_transformer(o.weights);
     pl.ck = std::make_unique<SafeTensorsSet>(t.weights);
     pl.format = DitFileFormat::diffusers;
-    pl.folder_cfg = t.config;
+    folder_cfg = t.config;
     pl.scheduler_config = t.scheduler_config;
   } else if (!o.weights.empty()) {
     pl.ck = std::make_unique<SafeTensorsSet>(o.weights);
   }
-  pl.cfg = resolve_config(o, pl.ck.get(), pl.folder_cfg);
-  const DitConfig& cfg = pl.cfg;
-  DIFFCP_CHECK(cfg.guidance_embed || cfg.true_cfg() || !given(g_guidance_opt, o.guidance), "--guidance ", o.guidance,
-               ": this model has no guidance_in (not guidance-distilled, e.g. FLUX.1-schnell); drop --guidance");
-  // The family's default: FluxPipeline's guidance_scale 3.5, Flux2Pipeline's 4, QwenImagePipeline's
-  // true_cfg_scale 4, StableDiffusion3Pipeline's guidance_scale 7.
-  const double guidance = given(g_guidance_opt, o.guidance)
-                              .value_or(cfg.family == DitFamily::flux1 ? 3.5 : cfg.family == DitFamily::sd3 ? 7.0 : 4.0);
-  DIFFCP_CHECK(std::isfinite(guidance), "--guidance ", guidance, ", expected a finite number");
-  // auto: FLUX's shifted schedule for guidance-distilled models (FLUX.1-dev), linear otherwise (schnell).
-  // A diffusers pipeline's own scheduler_config.json, unless --schedule names one.
-  const bool from_scheduler = o.schedule == "auto" && !pl.scheduler_config.empty();
-  // FLUX.2 without a pipeline's scheduler: Flux2Pipeline's sigmas on FLUX.2-dev's scheduler
-  // (dynamic exponential shift, compute_empirical_mu).
-  const bool flux2_default = o.schedule == "auto" && !from_scheduler && cfg.family == DitFamily::flux2;
-  pl.schedule_name = from_scheduler ? "scheduler_config"
-                     : flux2_default ? "flux2"
-                     : o.schedule == "auto" ? (cfg.guidance_embed ? "flux" : "linear")
-                                            : o.schedule;
-  pl.in = read_inputs(o, cfg);
-  const DitShape& shape = pl.in.shape;
-  // FLUX.1's true CFG has its own scale (--true-cfg-scale); the true-CFG families' is --guidance.
-  DIFFCP_CHECK(cfg.family == DitFamily::flux1 || o.true_cfg_scale == 1.0, "--true-cfg-scale: FLUX.1's classifier-free ",
-               "guidance scale (FluxPipeline's true_cfg_scale); this model (", dit_family_name(cfg.family), ") ",
-               cfg.true_cfg() ? "takes its classifier-free guidance scale as --guidance" : "has no classifier-free guidance");
-  DIFFCP_CHECK(std::isfinite(o.true_cfg_scale), "--true-cfg-scale ", o.true_cfg_scale, ", expected a finite number");
-  if (cfg.accepts_negative()) {
-    const bool flux1 = cfg.family == DitFamily::flux1;
-    const double scale = flux1 ? o.true_cfg_scale : guidance;
-    const char* flag = flux1 ? "--true-cfg-scale" : "--guidance";
-    DIFFCP_CHECK(scale <= 1 || pl.in.cond.has_negative(), flag, " ", scale, ": classifier-free guidance needs ",
-                 "the negative prompt's embeddings (--negative-text-embeddings: the pipeline's negative_prompt_embeds), ",
-                 "or ", flag, " 1 for one conditional pass");
-    DIFFCP_CHECK(scale > 1 || o.negative_text_embeddings.empty(), "--negative-text-embeddings is read only with ",
-                 flag, " > 1 (classifier-free guidance); ", flag, " is ", scale);
-    if (scale <= 1) {  // one conditional pass
-      pl.in.cond.negative_txt.clear();
-      pl.in.cond.negative_pooled.clear();
-    }
+  pl.cfg = resolve_config(o, pl.ck.get(), folder_cfg);
+  pl.run_config.emplace(o.run, pl.cfg, world.size(), world.rank(), pl.ck.get(), pl.format);
+  DitInputs in = read_inputs(o, pl.cfg);
+  if (pl.cfg.accepts_negative()) {
+    SampleOptions scales;
+    scales.guidance = o.run.guidance.value_or(pl.cfg.family == DitFamily::sd3 ? 7.0 : 4.0);
+    scales.true_cfg_scale = o.run.true_cfg_scale;
+    const char* flag = pl.cfg.family == DitFamily::flux1 ? "--true-cfg-scale" : "--guidance";
+    DIFFCP_CHECK(cfg_scale(pl.cfg, scales) > 1 || o.negative_text_embeddings.empty(), "--negative-text-embeddings is read ",
+                 "only with ", flag, " > 1 (classifier-free guidance); ", flag, " is ", cfg_scale(pl.cfg, scales));
   }
-  FlowMatchEulerScheduler flux2_scheduler;
-  flux2_scheduler.dynamic = true;
-  pl.opt = {from_scheduler ? flow_match_scheduler_from_json(read_json_file(pl.scheduler_config, "scheduler config"),
-                                                            pl.scheduler_config)
-                                 .pipeline_sigmas(o.steps, shape.image_tokens(), cfg.family)
-            : flux2_default ? flux2_scheduler.pipeline_sigmas(o.steps, shape.image_tokens(), DitFamily::flux2)
-                            : flow_schedule(o.steps, parse_time_schedule(pl.schedule_name), shape.image_tokens()),
-            guidance, {}, compute, {}, o.true_cfg_scale};
-  pl.opt.step_cache = parse_step_cache(o.step_cache);
-  DIFFCP_CHECK(!o.profile || o.steps >= 2, "--profile times the steps after the first (the warm-up): --steps ", o.steps,
-               " leaves none; run at least 2");
-  DIFFCP_CHECK(!pl.opt.step_cache.enabled || cfg.double_blocks + cfg.single_blocks >= 2, "--step-cache ", o.step_cache,
-               ": the model has ", cfg.double_blocks + cfg.single_blocks, " block(s); First-Block Cache needs at least two");
-  if (o.cfg_parallel) {
-    DIFFCP_CHECK(uses_negative_pass(cfg, pl.in.cond, pl.opt), "--cfg-parallel: this run has no negative pass to run beside ",
-                 "the prompt's (", cfg.true_cfg() ? "--guidance <= 1" : cfg.accepts_negative() ? "--true-cfg-scale <= 1" : std::string(dit_family_name(cfg.family)) +
-                 " has no classifier-free guidance" + (cfg.guidance_embed ? ": its --guidance is the distilled guidance embedding" : ""),
-                 ")");
-    DIFFCP_CHECK(world.size() % 2 == 0, "--cfg-parallel splits the ranks into two equal halves, one per classifier-free ",
-                 "guidance pass; P = ", world.size(), " is odd (run an even number of ranks)");
-  }
-  pl.pass_P = o.cfg_parallel ? world.size() / 2 : world.size();
-  pl.pass_rank = world.rank() % pl.pass_P;
-  pl.deg = resolve_usp_degrees(pl.pass_P, cfg.heads, given(g_ulysses_opt, o.ulysses_degree), given(g_ring_opt, o.ring_degree));
-  pl.shard = make_dit_shard(cfg, shape, pl.pass_P, pl.pass_rank, pl.deg.ulysses);  // U | heads; any token count (padding)
-  if (uses_negative_pass(cfg, pl.in.cond, pl.opt)) {
-    try {
-      make_dit_shard(cfg, negative_shape(shape, pl.in.cond), pl.pass_P, pl.pass_rank, pl.deg.ulysses);
-    } catch (const Error& e) {
-      DIFFCP_FAIL("--negative-text-embeddings: ", e.what());
-    }
-  }
-  if (pl.ck) check_dit_checkpoint(cfg, *pl.ck, pl.format);  // names every missing, extra or misshapen tensor
-  pl.storage = weights_dtype(o.weights_dtype, pl.ck && linear_weights_in_bf16(cfg, *pl.ck, pl.format), "--weights-dtype");
-  pl.weight_shards = o.shard_weights ? pl.pass_P : 1;
-  check_shard_weights(o.shard_weights, pl.storage, pl.opt.compute, "--shard-weights", "--weights-dtype");
+  pl.g = plan_generation(pl.run(), in.shape, std::move(in.cond), pl.scheduler_config);
+  pl.noise = std::move(in.noise);
   // --compare flat: a genuine reference, never this run's own configuration (refused where none).
-  if (!o.compare.empty()) pl.compare_ref = flat_reference_for(pl.mode, pl.deg, world.size(), cfg.heads, o.cfg_parallel);
+  if (!o.compare.empty())
+    pl.compare_ref = flat_reference_for(pl.run().mode, pl.run().deg, world.size(), pl.cfg.heads, o.run.cfg_parallel);
   if (!o.reference.empty()) {
     std::vector<std::int64_t> s;
-    const std::vector<std::int64_t> want = latent_file_shape(cfg, shape);
+    const std::vector<std::int64_t> want = latent_file_shape(pl.cfg, pl.g.shape);
     const std::string legend = shape_str(want) + " (--save-latent's layout)";
     pl.reference = read_input(o.reference, "--reference", s, {want}, legend.c_str());
-    if (cfg.family == DitFamily::sd3) pl.reference = pack_latent(pl.reference, cfg, shape);
+    if (pl.cfg.family == DitFamily::sd3) pl.reference = pack_latent(pl.reference, pl.cfg, pl.g.shape);
   }
   return pl;
 }
 
 void print_dry_run(Communicator& world, const DitOptions& o, const DitPlan& pl) {
   if (world.rank() != 0) return;
-  const DitShape& shape = pl.in.shape;
-  const DitMemory mem = dit_memory_per_rank(pl.cfg, shape, pl.shard, pl.storage, pl.weight_shards, pl.opt.compute, !o.no_pack_weights);
+  const DitShape& shape = pl.g.shape;
+  const DitRunConfig& run = pl.run();
+  const DitMemory mem = dit_memory_per_rank(pl.cfg, shape, pl.g.shard, run.storage, run.weight_shards, run.compute, o.run.pack_weights);
   const nlohmann::ordered_json j{{"dry_run", true}, {"config", pl.cfg.to_json()},
                                  {"flux_params", pl.cfg.family == DitFamily::flux1 ? pl.cfg.to_flux_params() : nlohmann::json(nullptr)},
                                  {"parameters", DitLayout(pl.cfg).parameters}, {"weights", o.weights.empty() ? "random" : o.weights},
-                                 {"weights_dtype", dtype_name(pl.storage)}, {"shard_weights", o.shard_weights},
+                                 {"weights_dtype", dtype_name(run.storage)}, {"shard_weights", o.run.shard_weights},
                                  {"weights_bytes_per_rank", mem.weight_bytes}, {"activation_bytes_per_rank", mem.activation_bytes},
-                                 {"weight_gather_bytes_per_forward", dit_gather_bytes(DitLayout(pl.cfg), pl.storage, pl.weight_shards)},
-                                 {"P", world.size()}, {"ulysses_degree", pl.deg.ulysses}, {"ring_degree", pl.deg.ring},
+                                 {"weight_gather_bytes_per_forward", dit_gather_bytes(DitLayout(pl.cfg), run.storage, run.weight_shards)},
+                                 {"P", world.size()}, {"ulysses_degree", run.deg.ulysses}, {"ring_degree", run.deg.ring},
                                  {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
                                  {"image_tokens", shape.image_tokens()}, {"text_tokens", shape.text_tokens},
-                                 {"schedule", pl.schedule_name}, {"timesteps", pl.opt.timesteps}};
+                                 {"schedule", pl.g.schedule_name}, {"timesteps", pl.g.opt.timesteps}};
   std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(1).c_str());
 }
 
-// The run's report (printed as JSON or text): times, bytes per link class against their closed
-// forms, the cache, V-First's overlap; the keys print in the documented order (docs/dit.md).
-nlohmann::ordered_json report_json(Communicator& world, const DitOptions& o, const DitPlan& pl, const DitRun& run,
-                                   const AttentionExchange& ex, const DitWeights& w) {
-  const DitShape& shape = pl.in.shape;
-  // Per rank per denoising step, averaged over ranks.
-  const double gathered = w.gather_comm() ? static_cast<double>(w.gather_comm()->stats()[CommOp::recv].bytes_recv) : 0.0;
-  std::vector<double> per_step{static_cast<double>(run.stats.bytes_intra), static_cast<double>(run.stats.bytes_inter),
-                               static_cast<double>(run.stats.messages), static_cast<double>(run.stats.ring_bytes),
-                               gathered, w.gather_stats().wait_ms, static_cast<double>(run.stats.scale_bytes)};
-  world.all_reduce<double>(per_step);
-  for (double& v : per_step) v /= static_cast<double>(world.size()) * o.steps;
-  // Cache memory: the largest over ranks. V-First: fraction of V phase-1s complete before the wait.
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);  // the process's peak resident memory (ru_maxrss: KiB)
-  std::vector<double> maxes{static_cast<double>(run.cache_bytes), static_cast<double>(w.bytes()), 1024.0 * static_cast<double>(ru.ru_maxrss)};
-  world.all_reduce<double>(maxes, ReduceOp::max);
-  std::vector<double> vsum{static_cast<double>(run.stats.v_hidden), static_cast<double>(run.stats.v_started), run.stats.v_wait_ms};
-  world.all_reduce<double>(vsum);
-  DitBytesPrediction pred = dit_predicted_bytes(pl.cfg, shape, pl.shard, pl.deg, pl.pass_P, pl.mode, pl.schedule,
-                                                o.steps, ex.group_size(), ex.link_group_size(), pl.opt.compute, pl.wire);
-  const bool two_passes = uses_negative_pass(pl.cfg, pl.in.cond, pl.opt);
-  if (two_passes) {  // the negative prompt's pass moves its own bytes
-    const DitShape ns = negative_shape(shape, pl.in.cond);
-    const DitBytesPrediction n = dit_predicted_bytes(pl.cfg, ns, make_dit_shard(pl.cfg, ns, pl.pass_P, pl.pass_rank, pl.deg.ulysses),
-                                                     pl.deg, pl.pass_P, pl.mode, pl.schedule, o.steps, ex.group_size(),
-                                                     ex.link_group_size(), pl.opt.compute, pl.wire);
-    pred += n;
-    if (o.cfg_parallel) pred *= 0.5;  // each rank runs one of the two passes: the average over the ranks
+// The report (dit/session.hpp DitReport) as JSON; the keys print in the documented order (docs/dit.md).
+nlohmann::ordered_json report_json(const DitOptions& o, const DitPlan& pl, const DitReport& r, const DitWeights& w) {
+  const DitShape& shape = pl.g.shape;
+  const DitRunConfig& run = pl.run();
+  const auto num = [](double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); };
+  nlohmann::ordered_json rel_l1 = nlohmann::ordered_json::array();  // NaN -> null
+  for (const double v : r.rel_l1) rel_l1.push_back(num(v));
+  const bool cocodiff = run.mode == ExchangeMode::cocodiff;
+  nlohmann::ordered_json j{
+      {"mode", exchange_mode_name(run.mode)},
+      {"P", r.P},
+      {"group_size", r.group_size},
+      {"steps", r.steps},
+      {"step_ms", r.step_ms},
+      {"bytes_intra_group", r.bytes_intra},
+      {"bytes_inter_group", r.bytes_inter},
+      {"messages", r.messages},
+      {"cache_bytes_per_rank", static_cast<std::uint64_t>(r.cache_bytes)},
+      {"exposed_comm_ms", r.exposed_comm_ms},
+      {"mean_exposed_comm_ms", r.mean_exposed_comm_ms},
+      {"v_wait_ms", r.v_wait_ms},
+      {"v_phase1_hidden", r.v_phase1_hidden},
+      {"ulysses_degree", run.deg.ulysses},
+      {"ring_degree", run.deg.ring},
+      {"ring_bytes", r.ring_bytes},
+      {"predicted_ring_bytes", r.predicted.ring},
+      {"wire", wire_name(run.wire)},
+      {"scale_bytes", r.scale_bytes},
+      {"predicted_scale_bytes", r.predicted.scales},
+      {"predicted_bytes_inter_group", r.predicted.inter},
+      {"tapa_bytes_inter_group", r.predicted.tapa_inter},
+      {"predicted_inter_ratio_vs_tapa", r.predicted.inter_ratio()},
+      {"measured_inter_ratio_vs_tapa", r.bytes_inter > 0 ? r.predicted.tapa_inter / r.bytes_inter : 1.0},
+      {"predicted_qkv_inter_ratio_vs_tapa", r.predicted.qkv_ratio()},
+      {"cache_schedule", cocodiff ? cache_schedule_name(run.schedule.kind) : "none"},
+      {"cache_ratio", run.schedule.ratio},
+      {"warmup", run.schedule.warmup},
+      {"sync_every", run.schedule.sync_every},
+      {"total_ms", r.total_ms},
+      {"resolution", shape.width == shape.height ? nlohmann::ordered_json(shape.width) : nlohmann::ordered_json(nullptr)},
+      {"width", shape.width},
+      {"height", shape.height},
+      {"schedule", pl.g.schedule_name},
+      {"guidance", pl.cfg.guidance_embed || pl.cfg.true_cfg() ? nlohmann::ordered_json(pl.g.opt.guidance) : nlohmann::ordered_json(nullptr)},
+      {"family", dit_family_name(pl.cfg.family)},
+      {"cfg_passes", r.cfg_passes},
+      {"true_cfg_scale", pl.cfg.family == DitFamily::flux1 ? nlohmann::ordered_json(pl.g.opt.true_cfg_scale) : nlohmann::ordered_json(nullptr)},
+      {"cfg_parallel", o.run.cfg_parallel},
+      {"cfg_pair_bytes", r.cfg_pair_bytes},
+      {"predicted_cfg_pair_bytes", r.predicted_cfg_pair_bytes},
+      {"step_cache", run.step_cache.name()},
+      {"steps_computed", r.steps_computed},
+      {"steps_cached", r.steps_cached},
+      {"step_cache_rel_l1", rel_l1},
+      {"batch", shape.batch},
+      {"image_tokens", shape.image_tokens()},
+      {"text_tokens", shape.text_tokens},
+      {"weights", o.weights.empty() ? "random" : o.weights},
+      {"dtype", o.run.dtype},
+      {"weights_dtype", dtype_name(w.storage())},
+      {"shard_weights", w.sharded()},
+      {"weights_bytes_per_rank", static_cast<std::int64_t>(r.weights_bytes)},
+      {"predicted_weights_bytes_per_rank", static_cast<std::int64_t>(r.predicted_weights_bytes)},
+      {"weight_gather_bytes", r.weight_gather_bytes},
+      {"predicted_weight_gather_bytes", r.predicted_weight_gather_bytes},
+      {"weight_gather_wait_ms", r.weight_gather_wait_ms},
+      {"peak_rss_bytes", r.peak_rss_bytes},
+      {"parameters", DitLayout(pl.cfg).parameters},
+      {"config", pl.cfg.to_json()},
+      {"out", o.out}};
+  if (!r.profile_ms.empty()) {  // per family: the slowest rank's time per denoising step after the first
+    nlohmann::ordered_json per_step;
+    for (std::size_t i = 0; i < r.profile_ms.size(); ++i) per_step[std::string(kDitPhaseNames[i])] = r.profile_ms[i];
+    j["profile_ms_per_step"] = per_step;
   }
-  std::vector<double> pair_bytes{static_cast<double>(run.cfg_pair_bytes)};
-  world.all_reduce<double>(pair_bytes);
-  nlohmann::ordered_json steps_computed = nlohmann::ordered_json::array(), steps_cached = nlohmann::ordered_json::array();
-  for (int q = 0; q < (two_passes ? 2 : 1); ++q) {
-    steps_computed.push_back(pl.opt.step_cache.enabled ? run.steps_computed[q] : o.steps);
-    steps_cached.push_back(run.steps_cached[q]);
-  }
-  nlohmann::ordered_json rel_l1 = nlohmann::ordered_json::array();  // the prompt's pass (rank 0's); NaN -> null
-  for (const double r : run.rel_l1) rel_l1.push_back(std::isfinite(r) ? nlohmann::ordered_json(r) : nlohmann::ordered_json(nullptr));
-  double total = 0, mean_comm = 0;
-  for (const double v : run.step_ms) total += v;
-  for (const double v : run.comm_ms) mean_comm += v / o.steps;
-  const bool cocodiff = pl.mode == ExchangeMode::cocodiff;
-  return {{"mode", exchange_mode_name(pl.mode)},
-          {"P", world.size()},
-          {"group_size", ex.link_group_size()},
-          {"steps", o.steps},
-          {"step_ms", median(run.step_ms)},
-          {"bytes_intra_group", per_step[0]},
-          {"bytes_inter_group", per_step[1]},
-          {"messages", per_step[2]},
-          {"cache_bytes_per_rank", static_cast<std::uint64_t>(maxes[0])},
-          {"exposed_comm_ms", median(run.comm_ms)},
-          {"mean_exposed_comm_ms", mean_comm},
-          {"v_wait_ms", vsum[2] / world.size() / o.steps},
-          {"v_phase1_hidden", vsum[1] > 0 ? vsum[0] / vsum[1] : 0.0},
-          {"ulysses_degree", pl.deg.ulysses},
-          {"ring_degree", pl.deg.ring},
-          {"ring_bytes", per_step[3]},
-          {"predicted_ring_bytes", pred.ring},
-          {"wire", wire_name(pl.wire)},
-          {"scale_bytes", per_step[6]},
-          {"predicted_scale_bytes", pred.scales},
-          {"predicted_bytes_inter_group", pred.inter},
-          {"tapa_bytes_inter_group", pred.tapa_inter},
-          {"predicted_inter_ratio_vs_tapa", pred.inter_ratio()},
-          {"measured_inter_ratio_vs_tapa", per_step[1] > 0 ? pred.tapa_inter / per_step[1] : 1.0},
-          {"predicted_qkv_inter_ratio_vs_tapa", pred.qkv_ratio()},
-          {"cache_schedule", cocodiff ? cache_schedule_name(pl.schedule.kind) : "none"},
-          {"cache_ratio", pl.schedule.ratio},
-          {"warmup", pl.schedule.warmup},
-          {"sync_every", pl.schedule.sync_every},
-          {"total_ms", total},
-          {"resolution", shape.width == shape.height ? nlohmann::ordered_json(shape.width) : nlohmann::ordered_json(nullptr)},
-          {"width", shape.width},
-          {"height", shape.height},
-          {"schedule", pl.schedule_name},
-          {"guidance", pl.cfg.guidance_embed || pl.cfg.true_cfg() ? nlohmann::ordered_json(pl.opt.guidance) : nlohmann::ordered_json(nullptr)},
-          {"family", dit_family_name(pl.cfg.family)},
-          {"cfg_passes", two_passes ? 2 : 1},
-          {"true_cfg_scale", pl.cfg.family == DitFamily::flux1 ? nlohmann::ordered_json(pl.opt.true_cfg_scale) : nlohmann::ordered_json(nullptr)},
-          {"cfg_parallel", o.cfg_parallel},
-          {"cfg_pair_bytes", pair_bytes[0] / world.size() / o.steps},
-          {"predicted_cfg_pair_bytes", o.cfg_parallel ? static_cast<double>(cfg_pair_bytes(pl.cfg, shape, pl.shard)) : 0.0},
-          {"step_cache", pl.opt.step_cache.name()},
-          {"steps_computed", steps_computed},
-          {"steps_cached", steps_cached},
-          {"step_cache_rel_l1", rel_l1},
-          {"batch", shape.batch},
-          {"image_tokens", shape.image_tokens()},
-          {"text_tokens", shape.text_tokens},
-          {"weights", o.weights.empty() ? "random" : o.weights},
-          {"dtype", o.dtype},
-          {"weights_dtype", dtype_name(w.storage())},
-          {"shard_weights", w.sharded()},
-          {"weights_bytes_per_rank", static_cast<std::int64_t>(maxes[1])},
-          {"predicted_weights_bytes_per_rank", dit_weight_bytes(w.layout(), w.storage(), w.shards())},
-          {"weight_gather_bytes", per_step[4]},
-          {"predicted_weight_gather_bytes",
-           static_cast<double>(dit_gather_bytes(w.layout(), w.storage(), w.shards()) * (two_passes && !o.cfg_parallel ? 2 : 1))},
-          {"weight_gather_wait_ms", per_step[5]},
-          {"peak_rss_bytes", maxes[2]},
-          {"parameters", DitLayout(pl.cfg).parameters},
-          {"config", pl.cfg.to_json()},
-          {"out", o.out}};
+  return j;
 }
 
 // --compare flat / --reference: the reference latent (sampled here, or the file's), the
 // comparison into `j`; false when the latent check fails.
-bool compare_with_reference(Communicator& world, const DitOptions& o, DitPlan& pl, const DitWeights& w,
-                            const std::vector<float>& noise, const DitRun& run, const AttentionExchange& ex,
-                            nlohmann::ordered_json& j) {
+bool compare_with_reference(DitSession& session, const DitOptions& o, DitPlan& pl, const std::vector<float>& noise,
+                            const DitRun& run, nlohmann::ordered_json& j) {
+  Communicator& world = session.world();
+  const DitRunConfig& rc = pl.run();
   std::vector<float> ref_latent;
   std::string reference_run = "the latent in " + o.reference;
   if (pl.compare_ref) {
-    SampleOptions flat_opt = pl.opt;
-    flat_opt.on_velocity = {};  // --dump-velocity: the run itself only
-    flat_opt.step_cache = {};   // the exact run (the CFG passes one after the other, every block)
-    flat_opt.profile = nullptr;
     reference_run = pl.compare_ref->describe(world.size());
-    const bool cfg = uses_negative_pass(pl.cfg, pl.in.cond, pl.opt);
-    if (pl.compare_ref->single_rank) {
-      // Every rank samples the whole image alone (P = 1); all of them hold the same latent.
-      const std::unique_ptr<Communicator> self = world.split(world.rank(), 0, "compare.self");
-      const auto flat = make_attention_exchange(ExchangeMode::flat, *self, 1, pl.schedule, 1);
-      const auto flat_neg = cfg ? make_attention_exchange(ExchangeMode::flat, *self, 1, pl.schedule, 1) : nullptr;
-      ref_latent = run_dit_sampling(*self, w, pl.in.shape, *flat, pl.in.cond, noise, flat_opt, flat_neg.get()).latent;
-    } else {
-      const auto make = [&] {
-        return make_attention_exchange(ExchangeMode::flat, world, ex.link_group_size(), pl.schedule, pl.compare_ref->deg.ulysses);
-      };
-      const auto flat = make();
-      const auto flat_neg = cfg ? make() : nullptr;
-      ref_latent = run_dit_sampling(world, w, pl.in.shape, *flat, pl.in.cond, noise, flat_opt, flat_neg.get()).latent;
-    }
+    ref_latent = session.sample_reference(pl.g, noise, pl.compare_ref->single_rank, pl.compare_ref->deg.ulysses).latent;
   } else {
     ref_latent = std::move(pl.reference);
   }
   // Lossy by design, as V-Major: the step cache skipping blocks, the fp8 wire (e4m3 keeps 3 mantissa
   // bits): judged by PSNR / SSIM.
-  const bool skips = pl.opt.step_cache.enabled && pl.opt.step_cache.threshold > 0;
-  const DitComparison c = compare_dit_latents(run.latent, ref_latent, pl.cfg, pl.in.shape,
-                                              skips || pl.wire == Wire::fp8 ? std::nullopt
-                                              : pl.compare_ref ? dit_check_tolerance(pl.mode, pl.schedule, pl.opt.compute)
-                                                               : dit_reference_file_tolerance(pl.mode, pl.schedule));
+  const bool skips = rc.step_cache.enabled && rc.step_cache.threshold > 0;
+  const DitComparison c = compare_dit_latents(run.latent, ref_latent, pl.cfg, pl.g.shape,
+                                              skips || rc.wire == Wire::fp8 ? std::nullopt
+                                              : pl.compare_ref ? dit_check_tolerance(rc.mode, rc.schedule, rc.compute)
+                                                               : dit_reference_file_tolerance(rc.mode, rc.schedule));
   // One verdict for the job: every rank compared the same gathered latents, but each sampled the
   // one-rank reference itself.
   std::vector<std::int32_t> pass{c.pass() ? 1 : 0};
@@ -683,61 +546,60 @@ bool compare_with_reference(Communicator& world, const DitOptions& o, DitPlan& p
   return passed;
 }
 
-void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_json& j, const AttentionExchange& ex,
-                int P, bool passed) {
-  const DitShape& shape = pl.in.shape;
+void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_json& j, int P, bool passed) {
+  const DitShape& shape = pl.g.shape;
   const DitConfig& cfg = pl.cfg;
   std::printf("diffcp dit: mode %s, %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps (%s schedule)\n",
-              exchange_mode_name(pl.mode), o.dtype == "bf16" ? "bf16 GEMMs, attention and exchanges" : "f32", P,
-              ex.link_group_size(), static_cast<long long>(shape.width), static_cast<long long>(shape.height),
+              exchange_mode_name(pl.run().mode), o.run.dtype == "bf16" ? "bf16 GEMMs, attention and exchanges" : "f32", P,
+              j["group_size"].get<int>(), static_cast<long long>(shape.width), static_cast<long long>(shape.height),
               static_cast<long long>(shape.image_tokens()), static_cast<long long>(shape.text_tokens),
-              static_cast<long long>(shape.batch), o.steps, pl.schedule_name.c_str());
+              static_cast<long long>(shape.batch), o.run.steps, pl.g.schedule_name.c_str());
   std::printf("  model: %s", dit_family_name(cfg.family));
-  if (cfg.guidance_embed) std::printf(", distilled guidance %g", pl.opt.guidance);
+  if (cfg.guidance_embed) std::printf(", distilled guidance %g", pl.g.opt.guidance);
   if (j["cfg_passes"].get<int>() == 2)
     std::printf(", classifier-free guidance %g: two passes a step (the negative prompt's: %lld text tokens)",
-                cfg_scale(cfg, pl.opt), static_cast<long long>(pl.in.cond.negative_tokens));
+                cfg_scale(cfg, pl.g.opt), static_cast<long long>(pl.g.cond.negative_tokens));
   std::printf("\n");
   if (o.weights.empty()) {
     std::printf("  weights: RANDOM (seeded init, --weight-seed %llu; no --weights given)\n",
                 static_cast<unsigned long long>(o.weight_seed));
   } else {
-    const DitMemory mem = dit_memory_per_rank(cfg, shape, pl.shard, pl.storage, pl.weight_shards, pl.opt.compute, !o.no_pack_weights);
+    const DitMemory mem = dit_memory_per_rank(cfg, shape, pl.g.shard, pl.run().storage, pl.run().weight_shards, pl.g.opt.compute, o.run.pack_weights);
     std::printf("  weights: %s (%lld parameters, %.2f GB %s per rank%s; activations %.2f GB per rank)\n", o.weights.c_str(),
-                static_cast<long long>(j["parameters"].get<std::int64_t>()), mem.weight_bytes / 1e9, dtype_name(pl.storage),
-                o.shard_weights ? ", sharded over the ranks" : " on every rank", mem.activation_bytes / 1e9);
+                static_cast<long long>(j["parameters"].get<std::int64_t>()), mem.weight_bytes / 1e9, dtype_name(pl.run().storage),
+                o.run.shard_weights ? ", sharded over the ranks" : " on every rank", mem.activation_bytes / 1e9);
   }
   std::printf("  step %.1f ms (median over steps, slowest rank), exposed communication %.2f ms/step, total %.2f s\n",
               j["step_ms"].get<double>(), j["exposed_comm_ms"].get<double>(), j["total_ms"].get<double>() / 1e3);
   std::printf("  per rank per step: %.0f bytes inside groups, %.0f bytes across groups, %.1f messages; cache %.0f bytes/rank\n",
               j["bytes_intra_group"].get<double>(), j["bytes_inter_group"].get<double>(), j["messages"].get<double>(),
               static_cast<double>(j["cache_bytes_per_rank"].get<std::uint64_t>()));
-  if (pl.wire == Wire::fp8)
+  if (pl.run().wire == Wire::fp8)
     std::printf("  fp8 wire (e4m3, one f32 scale per (token, head)): of those bytes %.0f are scales (%.0f predicted)\n",
                 j["scale_bytes"].get<double>(), j["predicted_scale_bytes"].get<double>());
-  if (pl.deg.ring > 1)
+  if (pl.run().deg.ring > 1)
     std::printf("  USP: Ulysses degree U = %d x Ring degree R = %d; Ring's K|V %.0f bytes per rank per step (of the above), "
                 "%.0f predicted\n",
-                pl.deg.ulysses, pl.deg.ring, j["ring_bytes"].get<double>(), j["predicted_ring_bytes"].get<double>());
-  if (pl.mode == ExchangeMode::vfirst || pl.mode == ExchangeMode::cocodiff)
+                pl.run().deg.ulysses, pl.run().deg.ring, j["ring_bytes"].get<double>(), j["predicted_ring_bytes"].get<double>());
+  if (pl.run().mode == ExchangeMode::vfirst || pl.run().mode == ExchangeMode::cocodiff)
     std::printf("  V-First: V phase 1 complete before the wait in %.0f%% of exchanges, blocked on it %.3f ms/step\n",
                 100.0 * j["v_phase1_hidden"].get<double>(), j["v_wait_ms"].get<double>());
-  if (pl.mode == ExchangeMode::cocodiff)
+  if (pl.run().mode == ExchangeMode::cocodiff)
     std::printf("  V-Major (%s, r %.2f, warm-up %d, sync every %d): bytes across groups %.0f predicted, %.0f measured; "
                 "TAPA/CoCoDiff %.3fx predicted, %.3fx measured (q|k|v phase 2 alone: %.3fx predicted)\n",
-                cache_schedule_name(pl.schedule.kind), pl.schedule.ratio, pl.schedule.warmup, pl.schedule.sync_every,
+                cache_schedule_name(pl.run().schedule.kind), pl.run().schedule.ratio, pl.run().schedule.warmup, pl.run().schedule.sync_every,
                 j["predicted_bytes_inter_group"].get<double>(), j["bytes_inter_group"].get<double>(),
                 j["predicted_inter_ratio_vs_tapa"].get<double>(), j["measured_inter_ratio_vs_tapa"].get<double>(),
                 j["predicted_qkv_inter_ratio_vs_tapa"].get<double>());
-  if (o.cfg_parallel)
+  if (o.run.cfg_parallel)
     std::printf("  CFG-parallel: the prompt's pass on ranks [0, %d), the negative's on [%d, %d), %d ranks each; velocities "
                 "%.0f bytes per rank per step (%.0f predicted)\n",
                 P / 2, P / 2, P, P / 2, j["cfg_pair_bytes"].get<double>(), j["predicted_cfg_pair_bytes"].get<double>());
-  if (pl.opt.step_cache.enabled) {
+  if (pl.g.opt.step_cache.enabled) {
     std::printf("  step cache %s: steps fully computed %s of %d (cached %s)\n", j["step_cache"].get<std::string>().c_str(),
-                j["steps_computed"].dump().c_str(), o.steps, j["steps_cached"].dump().c_str());
+                j["steps_computed"].dump().c_str(), o.run.steps, j["steps_cached"].dump().c_str());
   }
-  if (o.shard_weights)
+  if (o.run.shard_weights)
     std::printf("  sharded weights: %.0f bytes gathered per rank per step (%.0f predicted), blocked on a gather %.2f ms/step\n",
                 j["weight_gather_bytes"].get<double>(), j["predicted_weight_gather_bytes"].get<double>(),
                 j["weight_gather_wait_ms"].get<double>());
@@ -750,8 +612,8 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
               j["mse"].get<double>(), j["max_abs_diff"].get<double>());
   if (j["tolerance"].is_null()) {
     std::printf("  not judged by a tolerance: %s by design (PSNR / SSIM above say how close)\n",
-                j["step_cache"].get<std::string>() != "none" && pl.opt.step_cache.threshold > 0 ? "the step cache skips blocks"
-                : pl.wire == Wire::fp8 ? "the fp8 wire rounds q, k, v, o to e4m3"
+                j["step_cache"].get<std::string>() != "none" && pl.g.opt.step_cache.threshold > 0 ? "the step cache skips blocks"
+                : pl.run().wire == Wire::fp8 ? "the fp8 wire rounds q, k, v, o to e4m3"
                                        : "V-Major reuses stale rows");
     return;
   }
@@ -765,37 +627,20 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
 }  // namespace
 
 int run_dit(Communicator& world) {
-  const DitOptions& o = g_opt;
+  DitOptions& o = g_opt;
   DitPlan pl = plan_dit(world, o);  // every refusal, on every rank, before any communication
   if (o.dry_run) {
     print_dry_run(world, o, pl);
     return 0;
   }
   const DitConfig& cfg = pl.cfg;
-  const DitShape& shape = pl.in.shape;
-  // CFG-parallel: each half of the ranks runs one pass, with its own exchange and weight shards.
-  std::optional<CfgGroups> groups;
-  if (o.cfg_parallel) groups = make_cfg_groups(world);
-  Communicator& pass_comm = groups ? *groups->group : world;
-  DitWeights w(cfg, pl.storage, o.shard_weights ? &pass_comm : nullptr);
-  w.set_packing(!o.no_pack_weights);
-  if (pl.ck)
-    w.load(*pl.ck, pl.format);
-  else
-    w.init_random(o.weight_seed);
-
-  const auto ex = make_attention_exchange(pl.mode, pass_comm, o.group_size, pl.schedule, pl.deg.ulysses);
-  // Classifier-free guidance: the negative prompt's pass on its own exchange (its own V-Major caches).
-  const auto ex_neg = uses_negative_pass(cfg, pl.in.cond, pl.opt) && !groups
-                          ? make_attention_exchange(pl.mode, world, o.group_size, pl.schedule, pl.deg.ulysses)
-                          : nullptr;
-  ex->set_wire(pl.wire);
-  if (ex_neg) ex_neg->set_wire(pl.wire);
-  const std::vector<float> noise = pl.in.noise.empty() ? initial_noise(cfg, shape, o.seed) : pl.in.noise;
-  pl.opt.on_velocity = velocity_dumper(world, pass_comm, o, pl.schedule_name, cfg, shape, pl.shard, pl.opt);
+  const DitShape& shape = pl.g.shape;
+  DitSession session(world, pl.run(), pl.ck.get(), pl.format, o.weight_seed);
+  const std::vector<float> noise = pl.noise.empty() ? initial_noise(cfg, shape, o.seed) : pl.noise;
+  pl.g.opt.on_velocity = velocity_dumper(world, session.pass_comm(), o, pl.g.schedule_name, cfg, shape, pl.g.shard, pl.g.opt);
   DitProfile profile;
-  if (o.profile) pl.opt.profile = &profile;
-  const DitRun run = run_dit_sampling(world, w, shape, *ex, pl.in.cond, noise, pl.opt, ex_neg.get(), groups ? &*groups : nullptr);
+  if (o.run.profile) pl.g.opt.profile = &profile;
+  const DitRun run = session.sample(pl.g, noise);
   if (world.rank() == 0) {
     const std::int64_t side_h = shape.grid_h() * cfg.patch, side_w = shape.grid_w() * cfg.patch;
     if (!o.out.empty())
@@ -803,23 +648,15 @@ int run_dit(Communicator& world) {
                 shape.batch * side_w, side_h);
     if (!o.save_latent.empty()) write_latent(o.save_latent, run.latent, cfg, shape);
   }
-  nlohmann::ordered_json j = report_json(world, o, pl, run, *ex, w);
-  if (o.profile) {  // per family: the slowest rank's time per denoising step after the first
-    std::vector<double> ms(profile.ms.begin(), profile.ms.end());
-    world.all_reduce<double>(ms, ReduceOp::max);
-    nlohmann::ordered_json per_step;
-    for (std::size_t i = 0; i < ms.size(); ++i)
-      per_step[std::string(kDitPhaseNames[i])] = o.steps > 1 ? ms[i] / (o.steps - 1) : 0.0;
-    j["profile_ms_per_step"] = per_step;
-  }
-  const bool passed = (o.compare.empty() && o.reference.empty()) || compare_with_reference(world, o, pl, w, noise, run, *ex, j);
+  nlohmann::ordered_json j = report_json(o, pl, session.report(pl.g, run), session.weights());
+  const bool passed = (o.compare.empty() && o.reference.empty()) || compare_with_reference(session, o, pl, noise, run, j);
   const int rc = passed ? 0 : 2;
   if (world.rank() != 0) return rc;
   if (o.json)
     std::printf("%s\n", j.dump().c_str());
   else
-    print_text(o, pl, j, *ex, world.size(), passed);
-  if (!o.json) print_host_syncs("dit", o.steps);
+    print_text(o, pl, j, world.size(), passed);
+  if (!o.json) print_host_syncs("dit", o.run.steps);
   return rc;
 }
 

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
       if (sim_model) return diffcp::cli::run_sim(app);
       return app.got_subcommand("plan") ? diffcp::cli::run_plan(plan) : diffcp::cli::run_export(export_opt);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "diffcp: error: %s\n", e.what());
+      std::fprintf(stderr, "diffcp: error: %s\n", diffcp::cli::cli_flags(e.what()).c_str());
       return 1;
     }
   }
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
     diffcp::cli::select_backend(backend, command);  // every rank: a refused name fails on all of them
     const std::unique_ptr<diffcp::Communicator> other_world = diffcp::make_world(comm);  // null: MPI
     diffcp::Communicator& world = other_world ? *other_world : mpi_world;
-    const int rc = [&] {
+    const auto run_command = [&] {
       if (app.got_subcommand("attn")) return diffcp::cli::run_attn(world, attn);
       if (app.got_subcommand("train")) return diffcp::cli::run_train(world, train);
       if (app.got_subcommand("dit")) return diffcp::cli::run_dit(world);
@@ -100,7 +100,13 @@ int main(int argc, char** argv) {
         return diffcp::cli::run_bench_coll(world, bench_coll);
       if (app.got_subcommand("sim")) return diffcp::cli::run_sim_calibrate(world);
       return 1;
-    }();
+    };
+    int rc = 0;
+    try {
+      rc = run_command();
+    } catch (const diffcp::Error& e) {  // the library names its fields (`cache_ratio`); the CLI, its flags
+      throw diffcp::Error(diffcp::cli::cli_flags(e.what()));
+    }
     diffcp::active_backend().synchronize();  // the device has run (and reported) everything before exit
     return rc;
   });

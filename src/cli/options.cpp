@@ -22,6 +22,27 @@ std::int64_t parse_count(const std::string& text, const char* flag) {
   return value * mult;
 }
 
+std::string cli_flags(const std::string& message) {
+  std::string out;
+  for (std::size_t i = 0; i < message.size(); ++i) {
+    std::size_t j = i + 1;
+    while (message[i] == '`' && j < message.size() &&
+           (std::islower(static_cast<unsigned char>(message[j])) || std::isdigit(static_cast<unsigned char>(message[j])) ||
+            message[j] == '_'))
+      ++j;
+    if (message[i] != '`' || j == i + 1 || j >= message.size() || message[j] != '`' ||
+        !std::islower(static_cast<unsigned char>(message[i + 1]))) {
+      out += message[i];
+      continue;
+    }
+    std::string flag = "--" + message.substr(i + 1, j - i - 1);
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    out += flag;
+    i = j;
+  }
+  return out;
+}
+
 CountRange parse_range(const std::string& text, const char* flag) {
   const auto colon = text.find(':');
   if (colon == std::string::npos) return {parse_count(text, flag), 0};

@@ -10,7 +10,7 @@ namespace diffcp {
 CacheScheduleKind parse_cache_schedule(const std::string& name) {
   if (name == "linear") return CacheScheduleKind::linear;
   if (name == "fixed") return CacheScheduleKind::fixed;
-  DIFFCP_FAIL("--cache-schedule '", name, "': unknown schedule, expected linear or fixed");
+  DIFFCP_FAIL("`cache_schedule` '", name, "': unknown schedule, expected linear or fixed");
 }
 
 const char* cache_schedule_name(CacheScheduleKind kind) {
@@ -18,9 +18,9 @@ const char* cache_schedule_name(CacheScheduleKind kind) {
 }
 
 void CacheSchedule::validate() const {
-  DIFFCP_CHECK(ratio >= 0.0 && ratio <= 1.0, "--cache-ratio = ", ratio, ", expected a cache ratio r in [0, 1]");
-  DIFFCP_CHECK(warmup >= 0, "--warmup = ", warmup, ", expected >= 0 full steps");
-  DIFFCP_CHECK(sync_every >= 0, "--sync-every = ", sync_every, ", expected >= 0 (0: never)");
+  DIFFCP_CHECK(ratio >= 0.0 && ratio <= 1.0, "`cache_ratio` = ", ratio, ", expected a cache ratio r in [0, 1]");
+  DIFFCP_CHECK(warmup >= 0, "`warmup` = ", warmup, ", expected >= 0 full steps");
+  DIFFCP_CHECK(sync_every >= 0, "`sync_every` = ", sync_every, ", expected >= 0 (0: never)");
 }
 
 bool CacheSchedule::full(int step, int /*steps*/) const {

@@ -95,7 +95,7 @@ DitConfig dit_config_from_flux_params(const nlohmann::json& j, const std::string
                  " mlp_ratio, num_heads, depth, depth_single_blocks, axes_dim, theta, qkv_bias, guidance_embed)",
                  it.key() == "num_layers" || it.key() == "joint_attention_dim" || it.key() == "_class_name"
                      ? "; this looks like a diffusers config.json: give its folder (config.json beside the "
-                       "diffusion_pytorch_model safetensors, or the pipeline's folder) as --weights instead"
+                       "diffusion_pytorch_model safetensors, or the pipeline's folder) as `weights` instead"
                      : "");
   }
   const auto integer = [&](const char* f) {
@@ -219,7 +219,7 @@ DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int 
   if (U == P) {
     DIFFCP_CHECK(cfg.heads % P == 0, "dit: P = ", P, " ranks do not divide the ", cfg.heads,
                  " attention heads (Ulysses shards heads: P must divide the head count, or give the rest of the"
-                 " ranks to a Ring: --ulysses-degree U --ring-degree R, U x R = P)");
+                 " ranks to a Ring: `ulysses_degree` U `ring_degree` R, U x R = P)");
   } else {
     DIFFCP_CHECK(cfg.heads % U == 0, "dit: Ulysses degree U = ", U, " does not divide the ", cfg.heads,
                  " attention heads (Ulysses shards heads; P = ", P, " = U x R with R = ", P / U, ")");

@@ -383,7 +383,7 @@ double flux2_empirical_mu(std::int64_t image_tokens, int steps) {
 }  // namespace
 
 std::vector<double> FlowMatchEulerScheduler::pipeline_sigmas(int steps, std::int64_t image_tokens, DitFamily family) const {
-  DIFFCP_CHECK(steps >= 1, "--steps = ", steps, ", expected >= 1");
+  DIFFCP_CHECK(steps >= 1, "`steps` = ", steps, ", expected >= 1");
   const double m = (max_shift - base_shift) / (max_seq - base_seq);
   const double mu = family == DitFamily::flux2 ? flux2_empirical_mu(image_tokens, steps)
                                                : static_cast<double>(image_tokens) * m + (base_shift - m * base_seq);
@@ -398,7 +398,7 @@ std::vector<double> FlowMatchEulerScheduler::pipeline_sigmas(int steps, std::int
                                        : exponential ? std::exp(mu) / (std::exp(mu) + (1 / s - 1))
                                                      : mu / (mu + (1 / s - 1));
   }
-  DIFFCP_CHECK(shift_terminal == 0 || steps >= 2, "scheduler: shift_terminal = ", shift_terminal, " needs --steps >= 2 ",
+  DIFFCP_CHECK(shift_terminal == 0 || steps >= 2, "scheduler: shift_terminal = ", shift_terminal, " needs `steps` >= 2 ",
                "(its stretch divides by 1 - the last sigma before 0, which is 1 with one step: diffusers computes NaN)");
   if (shift_terminal > 0) {  // stretch so that the last sigma before 0 is shift_terminal
     const double scale = (1 - sig[static_cast<std::size_t>(steps) - 1]) / (1 - shift_terminal);
@@ -418,7 +418,7 @@ FlowMatchEulerScheduler flow_match_scheduler_from_json(const nlohmann::json& j, 
   DIFFCP_CHECK(j.is_object(), "scheduler config '", source, "': expected a JSON object");
   const std::string cls = class_name(j);
   DIFFCP_CHECK(cls == "FlowMatchEulerDiscreteScheduler", "scheduler config '", source, "': _class_name '", cls,
-               "'; supported: FlowMatchEulerDiscreteScheduler (or give --schedule linear | flux)");
+               "'; supported: FlowMatchEulerDiscreteScheduler (or give `schedule` linear | flux)");
   FlowMatchEulerScheduler s;
   const auto number = [&](const std::string& f, const nlohmann::json& v) {
     DIFFCP_CHECK(v.is_number() && std::isfinite(v.get<double>()), "scheduler config '", source, "': field '", f, "' = ",
@@ -477,7 +477,7 @@ DiffusersTransformer open_diffusers_transformer(const std::string& path) {
     dir /= "transformer";
   }
   const fs::path config = dir / "config.json";
-  DIFFCP_CHECK(fs::exists(config), "--weights '", path, "': a folder without model_index.json or config.json ",
+  DIFFCP_CHECK(fs::exists(config), "`weights` '", path, "': a folder without model_index.json or config.json ",
                "(expected a diffusers pipeline or transformer folder, or a .safetensors file / index .json)");
   DiffusersTransformer t;
   t.dir = dir.string();

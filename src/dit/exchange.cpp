@@ -15,7 +15,7 @@ ExchangeMode parse_exchange_mode(const std::string& name) {
   if (name == "tapa") return ExchangeMode::tapa;
   if (name == "vfirst") return ExchangeMode::vfirst;
   if (name == "cocodiff") return ExchangeMode::cocodiff;
-  DIFFCP_FAIL("--mode '", name, "': unknown mode, expected flat, tapa, vfirst or cocodiff");
+  DIFFCP_FAIL("`mode` '", name, "': unknown mode, expected flat, tapa, vfirst or cocodiff");
 }
 
 const char* exchange_mode_name(ExchangeMode mode) {
@@ -250,12 +250,12 @@ ExchangeStats& ExchangeStats::operator+=(const ExchangeStats& o) {
 
 std::unique_ptr<AttentionExchange> make_attention_exchange(ExchangeMode mode, Communicator& world, int group_size,
                                                            const CacheSchedule& schedule, int ulysses_degree) {
-  DIFFCP_CHECK(group_size >= 0, "--group-size = ", group_size, ", expected >= 1 (or 0: the ranks of a node)");
+  DIFFCP_CHECK(group_size >= 0, "`group_size` = ", group_size, ", expected >= 1 (or 0: the ranks of a node)");
   schedule.validate();
   const int P = world.size(), U = ulysses_degree == 0 ? P : ulysses_degree;
-  DIFFCP_CHECK(U >= 1 && P % U == 0, "--ulysses-degree U = ", U, " does not divide P = ", P, " ranks");
+  DIFFCP_CHECK(U >= 1 && P % U == 0, "`ulysses_degree` U = ", U, " does not divide P = ", P, " ranks");
   const int L = group_size == 0 ? node_local_group_size(world) : group_size;
-  DIFFCP_CHECK(P % L == 0, "--group-size L = ", L, " does not divide P = ", P, " ranks (groups of L consecutive ranks)");
+  DIFFCP_CHECK(P % L == 0, "`group_size` L = ", L, " does not divide P = ", P, " ranks (groups of L consecutive ranks)");
   if (U == P) return make_mode_exchange(mode, world, L, schedule);
 
   // USP (dit/usp.hpp): Ulysses inside each group of U consecutive ranks, Ring across the groups.

@@ -124,10 +124,10 @@ void write_png(const std::string& path, const std::uint8_t* rgb, std::int64_t wi
   put_chunk(png, "IEND", {});
 
   std::ofstream f(path, std::ios::binary);
-  DIFFCP_CHECK(f.good(), "--out '", path, "': cannot open it for writing");
+  DIFFCP_CHECK(f.good(), "`out` '", path, "': cannot open it for writing");
   f.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
   f.close();
-  DIFFCP_CHECK(f.good(), "--out '", path, "': write failed");
+  DIFFCP_CHECK(f.good(), "`out` '", path, "': write failed");
 }
 
 }  // namespace diffcp

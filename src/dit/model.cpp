@@ -115,7 +115,7 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   // bf16 compute on f32 weights: the weights' rounded copy (DitWeights::rounded), the activations
   // rounded at each GEMM; f32: the f32 weights. bf16 weights: bf16 GEMMs in either compute.
   DIFFCP_CHECK(!(f32_gemm_compute() == DType::bf16 && w_.storage() == DType::f32 && w_.sharded()),
-               "dit: bf16 compute on sharded f32 weights is not supported; store them in bf16 (--weights-dtype bf16)");
+               "dit: bf16 compute on sharded f32 weights is not supported; store them in bf16 (`weights_dtype` bf16)");
   w_.begin_forward();
   // The first evaluation is the warm-up (primitives made, weights packed): not profiled.
   timing_ = evaluations_++ > 0 ? profile_ : nullptr;
@@ -193,7 +193,7 @@ void DitModel::set_step_cache(const StepCacheSpec& spec, Communicator& comm) {
     step_cache_.reset();
     return;
   }
-  DIFFCP_CHECK(cfg_.double_blocks + cfg_.single_blocks >= 2, "--step-cache: the model has ",
+  DIFFCP_CHECK(cfg_.double_blocks + cfg_.single_blocks >= 2, "`step_cache`: the model has ",
                cfg_.double_blocks + cfg_.single_blocks, " block(s); First-Block Cache needs at least two (it skips all but the first)");
   step_cache_ = std::make_unique<FirstBlockCache>(spec.threshold, comm, shape_.batch, shard_.image_p,
                                                   shard_.image_valid(shard_.p), cfg_.hidden());

@@ -23,7 +23,7 @@ void check_shard_weights(bool shard, DType storage, DType compute, const char* s
 
 CfgGroups make_cfg_groups(Communicator& world) {
   const int P = world.size();
-  DIFFCP_CHECK(P % 2 == 0, "--cfg-parallel splits the ranks into two equal halves, one per classifier-free guidance ",
+  DIFFCP_CHECK(P % 2 == 0, "`cfg_parallel` splits the ranks into two equal halves, one per classifier-free guidance ",
                "pass; P = ", P, " is odd (run an even number of ranks)");
   const int half = P / 2, p = world.rank();
   CfgGroups g;
@@ -40,7 +40,7 @@ DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape
                         const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt,
                         AttentionExchange* negative_ex, const CfgGroups* cfg_groups) {
   const bool cfg = uses_negative_pass(w.config(), cond, opt), split = cfg_groups != nullptr;
-  DIFFCP_CHECK(!split || cfg, "--cfg-parallel: this run has no negative pass to run beside the prompt's (",
+  DIFFCP_CHECK(!split || cfg, "`cfg_parallel`: this run has no negative pass to run beside the prompt's (",
                w.config().accepts_negative() ? "no negative prompt, or a guidance scale <= 1" : "the family has no classifier-free guidance",
                ")");
   DIFFCP_CHECK(!split || negative_ex == nullptr, "run_dit_sampling: CFG-parallel runs one pass per rank; no negative exchange");
@@ -66,6 +66,8 @@ DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape
   r.comm_ms = t.comm_ms;
   r.stats = ex.stats();
   r.cache_bytes = ex.cache_bytes();
+  r.group_size = ex.group_size();
+  r.link_group_size = ex.link_group_size();
   if (split) r.cfg_pair_bytes = cfg_groups->pair->stats().total().bytes_sent - pair0;
   if (neg) {
     r.stats += negative_ex->stats();

@@ -121,7 +121,7 @@ std::vector<float> shard_text(const std::vector<float>& txt, std::int64_t text_d
 TimeSchedule parse_time_schedule(const std::string& name) {
   if (name == "linear") return TimeSchedule::linear;
   if (name == "flux") return TimeSchedule::flux;
-  DIFFCP_FAIL("--schedule '", name, "': unknown schedule, expected linear or flux");
+  DIFFCP_FAIL("`schedule` '", name, "': unknown schedule, expected linear or flux");
 }
 
 const char* time_schedule_name(TimeSchedule s) { return s == TimeSchedule::flux ? "flux" : "linear"; }
@@ -133,7 +133,7 @@ double flux_shift_mu(std::int64_t image_tokens) {
 }
 
 std::vector<double> flow_schedule(int steps, TimeSchedule kind, std::int64_t image_tokens) {
-  DIFFCP_CHECK(steps >= 1, "--steps = ", steps, ", expected >= 1");
+  DIFFCP_CHECK(steps >= 1, "`steps` = ", steps, ", expected >= 1");
   DIFFCP_CHECK(kind == TimeSchedule::linear || image_tokens >= 1, "flow_schedule: flux needs the image token count");
   std::vector<double> t(static_cast<std::size_t>(steps) + 1);
   const double e_mu = std::exp(flux_shift_mu(image_tokens));

@@ -20,7 +20,7 @@ std::string StepCacheSpec::name() const {
 StepCacheSpec parse_step_cache(const std::string& spec) {
   if (spec == "none") return {};
   const std::string prefix = "fbcache:";
-  DIFFCP_CHECK(spec.rfind(prefix, 0) == 0 && spec.size() > prefix.size(), "--step-cache '", spec,
+  DIFFCP_CHECK(spec.rfind(prefix, 0) == 0 && spec.size() > prefix.size(), "`step_cache` '", spec,
                "': expected none or fbcache:THRESHOLD (First-Block Cache, e.g. fbcache:0.08)");
   const std::string t = spec.substr(prefix.size());
   std::size_t used = 0;
@@ -30,7 +30,7 @@ StepCacheSpec parse_step_cache(const std::string& spec) {
   } catch (const std::exception&) {
     used = 0;
   }
-  DIFFCP_CHECK(used == t.size() && std::isfinite(threshold) && threshold >= 0, "--step-cache '", spec, "': the threshold '",
+  DIFFCP_CHECK(used == t.size() && std::isfinite(threshold) && threshold >= 0, "`step_cache` '", spec, "': the threshold '",
                t, "' is not a finite number >= 0");
   return {true, threshold};
 }

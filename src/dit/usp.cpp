@@ -6,8 +6,9 @@
 
 namespace diffcp {
 
-UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> ulysses, std::optional<int> ring,
-                               const char* ulysses_what, const char* ring_what) {
+UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> ulysses, std::optional<int> ring) {
+  const char* ulysses_what = "`ulysses_degree`";
+  const char* ring_what = "`ring_degree`";
   DIFFCP_CHECK(P >= 1 && heads >= 1, "dit: P = ", P, " ranks, ", heads, " heads; expected >= 1 each");
   DIFFCP_CHECK(!ulysses || *ulysses >= 1, ulysses_what, " = ", ulysses.value_or(0), ", expected >= 1");
   DIFFCP_CHECK(!ring || *ring >= 1, ring_what, " = ", ring.value_or(0), ", expected >= 1");
@@ -38,7 +39,7 @@ UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> uly
 }
 
 int usp_ulysses_group_size(int L, int U) {
-  DIFFCP_CHECK(L >= 1 && U >= 1 && (U % L == 0 || L % U == 0), "--group-size L = ", L, " and --ulysses-degree U = ", U,
+  DIFFCP_CHECK(L >= 1 && U >= 1 && (U % L == 0 || L % U == 0), "`group_size` L = ", L, " and `ulysses_degree` U = ", U,
                ": one must divide the other (Ulysses groups of U consecutive ranks either span whole groups of L or lie"
                " inside one)");
   return std::min(L, U);

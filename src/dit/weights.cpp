@@ -82,7 +82,7 @@ std::string foreign_format_hint(const SafeTensorsSet& ck) {
     if (n.starts_with("model.diffusion_model."))
       return "\n  (ComfyUI's layout: the tensors carry the prefix 'model.diffusion_model.'; strip it to get BFL's names)";
     if (n.starts_with("transformer_blocks.") || n.starts_with("x_embedder.") || n.starts_with("single_transformer_blocks."))
-      return "\n  (diffusers' names, e.g. '" + n + "': give the diffusers folder (its config.json beside the file) as --weights)";
+      return "\n  (diffusers' names, e.g. '" + n + "': give the diffusers folder (its config.json beside the file) as `weights`)";
   }
   return "";
 }
@@ -123,7 +123,7 @@ std::int64_t dit_gather_bytes(const DitLayout& L, DType storage, int shards) {
 
 DitWeights::DitWeights(const DitConfig& cfg, DType storage, Communicator* shard_over)
     : cfg_(cfg), layout_(cfg), storage_(storage), vectors_(DType::f32, layout_.vectors) {
-  DIFFCP_CHECK(storage == DType::f32 || storage == DType::bf16, "--weights-dtype ", dtype_name(storage),
+  DIFFCP_CHECK(storage == DType::f32 || storage == DType::bf16, "`weights_dtype` ", dtype_name(storage),
                ": expected f32 or bf16");
   if (shard_over != nullptr && shard_over->size() > 1) {
     comm_ = shard_over->split(0, shard_over->rank(), "dit.weights");
@@ -278,7 +278,7 @@ void DitWeights::load(const SafeTensorsSet& ck, DitFileFormat format) {
 }
 
 std::vector<float> DitWeights::host_params() const {
-  DIFFCP_CHECK(!sharded(), "dit weights: host_params / save need the whole model on one rank (not --shard-weights)");
+  DIFFCP_CHECK(!sharded(), "dit weights: host_params / save need the whole model on one rank (not `shard_weights`)");
   const ScopedBackend use(*vectors_.backend());
   std::vector<float> out(static_cast<std::size_t>(layout_.total));
   float* m = out.data();
@@ -499,7 +499,7 @@ DitConfig infer_dit_config(const SafeTensorsSet& ck, std::optional<std::int64_t>
   DIFFCP_CHECK(c.head_dim >= 1 && H % c.head_dim == 0, "weights '", ck.path(), "': '", norm, "' has d_h = ", c.head_dim,
                ", which does not divide the hidden size ", H);
   c.heads = H / c.head_dim;
-  DIFFCP_CHECK(!heads || *heads == c.heads, "--heads ", heads.value_or(0), " disagrees with the checkpoint: hidden ", H,
+  DIFFCP_CHECK(!heads || *heads == c.heads, "`heads` ", heads.value_or(0), " disagrees with the checkpoint: hidden ", H,
                " / head dim ", c.head_dim, " (from '", norm, "') = ", c.heads, " heads");
   if (c.double_blocks > 0) {
     c.mlp_hidden = shape_of("double_blocks.0.img_mlp.0.weight", 2)[0];

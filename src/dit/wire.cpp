@@ -9,7 +9,7 @@ namespace diffcp {
 Wire parse_wire(const std::string& name) {
   if (name == "auto") return Wire::compute;
   if (name == "fp8") return Wire::fp8;
-  DIFFCP_FAIL("--wire '", name, "': unknown wire format, expected auto (the compute dtype) or fp8 (e4m3 with one f32 scale per (token, head))");
+  DIFFCP_FAIL("`wire` '", name, "': unknown wire format, expected auto (the compute dtype) or fp8 (e4m3 with one f32 scale per (token, head))");
 }
 
 const char* wire_name(Wire w) { return w == Wire::fp8 ? "fp8" : "auto"; }

@@ -684,12 +684,12 @@ TEST(DitUsp, DegreesDefaultsAndBadDegreesAreRefusedClearly) {
   const auto refused = [](int P, std::int64_t heads, std::optional<int> U, std::optional<int> R) {
     return error_of([&] { resolve_usp_degrees(P, heads, U, R); });
   };
-  EXPECT_NE(refused(4, 8, 2, 3).find("--ulysses-degree U = 2 x --ring-degree R = 3 = 6, expected U x R = P = 4 ranks"),
+  EXPECT_NE(refused(4, 8, 2, 3).find("`ulysses_degree` U = 2 x `ring_degree` R = 3 = 6, expected U x R = P = 4 ranks"),
             std::string::npos);
-  EXPECT_NE(refused(4, 8, 0, {}).find("--ulysses-degree = 0, expected >= 1"), std::string::npos);
-  EXPECT_NE(refused(4, 8, {}, -2).find("--ring-degree = -2, expected >= 1"), std::string::npos);
-  EXPECT_NE(refused(4, 8, 3, {}).find("--ulysses-degree U = 3 does not divide P = 4 ranks"), std::string::npos);
-  EXPECT_NE(refused(4, 8, {}, 3).find("--ring-degree R = 3 does not divide P = 4 ranks"), std::string::npos);
+  EXPECT_NE(refused(4, 8, 0, {}).find("`ulysses_degree` = 0, expected >= 1"), std::string::npos);
+  EXPECT_NE(refused(4, 8, {}, -2).find("`ring_degree` = -2, expected >= 1"), std::string::npos);
+  EXPECT_NE(refused(4, 8, 3, {}).find("`ulysses_degree` U = 3 does not divide P = 4 ranks"), std::string::npos);
+  EXPECT_NE(refused(4, 8, {}, 3).find("`ring_degree` R = 3 does not divide P = 4 ranks"), std::string::npos);
   EXPECT_NE(refused(4, 6, 4, {}).find("Ulysses degree U = 4 does not divide the 6 attention heads"), std::string::npos);
   // Tokens are still sharded over all P = U x R ranks (6 text tokens: 2, 2, 2, 0 with padding).
   const DitShard usp_shard = make_dit_shard(usp_config(), {1, 192, 192, 6}, 4, 3, 2);
@@ -702,7 +702,7 @@ TEST(DitUsp, DegreesDefaultsAndBadDegreesAreRefusedClearly) {
   EXPECT_EQ(usp_ulysses_group_size(4, 2), 2);
   EXPECT_EQ(usp_ulysses_group_size(2, 4), 2);
   EXPECT_NE(error_of([] { usp_ulysses_group_size(3, 2); })
-                .find("--group-size L = 3 and --ulysses-degree U = 2: one must divide the other"),
+                .find("`group_size` L = 3 and `ulysses_degree` U = 2: one must divide the other"),
             std::string::npos);
   // The ring's closed form: R-1 hops of 2 b n_p H floats.
   EXPECT_EQ(ring_kv_bytes(1, 10, 16), 0u);
@@ -715,7 +715,7 @@ TEST(DitUsp, DegreesDefaultsAndBadDegreesAreRefusedClearly) {
   if (P > 1) {
     const std::uint64_t calls0 = world().stats().total().calls;
     EXPECT_NE(error_of([&] { make_attention_exchange(ExchangeMode::flat, world(), 1, {}, P + 1); })
-                  .find("--ulysses-degree U = " + std::to_string(P + 1) + " does not divide P = " + std::to_string(P)),
+                  .find("`ulysses_degree` U = " + std::to_string(P + 1) + " does not divide P = " + std::to_string(P)),
               std::string::npos);
     EXPECT_EQ(world().stats().total().calls, calls0);
   }

@@ -235,7 +235,7 @@ TEST(Fp8Wire, ParsedByNameAndRefusedOnABackendWithoutTheCodec) {
   EXPECT_EQ(parse_wire("auto"), Wire::compute);
   EXPECT_EQ(parse_wire("fp8"), Wire::fp8);
   EXPECT_STREQ(wire_name(Wire::fp8), "fp8");
-  EXPECT_NE(error_of([] { parse_wire("e5m2"); }).find("--wire 'e5m2': unknown wire format, expected auto"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_wire("e5m2"); }).find("`wire` 'e5m2': unknown wire format, expected auto"), std::string::npos);
   const auto ex = make_attention_exchange(ExchangeMode::tapa, world(), 1);
   const std::uint64_t calls = world().stats().total().calls;
   {

@@ -130,7 +130,7 @@ TEST(CfgParallel, OddRankCountsAndRunsWithoutANegativePassAreRefused) {
     in.opt.guidance = 1.0;
     in.opt.true_cfg_scale = 1.0;
     const std::string err = error_of([&] { cfg_parallel(g, w, in, {ExchangeMode::flat, {}, 0}, in.opt); });
-    EXPECT_NE(err.find("--cfg-parallel: this run has no negative pass"), std::string::npos) << err;
+    EXPECT_NE(err.find("`cfg_parallel`: this run has no negative pass"), std::string::npos) << err;
   }
 }
 
@@ -183,7 +183,7 @@ TEST(StepCache, SpecsAndOneBlockModelsAreRefusedByName) {
   EXPECT_DOUBLE_EQ(s.threshold, 0.08);
   EXPECT_EQ(s.name(), "fbcache:0.08");
   for (const char* bad : {"fbcache", "fbcache:", "fbcache:-1", "fbcache:nan", "fbcache:0.1x", "teacache:0.1", ""})
-    EXPECT_NE(error_of([&] { parse_step_cache(bad); }).find("--step-cache"), std::string::npos) << bad;
+    EXPECT_NE(error_of([&] { parse_step_cache(bad); }).find("`step_cache`"), std::string::npos) << bad;
   DitConfig cfg = serving_config(DitFamily::flux1);
   cfg.double_blocks = 1;
   cfg.single_blocks = 0;

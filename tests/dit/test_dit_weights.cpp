@@ -239,9 +239,9 @@ TEST(DitWeightSharding, LoadKeepsTheFileValuesAndShardedRefusals) {
   std::filesystem::remove(path);
   EXPECT_TRUE(bitwise_equal(sample(sharded, inputs(cfg)).latent, sample(replicated, inputs(cfg)).latent));
   if (world().size() > 1) {
-    EXPECT_NE(error_of([&] { sharded.host_params(); }).find("not --shard-weights"), std::string::npos);
+    EXPECT_NE(error_of([&] { sharded.host_params(); }).find("not `shard_weights`"), std::string::npos);
     DitWeights f32(cfg, DType::f32, &world());
-    EXPECT_NE(error_of([&] { sample(f32, inputs(cfg, DType::bf16)); }).find("--weights-dtype bf16"), std::string::npos);
+    EXPECT_NE(error_of([&] { sample(f32, inputs(cfg, DType::bf16)); }).find("`weights_dtype` bf16"), std::string::npos);
   }
   EXPECT_NE(error_of([&] { DitWeights(cfg, DType::u16); }).find("expected f32 or bf16"), std::string::npos);
   world().barrier();

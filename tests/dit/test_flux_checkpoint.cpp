@@ -183,7 +183,7 @@ TEST(FluxCheckpoint, ShapeInferenceAndItsErrors) {
   w.save(dir / "m.safetensors");
   const SafeTensorsSet set(dir / "m.safetensors");
   EXPECT_EQ(infer_dit_config(set, 4).heads, 4);
-  EXPECT_NE(error_of([&] { infer_dit_config(set, 3); }).find("--heads 3 disagrees with the checkpoint: hidden 32 / head dim 8"),
+  EXPECT_NE(error_of([&] { infer_dit_config(set, 3); }).find("`heads` 3 disagrees with the checkpoint: hidden 32 / head dim 8"),
             std::string::npos);
   // diffusers' and ComfyUI's names: nothing to read the shape from, and the message says why.
   std::vector<float> x(4, 0.f);
@@ -419,7 +419,7 @@ TEST(FluxCheckpoint, FluxScheduleIsFluxsShiftedSchedule) {
   // More image tokens shift the schedule towards t = 1 (more steps at high noise).
   EXPECT_GT(flow_schedule(4, TimeSchedule::flux, 4096)[2], t[2]);
   EXPECT_EQ(parse_time_schedule("flux"), TimeSchedule::flux);
-  EXPECT_NE(error_of([] { parse_time_schedule("cosine"); }).find("--schedule 'cosine': unknown schedule"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_time_schedule("cosine"); }).find("`schedule` 'cosine': unknown schedule"), std::string::npos);
 }
 
 // Peak resident memory of this process, and a reset of it to the current RSS (Linux >= 4.0).

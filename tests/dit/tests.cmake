@@ -13,6 +13,8 @@ diffcp_add_mpi_test(test_dit dit/test_dit.cpp)
 diffcp_add_mpi_test(test_dit_uneven dit/test_dit_uneven.cpp)
 diffcp_add_mpi_test(test_dit_weights dit/test_dit_weights.cpp)
 diffcp_add_mpi_test(test_dit_serving dit/test_dit_serving.cpp)
+# The run policy as a library session (issue #68): DitRunConfig, plan_generation, DitSession.
+diffcp_add_mpi_test(test_dit_session dit/test_dit_session.cpp)
 foreach(np 5 6 7)  # any token count at any P: every P up to 8
   add_test(NAME test_dit_uneven_np${np} COMMAND ${MPIRUN} ${np} $<TARGET_FILE:test_dit_uneven>)
   set_tests_properties(test_dit_uneven_np${np} PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 300 LABELS mpi)

@@ -71,6 +71,14 @@ TEST(FuzzedCli, CountTimesSuffixOverflowIsRefused) {
   EXPECT_EQ(cli::parse_count("8796093022207m", "--bytes"), std::int64_t{8796093022207} * 1048576);  // 2^63 - 1M
 }
 
+// The library's errors name fields in backticks; the CLI prints them as its flags (issue #68).
+TEST(FuzzedCli, LibraryFieldsPrintAsFlags) {
+  EXPECT_EQ(cli::cli_flags("x.cpp:3 (f): `cache_ratio` = 2 and `ulysses_degree` U; `diffcp sim calibrate`, `P`, `a`b, ``, `x"),
+            "x.cpp:3 (f): --cache-ratio = 2 and --ulysses-degree U; `diffcp sim calibrate`, `P`, --ab, ``, `x");
+  EXPECT_EQ(cli::cli_flags("`"), "`");
+  EXPECT_EQ(cli::cli_flags(""), "");
+}
+
 // ---- .npy (fuzz_npy) ----
 
 TEST(FuzzedNpy, NonIntegerShapeEntryIsRefused) {

@@ -16,9 +16,7 @@
 
 namespace diffcp {
 
-// The run's precision rules, one place for the CLI (`--dtype`, `--weights-dtype`,
-// `--shard-weights`) and Python (`dtype=`, `weights_dtype=`, `shard_weights=`); `what` names the
-// option in the errors.
+// The run's precision rules (dit/session.hpp DitRunConfig); `what` names the option in the errors.
 //   compute_dtype (core/dtype.hpp): "f32" | "bf16" -> the compute dtype (GEMMs, attention, exchanges)
 //   weights_dtype:  "f32" | "bf16" | "auto" (= bf16 when the file's Linear weights are bf16,
 //                   `file_is_bf16`) -> the Linear weights' dtype in memory
@@ -62,6 +60,7 @@ struct DitRun {
   // rel_l1 per step (dit/step_cache.hpp).
   int steps_computed[2] = {0, 0}, steps_cached[2] = {0, 0};
   std::vector<double> rel_l1;
+  int group_size = 1, link_group_size = 1;  // the exchange's (dit/exchange.hpp)
 };
 DitRun run_dit_sampling(Communicator& world, const DitWeights& w, const DitShape& shape, AttentionExchange& ex,
                         const DitConditioning& cond, const std::vector<float>& noise, const SampleOptions& opt,

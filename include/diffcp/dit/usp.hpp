@@ -21,13 +21,11 @@ namespace diffcp {
 struct UspDegrees {
   int ulysses = 1, ring = 1;  // U, R
 };
-// The degrees for P ranks and n_h heads from --ulysses-degree / --ring-degree (nullopt: not given).
+// The degrees for P ranks and n_h heads from `ulysses_degree` / `ring_degree` (nullopt: not given).
 // Neither given: U = the largest divisor of P that divides n_h, R = P / U; one given: the other is
 // P over it. Throws diffcp::Error naming the values for a given degree < 1, one that does not divide
-// P, U x R != P, or U not dividing n_h; the errors name the options `ulysses_what` / `ring_what`
-// (the CLI's flags; Python passes its argument names). Local: no communication.
-UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> ulysses, std::optional<int> ring,
-                               const char* ulysses_what = "--ulysses-degree", const char* ring_what = "--ring-degree");
+// P, U x R != P, or U not dividing n_h (dit/session.hpp: errors name the fields). Local: no communication.
+UspDegrees resolve_usp_degrees(int P, std::int64_t heads, std::optional<int> ulysses, std::optional<int> ring);
 
 // The group size of the Ulysses exchange under USP: min(L, U), after checking that Ulysses groups of
 // U consecutive ranks and link groups of L consecutive ranks tile (L | U or U | L), so that each
