@@ -60,6 +60,17 @@ class DitPy {
     return d;
   }
 
+  // This rank's exchange counters over every velocity call so far.
+  py::dict exchange_stats() const {
+    const ExchangeStats s = session_->exchange_stats();
+    py::dict d;
+    d["bytes_intra"] = s.bytes_intra;
+    d["bytes_inter"] = s.bytes_inter;
+    d["messages"] = s.messages;
+    d["comm_ms"] = s.comm_ms;
+    return d;
+  }
+
   //   x: [b, N_img, C_in] every rank's full latent tokens (the same on every rank), N_img = (height/16) (width/16)
   //   txt: [T, text_dim] the prompt's rows (shared by the b images)   pooled: [pooled_dim] (empty without one)
   //   -> [b, N_img, C_in] the velocity, gathered on every rank. Collective over comm.
@@ -135,6 +146,7 @@ void bind_dit(py::module_& m) {
            py::arg("comm_kind") = "mpi")
       .def("config", &DitPy::config)
       .def("step_cache_stats", &DitPy::step_cache_stats)
+      .def("exchange_stats", &DitPy::exchange_stats)
       .def("velocity_pair", &DitPy::velocity_pair, py::arg("x0"), py::arg("txt0"), py::arg("pooled0"), py::arg("x1"),
            py::arg("txt1"), py::arg("pooled1"), py::arg("height"), py::arg("width"), py::arg("t"), py::arg("guidance"),
            py::arg("step"), py::arg("steps"), py::arg("pair_index") = 0)

@@ -21,6 +21,7 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch")
 
 import diffcp.diffusers  # noqa: E402
+from standin_pipeline import FluxTransformer2DModel  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 P, RANK = COMM.Get_size(), COMM.Get_rank()
@@ -49,17 +50,6 @@ def folder():
                    check=True, stdout=subprocess.DEVNULL)
     yield Path(d.name)
     d.cleanup()
-
-
-class FluxTransformer2DModel(torch.nn.Module):
-    """Stands in for diffusers' class: its name, config (with the folder it came from) and parameters."""
-
-    def __init__(self, path: Path):
-        super().__init__()
-        import json
-        c = json.loads((path / "transformer" / "config.json").read_text())
-        self.config = SimpleNamespace(_name_or_path=str(path / "transformer"), **c)
-        self.w = torch.nn.Parameter(torch.ones(16, dtype=torch.bfloat16))
 
 
 class SD3Transformer2DModel(FluxTransformer2DModel):

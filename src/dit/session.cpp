@@ -280,6 +280,7 @@ DitSession::Pass& DitSession::pass_run(int key, const DitShape& shape, Communica
       s.text_tokens == shape.text_tokens)
     return r;
   r.model.reset();  // the model uses the exchange: destroyed first
+  if (r.exchange) retired_ += r.exchange->stats();
   r.exchange = make_exchange(run_, comm);
   r.model = std::make_unique<DitModel>(*w_, shape, *r.exchange);
   r.comm = &comm;
@@ -332,6 +333,13 @@ std::array<std::vector<float>, 2> DitSession::velocity_pair(int pair, const DitS
     out[k] = gather_latent(*groups_->group, std::vector<float>(both_p.begin() + k * v_p.size(), both_p.begin() + (k + 1) * v_p.size()),
                            run_.model, s0, r.model->shard());
   return out;
+}
+
+ExchangeStats DitSession::exchange_stats() const {
+  ExchangeStats s = retired_;
+  for (const auto& [key, r] : passes_)
+    if (r->exchange) s += r->exchange->stats();
+  return s;
 }
 
 std::map<std::string, StepCacheStats> DitSession::step_cache_stats() const {

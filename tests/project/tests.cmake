@@ -35,6 +35,12 @@ if(DIFFCP_BUILD_PYTHON)
     set_tests_properties(python_mpi_np${np} PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV};PYTHONPATH=${PROJECT_BINARY_DIR}/python"
                          TIMEOUT 300 LABELS "python;mpi")
   endforeach()
+  # python -m diffcp.serve at P = 2 driven by the openai client (issue #68): equal to the in-process
+  # pipeline, batching, bad input, queue full, cancel, shutdown, a failed rank (serve_check.py).
+  add_test(NAME python_serve COMMAND ${RUN_OK} ${CMAKE_CURRENT_SOURCE_DIR}/project/serve_check.sh ${DIFFCP_PYTHON}
+           ${PROJECT_BINARY_DIR} ${MPIRUN})
+  set_tests_properties(python_serve PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 300 LABELS "python;mpi"
+                       PASS_REGULAR_EXPRESSION "serve_check: passed")
   # The examples run (the balance study without its plot: matplotlib is not a dependency).
   add_test(NAME python_examples COMMAND ${RUN_OK} sh -c "'${DIFFCP_PYTHON}' '${PROJECT_SOURCE_DIR}/examples/python/train_loop_plan.py' --steps 2 && '${DIFFCP_PYTHON}' '${PROJECT_SOURCE_DIR}/examples/python/balance_study.py' --no-plot --P 2 8 --seeds 1")
   set_tests_properties(python_examples PROPERTIES ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python" TIMEOUT 60

@@ -168,6 +168,8 @@ class DitSession {
   // Per pass that ran ("0", "1", ...; cfg_parallel pairs "pair<i>.<q>": this rank's half q): the
   // step cache's decisions since its step 0.
   std::map<std::string, StepCacheStats> step_cache_stats() const;
+  // This rank's exchange counters over every velocity call so far (every pass, rebuilt ones too).
+  ExchangeStats exchange_stats() const;
 
   // Checks a velocity call's shapes: x [b, N_img, C_in] of a height x width image, txt [T, text_dim],
   // pooled [pooled_dim] -> the shape. Local.
@@ -184,7 +186,8 @@ class DitSession {
   DitRunConfig run_;
   std::unique_ptr<CfgGroups> groups_;
   std::unique_ptr<DitWeights> w_;
-  std::map<int, std::unique_ptr<Pass>> passes_;  // by pass (cfg_parallel pairs: kPairKey + 2 pair + q)
+  std::map<int, std::unique_ptr<Pass>> passes_;
+  ExchangeStats retired_;  // the counters of exchanges rebuilt for another shape  // by pass (cfg_parallel pairs: kPairKey + 2 pair + q)
 };
 
 }  // namespace diffcp

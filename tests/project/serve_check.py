@@ -1,0 +1,200 @@
+"""`python -m diffcp.serve` under mpirun, driven by the `openai` client (issue #68).
+
+    serve_check.py FOLDER MPIRUN...   (FOLDER: tools/flux_reference.py make --format diffusers)
+
+Starts the server on P = 2 ranks over the stand-in FLUX.1 pipeline (python/tests_mpi/
+standin_pipeline.py; CI has no diffusers) and checks, asserting each:
+  * an image from the openai client equals the in-process parallelize(pipe)'s for the same seed
+    (P = 1 here: within one 8-bit level);
+  * concurrent same-size requests run as one batch and equal the same requests one at a time, bitwise;
+  * bad input is a 400 naming the field; a full queue a 429; an async job reports its step and a
+    DELETE cancels it between steps (the server goes on serving);
+  * SIGUSR1 to mpirun: the batch in flight finishes, the queued request is answered 503, exit 0;
+  * a rank that raises: the request in flight gets a 500 naming rank 1 and the job ends (no hang).
+"""
+import base64
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import zlib
+from pathlib import Path
+
+import numpy as np
+import openai
+
+FOLDER, MPIRUN = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "tests_mpi"))
+
+
+def png_pixels(data: bytes) -> np.ndarray:
+    """diffcp.serve's PNGs (8-bit RGB, filter 0 rows) -> [H, W, 3] uint8."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, w, h = 8, b"", 0, 0
+    while pos < len(data):
+        n, tag = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if tag == b"IHDR":
+            w, h = struct.unpack(">II", body[:8])
+        elif tag == b"IDAT":
+            idat += body
+        pos += 12 + n
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(h, 1 + 3 * w)
+    assert (rows[:, 0] == 0).all()
+    return rows[:, 1:].reshape(h, w, 3)
+
+
+def start(*extra):
+    cmd = MPIRUN + [sys.executable, "-m", "diffcp.serve", "--pipeline", FOLDER, "--pipeline-factory",
+                    "standin_pipeline:make", "--port", "0", "--mode", "flat", "--dtype", "f32", "--size", "64x64",
+                    "--steps", "3", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, port = [], None
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        port = int(m.group(1)) if m else port
+        if "diffcp.serve: ready" in line:
+            threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+            return proc, port, lines
+    proc.kill()
+    raise AssertionError("the server did not start:\n" + "".join(lines))
+
+
+def http(port, method, path, body=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def generate(client, prompt, seed, **kw):
+    r = client.images.generate(prompt=prompt, size=kw.pop("size", "64x64"), response_format="b64_json",
+                               extra_body={"seed": seed, **kw})
+    return png_pixels(base64.b64decode(r.data[0].b64_json))
+
+
+def metric(port, name):
+    text = http(port, "GET", "/metrics")[1]
+    return float(re.search(rf"^{re.escape(name)} (\S+)$", text, re.M).group(1))
+
+
+def in_process(prompt, seed):
+    import torch
+    import diffcp.diffusers
+    from standin_pipeline import FluxPipeline
+    par = diffcp.diffusers.parallelize(FluxPipeline(Path(FOLDER)), mode="flat", dtype="f32")
+    out = par(prompt=prompt, height=64, width=64, num_inference_steps=3, guidance_scale=3.5,
+              generator=[torch.Generator("cpu").manual_seed(seed)], output_type="np")
+    return (np.clip(out.images[0], 0, 1) * 255).round().astype(np.uint8)
+
+
+def wait_job(port, job_id, want, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = json.loads(http(port, "GET", f"/v1/images/jobs/{job_id}")[1])
+        if want(job):
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id}: {job}")
+
+
+proc, port, log = start("--max-queue", "3", "--max-batch", "4", "--batch-wait-ms", "300")
+try:
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    # 1. the openai client's image equals the in-process pipeline's for the same seed
+    served = generate(client, "a lighthouse at dusk", 5)  # compared at the end (in this process's MPI)
+    # 2. concurrent same-size requests: one batch, equal to one at a time
+    b0, i0 = metric(port, "diffcp_serve_batches_total"), metric(port, "diffcp_serve_images_total")
+    prompts = [("a red fox", 11), ("a blue whale", 12), ("a green hill", 13)]
+    together = [None] * 3
+    threads = [threading.Thread(target=lambda k=k: together.__setitem__(k, generate(client, *prompts[k])))
+               for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert metric(port, "diffcp_serve_images_total") - i0 == 3
+    assert metric(port, "diffcp_serve_batches_total") - b0 < 3, "concurrent requests were not batched"
+    for k in range(3):
+        assert np.array_equal(together[k], generate(client, *prompts[k])), f"batched request {k} differs"
+    # 3. bad input: 400 naming the field
+    for bad, param in ((dict(size="65x64"), "size"), (dict(n=0), "n"), (dict(extra_body={"bogus": 1}), "bogus")):
+        try:
+            client.images.generate(prompt="x", response_format="b64_json", **{"size": "64x64", **bad})
+            raise AssertionError(f"{bad} accepted")
+        except openai.BadRequestError as e:
+            assert e.status_code == 400 and e.body["param"] == param, (bad, e.body)
+    # 4. async: the step, a full queue (429), cancel between steps
+    long = {"prompt": "a long one", "size": "128x128", "num_inference_steps": 200}
+    status, body = http(port, "POST", "/v1/images/jobs", long)
+    assert status == 202, body
+    running = json.loads(body)["id"]
+    wait_job(port, running, lambda j: j["status"] == "running" and j["step"] >= 2)
+    queued = [json.loads(http(port, "POST", "/v1/images/jobs", {"prompt": f"q{k}"})[1])["id"] for k in range(3)]
+    status, body = http(port, "POST", "/v1/images/jobs", {"prompt": "one too many"})
+    assert status == 429 and json.loads(body)["error"]["code"] == "queue_full", body
+    assert http(port, "DELETE", f"/v1/images/jobs/{queued[0]}")[0] == 200
+    assert json.loads(http(port, "GET", f"/v1/images/jobs/{queued[0]}")[1])["status"] == "cancelled"
+    http(port, "DELETE", f"/v1/images/jobs/{running}")
+    job = wait_job(port, running, lambda j: j["status"] != "running")
+    assert job["status"] == "cancelled" and job["step"] < 200, job
+    for q in queued[1:]:
+        assert wait_job(port, q, lambda j: j["status"] in ("succeeded", "failed"))["status"] == "succeeded"
+    # 5. graceful shutdown: the batch in flight finishes, the queued request gets 503, exit 0
+    results = {}
+
+    def post(key, body):
+        results[key] = http(port, "POST", "/v1/images/generations", body)
+
+    def wait_metric(name, ok):
+        deadline = time.time() + 60
+        while not ok(metric(port, name)):
+            assert time.time() < deadline, name
+            time.sleep(0.05)
+
+    b = metric(port, "diffcp_serve_batches_total")
+    posts = [threading.Thread(target=post, args=("slow", {**long, "size": "384x384"}))]
+    posts[0].start()
+    wait_metric("diffcp_serve_batches_total", lambda v: v > b)
+    posts.append(threading.Thread(target=post, args=("left", {"prompt": "left in the queue"})))
+    posts[1].start()
+    wait_metric("diffcp_serve_queue_depth", lambda v: v == 1)
+    proc.send_signal(signal.SIGUSR1)  # mpirun forwards it to every rank
+    for t in posts:
+        t.join(120)
+    assert results["slow"][0] == 200, results
+    assert results["left"][0] == 503 and json.loads(results["left"][1])["error"]["code"] == "shutting_down", results
+    assert proc.wait(120) == 0, "".join(log)
+finally:
+    if proc.poll() is None:
+        proc.kill()
+
+# 6. a rank that raises: a 500 naming it, and the job ends
+proc, port, log = start()
+try:
+    status, body = http(port, "POST", "/v1/images/generations", {"prompt": "__fail_on_rank_1__"})
+    assert status == 500 and "rank 1" in json.loads(body)["error"]["message"], (status, body)
+    assert proc.wait(120) != 0
+finally:
+    if proc.poll() is None:
+        proc.kill()
+# Last: MPI in this process (a singleton) would leak its environment into the mpiruns above.
+want = in_process("a lighthouse at dusk", 5)
+assert served.shape == (64, 64, 3) and int(np.abs(served.astype(int) - want).max()) <= 1, "server vs in-process"
+assert served.std() > 0, "a flat image"
+print("serve_check: passed")
