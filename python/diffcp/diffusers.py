@@ -23,7 +23,8 @@ Supported: FluxPipeline (FluxTransformer2DModel, FLUX.1 dev / schnell), StableDi
 arguments (``prompt`` or ``prompt_embeds`` + ``pooled_prompt_embeds``, ``negative_prompt``,
 ``height``, ``width``, ``num_inference_steps``, ``guidance_scale``, ``generator``, ``output_type``,
 ...). Images of a batch that share a prompt run as one batch; different prompts (SD3's
-classifier-free guidance batches the negative prompt with the prompt) run one after another.
+classifier-free guidance batches the negative prompt with the prompt) run one after another, or,
+with ``batch_prompts=True``, as one batch with per-image text.
 """
 from __future__ import annotations
 
@@ -129,6 +130,19 @@ class _Forward:
             if first["sample"] is not None:
                 first["sample"].copy_(torch.from_numpy(v[0]))
             out[...] = v[1]
+            return out
+        if state.batch_prompts and len(groups) > 1:
+            # Images of different prompts with the same text length as one transformer batch, each
+            # with its own text rows and pooled vector.
+            by_len: dict[int, list[int]] = {}
+            for i in range(x.shape[0]):
+                by_len.setdefault(int(txt[i].shape[0]), []).append(i)
+            for idx in by_len.values():
+                txt_b = np.ascontiguousarray(np.stack([_f32(txt[i]) for i in idx]))
+                pooled_b = (np.ascontiguousarray(np.stack([_f32(pooled[i]) for i in idx])) if pooled is not None
+                            else np.zeros(0, np.float32))
+                out[idx] = self.core.velocity(np.ascontiguousarray(x[idx]), 16 * gh, 16 * gw, txt_b, pooled_b, t, g,
+                                              state.next_pass(), step, state.steps)
             return out
         for grp, pas in zip(groups, passes):
             out[grp] = self.core.velocity(pas[0], 16 * gh, 16 * gw, pas[1], pas[2], t, g, state.next_pass(), step,
@@ -302,8 +316,8 @@ _FORWARDS = {"FluxTransformer2DModel": _FluxForward, "SD3Transformer2DModel": _S
 class _StepState:
     """The denoising step of each forward (V-Major's schedule reads it): a new timestep, a new step."""
 
-    def __init__(self, cfg_parallel: bool = False):
-        self.cfg_parallel = cfg_parallel
+    def __init__(self, cfg_parallel: bool = False, batch_prompts: bool = False):
+        self.cfg_parallel, self.batch_prompts = cfg_parallel, batch_prompts
         self.reset(1)
 
     def reset(self, steps: int, two_calls: bool = False):
@@ -379,7 +393,7 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
                 ring_degree: int | None = None, dtype: str = "bf16", weights_dtype: str = "auto",
                 shard_weights: bool = False, group_size: int = 0, cache_ratio: float = 1.0,
                 output_on: str = "rank0", cfg_parallel: bool = False, step_cache: str = "none",
-                wire: str = "auto", backend: str = "cpu") -> ParallelPipeline:
+                wire: str = "auto", backend: str = "cpu", batch_prompts: bool = False) -> ParallelPipeline:
     """Runs ``pipe``'s transformer across the ranks of ``comm`` with diffcp.
 
     Args:
@@ -404,6 +418,11 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
         wire: ``auto`` | ``fp8``: the exchanges' payload: ``dtype`` itself, or e4m3 with one float32
             scale per (token, head) (half of bf16's bytes; decoded into ``dtype`` before attention).
         backend: the compute backend (:func:`diffcp.backends`; ``"cpu"``).
+        batch_prompts: images of different prompts in one call (a list of prompts, a server's
+            batch) run as one transformer batch, each with its own text rows and pooled vector
+            (prompts of one text length together); off: each prompt is a pass of its own. Equal
+            within float32 rounding (the GEMMs see more rows); V-Major's and the step cache's
+            decisions then cover the whole batch.
     """
     _core.check_backend(str(backend))
     import torch
@@ -439,6 +458,6 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     with torch.no_grad():  # the weights live in diffcp now: drop torch's copies (dtype and device stay)
         for p in params:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-    state = _StepState(bool(cfg_parallel))
+    state = _StepState(bool(cfg_parallel), bool(batch_prompts))
     transformer.forward = _FORWARDS[name](core, state)  # nn.Module.__call__ calls self.forward
     return ParallelPipeline(pipe, core, state, dup, output_on)

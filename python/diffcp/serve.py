@@ -21,7 +21,8 @@ Errors are OpenAI error objects ({"error": {"message", "type", "param", "code"}}
 413 a body over 1 MB, 429 the queue full, 503 starting or stopping, 500 a failed rank (named).
 
 Batching: requests waiting together with the same size, step count, guidance and negative prompt
-run as one pipeline call (image k of a request seeded seed + k, each with its own prompt).
+run as one pipeline call (image k of a request seeded seed + k, each with its own prompt), and its
+transformer runs them as one batch with per-image text (parallelize's batch_prompts).
 Shutdown: SIGTERM or SIGINT to rank 0, or SIGUSR1 to mpirun (which forwards it): the batch in
 flight finishes, what is queued is answered 503, every rank exits 0. A rank that raises reports
 to rank 0, which answers 500 naming it and ends the job (MPI_Abort); a batch without progress for
@@ -424,6 +425,8 @@ def main(argv=None) -> int:
     ap.add_argument("--wire", default="auto")
     ap.add_argument("--ulysses-degree", type=int)
     ap.add_argument("--ring-degree", type=int)
+    ap.add_argument("--no-batch-prompts", action="store_true",
+                    help="run each prompt of a batch as its own transformer pass (default: one batch, per-image text)")
     ap.add_argument("--max-queue", type=int, default=16, help="requests waiting; more are answered 429")
     ap.add_argument("--max-batch", type=int, default=4, help="images per pipeline call")
     ap.add_argument("--batch-wait-ms", type=float, default=20, help="how long a batch waits for more requests")
@@ -466,7 +469,8 @@ def main(argv=None) -> int:
         pipe = dd.parallelize(_pipeline(args), comm=comm, mode=args.mode, dtype=args.dtype,
                               weights_dtype=args.weights_dtype, shard_weights=args.shard_weights,
                               cfg_parallel=args.cfg_parallel, step_cache=args.step_cache, wire=args.wire,
-                              ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree)
+                              ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
+                              batch_prompts=not args.no_batch_prompts)
     except Exception as e:  # every rank checks the same options alike
         print(f"diffcp.serve: rank {rank}: cannot start: {e}", file=sys.stderr, flush=True)
         return 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,9 +33,10 @@ class FluxTransformer2DModel(torch.nn.Module):
 
 
 class FluxPipeline:
-    """FluxPipeline's call, reduced: Euler over sigmas 1 .. 1/T (then 0), FLUX's 2 x 2 packing."""
+    """FluxPipeline's call, reduced: Euler over sigmas 1 .. 1/T (then 0), FLUX's 2 x 2 packing;
+    DIFFCP_STANDIN_TEXT_TOKENS text tokens per prompt (default 8)."""
 
-    text_tokens = 8
+    text_tokens = int(os.environ.get("DIFFCP_STANDIN_TEXT_TOKENS", "8"))
 
     def __init__(self, folder: Path):
         self.transformer = FluxTransformer2DModel(folder)

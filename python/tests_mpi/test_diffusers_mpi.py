@@ -143,6 +143,25 @@ def test_bf16_sharded_weights_and_two_prompts(folder):
         close(got[i:i + 1], want, 2 ** -5, f"image {i}")
 
 
+@pytest.mark.parametrize("mode", ["flat", "cocodiff"])
+def test_batch_prompts_runs_two_prompts_as_one_batch(folder, mode):
+    # batch_prompts: two prompts of one call are one transformer call with per-image text and
+    # pooled vectors, each image equal to its own prompt's reference.
+    x, txt, pooled, img_ids, txt_ids = inputs(3, 64, 48, 5, seed=7)
+    txt[1] += 0.5
+    pooled[2] -= 0.25
+    pipe = SimpleNamespace(transformer=FluxTransformer2DModel(folder))
+    par = diffcp.diffusers.parallelize(pipe, mode=mode, dtype="f32", weights_dtype="f32", cache_ratio=0.0,
+                                       batch_prompts=True)
+    calls, fwd = [], pipe.transformer.forward  # the images of each core call
+    fwd.core = SimpleNamespace(velocity=lambda *a: calls.append(a[0].shape[0]) or par.core.velocity(*a))
+    got = call(pipe.transformer, x, txt, pooled, img_ids, txt_ids, 0.4, 2.0)
+    assert calls == [3], calls
+    for i in range(3):
+        want = reference(folder, x[i:i + 1], txt[i:i + 1], pooled[i:i + 1], img_ids, txt_ids, 0.4, 2.0)
+        close(got[i:i + 1], want, 1e-4, f"image {i}")
+
+
 def test_bad_input_is_refused(folder):
     pipe = SimpleNamespace(transformer=torch.nn.Linear(2, 2))
     with pytest.raises(NotImplementedError, match="transformer Linear is not supported"):

@@ -57,8 +57,8 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
       }
     txt_rope_ = std::make_unique<AxialRope>(cfg_, tpos);
   }
-  txt_rows_ = {0, Mt, txt_rope_.get()};
-  img_rows_ = {Mt, Mi, rope_.get()};
+  txt_rows_ = {0, Mt, txt_rope_.get(), Tp};
+  img_rows_ = {Mt, Mi, rope_.get(), Ip};
 
   // Exchange order per image: the real text rows, the real image rows, then the padding rows.
   ExchangeLayout l{b, Tp + Ip, cfg_.heads, cfg_.head_dim, Mp_, {}, {}};
@@ -78,12 +78,12 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   big_.resize(Mp_ * (3 * H + cfg_.mlp_in()));
   temb_.resize(cfg_.time_dim);
   if (qwen) {
-    txt_normed_.resize(Tp * cfg_.text_dim);
-    txt_rstd_.resize(Tp);
+    txt_normed_.resize(b * Tp * cfg_.text_dim);
+    txt_rstd_.resize(b * Tp);
   }
-  for (DeviceVector<float>* v : {&h_, &vec_, &silu_vec_}) v->resize(H);
-  mod_.resize(6 * H);
-  mods_.resize(12 * H);
+  for (DeviceVector<float>* v : {&h_, &vec_, &silu_vec_}) v->resize(b * H);
+  mod_.resize(b * 6 * H);
+  mods_.resize(2 * b * 6 * H);
 }
 
 void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
@@ -105,10 +105,10 @@ void DitModel::linear(const DitLinear& l, const float* x, std::int64_t ldx, std:
   dit_linear(x, ldx, M, w_.gemm_weight(l, c0, ncols), param(l.b) + c0, y, ldy, w_.packed(l, c0, ncols));
 }
 
-void DitModel::modulation(const DitLinear& l, float* out) const { linear(l, silu_vec_.data(), l.in, 1, out, l.out); }
+void DitModel::modulation(const DitLinear& l, float* out) const { linear(l, silu_vec_.data(), l.in, nv_, out, l.out); }
 
 void DitModel::velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance,
-                        float* v_p) {
+                        float* v_p, bool per_image) {
   const DitLayout& L = w_.layout();
   DIFFCP_CHECK(&active_backend() == w_.backend(), "DitModel::velocity: the active backend '",
                active_backend().name(), "' is not the one holding the weights ('", w_.backend()->name(), "')");
@@ -139,27 +139,33 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
     linear(L.guidance_in1, h_.data(), H, 1, y_.data(), H);
     add_into(vec_.data(), y_.data(), H);
   }
+  // Per image: each image's pooled vector gives its own vec (the time and guidance terms shared).
+  nv_ = per_image && cfg_.has_pooled() ? shape_.batch : 1;
+  for (std::int64_t j = 1; j < nv_; ++j) device_copy(vec_.data() + j * H, vec_.data(), H);
   if (cfg_.has_pooled()) {  // FLUX: vec += MLP_vector(pooled)
-    linear(L.vector_in0, pooled, cfg_.pooled_dim, 1, h_.data(), H);
-    silu_inplace(h_.data(), H);
-    linear(L.vector_in1, h_.data(), H, 1, silu_vec_.data(), H);
-    add_into(silu_vec_.data(), vec_.data(), H);
+    linear(L.vector_in0, pooled, cfg_.pooled_dim, nv_, h_.data(), H);
+    silu_inplace(h_.data(), nv_ * H);
+    linear(L.vector_in1, h_.data(), H, nv_, silu_vec_.data(), H);
+    add_into(silu_vec_.data(), vec_.data(), nv_ * H);
   } else {
     device_copy(silu_vec_.data(), vec_.data(), H);
   }
-  silu_inplace(silu_vec_.data(), H);
+  silu_inplace(silu_vec_.data(), nv_ * H);
 
-  // Embeddings: the text rows are the same for every image, projected once and copied.
+  // Embeddings: the text rows shared by every image are projected once and copied; per image, each
+  // image's own.
   linear(L.img_in, x_p, cfg_.in_channels(), img_rows_.rows, x_.data() + img_rows_.row0 * H, H);
   if (L.pos_embed >= 0) add_into(x_.data() + img_rows_.row0 * H, pos_rows_.data(), img_rows_.rows * H);  // SD3
   if (Tp > 0) {
+    const std::int64_t text_rows = per_image ? shape_.batch * Tp : Tp;
     if (L.txt_norm >= 0) {  // Qwen-Image: txt_in(RMSNorm(txt))
-      rmsnorm_forward(txt_p, Tp, 1, cfg_.text_dim, param(L.txt_norm), static_cast<float>(cfg_.eps), txt_normed_.data(),
-                      txt_rstd_.data());
+      rmsnorm_forward(txt_p, text_rows, 1, cfg_.text_dim, param(L.txt_norm), static_cast<float>(cfg_.eps),
+                      txt_normed_.data(), txt_rstd_.data());
       txt_p = txt_normed_.data();
     }
-    linear(L.txt_in, txt_p, cfg_.text_dim, Tp, x_.data(), H);
-    for (std::int64_t j = 1; j < shape_.batch; ++j) device_copy(x_.data() + j * Tp * H, x_.data(), Tp * H);
+    linear(L.txt_in, txt_p, cfg_.text_dim, text_rows, x_.data(), H);
+    if (!per_image)
+      for (std::int64_t j = 1; j < shape_.batch; ++j) device_copy(x_.data() + j * Tp * H, x_.data(), Tp * H);
   }
 
   phase.reset();
@@ -180,8 +186,11 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   // Final layer on the image rows: (shift, scale).
   const DitPhaseScope final_phase(timing_, DitPhase::final_layer);
   modulation(L.final_mod, mod_.data());
-  const float* img = x_.data() + img_rows_.row0 * H;
-  layernorm_modulate(img, img_rows_.rows, H, mod_.data(), mod_.data() + H, static_cast<float>(cfg_.eps), xm_.data());
+  for_images(img_rows_, [&](std::int64_t r0, std::int64_t rows, std::int64_t j) {
+    const float* mod = mod_.data() + j * L.final_mod.out;
+    layernorm_modulate(x_.data() + r0 * H, rows, H, mod, mod + H, static_cast<float>(cfg_.eps),
+                       xm_.data() + (r0 - img_rows_.row0) * H);
+  });
   linear(L.final_linear, xm_.data(), H, img_rows_.rows, v_p, cfg_.in_channels());
   const std::int64_t C = cfg_.in_channels(), Ip = shard_.image_p, iv = shard_.image_valid(shard_.p);
   if (iv < Ip)  // padding rows: v = 0, so they stay as they came in
@@ -211,10 +220,15 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
   const bool whole = one_rank();
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
-    float* mod = mods_.data() + s * 6 * H;  // shift1, scale1, gate1, shift2, scale2, gate2 (pre_only: shift, scale)
+    // shift1, scale1, gate1, shift2, scale2, gate2 (pre_only: shift, scale), a row per image (nv_)
+    float* mod = mods_.data() + s * shape_.batch * 6 * H;
     timed(DitPhase::conditioning, [&] { modulation(w->mod, mod); });
-    timed(DitPhase::layernorm_mod,
-          [&] { layernorm_modulate(x_.data() + r.row0 * H, r.rows, H, mod, mod + H, eps, xm_.data() + r.row0 * H); });
+    timed(DitPhase::layernorm_mod, [&] {
+      for_images(r, [&](std::int64_t r0, std::int64_t rows, std::int64_t j) {
+        const float* m = mod + j * w->mod.out;
+        layernorm_modulate(x_.data() + r0 * H, rows, H, m, m + H, eps, xm_.data() + r0 * H);
+      });
+    });
     if (whole)
       project(w->qkv, xm_.data() + r.row0 * H, r.rows, 0, 3 * H, big_.data() + r.row0 * 3 * H, 3 * H);
     else
@@ -236,12 +250,22 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
   for (int s = 0; s < 2; ++s) {
     const auto& [w, r] = streams[s];
     if (w->pre_only) continue;  // SD3's last text stream: its rows are not read again
-    const float* mod = mods_.data() + s * 6 * H;
-    float* x = x_.data() + r.row0 * H;
+    const float* mod = mods_.data() + s * shape_.batch * 6 * H;
     float* xm = xm_.data() + r.row0 * H;
+    // y_ holds the stream's rows from its first: image j's at (r0 - r.row0).
+    const auto gated = [&](std::int64_t k) {
+      for_images(r, [&](std::int64_t r0, std::int64_t rows, std::int64_t j) {
+        gated_add(x_.data() + r0 * H, rows, H, mod + j * w->mod.out + k * H, y_.data() + (r0 - r.row0) * H, H);
+      });
+    };
     timed(DitPhase::gemm, [&] { linear(w->proj, attn_.data() + r.row0 * H, H, r.rows, y_.data(), H); });
-    timed(DitPhase::gated_add, [&] { gated_add(x, r.rows, H, mod + 2 * H, y_.data(), H); });
-    timed(DitPhase::layernorm_mod, [&] { layernorm_modulate(x, r.rows, H, mod + 3 * H, mod + 4 * H, eps, xm); });
+    timed(DitPhase::gated_add, [&] { gated(2); });
+    timed(DitPhase::layernorm_mod, [&] {
+      for_images(r, [&](std::int64_t r0, std::int64_t rows, std::int64_t j) {
+        const float* m = mod + j * w->mod.out;
+        layernorm_modulate(x_.data() + r0 * H, rows, H, m + 3 * H, m + 4 * H, eps, xm_.data() + r0 * H);
+      });
+    });
     const std::int64_t mi = cfg_.mlp_in();
     timed(DitPhase::gemm, [&] { linear(w->mlp0, xm, H, r.rows, big_.data(), mi); });  // q | k | v are consumed: reuse
     timed(DitPhase::activation, [&] {
@@ -251,7 +275,7 @@ void DitModel::double_block(const DitLayout::DoubleBlock& blk) {
         gelu_tanh_inplace(big_.data(), r.rows, M, M);
     });
     timed(DitPhase::gemm, [&] { linear(w->mlp2, big_.data(), mi, r.rows, y_.data(), H); });
-    timed(DitPhase::gated_add, [&] { gated_add(x, r.rows, H, mod + 5 * H, y_.data(), H); });
+    timed(DitPhase::gated_add, [&] { gated(5); });
   }
 }
 
@@ -259,7 +283,14 @@ void DitModel::single_block(const DitLayout::SingleBlock& blk) {
   const std::int64_t H = cfg_.hidden(), M = cfg_.mlp_hidden, d = cfg_.head_dim, ld = 3 * H + cfg_.mlp_in();
   const float eps = static_cast<float>(cfg_.eps);
   timed(DitPhase::conditioning, [&] { modulation(blk.mod, mod_.data()); });  // shift, scale, gate
-  timed(DitPhase::layernorm_mod, [&] { layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, eps, xm_.data()); });
+  const std::int64_t mo = blk.mod.out;  // a row of mod_ per image (nv_)
+  timed(DitPhase::layernorm_mod, [&] {
+    if (nv_ == 1) return layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, eps, xm_.data());
+    for (const StreamRows& r : {txt_rows_, img_rows_})
+      for_images(r, [&](std::int64_t r0, std::int64_t rows, std::int64_t j) {
+        layernorm_modulate(x_.data() + r0 * H, rows, H, mod_.data() + j * mo, mod_.data() + j * mo + H, eps, xm_.data() + r0 * H);
+      });
+  });
   // linear1 -> [M_p, q | k | v | m]: v first (V-First), then q | k + norm + RoPE, then m. One rank:
   // all of it in one GEMM (as in double_block).
   const bool whole = one_rank();
@@ -287,7 +318,13 @@ void DitModel::single_block(const DitLayout::SingleBlock& blk) {
       gelu_tanh_inplace(big_.data() + 3 * H, Mp_, M, ld);
   });
   timed(DitPhase::gemm, [&] { linear(blk.linear2, big_.data() + 2 * H, ld, Mp_, y_.data(), H); });
-  timed(DitPhase::gated_add, [&] { gated_add(x_.data(), Mp_, H, mod_.data() + 2 * H, y_.data(), H); });
+  timed(DitPhase::gated_add, [&] {
+    if (nv_ == 1) return gated_add(x_.data(), Mp_, H, mod_.data() + 2 * H, y_.data(), H);
+    for (const StreamRows& r : {txt_rows_, img_rows_})
+      for_images(r, [&](std::int64_t r0, std::int64_t rows, std::int64_t j) {
+        gated_add(x_.data() + r0 * H, rows, H, mod_.data() + j * mo + 2 * H, y_.data() + r0 * H, H);
+      });
+  });
 }
 
 }  // namespace diffcp

@@ -261,13 +261,18 @@ DitShape DitSession::velocity_shape(const std::vector<std::int64_t>& x, std::int
     for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
     return out + "]";
   };
-  DIFFCP_CHECK(x.size() == 3 && txt.size() == 2 && txt[1] == c.text_dim && x[2] == c.in_channels(), "velocity: x must be [b, N_img, ",
-               c.in_channels(), "] and txt [T, ", c.text_dim, "], got ", str(x), " and ", str(txt));
-  const DitShape shape{x[0], width, height, txt[0]};
+  const bool per_image = txt.size() == 3;
+  DIFFCP_CHECK(x.size() == 3 && (txt.size() == 2 || (per_image && txt[0] == x[0])) && txt.back() == c.text_dim &&
+                   x[2] == c.in_channels(),
+               "velocity: x must be [b, N_img, ", c.in_channels(), "] and txt [T, ", c.text_dim, "] or [b, T, ", c.text_dim,
+               "], got ", str(x), " and ", str(txt));
+  const DitShape shape{x[0], width, height, txt[txt.size() - 2]};
   shape.validate();
   DIFFCP_CHECK(x[1] == shape.image_tokens(), "velocity: ", x[1], " image tokens, a ", width, "x", height, " image has ",
                shape.image_tokens());
-  DIFFCP_CHECK(pooled == c.pooled_dim, "velocity: pooled has ", pooled, " values, expected ", c.pooled_dim);
+  const std::int64_t want = per_image ? x[0] * c.pooled_dim : c.pooled_dim;
+  DIFFCP_CHECK(pooled == want, "velocity: pooled has ", pooled, " values, expected ", want,
+               per_image ? " (one pooled vector per image with per-image text)" : "");
   return shape;
 }
 
@@ -294,15 +299,25 @@ std::vector<float> DitSession::pass_velocity(Pass& r, const std::vector<float>& 
   const DitShard& s = r.model->shard();
   // The model reads and writes the active backend's memory (host data go there and back).
   DeviceVector<float> x_p, txt_p, pooled_d, v_p;
-  x_p.assign(shard_latent(x, c, r.model->shape(), s));
-  txt_p.assign(shard_text(txt, c.text_dim, s));
+  const DitShape& shape = r.model->shape();
+  x_p.assign(shard_latent(x, c, shape, s));
+  // Per-image text ([b, T, text_dim]): each image's rows sharded alike, image-major.
+  const std::size_t per_txt = static_cast<std::size_t>(shape.text_tokens * c.text_dim);
+  const bool per_image = shape.batch > 1 && txt.size() == static_cast<std::size_t>(shape.batch) * per_txt;
+  std::vector<float> txt_rows;
+  for (std::int64_t j = 0; j < (per_image ? shape.batch : 1); ++j) {
+    const std::vector<float> rows = shard_text(std::vector<float>(txt.begin() + j * per_txt, txt.begin() + (j + 1) * per_txt),
+                                               c.text_dim, s);
+    txt_rows.insert(txt_rows.end(), rows.begin(), rows.end());
+  }
+  txt_p.assign(txt_rows);
   pooled_d.assign(pooled.data(), pooled.size());
   v_p.resize(x_p.size());
   const ScopedF32GemmCompute precision(run_.compute);
   r.exchange->set_compute(run_.compute);
   r.exchange->begin_step(step, steps);
   if (step == 0) r.model->set_step_cache(run_.step_cache, *r.comm);  // a new generation: the cache starts afresh
-  r.model->velocity(x_p.data(), txt_p.data(), pooled_d.data(), t, guidance, v_p.data());
+  r.model->velocity(x_p.data(), txt_p.data(), pooled_d.data(), t, guidance, v_p.data(), per_image);
   return to_host<float>(v_p.view());
 }
 

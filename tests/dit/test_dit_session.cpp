@@ -8,6 +8,8 @@
 //     conditioning and cfg_parallel without a negative pass.
 //   * DitSession::sample equals run_dit_sampling on exchanges made by hand (the path the CLI took
 //     before the session), bitwise, in every mode, with classifier-free guidance.
+//   * a batch of prompts (per-image text and pooled vectors, a server's requests) equals each image
+//     run alone with its own prompt, within fp32 tolerance, in every family and mode;
 //   * DitSession::velocity (what diffcp.diffusers calls) equals the one-rank session's within
 //     fp32 tolerance, keeps a model per pass, rebuilds it when the shape changes, and, with
 //     cfg_parallel, velocity_pair equals two sequential velocity calls.
@@ -219,6 +221,42 @@ TEST(DitSession, VelocityEqualsTheOneRankSessionAndFollowsTheShape) {
     const std::vector<double> ref(b->begin(), b->end());
     const CompareResult r = compare<float>(*a, ref, scaled_to(kTolF32, ref));
     EXPECT_TRUE(r.pass()) << "max_abs " << r.max_abs << " worst ratio " << r.worst_ratio;
+  }
+}
+
+TEST(DitSession, ABatchOfPromptsEqualsEachImageAlone) {
+  const DitShape one{1, 112, 80, 13}, three{3, 112, 80, 13};
+  for (const DitFamily family : {DitFamily::flux1, DitFamily::flux2, DitFamily::qwen_image, DitFamily::sd3}) {
+    const DitConfig cfg = session_config(family);
+    for (const char* mode : {"flat", "cocodiff"}) {
+      SCOPED_TRACE(std::string(dit_family_name(family)) + " " + mode);
+      DitRunOptions o;
+      o.mode = mode;
+      o.cache_ratio = 0;  // exact
+      DitSession session(world(), DitRunConfig(o, cfg, world().size(), world().rank()), nullptr, DitFileFormat::bfl, 8);
+      std::vector<float> x, txt, pooled;
+      std::vector<std::vector<float>> alone;
+      const std::vector<float> noise = initial_noise(cfg, three, 4);
+      const std::size_t per_x = noise.size() / 3;
+      for (int j = 0; j < 3; ++j) {
+        const DitConditioning c = prompt_conditioning(cfg, one, "prompt " + std::to_string(j));
+        const std::vector<float> xj(noise.begin() + j * per_x, noise.begin() + (j + 1) * per_x);
+        alone.push_back(session.velocity(j + 1, one, xj, c.txt, c.pooled, 0.6, 3.5, 0, 4));
+        txt.insert(txt.end(), c.txt.begin(), c.txt.end());
+        pooled.insert(pooled.end(), c.pooled.begin(), c.pooled.end());
+      }
+      ASSERT_EQ(session.velocity_shape({3, 35, cfg.in_channels()}, 80, 112, {3, 13, cfg.text_dim},
+                                       static_cast<std::int64_t>(pooled.size())).batch, 3);
+      const std::vector<float> batch = session.velocity(0, three, noise, txt, pooled, 0.6, 3.5, 0, 4);
+      for (int j = 0; j < 3; ++j) {
+        const std::vector<float> got(batch.begin() + j * per_x, batch.begin() + (j + 1) * per_x);
+        const std::vector<double> ref(alone[j].begin(), alone[j].end());
+        const CompareResult r = compare<float>(got, ref, scaled_to(kTolF32, ref));
+        EXPECT_TRUE(r.pass()) << "image " << j << ": max_abs " << r.max_abs << " worst ratio " << r.worst_ratio;
+      }
+      // The images differ (their prompts do): a batch that shared image 0's prompt would fail above.
+      EXPECT_GT(max_abs_diff(alone[0], alone[1]), 1e-3);
+    }
   }
 }
 

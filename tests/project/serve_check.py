@@ -6,7 +6,8 @@ Starts the server on P = 2 ranks over the stand-in FLUX.1 pipeline (python/tests
 standin_pipeline.py; CI has no diffusers) and checks, asserting each:
   * an image from the openai client equals the in-process parallelize(pipe)'s for the same seed
     (P = 1 here: within one 8-bit level);
-  * concurrent same-size requests run as one batch and equal the same requests one at a time, bitwise;
+  * concurrent same-size requests run as one batch (one transformer batch, per-image text) and equal
+    the same requests one at a time (within one 8-bit level);
   * bad input is a 400 naming the field; a full queue a 429; an async job reports its step and a
     DELETE cancels it between steps (the server goes on serving);
   * SIGUSR1 to mpirun: the batch in flight finishes, the queued request is answered 503, exit 0;
@@ -130,8 +131,10 @@ try:
         t.join()
     assert metric(port, "diffcp_serve_images_total") - i0 == 3
     assert metric(port, "diffcp_serve_batches_total") - b0 < 3, "concurrent requests were not batched"
-    for k in range(3):
-        assert np.array_equal(together[k], generate(client, *prompts[k])), f"batched request {k} differs"
+    for k in range(3):  # one transformer batch (per-image text) vs alone: float32 rounding, one 8-bit level
+        alone = generate(client, *prompts[k])
+        assert int(np.abs(together[k].astype(int) - alone).max()) <= 1, f"batched request {k} differs"
+    assert not np.array_equal(together[0], together[1]), "two prompts gave one image"
     # 3. bad input: 400 naming the field
     for bad, param in ((dict(size="65x64"), "size"), (dict(n=0), "n"), (dict(extra_body={"bogus": 1}), "bogus")):
         try:

@@ -61,12 +61,17 @@ class DitModel {
   // One velocity evaluation. Collective over the exchange's ranks (two all-to-alls per block). Runs
   // on the backend holding the weights (an error otherwise); every pointer is its device memory.
   //   x_p:    [b, I_p, C_in] this rank's latent tokens of every image (padding rows: any finite value)
-  //   txt_p:  [T_p, text_dim] this rank's text rows (shared by the images; padding rows zero)
-  //   pooled: [pooled_dim] the pooled text vector (unread, may be null, in families without one)
-  //   t:      in [0, 1], 1 = pure noise
-  //   guidance: the guidance scale (read only with guidance_embed)
+  //   txt_p:  [T_p, text_dim] this rank's text rows, shared by the images; per_image: [b, T_p, text_dim],
+  //           each image's own (padding rows zero)
+  //   pooled: [pooled_dim] the pooled text vector; per_image: [b, pooled_dim] (unread, may be null,
+  //           in families without one)
+  //   t:      in [0, 1], 1 = pure noise (every image's)
+  //   guidance: the guidance scale (read only with guidance_embed; every image's)
   //   v_p:    [b, I_p, C_in] out: the predicted velocity (flow matching: d x_t / d t); 0 in padding rows
-  void velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance, float* v_p);
+  // per_image: a batch of prompts (a server's requests) as one batch: each image's text rows and,
+  // where the family has one, its pooled vector, so its own modulation (vec, per image).
+  void velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance, float* v_p,
+                bool per_image = false);
 
   // Step caching (dit/step_cache.hpp): First-Block Cache over the ranks of `comm` (the ranks that
   // run this model's pass; it must outlive the model), deciding at every velocity() from then on;
@@ -82,7 +87,15 @@ class DitModel {
   struct StreamRows {
     std::int64_t row0, rows;
     const AxialRope* rope;  // null: no rotation (FLUX's text rows)
+    std::int64_t image_rows;  // rows of one image: rows / b
   };
+  // f(row0, rows, j) over stream r's rows: once for all of them when the images share their
+  // modulation (nv_ == 1), else once per image j.
+  template <class F>
+  void for_images(const StreamRows& r, F&& f) const {
+    if (nv_ == 1) return f(r.row0, r.rows, std::int64_t{0});
+    for (std::int64_t j = 0; j < shape_.batch; ++j) f(r.row0 + j * r.image_rows, r.image_rows, j);
+  }
   void double_block(const DitLayout::DoubleBlock& blk);
   void single_block(const DitLayout::SingleBlock& blk);
   // y[rows, ncols] (row stride ldy) = x[rows, l.in] W[:, c0 : c0 + ncols] + bias[c0 : c0 + ncols], in
@@ -103,7 +116,7 @@ class DitModel {
   void linear(const DitLinear& l, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy) const {
     linear(l, x, ldx, M, 0, l.out, y, ldy);
   }
-  // out [n] = Lin(silu(vec)) for a modulation layer of n = k*H outputs
+  // out [nv_, n] = Lin(silu(vec)) for a modulation layer of n = k*H outputs (row j: image j's)
   void modulation(const DitLinear& l, float* out) const;
   template <class F>
   void timed(DitPhase phase, F&& f) {  // f() under phase's timer (dit/profile.hpp)
@@ -125,12 +138,13 @@ class DitModel {
   std::unique_ptr<AxialRope> txt_rope_;  // [b T_p] text rows (Qwen-Image; null: FLUX's text is not rotated)
   StreamRows txt_rows_{}, img_rows_{};
   std::int64_t Mp_ = 0;
+  std::int64_t nv_ = 1;  // this evaluation's modulation vectors: 1 (shared) or b (per_image with a pooled vector)
   // Device memory of the weights' backend, sized once.
   DeviceVector<float> x_, xm_, big_, attn_, y_;  // [M_p, H], [M_p, H], [M_p, 3H + M], [M_p, H], [M_p, H]
-  DeviceVector<float> temb_, h_, vec_, silu_vec_;  // [time_dim], [H], [H], [H]
-  DeviceVector<float> txt_normed_, txt_rstd_;      // Qwen-Image's txt_norm: [T_p, text_dim], [T_p]
+  DeviceVector<float> temb_, h_, vec_, silu_vec_;  // [time_dim], [b, H], [b, H], [b, H]
+  DeviceVector<float> txt_normed_, txt_rstd_;      // Qwen-Image's txt_norm: [b, T_p, text_dim], [b, T_p]
   DeviceVector<float> pos_rows_;                   // SD3: [b I_p, H] this rank's rows of the position table
-  DeviceVector<float> mod_, mods_;                 // [6H]; [2, 6H] a double block's two streams
+  DeviceVector<float> mod_, mods_;                 // [b, 6H]; [2, b, 6H] a double block's two streams
 };
 
 }  // namespace diffcp

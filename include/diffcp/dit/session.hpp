@@ -155,8 +155,10 @@ class DitSession {
   // world (every rank calls it with the same shapes in the same order). Pass `pass` keeps its own
   // exchange and model (V-Major's caches, the step cache restarted at step 0), rebuilt when its
   // shape changes.
-  //   x: [b, N_img, C_in] the latent tokens (every rank the same)  txt: [T, text_dim] shared by the b images
-  //   pooled: [pooled_dim] (empty in families without one) -> [b, N_img, C_in] the velocity, on every rank
+  //   x: [b, N_img, C_in] the latent tokens (every rank the same)
+  //   txt: [T, text_dim] shared by the b images, or [b, T, text_dim] each image's own (a batch of prompts)
+  //   pooled: [pooled_dim], or [b, pooled_dim] with per-image text (empty in families without one)
+  //   -> [b, N_img, C_in] the velocity, on every rank
   std::vector<float> velocity(int pass, const DitShape& shape, const std::vector<float>& x, const std::vector<float>& txt,
                               const std::vector<float>& pooled, double t, double guidance, int step, int steps);
   // cfg_parallel: a pair of passes q = 0, 1 at once, pass q on half q (the same b and image size);
@@ -171,8 +173,8 @@ class DitSession {
   // This rank's exchange counters over every velocity call so far (every pass, rebuilt ones too).
   ExchangeStats exchange_stats() const;
 
-  // Checks a velocity call's shapes: x [b, N_img, C_in] of a height x width image, txt [T, text_dim],
-  // pooled [pooled_dim] -> the shape. Local.
+  // Checks a velocity call's shapes: x [b, N_img, C_in] of a height x width image, txt [T, text_dim]
+  // or [b, T, text_dim], pooled [pooled_dim] (with per-image text: [b, pooled_dim]) -> the shape. Local.
   DitShape velocity_shape(const std::vector<std::int64_t>& x, std::int64_t height, std::int64_t width,
                           const std::vector<std::int64_t>& txt, std::int64_t pooled) const;
 
