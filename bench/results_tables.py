@@ -394,6 +394,21 @@ def t_serving(d):
                 f"fp8 {fb.num('bytes_inter_group') / ex['1'].num('bytes_inter_group'):.2f}, CFG-parallel 0 across nodes",
                 "—", XEON, "2026-12-04", "`bench/bench_dit_serving.sh cluster`",
                 "[cluster_dit_serving.csv](cluster_dit_serving.csv)"])
+    sv = d["serve.csv"]
+
+    def rate(P, batching, clients):
+        return sv.where(P=P, batching=batching, clients=clients).med("images_per_s")
+    gains = {P: [rate(P, 1, c) / rate(P, 0, c) for c in (2, 4)] for P in (1, 2)}
+    out.append(["image server, batching (`python -m diffcp.serve`)",
+                "stand-in FLUX.1 pipeline, default DiT, 256², 8 steps, bf16 cocodiff, 2 / 4 clients",
+                f"P = 2: **{x(gains[2][0])} / {x(gains[2][1])}** images/s; P = 1: {x(gains[1][0])} / {x(gains[1][1])}",
+                "—", "one 8-bit level of one at a time", XEON, "2026-12-06", "`bench/bench_serve.py`",
+                "[serve.csv](serve.csv), [plot](serve.png)"])
+    srv = sv.where(P=1, batching=0, clients=1).med("latency_ms_median")
+    inproc = sv.where(P=1, batching=-1, clients=1).med("latency_ms_median")
+    out.append(["image server over the in-process call", "the same request, 1 client, P = 1, batching off",
+                f"{x(inproc / srv)} ({srv:.0f} vs {inproc:.0f} ms)", "—", "equal within one 8-bit level", XEON,
+                "2026-12-06", "`bench/bench_serve.py`", "[serve.csv](serve.csv)"])
     return out
 
 
@@ -598,7 +613,7 @@ TABLES = {
         "the closed form of `dit/weights.hpp` that a run's allocation is tested against, for the published config."),
     "dit_serving": Table(
         ["dit_quality.csv", "cluster_dit.csv", "dit_fp8.csv", "dit_cfg_parallel.csv", "dit_step_cache.csv",
-         "cluster_dit_serving.csv"],
+         "cluster_dit_serving.csv", "serve.csv"],
         ["feature", "job", "speed-up vs exact", "bytes vs exact", "quality vs exact", "machine", "date", "reproduce", "data"],
         t_serving, "Each figure against the exact run of the same job in the same run; random weights, so the quality "
         "columns show the mechanism, not what a trained model gets."),

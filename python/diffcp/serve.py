@@ -128,7 +128,7 @@ class Job:
         self.id = f"img-{next(Job.ids)}"
         self.req = req
         self.status, self.step, self.error, self.images = "queued", 0, None, None
-        self.created = int(time.time())
+        self.created, self.submitted = int(time.time()), time.monotonic()
         self.cancelled = False
         self.done = threading.Event()
 
@@ -161,7 +161,7 @@ class Server:
         self.queue: collections.deque[Job] = collections.deque()
         self.jobs: dict[str, Job] = {}
         self.running: list[Job] = []
-        self.last_progress = time.monotonic()
+        self.last_progress = self.batch_end = time.monotonic()
         self.seeds = itertools.count(1)
         self.m = collections.Counter()
         self.bytes = {"intra": 0, "inter": 0}
@@ -202,9 +202,11 @@ class Server:
             return job
 
     def next_batch(self) -> list[Job] | None:
-        """Waits for work: the oldest job and every queued one of its key (up to --max-batch images),
-        after --batch-wait-ms for more to arrive; None once stopping (the queue answered 503)."""
+        """Waits for work: the oldest job and every queued one of its key (up to --max-batch images);
+        None once stopping (the queue answered 503). An idle server starts a request at once; under
+        load (a request that waited through the last batch) it gives more --batch-wait-ms to arrive."""
         with self.lock:
+            loaded = bool(self.queue) and self.queue[0].submitted < self.batch_end
             while not self.queue and self.state == "ready":
                 self.lock.wait(0.2)
             if self.state != "ready":
@@ -213,7 +215,7 @@ class Server:
                                                   type_="server_error"))
                 self.queue.clear()
                 return None
-        if self.args.batch_wait_ms > 0 and self.args.max_batch > 1:
+        if loaded and self.args.batch_wait_ms > 0 and self.args.max_batch > 1:
             time.sleep(self.args.batch_wait_ms / 1000)
         with self.lock:
             first = self.queue.popleft()
@@ -429,7 +431,8 @@ def main(argv=None) -> int:
                     help="run each prompt of a batch as its own transformer pass (default: one batch, per-image text)")
     ap.add_argument("--max-queue", type=int, default=16, help="requests waiting; more are answered 429")
     ap.add_argument("--max-batch", type=int, default=4, help="images per pipeline call")
-    ap.add_argument("--batch-wait-ms", type=float, default=20, help="how long a batch waits for more requests")
+    ap.add_argument("--batch-wait-ms", type=float, default=20,
+                    help="under load, how long a batch waits for more requests (an idle server starts at once)")
     ap.add_argument("--max-n", type=int, default=4)
     ap.add_argument("--max-side", type=int, default=2048)
     ap.add_argument("--max-steps", type=int, default=200)
@@ -519,6 +522,7 @@ def main(argv=None) -> int:
                         server.m["images"] += n
                     k += n
                 server.running = []
+                server.batch_end = time.monotonic()
     if rank == 0:
         with server.lock:
             server.state = "stopped"  # the watchdog's loop ends: no MPI call after this
