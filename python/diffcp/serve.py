@@ -165,6 +165,14 @@ class Server:
         self.seeds = itertools.count(1)
         self.m = collections.Counter()
         self.bytes = {"intra": 0, "inter": 0}
+        self.answering = 0  # requests whose answer is not written yet
+
+    def drain(self, timeout: float) -> None:
+        """Waits (at most `timeout` seconds) until every request taken has been answered."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self.answering and time.monotonic() < deadline:
+                self.lock.wait(0.05)
 
     def submit(self, req: dict) -> Job:
         with self.lock:
@@ -291,12 +299,18 @@ def _handler(server: Server):
                 raise ApiError(400, f"the body is not JSON: {e}") from None
 
         def guarded(self, fn):
+            with server.lock:
+                server.answering += 1
             try:
                 fn()
             except ApiError as e:
                 if e.status == 413:
                     self.close_connection = True
                 self.reply(e.status, e.body())
+            finally:
+                with server.lock:
+                    server.answering -= 1
+                    server.lock.notify_all()
 
         def do_GET(self):
             def run():
@@ -349,6 +363,10 @@ def _pipeline(args):
     return DiffusionPipeline.from_pretrained(args.pipeline, torch_dtype=dtype)
 
 
+def _qwen(pipe) -> bool:
+    return type(getattr(pipe, "transformer", None)).__name__ == "QwenImageTransformer2DModel"
+
+
 def _run_batch(comm, pipe, work: dict, server: Server | None) -> list[np.ndarray] | None:
     """One batch through the pipeline, on every rank. Rank 0 gets the images [H, W, 3] uint8."""
     import torch
@@ -379,7 +397,10 @@ def _run_batch(comm, pipe, work: dict, server: Server | None) -> list[np.ndarray
         return {}
 
     kwargs = dict(prompt=prompts, height=work["height"], width=work["width"], num_inference_steps=work["steps"],
-                  guidance_scale=work["guidance"], generator=gens, output_type="np", callback_on_step_end=on_step)
+                  generator=gens, output_type="np", callback_on_step_end=on_step)
+    # The request's guidance_scale is the pipeline's guidance knob: QwenImagePipeline's is true_cfg_scale
+    # (classifier-free guidance with a negative prompt); the others' guidance_scale.
+    kwargs["true_cfg_scale" if _qwen(pipe) else "guidance_scale"] = work["guidance"]
     if work["negative_prompt"] is not None:
         kwargs["negative_prompt"] = work["negative_prompt"]
     out = pipe(**kwargs)
@@ -407,7 +428,7 @@ def _watchdog(comm, err_comm, server: Server, stall_s: float):
 def _fail(comm, server: Server, msg: str):
     print(f"diffcp.serve: error: {msg}; ending the job (a supervisor should restart it)", file=sys.stderr, flush=True)
     server.fail_all(ApiError(500, msg, code="rank_failed", type_="server_error"))
-    time.sleep(1.0)  # the HTTP threads answer
+    server.drain(10.0)  # the HTTP threads answer
     comm.Abort(1)
 
 
@@ -527,7 +548,7 @@ def main(argv=None) -> int:
         with server.lock:
             server.state = "stopped"  # the watchdog's loop ends: no MPI call after this
         watchdog.join()
-        time.sleep(0.2)  # the last answers go out
+        server.drain(10.0)  # the last answers go out
         httpd.shutdown()
         print("diffcp.serve: stopped", flush=True)
     return 0

@@ -21,7 +21,8 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch")
 
 import diffcp.diffusers  # noqa: E402
-from standin_pipeline import FluxTransformer2DModel  # noqa: E402
+from standin_pipeline import (Flux2Transformer2DModel, FluxTransformer2DModel,  # noqa: E402
+                              QwenImageTransformer2DModel, SD3Transformer2DModel)
 
 COMM = MPI.COMM_WORLD
 P, RANK = COMM.Get_size(), COMM.Get_rank()
@@ -50,10 +51,6 @@ def folder():
                    check=True, stdout=subprocess.DEVNULL)
     yield Path(d.name)
     d.cleanup()
-
-
-class SD3Transformer2DModel(FluxTransformer2DModel):
-    """The same stand-in under SD3's class name."""
 
 
 @pytest.fixture(scope="module")
@@ -223,14 +220,6 @@ def test_sd3_forward_with_cfg_batch_equals_numpy_reference(sd3_folder, mode):
 
 QWEN = _reference_module("qwenimage_reference")
 FLUX2 = _reference_module("flux2_reference")
-
-
-class QwenImageTransformer2DModel(FluxTransformer2DModel):
-    """The stand-in under Qwen-Image's class name."""
-
-
-class Flux2Transformer2DModel(FluxTransformer2DModel):
-    """The stand-in under FLUX.2's class name."""
 
 
 def _tool_folder(tool: str) -> tempfile.TemporaryDirectory:

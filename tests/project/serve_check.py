@@ -1,9 +1,9 @@
 """`python -m diffcp.serve` under mpirun, driven by the `openai` client (issue #68).
 
-    serve_check.py FOLDER MPIRUN...   (FOLDER: tools/flux_reference.py make --format diffusers)
+    serve_check.py FLUX1 SD3 QWEN FLUX2 MPIRUN...   (folders: tools/<family>_reference.py make)
 
-Starts the server on P = 2 ranks over the stand-in FLUX.1 pipeline (python/tests_mpi/
-standin_pipeline.py; CI has no diffusers) and checks, asserting each:
+Starts the server on P = 2 ranks over the stand-in pipelines (python/tests_mpi/standin_pipeline.py;
+CI has no diffusers) and checks, asserting each; on FLUX.1:
   * an image from the openai client equals the in-process parallelize(pipe)'s for the same seed
     (P = 1 here: within one 8-bit level);
   * concurrent same-size requests run as one batch (one transformer batch, per-image text) and equal
@@ -11,7 +11,11 @@ standin_pipeline.py; CI has no diffusers) and checks, asserting each:
   * bad input is a 400 naming the field; a full queue a 429; an async job reports its step and a
     DELETE cancels it between steps (the server goes on serving);
   * SIGUSR1 to mpirun: the batch in flight finishes, the queued request is answered 503, exit 0;
-  * a rank that raises: the request in flight gets a 500 naming rank 1 and the job ends (no hang).
+  * a rank that raises: the request in flight gets a 500 naming rank 1 and the job ends (no hang);
+  * a rank that stalls: after --stall-timeout the request gets a 500 and the job ends.
+On SD3.5 (CFG as a [negative; prompt] batch), Qwen-Image (true CFG as two calls, prompts of several
+text lengths) and FLUX.2: an image equals the in-process pipeline's, and two concurrent requests
+are one batch equal to each alone.
 """
 import base64
 import json
@@ -31,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import openai
 
-FOLDER, MPIRUN = sys.argv[1], sys.argv[2:]
+FOLDERS = dict(zip(("flux1", "sd3", "qwen", "flux2"), sys.argv[1:5]))
+FOLDER, MPIRUN = FOLDERS["flux1"], sys.argv[5:]
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "tests_mpi"))
 
 
@@ -52,8 +57,8 @@ def png_pixels(data: bytes) -> np.ndarray:
     return rows[:, 1:].reshape(h, w, 3)
 
 
-def start(*extra):
-    cmd = MPIRUN + [sys.executable, "-m", "diffcp.serve", "--pipeline", FOLDER, "--pipeline-factory",
+def start(*extra, folder=FOLDER):
+    cmd = MPIRUN + [sys.executable, "-m", "diffcp.serve", "--pipeline", folder, "--pipeline-factory",
                     "standin_pipeline:make", "--port", "0", "--mode", "flat", "--dtype", "f32", "--size", "64x64",
                     "--steps", "3", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -94,14 +99,43 @@ def metric(port, name):
     return float(re.search(rf"^{re.escape(name)} (\S+)$", text, re.M).group(1))
 
 
-def in_process(prompt, seed):
+def in_process(folder, prompt, seed, **kw):
+    """The same request through parallelize(pipe) in this process (P = 1), as the server calls it."""
     import torch
+    from types import SimpleNamespace
     import diffcp.diffusers
-    from standin_pipeline import FluxPipeline
-    par = diffcp.diffusers.parallelize(FluxPipeline(Path(FOLDER)), mode="flat", dtype="f32")
-    out = par(prompt=prompt, height=64, width=64, num_inference_steps=3, guidance_scale=3.5,
-              generator=[torch.Generator("cpu").manual_seed(seed)], output_type="np")
+    import standin_pipeline
+    pipe = standin_pipeline.make(SimpleNamespace(pipeline=folder))
+    qwen = isinstance(pipe, standin_pipeline.QwenImagePipeline)
+    par = diffcp.diffusers.parallelize(pipe, mode="flat", dtype="f32", batch_prompts=True)
+    g = kw.pop("guidance_scale", 3.5)
+    out = par(prompt=prompt, height=64, width=64, num_inference_steps=3, generator=[torch.Generator("cpu").manual_seed(seed)],
+              output_type="np", **{"true_cfg_scale" if qwen else "guidance_scale": g}, **kw)
     return (np.clip(out.images[0], 0, 1) * 255).round().astype(np.uint8)
+
+
+def batched(client, port, items, **kw):
+    """items [(prompt, seed)] sent together while a long request runs, so they wait through it and run
+    as one batch (asserted: two batches in all) -> their images, each checked against it alone."""
+    b0 = metric(port, "diffcp_serve_batches_total")
+    long = threading.Thread(target=lambda: generate(client, "a long one", 30, num_inference_steps=150, **kw))
+    long.start()
+    deadline = time.time() + 60
+    while metric(port, "diffcp_serve_batches_total") == b0:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    together = [None] * len(items)
+    threads = [threading.Thread(target=lambda k=k: together.__setitem__(k, generate(client, *items[k], **kw)))
+               for k in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in [long] + threads:
+        t.join()
+    assert metric(port, "diffcp_serve_batches_total") - b0 == 2, "the concurrent requests were not one batch"
+    for k in range(len(items)):  # one transformer batch (per-image text) vs alone: float32 rounding, one 8-bit level
+        alone = generate(client, *items[k], **kw)
+        assert int(np.abs(together[k].astype(int) - alone).max()) <= 1, f"batched request {k} differs"
+    assert not np.array_equal(together[0], together[1]), "two prompts gave one image"
 
 
 def wait_job(port, job_id, want, timeout=120):
@@ -120,21 +154,9 @@ try:
     # 1. the openai client's image equals the in-process pipeline's for the same seed
     served = generate(client, "a lighthouse at dusk", 5)  # compared at the end (in this process's MPI)
     # 2. concurrent same-size requests: one batch, equal to one at a time
-    b0, i0 = metric(port, "diffcp_serve_batches_total"), metric(port, "diffcp_serve_images_total")
-    prompts = [("a red fox", 11), ("a blue whale", 12), ("a green hill", 13)]
-    together = [None] * 3
-    threads = [threading.Thread(target=lambda k=k: together.__setitem__(k, generate(client, *prompts[k])))
-               for k in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert metric(port, "diffcp_serve_images_total") - i0 == 3
-    assert metric(port, "diffcp_serve_batches_total") - b0 < 3, "concurrent requests were not batched"
-    for k in range(3):  # one transformer batch (per-image text) vs alone: float32 rounding, one 8-bit level
-        alone = generate(client, *prompts[k])
-        assert int(np.abs(together[k].astype(int) - alone).max()) <= 1, f"batched request {k} differs"
-    assert not np.array_equal(together[0], together[1]), "two prompts gave one image"
+    i0 = metric(port, "diffcp_serve_images_total")
+    batched(client, port, [("a red fox", 11), ("a blue whale", 12), ("a green hill", 13)])
+    assert metric(port, "diffcp_serve_images_total") - i0 == 1 + 3 + 3
     # 3. bad input: 400 naming the field
     for bad, param in ((dict(size="65x64"), "size"), (dict(n=0), "n"), (dict(extra_body={"bogus": 1}), "bogus")):
         try:
@@ -196,8 +218,37 @@ try:
 finally:
     if proc.poll() is None:
         proc.kill()
+# 7. a rank that stalls: no step for --stall-timeout seconds, a 500, the job ends
+proc, port, log = start("--stall-timeout", "3")
+try:
+    status, body = http(port, "POST", "/v1/images/generations", {"prompt": "__stall_on_rank_1__"})
+    assert status == 500 and "no step completed in 3 s" in json.loads(body)["error"]["message"], (status, body)
+    assert proc.wait(120) != 0
+finally:
+    if proc.poll() is None:
+        proc.kill()
+
+# 8. the other families: an image, and two concurrent requests as one batch equal to each alone
+family_requests = {"sd3": dict(negative_prompt="blurry", guidance_scale=4.0),
+                   "qwen": dict(negative_prompt="blurry", guidance_scale=4.0), "flux2": dict(guidance_scale=4.0)}
+family_served = {}
+for fam, kw in family_requests.items():
+    proc, port, log = start("--batch-wait-ms", "300", folder=FOLDERS[fam])
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        family_served[fam] = generate(client, "a quiet harbour", 21, **kw)
+        batched(client, port, [("a cat", 31), ("a much longer prompt here", 32)], **kw)
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
 # Last: MPI in this process (a singleton) would leak its environment into the mpiruns above.
-want = in_process("a lighthouse at dusk", 5)
+for fam, kw in family_requests.items():
+    want = in_process(FOLDERS[fam], "a quiet harbour", 21, **dict(kw))
+    assert int(np.abs(family_served[fam].astype(int) - want).max()) <= 1, f"{fam}: server vs in-process"
+want = in_process(FOLDER, "a lighthouse at dusk", 5)
 assert served.shape == (64, 64, 3) and int(np.abs(served.astype(int) - want).max()) <= 1, "server vs in-process"
 assert served.std() > 0, "a flat image"
 print("serve_check: passed")
