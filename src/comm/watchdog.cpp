@@ -198,7 +198,7 @@ void Communicator::watchdog_expired(const WatchdogReport& mine, std::uint64_t by
   msg << "watchdog: " << op_label(mine) << " on communicator '" << name_ << "' (rank " << rank() << " of " << size();
   if (mine.peer != WatchdogReport::kSetup)
     msg << "; this rank sends " << human_bytes(bytes_sent) << ", receives " << human_bytes(bytes_recv);
-  msg << ") did not complete within " << timeout_s << " s (--comm-timeout / DIFFCP_COMM_TIMEOUT)";
+  msg << ") did not complete within " << timeout_s << " s (`comm_timeout` / DIFFCP_COMM_TIMEOUT)";
   if (!silent.empty())
     msg << "; not arrived: " << rank_list(silent) << " (no answer within " << grace
         << " s: stalled, busy outside the communicator, dead or unreachable)";

@@ -15,7 +15,7 @@ namespace diffcp {
 OProj parse_oproj(const std::string& name) {
   if (name == "all") return OProj::all;
   if (name == "owned") return OProj::owned;
-  DIFFCP_FAIL("--oproj = '", name, "': expected all, owned or auto");
+  DIFFCP_FAIL("`oproj` = '", name, "': expected all, owned or auto");
 }
 
 const char* oproj_name(OProj o) { return o == OProj::all ? "all" : "owned"; }

@@ -264,7 +264,7 @@ void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<con
                " parameters, the model has ", lay.total);
   DIFFCP_CHECK(!c.target_layer_ids.empty() && c.target_depth > 0,
                "export: the model does not say which target layers its context features come from "
-               "(dflash_config.target_layer_ids, num_target_layers); give --target-layer-ids and --num-target-layers");
+               "(dflash_config.target_layer_ids, num_target_layers); give `target_layer_ids` and `num_target_layers`");
   const auto a = AttnLayerParams::offsets(c.attn());
   for (std::int64_t l = 0; l < c.layers; ++l)
     for (std::int64_t k = 0; k < c.hidden; ++k)
@@ -346,7 +346,7 @@ void export_dflash(const std::string& dir, const DrafterConfig& c, std::span<con
 
 DrafterWeights import_dflash(const std::string& dir) {
   const std::string cpath = dir + "/config.json", mpath = dir + "/model.safetensors";
-  DIFFCP_CHECK(std::filesystem::is_directory(dir), "--init '", dir, "': not a directory (expected config.json + model.safetensors)");
+  DIFFCP_CHECK(std::filesystem::is_directory(dir), "`init` '", dir, "': not a directory (expected config.json + model.safetensors)");
   std::ifstream f(cpath);
   DIFFCP_CHECK(f.good(), "'", cpath, "': cannot open it (a DFlash drafter directory has config.json + model.safetensors)");
   nlohmann::json j;

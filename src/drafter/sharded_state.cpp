@@ -13,11 +13,11 @@ ShardMode parse_shard_mode(const std::string& name) {
   if (name == "none") return ShardMode::none;
   if (name == "optimizer") return ShardMode::optimizer;
   if (name == "full") return ShardMode::full;
-  DIFFCP_FAIL("--shard '", name, "': expected none, optimizer or full");
+  DIFFCP_FAIL("`shard` '", name, "': expected none, optimizer or full");
 }
 
 ShardMode resolve_shard_mode(const std::string& name, bool real_shape, int ranks) {
-  DIFFCP_CHECK(name == "auto" || name == "none" || name == "optimizer" || name == "full", "--shard '", name,
+  DIFFCP_CHECK(name == "auto" || name == "none" || name == "optimizer" || name == "full", "`shard` '", name,
                "': expected none, optimizer, full or auto");
   if (name != "auto") return parse_shard_mode(name);
   return ranks == 1 ? ShardMode::none : real_shape ? ShardMode::full : ShardMode::optimizer;
@@ -182,12 +182,12 @@ std::vector<std::size_t> ShardedState::piece_counts(int u) const {
 }
 
 DeviceVector<float>& ShardedState::params() {
-  DIFFCP_CHECK(mode_ != ShardMode::full, "sharded state: --shard full holds no whole parameter vector");
+  DIFFCP_CHECK(mode_ != ShardMode::full, "sharded state: `shard` full holds no whole parameter vector");
   return params_;
 }
 
 DeviceVector<float>& ShardedState::grads() {
-  DIFFCP_CHECK(mode_ != ShardMode::full, "sharded state: --shard full holds no whole gradient vector");
+  DIFFCP_CHECK(mode_ != ShardMode::full, "sharded state: `shard` full holds no whole gradient vector");
   return grads_;
 }
 

@@ -167,7 +167,7 @@ Trainer::Impl::Impl(Communicator& world_, TrainOptions opt_, TrainLogger log_)
   if (!opt.init.empty()) init = import_dflash(opt.init);
   cfg = opt.init.empty() ? drafter_preset(opt.preset.empty() ? "tiny" : opt.preset) : init.config;
   const std::string own = cfg.has_selector() ? "dflash2" : "dflash";
-  DIFFCP_CHECK(opt.arch.empty() || opt.arch == own || opt.init.empty(), "TrainOptions::arch '", opt.arch, "': the --init drafter '",
+  DIFFCP_CHECK(opt.arch.empty() || opt.arch == own || opt.init.empty(), "TrainOptions::arch '", opt.arch, "': the `init` drafter '",
                opt.init, "' is ", own, ", and its folder fixes the architecture");
   DIFFCP_CHECK(opt.arch != "dflash" || own == "dflash", "TrainOptions::arch 'dflash': the preset '", opt.preset, "' is DFlash2");
   if (opt.arch == "dflash2") cfg = as_dflash2(cfg);

@@ -282,9 +282,9 @@ std::string host_name(Communicator& world) {
 }  // namespace
 
 void CalibrateOptions::validate() const {
-  DIFFCP_CHECK(reps >= 1 && reps <= 1000, "--reps = ", reps, ", expected 1..1000");
+  DIFFCP_CHECK(reps >= 1 && reps <= 1000, "`reps` = ", reps, ", expected 1..1000");
   DIFFCP_CHECK(n_q >= 1 && n_kv >= 1 && n_q % n_kv == 0 && n_q <= 256 && d_h >= 2 && d_h % 2 == 0 && d_h <= 512,
-               "sim calibrate: --n-q ", n_q, " --n-kv ", n_kv, " --d-h ", d_h,
+               "sim calibrate: `n_q` ", n_q, " `n_kv` ", n_kv, " `d_h` ", d_h,
                ", expected n_kv | n_q <= 256 and an even d_h <= 512");
 }
 

@@ -330,12 +330,12 @@ std::vector<SimDitResult> simulate_dit(const SimMachine& m, const DitConfig& cfg
   cfg.validate();
   shape.validate();
   opt.schedule.validate();
-  DIFFCP_CHECK(opt.steps >= 1, "sim dit: --steps = ", opt.steps, ", expected >= 1");
-  DIFFCP_CHECK(opt.group_size >= 0, "sim dit: --group-size = ", opt.group_size, ", expected >= 1 (0: the ranks of a node)");
+  DIFFCP_CHECK(opt.steps >= 1, "sim dit: `steps` = ", opt.steps, ", expected >= 1");
+  DIFFCP_CHECK(opt.group_size >= 0, "sim dit: `group_size` = ", opt.group_size, ", expected >= 1 (0: the ranks of a node)");
   DIFFCP_CHECK(!opt.modes.empty(), "sim dit: no modes");
   DIFFCP_CHECK(std::isfinite(opt.cached_fraction) && opt.cached_fraction >= 0 && opt.cached_fraction <= 1,
-               "sim dit: --cached-fraction = ", opt.cached_fraction, ", expected in [0, 1]");
-  DIFFCP_CHECK(!opt.cfg_parallel || opt.cfg, "sim dit: --cfg-parallel runs the two passes of classifier-free guidance: add --cfg");
+               "sim dit: `cached_fraction` = ", opt.cached_fraction, ", expected in [0, 1]");
+  DIFFCP_CHECK(!opt.cfg_parallel || opt.cfg, "sim dit: `cfg_parallel` runs the two passes of classifier-free guidance: add `cfg`");
   for (const std::string& mode : opt.modes) parse_exchange_mode(mode);  // throws naming the modes
 
   // CFG-parallel: each half of the ranks runs one pass, the model on P/2 of them.

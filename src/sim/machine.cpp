@@ -18,8 +18,8 @@ double bytes_per_ms(double gbit) { return gbit * 1e9 / 8 / 1e3; }
 void SimMachine::validate() const {
   DIFFCP_CHECK(P >= 1 && P <= (1 << 20), "sim: P = ", P, ", expected 1 <= P <= 2^20");
   DIFFCP_CHECK(R >= 1, "sim: ranks per node = ", R, ", expected >= 1");
-  DIFFCP_CHECK(share > 0 && share <= 1, "sim: --rank-share = ", share, ", expected a fraction in (0, 1]");
-  DIFFCP_CHECK(cores >= 0 && cores <= P, "sim: --cores = ", cores, ", expected 1..P = ", P, " (0: one core per rank)");
+  DIFFCP_CHECK(share > 0 && share <= 1, "sim: `rank_share` = ", share, ", expected a fraction in (0, 1]");
+  DIFFCP_CHECK(cores >= 0 && cores <= P, "sim: `cores` = ", cores, ", expected 1..P = ", P, " (0: one core per rank)");
 }
 
 double SimMachine::step_work(const std::vector<double>& w) const {

@@ -16,32 +16,32 @@ SimTrainResult simulate_train(const SimMachine& m, const std::string& preset, co
   m.validate();
   cfg.validate();
   const int P = m.P;
-  DIFFCP_CHECK(opt.cp >= 0 && opt.dp >= 0, "sim train: --cp = ", opt.cp, ", --dp = ", opt.dp, ", expected >= 1 (0: derived)");
+  DIFFCP_CHECK(opt.cp >= 0 && opt.dp >= 0, "sim train: `cp` = ", opt.cp, ", `dp` = ", opt.dp, ", expected >= 1 (0: derived)");
   int C = opt.cp, DP = opt.dp;
-  if (C > 0) DIFFCP_CHECK(P % C == 0, "sim train: --cp = ", C, " does not divide P = ", P, " ranks");
-  if (DP > 0) DIFFCP_CHECK(P % DP == 0, "sim train: --dp = ", DP, " does not divide P = ", P, " ranks");
+  if (C > 0) DIFFCP_CHECK(P % C == 0, "sim train: `cp` = ", C, " does not divide P = ", P, " ranks");
+  if (DP > 0) DIFFCP_CHECK(P % DP == 0, "sim train: `dp` = ", DP, " does not divide P = ", P, " ranks");
   if (C == 0) C = DP > 0 ? P / DP : P;
   if (DP == 0) DP = P / C;
-  DIFFCP_CHECK(C * DP == P, "sim train: --cp ", C, " x --dp ", DP, " = ", C * DP, ", expected P = ", P, " ranks");
+  DIFFCP_CHECK(C * DP == P, "sim train: `cp` ", C, " x `dp` ", DP, " = ", C * DP, ", expected P = ", P, " ranks");
   // CP groups are C consecutive ranks (trainer.cpp: world.split by rank / C); they must tile the nodes.
   const int Rn = std::min(m.R, P);
-  DIFFCP_CHECK(C % Rn == 0 || Rn % C == 0, "sim train: --cp = ", C, ": CP groups of ", C, " consecutive ranks straddle ",
+  DIFFCP_CHECK(C % Rn == 0 || Rn % C == 0, "sim train: `cp` = ", C, ": CP groups of ", C, " consecutive ranks straddle ",
                "nodes of ", Rn, " ranks (expected one to divide the other)");
   std::int64_t A = opt.accum;
   if (opt.global_batch > 0) {
-    DIFFCP_CHECK(opt.global_batch % DP == 0, "sim train: --global-batch = ", opt.global_batch,
+    DIFFCP_CHECK(opt.global_batch % DP == 0, "sim train: `global_batch` = ", opt.global_batch,
                  " micro-batches is not a multiple of DP = ", DP);
     A = opt.global_batch / DP;
   }
-  DIFFCP_CHECK(opt.global_batch >= 0 && A >= 1, "sim train: --accum = ", A, ", expected >= 1 micro-batch per replica");
+  DIFFCP_CHECK(opt.global_batch >= 0 && A >= 1, "sim train: `accum` = ", A, ", expected >= 1 micro-batch per replica");
   DIFFCP_CHECK(opt.collectives == "auto" || opt.collectives == "flat" || opt.collectives == "hierarchical",
-               "sim train: --collectives '", opt.collectives, "': expected flat, hierarchical or auto");
+               "sim train: `collectives` '", opt.collectives, "': expected flat, hierarchical or auto");
   const bool real_shape = cfg.vocab > 4096;  // as the trainer decides its defaults
   const ShardMode shard = resolve_shard_mode(opt.shard, real_shape, P);  // the trainer's --shard
   const bool recompute = shard == ShardMode::full;  // --recompute auto
   const std::int64_t length = opt.sample_length > 0 ? opt.sample_length : real_shape ? opt.context : std::min<std::int64_t>(256, opt.context);
   DIFFCP_CHECK(opt.context >= 1 && length >= cfg.block && length <= opt.context, "sim train: sample length ", length,
-               " tokens (--sample-length), --context ", opt.context, ": expected block B = ", cfg.block,
+               " tokens (`sample_length`), `context` ", opt.context, ": expected block B = ", cfg.block,
                " <= sample length <= context");
 
   // One micro-batch (legend: sim/train.hpp).

@@ -18,8 +18,8 @@ DitReferenceRun flat_reference_for(ExchangeMode mode, UspDegrees deg, int P, std
   DIFFCP_CHECK(P >= 1 && heads >= 1 && deg.ulysses * deg.ring == P, "flat_reference_for: U = ", deg.ulysses, " x R = ",
                deg.ring, " on P = ", P, " ranks with ", heads, " heads");
   const bool run_is_flat_ulysses = mode == ExchangeMode::flat && deg.ring == 1;  // then deg.ulysses == P
-  DIFFCP_CHECK(!(run_is_flat_ulysses && P == 1), "--compare flat: this run is flat on one rank, the reference itself; "
-               "nothing to compare it with (run it on P > 1 ranks or in another --mode)");
+  DIFFCP_CHECK(!(run_is_flat_ulysses && P == 1), "`compare` flat: this run is flat on one rank, the reference itself; "
+               "nothing to compare it with (run it on P > 1 ranks or in another `mode`)");
   if (heads % P == 0 && !run_is_flat_ulysses) return {false, {P, 1}};
   return {true, {1, 1}};
 }

@@ -114,7 +114,7 @@ namespace {
 // (undefined behaviour for 1e300), so anything but an integer in range is refused here.
 std::int64_t json_int(const nlohmann::json& x, const std::string& path, const std::string& what) {
   const auto v = json_int64(x);
-  DIFFCP_CHECK(v.has_value(), "--anchors-file '", path, "': ", what, " = ", x.dump(), ", expected an integer below 2^63");
+  DIFFCP_CHECK(v.has_value(), "`anchors_file` '", path, "': ", what, " = ", x.dump(), ", expected an integer below 2^63");
   return *v;
 }
 }  // namespace
@@ -122,27 +122,27 @@ std::int64_t json_int(const nlohmann::json& x, const std::string& path, const st
 PackedBatch read_anchors_file(const std::string& path) {
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
-  DIFFCP_CHECK(!ec, "--anchors-file '", path, "': cannot read it (", ec.message(), ")");
-  DIFFCP_CHECK(size <= (64u << 20), "--anchors-file '", path, "': ", size, " bytes, over the 64 MiB limit");
-  const nlohmann::json j = read_json_file(path, "--anchors-file");
+  DIFFCP_CHECK(!ec, "`anchors_file` '", path, "': cannot read it (", ec.message(), ")");
+  DIFFCP_CHECK(size <= (64u << 20), "`anchors_file` '", path, "': ", size, " bytes, over the 64 MiB limit");
+  const nlohmann::json j = read_json_file(path, "`anchors_file`");
   PackedBatch batch;
   try {
     DIFFCP_CHECK(j.is_object() && j.contains("block") && j.contains("samples") && j["samples"].is_array(),
-                 "--anchors-file '", path, "': expected {\"block\": B, \"samples\": [{\"length\": L, \"anchors\": [...]}, ...]}");
+                 "`anchors_file` '", path, "': expected {\"block\": B, \"samples\": [{\"length\": L, \"anchors\": [...]}, ...]}");
     batch.block = json_int(j["block"], path, "\"block\"");
     for (const auto& s : j["samples"]) {
       const std::string u = std::to_string(batch.lengths.size());
       DIFFCP_CHECK(s.is_object() && s.contains("length") && s.contains("anchors") && s["anchors"].is_array(),
-                   "--anchors-file '", path, "': sample ", u, " needs \"length\" and an \"anchors\" array");
+                   "`anchors_file` '", path, "': sample ", u, " needs \"length\" and an \"anchors\" array");
       batch.lengths.push_back(json_int(s["length"], path, "sample " + u + " \"length\""));
       std::vector<std::int64_t> anchors;
       for (const auto& a : s["anchors"]) anchors.push_back(json_int(a, path, "sample " + u + " anchor"));
       batch.anchors.push_back(std::move(anchors));
     }
   } catch (const nlohmann::json::exception& e) {
-    DIFFCP_FAIL("--anchors-file '", path, "': wrong type: ", e.what());
+    DIFFCP_FAIL("`anchors_file` '", path, "': wrong type: ", e.what());
   }
-  DIFFCP_CHECK(!batch.lengths.empty(), "--anchors-file '", path, "': no samples");
+  DIFFCP_CHECK(!batch.lengths.empty(), "`anchors_file` '", path, "': no samples");
   batch.validate();
   return batch;
 }

@@ -489,7 +489,7 @@ TEST(DFlashFormat, MalformedDirectoriesAreRefusedByName) {
   unknown.layers = 1, unknown.hidden = 64, unknown.ffn = 64, unknown.n_q = 2, unknown.n_kv = 1, unknown.d_h = 32, unknown.vocab = 8000;
   unknown.mask_token = 7999;
   expect_error([&] { export_dflash(base + "/unknown", unknown, std::vector<float>(static_cast<std::size_t>(DrafterLayout(unknown).total)), "f32"); },
-               "give --target-layer-ids and --num-target-layers");
+               "give `target_layer_ids` and `num_target_layers`");
   expect_error([&] { export_dflash(base + "/dtype", cfg, p, "f16"); }, "export dtype 'f16': expected f32 or bf16");
   fs::remove_all(base);
 }

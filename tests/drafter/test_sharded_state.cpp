@@ -157,7 +157,7 @@ TEST(ShardedState, BadModeIsRefused) {
     parse_shard_mode("zero3");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--shard 'zero3': expected none, optimizer or full"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("`shard` 'zero3': expected none, optimizer or full"), std::string::npos) << e.what();
   }
 }
 

@@ -174,10 +174,10 @@ TEST(SimMachine, LinkLevelsAndSharedUplinks) {
   EXPECT_EQ(four.step_work({1, 1, 1, 5}), 2.5);
   EXPECT_EQ(four.step_work({3, 3, 3, 3}), 3.0);  // balanced: no difference
   four.cores = 5;
-  EXPECT_NE(error_of([&] { four.validate(); }).find("--cores = 5, expected 1..P = 4"), std::string::npos);
+  EXPECT_NE(error_of([&] { four.validate(); }).find("`cores` = 5, expected 1..P = 4"), std::string::npos);
   SimMachine bad = one;
   bad.share = 0;
-  EXPECT_NE(error_of([&] { bad.validate(); }).find("--rank-share = 0"), std::string::npos);
+  EXPECT_NE(error_of([&] { bad.validate(); }).find("`rank_share` = 0"), std::string::npos);
 }
 
 // The work matrix is the planner's cost model seen per (query owner, context owner): its column

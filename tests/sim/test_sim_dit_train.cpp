@@ -336,7 +336,7 @@ TEST(SimTrain, ShardModesAsTheTrainer) {
     simulate_train(machine(2, 2), "small", small, o);
     ADD_FAILURE() << "--shard zero3 accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--shard 'zero3': expected none, optimizer, full or auto"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("`shard` 'zero3': expected none, optimizer, full or auto"), std::string::npos) << e.what();
   }
 }
 
@@ -350,10 +350,10 @@ TEST(SimTrain, BadMeshesAreErrorsNamingTheValue) {
     }
     return std::string();
   };
-  EXPECT_NE(message(machine(8, 2), train_options(3, 0, 0)).find("--cp = 3 does not divide P = 8"), std::string::npos);
-  EXPECT_NE(message(machine(8, 2), train_options(2, 2, 0)).find("--cp 2 x --dp 2 = 4, expected P = 8"), std::string::npos);
+  EXPECT_NE(message(machine(8, 2), train_options(3, 0, 0)).find("`cp` = 3 does not divide P = 8"), std::string::npos);
+  EXPECT_NE(message(machine(8, 2), train_options(2, 2, 0)).find("`cp` 2 x `dp` 2 = 4, expected P = 8"), std::string::npos);
   EXPECT_NE(message(machine(12, 4), train_options(6, 0, 0)).find("straddle"), std::string::npos);
-  EXPECT_NE(message(machine(8, 2), train_options(2, 4, 6)).find("--global-batch = 6"), std::string::npos);
+  EXPECT_NE(message(machine(8, 2), train_options(2, 4, 6)).find("`global_batch` = 6"), std::string::npos);
   EXPECT_THROW(drafter_preset("huge"), Error);
 }
 

@@ -1,7 +1,9 @@
 // diffcp's one error policy.
 //
 // Validate at the boundary (CLI, file readers, config constructors, public kernel entry points)
-// and throw diffcp::Error whose message names the bad value and what was expected. In MPI
+// and throw diffcp::Error whose message names the bad value and what was expected. The library
+// names an option by its field in backticks (`cache_ratio`: Python's keyword), never by a CLI
+// flag; the CLI prints each as its flag (--cache-ratio, src/cli/options.cpp cli_flags). In MPI
 // programs, diffcp::run_mpi_main (comm/mpi_runtime.hpp) turns an exception on any rank into
 // MPI_Abort of the whole job with that message: no rank is left waiting in a collective.
 #pragma once
