@@ -68,12 +68,6 @@ std::optional<T> given(const CLI::Option* opt, T value) {
   return opt != nullptr && opt->count() > 0 ? std::optional<T>(value) : std::nullopt;
 }
 
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 DitConfig make_config(const DitOptions& o) {
   return dit_preset(o.preset, {o.heads, o.head_dim, o.double_blocks, o.single_blocks, o.mlp_hidden});
 }
@@ -384,15 +378,12 @@ DitPlan plan_dit(Communicator& world, DitOptions& o) {
   pl.cfg = resolve_config(o, pl.ck.get(), folder_cfg);
   pl.run_config.emplace(o.run, pl.cfg, world.size(), world.rank(), pl.ck.get(), pl.format);
   DitInputs in = read_inputs(o, pl.cfg);
-  if (pl.cfg.accepts_negative()) {
-    SampleOptions scales;
-    scales.guidance = o.run.guidance.value_or(pl.cfg.family == DitFamily::sd3 ? 7.0 : 4.0);
-    scales.true_cfg_scale = o.run.true_cfg_scale;
-    const char* flag = pl.cfg.family == DitFamily::flux1 ? "--true-cfg-scale" : "--guidance";
-    DIFFCP_CHECK(cfg_scale(pl.cfg, scales) > 1 || o.negative_text_embeddings.empty(), "--negative-text-embeddings is read ",
-                 "only with ", flag, " > 1 (classifier-free guidance); ", flag, " is ", cfg_scale(pl.cfg, scales));
-  }
   pl.g = plan_generation(pl.run(), in.shape, std::move(in.cond), pl.scheduler_config);
+  if (pl.cfg.accepts_negative()) {  // the scale as plan_generation resolved it (the family's default)
+    const char* flag = pl.cfg.family == DitFamily::flux1 ? "--true-cfg-scale" : "--guidance";
+    DIFFCP_CHECK(cfg_scale(pl.cfg, pl.g.opt) > 1 || o.negative_text_embeddings.empty(), "--negative-text-embeddings is read ",
+                 "only with ", flag, " > 1 (classifier-free guidance); ", flag, " is ", cfg_scale(pl.cfg, pl.g.opt));
+  }
   pl.noise = std::move(in.noise);
   // --compare flat: a genuine reference, never this run's own configuration (refused where none).
   if (!o.compare.empty())

@@ -256,16 +256,11 @@ DitReport DitSession::report(const DitGeneration& g, const DitRun& run) {
 DitShape DitSession::velocity_shape(const std::vector<std::int64_t>& x, std::int64_t height, std::int64_t width,
                                     const std::vector<std::int64_t>& txt, std::int64_t pooled) const {
   const DitConfig& c = run_.model;
-  const auto str = [](const std::vector<std::int64_t>& s) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
-  };
   const bool per_image = txt.size() == 3;
   DIFFCP_CHECK(x.size() == 3 && (txt.size() == 2 || (per_image && txt[0] == x[0])) && txt.back() == c.text_dim &&
                    x[2] == c.in_channels(),
                "velocity: x must be [b, N_img, ", c.in_channels(), "] and txt [T, ", c.text_dim, "] or [b, T, ", c.text_dim,
-               "], got ", str(x), " and ", str(txt));
+               "], got ", shape_str(x), " and ", shape_str(txt));
   const DitShape shape{x[0], width, height, txt[txt.size() - 2]};
   shape.validate();
   DIFFCP_CHECK(x[1] == shape.image_tokens(), "velocity: ", x[1], " image tokens, a ", width, "x", height, " image has ",
@@ -302,8 +297,14 @@ std::vector<float> DitSession::pass_velocity(Pass& r, const std::vector<float>& 
   const DitShape& shape = r.model->shape();
   x_p.assign(shard_latent(x, c, shape, s));
   // Per-image text ([b, T, text_dim]): each image's rows sharded alike, image-major.
-  const std::size_t per_txt = static_cast<std::size_t>(shape.text_tokens * c.text_dim);
-  const bool per_image = shape.batch > 1 && txt.size() == static_cast<std::size_t>(shape.batch) * per_txt;
+  const std::size_t per_txt = static_cast<std::size_t>(shape.text_tokens * c.text_dim), b = static_cast<std::size_t>(shape.batch);
+  const bool per_image = shape.batch > 1 && txt.size() == b * per_txt;
+  DIFFCP_CHECK(x.size() == b * static_cast<std::size_t>(shape.image_tokens() * c.in_channels()) &&
+                   (txt.size() == per_txt || per_image) &&
+                   pooled.size() == (per_image ? b : 1) * static_cast<std::size_t>(c.pooled_dim),
+               "velocity: ", x.size(), " latent, ", txt.size(), " text and ", pooled.size(), " pooled values do not fit ",
+               shape.batch, " image(s) of ", shape.image_tokens(), " tokens and ", shape.text_tokens,
+               " text tokens (velocity_shape checks the arrays)");
   std::vector<float> txt_rows;
   for (std::int64_t j = 0; j < (per_image ? shape.batch : 1); ++j) {
     const std::vector<float> rows = shard_text(std::vector<float>(txt.begin() + j * per_txt, txt.begin() + (j + 1) * per_txt),

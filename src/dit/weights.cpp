@@ -18,12 +18,6 @@ namespace diffcp {
 
 namespace {
 
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 // src: [rows, cols] -> dst: [cols, rows]
 void transpose(const float* src, std::int64_t rows, std::int64_t cols, float* dst) {
   for (std::int64_t r = 0; r < rows; ++r)

@@ -209,24 +209,23 @@ finally:
     if proc.poll() is None:
         proc.kill()
 
+
+def answered_500_and_ended(prompt, message, *extra):
+    """A request that fails a rank: a 500 whose message says `message`, and the job ends (exit != 0)."""
+    proc, port, log = start(*extra)
+    try:
+        status, body = http(port, "POST", "/v1/images/generations", {"prompt": prompt})
+        assert status == 500 and message in json.loads(body)["error"]["message"], (status, body)
+        assert proc.wait(120) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 # 6. a rank that raises: a 500 naming it, and the job ends
-proc, port, log = start()
-try:
-    status, body = http(port, "POST", "/v1/images/generations", {"prompt": "__fail_on_rank_1__"})
-    assert status == 500 and "rank 1" in json.loads(body)["error"]["message"], (status, body)
-    assert proc.wait(120) != 0
-finally:
-    if proc.poll() is None:
-        proc.kill()
+answered_500_and_ended("__fail_on_rank_1__", "rank 1")
 # 7. a rank that stalls: no step for --stall-timeout seconds, a 500, the job ends
-proc, port, log = start("--stall-timeout", "3")
-try:
-    status, body = http(port, "POST", "/v1/images/generations", {"prompt": "__stall_on_rank_1__"})
-    assert status == 500 and "no step completed in 3 s" in json.loads(body)["error"]["message"], (status, body)
-    assert proc.wait(120) != 0
-finally:
-    if proc.poll() is None:
-        proc.kill()
+answered_500_and_ended("__stall_on_rank_1__", "no step completed in 3 s", "--stall-timeout", "3")
 
 # 8. the other families: an image, and two concurrent requests as one batch equal to each alone
 family_requests = {"sd3": dict(negative_prompt="blurry", guidance_scale=4.0),

@@ -23,6 +23,13 @@
 
 namespace diffcp {
 
+// "[2, 3, 4]": a shape in error messages.
+inline std::string shape_str(std::span<const std::int64_t> s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
 template <typename VoidPtr>  // void* or const void*
 struct BasicTensorView {
   static constexpr int kMaxRank = 4;

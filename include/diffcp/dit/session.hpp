@@ -188,8 +188,8 @@ class DitSession {
   DitRunConfig run_;
   std::unique_ptr<CfgGroups> groups_;
   std::unique_ptr<DitWeights> w_;
-  std::map<int, std::unique_ptr<Pass>> passes_;
-  ExchangeStats retired_;  // the counters of exchanges rebuilt for another shape  // by pass (cfg_parallel pairs: kPairKey + 2 pair + q)
+  std::map<int, std::unique_ptr<Pass>> passes_;  // by pass (cfg_parallel pairs: kPairKey + 2 pair + q)
+  ExchangeStats retired_;                        // the counters of exchanges rebuilt for another shape
 };
 
 }  // namespace diffcp
