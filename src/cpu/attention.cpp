@@ -330,6 +330,18 @@ void forward_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, Hea
   }
 }
 
+// Block i, kv head h's o rows and lse from the accumulators w.o, w.m (base-2 max), w.l; l = 0
+// where a row saw no key (a window) or every score was -inf (non-finite inputs): o 0, lse -inf.
+template <typename T>
+void store_item(const Dims& s, const ForwardScratch<T>& w, HeadRows<T> o, std::span<float> lse, std::int64_t i,
+                std::int64_t h) {
+  for (std::int64_t t = 0; t < s.GB; ++t) {
+    store_row(w.o.data() + t * s.d, w.l[t] > 0.f ? 1.f / w.l[t] : 0.f, o.at(i * s.B + t % s.B, h * s.G + t / s.B),
+              s.d);
+    lse[stat_index(s, i, h, t)] = w.l[t] > 0.f ? (w.m[t] + std::log2(w.l[t])) * kLn2 : kNegInf;
+  }
+}
+
 // forward_item fused in one kernel, for dense blocks of more than kQueryTile rows without a window
 // (the DiT's attention: every key of an image visible): bf16 on AMX tiles where the CPU has them
 // (attention_amx.cpp), else on AVX-512 (f32, bf16) or AVX2 (f32) registers (attention_vec.cpp). The q tile
@@ -372,10 +384,100 @@ void fused_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, HeadR
     vec_attention_block(&w.q[0].bits, s.GB, &w.kc[0].bits, &w.vc[0].bits, n, d, c, w.o.data(), w.m.data(),
                         w.l.data(), vec);
   }
-  for (std::int64_t t = 0; t < s.GB; ++t) {  // l = 0 only where every score was -inf (non-finite inputs)
-    store_row(w.o.data() + t * d, w.l[t] > 0.f ? 1.f / w.l[t] : 0.f, o.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
-    lse[stat_index(s, i, h, t)] = w.l[t] > 0.f ? (w.m[t] + std::log2(w.l[t])) * kLn2 : kNegInf;
+  store_item(s, w, o, lse, i, h);
+}
+
+// The bf16 block-sparse forward on AMX tiles (issue #69): blocks of at most kQueryTile rows (the
+// drafter's G*B) or under a window. Every kv head's K and V are packed once as the kernel's B
+// tiles (AmxHeads; a sample's blocks all read its context prefix, so packing per block would
+// repeat it for every anchor); a block's visible ranges become 64-key chunks of those packs,
+// each range's ends not on a 32-key boundary packed per block (at most 31 keys each side).
+struct AmxHeads {
+  LineVector<std::uint16_t> kp, vp;  // [n_kv][n_pad * d]
+  std::int64_t n_pad = 0;
+};
+
+AmxHeads amx_pack_heads(const Dims& s, HeadRows<const bf16_t> k, HeadRows<const bf16_t> v) {
+  AmxHeads p;
+  p.n_pad = (s.Lk + kAmxHeadDim - 1) / kAmxHeadDim * kAmxHeadDim;
+  p.kp.resize(static_cast<std::size_t>(s.n_kv * p.n_pad * s.d));
+  p.vp.resize(p.kp.size());
+  const std::int64_t pieces = p.n_pad / kAmxHeadDim;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t it = 0; it < s.n_kv * pieces; ++it) {
+    const std::int64_t h = it / pieces, j0 = it % pieces * kAmxHeadDim, n = std::min(kAmxHeadDim, s.Lk - j0);
+    const std::size_t at = static_cast<std::size_t>((h * p.n_pad + j0) * s.d);
+    amx_pack_keys(&k.at(j0, h)->bits, k.row_stride, n, kAmxHeadDim, s.d, p.kp.data() + at);
+    amx_pack_values(&v.at(j0, h)->bits, v.row_stride, n, kAmxHeadDim, s.d, p.vp.data() + at);
   }
+  return p;
+}
+
+struct AmxItemScratch {
+  AmxScratch amx;
+  LineVector<std::uint16_t> kp, vp;  // the ranges' unaligned ends, packed per block
+  std::vector<std::int64_t> lo, hi;  // the window's visible positions per tile row
+};
+
+void amx_sparse_item(const BlockMask& mask, const Dims& s, const AmxHeads& heads, HeadRows<const bf16_t> q,
+                     HeadRows<const bf16_t> k, HeadRows<const bf16_t> v, HeadRows<bf16_t> o, std::span<float> lse,
+                     std::int64_t i, std::int64_t h, ForwardScratch<bf16_t>& w, AmxItemScratch& x) {
+  constexpr std::int64_t kAlign = kAmxHeadDim;
+  mask.visible_ranges(i, w.ranges);
+  const std::int64_t d = s.d;
+  const KeyWindow& win = mask.window();
+  const std::int64_t a = mask.blocks()[static_cast<std::size_t>(i)].ctx_end;
+  x.kp.resize(2 * w.ranges.size() * kAlign * d);
+  x.vp.resize(x.kp.size());
+  std::vector<AmxChunk>& chunks = x.amx.chunks;
+  chunks.clear();
+  std::int64_t local = 0;  // keys packed into x.kp, x.vp so far (32 per piece)
+  const auto add = [&](const std::uint16_t* kp, const std::uint16_t* vp, std::int64_t keys, std::int64_t valid,
+                       std::int64_t pos) {
+    chunks.push_back({kp, vp, keys, valid, pos, window_edge(win, s.B, a, pos, valid)});
+  };
+  const auto add_local = [&](const RowRange& rr, std::int64_t j0, std::int64_t j1) {
+    std::uint16_t* kp = x.kp.data() + local * d;
+    std::uint16_t* vp = x.vp.data() + local * d;
+    amx_pack_keys(&k.at(j0, h)->bits, k.row_stride, j1 - j0, kAlign, d, kp);
+    amx_pack_values(&v.at(j0, h)->bits, v.row_stride, j1 - j0, kAlign, d, vp);
+    local += kAlign;
+    add(kp, vp, kAlign, j1 - j0, rr.pos + (j0 - rr.begin));
+  };
+  const std::uint16_t* kp_h = heads.kp.data() + h * heads.n_pad * d;
+  const std::uint16_t* vp_h = heads.vp.data() + h * heads.n_pad * d;
+  for (const RowRange& rr : w.ranges) {
+    std::int64_t j = rr.begin;
+    const std::int64_t head_end = std::min(rr.end, (j + kAlign - 1) / kAlign * kAlign);
+    if (j < head_end) add_local(rr, j, head_end), j = head_end;
+    const std::int64_t body_end = std::max(j, rr.end / kAlign * kAlign);
+    for (std::int64_t n = 0; j < body_end; j += n) {
+      n = std::min(kAmxChunk, body_end - j);
+      add(kp_h + j * d, vp_h + j * d, n, n, rr.pos + (j - rr.begin));
+    }
+    if (j < rr.end) add_local(rr, j, rr.end);
+  }
+  if (chunks.empty()) {
+    std::fill(w.o.begin(), w.o.end(), 0.f);
+    std::fill(w.l.begin(), w.l.end(), 0.f);
+    return store_item(s, w, o, lse, i, h);
+  }
+  const AmxRowWindow* rows = nullptr;
+  AmxRowWindow row_window{};
+  if (win.active()) {
+    x.lo.resize(static_cast<std::size_t>(s.GB));
+    x.hi.resize(static_cast<std::size_t>(s.GB));
+    for (std::int64_t t = 0; t < s.GB; ++t) {
+      x.lo[static_cast<std::size_t>(t)] = win.first(a + t % s.B);
+      x.hi[static_cast<std::size_t>(t)] = win.last(a + t % s.B) + 1;
+    }
+    row_window = {x.lo.data(), x.hi.data()};
+    rows = &row_window;
+  }
+  pack_tile(q, s, i, h, w.q.data());
+  amx_attention_chunks(&w.q[0].bits, s.GB, d, s.scale * kLog2e, chunks, rows, w.o.data(), w.m.data(), w.l.data(),
+                       x.amx);
+  store_item(s, w, o, lse, i, h);
 }
 
 template <typename T>
@@ -507,6 +609,20 @@ void forward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_
                " entries, expected Q*n_q = ", s.Q * s.n_q);
   const std::int64_t items = mask.num_blocks() * s.n_kv;
   ParallelErrors errors;
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    if ((s.GB <= kQueryTile || mask.window().active()) && amx_attention_ready(s.d) && items > 0) {
+      const AmxHeads heads = amx_pack_heads(s, k, v);
+#pragma omp parallel
+      {
+        ForwardScratch<T> w(s);
+        AmxItemScratch x;
+#pragma omp for schedule(dynamic, 1)
+        for (std::int64_t it = 0; it < items; ++it)
+          errors.run([&] { amx_sparse_item(mask, s, heads, q, k, v, o, lse, it / s.n_kv, it % s.n_kv, w, x); });
+      }
+      return errors.rethrow();
+    }
+  }
   // Dense blocks (forward_item's dense_kv) without a window: fused where these kernels can
   // (fused_item: bf16 on AMX tiles, else on AVX-512 or AVX2 registers).
   if (s.GB > kQueryTile && !mask.window().active() && fused_ready<T>(s.d)) {

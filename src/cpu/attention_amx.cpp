@@ -1,5 +1,7 @@
-// The bf16 attention of one dense block fused on AMX tiles (issue #54): the DiT's attention, where a
-// block is one image's tokens and every query row sees the same keys. The tile-GEMM path
+// The bf16 attention forward fused on AMX tiles: a dense block (issue #54: the DiT's attention, where a
+// block is one image's tokens and every query row sees the same keys), and any block over a list
+// of packed key chunks (issue #69: the drafter's block-sparse attention, whose blocks share their
+// sample's context prefix, packed once per head; a window masks the chunks its edge crosses). The tile-GEMM path
 // (attention.cpp) writes each [128, keys] f32 score tile to memory through oneDNN and reads it
 // back twice; at the DiT's d_h = 32 that traffic and the softmax passes were the attention's time.
 // Here a tile of 32 query rows walks the keys in chunks of kChunk: S = q K^T in a 2 x 2 block of
@@ -58,7 +60,7 @@ bool amx_knob_on() { return env_switch(EnvKnob::cpu_amx, "on where the CPU has A
 namespace {
 
 constexpr std::int64_t kRows = 32;   // query rows per tile (two AMX tiles of 16 rows)
-constexpr std::int64_t kChunk = 64;  // keys per online-softmax step (measured best of 32-256 at d_h 32 and 128)
+constexpr std::int64_t kChunk = kAmxChunk;  // keys per online-softmax step (measured best of 32-256 at d_h 32 and 128)
 constexpr std::int64_t kSpan = 256;  // keys whose P columns are held before O += P V (4 chunks)
 constexpr std::int64_t kGroup = 4;   // query tiles that take each span of K and V in turn (in cache)
 constexpr std::int64_t kDot = 32;    // bf16 elements of one tile row (64 bytes): the K of one tdpbf16ps
@@ -102,10 +104,13 @@ bool cpu_grants_amx() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
+}  // namespace
+
 // K^T as B tiles: for each block of 16 keys and each 32-wide slice of d, 16 rows of (d pair) x
 // (16 keys x 2): kp[((kb * d/32 + s) * 16 + r) * 32 + 2n + i] = k[kb*16 + n][s*32 + 2r + i]. A d
 // pair is one 32-bit word, so each tile is a 16 x 16 transpose of words. Keys n..n_pad are zero.
-void pack_keys(const std::uint16_t* k, std::int64_t n, std::int64_t n_pad, std::int64_t d, std::uint16_t* kp) {
+void amx_pack_keys(const std::uint16_t* k, std::int64_t ld, std::int64_t n, std::int64_t n_pad, std::int64_t d,
+                   std::uint16_t* kp) {
   const std::int64_t slices = d / kDot;
   std::uint32_t block[kCols * kCols];
   for (std::int64_t kb = 0; kb < n_pad / kCols; ++kb)
@@ -113,7 +118,7 @@ void pack_keys(const std::uint16_t* k, std::int64_t n, std::int64_t n_pad, std::
       for (std::int64_t key = 0; key < kCols; ++key) {  // block[key][r]: the slice's words of each key
         const std::int64_t j = kb * kCols + key;
         if (j < n)
-          std::memcpy(block + key * kCols, k + j * d + s * kDot, sizeof(std::uint32_t) * kCols);
+          std::memcpy(block + key * kCols, k + j * ld + s * kDot, sizeof(std::uint32_t) * kCols);
         else
           std::fill_n(block + key * kCols, kCols, 0u);
       }
@@ -127,13 +132,14 @@ void pack_keys(const std::uint16_t* k, std::int64_t n, std::int64_t n_pad, std::
 // V as B tiles: for each block of 32 keys and each 16-wide column slice of d, 16 rows of (key
 // pair) x (16 columns x 2): vp[((vb * d/16 + cs) * 16 + r) * 32 + 2c + i] = v[vb*32 + 2r + i][cs*16 + c]:
 // rows 2r and 2r + 1 interleaved. Keys n..n_pad are zero (their P is 0, and 0 * 0 stays 0).
-void pack_values(const std::uint16_t* v, std::int64_t n, std::int64_t n_pad, std::int64_t d, std::uint16_t* vp) {
+void amx_pack_values(const std::uint16_t* v, std::int64_t ld, std::int64_t n, std::int64_t n_pad, std::int64_t d,
+                     std::uint16_t* vp) {
   const std::int64_t slices = d / kCols;
   for (std::int64_t vb = 0; vb < n_pad / kDot; ++vb)
     for (std::int64_t r = 0; r < kDot / 2; ++r) {
       const std::int64_t j = vb * kDot + 2 * r;
-      const std::uint16_t* a = j < n ? v + j * d : nullptr;
-      const std::uint16_t* b = j + 1 < n ? v + (j + 1) * d : nullptr;
+      const std::uint16_t* a = j < n ? v + j * ld : nullptr;
+      const std::uint16_t* b = j + 1 < n ? v + (j + 1) * ld : nullptr;
       for (std::int64_t cs = 0; cs < slices; ++cs) {
         std::uint32_t* row = reinterpret_cast<std::uint32_t*>(vp + ((vb * slices + cs) * kCols + r) * kDot);
         for (std::int64_t c = 0; c < kCols; ++c)
@@ -141,6 +147,8 @@ void pack_values(const std::uint16_t* v, std::int64_t n, std::int64_t n_pad, std
       }
     }
 }
+
+namespace {
 
 // The 2 x 2 register block of every product here: accumulators tmm0 / tmm1 (rows 0-15, B0 / B1),
 // tmm2 / tmm3 (rows 16-31, B0 / B1); A rows 0-15 in tmm4, rows 16-31 in tmm5; B0 in tmm6, B1 in tmm7.
@@ -234,27 +242,24 @@ bool amx_attention_ready(std::int64_t d) {
   return ready && d > 0 && d % kDot == 0;
 }
 
-void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uint16_t* k, const std::uint16_t* v,
-                         std::int64_t n, std::int64_t d, float c, float* o, float* m, float* l, AmxScratch& w) {
-  DIFFCP_CHECK(d % kDot == 0 && n >= 1, "amx attention: d_h = ", d, " (a multiple of 32 expected), ", n, " keys");
-  const std::int64_t n_pad = (n + kDot - 1) / kDot * kDot;
+void amx_attention_chunks(const std::uint16_t* q, std::int64_t GB, std::int64_t d, float c,
+                          std::span<const AmxChunk> chunk_list, const AmxRowWindow* window, float* o, float* m,
+                          float* l, AmxScratch& w) {
+  DIFFCP_CHECK(d % kDot == 0 && !chunk_list.empty(), "amx attention: d_h = ", d, " (a multiple of 32 expected), ",
+               chunk_list.size(), " key chunks");
   const std::int64_t slices = d / kDot, col_slices = d / kCols;
-  w.kp.resize(static_cast<std::size_t>(n_pad * d));
-  w.vp.resize(static_cast<std::size_t>(n_pad * d));
   w.q.resize(static_cast<std::size_t>(2 * kGroup * kRows * d));
   w.s.resize(static_cast<std::size_t>(2 * kRows * kChunk));
   w.p.resize(static_cast<std::size_t>(kRows * kSpan));
   w.o.resize(static_cast<std::size_t>(kGroup * kRows * d));
   w.lv.resize(static_cast<std::size_t>(kGroup * kRows * 16));
   w.m.resize(static_cast<std::size_t>(kGroup * kRows));
-  pack_keys(k, n, n_pad, d, w.kp.data());
-  pack_values(v, n, n_pad, d, w.vp.data());
   static const TileConfig config = tile_config();
   _tile_loadconfig(&config);
   std::uint16_t* P = w.p.data();
   const std::int64_t q_half = 16 * d * 2, p_half = 16 * kSpan * 2;  // bytes to rows 16-31
-  const std::int64_t chunks = (n_pad + kChunk - 1) / kChunk, tiles = (GB + kRows - 1) / kRows;
-  const auto chunk_keys = [&](std::int64_t ch) { return std::min(kChunk, n_pad - ch * kChunk); };
+  const std::int64_t chunks = static_cast<std::int64_t>(chunk_list.size()), tiles = (GB + kRows - 1) / kRows;
+  const auto chunk = [&](std::int64_t ch) -> const AmxChunk& { return chunk_list[static_cast<std::size_t>(ch)]; };
   const auto query_tile = [&](std::int64_t t) { return w.q.data() + t % (2 * kGroup) * kRows * d; };
   // Query tile t into its buffer, zero past the block's last row.
   const auto load_query = [&](std::int64_t t) {
@@ -265,26 +270,28 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
   // S = query tile t's q K^T on chunk ch, 32 keys at a time.
   const auto scores = [&](std::int64_t t, std::int64_t ch, float* S) {
     const std::uint16_t* qt = query_tile(t);
-    for (std::int64_t pb = 0; pb < chunk_keys(ch) / kDot; ++pb) {
+    for (std::int64_t pb = 0; pb < chunk(ch).keys / kDot; ++pb) {
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
-      const std::uint16_t* kt = w.kp.data() + (ch * kChunk / kCols + 2 * pb) * slices * kTile;
+      const std::uint16_t* kt = chunk(ch).kp + 2 * pb * slices * kTile;
       for (std::int64_t s = 0; s < slices; ++s)
         dot_2x2(qt + s * kDot, d * 2, q_half, kt + s * kTile, kt + (slices + s) * kTile);
       store_2x2(S + 2 * pb * kCols, kChunk * 4);
     }
   };
-  // O += P V over the `keys` columns of P held (keys [key0, key0 + keys)), 32 columns of O at a
+  // O += P V over the P columns held (chunks [ch0, ch1), in column order), 32 columns of O at a
   // time in the accumulators: once per span of kSpan keys, or before O is rescaled.
-  const auto add_pv = [&](float* O, std::int64_t key0, std::int64_t keys) {
+  const auto add_pv = [&](float* O, std::int64_t ch0, std::int64_t ch1) {
     for (std::int64_t cs = 0; cs < col_slices; cs += 2) {
       load_2x2(O + cs * kCols, d * 4);
-      for (std::int64_t vb = 0; vb < keys / kDot; ++vb) {
-        const std::uint16_t* vt = w.vp.data() + ((key0 / kDot + vb) * col_slices + cs) * kTile;
-        dot_2x2(P + vb * kDot, kSpan * 2, p_half, vt, vt + kTile);
-      }
+      std::int64_t col = 0;
+      for (std::int64_t ch = ch0; ch < ch1; ++ch)
+        for (std::int64_t vb = 0; vb < chunk(ch).keys / kDot; ++vb, col += kDot) {
+          const std::uint16_t* vt = chunk(ch).vp + (vb * col_slices + cs) * kTile;
+          dot_2x2(P + col, kSpan * 2, p_half, vt, vt + kTile);
+        }
       store_2x2(O + cs * kCols, d * 4);
     }
   };
@@ -304,10 +311,10 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
   const std::int64_t steps = static_cast<std::int64_t>(order.size());
   load_query(0);
   scores(0, 0, w.s.data());
-  std::int64_t held = 0, held_key0 = 0;  // the keys whose P columns wait for add_pv, from held_key0
+  std::int64_t held = 0, held_ch0 = 0;  // the P columns that wait for add_pv, of chunks from held_ch0
   for (std::int64_t step = 0; step < steps; ++step) {
     const auto [t, ch] = order[static_cast<std::size_t>(step)];
-    const std::int64_t c0 = ch * kChunk, kc = chunk_keys(ch);  // kc: a multiple of 32
+    const AmxChunk& kc = chunk(ch);  // kc.keys: a multiple of 32, at most kChunk
     float* O = w.o.data() + t % kGroup * kRows * d;
     float* lv = w.lv.data() + t % kGroup * kRows * 16;
     float* mt = w.m.data() + t % kGroup * kRows;
@@ -316,16 +323,29 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
       std::fill_n(lv, kRows * 16, 0.f);
       std::fill_n(mt, kRows, kNegInf);
     }
-    if (ch % kChunksPerSpan == 0) held = 0, held_key0 = c0;
+    if (ch % kChunksPerSpan == 0) held = 0, held_ch0 = ch;
     if (step + 1 < steps) {
       const auto [next_t, next_ch] = order[static_cast<std::size_t>(step + 1)];
       if (next_ch == 0) load_query(next_t);
       scores(next_t, next_ch, w.s.data() + ((step + 1) & 1) * kRows * kChunk);
     }
+    float* S = w.s.data() + (step & 1) * kRows * kChunk;
+    const std::int64_t valid = kc.valid;  // >= 1
+    // A window's edge in the chunk: each row's keys outside [lo, hi) (chunk columns) to -inf for
+    // the max, and their P to exactly 0 after the exp pass.
+    std::int64_t lo[kRows], hi[kRows];
+    const bool edge = window != nullptr && kc.edge;
+    if (edge)
+      for (std::int64_t r = 0; r < kRows; ++r) {
+        const std::int64_t row = std::min(t * kRows + r, GB - 1);  // rows past GB: any real row's
+        lo[r] = std::clamp<std::int64_t>(window->lo[row] - kc.pos, 0, valid);
+        hi[r] = std::clamp<std::int64_t>(window->hi[row] - kc.pos, lo[r], valid);
+        float* sr = S + r * kChunk;
+        std::fill(sr, sr + lo[r], kNegInf);
+        std::fill(sr + hi[r], sr + valid, kNegInf);
+      }
     // The online softmax on the chunk, P rounded to bf16 in the exp pass. Every row's max first
     // (independent rows: their horizontal reductions overlap), then the exp passes.
-    const float* S = w.s.data() + (step & 1) * kRows * kChunk;
-    const std::int64_t valid = std::min(kc, n - c0);  // >= 1: n_pad - n < 32 <= kc
     float mx[kRows];
     bool moved = false;
     for (std::int64_t r = 0; r < kRows; ++r) {
@@ -333,19 +353,24 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
       moved |= mx[r] != mt[r];
     }
     if (moved && held > 0) {  // O must take the held columns at the old max before it is rescaled
-      add_pv(O, held_key0, held);
-      held = 0, held_key0 = c0;
+      add_pv(O, held_ch0, ch);
+      held = 0, held_ch0 = ch;
     }
     std::uint16_t* Pc = P + held;  // this chunk's columns
-    if (valid < kc)  // the padding keys' columns
-      for (std::int64_t r = 0; r < kRows; ++r) std::fill(Pc + r * kSpan + valid, Pc + r * kSpan + kc, std::uint16_t{0});
+    if (valid < kc.keys)  // the padding keys' columns
+      for (std::int64_t r = 0; r < kRows; ++r)
+        std::fill(Pc + r * kSpan + valid, Pc + r * kSpan + kc.keys, std::uint16_t{0});
     for (std::int64_t r = 0; r < kRows; ++r) {
       const float alpha = exp_row(S + r * kChunk, valid, c, mx[r], mt[r], lv + r * 16, Pc + r * kSpan);
       if (alpha != 1.f)
         for (std::int64_t e = 0; e < d; ++e) O[r * d + e] *= alpha;
+      if (edge) {
+        std::fill(Pc + r * kSpan, Pc + r * kSpan + lo[r], std::uint16_t{0});
+        std::fill(Pc + r * kSpan + hi[r], Pc + r * kSpan + valid, std::uint16_t{0});
+      }
     }
-    held += kc;
-    if (ch == chunks - 1 || (ch + 1) % kChunksPerSpan == 0) add_pv(O, held_key0, held);
+    held += kc.keys;
+    if (ch == chunks - 1 || (ch + 1) % kChunksPerSpan == 0) add_pv(O, held_ch0, ch + 1);
     if (ch == chunks - 1) {
       const std::int64_t t0 = t * kRows, rows = std::min(kRows, GB - t0);
       std::memcpy(o + t0 * d, O, sizeof(float) * rows * d);
@@ -358,6 +383,21 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
   _tile_release();
 }
 
+void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uint16_t* k, const std::uint16_t* v,
+                         std::int64_t n, std::int64_t d, float c, float* o, float* m, float* l, AmxScratch& w) {
+  DIFFCP_CHECK(d % kDot == 0 && n >= 1, "amx attention: d_h = ", d, " (a multiple of 32 expected), ", n, " keys");
+  const std::int64_t n_pad = (n + kDot - 1) / kDot * kDot;
+  w.kp.resize(static_cast<std::size_t>(n_pad * d));
+  w.vp.resize(static_cast<std::size_t>(n_pad * d));
+  amx_pack_keys(k, d, n, n_pad, d, w.kp.data());
+  amx_pack_values(v, d, n, n_pad, d, w.vp.data());
+  w.chunks.clear();
+  for (std::int64_t j = 0; j < n_pad; j += kChunk)
+    w.chunks.push_back({w.kp.data() + j * d, w.vp.data() + j * d, std::min(kChunk, n_pad - j),
+                        std::min(kChunk, n - j), j, false});
+  amx_attention_chunks(q, GB, d, c, w.chunks, nullptr, o, m, l, w);
+}
+
 #else  // no AMX kernel in this ISA's build
 
 bool amx_attention_ready(std::int64_t) {
@@ -368,6 +408,16 @@ bool amx_attention_ready(std::int64_t) {
 
 void amx_attention_block(const std::uint16_t*, std::int64_t, const std::uint16_t*, const std::uint16_t*, std::int64_t,
                          std::int64_t, float, float*, float*, float*, AmxScratch&) {
+  DIFFCP_FAIL("amx attention: not compiled into these kernels (avx512 only)");
+}
+void amx_attention_chunks(const std::uint16_t*, std::int64_t, std::int64_t, float, std::span<const AmxChunk>,
+                          const AmxRowWindow*, float*, float*, float*, AmxScratch&) {
+  DIFFCP_FAIL("amx attention: not compiled into these kernels (avx512 only)");
+}
+void amx_pack_keys(const std::uint16_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::uint16_t*) {
+  DIFFCP_FAIL("amx attention: not compiled into these kernels (avx512 only)");
+}
+void amx_pack_values(const std::uint16_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::uint16_t*) {
   DIFFCP_FAIL("amx attention: not compiled into these kernels (avx512 only)");
 }
 

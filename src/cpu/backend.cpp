@@ -35,7 +35,8 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
 
 namespace {
 // Which kernel runs the DiT's dense attention blocks of `dtype` (attention.cpp: fused_item):
-// "amx" (tiles), "vec" (fused on vector registers) or "none" (the tile path over oneDNN).
+// "amx" (tiles; then the block-sparse bf16 forward runs on them too: amx_sparse_item), "vec"
+// (fused on vector registers) or "none" (the tile path over oneDNN).
 const char* dense_attention_path(DType dtype) {
   if (dtype == DType::bf16 && amx_attention_ready(kAmxHeadDim)) return "amx";
   return vec_attention_ready(dtype, kVecHeadDim) ? "vec" : "none";
@@ -46,7 +47,7 @@ std::string CpuBackend::describe(DType dtype) const {
   const std::string kernels = "cpu (" DIFFCP_STR(DIFFCP_CPU_ISA) " kernels, " + std::to_string(DIFFCP_SIMD_BYTES * 8) +
                               "-bit vectors): ";
   const std::string path = dense_attention_path(dtype);
-  const std::string dense = path == "amx"   ? "; dense attention blocks fused on AMX tiles"
+  const std::string dense = path == "amx"   ? "; attention forward fused on AMX tiles (block-sparse and dense blocks)"
                             : path == "vec" ? (DIFFCP_SIMD_BYTES == 64 ? "; dense attention blocks fused on AVX-512 registers"
                                                                        : "; dense attention blocks fused on AVX2 registers")
                                             : "";

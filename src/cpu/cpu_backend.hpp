@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -117,16 +118,44 @@ struct LineAligned {
 template <typename T>
 using LineVector = std::vector<T, LineAligned<T>>;
 
+// One run of at most kAmxChunk keys for amx_attention_chunks: K^T and V packed as B tiles
+// (amx_pack_keys / amx_pack_values, `keys` of them: a multiple of 32, the first `valid` real, the
+// rest zero), their positions pos, pos + 1, ...; edge: a window's edge may cross the chunk.
+struct AmxChunk {
+  const std::uint16_t* kp;
+  const std::uint16_t* vp;
+  std::int64_t keys, valid, pos;
+  bool edge;
+};
+// Each query row's visible key positions [lo[row], hi[row]) in the chunks whose edge is set.
+struct AmxRowWindow {
+  const std::int64_t* lo;
+  const std::int64_t* hi;
+};
 struct AmxScratch {
   LineVector<std::uint16_t> q, kp, vp, p;
   LineVector<float> s, o, lv;
   std::vector<float> m;
   std::vector<std::pair<std::int64_t, std::int64_t>> order;  // the steps (query tile, chunk)
+  std::vector<AmxChunk> chunks;
 };
 bool amx_attention_ready(std::int64_t d);
 constexpr std::int64_t kAmxHeadDim = 32;  // d_h: a multiple of this
+constexpr std::int64_t kAmxChunk = 64;    // keys per chunk at most
 void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uint16_t* k, const std::uint16_t* v,
                          std::int64_t n, std::int64_t d, float c, float* o, float* m, float* l, AmxScratch& w);
+// The same over a list of packed key chunks, in order (the block-sparse attention's visible
+// ranges; every chunk has valid >= 1), with an optional window: q [GB, d]; o, m, l as above.
+void amx_attention_chunks(const std::uint16_t* q, std::int64_t GB, std::int64_t d, float c,
+                          std::span<const AmxChunk> chunks, const AmxRowWindow* window, float* o, float* m, float* l,
+                          AmxScratch& w);
+// k [n, d] rows ld elements apart -> kp [n_pad * d] (n_pad a multiple of 32; keys past n zero):
+// K^T as the B tiles of q K^T. amx_pack_values: V as the B tiles of P V, same sizes. The tiles
+// of keys [j, j + 32) start at kp + j * d (j a multiple of 32).
+void amx_pack_keys(const std::uint16_t* k, std::int64_t ld, std::int64_t n, std::int64_t n_pad, std::int64_t d,
+                   std::uint16_t* kp);
+void amx_pack_values(const std::uint16_t* v, std::int64_t ld, std::int64_t n, std::int64_t n_pad, std::int64_t d,
+                     std::uint16_t* vp);
 
 // attention_vec.cpp: the attention of one dense block fused on vector registers (issue #54): f32
 // on the FMA units (AVX-512 or AVX2), bf16 on avx512_bf16's dot products (where AMX does not run
