@@ -592,6 +592,139 @@ void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const T> q, H
   for (std::int64_t t = 0; t < GB; ++t) store_row(w.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
 }
 
+// The bf16 backward on AMX tiles (issue #69), any block: each kv head's K and V rows copied once
+// into dense rows and K^T into [d, n_pad] (the kernel's A operands; the blocks of a sample all read
+// its context prefix), a block's visible ranges as 64-key chunks of those (ends not on a 32-key
+// boundary copied per block, zero-padded).
+struct AmxBackHeads {
+  LineVector<std::uint16_t> kd, vd, kt;  // [n_kv][n_pad * d] each (kt: [d, n_pad] per head)
+  std::int64_t n_pad = 0;
+};
+
+// rows [j0, j0 + n) of kv head h into kd, vd (dense [32, d], zero past n) and kt ([d, ldt] from
+// column c0: K^T, zero past n).
+void amx_copy_keys(HeadRows<const bf16_t> k, HeadRows<const bf16_t> v, std::int64_t h, std::int64_t j0,
+                   std::int64_t n, std::uint16_t* kd, std::uint16_t* vd, std::uint16_t* kt, std::int64_t ldt,
+                   std::int64_t c0) {
+  const std::int64_t d = k.dim;
+  for (std::int64_t r = 0; r < kAmxHeadDim; ++r) {
+    if (r < n) {
+      std::memcpy(kd + r * d, k.at(j0 + r, h), sizeof(std::uint16_t) * d);
+      std::memcpy(vd + r * d, v.at(j0 + r, h), sizeof(std::uint16_t) * d);
+    } else {
+      std::fill_n(kd + r * d, d, std::uint16_t{0});
+      std::fill_n(vd + r * d, d, std::uint16_t{0});
+    }
+  }
+  for (std::int64_t e = 0; e < d; ++e)
+    for (std::int64_t r = 0; r < kAmxHeadDim; ++r) kt[e * ldt + c0 + r] = kd[r * d + e];
+}
+
+AmxBackHeads amx_back_heads(const Dims& s, HeadRows<const bf16_t> k, HeadRows<const bf16_t> v) {
+  AmxBackHeads p;
+  p.n_pad = (s.Lk + kAmxHeadDim - 1) / kAmxHeadDim * kAmxHeadDim;
+  const std::size_t per_head = static_cast<std::size_t>(p.n_pad * s.d);
+  p.kd.resize(s.n_kv * per_head);
+  p.vd.resize(p.kd.size());
+  p.kt.resize(p.kd.size());
+  const std::int64_t pieces = p.n_pad / kAmxHeadDim;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t it = 0; it < s.n_kv * pieces; ++it) {
+    const std::int64_t h = it / pieces, j0 = it % pieces * kAmxHeadDim;
+    const std::size_t at = h * per_head + static_cast<std::size_t>(j0 * s.d);
+    amx_copy_keys(k, v, h, j0, std::min(kAmxHeadDim, s.Lk - j0), p.kd.data() + at, p.vd.data() + at,
+                  p.kt.data() + h * per_head, p.n_pad, j0);
+  }
+  return p;
+}
+
+struct AmxBackItemScratch {
+  AmxBackScratch amx;
+  LineVector<bf16_t> q, dout;
+  LineVector<std::uint16_t> kd, vd, kt;  // the ranges' unaligned ends, per block
+  std::vector<float> lse2, delta, dq;
+  std::vector<std::int64_t> lo, hi;
+  std::vector<RowRange> ranges;
+};
+
+void amx_backward_block(const BlockMask& mask, const Dims& s, const AmxBackHeads& heads, HeadRows<const bf16_t> q,
+                        HeadRows<const bf16_t> k, HeadRows<const bf16_t> v, HeadRows<const bf16_t> dout,
+                        std::span<const float> lse, std::span<const float> delta, HeadRows<bf16_t> dq,
+                        HeadRows<float> dk, HeadRows<float> dv, std::int64_t i, std::int64_t h,
+                        AmxBackItemScratch& x) {
+  constexpr std::int64_t kAlign = kAmxHeadDim;
+  const std::int64_t GB = s.GB, d = s.d;
+  mask.visible_ranges(i, x.ranges);
+  const KeyWindow& win = mask.window();
+  const std::int64_t a = mask.blocks()[static_cast<std::size_t>(i)].ctx_end;
+  const std::size_t local_cap = 2 * x.ranges.size();
+  x.kd.resize(local_cap * kAlign * d);
+  x.vd.resize(x.kd.size());
+  x.kt.resize(x.kd.size());
+  const std::int64_t ldt_local = static_cast<std::int64_t>(local_cap) * kAlign;
+  std::vector<AmxBackChunk>& chunks = x.amx.chunks;
+  chunks.clear();
+  std::int64_t local = 0;
+  const std::size_t per_head = static_cast<std::size_t>(heads.n_pad * d);
+  const std::uint16_t* kd_h = heads.kd.data() + h * per_head;
+  const std::uint16_t* vd_h = heads.vd.data() + h * per_head;
+  const std::uint16_t* kt_h = heads.kt.data() + h * per_head;
+  for (const RowRange& rr : x.ranges) {
+    const auto pos = [&](std::int64_t j) { return rr.pos + (j - rr.begin); };
+    const auto add_local = [&](std::int64_t j0, std::int64_t j1) {
+      std::uint16_t* kd = x.kd.data() + local * d;
+      std::uint16_t* vd = x.vd.data() + local * d;
+      amx_copy_keys(k, v, h, j0, j1 - j0, kd, vd, x.kt.data(), ldt_local, local);
+      chunks.push_back({kd, vd, x.kt.data() + local, ldt_local, kAlign, j1 - j0, pos(j0), j0,
+                        window_edge(win, s.B, a, pos(j0), j1 - j0)});
+      local += kAlign;
+    };
+    std::int64_t j = rr.begin;
+    const std::int64_t head_end = std::min(rr.end, (j + kAlign - 1) / kAlign * kAlign);
+    if (j < head_end) add_local(j, head_end), j = head_end;
+    const std::int64_t body_end = std::max(j, rr.end / kAlign * kAlign);
+    for (std::int64_t n = 0; j < body_end; j += n) {
+      n = std::min(kAmxChunk, body_end - j);
+      chunks.push_back({kd_h + j * d, vd_h + j * d, kt_h + j, heads.n_pad, n, n, pos(j), j,
+                        window_edge(win, s.B, a, pos(j), n)});
+    }
+    if (j < rr.end) add_local(j, rr.end);
+  }
+  if (chunks.empty()) {
+    for (std::int64_t t = 0; t < GB; ++t)
+      std::memset(static_cast<void*>(dq.at(i * s.B + t % s.B, h * s.G + t / s.B)), 0, sizeof(bf16_t) * d);
+    return;
+  }
+  x.q.resize(static_cast<std::size_t>(GB * d));
+  x.dout.resize(x.q.size());
+  pack_tile(q, s, i, h, x.q.data());
+  pack_tile(dout, s, i, h, x.dout.data());
+  x.lse2.resize(static_cast<std::size_t>(GB));
+  x.delta.resize(x.lse2.size());
+  for (std::int64_t t = 0; t < GB; ++t) {
+    const float l = lse[stat_index(s, i, h, t)];
+    x.lse2[static_cast<std::size_t>(t)] = std::isfinite(l) ? l * kLog2e : std::numeric_limits<float>::infinity();
+    x.delta[static_cast<std::size_t>(t)] = delta[stat_index(s, i, h, t)];
+  }
+  const AmxRowWindow* rows = nullptr;
+  AmxRowWindow row_window{};
+  if (win.active()) {
+    x.lo.resize(static_cast<std::size_t>(GB));
+    x.hi.resize(static_cast<std::size_t>(GB));
+    for (std::int64_t t = 0; t < GB; ++t) {
+      x.lo[static_cast<std::size_t>(t)] = win.first(a + t % s.B);
+      x.hi[static_cast<std::size_t>(t)] = win.last(a + t % s.B) + 1;
+    }
+    row_window = {x.lo.data(), x.hi.data()};
+    rows = &row_window;
+  }
+  x.dq.resize(static_cast<std::size_t>(GB * d));
+  amx_attention_backward_chunks(&x.q[0].bits, &x.dout[0].bits, GB, d, x.lse2.data(), x.delta.data(),
+                                s.scale * kLog2e, s.scale, chunks, rows, x.dq.data(), dk.at(0, h), dv.at(0, h),
+                                dk.row_stride, x.amx);
+  for (std::int64_t t = 0; t < GB; ++t) store_row(x.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
+}
+
 void zero_rows(HeadRows<float> x) {
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < x.rows; ++r) std::memset(x.at(r, 0), 0, sizeof(float) * x.heads * x.dim);
@@ -708,16 +841,36 @@ void backward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return cost[a] > cost[b]; });
   const std::int64_t items = static_cast<std::int64_t>(groups.size()) * s.n_kv;
   ParallelErrors errors;
+  bool amx = false;  // the bf16 backward on AMX tiles where the CPU has them (amx_backward_block)
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    if (amx_attention_ready(s.d) && items > 0) {
+      const AmxBackHeads heads = amx_back_heads(s, k, v);
 #pragma omp parallel
-  {
-    BackwardScratch<T> w(s);
+      {
+        AmxBackItemScratch x;
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t it = 0; it < items; ++it)
-      errors.run([&] {
-        const auto& group = groups[static_cast<std::size_t>(order[static_cast<std::size_t>(it / s.n_kv)])];
-        for (std::int64_t i : group)
-          backward_block(mask, s, q, k, v, do_, lse, delta, dq, dk_acc, dv_acc, i, it % s.n_kv, w);
-      });
+        for (std::int64_t it = 0; it < items; ++it)
+          errors.run([&] {
+            const auto& group = groups[static_cast<std::size_t>(order[static_cast<std::size_t>(it / s.n_kv)])];
+            for (std::int64_t i : group)
+              amx_backward_block(mask, s, heads, q, k, v, do_, lse, delta, dq, dk_acc, dv_acc, i, it % s.n_kv, x);
+          });
+      }
+      amx = true;
+    }
+  }
+  if (!amx) {
+#pragma omp parallel
+    {
+      BackwardScratch<T> w(s);
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t it = 0; it < items; ++it)
+        errors.run([&] {
+          const auto& group = groups[static_cast<std::size_t>(order[static_cast<std::size_t>(it / s.n_kv)])];
+          for (std::int64_t i : group)
+            backward_block(mask, s, q, k, v, do_, lse, delta, dq, dk_acc, dv_acc, i, it % s.n_kv, w);
+        });
+    }
   }
   errors.rethrow();
   if constexpr (!std::is_same_v<T, float>) {

@@ -149,6 +149,32 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
 void amx_attention_chunks(const std::uint16_t* q, std::int64_t GB, std::int64_t d, float c,
                           std::span<const AmxChunk> chunks, const AmxRowWindow* window, float* o, float* m, float* l,
                           AmxScratch& w);
+// The backward of one block on AMX tiles (issue #69), over key chunks of at most kAmxChunk keys:
+// kd, vd the chunk's K and V rows ([keys, d] dense, zero past `valid`), kt its K^T ([d, keys],
+// rows ldt elements apart, zero past `valid`), key rows [row, row + valid) of dk / dv; pos, edge
+// as AmxChunk's.
+struct AmxBackChunk {
+  const std::uint16_t* kd;
+  const std::uint16_t* vd;
+  const std::uint16_t* kt;
+  std::int64_t ldt, keys, valid, pos, row;
+  bool edge;
+};
+struct AmxBackScratch {
+  LineVector<std::uint16_t> qt, dot, qv, dov, p, ds, dsv;
+  LineVector<float> s, dp, dqt, dks, dvs, shift, delta;
+  std::vector<std::int32_t> lo, hi;
+  std::vector<std::uint16_t> live;  // per 16 columns: the rows that see keys
+  std::vector<AmxBackChunk> chunks;
+};
+// q, dout [GB, d] (the block's packed rows), lse2 [GB] (base-2 lse; +inf: a row that sees no key),
+// delta [GB], c = softmax scale * log2(e), scale: dq [GB, d] (f32) = the block's dQ; dk, dv (f32,
+// rows ld_kv elements apart) += its dK, dV on the chunks' key rows. Rounding as the tile path's
+// bf16 backward: P and scale * dS rounded to bf16 as operands, f32 accumulation.
+void amx_attention_backward_chunks(const std::uint16_t* q, const std::uint16_t* dout, std::int64_t GB, std::int64_t d,
+                                   const float* lse2, const float* delta, float c, float scale,
+                                   std::span<const AmxBackChunk> chunks, const AmxRowWindow* window, float* dq,
+                                   float* dk, float* dv, std::int64_t ld_kv, AmxBackScratch& w);
 // k [n, d] rows ld elements apart -> kp [n_pad * d] (n_pad a multiple of 32; keys past n zero):
 // K^T as the B tiles of q K^T. amx_pack_values: V as the B tiles of P V, same sizes. The tiles
 // of keys [j, j + 32) start at kp + j * d (j a multiple of 32).
