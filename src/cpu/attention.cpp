@@ -640,89 +640,93 @@ AmxBackHeads amx_back_heads(const Dims& s, HeadRows<const bf16_t> k, HeadRows<co
 
 struct AmxBackItemScratch {
   AmxBackScratch amx;
+  std::vector<AmxBackBlock> blocks;
+  std::vector<std::vector<std::int64_t>> lo, hi;  // per block: the window's visible positions per tile row
+  std::vector<AmxRowWindow> windows;
+  std::vector<std::pair<std::int64_t, AmxBackEntry>> entries;  // (chunk, entry)
+  std::vector<AmxBackEntry> chunk_entries;
   LineVector<bf16_t> q, dout;
-  LineVector<std::uint16_t> kd, vd, kt;  // the ranges' unaligned ends, per block
   std::vector<float> lse2, delta, dq;
-  std::vector<std::int64_t> lo, hi;
   std::vector<RowRange> ranges;
 };
 
-void amx_backward_block(const BlockMask& mask, const Dims& s, const AmxBackHeads& heads, HeadRows<const bf16_t> q,
-                        HeadRows<const bf16_t> k, HeadRows<const bf16_t> v, HeadRows<const bf16_t> dout,
+// The backward of one sample group's blocks for kv head h (the tile path's work item) on AMX tiles:
+// every block's operands packed, then key chunk by key chunk (64 rows of the head's copies) the
+// blocks that see it, in block order; then each block's dq.
+void amx_backward_group(const BlockMask& mask, const Dims& s, const AmxBackHeads& heads,
+                        std::span<const std::int64_t> group, HeadRows<const bf16_t> q, HeadRows<const bf16_t> dout,
                         std::span<const float> lse, std::span<const float> delta, HeadRows<bf16_t> dq,
-                        HeadRows<float> dk, HeadRows<float> dv, std::int64_t i, std::int64_t h,
-                        AmxBackItemScratch& x) {
-  constexpr std::int64_t kAlign = kAmxHeadDim;
-  const std::int64_t GB = s.GB, d = s.d;
-  mask.visible_ranges(i, x.ranges);
+                        HeadRows<float> dk, HeadRows<float> dv, std::int64_t h, AmxBackItemScratch& x) {
+  const std::int64_t GB = s.GB, d = s.d, nb = static_cast<std::int64_t>(group.size());
   const KeyWindow& win = mask.window();
-  const std::int64_t a = mask.blocks()[static_cast<std::size_t>(i)].ctx_end;
-  const std::size_t local_cap = 2 * x.ranges.size();
-  x.kd.resize(local_cap * kAlign * d);
-  x.vd.resize(x.kd.size());
-  x.kt.resize(x.kd.size());
-  const std::int64_t ldt_local = static_cast<std::int64_t>(local_cap) * kAlign;
-  std::vector<AmxBackChunk>& chunks = x.amx.chunks;
-  chunks.clear();
-  std::int64_t local = 0;
-  const std::size_t per_head = static_cast<std::size_t>(heads.n_pad * d);
-  const std::uint16_t* kd_h = heads.kd.data() + h * per_head;
-  const std::uint16_t* vd_h = heads.vd.data() + h * per_head;
-  const std::uint16_t* kt_h = heads.kt.data() + h * per_head;
-  for (const RowRange& rr : x.ranges) {
-    const auto pos = [&](std::int64_t j) { return rr.pos + (j - rr.begin); };
-    const auto add_local = [&](std::int64_t j0, std::int64_t j1) {
-      std::uint16_t* kd = x.kd.data() + local * d;
-      std::uint16_t* vd = x.vd.data() + local * d;
-      amx_copy_keys(k, v, h, j0, j1 - j0, kd, vd, x.kt.data(), ldt_local, local);
-      chunks.push_back({kd, vd, x.kt.data() + local, ldt_local, kAlign, j1 - j0, pos(j0), j0,
-                        window_edge(win, s.B, a, pos(j0), j1 - j0)});
-      local += kAlign;
-    };
-    std::int64_t j = rr.begin;
-    const std::int64_t head_end = std::min(rr.end, (j + kAlign - 1) / kAlign * kAlign);
-    if (j < head_end) add_local(j, head_end), j = head_end;
-    const std::int64_t body_end = std::max(j, rr.end / kAlign * kAlign);
-    for (std::int64_t n = 0; j < body_end; j += n) {
-      n = std::min(kAmxChunk, body_end - j);
-      chunks.push_back({kd_h + j * d, vd_h + j * d, kt_h + j, heads.n_pad, n, n, pos(j), j,
-                        window_edge(win, s.B, a, pos(j), n)});
-    }
-    if (j < rr.end) add_local(j, rr.end);
+  const auto at = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+  if (static_cast<std::int64_t>(x.blocks.size()) < nb) {
+    x.blocks.resize(at(nb));
+    x.lo.resize(at(nb));
+    x.hi.resize(at(nb));
+    x.windows.resize(at(nb));
   }
-  if (chunks.empty()) {
-    for (std::int64_t t = 0; t < GB; ++t)
-      std::memset(static_cast<void*>(dq.at(i * s.B + t % s.B, h * s.G + t / s.B)), 0, sizeof(bf16_t) * d);
-    return;
-  }
-  x.q.resize(static_cast<std::size_t>(GB * d));
+  x.entries.clear();
+  x.q.resize(at(GB * d));
   x.dout.resize(x.q.size());
-  pack_tile(q, s, i, h, x.q.data());
-  pack_tile(dout, s, i, h, x.dout.data());
-  x.lse2.resize(static_cast<std::size_t>(GB));
-  x.delta.resize(x.lse2.size());
-  for (std::int64_t t = 0; t < GB; ++t) {
-    const float l = lse[stat_index(s, i, h, t)];
-    x.lse2[static_cast<std::size_t>(t)] = std::isfinite(l) ? l * kLog2e : std::numeric_limits<float>::infinity();
-    x.delta[static_cast<std::size_t>(t)] = delta[stat_index(s, i, h, t)];
-  }
-  const AmxRowWindow* rows = nullptr;
-  AmxRowWindow row_window{};
-  if (win.active()) {
-    x.lo.resize(static_cast<std::size_t>(GB));
-    x.hi.resize(static_cast<std::size_t>(GB));
+  x.lse2.resize(at(GB));
+  x.delta.resize(at(GB));
+  for (std::int64_t bi = 0; bi < nb; ++bi) {
+    const std::int64_t i = group[at(bi)];
+    const std::int64_t a = mask.blocks()[at(i)].ctx_end;
+    mask.visible_ranges(i, x.ranges);
+    if (x.ranges.empty()) continue;
+    pack_tile(q, s, i, h, x.q.data());
+    pack_tile(dout, s, i, h, x.dout.data());
     for (std::int64_t t = 0; t < GB; ++t) {
-      x.lo[static_cast<std::size_t>(t)] = win.first(a + t % s.B);
-      x.hi[static_cast<std::size_t>(t)] = win.last(a + t % s.B) + 1;
+      const float l = lse[stat_index(s, i, h, t)];
+      x.lse2[at(t)] = std::isfinite(l) ? l * kLog2e : std::numeric_limits<float>::infinity();
+      x.delta[at(t)] = delta[stat_index(s, i, h, t)];
     }
-    row_window = {x.lo.data(), x.hi.data()};
-    rows = &row_window;
+    AmxBackBlock& b = x.blocks[at(bi)];
+    amx_backward_block_begin(&x.q[0].bits, &x.dout[0].bits, GB, d, x.lse2.data(), x.delta.data(), b);
+    if (win.active()) {
+      x.lo[at(bi)].resize(at(GB));
+      x.hi[at(bi)].resize(at(GB));
+      for (std::int64_t t = 0; t < GB; ++t) {
+        x.lo[at(bi)][at(t)] = win.first(a + t % s.B);
+        x.hi[at(bi)][at(t)] = win.last(a + t % s.B) + 1;
+      }
+      x.windows[at(bi)] = {x.lo[at(bi)].data(), x.hi[at(bi)].data()};
+    }
+    for (const RowRange& rr : x.ranges)
+      for (std::int64_t j = rr.begin; j < rr.end;) {
+        const std::int64_t c = j / kAmxChunk, r0 = j - c * kAmxChunk;
+        const std::int64_t r1 = std::min(rr.end, (c + 1) * kAmxChunk) - c * kAmxChunk;
+        const std::int64_t pos = rr.pos + (j - rr.begin);
+        const bool edge = window_edge(win, s.B, a, pos, r1 - r0);
+        x.entries.push_back({c, {&b, r0, r1, pos, edge ? &x.windows[at(bi)] : nullptr}});
+        j += r1 - r0;
+      }
   }
-  x.dq.resize(static_cast<std::size_t>(GB * d));
-  amx_attention_backward_chunks(&x.q[0].bits, &x.dout[0].bits, GB, d, x.lse2.data(), x.delta.data(),
-                                s.scale * kLog2e, s.scale, chunks, rows, x.dq.data(), dk.at(0, h), dv.at(0, h),
-                                dk.row_stride, x.amx);
-  for (std::int64_t t = 0; t < GB; ++t) store_row(x.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
+  std::stable_sort(x.entries.begin(), x.entries.end(), [](const auto& l, const auto& r) { return l.first < r.first; });
+  const std::size_t per_head = static_cast<std::size_t>(heads.n_pad * d);
+  const float c2 = s.scale * kLog2e;
+  for (std::size_t e0 = 0; e0 < x.entries.size();) {
+    const std::int64_t c = x.entries[e0].first, j0 = c * kAmxChunk;
+    x.chunk_entries.clear();
+    for (; e0 < x.entries.size() && x.entries[e0].first == c; ++e0) x.chunk_entries.push_back(x.entries[e0].second);
+    const std::int64_t n = std::min(kAmxChunk, heads.n_pad - j0);
+    const AmxBackKeys keys{heads.kd.data() + h * per_head + j0 * d, heads.vd.data() + h * per_head + j0 * d,
+                           heads.kt.data() + h * per_head + j0, heads.n_pad, n, std::min(n, s.Lk - j0)};
+    amx_backward_chunk(keys, x.chunk_entries, c2, s.scale, dk.at(j0, h), dv.at(j0, h), dk.row_stride, x.amx);
+  }
+  x.dq.resize(at(GB * d));
+  for (std::int64_t bi = 0; bi < nb; ++bi) {
+    const std::int64_t i = group[at(bi)];
+    mask.visible_ranges(i, x.ranges);
+    if (x.ranges.empty())
+      std::fill(x.dq.begin(), x.dq.end(), 0.f);
+    else
+      amx_backward_block_end(x.blocks[at(bi)], x.dq.data());
+    for (std::int64_t t = 0; t < GB; ++t)
+      store_row(x.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
+  }
 }
 
 void zero_rows(HeadRows<float> x) {
@@ -852,8 +856,7 @@ void backward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k
         for (std::int64_t it = 0; it < items; ++it)
           errors.run([&] {
             const auto& group = groups[static_cast<std::size_t>(order[static_cast<std::size_t>(it / s.n_kv)])];
-            for (std::int64_t i : group)
-              amx_backward_block(mask, s, heads, q, k, v, do_, lse, delta, dq, dk_acc, dv_acc, i, it % s.n_kv, x);
+            amx_backward_group(mask, s, heads, group, q, do_, lse, delta, dq, dk_acc, dv_acc, it % s.n_kv, x);
           });
       }
       amx = true;

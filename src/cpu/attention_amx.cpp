@@ -401,110 +401,108 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
   amx_attention_chunks(q, GB, d, c, w.chunks, nullptr, o, m, l, w);
 }
 
-// The backward of one block on tiles, key-major so that no product needs a transposed operand:
-// per chunk S^T = K q^T and dP^T = V dO^T ([keys, GBp] f32, A = the chunk's K / V rows, B = q / dO
-// packed as keys), P^T = 2^(c S^T - lse2) and dS^T = scale P^T (dP^T - D) column by column (the
-// query rows are the columns), rounded to bf16; dV = P^T dO and dK = dS^T q on the chunk's keys
-// (A = P^T / dS^T, B = dO / q packed as values), added to the f32 dk, dv rows; dS^T also held with
-// key pairs interleaved (the B layout of a product over keys) for up to kSpan keys, then
-// dQ^T += K^T dS^T (A = the chunks' K^T) in an f32 [d, GBp] accumulator. GBp: GB rounded up to 32
-// (padding rows zero, masked).
-void amx_attention_backward_chunks(const std::uint16_t* q, const std::uint16_t* dout, std::int64_t GB, std::int64_t d,
-                                   const float* lse2, const float* delta, float c, float scale,
-                                   std::span<const AmxBackChunk> chunk_list, const AmxRowWindow* window, float* dq,
-                                   float* dk, float* dv, std::int64_t ld_kv, AmxBackScratch& w) {
+// The backward on tiles, key-major so that no product needs a transposed operand, and chunk by
+// chunk over the blocks that see it, so that a chunk's dK and dV stay in an L1 scratch and reach
+// the f32 rows once (block by block, every block re-read and re-wrote its context prefix's rows:
+// measured, 42 % of the backward). For each (chunk, block): S^T = K q^T and dP^T = V dO^T ([keys,
+// GBp] f32; A = the chunk's K / V rows, B = q / dO packed as keys); P^T = 2^(c S^T - lse2) and
+// dS^T = scale P^T (dP^T - D) column by column (the query rows are the columns), rounded to bf16;
+// dV += P^T dO and dK += dS^T q (A = P^T / dS^T, B = dO / q packed as values); dQ^T += K^T dS^T
+// (B = dS^T with key pairs interleaved) in the block's f32 [d, GBp] accumulator.
+
+void amx_backward_block_begin(const std::uint16_t* q, const std::uint16_t* dout, std::int64_t GB, std::int64_t d,
+                              const float* lse2, const float* delta, AmxBackBlock& b) {
   DIFFCP_CHECK(d % kDot == 0 && GB >= 1, "amx attention backward: d_h = ", d, " (a multiple of 32 expected), ", GB,
                " query rows");
-  const std::int64_t GBp = (GB + kDot - 1) / kDot * kDot;
-  const std::int64_t slices = d / kDot, col_slices = d / kCols, qblocks = GBp / kDot;
   const auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
-  for (auto* b : {&w.qt, &w.dot, &w.qv, &w.dov}) b->resize(sz(GBp * d));
-  amx_pack_keys(q, d, GB, GBp, d, w.qt.data());
-  amx_pack_keys(dout, d, GB, GBp, d, w.dot.data());
-  amx_pack_values(q, d, GB, GBp, d, w.qv.data());
-  amx_pack_values(dout, d, GB, GBp, d, w.dov.data());
-  w.s.resize(sz(kChunk * GBp));
-  w.dp.resize(sz(kChunk * GBp));
-  w.p.resize(sz(kChunk * GBp));
-  w.ds.resize(sz(kChunk * GBp));
-  w.dsv.resize(sz(kSpan * GBp));
-  w.dqt.assign(sz(d * GBp), 0.f);
-  w.dks.resize(sz(kChunk * d));
-  w.dvs.resize(sz(kChunk * d));
+  b.GB = GB;
+  b.GBp = (GB + kDot - 1) / kDot * kDot;
+  b.d = d;
+  for (auto* x : {&b.qt, &b.dot, &b.qv, &b.dov}) x->resize(sz(b.GBp * d));
+  amx_pack_keys(q, d, GB, b.GBp, d, b.qt.data());
+  amx_pack_keys(dout, d, GB, b.GBp, d, b.dot.data());
+  amx_pack_values(q, d, GB, b.GBp, d, b.qv.data());
+  amx_pack_values(dout, d, GB, b.GBp, d, b.dov.data());
+  b.dqt.assign(sz(d * b.GBp), 0.f);
   // Per column (query row): the shift and D, 0 on padding and on rows that see no key (masked).
-  w.shift.assign(sz(GBp), 0.f);
-  w.delta.assign(sz(GBp), 0.f);
-  w.live.assign(sz(GBp / 16), 0);
+  b.shift.assign(sz(b.GBp), 0.f);
+  b.delta.assign(sz(b.GBp), 0.f);
+  b.live.assign(sz(b.GBp / 16), 0);
   for (std::int64_t t = 0; t < GB; ++t)
     if (std::isfinite(lse2[t])) {
-      w.shift[sz(t)] = lse2[t];
-      w.delta[sz(t)] = delta[t];
-      w.live[sz(t / 16)] |= static_cast<std::uint16_t>(1u << (t % 16));
+      b.shift[sz(t)] = lse2[t];
+      b.delta[sz(t)] = delta[t];
+      b.live[sz(t / 16)] |= static_cast<std::uint16_t>(1u << (t % 16));
     }
-  w.lo.resize(sz(GBp));
-  w.hi.resize(sz(GBp));
+}
+
+void amx_backward_block_end(const AmxBackBlock& b, float* dq) {
+  for (std::int64_t t = 0; t < b.GB; ++t)
+    for (std::int64_t e = 0; e < b.d; ++e) dq[t * b.d + e] = b.dqt[static_cast<std::size_t>(e * b.GBp + t)];
+}
+
+void amx_backward_chunk(const AmxBackKeys& keys, std::span<const AmxBackEntry> entries, float c, float scale,
+                        float* dk, float* dv, std::int64_t ld_kv, AmxBackScratch& w) {
+  if (entries.empty()) return;
+  const std::int64_t d = entries.front().block->d, n = keys.keys;
+  DIFFCP_CHECK(n % kDot == 0 && n <= kChunk, "amx attention backward: a chunk of ", n, " keys");
+  const std::int64_t slices = d / kDot, col_slices = d / kCols;
+  const auto sz = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+  std::int64_t GBp_max = 0;
+  for (const AmxBackEntry& e : entries) GBp_max = std::max(GBp_max, e.block->GBp);
+  w.s.resize(sz(kChunk * GBp_max));
+  w.dp.resize(w.s.size());
+  w.p.resize(w.s.size());
+  w.ds.resize(w.s.size());
+  w.dsv.resize(w.s.size());
+  w.dks.assign(sz(kChunk * d), 0.f);
+  w.dvs.assign(sz(kChunk * d), 0.f);
+  w.kt.resize(sz(d * kChunk));
+  w.lo.resize(sz(GBp_max));
+  w.hi.resize(sz(GBp_max));
   static const TileConfig config = tile_config();
   _tile_loadconfig(&config);
-  const std::int64_t ld_s = GBp * 4, ld_p = GBp * 2;  // bytes per key row of S^T / dP^T and of P^T / dS^T
-  // dQ^T += K^T dS^T over the held chunks [c0, c1) (dS^T's pair rows from 0).
-  const auto add_dq = [&](std::size_t c0, std::size_t c1) {
-    for (std::int64_t db = 0; db < slices; ++db)
-      for (std::int64_t qb = 0; qb < qblocks; ++qb) {
-        float* acc = w.dqt.data() + db * kDot * GBp + qb * kDot;
-        load_2x2(acc, ld_s);
-        std::int64_t col = 0;
-        for (std::size_t ch = c0; ch < c1; ++ch) {
-          const AmxBackChunk& kc = chunk_list[ch];
-          for (std::int64_t g = 0; g < kc.keys / kDot; ++g, col += kDot) {
-            const std::uint16_t* b = w.dsv.data() + col / 2 * GBp * 2 + qb * 2 * kDot;
-            dot_2x2(kc.kt + db * kDot * kc.ldt + g * kDot, kc.ldt * 2, 16 * kc.ldt * 2, b, b + kDot, GBp * 4);
-          }
-        }
-        store_2x2(acc, ld_s);
-      }
-  };
   // The 32 bf16 of words (a[t], b[t]) for t < 16: a pair of dS^T rows interleaved.
-  const __m512i pair_index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                                               6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i pair_index = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                               6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512 cv = _mm512_set1_ps(c), sv = _mm512_set1_ps(scale);
-  std::int64_t held = 0;
-  std::size_t held_c0 = 0;
-  for (std::size_t ch = 0; ch < chunk_list.size(); ++ch) {
-    const AmxBackChunk& kc = chunk_list[ch];
-    if (held + kc.keys > kSpan) {
-      add_dq(held_c0, ch);
-      held = 0, held_c0 = ch;
-    }
-    for (std::int64_t rb = 0; rb < kc.keys / kDot; ++rb)
+  std::uint64_t touched = 0;  // the chunk's key rows some entry sees
+  for (const AmxBackEntry& e : entries) {
+    AmxBackBlock& b = *e.block;
+    const std::int64_t GBp = b.GBp, qblocks = GBp / kDot;
+    const std::int64_t ld_s = GBp * 4, ld_p = GBp * 2;  // bytes per key row of S^T / dP^T and of P^T / dS^T
+    const std::int64_t rb0 = e.r0 / kDot, rb1 = (e.r1 + kDot - 1) / kDot;  // the 32-row groups it touches
+    touched |= (e.r1 - e.r0 == 64 ? ~0ull : ((1ull << (e.r1 - e.r0)) - 1)) << e.r0;
+    for (std::int64_t rb = rb0; rb < rb1; ++rb)
       for (std::int64_t qb = 0; qb < qblocks; ++qb) {
         const std::int64_t b0 = 2 * qb * slices * kTile, b1 = (2 * qb + 1) * slices * kTile;
         for (int which = 0; which < 2; ++which) {  // S^T from K and q, then dP^T from V and dO
-          const std::uint16_t* a = (which == 0 ? kc.kd : kc.vd) + rb * kDot * d;
-          const std::uint16_t* b = which == 0 ? w.qt.data() : w.dot.data();
+          const std::uint16_t* a = (which == 0 ? keys.kd : keys.vd) + rb * kDot * d;
+          const std::uint16_t* bt = which == 0 ? b.qt.data() : b.dot.data();
           _tile_zero(0);
           _tile_zero(1);
           _tile_zero(2);
           _tile_zero(3);
           for (std::int64_t sl = 0; sl < slices; ++sl)
-            dot_2x2(a + sl * kDot, d * 2, 16 * d * 2, b + b0 + sl * kTile, b + b1 + sl * kTile);
+            dot_2x2(a + sl * kDot, d * 2, 16 * d * 2, bt + b0 + sl * kTile, bt + b1 + sl * kTile);
           store_2x2((which == 0 ? w.s.data() : w.dp.data()) + rb * kDot * GBp + qb * kDot, ld_s);
         }
       }
-    const bool edge = window != nullptr && kc.edge;
+    const bool edge = e.window != nullptr;
     if (edge)
       for (std::int64_t t = 0; t < GBp; ++t) {
-        const std::int64_t row = std::min(t, GB - 1);
-        const std::int64_t lo = std::clamp<std::int64_t>(window->lo[row] - kc.pos, 0, kc.valid);
+        const std::int64_t row = std::min(t, b.GB - 1);
+        const std::int64_t lo = std::clamp<std::int64_t>(e.window->lo[row] - e.pos + e.r0, e.r0, e.r1);
         w.lo[sz(t)] = static_cast<std::int32_t>(lo);
-        w.hi[sz(t)] = static_cast<std::int32_t>(std::clamp<std::int64_t>(window->hi[row] - kc.pos, lo, kc.valid));
+        w.hi[sz(t)] = static_cast<std::int32_t>(std::clamp<std::int64_t>(e.window->hi[row] - e.pos + e.r0, lo, e.r1));
       }
-    // P^T and dS^T, two key rows at a time (dS^T's interleaved pair row).
-    for (std::int64_t r = 0; r < kc.keys; r += 2) {
-      std::uint16_t* pair = w.dsv.data() + (held + r) / 2 * GBp * 2;
+    // P^T and dS^T, two key rows at a time (dS^T's interleaved pair row); rows outside [r0, r1) 0.
+    for (std::int64_t r = rb0 * kDot; r < rb1 * kDot; r += 2) {
+      std::uint16_t* pair = w.dsv.data() + r / 2 * GBp * 2;
       for (std::int64_t tb = 0; tb < GBp; tb += 16) {
         // Key row rr, columns [tb, tb + 16): P^T and dS^T stored as bf16; returns dS^T's.
         const auto key_row = [&](std::int64_t rr) {
-          __mmask16 m = rr < kc.valid ? static_cast<__mmask16>(w.live[sz(tb / 16)]) : 0;
+          __mmask16 m = rr >= e.r0 && rr < e.r1 ? static_cast<__mmask16>(b.live[sz(tb / 16)]) : 0;
           if (edge && m) {
             const __m512i rv = _mm512_set1_epi32(static_cast<int>(rr));
             m &= _mm512_cmple_epi32_mask(_mm512_loadu_si512(w.lo.data() + tb), rv) &
@@ -512,53 +510,71 @@ void amx_attention_backward_chunks(const std::uint16_t* q, const std::uint16_t* 
           }
           const float* srow = w.s.data() + rr * GBp + tb;
           const float* dprow = w.dp.data() + rr * GBp + tb;
-          const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(srow), cv, _mm512_loadu_ps(w.shift.data() + tb));
+          const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(srow), cv, _mm512_loadu_ps(b.shift.data() + tb));
           const __m512 p = _mm512_maskz_mov_ps(m, simd::exp2_floor<5>(x));
           const __m512 ds = _mm512_maskz_mul_ps(
-              m, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dprow), _mm512_loadu_ps(w.delta.data() + tb))), sv);
+              m, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dprow), _mm512_loadu_ps(b.delta.data() + tb))), sv);
           const __m256i ds_bf = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(ds));
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.p.data() + rr * GBp + tb),
                               reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p)));
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.ds.data() + rr * GBp + tb), ds_bf);
           return ds_bf;
         };
-        const __m256i even = key_row(r), odd = key_row(r + 1);
-        const __m512i both = _mm512_inserti64x4(_mm512_zextsi256_si512(even), odd, 1);
-        _mm512_storeu_si512(pair + tb * 2, _mm512_permutexvar_epi16(pair_index, both));
+        const __m256i even = key_row(r), odd = key_row(r + 1);  // the index reads their low halves only
+        _mm512_storeu_si512(pair + tb * 2, _mm512_permutex2var_epi16(_mm512_castsi256_si512(even), pair_index,
+                                                                     _mm512_castsi256_si512(odd)));
       }
     }
-    // dV = P^T dO and dK = dS^T q on the chunk's keys, then added to the f32 rows.
-    for (std::int64_t rb = 0; rb < kc.keys / kDot; ++rb)
+    // dV += P^T dO and dK += dS^T q in the chunk's scratch.
+    for (std::int64_t rb = rb0; rb < rb1; ++rb)
       for (std::int64_t cs = 0; cs < col_slices; cs += 2)
         for (int which = 0; which < 2; ++which) {
           const std::uint16_t* a = (which == 0 ? w.p.data() : w.ds.data()) + rb * kDot * GBp;
-          const std::uint16_t* b = which == 0 ? w.dov.data() : w.qv.data();
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
+          const std::uint16_t* bt = which == 0 ? b.dov.data() : b.qv.data();
+          float* acc = (which == 0 ? w.dvs.data() : w.dks.data()) + rb * kDot * d + cs * kCols;
+          load_2x2(acc, d * 4);
           for (std::int64_t kb = 0; kb < qblocks; ++kb) {
-            const std::uint16_t* bt = b + (kb * col_slices + cs) * kTile;
-            dot_2x2(a + kb * kDot, ld_p, 16 * ld_p, bt, bt + kTile);
+            const std::uint16_t* bk = bt + (kb * col_slices + cs) * kTile;
+            dot_2x2(a + kb * kDot, ld_p, 16 * ld_p, bk, bk + kTile);
           }
-          store_2x2((which == 0 ? w.dvs.data() : w.dks.data()) + rb * kDot * d + cs * kCols, d * 4);
+          store_2x2(acc, d * 4);
         }
-    for (std::int64_t r = 0; r < kc.valid; ++r) {
-      float* dvr = dv + (kc.row + r) * ld_kv;
-      float* dkr = dk + (kc.row + r) * ld_kv;
-      const float* sv_r = w.dvs.data() + r * d;
-      const float* sk_r = w.dks.data() + r * d;
-      for (std::int64_t e = 0; e < d; e += 16) {
-        _mm512_storeu_ps(dvr + e, _mm512_add_ps(_mm512_loadu_ps(dvr + e), _mm512_loadu_ps(sv_r + e)));
-        _mm512_storeu_ps(dkr + e, _mm512_add_ps(_mm512_loadu_ps(dkr + e), _mm512_loadu_ps(sk_r + e)));
+    // dQ^T += K^T dS^T; K^T with the columns outside [r0, r1) zeroed where the entry has such
+    // (their dS^T is 0, and a hidden key's K never reaches dq, even a non-finite one).
+    const std::uint16_t* kt = keys.kt;
+    std::int64_t ldt = keys.ldt;
+    const std::int64_t c0 = rb0 * kDot, c1 = rb1 * kDot;
+    if (e.r0 > c0 || e.r1 < std::min(c1, keys.valid)) {
+      for (std::int64_t r = 0; r < d; ++r) {
+        std::uint16_t* dst = w.kt.data() + r * kChunk;
+        std::fill(dst + c0, dst + c1, std::uint16_t{0});
+        std::memcpy(dst + e.r0, keys.kt + r * keys.ldt + e.r0, sizeof(std::uint16_t) * (e.r1 - e.r0));
       }
+      kt = w.kt.data(), ldt = kChunk;
     }
-    held += kc.keys;
+    for (std::int64_t db = 0; db < slices; ++db)
+      for (std::int64_t qb = 0; qb < qblocks; ++qb) {
+        float* acc = b.dqt.data() + db * kDot * GBp + qb * kDot;
+        load_2x2(acc, ld_s);
+        for (std::int64_t g = rb0; g < rb1; ++g) {
+          const std::uint16_t* bg = w.dsv.data() + g * kDot / 2 * GBp * 2 + qb * 2 * kDot;
+          dot_2x2(kt + db * kDot * ldt + g * kDot, ldt * 2, 16 * ldt * 2, bg, bg + kDot, GBp * 4);
+        }
+        store_2x2(acc, ld_s);
+      }
   }
-  if (held > 0) add_dq(held_c0, chunk_list.size());
   _tile_release();
-  for (std::int64_t t = 0; t < GB; ++t)
-    for (std::int64_t e = 0; e < d; ++e) dq[t * d + e] = w.dqt[sz(e * GBp + t)];
+  for (std::int64_t r = 0; r < n; ++r) {
+    if (!(touched >> r & 1)) continue;
+    float* dvr = dv + r * ld_kv;
+    float* dkr = dk + r * ld_kv;
+    const float* sv_r = w.dvs.data() + r * d;
+    const float* sk_r = w.dks.data() + r * d;
+    for (std::int64_t x = 0; x < d; x += 16) {
+      _mm512_storeu_ps(dvr + x, _mm512_add_ps(_mm512_loadu_ps(dvr + x), _mm512_loadu_ps(sv_r + x)));
+      _mm512_storeu_ps(dkr + x, _mm512_add_ps(_mm512_loadu_ps(dkr + x), _mm512_loadu_ps(sk_r + x)));
+    }
+  }
 }
 
 #else  // no AMX kernel in this ISA's build
@@ -577,9 +593,15 @@ void amx_attention_chunks(const std::uint16_t*, std::int64_t, std::int64_t, floa
                           const AmxRowWindow*, float*, float*, float*, AmxScratch&) {
   DIFFCP_FAIL("amx attention: not compiled into these kernels (avx512 only)");
 }
-void amx_attention_backward_chunks(const std::uint16_t*, const std::uint16_t*, std::int64_t, std::int64_t, const float*,
-                                   const float*, float, float, std::span<const AmxBackChunk>, const AmxRowWindow*,
-                                   float*, float*, float*, std::int64_t, AmxBackScratch&) {
+void amx_backward_block_begin(const std::uint16_t*, const std::uint16_t*, std::int64_t, std::int64_t, const float*,
+                              const float*, AmxBackBlock&) {
+  DIFFCP_FAIL("amx attention: not compiled into these kernels (avx512 only)");
+}
+void amx_backward_block_end(const AmxBackBlock&, float*) {
+  DIFFCP_FAIL("amx attention: not compiled into these kernels (avx512 only)");
+}
+void amx_backward_chunk(const AmxBackKeys&, std::span<const AmxBackEntry>, float, float, float*, float*, std::int64_t,
+                        AmxBackScratch&) {
   DIFFCP_FAIL("amx attention: not compiled into these kernels (avx512 only)");
 }
 void amx_pack_keys(const std::uint16_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::uint16_t*) {

@@ -149,32 +149,45 @@ void amx_attention_block(const std::uint16_t* q, std::int64_t GB, const std::uin
 void amx_attention_chunks(const std::uint16_t* q, std::int64_t GB, std::int64_t d, float c,
                           std::span<const AmxChunk> chunks, const AmxRowWindow* window, float* o, float* m, float* l,
                           AmxScratch& w);
-// The backward of one block on AMX tiles (issue #69), over key chunks of at most kAmxChunk keys:
-// kd, vd the chunk's K and V rows ([keys, d] dense, zero past `valid`), kt its K^T ([d, keys],
-// rows ldt elements apart, zero past `valid`), key rows [row, row + valid) of dk / dv; pos, edge
-// as AmxChunk's.
-struct AmxBackChunk {
+// The bf16 backward on AMX tiles (issue #69), key chunk by key chunk over the blocks that see it.
+// A block's operands and dQ accumulator (amx_backward_block_begin: q, dout [GB, d] its packed rows,
+// lse2 [GB] base-2 lse, +inf on a row that sees no key, delta [GB]); amx_backward_block_end writes
+// its dq [GB, d] (f32).
+struct AmxBackBlock {
+  LineVector<std::uint16_t> qt, dot, qv, dov;  // q, dout packed as keys and as values
+  LineVector<float> dqt, shift, delta;          // dQ^T [d, GBp]; per column: lse2 and D (0: masked)
+  std::vector<std::uint16_t> live;              // per 16 columns: the rows that see keys
+  std::int64_t GB = 0, GBp = 0, d = 0;
+};
+// A chunk of at most kAmxChunk key rows (`keys` a multiple of 32, the first `valid` real, the rest
+// zero): kd, vd its K and V rows ([keys, d] dense), kt its K^T (d rows ldt elements apart).
+struct AmxBackKeys {
   const std::uint16_t* kd;
   const std::uint16_t* vd;
   const std::uint16_t* kt;
-  std::int64_t ldt, keys, valid, pos, row;
-  bool edge;
+  std::int64_t ldt, keys, valid;
+};
+// A block that sees the chunk's rows [r0, r1) (row r0 at position pos); window: its rows' visible
+// positions where the window's edge may cross them (else null).
+struct AmxBackEntry {
+  AmxBackBlock* block;
+  std::int64_t r0, r1, pos;
+  const AmxRowWindow* window;
 };
 struct AmxBackScratch {
-  LineVector<std::uint16_t> qt, dot, qv, dov, p, ds, dsv;
-  LineVector<float> s, dp, dqt, dks, dvs, shift, delta;
+  LineVector<std::uint16_t> p, ds, dsv, kt;
+  LineVector<float> s, dp, dks, dvs;
   std::vector<std::int32_t> lo, hi;
-  std::vector<std::uint16_t> live;  // per 16 columns: the rows that see keys
-  std::vector<AmxBackChunk> chunks;
 };
-// q, dout [GB, d] (the block's packed rows), lse2 [GB] (base-2 lse; +inf: a row that sees no key),
-// delta [GB], c = softmax scale * log2(e), scale: dq [GB, d] (f32) = the block's dQ; dk, dv (f32,
-// rows ld_kv elements apart) += its dK, dV on the chunks' key rows. Rounding as the tile path's
-// bf16 backward: P and scale * dS rounded to bf16 as operands, f32 accumulation.
-void amx_attention_backward_chunks(const std::uint16_t* q, const std::uint16_t* dout, std::int64_t GB, std::int64_t d,
-                                   const float* lse2, const float* delta, float c, float scale,
-                                   std::span<const AmxBackChunk> chunks, const AmxRowWindow* window, float* dq,
-                                   float* dk, float* dv, std::int64_t ld_kv, AmxBackScratch& w);
+void amx_backward_block_begin(const std::uint16_t* q, const std::uint16_t* dout, std::int64_t GB, std::int64_t d,
+                              const float* lse2, const float* delta, AmxBackBlock& b);
+void amx_backward_block_end(const AmxBackBlock& b, float* dq);
+// The entries' contributions on one chunk: their dQ accumulators, and dk, dv (f32, the chunk's
+// rows ld_kv elements apart) += its dK, dV on the rows some entry sees. c = softmax scale *
+// log2(e). Rounding as the tile path's bf16 backward: P and scale * dS rounded to bf16 as
+// operands, f32 accumulation.
+void amx_backward_chunk(const AmxBackKeys& keys, std::span<const AmxBackEntry> entries, float c, float scale,
+                        float* dk, float* dv, std::int64_t ld_kv, AmxBackScratch& w);
 // k [n, d] rows ld elements apart -> kp [n_pad * d] (n_pad a multiple of 32; keys past n zero):
 // K^T as the B tiles of q K^T. amx_pack_values: V as the B tiles of P V, same sizes. The tiles
 // of keys [j, j + 32) start at kp + j * d (j a multiple of 32).

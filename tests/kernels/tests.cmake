@@ -14,6 +14,10 @@ gtest_discover_tests(test_attention DISCOVERY_TIMEOUT 60 TEST_PREFIX "test_atten
 add_test(NAME attention_bf16_converted COMMAND test_attention --gtest_filter=*Bf16*)
 set_tests_properties(attention_bf16_converted PROPERTIES
   ENVIRONMENT "OMP_NUM_THREADS=2;DNNL_MAX_CPU_ISA=AVX2;DIFFCP_EXPECT_BF16_PATH=converted")
+# The block-sparse bf16 attention with AMX turned off: the tile path over oneDNN (what runs on a
+# CPU without AMX) passes the same gates where the AMX kernels would otherwise take every bf16 case.
+add_test(NAME attention_bf16_no_amx COMMAND test_attention --gtest_filter=*Bf16*:*Dflash*)
+set_tests_properties(attention_bf16_no_amx PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2;DIFFCP_CPU_AMX=0")
 # The DiT's dense attention with AMX turned off (bf16 on the AVX-512 kernel where the CPU has
 # avx512_bf16) and with every fused kernel turned off (the tile path, f32 and bf16) passes the same
 # gates, and the path test expects what the knobs say; a bad DIFFCP_CPU_AMX or DIFFCP_CPU_FUSED
