@@ -4,7 +4,9 @@
   attention: the DFlash block-sparse mask (bench_attention's, written by --dump-mask) on
              PyTorch's scaled_dot_product_attention (dense boolean mask, enable_gqa; forward +
              backward) and on torch.compile'd FlexAttention (block mask from a mask_mod; forward),
-             against bench_attention's f32 forward and backward.
+             in f32 and bf16 (--dtypes), against bench_attention's forward and backward in the same
+             dtype and the same-run oneDNN GEMM rates; --amx-ab adds diffcp's bf16 with AMX off
+             (DIFFCP_CPU_AMX=0: the tile path of a CPU without AMX); --rounds R interleaves them.
   dit:       one denoising step of the DiT: `diffcp dit` (step_ms, P = 1, f32 and bf16, with its
              per-op-family --profile) against Black Forest Labs' own FLUX model (flux.model.Flux from
              a checkout of github.com/black-forest-labs/flux, --flux-src; not part of diffcp) at the
@@ -29,6 +31,7 @@ libraries) and runs the peers in it; without --install, DIR must already have th
 to use this python3's). Not part of CI.
 
   bench/bench_peers_torch.py attention --venv /work/torch-venv --install --isa avx2
+  bench/bench_peers_torch.py attention --venv /work/torch-venv --rounds 3 --amx-ab --csv bench/amx_attention.csv
   bench/bench_peers_torch.py dit --venv /work/torch-venv --flux-src /path/to/flux --openvino --shape small \
       --rounds 3 --p2 --csv bench/dit_cpu_peers.csv
 """
@@ -100,10 +103,11 @@ def torch_attention(a: argparse.Namespace) -> dict:
     B, S, Lk, Q = m["block"], m["context_rows"], m["key_rows"], m["query_rows"]
     ctx = torch.tensor(m["ctx"], dtype=torch.int64)  # [N, 2]: block i sees context [b, e) and its own rows
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(1, a.n_q, Q, a.d_h, generator=g)
-    k = torch.randn(1, a.n_kv, Lk, a.d_h, generator=g)
-    v = torch.randn(1, a.n_kv, Lk, a.d_h, generator=g)
-    dout = torch.randn(1, a.n_q, Q, a.d_h, generator=g)
+    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    q = torch.randn(1, a.n_q, Q, a.d_h, generator=g).to(dt)
+    k = torch.randn(1, a.n_kv, Lk, a.d_h, generator=g).to(dt)
+    v = torch.randn(1, a.n_kv, Lk, a.d_h, generator=g).to(dt)
+    dout = torch.randn(1, a.n_q, Q, a.d_h, generator=g).to(dt)
     blk = torch.arange(Q) // B
     kv = torch.arange(Lk)
     own = S + blk * B
@@ -138,9 +142,9 @@ def torch_attention(a: argparse.Namespace) -> dict:
     with torch.no_grad():
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)
         got = flex(q, k, v, block_mask=block_mask, enable_gqa=True)
-    err = float((ref - got).abs().max())
+    err = float((ref.float() - got.float()).abs().max())
     return {"torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "visible_pairs_per_head": visible, "sdpa_fwd_ms": median_ms(sdpa_fwd, a.reps),
+            "dtype": a.dtype, "visible_pairs_per_head": visible, "sdpa_fwd_ms": median_ms(sdpa_fwd, a.reps),
             "sdpa_fwd_bwd_ms": median_ms(sdpa_fwd_bwd, a.reps), "flex_compiled_fwd_ms": median_ms(flex_fwd, a.reps),
             "flex_vs_sdpa_max_abs_diff": err}
 
@@ -261,6 +265,62 @@ def median(v: list[float]) -> float:
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
+def cmd_attention(a: argparse.Namespace) -> None:
+    """bench_attention (f32 and bf16; with --amx-ab also bf16 with DIFFCP_CPU_AMX=0, the tile path a
+    CPU without AMX runs) and PyTorch's SDPA / compiled FlexAttention in each --dtypes, on the same
+    mask, interleaved --rounds times (every runtime once per round); medians over the rounds, and
+    the spread (min-max) of the same-run GEMM rates, as this kind's machines are noisy."""
+    env = isa_env(a.isa, a.threads)
+    dtypes = a.dtypes.split(",")
+    runs: dict[str, list[float]] = {}
+    keep: dict[str, object] = {}
+
+    def add(key: str, value: float) -> None:
+        runs.setdefault(key, []).append(value)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mask = Path(tmp) / "mask.json"
+        base = [str(a.bench), "--samples", str(a.samples), "--context", str(a.context), "--anchors", str(a.anchors),
+                "--n-q", str(a.n_q), "--n-kv", str(a.n_kv), "--d-h", str(a.d_h), "--reps", str(a.reps), "--json"]
+        for _ in range(a.rounds):
+            ours = run_json(base + ["--dtype", "both", "--dump-mask", str(mask)], env)
+            keep.update(kernels=ours["kernels"], bf16_path=ours["bf16_path"],
+                        visible_pairs_per_head=ours["visible_pairs_per_head"])
+            for k in ("fwd_ms", "bwd_ms", "bf16_fwd_ms", "bf16_bwd_ms", "gemm_f32_gflops", "gemm_bf16_gflops",
+                      "fwd_over_f32_gemm", "bwd_over_f32_gemm", "bf16_fwd_over_bf16_gemm", "bf16_bwd_over_bf16_gemm"):
+                if ours.get(k) is not None:
+                    add(k, ours[k])
+            if a.amx_ab:
+                off = run_json(base + ["--dtype", "bf16"], dict(env, DIFFCP_CPU_AMX="0"))
+                keep["bf16_path_amx_off"] = off["bf16_path"]
+                add("amx_off_bf16_fwd_ms", off["bf16_fwd_ms"])
+                add("amx_off_bf16_bwd_ms", off["bf16_bwd_ms"])
+                add("amx_gain_fwd", off["bf16_fwd_ms"] / ours["bf16_fwd_ms"])
+                add("amx_gain_bwd", off["bf16_bwd_ms"] / ours["bf16_bwd_ms"])
+            for dt in dtypes:
+                peer = run_json([torch_python(a), __file__, "_torch_attention", "--mask", str(mask), "--n-q",
+                                 str(a.n_q), "--n-kv", str(a.n_kv), "--d-h", str(a.d_h), "--reps", str(a.reps),
+                                 "--threads", str(a.threads), "--dtype", dt], env)
+                assert peer["visible_pairs_per_head"] == ours["visible_pairs_per_head"], "the two masks differ"
+                keep.update(torch=peer["torch"], torch_cpu_capability=peer["torch_cpu_capability"])
+                pre = "" if dt == "f32" else "bf16_"
+                fwd, fb = ours[f"{pre}fwd_ms"], ours[f"{pre}fwd_ms"] + ours[f"{pre}bwd_ms"]
+                add(f"sdpa_{dt}_fwd_ms", peer["sdpa_fwd_ms"])
+                add(f"sdpa_{dt}_fwd_bwd_ms", peer["sdpa_fwd_bwd_ms"])
+                add(f"flex_{dt}_fwd_ms", peer["flex_compiled_fwd_ms"])
+                add(f"speedup_{dt}_vs_flex_fwd", peer["flex_compiled_fwd_ms"] / fwd)
+                add(f"speedup_{dt}_vs_sdpa_fwd", peer["sdpa_fwd_ms"] / fwd)
+                add(f"speedup_{dt}_vs_sdpa_fwd_bwd", peer["sdpa_fwd_bwd_ms"] / fb)
+    row = {"what": "attention_rounds", "isa": a.isa, "threads": a.threads, "rounds": a.rounds, "samples": a.samples,
+           "context": a.context, "anchors": a.anchors, "n_q": a.n_q, "n_kv": a.n_kv, "d_h": a.d_h}
+    row.update(keep)
+    row.update({k: round(median(v), 3) for k, v in runs.items()})
+    for k in ("gemm_bf16_gflops", "gemm_f32_gflops"):
+        if k in runs:
+            row[f"{k}_spread"] = f"{min(runs[k]):.0f}-{max(runs[k]):.0f}"
+    record(a, row)
+
+
 def cmd_dit(a: argparse.Namespace) -> None:
     if not a.flux_src or not (Path(a.flux_src) / "src" / "flux" / "model.py").exists():
         sys.exit("bench_peers_torch dit: --flux-src must be a checkout of github.com/black-forest-labs/flux")
@@ -337,6 +397,9 @@ def main() -> None:
     at.add_argument("--n-q", type=int, default=8)
     at.add_argument("--n-kv", type=int, default=2)
     at.add_argument("--d-h", type=int, default=64)
+    at.add_argument("--dtypes", default="f32,bf16", help="the peers' dtypes (comma-separated)")
+    at.add_argument("--rounds", type=int, default=1, help="interleaved rounds (every runtime once each); medians")
+    at.add_argument("--amx-ab", action="store_true", help="bf16 with DIFFCP_CPU_AMX=0 too (same run)")
     dt = sub.choices["dit"]
     dt.add_argument("--diffcp", type=Path, default=BUILD / "src" / "diffcp")
     dt.add_argument("--flux-src", help="checkout of github.com/black-forest-labs/flux")
@@ -363,6 +426,7 @@ def main() -> None:
     ta.add_argument("--n-q", type=int, required=True)
     ta.add_argument("--n-kv", type=int, required=True)
     ta.add_argument("--d-h", type=int, required=True)
+    ta.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     a = ap.parse_args()
     if a.cmd == "_torch_attention":
         print(json.dumps(torch_attention(a)))

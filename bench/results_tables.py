@@ -130,6 +130,7 @@ def t_peers(d):
     att, tdit = d["peers_torch_attention.csv"], d["peers_torch_dit.csv"]
     xe, z4 = d["dit_cpu_peers.csv"], d["dit_cpu_peers_epyc.csv"]
     spec, simp = d["speculative_speed.csv"], d["sim_papers.csv"]
+    amx = d["amx_attention.csv"].where(d_h=64).last()
 
     def torch_cell(t, col):
         out = []
@@ -160,6 +161,10 @@ def t_peers(d):
          link("peers_torch_attention.csv")],
         ["PyTorch FlexAttention (compiled, block mask)", "the same, forward", torch_cell(att, "speedup_vs_flex_fwd"),
          ZEN5, "2026-12-03", "`bench/bench_peers_torch.py attention`", link("peers_torch_attention.csv")],
+        ["FlexAttention and SDPA, both in bf16", "the same in bf16 (diffcp on AMX tiles)",
+         f"Flex forward **{x(amx.num('speedup_bf16_vs_flex_fwd'))}**; SDPA forward + backward "
+         f"**{x(amx.num('speedup_bf16_vs_sdpa_fwd_bwd'))}** ({amx['rounds']} interleaved rounds)", XEON, "2026-12-06",
+         "`bench/bench_peers_torch.py attention --amx-ab`", link("amx_attention.csv")],
         ["BFL's FLUX model in PyTorch", "one DiT step, default model, 256², f32, P = 1", torch_cell(tdit, "speedup_vs_flux"),
          ZEN5, "2026-12-03", "`bench/bench_peers_torch.py dit`", link("peers_torch_dit.csv")],
         ["OpenVINO 2026.4 (its bf16 default, and f32)", "one DiT step, small and FLUX width, P = 1", ov_cell(xe), XEON,
@@ -187,8 +192,13 @@ def t_kernels(d):
             out.append([ZEN5, name, f"#39's, d_h {dh}", str(len(s)), f"{s.med('fwd_ms'):.1f}", f"{s.med('bwd_ms'):.1f}",
                         f"{s.med('gemm_f32_gflops'):.0f}", f"**{pct(s.med('fwd_over_f32_gemm'))}**",
                         f"**{pct(s.med('bwd_over_f32_gemm'))}**"])
-    for machine, name, src in ((XEON, "bf16 (oneDNN's AMX tiles)", "dit_cpu_ab_amx_aligned_attention.csv"),
-                               (ZEN4, "bf16 (avx512_bf16)", "dit_cpu_ab_fused_attention.csv")):
+    a = d["amx_attention.csv"].where(d_h=64).last()
+    out.append([XEON, "bf16 on AMX tiles (AMX off: oneDNN's tiles)", "#39's, d_h 64", a["rounds"],
+                f"{a.num('bf16_fwd_ms'):.1f} (**{x(a.num('amx_gain_fwd'))}** AMX off)",
+                f"{a.num('bf16_bwd_ms'):.1f} (**{x(a.num('amx_gain_bwd'))}** AMX off)",
+                f"bf16 {a.num('gemm_bf16_gflops'):,.0f} ({a['gemm_bf16_gflops_spread']})",
+                f"**{pct(a.num('bf16_fwd_over_bf16_gemm'))}**", f"**{pct(a.num('bf16_bwd_over_bf16_gemm'))}**"])
+    for machine, name, src in ((ZEN4, "bf16 (avx512_bf16)", "dit_cpu_ab_fused_attention.csv"),):
         new = d[src].where(build="new")
         f32, bf = new.where(dtype="f32").rows, new.where(dtype="bf16").rows
         if len(f32) != len(bf):
@@ -542,20 +552,23 @@ class Table:
 
 TABLES = {
     "peers": Table(
-        ["peers_torch_attention.csv", "peers_torch_dit.csv", "dit_cpu_peers.csv", "dit_cpu_peers_epyc.csv",
+        ["peers_torch_attention.csv", "amx_attention.csv", "peers_torch_dit.csv", "dit_cpu_peers.csv", "dit_cpu_peers_epyc.csv",
          "diffusers_flux_step.csv", "diffusers_qwen_image_step.csv", "diffusers_flux2_step.csv", "diffusers_sd3_step.csv",
          "speculative_speed.csv", "sim_papers.csv"],
         ["against", "what", "diffcp's speed-up (same run, medians)", "machine", "date", "reproduce", "data"], t_peers,
         "Two threads on two cores for both sides; P = 1 unless said. The sections below have each comparison's detail."),
     "kernels": Table(
-        ["cpu_isa.csv", "dit_cpu_ab_amx_aligned_attention.csv", "dit_cpu_ab_fused_attention.csv"],
-        ["machine", "kernels", "workload", "rounds", "fwd ms", "bwd ms", "oneDNN f32 GEMM 2048³ GFLOP/s", "fwd / GEMM",
-         "bwd / GEMM"], t_kernels,
+        ["cpu_isa.csv", "amx_attention.csv", "dit_cpu_ab_fused_attention.csv"],
+        ["machine", "kernels", "workload", "rounds", "fwd ms", "bwd ms", "oneDNN GEMM 2048³ GFLOP/s (f32 unless said)",
+         "fwd / GEMM", "bwd / GEMM"], t_kernels,
         f"{ZEN5}, 2026-12-03: issue #39's workload, 2 samples × 4k context, 64 anchors, n_q 8, n_kv 2, B 16; \"AVX2 "
         "forced\" = the same CPU with the AVX2 kernels and oneDNN capped at AVX2; medians of 5 interleaved rounds, a "
-        "ratio the median of each round's own; `bench/bench_cpu_isa.sh bench/cpu_isa.csv 5`. bf16 rows, 2026-12-05: "
-        "issue #2's workload at 2 samples × 8k context, 128 anchors, n_q 32, n_kv 4, the f32 kernels in the same "
-        "round, 3 rounds, the current code's side of an A/B (`bench/bench_dit_cpu.sh ab`). 2 threads throughout."),
+        "ratio the median of each round's own; `bench/bench_cpu_isa.sh bench/cpu_isa.csv 5`. Xeon AMX, 2026-12-06 (issue "
+        "#69): the same workload in bf16 against the same run's bf16 GEMM (its spread over the rounds in brackets), "
+        "AMX off (`DIFFCP_CPU_AMX=0`) in the same round, medians of 3 interleaved rounds, `bench/bench_peers_torch.py "
+        "attention --rounds 3 --amx-ab`. Zen 4 bf16 row, 2026-12-05: issue #2's workload at 2 samples × 8k context, "
+        "128 anchors, n_q 32, n_kv 4, the f32 kernels in the same round, 3 rounds, the current code's side of an A/B "
+        "(`bench/bench_dit_cpu.sh ab`). 2 threads throughout."),
     "dense_attention": Table(
         ["dit_cpu_amx_attention.csv", "dit_cpu_fused_attention.csv", "dit_cpu_fused_attention_avx2.csv"],
         ["machine", "fused kernel", "small (1088 tokens, d_h 32): tile path → fused", "fused GFLOP/s",

@@ -896,9 +896,11 @@ constexpr std::int64_t kMinBf16TileHeadDim = 64;
 // attention, a block per image) with d_h >= 32: there the fixed-shape bf16 tiles run 2.2x the f32
 // ones (kQueryTile x 512 x 32 measured, AMX; issue #54), and the widening pass costs a copy of q, k, v.
 constexpr std::int64_t kMinBf16WideBlockHeadDim = 32;
+// Neither where the AMX kernels run (d_h a multiple of 32: their tiles keep bf16 ahead of the
+// widened f32 kernel at d_h 32 too, issue #69).
 bool widen_bf16_forward(const BlockMask& mask, ConstTensorView q, ConstTensorView k) {
   const std::int64_t d = q.shape[2], G = k.shape[1] > 0 ? q.shape[1] / k.shape[1] : 1;
-  if (d >= kMinBf16TileHeadDim) return false;
+  if (d >= kMinBf16TileHeadDim || amx_attention_ready(d)) return false;
   return !(d >= kMinBf16WideBlockHeadDim && G * mask.block() >= kQueryTile);
 }
 
@@ -950,7 +952,7 @@ void CpuBackend::attention_delta(ConstTensorView do_, ConstTensorView o, TensorV
 void CpuBackend::attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
                                     ConstTensorView do_, ConstTensorView lse, ConstTensorView delta, TensorView dq,
                                     TensorView dk, TensorView dv, float softmax_scale) {
-  if (q.dtype == DType::bf16 && q.shape[2] < kMinBf16TileHeadDim) {
+  if (q.dtype == DType::bf16 && q.shape[2] < kMinBf16TileHeadDim && !amx_attention_ready(q.shape[2])) {
     const auto q32 = widen_rows(HeadRows<const bf16_t>::from(q)), k32 = widen_rows(HeadRows<const bf16_t>::from(k));
     const auto v32 = widen_rows(HeadRows<const bf16_t>::from(v)), do32 = widen_rows(HeadRows<const bf16_t>::from(do_));
     const auto dq16 = HeadRows<bf16_t>::from(dq), dk16 = HeadRows<bf16_t>::from(dk), dv16 = HeadRows<bf16_t>::from(dv);

@@ -105,7 +105,7 @@ std::vector<Case> cases() {
       {"corners_gqa4_d128", {256, 128, 200}, {{64, 67, 70, 150}, {}, {0, 100, 184}}, 16, 8, 2, 128},
       {"corners_gqa8_d64", {300, 90}, {{75, 80, 81, 250, 284}, {22, 74}}, 16, 8, 1, 64},
       {"small_block_b4", {64, 64}, {{16, 17, 40, 60}, {20}}, 4, 2, 1, 64},
-      // d_h < 64: bf16 runs widened to f32 (cpu/attention.cpp kMinBf16TileHeadDim)
+      // d_h < 64: bf16 runs widened to f32 (cpu/attention.cpp kMinBf16TileHeadDim), on AMX tiles where they run
       {"small_heads_d32", {256, 128, 200}, {{64, 67, 70, 150}, {}, {0, 100, 184}}, 16, 4, 2, 32},
   };
   // Sliding-window layers (z-lab's DFlashDraftModel): causal windows smaller than a block, inside
