@@ -592,7 +592,8 @@ void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const T> q, H
   for (std::int64_t t = 0; t < GB; ++t) store_row(w.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
 }
 
-// The bf16 backward on AMX tiles (issue #69), any block: each kv head's K and V rows copied once
+// The bf16 backward on AMX tiles (issue #69), the drafter's blocks and windowed ones (amx_backward_runs):
+// each kv head's K and V rows copied once
 // into dense rows and K^T into [d, n_pad] (the kernel's A operands; the blocks of a sample all read
 // its context prefix), a block's visible ranges as 64-key chunks of those (ends not on a 32-key
 // boundary copied per block, zero-padded).
@@ -801,6 +802,14 @@ void delta_impl(ConstTensorView do_v, ConstTensorView o_v, TensorView delta_v) {
     }
 }
 
+// Whether the bf16 backward runs on AMX tiles: where the CPU has them, for the drafter's blocks
+// (G*B <= kQueryTile) and windowed ones, as the forward (the DiT's dense blocks, inference only,
+// keep the tile path their backward was measured on).
+bool amx_backward_runs(const BlockMask& mask, ConstTensorView q, ConstTensorView k) {
+  const std::int64_t d = q.shape[2], G = k.shape[1] > 0 ? q.shape[1] / k.shape[1] : 1;
+  return amx_attention_ready(d) && (G * mask.block() <= kQueryTile || mask.window().active());
+}
+
 template <typename T>
 void backward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_v, ConstTensorView v_v,
                    ConstTensorView do_v, ConstTensorView lse_v, ConstTensorView delta_v, TensorView dq_v,
@@ -847,7 +856,7 @@ void backward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k
   ParallelErrors errors;
   bool amx = false;  // the bf16 backward on AMX tiles where the CPU has them (amx_backward_block)
   if constexpr (std::is_same_v<T, bf16_t>) {
-    if (amx_attention_ready(s.d) && items > 0) {
+    if (amx_backward_runs(mask, q_v, k_v) && items > 0) {
       const AmxBackHeads heads = amx_back_heads(s, k, v);
 #pragma omp parallel
       {
@@ -952,7 +961,7 @@ void CpuBackend::attention_delta(ConstTensorView do_, ConstTensorView o, TensorV
 void CpuBackend::attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
                                     ConstTensorView do_, ConstTensorView lse, ConstTensorView delta, TensorView dq,
                                     TensorView dk, TensorView dv, float softmax_scale) {
-  if (q.dtype == DType::bf16 && q.shape[2] < kMinBf16TileHeadDim && !amx_attention_ready(q.shape[2])) {
+  if (q.dtype == DType::bf16 && q.shape[2] < kMinBf16TileHeadDim && !amx_backward_runs(mask, q, k)) {
     const auto q32 = widen_rows(HeadRows<const bf16_t>::from(q)), k32 = widen_rows(HeadRows<const bf16_t>::from(k));
     const auto v32 = widen_rows(HeadRows<const bf16_t>::from(v)), do32 = widen_rows(HeadRows<const bf16_t>::from(do_));
     const auto dq16 = HeadRows<bf16_t>::from(dq), dk16 = HeadRows<bf16_t>::from(dk), dv16 = HeadRows<bf16_t>::from(dv);

@@ -457,6 +457,8 @@ void amx_backward_chunk(const AmxBackKeys& keys, std::span<const AmxBackEntry> e
   w.dsv.resize(w.s.size());
   w.dks.assign(sz(kChunk * d), 0.f);
   w.dvs.assign(sz(kChunk * d), 0.f);
+  w.dkp.resize(sz(kChunk * d));
+  w.dvp.resize(sz(kChunk * d));
   w.kt.resize(sz(d * kChunk));
   w.lo.resize(sz(GBp_max));
   w.hi.resize(sz(GBp_max));
@@ -525,19 +527,40 @@ void amx_backward_chunk(const AmxBackKeys& keys, std::span<const AmxBackEntry> e
                                                                      _mm512_castsi256_si512(odd)));
       }
     }
-    // dV += P^T dO and dK += dS^T q in the chunk's scratch.
+    // dV += P^T dO and dK += dS^T q in the chunk's scratch. An entry that covers only part of its
+    // 32-row groups computes them apart and adds its own rows: the other rows' products are
+    // 0 * dO and 0 * q, NaN where the block's dO or q is not finite, and must not reach rows of
+    // keys it does not see.
+    const bool part_rows = e.r0 > rb0 * kDot || e.r1 < rb1 * kDot;
     for (std::int64_t rb = rb0; rb < rb1; ++rb)
       for (std::int64_t cs = 0; cs < col_slices; cs += 2)
         for (int which = 0; which < 2; ++which) {
           const std::uint16_t* a = (which == 0 ? w.p.data() : w.ds.data()) + rb * kDot * GBp;
           const std::uint16_t* bt = which == 0 ? b.dov.data() : b.qv.data();
-          float* acc = (which == 0 ? w.dvs.data() : w.dks.data()) + rb * kDot * d + cs * kCols;
-          load_2x2(acc, d * 4);
+          float* acc = (part_rows ? (which == 0 ? w.dvp.data() : w.dkp.data())
+                                  : (which == 0 ? w.dvs.data() : w.dks.data())) +
+                       rb * kDot * d + cs * kCols;
+          if (part_rows) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+          } else {
+            load_2x2(acc, d * 4);
+          }
           for (std::int64_t kb = 0; kb < qblocks; ++kb) {
             const std::uint16_t* bk = bt + (kb * col_slices + cs) * kTile;
             dot_2x2(a + kb * kDot, ld_p, 16 * ld_p, bk, bk + kTile);
           }
           store_2x2(acc, d * 4);
+        }
+    if (part_rows)
+      for (std::int64_t r = e.r0; r < e.r1; ++r)
+        for (std::int64_t x = 0; x < d; x += 16) {
+          float* dv_r = w.dvs.data() + r * d + x;
+          float* dk_r = w.dks.data() + r * d + x;
+          _mm512_storeu_ps(dv_r, _mm512_add_ps(_mm512_loadu_ps(dv_r), _mm512_loadu_ps(w.dvp.data() + r * d + x)));
+          _mm512_storeu_ps(dk_r, _mm512_add_ps(_mm512_loadu_ps(dk_r), _mm512_loadu_ps(w.dkp.data() + r * d + x)));
         }
     // dQ^T += K^T dS^T; K^T with the columns outside [r0, r1) zeroed where the entry has such
     // (their dS^T is 0, and a hidden key's K never reaches dq, even a non-finite one).

@@ -47,7 +47,7 @@ std::string CpuBackend::describe(DType dtype) const {
   const std::string kernels = "cpu (" DIFFCP_STR(DIFFCP_CPU_ISA) " kernels, " + std::to_string(DIFFCP_SIMD_BYTES * 8) +
                               "-bit vectors): ";
   const std::string path = dense_attention_path(dtype);
-  const std::string dense = path == "amx"   ? "; attention forward and backward fused on AMX tiles (block-sparse and dense blocks)"
+  const std::string dense = path == "amx"   ? "; attention fused on AMX tiles (block-sparse forward and backward, dense forward)"
                             : path == "vec" ? (DIFFCP_SIMD_BYTES == 64 ? "; dense attention blocks fused on AVX-512 registers"
                                                                        : "; dense attention blocks fused on AVX2 registers")
                                             : "";

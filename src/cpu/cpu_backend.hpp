@@ -176,7 +176,7 @@ struct AmxBackEntry {
 };
 struct AmxBackScratch {
   LineVector<std::uint16_t> p, ds, dsv, kt;
-  LineVector<float> s, dp, dks, dvs;
+  LineVector<float> s, dp, dks, dvs, dkp, dvp;  // dkp, dvp: an entry's own, where it covers part of its rows
   std::vector<std::int32_t> lo, hi;
 };
 void amx_backward_block_begin(const std::uint16_t* q, const std::uint16_t* dout, std::int64_t GB, std::int64_t d,

@@ -489,6 +489,39 @@ TEST(Attention, StridedRowsMatchContiguous) {
 
 // A block that sees nothing in this call (anchor at its sample start, own rows held elsewhere)
 // gets lse = -inf and o = 0, never NaN, and contributes nothing to dq/dk/dv.
+// A block's non-finite dO reaches only the dk / dv rows of the keys it sees (bf16; on AMX tiles where
+// the CPU has them, whose 64-key chunks hold keys a block sees next to keys it does not): block 0
+// (anchor 40) gets NaN dO, block 1 (anchor 100) alone sees keys 40..99, whose dk / dv stay finite.
+TEST(Attention, NonFiniteDoutStaysInTheKeysItsBlockSees) {
+  PackedBatch b;
+  b.block = 16;
+  b.lengths = {256};
+  b.anchors = {{40, 100}};
+  const std::int64_t n_q = 4, n_kv = 1, d = 64;
+  const BlockMask mask = full_mask(b, {});
+  const std::int64_t Q = b.query_rows(), Lk = b.context_rows() + Q;
+  const auto q = to_bf16(random_normal(static_cast<std::size_t>(Q * n_q * d), 1));
+  const auto k = to_bf16(random_normal(static_cast<std::size_t>(Lk * n_kv * d), 2));
+  const auto v = to_bf16(random_normal(static_cast<std::size_t>(Lk * n_kv * d), 3));
+  auto dout = to_bf16(random_normal(static_cast<std::size_t>(Q * n_q * d), 4));
+  for (std::int64_t i = 0; i < b.block * n_q * d; ++i) dout[static_cast<std::size_t>(i)].bits = 0x7fc0;  // block 0: NaN
+  std::vector<bf16_t> o(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
+  std::vector<float> lse(static_cast<std::size_t>(Q * n_q)), delta(lse.size());
+  attention_forward(mask, head_rows(q, Q, n_q, d), head_rows(k, Lk, n_kv, d), head_rows(v, Lk, n_kv, d),
+                    head_rows(o, Q, n_q, d), lse);
+  attention_delta(head_rows(dout, Q, n_q, d), head_rows(std::as_const(o), Q, n_q, d), delta);
+  attention_backward(mask, head_rows(q, Q, n_q, d), head_rows(k, Lk, n_kv, d), head_rows(v, Lk, n_kv, d),
+                     head_rows(dout, Q, n_q, d), lse, delta, head_rows(dq, Q, n_q, d), head_rows(dk, Lk, n_kv, d),
+                     head_rows(dv, Lk, n_kv, d));
+  for (std::int64_t r = 40; r < 100; ++r)
+    for (std::int64_t c = 0; c < n_kv * d; ++c) {
+      const std::size_t at = static_cast<std::size_t>(r * n_kv * d + c);
+      ASSERT_TRUE(std::isfinite(bf16_to_f32(dk[at].bits)) && std::isfinite(bf16_to_f32(dv[at].bits)))
+          << "key row " << r << ", column " << c << ": block 0's NaN dO reached a key it does not see";
+    }
+  EXPECT_TRUE(std::isnan(bf16_to_f32(dv[0].bits))) << "block 0 sees key 0: its dv takes the NaN";
+}
+
 TEST(Attention, FullyMaskedRowsGiveMinusInfLseAndZeroOutput) {
   PackedBatch b;
   b.block = 4;
