@@ -387,11 +387,31 @@ void fused_item(const BlockMask& mask, const Dims& s, HeadRows<const T> q, HeadR
   store_item(s, w, o, lse, i, h);
 }
 
-// The bf16 block-sparse forward on AMX tiles (issue #69): blocks of at most kQueryTile rows (the
-// drafter's G*B) or under a window. Every kv head's K and V are packed once as the kernel's B
-// tiles (AmxHeads; a sample's blocks all read its context prefix, so packing per block would
-// repeat it for every anchor); a block's visible ranges become 64-key chunks of those packs,
-// each range's ends not on a 32-key boundary packed per block (at most 31 keys each side).
+// Whether bf16 attention of blocks of GB query rows under `mask` runs on the block-sparse AMX
+// kernels (issue #69), forward and backward: where the CPU has them, for the drafter's blocks (G*B
+// <= kQueryTile) and windowed ones. The DiT's dense blocks keep their own fused forward
+// (fused_item) and the tile path's backward (inference only: measured there).
+bool amx_block_sparse(const BlockMask& mask, std::int64_t GB, std::int64_t d) {
+  return amx_attention_ready(d) && (GB <= kQueryTile || mask.window().active());
+}
+
+// Each tile row's visible key positions [lo, hi) under the window, for block anchor a (tile row t is
+// the query at position a + t % B): the AMX kernels' AmxRowWindow.
+void window_rows(const KeyWindow& win, const Dims& s, std::int64_t a, std::vector<std::int64_t>& lo,
+                 std::vector<std::int64_t>& hi) {
+  lo.resize(static_cast<std::size_t>(s.GB));
+  hi.resize(lo.size());
+  for (std::int64_t t = 0; t < s.GB; ++t) {
+    lo[static_cast<std::size_t>(t)] = win.first(a + t % s.B);
+    hi[static_cast<std::size_t>(t)] = win.last(a + t % s.B) + 1;
+  }
+}
+
+// The bf16 block-sparse forward on AMX tiles (issue #69; amx_block_sparse). Every kv head's K
+// and V are packed once as the kernel's B tiles (AmxHeads; a sample's blocks all read its context
+// prefix, so packing per block would repeat it for every anchor); a block's visible ranges become
+// 64-key chunks of those packs, each range's ends not on a 32-key boundary packed per block (at
+// most 31 keys each side).
 struct AmxHeads {
   LineVector<std::uint16_t> kp, vp;  // [n_kv][n_pad * d]
   std::int64_t n_pad = 0;
@@ -465,12 +485,7 @@ void amx_sparse_item(const BlockMask& mask, const Dims& s, const AmxHeads& heads
   const AmxRowWindow* rows = nullptr;
   AmxRowWindow row_window{};
   if (win.active()) {
-    x.lo.resize(static_cast<std::size_t>(s.GB));
-    x.hi.resize(static_cast<std::size_t>(s.GB));
-    for (std::int64_t t = 0; t < s.GB; ++t) {
-      x.lo[static_cast<std::size_t>(t)] = win.first(a + t % s.B);
-      x.hi[static_cast<std::size_t>(t)] = win.last(a + t % s.B) + 1;
-    }
+    window_rows(win, s, a, x.lo, x.hi);
     row_window = {x.lo.data(), x.hi.data()};
     rows = &row_window;
   }
@@ -592,11 +607,10 @@ void backward_block(const BlockMask& mask, const Dims& s, HeadRows<const T> q, H
   for (std::int64_t t = 0; t < GB; ++t) store_row(w.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
 }
 
-// The bf16 backward on AMX tiles (issue #69), the drafter's blocks and windowed ones (amx_backward_runs):
-// each kv head's K and V rows copied once
-// into dense rows and K^T into [d, n_pad] (the kernel's A operands; the blocks of a sample all read
-// its context prefix), a block's visible ranges as 64-key chunks of those (ends not on a 32-key
-// boundary copied per block, zero-padded).
+// The bf16 backward on AMX tiles (issue #69; amx_block_sparse): each kv head's K and V rows copied
+// once into dense rows and K^T into [d, n_pad] (the kernel's A operands; the blocks of a sample all
+// read its context prefix); a block's visible ranges split at 64-key chunk boundaries, each piece
+// an entry that covers rows [r0, r1) of its chunk.
 struct AmxBackHeads {
   LineVector<std::uint16_t> kd, vd, kt;  // [n_kv][n_pad * d] each (kt: [d, n_pad] per head)
   std::int64_t n_pad = 0;
@@ -642,6 +656,7 @@ AmxBackHeads amx_back_heads(const Dims& s, HeadRows<const bf16_t> k, HeadRows<co
 struct AmxBackItemScratch {
   AmxBackScratch amx;
   std::vector<AmxBackBlock> blocks;
+  std::vector<char> has_keys;  // per block: whether it sees any key (else its dq is 0)
   std::vector<std::vector<std::int64_t>> lo, hi;  // per block: the window's visible positions per tile row
   std::vector<AmxRowWindow> windows;
   std::vector<std::pair<std::int64_t, AmxBackEntry>> entries;  // (chunk, entry)
@@ -667,6 +682,7 @@ void amx_backward_group(const BlockMask& mask, const Dims& s, const AmxBackHeads
     x.hi.resize(at(nb));
     x.windows.resize(at(nb));
   }
+  x.has_keys.assign(at(nb), 0);
   x.entries.clear();
   x.q.resize(at(GB * d));
   x.dout.resize(x.q.size());
@@ -677,6 +693,7 @@ void amx_backward_group(const BlockMask& mask, const Dims& s, const AmxBackHeads
     const std::int64_t a = mask.blocks()[at(i)].ctx_end;
     mask.visible_ranges(i, x.ranges);
     if (x.ranges.empty()) continue;
+    x.has_keys[at(bi)] = 1;
     pack_tile(q, s, i, h, x.q.data());
     pack_tile(dout, s, i, h, x.dout.data());
     for (std::int64_t t = 0; t < GB; ++t) {
@@ -687,12 +704,7 @@ void amx_backward_group(const BlockMask& mask, const Dims& s, const AmxBackHeads
     AmxBackBlock& b = x.blocks[at(bi)];
     amx_backward_block_begin(&x.q[0].bits, &x.dout[0].bits, GB, d, x.lse2.data(), x.delta.data(), b);
     if (win.active()) {
-      x.lo[at(bi)].resize(at(GB));
-      x.hi[at(bi)].resize(at(GB));
-      for (std::int64_t t = 0; t < GB; ++t) {
-        x.lo[at(bi)][at(t)] = win.first(a + t % s.B);
-        x.hi[at(bi)][at(t)] = win.last(a + t % s.B) + 1;
-      }
+      window_rows(win, s, a, x.lo[at(bi)], x.hi[at(bi)]);
       x.windows[at(bi)] = {x.lo[at(bi)].data(), x.hi[at(bi)].data()};
     }
     for (const RowRange& rr : x.ranges)
@@ -720,11 +732,10 @@ void amx_backward_group(const BlockMask& mask, const Dims& s, const AmxBackHeads
   x.dq.resize(at(GB * d));
   for (std::int64_t bi = 0; bi < nb; ++bi) {
     const std::int64_t i = group[at(bi)];
-    mask.visible_ranges(i, x.ranges);
-    if (x.ranges.empty())
-      std::fill(x.dq.begin(), x.dq.end(), 0.f);
-    else
+    if (x.has_keys[at(bi)])
       amx_backward_block_end(x.blocks[at(bi)], x.dq.data());
+    else
+      std::fill(x.dq.begin(), x.dq.end(), 0.f);
     for (std::int64_t t = 0; t < GB; ++t)
       store_row(x.dq.data() + t * d, 1.f, dq.at(i * s.B + t % s.B, h * s.G + t / s.B), d);
   }
@@ -748,7 +759,7 @@ void forward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_
   const std::int64_t items = mask.num_blocks() * s.n_kv;
   ParallelErrors errors;
   if constexpr (std::is_same_v<T, bf16_t>) {
-    if ((s.GB <= kQueryTile || mask.window().active()) && amx_attention_ready(s.d) && items > 0) {
+    if (amx_block_sparse(mask, s.GB, s.d) && items > 0) {
       const AmxHeads heads = amx_pack_heads(s, k, v);
 #pragma omp parallel
       {
@@ -802,14 +813,6 @@ void delta_impl(ConstTensorView do_v, ConstTensorView o_v, TensorView delta_v) {
     }
 }
 
-// Whether the bf16 backward runs on AMX tiles: where the CPU has them, for the drafter's blocks
-// (G*B <= kQueryTile) and windowed ones, as the forward (the DiT's dense blocks, inference only,
-// keep the tile path their backward was measured on).
-bool amx_backward_runs(const BlockMask& mask, ConstTensorView q, ConstTensorView k) {
-  const std::int64_t d = q.shape[2], G = k.shape[1] > 0 ? q.shape[1] / k.shape[1] : 1;
-  return amx_attention_ready(d) && (G * mask.block() <= kQueryTile || mask.window().active());
-}
-
 template <typename T>
 void backward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k_v, ConstTensorView v_v,
                    ConstTensorView do_v, ConstTensorView lse_v, ConstTensorView delta_v, TensorView dq_v,
@@ -854,9 +857,9 @@ void backward_impl(const BlockMask& mask, ConstTensorView q_v, ConstTensorView k
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return cost[a] > cost[b]; });
   const std::int64_t items = static_cast<std::int64_t>(groups.size()) * s.n_kv;
   ParallelErrors errors;
-  bool amx = false;  // the bf16 backward on AMX tiles where the CPU has them (amx_backward_block)
+  bool amx = false;  // the bf16 backward on AMX tiles (amx_backward_group)
   if constexpr (std::is_same_v<T, bf16_t>) {
-    if (amx_backward_runs(mask, q_v, k_v) && items > 0) {
+    if (amx_block_sparse(mask, s.GB, s.d) && items > 0) {
       const AmxBackHeads heads = amx_back_heads(s, k, v);
 #pragma omp parallel
       {
@@ -961,7 +964,9 @@ void CpuBackend::attention_delta(ConstTensorView do_, ConstTensorView o, TensorV
 void CpuBackend::attention_backward(const BlockMask& mask, ConstTensorView q, ConstTensorView k, ConstTensorView v,
                                     ConstTensorView do_, ConstTensorView lse, ConstTensorView delta, TensorView dq,
                                     TensorView dk, TensorView dv, float softmax_scale) {
-  if (q.dtype == DType::bf16 && q.shape[2] < kMinBf16TileHeadDim && !amx_backward_runs(mask, q, k)) {
+  const std::int64_t G = k.shape[1] > 0 ? q.shape[1] / k.shape[1] : 1;
+  if (q.dtype == DType::bf16 && q.shape[2] < kMinBf16TileHeadDim &&
+      !amx_block_sparse(mask, G * mask.block(), q.shape[2])) {
     const auto q32 = widen_rows(HeadRows<const bf16_t>::from(q)), k32 = widen_rows(HeadRows<const bf16_t>::from(k));
     const auto v32 = widen_rows(HeadRows<const bf16_t>::from(v)), do32 = widen_rows(HeadRows<const bf16_t>::from(do_));
     const auto dq16 = HeadRows<bf16_t>::from(dq), dk16 = HeadRows<bf16_t>::from(dk), dv16 = HeadRows<bf16_t>::from(dv);
