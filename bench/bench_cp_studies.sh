@@ -17,7 +17,8 @@
 # Layouts: splitkv lpt, ring zigzag, the others contiguous (bench cp's defaults).
 #
 # Writes bench/cp_qs.csv, bench/cp_weak.csv, bench/cp_strong.csv (bench cp's columns plus study,
-# point, timed, load1; rows of points not rerun are kept); plot with bench/plot_cp.py. Usage: bench/bench_cp_studies.sh [qs|weak|strong]...
+# point, timed, load1; rows of points not rerun are kept; CSV_SUFFIX=_zen3 writes bench/cp_qs_zen3.csv
+# etc. instead, for another machine's rows); plot with bench/plot_cp.py. Usage: bench/bench_cp_studies.sh [qs|weak|strong]...
 # (default all three); DIFFCP_BIN overrides the binary (default build/release/src/diffcp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -91,7 +92,7 @@ for pass in $passes; do
   done
 done
 
-python3 - "$tmp/index" <<'PY'
+python3 - "$tmp/index" "${CSV_SUFFIX:-}" <<'PY'
 import csv, sys
 by_study = {}
 for line in open(sys.argv[1]):
@@ -100,7 +101,7 @@ for line in open(sys.argv[1]):
         row.update(study=study, point=point, timed=timed, load1=load)
         by_study.setdefault(study, []).append(row)
 for study, rows in by_study.items():
-    out = f"bench/cp_{study}.csv"
+    out = f"bench/cp_{study}{sys.argv[2]}.csv"
     # Rows of (point, P) pairs this run did not redo are kept from the previous file.
     redone = {(r["point"], r["P"]) for r in rows}
     try:

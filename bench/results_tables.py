@@ -230,9 +230,12 @@ def t_dense(d):
 
 def t_openvino(d):
     out = []
-    for machine, t, native in ((XEON, d["dit_cpu_peers.csv"], "AVX-512 + AMX"), (ZEN4, d["dit_cpu_peers_epyc.csv"], "AVX-512")):
-        for shape, isa, dtype in (("small", "native", "f32"), ("small", "native", "bf16"), ("flux", "native", "f32"),
-                                  ("flux", "native", "bf16"), ("small", "avx2", "f32")):
+    full = (("small", "native", "f32"), ("small", "native", "bf16"), ("flux", "native", "f32"), ("flux", "native", "bf16"),
+            ("small", "avx2", "f32"))
+    for machine, t, native, points in ((XEON, d["dit_cpu_peers.csv"], "AVX-512 + AMX", full),
+                                       (ZEN4, d["dit_cpu_peers_epyc.csv"], "AVX-512", full),
+                                       (AVX2, d["dit_cpu_peers_zen3.csv"], "AVX2", full[:2])):
+        for shape, isa, dtype in points:
             s = t.where(shape=shape, isa=isa)
             r = s.last()
             earlier = ", ".join(x(e.num(f"speedup_{dtype}_vs_ov")) for e in s.rows[:-1])
@@ -577,13 +580,13 @@ TABLES = {
         "off. Reproduce: `bench/bench_dit_cpu.sh fused` (AVX2: `ISA=avx2 REPEAT=5 "
         "OUT=bench/dit_cpu_fused_attention_avx2.csv`; the AMX row is this mode's first run, bf16 only, when it was `amx`)."),
     "openvino": Table(
-        ["dit_cpu_peers.csv", "dit_cpu_peers_epyc.csv"],
+        ["dit_cpu_peers.csv", "dit_cpu_peers_epyc.csv", "dit_cpu_peers_zen3.csv"],
         ["machine", "shape", "ISA", "dtype", "diffcp ms", "OpenVINO ms", "diffcp / OpenVINO (latest run)",
          "earlier runs (older diffcp)", "diffcp / BFL FLUX"], t_openvino,
-        "2026-12-05; one process, 2 threads, random weights, the same architecture and tokens in all three; medians "
+        "2026-12-05 (AVX2 EPYC, a Zen 3: 2026-12-07, OpenVINO 2026.4 on AVX2, its bf16 runs f32 kernels there); one process, 2 threads, random weights, the same architecture and tokens in all three; medians "
         "over 2-3 interleaved rounds. small = hidden 768, 2 + 4 blocks, 512²; FLUX width = hidden 3072, 1 + 2 blocks, "
         "1024². Reproduce: `VENV=... FLUX_SRC=... bench/bench_dit_cpu.sh peers` (`CSV=bench/dit_cpu_peers_epyc.csv` "
-        "on the Zen 4)."),
+        "on the Zen 4, `ROWS=small ROUNDS=2 CSV=bench/dit_cpu_peers_zen3.csv` on the AVX2 EPYC)."),
     "diffusers": Table(
         ["diffusers_flux_step.csv", "diffusers_qwen_image_step.csv", "diffusers_flux2_step.csv", "diffusers_sd3_step.csv"],
         ["family (real width, reduced depth)", "diffusers ms", "diffcp P = 1 ms", "speed-up", "diffcp P = 2 (flat) ms",

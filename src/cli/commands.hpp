@@ -30,6 +30,11 @@ CountRange parse_range(const std::string& text, const char* flag);
 // flags (--cache-ratio): every `name` of lower-case letters, digits and underscores.
 std::string cli_flags(const std::string& message);
 
+// For --dtype `dtype` on the active backend: "" where it has arithmetic of that type, else what a
+// run should know, e.g. " (bf16 converted to f32 for every GEMM on this CPU: slower than f32 here)"
+// (Backend::native_arithmetic: a CPU without avx512_bf16).
+std::string dtype_cost_note(const std::string& dtype);
+
 // What every printed check adds to its JSON object `out` (`attn`, `bench cp`, `dit --compare /
 // --reference`), from a comparison already reduced over ranks and tensors: check_passed,
 // max_abs_err, max_rel_err (scale-relative: max |d| / max |ref|), max_tol_ratio (max |d| /

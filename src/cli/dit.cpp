@@ -541,7 +541,8 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
   const DitShape& shape = pl.g.shape;
   const DitConfig& cfg = pl.cfg;
   std::printf("diffcp dit: mode %s, %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps (%s schedule)\n",
-              exchange_mode_name(pl.run().mode), o.run.dtype == "bf16" ? "bf16 GEMMs, attention and exchanges" : "f32", P,
+              exchange_mode_name(pl.run().mode),
+              o.run.dtype == "bf16" ? ("bf16 GEMMs, attention and exchanges" + dtype_cost_note(o.run.dtype)).c_str() : "f32", P,
               j["group_size"].get<int>(), static_cast<long long>(shape.width), static_cast<long long>(shape.height),
               static_cast<long long>(shape.image_tokens()), static_cast<long long>(shape.text_tokens),
               static_cast<long long>(shape.batch), o.run.steps, pl.g.schedule_name.c_str());

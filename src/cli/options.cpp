@@ -22,6 +22,11 @@ std::int64_t parse_count(const std::string& text, const char* flag) {
   return value * mult;
 }
 
+std::string dtype_cost_note(const std::string& dtype) {
+  if (dtype != "bf16" || active_backend().native_arithmetic(DType::bf16)) return "";
+  return " (bf16 converted to f32 for every GEMM on this CPU, which has no bf16 arithmetic: slower than f32 here)";
+}
+
 std::string cli_flags(const std::string& message) {
   std::string out;
   for (std::size_t i = 0; i < message.size(); ++i) {

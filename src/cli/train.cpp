@@ -127,6 +127,8 @@ int run_train(Communicator& world, TrainCommand cmd) {
     }
   };
   TrainResult r;
+  if (const std::string note = dtype_cost_note(opt.dtype); root && !note.empty())
+    std::fprintf(stderr, "diffcp train: --dtype bf16%s\n", note.c_str());
   try {
     Trainer trainer(world, opt, on_event);
     const TrainResult& s = trainer.summary();
@@ -151,8 +153,9 @@ int run_train(Communicator& world, TrainCommand cmd) {
     std::printf("diffcp train: final loss %.4f (uniform prediction: %.4f), held-out acceptance length tau %.3f "
                 "(against the %s)\n", r.loss, r.uniform_loss, r.tau, r.tau_reference.c_str());
     std::printf("diffcp train: checkpoint %s\n", r.checkpoint.empty() ? "not written (no --out)" : r.checkpoint.c_str());
-    std::printf("diffcp train: CP group on %s, Split-KV with %s collectives and output projection %s, %s compute\n",
-                r.topology.c_str(), r.collectives.c_str(), r.oproj.c_str(), r.dtype == "bf16" ? "bf16 mixed-precision" : "f32");
+    std::printf("diffcp train: CP group on %s, Split-KV with %s collectives and output projection %s, %s compute%s\n",
+                r.topology.c_str(), r.collectives.c_str(), r.oproj.c_str(), r.dtype == "bf16" ? "bf16 mixed-precision" : "f32",
+                dtype_cost_note(r.dtype).c_str());
     std::printf("diffcp train: --shard %s%s: model state %.0f MiB/rank, LM head %.0f MiB/rank; ms per step:", r.shard.c_str(),
                 r.recompute ? ", activations recomputed" : "", r.state_mb, r.lm_head_mb);
     for (const auto& [name, ms] : r.phases) std::printf(" %s %.0f", name.c_str(), ms);

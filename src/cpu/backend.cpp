@@ -54,6 +54,8 @@ std::string CpuBackend::describe(DType dtype) const {
   return kernels + (dtype == DType::bf16 ? bf16_gemm_path() : dtype_name(dtype) + std::string(" oneDNN sgemm")) + dense;
 }
 
+bool CpuBackend::native_arithmetic(DType dtype) const { return dtype != DType::bf16 || bf16_gemm_native(); }
+
 std::string CpuBackend::kernel_key() const {
   std::string cxx = __VERSION__;
   for (char& c : cxx)

@@ -34,6 +34,7 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
   bool supports(OpKind op, DType dtype) const override;
   std::string describe(DType dtype) const override;
+  bool native_arithmetic(DType dtype) const override;
   std::string kernel_key() const override;
 
   void gemm(const GemmArgs& args) override;

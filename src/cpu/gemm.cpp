@@ -420,14 +420,19 @@ const Bf16Probe& bf16_probe() {
 }
 }  // namespace
 
+bool bf16_gemm_native() {
+  const Bf16Probe& p = bf16_probe();
+  return !p.impl.empty() &&
+         (std::strcmp(p.isa, "avx512_core_bf16") == 0 || std::strcmp(p.isa, "avx512_core_amx") == 0);
+}
+
 std::string bf16_gemm_path() {
   const Bf16Probe& p = bf16_probe();
   if (p.impl.empty())
     return std::string("bf16 converted to f32 + oneDNN sgemm (oneDNN has ") +
            (p.reference ? "only its reference bf16 matmul" : "no bf16 matmul") + " on ISA " + p.isa + ")";
-  const bool native = std::strcmp(p.isa, "avx512_core_bf16") == 0 || std::strcmp(p.isa, "avx512_core_amx") == 0;
   return "oneDNN bf16 matmul (" + p.impl + ", ISA " + p.isa +
-         (native ? ", native bf16 instructions)" : ", bf16 emulated in f32 units)");
+         (bf16_gemm_native() ? ", native bf16 instructions)" : ", bf16 emulated in f32 units)");
 }
 
 std::string onednn_key() {

@@ -30,6 +30,8 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
                const bf16_t* A, std::int64_t lda, const bf16_t* B, std::int64_t ldb, float beta, void* C,
                std::int64_t ldc, DType c_dtype, bool fixed_shape = true);
 std::string bf16_gemm_path();
+// Whether that path runs on bf16 instructions (oneDNN's avx512_core_bf16 or AMX kernels).
+bool bf16_gemm_native();
 // What of oneDNN determines the GEMMs' bits here: "onednn=2.6.3 onednn_isa=avx512_core_amx
 // bf16_gemm=brg:avx512_core_amx_bf16" (the bitwise golden's key: CpuBackend::kernel_key).
 std::string onednn_key();

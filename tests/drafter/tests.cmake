@@ -39,6 +39,13 @@ add_test(NAME cli_train_export_init_dflash2 COMMAND ${RUN_OK} ${CMAKE_COMMAND} -
    grep -q candidate_recall ${DFLASH_DIR}2/b.jsonl")
 set_tests_properties(cli_train_export_init_dflash2 PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 180
                      PASS_REGULAR_EXPRESSION "diffcp train: 10 steps on 2 ranks.*checkpoint ${DFLASH_DIR}2/b/checkpoint.bin")
+# --dtype bf16 where the CPU has no bf16 arithmetic (oneDNN capped at AVX2: GEMMs converted to f32)
+# says so when the run starts and in its summary.
+add_test(NAME cli_train_bf16_converted_note COMMAND ${RUN_OK} ${MPIRUN} 1 $<TARGET_FILE:diffcp_cli> train --dtype bf16
+         --steps 2 --eval-every 0 --no-progress)
+set_tests_properties(cli_train_bf16_converted_note PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV};DNNL_MAX_CPU_ISA=AVX2" TIMEOUT 120
+                     LABELS cli PASS_REGULAR_EXPRESSION
+                     "--dtype bf16 \\(bf16 converted to f32 for every GEMM.*bf16 mixed-precision compute \\(bf16 converted to f32 for every GEMM")
 diffcp_add_fail_test(cli_export_missing_checkpoint "checkpoint '/nonexistent/checkpoint.bin'"
                      $<TARGET_FILE:diffcp_cli> export --checkpoint /nonexistent/checkpoint.bin --out ${DFLASH_DIR}/x)
 diffcp_add_fail_test(cli_train_init_not_a_drafter "--init '/nonexistent': not a directory"

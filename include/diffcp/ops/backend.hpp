@@ -156,6 +156,13 @@ class Backend {
   // What runs ops of `dtype` here, for logs and benchmark output (e.g. which oneDNN kernel and
   // instruction set serves bf16). Default: the backend's name.
   virtual std::string describe(DType dtype) const { return std::string(name()) + " (" + dtype_name(dtype) + ")"; }
+  // Whether the GEMMs of `dtype` run on arithmetic that reads it (bf16: avx512_bf16's dot products,
+  // AMX tiles, tensor cores) rather than on its values converted to f32 first, which costs more
+  // than f32 itself (a CPU without avx512_bf16: the CLI says so when --dtype bf16 is asked for there).
+  virtual bool native_arithmetic(DType dtype) const {
+    (void)dtype;
+    return true;
+  }
   // What determines this backend's result bits, as one line of key=value words (the CPU's: its
   // kernels' version and ISA, the compiler, oneDNN's version and paths, the fused attention paths).
   // `diffcp backends --key` prints the active one; the bitwise golden is recorded under it.

@@ -60,6 +60,7 @@ class GuardBackend final : public Backend {
   Device device_of(const void* p) const override { return p != nullptr && owns(p, 1) ? device_ : Device::host; }
   bool supports(OpKind op, DType dtype) const override { return cpu_backend().supports(op, dtype); }
   std::string describe(DType dtype) const override;
+  bool native_arithmetic(DType dtype) const override { return cpu_backend().native_arithmetic(dtype); }
 
   void* allocate(std::size_t bytes) override;
   void deallocate(void* p, std::size_t bytes) noexcept override;
