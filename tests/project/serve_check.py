@@ -244,9 +244,20 @@ for fam, kw in family_requests.items():
             proc.kill()
 
 # Last: MPI in this process (a singleton) would leak its environment into the mpiruns above.
+# The server runs at P = 2, this process at P = 1: equal within f32 rounding, not bit for bit (each
+# rank's GEMMs see half the rows, and oneDNN's AVX2 kernels round those differently). Guidance 4
+# on a random tiny model carries that into a few pixels: on an AVX2 EPYC (Zen 3) SD3.5 and
+# Qwen-Image came out 49.9 and 50.8 dB from the in-process image (at most 5 / 255 off), FLUX.2
+# equal. A request that reached the pipeline wrongly (a lost negative prompt, another seed) is
+# nowhere near 45 dB.
+def psnr(a, b):
+    mse = float(((a.astype(float) - b.astype(float)) ** 2).mean())
+    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+
 for fam, kw in family_requests.items():
     want = in_process(FOLDERS[fam], "a quiet harbour", 21, **dict(kw))
-    assert int(np.abs(family_served[fam].astype(int) - want).max()) <= 1, f"{fam}: server vs in-process"
+    assert psnr(family_served[fam], want) >= 45, f"{fam}: server vs in-process, {psnr(family_served[fam], want):.1f} dB"
 want = in_process(FOLDER, "a lighthouse at dusk", 5)
 assert served.shape == (64, 64, 3) and int(np.abs(served.astype(int) - want).max()) <= 1, "server vs in-process"
 assert served.std() > 0, "a flat image"
