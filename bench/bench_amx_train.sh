@@ -65,7 +65,7 @@ rounds = sorted({r["round"] for r in runs})
 print("bf16 / f32 step speed-up (median of each round's own): %.2fx" % med([by[(k, "f32")] / by[(k, "bf16")] for k in rounds]))
 if all((k, "bf16_amx_off") in by for k in rounds):
     print("AMX on / off, bf16 step (median of each round's own): %.2fx" % med([by[(k, "bf16_amx_off")] / by[(k, "bf16")] for k in rounds]))
+span = lambda v: "n/a" if any(x != x for x in v) else "%.0f-%.0f" % (min(v), max(v))  # nan: no bf16 GEMM
 print("same-run oneDNN GEMM 2048^3: f32 %s GFLOP/s, bf16 %s GFLOP/s (min-max over the rounds)" % (
-    "%.0f-%.0f" % (min(g[0] for g in gemm.values()), max(g[0] for g in gemm.values())),
-    "%.0f-%.0f" % (min(g[1] for g in gemm.values()), max(g[1] for g in gemm.values()))))
+    span([g[0] for g in gemm.values()]), span([g[1] for g in gemm.values()])))
 PY

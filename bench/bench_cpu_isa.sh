@@ -19,6 +19,7 @@ out=${1:-$here/cpu_isa.csv}
 rounds=${2:-5}
 bench=${BENCH:-$here/../build/release/bench/bench_attention}
 dtype=${DTYPE:-f32}
+case $dtype in f32|bf16) ;; *) echo "bench_cpu_isa: DTYPE=$dtype, expected f32 or bf16" >&2; exit 2 ;; esac
 args="--samples 2 --context 4096 --anchors 64 --n-q 8 --n-kv 2 --reps 5 --dtype $dtype --json"
 echo "round,build,isa,d_h,fwd_ms,bwd_ms,gemm_f32_gflops,fwd_over_f32_gemm,bwd_over_f32_gemm,kernels,dtype" > "$out"
 row() {  # round build isa d_h json
@@ -30,11 +31,11 @@ print(','.join(str(x) for x in
 r=1
 while [ $r -le "$rounds" ]; do
   for dh in 64 128; do
-    if grep -q avx512f /proc/cpuinfo; then
-      row $r new avx512 $dh "$(DIFFCP_CPU_ISA=avx512 "$bench" $args --d-h $dh)"
-    fi
     if [ -n "${OLD:-}" ] && [ $((r % 2)) = 0 ]; then
       row $r old native $dh "$("$OLD" $args --d-h $dh)"
+    fi
+    if grep -q avx512f /proc/cpuinfo; then
+      row $r new avx512 $dh "$(DIFFCP_CPU_ISA=avx512 "$bench" $args --d-h $dh)"
     fi
     row $r new avx2 $dh "$(DIFFCP_CPU_ISA=avx2 DNNL_MAX_CPU_ISA=AVX2 "$bench" $args --d-h $dh)"
     if [ -n "${OLD:-}" ] && [ $((r % 2)) = 1 ]; then

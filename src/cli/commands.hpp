@@ -31,7 +31,7 @@ CountRange parse_range(const std::string& text, const char* flag);
 std::string cli_flags(const std::string& message);
 
 // For --dtype `dtype` on the active backend: "" where it has arithmetic of that type, else what a
-// run should know, " (bf16 converted to f32 for every GEMM on this CPU, ...: slower than f32 here)"
+// run should know, " (bf16 converted to f32 for every GEMM: ..., slower than f32 here)"
 // (Backend::native_arithmetic: a CPU without avx512_bf16).
 std::string dtype_cost_note(const std::string& dtype);
 

@@ -24,7 +24,7 @@ std::int64_t parse_count(const std::string& text, const char* flag) {
 
 std::string dtype_cost_note(const std::string& dtype) {
   if (dtype != "bf16" || active_backend().native_arithmetic(DType::bf16)) return "";
-  return " (bf16 converted to f32 for every GEMM on this CPU, which has no bf16 arithmetic: slower than f32 here)";
+  return " (bf16 converted to f32 for every GEMM: no bf16 instructions in use on this CPU, slower than f32 here)";
 }
 
 std::string cli_flags(const std::string& message) {

@@ -248,8 +248,9 @@ for fam, kw in family_requests.items():
 # rank's GEMMs see half the rows, and oneDNN's AVX2 kernels round those differently). Guidance 4
 # on a random tiny model carries that into a few pixels: on an AVX2 EPYC (Zen 3) SD3.5 and
 # Qwen-Image came out 49.9 and 50.8 dB from the in-process image (at most 5 / 255 off), FLUX.2
-# equal. A request that reached the pipeline wrongly (a lost negative prompt, another seed) is
-# nowhere near 45 dB.
+# equal. The negative controls below hold the bar to what it must tell apart: the in-process image
+# of the same request with another seed, or without its negative prompt, is further than 45 dB
+# (5.6-7.8 dB and 6.7 / 22.6 dB there).
 def psnr(a, b):
     mse = float(((a.astype(float) - b.astype(float)) ** 2).mean())
     return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
@@ -258,6 +259,12 @@ def psnr(a, b):
 for fam, kw in family_requests.items():
     want = in_process(FOLDERS[fam], "a quiet harbour", 21, **dict(kw))
     assert psnr(family_served[fam], want) >= 45, f"{fam}: server vs in-process, {psnr(family_served[fam], want):.1f} dB"
+    wrong = {"seed 22": in_process(FOLDERS[fam], "a quiet harbour", 22, **dict(kw))}
+    if "negative_prompt" in kw:
+        wrong["no negative prompt"] = in_process(FOLDERS[fam], "a quiet harbour", 21,
+                                                 **{k: v for k, v in kw.items() if k != "negative_prompt"})
+    for what, img in wrong.items():
+        assert psnr(family_served[fam], img) < 45, f"{fam}: {what} is {psnr(family_served[fam], img):.1f} dB from the served image"
 want = in_process(FOLDER, "a lighthouse at dusk", 5)
 assert served.shape == (64, 64, 3) and int(np.abs(served.astype(int) - want).max()) <= 1, "server vs in-process"
 assert served.std() > 0, "a flat image"
