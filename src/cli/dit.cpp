@@ -39,6 +39,7 @@ struct DitOptions {
   double guidance = 3.5;                    // run.guidance when given (g_guidance_opt)
   bool no_pack_weights = false;             // run.pack_weights = false
   std::int64_t resolution = 512, width = 0, height = 0, batch = 1, text_tokens = 64;  // width/height 0: --resolution
+  std::int64_t frames = 1;  // latent frames (video: wan)
   std::uint64_t seed = 1, weight_seed = 1;
   std::string prompt = "a lighthouse on a rocky coast at dusk";
   std::string weights, preset = "default", config;
@@ -57,6 +58,7 @@ CLI::Option* g_heads_opt = nullptr;
 CLI::Option* g_batch_opt = nullptr;
 CLI::Option* g_width_opt = nullptr;
 CLI::Option* g_height_opt = nullptr;
+CLI::Option* g_frames_opt = nullptr;
 CLI::Option* g_seed_opt = nullptr;
 CLI::Option* g_prompt_opt = nullptr;
 CLI::Option* g_text_tokens_opt = nullptr;
@@ -128,7 +130,9 @@ struct DitInputs {
 DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
   DitInputs in;
   const bool w_given = g_width_opt->count() > 0, h_given = g_height_opt->count() > 0;
-  in.shape = {o.batch, w_given ? o.width : o.resolution, h_given ? o.height : o.resolution, o.text_tokens};
+  in.shape = {o.batch, w_given ? o.width : o.resolution, h_given ? o.height : o.resolution, o.text_tokens, o.frames};
+  DIFFCP_CHECK(o.frames == 1 || cfg.family == DitFamily::wan, "--frames ", o.frames, ": ", dit_family_name(cfg.family),
+               " is an image model (one frame); the video family is wan");
   DIFFCP_CHECK(o.text_embeddings.empty() || g_prompt_opt->count() == 0, "--prompt is hashed into stand-in text "
                "conditioning; with --text-embeddings / --pooled it would be ignored: give one or the other");
   DIFFCP_CHECK(o.noise.empty() || g_seed_opt->count() == 0, "--seed draws the initial noise; with --noise it would be "
@@ -181,14 +185,24 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
     in.cond.negative_pooled = read_input(o.negative_pooled, "--negative-pooled", s, {{cfg.pooled_dim}, {1, cfg.pooled_dim}},
                                          plegend.c_str());
   }
-  if (!o.noise.empty() && cfg.family == DitFamily::sd3) {  // SD3: the latent image [b, C, H/8, W/8], packed here
+  if (!o.noise.empty() && cfg.latent_image_layout()) {  // SD3 / Wan: the latent image or video, packed here
     std::vector<std::int64_t> s;
-    const std::string legend = "[b, C, H/8, W/8] with C = in_channels = " + std::to_string(cfg.latent_channels) +
-                               " (SD3Transformer2DModel's hidden_states)";
-    in.noise = read_input(o.noise, "--noise", s, {{-1, cfg.latent_channels, -1, -1}}, legend.c_str());
+    const bool video = cfg.family == DitFamily::wan;
+    const std::string legend = std::string(video ? "[b, C, F, H/8, W/8]" : "[b, C, H/8, W/8]") + " with C = in_channels = " +
+                               std::to_string(cfg.latent_channels) + " (" + diffusers_class(cfg.family) + "'s hidden_states)";
+    in.noise = read_input(o.noise, "--noise", s,
+                          {video ? std::vector<std::int64_t>{-1, cfg.latent_channels, -1, -1, -1}
+                                 : std::vector<std::int64_t>{-1, cfg.latent_channels, -1, -1}},
+                          legend.c_str());
     DIFFCP_CHECK(!given(g_batch_opt, o.batch) || o.batch == s[0], "--batch ", o.batch, " disagrees with --noise '", o.noise,
                  "' (", s[0], " images)");
     in.shape.batch = s[0];
+    if (video) {
+      DIFFCP_CHECK(g_frames_opt->count() == 0 || o.frames == s[2], "--frames ", o.frames, " disagrees with --noise '", o.noise,
+                   "' (", s[2], " latent frames)");
+      in.shape.frames = s[2];
+      s.erase(s.begin() + 2);
+    }
     in.shape.validate();
     DIFFCP_CHECK(s[2] == in.shape.height / 8 && s[3] == in.shape.width / 8, "--noise '", o.noise, "': a ", s[3], " x ", s[2],
                  " latent, but a ", in.shape.width, "x", in.shape.height, " image has ", in.shape.width / 8, " x ",
@@ -223,12 +237,13 @@ DitInputs read_inputs(const DitOptions& o, const DitConfig& cfg) {
 // tokens [b, N_img, C_in]).
 std::vector<std::int64_t> latent_file_shape(const DitConfig& cfg, const DitShape& shape) {
   if (cfg.family == DitFamily::sd3) return {shape.batch, cfg.latent_channels, shape.height / 8, shape.width / 8};
+  if (cfg.family == DitFamily::wan) return {shape.batch, cfg.latent_channels, shape.frames, shape.height / 8, shape.width / 8};
   return {shape.batch, shape.image_tokens(), cfg.in_channels()};
 }
 
 // tokens [b, N_img, C_in] -> PATH as .npy in latent_file_shape's layout
 void write_latent(const std::string& path, const std::vector<float>& tokens, const DitConfig& cfg, const DitShape& shape) {
-  if (cfg.family == DitFamily::sd3)
+  if (cfg.latent_image_layout())
     write_npy(path, unpack_latent(tokens, cfg, shape).data(), latent_file_shape(cfg, shape));
   else
     write_npy(path, tokens.data(), latent_file_shape(cfg, shape));
@@ -275,6 +290,9 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--resolution", o.resolution, "image side in pixels, a multiple of 16 ((R/16)^2 image tokens); --width / --height override it")->capture_default_str();
   g_width_opt = c->add_option("--width", o.width, "image width in pixels, a multiple of 16 (default: --resolution)");
   g_height_opt = c->add_option("--height", o.height, "image height in pixels, a multiple of 16 (default: --resolution)");
+  g_frames_opt = c->add_option("--frames", o.frames, "latent frames of a video (wan; --noise [b, C, F, H/8, W/8] gives them)")
+                     ->check(CLI::Range(1, 65536))
+                     ->capture_default_str();
   g_batch_opt = c->add_option("--batch", o.batch, "images generated together (same prompt, different noise; default: --noise's b)")->capture_default_str();
   g_text_tokens_opt = c->add_option("--text-tokens", o.text_tokens, "text tokens T (default: --text-embeddings' T)")->capture_default_str();
   c->add_option("--text-embeddings", o.text_embeddings, "text tokens from your T5: .npy [T, context_in_dim] or [1, T, context_in_dim] (with --pooled; default: the hashed --prompt)");
@@ -393,7 +411,7 @@ DitPlan plan_dit(Communicator& world, DitOptions& o) {
     const std::vector<std::int64_t> want = latent_file_shape(pl.cfg, pl.g.shape);
     const std::string legend = shape_str(want) + " (--save-latent's layout)";
     pl.reference = read_input(o.reference, "--reference", s, {want}, legend.c_str());
-    if (pl.cfg.family == DitFamily::sd3) pl.reference = pack_latent(pl.reference, pl.cfg, pl.g.shape);
+    if (pl.cfg.latent_image_layout()) pl.reference = pack_latent(pl.reference, pl.cfg, pl.g.shape);
   }
   return pl;
 }

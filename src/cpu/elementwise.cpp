@@ -313,7 +313,8 @@ void CpuBackend::gated_add(TensorView x_v, ConstTensorView gate_v, ConstTensorVi
     for (std::int64_t c = 0; c < H; ++c) x[r * H + c] += gate[c] * y[r * ldy + c];
 }
 
-// qkv: [rows, 3, heads, d] (row stride ld)  q_scale, k_scale: [d]  cos, sin: [rows, d/2] or rank 0
+// qkv: [rows, 3, heads, d] (row stride ld)  q_scale, k_scale: [d] (per head) or [heads * d] (across
+// heads: one rstd for a row's q, one for its k)  cos, sin: [rows, d/2] or rank 0
 void CpuBackend::qk_norm_rope(TensorView qkv_v, ConstTensorView q_scale_v, ConstTensorView k_scale_v, float eps,
                               ConstTensorView cos_v, ConstTensorView sin_v) {
   float* qkv = qkv_v.ptr<float>();
@@ -322,15 +323,22 @@ void CpuBackend::qk_norm_rope(TensorView qkv_v, ConstTensorView q_scale_v, Const
   const float* cos = rotate ? cos_v.ptr<float>() : nullptr;
   const float* sin = rotate ? sin_v.ptr<float>() : nullptr;
   const std::int64_t rows = qkv_v.size(0), heads = qkv_v.size(2), d = qkv_v.size(3), ld = qkv_v.stride[0];
+  const std::int64_t span = q_scale_v.size(0);  // d, or heads * d across heads
+  const auto rms = [eps](const float* x, std::int64_t n) {
+    float ss = 0.f;
+    for (std::int64_t c = 0; c < n; ++c) ss += x[c] * x[c];
+    return 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  };
 #pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < rows; ++r)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float rstd[2] = {0.f, 0.f};  // across heads: q's, k's
+    if (span != d)
+      for (int part = 0; part < 2; ++part) rstd[part] = rms(qkv + r * ld + part * heads * d, heads * d);
     for (std::int64_t h = 0; h < 2 * heads; ++h) {  // q heads, then k heads
       float* x = qkv + r * ld + h * d;
-      const float* w = h < heads ? q_scale : k_scale;
-      float ss = 0.f;
-      for (std::int64_t c = 0; c < d; ++c) ss += x[c] * x[c];
-      const float rstd = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
-      for (std::int64_t c = 0; c < d; ++c) x[c] = x[c] * rstd * w[c];
+      const float* w = (h < heads ? q_scale : k_scale) + (span == d ? 0 : (h % heads) * d);
+      const float s = span == d ? rms(x, d) : rstd[h < heads ? 0 : 1];
+      for (std::int64_t c = 0; c < d; ++c) x[c] = x[c] * s * w[c];
       if (!rotate) continue;
       const float* cs = cos + r * (d / 2);
       const float* sn = sin + r * (d / 2);
@@ -340,6 +348,7 @@ void CpuBackend::qk_norm_rope(TensorView qkv_v, ConstTensorView q_scale_v, Const
         x[2 * k + 1] = sn[k] * x0 + cs[k] * x1;
       }
     }
+  }
 }
 
 }  // namespace diffcp::cpu::DIFFCP_CPU_ISA

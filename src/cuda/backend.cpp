@@ -367,7 +367,7 @@ class CudaBackend final : public Backend {
     const bool rotate = cos.rank != 0;
     launched(cuda::qk_norm_rope(qkv.ptr<float>(), qkv.stride[0], qkv.size(0), qkv.size(2), qkv.size(3), q_scale.ptr<float>(),
                                 k_scale.ptr<float>(), eps, rotate ? cos.ptr<float>() : nullptr,
-                                rotate ? sin.ptr<float>() : nullptr, stream_),
+                                rotate ? sin.ptr<float>() : nullptr, q_scale.size(0) != qkv.size(3), stream_),
              "qk_norm_rope");
   }
   void gather_rows(ConstTensorView src, ConstTensorView rows, TensorView dst) override { move_rows(src, rows, dst, false); }

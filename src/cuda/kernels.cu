@@ -314,17 +314,21 @@ int rope(float* x, const float* cs, const float* sn, std::int64_t rows, std::int
 }
 
 int qk_norm_rope(float* qkv, std::int64_t ld, std::int64_t rows, std::int64_t heads, std::int64_t d, const float* q_scale,
-                 const float* k_scale, float eps, const float* cs, const float* sn, Stream s) {
-  return launch_2d(rows, 2 * heads, s, [=] __device__(std::int64_t r, std::int64_t h) {  // q heads, then k heads
-    float* x = qkv + r * ld + h * d;
-    const float* w = h < heads ? q_scale : k_scale;
+                 const float* k_scale, float eps, const float* cs, const float* sn, bool across_heads, Stream s) {
+  // One thread per (row, head), or per (row, q | k) across heads (its norm spans the row's heads).
+  const std::int64_t parts = across_heads ? 2 : 2 * heads, span = across_heads ? heads * d : d;
+  return launch_2d(rows, parts, s, [=] __device__(std::int64_t r, std::int64_t part) {
+    const bool is_q = across_heads ? part == 0 : part < heads;
+    float* x = qkv + r * ld + part * span;
+    const float* w = is_q ? q_scale : k_scale;
     float ss = 0.f;
-    for (std::int64_t c = 0; c < d; ++c) ss += x[c] * x[c];
-    const float rstd = 1.f / sqrtf(ss / static_cast<float>(d) + eps);
-    for (std::int64_t c = 0; c < d; ++c) x[c] = x[c] * rstd * w[c];
+    for (std::int64_t c = 0; c < span; ++c) ss += x[c] * x[c];
+    const float rstd = 1.f / sqrtf(ss / static_cast<float>(span) + eps);
+    for (std::int64_t c = 0; c < span; ++c) x[c] = x[c] * rstd * w[c];
     if (cs == nullptr) return;
-    for (std::int64_t k = 0; k < d / 2; ++k) {
-      const float x0 = x[2 * k], x1 = x[2 * k + 1], c = cs[r * (d / 2) + k], si = sn[r * (d / 2) + k];
+    for (std::int64_t k = 0; k < span / 2; ++k) {  // pairs of each head: k % (d/2) is the head's pair
+      const std::int64_t j = k % (d / 2);
+      const float x0 = x[2 * k], x1 = x[2 * k + 1], c = cs[r * (d / 2) + j], si = sn[r * (d / 2) + j];
       x[2 * k] = c * x0 - si * x1;
       x[2 * k + 1] = si * x0 + c * x1;
     }

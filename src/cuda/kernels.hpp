@@ -82,9 +82,10 @@ int lse_merge(const std::int64_t* parts, std::int64_t P, float* o, std::int64_t 
 int rope(float* x, const float* cs, const float* sn, std::int64_t rows, std::int64_t heads, std::int64_t d, float sign,
          Stream s);
 // The DiT's q/k RMSNorm (+ interleaved-pair RoPE): qkv: [rows, 3, heads, d] (row stride ld), the q
-// and k heads in place; q_scale, k_scale: [d]; cs, sn: [rows, d/2] or null (no rotation).
+// and k heads in place; q_scale, k_scale: [d], or [heads * d] across_heads (one norm over a row's q,
+// one over its k: Wan); cs, sn: [rows, d/2] or null (no rotation).
 int qk_norm_rope(float* qkv, std::int64_t ld, std::int64_t rows, std::int64_t heads, std::int64_t d, const float* q_scale,
-                 const float* k_scale, float eps, const float* cs, const float* sn, Stream s);
+                 const float* k_scale, float eps, const float* cs, const float* sn, bool across_heads, Stream s);
 // dst[i, :w] = src[idx[i], :w] (gather) or dst[idx[i], :w] = src[i, :w] (scatter), idx: device [n];
 // each element converted from src_bytes to dst_bytes (4 = f32, 2 = bf16 bits, 1 = u8: same sizes copy)
 // (a row outside [0, M) of the [M, w] side is skipped: device row lists are not checked on the host)

@@ -16,6 +16,7 @@ const char* dit_family_name(DitFamily f) {
     case DitFamily::qwen_image: return "qwen_image";
     case DitFamily::flux2: return "flux2";
     case DitFamily::sd3: return "sd3";
+    case DitFamily::wan: return "wan";
   }
   return "?";
 }
@@ -49,6 +50,10 @@ void DitConfig::validate() const {
                "dit: ", dit_family_name(family),
                " has double-stream blocks only and no guidance embedding (single_blocks = ", single_blocks,
                ", guidance_embed = ", guidance_embed, ")");
+  DIFFCP_CHECK(family != DitFamily::wan || (double_blocks == 0 && single_blocks >= 1 && !guidance_embed &&
+                                            rope_axes.size() == 3),
+               "dit: wan has its own blocks only (single_blocks = ", single_blocks, ", double_blocks = ", double_blocks,
+               "), no guidance embedding and three RoPE axes (frame, row, column; ", rope_axes.size(), " given)");
   DIFFCP_CHECK(time_dim >= 2 && time_dim % 2 == 0, "dit: time_dim = ", time_dim, ", expected even and >= 2 (cos, sin halves)");
   DIFFCP_CHECK((family == DitFamily::sd3) == rope_axes.empty() && rope_axes.size() <= kMaxRopeAxes, "dit: ",
                rope_axes.size(), " RoPE axes, expected ", family == DitFamily::sd3 ? "none (SD3 has no RoPE)" : "1 to 4");
@@ -70,7 +75,7 @@ nlohmann::json DitConfig::to_json() const {
           {"single_blocks", single_blocks}, {"mlp_hidden", mlp_hidden}, {"latent_channels", latent_channels},
           {"patch", patch}, {"text_dim", text_dim}, {"pooled_dim", pooled_dim}, {"time_dim", time_dim},
           {"rope_axes", rope_axes}, {"rope_theta", rope_theta}, {"eps", eps}, {"guidance_embed", guidance_embed},
-          {"qkv_bias", qkv_bias}};
+          {"qkv_bias", qkv_bias}, {"cross_attn_norm", cross_attn_norm}};
 }
 
 nlohmann::json DitConfig::to_flux_params() const {
@@ -208,6 +213,7 @@ void DitShape::validate() const {
   DIFFCP_CHECK(batch <= 65536 && text_tokens <= (std::int64_t{1} << 20), "dit: batch = ", batch, ", text_tokens = ",
                text_tokens, "; expected at most 65536 and 2^20");
   DIFFCP_CHECK(text_tokens >= 0, "dit: text_tokens = ", text_tokens, ", expected >= 0");
+  DIFFCP_CHECK(frames >= 1 && frames <= 65536, "dit: frames = ", frames, ", expected 1 to 65536 latent frames");
 }
 
 DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int p, int ulysses) {
@@ -228,11 +234,15 @@ DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int 
   DIFFCP_CHECK(cfg.family != DitFamily::sd3 || (shape.grid_h() <= mx && shape.grid_w() <= mx), "dit: a ", shape.width,
                "x", shape.height, " image is ", shape.grid_w(), " x ", shape.grid_h(), " tokens, beyond SD3's position table of ",
                mx, " x ", mx, " (pos_embed_max_size; at most ", 16 * mx, " pixels a side)");
+  DIFFCP_CHECK(shape.frames == 1 || cfg.family == DitFamily::wan, "dit: ", shape.frames, " latent frames, but ",
+               dit_family_name(cfg.family), " is an image model (one frame; the video family: wan)");
+  DIFFCP_CHECK(!cfg.cross_attention() || shape.text_tokens >= 1, "dit: wan's cross-attention needs at least one text token");
   const auto ceil_div = [P](std::int64_t n) { return (n + P - 1) / P; };
   DitShard s;
   s.P = P;
   s.p = p;
-  s.text = shape.text_tokens;
+  s.context = cfg.cross_attention() ? shape.text_tokens : 0;
+  s.text = cfg.cross_attention() ? 0 : shape.text_tokens;
   s.image = shape.image_tokens();
   s.text_p = ceil_div(s.text);
   s.image_p = ceil_div(s.image);
@@ -294,6 +304,44 @@ std::int64_t DitLayout::vector(const std::string& name, std::int64_t n) {
 DitLayout::DitLayout(const DitConfig& c) {
   c.validate();
   const std::int64_t H = c.hidden(), M = c.mlp_hidden, d = c.head_dim;
+  if (c.family == DitFamily::wan) {  // diffusers' WanTransformer3DModel, in its order
+    img_in = linear("patch_embedding", c.in_channels(), H);
+    txt_in = linear("condition_embedder.text_embedder.linear_1", c.text_dim, H);
+    txt_in2 = linear("condition_embedder.text_embedder.linear_2", H, H);
+    time_in0 = linear("condition_embedder.time_embedder.linear_1", c.time_dim, H);
+    time_in1 = linear("condition_embedder.time_embedder.linear_2", H, H);
+    time_proj = linear("condition_embedder.time_proj", H, 6 * H);
+    for (std::int64_t i = 0; i < c.single_blocks; ++i) {
+      const std::string pre = "blocks." + std::to_string(i) + ".";
+      WanBlock blk;
+      blk.table = table(pre + "scale_shift_table", {1, 6, H});
+      blk.qkv = linear(pre + "attn1.qkv", H, 3 * H);
+      blk.q_scale = vector(pre + "attn1.norm_q.weight", H);
+      blk.k_scale = vector(pre + "attn1.norm_k.weight", H);
+      blk.out = linear(pre + "attn1.to_out.0", H, H);
+      if (c.cross_attn_norm) {
+        blk.norm2_w = vector(pre + "norm2.weight", H);
+        blk.norm2_b = vector(pre + "norm2.bias", H);
+      }
+      blk.cross_q = linear(pre + "attn2.to_q", H, H);
+      blk.cross_kv = linear(pre + "attn2.kv", H, 2 * H);
+      blk.cross_q_scale = vector(pre + "attn2.norm_q.weight", H);
+      blk.cross_k_scale = vector(pre + "attn2.norm_k.weight", H);
+      blk.cross_out = linear(pre + "attn2.to_out.0", H, H);
+      blk.ffn0 = linear(pre + "ffn.net.0.proj", H, M);
+      blk.ffn2 = linear(pre + "ffn.net.2", M, H);
+      wan_blocks.push_back(blk);
+    }
+    final_table = table("scale_shift_table", {1, 2, H});
+    final_linear = linear("proj_out", H, c.in_channels());
+    total = matrices + vectors;
+    add_unit({&img_in, &txt_in, &txt_in2, &time_in0, &time_in1, &time_proj, &final_linear});
+    for (WanBlock& blk : wan_blocks) {
+      add_unit({&blk.qkv, &blk.out, &blk.cross_q, &blk.cross_kv, &blk.cross_out});
+      add_unit({&blk.ffn0, &blk.ffn2});
+    }
+    return;
+  }
   const bool b = c.biases();
   img_in = linear("img_in", c.in_channels(), H, b);
   if (c.family == DitFamily::sd3) pos_embed = table("pos_embed", {1, c.pos_embed_max * c.pos_embed_max, H});

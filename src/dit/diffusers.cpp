@@ -21,6 +21,18 @@ namespace fs = std::filesystem;
 // FluxTransformer2DModel's names; QwenImageTransformer2DModel renames the embedders, the double
 // blocks' modulation and MLPs, and adds txt_norm.
 std::vector<std::string> diffusers_names(std::string_view base, DitFamily family) {
+  if (family == DitFamily::wan) {  // diffusers' own names; the fused attention Linears split
+    const std::string b(base);
+    if (b.ends_with(".attn1.qkv")) {
+      const std::string a = b.substr(0, b.size() - 3);
+      return {a + "to_q", a + "to_k", a + "to_v"};
+    }
+    if (b.ends_with(".attn2.kv")) {
+      const std::string a = b.substr(0, b.size() - 2);
+      return {a + "to_k", a + "to_v"};
+    }
+    return {b};
+  }
   const bool qwen = family == DitFamily::qwen_image, flux2 = family == DitFamily::flux2;
   if (qwen && (base == "img_in" || base == "txt_in" || base == "txt_norm")) return {std::string(base)};
   if (family == DitFamily::sd3 && base == "img_in") return {"pos_embed.proj"};
@@ -97,6 +109,7 @@ std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitCon
   if (format == DitFileFormat::bfl) return {{t.name, t.shape, 0, rows}};
   if (t.name == "pos_embed") return {{"pos_embed.pos_embed", t.shape, 0, rows}};  // SD3's position table
   const std::size_t dot = t.name.rfind('.');
+  if (dot == std::string::npos) return {{t.name, t.shape, 0, rows}};  // Wan's top-level scale_shift_table
   const std::string base = t.name.substr(0, dot), suffix = t.name.substr(dot + 1);
   const std::vector<std::string> names = diffusers_names(base, cfg.family);
   DIFFCP_CHECK(!names.empty(), "dit_file_parts: no diffusers name for '", t.name, "'");
@@ -114,10 +127,16 @@ std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitCon
     const std::string n = names[0] + "." + file_suffix;
     return {{n, t.shape, H, H}, {n, t.shape, 0, H}};
   }
-  if (cfg.family == DitFamily::sd3 && base == "img_in" && suffix == "weight")  // a stride-p conv: [H, C, p, p]
-    return {{names[0] + ".weight", {H, cfg.latent_channels, cfg.patch, cfg.patch}, 0, rows}};
-  if (cfg.family == DitFamily::sd3 && base == "final_layer.linear") {
-    // proj_out's rows are (ph, pw, c) (diffusers' unpatchify); ours (c, ph, pw), as the input's.
+  const bool sd3 = cfg.family == DitFamily::sd3, wan = cfg.family == DitFamily::wan;
+  if (suffix == "weight" && ((sd3 && base == "img_in") || (wan && base == "patch_embedding"))) {
+    // a stride-p conv: [H, C, p, p] (Wan's 3-D one: [H, C, 1, p, p])
+    std::vector<std::int64_t> conv{H, cfg.latent_channels, cfg.patch, cfg.patch};
+    if (wan) conv.insert(conv.begin() + 2, 1);
+    return {{names[0] + ".weight", conv, 0, rows}};
+  }
+  if ((sd3 && base == "final_layer.linear") || (wan && base == "proj_out")) {
+    // proj_out's rows are (ph, pw, c) (diffusers' unpatchify; Wan's (pt, ph, pw, c), pt = 1); ours
+    // (c, ph, pw), as the input's.
     const std::int64_t C = cfg.latent_channels, pp = cfg.patch * cfg.patch;
     std::vector<DitFilePart> parts;
     for (std::int64_t i = 0; i < rows; ++i) parts.push_back({names[0] + "." + file_suffix, t.shape, (i % pp) * C + i / pp, 1});
@@ -345,6 +364,52 @@ DitConfig sd3_from_diffusers(const nlohmann::json& j, const std::string& source)
   return validated(c, source);
 }
 
+// WanTransformer3DModel (diffusers' transformer_wan.py), text-to-video: patch (1, 2, 2), RMS QK-norm
+// across heads, 3-D RoPE with the class's fixed split of the head dim, GELU-tanh FFN, freq_dim
+// timestep features. The image-conditioned variants (image_dim, added_kv_proj_dim) are refused.
+DitConfig wan_from_diffusers(const nlohmann::json& j, const std::string& source) {
+  const nlohmann::json a = constructor_args(
+      j,
+      {{"patch_size", {1, 2, 2}}, {"num_attention_heads", 40}, {"attention_head_dim", 128}, {"in_channels", 16},
+       {"out_channels", 16}, {"text_dim", 4096}, {"freq_dim", 256}, {"ffn_dim", 13824}, {"num_layers", 40},
+       {"cross_attn_norm", true}, {"qk_norm", "rms_norm_across_heads"}, {"eps", 1e-6}, {"image_dim", nullptr},
+       {"added_kv_proj_dim", nullptr}, {"rope_max_seq_len", 1024}, {"pos_embed_seq_len", nullptr}},
+      source);
+  DIFFCP_CHECK(a["patch_size"] == nlohmann::json({1, 2, 2}), "config '", source, "': patch_size = ", a["patch_size"].dump(),
+               "; diffcp's token grid is the latent's 1 x 2 x 2 patches (frame, row, column), the only patch supported");
+  DIFFCP_CHECK(a["qk_norm"] == "rms_norm_across_heads", "config '", source, "': qk_norm = ", a["qk_norm"].dump(),
+               "; diffcp runs Wan's \"rms_norm_across_heads\" (the only one its releases use)");
+  for (const char* f : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
+    DIFFCP_CHECK(a[f].is_null(), "config '", source, "': ", f, " = ", a[f].dump(), " is not supported (diffcp runs Wan's ",
+                 "text-to-video transformer; the image-conditioned variants' image embedding is not implemented)");
+  const std::int64_t in = config_int(a, "in_channels", source);
+  DIFFCP_CHECK(config_int(a, "out_channels", source) == in, "config '", source, "': out_channels = ",
+               a["out_channels"].dump(), " != in_channels = ", in, "; the sampler needs the velocity in the latent's shape");
+  DIFFCP_CHECK(a["eps"].is_number() && a["eps"].get<double>() > 0, "config '", source, "': eps = ", a["eps"].dump(),
+               ", expected a positive number");
+  DitConfig c;
+  c.family = DitFamily::wan;
+  c.heads = config_int(a, "num_attention_heads", source);
+  c.head_dim = config_int(a, "attention_head_dim", source);
+  c.double_blocks = 0;
+  c.single_blocks = config_int(a, "num_layers", source);
+  c.mlp_hidden = config_int(a, "ffn_dim", source);
+  c.latent_channels = in;
+  c.patch = 2;
+  c.text_dim = config_int(a, "text_dim", source);
+  c.pooled_dim = 0;
+  c.time_dim = config_int(a, "freq_dim", source);
+  const std::int64_t hw = 2 * (c.head_dim / 6);  // WanRotaryPosEmbed's split: [t | h | w]
+  c.rope_axes = {c.head_dim - 2 * hw, hw, hw};
+  c.rope_theta = 10000;
+  c.eps = a["eps"].get<double>();
+  c.qkv_bias = true;
+  c.guidance_embed = false;
+  c.cross_attn_norm = config_bool(a, "cross_attn_norm", source);
+  config_int(a, "rope_max_seq_len", source);  // read for its type only: diffcp's RoPE has no table bound
+  return validated(c, source);
+}
+
 }  // namespace
 
 const char* diffusers_class(DitFamily family) {
@@ -353,6 +418,7 @@ const char* diffusers_class(DitFamily family) {
     case DitFamily::qwen_image: return "QwenImageTransformer2DModel";
     case DitFamily::flux2: return "Flux2Transformer2DModel";
     case DitFamily::sd3: return "SD3Transformer2DModel";
+    case DitFamily::wan: return "WanTransformer3DModel";
   }
   return "?";
 }
@@ -364,9 +430,10 @@ DitConfig dit_config_from_diffusers(const nlohmann::json& j, const std::string& 
   if (cls == "QwenImageTransformer2DModel") return qwen_image_from_diffusers(j, source);
   if (cls == "Flux2Transformer2DModel") return flux2_from_diffusers(j, source);
   if (cls == "SD3Transformer2DModel") return sd3_from_diffusers(j, source);
+  if (cls == "WanTransformer3DModel") return wan_from_diffusers(j, source);
   DIFFCP_FAIL("config '", source, "': _class_name '", cls, "' is not a DiT diffcp runs; supported: ",
               "FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel (Qwen-Image), Flux2Transformer2DModel (FLUX.2), ",
-              "SD3Transformer2DModel (SD3.5)");
+              "SD3Transformer2DModel (SD3.5), WanTransformer3DModel (Wan 2.1 / 2.2 text-to-video)");
 }
 
 namespace {
@@ -388,10 +455,11 @@ std::vector<double> FlowMatchEulerScheduler::pipeline_sigmas(int steps, std::int
   const double mu = family == DitFamily::flux2 ? flux2_empirical_mu(image_tokens, steps)
                                                : static_cast<double>(image_tokens) * m + (base_shift - m * base_seq);
   std::vector<double> sig(static_cast<std::size_t>(steps) + 1, 0.0);
-  // The unshifted grid: FLUX / Qwen-Image / FLUX.2 pass sigmas = linspace(1, 1/N, N); SD3's pipeline
-  // passes none, and the scheduler spaces them linspace(sigma_max, sigma_min, N) over its training
+  // The unshifted grid: FLUX / Qwen-Image / FLUX.2 pass sigmas = linspace(1, 1/N, N); SD3's and
+  // Wan's pipelines pass none, and the scheduler spaces them linspace(sigma_max, sigma_min, N) over its training
   // sigmas (sigma_max = 1; sigma_min = 1/1000, statically shifted unless use_dynamic_shifting).
-  const double last = family != DitFamily::sd3 ? 1.0 / steps : dynamic ? 1e-3 : shift * 1e-3 / (1 + (shift - 1) * 1e-3);
+  const bool unset = family == DitFamily::sd3 || family == DitFamily::wan;  // the pipeline passes no sigmas
+  const double last = !unset ? 1.0 / steps : dynamic ? 1e-3 : shift * 1e-3 / (1 + (shift - 1) * 1e-3);
   for (int k = 0; k < steps; ++k) {
     const double s = steps == 1 ? 1.0 : 1.0 + (last - 1.0) * static_cast<double>(k) / (steps - 1);
     sig[static_cast<std::size_t>(k)] = !dynamic     ? shift * s / (1 + (shift - 1) * s)

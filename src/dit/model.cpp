@@ -5,6 +5,7 @@
 #include <cstring>
 #include <optional>
 
+#include "diffcp/attention/attention.hpp"
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
 #include "diffcp/ops/gemm.hpp"
@@ -28,10 +29,12 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   std::vector<std::array<double, kMaxRopeAxes>> pos, tpos;
   for (std::int64_t j = 0; j < b; ++j)
     for (std::int64_t i = 0; i < Ip; ++i) {
-      const std::int64_t n = shard_.p * Ip + i, r = n / gw, c = n % gw;
+      // token n at frame f (0 but in video), row r, column c: frame-major (Wan's flatten order)
+      const std::int64_t n = shard_.p * Ip + i, f = n / (gh * gw), r = n % (gh * gw) / gw, c = n % gw;
       pos.push_back(qwen ? std::array<double, kMaxRopeAxes>{0.0, static_cast<double>(r - (gh - gh / 2)),
                                                             static_cast<double>(c - (gw - gw / 2)), 0.0}
-                         : std::array<double, kMaxRopeAxes>{0.0, static_cast<double>(r), static_cast<double>(c), 0.0});
+                         : std::array<double, kMaxRopeAxes>{static_cast<double>(f), static_cast<double>(r),
+                                                            static_cast<double>(c), 0.0});
     }
   if (!cfg_.rope_axes.empty()) rope_ = std::make_unique<AxialRope>(cfg_, pos);  // SD3: no RoPE
   if (cfg_.family == DitFamily::sd3) {
@@ -84,6 +87,27 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
   for (DeviceVector<float>* v : {&h_, &vec_, &silu_vec_}) v->resize(b * H);
   mod_.resize(b * 6 * H);
   mods_.resize(2 * b * 6 * H);
+  if (cfg_.cross_attention()) {  // Wan: the context is sized for a batch of prompts (per_image)
+    const std::int64_t T = shard_.context;
+    for (DeviceVector<float>* v : {&ctx_h_, &ctx_, &ck_, &cv_}) v->resize(b * T * H);
+    ctx_rstd_.resize(b * T);
+    q_rstd_.resize(Mp_);
+    cross_lse_.resize(Mp_ * cfg_.heads);
+    for (DeviceVector<float>* v : {&tproj_, &norm2_scale_, &minus_ones_, &zeros_}) v->resize(6 * H);
+    fill(minus_ones_.data(), H, -1.f);
+    fill(zeros_.data(), H, 0.f);
+    // Image j's I_p query rows see its context: key rows [0, T) shared, or [j T, (j + 1) T) per image.
+    for (const bool own : {false, true}) {
+      std::vector<ContextSegment> segments;
+      std::vector<MaskBlock> blocks;
+      for (std::int64_t j = 0; j < b; ++j) {
+        const std::int64_t at = own ? j * T : 0;
+        if (own || j == 0) segments.push_back({at, at, T});
+        blocks.push_back({at, at + T, -1});
+      }
+      cross_masks_.emplace_back(Ip, own ? b * T : T, std::move(segments), std::move(blocks));
+    }
+  }
 }
 
 void DitModel::project(const DitLinear& l, const float* x, std::int64_t rows, std::int64_t c0, std::int64_t ncols, float* y,
@@ -120,6 +144,7 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   // The first evaluation is the warm-up (primitives made, weights packed): not profiled.
   timing_ = evaluations_++ > 0 ? profile_ : nullptr;
   if (timing_) ++timing_->evaluations;
+  if (cfg_.cross_attention()) return wan_velocity(x_p, txt_p, t, v_p, per_image);
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
   std::optional<DitPhaseScope> phase(std::in_place, timing_, DitPhase::conditioning);
   // The timestep features (host math on one scalar) into temb_.
@@ -195,6 +220,112 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   const std::int64_t C = cfg_.in_channels(), Ip = shard_.image_p, iv = shard_.image_valid(shard_.p);
   if (iv < Ip)  // padding rows: v = 0, so they stay as they came in
     for (std::int64_t j = 0; j < shape_.batch; ++j) fill(v_p + (j * Ip + iv) * C, (Ip - iv) * C, 0.f);
+}
+
+void DitModel::wan_velocity(const float* x_p, const float* txt_p, double t, float* v_p, bool per_image) {
+  const DitLayout& L = w_.layout();
+  const std::int64_t H = cfg_.hidden(), C = cfg_.in_channels();
+  nv_ = 1;  // no pooled vector: one modulation for every image
+  n_ctx_ = per_image ? shape_.batch : 1;
+  const std::int64_t ctx_rows = n_ctx_ * shard_.context;
+  std::optional<DitPhaseScope> phase(std::in_place, timing_, DitPhase::conditioning);
+  // temb = MLP_time(features(t)) in vec_; tp = time_proj(silu(temb)) in tproj_
+  temb_.assign(timestep_embedding(t, cfg_.time_dim));
+  linear(L.time_in0, temb_.data(), cfg_.time_dim, 1, h_.data(), H);
+  silu_inplace(h_.data(), H);
+  linear(L.time_in1, h_.data(), H, 1, vec_.data(), H);
+  device_copy(silu_vec_.data(), vec_.data(), H);
+  silu_inplace(silu_vec_.data(), H);
+  linear(L.time_proj, silu_vec_.data(), H, 1, tproj_.data(), 6 * H);
+  // The context (every rank the whole text) and the video tokens.
+  linear(L.txt_in, txt_p, cfg_.text_dim, ctx_rows, ctx_h_.data(), H);
+  gelu_tanh_inplace(ctx_h_.data(), ctx_rows, H, H);
+  linear(L.txt_in2, ctx_h_.data(), H, ctx_rows, ctx_.data(), H);
+  linear(L.img_in, x_p, C, Mp_, x_.data(), H);
+  phase.reset();
+
+  if (step_cache_) step_cache_->enter(x_.data());
+  wan_block(L.wan_blocks[0]);
+  if (!step_cache_ || !step_cache_->reuse(x_.data())) {
+    for (std::size_t i = 1; i < L.wan_blocks.size(); ++i) wan_block(L.wan_blocks[i]);
+    if (step_cache_) step_cache_->leave(x_.data());
+  }
+
+  // Final layer: (shift, scale) = final_table + temb (not silu'd).
+  const DitPhaseScope final_phase(timing_, DitPhase::final_layer);
+  device_copy(mod_.data(), param(L.final_table), 2 * H);
+  add_into(mod_.data(), vec_.data(), H);
+  add_into(mod_.data() + H, vec_.data(), H);
+  layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, static_cast<float>(cfg_.eps), xm_.data());
+  linear(L.final_linear, xm_.data(), H, Mp_, v_p, C);
+  const std::int64_t Ip = shard_.image_p, iv = shard_.image_valid(shard_.p);
+  if (iv < Ip)  // padding rows: v = 0
+    for (std::int64_t j = 0; j < shape_.batch; ++j) fill(v_p + (j * Ip + iv) * C, (Ip - iv) * C, 0.f);
+}
+
+void DitModel::wan_block(const DitLayout::WanBlock& blk) {
+  const std::int64_t H = cfg_.hidden(), M = cfg_.mlp_hidden, d = cfg_.head_dim, nh = cfg_.heads;
+  const std::int64_t ctx_rows = n_ctx_ * shard_.context;
+  const float eps = static_cast<float>(cfg_.eps);
+  // (shift, scale, gate, c_shift, c_scale, c_gate) = table + tp
+  timed(DitPhase::conditioning, [&] {
+    device_copy(mod_.data(), param(blk.table), 6 * H);
+    add_into(mod_.data(), tproj_.data(), 6 * H);
+  });
+  const float* mod = mod_.data();
+  timed(DitPhase::layernorm_mod, [&] { layernorm_modulate(x_.data(), Mp_, H, mod, mod + H, eps, xm_.data()); });
+  // Self-attention: v first (V-First), then q | k with their norm across heads and the 3-D RoPE
+  // (one GEMM on one rank, as single_block).
+  const bool whole = one_rank();
+  if (whole)
+    project(blk.qkv, xm_.data(), Mp_, 0, 3 * H, big_.data(), 3 * H);
+  else
+    project(blk.qkv, xm_.data(), Mp_, 2 * H, H, big_.data() + 2 * H, 3 * H);
+  ex_.start_v({big_.data(), Mp_, 3 * nh, d, 3 * H});
+  if (!whole) project(blk.qkv, xm_.data(), Mp_, 0, 2 * H, big_.data(), 3 * H);
+  timed(DitPhase::qk_norm_rope, [&] {
+    qk_norm_rope(big_.data(), Mp_, 3 * H, nh, d, param(blk.q_scale), param(blk.k_scale), eps, rope_.get(), true);
+  });
+  ex_.poll();
+  timed(DitPhase::attention, [&] { ex_.attention({big_.data(), Mp_, 3 * nh, d, 3 * H}, {attn_.data(), Mp_, nh, d, H}); });
+  timed(DitPhase::gemm, [&] { linear(blk.out, attn_.data(), H, Mp_, y_.data(), H); });
+  timed(DitPhase::gated_add, [&] { gated_add(x_.data(), Mp_, H, mod + 2 * H, y_.data(), H); });
+
+  // Cross-attention to the context: every head here, no exchange. norm2 = LN * w + b, as
+  // (1 + (w - 1)) LN + b.
+  timed(DitPhase::layernorm_mod, [&] {
+    if (blk.norm2_w < 0) return layernorm_modulate(x_.data(), Mp_, H, zeros_.data(), zeros_.data(), eps, xm_.data());
+    device_copy(norm2_scale_.data(), param(blk.norm2_w), H);
+    add_into(norm2_scale_.data(), minus_ones_.data(), H);
+    layernorm_modulate(x_.data(), Mp_, H, param(blk.norm2_b), norm2_scale_.data(), eps, xm_.data());
+  });
+  timed(DitPhase::gemm, [&] {
+    linear(blk.cross_q, xm_.data(), H, Mp_, y_.data(), H);
+    linear(blk.cross_kv, ctx_.data(), H, ctx_rows, 0, H, ck_.data(), H);
+    linear(blk.cross_kv, ctx_.data(), H, ctx_rows, H, H, cv_.data(), H);
+  });
+  timed(DitPhase::qk_norm_rope, [&] {
+    rmsnorm_forward(y_.data(), Mp_, 1, H, param(blk.cross_q_scale), eps, y_.data(), q_rstd_.data());
+    rmsnorm_forward(ck_.data(), ctx_rows, 1, H, param(blk.cross_k_scale), eps, ck_.data(), ctx_rstd_.data());
+  });
+  timed(DitPhase::attention, [&] {
+    const Device dev = active_device();
+    const auto rows = [&](const float* p, std::int64_t n) {
+      return ConstTensorView::contiguous(p, DType::f32, {n, nh, d}, dev);
+    };
+    attention_forward(cross_masks_[n_ctx_ > 1 ? 1 : 0], rows(y_.data(), Mp_), rows(ck_.data(), ctx_rows),
+                      rows(cv_.data(), ctx_rows), TensorView::contiguous(attn_.data(), DType::f32, {Mp_, nh, d}, dev),
+                      cross_lse_);
+  });
+  timed(DitPhase::gemm, [&] { linear(blk.cross_out, attn_.data(), H, Mp_, y_.data(), H); });
+  timed(DitPhase::gated_add, [&] { add_into(x_.data(), y_.data(), Mp_ * H); });
+
+  // MLP
+  timed(DitPhase::layernorm_mod, [&] { layernorm_modulate(x_.data(), Mp_, H, mod + 3 * H, mod + 4 * H, eps, xm_.data()); });
+  timed(DitPhase::gemm, [&] { linear(blk.ffn0, xm_.data(), H, Mp_, big_.data(), M); });
+  timed(DitPhase::activation, [&] { gelu_tanh_inplace(big_.data(), Mp_, M, M); });
+  timed(DitPhase::gemm, [&] { linear(blk.ffn2, big_.data(), M, Mp_, y_.data(), H); });
+  timed(DitPhase::gated_add, [&] { gated_add(x_.data(), Mp_, H, mod + 5 * H, y_.data(), H); });
 }
 
 void DitModel::set_step_cache(const StepCacheSpec& spec, Communicator& comm) {

@@ -90,7 +90,7 @@ AxialRope::AxialRope(const DitConfig& cfg, const std::vector<std::array<double, 
 }
 
 void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t heads, std::int64_t d,
-                  const float* q_scale, const float* k_scale, float eps, const AxialRope* rope) {
+                  const float* q_scale, const float* k_scale, float eps, const AxialRope* rope, bool across_heads) {
   DIFFCP_CHECK(ld >= 3 * heads * d, "qk_norm_rope: row stride ", ld, " < 3 * heads * d_h = ", 3 * heads * d);
   DIFFCP_CHECK(!rope || rope->rows() == rows, "qk_norm_rope: RoPE table has ", rope ? rope->rows() : 0,
                " rows, expected ", rows);
@@ -102,8 +102,9 @@ void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t h
     sin = ConstTensorView::contiguous(rope->sin(0), DType::f32, {rows, d / 2}, active_device());
   }
   backend_for(OpKind::qk_norm_rope, DType::f32)
-      .qk_norm_rope(x, ConstTensorView::contiguous(q_scale, DType::f32, {d}, active_device()),
-                    ConstTensorView::contiguous(k_scale, DType::f32, {d}, active_device()), eps, cos, sin);
+      .qk_norm_rope(x, ConstTensorView::contiguous(q_scale, DType::f32, {across_heads ? heads * d : d}, active_device()),
+                    ConstTensorView::contiguous(k_scale, DType::f32, {across_heads ? heads * d : d}, active_device()), eps, cos,
+                    sin);
 }
 
 void l1_distance(const void* a, const void* b, DType t, std::int64_t G, std::int64_t R, std::int64_t w, float* out) {

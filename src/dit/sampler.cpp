@@ -48,16 +48,17 @@ std::vector<float> initial_noise(const DitConfig& cfg, const DitShape& shape, st
 }
 
 namespace {
-// tokens[j, (y, x), c * 4 + ph * 2 + pw] <-> nchw[j, c, 2 y + ph, 2 x + pw]
+// tokens[j, (f, y, x), c * 4 + ph * 2 + pw] <-> ncfhw[j, c, f, 2 y + ph, 2 x + pw] (F = 1: an image)
 template <bool kPack>
 void repack(const float* src, float* dst, const DitConfig& cfg, const DitShape& shape) {
-  const std::int64_t C = cfg.latent_channels, gh = shape.grid_h(), gw = shape.grid_w(), W = 2 * gw;
+  const std::int64_t C = cfg.latent_channels, F = shape.frames, gh = shape.grid_h(), gw = shape.grid_w(), W = 2 * gw;
   for (std::int64_t j = 0; j < shape.batch; ++j)
     for (std::int64_t c = 0; c < C; ++c)
+      for (std::int64_t f = 0; f < F; ++f)
       for (std::int64_t y = 0; y < 2 * gh; ++y)
         for (std::int64_t x = 0; x < W; ++x) {
-          const std::int64_t img = ((j * C + c) * 2 * gh + y) * W + x;
-          const std::int64_t tok = (j * gh * gw + (y / 2) * gw + x / 2) * 4 * C + c * 4 + (y % 2) * 2 + x % 2;
+          const std::int64_t img = (((j * C + c) * F + f) * 2 * gh + y) * W + x;
+          const std::int64_t tok = (j * F * gh * gw + f * gh * gw + (y / 2) * gw + x / 2) * 4 * C + c * 4 + (y % 2) * 2 + x % 2;
           if (kPack)
             dst[tok] = src[img];
           else
@@ -68,7 +69,7 @@ void repack(const float* src, float* dst, const DitConfig& cfg, const DitShape& 
 
 std::vector<float> pack_latent(const std::vector<float>& nchw, const DitConfig& cfg, const DitShape& shape) {
   DIFFCP_CHECK(cfg.patch == 2 && static_cast<std::int64_t>(nchw.size()) == shape.batch * shape.image_tokens() * cfg.in_channels(),
-               "pack_latent: ", nchw.size(), " values, expected b * C * H/8 * W/8 = ", shape.batch * shape.image_tokens() * cfg.in_channels());
+               "pack_latent: ", nchw.size(), " values, expected b * C * F * H/8 * W/8 = ", shape.batch * shape.image_tokens() * cfg.in_channels());
   std::vector<float> out(nchw.size());
   repack<true>(nchw.data(), out.data(), cfg, shape);
   return out;
@@ -110,6 +111,11 @@ std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x
 }
 
 std::vector<float> shard_text(const std::vector<float>& txt, std::int64_t text_dim, const DitShard& shard) {
+  if (shard.context > 0) {  // Wan: every rank the whole text (its cross-attention's keys)
+    DIFFCP_CHECK(static_cast<std::int64_t>(txt.size()) == shard.context * text_dim, "shard_text: ", txt.size(),
+                 " values, expected T * text_dim = ", shard.context * text_dim);
+    return txt;
+  }
   DIFFCP_CHECK(static_cast<std::int64_t>(txt.size()) == shard.text * text_dim, "shard_text: ", txt.size(),
                " values, expected T * text_dim = ", shard.text * text_dim);
   std::vector<float> out(static_cast<std::size_t>(shard.text_p * text_dim));  // padding rows stay 0

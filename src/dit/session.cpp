@@ -64,7 +64,10 @@ DitGeneration plan_generation(const DitRunConfig& run, const DitShape& shape, Di
   shape.validate();
   DitGeneration g;
   g.shape = shape;
-  const double guidance = o.guidance.value_or(cfg.family == DitFamily::flux1 ? 3.5 : cfg.family == DitFamily::sd3 ? 7.0 : 4.0);
+  const double guidance = o.guidance.value_or(cfg.family == DitFamily::flux1 ? 3.5
+                                              : cfg.family == DitFamily::sd3 ? 7.0
+                                              : cfg.family == DitFamily::wan ? 5.0  // WanPipeline's
+                                                                             : 4.0);
   // auto: the pipeline's own scheduler; else FLUX.2's dynamic shift (Flux2Pipeline's sigmas on
   // FLUX.2-dev's scheduler, compute_empirical_mu); else FLUX's shifted schedule for
   // guidance-distilled models (FLUX.1-dev), linear otherwise (schnell).

@@ -241,6 +241,14 @@ std::vector<OpCase> op_cases() {
                      const auto cs = [&](int i) { return ConstTensorView::contiguous(F(t[i]), DType::f32, {5, 4}, b.device()); };
                      backend_for(OpKind::qk_norm_rope, DType::f32).qk_norm_rope(qkv, t[1], t[2], 1e-6f, cs(3), cs(4));
                    }});
+  cases.push_back({"qk norm across heads + rope", dims({{"tokens", 5}, {"heads", 3}, {"d_h", 8}}), {{OpKind::qk_norm_rope, f}},
+                   {{f, 5 * 3 * 3 * 8 + 5}, {f, 3 * 8}, {f, 3 * 8}, {f, 5 * 4}, {f, 5 * 4}}, [](Backend& b, auto& t) {
+                     // Wan's rms_norm_across_heads: the scales span a row's heads.
+                     TensorView qkv = TensorView::contiguous(F(t[0]), DType::f32, {5, 3, 3, 8}, b.device());
+                     qkv.stride[0] = 3 * 3 * 8 + 1;
+                     const auto cs = [&](int i) { return ConstTensorView::contiguous(F(t[i]), DType::f32, {5, 4}, b.device()); };
+                     backend_for(OpKind::qk_norm_rope, DType::f32).qk_norm_rope(qkv, t[1], t[2], 1e-6f, cs(3), cs(4));
+                   }});
   for (const std::int64_t n : {1, 500, 1 << 20})
     cases.push_back({"swiglu / add", dims({{"n", n}}),
                      {{OpKind::swiglu_forward, f}, {OpKind::swiglu_backward, f}, {OpKind::add, f}},

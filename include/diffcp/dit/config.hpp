@@ -40,7 +40,15 @@ namespace diffcp {
 //               joint attention, no output projection, no MLP); double-stream blocks only; pooled
 //               vector; classifier-free guidance without rescaling (StableDiffusion3Pipeline); the
 //               latent in [b, C, H/8, W/8], patchified inside (channels (c, ph, pw)).
-enum class DitFamily { flux1, qwen_image, flux2, sd3 };
+//   wan:        Wan 2.1 / 2.2 text-to-video (diffusers' WanTransformer3DModel): the latent video
+//               [b, C, F, H/8, W/8] patchified 1 x 2 x 2 (tokens in (frame, row, column) order); no
+//               text tokens in the sequence: single-stream blocks of self-attention over the video
+//               tokens (q / k RMSNorm across all heads, then 3-D RoPE: frame, row, column; the axes
+//               d_h - 4 floor(d_h / 6), 2 floor(d_h / 6), 2 floor(d_h / 6)), cross-attention of every
+//               video token to the whole embedded text (each rank holds it: no exchange), an MLP;
+//               the modulation is a learned table per block plus one projection of the time
+//               embedding; classifier-free guidance without rescaling (WanPipeline).
+enum class DitFamily { flux1, qwen_image, flux2, sd3, wan };
 const char* dit_family_name(DitFamily f);
 
 struct DitConfig {
@@ -59,12 +67,15 @@ struct DitConfig {
   std::int64_t pos_embed_max = 0;  // sd3: the position table's side (pos_embed_max_size); 0 otherwise
   bool guidance_embed = false;  // FLUX.1-dev: guidance_in adds the embedded guidance scale to vec
   bool qkv_bias = true;         // the double blocks' qkv Linears have a bias (FLUX.1: yes)
+  bool cross_attn_norm = true;  // wan: the cross-attention's LayerNorm has a weight and a bias (norm2)
 
   std::int64_t hidden() const { return heads * head_dim; }            // H
   bool has_pooled() const { return family == DitFamily::flux1 || family == DitFamily::sd3; }  // vector_in
   // --guidance is classifier-free guidance's scale (two passes, the negative prompt's) rather than a
   // distilled guidance embedding.
-  bool true_cfg() const { return family == DitFamily::qwen_image || family == DitFamily::sd3; }
+  bool true_cfg() const { return family == DitFamily::qwen_image || family == DitFamily::sd3 || family == DitFamily::wan; }
+  // Wan: the text enters through cross-attention, whole on every rank, not as tokens of the sequence.
+  bool cross_attention() const { return family == DitFamily::wan; }
   bool cfg_keeps_norm() const { return family == DitFamily::qwen_image; }  // the guided velocity rescaled per token
   // Whether a negative prompt can run: the true-CFG families, and FLUX.1 with FluxPipeline's
   // true_cfg_scale > 1 (beside its distilled guidance; SampleOptions::true_cfg_scale).
@@ -73,7 +84,9 @@ struct DitConfig {
   bool swiglu() const { return family == DitFamily::flux2; }          // MLP input 2M: silu(gate) * up
   bool shared_modulation() const { return family == DitFamily::flux2; }
   std::int64_t mlp_in() const { return swiglu() ? 2 * mlp_hidden : mlp_hidden; }  // the MLP input Linear's outputs
-  std::int64_t in_channels() const { return latent_channels * patch * patch; }  // C_in
+  std::int64_t in_channels() const { return latent_channels * patch * patch; }  // C_in (Wan: temporal patch 1)
+  // The latent file's layout is the image / video of latents (SD3, Wan), not FLUX's packed tokens.
+  bool latent_image_layout() const { return family == DitFamily::sd3 || family == DitFamily::wan; }
   // Throws diffcp::Error naming the bad value.
   void validate() const;
   nlohmann::json to_json() const;
@@ -110,11 +123,12 @@ DitConfig dit_preset(const std::string& name, const DitShapeOverrides& o);
 struct DitShape {
   std::int64_t batch = 1;        // b
   std::int64_t width = 512, height = 512;  // image size in pixels; multiples of 16
-  std::int64_t text_tokens = 64; // T
+  std::int64_t text_tokens = 64; // T (Wan: the context every rank holds, not in the sequence)
+  std::int64_t frames = 1;       // F: latent frames (video families; 1 for an image)
 
   std::int64_t grid_h() const { return height / 16; }                 // g_h
   std::int64_t grid_w() const { return width / 16; }                  // g_w
-  std::int64_t image_tokens() const { return grid_h() * grid_w(); }   // N_img
+  std::int64_t image_tokens() const { return frames * grid_h() * grid_w(); }  // N_img: F g_h g_w (frame-major)
   std::int64_t tokens() const { return text_tokens + image_tokens(); }  // N
   void validate() const;
 };
@@ -128,7 +142,8 @@ struct DitShape {
 struct DitShard {
   int P = 1, p = 0;
   std::int64_t text_p = 0, image_p = 0;  // T_p, I_p: rows per rank and image (padding included)
-  std::int64_t text = 0, image = 0;      // T, N_img: the real tokens per image
+  std::int64_t text = 0, image = 0;      // T, N_img: the real tokens per image (in the sequence)
+  std::int64_t context = 0;              // Wan: the T text tokens every rank holds whole (cross-attention)
   std::int64_t tokens_p() const { return text_p + image_p; }  // n_p
   // Rank r's real rows per image: its first text_valid(r) text rows and image_valid(r) image rows.
   std::int64_t text_valid(int r) const { return valid(text, text_p, r); }
@@ -185,6 +200,13 @@ struct DitLinear {
 //   single_blocks.i.norm.query_norm.scale [d_h], ...key_norm.scale [d_h]
 //   final_layer.adaLN_modulation.1.{weight [2H, H], bias [2H]}  (shift, scale)
 //   final_layer.linear.{weight [C_in, H], bias [C_in]}
+//   (wan: diffusers' names, the self-attention's q / k / v fused as blocks.i.attn1.qkv and the
+//    cross-attention's k / v as blocks.i.attn2.kv: patch_embedding [H, C, 1, 2, 2] in the file,
+//    condition_embedder.{text_embedder.linear_1, text_embedder.linear_2, time_embedder.linear_1,
+//    time_embedder.linear_2, time_proj [6H, H]}, blocks.i.{scale_shift_table [1, 6, H], attn1.qkv,
+//    attn1.norm_q / norm_k [H], attn1.to_out.0, norm2 (cross_attn_norm), attn2.to_q, attn2.kv,
+//    attn2.norm_q / norm_k [H], attn2.to_out.0, ffn.net.0.proj, ffn.net.2}, scale_shift_table
+//    [1, 2, H], proj_out (rows in (c, ph, pw) order; diffusers': (pt, ph, pw, c)))
 struct DitLayout {
   struct Tensor {
     std::string name;
@@ -213,6 +235,16 @@ struct DitLayout {
     DitLinear mod, linear1, linear2;
     std::int64_t q_scale = 0, k_scale = 0;
   };
+  // A Wan block (diffusers' WanTransformerBlock): table + time_proj -> (shift, scale, gate, c_shift,
+  // c_scale, c_gate); self-attention (qkv, out; q / k RMSNorm across heads: scales [H]); the
+  // cross-attention (norm2's weight / bias, -1 without cross_attn_norm; q of the tokens, k | v of the
+  // context, out; scales [H]); the MLP (ffn0 H -> M, GELU-tanh, ffn2 M -> H).
+  struct WanBlock {
+    std::int64_t table = 0;  // [6, H]
+    DitLinear qkv, out, cross_q, cross_kv, cross_out, ffn0, ffn2;
+    std::int64_t q_scale = 0, k_scale = 0, cross_q_scale = 0, cross_k_scale = 0;
+    std::int64_t norm2_w = -1, norm2_b = -1;
+  };
 
   explicit DitLayout(const DitConfig& cfg);
 
@@ -220,8 +252,13 @@ struct DitLayout {
   DitLinear guidance_in0, guidance_in1;  // allocated only when guidance_embed
   std::int64_t txt_norm = -1;            // qwen_image: [text_dim]; -1 otherwise
   std::int64_t pos_embed = -1;           // sd3: [pos_embed_max^2, H]; -1 otherwise
+  // wan: txt_in and txt_in2 the text MLP (GELU-tanh between), time_proj [6H] of silu(time
+  // embedding), final_table [2, H] (shift, scale) added to the time embedding; -1 / empty otherwise
+  DitLinear txt_in2, time_proj;
+  std::int64_t final_table = -1;
   std::vector<DoubleBlock> double_blocks;
   std::vector<SingleBlock> single_blocks;
+  std::vector<WanBlock> wan_blocks;  // wan: its blocks (cfg.single_blocks of them; the others none)
   std::vector<Tensor> tensors;  // every tensor of the file, in allocation order
   std::int64_t matrices = 0;    // elements of every Linear weight
   std::int64_t vectors = 0;     // elements of the rest (a qkv bias without qkv_bias: zeros, not in the file)

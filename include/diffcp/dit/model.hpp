@@ -21,6 +21,17 @@
 //   final layer: (shift, scale) = Lin(silu(vec)); v_p = Lin((1 + scale) LN(img) + shift)  [b I_p, C_in]
 // LN: LayerNorm without affine weights, eps; every image of the batch shares t and the prompt.
 //
+// Wan (diffusers' WanTransformer3DModel; no text rows in the sequence, T_p = 0):
+//   temb = MLP_time(timestep_embedding(t)); tp = time_proj(silu(temb))              [H], [6H]
+//   ctx  = Lin(GELU_tanh(Lin(txt)))  the whole text on every rank                    [T, H]
+//   block: (shift, scale, gate, c_shift, c_scale, c_gate) = table + tp
+//     q, k, v = Lin_qkv((1 + scale) LN(x) + shift); q, k = RMSNorm across heads; 3-D RoPE
+//     x += gate * Lin_out(Attn(q, k, v))                        (the exchange, sharded heads)
+//     x += Lin_co(Attn(RMSNorm(Lin_cq(LN2(x))), RMSNorm(ctx W_k), ctx W_v))   (local: all heads)
+//     x += c_gate * Lin(GELU_tanh(Lin((1 + c_scale) LN(x) + c_shift)))
+//   LN2: LayerNorm with weight and bias (cross_attn_norm; else plain LN)
+//   final: (shift, scale) = final_table + temb; v_p = Lin((1 + scale) LN(x) + shift)
+//
 // Local row layout of the activations: the text rows of every image first (image-major, [b][T_p]),
 // then the image rows ([b][I_p]); so each stream's projection is one GEMM. The exchange's row table
 // lists, per image, its real text rows, its real image rows, then its padding rows
@@ -32,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "diffcp/attention/mask.hpp"
 #include "diffcp/dit/config.hpp"
 #include "diffcp/dit/exchange.hpp"
 #include "diffcp/dit/ops.hpp"
@@ -98,6 +110,9 @@ class DitModel {
   }
   void double_block(const DitLayout::DoubleBlock& blk);
   void single_block(const DitLayout::SingleBlock& blk);
+  // Wan's forward (velocity's arguments; txt_p: the whole text, [T, text_dim] or per image [b, T, text_dim])
+  void wan_velocity(const float* x_p, const float* txt_p, double t, float* v_p, bool per_image);
+  void wan_block(const DitLayout::WanBlock& blk);
   // y[rows, ncols] (row stride ldy) = x[rows, l.in] W[:, c0 : c0 + ncols] + bias[c0 : c0 + ncols], in
   // chunks of kPollRows rows with exchange().poll() after each (V-First's progress; one chunk on one
   // rank with replicated weights). The chunks are the same in every mode of one P, so every mode
@@ -145,6 +160,14 @@ class DitModel {
   DeviceVector<float> txt_normed_, txt_rstd_;      // Qwen-Image's txt_norm: [b, T_p, text_dim], [b, T_p]
   DeviceVector<float> pos_rows_;                   // SD3: [b I_p, H] this rank's rows of the position table
   DeviceVector<float> mod_, mods_;                 // [b, 6H]; [2, b, 6H] a double block's two streams
+  // Wan: the embedded context and each block's cross-attention keys / values over it (n_ctx = 1, or
+  // b per image: this evaluation's), the time projection, norm2's scale - 1, the cross-attention's
+  // masks (one block of I_p query rows per image; [0]: a shared context, [1]: one per image)
+  DeviceVector<float> ctx_h_, ctx_, ck_, cv_;      // [n_ctx T, H] each
+  DeviceVector<float> ctx_rstd_, q_rstd_, cross_lse_;  // [b T], [M_p], [M_p, n_h]
+  DeviceVector<float> tproj_, norm2_scale_, minus_ones_, zeros_;  // [6H], [H], [H], [H]
+  std::vector<BlockMask> cross_masks_;
+  std::int64_t n_ctx_ = 1;
 };
 
 }  // namespace diffcp

@@ -61,10 +61,11 @@ class AxialRope {
 
 // Per-head QK RMSNorm, then RoPE, in place on the q and k parts of fused qkv rows:
 //   qkv: [rows, 3, n_h, d_h] (row stride ld): q heads, k heads, v heads (v untouched)
-//   q_scale, k_scale: [d_h]  x -> x / sqrt(mean(x^2) + eps) * scale
+//   q_scale, k_scale: [d_h]  x -> x / sqrt(mean(x^2) + eps) * scale, per head; across_heads (Wan's
+//                    rms_norm_across_heads): [n_h d_h], the mean over a row's whole q (k)
 //   rope: null (no rotation: FLUX's text rows) or a table whose row r rotates qkv row r (rope->rows() == rows)
 void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t heads, std::int64_t d,
-                  const float* q_scale, const float* k_scale, float eps, const AxialRope* rope);
+                  const float* q_scale, const float* k_scale, float eps, const AxialRope* rope, bool across_heads = false);
 
 // V-Major's token distance (SPEC B.4): a, b: [G, R, w] contiguous of `t` (f32 or bf16), out: [R]
 // f32: out[r] = sum over g, then over i, of |a[g, r, i] - b[g, r, i]| (in f32, summed in double in

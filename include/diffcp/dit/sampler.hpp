@@ -49,8 +49,8 @@ DitShape negative_shape(const DitShape& shape, const DitConditioning& cond);
 // (SD3's latent [b, C, H/8, W/8] packs to these tokens and back with pack_latent / unpack_latent.)
 std::vector<float> initial_noise(const DitConfig& cfg, const DitShape& shape, std::uint64_t seed);
 
-// A latent image [b, C, 2 g_h, 2 g_w] (diffusers' SD3 layout) -> tokens [b, g_h g_w, 4 C], channels
-// (c, ph, pw); unpack_latent is the inverse.
+// A latent image [b, C, 2 g_h, 2 g_w] (diffusers' SD3 layout; a video [b, C, F, 2 g_h, 2 g_w], Wan's)
+// -> tokens [b, F g_h g_w, 4 C] (frame-major), channels (c, ph, pw); unpack_latent is the inverse.
 std::vector<float> pack_latent(const std::vector<float>& nchw, const DitConfig& cfg, const DitShape& shape);
 std::vector<float> unpack_latent(const std::vector<float>& tokens, const DitConfig& cfg, const DitShape& shape);
 
@@ -61,7 +61,8 @@ std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig&
 // rank gets the full [b, N_img, C_in] from the ranks' [b, I_p, C_in] (their real rows).
 std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x_p, const DitConfig& cfg,
                                  const DitShape& shape, const DitShard& shard);
-// This rank's text rows: txt [T, text_dim] -> [T_p, text_dim] (padding rows 0).
+// This rank's text rows: txt [T, text_dim] -> [T_p, text_dim] (padding rows 0); Wan (shard.context):
+// the whole text, every rank.
 std::vector<float> shard_text(const std::vector<float>& txt, std::int64_t text_dim, const DitShard& shard);
 
 enum class TimeSchedule { linear, flux };

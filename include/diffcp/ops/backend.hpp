@@ -222,7 +222,8 @@ class Backend {
   // x: [rows, H] contiguous, += gate[H] * y  y: [rows, H] (row stride >= H)
   virtual void gated_add(TensorView x, ConstTensorView gate, ConstTensorView y);
   // qkv: [rows, 3, heads, d_h] (row stride >= 3*heads*d_h; q and k parts in place)
-  // q_scale, k_scale: [d_h]  cos, sin: [rows, d_h/2], or rank 0 (null) for no rotation
+  // q_scale, k_scale: [d_h] (per-head norm) or [heads*d_h] (one norm across a row's heads: Wan)
+  // cos, sin: [rows, d_h/2], or rank 0 (null) for no rotation
   virtual void qk_norm_rope(TensorView qkv, ConstTensorView q_scale, ConstTensorView k_scale, float eps,
                             ConstTensorView cos, ConstTensorView sin);
   // gate, up: [n]  act: [n] out = silu(gate) * up
