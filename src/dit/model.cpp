@@ -93,9 +93,8 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
     ctx_rstd_.resize(b * T);
     q_rstd_.resize(Mp_);
     cross_lse_.resize(Mp_ * cfg_.heads);
-    for (DeviceVector<float>* v : {&tproj_, &norm2_scale_, &minus_ones_, &zeros_}) v->resize(6 * H);
+    for (DeviceVector<float>* v : {&tproj_, &norm2_scale_, &minus_ones_}) v->resize(6 * H);
     fill(minus_ones_.data(), H, -1.f);
-    fill(zeros_.data(), H, 0.f);
     // Image j's I_p query rows see its context: key rows [0, T) shared, or [j T, (j + 1) T) per image.
     for (const bool own : {false, true}) {
       std::vector<ContextSegment> segments;
@@ -292,15 +291,16 @@ void DitModel::wan_block(const DitLayout::WanBlock& blk) {
   timed(DitPhase::gated_add, [&] { gated_add(x_.data(), Mp_, H, mod + 2 * H, y_.data(), H); });
 
   // Cross-attention to the context: every head here, no exchange. norm2 = LN * w + b, as
-  // (1 + (w - 1)) LN + b.
-  timed(DitPhase::layernorm_mod, [&] {
-    if (blk.norm2_w < 0) return layernorm_modulate(x_.data(), Mp_, H, zeros_.data(), zeros_.data(), eps, xm_.data());
-    device_copy(norm2_scale_.data(), param(blk.norm2_w), H);
-    add_into(norm2_scale_.data(), minus_ones_.data(), H);
-    layernorm_modulate(x_.data(), Mp_, H, param(blk.norm2_b), norm2_scale_.data(), eps, xm_.data());
-  });
+  // (1 + (w - 1)) LN + b (cross_attn_norm; none otherwise).
+  const bool norm2 = blk.norm2_w >= 0;  // without cross_attn_norm the queries read x itself (nn.Identity)
+  if (norm2)
+    timed(DitPhase::layernorm_mod, [&] {
+      device_copy(norm2_scale_.data(), param(blk.norm2_w), H);
+      add_into(norm2_scale_.data(), minus_ones_.data(), H);
+      layernorm_modulate(x_.data(), Mp_, H, param(blk.norm2_b), norm2_scale_.data(), eps, xm_.data());
+    });
   timed(DitPhase::gemm, [&] {
-    linear(blk.cross_q, xm_.data(), H, Mp_, y_.data(), H);
+    linear(blk.cross_q, norm2 ? xm_.data() : x_.data(), H, Mp_, y_.data(), H);
     linear(blk.cross_kv, ctx_.data(), H, ctx_rows, 0, H, ck_.data(), H);
     linear(blk.cross_kv, ctx_.data(), H, ctx_rows, H, H, cv_.data(), H);
   });

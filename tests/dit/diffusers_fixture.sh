@@ -12,7 +12,9 @@
 # (tools/flux2_reference.py): flux2 (a tiny pipeline), flux2_axes (three RoPE axes), flux2_noguid
 # (guidance_embeds false, as FLUX.2 [klein]), flux2-dev (FLUX.2-dev's config.json, data-less). SD3.5
 # (tools/sd3_reference.py): sd3 (a tiny pipeline), sd3_dual (SD3.5-medium's dual attention),
-# sd3.5-large (stabilityai/stable-diffusion-3.5-large's config.json, data-less).
+# sd3.5-large (stabilityai/stable-diffusion-3.5-large's config.json, data-less). Wan
+# (tools/wan_reference.py): wan (a tiny pipeline), wan_i2v (image_dim: the image-to-video variant),
+# wan2.1-1.3b (Wan-AI/Wan2.1-T2V-1.3B-Diffusers' config.json, data-less).
 set -euo pipefail
 py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
 dir=${2:?usage: diffusers_fixture.sh PYTHON DIR}
@@ -47,6 +49,13 @@ fref="$here/../../tools/flux2_reference.py"
 sref="$here/../../tools/sd3_reference.py"
 "$py" "$sref" make --out "$dir/sd3" >/dev/null
 "$py" "$sref" header --config "$here/../data/sd3.5-large-diffusers.json" --out "$dir/sd3.5-large" >/dev/null
+wref="$here/../../tools/wan_reference.py"
+"$py" "$wref" make --out "$dir/wan" >/dev/null
+"$py" "$wref" header --config "$here/../data/wan2.1-t2v-1.3b-diffusers.json" --out "$dir/wan2.1-1.3b" >/dev/null
+mkdir -p "$dir/wan_i2v"
+ln -s "$dir/wan/transformer/diffusion_pytorch_model.safetensors" "$dir/wan_i2v/"
+"$py" -c "import json, sys; c = json.load(open(sys.argv[1])); c['image_dim'] = 1280; json.dump(c, open(sys.argv[2], 'w'))" \
+  "$dir/wan/transformer/config.json" "$dir/wan_i2v/config.json"
 mkdir -p "$dir/sd3_dual"
 ln -s "$dir/sd3/transformer/diffusion_pytorch_model.safetensors" "$dir/sd3_dual/"
 "$py" -c "import json, sys; c = json.load(open(sys.argv[1])); c['dual_attention_layers'] = [0]; json.dump(c, open(sys.argv[2], 'w'))" \

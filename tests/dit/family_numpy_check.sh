@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # family_numpy_check.sh FAMILY DIFFCP: `diffcp dit` on diffusers pipeline folders of one DiT family
-# (qwen_image, flux2, sd3) written by an independent NumPy tool (tools/qwenimage_reference.py,
-# tools/flux2_reference.py, tools/sd3_reference.py make: the diffusers class's tensor names, F32 / BF16 / F16, sharded or
+# (qwen_image, flux2, sd3, wan) written by an independent NumPy tool (tools/qwenimage_reference.py,
+# tools/flux2_reference.py, tools/sd3_reference.py, tools/wan_reference.py make: the diffusers class's tensor names, F32 / BF16 / F16, sharded or
 # not, the published model's scheduler_config.json), every step's velocity (--dump-velocity;
 # Qwen-Image's and SD3.5's with classifier-free guidance the guided one; SD3.5's in its latent image
-# layout [b, C, H/8, W/8]) against a NumPy float64 forward
+# layout [b, C, H/8, W/8]; Wan's in its video layout [b, C, F, H/8, W/8]) against a NumPy float64 forward
 # and sampler written from diffusers' transformer and pipeline code (the tool's check), under every
 # mode and several P; and the pipeline folder and its transformer folder give the same bytes.
 set -euo pipefail
 py=${DIFFCP_PYTHON:-python3}  # a python3 with numpy (tests/CMakeLists.txt)
-family=${1:?usage: family_numpy_check.sh qwen_image|flux2|sd3 DIFFCP}
-bin=${2:?usage: family_numpy_check.sh qwen_image|flux2|sd3 DIFFCP}
+family=${1:?usage: family_numpy_check.sh qwen_image|flux2|sd3|wan DIFFCP}
+bin=${2:?usage: family_numpy_check.sh qwen_image|flux2|sd3|wan DIFFCP}
 here=$(cd "$(dirname "$0")" && pwd)
 case $family in
   qwen_image) ref="$here/../../tools/qwenimage_reference.py" ;;
   flux2) ref="$here/../../tools/flux2_reference.py" ;;
   sd3) ref="$here/../../tools/sd3_reference.py" ;;
+  wan) ref="$here/../../tools/wan_reference.py" ;;
   *) echo "family_numpy_check.sh: unknown family '$family'" >&2; exit 2 ;;
 esac
 work=$(mktemp -d)
@@ -38,6 +39,7 @@ run_case() {
     gopt=(--guidance "$g")
     chk=(--guidance "$g")
   fi
+  [ "$family" = wan ] && chk+=(--frames "$(opt frames 3 "$make")")
   if [ "$family" = sd3 ]; then
     pooled=(--pooled "$d/pooled.npy")
     chk+=(--pooled "$d/pooled.npy" --neg-pooled "$d/neg_pooled.npy")
@@ -87,6 +89,21 @@ elif [ "$family" = sd3 ]; then
   run_case usp "--text-tokens 8 --neg-tokens 4" 4 flat 2 7.0 "--ulysses-degree 2 --ring-degree 2"
   both=(--pooled "$work/bf16/pooled.npy" --negative-text-embeddings "$work/bf16/neg.npy"
         --negative-pooled "$work/bf16/neg_pooled.npy")
+elif [ "$family" = wan ]; then
+  # Three latent frames of 64x48 (3 x 3 x 4 = 36 tokens), WanPipeline's guidance 5 with a negative
+  # prompt of another length: flat at P = 1; bf16 weights in two shards, TAPA at P = 2.
+  run_case f32_p1 "--text-tokens 7 --neg-tokens 5" 1 flat 2 5.0
+  run_case bf16 "--dtype bf16 --shards 2 --text-tokens 8 --neg-tokens 4" 2 tapa 3 5.0
+  # One conditional pass, f16, 6 heads, 2 frames of 80x32 (20 tokens: 7, 7 and 6 a rank) at P = 3,
+  # CoCoDiff with r = 0 (exact).
+  run_case f16_p3 "--dtype f16 --frames 2 --width 80 --height 32 --heads 6 --text-tokens 9" \
+    3 cocodiff 3 1 "--cache-schedule fixed --cache-ratio 0 --warmup 0"
+  # f32, three blocks, head_dim 20 (RoPE 8 / 6 / 6), no cross-attention norm, CFG 3 at P = 4 with V-First.
+  run_case f32_p4 "--dtype f32 --layers 3 --head-dim 20 --no-cross-attn-norm --text-tokens 8 --neg-tokens 12" 4 vfirst 3 3.0
+  # USP: Ulysses 2 x Ring 2 at P = 4; CFG-parallel at P = 4 (two ranks a pass).
+  run_case usp "--text-tokens 8 --neg-tokens 4" 4 flat 2 5.0 "--ulysses-degree 2 --ring-degree 2"
+  run_case cfgp "--text-tokens 8 --neg-tokens 4" 4 tapa 2 5.0 "--cfg-parallel"
+  both=(--negative-text-embeddings "$work/bf16/neg.npy")
 else
   # FLUX.2-dev-like (guidance embedding, guidance 4.5), bf16 weights in two shards, TAPA at P = 2.
   run_case bf16 "--dtype bf16 --shards 2" 2 tapa 3 4.5

@@ -157,10 +157,10 @@ diffcp_add_fail_test(cli_dit_diffusers_missing_tensors "    'transformer_blocks.
 diffcp_add_fail_test(cli_dit_diffusers_no_config "a folder without model_index.json or config.json" ${DIT} --weights ${DIFFUSERS_DIR}/empty --dry-run)
 diffcp_add_fail_test(cli_dit_diffusers_and_preset "is a diffusers folder: its config.json gives the model shape; drop --config / --preset"
                      ${DIT} --weights ${DIFFUSERS_DIR}/pipe --preset tiny --dry-run)
-# Qwen-Image, FLUX.2 and SD3.5 (issue #34): the NumPy references of diffusers' QwenImageTransformer2DModel /
-# Flux2Transformer2DModel / SD3Transformer2DModel and their pipelines, the published models' real shapes,
+# Qwen-Image, FLUX.2, SD3.5 (issue #34) and Wan (issue #70): the NumPy references of diffusers'
+# QwenImageTransformer2DModel / Flux2Transformer2DModel / SD3Transformer2DModel / WanTransformer3DModel and their pipelines, the published models' real shapes,
 # bad inputs.
-foreach(family IN ITEMS qwen_image flux2 sd3)
+foreach(family IN ITEMS qwen_image flux2 sd3 wan)
   add_test(NAME ${family}_numpy_check COMMAND ${RUN_OK} ${CMAKE_CURRENT_SOURCE_DIR}/dit/family_numpy_check.sh ${family} $<TARGET_FILE:diffcp_cli>)
   set_tests_properties(${family}_numpy_check PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 240
                        PASS_REGULAR_EXPRESSION "family_numpy_check ${family}: passed")
@@ -169,6 +169,16 @@ add_test(NAME cli_dit_qwen_image_real_shape_dry_run COMMAND ${RUN_OK} ${DIT} --w
          --width 1664 --height 928 --text-tokens 256 --guidance 1)
 set_tests_properties(cli_dit_qwen_image_real_shape_dry_run PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 60 FIXTURES_REQUIRED diffusers_files
   PASS_REGULAR_EXPRESSION "\"double_blocks\":60,.*\"family\":\"qwen_image\".*\"heads\":24,.*\"hidden\":3072,.*\"single_blocks\":0,.*\"parameters\":20430401088")
+# Wan (issue #70): Wan2.1-T2V-1.3B's real shape (480p, 81 frames: 21 latent frames of 60 x 104, 32,760
+# tokens; 512 text tokens), the image-to-video variant refused by name, --frames on an image model.
+add_test(NAME cli_dit_wan_real_shape_dry_run COMMAND ${RUN_OK} ${DIT} --weights ${DIFFUSERS_DIR}/wan2.1-1.3b --dry-run --json
+         --width 832 --height 480 --frames 21 --text-tokens 512 --guidance 1)
+set_tests_properties(cli_dit_wan_real_shape_dry_run PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 60 FIXTURES_REQUIRED diffusers_files
+  PASS_REGULAR_EXPRESSION "\"family\":\"wan\".*\"heads\":12,.*\"hidden\":1536,.*\"mlp_hidden\":8960,.*\"rope_axes\":\\[44,42,42\\],.*\"single_blocks\":30,.*\"parameters\":1418996800")
+diffcp_add_fail_test(cli_dit_wan_i2v_refused "image_dim = 1280 is not supported \\(diffcp runs Wan's text-to-video transformer"
+                     ${DIT} --weights ${DIFFUSERS_DIR}/wan_i2v --dry-run)
+diffcp_add_fail_test(cli_dit_frames_on_image_model "--frames 3: flux1 is an image model \\(one frame\\); the video family is wan"
+                     ${DIT} --preset tiny --frames 3 --dry-run)
 add_test(NAME cli_dit_flux2_dev_real_shape_dry_run COMMAND ${RUN_OK} ${DIT} --weights ${DIFFUSERS_DIR}/flux2-dev --dry-run --json
          --resolution 1024 --text-tokens 512)
 set_tests_properties(cli_dit_flux2_dev_real_shape_dry_run PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 60 FIXTURES_REQUIRED diffusers_files
@@ -217,7 +227,7 @@ diffcp_add_fail_test(cli_dit_qwen_guidance_embeds "guidance_embeds = true is not
 foreach(t IN ITEMS cli_dit_qwen_pooled cli_dit_qwen_cfg_without_negative cli_dit_qwen_negative_without_cfg cli_dit_qwen_negative_not_divisible
                    cli_dit_flux_negative cli_dit_qwen_zero_cond cli_dit_qwen_guidance_embeds cli_dit_flux2_pooled cli_dit_flux2_three_axes
                    cli_dit_flux2_schnell_guidance cli_dit_sd3_negative_without_pooled cli_dit_sd3_packed_noise
-                   cli_dit_sd3_beyond_position_table cli_dit_sd3_dual_attention cli_dit_qwen_one_step_terminal)
+                   cli_dit_sd3_beyond_position_table cli_dit_sd3_dual_attention cli_dit_qwen_one_step_terminal cli_dit_wan_i2v_refused)
   set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED diffusers_files)
 endforeach()
 add_test(NAME cli_dit_diffusers_dry_run COMMAND ${RUN_OK} ${DIT} --weights ${DIFFUSERS_DIR}/pipe --dry-run --json --width 64 --height 32 --text-tokens 8)

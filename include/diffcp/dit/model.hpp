@@ -29,7 +29,7 @@
 //     x += gate * Lin_out(Attn(q, k, v))                        (the exchange, sharded heads)
 //     x += Lin_co(Attn(RMSNorm(Lin_cq(LN2(x))), RMSNorm(ctx W_k), ctx W_v))   (local: all heads)
 //     x += c_gate * Lin(GELU_tanh(Lin((1 + c_scale) LN(x) + c_shift)))
-//   LN2: LayerNorm with weight and bias (cross_attn_norm; else plain LN)
+//   LN2: LayerNorm with weight and bias (cross_attn_norm; else none: x itself)
 //   final: (shift, scale) = final_table + temb; v_p = Lin((1 + scale) LN(x) + shift)
 //
 // Local row layout of the activations: the text rows of every image first (image-major, [b][T_p]),
@@ -165,7 +165,7 @@ class DitModel {
   // masks (one block of I_p query rows per image; [0]: a shared context, [1]: one per image)
   DeviceVector<float> ctx_h_, ctx_, ck_, cv_;      // [n_ctx T, H] each
   DeviceVector<float> ctx_rstd_, q_rstd_, cross_lse_;  // [b T], [M_p], [M_p, n_h]
-  DeviceVector<float> tproj_, norm2_scale_, minus_ones_, zeros_;  // [6H], [H], [H], [H]
+  DeviceVector<float> tproj_, norm2_scale_, minus_ones_;  // [6H], [H], [H]
   std::vector<BlockMask> cross_masks_;
   std::int64_t n_ctx_ = 1;
 };
