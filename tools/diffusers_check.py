@@ -4,8 +4,9 @@
 Builds each family's transformer with a tiny random config (no hub: the class instantiated here):
 FluxTransformer2DModel (FLUX.1-dev-like and -schnell-like), QwenImageTransformer2DModel
 (Qwen-Image, with and without true classifier-free guidance) and Flux2Transformer2DModel (FLUX.2-dev-like
-with its guidance embedding, and without one) and SD3Transformer2DModel (SD3.5-large-like, with
-classifier-free guidance and without); saves it as a diffusers pipeline
+with its guidance embedding, and without one), SD3Transformer2DModel (SD3.5-large-like, with
+classifier-free guidance and without) and WanTransformer3DModel (Wan 2.1-like text-to-video: its own
+video sizes, steps and (P, mode) runs, see WAN); saves it as a diffusers pipeline
 folder (model_index.json, transformer/, and scheduler/ with the published model's
 FlowMatchEulerDiscreteScheduler config), and runs
 `diffcp dit --weights FOLDER` under mpirun at each P and mode with `--dump-velocity`. For every
@@ -15,14 +16,15 @@ relative error max|v_diffcp - v_diffusers| / max|v_diffusers|; diffcp's timestep
 folder's scheduler_config.json) must equal the sigmas the family's pipeline sets on diffusers'
 scheduler. Qwen-Image's guided velocity is QwenImagePipeline's: the negative prompt's pass, then
 neg + g (cond - neg) rescaled per token to the conditional norm (retyped from pipeline_qwenimage.py,
-whose module needs transformers to import).
+whose module needs transformers to import); Wan's is WanPipeline's uncond + g (cond - uncond) at the
+timestep 1000 sigma (float32, as the scheduler's timesteps), its sigmas set_timesteps(K)'s (static shift 3).
 
 Needs torch and diffusers (PyPI) in a venv; CI does not install them (tools/flux_reference.py's
 NumPy reference covers the same math there):
 
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch diffusers
   /tmp/venv/bin/python tools/diffusers_check.py --diffcp build/release/src/diffcp [--np 1,2,3,4] \
-      [--families flux1,qwen_image,flux2,sd3]
+      [--families flux1,qwen_image,flux2,sd3,wan]
 
 Exit codes: 0 every case within --tol (default 1e-4), 1 a mismatch, 2 a run failed.
 """
@@ -39,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers import (Flux2Transformer2DModel, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel,
-                       QwenImageTransformer2DModel, SD3Transformer2DModel)
+                       QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel)
 from diffusers.utils import logging as diffusers_logging
 
 WIDTH, HEIGHT = 64, 48  # 4 x 3 = 12 image tokens: divisible by P = 1..4
@@ -94,6 +96,18 @@ def tiny_sd3(seed: int) -> SD3Transformer2DModel:
     return m.to(torch.float64).eval()
 
 
+def tiny_wan(heads: int, cross_attn_norm: bool, seed: int) -> WanTransformer3DModel:
+    torch.manual_seed(seed)
+    m = WanTransformer3DModel(num_attention_heads=heads, attention_head_dim=12, in_channels=4, out_channels=4,
+                              text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=cross_attn_norm)
+    # its norms (attn's norm_q / norm_k, norm2) start at weight 1 and bias 0: perturb them more, so that
+    # a dropped norm weight or bias shows
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            p.add_((0.3 if "norm" in n else 0.05) * torch.randn_like(p))
+    return m.to(torch.float64).eval()
+
+
 def save_pipeline(model, scheduler: FlowMatchEulerDiscreteScheduler, root: Path, pipeline: str) -> None:
     model.to(torch.float32).save_pretrained(root / "transformer")
     model.to(torch.float64)
@@ -123,7 +137,7 @@ def pipeline_sigmas(scheduler: FlowMatchEulerDiscreteScheduler, steps: int, imag
     mu = image_seq_len * m + c.get("base_shift", 0.5) - m * c.get("base_image_seq_len", 256)
     if family == "flux2":
         mu = flux2_mu(image_seq_len, steps)
-    if family == "sd3":  # StableDiffusion3Pipeline passes no sigmas (and mu only with dynamic shifting)
+    if family in ("sd3", "wan"):  # StableDiffusion3Pipeline, WanPipeline: no sigmas (mu only with dynamic shifting)
         scheduler.set_timesteps(num_inference_steps=steps, mu=mu if c.get("use_dynamic_shifting") else None)
         return scheduler.sigmas.double().numpy()
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
@@ -156,6 +170,15 @@ def diffusers_velocity(family: str, model, x: torch.Tensor, inputs: dict, t: flo
             return cond
         uncond = run(inputs["neg_t"], inputs["neg_pooled_t"])
         return uncond + guidance * (cond - uncond)
+    if family == "wan":  # WanPipeline: the prompt's pass, then the negative prompt's; uncond + g (cond - uncond)
+        def run_wan(txt):
+            return model(hidden_states=x, timestep=torch.tensor([1000 * t], dtype=torch.float32),
+                         encoder_hidden_states=txt, return_dict=False)[0]
+        cond = run_wan(inputs["txt_t"])
+        if guidance is None or guidance <= 1:
+            return cond
+        uncond = run_wan(inputs["neg_t"])
+        return uncond + guidance * (cond - uncond)
     if family == "flux2":  # Flux2Pipeline's ids: text (0, 0, 0, l), image (0, h, w, 0)
         h, w, T = HEIGHT // 16, WIDTH // 16, inputs["txt_t"].shape[1]
         img_ids = torch.zeros(h * w, 4, dtype=torch.float64)
@@ -177,20 +200,26 @@ def diffusers_velocity(family: str, model, x: torch.Tensor, inputs: dict, t: flo
     return comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
 
 
-def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str, guidance: float | None) -> float:
+def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str, guidance: float | None) -> list[float]:
+    """The relative error of each step."""
     dump = root / f"dump_{P}_{mode}"
+    width, height, steps = inputs.get("width", WIDTH), inputs.get("height", HEIGHT), inputs.get("steps", a.steps)
     cmd = ["mpirun", "-np", str(P), "--oversubscribe", a.diffcp, "dit", "--weights", str(root),
            "--text-embeddings", str(inputs["txt"]), "--noise", str(inputs["noise"]),
-           "--width", str(WIDTH), "--height", str(HEIGHT), "--steps", str(a.steps), "--mode", mode,
+           "--width", str(width), "--height", str(height), "--steps", str(steps), "--mode", mode,
            "--dump-velocity", str(dump), "--out", ""]
     if family in ("flux1", "sd3"):
         cmd += ["--pooled", str(inputs["pooled"])]
-    if family in ("qwen_image", "sd3") and guidance is not None and guidance > 1:
+    if family == "wan":
+        cmd += ["--frames", str(inputs["frames"]), "--weights-dtype", "f32", "--group-size", "1"]
+    if family in ("qwen_image", "sd3", "wan") and guidance is not None and guidance > 1:
         cmd += ["--negative-text-embeddings", str(inputs["neg"])]
         if family == "sd3":
             cmd += ["--negative-pooled", str(inputs["neg_pooled"])]
     if mode == "cocodiff":
-        cmd += ["--cache-ratio", "0"]  # V-Major with nothing cached: exact; its ratio curve is bench material
+        # V-Major's selective exchange from the first step (no warm-up steps, which run the full one),
+        # nothing cached: exact; its ratio curve is bench material
+        cmd += ["--cache-schedule", "fixed", "--warmup", "0", "--cache-ratio", "0"]
     if mode == "usp":  # Ulysses x Ring with U = 1: Ring attention over all ranks
         cmd[cmd.index("--mode") + 1] = "flat"
         cmd += ["--ulysses-degree", "1", "--ring-degree", str(P)]
@@ -202,18 +231,18 @@ def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str,
         print(r.stdout + r.stderr, file=sys.stderr)
         raise RuntimeError(f"diffcp failed: {' '.join(cmd)}")
     ts = json.loads((dump / "timesteps.json").read_text())["timesteps"]
-    want_ts = pipeline_sigmas(inputs["scheduler"], a.steps, (WIDTH // 16) * (HEIGHT // 16), family)
+    want_ts = pipeline_sigmas(inputs["scheduler"], steps, (width // 16) * (height // 16), family)
     if len(ts) != len(want_ts) or np.abs(np.array(ts) - want_ts).max() > 1e-6:  # diffusers' sigmas are float32
         raise RuntimeError(f"timesteps {ts} differ from the pipeline's {want_ts.tolist()}")
     x = torch.from_numpy(np.load(inputs["noise"]).astype(np.float64))
-    worst = 0.0
-    for k in range(a.steps):
+    errs = []
+    for k in range(steps):
         got = torch.from_numpy(np.load(dump / f"velocity_{k}.npy").astype(np.float64))
         with torch.no_grad():
             want = diffusers_velocity(family, model, x, inputs, ts[k], guidance)
-        worst = max(worst, float((got - want).abs().max() / want.abs().max().clamp_min(1e-30)))
+        errs.append(float((got - want).abs().max() / want.abs().max().clamp_min(1e-30)))
         x = x + (ts[k + 1] - ts[k]) * got  # diffcp's own trajectory: x_{k+1}
-    return worst
+    return errs
 
 
 # (family, case name, guidance, seed): FLUX.1-schnell-like (no guidance_in), FLUX.1-dev-like; Qwen-Image
@@ -221,13 +250,28 @@ def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str,
 CASES = [("flux1", "FLUX.1-schnell-like", None, 3), ("flux1", "FLUX.1-dev-like (guidance_embeds)", 3.5, 7),
          ("qwen_image", "Qwen-Image, true CFG 4 (negative prompt)", 4.0, 5), ("qwen_image", "Qwen-Image, guidance 1", 1.0, 9),
          ("flux2", "FLUX.2-dev-like (guidance_embeds, guidance 4)", 4.0, 13), ("flux2", "FLUX.2, no guidance embedding", None, 17),
-         ("sd3", "SD3.5-large-like, CFG 7 (negative prompt)", 7.0, 19), ("sd3", "SD3.5-large-like, guidance 1", 1.0, 23)]
+         ("sd3", "SD3.5-large-like, CFG 7 (negative prompt)", 7.0, 19), ("sd3", "SD3.5-large-like, guidance 1", 1.0, 23),
+         ("wan", "Wan 2.1-like, CFG 5 (negative prompt)", 5.0, 29), ("wan", "Wan, 6 heads, 20 tokens, CFG 5", 5.0, 31),
+         ("wan", "Wan, cross_attn_norm false, guidance 1", 1.0, 37)]
+# Wan's cases by name: heads, cross_attn_norm, (latent frames, width, height in px), steps, and the (P, mode)
+# runs in place of --np x --modes (those of them that --np and --modes list). The 6-head case has
+# 2 x (80/16) x (32/16) = 20 tokens, which P = 3 does not divide.
+WAN = {"Wan 2.1-like, CFG 5 (negative prompt)": (4, True, (3, 64, 48), 3, [(1, "flat"), (2, "tapa")]),
+       "Wan, 6 heads, 20 tokens, CFG 5": (6, True, (2, 32, 80), 2, [(3, "vfirst"), (3, "cocodiff")]),
+       "Wan, cross_attn_norm false, guidance 1": (4, False, (3, 64, 48), 3, [(2, "flat")])}
 
 
-def build_case(family: str, guidance: float | None, seed: int, root: Path):
+def build_case(family: str, name: str, guidance: float | None, seed: int, root: Path):
     rng = np.random.default_rng(11)
     inputs = {"txt": root / "txt.npy", "pooled": root / "pooled.npy", "neg": root / "neg.npy", "noise": root / "noise.npy"}
-    if family == "sd3":
+    if family == "wan":
+        heads, cross_attn_norm, (inputs["frames"], inputs["width"], inputs["height"]), inputs["steps"], _ = WAN[name]
+        model = tiny_wan(heads, cross_attn_norm, seed)
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False)  # Wan 2.1 T2V's flow shift
+        save_pipeline(model, scheduler, root, "WanPipeline")
+        np.save(inputs["neg"], rng.standard_normal((NEG_TOKENS, 32)).astype(np.float32))
+        inputs["neg_t"] = torch.from_numpy(np.load(inputs["neg"]).astype(np.float64))[None]
+    elif family == "sd3":
         model = tiny_sd3(seed)
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)  # SD3.5's
         save_pipeline(model, scheduler, root, "StableDiffusion3Pipeline")
@@ -260,6 +304,8 @@ def build_case(family: str, guidance: float | None, seed: int, root: Path):
     if family != "flux2":
         np.save(inputs["txt"], rng.standard_normal((TEXT_TOKENS, 32)).astype(np.float32))
     noise_shape = (1, 4, HEIGHT // 8, WIDTH // 8) if family == "sd3" else (1, (WIDTH // 16) * (HEIGHT // 16), 16)
+    if family == "wan":
+        noise_shape = (1, 4, inputs["frames"], inputs["height"] // 8, inputs["width"] // 8)
     np.save(inputs["noise"], rng.standard_normal(noise_shape).astype(np.float32))
     inputs["txt_t"] = torch.from_numpy(np.load(inputs["txt"]).astype(np.float64))[None]
     inputs["scheduler"] = scheduler
@@ -271,7 +317,7 @@ def main() -> int:
     ap.add_argument("--diffcp", default="build/release/src/diffcp")
     ap.add_argument("--np", default="1,2,3,4")
     ap.add_argument("--modes", default="flat,tapa,vfirst,cocodiff,usp")
-    ap.add_argument("--families", default="flux1,qwen_image,flux2,sd3")
+    ap.add_argument("--families", default="flux1,qwen_image,flux2,sd3,wan")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tol", type=float, default=1e-4)
     a = ap.parse_args()
@@ -280,34 +326,37 @@ def main() -> int:
     ok = True
     print(f"diffusers' transformers vs diffcp dit --weights <diffusers pipeline folder>; "
           f"{WIDTH}x{HEIGHT} px, {TEXT_TOKENS} text tokens (Qwen-Image's negative prompt: {NEG_TOKENS}), "
-          f"{a.steps} steps, f32 in diffcp, float64 in diffusers")
-    print("| model | P | mode | max relative error over the steps | ok |")
-    print("|---|---|---|---|---|")
-    families = a.families.split(",")
+          f"{a.steps} steps (Wan: its cases' own), f32 in diffcp, float64 in diffusers")
+    print("| model | P | mode | max relative error over the steps | per step | ok |")
+    print("|---|---|---|---|---|---|")
+    families, nps, modes = a.families.split(","), [int(p) for p in a.np.split(",")], a.modes.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         for k, (family, name, guidance, seed) in enumerate(CASES):
             if family not in families:
                 continue
             root = Path(tmp) / f"case{k}"
-            model, inputs = build_case(family, guidance, seed, root)
-            for P in [int(p) for p in a.np.split(",")]:
-                for mode in a.modes.split(","):
-                    if mode == "usp" and P == 1:
-                        continue  # U = R = 1 is flat
-                    err = run_case(a, family, model, root, inputs, P, mode, guidance)
-                    good = err <= a.tol
-                    ok &= good
-                    print(f"| {name} | {P} | {mode} | {err:.2e} | {'ok' if good else 'MISMATCH'} |", flush=True)
+            model, inputs = build_case(family, name, guidance, seed, root)
+            runs = [(P, mode) for P in nps for mode in modes if not (mode == "usp" and P == 1)]  # U = R = 1 is flat
+            if family == "wan":
+                runs = [(P, mode) for P, mode in WAN[name][4] if P in nps and mode in modes]
+            for P, mode in runs:
+                errs = run_case(a, family, model, root, inputs, P, mode, guidance)
+                good = max(errs) <= a.tol
+                ok &= good
+                print(f"| {name} | {P} | {mode} | {max(errs):.2e} | {' '.join(f'{e:.1e}' for e in errs)} | "
+                      f"{'ok' if good else 'MISMATCH'} |", flush=True)
             # The check can fail: the final modulation stored as BFL's (shift, scale) instead of
-            # diffusers' (scale, shift) must show as a mismatch.
+            # diffusers' (scale, shift) must show as a mismatch (Wan's, scale_shift_table's rows, the other way).
             from safetensors.torch import load_file, save_file
             f = root / "transformer" / "diffusion_pytorch_model.safetensors"
             sd = load_file(str(f))
             for n in ("norm_out.linear.weight", "norm_out.linear.bias"):
                 if n in sd:  # FLUX.2 has no biases
                     sd[n] = torch.cat(sd[n].chunk(2, dim=0)[::-1]).contiguous()
+            if family == "wan":  # [1, 2, D]: (shift, scale)
+                sd["scale_shift_table"] = sd["scale_shift_table"].flip(1).contiguous()
             save_file(sd, str(f))
-            err = run_case(a, family, model, root, inputs, 1, "flat", guidance)
+            err = max(run_case(a, family, model, root, inputs, 1, "flat", guidance))
             caught = err > a.tol
             ok &= caught
             print(f"negative control, {name} (norm_out's scale and shift swapped in the file): relative error "

@@ -614,8 +614,9 @@ void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_
                 j["weight_gather_bytes"].get<double>(), j["predicted_weight_gather_bytes"].get<double>(),
                 j["weight_gather_wait_ms"].get<double>());
   if (!o.out.empty())
-    std::printf("  image: %s (%lldx%lld, one pixel per latent pixel, latent->RGB map of dit/image.hpp)\n", o.out.c_str(),
-                static_cast<long long>(shape.batch * shape.grid_w() * cfg.patch), static_cast<long long>(shape.grid_h() * cfg.patch));
+    std::printf("  image: %s (%lldx%lld, one pixel per latent pixel, latent->RGB map of dit/image.hpp%s)\n", o.out.c_str(),
+                static_cast<long long>(shape.batch * shape.frames * shape.grid_w() * cfg.patch), static_cast<long long>(shape.grid_h() * cfg.patch),
+                shape.frames > 1 ? "; the latent frames side by side" : "");
   if (!j.contains("psnr")) return;
   std::printf("  vs %s: PSNR %s dB, SSIM %.6f, MSE %.3g, max |latent diff| %.3g\n", j["reference_run"].get<std::string>().c_str(),
               j["psnr"].is_null() ? "inf (identical)" : std::to_string(j["psnr"].get<double>()).c_str(), j["ssim"].get<double>(),
@@ -654,8 +655,8 @@ int run_dit(Communicator& world) {
   if (world.rank() == 0) {
     const std::int64_t side_h = shape.grid_h() * cfg.patch, side_w = shape.grid_w() * cfg.patch;
     if (!o.out.empty())
-      write_png(o.out, tile_rgb8(latent_to_rgb(run.latent, cfg, shape), shape.batch, side_h, side_w).data(),
-                shape.batch * side_w, side_h);
+      write_png(o.out, tile_rgb8(latent_to_rgb(run.latent, cfg, shape), shape.batch * shape.frames, side_h, side_w).data(),
+                shape.batch * shape.frames * side_w, side_h);  // a video's frames side by side
     if (!o.save_latent.empty()) write_latent(o.save_latent, run.latent, cfg, shape);
   }
   nlohmann::ordered_json j = report_json(o, pl, session.report(pl.g, run), session.weights());

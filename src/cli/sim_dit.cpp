@@ -8,6 +8,8 @@
 
 #include "cli/sim.hpp"
 #include "diffcp/core/error.hpp"
+#include "diffcp/core/json_file.hpp"
+#include "diffcp/dit/diffusers.hpp"
 #include "diffcp/dit/exchange.hpp"
 #include "diffcp/sim/dit.hpp"
 
@@ -18,6 +20,7 @@ struct SimDitCli {
   SimMachineOptions machine;
   std::string mode = "all", preset = "default", config;
   std::int64_t heads = 0, head_dim = 0, double_blocks = -1, single_blocks = -1, mlp_hidden = 0;  // 0 / -1: the preset's
+  std::int64_t frames = 1;
   std::int64_t resolution = 512, width = 0, height = 0, batch = 1, text_tokens = 64;        // width / height 0: --resolution
   int steps = 50, group_size = 0;
   std::string cache_schedule = "linear";
@@ -43,9 +46,14 @@ std::vector<std::string> mode_list(const std::string& text) {
   return out;
 }
 
-// The model shape: --config (FluxParams JSON), else the preset with its overrides (as `diffcp dit`).
+// The model shape: --config (FluxParams JSON, or a diffusers transformer's config.json: its
+// `_class_name`), else the preset with its overrides (as `diffcp dit`).
 DitConfig make_config(const SimDitCli& o) {
-  if (!o.config.empty()) return read_dit_config(o.config);
+  if (!o.config.empty()) {
+    const nlohmann::json j = read_json_file(o.config, "--config");
+    if (j.is_object() && j.contains("_class_name")) return dit_config_from_diffusers(j, o.config);
+    return read_dit_config(o.config);
+  }
   return dit_preset(o.preset, {o.heads, o.head_dim, o.double_blocks, o.single_blocks, o.mlp_hidden});
 }
 }  // namespace
@@ -57,7 +65,9 @@ void add_sim_dit(CLI::App* sim) {
   add_sim_machine_options(c, o.machine);
   c->add_option("--mode", o.mode, "all | a comma list of flat, tapa, vfirst, cocodiff")->capture_default_str();
   c->add_option("--preset", o.preset, "model shape: default | tiny")->capture_default_str();
-  c->add_option("--config", o.config, "model shape as FLUX's FluxParams JSON (instead of --preset)");
+  c->add_option("--config", o.config, "model shape as FLUX's FluxParams JSON or a diffusers transformer config.json "
+                                      "(e.g. WanTransformer3DModel's; instead of --preset)");
+  c->add_option("--frames", o.frames, "latent frames of a video (wan)")->check(CLI::Range(1, 65536))->capture_default_str();
   c->add_option("--heads", o.heads, "attention heads (default: the preset's)");
   c->add_option("--head-dim", o.head_dim, "head dimension (default: the preset's)");
   c->add_option("--double-blocks", o.double_blocks, "double-stream blocks (default: the preset's)");
@@ -86,7 +96,8 @@ int run_sim_dit() {
   const SimDitCli& o = g_dit;
   const SimMachine m = make_sim_machine(o.machine);
   const DitConfig cfg = make_config(o);
-  const DitShape shape{o.batch, o.width > 0 ? o.width : o.resolution, o.height > 0 ? o.height : o.resolution, o.text_tokens};
+  const DitShape shape{o.batch, o.width > 0 ? o.width : o.resolution, o.height > 0 ? o.height : o.resolution, o.text_tokens,
+                       o.frames};
   SimDitOptions opt;
   opt.modes = mode_list(o.mode);
   opt.group_size = o.group_size;
@@ -117,11 +128,11 @@ int run_sim_dit() {
     std::printf("%s\n", arr.dump().c_str());
     return 0;
   }
-  std::printf("diffcp sim dit: profile %s, P = %d (%d per node, %d nodes), %lldx%lld x %lld images, N = %lld tokens, "
+  std::printf("diffcp sim dit: profile %s, P = %d (%d per node, %d nodes), %lldx%lld x %lld images x %lld frames, N = %lld tokens, "
               "%lld heads x %lld, %lld + %lld blocks, %d steps (cache: %s r = %g, warm-up %d, sync every %d)\n",
               m.profile.name.c_str(), m.P, m.R, m.nodes(), static_cast<long long>(shape.width),
-              static_cast<long long>(shape.height), static_cast<long long>(shape.batch),
-              static_cast<long long>(shape.tokens()), static_cast<long long>(cfg.heads),
+              static_cast<long long>(shape.height), static_cast<long long>(shape.batch), static_cast<long long>(shape.frames),
+              static_cast<long long>(cfg.cross_attention() ? shape.image_tokens() : shape.tokens()), static_cast<long long>(cfg.heads),
               static_cast<long long>(cfg.head_dim), static_cast<long long>(cfg.double_blocks),
               static_cast<long long>(cfg.single_blocks), o.steps, o.cache_schedule.c_str(), o.cache_ratio, o.warmup,
               o.sync_every);

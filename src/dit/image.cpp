@@ -12,7 +12,7 @@ namespace diffcp {
 std::vector<float> latent_to_rgb(const std::vector<float>& latent, const DitConfig& cfg, const DitShape& shape) {
   const std::int64_t C = cfg.latent_channels, p = cfg.patch, Cin = cfg.in_channels(), gh = shape.grid_h(),
                      gw = shape.grid_w(), Sh = gh * p, Sw = gw * p;
-  const std::int64_t b = shape.batch;
+  const std::int64_t b = shape.batch * shape.frames;  // a video: each frame an image, frame-major
   DIFFCP_CHECK(C >= 3, "latent_to_rgb: latent_channels = ", C, ", expected >= 3 (one group per colour)");
   DIFFCP_CHECK(static_cast<std::int64_t>(latent.size()) == b * gh * gw * Cin, "latent_to_rgb: ", latent.size(),
                " values, expected b * N_img * C_in = ", b * gh * gw * Cin);

@@ -172,7 +172,8 @@ class DitStepModel {
   void compute(const DitShape& shape, const DitShard& shard) {
     const double Mw = static_cast<double>(cfg_.mlp_hidden), dh = static_cast<double>(cfg_.head_dim);
     const double hp = static_cast<double>(cfg_.heads / P);
-    const double b = static_cast<double>(shape.batch), N = static_cast<double>(shape.tokens());
+    // N: the tokens of an image's attention (Wan: the video tokens only; its text is cross-attended)
+    const double b = static_cast<double>(shape.batch), N = static_cast<double>(shard.text + shard.image);
     const double Mt = b * static_cast<double>(shard.text_p), Mi = b * static_cast<double>(shard.image_p);
     double d_pre = 0, d_post = 0;
     for (const double rows : {Mt, Mi}) {
@@ -181,6 +182,7 @@ class DitStepModel {
       d_post += gemm(rows, H, H) + ew(12 * rows * H) + ew(8 * rows * H) + gemm(rows, H, Mw) + ew(8 * rows * Mw) +
                 gemm(rows, Mw, H) + ew(12 * rows * H);
     }
+    if (cfg_.cross_attention()) return wan_compute(shape, shard, N);
     const double s_pre = gemm(1, H, 3 * H) + ew(8 * n * H) + gemm(n, H, H);
     s_window_ = gemm(n, H, 2 * H) + ew(8 * n * 2 * H) + gemm(n, H, Mw);
     const double s_post = ew(8 * n * Mw) + gemm(n, H + Mw, H) + ew(12 * n * H);
@@ -196,6 +198,33 @@ class DitStepModel {
     d_block_ = d_pre + d_window_ + d_post + attn + copies;
     s_block_ = s_pre + s_window_ + s_post + attn + copies;
     block_compute_ = D * d_block_ + S * s_block_;
+    cache_ew_ = ew(56 * Mi * H);
+    pair_bytes_ = Mi * C_in * f;
+  }
+
+  // Wan's blocks (dit/model.hpp): self-attention as a single block's (v, then q|k under V's phase
+  // 1), then the cross-attention to the T context rows every rank holds (q [n, H] x [H, H], k | v
+  // [T, H] x [H, 2H], their RMS norms, all n_h heads over n queries x T keys, out [H, H]; no
+  // exchange) and the MLP; per step the time MLP and projection [1, H] x [H, 6H], the text MLP over
+  // the T rows, the patch embedding and the final layer.
+  void wan_compute(const DitShape& shape, const DitShard& shard, double N) {
+    const double Mw = static_cast<double>(cfg_.mlp_hidden), dh = static_cast<double>(cfg_.head_dim);
+    const double hp = static_cast<double>(cfg_.heads / P), b = static_cast<double>(shape.batch);
+    const double T = static_cast<double>(shard.context), Mi = b * static_cast<double>(shard.image_p);
+    const double pre = ew(8 * 6 * H) + ew(8 * n * H) + gemm(n, H, H);
+    s_window_ = gemm(n, H, 2 * H) + ew(8 * n * 2 * H);
+    const double cross = ew(8 * n * H) + gemm(n, H, H) + gemm(T, H, 2 * H) + ew(8 * (n + T) * H) +
+                         m_.attn_fwd_ms(4 * dh * static_cast<double>(cfg_.heads) * n * T) + gemm(n, H, H) + ew(12 * n * H);
+    const double post = gemm(n, H, H) + ew(12 * n * H) + cross + ew(8 * n * H) + gemm(n, H, Mw) + ew(8 * n * Mw) +
+                        gemm(n, Mw, H) + ew(12 * n * H);
+    const double attn = m_.attn_fwd_ms(4 * dh * hp * b * N * N);
+    const double copies = ew(8 * n * 3 * H) + ew(8 * n * H) + (opt_.wire == Wire::fp8 ? ew(2 * 10 * n * 4 * H) : 0.0);
+    const double C_in = static_cast<double>(cfg_.in_channels());
+    per_step_ = gemm(1, static_cast<double>(cfg_.time_dim), H) + gemm(1, H, H) + gemm(1, H, 6 * H) +
+                gemm(T, static_cast<double>(cfg_.text_dim), H) + ew(8 * T * H) + gemm(T, H, H) + gemm(Mi, C_in, H) +
+                ew(8 * Mi * H) + gemm(Mi, H, C_in) + ew(12 * Mi * C_in);
+    s_block_ = pre + s_window_ + post + attn + copies;
+    block_compute_ = static_cast<double>(cfg_.single_blocks) * s_block_;
     cache_ew_ = ew(56 * Mi * H);
     pair_bytes_ = Mi * C_in * f;
   }

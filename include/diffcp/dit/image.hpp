@@ -13,7 +13,7 @@
 namespace diffcp {
 
 // latent: [b, N_img, C_in] (tokens row-major over the g_h x g_w grid, channels (c, ph, pw)) -> RGB
-// [b, S_h, S_w, 3] in [0, 1], one pixel per latent pixel: latent pixel (y, x) = (row * patch + ph,
+// [b F, S_h, S_w, 3] in [0, 1] (a video's F frames each an image, image-major), one pixel per latent pixel: latent pixel (y, x) = (row * patch + ph,
 // col * patch + pw) has channels z_0..z_{C_lat-1}, and colour k (0 = R, 1 = G, 2 = B) is
 //   0.5 + 0.5 * tanh(mean of z_c over the channels c with c % 3 == k).
 // Throws unless latent_channels >= 3.

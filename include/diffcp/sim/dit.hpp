@@ -2,7 +2,8 @@
 // Ulysses sequence parallelism on P ranks of a profile's machine (sim/machine.hpp), per attention
 // exchange mode (dit/exchange.hpp: flat, tapa, vfirst, cocodiff).
 //
-// Legend: b images, T text tokens, N_img image tokens, N = T + N_img tokens per image, P ranks,
+// Legend: b images, T text tokens, N_img image tokens, N = T + N_img tokens per image (Wan: N = N_img,
+//         its T text rows cross-attended on every rank, no exchange), P ranks,
 //         n_p = N / P tokens per image on a rank, n = b n_p rows per rank (M_p), H = n_h d_h,
 //         h_p = n_h / P heads per rank, hd = h_p d_h, M MLP width, C_in latent channels per token,
 //         L TAPA's group (default: the ranks of a node), G = P / L groups, D = double blocks,
