@@ -7,9 +7,10 @@
 #              21 latent frames of 60 x 104 -> 21 x 30 x 52 = 32,760 tokens; 512 text tokens (the
 #              pipeline's padded prompt), guidance 1 (one pass), f32. P = 1 (flat) and P = 2 in
 #              every mode (flat, tapa, vfirst, cocodiff with nothing cached, usp = Ulysses 1 x Ring
-#              2), one rank per core (OMP_NUM_THREADS=1, --bind-to core), STEPS steps (default 2;
-#              step_ms is the CLI's median); P = 4 (tapa with groups of 2, cocodiff, flat): 4 ranks
-#              on 2 cores, oversubscribed: bytes only (timed = no).
+#              2), STEPS steps (default 1; step_ms is the CLI's median). P = 1: one rank on both
+#              cores (2 OpenMP threads); P = 2: a rank per core (--bind-to core, 1 thread); P = 4
+#              (flat, tapa with groups of 2, cocodiff r 0.5 over 2 steps: a full and a selective
+#              one): 4 ranks on 2 cores, oversubscribed: bytes only (timed = no).
 #              Columns: the step, the bytes per rank per step inside / across groups and their
 #              closed form (the cross-attention adds none: every rank holds the text).
 #   diffusers  diffusers' WanTransformer3DModel forward on the same folder and inputs on the CPU
@@ -28,13 +29,13 @@ source scripts/env.sh
 bin=${DIFFCP_BIN:-build/release/src/diffcp}
 py=${PYTHON:-python3}
 LAYERS=${LAYERS:-1}
-STEPS=${STEPS:-2}
+STEPS=${STEPS:-1}
 REPS=${REPS:-2}
 work=${WORK:-/tmp/diffcp_wan_bench}
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(step diffusers sim)
 want() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 W=832 Hpx=480 F=21 T=512
 machine=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 isa=$(grep -o 'avx512_bf16\|avx512f\|amx_tile\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ' | sed 's/ $//')
@@ -55,11 +56,13 @@ if want step; then
   run() {  # P label mode group_size timed [extra...]
     local P=$1 label=$2 mode=$3 L=$4 timed=$5
     shift 5
-    local bind=(--bind-to core)
-    [ "$timed" = no ] && bind=(--oversubscribe --bind-to none)
+    # P = 1: one rank on both cores (2 OpenMP threads); P = 2: a rank per core; P = 4: oversubscribed
+    local bind=(--bind-to core -x OMP_NUM_THREADS=1)
+    [ "$P" = 1 ] && bind=(--bind-to none -x OMP_NUM_THREADS=2)
+    [ "$timed" = no ] && bind=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
     local j
     j=$(mpirun -np "$P" "${bind[@]}" "$bin" dit --weights "$work/wan" --text-embeddings "$work/wan/txt.npy" \
-      --noise "$work/wan/noise.npy" --width $W --height $Hpx --steps "$STEPS" --guidance 1 --mode "$mode" \
+      --noise "$work/wan/noise.npy" --width $W --height $Hpx --steps "${steps:-$STEPS}" --guidance 1 --mode "$mode" \
       --group-size "$L" --out "" --weights-dtype f32 --json "$@" 2>/dev/null | tail -n 1)
     local row
     row=$(echo "$j" | "$py" -c "import json, sys; j = json.load(sys.stdin); print(','.join(str(j[k]) for k in
@@ -74,7 +77,8 @@ if want step; then
   run 2 usp flat 1 yes --ulysses-degree 1 --ring-degree 2
   run 4 flat flat 2 no
   run 4 tapa tapa 2 no
-  run 4 cocodiff_r0.5 cocodiff 2 no --cache-schedule fixed --cache-ratio 0.5 --warmup 0
+  # two steps: the first is always full, the second V-Major's selective one (bytes: their mean)
+  steps=2 run 4 cocodiff_r0.5 cocodiff 2 no --cache-schedule fixed --cache-ratio 0.5 --warmup 0
 fi
 
 if want diffusers; then

@@ -257,6 +257,12 @@ def t_diffusers(d):
         exact = all(r["bytes_inter_group"] == r["predicted_bytes_inter_group"] for r in t.where(impl="diffcp").rows)
         out.append([name, ms(ref), ms(p1), f"**{x(ref / p1)}**", ms(p2.med("step_ms")), x(ref / p2.med("step_ms")),
                      f"{p2.med('bytes_inter_group') / 1e6:.1f} MB ({'= closed form' if exact else 'differs'})"])
+    w = d["wan_step.csv"]  # Wan: its own bench (bench/bench_wan.sh), other columns
+    ref, p1, p2 = w.where(mode="diffusers").med("step_ms"), w.where(P=1, mode="flat").med("step_ms"), w.where(P=2, mode="flat")
+    exact = all(r["bytes_inter_group"] == r["predicted_bytes_inter_group"] for r in w.where(mode=lambda m: m != "diffusers").rows)
+    out.append(["Wan 2.1 (1.3B's width, 1 block; 480p, 81 frames)", ms(ref), ms(p1), f"**{x(ref / p1)}**",
+                ms(p2.med("step_ms")), x(ref / p2.med("step_ms")),
+                f"{p2.med('bytes_inter_group') / 1e6:.1f} MB ({'= closed form' if exact else 'differs'})"])
     return out
 
 
@@ -588,12 +594,15 @@ TABLES = {
         "1024². Reproduce: `VENV=... FLUX_SRC=... bench/bench_dit_cpu.sh peers` (`CSV=bench/dit_cpu_peers_epyc.csv` "
         "on the Zen 4, `ROWS=small ROUNDS=2 CSV=bench/dit_cpu_peers_zen3.csv` on the AVX2 EPYC)."),
     "diffusers": Table(
-        ["diffusers_flux_step.csv", "diffusers_qwen_image_step.csv", "diffusers_flux2_step.csv", "diffusers_sd3_step.csv"],
+        ["diffusers_flux_step.csv", "diffusers_qwen_image_step.csv", "diffusers_flux2_step.csv", "diffusers_sd3_step.csv",
+         "wan_step.csv"],
         ["family (real width, reduced depth)", "diffusers ms", "diffcp P = 1 ms", "speed-up", "diffcp P = 2 (flat) ms",
          "speed-up", "bytes per rank per step, P = 2"], t_diffusers,
         f"{ZEN5}, 2026-12-03 (FLUX.1) and 2026-12-04; 1024² image + 512 text tokens, f32, random weights; P = 1 two "
         "threads, P = 2 one rank per core; medians of 2 interleaved rounds. Reproduce: "
-        "`V/bin/python bench/bench_diffusers_step.py --family flux1|qwen_image|flux2|sd3 --rounds 2`."),
+        "`V/bin/python bench/bench_diffusers_step.py --family flux1|qwen_image|flux2|sd3 --rounds 2`. Wan: the AVX2 "
+        "EPYC (Zen 3), 2026-12-07, 21 latent frames of 60 × 104 (32,760 video tokens) + 512 text tokens, one run each "
+        "(a step takes 1-2 minutes); `PYTHON=V/bin/python bench/bench_wan.sh step diffusers`."),
     "cp_methods": Table(
         ["cp_qs.csv", "cluster_cp.csv", "splitkv_nodes.csv"],
         ["setting", "Q:S", "step ms: Split-KV / Ulysses / Ring / RingX / LV-XAttn", "Split-KV vs the fastest other",

@@ -299,11 +299,11 @@ void add_dit_command(CLI::App& app) {
   c->add_option("--pooled", o.pooled, "pooled vector from your CLIP: .npy [vec_in_dim] or [1, vec_in_dim] (with --text-embeddings; FLUX.1 only)");
   c->add_option("--negative-text-embeddings", o.negative_text_embeddings, "classifier-free guidance's negative prompt (Qwen-Image and SD3.5 with --guidance > 1, FLUX.1 with --true-cfg-scale > 1): its encoder_hidden_states, .npy [T_neg, text dim] or [1, T_neg, ...]");
   c->add_option("--negative-pooled", o.negative_pooled, "SD3.5 / FLUX.1: the negative prompt's pooled_projections, .npy [pooled_projection_dim] (with --negative-text-embeddings)");
-  c->add_option("--noise", o.noise, "initial noise in the layout the family's diffusers transformer takes: packed 2x2 patches .npy [b, N_img, in_channels] (FLUX.1, FLUX.2, Qwen-Image), or the latent image [b, C, H/8, W/8] (SD3.5); default: seeded N(0, 1), --seed");
+  c->add_option("--noise", o.noise, "initial noise in the layout the family's diffusers transformer takes: packed 2x2 patches .npy [b, N_img, in_channels] (FLUX.1, FLUX.2, Qwen-Image), or the latent image [b, C, H/8, W/8] (SD3.5), or the latent video [b, C, F, H/8, W/8] (Wan); default: seeded N(0, 1), --seed");
   c->add_option("--true-cfg-scale", o.run.true_cfg_scale, "FLUX.1: true classifier-free guidance's scale (FluxPipeline's "
                 "true_cfg_scale; > 1 runs the negative prompt's pass too: --negative-text-embeddings / --negative-pooled, "
                 "or the stand-in's empty prompt); --guidance stays the distilled guidance")->capture_default_str();
-  g_guidance_opt = c->add_option("--guidance", o.guidance, "FLUX.1: the distilled guidance scale (guidance_in, FLUX.1-dev; default 3.5); Qwen-Image: classifier-free guidance's scale (true_cfg_scale; default 4; 1: one conditional pass)");
+  g_guidance_opt = c->add_option("--guidance", o.guidance, "FLUX.1: the distilled guidance scale (guidance_in, FLUX.1-dev; default 3.5); Qwen-Image: classifier-free guidance's scale (true_cfg_scale; default 4; 1: one conditional pass); SD3.5 / Wan: classifier-free guidance's scale (default 7 / 5)");
   c->add_option("--schedule", o.run.schedule, "timesteps: linear (t_k = 1 - k/T; FLUX.1-schnell) | flux (FLUX's time-shifted schedule; FLUX.1-dev) | auto (a diffusers pipeline's scheduler/scheduler_config.json, as the family's pipeline uses it; else FLUX.2: Flux2Pipeline's dynamic shift; others: flux for guidance-distilled models, linear otherwise)")->capture_default_str();
   c->add_option("--dump-velocity", o.dump_velocity, "write DIR/velocity_<k>.npy per step (in --noise's layout) and DIR/timesteps.json");
   c->add_flag("--dry-run", o.dry_run, "check every input, print the model shape and memory per rank; do not load the weights or sample");
@@ -315,7 +315,7 @@ void add_dit_command(CLI::App& app) {
                                 "divisor of P that divides the heads");
   g_ring_opt = c->add_option("--ring-degree", o.ring_degree,
                              "USP: Ring attention across R = P / U Ulysses groups (U x R = P); default: P / U");
-  c->add_option("--weights", o.weights, "the DiT's weights: FLUX.1 as BFL's checkpoint (a .safetensors file or a sharded set's index .json; F32/BF16/F16; names: dit/config.hpp; the model shape is read off it unless --config or --preset is given), or a diffusers folder of FLUX.1 or Qwen-Image (a pipeline with model_index.json, or its transformer folder: config.json + diffusion_pytorch_model safetensors; the family and shape from config.json); default: seeded random init");
+  c->add_option("--weights", o.weights, "the DiT's weights: FLUX.1 as BFL's checkpoint (a .safetensors file or a sharded set's index .json; F32/BF16/F16; names: dit/config.hpp; the model shape is read off it unless --config or --preset is given), or a diffusers folder of FLUX.1, Qwen-Image, FLUX.2, SD3.5 or Wan (a pipeline with model_index.json, or its transformer folder: config.json + diffusion_pytorch_model safetensors; the family and shape from config.json); default: seeded random init");
   c->add_option("--config", o.config, "model shape as FLUX's FluxParams JSON (in_channels, hidden_size, num_heads, depth, axes_dim, ...)");
   c->add_option("--weight-seed", o.weight_seed, "seed of the random init when no --weights is given")->capture_default_str();
   g_shape_opts.clear();
@@ -429,7 +429,7 @@ void print_dry_run(Communicator& world, const DitOptions& o, const DitPlan& pl) 
                                  {"weight_gather_bytes_per_forward", dit_gather_bytes(DitLayout(pl.cfg), run.storage, run.weight_shards)},
                                  {"P", world.size()}, {"ulysses_degree", run.deg.ulysses}, {"ring_degree", run.deg.ring},
                                  {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
-                                 {"image_tokens", shape.image_tokens()}, {"text_tokens", shape.text_tokens},
+                                 {"frames", shape.frames}, {"image_tokens", shape.image_tokens()}, {"text_tokens", shape.text_tokens},
                                  {"schedule", pl.g.schedule_name}, {"timesteps", pl.g.opt.timesteps}};
   std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(1).c_str());
 }
@@ -489,6 +489,7 @@ nlohmann::ordered_json report_json(const DitOptions& o, const DitPlan& pl, const
       {"steps_cached", r.steps_cached},
       {"step_cache_rel_l1", rel_l1},
       {"batch", shape.batch},
+      {"frames", shape.frames},
       {"image_tokens", shape.image_tokens()},
       {"text_tokens", shape.text_tokens},
       {"weights", o.weights.empty() ? "random" : o.weights},
@@ -558,11 +559,12 @@ bool compare_with_reference(DitSession& session, const DitOptions& o, DitPlan& p
 void print_text(const DitOptions& o, const DitPlan& pl, const nlohmann::ordered_json& j, int P, bool passed) {
   const DitShape& shape = pl.g.shape;
   const DitConfig& cfg = pl.cfg;
-  std::printf("diffcp dit: mode %s, %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens), batch %lld, %d steps (%s schedule)\n",
+  std::printf("diffcp dit: mode %s, %s, P = %d in groups of L = %d, %lldx%lld (%lld image + %lld text tokens%s), batch %lld, %d steps (%s schedule)\n",
               exchange_mode_name(pl.run().mode),
               o.run.dtype == "bf16" ? ("bf16 GEMMs, attention and exchanges" + dtype_cost_note(o.run.dtype)).c_str() : "f32", P,
               j["group_size"].get<int>(), static_cast<long long>(shape.width), static_cast<long long>(shape.height),
               static_cast<long long>(shape.image_tokens()), static_cast<long long>(shape.text_tokens),
+              cfg.cross_attention() ? (", " + std::to_string(shape.frames) + " latent frames; the text cross-attended on every rank").c_str() : "",
               static_cast<long long>(shape.batch), o.run.steps, pl.g.schedule_name.c_str());
   std::printf("  model: %s", dit_family_name(cfg.family));
   if (cfg.guidance_embed) std::printf(", distilled guidance %g", pl.g.opt.guidance);

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "diffcp/core/error.hpp"
 #include "diffcp/core/half.hpp"
 
 #include "cpu_backend.hpp"
@@ -324,6 +325,8 @@ void CpuBackend::qk_norm_rope(TensorView qkv_v, ConstTensorView q_scale_v, Const
   const float* sin = rotate ? sin_v.ptr<float>() : nullptr;
   const std::int64_t rows = qkv_v.size(0), heads = qkv_v.size(2), d = qkv_v.size(3), ld = qkv_v.stride[0];
   const std::int64_t span = q_scale_v.size(0);  // d, or heads * d across heads
+  DIFFCP_CHECK((span == d || span == heads * d) && k_scale_v.size(0) == span, "qk_norm_rope: scales [", span, "] and [",
+               k_scale_v.size(0), "], expected both [d_h = ", d, "] or both [heads * d_h = ", heads * d, "]");
   const auto rms = [eps](const float* x, std::int64_t n) {
     float ss = 0.f;
     for (std::int64_t c = 0; c < n; ++c) ss += x[c] * x[c];

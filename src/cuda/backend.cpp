@@ -364,6 +364,9 @@ class CudaBackend final : public Backend {
     DIFFCP_CHECK(qkv.rank == 4 && qkv.size(1) == 3 && qkv.stride[3] == 1 && qkv.stride[2] == qkv.size(3) &&
                      qkv.stride[1] == qkv.size(2) * qkv.size(3),
                  "cuda: qk_norm_rope: qkv ", qkv.describe(), " (expected [rows, 3, heads, d_h], contiguous in a row)");
+    DIFFCP_CHECK((q_scale.size(0) == qkv.size(3) || q_scale.size(0) == qkv.size(2) * qkv.size(3)) &&
+                     k_scale.size(0) == q_scale.size(0),
+                 "cuda: qk_norm_rope: scales [", q_scale.size(0), "] and [", k_scale.size(0), "], expected both [d_h] or both [heads * d_h]");
     const bool rotate = cos.rank != 0;
     launched(cuda::qk_norm_rope(qkv.ptr<float>(), qkv.stride[0], qkv.size(0), qkv.size(2), qkv.size(3), q_scale.ptr<float>(),
                                 k_scale.ptr<float>(), eps, rotate ? cos.ptr<float>() : nullptr,

@@ -214,6 +214,9 @@ void DitShape::validate() const {
                text_tokens, "; expected at most 65536 and 2^20");
   DIFFCP_CHECK(text_tokens >= 0, "dit: text_tokens = ", text_tokens, ", expected >= 0");
   DIFFCP_CHECK(frames >= 1 && frames <= 65536, "dit: frames = ", frames, ", expected 1 to 65536 latent frames");
+  DIFFCP_CHECK(static_cast<double>(batch) * static_cast<double>(frames) * static_cast<double>(width / 16) *
+                       static_cast<double>(height / 16) <= std::ldexp(1.0, 31),
+               "dit: ", batch, " x ", frames, " frames of ", width / 16, " x ", height / 16, " tokens, beyond 2^31 tokens in a batch");
 }
 
 DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int p, int ulysses) {
@@ -237,6 +240,10 @@ DitShard make_dit_shard(const DitConfig& cfg, const DitShape& shape, int P, int 
   DIFFCP_CHECK(shape.frames == 1 || cfg.family == DitFamily::wan, "dit: ", shape.frames, " latent frames, but ",
                dit_family_name(cfg.family), " is an image model (one frame; the video family: wan)");
   DIFFCP_CHECK(!cfg.cross_attention() || shape.text_tokens >= 1, "dit: wan's cross-attention needs at least one text token");
+  const std::int64_t rmax = cfg.rope_max_positions;
+  DIFFCP_CHECK(rmax == 0 || (shape.frames <= rmax && shape.grid_h() <= rmax && shape.grid_w() <= rmax), "dit: ",
+               shape.frames, " latent frames of ", shape.grid_h(), " x ", shape.grid_w(), " tokens, beyond the model's RoPE table of ",
+               rmax, " positions an axis (rope_max_seq_len)");
   const auto ceil_div = [P](std::int64_t n) { return (n + P - 1) / P; };
   DitShard s;
   s.P = P;

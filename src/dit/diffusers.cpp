@@ -406,7 +406,8 @@ DitConfig wan_from_diffusers(const nlohmann::json& j, const std::string& source)
   c.qkv_bias = true;
   c.guidance_embed = false;
   c.cross_attn_norm = config_bool(a, "cross_attn_norm", source);
-  config_int(a, "rope_max_seq_len", source);  // read for its type only: diffcp's RoPE has no table bound
+  c.rope_max_positions = config_int(a, "rope_max_seq_len", source);  // WanRotaryPosEmbed's table: F, g_h, g_w at most this
+  DIFFCP_CHECK(c.rope_max_positions >= 1, "config '", source, "': rope_max_seq_len = 0, expected >= 1");
   return validated(c, source);
 }
 
@@ -451,6 +452,8 @@ double flux2_empirical_mu(std::int64_t image_tokens, int steps) {
 
 std::vector<double> FlowMatchEulerScheduler::pipeline_sigmas(int steps, std::int64_t image_tokens, DitFamily family) const {
   DIFFCP_CHECK(steps >= 1, "`steps` = ", steps, ", expected >= 1");
+  DIFFCP_CHECK(!(dynamic && family == DitFamily::wan), "scheduler: use_dynamic_shifting = true with Wan: WanPipeline ",
+               "passes no mu (diffusers raises); give a static `shift` (Wan's flow_shift)");
   const double m = (max_shift - base_shift) / (max_seq - base_seq);
   const double mu = family == DitFamily::flux2 ? flux2_empirical_mu(image_tokens, steps)
                                                : static_cast<double>(image_tokens) * m + (base_shift - m * base_seq);
@@ -486,7 +489,8 @@ FlowMatchEulerScheduler flow_match_scheduler_from_json(const nlohmann::json& j, 
   DIFFCP_CHECK(j.is_object(), "scheduler config '", source, "': expected a JSON object");
   const std::string cls = class_name(j);
   DIFFCP_CHECK(cls == "FlowMatchEulerDiscreteScheduler", "scheduler config '", source, "': _class_name '", cls,
-               "'; supported: FlowMatchEulerDiscreteScheduler (or give `schedule` linear | flux)");
+               "'; supported: FlowMatchEulerDiscreteScheduler (or give `schedule` linear | flux; for Wan's ",
+               "UniPCMultistepScheduler, a FlowMatchEulerDiscreteScheduler config whose `shift` is its flow_shift)");
   FlowMatchEulerScheduler s;
   const auto number = [&](const std::string& f, const nlohmann::json& v) {
     DIFFCP_CHECK(v.is_number() && std::isfinite(v.get<double>()), "scheduler config '", source, "': field '", f, "' = ",
@@ -542,6 +546,12 @@ DiffusersTransformer open_diffusers_transformer(const std::string& path) {
     const nlohmann::json index = read_json_file((dir / "model_index.json").string(), "pipeline index");
     DIFFCP_CHECK(index.is_object() && index.contains("transformer"), "pipeline '", path,
                  "': model_index.json has no 'transformer' (diffcp runs the pipeline's DiT)");
+    // Wan 2.2 A14B: a second (low-noise) expert takes the steps below boundary_ratio; diffcp runs one
+    // transformer, so such a pipeline is refused rather than run on its first expert alone.
+    for (const char* f : {"transformer_2", "boundary_ratio"})
+      DIFFCP_CHECK(!index.contains(f) || index[f].is_null() || (index[f].is_array() && index[f].size() == 2 && index[f][0].is_null()),
+                   "pipeline '", path, "': model_index.json's ", f, " = ", index[f].dump(), " (Wan 2.2 A14B's two experts, ",
+                   "switched at the boundary timestep) is not supported: diffcp runs one transformer");
     dir /= "transformer";
   }
   const fs::path config = dir / "config.json";

@@ -146,18 +146,10 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   if (cfg_.cross_attention()) return wan_velocity(x_p, txt_p, t, v_p, per_image);
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
   std::optional<DitPhaseScope> phase(std::in_place, timing_, DitPhase::conditioning);
-  // The timestep features (host math on one scalar) into temb_.
-  const auto features = [&](double s) {
-    temb_.assign(timestep_embedding(s, cfg_.time_dim));
-  };
-
   // vec = MLP_time(timestep features) + MLP_vector(pooled); the blocks use silu(vec).
-  features(t);
-  linear(L.time_in0, temb_.data(), cfg_.time_dim, 1, h_.data(), H);
-  silu_inplace(h_.data(), H);
-  linear(L.time_in1, h_.data(), H, 1, vec_.data(), H);
+  time_mlp(t);
   if (cfg_.guidance_embed) {  // FLUX.1-dev: vec += MLP_guidance(timestep_embedding(guidance))
-    features(guidance);
+    temb_.assign(timestep_embedding(guidance, cfg_.time_dim));
     linear(L.guidance_in0, temb_.data(), cfg_.time_dim, 1, h_.data(), H);
     silu_inplace(h_.data(), H);
     linear(L.guidance_in1, h_.data(), H, 1, y_.data(), H);
@@ -216,9 +208,32 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
                        xm_.data() + (r0 - img_rows_.row0) * H);
   });
   linear(L.final_linear, xm_.data(), H, img_rows_.rows, v_p, cfg_.in_channels());
+  zero_padding(v_p);
+}
+
+void DitModel::time_mlp(double t) {
+  const DitLayout& L = w_.layout();
+  const std::int64_t H = cfg_.hidden();
+  temb_.assign(timestep_embedding(t, cfg_.time_dim));  // host math on one scalar
+  linear(L.time_in0, temb_.data(), cfg_.time_dim, 1, h_.data(), H);
+  silu_inplace(h_.data(), H);
+  linear(L.time_in1, h_.data(), H, 1, vec_.data(), H);
+}
+
+void DitModel::zero_padding(float* v_p) const {
   const std::int64_t C = cfg_.in_channels(), Ip = shard_.image_p, iv = shard_.image_valid(shard_.p);
   if (iv < Ip)  // padding rows: v = 0, so they stay as they came in
     for (std::int64_t j = 0; j < shape_.batch; ++j) fill(v_p + (j * Ip + iv) * C, (Ip - iv) * C, 0.f);
+}
+
+void DitModel::v_first_qkv(const DitLinear& l, std::int64_t whole_cols, std::int64_t ld) {
+  const std::int64_t H = cfg_.hidden();
+  if (one_rank())
+    project(l, xm_.data(), Mp_, 0, whole_cols, big_.data(), ld);
+  else
+    project(l, xm_.data(), Mp_, 2 * H, H, big_.data() + 2 * H, ld);
+  ex_.start_v({big_.data(), Mp_, 3 * cfg_.heads, cfg_.head_dim, ld});
+  if (!one_rank()) project(l, xm_.data(), Mp_, 0, 2 * H, big_.data(), ld);
 }
 
 void DitModel::wan_velocity(const float* x_p, const float* txt_p, double t, float* v_p, bool per_image) {
@@ -229,10 +244,7 @@ void DitModel::wan_velocity(const float* x_p, const float* txt_p, double t, floa
   const std::int64_t ctx_rows = n_ctx_ * shard_.context;
   std::optional<DitPhaseScope> phase(std::in_place, timing_, DitPhase::conditioning);
   // temb = MLP_time(features(t)) in vec_; tp = time_proj(silu(temb)) in tproj_
-  temb_.assign(timestep_embedding(t, cfg_.time_dim));
-  linear(L.time_in0, temb_.data(), cfg_.time_dim, 1, h_.data(), H);
-  silu_inplace(h_.data(), H);
-  linear(L.time_in1, h_.data(), H, 1, vec_.data(), H);
+  time_mlp(t);
   device_copy(silu_vec_.data(), vec_.data(), H);
   silu_inplace(silu_vec_.data(), H);
   linear(L.time_proj, silu_vec_.data(), H, 1, tproj_.data(), 6 * H);
@@ -257,9 +269,7 @@ void DitModel::wan_velocity(const float* x_p, const float* txt_p, double t, floa
   add_into(mod_.data() + H, vec_.data(), H);
   layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, static_cast<float>(cfg_.eps), xm_.data());
   linear(L.final_linear, xm_.data(), H, Mp_, v_p, C);
-  const std::int64_t Ip = shard_.image_p, iv = shard_.image_valid(shard_.p);
-  if (iv < Ip)  // padding rows: v = 0
-    for (std::int64_t j = 0; j < shape_.batch; ++j) fill(v_p + (j * Ip + iv) * C, (Ip - iv) * C, 0.f);
+  zero_padding(v_p);
 }
 
 void DitModel::wan_block(const DitLayout::WanBlock& blk) {
@@ -273,15 +283,8 @@ void DitModel::wan_block(const DitLayout::WanBlock& blk) {
   });
   const float* mod = mod_.data();
   timed(DitPhase::layernorm_mod, [&] { layernorm_modulate(x_.data(), Mp_, H, mod, mod + H, eps, xm_.data()); });
-  // Self-attention: v first (V-First), then q | k with their norm across heads and the 3-D RoPE
-  // (one GEMM on one rank, as single_block).
-  const bool whole = one_rank();
-  if (whole)
-    project(blk.qkv, xm_.data(), Mp_, 0, 3 * H, big_.data(), 3 * H);
-  else
-    project(blk.qkv, xm_.data(), Mp_, 2 * H, H, big_.data() + 2 * H, 3 * H);
-  ex_.start_v({big_.data(), Mp_, 3 * nh, d, 3 * H});
-  if (!whole) project(blk.qkv, xm_.data(), Mp_, 0, 2 * H, big_.data(), 3 * H);
+  // Self-attention: v first (V-First), then q | k with their norm across heads and the 3-D RoPE.
+  v_first_qkv(blk.qkv, 3 * H, 3 * H);
   timed(DitPhase::qk_norm_rope, [&] {
     qk_norm_rope(big_.data(), Mp_, 3 * H, nh, d, param(blk.q_scale), param(blk.k_scale), eps, rope_.get(), true);
   });
@@ -424,20 +427,14 @@ void DitModel::single_block(const DitLayout::SingleBlock& blk) {
   });
   // linear1 -> [M_p, q | k | v | m]: v first (V-First), then q | k + norm + RoPE, then m. One rank:
   // all of it in one GEMM (as in double_block).
-  const bool whole = one_rank();
-  if (whole)
-    project(blk.linear1, xm_.data(), Mp_, 0, ld, big_.data(), ld);
-  else
-    project(blk.linear1, xm_.data(), Mp_, 2 * H, H, big_.data() + 2 * H, ld);
-  ex_.start_v({big_.data(), Mp_, 3 * cfg_.heads, d, ld});
-  if (!whole) project(blk.linear1, xm_.data(), Mp_, 0, 2 * H, big_.data(), ld);
+  v_first_qkv(blk.linear1, ld, ld);
   for (const StreamRows& r : {txt_rows_, img_rows_}) {
     timed(DitPhase::qk_norm_rope, [&] {
       qk_norm_rope(big_.data() + r.row0 * ld, r.rows, ld, cfg_.heads, d, param(blk.q_scale), param(blk.k_scale), eps, r.rope);
     });
     ex_.poll();
   }
-  if (!whole) project(blk.linear1, xm_.data(), Mp_, 3 * H, cfg_.mlp_in(), big_.data() + 3 * H, ld);
+  if (!one_rank()) project(blk.linear1, xm_.data(), Mp_, 3 * H, cfg_.mlp_in(), big_.data() + 3 * H, ld);
   // The attention output overwrites the v columns, so [a | act(m)] is linear2's input in place.
   timed(DitPhase::attention, [&] {
     ex_.attention({big_.data(), Mp_, 3 * cfg_.heads, d, ld}, {big_.data() + 2 * H, Mp_, cfg_.heads, d, ld});

@@ -92,6 +92,7 @@ AxialRope::AxialRope(const DitConfig& cfg, const std::vector<std::array<double, 
 void qk_norm_rope(float* qkv, std::int64_t rows, std::int64_t ld, std::int64_t heads, std::int64_t d,
                   const float* q_scale, const float* k_scale, float eps, const AxialRope* rope, bool across_heads) {
   DIFFCP_CHECK(ld >= 3 * heads * d, "qk_norm_rope: row stride ", ld, " < 3 * heads * d_h = ", 3 * heads * d);
+  DIFFCP_CHECK(heads >= 1 && d >= 2 && d % 2 == 0, "qk_norm_rope: heads = ", heads, ", d_h = ", d, " (even d_h >= 2)");
   DIFFCP_CHECK(!rope || rope->rows() == rows, "qk_norm_rope: RoPE table has ", rope ? rope->rows() : 0,
                " rows, expected ", rows);
   TensorView x = TensorView::contiguous(qkv, DType::f32, {rows, 3, heads, d}, active_device());

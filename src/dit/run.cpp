@@ -146,8 +146,14 @@ DitMemory dit_memory_per_rank(const DitConfig& cfg, const DitShape& shape, const
   for (std::size_t u = 1; u < L.units.size(); ++u)
     for (const std::int64_t n : L.units[u].n) largest = std::max(largest, n);
   const std::int64_t packed = !bf16_gemms ? 0 : weight_shards > 1 ? 2 * (L.units[0].size + largest) : 2 * L.matrices;
+  // Wan: the context, its keys and values per block (sized for a batch of prompts), the cross-attention's statistics
+  const double T = static_cast<double>(shard.context), b = static_cast<double>(shape.batch);
+  const double cross = cfg.cross_attention()
+                           ? 4.0 * (4 * b * T * static_cast<double>(H) + b * T + static_cast<double>(Mp * (1 + cfg.heads)) +
+                                    18.0 * static_cast<double>(H))
+                           : 0.0;
   return {static_cast<double>(dit_weight_bytes(L, storage, weight_shards) + (rounded_copy ? 2 * L.matrices : 0) + packed),
-          4.0 * static_cast<double>(Mp * (4 * H + 3 * H + cfg.mlp_in()))};
+          4.0 * static_cast<double>(Mp) * static_cast<double>(4 * H + 3 * H + cfg.mlp_in()) + cross};
 }
 
 }  // namespace diffcp

@@ -55,15 +55,15 @@ void repack(const float* src, float* dst, const DitConfig& cfg, const DitShape& 
   for (std::int64_t j = 0; j < shape.batch; ++j)
     for (std::int64_t c = 0; c < C; ++c)
       for (std::int64_t f = 0; f < F; ++f)
-      for (std::int64_t y = 0; y < 2 * gh; ++y)
-        for (std::int64_t x = 0; x < W; ++x) {
-          const std::int64_t img = (((j * C + c) * F + f) * 2 * gh + y) * W + x;
-          const std::int64_t tok = (j * F * gh * gw + f * gh * gw + (y / 2) * gw + x / 2) * 4 * C + c * 4 + (y % 2) * 2 + x % 2;
-          if (kPack)
-            dst[tok] = src[img];
-          else
-            dst[img] = src[tok];
-        }
+        for (std::int64_t y = 0; y < 2 * gh; ++y)
+          for (std::int64_t x = 0; x < W; ++x) {
+            const std::int64_t img = (((j * C + c) * F + f) * 2 * gh + y) * W + x;
+            const std::int64_t tok = (j * F * gh * gw + f * gh * gw + (y / 2) * gw + x / 2) * 4 * C + c * 4 + (y % 2) * 2 + x % 2;
+            if (kPack)
+              dst[tok] = src[img];
+            else
+              dst[img] = src[tok];
+          }
 }
 }  // namespace
 

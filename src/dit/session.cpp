@@ -259,6 +259,8 @@ DitReport DitSession::report(const DitGeneration& g, const DitRun& run) {
 DitShape DitSession::velocity_shape(const std::vector<std::int64_t>& x, std::int64_t height, std::int64_t width,
                                     const std::vector<std::int64_t>& txt, std::int64_t pooled) const {
   const DitConfig& c = run_.model;
+  DIFFCP_CHECK(c.family != DitFamily::wan, "velocity: a video model (wan) is not supported through this call (its latent ",
+               "frames); run it with `diffcp dit`");
   const bool per_image = txt.size() == 3;
   DIFFCP_CHECK(x.size() == 3 && (txt.size() == 2 || (per_image && txt[0] == x[0])) && txt.back() == c.text_dim &&
                    x[2] == c.in_channels(),

@@ -174,6 +174,7 @@ class DitStepModel {
     const double hp = static_cast<double>(cfg_.heads / P);
     // N: the tokens of an image's attention (Wan: the video tokens only; its text is cross-attended)
     const double b = static_cast<double>(shape.batch), N = static_cast<double>(shard.text + shard.image);
+    if (cfg_.cross_attention()) return wan_compute(shape, shard, N);
     const double Mt = b * static_cast<double>(shard.text_p), Mi = b * static_cast<double>(shard.image_p);
     double d_pre = 0, d_post = 0;
     for (const double rows : {Mt, Mi}) {
@@ -182,7 +183,6 @@ class DitStepModel {
       d_post += gemm(rows, H, H) + ew(12 * rows * H) + ew(8 * rows * H) + gemm(rows, H, Mw) + ew(8 * rows * Mw) +
                 gemm(rows, Mw, H) + ew(12 * rows * H);
     }
-    if (cfg_.cross_attention()) return wan_compute(shape, shard, N);
     const double s_pre = gemm(1, H, 3 * H) + ew(8 * n * H) + gemm(n, H, H);
     s_window_ = gemm(n, H, 2 * H) + ew(8 * n * 2 * H) + gemm(n, H, Mw);
     const double s_post = ew(8 * n * Mw) + gemm(n, H + Mw, H) + ew(12 * n * H);

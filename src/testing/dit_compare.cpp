@@ -41,7 +41,7 @@ DitComparison compare_dit_latents(const std::vector<float>& latent, const std::v
   DitComparison c;
   c.mse = image_mse(rgb, ref_rgb);
   c.psnr = psnr_from_mse(c.mse);
-  c.ssim = ssim(rgb, ref_rgb, {shape.batch, shape.grid_h() * cfg.patch, shape.grid_w() * cfg.patch, 3});
+  c.ssim = ssim(rgb, ref_rgb, {shape.batch * shape.frames, shape.grid_h() * cfg.patch, shape.grid_w() * cfg.patch, 3});
   c.max_abs_diff = max_abs_diff(latent, ref_latent);
   c.tolerance = tolerance;
   const std::vector<double> ref(ref_latent.begin(), ref_latent.end());

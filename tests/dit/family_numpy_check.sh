@@ -103,6 +103,9 @@ elif [ "$family" = wan ]; then
   # USP: Ulysses 2 x Ring 2 at P = 4; CFG-parallel at P = 4 (two ranks a pass).
   run_case usp "--text-tokens 8 --neg-tokens 4" 4 flat 2 5.0 "--ulysses-degree 2 --ring-degree 2"
   run_case cfgp "--text-tokens 8 --neg-tokens 4" 4 tapa 2 5.0 "--cfg-parallel"
+  # The weights sharded over the ranks (gathered per block unit), First-Block Cache at threshold 0
+  # (computes every step), batch-free V-First at P = 2.
+  run_case shard "--text-tokens 8 --neg-tokens 4" 2 vfirst 2 5.0 "--shard-weights --step-cache fbcache:0"
   both=(--negative-text-embeddings "$work/bf16/neg.npy")
 else
   # FLUX.2-dev-like (guidance embedding, guidance 4.5), bf16 weights in two shards, TAPA at P = 2.

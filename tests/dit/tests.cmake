@@ -175,8 +175,18 @@ add_test(NAME cli_dit_wan_real_shape_dry_run COMMAND ${RUN_OK} ${DIT} --weights 
          --width 832 --height 480 --frames 21 --text-tokens 512 --guidance 1)
 set_tests_properties(cli_dit_wan_real_shape_dry_run PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 60 FIXTURES_REQUIRED diffusers_files
   PASS_REGULAR_EXPRESSION "\"family\":\"wan\".*\"heads\":12,.*\"hidden\":1536,.*\"mlp_hidden\":8960,.*\"rope_axes\":\\[44,42,42\\],.*\"single_blocks\":30,.*\"parameters\":1418996800")
+# A video's --compare flat (the latent frames as images) and its report's frames.
+add_test(NAME cli_dit_wan_compare_flat COMMAND ${RUN_OK} ${DIT} --weights ${DIFFUSERS_DIR}/wan --text-embeddings ${DIFFUSERS_DIR}/wan/txt.npy
+         --noise ${DIFFUSERS_DIR}/wan/noise.npy --width 64 --height 48 --steps 2 --guidance 1 --mode tapa --group-size 1
+         --compare flat --json --out ${CMAKE_CURRENT_BINARY_DIR}/dit_wan.png)
+set_tests_properties(cli_dit_wan_compare_flat PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 60 FIXTURES_REQUIRED diffusers_files
+  PASS_REGULAR_EXPRESSION "\"frames\":3,.*\"ssim\":1\\.0,\"mse\":0\\.0")
 diffcp_add_fail_test(cli_dit_wan_i2v_refused "image_dim = 1280 is not supported \\(diffcp runs Wan's text-to-video transformer"
                      ${DIT} --weights ${DIFFUSERS_DIR}/wan_i2v --dry-run)
+diffcp_add_fail_test(cli_dit_wan22_two_experts "model_index.json's transformer_2 = .* is not supported: diffcp runs one transformer"
+                     ${DIT} --weights ${DIFFUSERS_DIR}/wan22_a14b --dry-run)
+diffcp_add_fail_test(cli_dit_wan_beyond_rope "1100 latent frames of 30 x 52 tokens, beyond the model's RoPE table of 1024 positions"
+                     ${DIT} --weights ${DIFFUSERS_DIR}/wan2.1-1.3b --dry-run --width 832 --height 480 --frames 1100 --text-tokens 512)
 diffcp_add_fail_test(cli_dit_frames_on_image_model "--frames 3: flux1 is an image model \\(one frame\\); the video family is wan"
                      ${DIT} --preset tiny --frames 3 --dry-run)
 add_test(NAME cli_dit_flux2_dev_real_shape_dry_run COMMAND ${RUN_OK} ${DIT} --weights ${DIFFUSERS_DIR}/flux2-dev --dry-run --json
@@ -227,7 +237,8 @@ diffcp_add_fail_test(cli_dit_qwen_guidance_embeds "guidance_embeds = true is not
 foreach(t IN ITEMS cli_dit_qwen_pooled cli_dit_qwen_cfg_without_negative cli_dit_qwen_negative_without_cfg cli_dit_qwen_negative_not_divisible
                    cli_dit_flux_negative cli_dit_qwen_zero_cond cli_dit_qwen_guidance_embeds cli_dit_flux2_pooled cli_dit_flux2_three_axes
                    cli_dit_flux2_schnell_guidance cli_dit_sd3_negative_without_pooled cli_dit_sd3_packed_noise
-                   cli_dit_sd3_beyond_position_table cli_dit_sd3_dual_attention cli_dit_qwen_one_step_terminal cli_dit_wan_i2v_refused)
+                   cli_dit_sd3_beyond_position_table cli_dit_sd3_dual_attention cli_dit_qwen_one_step_terminal cli_dit_wan_i2v_refused
+                   cli_dit_wan22_two_experts cli_dit_wan_beyond_rope)
   set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED diffusers_files)
 endforeach()
 add_test(NAME cli_dit_diffusers_dry_run COMMAND ${RUN_OK} ${DIT} --weights ${DIFFUSERS_DIR}/pipe --dry-run --json --width 64 --height 32 --text-tokens 8)

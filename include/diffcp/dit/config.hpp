@@ -68,6 +68,7 @@ struct DitConfig {
   bool guidance_embed = false;  // FLUX.1-dev: guidance_in adds the embedded guidance scale to vec
   bool qkv_bias = true;         // the double blocks' qkv Linears have a bias (FLUX.1: yes)
   bool cross_attn_norm = true;  // wan: the cross-attention's LayerNorm has a weight and a bias (norm2)
+  std::int64_t rope_max_positions = 0;  // wan: rope_max_seq_len, the bound of every RoPE axis's position; 0: none
 
   std::int64_t hidden() const { return heads * head_dim; }            // H
   bool has_pooled() const { return family == DitFamily::flux1 || family == DitFamily::sd3; }  // vector_in
@@ -129,7 +130,7 @@ struct DitShape {
   std::int64_t grid_h() const { return height / 16; }                 // g_h
   std::int64_t grid_w() const { return width / 16; }                  // g_w
   std::int64_t image_tokens() const { return frames * grid_h() * grid_w(); }  // N_img: F g_h g_w (frame-major)
-  std::int64_t tokens() const { return text_tokens + image_tokens(); }  // N
+  std::int64_t tokens() const { return text_tokens + image_tokens(); }  // N (Wan's sequence: N_img alone)
   void validate() const;
 };
 

@@ -74,7 +74,7 @@ class DitModel {
   // on the backend holding the weights (an error otherwise); every pointer is its device memory.
   //   x_p:    [b, I_p, C_in] this rank's latent tokens of every image (padding rows: any finite value)
   //   txt_p:  [T_p, text_dim] this rank's text rows, shared by the images; per_image: [b, T_p, text_dim],
-  //           each image's own (padding rows zero)
+  //           each image's own (padding rows zero). Wan: the whole text, [T, text_dim] (or [b, T, text_dim])
   //   pooled: [pooled_dim] the pooled text vector; per_image: [b, pooled_dim] (unread, may be null,
   //           in families without one)
   //   t:      in [0, 1], 1 = pure noise (every image's)
@@ -113,6 +113,11 @@ class DitModel {
   // Wan's forward (velocity's arguments; txt_p: the whole text, [T, text_dim] or per image [b, T, text_dim])
   void wan_velocity(const float* x_p, const float* txt_p, double t, float* v_p, bool per_image);
   void wan_block(const DitLayout::WanBlock& blk);
+  void time_mlp(double t);             // vec_ = MLP_time(timestep_embedding(t)) (temb_, h_ scratch)
+  void zero_padding(float* v_p) const;  // v = 0 in this rank's padding rows of v_p [b, I_p, C_in]
+  // xm_ [M_p, H] through Linear l into big_ (row stride ld) as V-First wants it: v's columns [2H, 3H),
+  // V's exchange started, then q | k's [0, 2H); one rank: columns [0, whole_cols) in one GEMM.
+  void v_first_qkv(const DitLinear& l, std::int64_t whole_cols, std::int64_t ld);
   // y[rows, ncols] (row stride ldy) = x[rows, l.in] W[:, c0 : c0 + ncols] + bias[c0 : c0 + ncols], in
   // chunks of kPollRows rows with exchange().poll() after each (V-First's progress; one chunk on one
   // rank with replicated weights). The chunks are the same in every mode of one P, so every mode
@@ -165,7 +170,7 @@ class DitModel {
   // masks (one block of I_p query rows per image; [0]: a shared context, [1]: one per image)
   DeviceVector<float> ctx_h_, ctx_, ck_, cv_;      // [n_ctx T, H] each
   DeviceVector<float> ctx_rstd_, q_rstd_, cross_lse_;  // [b T], [M_p], [M_p, n_h]
-  DeviceVector<float> tproj_, norm2_scale_, minus_ones_;  // [6H], [H], [H]
+  DeviceVector<float> tproj_, norm2_scale_, minus_ones_;  // [6H], [H], [H] (sized 6H)
   std::vector<BlockMask> cross_masks_;
   std::int64_t n_ctx_ = 1;
 };

@@ -83,7 +83,9 @@ class VMajorExchange final : public VFirstExchange {
 
 // Bytes one rank sends in a run (closed form of the exchange above, every rank alike): `layers`
 // attention exchanges per step, n tokens and hd per rank, rows in `payload` (f32 or bf16) or a wire
-// format (the L1 partials f32, the active indices i32).
+// format (the L1 partials f32, the active indices i32). n counts the tokens of the joint attention:
+// text and image rows (b (T_p + I_p)); Wan's only its video rows (b I_p): its cross-attention to
+// the text exchanges nothing, every rank holding the whole text and all heads of it.
 struct VMajorBytes {
   std::uint64_t intra = 0, inter = 0;  // inside / across groups, everything (as ExchangeStats)
   std::uint64_t inter_qkv = 0;         // of inter: the q|k|v phase 2 alone (what V-Major shrinks)
