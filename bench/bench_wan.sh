@@ -18,7 +18,7 @@
 #              and its velocity against diffcp's P = 1 step (bench/bench_wan_diffusers.py).
 #   sim        `diffcp sim dit` at Wan2.1-T2V-14B's shape (tests/data/wan2.1-t2v-14b-diffusers.json:
 #              5120 = 40 heads x 128, FFN 13824, 40 blocks), 480p (32,760 tokens) and 720p (21 x
-#              45 x 80 = 75,600), 512 text tokens, one pass, 50 steps, P = 8, 16, 20, 32, 40, 64 on the
+#              45 x 80 = 75,600), 512 text tokens, one pass, 50 steps, P = 8, 16, 32, 40, 64 on the
 #              h100-ib and aurora profiles: flat vs CoCoDiff (cache ratio 0.5, warm-up 5).
 #
 # Writes bench/wan_step.csv (step, diffusers) and bench/wan_sim.csv (sim). Usage:
@@ -89,18 +89,19 @@ fi
 
 if want sim; then
   out=bench/wan_sim.csv
-  echo "profile,resolution,tokens,P,mode,step_ms,compute_ms,exposed_comm_ms,bytes_intra_group,bytes_inter_group,total_ms" >"$out"
+  echo "profile,resolution,tokens,P,mode,step_ms,compute_ms,exposed_comm_ms,bytes_intra_group,bytes_inter_group,total_ms,reason" >"$out"
   for profile in h100-ib aurora; do
     for res in 480p 720p; do
       case $res in 480p) w=832 h=480 ;; 720p) w=1280 h=720 ;; esac
-      for P in 8 16 20 32 40 64; do  # Ulysses needs P | 40 heads: 16, 32, 64 are rows of their reason
+      for P in 8 16 32 40 64; do  # Ulysses needs P | 40 heads: 16, 32, 64 are rows of their reason
         for mode in flat cocodiff; do
           "$bin" sim dit --profile "$profile" --P "$P" --config tests/data/wan2.1-t2v-14b-diffusers.json --width $w \
             --height $h --frames $F --text-tokens $T --steps 50 --mode "$mode" --cache-ratio 0.5 --warmup 5 --json |
             "$py" -c "import json, sys
 for r in json.load(sys.stdin):
     cols = [str(r.get(k, '')) for k in ('step_ms', 'compute_ms', 'exposed_comm_ms', 'bytes_intra_group', 'bytes_inter_group', 'total_ms')]
-    print(','.join(['$profile', '$res', str($F * ($h // 16) * ($w // 16)), str(r['P']), r['mode']] + cols))" >>"$out"
+    print(','.join(['$profile', '$res', str($F * ($h // 16) * ($w // 16)), str(r['P']), r['mode']] + cols +
+                   ['\"' + r['reason'].split(' (')[0] + '\"' if r['reason'] else '']))" >>"$out"
         done
       done
     done
