@@ -601,8 +601,8 @@ TABLES = {
         f"{ZEN5}, 2026-12-03 (FLUX.1) and 2026-12-04; 1024² image + 512 text tokens, f32, random weights; P = 1 two "
         "threads, P = 2 one rank per core; medians of 2 interleaved rounds. Reproduce: "
         "`V/bin/python bench/bench_diffusers_step.py --family flux1|qwen_image|flux2|sd3 --rounds 2`. Wan: the AVX2 "
-        "EPYC (Zen 3), 2026-12-07, 21 latent frames of 60 × 104 (32,760 video tokens) + 512 text tokens, one run each "
-        "(a step takes 1-2 minutes); `PYTHON=V/bin/python bench/bench_wan.sh step diffusers`."),
+        "EPYC (Zen 3), 2026-12-07, 21 latent frames of 60 × 104 (21 × 30 × 52 = 32,760 tokens) + 512 text tokens, one "
+        "run each (a step takes 1-2 minutes; diffusers: median of 2); `PYTHON=V/bin/python bench/bench_wan.sh step diffusers`."),
     "cp_methods": Table(
         ["cp_qs.csv", "cluster_cp.csv", "splitkv_nodes.csv"],
         ["setting", "Q:S", "step ms: Split-KV / Ulysses / Ring / RingX / LV-XAttn", "Split-KV vs the fastest other",
