@@ -217,8 +217,8 @@ def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str,
         if family == "sd3":
             cmd += ["--negative-pooled", str(inputs["neg_pooled"])]
     if mode == "cocodiff":
-        # V-Major's selective exchange from the first step (no warm-up steps, which run the full one),
-        # nothing cached: exact; its ratio curve is bench material
+        # V-Major's selective exchange from the second step (no warm-up steps, which run the full one;
+        # step 0 always does), nothing cached: exact; its ratio curve is bench material
         cmd += ["--cache-schedule", "fixed", "--warmup", "0", "--cache-ratio", "0"]
     if mode == "usp":  # Ulysses x Ring with U = 1: Ring attention over all ranks
         cmd[cmd.index("--mode") + 1] = "flat"
