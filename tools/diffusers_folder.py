@@ -143,6 +143,20 @@ def check_dump_timesteps(dump: Path, steps: int, velocity_shape: tuple, sigmas: 
     return ok
 
 
+def check_sampler_run(dump: Path, x: np.ndarray, sigmas: list[float], velocity, tol: float, label: str) -> int:
+    """The check of a dumped sampler run: its timesteps, then every step's reference velocity(x, sigma)
+    on the reference's own Euler trajectory from the noise x, against the dump; prints PASS / FAIL
+    (`label`: the guidance) and returns the exit code (0 pass, 1 mismatch)."""
+    steps = len(sigmas) - 1
+    ok = check_dump_timesteps(dump, steps, x.shape, sigmas)
+    for k in range(steps):
+        v = velocity(x, sigmas[k])
+        ok &= compare_step(dump, k, sigmas[k], v, tol)
+        x = x + (sigmas[k + 1] - sigmas[k]) * v
+    print(f"{'PASS' if ok else 'FAIL'} ({steps} steps, {label}, tol {tol:g})")
+    return 0 if ok else 1
+
+
 def compare_step(dump: Path, k: int, sigma: float, want: np.ndarray, tol: float) -> bool:
     """Step k's dumped velocity against the reference's `want` (max relative error; printed)."""
     got = load_npy(dump / f"velocity_{k}.npy", [want.shape])

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diffusers_folder import (check_dump_timesteps, compare_step, load_pipeline, random_tensors, rng,  # noqa: E402
+from diffusers_folder import (check_sampler_run, load_pipeline, random_tensors, rng,  # noqa: E402
                               write_header, write_pipeline)
 from flux_reference import InputError, load_npy, silu  # noqa: E402
 
@@ -273,16 +273,9 @@ def cmd_check(a: argparse.Namespace) -> int:
     J = p["joint_attention_dim"]
     txt = load_npy(Path(a.txt), [(None, J), (1, None, J)]).reshape(-1, J)
     x = load_npy(Path(a.noise), [(None, gh * gw, p["in_channels"])])
-    sig = flux2_sigmas(sched, a.steps, gh * gw)
-    dump = Path(a.dump)
-    ok = check_dump_timesteps(dump, a.steps, x.shape, sig)
     model = Flux2Reference(p, w)
-    for k in range(a.steps):
-        v = model.forward(x, txt, sig[k], a.guidance, gh, gw)
-        ok &= compare_step(dump, k, sig[k], v, a.tol)
-        x = x + (sig[k + 1] - sig[k]) * v
-    print(f"{'PASS' if ok else 'FAIL'} ({a.steps} steps, guidance {a.guidance}, tol {a.tol:g})")
-    return 0 if ok else 1
+    return check_sampler_run(Path(a.dump), x, flux2_sigmas(sched, a.steps, gh * gw),
+                             lambda x, s: model.forward(x, txt, s, a.guidance, gh, gw), a.tol, f"guidance {a.guidance}")
 
 
 def cmd_header(a: argparse.Namespace) -> int:

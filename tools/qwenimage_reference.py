@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diffusers_folder import (check_dump_timesteps, compare_step, load_pipeline, random_tensors, rng,  # noqa: E402
+from diffusers_folder import (check_sampler_run, load_pipeline, random_tensors, rng,  # noqa: E402
                               write_header, write_pipeline)
 from flux_reference import InputError, diffusers_sigmas, gelu_tanh, layer_norm, load_npy, silu  # noqa: E402
 
@@ -255,20 +255,17 @@ def cmd_check(a: argparse.Namespace) -> int:
     neg = load_npy(Path(a.neg), [(None, J), (1, None, J)]).reshape(-1, J) if a.neg else None
     x = load_npy(Path(a.noise), [(None, gh * gw, C)])
     cfg = neg is not None and a.guidance > 1
-    sig = diffusers_sigmas(sched, a.steps, gh * gw)
-    dump = Path(a.dump)
-    ok = check_dump_timesteps(dump, a.steps, x.shape, sig)
     model = QwenImageReference(p, w)
-    for k in range(a.steps):
-        v = model.forward(x, txt, sig[k], gh, gw)
-        if cfg:  # QwenImagePipeline: true CFG, the conditional norm kept per token
-            vn = model.forward(x, neg, sig[k], gh, gw)
-            comb = vn + a.guidance * (v - vn)
-            v = comb * (np.linalg.norm(v, axis=-1, keepdims=True) / np.linalg.norm(comb, axis=-1, keepdims=True))
-        ok &= compare_step(dump, k, sig[k], v, a.tol)
-        x = x + (sig[k + 1] - sig[k]) * v
-    print(f"{'PASS' if ok else 'FAIL'} ({a.steps} steps, {'CFG ' + str(a.guidance) if cfg else 'no CFG'}, tol {a.tol:g})")
-    return 0 if ok else 1
+
+    def velocity(x, s):
+        v = model.forward(x, txt, s, gh, gw)
+        if not cfg:
+            return v
+        vn = model.forward(x, neg, s, gh, gw)  # QwenImagePipeline: true CFG, the conditional norm kept per token
+        comb = vn + a.guidance * (v - vn)
+        return comb * (np.linalg.norm(v, axis=-1, keepdims=True) / np.linalg.norm(comb, axis=-1, keepdims=True))
+    return check_sampler_run(Path(a.dump), x, diffusers_sigmas(sched, a.steps, gh * gw), velocity, a.tol,
+                             f"CFG {a.guidance}" if cfg else "no CFG")
 
 
 def cmd_header(a: argparse.Namespace) -> int:

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diffusers_folder import (check_dump_timesteps, compare_step, load_pipeline, random_tensors, rng,  # noqa: E402
+from diffusers_folder import (check_sampler_run, load_pipeline, random_tensors, rng,  # noqa: E402
                               write_header, write_pipeline)
 from flux_reference import InputError, gelu_tanh, layer_norm, load_npy, silu  # noqa: E402
 
@@ -239,19 +239,16 @@ def cmd_check(a: argparse.Namespace) -> int:
         neg = load_npy(Path(a.neg), [(None, J), (1, None, J)]).reshape(-1, J)
         neg_pooled = load_npy(Path(a.neg_pooled), [(P,), (1, P)]).reshape(-1)
     x = load_npy(Path(a.noise), [(None, C, a.height // 8, a.width // 8)])
-    sig = sd3_sigmas(sched, a.steps)
-    dump = Path(a.dump)
-    ok = check_dump_timesteps(dump, a.steps, x.shape, sig)
     model = SD3Reference(p, w)
-    for k in range(a.steps):
-        v = model.forward(x, txt, pooled, sig[k])
-        if cfg:
-            vu = model.forward(x, neg, neg_pooled, sig[k])
-            v = vu + a.guidance * (v - vu)
-        ok &= compare_step(dump, k, sig[k], v, a.tol)
-        x = x + (sig[k + 1] - sig[k]) * v
-    print(f"{'PASS' if ok else 'FAIL'} ({a.steps} steps, {'CFG ' + str(a.guidance) if cfg else 'no CFG'}, tol {a.tol:g})")
-    return 0 if ok else 1
+
+    def velocity(x, s):
+        v = model.forward(x, txt, pooled, s)
+        if not cfg:
+            return v
+        vu = model.forward(x, neg, neg_pooled, s)
+        return vu + a.guidance * (v - vu)
+    return check_sampler_run(Path(a.dump), x, sd3_sigmas(sched, a.steps), velocity, a.tol,
+                             f"CFG {a.guidance}" if cfg else "no CFG")
 
 
 def cmd_header(a: argparse.Namespace) -> int:

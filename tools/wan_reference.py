@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diffusers_folder import (check_dump_timesteps, compare_step, load_pipeline, random_tensors, rng,  # noqa: E402
+from diffusers_folder import (check_sampler_run, load_pipeline, random_tensors, rng,  # noqa: E402
                               write_header, write_pipeline)
 from flux_reference import InputError, gelu_tanh, load_npy, silu  # noqa: E402
 
@@ -262,19 +262,16 @@ def cmd_check(a: argparse.Namespace) -> int:
         neg = load_npy(Path(a.neg), [(None, E), (1, None, E)]).reshape(1, -1, E)
     x = load_npy(Path(a.noise), [(None, C, a.frames, a.height // 8, a.width // 8)])
     B = x.shape[0]
-    sig = wan_sigmas(sched, a.steps)
-    dump = Path(a.dump)
-    ok = check_dump_timesteps(dump, a.steps, x.shape, sig)
     model = WanRef(p, w)
-    for k in range(a.steps):
-        v = model.forward(x, np.repeat(txt, B, 0), sig[k])
-        if cfg:
-            vu = model.forward(x, np.repeat(neg, B, 0), sig[k])
-            v = vu + a.guidance * (v - vu)
-        ok &= compare_step(dump, k, sig[k], v, a.tol)
-        x = x + (sig[k + 1] - sig[k]) * v
-    print(f"{'PASS' if ok else 'FAIL'} ({a.steps} steps, {'CFG ' + str(a.guidance) if cfg else 'no CFG'}, tol {a.tol:g})")
-    return 0 if ok else 1
+
+    def velocity(x, s):  # WanPipeline: uncond + g (cond - uncond)
+        v = model.forward(x, np.repeat(txt, B, 0), s)
+        if not cfg:
+            return v
+        vu = model.forward(x, np.repeat(neg, B, 0), s)
+        return vu + a.guidance * (v - vu)
+    return check_sampler_run(Path(a.dump), x, wan_sigmas(sched, a.steps), velocity, a.tol,
+                             f"CFG {a.guidance}" if cfg else "no CFG")
 
 
 def cmd_header(a: argparse.Namespace) -> int:

@@ -93,7 +93,8 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
     ctx_rstd_.resize(b * T);
     q_rstd_.resize(Mp_);
     cross_lse_.resize(Mp_ * cfg_.heads);
-    for (DeviceVector<float>* v : {&tproj_, &norm2_scale_, &minus_ones_}) v->resize(6 * H);
+    tproj_.resize(6 * H);
+    for (DeviceVector<float>* v : {&norm2_scale_, &minus_ones_}) v->resize(H);
     fill(minus_ones_.data(), H, -1.f);
     // Image j's I_p query rows see its context: key rows [0, T) shared, or [j T, (j + 1) T) per image.
     for (const bool own : {false, true}) {

@@ -170,7 +170,7 @@ class DitModel {
   // masks (one block of I_p query rows per image; [0]: a shared context, [1]: one per image)
   DeviceVector<float> ctx_h_, ctx_, ck_, cv_;      // [n_ctx T, H] each
   DeviceVector<float> ctx_rstd_, q_rstd_, cross_lse_;  // [b T], [M_p], [M_p, n_h]
-  DeviceVector<float> tproj_, norm2_scale_, minus_ones_;  // [6H], [H], [H] (sized 6H)
+  DeviceVector<float> tproj_, norm2_scale_, minus_ones_;  // [6H], [H], [H]
   std::vector<BlockMask> cross_masks_;
   std::int64_t n_ctx_ = 1;
 };
