@@ -181,6 +181,19 @@ add_test(NAME cli_dit_wan_compare_flat COMMAND ${RUN_OK} ${DIT} --weights ${DIFF
          --compare flat --json --out ${CMAKE_CURRENT_BINARY_DIR}/dit_wan.png)
 set_tests_properties(cli_dit_wan_compare_flat PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 60 FIXTURES_REQUIRED diffusers_files
   PASS_REGULAR_EXPRESSION "\"frames\":3,.*\"ssim\":1\\.0,\"mse\":0\\.0")
+# Wan on the device doubles (the guard devices, stream order included: bitwise the CPU's latent;
+# CoCoDiff's selective steps, sharded bf16 weights) and on the rendezvous communicator (NCCL's
+# semantics at P = 3: bitwise MPI's).
+add_test(NAME cli_dit_wan_device_doubles COMMAND ${RUN_OK} ${CMAKE_COMMAND} -E env bash -c
+  "set -e; d=$(mktemp -d); trap 'rm -rf $d' EXIT; w=${DIFFUSERS_DIR}/wan; \
+   in=\"--weights $w --text-embeddings $w/txt.npy --negative-text-embeddings $w/neg.npy --noise $w/noise.npy --width 64 --height 48 --steps 3\"; \
+   for b in cpu guard guard-async; do ${MPIEXEC_EXECUTABLE} -np 2 $<TARGET_FILE:diffcp_cli> --backend $b dit $in --mode cocodiff \
+     --cache-schedule fixed --cache-ratio 0.5 --warmup 0 --weights-dtype bf16 --shard-weights --out '' --save-latent $d/$b.npy; done; \
+   cmp $d/cpu.npy $d/guard.npy && cmp $d/cpu.npy $d/guard-async.npy; \
+   for c in mpi rendezvous; do ${MPIEXEC_EXECUTABLE} --oversubscribe -np 3 $<TARGET_FILE:diffcp_cli> dit --comm $c $in --mode vfirst \
+     --group-size 1 --out '' --save-latent $d/$c.npy; done; cmp $d/mpi.npy $d/rendezvous.npy && echo 'latents equal'")
+set_tests_properties(cli_dit_wan_device_doubles PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 120 FIXTURES_REQUIRED diffusers_files
+                     PASS_REGULAR_EXPRESSION "latents equal" FAIL_REGULAR_EXPRESSION "run_ok: FAILED")
 diffcp_add_fail_test(cli_dit_wan_i2v_refused "image_dim = 1280 is not supported \\(diffcp runs Wan's text-to-video transformer"
                      ${DIT} --weights ${DIFFUSERS_DIR}/wan_i2v --dry-run)
 diffcp_add_fail_test(cli_dit_wan22_two_experts "model_index.json's transformer_2 = .* is not supported: diffcp runs one transformer"
