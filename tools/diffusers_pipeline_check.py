@@ -9,19 +9,28 @@ Builds a tiny random pipeline locally (no hub) and saves it with save_pretrained
          (SD3.5's scaling), a random SD3Transformer2DModel (2 blocks, the last context-pre-only,
          RMS QK-norm), SD3's scheduler (shift 3); classifier-free guidance 7 with an empty negative
          prompt (the pipeline batches it with the prompt: two passes per step here).
+  wan:   WanPipeline (text-to-video): a random UMT5 text encoder with the word-level tokenizer, a random
+         AutoencoderKLWan (4 levels: 8x in space, 4x in time), a random WanTransformer3DModel (2 blocks,
+         2 heads x 12), the UniPC flow scheduler Wan's folders ship (flow_shift 3); guidance 5 with an
+         empty negative prompt (two transformer calls a step); 9 frames of 80 x 48 (3 latent frames,
+         45 tokens); parallelized with vae="patch": the VAE decodes patch-parallel too, and each
+         worker checks its decode against diffusers' own on the same latent and its bytes against
+         diffcp.vae.wan_decode_bytes.
+  wan_a14b: the same with Wan 2.2 A14B's two experts (transformer_2, boundary_ratio 0.875: the
+         high-noise expert above t = 875, the low-noise one below), both parallel.
   qwen_image, flux2: their pipelines' text encoders (Qwen2.5-VL, Mistral) are too large to build at
          random here, so these two are checked one level down: diffusers' own random
          QwenImageTransformer2DModel / Flux2Transformer2DModel, saved and loaded by from_pretrained,
          called as their pipelines call them (Qwen-Image: the prompt's and the negative prompt's calls
          with text masks of trailing padding; FLUX.2: 4-axis ids, distilled guidance) against the
          same transformer parallelized at each P and mode: relative error <= 1e-4 required.
-Then, for flux1 and sd3:
+Then, for flux1, sd3, wan and wan_a14b:
 
   1. diffusers' own pipeline (one process, f32) makes the reference image from the prompt;
   2. for each P and mode, ``mpirun -np P`` runs this script's worker: the pipeline's from_pretrained,
      ``diffcp.diffusers.parallelize(pipe, mode=..., dtype="f32")``, the same call (prompt, 80x48
      pixels: 15 image tokens, 13 T5 tokens -- counts P does not divide), rank 0 saves the image;
-  3. PSNR of every image against diffusers' (f32: >= 40 dB required for flat / tapa / vfirst;
+  3. PSNR of every image (video: all its frames) against diffusers' (f32: >= 40 dB required for flat / tapa / vfirst;
      cocodiff's V-Major at its default ratio is reported beside them), and the P = 2 image as PNG.
 
 Needs torch, diffusers, transformers and tokenizers from PyPI in a venv that also sees Debian's
@@ -31,7 +40,7 @@ checks the same forward against tools/flux_reference.py's NumPy reference there)
   /usr/bin/python3 -m venv --system-site-packages /tmp/dv
   /tmp/dv/bin/pip install --ignore-installed torch diffusers transformers safetensors tokenizers
   PYTHONPATH=build/release/python /tmp/dv/bin/python tools/diffusers_pipeline_check.py [--np 1,2,4] \
-      [--modes flat,tapa,vfirst,cocodiff] [--family flux1|sd3] [--out DIR]
+      [--modes flat,tapa,vfirst,cocodiff] [--family flux1|sd3|wan|wan_a14b] [--out DIR]
 
 Exit codes: 0 every exact mode >= 40 dB, 1 below, 2 a run failed.
 """
@@ -96,9 +105,38 @@ def build_sd3(root: Path) -> None:
     pipe.save_pretrained(root)
 
 
+WAN_FRAMES = 9
+
+
+def build_wan(root: Path, experts: int) -> None:
+    import torch
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+    torch.manual_seed(0)
+    t5 = UMT5EncoderModel(UMT5Config(vocab_size=64, d_model=32, d_ff=37, d_kv=8, num_layers=2, num_heads=4))
+    vae = AutoencoderKLWan(base_dim=16, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                           temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.0, 0.3],
+                           latents_std=[1.5, 0.8, 1.0, 2.0])
+    experts_ = [WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+                                      out_channels=4, text_dim=32, freq_dim=16, ffn_dim=40, num_layers=2,
+                                      rope_max_seq_len=32) for _ in range(experts)]
+    with torch.no_grad():  # diffusers' init zeroes some tables and is small: make every block matter
+        for m in [vae] + experts_:
+            for p in m.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0,
+                                        num_train_timesteps=1000)
+    pipe = WanPipeline(tokenizer=tokenizer(T5_TOKENS), text_encoder=t5, vae=vae, scheduler=scheduler,
+                       transformer=experts_[0], transformer_2=experts_[1] if experts == 2 else None,
+                       boundary_ratio=0.875 if experts == 2 else None)
+    pipe.save_pretrained(root)
+
+
 def build(root: Path, family: str) -> None:
     if family == "sd3":
         return build_sd3(root)
+    if family in ("wan", "wan_a14b"):
+        return build_wan(root, 2 if family == "wan_a14b" else 1)
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
@@ -122,6 +160,11 @@ def build(root: Path, family: str) -> None:
 
 def generate(pipe, family: str) -> np.ndarray:
     import torch
+    if family in ("wan", "wan_a14b"):  # frames [B, F, H, W, 3]
+        out = pipe(prompt=PROMPT, height=HEIGHT, width=WIDTH, num_frames=WAN_FRAMES, num_inference_steps=STEPS,
+                   guidance_scale=5.0, generator=torch.Generator().manual_seed(0), output_type="np",
+                   max_sequence_length=T5_TOKENS)
+        return np.asarray(out.frames, dtype=np.float32)
     out = pipe(prompt=PROMPT, height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
                guidance_scale=7.0 if family == "sd3" else 3.5, generator=torch.Generator().manual_seed(0),
                output_type="np", max_sequence_length=T5_TOKENS)
@@ -129,8 +172,28 @@ def generate(pipe, family: str) -> np.ndarray:
 
 
 def load(path, family: str):
-    from diffusers import FluxPipeline, StableDiffusion3Pipeline
-    return (StableDiffusion3Pipeline if family == "sd3" else FluxPipeline).from_pretrained(path)
+    from diffusers import FluxPipeline, StableDiffusion3Pipeline, WanPipeline
+    return {"sd3": StableDiffusion3Pipeline, "wan": WanPipeline, "wan_a14b": WanPipeline}.get(
+        family, FluxPipeline).from_pretrained(path)
+
+
+def check_patch_vae(par) -> str:
+    """The patch-parallel decode of a random latent against diffusers' own decode on this rank, and
+    the bytes it sent against the closed form: a line, or raises."""
+    import torch
+    from diffcp.vae import wan_decode_bytes
+    vae = par.pipe.vae
+    z = torch.randn(1, vae.config.z_dim, 3, HEIGHT // 8, WIDTH // 8, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = type(vae).decode(vae, z, return_dict=False)[0]  # the class's decode: diffusers' one-process decode
+    got = vae.decode(z, return_dict=False)[0]
+    err = float((got - want).abs().max())
+    P, p = par.comm.Get_size(), par.comm.Get_rank()
+    pred = wan_decode_bytes(vae.config, z.shape, P, p)
+    if err > 1e-4 or par.vae_decoder.stats != pred:
+        raise RuntimeError(f"patch-parallel VAE decode: max |diff| {err:.2e}, bytes {par.vae_decoder.stats} vs the "
+                           f"closed form {pred}")
+    return f"VAE decode P = {P}: max |diff| {err:.1e} vs diffusers' decode; rank 0 sent {pred} bytes = the closed form"
 
 
 def transformer_calls(family: str, model, seed: int = 0):
@@ -201,10 +264,15 @@ def worker(a: argparse.Namespace) -> int:
     from mpi4py import MPI
     import diffcp.diffusers
     pipe = load(a.pipe, a.family)
-    par = diffcp.diffusers.parallelize(pipe, mode=a.mode, dtype="f32", weights_dtype="f32")
+    video = a.family in ("wan", "wan_a14b")
+    par = diffcp.diffusers.parallelize(pipe, mode=a.mode, dtype="f32", weights_dtype="f32",
+                                       vae="patch" if video else "replicated")
     image = generate(par, a.family)
+    line = check_patch_vae(par) if video else ""
     if MPI.COMM_WORLD.Get_rank() == 0:
         np.save(a.save, image)
+        if line:
+            print(line)
     return 0
 
 
@@ -239,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--np", default="1,2,4")
     ap.add_argument("--modes", default="flat,tapa,vfirst,cocodiff")
-    ap.add_argument("--family", default="flux1", choices=["flux1", "sd3", "qwen_image", "flux2"])
+    ap.add_argument("--family", default="flux1", choices=["flux1", "sd3", "wan", "wan_a14b", "qwen_image", "flux2"])
     ap.add_argument("--out", default=None, help="keep the pipeline, images and the PNG here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--pipe", help=argparse.SUPPRESS)
@@ -265,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         if a.family == "sd3":
             ctl.transformer.transformer_blocks[0].attn.to_out[0].weight.zero_()
+        elif a.family == "wan_a14b":  # the low-noise expert's: both experts must run
+            ctl.transformer_2.blocks[0].attn1.to_out[0].weight.zero_()
+        elif a.family == "wan":
+            ctl.transformer.blocks[0].attn1.to_out[0].weight.zero_()
         else:
             ctl.transformer.single_transformer_blocks[1].proj_out.weight.zero_()
     db_ctl = psnr(generate(ctl, a.family), ref)
@@ -283,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             if r.returncode != 0:
                 print(f"P = {P} {mode}: FAILED\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
                 return 2
+            if r.stdout.strip():
+                print(f"P = {P} {mode:8s}: {r.stdout.strip().splitlines()[-1]}")
             img = np.load(save)
             db = psnr(img, ref)
             exact = mode != "cocodiff"
@@ -293,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"P = {P} {mode:8s}: PSNR {db:7.2f} dB vs diffusers, max |diff| {rows[-1]['max_abs_diff']:.2e}"
                   f"{'' if exact else ' (V-Major: reported, not judged)'}{'' if ok else '  FAIL (< 40 dB)'}")
             if P == 2 and mode == "tapa":
-                Image.fromarray((np.clip(img[0], 0, 1) * 255).round().astype(np.uint8)).save(out / f"{a.family}_P2.png")
+                first = img[0] if img.ndim == 4 else np.concatenate(list(img[0]), axis=1)  # a video's frames side by side
+                Image.fromarray((np.clip(first, 0, 1) * 255).round().astype(np.uint8)).save(out / f"{a.family}_P2.png")
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
     print(f"image at P = 2: {out / (a.family + '_P2.png')}" if a.out else "")
     return rc

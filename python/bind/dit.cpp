@@ -37,6 +37,7 @@ class DitPy {
     d["pooled_dim"] = c.pooled_dim;
     d["heads"] = c.heads;
     d["guidance_embed"] = c.guidance_embed;
+    d["latent_channels"] = c.latent_channels;
     d["weights_dtype"] = dtype_name(w.storage());
     d["shard_weights"] = w.sharded();
     d["weights_bytes_per_rank"] = w.bytes();
@@ -71,12 +72,14 @@ class DitPy {
     return d;
   }
 
-  //   x: [b, N_img, C_in] every rank's full latent tokens (the same on every rank), N_img = (height/16) (width/16)
+  //   x: [b, N_img, C_in] every rank's full latent tokens (the same on every rank), N_img = frames (height/16) (width/16)
+  //      (a video's tokens frame-major; frames 1 for an image)
   //   txt: [T, text_dim] the prompt's rows (shared by the b images)   pooled: [pooled_dim] (empty without one)
   //   -> [b, N_img, C_in] the velocity, gathered on every rank. Collective over comm.
   py::array_t<float> velocity(const Floats& x, std::int64_t height, std::int64_t width, const Floats& txt,
-                              const Floats& pooled, double t, double guidance, int pass, int step, int steps) {
-    const DitShape shape = shape_of(x, height, width, txt, pooled);
+                              const Floats& pooled, double t, double guidance, int pass, int step, int steps,
+                              std::int64_t frames) {
+    const DitShape shape = shape_of(x, height, width, txt, pooled, frames);
     std::vector<float> out;
     {
       py::gil_scoped_release release;
@@ -92,8 +95,8 @@ class DitPy {
   // the pair's index within the step (each pair of a step has its own exchanges and caches).
   py::array_t<float> velocity_pair(const Floats& x0, const Floats& txt0, const Floats& pooled0, const Floats& x1,
                                    const Floats& txt1, const Floats& pooled1, std::int64_t height, std::int64_t width,
-                                   double t, double guidance, int step, int steps, int pair_index) {
-    const DitShape s0 = shape_of(x0, height, width, txt0, pooled0), s1 = shape_of(x1, height, width, txt1, pooled1);
+                                   double t, double guidance, int step, int steps, int pair_index, std::int64_t frames) {
+    const DitShape s0 = shape_of(x0, height, width, txt0, pooled0, frames), s1 = shape_of(x1, height, width, txt1, pooled1, frames);
     const std::vector<float> in[2][3] = {{host(x0), host(txt0), host(pooled0)}, {host(x1), host(txt1), host(pooled1)}};
     std::array<std::vector<float>, 2> v;
     {
@@ -110,8 +113,9 @@ class DitPy {
  private:
   static std::vector<float> host(const Floats& a) { return {a.data(), a.data() + a.size()}; }
   static std::vector<std::int64_t> dims(const Floats& a) { return {a.shape(), a.shape() + a.ndim()}; }
-  DitShape shape_of(const Floats& x, std::int64_t height, std::int64_t width, const Floats& txt, const Floats& pooled) const {
-    return session_->velocity_shape(dims(x), height, width, dims(txt), pooled.size());
+  DitShape shape_of(const Floats& x, std::int64_t height, std::int64_t width, const Floats& txt, const Floats& pooled,
+                    std::int64_t frames) const {
+    return session_->velocity_shape(dims(x), height, width, dims(txt), static_cast<std::int64_t>(pooled.size()), frames);
   }
 
   std::unique_ptr<Communicator> comm_;
@@ -149,9 +153,9 @@ void bind_dit(py::module_& m) {
       .def("exchange_stats", &DitPy::exchange_stats)
       .def("velocity_pair", &DitPy::velocity_pair, py::arg("x0"), py::arg("txt0"), py::arg("pooled0"), py::arg("x1"),
            py::arg("txt1"), py::arg("pooled1"), py::arg("height"), py::arg("width"), py::arg("t"), py::arg("guidance"),
-           py::arg("step"), py::arg("steps"), py::arg("pair_index") = 0)
+           py::arg("step"), py::arg("steps"), py::arg("pair_index") = 0, py::arg("frames") = 1)
       .def("velocity", &DitPy::velocity, py::arg("x"), py::arg("height"), py::arg("width"), py::arg("txt"), py::arg("pooled"),
-           py::arg("t"), py::arg("guidance"), py::arg("pass_index"), py::arg("step"), py::arg("steps"));
+           py::arg("t"), py::arg("guidance"), py::arg("pass_index"), py::arg("step"), py::arg("steps"), py::arg("frames") = 1);
 }
 
 }  // namespace diffcp::py_bind

@@ -19,7 +19,9 @@ with the same arguments::
 
 Supported: FluxPipeline (FluxTransformer2DModel, FLUX.1 dev / schnell), StableDiffusion3Pipeline
 (SD3Transformer2DModel, SD3.5 large / large turbo: no dual attention), QwenImagePipeline
-(QwenImageTransformer2DModel) and Flux2Pipeline (Flux2Transformer2DModel), with the pipeline's own
+(QwenImageTransformer2DModel), Flux2Pipeline (Flux2Transformer2DModel) and WanPipeline
+(WanTransformer3DModel, Wan 2.1 / 2.2 text-to-video; A14B's two experts both parallel; vae="patch"
+decodes the video patch-parallel, diffcp.vae), with the pipeline's own
 arguments (``prompt`` or ``prompt_embeds`` + ``pooled_prompt_embeds``, ``negative_prompt``,
 ``height``, ``width``, ``num_inference_steps``, ``guidance_scale``, ``generator``, ``output_type``,
 ...). Images of a batch that share a prompt run as one batch; different prompts (SD3's
@@ -39,7 +41,7 @@ from . import _core
 __all__ = ["parallelize", "ParallelPipeline", "SUPPORTED_TRANSFORMERS"]
 
 SUPPORTED_TRANSFORMERS = ("FluxTransformer2DModel", "SD3Transformer2DModel", "QwenImageTransformer2DModel",
-                          "Flux2Transformer2DModel")
+                          "Flux2Transformer2DModel", "WanTransformer3DModel")
 
 
 def _world(comm):
@@ -82,8 +84,8 @@ class _Forward:
         self.core = core
         self.state = state
 
-    def velocity(self, x: np.ndarray, gh: int, gw: int, txt, pooled, t: float, g: float) -> np.ndarray:
-        """x [B, N, C_in] packed tokens of a gh x gw grid; txt: per image its [T_i, D] rows, pooled
+    def velocity(self, x: np.ndarray, gh: int, gw: int, txt, pooled, t: float, g: float, frames: int = 1) -> np.ndarray:
+        """x [B, N, C_in] packed tokens of `frames` gh x gw grids (frame-major; 1 for an image); txt: per image its [T_i, D] rows, pooled
         [B, P] or None (torch) -> the velocity [B, N, C_in]. Images sharing the prompt run as one
         batch (the model shares the text rows across images); each other prompt (classifier-free
         guidance's negative half of SD3's batch, or Qwen-Image's second call of a step) is another
@@ -110,7 +112,7 @@ class _Forward:
             # per half of the ranks; each pair of a step keeps its own caches (pair index).
             pair = state.next_pass() // 2
             state.next_pass()
-            v = self.core.velocity_pair(*passes[0], *passes[1], 16 * gh, 16 * gw, t, g, step, state.steps, pair)
+            v = self.core.velocity_pair(*passes[0], *passes[1], 16 * gh, 16 * gw, t, g, step, state.steps, pair, frames)
             out[groups[0]], out[groups[1]] = v[0], v[1]
             return out
         if state.cfg_parallel and state.two_calls and len(groups) == 1 and (state.passes == 0 or state.pending):
@@ -120,15 +122,16 @@ class _Forward:
             if state.pending is None:
                 state.next_pass()
                 out[...] = np.nan
-                state.pending = {"inputs": passes[0], "out": out, "step": step, "sample": None}
+                state.pending = {"inputs": passes[0], "out": out, "step": step, "sample": None, "unpack": None}
                 return out
             first = state.pending
             state.pending = None
             pair = state.next_pass() // 2
-            v = self.core.velocity_pair(*first["inputs"], *passes[0], 16 * gh, 16 * gw, t, g, step, state.steps, pair)
+            v = self.core.velocity_pair(*first["inputs"], *passes[0], 16 * gh, 16 * gw, t, g, step, state.steps, pair,
+                                        frames)
             first["out"][...] = v[0]
             if first["sample"] is not None:
-                first["sample"].copy_(torch.from_numpy(v[0]))
+                first["sample"].copy_(torch.from_numpy(first["unpack"](v[0]) if first["unpack"] else v[0]))
             out[...] = v[1]
             return out
         if state.batch_prompts and len(groups) > 1:
@@ -142,11 +145,11 @@ class _Forward:
                 pooled_b = (np.ascontiguousarray(np.stack([_f32(pooled[i]) for i in idx])) if pooled is not None
                             else np.zeros(0, np.float32))
                 out[idx] = self.core.velocity(np.ascontiguousarray(x[idx]), 16 * gh, 16 * gw, txt_b, pooled_b, t, g,
-                                              state.next_pass(), step, state.steps)
+                                              state.next_pass(), step, state.steps, frames)
             return out
         for grp, pas in zip(groups, passes):
             out[grp] = self.core.velocity(pas[0], 16 * gh, 16 * gw, pas[1], pas[2], t, g, state.next_pass(), step,
-                                          state.steps)
+                                          state.steps, frames)
         return out
 
     @staticmethod
@@ -189,11 +192,13 @@ class _Forward:
             raise NotImplementedError("diffcp.diffusers: every image of a batch must share the timestep")
         return float(t[0])
 
-    def output(self, out: np.ndarray, like, return_dict: bool):
+    def output(self, out: np.ndarray, like, return_dict: bool, unpack=None):
+        """out (velocity's tokens), made the family's layout by unpack (None: as it is) -> the forward's result."""
         import torch
-        sample = torch.from_numpy(out).to(device=like.device, dtype=like.dtype)
+        sample = torch.from_numpy(np.ascontiguousarray(unpack(out)) if unpack else out).to(device=like.device,
+                                                                                            dtype=like.dtype)
         if self.state.pending is not None and self.state.pending["out"] is out:  # cfg_parallel: filled later
-            self.state.pending["sample"] = sample
+            self.state.pending["sample"], self.state.pending["unpack"] = sample, unpack
         if not return_dict:
             return (sample,)
         from diffusers.models.modeling_outputs import Transformer2DModelOutput
@@ -309,8 +314,39 @@ class _Flux2Forward(_Forward):
         return self.output(out, hidden_states, return_dict)
 
 
+class _WanForward(_Forward):
+    """WanTransformer3DModel.forward: hidden_states the latent video [B, C, F, H/8, W/8] (patches 1 x 2 x 2,
+    tokens frame-major), timestep = 1000 sigma ([B], or WanPipeline's expand_timesteps [B, N], every
+    token the same), encoder_hidden_states [B, T, D] (cross-attended: every rank holds it whole);
+    WanPipeline's classifier-free guidance is two calls a step (the prompt's, then the negative
+    prompt's). No image embedding (I2V)."""
+
+    def __call__(self, hidden_states, timestep=None, encoder_hidden_states=None, encoder_hidden_states_image=None,
+                 return_dict=True, attention_kwargs=None, **unused):
+        if encoder_hidden_states_image is not None:
+            raise NotImplementedError("diffcp.diffusers: encoder_hidden_states_image (Wan's image-to-video "
+                                      "conditioning) is not supported")
+        self.refuse(attention_kwargs, unused)
+        if hidden_states.dim() != 5:
+            raise ValueError(f"hidden_states of shape {tuple(hidden_states.shape)}, expected the latent video "
+                             "[B, C, F, H/8, W/8]")
+        B, C, F, H, W = hidden_states.shape
+        if H % 2 or W % 2:
+            raise ValueError(f"hidden_states: a {H} x {W} latent, expected even sides (1 x 2 x 2 patches)")
+        gh, gw = H // 2, W // 2
+        # [B, C, F, 2gh, 2gw] -> tokens [B, F gh gw, 4C], channels (c, ph, pw) (dit/sampler.hpp pack_latent)
+        x = _f32(hidden_states).reshape(B, C, F, gh, 2, gw, 2).transpose(0, 2, 3, 5, 1, 4, 6).reshape(B, F * gh * gw,
+                                                                                                      4 * C)
+        v = self.velocity(np.ascontiguousarray(x), gh, gw, list(encoder_hidden_states.detach()), None,
+                          self.timestep(timestep) / 1000.0, 0.0, frames=F)
+        def unpack(tokens):  # [B, F gh gw, 4C] -> [B, C, F, H, W]
+            return tokens.reshape(B, F, gh, gw, C, 2, 2).transpose(0, 4, 1, 2, 5, 3, 6).reshape(B, C, F, H, W)
+        return self.output(v, hidden_states, return_dict, unpack)
+
+
 _FORWARDS = {"FluxTransformer2DModel": _FluxForward, "SD3Transformer2DModel": _SD3Forward,
-             "QwenImageTransformer2DModel": _QwenImageForward, "Flux2Transformer2DModel": _Flux2Forward}
+             "QwenImageTransformer2DModel": _QwenImageForward, "Flux2Transformer2DModel": _Flux2Forward,
+             "WanTransformer3DModel": _WanForward}
 
 
 class _StepState:
@@ -339,13 +375,17 @@ class _StepState:
 
 
 def _two_calls(pipe, args, kwargs) -> bool:
-    """Whether the call runs true CFG as two transformer calls a step: QwenImagePipeline's and
-    FluxPipeline's rule, true_cfg_scale > 1 with a negative prompt (or its embeddings)."""
+    """Whether the call runs classifier-free guidance as two transformer calls a step: QwenImagePipeline's
+    and FluxPipeline's rule, true_cfg_scale > 1 with a negative prompt (or its embeddings); WanPipeline's,
+    guidance_scale > 1 (its negative prompt defaults to "")."""
     import inspect
     sig = inspect.signature(pipe.__call__)
+    given = sig.bind_partial(*args, **kwargs).arguments
+    if type(getattr(pipe, "transformer", None)).__name__ == "WanTransformer3DModel" and "guidance_scale" in sig.parameters:
+        g = given.get("guidance_scale", sig.parameters["guidance_scale"].default)
+        return g is not None and float(g) > 1
     if "true_cfg_scale" not in sig.parameters:
         return False
-    given = sig.bind_partial(*args, **kwargs).arguments
     scale = given.get("true_cfg_scale", sig.parameters["true_cfg_scale"].default)
     negative = given.get("negative_prompt") is not None or given.get("negative_prompt_embeds") is not None
     return scale is not None and float(scale) > 1 and negative
@@ -371,17 +411,20 @@ def _steps(pipe, args, kwargs) -> int:
 class ParallelPipeline:
     """The pipeline, parallelized: call it as the pipeline (every rank, the same arguments); every
     other attribute is the pipeline's. ``output_on="rank0"``: ranks other than 0 skip the VAE
-    decode and return the latents (``output_type="latent"``)."""
+    decode and return the latents (``output_type="latent"``); with ``vae="patch"`` every rank takes
+    part in the decode and returns the output. ``cores``: one diffcp session per parallel transformer
+    (``core`` is the first: Wan 2.2 A14B's high-noise expert, ``cores[1]`` its low-noise one)."""
 
-    def __init__(self, pipe, core, state, comm, output_on: str):
-        self.__dict__.update(pipe=pipe, core=core, _state=state, comm=comm, output_on=output_on)
+    def __init__(self, pipe, cores, state, comm, output_on: str, vae_decoder=None, comms=()):
+        self.__dict__.update(pipe=pipe, core=cores[0], cores=cores, _state=state, comm=comm, output_on=output_on,
+                             vae_decoder=vae_decoder, _comms=list(comms))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["pipe"], name)
 
     def __call__(self, *args, **kwargs):
         self._state.reset(_steps(self.pipe, args, kwargs), _two_calls(self.pipe, args, kwargs))
-        if self.output_on == "rank0" and self.comm.Get_rank() != 0:
+        if self.output_on == "rank0" and self.comm.Get_rank() != 0 and self.vae_decoder is None:
             kwargs["output_type"] = "latent"
         out = self.pipe(*args, **kwargs)
         if self._state.pending is not None:
@@ -393,7 +436,8 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
                 ring_degree: int | None = None, dtype: str = "bf16", weights_dtype: str = "auto",
                 shard_weights: bool = False, group_size: int = 0, cache_ratio: float = 1.0,
                 output_on: str = "rank0", cfg_parallel: bool = False, step_cache: str = "none",
-                wire: str = "auto", backend: str = "cpu", batch_prompts: bool = False) -> ParallelPipeline:
+                wire: str = "auto", backend: str = "cpu", batch_prompts: bool = False,
+                vae: str = "replicated") -> ParallelPipeline:
     """Runs ``pipe``'s transformer across the ranks of ``comm`` with diffcp.
 
     Args:
@@ -423,13 +467,41 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
             (prompts of one text length together); off: each prompt is a pass of its own. Equal
             within float32 rounding (the GEMMs see more rows); V-Major's and the step cache's
             decisions then cover the whole batch.
+        vae: ``replicated`` (every rank holds the pipeline's VAE; with ``output_on="rank0"`` only rank 0
+            decodes) | ``patch``: Wan's video VAE (AutoencoderKLWan) decodes patch-parallel, the latent's
+            rows split over the ranks with the convolutions' halos exchanged (:mod:`diffcp.vae`); every
+            rank takes part and gets the decoded video.
     """
     _core.check_backend(str(backend))
-    import torch
     comm, comm_kind = _world(comm)
     if output_on not in ("rank0", "all"):
         raise ValueError(f"output_on '{output_on}': expected rank0 or all")
-    transformer = getattr(pipe, "transformer", None)
+    if vae not in ("replicated", "patch"):
+        raise ValueError(f"vae '{vae}': expected replicated or patch")
+    transformers = [getattr(pipe, "transformer", None)]
+    if getattr(pipe, "transformer_2", None) is not None:  # Wan 2.2 A14B: the low-noise expert
+        transformers.append(pipe.transformer_2)
+    vae_decoder = None
+    if vae == "patch":  # checked before any collective: every rank fails alike
+        from .vae import PatchParallelDecoder
+        vae_decoder = PatchParallelDecoder(getattr(pipe, "vae", None), comm)
+    runs = [_parallelize_transformer(t, comm, comm_kind, mode, ulysses_degree, ring_degree, dtype, weights_dtype,
+                                      shard_weights, group_size, cache_ratio, cfg_parallel, step_cache, wire)
+            for t in transformers]
+    cores = [core for core, _ in runs]
+    state = _StepState(bool(cfg_parallel), bool(batch_prompts))
+    for t, core in zip(transformers, cores):
+        t.forward = _FORWARDS[type(t).__name__](core, state)  # nn.Module.__call__ calls self.forward
+    if vae_decoder is not None:
+        pipe.vae.decode = vae_decoder.decode  # WanPipeline calls self.vae.decode(latents, return_dict=False)
+    return ParallelPipeline(pipe, cores, state, runs[0][1], output_on, vae_decoder, [dup for _, dup in runs])
+
+
+def _parallelize_transformer(transformer, comm, comm_kind, mode, ulysses_degree, ring_degree, dtype, weights_dtype,
+                             shard_weights, group_size, cache_ratio, cfg_parallel, step_cache, wire):
+    """A diffcp session for one of the pipeline's transformers (collective over comm) and the communicator
+    it runs on (the caller keeps it alive); torch's weights freed."""
+    import torch
     name = type(transformer).__name__
     if name not in SUPPORTED_TRANSFORMERS:
         raise NotImplementedError(f"diffcp.diffusers: transformer {name} is not supported "
@@ -458,6 +530,4 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     with torch.no_grad():  # the weights live in diffcp now: drop torch's copies (dtype and device stay)
         for p in params:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-    state = _StepState(bool(cfg_parallel), bool(batch_prompts))
-    transformer.forward = _FORWARDS[name](core, state)  # nn.Module.__call__ calls self.forward
-    return ParallelPipeline(pipe, core, state, dup, output_on)
+    return core, dup

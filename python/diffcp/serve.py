@@ -490,7 +490,11 @@ def main(argv=None) -> int:
     else:
         signal.signal(signal.SIGUSR1, lambda *a: None)  # rank 0 decides; mpirun forwards it to all
     try:
-        pipe = dd.parallelize(_pipeline(args), comm=comm, mode=args.mode, dtype=args.dtype,
+        pipe = _pipeline(args)
+        if type(getattr(pipe, "transformer", None)).__name__ == "WanTransformer3DModel":
+            raise NotImplementedError("a video pipeline (WanPipeline) is not served: the server speaks the OpenAI "
+                                      "images API")
+        pipe = dd.parallelize(pipe, comm=comm, mode=args.mode, dtype=args.dtype,
                               weights_dtype=args.weights_dtype, shard_weights=args.shard_weights,
                               cfg_parallel=args.cfg_parallel, step_cache=args.step_cache, wire=args.wire,
                               ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,

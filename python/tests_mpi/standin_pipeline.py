@@ -53,6 +53,48 @@ class Flux2Transformer2DModel(FluxTransformer2DModel):
     """The stand-in under FLUX.2's class name."""
 
 
+class WanTransformer3DModel(FluxTransformer2DModel):
+    """The stand-in under Wan's class name."""
+
+
+class WanPipeline:
+    """WanPipeline's call, reduced: the latent video [B, C, F, H/8, W/8], Euler over sigmas 1 .. 1/K (then
+    0), timestep = 1000 sigma, classifier-free guidance as two transformer calls a step (the prompt's,
+    then the negative prompt's: guidance_scale > 1), Wan 2.2 A14B's two experts switched at
+    boundary_ratio (transformer above 1000 boundary_ratio, transformer_2 below). The text is the
+    prompt's seeded rows (FluxPipeline.encode); output_type "latent": frames = the latent."""
+
+    def __init__(self, transformer, transformer_2=None, boundary_ratio=None, text_tokens: int = 6):
+        self.transformer, self.transformer_2, self.boundary_ratio = transformer, transformer_2, boundary_ratio
+        self.text_dim, self.channels = transformer.config.text_dim, transformer.config.in_channels
+        self.text_tokens = text_tokens
+
+    def encode(self, prompt: str):
+        seed = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "little")
+        return torch.randn(self.text_tokens, self.text_dim, generator=torch.Generator("cpu").manual_seed(seed))
+
+    def __call__(self, prompt, negative_prompt=None, height: int = 48, width: int = 64, num_frames: int = 9,
+                 num_inference_steps: int = 4, guidance_scale: float = 5.0, generator=None, output_type: str = "latent"):
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        B, F = len(prompts), (num_frames - 1) // 4 + 1
+        x = torch.randn((B, self.channels, F, height // 8, width // 8), generator=generator)
+        pos = torch.stack([self.encode(p) for p in prompts])
+        neg = torch.stack([self.encode(negative_prompt or "")] * B)
+        sigmas = [1 - k / num_inference_steps for k in range(num_inference_steps)] + [0.0]
+        for i in range(num_inference_steps):
+            t = torch.full((B,), 1000.0 * sigmas[i])
+            model = self.transformer
+            if self.boundary_ratio is not None and 1000.0 * sigmas[i] < 1000.0 * self.boundary_ratio:
+                model = self.transformer_2
+            v = model(hidden_states=x, timestep=t, encoder_hidden_states=pos, attention_kwargs=None, return_dict=False)[0]
+            if guidance_scale > 1:
+                u = model(hidden_states=x, timestep=t, encoder_hidden_states=neg, attention_kwargs=None,
+                          return_dict=False)[0]
+                v = u + guidance_scale * (v - u)
+            x = x + (sigmas[i + 1] - sigmas[i]) * v
+        return SimpleNamespace(frames=x)
+
+
 class FluxPipeline:
     """FluxPipeline's call, reduced: Euler over sigmas 1 .. 1/T (then 0), FLUX's 2 x 2 packing;
     DIFFCP_STANDIN_TEXT_TOKENS text tokens per prompt (default 8)."""

@@ -22,7 +22,8 @@ torch = pytest.importorskip("torch")
 
 import diffcp.diffusers  # noqa: E402
 from standin_pipeline import (Flux2Transformer2DModel, FluxTransformer2DModel,  # noqa: E402
-                              QwenImageTransformer2DModel, SD3Transformer2DModel)
+                              QwenImageTransformer2DModel, SD3Transformer2DModel, WanPipeline,
+                              WanTransformer3DModel)
 
 COMM = MPI.COMM_WORLD
 P, RANK = COMM.Get_size(), COMM.Get_rank()
@@ -378,3 +379,79 @@ def test_cfg_parallel_keeps_each_pair_of_a_step_apart():
         for c in range(2):
             close(par[c], seq[c], 1e-4, f"step {k} call {c}")
     d.cleanup()
+
+
+WAN = _reference_module("wan_reference")
+
+
+def _wan_folder(seed: int) -> tempfile.TemporaryDirectory:
+    """tools/wan_reference.py make: 2 blocks, 4 heads x 12, 4 latent channels (a temporary directory)."""
+    d = tempfile.TemporaryDirectory()
+    subprocess.run([sys.executable, str(ROOT / "tools" / "wan_reference.py"), "make", "--out", d.name, "--seed", str(seed)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return d
+
+
+class _WanReference(torch.nn.Module):
+    """A transformer whose forward is tools/wan_reference.py's float64 NumPy model (WanPipeline's call)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        a, w, _ = WAN.load_folder(path)
+        self.m = WAN.WanRef(a, w)
+        self.config = SimpleNamespace(**{k: v for k, v in a.items()})
+
+    def forward(self, hidden_states, timestep, encoder_hidden_states, attention_kwargs=None, return_dict=True):
+        v = self.m.forward(hidden_states.double().numpy(), encoder_hidden_states.double().numpy(),
+                           float(timestep[0]) / 1000.0)
+        return (torch.from_numpy(v.astype(np.float32)),)
+
+
+@pytest.mark.parametrize("mode", ["flat", "tapa", "vfirst", "cocodiff"])
+def test_wan_forward_equals_numpy_reference(mode):
+    # WanPipeline's call: the latent video [B, C, F, H/8, W/8] (2 frames of 6 x 10: 30 tokens, which P = 4
+    # divides not), timestep = 1000 sigma, the text cross-attended on every rank; two videos of a prompt.
+    d = _wan_folder(3)
+    rng = np.random.default_rng(31)
+    lat = rng.standard_normal((2, 4, 2, 6, 10)).astype(np.float32)
+    enc = np.repeat(rng.standard_normal((1, 7, 32)).astype(np.float32), 2, 0)
+    pipe = SimpleNamespace(transformer=WanTransformer3DModel(Path(d.name)))
+    par = diffcp.diffusers.parallelize(pipe, mode=mode, dtype="f32", weights_dtype="f32", cache_ratio=0.0)
+    assert pipe.transformer.w.numel() == 0
+    par._state.reset(2)
+    got = pipe.transformer(hidden_states=torch.from_numpy(lat), timestep=torch.full((2,), 700.0),
+                           encoder_hidden_states=torch.from_numpy(enc), attention_kwargs=None, return_dict=False)[0]
+    assert tuple(got.shape) == lat.shape
+    want = _WanReference(Path(d.name))(torch.from_numpy(lat), torch.full((2,), 700.0), torch.from_numpy(enc))[0]
+    close(got.numpy(), want.numpy(), 1e-4, mode)
+    with pytest.raises(NotImplementedError, match="image-to-video"):
+        pipe.transformer(hidden_states=torch.from_numpy(lat), timestep=torch.full((2,), 700.0),
+                         encoder_hidden_states=torch.from_numpy(enc), encoder_hidden_states_image=torch.zeros(2, 3, 8),
+                         return_dict=False)
+    with pytest.raises(ValueError, match="expected even sides"):
+        pipe.transformer(hidden_states=torch.from_numpy(lat[..., :5]), timestep=torch.full((2,), 700.0),
+                         encoder_hidden_states=torch.from_numpy(enc), return_dict=False)
+    d.cleanup()
+
+
+@pytest.mark.parametrize("cfg_parallel", [False, True])
+def test_wan_pipeline_with_two_experts_equals_numpy_reference(cfg_parallel):
+    # WanPipeline as Wan 2.2 A14B runs it: the high-noise expert above t = 500, the low-noise expert
+    # (transformer_2) below, classifier-free guidance as two calls a step (cfg_parallel: the pair at
+    # once on two halves of the ranks, an even P). Both experts parallel, each against its reference.
+    if cfg_parallel and P % 2:
+        pytest.skip("cfg_parallel needs an even P")
+    hi, lo = _wan_folder(4), _wan_folder(5)
+    pipe = WanPipeline(WanTransformer3DModel(Path(hi.name)), WanTransformer3DModel(Path(lo.name)), boundary_ratio=0.5)
+    par = diffcp.diffusers.parallelize(pipe, mode="tapa", dtype="f32", weights_dtype="f32", cfg_parallel=cfg_parallel)
+    assert len(par.cores) == 2 and pipe.transformer_2.w.numel() == 0
+    kw = dict(prompt="a boat", height=48, width=80, num_frames=5, num_inference_steps=4, guidance_scale=4.0)
+    got = par(generator=torch.Generator().manual_seed(2), **kw).frames
+    ref = WanPipeline(_WanReference(Path(hi.name)), _WanReference(Path(lo.name)), boundary_ratio=0.5)
+    want = ref(generator=torch.Generator().manual_seed(2), **kw).frames
+    assert tuple(got.shape) == (1, 4, 2, 6, 10)
+    close(got.numpy(), want.numpy(), 1e-4, f"A14B pipeline, cfg_parallel {cfg_parallel}")
+    one = WanPipeline(_WanReference(Path(hi.name)))  # the low-noise expert mattered
+    assert np.abs(one(generator=torch.Generator().manual_seed(2), **kw).frames.numpy() - want.numpy()).max() > 1e-2
+    hi.cleanup()
+    lo.cleanup()

@@ -257,19 +257,21 @@ DitReport DitSession::report(const DitGeneration& g, const DitRun& run) {
 }
 
 DitShape DitSession::velocity_shape(const std::vector<std::int64_t>& x, std::int64_t height, std::int64_t width,
-                                    const std::vector<std::int64_t>& txt, std::int64_t pooled) const {
+                                    const std::vector<std::int64_t>& txt, std::int64_t pooled,
+                                    std::int64_t frames) const {
   const DitConfig& c = run_.model;
-  DIFFCP_CHECK(c.family != DitFamily::wan, "velocity: a video model (wan) is not supported through this call (its latent ",
-               "frames); run it with `diffcp dit`");
+  DIFFCP_CHECK(frames == 1 || c.family == DitFamily::wan, "velocity: ", frames, " latent frames, but ",
+               dit_family_name(c.family), " is an image model (one frame)");
   const bool per_image = txt.size() == 3;
   DIFFCP_CHECK(x.size() == 3 && (txt.size() == 2 || (per_image && txt[0] == x[0])) && txt.back() == c.text_dim &&
                    x[2] == c.in_channels(),
                "velocity: x must be [b, N_img, ", c.in_channels(), "] and txt [T, ", c.text_dim, "] or [b, T, ", c.text_dim,
                "], got ", shape_str(x), " and ", shape_str(txt));
-  const DitShape shape{x[0], width, height, txt[txt.size() - 2]};
+  const DitShape shape{x[0], width, height, txt[txt.size() - 2], frames};
   shape.validate();
-  DIFFCP_CHECK(x[1] == shape.image_tokens(), "velocity: ", x[1], " image tokens, a ", width, "x", height, " image has ",
-               shape.image_tokens());
+  DIFFCP_CHECK(x[1] == shape.image_tokens(), "velocity: ", x[1], " image tokens, ",
+               frames == 1 ? "a " : std::to_string(frames) + " frames of ", width, "x", height,
+               frames == 1 ? " image has " : " have ", shape.image_tokens());
   const std::int64_t want = per_image ? x[0] * c.pooled_dim : c.pooled_dim;
   DIFFCP_CHECK(pooled == want, "velocity: pooled has ", pooled, " values, expected ", want,
                per_image ? " (one pooled vector per image with per-image text)" : "");
@@ -282,7 +284,7 @@ DitSession::Pass& DitSession::pass_run(int key, const DitShape& shape, Communica
   Pass& r = *slot;
   const DitShape& s = r.model ? r.model->shape() : DitShape{};
   if (r.model && s.batch == shape.batch && s.width == shape.width && s.height == shape.height &&
-      s.text_tokens == shape.text_tokens)
+      s.text_tokens == shape.text_tokens && s.frames == shape.frames)
     return r;
   r.model.reset();  // the model uses the exchange: destroyed first
   if (r.exchange) retired_ += r.exchange->stats();
@@ -341,8 +343,9 @@ std::array<std::vector<float>, 2> DitSession::velocity_pair(int pair, const DitS
                                                             double guidance, int step, int steps) {
   DIFFCP_CHECK(groups_ != nullptr, "velocity_pair: this session was made without `cfg_parallel`");
   DIFFCP_CHECK(pair >= 0 && pair < kPairKey / 2, "velocity_pair: pair index ", pair, " out of range");
-  DIFFCP_CHECK(s0.batch == s1.batch && s0.width == s1.width && s0.height == s1.height, "velocity_pair: the two passes ",
-               "have ", s0.batch, " and ", s1.batch, " images of ", s0.width, "x", s0.height, " and ", s1.width, "x", s1.height);
+  DIFFCP_CHECK(s0.batch == s1.batch && s0.width == s1.width && s0.height == s1.height && s0.frames == s1.frames,
+               "velocity_pair: the two passes have ", s0.batch, " and ", s1.batch, " images of ", s0.frames, " x ", s0.width,
+               "x", s0.height, " and ", s1.frames, " x ", s1.width, "x", s1.height);
   const int q = groups_->pass();
   const auto& in = q == 0 ? in0 : in1;
   Pass& r = pass_run(kPairKey + 2 * pair + q, q == 0 ? s0 : s1, *groups_->group);

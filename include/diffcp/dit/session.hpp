@@ -155,7 +155,7 @@ class DitSession {
   // world (every rank calls it with the same shapes in the same order). Pass `pass` keeps its own
   // exchange and model (V-Major's caches, the step cache restarted at step 0), rebuilt when its
   // shape changes.
-  //   x: [b, N_img, C_in] the latent tokens (every rank the same)
+  //   x: [b, N_img, C_in] the latent tokens (every rank the same; a video's frame-major, N_img = F g_h g_w)
   //   txt: [T, text_dim] shared by the b images, or [b, T, text_dim] each image's own (a batch of prompts)
   //   pooled: [pooled_dim], or [b, pooled_dim] with per-image text (empty in families without one)
   //   -> [b, N_img, C_in] the velocity, on every rank
@@ -173,10 +173,11 @@ class DitSession {
   // This rank's exchange counters over every velocity call so far (every pass, rebuilt ones too).
   ExchangeStats exchange_stats() const;
 
-  // Checks a velocity call's shapes: x [b, N_img, C_in] of a height x width image, txt [T, text_dim]
-  // or [b, T, text_dim], pooled [pooled_dim] (with per-image text: [b, pooled_dim]) -> the shape. Local.
+  // Checks a velocity call's shapes: x [b, N_img, C_in] of `frames` latent frames (1: an image) of
+  // height x width pixels, txt [T, text_dim] or [b, T, text_dim], pooled [pooled_dim] (with per-image
+  // text: [b, pooled_dim]) -> the shape. Local.
   DitShape velocity_shape(const std::vector<std::int64_t>& x, std::int64_t height, std::int64_t width,
-                          const std::vector<std::int64_t>& txt, std::int64_t pooled) const;
+                          const std::vector<std::int64_t>& txt, std::int64_t pooled, std::int64_t frames = 1) const;
 
  private:
   struct Pass;
