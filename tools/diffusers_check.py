@@ -113,7 +113,7 @@ def save_pipeline(model, scheduler: FlowMatchEulerDiscreteScheduler, root: Path,
     model.to(torch.float64)
     scheduler.save_pretrained(root / "scheduler")
     (root / "model_index.json").write_text(json.dumps(
-        {"_class_name": pipeline, "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+        {"_class_name": pipeline, "scheduler": ["diffusers", type(scheduler).__name__],
          "transformer": ["diffusers", type(model).__name__]}))
 
 
@@ -235,13 +235,20 @@ def run_case(a, family: str, model, root: Path, inputs: dict, P: int, mode: str,
     if len(ts) != len(want_ts) or np.abs(np.array(ts) - want_ts).max() > 1e-6:  # diffusers' sigmas are float32
         raise RuntimeError(f"timesteps {ts} differ from the pipeline's {want_ts.tolist()}")
     x = torch.from_numpy(np.load(inputs["noise"]).astype(np.float64))
+    sched = inputs["scheduler"]
+    unipc = type(sched).__name__ == "UniPCMultistepScheduler"  # set_timesteps ran in pipeline_sigmas: a fresh state
     errs = []
     for k in range(steps):
         got = torch.from_numpy(np.load(dump / f"velocity_{k}.npy").astype(np.float64))
+        # UniPC: the pipeline calls the transformer at the scheduler's int64 timestep
+        t_model = float(sched.timesteps[k]) / 1000.0 if unipc else ts[k]
         with torch.no_grad():
-            want = diffusers_velocity(family, model, x, inputs, ts[k], guidance)
+            want = diffusers_velocity(family, model, x, inputs, t_model, guidance)
         errs.append(float((got - want).abs().max() / want.abs().max().clamp_min(1e-30)))
-        x = x + (ts[k + 1] - ts[k]) * got  # diffcp's own trajectory: x_{k+1}
+        if unipc:  # diffusers' own UniPC step on diffcp's velocity: diffcp's update must land where it does
+            x = sched.step(got, sched.timesteps[k], x, return_dict=False)[0]
+        else:
+            x = x + (ts[k + 1] - ts[k]) * got  # diffcp's own trajectory: x_{k+1}
     return errs
 
 
@@ -252,13 +259,16 @@ CASES = [("flux1", "FLUX.1-schnell-like", None, 3), ("flux1", "FLUX.1-dev-like (
          ("flux2", "FLUX.2-dev-like (guidance_embeds, guidance 4)", 4.0, 13), ("flux2", "FLUX.2, no guidance embedding", None, 17),
          ("sd3", "SD3.5-large-like, CFG 7 (negative prompt)", 7.0, 19), ("sd3", "SD3.5-large-like, guidance 1", 1.0, 23),
          ("wan", "Wan 2.1-like, CFG 5 (negative prompt)", 5.0, 29), ("wan", "Wan, 6 heads, 20 tokens, CFG 5", 5.0, 31),
-         ("wan", "Wan, cross_attn_norm false, guidance 1", 1.0, 37)]
+         ("wan", "Wan, cross_attn_norm false, guidance 1", 1.0, 37),
+         ("wan", "Wan, UniPC (Wan's folder scheduler), CFG 5", 5.0, 41)]
 # Wan's cases by name: heads, cross_attn_norm, (latent frames, width, height in px), steps, and the (P, mode)
 # runs in place of --np x --modes (those of them that --np and --modes list). The 6-head case has
 # 2 x (80/16) x (32/16) = 20 tokens, which P = 3 does not divide.
 WAN = {"Wan 2.1-like, CFG 5 (negative prompt)": (4, True, (3, 64, 48), 3, [(1, "flat"), (2, "tapa")]),
        "Wan, 6 heads, 20 tokens, CFG 5": (6, True, (2, 32, 80), 2, [(3, "vfirst"), (3, "cocodiff")]),
-       "Wan, cross_attn_norm false, guidance 1": (4, False, (3, 64, 48), 3, [(2, "flat")])}
+       "Wan, cross_attn_norm false, guidance 1": (4, False, (3, 64, 48), 3, [(2, "flat")]),
+       "Wan, UniPC (Wan's folder scheduler), CFG 5": (4, True, (3, 64, 48), 5, [(1, "flat"), (2, "tapa"),
+                                                                              (3, "vfirst")])}
 
 
 def build_case(family: str, name: str, guidance: float | None, seed: int, root: Path):
@@ -268,6 +278,10 @@ def build_case(family: str, name: str, guidance: float | None, seed: int, root: 
         heads, cross_attn_norm, (inputs["frames"], inputs["width"], inputs["height"]), inputs["steps"], _ = WAN[name]
         model = tiny_wan(heads, cross_attn_norm, seed)
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False)  # Wan 2.1 T2V's flow shift
+        if "UniPC" in name:  # what Wan2.1-T2V-*-Diffusers/scheduler holds
+            from diffusers import UniPCMultistepScheduler
+            scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0,
+                                                num_train_timesteps=1000, solver_order=2)
         save_pipeline(model, scheduler, root, "WanPipeline")
         np.save(inputs["neg"], rng.standard_normal((NEG_TOKENS, 32)).astype(np.float32))
         inputs["neg_t"] = torch.from_numpy(np.load(inputs["neg"]).astype(np.float64))[None]

@@ -143,16 +143,19 @@ def check_dump_timesteps(dump: Path, steps: int, velocity_shape: tuple, sigmas: 
     return ok
 
 
-def check_sampler_run(dump: Path, x: np.ndarray, sigmas: list[float], velocity, tol: float, label: str) -> int:
+def check_sampler_run(dump: Path, x: np.ndarray, sigmas: list[float], velocity, tol: float, label: str,
+                      step=None, model_sigmas: list[float] | None = None) -> int:
     """The check of a dumped sampler run: its timesteps, then every step's reference velocity(x, sigma)
-    on the reference's own Euler trajectory from the noise x, against the dump; prints PASS / FAIL
-    (`label`: the guidance) and returns the exit code (0 pass, 1 mismatch)."""
+    on the reference's own trajectory from the noise x (Euler; or step(k, x, v) -> the next x, with the
+    model called at model_sigmas[k]), against the dump; prints PASS / FAIL (`label`: the guidance) and
+    returns the exit code (0 pass, 1 mismatch)."""
     steps = len(sigmas) - 1
     ok = check_dump_timesteps(dump, steps, x.shape, sigmas)
     for k in range(steps):
-        v = velocity(x, sigmas[k])
-        ok &= compare_step(dump, k, sigmas[k], v, tol)
-        x = x + (sigmas[k + 1] - sigmas[k]) * v
+        t = sigmas[k] if model_sigmas is None else model_sigmas[k]
+        v = velocity(x, t)
+        ok &= compare_step(dump, k, t, v, tol)
+        x = x + (sigmas[k + 1] - sigmas[k]) * v if step is None else step(k, x, v)
     print(f"{'PASS' if ok else 'FAIL'} ({steps} steps, {label}, tol {tol:g})")
     return 0 if ok else 1
 

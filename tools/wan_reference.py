@@ -24,8 +24,11 @@ D = heads * head_dim.
           LayerNorm with weight + bias when cross_attn_norm, else the identity
   out  = unpatchify(proj_out(LN(x) (1 + scale) + shift))          shift, scale = table[2] + temb
   CFG  = uncond + g (cond - uncond)                               (WanPipeline, g > 1)
+  sampler: FlowMatchEulerDiscreteScheduler (Euler), or UniPCMultistepScheduler's flow configuration
+          (Wan's folders: class UniPC below, written from the UniPC paper's update as diffusers runs it)
 
   wan_reference.py make   --out DIR [--dtype f32|bf16|f16] [--shards N] [--layers L] [--heads N]
+                          [--scheduler euler|unipc] [--solver-order P]
                           [--head-dim D] [--ffn M] [--channels C] [--text-dim E] [--text-tokens T]
                           [--neg-tokens T2] [--frames F] [--width W] [--height H] [--seed S]
                           [--no-cross-attn-norm]
@@ -59,6 +62,11 @@ DEFAULTS = {"patch_size": [1, 2, 2], "num_attention_heads": 40, "attention_head_
             "added_kv_proj_dim": None, "rope_max_seq_len": 1024, "pos_embed_seq_len": None}
 SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0,
              "use_dynamic_shifting": False}
+# What Wan's folders ship (Wan2.1-T2V-*-Diffusers/scheduler): UniPC in its flow-matching configuration.
+UNIPC = {"_class_name": "UniPCMultistepScheduler", "num_train_timesteps": 1000, "flow_shift": 3.0,
+         "prediction_type": "flow_prediction", "use_flow_sigmas": True, "predict_x0": True, "solver_order": 2,
+         "solver_type": "bh2", "lower_order_final": True, "final_sigmas_type": "zero", "disable_corrector": [],
+         "thresholding": False, "use_karras_sigmas": False, "solver_p": None, "timestep_spacing": "linspace"}
 
 
 def read_config(c: dict, where: str) -> dict:
@@ -215,6 +223,88 @@ def wan_sigmas(sched: dict, steps: int) -> list[float]:
     return [float(v) for v in shifted(np.linspace(shifted(1.0), shifted(1.0 / n), steps))] + [0.0]
 
 
+def unipc_schedule(sched: dict, steps: int) -> tuple[list[float], list[float]]:
+    """UniPCMultistepScheduler.set_timesteps(steps) with flow sigmas: (the update's sigmas, float32 as
+    the scheduler holds them, then 0; the sigma each transformer call sees: its int64 timestep / 1000)."""
+    bad = {k: sched.get(k) for k in ("use_dynamic_shifting", "shift_terminal", "thresholding", "use_karras_sigmas",
+                                     "use_exponential_sigmas", "use_beta_sigmas", "solver_p") if sched.get(k)}
+    if bad or sched.get("prediction_type") != "flow_prediction" or not sched.get("use_flow_sigmas") \
+            or not sched.get("predict_x0", True) or sched.get("disable_corrector") or \
+            sched.get("final_sigmas_type", "zero") != "zero":
+        raise InputError(f"scheduler UniPCMultistepScheduler: the reference models its flow configuration (x0 "
+                         f"prediction, final sigma 0, every step corrected), not {bad or sched}")
+    n, shift = sched.get("num_train_timesteps", 1000), sched.get("flow_shift", 1.0)
+    u = np.linspace(1.0, 1.0 / n, steps + 1)[:-1]
+    sig = shift * u / (1 + (shift - 1) * u)
+    if abs(sig[0] - 1) < 1e-6:
+        sig[0] -= 1e-6
+    return ([float(np.float32(v)) for v in sig] + [0.0], [float(np.trunc(v * n)) / 1000.0 for v in sig])
+
+
+class UniPC:
+    """The UniPC-bh multistep solver (Zhao et al. 2023, "UniPC", with x0 = x - sigma v): predictor
+    x_{k+1} = (s_{k+1} / s_k) x_k - a_{k+1} (e^{-h} - 1) m_k - a_{k+1} B(h) sum_i rho_i D_i, D_i = (m_{k-i}
+    - m_k) / r_i, r_i = (lambda_{k-i} - lambda_k) / h; the corrector redoes x_k with m_k's own difference
+    (weight rho_p) once the model has seen x_k. lambda = log(a / s), a = 1 - s; rho from R rho = b, R_ij =
+    r_j^i, b_i = i! phi_{i+1}(-h) / B(h) (the predictor of order 2 takes rho = 1/2; the corrector of order 1
+    rho = 1/2); order min(solver_order, steps done + 1, steps left) (lower_order_final)."""
+
+    def __init__(self, sched: dict, sigmas: list[float]):
+        self.order, self.bh2 = sched.get("solver_order", 2), sched.get("solver_type", "bh2") == "bh2"
+        self.low_final = sched.get("lower_order_final", True)
+        self.s = np.asarray(sigmas, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            self.lam = np.log(1 - self.s) - np.log(self.s)
+        self.m: list[np.ndarray] = []  # newest first
+        self.prev_x, self.prev_p = None, 0
+
+    def system(self, h: float, r: list[float], p: int):
+        hh = -h
+        phi = np.expm1(hh)
+        B = np.expm1(hh) if self.bh2 else hh
+        rr = np.array(r + [1.0])
+        R = np.stack([rr ** i for i in range(p)])
+        b, hk, fact = [], phi / hh - 1, 1.0
+        for i in range(1, p + 1):
+            b.append(hk * fact / B)
+            fact *= i + 1
+            hk = hk / hh - 1 / fact
+        return R, np.array(b), phi, B
+
+    def combine(self, x, k_from: int, k_to: int, m0, older, rho, extra=None):
+        s0, st = self.s[k_from], self.s[k_to]
+        h = self.lam[k_to] - self.lam[k_from]
+        at = 1 - st
+        _, _, phi, B = self.system(h, [], 1)
+        out = (st / s0) * x - at * phi * m0
+        res = sum(w * (mi - m0) / ri for w, (mi, ri) in zip(rho, older)) if older else 0.0
+        if extra is not None:
+            res = res + extra[0] * (extra[1] - m0)
+        return out - at * B * res
+
+    def step(self, k: int, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+        K = len(self.s) - 1
+        m_new = x - self.s[k] * v
+        if k > 0 and self.m:  # corrector of x_k (order of the last predictor)
+            p = self.prev_p
+            h = self.lam[k] - self.lam[k - 1]
+            r = [(self.lam[k - 1 - i] - self.lam[k - 1]) / h for i in range(1, p)]
+            R, b, _, _ = self.system(h, r, p)
+            rho = np.array([0.5]) if p == 1 else np.linalg.solve(R, b)
+            older = [(self.m[i], r[i - 1]) for i in range(1, p)]
+            x = self.combine(self.prev_x, k - 1, k, self.m[0], older, rho[:-1], (rho[-1], m_new))
+        self.m = [m_new] + self.m[:self.order - 1]
+        p = min(self.order, K - k) if self.low_final else self.order
+        p = min(p, len(self.m))
+        self.prev_x, self.prev_p = x, p
+        h = self.lam[k + 1] - self.lam[k]
+        r = [(self.lam[k - i] - self.lam[k]) / h for i in range(1, p)]
+        R, b, _, _ = self.system(h, r, p)
+        rho = [] if p == 1 else [0.5] if p == 2 else list(np.linalg.solve(R[:-1, :-1], b[:-1]))
+        older = [(self.m[i], r[i - 1]) for i in range(1, p)]
+        return self.combine(x, k, k + 1, self.m[0], older, rho)
+
+
 def load_folder(path: Path, header_only: bool = False) -> tuple[dict, dict[str, np.ndarray], dict | None]:
     a, w, sched = load_pipeline(path, read_config, weight_shapes, header_only)
     return a, w, json.loads(sched.read_text()) if sched else None
@@ -234,8 +324,9 @@ def cmd_make(a: argparse.Namespace) -> int:
         return 2
     tensors = random_tensors(weight_shapes(p), a.seed)
     out, dtype = Path(a.out), a.dtype.upper()
+    sched = SCHEDULER if a.scheduler == "euler" else {**UNIPC, "solver_order": a.solver_order}
     try:
-        write_pipeline(out, cfg, "WanPipeline", SCHEDULER, tensors, dtype, a.shards, read_config, weight_shapes)
+        write_pipeline(out, cfg, "WanPipeline", sched, tensors, dtype, a.shards, read_config, weight_shapes)
     except InputError as e:
         print(f"make: {e}", file=sys.stderr)
         return 1
@@ -270,8 +361,13 @@ def cmd_check(a: argparse.Namespace) -> int:
             return v
         vu = model.forward(x, np.repeat(neg, B, 0), s)
         return vu + a.guidance * (v - vu)
-    return check_sampler_run(Path(a.dump), x, wan_sigmas(sched, a.steps), velocity, a.tol,
-                             f"CFG {a.guidance}" if cfg else "no CFG")
+    label = f"CFG {a.guidance}" if cfg else "no CFG"
+    if sched.get("_class_name") == UNIPC["_class_name"]:
+        sigmas, model_sigmas = unipc_schedule(sched, a.steps)
+        solver = UniPC(sched, sigmas)
+        return check_sampler_run(Path(a.dump), x, sigmas, velocity, a.tol, label + f", UniPC order {solver.order}",
+                                 step=solver.step, model_sigmas=model_sigmas)
+    return check_sampler_run(Path(a.dump), x, wan_sigmas(sched, a.steps), velocity, a.tol, label)
 
 
 def cmd_header(a: argparse.Namespace) -> int:
@@ -289,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
                           ("height", 48), ("seed", 0)):
         m.add_argument(f"--{name}", type=int, default=default)
     m.add_argument("--no-cross-attn-norm", action="store_true", help="cross_attn_norm false (norm2 the identity)")
+    m.add_argument("--scheduler", choices=["euler", "unipc"], default="euler",
+                   help="the folder's scheduler: FlowMatchEulerDiscreteScheduler, or UniPC as Wan's folders ship it")
+    m.add_argument("--solver-order", type=int, default=2, help="UniPC's solver_order")
     c = sub.add_parser("check", help="compare diffcp's dumped sampler run with the reference")
     for name in ("weights", "txt", "noise", "dump"):
         c.add_argument(f"--{name}", required=True)

@@ -91,7 +91,9 @@ class _Forward:
         guidance's negative half of SD3's batch, or Qwen-Image's second call of a step) is another
         pass, with its own V-Major caches."""
         import torch
-        step = self.state.step_of(t)
+        # The step within this transformer's run: Wan 2.2 A14B's low-noise expert starts at the boundary,
+        # and its V-Major caches and step cache must start afresh there (its own step 0).
+        step, steps = self.state.local(id(self), self.state.step_of(t))
         out = np.empty_like(x)
         groups: list[list[int]] = []
         for i in range(x.shape[0]):
@@ -112,7 +114,7 @@ class _Forward:
             # per half of the ranks; each pair of a step keeps its own caches (pair index).
             pair = state.next_pass() // 2
             state.next_pass()
-            v = self.core.velocity_pair(*passes[0], *passes[1], 16 * gh, 16 * gw, t, g, step, state.steps, pair, frames)
+            v = self.core.velocity_pair(*passes[0], *passes[1], 16 * gh, 16 * gw, t, g, step, steps, pair, frames)
             out[groups[0]], out[groups[1]] = v[0], v[1]
             return out
         if state.cfg_parallel and state.two_calls and len(groups) == 1 and (state.passes == 0 or state.pending):
@@ -127,7 +129,7 @@ class _Forward:
             first = state.pending
             state.pending = None
             pair = state.next_pass() // 2
-            v = self.core.velocity_pair(*first["inputs"], *passes[0], 16 * gh, 16 * gw, t, g, step, state.steps, pair,
+            v = self.core.velocity_pair(*first["inputs"], *passes[0], 16 * gh, 16 * gw, t, g, step, steps, pair,
                                         frames)
             first["out"][...] = v[0]
             if first["sample"] is not None:
@@ -145,11 +147,11 @@ class _Forward:
                 pooled_b = (np.ascontiguousarray(np.stack([_f32(pooled[i]) for i in idx])) if pooled is not None
                             else np.zeros(0, np.float32))
                 out[idx] = self.core.velocity(np.ascontiguousarray(x[idx]), 16 * gh, 16 * gw, txt_b, pooled_b, t, g,
-                                              state.next_pass(), step, state.steps, frames)
+                                              state.next_pass(), step, steps, frames)
             return out
         for grp, pas in zip(groups, passes):
             out[grp] = self.core.velocity(pas[0], 16 * gh, 16 * gw, pas[1], pas[2], t, g, state.next_pass(), step,
-                                          state.steps, frames)
+                                          steps, frames)
         return out
 
     @staticmethod
@@ -337,6 +339,9 @@ class _WanForward(_Forward):
         # [B, C, F, 2gh, 2gw] -> tokens [B, F gh gw, 4C], channels (c, ph, pw) (dit/sampler.hpp pack_latent)
         x = _f32(hidden_states).reshape(B, C, F, gh, 2, gw, 2).transpose(0, 2, 3, 5, 1, 4, 6).reshape(B, F * gh * gw,
                                                                                                       4 * C)
+        if timestep is not None and timestep.dim() == 2 and not bool((timestep == timestep.reshape(-1)[0]).all()):
+            raise NotImplementedError("diffcp.diffusers: per-token timesteps that differ (Wan 2.2 TI2V's image "
+                                      "conditioning) are not supported")
         v = self.velocity(np.ascontiguousarray(x), gh, gw, list(encoder_hidden_states.detach()), None,
                           self.timestep(timestep) / 1000.0, 0.0, frames=F)
         def unpack(tokens):  # [B, F gh gw, 4C] -> [B, C, F, H, W]
@@ -360,13 +365,18 @@ class _StepState:
         """A pipeline call of `steps` steps; two_calls: classifier-free guidance as two transformer
         calls a step (the prompt's, then the negative prompt's: Qwen-Image, FLUX.1's true CFG)."""
         self.steps, self.step, self.t, self.passes = max(int(steps), 1), -1, None, 0
-        self.two_calls, self.pending = two_calls, None
+        self.two_calls, self.pending, self.first = two_calls, None, {}
 
     def step_of(self, t: float) -> int:
         if t != self.t:
             self.t, self.passes = t, 0
             self.step += 1
         return min(self.step, self.steps - 1)
+
+    def local(self, who, step: int) -> tuple[int, int]:
+        """(step, steps) of the transformer `who` counted from its first call of this pipeline call."""
+        first = self.first.setdefault(who, step)
+        return step - first, self.steps - first
 
     def next_pass(self) -> int:
         """The index of this model run within the step (0, 1, ...: its V-Major caches)."""
@@ -481,6 +491,8 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     transformers = [getattr(pipe, "transformer", None)]
     if getattr(pipe, "transformer_2", None) is not None:  # Wan 2.2 A14B: the low-noise expert
         transformers.append(pipe.transformer_2)
+    for t in transformers:  # every refusal before the first collective, and before any weight is freed
+        _check_transformer(t)
     vae_decoder = None
     if vae == "patch":  # checked before any collective: every rank fails alike
         from .vae import PatchParallelDecoder
@@ -488,20 +500,24 @@ def parallelize(pipe, comm=None, mode: str = "cocodiff", ulysses_degree: int | N
     runs = [_parallelize_transformer(t, comm, comm_kind, mode, ulysses_degree, ring_degree, dtype, weights_dtype,
                                       shard_weights, group_size, cache_ratio, cfg_parallel, step_cache, wire)
             for t in transformers]
+    import torch
+    with torch.no_grad():  # the weights live in diffcp now: drop torch's copies (dtype and device stay)
+        for t in transformers:
+            for p in t.parameters():
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
     cores = [core for core, _ in runs]
     state = _StepState(bool(cfg_parallel), bool(batch_prompts))
     for t, core in zip(transformers, cores):
         t.forward = _FORWARDS[type(t).__name__](core, state)  # nn.Module.__call__ calls self.forward
     if vae_decoder is not None:
-        pipe.vae.decode = vae_decoder.decode  # WanPipeline calls self.vae.decode(latents, return_dict=False)
+        # WanPipeline calls self.vae.decode(latents, return_dict=False): from now on every rank must call
+        # the pipeline's VAE decode together (it is collective).
+        pipe.vae.decode = vae_decoder.decode
     return ParallelPipeline(pipe, cores, state, runs[0][1], output_on, vae_decoder, [dup for _, dup in runs])
 
 
-def _parallelize_transformer(transformer, comm, comm_kind, mode, ulysses_degree, ring_degree, dtype, weights_dtype,
-                             shard_weights, group_size, cache_ratio, cfg_parallel, step_cache, wire):
-    """A diffcp session for one of the pipeline's transformers (collective over comm) and the communicator
-    it runs on (the caller keeps it alive); torch's weights freed."""
-    import torch
+def _check_transformer(transformer) -> None:
+    """A transformer diffcp can take (its class, no LoRA); local."""
     name = type(transformer).__name__
     if name not in SUPPORTED_TRANSFORMERS:
         raise NotImplementedError(f"diffcp.diffusers: transformer {name} is not supported "
@@ -509,6 +525,13 @@ def _parallelize_transformer(transformer, comm, comm_kind, mode, ulysses_degree,
     if getattr(transformer, "peft_config", None) or any("lora" in n for n, _ in transformer.named_parameters()):
         raise NotImplementedError("diffcp.diffusers: a transformer with LoRA weights is not supported (diffcp reads "
                                   "the weights from the transformer's folder): fuse them and save the model first")
+
+
+def _parallelize_transformer(transformer, comm, comm_kind, mode, ulysses_degree, ring_degree, dtype, weights_dtype,
+                             shard_weights, group_size, cache_ratio, cfg_parallel, step_cache, wire):
+    """A diffcp session for one of the pipeline's transformers (collective over comm) and the communicator
+    it runs on (the caller keeps it alive; and frees torch's weights once every session is made)."""
+    import torch
     params = list(transformer.parameters())
     if weights_dtype == "auto":
         weights_dtype = "bf16" if params and params[0].dtype == torch.bfloat16 else "f32"
@@ -527,7 +550,4 @@ def _parallelize_transformer(transformer, comm, comm_kind, mode, ulysses_degree,
     finally:
         if tmp is not None:
             tmp.cleanup()
-    with torch.no_grad():  # the weights live in diffcp now: drop torch's copies (dtype and device stay)
-        for p in params:
-            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
     return core, dup

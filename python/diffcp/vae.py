@@ -17,15 +17,18 @@ own decoder modules on its rows, and what the rows need from their neighbours cr
 
 Nothing else in the decoder mixes rows (RMS norms over channels, SiLU, nearest 2x upsampling, the
 temporal convolutions with one-row kernels, the 1 x 1 x 1 shortcuts), so the decode equals
-diffusers' one-process decode up to float rounding (the convolutions see other shapes), and each
-rank's activations are its rows plus two halo rows a convolution: memory per rank falls as 1/P.
+diffusers' one-process decode up to float rounding (the convolutions see other shapes). Each
+rank's activations at the upsampled sizes, the bulk of the decode's memory, are its rows plus two
+halo rows a convolution: they fall as 1/P. Whole on every rank stay the mid block's attention (at
+the latent's size: (h w)^2 scores a frame) and the decoded video that the last all-gather brings.
 
-The bytes each rank sends are in a closed form (:func:`wan_decode_bytes`) and counted
-(:attr:`PatchParallelDecoder.stats`); the test (python/tests_mpi) and tools/diffusers_pipeline_check.py
-compare the two. Supported: the Wan 2.1 VAE (Wan 2.1 and Wan 2.2 A14B pipelines); not the Wan 2.2
-VAE of TI2V-5B (``is_residual``, ``patch_size``), not tiling. Every rank calls ``decode`` with the
-same latent (a pipeline's ranks hold the same latents). The halo exchange uses mpi4py on the
-communicator given; an error inside the decode (after the checks, which fail alike on every rank)
+The bytes each rank sends are in a closed form (:func:`wan_decode_bytes`, with the VAE's element
+size: 4 for f32, 2 for bf16) and counted (:attr:`PatchParallelDecoder.stats`); the test
+(python/tests_mpi) and tools/diffusers_pipeline_check.py compare the two. Supported: the Wan 2.1 VAE (Wan 2.1 and Wan 2.2 A14B pipelines); not the Wan 2.2
+VAE of TI2V-5B (``is_residual``, ``patch_size``), not tiling, on the CPU, without hooks on the
+decoder (CPU offload, layerwise casting: refused). Every rank calls ``decode`` with the same latent
+(a pipeline's ranks hold the same latents): it is collective. The halo exchange uses mpi4py on a
+duplicate of the communicator given; an error inside the decode (after the checks, which fail alike on every rank)
 aborts the job (``MPI_Abort``) with the message rather than leave the other ranks waiting.
 """
 from __future__ import annotations
@@ -140,10 +143,11 @@ class PatchParallelDecoder:
                 if mod._padding[2]:
                     self._convs.append(mod)
             elif isinstance(mod, torch.nn.Conv2d):
-                if mod.stride[0] != 1 or mod.padding[0] != (mod.kernel_size[0] - 1) // 2:
-                    raise NotImplementedError(f"diffcp.vae: a Conv2d with kernel {mod.kernel_size}, stride "
+                if mod.stride[0] != 1 or mod.padding[0] != (mod.kernel_size[0] - 1) // 2 or (
+                        mod.padding[0] and type(mod) is not torch.nn.Conv2d):
+                    raise NotImplementedError(f"diffcp.vae: a {cls} with kernel {mod.kernel_size}, stride "
                                               f"{mod.stride}, padding {mod.padding} in the decoder")
-                if mod.padding[0] and type(mod) is torch.nn.Conv2d:
+                if mod.padding[0]:
                     self._convs.append(mod)
             elif cls == "WanAttentionBlock":
                 self._attn.append(mod)
@@ -153,6 +157,17 @@ class PatchParallelDecoder:
         # Modules inside an attention block (its 1 x 1 convs) run on gathered rows: not patched.
         inside = {id(m) for a in self._attn for m in a.modules()}
         self._convs = [m for m in self._convs if id(m) not in inside]
+        self._check_unhooked()
+        self.comm = comm.Dup()  # collective (after the checks, which fail alike everywhere): traffic of its own
+
+    def _check_unhooked(self) -> None:
+        """The patched modules' forward must be their class's: diffusers' hooks and accelerate's
+        (offloading, layerwise casting) replace it on the instance, and would be bypassed."""
+        for mod in self._convs + self._attn:
+            if "forward" in mod.__dict__ or hasattr(mod, "_hf_hook") or hasattr(mod, "_diffusers_hook"):
+                raise NotImplementedError(f"diffcp.vae: the decoder's {type(mod).__name__} carries a hook (CPU offload, "
+                                          "layerwise casting, ...): the patch-parallel decode runs the VAE as it is, "
+                                          "on the CPU; remove the hooks")
 
     # ---- the exchanges (every rank calls each in the same order: the decoder's module order) ----
     def _halo(self, x, r: int, dim: int):
@@ -164,8 +179,8 @@ class PatchParallelDecoder:
         n = x.shape[dim]
         mine_top, mine_bot = x.narrow(dim, 0, r).contiguous(), x.narrow(dim, n - r, r).contiguous()
         above, below = torch.zeros_like(mine_top), torch.zeros_like(mine_bot)
-        self.comm.Sendrecv(_np(mine_top), dest=up, recvbuf=_np(below), source=down)
-        self.comm.Sendrecv(_np(mine_bot), dest=down, recvbuf=_np(above), source=up)
+        self.comm.Sendrecv(_np(mine_top), dest=up, sendtag=1, recvbuf=_np(below), source=down, recvtag=1)
+        self.comm.Sendrecv(_np(mine_bot), dest=down, sendtag=2, recvbuf=_np(above), source=up, recvtag=2)
         self.stats["halo"] += _nbytes(mine_top) * (up != MPI.PROC_NULL) + _nbytes(mine_bot) * (down != MPI.PROC_NULL)
         return above, below
 
@@ -233,6 +248,10 @@ class PatchParallelDecoder:
         if getattr(vae, "use_tiling", False):
             raise NotImplementedError("diffcp.vae: tiling and the patch-parallel decode do not combine: "
                                       "vae.disable_tiling() (the decode's memory already falls with P)")
+        if z.device.type != "cpu" or any(p.device.type != "cpu" for p in vae.decoder.parameters()):
+            raise NotImplementedError("diffcp.vae: the patch-parallel decode runs on the CPU (the latent and the "
+                                      "VAE's weights in host memory)")
+        self._check_unhooked()
         self._rows = row_split(int(z.shape[3]), self.P)
         start = sum(self._rows[:self.p])
         z_p = z.narrow(3, start, self._rows[self.p]).contiguous()

@@ -455,3 +455,20 @@ def test_wan_pipeline_with_two_experts_equals_numpy_reference(cfg_parallel):
     assert np.abs(one(generator=torch.Generator().manual_seed(2), **kw).frames.numpy() - want.numpy()).max() > 1e-2
     hi.cleanup()
     lo.cleanup()
+
+
+def test_wan_second_expert_starts_its_caches_afresh():
+    # A14B's low-noise expert is first called at the boundary (step 6 of 10 here, after V-Major's 5
+    # warm-up steps): that call is its own step 0 (full exchanges, the step cache restarted), so a
+    # second generation equals the first instead of reusing the first one's last caches.
+    hi, lo = _wan_folder(6), _wan_folder(7)
+    pipe = WanPipeline(WanTransformer3DModel(Path(hi.name)), WanTransformer3DModel(Path(lo.name)), boundary_ratio=0.5)
+    par = diffcp.diffusers.parallelize(pipe, mode="cocodiff", dtype="f32", weights_dtype="f32", cache_ratio=0.5,
+                                       step_cache="fbcache:1e-3")
+    kw = dict(prompt="a boat", height=48, width=80, num_frames=5, num_inference_steps=10, guidance_scale=4.0)
+    first = par(generator=torch.Generator().manual_seed(3), **kw).frames.numpy()
+    second = par(generator=torch.Generator().manual_seed(3), **kw).frames.numpy()
+    assert np.array_equal(first, second)
+    assert set(par.cores[1].step_cache_stats()) == {"0", "1"}  # the prompt's and the negative prompt's passes
+    hi.cleanup()
+    lo.cleanup()

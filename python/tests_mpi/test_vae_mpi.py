@@ -79,6 +79,11 @@ def test_bad_input_is_refused():
     odd.decoder.up_blocks[0].extra = torch.nn.GroupNorm(2, 16)  # mixes rows: must be refused
     with pytest.raises(NotImplementedError, match="GroupNorm, which this patch-parallel decode does not know"):
         diffcp.vae.PatchParallelDecoder(odd, COMM)
+    hooked = AutoencoderKLWan()
+    conv = hooked.decoder.conv_in
+    conv.forward = lambda *a, **k: type(conv).forward(conv, *a, **k)  # as offloading / casting hooks do
+    with pytest.raises(NotImplementedError, match="carries a hook"):
+        diffcp.vae.PatchParallelDecoder(hooked, COMM)
     vae = AutoencoderKLWan()
     dec = diffcp.vae.PatchParallelDecoder(vae, COMM)
     with pytest.raises(ValueError, match="expected \\[B, z_dim, T, h, w\\]"):

@@ -489,8 +489,8 @@ FlowMatchEulerScheduler flow_match_scheduler_from_json(const nlohmann::json& j, 
   DIFFCP_CHECK(j.is_object(), "scheduler config '", source, "': expected a JSON object");
   const std::string cls = class_name(j);
   DIFFCP_CHECK(cls == "FlowMatchEulerDiscreteScheduler", "scheduler config '", source, "': _class_name '", cls,
-               "'; supported: FlowMatchEulerDiscreteScheduler (or give `schedule` linear | flux; for Wan's ",
-               "UniPCMultistepScheduler, a FlowMatchEulerDiscreteScheduler config whose `shift` is its flow_shift)");
+               "'; supported: FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler in its flow configuration ",
+               "(dit/unipc.hpp), or give `schedule` linear | flux");
   FlowMatchEulerScheduler s;
   const auto number = [&](const std::string& f, const nlohmann::json& v) {
     DIFFCP_CHECK(v.is_number() && std::isfinite(v.get<double>()), "scheduler config '", source, "': field '", f, "' = ",

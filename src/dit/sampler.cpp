@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/random.hpp"
@@ -204,12 +205,17 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
   const auto exchange_ms = [&] {
     return model.exchange().stats().comm_ms + (cfg_pass && !split ? negative->exchange().stats().comm_ms : 0.0);
   };
+  DIFFCP_CHECK(opt.model_timesteps.empty() || static_cast<int>(opt.model_timesteps.size()) == steps,
+               "euler_sample: ", opt.model_timesteps.size(), " model timesteps for ", steps, " steps");
+  std::optional<UniPCSolver> unipc;
+  if (opt.unipc.order > 0) unipc.emplace(opt.unipc, t, n);
   SampleTimings out;
   for (int k = 0; k < steps; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
     const double comm0 = exchange_ms();
     double pair_ms = 0;
-    const double tk = t[static_cast<std::size_t>(k)];
+    const double tk = opt.model_timesteps.empty() ? t[static_cast<std::size_t>(k)]
+                                                  : opt.model_timesteps[static_cast<std::size_t>(k)];
     model.exchange().begin_step(k, steps);
     model.velocity(x.data(), txt.data(), pooled.data(), tk, opt.guidance, v.data());
     float* v_step = v.data();  // the velocity of the step, after guidance
@@ -227,8 +233,12 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
       guidance_combine(v_step, v_neg.data(), n / cfg.in_channels(), cfg.in_channels(), static_cast<float>(cfg_scale(cfg, opt)),
                        cfg.cfg_keeps_norm());
     }
-    const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - tk);
-    axpy(x.data(), dt, v_step, n);  // x += dt v
+    if (unipc) {
+      unipc->step(k, x.data(), v_step);
+    } else {
+      const float dt = static_cast<float>(t[static_cast<std::size_t>(k) + 1] - t[static_cast<std::size_t>(k)]);
+      axpy(x.data(), dt, v_step, n);  // x += dt v
+    }
     active_backend().synchronize();  // the step's time is the device's
     out.step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     out.comm_ms.push_back(exchange_ms() - comm0 + pair_ms);

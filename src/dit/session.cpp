@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "diffcp/core/error.hpp"
 #include "diffcp/core/json_file.hpp"
 #include "diffcp/core/stats.hpp"
 #include "diffcp/dit/diffusers.hpp"
+#include "diffcp/dit/unipc.hpp"
 #include "diffcp/ops/gemm.hpp"
 
 namespace diffcp {
@@ -92,11 +95,19 @@ DitGeneration plan_generation(const DitRunConfig& run, const DitShape& shape, Di
   }
   FlowMatchEulerScheduler flux2_scheduler;
   flux2_scheduler.dynamic = true;
-  g.opt.timesteps = from_scheduler ? flow_match_scheduler_from_json(read_json_file(scheduler_config, "scheduler config"),
-                                                                    scheduler_config)
-                                         .pipeline_sigmas(o.steps, shape.image_tokens(), cfg.family)
-                    : flux2_default ? flux2_scheduler.pipeline_sigmas(o.steps, shape.image_tokens(), DitFamily::flux2)
-                                    : flow_schedule(o.steps, parse_time_schedule(g.schedule_name), shape.image_tokens());
+  const nlohmann::json sched = from_scheduler ? read_json_file(scheduler_config, "scheduler config") : nlohmann::json();
+  if (from_scheduler && sched.is_object() && sched.value("_class_name", std::string()) == "UniPCMultistepScheduler") {
+    // Wan's folders: UniPC's flow schedule and its multistep update (dit/unipc.hpp)
+    const UniPCFlowScheduler unipc = unipc_scheduler_from_json(sched, scheduler_config);
+    unipc.schedule(o.steps, g.opt.timesteps, g.opt.model_timesteps);
+    g.opt.unipc = unipc.solver;
+    g.schedule_name = "scheduler_config (UniPC, order " + std::to_string(unipc.solver.order) + ")";
+  } else {
+    g.opt.timesteps = from_scheduler ? flow_match_scheduler_from_json(sched, scheduler_config)
+                                           .pipeline_sigmas(o.steps, shape.image_tokens(), cfg.family)
+                      : flux2_default ? flux2_scheduler.pipeline_sigmas(o.steps, shape.image_tokens(), DitFamily::flux2)
+                                      : flow_schedule(o.steps, parse_time_schedule(g.schedule_name), shape.image_tokens());
+  }
   g.opt.guidance = guidance;
   g.opt.compute = run.compute;
   g.opt.true_cfg_scale = o.true_cfg_scale;

@@ -14,7 +14,8 @@
 # (tools/sd3_reference.py): sd3 (a tiny pipeline), sd3_dual (SD3.5-medium's dual attention),
 # sd3.5-large (stabilityai/stable-diffusion-3.5-large's config.json, data-less). Wan
 # (tools/wan_reference.py): wan (a tiny pipeline), wan_i2v (image_dim: the image-to-video variant),
-# wan22_a14b (its pipeline with Wan 2.2 A14B's second expert in model_index.json),
+# wan22_a14b (its pipeline with Wan 2.2 A14B's second expert in model_index.json), wan_unipc_eps
+# (a UniPC scheduler predicting noise),
 # wan2.1-1.3b (Wan-AI/Wan2.1-T2V-1.3B-Diffusers' config.json, data-less).
 set -euo pipefail
 py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
@@ -57,6 +58,10 @@ mkdir -p "$dir/wan_i2v"
 ln -s "$dir/wan/transformer/diffusion_pytorch_model.safetensors" "$dir/wan_i2v/"
 "$py" -c "import json, sys; c = json.load(open(sys.argv[1])); c['image_dim'] = 1280; json.dump(c, open(sys.argv[2], 'w'))" \
   "$dir/wan/transformer/config.json" "$dir/wan_i2v/config.json"
+mkdir -p "$dir/wan_unipc_eps/scheduler"  # UniPC with its default noise prediction (not flow): refused
+ln -s "$dir/wan/transformer" "$dir/wan/model_index.json" "$dir/wan_unipc_eps/"
+"$py" -c "import json, sys; json.dump({'_class_name': 'UniPCMultistepScheduler', 'prediction_type': 'epsilon', \
+'use_flow_sigmas': True, 'flow_shift': 3.0}, open(sys.argv[1], 'w'))" "$dir/wan_unipc_eps/scheduler/scheduler_config.json"
 mkdir -p "$dir/wan22_a14b"  # Wan 2.2 A14B's index: a second expert and its boundary
 ln -s "$dir/wan/transformer" "$dir/wan/scheduler" "$dir/wan22_a14b/"
 "$py" -c "import json, sys; c = json.load(open(sys.argv[1])); c['transformer_2'] = ['diffusers', 'WanTransformer3DModel']; \

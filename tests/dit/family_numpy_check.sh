@@ -106,6 +106,10 @@ elif [ "$family" = wan ]; then
   # The weights sharded over the ranks (gathered per block unit), First-Block Cache at threshold 0
   # (computes every step), batch-free V-First at P = 2.
   run_case shard "--text-tokens 8 --neg-tokens 4" 2 vfirst 2 5.0 "--shard-weights --step-cache fbcache:0"
+  # The scheduler Wan's folders ship: UniPC (flow, bh2) of order 2 at P = 2 (4 steps: the warm-up at
+  # order 1, the corrector, the last step at order 1) and of order 3 at P = 3 (5 steps: the 3 x 3 system).
+  run_case unipc "--scheduler unipc --text-tokens 8 --neg-tokens 4" 2 tapa 4 5.0
+  run_case unipc3 "--scheduler unipc --solver-order 3 --frames 2 --width 80 --height 32 --text-tokens 5" 3 flat 5 1
   both=(--negative-text-embeddings "$work/bf16/neg.npy")
 else
   # FLUX.2-dev-like (guidance embedding, guidance 4.5), bf16 weights in two shards, TAPA at P = 2.

@@ -198,6 +198,8 @@ diffcp_add_fail_test(cli_dit_wan_i2v_refused "image_dim = 1280 is not supported 
                      ${DIT} --weights ${DIFFUSERS_DIR}/wan_i2v --dry-run)
 diffcp_add_fail_test(cli_dit_wan22_two_experts "model_index.json's transformer_2 = .* is not supported: diffcp runs one transformer"
                      ${DIT} --weights ${DIFFUSERS_DIR}/wan22_a14b --dry-run)
+diffcp_add_fail_test(cli_dit_wan_unipc_noise_prediction "field 'prediction_type' = .epsilon., expected .flow_prediction."
+                     ${DIT} --weights ${DIFFUSERS_DIR}/wan_unipc_eps --dry-run)
 diffcp_add_fail_test(cli_dit_wan_beyond_rope "1100 latent frames of 30 x 52 tokens, beyond the model's RoPE table of 1024 positions"
                      ${DIT} --weights ${DIFFUSERS_DIR}/wan2.1-1.3b --dry-run --width 832 --height 480 --frames 1100 --text-tokens 512)
 diffcp_add_fail_test(cli_dit_frames_on_image_model "--frames 3: flux1 is an image model \\(one frame\\); the video family is wan"
@@ -251,7 +253,7 @@ foreach(t IN ITEMS cli_dit_qwen_pooled cli_dit_qwen_cfg_without_negative cli_dit
                    cli_dit_flux_negative cli_dit_qwen_zero_cond cli_dit_qwen_guidance_embeds cli_dit_flux2_pooled cli_dit_flux2_three_axes
                    cli_dit_flux2_schnell_guidance cli_dit_sd3_negative_without_pooled cli_dit_sd3_packed_noise
                    cli_dit_sd3_beyond_position_table cli_dit_sd3_dual_attention cli_dit_qwen_one_step_terminal cli_dit_wan_i2v_refused
-                   cli_dit_wan22_two_experts cli_dit_wan_beyond_rope)
+                   cli_dit_wan22_two_experts cli_dit_wan_beyond_rope cli_dit_wan_unipc_noise_prediction)
   set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED diffusers_files)
 endforeach()
 add_test(NAME cli_dit_diffusers_dry_run COMMAND ${RUN_OK} ${DIT} --weights ${DIFFUSERS_DIR}/pipe --dry-run --json --width 64 --height 32 --text-tokens 8)

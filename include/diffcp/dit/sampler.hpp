@@ -8,7 +8,8 @@
 //           t_k = e^mu / (e^mu + 1/s_k - 1), s_k = 1 - k/T, mu = 0.5 + (1.15 - 0.5) (N_img - 256) /
 //           (4096 - 256), linear in the image token count N_img; t = 0 stays 0. Evaluated in double
 //           (FLUX evaluates it in torch's float32: values differ by < 1e-7).
-// Euler, as FLUX's denoise(): step k: x <- x + (t_{k+1} - t_k) v(x, t_k).
+// Euler, as FLUX's denoise(): step k: x <- x + (t_{k+1} - t_k) v(x, t_k); or UniPC (dit/unipc.hpp,
+// Wan's folders' scheduler).
 //
 // Legend as in dit/config.hpp.
 #pragma once
@@ -22,6 +23,7 @@
 #include "diffcp/dit/model.hpp"
 #include "diffcp/dit/profile.hpp"
 #include "diffcp/dit/step_cache.hpp"
+#include "diffcp/dit/unipc.hpp"
 
 namespace diffcp {
 
@@ -79,7 +81,7 @@ struct SampleTimings {
 };
 
 struct SampleOptions {
-  std::vector<double> timesteps;  // [T + 1] from flow_schedule
+  std::vector<double> timesteps;  // [T + 1] from flow_schedule (the update's sigmas)
   // Read by models with guidance_embed (the distilled guidance; 3.5 is diffusers' FluxPipeline
   // default, BFL's CLI has 2.5), and in true_cfg() families as classifier-free guidance's scale:
   // above 1 with a negative prompt, every step runs the negative pass too and combines the two
@@ -100,6 +102,11 @@ struct SampleOptions {
   double true_cfg_scale = 1.0;
   // Per op family timers (dit/profile.hpp): run_dit_sampling sets it on each pass's model; null: off.
   DitProfile* profile = nullptr;
+  // [T] the timestep the model sees at step k (UniPC: the scheduler's integer timesteps, in sigma
+  // units); empty: timesteps[k].
+  std::vector<double> model_timesteps{};
+  // order > 0: UniPC's multistep update (dit/unipc.hpp) instead of Euler's.
+  UniPCOptions unipc{};
 };
 
 // The scale classifier-free guidance combines the two velocities with: FLUX.1's true_cfg_scale,
