@@ -472,3 +472,25 @@ def test_wan_second_expert_starts_its_caches_afresh():
     assert set(par.cores[1].step_cache_stats()) == {"0", "1"}  # the prompt's and the negative prompt's passes
     hi.cleanup()
     lo.cleanup()
+
+
+def test_wan_per_token_timesteps():
+    # Wan 2.2 TI2V's pipeline (expand_timesteps) passes one timestep per token [B, N]: all equal in
+    # text-to-video (the run as with [B]); differing (its image-conditioned first frame) is refused.
+    d = _wan_folder(8)
+    rng = np.random.default_rng(5)
+    lat = torch.from_numpy(rng.standard_normal((1, 4, 2, 4, 6)).astype(np.float32))
+    enc = torch.from_numpy(rng.standard_normal((1, 7, 32)).astype(np.float32))
+    pipe = SimpleNamespace(transformer=WanTransformer3DModel(Path(d.name)))
+    par = diffcp.diffusers.parallelize(pipe, mode="flat", dtype="f32", weights_dtype="f32")
+    par._state.reset(1)
+    one = pipe.transformer(hidden_states=lat, timestep=torch.full((1,), 600.0), encoder_hidden_states=enc,
+                           return_dict=False)[0]
+    per_token = pipe.transformer(hidden_states=lat, timestep=torch.full((1, 12), 600.0), encoder_hidden_states=enc,
+                                 return_dict=False)[0]
+    assert torch.equal(one, per_token)
+    mixed = torch.full((1, 12), 600.0)
+    mixed[0, :6] = 0.0
+    with pytest.raises(NotImplementedError, match="per-token timesteps that differ"):
+        pipe.transformer(hidden_states=lat, timestep=mixed, encoder_hidden_states=enc, return_dict=False)
+    d.cleanup()

@@ -16,7 +16,8 @@
 # (tools/wan_reference.py): wan (a tiny pipeline), wan_i2v (image_dim: the image-to-video variant),
 # wan22_a14b (its pipeline with Wan 2.2 A14B's second expert in model_index.json), wan_unipc_eps
 # (a UniPC scheduler predicting noise),
-# wan2.1-1.3b (Wan-AI/Wan2.1-T2V-1.3B-Diffusers' config.json, data-less).
+# wan2.1-1.3b (Wan-AI/Wan2.1-T2V-1.3B-Diffusers' config.json, data-less), wan2.2-ti2v-5b (Wan 2.2
+# TI2V-5B's transformer config as diffusers' conversion script writes it, data-less).
 set -euo pipefail
 py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
 dir=${2:?usage: diffusers_fixture.sh PYTHON DIR}
@@ -54,6 +55,7 @@ sref="$here/../../tools/sd3_reference.py"
 wref="$here/../../tools/wan_reference.py"
 "$py" "$wref" make --out "$dir/wan" >/dev/null
 "$py" "$wref" header --config "$here/../data/wan2.1-t2v-1.3b-diffusers.json" --out "$dir/wan2.1-1.3b" >/dev/null
+"$py" "$wref" header --config "$here/../data/wan2.2-ti2v-5b-diffusers.json" --out "$dir/wan2.2-ti2v-5b" >/dev/null
 mkdir -p "$dir/wan_i2v"
 ln -s "$dir/wan/transformer/diffusion_pytorch_model.safetensors" "$dir/wan_i2v/"
 "$py" -c "import json, sys; c = json.load(open(sys.argv[1])); c['image_dim'] = 1280; json.dump(c, open(sys.argv[2], 'w'))" \

@@ -175,6 +175,15 @@ add_test(NAME cli_dit_wan_real_shape_dry_run COMMAND ${RUN_OK} ${DIT} --weights 
          --width 832 --height 480 --frames 21 --text-tokens 512 --guidance 1)
 set_tests_properties(cli_dit_wan_real_shape_dry_run PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 60 FIXTURES_REQUIRED diffusers_files
   PASS_REGULAR_EXPRESSION "\"family\":\"wan\".*\"heads\":12,.*\"hidden\":1536,.*\"mlp_hidden\":8960,.*\"rope_axes\":\\[44,42,42\\],.*\"single_blocks\":30,.*\"parameters\":1418996800")
+# Wan 2.2 TI2V-5B's transformer (48 latent channels, 24 heads x 128, 30 blocks): 4,999,787,712 parameters
+# (counted from its config by hand: blocks 2 (4 D^2 + 6 D) + 2 D + 2 D F + F + D + 6 D, the embeddings and
+# proj_out), at 720p, 121 frames: its 16x VAE's latent is 31 x 44 x 80 (27,280 tokens); diffcp's --width /
+# --height are 8x the latent's sides (640 x 352), as for the 8x VAEs.
+add_test(NAME cli_dit_wan22_ti2v_5b_real_shape_dry_run COMMAND ${RUN_OK} ${DIT} --weights ${DIFFUSERS_DIR}/wan2.2-ti2v-5b
+         --dry-run --json --width 640 --height 352 --frames 31 --text-tokens 512 --guidance 1)
+set_tests_properties(cli_dit_wan22_ti2v_5b_real_shape_dry_run PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 60
+  FIXTURES_REQUIRED diffusers_files
+  PASS_REGULAR_EXPRESSION "\"family\":\"wan\".*\"heads\":24,.*\"hidden\":3072,.*\"parameters\":4999787712,.*\"image_tokens\":27280")
 # A video's --compare flat (the latent frames as images) and its report's frames.
 add_test(NAME cli_dit_wan_compare_flat COMMAND ${RUN_OK} ${DIT} --weights ${DIFFUSERS_DIR}/wan --text-embeddings ${DIFFUSERS_DIR}/wan/txt.npy
          --noise ${DIFFUSERS_DIR}/wan/noise.npy --width 64 --height 48 --steps 2 --guidance 1 --mode tapa --group-size 1
