@@ -144,11 +144,12 @@ def check_dump_timesteps(dump: Path, steps: int, velocity_shape: tuple, sigmas: 
 
 
 def check_sampler_run(dump: Path, x: np.ndarray, sigmas: list[float], velocity, tol: float, label: str,
-                      step=None, model_sigmas: list[float] | None = None) -> int:
+                      step=None, model_sigmas: list[float] | None = None, final: Path | None = None) -> int:
     """The check of a dumped sampler run: its timesteps, then every step's reference velocity(x, sigma)
     on the reference's own trajectory from the noise x (Euler; or step(k, x, v) -> the next x, with the
-    model called at model_sigmas[k]), against the dump; prints PASS / FAIL (`label`: the guidance) and
-    returns the exit code (0 pass, 1 mismatch)."""
+    model called at model_sigmas[k]), against the dump; with `final` (diffcp's --save-latent), the
+    last update's latent too; prints PASS / FAIL (`label`: the guidance) and returns the exit code (0
+    pass, 1 mismatch)."""
     steps = len(sigmas) - 1
     ok = check_dump_timesteps(dump, steps, x.shape, sigmas)
     for k in range(steps):
@@ -156,6 +157,11 @@ def check_sampler_run(dump: Path, x: np.ndarray, sigmas: list[float], velocity, 
         v = velocity(x, t)
         ok &= compare_step(dump, k, t, v, tol)
         x = x + (sigmas[k + 1] - sigmas[k]) * v if step is None else step(k, x, v)
+    if final is not None:
+        got = load_npy(final, [x.shape])
+        rel = float(np.abs(got - x).max() / max(np.abs(x).max(), 1e-30))
+        print(f"final latent  rel={rel:.3e}  {'ok' if rel <= tol else 'MISMATCH'}")
+        ok &= rel <= tol
     print(f"{'PASS' if ok else 'FAIL'} ({steps} steps, {label}, tol {tol:g})")
     return 0 if ok else 1
 

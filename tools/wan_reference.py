@@ -33,7 +33,7 @@ D = heads * head_dim.
                           [--neg-tokens T2] [--frames F] [--width W] [--height H] [--seed S]
                           [--no-cross-attn-norm]
   wan_reference.py check  --weights DIR --txt T [--neg N] --noise X --frames F --width W --height H
-                          --steps K [--guidance G] --dump DIR [--tol 2e-5]
+                          --steps K [--guidance G] --dump DIR [--latent L] [--tol 2e-5]
   wan_reference.py header --config C --out DIR   (a data-less, real-shape transformer folder)
   Python: WanRef(config, weights).forward(latent [B, C, F, h, w], enc [B, T, E], sigma) -> velocity
 
@@ -362,12 +362,13 @@ def cmd_check(a: argparse.Namespace) -> int:
         vu = model.forward(x, np.repeat(neg, B, 0), s)
         return vu + a.guidance * (v - vu)
     label = f"CFG {a.guidance}" if cfg else "no CFG"
+    final = Path(a.latent) if a.latent else None
     if sched.get("_class_name") == UNIPC["_class_name"]:
         sigmas, model_sigmas = unipc_schedule(sched, a.steps)
         solver = UniPC(sched, sigmas)
         return check_sampler_run(Path(a.dump), x, sigmas, velocity, a.tol, label + f", UniPC order {solver.order}",
-                                 step=solver.step, model_sigmas=model_sigmas)
-    return check_sampler_run(Path(a.dump), x, wan_sigmas(sched, a.steps), velocity, a.tol, label)
+                                 step=solver.step, model_sigmas=model_sigmas, final=final)
+    return check_sampler_run(Path(a.dump), x, wan_sigmas(sched, a.steps), velocity, a.tol, label, final=final)
 
 
 def cmd_header(a: argparse.Namespace) -> int:
@@ -392,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("weights", "txt", "noise", "dump"):
         c.add_argument(f"--{name}", required=True)
     c.add_argument("--neg")
+    c.add_argument("--latent", help="diffcp's --save-latent: the final latent, checked too")
     for name in ("frames", "width", "height", "steps"):
         c.add_argument(f"--{name}", type=int, required=True)
     c.add_argument("--guidance", type=float, default=5.0)

@@ -249,6 +249,13 @@ void write_latent(const std::string& path, const std::vector<float>& tokens, con
     write_npy(path, tokens.data(), latent_file_shape(cfg, shape));
 }
 
+// The timestep the model sees at each step (sigma units): UniPC's integer timesteps / 1000, else
+// the update's sigmas t_0 .. t_{T-1}.
+std::vector<double> model_timesteps(const SampleOptions& opt) {
+  if (!opt.model_timesteps.empty()) return opt.model_timesteps;
+  return {opt.timesteps.begin(), opt.timesteps.end() - (opt.timesteps.empty() ? 0 : 1)};
+}
+
 // Rank 0 writes DIR/timesteps.json now and DIR/velocity_<k>.npy at every step (the velocity
 // gathered from all ranks); the callback is collective.
 std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator& world, Communicator& pass_comm, const DitOptions& o,
@@ -260,7 +267,8 @@ std::function<void(int, const std::vector<float>&)> velocity_dumper(Communicator
     std::filesystem::create_directories(o.dump_velocity, ec);
     DIFFCP_CHECK(!ec && std::filesystem::is_directory(o.dump_velocity), "--dump-velocity '", o.dump_velocity,
                  "': cannot create the directory (", ec.message(), ")");
-    const nlohmann::ordered_json j{{"schedule", schedule}, {"timesteps", opt.timesteps}, {"guidance", opt.guidance},
+    const nlohmann::ordered_json j{{"schedule", schedule}, {"timesteps", opt.timesteps},
+                                   {"model_timesteps", model_timesteps(opt)}, {"guidance", opt.guidance},
                                    {"guidance_embed", cfg.guidance_embed}, {"family", dit_family_name(cfg.family)},
                                    {"true_cfg", cfg.true_cfg()}, {"image_tokens", shape.image_tokens()},
                                    {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
@@ -430,7 +438,8 @@ void print_dry_run(Communicator& world, const DitOptions& o, const DitPlan& pl) 
                                  {"P", world.size()}, {"ulysses_degree", run.deg.ulysses}, {"ring_degree", run.deg.ring},
                                  {"width", shape.width}, {"height", shape.height}, {"batch", shape.batch},
                                  {"frames", shape.frames}, {"image_tokens", shape.image_tokens()}, {"text_tokens", shape.text_tokens},
-                                 {"schedule", pl.g.schedule_name}, {"timesteps", pl.g.opt.timesteps}};
+                                 {"schedule", pl.g.schedule_name}, {"timesteps", pl.g.opt.timesteps},
+                                 {"model_timesteps", model_timesteps(pl.g.opt)}};
   std::printf("%s\n", o.json ? j.dump().c_str() : j.dump(1).c_str());
 }
 

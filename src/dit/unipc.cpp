@@ -77,8 +77,11 @@ void UniPCFlowScheduler::schedule(int steps, std::vector<double>& sigmas, std::v
   DIFFCP_CHECK(steps >= 1, "`steps` = ", steps, ", expected >= 1");
   const double N = train_steps;
   std::vector<double> s(static_cast<std::size_t>(steps));
-  for (int k = 0; k < steps; ++k) {  // linspace(1, 1/N, steps + 1)[:steps], shifted
-    const double u = steps == 0 ? 1.0 : 1.0 + (1.0 / N - 1.0) * static_cast<double>(k) / steps;
+  // np.linspace(1, 1/N, steps + 1)[:steps], rounded as NumPy rounds it (k * step + start: another
+  // order of the same operations can move N sigma across an integer, and so the model's timestep)
+  const double du = (1.0 / N - 1.0) / steps;
+  for (int k = 0; k < steps; ++k) {
+    const double u = static_cast<double>(k) * du + 1.0;
     s[static_cast<std::size_t>(k)] = flow_shift * u / (1 + (flow_shift - 1) * u);
   }
   if (std::fabs(s[0] - 1) < 1e-6) s[0] -= 1e-6;
@@ -132,9 +135,10 @@ UniPCFlowScheduler unipc_scheduler_from_json(const nlohmann::json& j, const std:
     } else if (f == "solver_order") {
       is(f, v, v.is_number_integer() && v.get<int>() >= 1 && v.get<int>() <= 3, "1, 2 or 3 (diffcp's UniPC)");
       s.solver.order = v.get<int>();
-    } else if (f == "solver_type") {
-      is(f, v, v == "bh1" || v == "bh2", "\"bh1\" or \"bh2\"");
-      s.solver.bh2 = v == "bh2";
+    } else if (f == "solver_type") {  // diffusers runs midpoint, heun and logrho as bh2
+      is(f, v, v == "bh1" || v == "bh2" || v == "midpoint" || v == "heun" || v == "logrho",
+         "\"bh1\", \"bh2\" (or midpoint, heun, logrho: bh2)");
+      s.solver.bh2 = v != "bh1";
     } else if (f == "lower_order_final") {
       is(f, v, v.is_boolean(), "true or false");
       s.solver.lower_order_final = v.get<bool>();
@@ -146,8 +150,8 @@ UniPCFlowScheduler unipc_scheduler_from_json(const nlohmann::json& j, const std:
     } else if (f == "thresholding" || f == "use_karras_sigmas" || f == "use_exponential_sigmas" || f == "use_beta_sigmas" ||
                f == "use_dynamic_shifting") {
       is(f, v, v == false, "false (not implemented in diffcp)");
-    } else if (f == "shift_terminal" || f == "solver_p") {
-      is(f, v, v.is_null(), "null (not implemented in diffcp)");
+    } else if (f == "shift_terminal" || f == "solver_p") {  // shift_terminal 0 / false: off, as in diffusers
+      is(f, v, v.is_null() || (f == "shift_terminal" && (v == false || v == 0)), "null (not implemented in diffcp)");
     } else if (f == "disable_corrector") {
       is(f, v, v.is_array() && v.empty(), "[] (every step corrected)");
     } else {
@@ -157,9 +161,13 @@ UniPCFlowScheduler unipc_scheduler_from_json(const nlohmann::json& j, const std:
   DIFFCP_CHECK(flow_sigmas && flow_prediction, "scheduler config '", source,
                "': UniPCMultistepScheduler without use_flow_sigmas true and prediction_type \"flow_prediction\" "
                "(its defaults are a noise-prediction schedule; diffcp's models are flow matching)");
-  DIFFCP_CHECK(s.solver.lower_order_final || !s.final_zero || s.solver.order == 1, "scheduler config '", source,
-               "': lower_order_final false with final_sigmas_type \"zero\" divides by zero at the last step (diffusers "
-               "returns NaN); set lower_order_final true");
+  // Both divide by zero at the last step (diffusers returns NaN there): with a final sigma of 0 its
+  // lambda is infinite (bh1's B(h) = -h), and with sigma_min the last two sigmas are equal (h = 0).
+  DIFFCP_CHECK(s.solver.lower_order_final || s.solver.order == 1, "scheduler config '", source,
+               "': lower_order_final false with solver_order ", s.solver.order, " divides by zero at the last step "
+               "(diffusers returns NaN); set lower_order_final true");
+  DIFFCP_CHECK(s.solver.bh2 || !s.final_zero, "scheduler config '", source, "': solver_type \"bh1\" with ",
+               "final_sigmas_type \"zero\" gives NaN at the last step in diffusers (B(h) = -h is infinite there); use bh2");
   return s;
 }
 

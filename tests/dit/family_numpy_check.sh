@@ -39,7 +39,11 @@ run_case() {
     gopt=(--guidance "$g")
     chk=(--guidance "$g")
   fi
-  [ "$family" = wan ] && chk+=(--frames "$(opt frames 3 "$make")")
+  local save=()
+  if [ "$family" = wan ]; then  # and the final latent: the last update (UniPC's at sigma 0) is checked too
+    chk+=(--frames "$(opt frames 3 "$make")" --latent "$d/latent.npy")
+    save=(--save-latent "$d/latent.npy")
+  fi
   if [ "$family" = sd3 ]; then
     pooled=(--pooled "$d/pooled.npy")
     chk+=(--pooled "$d/pooled.npy" --neg-pooled "$d/neg_pooled.npy")
@@ -54,7 +58,7 @@ run_case() {
   # shellcheck disable=SC2086
   mpirun --oversubscribe -np "$P" "$bin" dit --weights "$d" --text-embeddings "$d/txt.npy" "${pooled[@]}" "${neg[@]}" \
     --noise "$d/noise.npy" --width "$W" --height "$H" --steps "$steps" "${gopt[@]}" --mode "$mode" \
-    --group-size 1 --dump-velocity "$d/dump" --out "" --weights-dtype f32 $extra >/dev/null
+    --group-size 1 --dump-velocity "$d/dump" --out "" --weights-dtype f32 "${save[@]}" $extra >/dev/null
   echo "== $family $name: P = $P, mode $mode, guidance $g, $steps steps, make: $make, diffcp: $extra"
   "$py" "$ref" check --weights "$d" --txt "$d/txt.npy" --noise "$d/noise.npy" --width "$W" --height "$H" \
     --steps "$steps" "${chk[@]}" --dump "$d/dump" --tol 2e-5
@@ -110,6 +114,28 @@ elif [ "$family" = wan ]; then
   # order 1, the corrector, the last step at order 1) and of order 3 at P = 3 (5 steps: the 3 x 3 system).
   run_case unipc "--scheduler unipc --text-tokens 8 --neg-tokens 4" 2 tapa 4 5.0
   run_case unipc3 "--scheduler unipc --solver-order 3 --frames 2 --width 80 --height 32 --text-tokens 5" 3 flat 5 1
+  # UniPC's model timesteps trunc(N sigma) over long schedules, against the reference's (NumPy's
+  # linspace, as diffusers): flow_shift 3 at 111 steps and 1 at 9 steps put an N sigma on an integer
+  # that another rounding of the linspace crosses.
+  for sk in "3 111" "1 9"; do
+    # shellcheck disable=SC2086
+    set -- $sk
+    "$py" - "$work/unipc/scheduler/scheduler_config.json" "$1" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["flow_shift"] = float(sys.argv[2]); json.dump(c, open(sys.argv[1], "w"))
+PY
+    "$bin" dit --weights "$work/unipc" --dry-run --json --steps "$2" --width 64 --height 48 --frames 3 --text-tokens 8 \
+      --guidance 1 | "$py" -c "
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import wan_reference as w
+j = json.loads(sys.stdin.read())
+sig, model = w.unipc_schedule(json.load(open(sys.argv[2])), int(sys.argv[3]))
+ok = j['model_timesteps'] == model and max(abs(a - b) for a, b in zip(j['timesteps'], sig)) == 0
+print(f'== wan unipc schedule, flow_shift {sys.argv[4]}, {sys.argv[3]} steps: model timesteps and sigmas',
+      'equal the reference' if ok else 'MISMATCH')
+sys.exit(0 if ok else 1)" "$(dirname "$ref")" "$work/unipc/scheduler/scheduler_config.json" "$2" "$1"
+  done
   both=(--negative-text-embeddings "$work/bf16/neg.npy")
 else
   # FLUX.2-dev-like (guidance embedding, guidance 4.5), bf16 weights in two shards, TAPA at P = 2.

@@ -43,7 +43,7 @@ CfgGroups make_cfg_groups(Communicator& world);
 // Bytes one rank sends over its pair per step: b I_p C_in f32 (I_p of the half's shard).
 std::uint64_t cfg_pair_bytes(const DitConfig& cfg, const DitShape& shape, const DitShard& half_shard);
 
-// One sampling run of `opt.timesteps` Euler steps with `ex` over `world`, from `noise`
+// One sampling run of `opt.timesteps` steps (Euler, or UniPC: opt.unipc) with `ex` over `world`, from `noise`
 // ([b, N_img, C_in], every rank the same). Collective. Classifier-free guidance
 // (uses_negative_pass) runs the negative prompt's pass on `negative_ex` (required then: an exchange
 // of the same mode over the same ranks; V-Major keeps its own caches there), or, with `cfg_groups`

@@ -89,7 +89,7 @@ struct DitGeneration {
   DitShape shape;
   DitConditioning cond;     // the negative prompt's dropped where no negative pass runs
   SampleOptions opt;        // timesteps, guidance, compute, step cache, true_cfg_scale
-  std::string schedule_name;  // linear | flux | flux2 | scheduler_config
+  std::string schedule_name;  // linear | flux | flux2 | scheduler_config (UniPC: "scheduler_config (UniPC, order p)")
   DitShard shard;           // this rank's of its pass
   bool negative_pass = false;  // uses_negative_pass: the negative prompt's pass runs too
 };

@@ -13,9 +13,11 @@
 //   corrector (k > 0, the order p of the last predictor): x <- UniC(x_{k-1}, m_{k-1}, ..., m_k)
 //   predictor (order p = min(order, steps done + 1, K - k with lower_order_final)): x <- UniP(x, m_k, ...)
 // with the coefficients of UniPC (Zhao et al. 2023) as diffusers computes them: rho from the p x p
-// system R rho = b (rho_p = 1/2 at p = 2; rho_c = 1/2 at p = 1). Supported: orders 1-3, bh1 / bh2;
-// refused by name: other prediction types, predict_x0 false, Karras / exponential / beta sigmas,
-// dynamic shifting, shift_terminal, thresholding, a corrector-free step list, solver_p.
+// system R rho = b (rho_p = 1/2 at p = 2; rho_c = 1/2 at p = 1). Supported: orders 1-3, bh1 / bh2
+// (midpoint, heun, logrho run as bh2, as in diffusers); refused by name: other prediction types,
+// predict_x0 false, Karras / exponential / beta sigmas, dynamic shifting, shift_terminal,
+// thresholding, a corrector-free step list, solver_p, and the two configurations whose last step
+// diffusers computes as NaN (lower_order_final false above order 1; bh1 with a final sigma of 0).
 #pragma once
 
 #include <cstdint>
