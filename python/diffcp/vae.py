@@ -34,7 +34,6 @@ aborts the job (``MPI_Abort``) with the message rather than leave the other rank
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 __all__ = ["PatchParallelDecoder", "wan_decode_bytes", "row_split"]
 
@@ -48,11 +47,6 @@ _CACHE_T = 2  # frames a causal convolution keeps of its input (diffusers' CACHE
 def row_split(rows: int, P: int) -> list[int]:
     """The latent rows of each rank: rows // P each, the first rows % P ranks one more."""
     return [rows // P + (1 if p < rows % P else 0) for p in range(P)]
-
-
-def _config(vae) -> Any:
-    c = vae.config
-    return c
 
 
 def wan_decode_bytes(config, z_shape, P: int, p: int, itemsize: int = 4) -> dict[str, int]:

@@ -249,11 +249,11 @@ void write_latent(const std::string& path, const std::vector<float>& tokens, con
     write_npy(path, tokens.data(), latent_file_shape(cfg, shape));
 }
 
-// The timestep the model sees at each step (sigma units): UniPC's integer timesteps / 1000, else
-// the update's sigmas t_0 .. t_{T-1}.
+// The timestep the model sees at each step (sigma units; UniPC: its integer timesteps / 1000).
 std::vector<double> model_timesteps(const SampleOptions& opt) {
-  if (!opt.model_timesteps.empty()) return opt.model_timesteps;
-  return {opt.timesteps.begin(), opt.timesteps.end() - (opt.timesteps.empty() ? 0 : 1)};
+  std::vector<double> m;
+  for (std::size_t k = 0; k + 1 < opt.timesteps.size(); ++k) m.push_back(opt.model_timestep(k));
+  return m;
 }
 
 // Rank 0 writes DIR/timesteps.json now and DIR/velocity_<k>.npy at every step (the velocity

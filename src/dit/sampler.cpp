@@ -214,8 +214,7 @@ SampleTimings euler_sample(DitModel& model, std::vector<float>& x_p, const DitCo
     const auto t0 = std::chrono::steady_clock::now();
     const double comm0 = exchange_ms();
     double pair_ms = 0;
-    const double tk = opt.model_timesteps.empty() ? t[static_cast<std::size_t>(k)]
-                                                  : opt.model_timesteps[static_cast<std::size_t>(k)];
+    const double tk = opt.model_timestep(static_cast<std::size_t>(k));
     model.exchange().begin_step(k, steps);
     model.velocity(x.data(), txt.data(), pooled.data(), tk, opt.guidance, v.data());
     float* v_step = v.data();  // the velocity of the step, after guidance

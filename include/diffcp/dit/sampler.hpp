@@ -105,6 +105,8 @@ struct SampleOptions {
   // [T] the timestep the model sees at step k (UniPC: the scheduler's integer timesteps, in sigma
   // units); empty: timesteps[k].
   std::vector<double> model_timesteps{};
+  // The timestep the model sees at step k: model_timesteps[k], else timesteps[k].
+  double model_timestep(std::size_t k) const { return model_timesteps.empty() ? timesteps.at(k) : model_timesteps.at(k); }
   // order > 0: UniPC's multistep update (dit/unipc.hpp) instead of Euler's.
   UniPCOptions unipc{};
 };
