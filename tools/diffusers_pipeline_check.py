@@ -18,6 +18,14 @@ Builds a tiny random pipeline locally (no hub) and saves it with save_pretrained
          diffcp.vae.wan_decode_bytes.
   wan_a14b: the same with Wan 2.2 A14B's two experts (transformer_2, boundary_ratio 0.875: the
          high-noise expert above t = 875, the low-noise one below), both parallel.
+  wan_i2v: WanImageToVideoPipeline as Wan 2.1 I2V has it: a random CLIPVisionModel image encoder
+         (32 x 32 images, 5 tokens of 32 features) and CLIPImageProcessor, the same UMT5 and VAE (the
+         VAE also encodes the conditioning frame), a transformer of in_channels 12 (the latent's 4,
+         the frame mask's 4, the encoded image's 4), image_dim 32, added_kv_proj_dim 24; text padded
+         to 512 tokens (the pipeline's default, which diffusers' attention assumes).
+  wan_flf2v: the same with a first and a last frame (Wan 2.1 FLF2V: pos_embed_seq_len 10).
+  wan_i2v_a14b: Wan 2.2 I2V A14B: no image encoder (image_dim None), in_channels 12, two experts
+         (boundary_ratio 0.875).
   qwen_image, flux2: their pipelines' text encoders (Qwen2.5-VL, Mistral) are too large to build at
          random here, so these two are checked one level down: diffusers' own random
          QwenImageTransformer2DModel / Flux2Transformer2DModel, saved and loaded by from_pretrained,
@@ -40,7 +48,8 @@ checks the same forward against tools/flux_reference.py's NumPy reference there)
   /usr/bin/python3 -m venv --system-site-packages /tmp/dv
   /tmp/dv/bin/pip install --ignore-installed torch diffusers transformers safetensors tokenizers
   PYTHONPATH=build/release/python /tmp/dv/bin/python tools/diffusers_pipeline_check.py [--np 1,2,4] \
-      [--modes flat,tapa,vfirst,cocodiff] [--family flux1|sd3|wan|wan_a14b] [--out DIR]
+      [--modes flat,tapa,vfirst,cocodiff] [--family flux1|sd3|wan|wan_a14b|wan_i2v|wan_flf2v|wan_i2v_a14b]
+      [--out DIR]
 
 Exit codes: 0 every exact mode >= 40 dB, 1 below, 2 a run failed.
 """
@@ -108,35 +117,54 @@ def build_sd3(root: Path) -> None:
 WAN_FRAMES = 9
 
 
-def build_wan(root: Path, experts: int) -> None:
+WAN_FAMILIES = ("wan", "wan_a14b", "wan_i2v", "wan_flf2v", "wan_i2v_a14b")
+I2V_FAMILIES = ("wan_i2v", "wan_flf2v", "wan_i2v_a14b")
+CLIP_TOKENS = 5  # a 32 x 32 image in 16 x 16 patches, and the class token
+
+
+def build_wan(root: Path, experts: int, family: str = "wan") -> None:
     import torch
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+    from diffusers import (AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline,
+                           WanTransformer3DModel)
+    from transformers import (CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, UMT5Config,
+                              UMT5EncoderModel)
     torch.manual_seed(0)
     t5 = UMT5EncoderModel(UMT5Config(vocab_size=64, d_model=32, d_ff=37, d_kv=8, num_layers=2, num_heads=4))
     vae = AutoencoderKLWan(base_dim=16, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                            temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.0, 0.3],
                            latents_std=[1.5, 0.8, 1.0, 2.0])
-    experts_ = [WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-                                      out_channels=4, text_dim=32, freq_dim=16, ffn_dim=40, num_layers=2,
-                                      rope_max_seq_len=32) for _ in range(experts)]
+    i2v = family in I2V_FAMILIES
+    image = {} if family in ("wan", "wan_a14b", "wan_i2v_a14b") else dict(
+        image_dim=32, added_kv_proj_dim=24, pos_embed_seq_len=2 * CLIP_TOKENS if family == "wan_flf2v" else None)
+    experts_ = [WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+                                      in_channels=12 if i2v else 4, out_channels=4, text_dim=32, freq_dim=16, ffn_dim=40,
+                                      num_layers=2, rope_max_seq_len=32, **image) for _ in range(experts)]
     with torch.no_grad():  # diffusers' init zeroes some tables and is small: make every block matter
         for m in [vae] + experts_:
             for p in m.parameters():
                 p.add_(0.05 * torch.randn_like(p))
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0,
                                         num_train_timesteps=1000)
-    pipe = WanPipeline(tokenizer=tokenizer(T5_TOKENS), text_encoder=t5, vae=vae, scheduler=scheduler,
-                       transformer=experts_[0], transformer_2=experts_[1] if experts == 2 else None,
-                       boundary_ratio=0.875 if experts == 2 else None)
+    kw = dict(tokenizer=tokenizer(512 if image else T5_TOKENS), text_encoder=t5, vae=vae, scheduler=scheduler,
+              transformer=experts_[0], transformer_2=experts_[1] if experts == 2 else None,
+              boundary_ratio=0.875 if experts == 2 else None)
+    if not i2v:
+        pipe = WanPipeline(**kw)
+    else:
+        if image:
+            kw["image_encoder"] = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=37,
+                                                                   num_hidden_layers=2, num_attention_heads=4,
+                                                                   image_size=32, patch_size=16))
+            kw["image_processor"] = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        pipe = WanImageToVideoPipeline(**kw)
     pipe.save_pretrained(root)
 
 
 def build(root: Path, family: str) -> None:
     if family == "sd3":
         return build_sd3(root)
-    if family in ("wan", "wan_a14b"):
-        return build_wan(root, 2 if family == "wan_a14b" else 1)
+    if family in WAN_FAMILIES:
+        return build_wan(root, 2 if family.endswith("a14b") else 1, family)
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
@@ -160,10 +188,21 @@ def build(root: Path, family: str) -> None:
 
 def generate(pipe, family: str) -> np.ndarray:
     import torch
-    if family in ("wan", "wan_a14b"):  # frames [B, F, H, W, 3]
+    if family in WAN_FAMILIES:  # frames [B, F, H, W, 3]
+        kw = {}
+        if family in I2V_FAMILIES:  # the conditioning frame(s): smooth gradients, a second one for FLF2V's last
+            from PIL import Image
+            yy, xx = np.mgrid[0:HEIGHT, 0:WIDTH]
+            def picture(k):
+                rgb = np.stack([xx / WIDTH, yy / HEIGHT, 0.5 + 0.5 * np.sin((xx + k * yy) / 9.0)], -1)
+                return Image.fromarray((rgb * 255).astype(np.uint8))
+            kw["image"] = picture(1)
+            if family == "wan_flf2v":
+                kw["last_image"] = picture(3)
+        with_image = family in ("wan_i2v", "wan_flf2v")
         out = pipe(prompt=PROMPT, height=HEIGHT, width=WIDTH, num_frames=WAN_FRAMES, num_inference_steps=STEPS,
                    guidance_scale=5.0, generator=torch.Generator().manual_seed(0), output_type="np",
-                   max_sequence_length=T5_TOKENS)
+                   max_sequence_length=512 if with_image else T5_TOKENS, **kw)
         return np.asarray(out.frames, dtype=np.float32)
     out = pipe(prompt=PROMPT, height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
                guidance_scale=7.0 if family == "sd3" else 3.5, generator=torch.Generator().manual_seed(0),
@@ -172,9 +211,9 @@ def generate(pipe, family: str) -> np.ndarray:
 
 
 def load(path, family: str):
-    from diffusers import FluxPipeline, StableDiffusion3Pipeline, WanPipeline
-    return {"sd3": StableDiffusion3Pipeline, "wan": WanPipeline, "wan_a14b": WanPipeline}.get(
-        family, FluxPipeline).from_pretrained(path)
+    from diffusers import FluxPipeline, StableDiffusion3Pipeline, WanImageToVideoPipeline, WanPipeline
+    return {"sd3": StableDiffusion3Pipeline, "wan": WanPipeline, "wan_a14b": WanPipeline,
+            **{f: WanImageToVideoPipeline for f in I2V_FAMILIES}}.get(family, FluxPipeline).from_pretrained(path)
 
 
 def check_patch_vae(par) -> str:
@@ -264,7 +303,7 @@ def worker(a: argparse.Namespace) -> int:
     from mpi4py import MPI
     import diffcp.diffusers
     pipe = load(a.pipe, a.family)
-    video = a.family in ("wan", "wan_a14b")
+    video = a.family in WAN_FAMILIES
     par = diffcp.diffusers.parallelize(pipe, mode=a.mode, dtype="f32", weights_dtype="f32",
                                        vae="patch" if video else "replicated")
     image = generate(par, a.family)
@@ -307,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--np", default="1,2,4")
     ap.add_argument("--modes", default="flat,tapa,vfirst,cocodiff")
-    ap.add_argument("--family", default="flux1", choices=["flux1", "sd3", "wan", "wan_a14b", "qwen_image", "flux2"])
+    ap.add_argument("--family", default="flux1", choices=["flux1", "sd3", *WAN_FAMILIES, "qwen_image", "flux2"])
     ap.add_argument("--out", default=None, help="keep the pipeline, images and the PNG here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--pipe", help=argparse.SUPPRESS)
@@ -333,14 +372,18 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         if a.family == "sd3":
             ctl.transformer.transformer_blocks[0].attn.to_out[0].weight.zero_()
-        elif a.family == "wan_a14b":  # the low-noise expert's: both experts must run
+        elif a.family in ("wan_a14b", "wan_i2v_a14b"):  # the low-noise expert's: both experts must run
             ctl.transformer_2.blocks[0].attn1.to_out[0].weight.zero_()
+        elif a.family in ("wan_i2v", "wan_flf2v"):  # the image context's values: its attention must matter
+            ctl.transformer.blocks[0].attn2.add_v_proj.weight.zero_()
+            ctl.transformer.blocks[0].attn2.add_v_proj.bias.zero_()
         elif a.family == "wan":
             ctl.transformer.blocks[0].attn1.to_out[0].weight.zero_()
         else:
             ctl.transformer.single_transformer_blocks[1].proj_out.weight.zero_()
     db_ctl = psnr(generate(ctl, a.family), ref)
-    print(f"negative control (one block's attention output zeroed): PSNR {db_ctl:.2f} dB")
+    what = "the image context's values zeroed in one block" if a.family in ("wan_i2v", "wan_flf2v") else "one block's attention output zeroed"
+    print(f"negative control ({what}): PSNR {db_ctl:.2f} dB")
     if db_ctl >= 40:
         print("FAIL: the negative control is within 40 dB: the check cannot see a wrong transformer")
         return 1

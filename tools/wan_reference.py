@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Independent float64 NumPy reference of Wan 2.1's text-to-video transformer and its pipeline's sampler.
+"""Independent float64 NumPy reference of Wan 2.1's transformer (text- and image-to-video) and its pipeline's sampler.
 
 Re-expressed from diffusers' public sources (models/transformers/transformer_wan.py:
 WanTransformer3DModel, WanTransformerBlock, WanAttention + WanAttnProcessor, WanRotaryPosEmbed,
 WanTimeTextImageEmbedding; models/embeddings.py: Timesteps, TimestepEmbedding,
 PixArtAlphaTextProjection, get_1d_rotary_pos_embed; models/normalization.py: FP32LayerNorm;
 models/attention.py: FeedForward; pipelines/wan/pipeline_wan.py and
-schedulers/scheduling_flow_match_euler_discrete.py: the sigmas, classifier-free guidance). Text-to-
-video only: no image embedding, no added_kv_proj. It shares no code with diffcp's C++ DiT and works
+schedulers/scheduling_flow_match_euler_discrete.py: the sigmas, classifier-free guidance; WanImageEmbedding
+and the added_kv_proj attention for image-to-video). It shares no code with diffcp's C++ DiT and works
 directly on diffusers' tensor names and the latent video layout. File helpers are
 diffusers_folder.py's. Shapes: B batch, C latent channels, latent [B, C, F, h, w] (F latent frames,
 h = H/8, w = W/8), N = F * (h/2) * (w/2) tokens in (frame, row, col) order, T text tokens, E text_dim,
@@ -23,6 +23,9 @@ D = heads * head_dim.
           attn: RMSNorm(q), RMSNorm(k) over all D (weight [D]) before the head split; norm2 is a
           LayerNorm with weight + bias when cross_attn_norm, else the identity
   out  = unpatchify(proj_out(LN(x) (1 + scale) + shift))          shift, scale = table[2] + temb
+  I2V: the latent's input channels are followed by the condition's (in_channels > out_channels); with
+          image_dim, ictx = LN_1e-5(ff.net.2(GELU(ff.net.0(LN_1e-5(image [+ pos_embed]))))) and attn2 adds
+          softmax(q RMS(add_k_proj(ictx))^T) add_v_proj(ictx) to its text attention before to_out
   CFG  = uncond + g (cond - uncond)                               (WanPipeline, g > 1)
   sampler: FlowMatchEulerDiscreteScheduler (Euler), or UniPCMultistepScheduler's flow configuration
           (Wan's folders: class UniPC below, written from the UniPC paper's update as diffusers runs it)
@@ -31,11 +34,13 @@ D = heads * head_dim.
                           [--scheduler euler|unipc] [--solver-order P]
                           [--head-dim D] [--ffn M] [--channels C] [--text-dim E] [--text-tokens T]
                           [--neg-tokens T2] [--frames F] [--width W] [--height H] [--seed S]
-                          [--no-cross-attn-norm]
+                          [--no-cross-attn-norm] [--condition-channels C2] [--image-dim DI]
+                          [--image-tokens I] [--pos-embed]
   wan_reference.py check  --weights DIR --txt T [--neg N] --noise X --frames F --width W --height H
                           --steps K [--guidance G] --dump DIR [--latent L] [--tol 2e-5]
   wan_reference.py header --config C --out DIR   (a data-less, real-shape transformer folder)
-  Python: WanRef(config, weights).forward(latent [B, C, F, h, w], enc [B, T, E], sigma) -> velocity
+  Python: WanRef(config, weights).forward(latent [B, C_in, F, h, w], enc [B, T, E], sigma,
+          image [B, I, DI] or None) -> velocity [B, C_out, F, h, w]
 
 Exit codes: 0 pass, 1 mismatch, 2 bad input.
 """
@@ -80,12 +85,14 @@ def read_config(c: dict, where: str) -> dict:
             raise InputError(f"{where}: unknown field {k!r}")
         a[k] = v
     a["out_channels"] = a["out_channels"] or a["in_channels"]
-    if a["image_dim"] is not None or a["added_kv_proj_dim"] is not None:
-        raise InputError(f"{where}: image_dim / added_kv_proj_dim set (image-to-video); the reference models text-to-video")
+    D = a["num_attention_heads"] * a["attention_head_dim"]
+    if (a["image_dim"] is None) != (a["added_kv_proj_dim"] is None) or a["added_kv_proj_dim"] not in (None, D) \
+            or (a["pos_embed_seq_len"] is not None and a["image_dim"] is None):
+        raise InputError(f"{where}: image_dim and added_kv_proj_dim (= {D}) together, pos_embed_seq_len only with them")
     if list(a["patch_size"]) != [1, 2, 2] or a["qk_norm"] != "rms_norm_across_heads" \
-            or a["out_channels"] != a["in_channels"] or not isinstance(a["cross_attn_norm"], bool):
+            or a["out_channels"] > a["in_channels"] or not isinstance(a["cross_attn_norm"], bool):
         raise InputError(f"{where}: the reference models patch_size [1, 2, 2], qk_norm rms_norm_across_heads, "
-                         "out_channels = in_channels and a boolean cross_attn_norm")
+                         "out_channels <= in_channels and a boolean cross_attn_norm")
     if a["attention_head_dim"] % 2 or a["freq_dim"] % 2:
         raise InputError(f"{where}: attention_head_dim and freq_dim must be even (RoPE pairs, [cos | sin])")
     return a
@@ -113,8 +120,20 @@ def weight_shapes(a: dict) -> dict[str, tuple[int, ...]]:
             s[b + at + "norm_q.weight"], s[b + at + "norm_k.weight"] = (D,), (D,)
         if a["cross_attn_norm"]:
             s[b + "norm2.weight"], s[b + "norm2.bias"] = (D,), (D,)
+        if a["image_dim"] is not None:
+            lin(b + "attn2.add_k_proj", D, D)
+            lin(b + "attn2.add_v_proj", D, D)
+            s[b + "attn2.norm_added_k.weight"] = (D,)
         lin(b + "ffn.net.0.proj", D, M)
         lin(b + "ffn.net.2", M, D)
+    if a["image_dim"] is not None:
+        DI, ie = a["image_dim"], "condition_embedder.image_embedder."
+        s[ie + "norm1.weight"], s[ie + "norm1.bias"] = (DI,), (DI,)
+        lin(ie + "ff.net.0.proj", DI, DI)
+        lin(ie + "ff.net.2", DI, D)
+        s[ie + "norm2.weight"], s[ie + "norm2.bias"] = (D,), (D,)
+        if a["pos_embed_seq_len"] is not None:
+            s[ie + "pos_embed"] = (1, a["pos_embed_seq_len"], DI)
     s["scale_shift_table"] = (1, 2, D)
     lin("proj_out", D, a["out_channels"] * 4)
     return s
@@ -154,31 +173,58 @@ class WanRef:
     def lin(self, name: str, x: np.ndarray) -> np.ndarray:
         return x @ self.w[name + ".weight"].T + self.w[name + ".bias"]
 
-    def ln(self, x: np.ndarray, name: str | None = None) -> np.ndarray:
+    def ln(self, x: np.ndarray, name: str | None = None, eps: float | None = None) -> np.ndarray:
         """LayerNorm over the last axis (biased variance, eps); with name's weight and bias if given."""
         mu = x.mean(-1, keepdims=True)
-        y = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + self.eps)
+        y = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + (self.eps if eps is None else eps))
         return y if name is None else y * self.w[name + ".weight"] + self.w[name + ".bias"]
 
     def rms(self, x: np.ndarray, name: str) -> np.ndarray:
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * self.w[name + ".weight"]
 
-    def attn(self, p: str, x: np.ndarray, ctx: np.ndarray, ang: np.ndarray | None) -> np.ndarray:
-        """WanAttention: x [B, N, D] attends to ctx [B, S, D]; RMS over all D, then heads, then RoPE."""
+    def sdpa(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """q [B, N, heads, d], k, v [B, S, heads, d] -> softmax(q k^T / sqrt d) v [B, heads, N, d]."""
+        s = q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1) / math.sqrt(self.d)  # [B, heads, N, S]
+        pr = np.exp(s - s.max(-1, keepdims=True))
+        return (pr / pr.sum(-1, keepdims=True)) @ v.transpose(0, 2, 1, 3)
+
+    def attn(self, p: str, x: np.ndarray, ctx: np.ndarray, ang: np.ndarray | None,
+             ictx: np.ndarray | None = None) -> np.ndarray:
+        """WanAttention: x [B, N, D] attends to ctx [B, S, D]; RMS over all D, then heads, then RoPE;
+        with ictx [B, I, D] (I2V) the same queries attend to it too, a softmax of its own, summed."""
         B, N, D = x.shape
         q = self.rms(self.lin(p + "to_q", x), p + "norm_q").reshape(B, N, self.h, self.d)
         k = self.rms(self.lin(p + "to_k", ctx), p + "norm_k").reshape(B, -1, self.h, self.d)
         v = self.lin(p + "to_v", ctx).reshape(B, -1, self.h, self.d)
         if ang is not None:
             q, k = rotate(q, ang), rotate(k, ang)
-        s = q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1) / math.sqrt(self.d)  # [B, heads, N, S]
-        pr = np.exp(s - s.max(-1, keepdims=True))
-        o = (pr / pr.sum(-1, keepdims=True)) @ v.transpose(0, 2, 1, 3)
+        o = self.sdpa(q, k, v)
+        if ictx is not None:
+            ki = self.rms(self.lin(p + "add_k_proj", ictx), p + "norm_added_k").reshape(B, -1, self.h, self.d)
+            o = o + self.sdpa(q, ki, self.lin(p + "add_v_proj", ictx).reshape(B, -1, self.h, self.d))
         return self.lin(p + "to_out.0", o.transpose(0, 2, 1, 3).reshape(B, N, D))
 
-    def forward(self, lat: np.ndarray, enc: np.ndarray, sigma: float) -> np.ndarray:
-        """lat [B, C, F, h, w], enc [B, T, E], sigma (timestep 1000 sigma) -> velocity [B, C, F, h, w]."""
+    def image_context(self, image: np.ndarray) -> np.ndarray:
+        """WanImageEmbedding: image [B, I, DI] (FLF2V: + pos_embed) -> [B, I, D]; FP32LayerNorm's eps 1e-5,
+        FeedForward's exact GELU."""
+        ie = "condition_embedder.image_embedder."
+        if self.a["pos_embed_seq_len"] is not None:
+            if image.shape[1] != self.a["pos_embed_seq_len"]:
+                raise InputError(f"image context of {image.shape[1]} tokens, the position table has "
+                                 f"{self.a['pos_embed_seq_len']}")
+            image = image + self.w[ie + "pos_embed"][0]
+        y = self.lin(ie + "ff.net.0.proj", self.ln(image, ie + "norm1", 1e-5))
+        y = 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2.0)))
+        return self.ln(self.lin(ie + "ff.net.2", y), ie + "norm2", 1e-5)
+
+    def forward(self, lat: np.ndarray, enc: np.ndarray, sigma: float, image: np.ndarray | None = None) -> np.ndarray:
+        """lat [B, C_in, F, h, w] (I2V: the latent's channels, then the condition's), enc [B, T, E], sigma
+        (timestep 1000 sigma), image [B, I, DI] (with image_dim) -> velocity [B, C_out, F, h, w]."""
         B, C, F, h, w = lat.shape
+        if C != self.a["in_channels"] or (image is None) != (self.a["image_dim"] is None):
+            raise InputError(f"latent of {C} channels (in_channels {self.a['in_channels']}); an image context "
+                             f"{'needed' if self.a['image_dim'] is not None else 'not taken'}")
+        ictx = None if image is None else self.image_context(image)
         gh, gw, D, mx = h // 2, w // 2, self.h * self.d, self.a["rope_max_seq_len"]
         if h % 2 or w % 2 or max(F, gh, gw) > mx:
             raise InputError(f"latent {F} x {h} x {w}: h, w must be even and F, h/2, w/2 <= rope_max_seq_len {mx}")
@@ -197,12 +243,13 @@ class WanRef:
             m = self.w[b + "scale_shift_table"].reshape(6, D) + mod  # shift, scale, gate, c_shift, c_scale, c_gate
             y = self.ln(x) * (1 + m[1]) + m[0]
             x = x + m[2] * self.attn(b + "attn1.", y, y, ang)
-            x = x + self.attn(b + "attn2.", self.ln(x, b + "norm2") if self.a["cross_attn_norm"] else x, ctx, None)
+            x = x + self.attn(b + "attn2.", self.ln(x, b + "norm2") if self.a["cross_attn_norm"] else x, ctx, None, ictx)
             y = self.ln(x) * (1 + m[4]) + m[3]
             x = x + m[5] * self.lin(b + "ffn.net.2", gelu_tanh(self.lin(b + "ffn.net.0.proj", y)))
         shift, scale = self.w["scale_shift_table"].reshape(2, D) + temb  # temb not silu'd here
         y = self.lin("proj_out", self.ln(x) * (1 + scale) + shift)  # [B, N, (ph, pw, c)], c fastest
-        return y.reshape(B, F, gh, gw, 2, 2, C).transpose(0, 6, 1, 2, 4, 3, 5).reshape(B, C, F, h, w)
+        Co = self.a["out_channels"]
+        return y.reshape(B, F, gh, gw, 2, 2, Co).transpose(0, 6, 1, 2, 4, 3, 5).reshape(B, Co, F, h, w)
 
 
 def wan_sigmas(sched: dict, steps: int) -> list[float]:
@@ -312,8 +359,11 @@ def load_folder(path: Path, header_only: bool = False) -> tuple[dict, dict[str, 
 
 def cmd_make(a: argparse.Namespace) -> int:
     cfg = {"_class_name": CLASS, **DEFAULTS, "num_attention_heads": a.heads, "attention_head_dim": a.head_dim,
-           "in_channels": a.channels, "out_channels": a.channels, "text_dim": a.text_dim, "ffn_dim": a.ffn,
-           "num_layers": a.layers, "cross_attn_norm": not a.no_cross_attn_norm}
+           "in_channels": a.channels + a.condition_channels, "out_channels": a.channels, "text_dim": a.text_dim,
+           "ffn_dim": a.ffn, "num_layers": a.layers, "cross_attn_norm": not a.no_cross_attn_norm}
+    if a.image_dim:
+        cfg.update(image_dim=a.image_dim, added_kv_proj_dim=a.heads * a.head_dim,
+                   pos_embed_seq_len=a.image_tokens if a.pos_embed else None)
     try:
         p = read_config(cfg, "the arguments")
         if a.width <= 0 or a.height <= 0 or a.width % 16 or a.height % 16 \
@@ -335,6 +385,9 @@ def cmd_make(a: argparse.Namespace) -> int:
     np.save(out / "neg.npy", rng(a.seed, "input.neg").standard_normal((a.neg_tokens, E)).astype(np.float32))
     np.save(out / "noise.npy", rng(a.seed, "input.noise").standard_normal(
         (1, a.channels, a.frames, a.height // 8, a.width // 8)).astype(np.float32))
+    if a.image_dim:
+        np.save(out / "image.npy", rng(a.seed, "input.image").standard_normal(
+            (1, a.image_tokens, a.image_dim)).astype(np.float32))
     n = a.frames * (a.height // 16) * (a.width // 16)
     print(f"make: {len(tensors)} tensors ({dtype}, {a.shards} file(s)), {n} tokens -> {out}")
     return 0
@@ -346,6 +399,8 @@ def cmd_check(a: argparse.Namespace) -> int:
         raise InputError(f"{a.weights}: a pipeline folder with scheduler/scheduler_config.json is needed")
     if a.width <= 0 or a.height <= 0 or a.width % 16 or a.height % 16 or a.steps <= 0 or a.frames <= 0:
         raise InputError(f"width {a.width} / height {a.height} must be multiples of 16, frames and steps > 0")
+    if p["in_channels"] != p["out_channels"] or p["image_dim"] is not None:
+        raise InputError(f"{a.weights}: an image-to-video transformer; `diffcp dit` (what this checks) runs text-to-video")
     E, C = p["text_dim"], p["in_channels"]
     txt = load_npy(Path(a.txt), [(None, E), (1, None, E)]).reshape(1, -1, E)
     cfg = a.neg is not None and a.guidance > 1
@@ -386,6 +441,11 @@ def main(argv: list[str] | None = None) -> int:
                           ("height", 48), ("seed", 0)):
         m.add_argument(f"--{name}", type=int, default=default)
     m.add_argument("--no-cross-attn-norm", action="store_true", help="cross_attn_norm false (norm2 the identity)")
+    for name, default, what in (("condition-channels", 0, "I2V: the condition's channels after the latent's"),
+                                ("image-dim", 0, "I2V: the image context's features (0: none)"),
+                                ("image-tokens", 5, "I2V: the image context's tokens (image.npy)")):
+        m.add_argument(f"--{name}", type=int, default=default, help=what)
+    m.add_argument("--pos-embed", action="store_true", help="FLF2V: pos_embed_seq_len = --image-tokens")
     m.add_argument("--scheduler", choices=["euler", "unipc"], default="euler",
                    help="the folder's scheduler: FlowMatchEulerDiscreteScheduler, or UniPC as Wan's folders ship it")
     m.add_argument("--solver-order", type=int, default=2, help="UniPC's solver_order")

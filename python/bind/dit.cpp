@@ -38,6 +38,9 @@ class DitPy {
     d["heads"] = c.heads;
     d["guidance_embed"] = c.guidance_embed;
     d["latent_channels"] = c.latent_channels;
+    d["condition_channels"] = c.condition_channels;  // Wan I2V: the input's channels after the latent's
+    d["image_dim"] = c.image_dim;                    // Wan I2V: CLIP's features (0: no image context)
+    d["image_pos_tokens"] = c.image_pos_tokens;      // FLF2V's position table (0: none)
     d["weights_dtype"] = dtype_name(w.storage());
     d["shard_weights"] = w.sharded();
     d["weights_bytes_per_rank"] = w.bytes();
@@ -73,8 +76,9 @@ class DitPy {
   }
 
   //   x: [b, N_img, C_in] every rank's full latent tokens (the same on every rank), N_img = frames (height/16) (width/16)
-  //      (a video's tokens frame-major; frames 1 for an image)
-  //   txt: [T, text_dim] the prompt's rows (shared by the b images)   pooled: [pooled_dim] (empty without one)
+  //      (a video's tokens frame-major; frames 1 for an image; Wan I2V: [b, N_img, C_in + C_cond])
+  //   txt: [T, text_dim] the prompt's rows (shared by the b images)   pooled: [pooled_dim] (empty without one;
+  //      Wan I2V: the image context [I_ctx, image_dim])
   //   -> [b, N_img, C_in] the velocity, gathered on every rank. Collective over comm.
   py::array_t<float> velocity(const Floats& x, std::int64_t height, std::int64_t width, const Floats& txt,
                               const Floats& pooled, double t, double guidance, int pass, int step, int steps,
@@ -85,7 +89,7 @@ class DitPy {
       py::gil_scoped_release release;
       out = session_->velocity(pass, shape, host(x), host(txt), host(pooled), t, guidance, step, steps);
     }
-    py::array_t<float> v({x.shape(0), x.shape(1), x.shape(2)});
+    py::array_t<float> v({x.shape(0), x.shape(1), static_cast<py::ssize_t>(session_->model().in_channels())});
     std::copy(out.begin(), out.end(), v.mutable_data());
     return v;
   }
@@ -104,7 +108,7 @@ class DitPy {
       v = session_->velocity_pair(pair_index, s0, s1, {&in[0][0], &in[0][1], &in[0][2]}, {&in[1][0], &in[1][1], &in[1][2]}, t,
                                   guidance, step, steps);
     }
-    py::array_t<float> out({std::int64_t{2}, x0.shape(0), x0.shape(1), x0.shape(2)});
+    py::array_t<float> out({py::ssize_t{2}, x0.shape(0), x0.shape(1), static_cast<py::ssize_t>(session_->model().in_channels())});
     std::copy(v[0].begin(), v[0].end(), out.mutable_data());
     std::copy(v[1].begin(), v[1].end(), out.mutable_data() + v[0].size());
     return out;

@@ -83,6 +83,8 @@ class _Forward:
     def __init__(self, core, state):
         self.core = core
         self.state = state
+        self.config = core.config()
+        self.out_channels = 4 * int(self.config["latent_channels"])  # C_in: 2 x 2 patches of the latent
 
     def velocity(self, x: np.ndarray, gh: int, gw: int, txt, pooled, t: float, g: float, frames: int = 1) -> np.ndarray:
         """x [B, N, C_in] packed tokens of `frames` gh x gw grids (frame-major; 1 for an image); txt: per image its [T_i, D] rows, pooled
@@ -94,7 +96,7 @@ class _Forward:
         # The step within this transformer's run: Wan 2.2 A14B's low-noise expert starts at the boundary,
         # and its V-Major caches and step cache must start afresh there (its own step 0).
         step, steps = self.state.local(id(self), self.state.step_of(t))
-        out = np.empty_like(x)
+        out = np.empty(x.shape[:2] + (self.out_channels,), np.float32)  # Wan I2V: the input has the condition too
         groups: list[list[int]] = []
         for i in range(x.shape[0]):
             for grp in groups:
@@ -318,17 +320,41 @@ class _Flux2Forward(_Forward):
 
 class _WanForward(_Forward):
     """WanTransformer3DModel.forward: hidden_states the latent video [B, C, F, H/8, W/8] (patches 1 x 2 x 2,
-    tokens frame-major), timestep = 1000 sigma ([B], or WanPipeline's expand_timesteps [B, N], every
-    token the same), encoder_hidden_states [B, T, D] (cross-attended: every rank holds it whole);
-    WanPipeline's classifier-free guidance is two calls a step (the prompt's, then the negative
-    prompt's). No image embedding (I2V)."""
+    tokens frame-major; image-to-video: the latent's channels, then the mask's and the encoded image's),
+    timestep = 1000 sigma ([B], or WanPipeline's expand_timesteps [B, N], every token the same),
+    encoder_hidden_states [B, T, D] (cross-attended: every rank holds it whole), and Wan 2.1 I2V's
+    encoder_hidden_states_image [B, I, 1280] (CLIP's; FLF2V: [2B, 257, 1280], the first and last frames',
+    paired as the model's position table wants), cross-attended whole on every rank too;
+    the pipelines' classifier-free guidance is two calls a step (the prompt's, then the negative
+    prompt's)."""
+
+    # diffusers' WanAttnProcessor takes all but the last 512 context tokens as the image's
+    TEXT_TOKENS_WITH_IMAGE = 512
 
     def __call__(self, hidden_states, timestep=None, encoder_hidden_states=None, encoder_hidden_states_image=None,
                  return_dict=True, attention_kwargs=None, **unused):
-        if encoder_hidden_states_image is not None:
-            raise NotImplementedError("diffcp.diffusers: encoder_hidden_states_image (Wan's image-to-video "
-                                      "conditioning) is not supported")
         self.refuse(attention_kwargs, unused)
+        image = None
+        if int(self.config["image_dim"]) > 0:
+            if encoder_hidden_states_image is None:
+                raise ValueError("diffcp.diffusers: this Wan image-to-video transformer needs "
+                                 "encoder_hidden_states_image (its CLIP image context)")
+            T = int(encoder_hidden_states.shape[1])
+            if T != self.TEXT_TOKENS_WITH_IMAGE:
+                raise NotImplementedError(
+                    f"diffcp.diffusers: a text of {T} tokens beside the image context; diffusers' WanAttnProcessor "
+                    f"takes all but the last {self.TEXT_TOKENS_WITH_IMAGE} context tokens as the image's, so only "
+                    f"max_sequence_length={self.TEXT_TOKENS_WITH_IMAGE} (the pipeline's default) gives its result")
+            image = encoder_hidden_states_image.detach()
+            if int(self.config["image_pos_tokens"]) > 0:  # FLF2V: WanImageEmbedding's view(-1, 2 S, D)
+                S, D = image.shape[1], image.shape[2]
+                image = image.reshape(-1, 2 * S, D)
+            if image.dim() != 3 or image.shape[0] != hidden_states.shape[0] or image.shape[2] != int(self.config["image_dim"]):
+                raise ValueError(f"encoder_hidden_states_image of shape {tuple(encoder_hidden_states_image.shape)}, "
+                                 f"expected [{hidden_states.shape[0]}, I, {self.config['image_dim']}]")
+        elif encoder_hidden_states_image is not None:
+            raise ValueError("diffcp.diffusers: encoder_hidden_states_image for a Wan transformer without an image "
+                             "embedder (image_dim None: text-to-video, or Wan 2.2 I2V A14B)")
         if hidden_states.dim() != 5:
             raise ValueError(f"hidden_states of shape {tuple(hidden_states.shape)}, expected the latent video "
                              "[B, C, F, H/8, W/8]")
@@ -342,10 +368,11 @@ class _WanForward(_Forward):
         if timestep is not None and timestep.dim() == 2 and not bool((timestep == timestep.reshape(-1)[0]).all()):
             raise NotImplementedError("diffcp.diffusers: per-token timesteps that differ (Wan 2.2 TI2V's image "
                                       "conditioning) are not supported")
-        v = self.velocity(np.ascontiguousarray(x), gh, gw, list(encoder_hidden_states.detach()), None,
+        v = self.velocity(np.ascontiguousarray(x), gh, gw, list(encoder_hidden_states.detach()), image,
                           self.timestep(timestep) / 1000.0, 0.0, frames=F)
-        def unpack(tokens):  # [B, F gh gw, 4C] -> [B, C, F, H, W]
-            return tokens.reshape(B, F, gh, gw, C, 2, 2).transpose(0, 4, 1, 2, 5, 3, 6).reshape(B, C, F, H, W)
+        Co = self.out_channels // 4  # image-to-video: fewer channels out than in
+        def unpack(tokens):  # [B, F gh gw, 4 Co] -> [B, Co, F, H, W]
+            return tokens.reshape(B, F, gh, gw, Co, 2, 2).transpose(0, 4, 1, 2, 5, 3, 6).reshape(B, Co, F, H, W)
         return self.output(v, hidden_states, return_dict, unpack)
 
 

@@ -402,6 +402,13 @@ DitPlan plan_dit(Communicator& world, DitOptions& o) {
     pl.ck = std::make_unique<SafeTensorsSet>(o.weights);
   }
   pl.cfg = resolve_config(o, pl.ck.get(), folder_cfg);
+  DIFFCP_CHECK(o.dry_run || (pl.cfg.condition_channels == 0 && pl.cfg.image_dim == 0), "--weights '", o.weights,
+               "' is a Wan image-to-video transformer (in_channels ", pl.cfg.embed_in_channels() / 4, " = the latent's ",
+               pl.cfg.latent_channels, " + the condition's ", pl.cfg.condition_channels,
+               pl.cfg.image_dim > 0 ? ", a CLIP image context of " + std::to_string(pl.cfg.image_dim) + " features" : std::string(),
+               "): its condition comes from the image through the VAE encoder",
+               pl.cfg.image_dim > 0 ? " and CLIP" : "", ", which `diffcp dit` does not run; use ",
+               "diffcp.diffusers.parallelize(WanImageToVideoPipeline) (docs/python.md), or --dry-run for its shape");
   pl.run_config.emplace(o.run, pl.cfg, world.size(), world.rank(), pl.ck.get(), pl.format);
   DitInputs in = read_inputs(o, pl.cfg);
   pl.g = plan_generation(pl.run(), in.shape, std::move(in.cond), pl.scheduler_config);

@@ -87,6 +87,7 @@ class CpuBackend final : public Backend {
   void top_k(ConstTensorView logits, std::int64_t v0, std::span<float> values, std::span<std::int32_t> ids) override;
   double scale_sumsq(TensorView x, double scale) override;
   void gelu_tanh(TensorView x) override;
+  void gelu(TensorView x) override;
   void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
                           TensorView y) override;
   void gated_add(TensorView x, ConstTensorView gate, ConstTensorView y) override;

@@ -270,6 +270,20 @@ void CpuBackend::gelu_tanh(TensorView x_v) {
   }
 }
 
+// x: [rows, cols] (row stride ld) in place; the erf in fp32 per element (a small op: Wan I2V's image
+// embedder runs it once per call on its 257 context tokens)
+void CpuBackend::gelu(TensorView x_v) {
+  float* x = x_v.ptr<float>();
+  const std::int64_t rows = x_v.size(0), cols = x_v.size(1), ld = x_v.stride[0];
+  const float r2 = static_cast<float>(1.0 / std::numbers::sqrt2);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float v = x[r * ld + c];
+      x[r * ld + c] = 0.5f * v * (1.f + std::erf(v * r2));
+    }
+}
+
 // x, y: [rows, H] contiguous  shift, scale: [H]
 void CpuBackend::layernorm_modulate(ConstTensorView x_v, ConstTensorView shift_v, ConstTensorView scale_v, float eps,
                                     TensorView y_v) {

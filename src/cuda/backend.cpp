@@ -98,6 +98,7 @@ class CudaBackend final : public Backend {
       case OpKind::add:
       case OpKind::silu:
       case OpKind::gelu_tanh:
+      case OpKind::gelu:
       case OpKind::swiglu_forward:
       case OpKind::swiglu_backward:
       case OpKind::bias_add:
@@ -213,6 +214,9 @@ class CudaBackend final : public Backend {
   void silu(TensorView x) override { launched(cuda::silu(x.ptr<float>(), x.numel(), stream_), "silu"); }
   void gelu_tanh(TensorView x) override {
     launched(cuda::gelu_tanh(x.ptr<float>(), x.size(0), x.size(1), x.stride[0], stream_), "gelu_tanh");
+  }
+  void gelu(TensorView x) override {
+    launched(cuda::gelu(x.ptr<float>(), x.size(0), x.size(1), x.stride[0], stream_), "gelu");
   }
   void swiglu_forward(ConstTensorView gate, ConstTensorView up, TensorView act) override {
     if (act.rank == 1) {

@@ -88,6 +88,12 @@ int gelu_tanh(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, S
     x[r * ld + c] = 0.5f * v * (1.f + tanhf(k * (v + 0.044715f * v * v * v)));
   });
 }
+int gelu(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, Stream s) {
+  return launch_2d(rows, cols, s, [=] __device__(std::int64_t r, std::int64_t c) {
+    const float v = x[r * ld + c];
+    x[r * ld + c] = 0.5f * v * (1.f + erff(v * 0.7071067811865476f));  // 1 / sqrt(2)
+  });
+}
 int swiglu_forward(const float* gate, std::int64_t lg, const float* up, std::int64_t lu, float* act, std::int64_t la,
                    std::int64_t rows, std::int64_t cols, Stream s) {
   return launch_2d(rows, cols, s, [=] __device__(std::int64_t r, std::int64_t c) {

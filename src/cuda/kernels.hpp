@@ -30,6 +30,7 @@ int axpy(float* y, const float* x, float alpha, std::int64_t n, Stream s);
 int silu(float* x, std::int64_t n, Stream s);
 // x: rows x cols (row stride ld) in place: GELU, tanh approximation
 int gelu_tanh(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, Stream s);
+int gelu(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld, Stream s);
 // act = silu(gate) * up, rows x cols with a row stride each (rows = 1: [n])
 int swiglu_forward(const float* gate, std::int64_t lg, const float* up, std::int64_t lu, float* act, std::int64_t la,
                    std::int64_t rows, std::int64_t cols, Stream s);

@@ -25,7 +25,7 @@ void DitConfig::validate() const {
   // Bounds first, so nothing below (nor the layout's offsets) can overflow int64: every size at
   // most 2^24 and the parameter count under 2^40 (FLUX.1 has 1.2e10 = 2^33.5).
   for (const std::int64_t v : {heads, head_dim, double_blocks, single_blocks, mlp_hidden, latent_channels, patch, text_dim,
-                               pooled_dim, time_dim})
+                               pooled_dim, time_dim, condition_channels, image_dim, image_pos_tokens})
     DIFFCP_CHECK(v <= (std::int64_t{1} << 24), "dit: a model size of ", v, " is beyond 2^24 (heads = ", heads,
                  ", head_dim = ", head_dim, ", blocks = ", double_blocks, " + ", single_blocks, ", mlp_hidden = ", mlp_hidden,
                  ", channels = ", latent_channels, " x ", patch, "^2, text_dim = ", text_dim, ", pooled_dim = ", pooled_dim, ")");
@@ -33,7 +33,8 @@ void DitConfig::validate() const {
     const double H = static_cast<double>(heads) * static_cast<double>(head_dim), M = static_cast<double>(mlp_hidden);
     const double params = static_cast<double>(double_blocks) * 2 * (10 * H * H + 2 * H * M) +
                           static_cast<double>(single_blocks) * (7 * H * H + 2 * H * M) +
-                          H * static_cast<double>(latent_channels * patch * patch + text_dim + pooled_dim + 2 * time_dim + 4 * H);
+                          H * static_cast<double>(embed_in_channels() + text_dim + pooled_dim + 2 * time_dim + 4 * H) +
+                          static_cast<double>(image_dim) * static_cast<double>(image_dim + H + image_pos_tokens);
     DIFFCP_CHECK(params < std::ldexp(1.0, 40), "dit: the model would have ~", params, " parameters (hidden ", H,
                  ", mlp ", M, ", ", double_blocks, " + ", single_blocks, " blocks), beyond 2^40");
   }
@@ -54,6 +55,12 @@ void DitConfig::validate() const {
                                             rope_axes.size() == 3),
                "dit: wan has its own blocks only (single_blocks = ", single_blocks, ", double_blocks = ", double_blocks,
                "), no guidance embedding and three RoPE axes (frame, row, column; ", rope_axes.size(), " given)");
+  DIFFCP_CHECK((condition_channels == 0 && image_dim == 0 && image_pos_tokens == 0) ||
+                   (family == DitFamily::wan && condition_channels >= 0 && image_dim >= 0 && image_pos_tokens >= 0 &&
+                    (image_pos_tokens == 0 || image_dim > 0)),
+               "dit: condition_channels = ", condition_channels, ", image_dim = ", image_dim, ", image_pos_tokens = ",
+               image_pos_tokens, "; expected 0 each but in Wan's image-to-video models (", dit_family_name(family),
+               " given), >= 0, and image positions only with an image context");
   DIFFCP_CHECK(time_dim >= 2 && time_dim % 2 == 0, "dit: time_dim = ", time_dim, ", expected even and >= 2 (cos, sin halves)");
   DIFFCP_CHECK((family == DitFamily::sd3) == rope_axes.empty() && rope_axes.size() <= kMaxRopeAxes, "dit: ",
                rope_axes.size(), " RoPE axes, expected ", family == DitFamily::sd3 ? "none (SD3 has no RoPE)" : "1 to 4");
@@ -71,11 +78,14 @@ void DitConfig::validate() const {
 }
 
 nlohmann::json DitConfig::to_json() const {
-  return {{"family", dit_family_name(family)}, {"pos_embed_max", pos_embed_max}, {"hidden", hidden()}, {"heads", heads}, {"head_dim", head_dim}, {"double_blocks", double_blocks},
+  nlohmann::json j = {{"family", dit_family_name(family)}, {"pos_embed_max", pos_embed_max}, {"hidden", hidden()}, {"heads", heads}, {"head_dim", head_dim}, {"double_blocks", double_blocks},
           {"single_blocks", single_blocks}, {"mlp_hidden", mlp_hidden}, {"latent_channels", latent_channels},
           {"patch", patch}, {"text_dim", text_dim}, {"pooled_dim", pooled_dim}, {"time_dim", time_dim},
           {"rope_axes", rope_axes}, {"rope_theta", rope_theta}, {"eps", eps}, {"guidance_embed", guidance_embed},
           {"qkv_bias", qkv_bias}, {"cross_attn_norm", cross_attn_norm}};
+  if (condition_channels > 0 || image_dim > 0)  // Wan I2V
+    j.update({{"condition_channels", condition_channels}, {"image_dim", image_dim}, {"image_pos_tokens", image_pos_tokens}});
+  return j;
 }
 
 nlohmann::json DitConfig::to_flux_params() const {
@@ -213,6 +223,8 @@ void DitShape::validate() const {
   DIFFCP_CHECK(batch <= 65536 && text_tokens <= (std::int64_t{1} << 20), "dit: batch = ", batch, ", text_tokens = ",
                text_tokens, "; expected at most 65536 and 2^20");
   DIFFCP_CHECK(text_tokens >= 0, "dit: text_tokens = ", text_tokens, ", expected >= 0");
+  DIFFCP_CHECK(image_context >= 0 && image_context <= (std::int64_t{1} << 20), "dit: image_context = ", image_context,
+               " tokens, expected 0 to 2^20");
   DIFFCP_CHECK(frames >= 1 && frames <= 65536, "dit: frames = ", frames, ", expected 1 to 65536 latent frames");
   DIFFCP_CHECK(static_cast<double>(batch) * static_cast<double>(frames) * static_cast<double>(width / 16) *
                        static_cast<double>(height / 16) <= std::ldexp(1.0, 31),
@@ -312,12 +324,22 @@ DitLayout::DitLayout(const DitConfig& c) {
   c.validate();
   const std::int64_t H = c.hidden(), M = c.mlp_hidden, d = c.head_dim;
   if (c.family == DitFamily::wan) {  // diffusers' WanTransformer3DModel, in its order
-    img_in = linear("patch_embedding", c.in_channels(), H);
+    img_in = linear("patch_embedding", c.embed_in_channels(), H);
     txt_in = linear("condition_embedder.text_embedder.linear_1", c.text_dim, H);
     txt_in2 = linear("condition_embedder.text_embedder.linear_2", H, H);
     time_in0 = linear("condition_embedder.time_embedder.linear_1", c.time_dim, H);
     time_in1 = linear("condition_embedder.time_embedder.linear_2", H, H);
     time_proj = linear("condition_embedder.time_proj", H, 6 * H);
+    if (c.image_dim > 0) {  // I2V: WanImageEmbedding
+      const std::string pre = "condition_embedder.image_embedder.";
+      image_norm1_w = vector(pre + "norm1.weight", c.image_dim);
+      image_norm1_b = vector(pre + "norm1.bias", c.image_dim);
+      image_in = linear(pre + "ff.net.0.proj", c.image_dim, c.image_dim);
+      image_in2 = linear(pre + "ff.net.2", c.image_dim, H);
+      image_norm2_w = vector(pre + "norm2.weight", H);
+      image_norm2_b = vector(pre + "norm2.bias", H);
+      if (c.image_pos_tokens > 0) image_pos = table(pre + "pos_embed", {1, c.image_pos_tokens, c.image_dim});
+    }
     for (std::int64_t i = 0; i < c.single_blocks; ++i) {
       const std::string pre = "blocks." + std::to_string(i) + ".";
       WanBlock blk;
@@ -334,6 +356,10 @@ DitLayout::DitLayout(const DitConfig& c) {
       blk.cross_kv = linear(pre + "attn2.kv", H, 2 * H);
       blk.cross_q_scale = vector(pre + "attn2.norm_q.weight", H);
       blk.cross_k_scale = vector(pre + "attn2.norm_k.weight", H);
+      if (c.image_dim > 0) {
+        blk.image_kv = linear(pre + "attn2.add_kv", H, 2 * H);
+        blk.image_k_scale = vector(pre + "attn2.norm_added_k.weight", H);
+      }
       blk.cross_out = linear(pre + "attn2.to_out.0", H, H);
       blk.ffn0 = linear(pre + "ffn.net.0.proj", H, M);
       blk.ffn2 = linear(pre + "ffn.net.2", M, H);
@@ -343,8 +369,13 @@ DitLayout::DitLayout(const DitConfig& c) {
     final_linear = linear("proj_out", H, c.in_channels());
     total = matrices + vectors;
     add_unit({&img_in, &txt_in, &txt_in2, &time_in0, &time_in1, &time_proj, &final_linear});
+    if (c.image_dim > 0) {
+      append(&image_in);
+      append(&image_in2);
+    }
     for (WanBlock& blk : wan_blocks) {
       add_unit({&blk.qkv, &blk.out, &blk.cross_q, &blk.cross_kv, &blk.cross_out});
+      if (c.image_dim > 0) append(&blk.image_kv);
       add_unit({&blk.ffn0, &blk.ffn2});
     }
     return;

@@ -31,6 +31,10 @@ std::vector<std::string> diffusers_names(std::string_view base, DitFamily family
       const std::string a = b.substr(0, b.size() - 2);
       return {a + "to_k", a + "to_v"};
     }
+    if (b.ends_with(".attn2.add_kv")) {  // I2V: the image context's keys and values
+      const std::string a = b.substr(0, b.size() - 6);
+      return {a + "add_k_proj", a + "add_v_proj"};
+    }
     return {b};
   }
   const bool qwen = family == DitFamily::qwen_image, flux2 = family == DitFamily::flux2;
@@ -130,7 +134,7 @@ std::vector<DitFilePart> dit_file_parts(const DitLayout::Tensor& t, const DitCon
   const bool sd3 = cfg.family == DitFamily::sd3, wan = cfg.family == DitFamily::wan;
   if (suffix == "weight" && ((sd3 && base == "img_in") || (wan && base == "patch_embedding"))) {
     // a stride-p conv: [H, C, p, p] (Wan's 3-D one: [H, C, 1, p, p])
-    std::vector<std::int64_t> conv{H, cfg.latent_channels, cfg.patch, cfg.patch};
+    std::vector<std::int64_t> conv{H, cfg.latent_channels + cfg.condition_channels, cfg.patch, cfg.patch};
     if (wan) conv.insert(conv.begin() + 2, 1);
     return {{names[0] + ".weight", conv, 0, rows}};
   }
@@ -366,7 +370,9 @@ DitConfig sd3_from_diffusers(const nlohmann::json& j, const std::string& source)
 
 // WanTransformer3DModel (diffusers' transformer_wan.py), text-to-video: patch (1, 2, 2), RMS QK-norm
 // across heads, 3-D RoPE with the class's fixed split of the head dim, GELU-tanh FFN, freq_dim
-// timestep features. The image-conditioned variants (image_dim, added_kv_proj_dim) are refused.
+// timestep features. Image-to-video (WanImageToVideoPipeline's): in_channels above out_channels (the
+// condition's channels after the latent's), and Wan 2.1's image context (image_dim, added_kv_proj_dim
+// = the hidden size; FLF2V's pos_embed_seq_len).
 DitConfig wan_from_diffusers(const nlohmann::json& j, const std::string& source) {
   const nlohmann::json a = constructor_args(
       j,
@@ -379,12 +385,20 @@ DitConfig wan_from_diffusers(const nlohmann::json& j, const std::string& source)
                "; diffcp's token grid is the latent's 1 x 2 x 2 patches (frame, row, column), the only patch supported");
   DIFFCP_CHECK(a["qk_norm"] == "rms_norm_across_heads", "config '", source, "': qk_norm = ", a["qk_norm"].dump(),
                "; diffcp runs Wan's \"rms_norm_across_heads\" (the only one its releases use)");
-  for (const char* f : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
-    DIFFCP_CHECK(a[f].is_null(), "config '", source, "': ", f, " = ", a[f].dump(), " is not supported (diffcp runs Wan's ",
-                 "text-to-video transformer; the image-conditioned variants' image embedding is not implemented)");
   const std::int64_t in = config_int(a, "in_channels", source);
-  DIFFCP_CHECK(config_int(a, "out_channels", source) == in, "config '", source, "': out_channels = ",
-               a["out_channels"].dump(), " != in_channels = ", in, "; the sampler needs the velocity in the latent's shape");
+  const std::int64_t out = a["out_channels"].is_null() ? in : config_int(a, "out_channels", source);
+  DIFFCP_CHECK(out >= 1 && in >= out, "config '", source, "': in_channels = ", in, ", out_channels = ", out,
+               "; expected out_channels >= 1 and in_channels >= out_channels (the input is the latent, then any "
+               "image-to-video condition's channels)");
+  const auto optional_int = [&](const char* f) { return a[f].is_null() ? std::int64_t{0} : config_int(a, f, source); };
+  const std::int64_t image_dim = optional_int("image_dim"), added_kv = optional_int("added_kv_proj_dim"),
+                     pos_tokens = optional_int("pos_embed_seq_len");
+  const std::int64_t hidden = config_int(a, "num_attention_heads", source) * config_int(a, "attention_head_dim", source);
+  DIFFCP_CHECK((image_dim == 0 && added_kv == 0 && pos_tokens == 0) || (image_dim >= 1 && added_kv == hidden),
+               "config '", source, "': image_dim = ", a["image_dim"].dump(), ", added_kv_proj_dim = ",
+               a["added_kv_proj_dim"].dump(), ", pos_embed_seq_len = ", a["pos_embed_seq_len"].dump(),
+               "; diffcp runs Wan's image context as its releases have it: image_dim and added_kv_proj_dim = the hidden size (",
+               hidden, ") together, pos_embed_seq_len only with them");
   DIFFCP_CHECK(a["eps"].is_number() && a["eps"].get<double>() > 0, "config '", source, "': eps = ", a["eps"].dump(),
                ", expected a positive number");
   DitConfig c;
@@ -394,7 +408,10 @@ DitConfig wan_from_diffusers(const nlohmann::json& j, const std::string& source)
   c.double_blocks = 0;
   c.single_blocks = config_int(a, "num_layers", source);
   c.mlp_hidden = config_int(a, "ffn_dim", source);
-  c.latent_channels = in;
+  c.latent_channels = out;
+  c.condition_channels = in - out;
+  c.image_dim = image_dim;
+  c.image_pos_tokens = pos_tokens;
   c.patch = 2;
   c.text_dim = config_int(a, "text_dim", source);
   c.pooled_dim = 0;

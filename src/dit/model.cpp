@@ -94,19 +94,40 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
     q_rstd_.resize(Mp_);
     cross_lse_.resize(Mp_ * cfg_.heads);
     tproj_.resize(6 * H);
-    for (DeviceVector<float>* v : {&norm2_scale_, &minus_ones_}) v->resize(H);
-    fill(minus_ones_.data(), H, -1.f);
+    norm2_scale_.resize(H);
+    minus_ones_.resize(std::max(H, cfg_.image_dim));
+    fill(minus_ones_.data(), std::max(H, cfg_.image_dim), -1.f);
     // Image j's I_p query rows see its context: key rows [0, T) shared, or [j T, (j + 1) T) per image.
-    for (const bool own : {false, true}) {
-      std::vector<ContextSegment> segments;
-      std::vector<MaskBlock> blocks;
-      for (std::int64_t j = 0; j < b; ++j) {
-        const std::int64_t at = own ? j * T : 0;
-        if (own || j == 0) segments.push_back({at, at, T});
-        blocks.push_back({at, at + T, -1});
+    const auto context_masks = [&](std::int64_t T, std::vector<BlockMask>& masks) {
+      for (const bool own : {false, true}) {
+        std::vector<ContextSegment> segments;
+        std::vector<MaskBlock> blocks;
+        for (std::int64_t j = 0; j < b; ++j) {
+          const std::int64_t at = own ? j * T : 0;
+          if (own || j == 0) segments.push_back({at, at, T});
+          blocks.push_back({at, at + T, -1});
+        }
+        masks.emplace_back(Ip, own ? b * T : T, std::move(segments), std::move(blocks));
       }
-      cross_masks_.emplace_back(Ip, own ? b * T : T, std::move(segments), std::move(blocks));
+    };
+    context_masks(T, cross_masks_);
+    const std::int64_t I = shape_.image_context, Di = cfg_.image_dim;
+    DIFFCP_CHECK((I > 0) == (Di > 0) && (cfg_.image_pos_tokens == 0 || I == cfg_.image_pos_tokens),
+                 "dit: ", I, " image context tokens for a model ",
+                 Di > 0 ? "with an image context (image_dim " + std::to_string(Di) + ")" : std::string("without one"),
+                 cfg_.image_pos_tokens > 0 ? "; its position table needs " + std::to_string(cfg_.image_pos_tokens) : std::string());
+    if (Di > 0) {
+      for (DeviceVector<float>* v : {&ictx_in_, &ictx_n_}) v->resize(b * I * Di);
+      for (DeviceVector<float>* v : {&ictx_, &ik_, &iv_}) v->resize(b * I * std::max(H, Di));
+      ictx_rstd_.resize(b * I);
+      img_attn_.resize(Mp_ * H);
+      img_lse_.resize(Mp_ * cfg_.heads);
+      ictx_scale_.resize(std::max(H, Di));
+      context_masks(I, image_masks_);
     }
+  } else {
+    DIFFCP_CHECK(shape_.image_context == 0, "dit: ", shape_.image_context, " image context tokens for a ",
+                 dit_family_name(cfg_.family), " model (Wan I2V's only)");
   }
 }
 
@@ -144,7 +165,7 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   // The first evaluation is the warm-up (primitives made, weights packed): not profiled.
   timing_ = evaluations_++ > 0 ? profile_ : nullptr;
   if (timing_) ++timing_->evaluations;
-  if (cfg_.cross_attention()) return wan_velocity(x_p, txt_p, t, v_p, per_image);
+  if (cfg_.cross_attention()) return wan_velocity(x_p, txt_p, pooled, t, v_p, per_image);
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
   std::optional<DitPhaseScope> phase(std::in_place, timing_, DitPhase::conditioning);
   // vec = MLP_time(timestep features) + MLP_vector(pooled); the blocks use silu(vec).
@@ -237,7 +258,33 @@ void DitModel::v_first_qkv(const DitLinear& l, std::int64_t whole_cols, std::int
   if (!one_rank()) project(l, xm_.data(), Mp_, 0, 2 * H, big_.data(), ld);
 }
 
-void DitModel::wan_velocity(const float* x_p, const float* txt_p, double t, float* v_p, bool per_image) {
+// I2V: ictx_ = LN2(Lin2(GELU(Lin1(LN1(image [+ positions]))))), LN with weight and bias (eps 1e-5,
+// diffusers' FP32LayerNorm), as (1 + (w - 1)) LN + b.
+void DitModel::wan_image_context(const float* image_p) {
+  const DitLayout& L = w_.layout();
+  const std::int64_t H = cfg_.hidden(), Di = cfg_.image_dim, rows = n_ctx_ * shape_.image_context;
+  constexpr float kEps = 1e-5f;
+  const float* in = image_p;
+  if (L.image_pos >= 0) {  // FLF2V: the first and last frames' tokens take their learned positions
+    device_copy(ictx_in_.data(), image_p, rows * Di);
+    for (std::int64_t j = 0; j < n_ctx_; ++j)
+      add_into(ictx_in_.data() + j * shape_.image_context * Di, param(L.image_pos), shape_.image_context * Di);
+    in = ictx_in_.data();
+  }
+  const auto layernorm = [&](const float* x, std::int64_t cols, std::int64_t w, std::int64_t bias, float* y) {
+    device_copy(ictx_scale_.data(), param(w), cols);
+    add_into(ictx_scale_.data(), minus_ones_.data(), cols);
+    layernorm_modulate(x, rows, cols, param(bias), ictx_scale_.data(), kEps, y);
+  };
+  layernorm(in, Di, L.image_norm1_w, L.image_norm1_b, ictx_n_.data());
+  linear(L.image_in, ictx_n_.data(), Di, rows, ik_.data(), Di);
+  gelu_inplace(ik_.data(), rows, Di, Di);
+  linear(L.image_in2, ik_.data(), Di, rows, iv_.data(), H);
+  layernorm(iv_.data(), H, L.image_norm2_w, L.image_norm2_b, ictx_.data());
+}
+
+void DitModel::wan_velocity(const float* x_p, const float* txt_p, const float* image_p, double t, float* v_p,
+                            bool per_image) {
   const DitLayout& L = w_.layout();
   const std::int64_t H = cfg_.hidden(), C = cfg_.in_channels();
   nv_ = 1;  // no pooled vector: one modulation for every image
@@ -253,7 +300,8 @@ void DitModel::wan_velocity(const float* x_p, const float* txt_p, double t, floa
   linear(L.txt_in, txt_p, cfg_.text_dim, ctx_rows, ctx_h_.data(), H);
   gelu_tanh_inplace(ctx_h_.data(), ctx_rows, H, H);
   linear(L.txt_in2, ctx_h_.data(), H, ctx_rows, ctx_.data(), H);
-  linear(L.img_in, x_p, C, Mp_, x_.data(), H);
+  if (cfg_.image_dim > 0) wan_image_context(image_p);
+  linear(L.img_in, x_p, cfg_.embed_in_channels(), Mp_, x_.data(), H);
   phase.reset();
 
   if (step_cache_) step_cache_->enter(x_.data());
@@ -321,6 +369,26 @@ void DitModel::wan_block(const DitLayout::WanBlock& blk) {
                       rows(cv_.data(), ctx_rows), TensorView::contiguous(attn_.data(), DType::f32, {Mp_, nh, d}, dev),
                       cross_lse_);
   });
+  if (blk.image_k_scale >= 0) {  // I2V: the same queries over the image context, a softmax of its own, summed
+    const std::int64_t img_rows = n_ctx_ * shape_.image_context;
+    timed(DitPhase::gemm, [&] {
+      linear(blk.image_kv, ictx_.data(), H, img_rows, 0, H, ik_.data(), H);
+      linear(blk.image_kv, ictx_.data(), H, img_rows, H, H, iv_.data(), H);
+    });
+    timed(DitPhase::qk_norm_rope, [&] {
+      rmsnorm_forward(ik_.data(), img_rows, 1, H, param(blk.image_k_scale), eps, ik_.data(), ictx_rstd_.data());
+    });
+    timed(DitPhase::attention, [&] {
+      const Device dev = active_device();
+      const auto rows = [&](const float* p, std::int64_t n) {
+        return ConstTensorView::contiguous(p, DType::f32, {n, nh, d}, dev);
+      };
+      attention_forward(image_masks_[n_ctx_ > 1 ? 1 : 0], rows(y_.data(), Mp_), rows(ik_.data(), img_rows),
+                        rows(iv_.data(), img_rows), TensorView::contiguous(img_attn_.data(), DType::f32, {Mp_, nh, d}, dev),
+                        img_lse_);
+      add_into(attn_.data(), img_attn_.data(), Mp_ * H);
+    });
+  }
   timed(DitPhase::gemm, [&] { linear(blk.cross_out, attn_.data(), H, Mp_, y_.data(), H); });
   timed(DitPhase::gated_add, [&] { add_into(x_.data(), y_.data(), Mp_ * H); });
 

@@ -86,9 +86,13 @@ std::vector<float> unpack_latent(const std::vector<float>& tokens, const DitConf
 
 std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig& cfg, const DitShape& shape,
                                 const DitShard& shard) {
-  const std::int64_t C = cfg.in_channels(), N = shape.image_tokens(), Ip = shard.image_p, iv = shard.image_valid(shard.p);
-  DIFFCP_CHECK(static_cast<std::int64_t>(full.size()) == shape.batch * N * C, "shard_latent: ", full.size(),
-               " values, expected b * N_img * C_in = ", shape.batch * N * C);
+  return shard_rows(full, cfg.in_channels(), shape, shard);
+}
+
+std::vector<float> shard_rows(const std::vector<float>& full, std::int64_t C, const DitShape& shape, const DitShard& shard) {
+  const std::int64_t N = shape.image_tokens(), Ip = shard.image_p, iv = shard.image_valid(shard.p);
+  DIFFCP_CHECK(static_cast<std::int64_t>(full.size()) == shape.batch * N * C, "shard_rows: ", full.size(),
+               " values, expected b * N_img * C = ", shape.batch * N * C);
   std::vector<float> out(static_cast<std::size_t>(shape.batch * Ip * C));  // padding rows stay 0
   if (iv > 0)  // a rank of padding only has no offset inside the latent
     for (std::int64_t j = 0; j < shape.batch; ++j)

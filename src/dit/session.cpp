@@ -179,6 +179,8 @@ DitSession::DitSession(Communicator& world, DitRunConfig run, const SafeTensorsS
 DitSession::~DitSession() = default;
 
 DitRun DitSession::sample(const DitGeneration& g, const std::vector<float>& noise) {
+  DIFFCP_CHECK(run_.model.condition_channels == 0 && run_.model.image_dim == 0, "sample: a Wan image-to-video model ",
+               "samples through its pipeline (velocity per call, with its condition and image context)");
   const auto ex = make_exchange(run_, pass_comm());
   // Classifier-free guidance on all ranks: the negative prompt's pass on its own exchange (its own
   // V-Major caches); cfg_parallel: on the other half.
@@ -275,15 +277,24 @@ DitShape DitSession::velocity_shape(const std::vector<std::int64_t>& x, std::int
                dit_family_name(c.family), " is an image model (one frame)");
   const bool per_image = txt.size() == 3;
   DIFFCP_CHECK(x.size() == 3 && (txt.size() == 2 || (per_image && txt[0] == x[0])) && txt.back() == c.text_dim &&
-                   x[2] == c.in_channels(),
-               "velocity: x must be [b, N_img, ", c.in_channels(), "] and txt [T, ", c.text_dim, "] or [b, T, ", c.text_dim,
-               "], got ", shape_str(x), " and ", shape_str(txt));
-  const DitShape shape{x[0], width, height, txt[txt.size() - 2], frames};
+                   x[2] == c.embed_in_channels(),
+               "velocity: x must be [b, N_img, ", c.embed_in_channels(), "]",
+               c.condition_channels > 0 ? " (the latent's " + std::to_string(c.in_channels()) + " channels, then the condition's)"
+                                        : std::string(),
+               " and txt [T, ", c.text_dim, "] or [b, T, ", c.text_dim, "], got ", shape_str(x), " and ", shape_str(txt));
+  // Wan I2V: the pooled slot carries the image context, [I_ctx, image_dim] (per-image text: [b, I_ctx, image_dim]).
+  const std::int64_t per_context = per_image ? x[0] * std::max<std::int64_t>(c.image_dim, 1) : c.image_dim;
+  DIFFCP_CHECK(c.image_dim == 0 || (pooled > 0 && pooled % per_context == 0),
+               "velocity: the image context has ", pooled, " values, expected I_ctx x ", c.image_dim,
+               per_image ? " per image (per-image text: [b, I_ctx, image_dim])" : " ([I_ctx, image_dim])",
+               " with I_ctx >= 1: this Wan image-to-video model cross-attends to CLIP's image tokens");
+  const std::int64_t image_context = c.image_dim > 0 ? pooled / per_context : 0;
+  const DitShape shape{x[0], width, height, txt[txt.size() - 2], frames, image_context};
   shape.validate();
   DIFFCP_CHECK(x[1] == shape.image_tokens(), "velocity: ", x[1], " image tokens, ",
                frames == 1 ? "a " : std::to_string(frames) + " frames of ", width, "x", height,
                frames == 1 ? " image has " : " have ", shape.image_tokens());
-  const std::int64_t want = per_image ? x[0] * c.pooled_dim : c.pooled_dim;
+  const std::int64_t want = c.image_dim > 0 ? pooled : per_image ? x[0] * c.pooled_dim : c.pooled_dim;
   DIFFCP_CHECK(pooled == want, "velocity: pooled has ", pooled, " values, expected ", want,
                per_image ? " (one pooled vector per image with per-image text)" : "");
   return shape;
@@ -295,7 +306,7 @@ DitSession::Pass& DitSession::pass_run(int key, const DitShape& shape, Communica
   Pass& r = *slot;
   const DitShape& s = r.model ? r.model->shape() : DitShape{};
   if (r.model && s.batch == shape.batch && s.width == shape.width && s.height == shape.height &&
-      s.text_tokens == shape.text_tokens && s.frames == shape.frames)
+      s.text_tokens == shape.text_tokens && s.frames == shape.frames && s.image_context == shape.image_context)
     return r;
   r.model.reset();  // the model uses the exchange: destroyed first
   if (r.exchange) retired_ += r.exchange->stats();
@@ -313,13 +324,13 @@ std::vector<float> DitSession::pass_velocity(Pass& r, const std::vector<float>& 
   // The model reads and writes the active backend's memory (host data go there and back).
   DeviceVector<float> x_p, txt_p, pooled_d, v_p;
   const DitShape& shape = r.model->shape();
-  x_p.assign(shard_latent(x, c, shape, s));
+  x_p.assign(shard_rows(x, c.embed_in_channels(), shape, s));
   // Per-image text ([b, T, text_dim]): each image's rows sharded alike, image-major.
   const std::size_t per_txt = static_cast<std::size_t>(shape.text_tokens * c.text_dim), b = static_cast<std::size_t>(shape.batch);
   const bool per_image = shape.batch > 1 && txt.size() == b * per_txt;
-  DIFFCP_CHECK(x.size() == b * static_cast<std::size_t>(shape.image_tokens() * c.in_channels()) &&
-                   (txt.size() == per_txt || per_image) &&
-                   pooled.size() == (per_image ? b : 1) * static_cast<std::size_t>(c.pooled_dim),
+  const std::size_t per_pooled = static_cast<std::size_t>(c.image_dim > 0 ? shape.image_context * c.image_dim : c.pooled_dim);
+  DIFFCP_CHECK(x.size() == b * static_cast<std::size_t>(shape.image_tokens() * c.embed_in_channels()) &&
+                   (txt.size() == per_txt || per_image) && pooled.size() == (per_image ? b : 1) * per_pooled,
                "velocity: ", x.size(), " latent, ", txt.size(), " text and ", pooled.size(), " pooled values do not fit ",
                shape.batch, " image(s) of ", shape.image_tokens(), " tokens and ", shape.text_tokens,
                " text tokens (velocity_shape checks the arrays)");
@@ -331,7 +342,7 @@ std::vector<float> DitSession::pass_velocity(Pass& r, const std::vector<float>& 
   }
   txt_p.assign(txt_rows);
   pooled_d.assign(pooled.data(), pooled.size());
-  v_p.resize(x_p.size());
+  v_p.resize(b * static_cast<std::size_t>(s.image_p * c.in_channels()));
   const ScopedF32GemmCompute precision(run_.compute);
   r.exchange->set_compute(run_.compute);
   r.exchange->begin_step(step, steps);

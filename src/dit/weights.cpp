@@ -227,8 +227,12 @@ void check_dit_checkpoint(const DitConfig& cfg, const SafeTensorsSet& ck, DitFil
                             shape_str(part.file_shape) + (t.linear_weight ? " ([out, in], PyTorch's Linear layout)" : "") +
                             (fp ? "" : " of F32, BF16 or F16"));
     }
+  // diffusers ignores Wan I2V's unused norm_added_q (WanTransformer3DModel._keys_to_ignore_on_load_unexpected)
+  const auto ignored = [&](const std::string& n) {
+    return format == DitFileFormat::diffusers && cfg.family == DitFamily::wan && n.find(".norm_added_q.") != std::string::npos;
+  };
   for (const std::string& n : ck.names())
-    if (!expected.count(n)) extra.push_back("'" + n + "' " + ck.info(n).dtype + " " + shape_str(ck.info(n).shape));
+    if (!expected.count(n) && !ignored(n)) extra.push_back("'" + n + "' " + ck.info(n).dtype + " " + shape_str(ck.info(n).shape));
   if (!missing.empty() || !misshapen.empty() || !extra.empty()) {
     std::string msg;
     append_problems(msg, "missing tensors", missing);

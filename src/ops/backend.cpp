@@ -52,6 +52,7 @@ const char* op_name(OpKind op) {
     case OpKind::dynamic_conv_backward: return "dynamic_conv_backward";
     case OpKind::logit_map: return "logit_map";
     case OpKind::top_k: return "top_k";
+    case OpKind::gelu: return "gelu";
   }
   return "?";
 }
@@ -102,6 +103,7 @@ void Backend::rope(TensorView x, std::span<const std::int64_t>, const RopeTable&
 }
 void Backend::silu(TensorView x) { unsupported(OpKind::silu, x.dtype); }
 void Backend::gelu_tanh(TensorView x) { unsupported(OpKind::gelu_tanh, x.dtype); }
+void Backend::gelu(TensorView x) { unsupported(OpKind::gelu, x.dtype); }
 void Backend::layernorm_modulate(ConstTensorView x, ConstTensorView, ConstTensorView, float, TensorView) {
   unsupported(OpKind::layernorm_modulate, x.dtype);
 }

@@ -60,6 +60,10 @@ void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int6
   backend_for(OpKind::gelu_tanh, DType::f32).gelu_tanh(strided_rows<TensorView>(x, rows, cols, ld));
 }
 
+void gelu_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  backend_for(OpKind::gelu, DType::f32).gelu(strided_rows<TensorView>(x, rows, cols, ld));
+}
+
 void layernorm_modulate(const float* x, std::int64_t rows, std::int64_t H, const float* shift, const float* scale,
                         float eps, float* y) {
   backend_for(OpKind::layernorm_modulate, DType::f32)

@@ -507,6 +507,10 @@ void GuardBackend::gelu_tanh(TensorView x) {
   const char* op = "gelu_tanh";
   submit(op, [x = C(x)] { cpu_backend().gelu_tanh(x); });
 }
+void GuardBackend::gelu(TensorView x) {
+  const char* op = "gelu";
+  submit(op, [x = C(x)] { cpu_backend().gelu(x); });
+}
 void GuardBackend::layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
                                       TensorView y) {
   const char* op = "layernorm_modulate";

@@ -220,11 +220,13 @@ std::vector<OpCase> op_cases() {
                      rope_apply(F(t[0]), 3, 2, std::span(pos).first(3), table, true);
                    }});
   for (const std::int64_t n : {1, 300, 1 << 20})
-    cases.push_back({"silu / gelu", dims({{"n", n}}), {{OpKind::silu, f}, {OpKind::gelu_tanh, f}}, {{f, n}, {f, n + n / 10 + 3}},
+    cases.push_back({"silu / gelu", dims({{"n", n}}), {{OpKind::silu, f}, {OpKind::gelu_tanh, f}, {OpKind::gelu, f}},
+                     {{f, n}, {f, n + n / 10 + 3}, {f, n + n / 10 + 3}},
                      [=](Backend&, auto& t) {
                        silu_inplace(F(t[0]), n);
                        const std::int64_t cols = std::max<std::int64_t>(1, n / 10), rows = n / cols;
                        gelu_tanh_inplace(F(t[1]), rows, cols, cols + 1);  // strided rows
+                       gelu_inplace(F(t[2]), rows, cols, cols + 1);
                      }});
   for (const std::int64_t C : {1, 40, 3072})
     cases.push_back({"adaLN modulate / gated add", dims({{"rows", 6}, {"cols", C}}),

@@ -69,6 +69,12 @@ struct DitConfig {
   bool qkv_bias = true;         // the double blocks' qkv Linears have a bias (FLUX.1: yes)
   bool cross_attn_norm = true;  // wan: the cross-attention's LayerNorm has a weight and a bias (norm2)
   std::int64_t rope_max_positions = 0;  // wan: rope_max_seq_len, the bound of every RoPE axis's position; 0: none
+  // Wan image-to-video (WanImageToVideoPipeline): C_cond, the input's channels after the latent's (the
+  // 4 of the frame mask, then the encoded conditioning video's: 20 in Wan 2.1 I2V and Wan 2.2 I2V
+  // A14B; 0 otherwise); image_dim, the CLIP features of the image context (Wan 2.1 I2V / FLF2V:
+  // 1280; 0: no image context); image_pos_tokens, FLF2V's learned positions of the first and last
+  // frames' image tokens (pos_embed_seq_len; 0: none).
+  std::int64_t condition_channels = 0, image_dim = 0, image_pos_tokens = 0;
 
   std::int64_t hidden() const { return heads * head_dim; }            // H
   bool has_pooled() const { return family == DitFamily::flux1 || family == DitFamily::sd3; }  // vector_in
@@ -86,6 +92,9 @@ struct DitConfig {
   bool shared_modulation() const { return family == DitFamily::flux2; }
   std::int64_t mlp_in() const { return swiglu() ? 2 * mlp_hidden : mlp_hidden; }  // the MLP input Linear's outputs
   std::int64_t in_channels() const { return latent_channels * patch * patch; }  // C_in (Wan: temporal patch 1)
+  // The patch embedding's input per token: the latent's C_in, then the condition's (Wan I2V: the
+  // velocity stays C_in wide).
+  std::int64_t embed_in_channels() const { return (latent_channels + condition_channels) * patch * patch; }
   // The latent file's layout is the image / video of latents (SD3, Wan), not FLUX's packed tokens.
   bool latent_image_layout() const { return family == DitFamily::sd3 || family == DitFamily::wan; }
   // Throws diffcp::Error naming the bad value.
@@ -126,6 +135,7 @@ struct DitShape {
   std::int64_t width = 512, height = 512;  // image size in pixels; multiples of 16
   std::int64_t text_tokens = 64; // T (Wan: the context every rank holds, not in the sequence)
   std::int64_t frames = 1;       // F: latent frames (video families; 1 for an image)
+  std::int64_t image_context = 0;  // I_ctx: Wan I2V's image context tokens (CLIP's; every rank all of them); 0: none
 
   std::int64_t grid_h() const { return height / 16; }                 // g_h
   std::int64_t grid_w() const { return width / 16; }                  // g_w
@@ -207,7 +217,9 @@ struct DitLinear {
 //    time_embedder.linear_2, time_proj [6H, H]}, blocks.i.{scale_shift_table [1, 6, H], attn1.qkv,
 //    attn1.norm_q / norm_k [H], attn1.to_out.0, norm2 (cross_attn_norm), attn2.to_q, attn2.kv,
 //    attn2.norm_q / norm_k [H], attn2.to_out.0, ffn.net.0.proj, ffn.net.2}, scale_shift_table
-//    [1, 2, H], proj_out (rows in (c, ph, pw) order; diffusers': (pt, ph, pw, c)))
+//    [1, 2, H], proj_out (rows in (c, ph, pw) order; diffusers': (pt, ph, pw, c)); I2V:
+//    condition_embedder.image_embedder.{norm1, ff.net.0.proj, ff.net.2, norm2, pos_embed},
+//    blocks.i.attn2.{add_kv (add_k_proj | add_v_proj), norm_added_k})
 struct DitLayout {
   struct Tensor {
     std::string name;
@@ -240,10 +252,12 @@ struct DitLayout {
   // c_scale, c_gate); self-attention (qkv, out; q / k RMSNorm across heads: scales [H]); the
   // cross-attention (norm2's weight / bias, -1 without cross_attn_norm; q of the tokens, k | v of the
   // context, out; scales [H]); the MLP (ffn0 H -> M, GELU-tanh, ffn2 M -> H).
+  // I2V (image_dim > 0): image_kv (add_k_proj | add_v_proj) over the embedded image context and its
+  // keys' RMSNorm scale [H] (norm_added_k); its attention's output added to the text's before out.
   struct WanBlock {
     std::int64_t table = 0;  // [6, H]
-    DitLinear qkv, out, cross_q, cross_kv, cross_out, ffn0, ffn2;
-    std::int64_t q_scale = 0, k_scale = 0, cross_q_scale = 0, cross_k_scale = 0;
+    DitLinear qkv, out, cross_q, cross_kv, cross_out, ffn0, ffn2, image_kv;
+    std::int64_t q_scale = 0, k_scale = 0, cross_q_scale = 0, cross_k_scale = 0, image_k_scale = -1;
     std::int64_t norm2_w = -1, norm2_b = -1;
   };
 
@@ -257,6 +271,11 @@ struct DitLayout {
   // embedding), final_table [2, H] (shift, scale) added to the time embedding; -1 / empty otherwise
   DitLinear txt_in2, time_proj;
   std::int64_t final_table = -1;
+  // wan I2V: the image context's embedder (diffusers' WanImageEmbedding): LayerNorm (weight, bias
+  // [image_dim]; eps 1e-5), image_in (image_dim -> image_dim), exact GELU, image_in2 (image_dim -> H),
+  // LayerNorm (weight, bias [H]); FLF2V's position table [image_pos_tokens, image_dim] added first
+  DitLinear image_in, image_in2;
+  std::int64_t image_norm1_w = -1, image_norm1_b = -1, image_norm2_w = -1, image_norm2_b = -1, image_pos = -1;
   std::vector<DoubleBlock> double_blocks;
   std::vector<SingleBlock> single_blocks;
   std::vector<WanBlock> wan_blocks;  // wan: its blocks (cfg.single_blocks of them; the others none)

@@ -28,6 +28,8 @@
 //     q, k, v = Lin_qkv((1 + scale) LN(x) + shift); q, k = RMSNorm across heads; 3-D RoPE
 //     x += gate * Lin_out(Attn(q, k, v))                        (the exchange, sharded heads)
 //     x += Lin_co(Attn(RMSNorm(Lin_cq(LN2(x))), RMSNorm(ctx W_k), ctx W_v))   (local: all heads)
+//          I2V: + Attn(the same q, RMSNorm(ictx W_ak), ictx W_av) inside Lin_co, the image context
+//          ictx = LN_w,b(Lin(GELU(Lin(LN_w,b(image [+ pos]))))) (eps 1e-5, exact GELU), whole on every rank
 //     x += c_gate * Lin(GELU_tanh(Lin((1 + c_scale) LN(x) + c_shift)))
 //   LN2: LayerNorm with weight and bias (cross_attn_norm; else none: x itself)
 //   final: (shift, scale) = final_table + temb; v_p = Lin((1 + scale) LN(x) + shift)
@@ -72,11 +74,13 @@ class DitModel {
 
   // One velocity evaluation. Collective over the exchange's ranks (two all-to-alls per block). Runs
   // on the backend holding the weights (an error otherwise); every pointer is its device memory.
-  //   x_p:    [b, I_p, C_in] this rank's latent tokens of every image (padding rows: any finite value)
+  //   x_p:    [b, I_p, C_in] this rank's latent tokens of every image (padding rows: any finite value);
+  //           Wan I2V: [b, I_p, C_in + C_cond], the condition's channels after the latent's
   //   txt_p:  [T_p, text_dim] this rank's text rows, shared by the images; per_image: [b, T_p, text_dim],
   //           each image's own (padding rows zero). Wan: the whole text, [T, text_dim] (or [b, T, text_dim])
   //   pooled: [pooled_dim] the pooled text vector; per_image: [b, pooled_dim] (unread, may be null,
-  //           in families without one)
+  //           in families without one). Wan I2V (image_dim > 0): this slot is the image context, the
+  //           whole [I_ctx, image_dim] on every rank (CLIP's hidden states; per_image: [b, I_ctx, image_dim])
   //   t:      in [0, 1], 1 = pure noise (every image's)
   //   guidance: the guidance scale (read only with guidance_embed; every image's)
   //   v_p:    [b, I_p, C_in] out: the predicted velocity (flow matching: d x_t / d t); 0 in padding rows
@@ -111,7 +115,8 @@ class DitModel {
   void double_block(const DitLayout::DoubleBlock& blk);
   void single_block(const DitLayout::SingleBlock& blk);
   // Wan's forward (velocity's arguments; txt_p: the whole text, [T, text_dim] or per image [b, T, text_dim])
-  void wan_velocity(const float* x_p, const float* txt_p, double t, float* v_p, bool per_image);
+  void wan_velocity(const float* x_p, const float* txt_p, const float* image_p, double t, float* v_p, bool per_image);
+  void wan_image_context(const float* image_p);  // I2V: image_p [n_ctx I_ctx, image_dim] -> ictx_
   void wan_block(const DitLayout::WanBlock& blk);
   void time_mlp(double t);             // vec_ = MLP_time(timestep_embedding(t)) (temb_, h_ scratch)
   void zero_padding(float* v_p) const;  // v = 0 in this rank's padding rows of v_p [b, I_p, C_in]
@@ -173,6 +178,10 @@ class DitModel {
   DeviceVector<float> tproj_, norm2_scale_, minus_ones_;  // [6H], [H], [H]
   std::vector<BlockMask> cross_masks_;
   std::int64_t n_ctx_ = 1;
+  // Wan I2V: the image context [n_ctx I_ctx] rows: its input (+ positions), normed input, the
+  // embedded context, each block's keys / values over it and its attention's output; masks as above
+  DeviceVector<float> ictx_in_, ictx_n_, ictx_, ik_, iv_, ictx_rstd_, img_attn_, img_lse_, ictx_scale_;
+  std::vector<BlockMask> image_masks_;
 };
 
 }  // namespace diffcp

@@ -59,6 +59,9 @@ std::vector<float> unpack_latent(const std::vector<float>& tokens, const DitConf
 // This rank's image rows of a full latent: full [b, N_img, C_in] -> [b, I_p, C_in] (padding rows 0).
 std::vector<float> shard_latent(const std::vector<float>& full, const DitConfig& cfg, const DitShape& shape,
                                 const DitShard& shard);
+// The same for rows of C values a token: full [b, N_img, C] -> [b, I_p, C] (Wan I2V's model input:
+// C = embed_in_channels(), the latent's and the condition's channels).
+std::vector<float> shard_rows(const std::vector<float>& full, std::int64_t C, const DitShape& shape, const DitShard& shard);
 // The inverse, collective over `comm` (the P ranks of the shard, rank order = shard order): every
 // rank gets the full [b, N_img, C_in] from the ranks' [b, I_p, C_in] (their real rows).
 std::vector<float> gather_latent(Communicator& comm, const std::vector<float>& x_p, const DitConfig& cfg,

@@ -73,8 +73,9 @@ enum class OpKind : std::uint8_t {
   dynamic_conv_backward,  //
   logit_map,           // ops/loss.hpp (DFlash2's logits: multiplier and soft cap)
   top_k,               // ops/loss.hpp (DFlash2's candidates: each row's K largest logits)
+  gelu,                // ops/elementwise.hpp (exact, erf: Wan I2V's image embedder)
 };
-inline constexpr int kOpKindCount = 39;
+inline constexpr int kOpKindCount = 40;
 
 // DFlash2's map of the LM head's logits (ops/loss.hpp logit_map): y = multiplier l, then
 // softcap tanh(y / softcap) when softcap > 0.
@@ -216,6 +217,8 @@ class Backend {
   virtual void silu(TensorView x);
   // x: [rows, cols] (row stride >= cols) in place
   virtual void gelu_tanh(TensorView x);
+  // x: [rows, cols] (row stride >= cols) in place: the exact GELU, 0.5 x (1 + erf(x / sqrt 2))
+  virtual void gelu(TensorView x);
   // x, y: [rows, H] contiguous, no alias  shift, scale: [H]
   virtual void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
                                   TensorView y);

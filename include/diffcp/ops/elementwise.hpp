@@ -29,6 +29,9 @@ void guidance_combine(float* v, const float* v_neg, std::int64_t rows, std::int6
 // x[rows, cols] (row stride ld) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3) (GELU, tanh
 // form), evaluated as x / (1 + exp(-2u)) with a polynomial exp2 (relative error ~1e-6)
 void gelu_tanh_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld);
+// x[rows, cols] (row stride ld) = 0.5 x (1 + erf(x / sqrt(2))): the exact GELU (PyTorch's
+// approximate="none"; std::erf per element, so a few ulp from the fp64 value)
+void gelu_inplace(float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld);
 
 // y[rows, H] = (1 + scale) * LayerNorm(x) + shift: LayerNorm without affine weights (mean and
 // variance over H, eps), shift, scale: [H] (adaLN modulation). x, y: contiguous, may not alias.

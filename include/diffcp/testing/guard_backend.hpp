@@ -90,6 +90,7 @@ class GuardBackend final : public Backend {
   void rope(TensorView x, std::span<const std::int64_t> positions, const RopeTable& table, bool inverse) override;
   void silu(TensorView x) override;
   void gelu_tanh(TensorView x) override;
+  void gelu(TensorView x) override;
   void layernorm_modulate(ConstTensorView x, ConstTensorView shift, ConstTensorView scale, float eps,
                           TensorView y) override;
   void gated_add(TensorView x, ConstTensorView gate, ConstTensorView y) override;
