@@ -6,6 +6,9 @@ calls it as diffusers' does:
   Flux2Pipeline               the same with 4-axis ids (0, row, col, 0) and (0, 0, 0, i), no pooled vector
   StableDiffusion3Pipeline    the latent image [B, C, H/8, W/8], timestep = 1000 sigma, classifier-free guidance
                               as one [negative; prompt] batch (guidance_scale > 1, negative prompt "" by default)
+  WanPipeline                 the latent video [B, C, F, H/8, W/8], two CFG calls a step, A14B's two experts;
+  WanImageToVideoPipeline     the same with the condition's channels after the latent's, and (Wan 2.1 I2V)
+                              the image context beside 512 text tokens
   QwenImagePipeline           true CFG as two calls a step (true_cfg_scale > 1 with a negative prompt), text
                               padded to the batch's longest with encoder_hidden_states_mask, img_shapes
 A list of prompts and one generator per image; callback_on_step_end and the interrupt flag;
@@ -93,6 +96,47 @@ class WanPipeline:
                 v = u + guidance_scale * (v - u)
             x = x + (sigmas[i + 1] - sigmas[i]) * v
         return SimpleNamespace(frames=x)
+
+
+class WanImageToVideoPipeline(WanPipeline):
+    """WanImageToVideoPipeline's call, reduced as WanPipeline's: each call's hidden_states are the latent,
+    then the condition (in_channels - out_channels channels: the frame mask's and the encoded image's,
+    here seeded draws from the generator); with an image embedder (image_dim: Wan 2.1 I2V) the image
+    context [B, I, image_dim] (the pipeline's CLIP features, here drawn) and 512 text tokens, the
+    length diffusers' attention assumes beside an image; Wan 2.2 I2V A14B: no image context."""
+
+    def __init__(self, transformer, transformer_2=None, boundary_ratio=None, image_tokens: int = 6):
+        c = transformer.config
+        self.image_dim = getattr(c, "image_dim", None)
+        super().__init__(transformer, transformer_2, boundary_ratio, text_tokens=512 if self.image_dim else 6)
+        self.channels, self.condition = c.out_channels, c.in_channels - c.out_channels
+        self.image_tokens = image_tokens
+
+    def __call__(self, prompt, negative_prompt=None, height: int = 48, width: int = 64, num_frames: int = 9,
+                 num_inference_steps: int = 4, guidance_scale: float = 5.0, generator=None, output_type: str = "latent"):
+        outer = self
+
+        class Conditioned:  # each transformer call gets the condition and the image context
+            def __init__(self, model):
+                self.model = model
+
+            def __call__(self, hidden_states, **a):
+                x = torch.cat([hidden_states, outer.cond.expand(hidden_states.shape[0], -1, -1, -1, -1)], 1)
+                if outer.image is not None:
+                    a["encoder_hidden_states_image"] = outer.image.expand(hidden_states.shape[0], -1, -1)
+                return self.model(hidden_states=x, **a)
+
+        # the condition and the image context come from the generator before the noise (a fixed order)
+        F, h, w = (num_frames - 1) // 4 + 1, height // 8, width // 8
+        self.cond = torch.randn((1, self.condition, F, h, w), generator=generator)
+        self.image = torch.randn((1, self.image_tokens, self.image_dim), generator=generator) if self.image_dim else None
+        t1, t2 = self.transformer, self.transformer_2
+        self.transformer, self.transformer_2 = Conditioned(t1), Conditioned(t2) if t2 is not None else None
+        try:
+            return super().__call__(prompt, negative_prompt, height, width, num_frames, num_inference_steps,
+                                    guidance_scale, generator, output_type)
+        finally:
+            self.transformer, self.transformer_2 = t1, t2
 
 
 class FluxPipeline:

@@ -22,8 +22,8 @@ torch = pytest.importorskip("torch")
 
 import diffcp.diffusers  # noqa: E402
 from standin_pipeline import (Flux2Transformer2DModel, FluxTransformer2DModel,  # noqa: E402
-                              QwenImageTransformer2DModel, SD3Transformer2DModel, WanPipeline,
-                              WanTransformer3DModel)
+                              QwenImageTransformer2DModel, SD3Transformer2DModel, WanImageToVideoPipeline,
+                              WanPipeline, WanTransformer3DModel)
 
 COMM = MPI.COMM_WORLD
 P, RANK = COMM.Get_size(), COMM.Get_rank()
@@ -384,12 +384,19 @@ def test_cfg_parallel_keeps_each_pair_of_a_step_apart():
 WAN = _reference_module("wan_reference")
 
 
-def _wan_folder(seed: int) -> tempfile.TemporaryDirectory:
-    """tools/wan_reference.py make: 2 blocks, 4 heads x 12, 4 latent channels (a temporary directory)."""
+def _wan_folder(seed: int, *extra: str) -> tempfile.TemporaryDirectory:
+    """tools/wan_reference.py make: 2 blocks, 4 heads x 12, 4 latent channels (a temporary directory);
+    `extra`: its other options (image-to-video: --condition-channels, --image-dim, ...)."""
     d = tempfile.TemporaryDirectory()
-    subprocess.run([sys.executable, str(ROOT / "tools" / "wan_reference.py"), "make", "--out", d.name, "--seed", str(seed)],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, str(ROOT / "tools" / "wan_reference.py"), "make", "--out", d.name, "--seed", str(seed),
+                    *extra], check=True, stdout=subprocess.DEVNULL)
     return d
+
+
+# Wan 2.1 I2V's shape, reduced: 8 condition channels after the latent's 4, a 20-feature image context
+# of 6 tokens (FLF2V: with its position table); Wan 2.2 I2V A14B's: the condition alone.
+WAN_I2V = ("--condition-channels", "8", "--image-dim", "20", "--image-tokens", "6")
+WAN_I2V_A14B = ("--condition-channels", "8")
 
 
 class _WanReference(torch.nn.Module):
@@ -401,9 +408,13 @@ class _WanReference(torch.nn.Module):
         self.m = WAN.WanRef(a, w)
         self.config = SimpleNamespace(**{k: v for k, v in a.items()})
 
-    def forward(self, hidden_states, timestep, encoder_hidden_states, attention_kwargs=None, return_dict=True):
+    def forward(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
+                attention_kwargs=None, return_dict=True):
+        image = None if encoder_hidden_states_image is None else encoder_hidden_states_image.double().numpy()
+        if image is not None and self.config.pos_embed_seq_len is not None:  # FLF2V's pairs of frames
+            image = image.reshape(-1, 2 * image.shape[1], image.shape[2])
         v = self.m.forward(hidden_states.double().numpy(), encoder_hidden_states.double().numpy(),
-                           float(timestep[0]) / 1000.0)
+                           float(timestep[0]) / 1000.0, image)
         return (torch.from_numpy(v.astype(np.float32)),)
 
 
@@ -424,7 +435,7 @@ def test_wan_forward_equals_numpy_reference(mode):
     assert tuple(got.shape) == lat.shape
     want = _WanReference(Path(d.name))(torch.from_numpy(lat), torch.full((2,), 700.0), torch.from_numpy(enc))[0]
     close(got.numpy(), want.numpy(), 1e-4, mode)
-    with pytest.raises(NotImplementedError, match="image-to-video"):
+    with pytest.raises(ValueError, match="without an image embedder"):
         pipe.transformer(hidden_states=torch.from_numpy(lat), timestep=torch.full((2,), 700.0),
                          encoder_hidden_states=torch.from_numpy(enc), encoder_hidden_states_image=torch.zeros(2, 3, 8),
                          return_dict=False)
@@ -494,3 +505,54 @@ def test_wan_per_token_timesteps():
     with pytest.raises(NotImplementedError, match="per-token timesteps that differ"):
         pipe.transformer(hidden_states=lat, timestep=mixed, encoder_hidden_states=enc, return_dict=False)
     d.cleanup()
+
+
+@pytest.mark.parametrize("mode,variant", [("flat", "i2v"), ("tapa", "flf2v"), ("vfirst", "i2v"), ("cocodiff", "flf2v")])
+def test_wan_i2v_forward_equals_numpy_reference(mode, variant):
+    # WanImageToVideoPipeline's call: 12 input channels (the latent's 4, then the condition's 8) and 4 out,
+    # the text (512 tokens, what diffusers' attention assumes beside an image) and the image context
+    # cross-attended on every rank. Two videos of one prompt with different images: two passes.
+    # FLF2V: the context arrives as the first and last frames' [2B, 3, 20], paired for its position table.
+    d = _wan_folder(11, *WAN_I2V, *(("--pos-embed",) if variant == "flf2v" else ()))
+    rng = np.random.default_rng(41)
+    lat = rng.standard_normal((2, 12, 2, 6, 10)).astype(np.float32)
+    enc = torch.from_numpy(np.repeat(rng.standard_normal((1, 512, 32)).astype(np.float32), 2, 0))
+    image = torch.from_numpy(rng.standard_normal((2, 6, 20)).astype(np.float32))
+    given = image.reshape(4, 3, 20) if variant == "flf2v" else image
+    pipe = SimpleNamespace(transformer=WanTransformer3DModel(Path(d.name)))
+    diffcp.diffusers.parallelize(pipe, mode=mode, dtype="f32", weights_dtype="f32", cache_ratio=0.0)._state.reset(2)
+    call = dict(timestep=torch.full((2,), 700.0), encoder_hidden_states=enc, return_dict=False)
+    got = pipe.transformer(hidden_states=torch.from_numpy(lat), encoder_hidden_states_image=given, **call)[0]
+    assert tuple(got.shape) == (2, 4, 2, 6, 10)
+    want = _WanReference(Path(d.name))(torch.from_numpy(lat), torch.full((2,), 700.0), enc, given)[0]
+    close(got.numpy(), want.numpy(), 1e-4, f"{mode} {variant}")
+    # the image context matters at this tolerance: the other video's image gives another velocity
+    other = _WanReference(Path(d.name))(torch.from_numpy(lat), torch.full((2,), 700.0), enc, given.flip(0))[0]
+    assert np.abs(other.numpy() - want.numpy()).max() > 1e-2
+    with pytest.raises(ValueError, match="needs encoder_hidden_states_image"):
+        pipe.transformer(hidden_states=torch.from_numpy(lat), **call)
+    with pytest.raises(NotImplementedError, match="max_sequence_length=512"):
+        pipe.transformer(hidden_states=torch.from_numpy(lat), encoder_hidden_states_image=given,
+                         **{**call, "encoder_hidden_states": enc[:, :226]})
+    d.cleanup()
+
+
+@pytest.mark.parametrize("variant,cfg_parallel", [("i2v", False), ("i2v_a14b", True)])
+def test_wan_i2v_pipeline_equals_numpy_reference(variant, cfg_parallel):
+    # WanImageToVideoPipeline as Wan 2.1 I2V (one expert, the image context) and Wan 2.2 I2V A14B (two
+    # experts switched at the boundary, no image context; cfg_parallel at an even P) run it.
+    if cfg_parallel and P % 2:
+        pytest.skip("cfg_parallel needs an even P")
+    extra = WAN_I2V if variant == "i2v" else WAN_I2V_A14B
+    folders = [_wan_folder(12, *extra)] + ([_wan_folder(13, *extra)] if variant == "i2v_a14b" else [])
+    experts = dict(boundary_ratio=0.5) if len(folders) == 2 else {}
+    pipe = WanImageToVideoPipeline(*[WanTransformer3DModel(Path(f.name)) for f in folders], **experts)
+    par = diffcp.diffusers.parallelize(pipe, mode="tapa", dtype="f32", weights_dtype="f32", cfg_parallel=cfg_parallel)
+    kw = dict(prompt="a boat", height=48, width=80, num_frames=5, num_inference_steps=3, guidance_scale=4.0)
+    got = par(generator=torch.Generator().manual_seed(2), **kw).frames
+    ref = WanImageToVideoPipeline(*[_WanReference(Path(f.name)) for f in folders], **experts)
+    want = ref(generator=torch.Generator().manual_seed(2), **kw).frames
+    assert tuple(got.shape) == (1, 4, 2, 6, 10)
+    close(got.numpy(), want.numpy(), 1e-4, f"{variant} pipeline, cfg_parallel {cfg_parallel}")
+    for f in folders:
+        f.cleanup()

@@ -13,11 +13,13 @@
 # (guidance_embeds false, as FLUX.2 [klein]), flux2-dev (FLUX.2-dev's config.json, data-less). SD3.5
 # (tools/sd3_reference.py): sd3 (a tiny pipeline), sd3_dual (SD3.5-medium's dual attention),
 # sd3.5-large (stabilityai/stable-diffusion-3.5-large's config.json, data-less). Wan
-# (tools/wan_reference.py): wan (a tiny pipeline), wan_i2v (image_dim: the image-to-video variant),
+# (tools/wan_reference.py): wan (a tiny pipeline), wan_i2v (a tiny image-to-video transformer: the
+# condition's channels, an image context), wan_half_i2v (image_dim without added_kv_proj_dim),
 # wan22_a14b (its pipeline with Wan 2.2 A14B's second expert in model_index.json), wan_unipc_eps
 # (a UniPC scheduler predicting noise),
 # wan2.1-1.3b (Wan-AI/Wan2.1-T2V-1.3B-Diffusers' config.json, data-less), wan2.2-ti2v-5b (Wan 2.2
-# TI2V-5B's transformer config as diffusers' conversion script writes it, data-less).
+# TI2V-5B's transformer config as diffusers' conversion script writes it, data-less), wan2.1-i2v-14b
+# (Wan2.1-I2V-14B-480P's transformer config, data-less).
 set -euo pipefail
 py=${1:?usage: diffusers_fixture.sh PYTHON DIR}
 dir=${2:?usage: diffusers_fixture.sh PYTHON DIR}
@@ -56,10 +58,12 @@ wref="$here/../../tools/wan_reference.py"
 "$py" "$wref" make --out "$dir/wan" >/dev/null
 "$py" "$wref" header --config "$here/../data/wan2.1-t2v-1.3b-diffusers.json" --out "$dir/wan2.1-1.3b" >/dev/null
 "$py" "$wref" header --config "$here/../data/wan2.2-ti2v-5b-diffusers.json" --out "$dir/wan2.2-ti2v-5b" >/dev/null
-mkdir -p "$dir/wan_i2v"
-ln -s "$dir/wan/transformer/diffusion_pytorch_model.safetensors" "$dir/wan_i2v/"
+"$py" "$wref" header --config "$here/../data/wan2.1-i2v-14b-480p-diffusers.json" --out "$dir/wan2.1-i2v-14b" >/dev/null
+"$py" "$wref" make --out "$dir/wan_i2v" --condition-channels 8 --image-dim 20 --image-tokens 6 >/dev/null
+mkdir -p "$dir/wan_half_i2v"
+ln -s "$dir/wan/transformer/diffusion_pytorch_model.safetensors" "$dir/wan_half_i2v/"
 "$py" -c "import json, sys; c = json.load(open(sys.argv[1])); c['image_dim'] = 1280; json.dump(c, open(sys.argv[2], 'w'))" \
-  "$dir/wan/transformer/config.json" "$dir/wan_i2v/config.json"
+  "$dir/wan/transformer/config.json" "$dir/wan_half_i2v/config.json"
 mkdir -p "$dir/wan_unipc_eps/scheduler"  # UniPC with its default noise prediction (not flow): refused
 ln -s "$dir/wan/transformer" "$dir/wan/model_index.json" "$dir/wan_unipc_eps/"
 "$py" -c "import json, sys; json.dump({'_class_name': 'UniPCMultistepScheduler', 'prediction_type': 'epsilon', \

@@ -1074,6 +1074,17 @@ TEST(DitOps, GeluLayerNormScheduleAndTimestep) {
     const double x = g[i], want = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
     EXPECT_NEAR(out[i], want, 1e-6 + 1e-6 * std::abs(want)) << x;
   }
+  // The exact GELU (Wan I2V's image embedder) on strided rows: the gap between rows untouched.
+  std::vector<float> exact(g.size() + 1, 7.f);
+  const std::int64_t half = static_cast<std::int64_t>(g.size()) / 2;
+  std::copy_n(g.begin(), half, exact.begin());
+  std::copy_n(g.begin() + half, half, exact.begin() + half + 1);
+  gelu_inplace(exact.data(), 2, half, half + 1);
+  EXPECT_EQ(exact[static_cast<std::size_t>(half)], 7.f);
+  for (std::int64_t i = 0; i < 2 * half; ++i) {
+    const double x = g[static_cast<std::size_t>(i)], want = 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    EXPECT_NEAR(exact[static_cast<std::size_t>(i < half ? i : i + 1)], want, 1e-6 + 1e-6 * std::abs(want)) << x;
+  }
   const std::int64_t H = 16;
   const std::vector<float> x = random_normal(static_cast<std::size_t>(2 * H), 4, 3.0);
   const std::vector<float> shift(H, 0.5f), scale(H, 1.f);

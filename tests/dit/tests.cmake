@@ -203,8 +203,19 @@ add_test(NAME cli_dit_wan_device_doubles COMMAND ${RUN_OK} ${CMAKE_COMMAND} -E e
      --group-size 1 --out '' --save-latent $d/$c.npy; done; cmp $d/mpi.npy $d/rendezvous.npy && echo 'latents equal'")
 set_tests_properties(cli_dit_wan_device_doubles PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 120 FIXTURES_REQUIRED diffusers_files
                      PASS_REGULAR_EXPRESSION "latents equal" FAIL_REGULAR_EXPRESSION "run_ok: FAILED")
-diffcp_add_fail_test(cli_dit_wan_i2v_refused "image_dim = 1280 is not supported \\(diffcp runs Wan's text-to-video transformer"
-                     ${DIT} --weights ${DIFFUSERS_DIR}/wan_i2v --dry-run)
+# Wan image-to-video (Wan2.1-I2V-14B-480P's transformer: 36 input channels, a CLIP image context): its
+# real shape, 16,394,878,784 parameters as diffusers' own WanTransformer3DModel counts them (built on
+# the meta device from this config); sampling it from the CLI is refused (its condition needs the VAE
+# encoder and CLIP: the pipeline runs it), and an image_dim without added_kv_proj_dim by name.
+add_test(NAME cli_dit_wan21_i2v_14b_real_shape_dry_run COMMAND ${RUN_OK} ${DIT} --weights ${DIFFUSERS_DIR}/wan2.1-i2v-14b
+         --dry-run --json --width 832 --height 480 --frames 21 --text-tokens 512 --guidance 1)
+set_tests_properties(cli_dit_wan21_i2v_14b_real_shape_dry_run PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 60
+  FIXTURES_REQUIRED diffusers_files
+  PASS_REGULAR_EXPRESSION "\"condition_channels\":20,.*\"image_dim\":1280,.*\"latent_channels\":16,.*\"parameters\":16394878784")
+diffcp_add_fail_test(cli_dit_wan_i2v_refused "is a Wan image-to-video transformer \\(in_channels 12 = the latent's 4 \\+ the condition's 8, a CLIP image context of 20 features\\).*diffcp.diffusers.parallelize\\(WanImageToVideoPipeline\\)"
+                     ${DIT} --weights ${DIFFUSERS_DIR}/wan_i2v)
+diffcp_add_fail_test(cli_dit_wan_half_i2v "image_dim = 1280, added_kv_proj_dim = null, .*image_dim and added_kv_proj_dim = the hidden size \\(48\\) together"
+                     ${DIT} --weights ${DIFFUSERS_DIR}/wan_half_i2v --dry-run)
 diffcp_add_fail_test(cli_dit_wan22_two_experts "model_index.json's transformer_2 = .* is not supported: diffcp runs one transformer"
                      ${DIT} --weights ${DIFFUSERS_DIR}/wan22_a14b --dry-run)
 diffcp_add_fail_test(cli_dit_wan_unipc_noise_prediction "field 'prediction_type' = .epsilon., expected .flow_prediction."
@@ -261,7 +272,7 @@ diffcp_add_fail_test(cli_dit_qwen_guidance_embeds "guidance_embeds = true is not
 foreach(t IN ITEMS cli_dit_qwen_pooled cli_dit_qwen_cfg_without_negative cli_dit_qwen_negative_without_cfg cli_dit_qwen_negative_not_divisible
                    cli_dit_flux_negative cli_dit_qwen_zero_cond cli_dit_qwen_guidance_embeds cli_dit_flux2_pooled cli_dit_flux2_three_axes
                    cli_dit_flux2_schnell_guidance cli_dit_sd3_negative_without_pooled cli_dit_sd3_packed_noise
-                   cli_dit_sd3_beyond_position_table cli_dit_sd3_dual_attention cli_dit_qwen_one_step_terminal cli_dit_wan_i2v_refused
+                   cli_dit_sd3_beyond_position_table cli_dit_sd3_dual_attention cli_dit_qwen_one_step_terminal cli_dit_wan_i2v_refused cli_dit_wan_half_i2v
                    cli_dit_wan22_two_experts cli_dit_wan_beyond_rope cli_dit_wan_unipc_noise_prediction)
   set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED diffusers_files)
 endforeach()

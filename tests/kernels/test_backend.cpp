@@ -70,7 +70,7 @@ const OpKind kAllOps[] = {OpKind::gemm,         OpKind::bias_backward,   OpKind:
                           OpKind::cross_entropy_backward, OpKind::scale_sumsq, OpKind::guidance_combine,
                           OpKind::fp8_encode, OpKind::fp8_decode, OpKind::dense_linear, OpKind::select_active,
                           OpKind::token_rows, OpKind::dynamic_conv_forward, OpKind::dynamic_conv_backward,
-                          OpKind::logit_map, OpKind::top_k};
+                          OpKind::logit_map, OpKind::top_k, OpKind::gelu};
 
 // dense_linear is the bf16-weight product of inference only (ops/backend.hpp).
 TEST(Backend, CpuSupportsF32EverywhereBf16OnGemmAndAttention) {
