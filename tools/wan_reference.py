@@ -233,20 +233,24 @@ class WanRef:
         patches = lat.reshape(B, C, F, gh, 2, gw, 2).transpose(0, 2, 3, 5, 1, 4, 6).reshape(B, N, C * 4)
         x = patches @ self.w["patch_embedding.weight"].reshape(D, -1).T + self.w["patch_embedding.bias"]
         ce = "condition_embedder."
-        temb = self.lin(ce + "time_embedder.linear_2",
-                        silu(self.lin(ce + "time_embedder.linear_1", sinusoid(1000.0 * sigma, self.a["freq_dim"]))))
-        mod = self.lin(ce + "time_proj", silu(temb)).reshape(6, D)  # [6, D], shared by the batch
+        # sigma: one for every token, or one per token [N] (TI2V's image conditioning: the modulation per token)
+        sig = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
+        if sig.shape not in ((1,), (N,)):
+            raise InputError(f"{sig.shape[0]} timesteps for {N} tokens")
+        feats = np.stack([sinusoid(1000.0 * s, self.a["freq_dim"]) for s in sig])
+        temb = self.lin(ce + "time_embedder.linear_2", silu(self.lin(ce + "time_embedder.linear_1", feats)))  # [1 or N, D]
+        mod = self.lin(ce + "time_proj", silu(temb)).reshape(-1, 6, D)  # [1 or N, 6, D], shared by the batch
         ctx = self.lin(ce + "text_embedder.linear_2", gelu_tanh(self.lin(ce + "text_embedder.linear_1", enc)))
         ang = rope_angles(self.d, F, gh, gw)
         for i in range(self.a["num_layers"]):
             b = f"blocks.{i}."
-            m = self.w[b + "scale_shift_table"].reshape(6, D) + mod  # shift, scale, gate, c_shift, c_scale, c_gate
-            y = self.ln(x) * (1 + m[1]) + m[0]
+            m = (self.w[b + "scale_shift_table"].reshape(6, D) + mod).transpose(1, 0, 2)  # [6, 1 or N, D]: shift,
+            y = self.ln(x) * (1 + m[1]) + m[0]                                     # scale, gate, c_shift, c_scale, c_gate
             x = x + m[2] * self.attn(b + "attn1.", y, y, ang)
             x = x + self.attn(b + "attn2.", self.ln(x, b + "norm2") if self.a["cross_attn_norm"] else x, ctx, None, ictx)
             y = self.ln(x) * (1 + m[4]) + m[3]
             x = x + m[5] * self.lin(b + "ffn.net.2", gelu_tanh(self.lin(b + "ffn.net.0.proj", y)))
-        shift, scale = self.w["scale_shift_table"].reshape(2, D) + temb  # temb not silu'd here
+        shift, scale = (self.w["scale_shift_table"].reshape(2, D) + temb[:, None]).transpose(1, 0, 2)  # temb not silu'd
         y = self.lin("proj_out", self.ln(x) * (1 + scale) + shift)  # [B, N, (ph, pw, c)], c fastest
         Co = self.a["out_channels"]
         return y.reshape(B, F, gh, gw, 2, 2, Co).transpose(0, 6, 1, 2, 4, 3, 5).reshape(B, Co, F, h, w)

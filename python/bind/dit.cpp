@@ -82,12 +82,12 @@ class DitPy {
   //   -> [b, N_img, C_in] the velocity, gathered on every rank. Collective over comm.
   py::array_t<float> velocity(const Floats& x, std::int64_t height, std::int64_t width, const Floats& txt,
                               const Floats& pooled, double t, double guidance, int pass, int step, int steps,
-                              std::int64_t frames) {
+                              std::int64_t frames, const std::vector<double>& token_t) {
     const DitShape shape = shape_of(x, height, width, txt, pooled, frames);
     std::vector<float> out;
     {
       py::gil_scoped_release release;
-      out = session_->velocity(pass, shape, host(x), host(txt), host(pooled), t, guidance, step, steps);
+      out = session_->velocity(pass, shape, host(x), host(txt), host(pooled), t, guidance, step, steps, token_t);
     }
     py::array_t<float> v({x.shape(0), x.shape(1), static_cast<py::ssize_t>(session_->model().in_channels())});
     std::copy(out.begin(), out.end(), v.mutable_data());
@@ -99,14 +99,15 @@ class DitPy {
   // the pair's index within the step (each pair of a step has its own exchanges and caches).
   py::array_t<float> velocity_pair(const Floats& x0, const Floats& txt0, const Floats& pooled0, const Floats& x1,
                                    const Floats& txt1, const Floats& pooled1, std::int64_t height, std::int64_t width,
-                                   double t, double guidance, int step, int steps, int pair_index, std::int64_t frames) {
+                                   double t, double guidance, int step, int steps, int pair_index, std::int64_t frames,
+                                   const std::vector<double>& token_t) {
     const DitShape s0 = shape_of(x0, height, width, txt0, pooled0, frames), s1 = shape_of(x1, height, width, txt1, pooled1, frames);
     const std::vector<float> in[2][3] = {{host(x0), host(txt0), host(pooled0)}, {host(x1), host(txt1), host(pooled1)}};
     std::array<std::vector<float>, 2> v;
     {
       py::gil_scoped_release release;
       v = session_->velocity_pair(pair_index, s0, s1, {&in[0][0], &in[0][1], &in[0][2]}, {&in[1][0], &in[1][1], &in[1][2]}, t,
-                                  guidance, step, steps);
+                                  guidance, step, steps, token_t);
     }
     py::array_t<float> out({py::ssize_t{2}, x0.shape(0), x0.shape(1), static_cast<py::ssize_t>(session_->model().in_channels())});
     std::copy(v[0].begin(), v[0].end(), out.mutable_data());
@@ -157,9 +158,11 @@ void bind_dit(py::module_& m) {
       .def("exchange_stats", &DitPy::exchange_stats)
       .def("velocity_pair", &DitPy::velocity_pair, py::arg("x0"), py::arg("txt0"), py::arg("pooled0"), py::arg("x1"),
            py::arg("txt1"), py::arg("pooled1"), py::arg("height"), py::arg("width"), py::arg("t"), py::arg("guidance"),
-           py::arg("step"), py::arg("steps"), py::arg("pair_index") = 0, py::arg("frames") = 1)
+           py::arg("step"), py::arg("steps"), py::arg("pair_index") = 0, py::arg("frames") = 1,
+           py::arg("token_t") = std::vector<double>{})
       .def("velocity", &DitPy::velocity, py::arg("x"), py::arg("height"), py::arg("width"), py::arg("txt"), py::arg("pooled"),
-           py::arg("t"), py::arg("guidance"), py::arg("pass_index"), py::arg("step"), py::arg("steps"), py::arg("frames") = 1);
+           py::arg("t"), py::arg("guidance"), py::arg("pass_index"), py::arg("step"), py::arg("steps"), py::arg("frames") = 1,
+           py::arg("token_t") = std::vector<double>{});
 }
 
 }  // namespace diffcp::py_bind

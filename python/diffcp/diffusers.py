@@ -86,13 +86,16 @@ class _Forward:
         self.config = core.config()
         self.out_channels = 4 * int(self.config["latent_channels"])  # C_in: 2 x 2 patches of the latent
 
-    def velocity(self, x: np.ndarray, gh: int, gw: int, txt, pooled, t: float, g: float, frames: int = 1) -> np.ndarray:
+    def velocity(self, x: np.ndarray, gh: int, gw: int, txt, pooled, t: float, g: float, frames: int = 1,
+                 token_t: list[float] | None = None) -> np.ndarray:
         """x [B, N, C_in] packed tokens of `frames` gh x gw grids (frame-major; 1 for an image); txt: per image its [T_i, D] rows, pooled
         [B, P] or None (torch) -> the velocity [B, N, C_in]. Images sharing the prompt run as one
         batch (the model shares the text rows across images); each other prompt (classifier-free
         guidance's negative half of SD3's batch, or Qwen-Image's second call of a step) is another
-        pass, with its own V-Major caches."""
+        pass, with its own V-Major caches. token_t: Wan's per-token timesteps in [0, 1] (TI2V's image
+        conditioning), shared by the images; t is then the step's (their largest)."""
         import torch
+        token_t = list(token_t or [])
         # The step within this transformer's run: Wan 2.2 A14B's low-noise expert starts at the boundary,
         # and its V-Major caches and step cache must start afresh there (its own step 0).
         step, steps = self.state.local(id(self), self.state.step_of(t))
@@ -116,7 +119,8 @@ class _Forward:
             # per half of the ranks; each pair of a step keeps its own caches (pair index).
             pair = state.next_pass() // 2
             state.next_pass()
-            v = self.core.velocity_pair(*passes[0], *passes[1], 16 * gh, 16 * gw, t, g, step, steps, pair, frames)
+            v = self.core.velocity_pair(*passes[0], *passes[1], 16 * gh, 16 * gw, t, g, step, steps, pair, frames,
+                                        token_t)
             out[groups[0]], out[groups[1]] = v[0], v[1]
             return out
         if state.cfg_parallel and state.two_calls and len(groups) == 1 and (state.passes == 0 or state.pending):
@@ -132,7 +136,7 @@ class _Forward:
             state.pending = None
             pair = state.next_pass() // 2
             v = self.core.velocity_pair(*first["inputs"], *passes[0], 16 * gh, 16 * gw, t, g, step, steps, pair,
-                                        frames)
+                                        frames, token_t)
             first["out"][...] = v[0]
             if first["sample"] is not None:
                 first["sample"].copy_(torch.from_numpy(first["unpack"](v[0]) if first["unpack"] else v[0]))
@@ -149,11 +153,11 @@ class _Forward:
                 pooled_b = (np.ascontiguousarray(np.stack([_f32(pooled[i]) for i in idx])) if pooled is not None
                             else np.zeros(0, np.float32))
                 out[idx] = self.core.velocity(np.ascontiguousarray(x[idx]), 16 * gh, 16 * gw, txt_b, pooled_b, t, g,
-                                              state.next_pass(), step, steps, frames)
+                                              state.next_pass(), step, steps, frames, token_t)
             return out
         for grp, pas in zip(groups, passes):
             out[grp] = self.core.velocity(pas[0], 16 * gh, 16 * gw, pas[1], pas[2], t, g, state.next_pass(), step,
-                                          steps, frames)
+                                          steps, frames, token_t)
         return out
 
     @staticmethod
@@ -321,7 +325,8 @@ class _Flux2Forward(_Forward):
 class _WanForward(_Forward):
     """WanTransformer3DModel.forward: hidden_states the latent video [B, C, F, H/8, W/8] (patches 1 x 2 x 2,
     tokens frame-major; image-to-video: the latent's channels, then the mask's and the encoded image's),
-    timestep = 1000 sigma ([B], or WanPipeline's expand_timesteps [B, N], every token the same),
+    timestep = 1000 sigma ([B], or the pipelines' expand_timesteps [B, N]: Wan 2.2 TI2V's image-to-video
+    gives the first frame's tokens 0, the modulation then per token),
     encoder_hidden_states [B, T, D] (cross-attended: every rank holds it whole), and Wan 2.1 I2V's
     encoder_hidden_states_image [B, I, 1280] (CLIP's; FLF2V: [2B, 257, 1280], the first and last frames',
     paired as the model's position table wants), cross-attended whole on every rank too;
@@ -365,11 +370,19 @@ class _WanForward(_Forward):
         # [B, C, F, 2gh, 2gw] -> tokens [B, F gh gw, 4C], channels (c, ph, pw) (dit/sampler.hpp pack_latent)
         x = _f32(hidden_states).reshape(B, C, F, gh, 2, gw, 2).transpose(0, 2, 3, 5, 1, 4, 6).reshape(B, F * gh * gw,
                                                                                                       4 * C)
+        token_t = None
         if timestep is not None and timestep.dim() == 2 and not bool((timestep == timestep.reshape(-1)[0]).all()):
-            raise NotImplementedError("diffcp.diffusers: per-token timesteps that differ (Wan 2.2 TI2V's image "
-                                      "conditioning) are not supported")
-        v = self.velocity(np.ascontiguousarray(x), gh, gw, list(encoder_hidden_states.detach()), image,
-                          self.timestep(timestep) / 1000.0, 0.0, frames=F)
+            # Wan 2.2 TI2V's image conditioning (expand_timesteps): one timestep per token, the first frame's 0
+            ts = timestep.detach().to("cpu").double()
+            if tuple(ts.shape) != (B, F * gh * gw) or not bool((ts == ts[:1]).all()):
+                raise NotImplementedError(f"diffcp.diffusers: per-token timesteps of shape {tuple(ts.shape)} that differ "
+                                          f"between the videos of the batch (expected [{B}, {F * gh * gw}], the same row)")
+            token_t = (ts[0] / 1000.0).tolist()
+            t = float(ts.max()) / 1000.0
+        else:
+            t = self.timestep(timestep) / 1000.0
+        v = self.velocity(np.ascontiguousarray(x), gh, gw, list(encoder_hidden_states.detach()), image, t, 0.0,
+                          frames=F, token_t=token_t)
         Co = self.out_channels // 4  # image-to-video: fewer channels out than in
         def unpack(tokens):  # [B, F gh gw, 4 Co] -> [B, Co, F, H, W]
             return tokens.reshape(B, F, gh, gw, Co, 2, 2).transpose(0, 4, 1, 2, 5, 3, 6).reshape(B, Co, F, H, W)

@@ -413,8 +413,9 @@ class _WanReference(torch.nn.Module):
         image = None if encoder_hidden_states_image is None else encoder_hidden_states_image.double().numpy()
         if image is not None and self.config.pos_embed_seq_len is not None:  # FLF2V's pairs of frames
             image = image.reshape(-1, 2 * image.shape[1], image.shape[2])
-        v = self.m.forward(hidden_states.double().numpy(), encoder_hidden_states.double().numpy(),
-                           float(timestep[0]) / 1000.0, image)
+        ts = timestep.double()
+        sigma = ts[0].numpy() / 1000.0 if ts.dim() == 2 else float(ts[0]) / 1000.0  # per token (TI2V) or one
+        v = self.m.forward(hidden_states.double().numpy(), encoder_hidden_states.double().numpy(), sigma, image)
         return (torch.from_numpy(v.astype(np.float32)),)
 
 
@@ -485,25 +486,35 @@ def test_wan_second_expert_starts_its_caches_afresh():
     lo.cleanup()
 
 
-def test_wan_per_token_timesteps():
-    # Wan 2.2 TI2V's pipeline (expand_timesteps) passes one timestep per token [B, N]: all equal in
-    # text-to-video (the run as with [B]); differing (its image-conditioned first frame) is refused.
+@pytest.mark.parametrize("mode", ["flat", "cocodiff"])
+def test_wan_per_token_timesteps(mode):
+    # The pipelines' expand_timesteps (Wan 2.2 TI2V) pass one timestep per token [B, N]: all equal in
+    # text-to-video (the run as with [B]); in image-to-video the first frame's tokens are at 0 (the
+    # modulation then per token: each rank's rows run per timestep), equal to the reference; rows that
+    # differ between the videos of a batch are refused.
     d = _wan_folder(8)
     rng = np.random.default_rng(5)
-    lat = torch.from_numpy(rng.standard_normal((1, 4, 2, 4, 6)).astype(np.float32))
-    enc = torch.from_numpy(rng.standard_normal((1, 7, 32)).astype(np.float32))
+    lat = torch.from_numpy(rng.standard_normal((2, 4, 3, 4, 6)).astype(np.float32))  # 18 tokens: P = 4 pads
+    enc = torch.from_numpy(np.repeat(rng.standard_normal((1, 7, 32)).astype(np.float32), 2, 0))
     pipe = SimpleNamespace(transformer=WanTransformer3DModel(Path(d.name)))
-    par = diffcp.diffusers.parallelize(pipe, mode="flat", dtype="f32", weights_dtype="f32")
+    par = diffcp.diffusers.parallelize(pipe, mode=mode, dtype="f32", weights_dtype="f32", cache_ratio=0.0)
     par._state.reset(1)
-    one = pipe.transformer(hidden_states=lat, timestep=torch.full((1,), 600.0), encoder_hidden_states=enc,
+    one = pipe.transformer(hidden_states=lat, timestep=torch.full((2,), 600.0), encoder_hidden_states=enc,
                            return_dict=False)[0]
-    per_token = pipe.transformer(hidden_states=lat, timestep=torch.full((1, 12), 600.0), encoder_hidden_states=enc,
+    per_token = pipe.transformer(hidden_states=lat, timestep=torch.full((2, 18), 600.0), encoder_hidden_states=enc,
                                  return_dict=False)[0]
     assert torch.equal(one, per_token)
-    mixed = torch.full((1, 12), 600.0)
-    mixed[0, :6] = 0.0
-    with pytest.raises(NotImplementedError, match="per-token timesteps that differ"):
-        pipe.transformer(hidden_states=lat, timestep=mixed, encoder_hidden_states=enc, return_dict=False)
+    mixed = torch.full((2, 18), 600.0)
+    mixed[:, :6] = 0.0  # the first latent frame: TI2V's conditioning image
+    par._state.reset(1)
+    got = pipe.transformer(hidden_states=lat, timestep=mixed, encoder_hidden_states=enc, return_dict=False)[0]
+    want = _WanReference(Path(d.name))(lat, mixed, enc)[0]
+    close(got.numpy(), want.numpy(), 1e-4, f"per-token timesteps, {mode}")
+    assert np.abs(got.numpy() - one.numpy()).max() > 1e-2  # the first frame's timestep mattered
+    uneven = mixed.clone()
+    uneven[1, 7] = 100.0
+    with pytest.raises(NotImplementedError, match="differ between the videos of the batch"):
+        pipe.transformer(hidden_states=lat, timestep=uneven, encoder_hidden_states=enc, return_dict=False)
     d.cleanup()
 
 

@@ -153,7 +153,7 @@ void DitModel::linear(const DitLinear& l, const float* x, std::int64_t ldx, std:
 void DitModel::modulation(const DitLinear& l, float* out) const { linear(l, silu_vec_.data(), l.in, nv_, out, l.out); }
 
 void DitModel::velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance,
-                        float* v_p, bool per_image) {
+                        float* v_p, bool per_image, std::span<const double> token_t) {
   const DitLayout& L = w_.layout();
   DIFFCP_CHECK(&active_backend() == w_.backend(), "DitModel::velocity: the active backend '",
                active_backend().name(), "' is not the one holding the weights ('", w_.backend()->name(), "')");
@@ -165,7 +165,9 @@ void DitModel::velocity(const float* x_p, const float* txt_p, const float* poole
   // The first evaluation is the warm-up (primitives made, weights packed): not profiled.
   timing_ = evaluations_++ > 0 ? profile_ : nullptr;
   if (timing_) ++timing_->evaluations;
-  if (cfg_.cross_attention()) return wan_velocity(x_p, txt_p, pooled, t, v_p, per_image);
+  if (cfg_.cross_attention()) return wan_velocity(x_p, txt_p, pooled, t, v_p, per_image, token_t);
+  DIFFCP_CHECK(token_t.empty(), "dit: per-token timesteps are Wan's (TI2V's image conditioning); ",
+               dit_family_name(cfg_.family), " takes one timestep");
   const std::int64_t H = cfg_.hidden(), Tp = shard_.text_p;
   std::optional<DitPhaseScope> phase(std::in_place, timing_, DitPhase::conditioning);
   // vec = MLP_time(timestep features) + MLP_vector(pooled); the blocks use silu(vec).
@@ -283,19 +285,57 @@ void DitModel::wan_image_context(const float* image_p) {
   layernorm(iv_.data(), H, L.image_norm2_w, L.image_norm2_b, ictx_.data());
 }
 
+// The rows of each timestep: one run of every row at t, or (token_t) runs of this rank's consecutive
+// rows whose tokens share a timestep (padding rows: the last token's), each with its slot among the
+// distinct values.
+void DitModel::wan_timestep_runs(double t, std::span<const double> token_t) {
+  runs_.clear();
+  slot_t_.clear();
+  if (token_t.empty()) {
+    slot_t_.push_back(t);
+    runs_.push_back({0, Mp_, 0});
+    return;
+  }
+  const std::int64_t N = shard_.image, Ip = shard_.image_p;
+  DIFFCP_CHECK(static_cast<std::int64_t>(token_t.size()) == N, "dit: ", token_t.size(), " per-token timesteps for ", N,
+               " video tokens");
+  for (std::int64_t j = 0; j < shape_.batch; ++j)
+    for (std::int64_t i = 0; i < Ip; ++i) {
+      const double tn = token_t[static_cast<std::size_t>(std::min(shard_.p * Ip + i, N - 1))];
+      const auto at = std::find(slot_t_.begin(), slot_t_.end(), tn);
+      const int slot = static_cast<int>(at - slot_t_.begin());
+      if (at == slot_t_.end()) slot_t_.push_back(tn);
+      const std::int64_t row = j * Ip + i;
+      if (!runs_.empty() && runs_.back().slot == slot && runs_.back().row0 + runs_.back().rows == row)
+        ++runs_.back().rows;
+      else
+        runs_.push_back({row, 1, slot});
+    }
+}
+
 void DitModel::wan_velocity(const float* x_p, const float* txt_p, const float* image_p, double t, float* v_p,
-                            bool per_image) {
+                            bool per_image, std::span<const double> token_t) {
   const DitLayout& L = w_.layout();
   const std::int64_t H = cfg_.hidden(), C = cfg_.in_channels();
   nv_ = 1;  // no pooled vector: one modulation for every image
   n_ctx_ = per_image ? shape_.batch : 1;
   const std::int64_t ctx_rows = n_ctx_ * shard_.context;
   std::optional<DitPhaseScope> phase(std::in_place, timing_, DitPhase::conditioning);
-  // temb = MLP_time(features(t)) in vec_; tp = time_proj(silu(temb)) in tproj_
-  time_mlp(t);
-  device_copy(silu_vec_.data(), vec_.data(), H);
-  silu_inplace(silu_vec_.data(), H);
-  linear(L.time_proj, silu_vec_.data(), H, 1, tproj_.data(), 6 * H);
+  // Per timestep slot k: temb_k = MLP_time(features(t_k)) in slot_temb_; tp_k = time_proj(silu(temb_k)) in tproj_
+  wan_timestep_runs(t, token_t);
+  const std::int64_t S = static_cast<std::int64_t>(slot_t_.size());
+  if (static_cast<std::int64_t>(slot_temb_.size()) < S * H) {
+    slot_temb_.resize(S * H);
+    tproj_.resize(S * 6 * H);
+    mod_.resize(std::max(S, shape_.batch) * 6 * H);
+  }
+  for (std::int64_t k = 0; k < S; ++k) {
+    time_mlp(slot_t_[static_cast<std::size_t>(k)]);
+    device_copy(slot_temb_.data() + k * H, vec_.data(), H);
+    device_copy(silu_vec_.data(), vec_.data(), H);
+    silu_inplace(silu_vec_.data(), H);
+    linear(L.time_proj, silu_vec_.data(), H, 1, tproj_.data() + k * 6 * H, 6 * H);
+  }
   // The context (every rank the whole text) and the video tokens.
   linear(L.txt_in, txt_p, cfg_.text_dim, ctx_rows, ctx_h_.data(), H);
   gelu_tanh_inplace(ctx_h_.data(), ctx_rows, H, H);
@@ -311,12 +351,18 @@ void DitModel::wan_velocity(const float* x_p, const float* txt_p, const float* i
     if (step_cache_) step_cache_->leave(x_.data());
   }
 
-  // Final layer: (shift, scale) = final_table + temb (not silu'd).
+  // Final layer: (shift, scale) = final_table + temb (not silu'd), per timestep slot.
   const DitPhaseScope final_phase(timing_, DitPhase::final_layer);
-  device_copy(mod_.data(), param(L.final_table), 2 * H);
-  add_into(mod_.data(), vec_.data(), H);
-  add_into(mod_.data() + H, vec_.data(), H);
-  layernorm_modulate(x_.data(), Mp_, H, mod_.data(), mod_.data() + H, static_cast<float>(cfg_.eps), xm_.data());
+  for (std::int64_t k = 0; k < S; ++k) {
+    float* m = mod_.data() + k * 2 * H;
+    device_copy(m, param(L.final_table), 2 * H);
+    add_into(m, slot_temb_.data() + k * H, H);
+    add_into(m + H, slot_temb_.data() + k * H, H);
+  }
+  for (const WanRun& r : runs_) {
+    const float* m = mod_.data() + r.slot * 2 * H;
+    layernorm_modulate(x_.data() + r.row0 * H, r.rows, H, m, m + H, static_cast<float>(cfg_.eps), xm_.data() + r.row0 * H);
+  }
   linear(L.final_linear, xm_.data(), H, Mp_, v_p, C);
   zero_padding(v_p);
 }
@@ -325,13 +371,26 @@ void DitModel::wan_block(const DitLayout::WanBlock& blk) {
   const std::int64_t H = cfg_.hidden(), M = cfg_.mlp_hidden, d = cfg_.head_dim, nh = cfg_.heads;
   const std::int64_t ctx_rows = n_ctx_ * shard_.context;
   const float eps = static_cast<float>(cfg_.eps);
-  // (shift, scale, gate, c_shift, c_scale, c_gate) = table + tp
+  // Per timestep slot k: (shift, scale, gate, c_shift, c_scale, c_gate) = table + tp_k; each run of rows
+  // takes its slot's (one run of every row unless the tokens' timesteps differ).
+  const std::int64_t S = static_cast<std::int64_t>(slot_t_.size());
   timed(DitPhase::conditioning, [&] {
-    device_copy(mod_.data(), param(blk.table), 6 * H);
-    add_into(mod_.data(), tproj_.data(), 6 * H);
+    for (std::int64_t k = 0; k < S; ++k) {
+      device_copy(mod_.data() + k * 6 * H, param(blk.table), 6 * H);
+      add_into(mod_.data() + k * 6 * H, tproj_.data() + k * 6 * H, 6 * H);
+    }
   });
-  const float* mod = mod_.data();
-  timed(DitPhase::layernorm_mod, [&] { layernorm_modulate(x_.data(), Mp_, H, mod, mod + H, eps, xm_.data()); });
+  const auto modulate = [&](int first) {  // xm = (1 + scale) LN(x) + shift, mod columns [first H, (first + 2) H)
+    for (const WanRun& r : runs_) {
+      const float* m = mod_.data() + r.slot * 6 * H + first * H;
+      layernorm_modulate(x_.data() + r.row0 * H, r.rows, H, m, m + H, eps, xm_.data() + r.row0 * H);
+    }
+  };
+  const auto gate = [&](int col) {  // x += gate * y, the gate at mod column col H
+    for (const WanRun& r : runs_)
+      gated_add(x_.data() + r.row0 * H, r.rows, H, mod_.data() + r.slot * 6 * H + col * H, y_.data() + r.row0 * H, H);
+  };
+  timed(DitPhase::layernorm_mod, [&] { modulate(0); });
   // Self-attention: v first (V-First), then q | k with their norm across heads and the 3-D RoPE.
   v_first_qkv(blk.qkv, 3 * H, 3 * H);
   timed(DitPhase::qk_norm_rope, [&] {
@@ -340,7 +399,7 @@ void DitModel::wan_block(const DitLayout::WanBlock& blk) {
   ex_.poll();
   timed(DitPhase::attention, [&] { ex_.attention({big_.data(), Mp_, 3 * nh, d, 3 * H}, {attn_.data(), Mp_, nh, d, H}); });
   timed(DitPhase::gemm, [&] { linear(blk.out, attn_.data(), H, Mp_, y_.data(), H); });
-  timed(DitPhase::gated_add, [&] { gated_add(x_.data(), Mp_, H, mod + 2 * H, y_.data(), H); });
+  timed(DitPhase::gated_add, [&] { gate(2); });
 
   // Cross-attention to the context: every head here, no exchange. norm2 = LN * w + b, as
   // (1 + (w - 1)) LN + b (cross_attn_norm; none otherwise).
@@ -393,11 +452,11 @@ void DitModel::wan_block(const DitLayout::WanBlock& blk) {
   timed(DitPhase::gated_add, [&] { add_into(x_.data(), y_.data(), Mp_ * H); });
 
   // MLP
-  timed(DitPhase::layernorm_mod, [&] { layernorm_modulate(x_.data(), Mp_, H, mod + 3 * H, mod + 4 * H, eps, xm_.data()); });
+  timed(DitPhase::layernorm_mod, [&] { modulate(3); });
   timed(DitPhase::gemm, [&] { linear(blk.ffn0, xm_.data(), H, Mp_, big_.data(), M); });
   timed(DitPhase::activation, [&] { gelu_tanh_inplace(big_.data(), Mp_, M, M); });
   timed(DitPhase::gemm, [&] { linear(blk.ffn2, big_.data(), M, Mp_, y_.data(), H); });
-  timed(DitPhase::gated_add, [&] { gated_add(x_.data(), Mp_, H, mod + 5 * H, y_.data(), H); });
+  timed(DitPhase::gated_add, [&] { gate(5); });
 }
 
 void DitModel::set_step_cache(const StepCacheSpec& spec, Communicator& comm) {

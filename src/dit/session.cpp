@@ -318,7 +318,8 @@ DitSession::Pass& DitSession::pass_run(int key, const DitShape& shape, Communica
 }
 
 std::vector<float> DitSession::pass_velocity(Pass& r, const std::vector<float>& x, const std::vector<float>& txt,
-                                             const std::vector<float>& pooled, double t, double guidance, int step, int steps) {
+                                             const std::vector<float>& pooled, double t, double guidance, int step, int steps,
+                                             const std::vector<double>& token_t) {
   const DitConfig& c = run_.model;
   const DitShard& s = r.model->shard();
   // The model reads and writes the active backend's memory (host data go there and back).
@@ -347,22 +348,30 @@ std::vector<float> DitSession::pass_velocity(Pass& r, const std::vector<float>& 
   r.exchange->set_compute(run_.compute);
   r.exchange->begin_step(step, steps);
   if (step == 0) r.model->set_step_cache(run_.step_cache, *r.comm);  // a new generation: the cache starts afresh
-  r.model->velocity(x_p.data(), txt_p.data(), pooled_d.data(), t, guidance, v_p.data(), per_image);
+  DIFFCP_CHECK(token_t.empty() || (c.family == DitFamily::wan && static_cast<std::int64_t>(token_t.size()) == shape.image_tokens()),
+               "velocity: ", token_t.size(), " per-token timesteps, expected ",
+               c.family == DitFamily::wan ? "one per video token (" + std::to_string(shape.image_tokens()) + ") or none"
+                                          : std::string("none (") + dit_family_name(c.family) + " takes one timestep)");
+  for (const double v : token_t)
+    DIFFCP_CHECK(std::isfinite(v) && v >= 0 && v <= 1, "velocity: a per-token timestep of ", v, ", expected in [0, 1]");
+  r.model->velocity(x_p.data(), txt_p.data(), pooled_d.data(), t, guidance, v_p.data(), per_image, token_t);
   return to_host<float>(v_p.view());
 }
 
 std::vector<float> DitSession::velocity(int pass, const DitShape& shape, const std::vector<float>& x,
                                         const std::vector<float>& txt, const std::vector<float>& pooled, double t,
-                                        double guidance, int step, int steps) {
+                                        double guidance, int step, int steps, const std::vector<double>& token_t) {
   DIFFCP_CHECK(pass >= 0 && pass < kPairKey, "velocity: pass index ", pass, " out of range");
   Pass& r = pass_run(pass, shape, world_);
-  return gather_latent(world_, pass_velocity(r, x, txt, pooled, t, guidance, step, steps), run_.model, shape, r.model->shard());
+  return gather_latent(world_, pass_velocity(r, x, txt, pooled, t, guidance, step, steps, token_t), run_.model, shape,
+                       r.model->shard());
 }
 
 std::array<std::vector<float>, 2> DitSession::velocity_pair(int pair, const DitShape& s0, const DitShape& s1,
                                                             const std::array<const std::vector<float>*, 3>& in0,
                                                             const std::array<const std::vector<float>*, 3>& in1, double t,
-                                                            double guidance, int step, int steps) {
+                                                            double guidance, int step, int steps,
+                                                            const std::vector<double>& token_t) {
   DIFFCP_CHECK(groups_ != nullptr, "velocity_pair: this session was made without `cfg_parallel`");
   DIFFCP_CHECK(pair >= 0 && pair < kPairKey / 2, "velocity_pair: pair index ", pair, " out of range");
   DIFFCP_CHECK(s0.batch == s1.batch && s0.width == s1.width && s0.height == s1.height && s0.frames == s1.frames,
@@ -371,7 +380,7 @@ std::array<std::vector<float>, 2> DitSession::velocity_pair(int pair, const DitS
   const int q = groups_->pass();
   const auto& in = q == 0 ? in0 : in1;
   Pass& r = pass_run(kPairKey + 2 * pair + q, q == 0 ? s0 : s1, *groups_->group);
-  const std::vector<float> v_p = pass_velocity(r, *in[0], *in[1], *in[2], t, guidance, step, steps);
+  const std::vector<float> v_p = pass_velocity(r, *in[0], *in[1], *in[2], t, guidance, step, steps, token_t);
   std::vector<float> both_p(2 * v_p.size());
   groups_->pair->all_gather<float>(v_p, both_p);
   std::array<std::vector<float>, 2> out;

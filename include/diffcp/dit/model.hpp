@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -86,8 +87,11 @@ class DitModel {
   //   v_p:    [b, I_p, C_in] out: the predicted velocity (flow matching: d x_t / d t); 0 in padding rows
   // per_image: a batch of prompts (a server's requests) as one batch: each image's text rows and,
   // where the family has one, its pooled vector, so its own modulation (vec, per image).
+  // token_t (Wan only; empty: every token at t): each video token's timestep [N_img], shared by the
+  // images (Wan 2.2 TI2V's image conditioning: the first frame's tokens at 0); the modulations of
+  // the blocks and the final layer per token.
   void velocity(const float* x_p, const float* txt_p, const float* pooled, double t, double guidance, float* v_p,
-                bool per_image = false);
+                bool per_image = false, std::span<const double> token_t = {});
 
   // Step caching (dit/step_cache.hpp): First-Block Cache over the ranks of `comm` (the ranks that
   // run this model's pass; it must outlive the model), deciding at every velocity() from then on;
@@ -115,7 +119,9 @@ class DitModel {
   void double_block(const DitLayout::DoubleBlock& blk);
   void single_block(const DitLayout::SingleBlock& blk);
   // Wan's forward (velocity's arguments; txt_p: the whole text, [T, text_dim] or per image [b, T, text_dim])
-  void wan_velocity(const float* x_p, const float* txt_p, const float* image_p, double t, float* v_p, bool per_image);
+  void wan_velocity(const float* x_p, const float* txt_p, const float* image_p, double t, float* v_p, bool per_image,
+                    std::span<const double> token_t);
+  void wan_timestep_runs(double t, std::span<const double> token_t);  // runs_, slot_t_
   void wan_image_context(const float* image_p);  // I2V: image_p [n_ctx I_ctx, image_dim] -> ictx_
   void wan_block(const DitLayout::WanBlock& blk);
   void time_mlp(double t);             // vec_ = MLP_time(timestep_embedding(t)) (temb_, h_ scratch)
@@ -182,6 +188,15 @@ class DitModel {
   // embedded context, each block's keys / values over it and its attention's output; masks as above
   DeviceVector<float> ictx_in_, ictx_n_, ictx_, ik_, iv_, ictx_rstd_, img_attn_, img_lse_, ictx_scale_;
   std::vector<BlockMask> image_masks_;
+  // Wan's timesteps: the distinct values (slots) and the runs of consecutive rows that share one;
+  // slot_temb_ [S, H], tproj_ [S, 6H] and mod_ [S, 6H] per slot (S = 1 unless tokens' timesteps differ)
+  struct WanRun {
+    std::int64_t row0 = 0, rows = 0;
+    int slot = 0;
+  };
+  std::vector<WanRun> runs_;
+  std::vector<double> slot_t_;
+  DeviceVector<float> slot_temb_;
 };
 
 }  // namespace diffcp

@@ -158,15 +158,19 @@ class DitSession {
   //   x: [b, N_img, C_in] the latent tokens (every rank the same; a video's frame-major, N_img = F g_h g_w)
   //   txt: [T, text_dim] shared by the b images, or [b, T, text_dim] each image's own (a batch of prompts)
   //   pooled: [pooled_dim], or [b, pooled_dim] with per-image text (empty in families without one)
+  //   token_t: Wan's per-token timesteps in [0, 1] [N_img] (TI2V's image conditioning: the first frame's at 0),
+  //            shared by the images; empty: every token at t (t stays the step's, for the schedules)
   //   -> [b, N_img, C_in] the velocity, on every rank
   std::vector<float> velocity(int pass, const DitShape& shape, const std::vector<float>& x, const std::vector<float>& txt,
-                              const std::vector<float>& pooled, double t, double guidance, int step, int steps);
+                              const std::vector<float>& pooled, double t, double guidance, int step, int steps,
+                              const std::vector<double>& token_t = {});
   // cfg_parallel: a pair of passes q = 0, 1 at once, pass q on half q (the same b and image size);
   // each pair index of a step keeps its own exchanges. -> {v_0, v_1} on every rank. Collective.
   std::array<std::vector<float>, 2> velocity_pair(int pair, const DitShape& s0, const DitShape& s1,
                                                   const std::array<const std::vector<float>*, 3>& in0,
                                                   const std::array<const std::vector<float>*, 3>& in1, double t,
-                                                  double guidance, int step, int steps);
+                                                  double guidance, int step, int steps,
+                                                  const std::vector<double>& token_t = {});
   // Per pass that ran ("0", "1", ...; cfg_parallel pairs "pair<i>.<q>": this rank's half q): the
   // step cache's decisions since its step 0.
   std::map<std::string, StepCacheStats> step_cache_stats() const;
@@ -183,7 +187,8 @@ class DitSession {
   struct Pass;
   Pass& pass_run(int key, const DitShape& shape, Communicator& comm);
   std::vector<float> pass_velocity(Pass& r, const std::vector<float>& x, const std::vector<float>& txt,
-                                   const std::vector<float>& pooled, double t, double guidance, int step, int steps);
+                                   const std::vector<float>& pooled, double t, double guidance, int step, int steps,
+                                   const std::vector<double>& token_t);
 
   Communicator& world_;
   DitRunConfig run_;
