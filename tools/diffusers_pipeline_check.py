@@ -49,7 +49,7 @@ mpi4py and the built diffcp package (CI does not install them: python/tests_mpi/
 checks the same forward against tools/flux_reference.py's NumPy reference there):
 
   /usr/bin/python3 -m venv --system-site-packages /tmp/dv
-  /tmp/dv/bin/pip install --ignore-installed torch diffusers transformers safetensors tokenizers
+  /tmp/dv/bin/pip install --ignore-installed torch diffusers transformers safetensors tokenizers ftfy
   PYTHONPATH=build/release/python /tmp/dv/bin/python tools/diffusers_pipeline_check.py [--np 1,2,4] \
       [--modes flat,tapa,vfirst,cocodiff] [--family flux1|sd3|wan|wan_a14b|wan_i2v|wan_flf2v|wan_i2v_a14b|wan_ti2v]
       [--out DIR]

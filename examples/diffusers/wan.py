@@ -1,9 +1,12 @@
-"""Wan 2.1 / 2.2 text-to-video on diffcp: a WanPipeline folder, its transformer(s) sequence-parallel
-across the `mpirun` ranks and its VAE decoding patch-parallel; rank 0 writes the video as one PNG
-per frame (and an MP4 when diffusers' export_to_video finds imageio / OpenCV).
+"""Wan 2.1 / 2.2 text-to-video and image-to-video on diffcp: a WanPipeline (or, with --image,
+WanImageToVideoPipeline) folder, its transformer(s) sequence-parallel across the `mpirun` ranks and
+its VAE decoding patch-parallel; rank 0 writes the video as one PNG per frame (and an MP4 when
+diffusers' export_to_video finds imageio / OpenCV).
 
     mpirun -np 2 python examples/diffusers/wan.py --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers \\
         --height 480 --width 832 --frames 81 --out wan_frames
+    mpirun -np 2 python examples/diffusers/wan.py --model Wan-AI/Wan2.1-I2V-14B-480P-Diffusers \\
+        --image first.png --height 480 --width 832 --frames 81 --out wan_i2v_frames
 
 Every rank runs the script: the text encoder runs on every rank, diffcp runs the transformer (both
 experts of Wan 2.2 A14B) and the decode (docs/python.md, "A diffusers pipeline, sequence-parallel").
@@ -19,9 +22,11 @@ import diffcp.diffusers
 
 
 def main() -> None:
-    from diffusers import AutoencoderKLWan, WanPipeline
+    from diffusers import AutoencoderKLWan, WanImageToVideoPipeline, WanPipeline
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help="a WanPipeline folder (from_pretrained)")
+    ap.add_argument("--model", required=True, help="a WanPipeline / WanImageToVideoPipeline folder (from_pretrained)")
+    ap.add_argument("--image", help="image-to-video: the first frame (a picture file)")
+    ap.add_argument("--last-image", help="FLF2V: the last frame too")
     ap.add_argument("--prompt", default="a lighthouse on a rocky coast at dusk, waves rolling in")
     ap.add_argument("--negative-prompt", default="")
     ap.add_argument("--height", type=int, default=480)
@@ -39,12 +44,18 @@ def main() -> None:
 
     torch_dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     vae = AutoencoderKLWan.from_pretrained(a.model, subfolder="vae", torch_dtype=torch.float32)  # as Wan's card
-    pipe = WanPipeline.from_pretrained(a.model, vae=vae, torch_dtype=torch_dtype)
+    extra = {}
+    if a.image:  # image-to-video: the condition from the picture (and CLIP's image context, where the model has one)
+        from PIL import Image
+        extra["image"] = Image.open(a.image).convert("RGB")
+        if a.last_image:
+            extra["last_image"] = Image.open(a.last_image).convert("RGB")
+    pipe = (WanImageToVideoPipeline if a.image else WanPipeline).from_pretrained(a.model, vae=vae, torch_dtype=torch_dtype)
     pipe = diffcp.diffusers.parallelize(pipe, mode=a.mode, dtype=a.dtype, shard_weights=a.shard_weights,
                                         cfg_parallel=a.cfg_parallel, vae="patch")
     frames = pipe(prompt=a.prompt, negative_prompt=a.negative_prompt, height=a.height, width=a.width,
                   num_frames=a.frames, num_inference_steps=a.steps, guidance_scale=a.guidance,
-                  generator=torch.Generator().manual_seed(a.seed), output_type="np").frames[0]
+                  generator=torch.Generator().manual_seed(a.seed), output_type="np", **extra).frames[0]
     if MPI.COMM_WORLD.Get_rank() != 0:
         return
     from PIL import Image
