@@ -27,7 +27,8 @@ Builds a tiny random pipeline locally (no hub) and saves it with save_pretrained
   wan_i2v_a14b: Wan 2.2 I2V A14B: no image encoder (image_dim None), in_channels 12, two experts
          (boundary_ratio 0.875).
   wan_ti2v: Wan 2.2 TI2V's image-to-video (expand_timesteps): the first latent frame is the encoded
-         image and its tokens' timestep 0 (per-token timesteps), in_channels 4, no image encoder.
+         image and its tokens' timestep 0 (per-token timesteps), in_channels 4, no image encoder; the
+         Wan 2.2 VAE's kind (is_residual, patch_size 2: 16x), so 96 x 64 pixels (a 6 x 4 latent).
   qwen_image, flux2: their pipelines' text encoders (Qwen2.5-VL, Mistral) are too large to build at
          random here, so these two are checked one level down: diffusers' own random
          QwenImageTransformer2DModel / Flux2Transformer2DModel, saved and loaded by from_pretrained,
@@ -71,6 +72,11 @@ import numpy as np
 
 PROMPT = "a lighthouse on a rocky coast at dusk"
 WIDTH, HEIGHT, STEPS, T5_TOKENS = 80, 48, 10, 13
+
+
+def size(family: str) -> tuple[int, int]:
+    """(width, height) in pixels: 80 x 48, or 96 x 64 where the VAE is 16x (wan_ti2v: the latent's sides even)."""
+    return (96, 64) if family == "wan_ti2v" else (WIDTH, HEIGHT)
 WORDS = ("a lighthouse on rocky coast at dusk the sea sky red blue green house tree mountain "
          "river boat cat dog sun moon star cloud rain snow").split()
 
@@ -133,9 +139,11 @@ def build_wan(root: Path, experts: int, family: str = "wan") -> None:
                               UMT5EncoderModel)
     torch.manual_seed(0)
     t5 = UMT5EncoderModel(UMT5Config(vocab_size=64, d_model=32, d_ff=37, d_kv=8, num_layers=2, num_heads=4))
+    wan22_vae = dict(is_residual=True, patch_size=2, in_channels=12, out_channels=12, scale_factor_spatial=16) \
+        if family == "wan_ti2v" else {}  # TI2V-5B's VAE kind: residual blocks, 2 x 2 patches
     vae = AutoencoderKLWan(base_dim=16, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                            temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.0, 0.3],
-                           latents_std=[1.5, 0.8, 1.0, 2.0])
+                           latents_std=[1.5, 0.8, 1.0, 2.0], **wan22_vae)
     i2v = family in I2V_FAMILIES
     image = {} if family in ("wan", "wan_a14b", "wan_i2v_a14b", "wan_ti2v") else dict(
         image_dim=32, added_kv_proj_dim=24, pos_embed_seq_len=2 * CLIP_TOKENS if family == "wan_flf2v" else None)
@@ -195,15 +203,17 @@ def generate(pipe, family: str) -> np.ndarray:
         kw = {}
         if family in I2V_FAMILIES:  # the conditioning frame(s): smooth gradients, a second one for FLF2V's last
             from PIL import Image
-            yy, xx = np.mgrid[0:HEIGHT, 0:WIDTH]
+            W, H = size(family)
+            yy, xx = np.mgrid[0:H, 0:W]
             def picture(k):
-                rgb = np.stack([xx / WIDTH, yy / HEIGHT, 0.5 + 0.5 * np.sin((xx + k * yy) / 9.0)], -1)
+                rgb = np.stack([xx / W, yy / H, 0.5 + 0.5 * np.sin((xx + k * yy) / 9.0)], -1)
                 return Image.fromarray((rgb * 255).astype(np.uint8))
             kw["image"] = picture(1)
             if family == "wan_flf2v":
                 kw["last_image"] = picture(3)
         with_image = family in ("wan_i2v", "wan_flf2v")
-        out = pipe(prompt=PROMPT, height=HEIGHT, width=WIDTH, num_frames=WAN_FRAMES, num_inference_steps=STEPS,
+        out = pipe(prompt=PROMPT, height=size(family)[1], width=size(family)[0], num_frames=WAN_FRAMES,
+                   num_inference_steps=STEPS,
                    guidance_scale=5.0, generator=torch.Generator().manual_seed(0), output_type="np",
                    max_sequence_length=512 if with_image else T5_TOKENS, **kw)
         return np.asarray(out.frames, dtype=np.float32)
@@ -225,7 +235,10 @@ def check_patch_vae(par) -> str:
     import torch
     from diffcp.vae import wan_decode_bytes
     vae = par.pipe.vae
-    z = torch.randn(1, vae.config.z_dim, 3, HEIGHT // 8, WIDTH // 8, generator=torch.Generator().manual_seed(5))
+    s = getattr(vae.config, "scale_factor_spatial", 8) or 8
+    z = torch.randn(1, vae.config.z_dim, 3, 48 // 8, 80 // 8, generator=torch.Generator().manual_seed(5))  # 6 x 10
+    if s != 8:
+        z = z[..., :48 // s + 2, :80 // s + 2].contiguous()  # the 16x VAE: a smaller latent, 5 x 7
     with torch.no_grad():
         want = type(vae).decode(vae, z, return_dict=False)[0]  # the class's decode: diffusers' one-process decode
     got = vae.decode(z, return_dict=False)[0]

@@ -16,7 +16,9 @@ own decoder modules on its rows, and what the rows need from their neighbours cr
   * the decoded rows are all-gathered at the end: every rank returns the whole video.
 
 Nothing else in the decoder mixes rows (RMS norms over channels, SiLU, nearest 2x upsampling, the
-temporal convolutions with one-row kernels, the 1 x 1 x 1 shortcuts), so the decode equals
+temporal convolutions with one-row kernels, the 1 x 1 x 1 shortcuts; the Wan 2.2 VAE's DupUp3D
+shortcuts, which spread each row's channels over its 2 output rows, and its final unpatchify, each
+row into patch_size rows), so the decode equals
 diffusers' one-process decode up to float rounding (the convolutions see other shapes). Each
 rank's activations at the upsampled sizes, the bulk of the decode's memory, are its rows plus two
 halo rows a convolution: they fall as 1/P. Whole on every rank stay the mid block's attention (at
@@ -24,8 +26,9 @@ the latent's size: (h w)^2 scores a frame) and the decoded video that the last a
 
 The bytes each rank sends are in a closed form (:func:`wan_decode_bytes`, with the VAE's element
 size: 4 for f32, 2 for bf16) and counted (:attr:`PatchParallelDecoder.stats`); the test
-(python/tests_mpi) and tools/diffusers_pipeline_check.py compare the two. Supported: the Wan 2.1 VAE (Wan 2.1 and Wan 2.2 A14B pipelines); not the Wan 2.2
-VAE of TI2V-5B (``is_residual``, ``patch_size``), not tiling, on the CPU, without hooks on the
+(python/tests_mpi) and tools/diffusers_pipeline_check.py compare the two. Supported: the Wan 2.1 VAE
+(Wan 2.1 and Wan 2.2 A14B pipelines) and the Wan 2.2 VAE of TI2V-5B (``is_residual``: residual up
+blocks; ``patch_size``); not tiling; on the CPU, without hooks on the
 decoder (CPU offload, layerwise casting: refused). Every rank calls ``decode`` with the same latent
 (a pipeline's ranks hold the same latents): it is collective. The halo exchange uses mpi4py on a
 duplicate of the communicator given; an error inside the decode (after the checks, which fail alike on every rank)
@@ -40,7 +43,7 @@ __all__ = ["PatchParallelDecoder", "wan_decode_bytes", "row_split"]
 # The decoder's module classes; anything else in the decoder is refused (a diffusers release that
 # adds a row-mixing layer must not decode silently wrong). Row-local: they act per row (or per pixel).
 _LOCAL = {"WanDecoder3d", "WanMidBlock", "WanResidualBlock", "WanUpBlock", "WanResample", "WanUpsample", "WanRMS_norm",
-          "SiLU", "Dropout", "Identity", "ModuleList", "Sequential"}
+          "WanResidualUpBlock", "DupUp3D", "SiLU", "Dropout", "Identity", "ModuleList", "Sequential"}
 _CACHE_T = 2  # frames a causal convolution keeps of its input (diffusers' CACHE_T)
 
 
@@ -55,12 +58,14 @@ def wan_decode_bytes(config, z_shape, P: int, p: int, itemsize: int = 4) -> dict
     halo: every convolution with a 3-row kernel sends one row of each frame of its input to each
     neighbour (n_p of them: 2 inside, 1 at an edge), r C_in W_l T_l bytes a neighbour: the decoder's
     conv_in (z_dim channels at the latent's size), the mid block's 4 (dims[0]), each up block's
-    2 (num_res_blocks + 1) (its first conv1 reads in_dim, the rest out_dim), each upsampler's Conv2d
+    2 (num_res_blocks + 1) (its first conv1 reads in_dim: dims[i], halved after the first block in the
+    Wan 2.1 VAE, not in the Wan 2.2 VAE's residual blocks; the rest out_dim), each upsampler's Conv2d
     (out_dim channels at the doubled size), conv_out (the last out_dim). T_l: the frames at a level
     (T at the latent's; an upsample3d makes 2 T_l - 1: the first chunk's frame stays one);
     W_l = w 2^level.
     attention: the mid block's all-gather, the rank's rows [B, dims[0], T, h_p, w] to P - 1 ranks.
-    output: the decoded rows [B, 3, T_out, 8 h_p, 8 w] to P - 1 ranks."""
+    output: the decoded rows [B, 3, T_out, s h_p, s w] to P - 1 ranks (s = 8; the Wan 2.2 VAE: 16, its
+    out_channels 3 p^2 unpatchified into p x p pixels)."""
     B, _, T, h, w = (int(v) for v in z_shape)
     rows = row_split(h, P)[p]
     nb = (p > 0) + (p < P - 1)
@@ -80,7 +85,7 @@ def wan_decode_bytes(config, z_shape, P: int, p: int, itemsize: int = 4) -> dict
         conv(dims[0], t_l, w_l)
     out_dim = dims[0]
     for i in range(len(mult)):
-        in_dim, out_dim = (dims[i] // 2 if i > 0 else dims[i]), dims[i + 1]
+        in_dim, out_dim = (dims[i] // 2 if i > 0 and not getattr(config, "is_residual", False) else dims[i]), dims[i + 1]
         conv(in_dim, t_l, w_l)
         conv(out_dim, t_l, w_l)
         for _ in range(config.num_res_blocks):
@@ -120,10 +125,6 @@ class PatchParallelDecoder:
         if name != "AutoencoderKLWan":
             raise NotImplementedError(f"diffcp.vae: a patch-parallel decode of {name} is not supported (Wan's video "
                                       "VAE, AutoencoderKLWan, is)")
-        c = vae.config
-        if getattr(c, "is_residual", False) or getattr(c, "patch_size", None):
-            raise NotImplementedError("diffcp.vae: the Wan 2.2 VAE (is_residual / patch_size: TI2V-5B's) is not "
-                                      "supported; the Wan 2.1 VAE (Wan 2.1, Wan 2.2 A14B) is")
         self.vae, self.comm = vae, comm
         self.P, self.p = comm.Get_size(), comm.Get_rank()
         self.stats = {"halo": 0, "attention": 0, "output": 0}

@@ -1,4 +1,5 @@
-"""A test double of diffusers' AutoencoderKLWan decoder (the Wan 2.1 VAE) where diffusers is not installed
+"""A test double of diffusers' AutoencoderKLWan decoder (the Wan 2.1 VAE, and with is_residual the Wan 2.2
+VAE's decoder) where diffusers is not installed
 (CI has Debian's torch 1.13, not PyPI's diffusers): the decoder's module classes by name and the
 contract diffcp.vae relies on, written from their behaviour, with random weights. It decodes what
 the real class decodes only in structure, not in values (its own init); tools/diffusers_pipeline_check.py
@@ -13,6 +14,10 @@ runs diffcp.vae against diffusers' own class.
                    2x and a 3 x 3 Conv2d (padding 1) halving the channels
   mid block        residual block, single-head attention over each frame's pixels, residual block
   norms            RMS over channels (WanRMS_norm), SiLU
+  is_residual      (Wan 2.2) WanResidualUpBlock: its input's channels not halved, the upsampler's Conv2d
+                   keeping them, and a DupUp3D shortcut of the block's input (channels repeated into
+                   the 2 x 2 pixels, and 2 frames for a temporal upsample but the first chunk's one)
+                   added to its output; patch_size: the decoded channels unpatchified into p x p pixels
 """
 from __future__ import annotations
 
@@ -110,10 +115,11 @@ class WanUpsample(nn.Upsample):
 
 
 class WanResample(nn.Module):
-    def __init__(self, dim: int, mode: str):
+    def __init__(self, dim: int, mode: str, out_dim: int | None = None):
         super().__init__()
         self.mode = mode
-        self.resample = nn.Sequential(WanUpsample(scale_factor=2.0, mode="nearest"), nn.Conv2d(dim, dim // 2, 3, padding=1))
+        self.resample = nn.Sequential(WanUpsample(scale_factor=2.0, mode="nearest"),
+                                      nn.Conv2d(dim, out_dim or dim // 2, 3, padding=1))
         if mode == "upsample3d":
             self.time_conv = WanCausalConv3d(dim, 2 * dim, (3, 1, 1), padding=(1, 0, 0))
 
@@ -149,6 +155,37 @@ class WanUpBlock(nn.Module):
         return self.upsamplers[0](x, cache, idx) if self.upsamplers is not None else x
 
 
+class DupUp3D(nn.Module):
+    """Wan 2.2's shortcut: channels repeated, then spread over factor_t frames and 2 x 2 pixels."""
+
+    def __init__(self, c_in: int, c_out: int, factor_t: int):
+        super().__init__()
+        self.c_out, self.ft = c_out, factor_t
+        self.repeats = c_out * factor_t * 4 // c_in
+
+    def forward(self, x, first_chunk=False):
+        b, _, t, h, w = x.shape
+        x = x.repeat_interleave(self.repeats, 1).reshape(b, self.c_out, self.ft, 2, 2, t, h, w)
+        x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, self.c_out, t * self.ft, 2 * h, 2 * w)
+        return x[:, :, self.ft - 1:] if first_chunk else x
+
+
+class WanResidualUpBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, num_res_blocks: int, mode):
+        super().__init__()
+        self.resnets = nn.ModuleList([WanResidualBlock(c_in if j == 0 else c_out, c_out) for j in range(num_res_blocks + 1)])
+        self.upsampler = WanResample(c_out, mode, c_out) if mode else None
+        self.avg_shortcut = DupUp3D(c_in, c_out, 2 if mode == "upsample3d" else 1) if mode else None
+
+    def forward(self, x, cache, idx, first_chunk=False):
+        x0 = x
+        for r in self.resnets:
+            x = r(x, cache, idx)
+        if self.upsampler is not None:
+            x = self.upsampler(x, cache, idx)
+        return x + self.avg_shortcut(x0, first_chunk) if self.avg_shortcut is not None else x
+
+
 class WanDecoder3d(nn.Module):
     def __init__(self, c):
         super().__init__()
@@ -160,14 +197,18 @@ class WanDecoder3d(nn.Module):
         self.up_blocks = nn.ModuleList()
         for i in range(len(mult)):
             mode = None if i == len(mult) - 1 else ("upsample3d" if up_time[i] else "upsample2d")
-            self.up_blocks.append(WanUpBlock(dims[i] // 2 if i > 0 else dims[i], dims[i + 1], c.num_res_blocks, mode))
+            if c.is_residual:
+                self.up_blocks.append(WanResidualUpBlock(dims[i], dims[i + 1], c.num_res_blocks, mode))
+            else:
+                self.up_blocks.append(WanUpBlock(dims[i] // 2 if i > 0 else dims[i], dims[i + 1], c.num_res_blocks, mode))
         self.norm_out, self.nonlinearity = WanRMS_norm(dims[-1]), nn.SiLU()
         self.conv_out = WanCausalConv3d(dims[-1], c.out_channels, 3, padding=1)
+        self.residual = c.is_residual
 
-    def forward(self, x, cache, idx):
+    def forward(self, x, cache, idx, first_chunk=False):
         x = self.mid_block(_cached(self.conv_in, x, cache, idx), cache, idx)
         for up in self.up_blocks:
-            x = up(x, cache, idx)
+            x = up(x, cache, idx, first_chunk) if self.residual else up(x, cache, idx)
         return _cached(self.conv_out, self.nonlinearity(self.norm_out(x)), cache, idx)
 
 
@@ -175,11 +216,12 @@ class AutoencoderKLWan(nn.Module):
     """The decode half of the class, random: `config`, `decoder`, `use_tiling`, `_decode` / `decode`."""
 
     def __init__(self, seed: int = 0, base_dim: int = 8, z_dim: int = 4, dim_mult=(1, 2, 2, 2), num_res_blocks: int = 1,
-                 temperal_downsample=(False, True, True), is_residual: bool = False):
+                 temperal_downsample=(False, True, True), is_residual: bool = False, patch_size: int | None = None):
         super().__init__()
+        p = patch_size or 1
         self.config = SimpleNamespace(base_dim=base_dim, decoder_base_dim=None, z_dim=z_dim, dim_mult=list(dim_mult),
                                       num_res_blocks=num_res_blocks, temperal_downsample=list(temperal_downsample),
-                                      out_channels=3, is_residual=is_residual, patch_size=None)
+                                      out_channels=3 * p * p, is_residual=is_residual, patch_size=patch_size)
         torch.manual_seed(seed)
         self.post_quant_conv = WanCausalConv3d(z_dim, z_dim, 1)
         self.decoder = WanDecoder3d(self.config)
@@ -196,8 +238,13 @@ class AutoencoderKLWan(nn.Module):
         cache = [None] * sum(isinstance(m, (WanCausalConv3d, WanResample)) for m in self.decoder.modules())
         frames = []
         for i in range(z.shape[2]):
-            frames.append(self.decoder(x[:, :, i:i + 1], cache, [0]))
-        return (torch.clamp(torch.cat(frames, 2), -1.0, 1.0),)
+            frames.append(self.decoder(x[:, :, i:i + 1], cache, [0], first_chunk=i == 0))
+        out = torch.cat(frames, 2)
+        p = self.config.patch_size
+        if p:  # [b, 3 p p, t, h, w] -> [b, 3, t, p h, p w], channels (c, p_row, p_col)
+            b, c, t, h, w = out.shape
+            out = out.reshape(b, c // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2).reshape(b, c // (p * p), t, h * p, w * p)
+        return (torch.clamp(out, -1.0, 1.0),)
 
     def decode(self, z, return_dict: bool = True):
         return self._decode(z, return_dict)

@@ -22,14 +22,15 @@ def _latent(shape, seed: int):
 
 # 7 rows: P = 2, 3, 4 split them unevenly (4/3, 3/2/2, 2/2/2/1); 3 latent frames: the causal
 # convolutions' caches and the temporal upsamplers' "Rep" first call both run; 2 videos a batch.
-@pytest.mark.parametrize("shape", [(1, 4, 3, 7, 5), (2, 4, 2, 4, 6)])
-def test_patch_parallel_decode_equals_one_process(shape):
-    vae = AutoencoderKLWan(seed=1)
+# wan22: the Wan 2.2 VAE's decoder (residual up blocks with DupUp3D shortcuts, patch_size 2: 16x).
+@pytest.mark.parametrize("shape,wan22", [((1, 4, 3, 7, 5), False), ((2, 4, 2, 4, 6), False), ((1, 4, 3, 7, 5), True)])
+def test_patch_parallel_decode_equals_one_process(shape, wan22):
+    vae = AutoencoderKLWan(seed=1, **(dict(is_residual=True, patch_size=2) if wan22 else {}))
     z = _latent(shape, 2)
     with torch.no_grad():
         want = vae.decode(z, return_dict=False)[0]
-    T = shape[2]
-    assert tuple(want.shape) == (shape[0], 3, 1 + 4 * (T - 1), 8 * shape[3], 8 * shape[4])
+    T, s = shape[2], 16 if wan22 else 8
+    assert tuple(want.shape) == (shape[0], 3, 1 + 4 * (T - 1), s * shape[3], s * shape[4])
     assert float(((want > -1) & (want < 1)).float().mean()) > 0.5  # the clamp hides little
     dec = diffcp.vae.PatchParallelDecoder(vae, COMM)
     got = dec.decode(z, return_dict=False)[0]
@@ -68,13 +69,21 @@ def test_closed_form_counts():
     want = {"halo": 4 * halo, "attention": 4 * 2 * 16 * 3 * 2 * 5, "output": 4 * 2 * 3 * 9 * 16 * 40}
     assert diffcp.vae.wan_decode_bytes(c, (1, 4, 3, 6, 5), 3, 1) == want
     assert diffcp.vae.row_split(7, 3) == [3, 2, 2]
+    # The Wan 2.2 VAE's residual up blocks read their input's channels whole (16, 16, 16, 16: not halved
+    # after the first), their upsamplers keep them, and the output is 12 channels at 8x = 3 at 16x.
+    c = AutoencoderKLWan(is_residual=True, patch_size=2).config
+    halo = 2 * (4 * 3 * 5 + 4 * 16 * 3 * 5
+                + (16 + 16 + 16 + 16) * 3 * 5 + 16 * 5 * 10
+                + (16 + 16 + 16 + 16) * 5 * 10 + 16 * 9 * 20
+                + (16 + 16 + 16 + 16) * 9 * 20 + 16 * 9 * 40
+                + (16 + 8 + 8 + 8) * 9 * 40 + 8 * 9 * 40)
+    want = {"halo": 4 * halo, "attention": 4 * 2 * 16 * 3 * 2 * 5, "output": 4 * 2 * 3 * 9 * 32 * 80}
+    assert diffcp.vae.wan_decode_bytes(c, (1, 4, 3, 6, 5), 3, 1) == want
 
 
 def test_bad_input_is_refused():
     with pytest.raises(NotImplementedError, match="AutoencoderKL is not supported"):
         diffcp.vae.PatchParallelDecoder(type("AutoencoderKL", (), {})(), COMM)
-    with pytest.raises(NotImplementedError, match="Wan 2.2 VAE"):
-        diffcp.vae.PatchParallelDecoder(AutoencoderKLWan(is_residual=True), COMM)
     odd = AutoencoderKLWan()
     odd.decoder.up_blocks[0].extra = torch.nn.GroupNorm(2, 16)  # mixes rows: must be refused
     with pytest.raises(NotImplementedError, match="GroupNorm, which this patch-parallel decode does not know"):
