@@ -120,7 +120,7 @@ class DitPy {
   static std::vector<std::int64_t> dims(const Floats& a) { return {a.shape(), a.shape() + a.ndim()}; }
   DitShape shape_of(const Floats& x, std::int64_t height, std::int64_t width, const Floats& txt, const Floats& pooled,
                     std::int64_t frames) const {
-    return session_->velocity_shape(dims(x), height, width, dims(txt), static_cast<std::int64_t>(pooled.size()), frames);
+    return session_->velocity_shape(dims(x), height, width, dims(txt), dims(pooled), frames);
   }
 
   std::unique_ptr<Communicator> comm_;

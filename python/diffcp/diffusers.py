@@ -130,10 +130,14 @@ class _Forward:
             if state.pending is None:
                 state.next_pass()
                 out[...] = np.nan
-                state.pending = {"inputs": passes[0], "out": out, "step": step, "sample": None, "unpack": None}
+                state.pending = {"inputs": passes[0], "out": out, "step": step, "sample": None, "unpack": None,
+                                 "token_t": token_t}
                 return out
             first = state.pending
             state.pending = None
+            if first["token_t"] != token_t:
+                raise NotImplementedError("diffcp.diffusers: cfg_parallel pairs two calls of a step with different "
+                                          "per-token timesteps")
             pair = state.next_pass() // 2
             v = self.core.velocity_pair(*first["inputs"], *passes[0], 16 * gh, 16 * gw, t, g, step, steps, pair,
                                         frames, token_t)

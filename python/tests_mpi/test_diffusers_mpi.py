@@ -545,6 +545,15 @@ def test_wan_i2v_forward_equals_numpy_reference(mode, variant):
     with pytest.raises(NotImplementedError, match="max_sequence_length=512"):
         pipe.transformer(hidden_states=torch.from_numpy(lat), encoder_hidden_states_image=given,
                          **{**call, "encoder_hidden_states": enc[:, :226]})
+    # The image context's shape, checked on every rank before any collective: one shared [I, 20] beside
+    # per-image text must be [b, I, 20]; FLF2V's position table takes 6 tokens, not 4.
+    core, x = pipe.transformer.forward.core, np.zeros((2, 30, 48), np.float32)
+    per_image_txt = np.zeros((2, 512, 32), np.float32)
+    with pytest.raises(ValueError, match=r"the image context is \[6, 20\], expected \[b, I_ctx, 20\]"):
+        core.velocity(x, 96, 160, per_image_txt, image[0].numpy(), 0.7, 0.0, 7, 0, 1, 2)
+    if variant == "flf2v":
+        with pytest.raises(ValueError, match="position table .* has 6"):
+            core.velocity(x, 96, 160, per_image_txt[0], image[0, :4].numpy(), 0.7, 0.0, 7, 0, 1, 2)
     d.cleanup()
 
 

@@ -270,7 +270,7 @@ DitReport DitSession::report(const DitGeneration& g, const DitRun& run) {
 }
 
 DitShape DitSession::velocity_shape(const std::vector<std::int64_t>& x, std::int64_t height, std::int64_t width,
-                                    const std::vector<std::int64_t>& txt, std::int64_t pooled,
+                                    const std::vector<std::int64_t>& txt, const std::vector<std::int64_t>& pooled_dims,
                                     std::int64_t frames) const {
   const DitConfig& c = run_.model;
   DIFFCP_CHECK(frames == 1 || c.family == DitFamily::wan, "velocity: ", frames, " latent frames, but ",
@@ -282,13 +282,25 @@ DitShape DitSession::velocity_shape(const std::vector<std::int64_t>& x, std::int
                c.condition_channels > 0 ? " (the latent's " + std::to_string(c.in_channels()) + " channels, then the condition's)"
                                         : std::string(),
                " and txt [T, ", c.text_dim, "] or [b, T, ", c.text_dim, "], got ", shape_str(x), " and ", shape_str(txt));
+  std::int64_t pooled = 0;  // its values
+  if (!pooled_dims.empty()) {
+    pooled = 1;
+    for (const std::int64_t d : pooled_dims) pooled *= d;
+  }
   // Wan I2V: the pooled slot carries the image context, [I_ctx, image_dim] (per-image text: [b, I_ctx, image_dim]).
-  const std::int64_t per_context = per_image ? x[0] * std::max<std::int64_t>(c.image_dim, 1) : c.image_dim;
-  DIFFCP_CHECK(c.image_dim == 0 || (pooled > 0 && pooled % per_context == 0),
-               "velocity: the image context has ", pooled, " values, expected I_ctx x ", c.image_dim,
-               per_image ? " per image (per-image text: [b, I_ctx, image_dim])" : " ([I_ctx, image_dim])",
-               " with I_ctx >= 1: this Wan image-to-video model cross-attends to CLIP's image tokens");
-  const std::int64_t image_context = c.image_dim > 0 ? pooled / per_context : 0;
+  std::int64_t image_context = 0;
+  if (c.image_dim > 0) {
+    const std::size_t n = per_image ? 3 : 2;
+    DIFFCP_CHECK(pooled_dims.size() == n && pooled_dims[n - 2] >= 1 && pooled_dims[n - 1] == c.image_dim &&
+                     (!per_image || pooled_dims[0] == x[0]),
+                 "velocity: the image context is ", shape_str(pooled_dims), ", expected ",
+                 per_image ? "[b, I_ctx, " : "[I_ctx, ", c.image_dim, "]",
+                 per_image ? " (per-image text: each image's own)" : "",
+                 ", I_ctx >= 1: this Wan image-to-video model cross-attends to CLIP's image tokens");
+    image_context = pooled_dims[n - 2];
+    DIFFCP_CHECK(c.image_pos_tokens == 0 || image_context == c.image_pos_tokens, "velocity: an image context of ",
+                 image_context, " tokens; the model's position table (FLF2V's pos_embed_seq_len) has ", c.image_pos_tokens);
+  }
   const DitShape shape{x[0], width, height, txt[txt.size() - 2], frames, image_context};
   shape.validate();
   DIFFCP_CHECK(x[1] == shape.image_tokens(), "velocity: ", x[1], " image tokens, ",

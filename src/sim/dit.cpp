@@ -191,7 +191,7 @@ class DitStepModel {
     const double copies = ew(8 * n * 3 * H) + ew(8 * n * H) + (opt_.wire == Wire::fp8 ? ew(2 * 10 * n * 4 * H) : 0.0);
     const double C_in = static_cast<double>(cfg_.in_channels()), Tp = static_cast<double>(shard.text_p);
     per_step_ = gemm(1, static_cast<double>(cfg_.time_dim), H) + gemm(1, H, H) + gemm(1, static_cast<double>(cfg_.pooled_dim), H) +
-                gemm(1, H, H) + gemm(Mi, C_in, H) + gemm(Tp, static_cast<double>(cfg_.text_dim), H) + ew(8 * (b - 1) * Tp * H) +
+                gemm(1, H, H) + gemm(Mi, static_cast<double>(cfg_.embed_in_channels()), H) + gemm(Tp, static_cast<double>(cfg_.text_dim), H) + ew(8 * (b - 1) * Tp * H) +
                 gemm(1, H, 2 * H) + ew(8 * Mi * H) + gemm(Mi, H, C_in) + ew(12 * Mi * C_in);
     if (cfg_.guidance_embed) per_step_ += gemm(1, static_cast<double>(cfg_.time_dim), H) + gemm(1, H, H);
     const double D = static_cast<double>(cfg_.double_blocks), S = static_cast<double>(cfg_.single_blocks);
@@ -207,6 +207,13 @@ class DitStepModel {
   // [T, H] x [H, 2H], their RMS norms, all n_h heads over n queries x T keys, out [H, H]; no
   // exchange) and the MLP; per step the time MLP and projection [1, H] x [H, 6H], the text MLP over
   // the T rows, the patch embedding and the final layer.
+  // I2V: the image context's keys / values [I, H] x [H, 2H], their norm, the n queries over its I
+  // keys (all heads) and the sum into the text's output; 0 without one.
+  double image_cross(double I) const {
+    if (cfg_.image_dim == 0 || I == 0) return 0.0;
+    return gemm(I, H, 2 * H) + ew(8 * I * H) + m_.attn_fwd_ms(4 * static_cast<double>(cfg_.head_dim * cfg_.heads) * n * I) +
+           ew(12 * n * H);
+  }
   void wan_compute(const DitShape& shape, const DitShard& shard, double N) {
     const double Mw = static_cast<double>(cfg_.mlp_hidden), dh = static_cast<double>(cfg_.head_dim);
     const double hp = static_cast<double>(cfg_.heads / P), b = static_cast<double>(shape.batch);
@@ -214,14 +221,20 @@ class DitStepModel {
     const double pre = ew(8 * 6 * H) + ew(8 * n * H) + gemm(n, H, H);
     s_window_ = gemm(n, H, 2 * H) + ew(8 * n * 2 * H);
     const double cross = ew(8 * n * H) + gemm(n, H, H) + gemm(T, H, 2 * H) + ew(8 * (n + T) * H) +
-                         m_.attn_fwd_ms(4 * dh * static_cast<double>(cfg_.heads) * n * T) + gemm(n, H, H) + ew(12 * n * H);
+                         m_.attn_fwd_ms(4 * dh * static_cast<double>(cfg_.heads) * n * T) + gemm(n, H, H) + ew(12 * n * H) +
+                         image_cross(static_cast<double>(shape.image_context));
     const double post = gemm(n, H, H) + ew(12 * n * H) + cross + ew(8 * n * H) + gemm(n, H, Mw) + ew(8 * n * Mw) +
                         gemm(n, Mw, H) + ew(12 * n * H);
     const double attn = m_.attn_fwd_ms(4 * dh * hp * b * N * N);
     const double copies = ew(8 * n * 3 * H) + ew(8 * n * H) + (opt_.wire == Wire::fp8 ? ew(2 * 10 * n * 4 * H) : 0.0);
     const double C_in = static_cast<double>(cfg_.in_channels());
     per_step_ = gemm(1, static_cast<double>(cfg_.time_dim), H) + gemm(1, H, H) + gemm(1, H, 6 * H) +
-                gemm(T, static_cast<double>(cfg_.text_dim), H) + ew(8 * T * H) + gemm(T, H, H) + gemm(Mi, C_in, H) +
+                gemm(T, static_cast<double>(cfg_.text_dim), H) + ew(8 * T * H) + gemm(T, H, H) +
+                gemm(Mi, static_cast<double>(cfg_.embed_in_channels()), H) +
+                (cfg_.image_dim > 0 ? gemm(static_cast<double>(shape.image_context), static_cast<double>(cfg_.image_dim),
+                                           static_cast<double>(cfg_.image_dim)) +
+                                          gemm(static_cast<double>(shape.image_context), static_cast<double>(cfg_.image_dim), H)
+                                    : 0.0) +
                 ew(8 * Mi * H) + gemm(Mi, H, C_in) + ew(12 * Mi * C_in);
     s_block_ = pre + s_window_ + post + attn + copies;
     block_compute_ = static_cast<double>(cfg_.single_blocks) * s_block_;

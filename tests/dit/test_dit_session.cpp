@@ -202,7 +202,7 @@ TEST(DitSession, VelocityEqualsTheOneRankSessionAndFollowsTheShape) {
     const CompareResult r = compare<float>(got, ref, scaled_to(kTolF32, ref));
     EXPECT_TRUE(r.pass()) << "max_abs " << r.max_abs << " worst ratio " << r.worst_ratio;
   }
-  const std::string err = error_of([&] { par.velocity_shape({1, 34, cfg.in_channels()}, 80, 112, {13, cfg.text_dim}, cfg.pooled_dim); });
+  const std::string err = error_of([&] { par.velocity_shape({1, 34, cfg.in_channels()}, 80, 112, {13, cfg.text_dim}, {cfg.pooled_dim}); });
   EXPECT_NE(err.find("velocity: 34 image tokens, a 112x80 image has 35"), std::string::npos) << err;
   if (world().size() % 2 == 1) return;
   // cfg_parallel: a pair of passes at once equals the two passes one after the other.
@@ -246,7 +246,7 @@ TEST(DitSession, ABatchOfPromptsEqualsEachImageAlone) {
         pooled.insert(pooled.end(), c.pooled.begin(), c.pooled.end());
       }
       ASSERT_EQ(session.velocity_shape({3, 35, cfg.in_channels()}, 80, 112, {3, 13, cfg.text_dim},
-                                       static_cast<std::int64_t>(pooled.size())).batch, 3);
+                                       {static_cast<std::int64_t>(pooled.size())}).batch, 3);
       const std::vector<float> batch = session.velocity(0, three, noise, txt, pooled, 0.6, 3.5, 0, 4);
       for (int j = 0; j < 3; ++j) {
         const std::vector<float> got(batch.begin() + j * per_x, batch.begin() + (j + 1) * per_x);

@@ -181,7 +181,8 @@ class DitSession {
   // height x width pixels, txt [T, text_dim] or [b, T, text_dim], pooled [pooled_dim] (with per-image
   // text: [b, pooled_dim]) -> the shape. Local.
   DitShape velocity_shape(const std::vector<std::int64_t>& x, std::int64_t height, std::int64_t width,
-                          const std::vector<std::int64_t>& txt, std::int64_t pooled, std::int64_t frames = 1) const;
+                          const std::vector<std::int64_t>& txt, const std::vector<std::int64_t>& pooled,
+                          std::int64_t frames = 1) const;
 
  private:
   struct Pass;
