@@ -16,7 +16,9 @@ Usage:
   tools/extract_shards.py --model Qwen/Qwen3-0.6B --dataset <hf dataset with "prompt"/"response">
                           --out data/qwen --target-layers 5 --max-samples 1000 --max-length 4096
   tools/extract_shards.py --model DIR --token-jsonl FILE ...   # a local model, token ids already
-      (one JSON object a line: {"prompt_ids": [...], "response_ids": [...]}; no tokenizer, no hub)
+      (one JSON object a line: {"input_ids": [...], "loss_mask": [...]} as `python -m diffcp.data
+      tokenize` writes it from conversations (docs/data.md: chat template, multi-turn masks), or
+      {"prompt_ids": [...], "response_ids": [...]}; no tokenizer, no hub)
 Then: mpirun -np 2 diffcp train --data data/qwen --preset <a preset whose vocab/hidden match>
 """
 import argparse
@@ -67,8 +69,13 @@ def main() -> None:
         pairs = ((tok(ex["prompt"], add_special_tokens=False)["input_ids"],
                   tok(ex["response"], add_special_tokens=False)["input_ids"])
                  for ex in load_dataset(args.dataset, split=args.split))
+        samples = ((p + r, [0] * len(p) + [1] * len(r)) for p, r in pairs)
     else:
-        pairs = ((ex["prompt_ids"], ex["response_ids"]) for ex in map(json.loads, open(args.token_jsonl)))
+        def sample(ex):  # diffcp.data tokenize's {input_ids, loss_mask}, or {prompt_ids, response_ids}
+            if "input_ids" in ex:
+                return ex["input_ids"], ex["loss_mask"]
+            return ex["prompt_ids"] + ex["response_ids"], [0] * len(ex["prompt_ids"]) + [1] * len(ex["response_ids"])
+        samples = (sample(json.loads(line)) for line in open(args.token_jsonl) if line.strip())
     shard, buf = 0, []
 
     def flush():
@@ -85,11 +92,12 @@ def main() -> None:
                   os.path.join(args.out, f"shard_{shard:05d}.safetensors"))
         shard, buf = shard + 1, []
 
-    for n, (p, r) in enumerate(pairs):
+    lengths = []
+    for n, (ids, mask) in enumerate(samples):
         if n >= args.max_samples:
             break
-        ids = (p + r)[: args.max_length]
-        mask = ([0] * len(p) + [1] * len(r))[: args.max_length]
+        ids, mask = ids[: args.max_length], mask[: args.max_length]
+        lengths.append((len(ids), sum(mask)))
         with torch.no_grad():
             out = model(torch.tensor([ids]), output_hidden_states=True)
         # hidden_states[0] is the embedding output; layer l's output is hidden_states[l + 1].
@@ -101,6 +109,10 @@ def main() -> None:
             flush()
     flush()
     print(f"wrote {shard} shard(s) and model.safetensors to {args.out}; target layers {layers}")
+    if lengths:  # the packing statistics: how long the samples are and how many tokens they train
+        ls = sorted(n for n, _ in lengths)
+        print(f"{len(ls)} samples: tokens min {ls[0]}, median {ls[len(ls) // 2]}, max {ls[-1]}, total {sum(ls)}; "
+              f"loss tokens {sum(m for _, m in lengths)}")
 
 
 if __name__ == "__main__":

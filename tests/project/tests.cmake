@@ -41,6 +41,12 @@ if(DIFFCP_BUILD_PYTHON)
            ${PROJECT_BINARY_DIR} ${MPIRUN})
   set_tests_properties(python_serve PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 300 LABELS "python;mpi"
                        PASS_REGULAR_EXPRESSION "serve_check: passed")
+  # diffcp.data (issue #71): chat templates, loss masks, length policy, regeneration in process and over
+  # HTTP (a stub OpenAI server on loopback), a killed run resumed, bad input; transformers from PyPI.
+  add_test(NAME python_data COMMAND ${RUN_OK} ${CMAKE_CURRENT_SOURCE_DIR}/project/data_check.sh ${DIFFCP_PYTHON}
+           ${PROJECT_BINARY_DIR})
+  set_tests_properties(python_data PROPERTIES ENVIRONMENT "${DIFFCP_MPI_ENV}" TIMEOUT 300 LABELS python
+                       PASS_REGULAR_EXPRESSION "data_check: passed")
   # The examples run (the balance study without its plot: matplotlib is not a dependency).
   add_test(NAME python_examples COMMAND ${RUN_OK} sh -c "'${DIFFCP_PYTHON}' '${PROJECT_SOURCE_DIR}/examples/python/train_loop_plan.py' --steps 2 && '${DIFFCP_PYTHON}' '${PROJECT_SOURCE_DIR}/examples/python/balance_study.py' --no-plot --P 2 8 --seeds 1")
   set_tests_properties(python_examples PROPERTIES ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python" TIMEOUT 60
