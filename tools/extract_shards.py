@@ -42,12 +42,13 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="a Hugging Face dataset with prompt / response text")
-    src.add_argument("--token-jsonl", help="a local file of token ids: {prompt_ids, response_ids} per line")
+    src.add_argument("--token-jsonl", help="a local file of token ids: {input_ids, loss_mask} (python -m diffcp.data "
+                                           "tokenize) or {prompt_ids, response_ids} per line")
     ap.add_argument("--split", default="train")
     ap.add_argument("--out", required=True)
     ap.add_argument("--target-layers", type=int, default=5)
-    ap.add_argument("--max-samples", type=int, default=1000)
-    ap.add_argument("--max-length", type=int, default=4096)
+    ap.add_argument("--max-samples", type=int, default=0, help="0: every sample")
+    ap.add_argument("--max-length", type=int, default=0, help="0: no cut (diffcp.data tokenize bounds the length)")
     ap.add_argument("--samples-per-shard", type=int, default=256)
     args = ap.parse_args()
 
@@ -94,9 +95,10 @@ def main() -> None:
 
     lengths = []
     for n, (ids, mask) in enumerate(samples):
-        if n >= args.max_samples:
+        if args.max_samples and n >= args.max_samples:
             break
-        ids, mask = ids[: args.max_length], mask[: args.max_length]
+        if args.max_length:
+            ids, mask = ids[: args.max_length], mask[: args.max_length]
         lengths.append((len(ids), sum(mask)))
         with torch.no_grad():
             out = model(torch.tensor([ids]), output_hidden_states=True)

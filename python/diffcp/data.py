@@ -5,10 +5,10 @@ three steps, each a subcommand of ``python -m diffcp.data`` (docs/data.md):
 
   regenerate  conversations JSONL -> the same conversations with their assistant turns answered again by
               the target: in process (transformers, batched, greedy or sampled with a seed) or by any
-              server that speaks the OpenAI chat API (``--server URL``: vLLM, SGLang, ...). Each finished
-              conversation is appended (flushed, fsynced) at once, so a killed run resumes where it
-              stopped (``--resume``) and loses no finished sample; a summary says what was regenerated,
-              skipped and why.
+              server that speaks the OpenAI chat API (``--server URL``: vLLM, SGLang, ...). Each batch's
+              conversations are appended (flushed, fsynced) as it ends, so a killed run resumes where it
+              stopped (``--resume``), losing at most the batch in flight; a summary says what was
+              regenerated, skipped and why.
   tokenize    conversations JSONL -> token JSONL, one ``{"id", "input_ids", "loss_mask"}`` a line: the
               target tokenizer's own chat template (``apply_chat_template``; template kwargs such as
               ``enable_thinking`` passed through), the loss on every assistant turn or the last only, the
@@ -58,7 +58,7 @@ def parse_conversation(obj, where: str) -> Conversation:
     """One JSON object in the ShareGPT or OpenAI form -> a Conversation (roles checked)."""
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    cid = str(obj["id"]) if "id" in obj and obj["id"] is not None else where
+    cid = str(obj["id"]) if "id" in obj and obj["id"] is not None else "line-" + where.rsplit(":", 1)[-1]
     if "messages" in obj:
         turns = obj["messages"]
         if not isinstance(turns, list):
@@ -127,7 +127,26 @@ class TokenizedSample:
 
 
 def _render(tok, messages, template_kwargs, generation_prompt: bool) -> str:
+    if not messages:
+        return ""
     return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt, **template_kwargs)
+
+
+def _visible(content: str, think_tags: tuple[str, str] = ("<think>", "</think>")) -> str:
+    """An answer's text after its think block (as templates such as Qwen3's split it), stripped."""
+    return content.split(think_tags[1])[-1].strip()
+
+
+def split_reasoning(text: str, think_tags: tuple[str, str] = ("<think>", "</think>")) -> dict:
+    """A generated answer -> an assistant message, its think block as reasoning_content."""
+    if think_tags[1] not in text:
+        return {"role": "assistant", "content": text}
+    think, _, content = text.partition(think_tags[1])
+    reasoning = think.split(think_tags[0], 1)[-1].strip("\n")
+    out = {"role": "assistant", "content": content.lstrip("\n")}
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    return out
 
 
 def tokenize_conversation(tok, conv: Conversation, loss: str = "all", reasoning: str = "keep",
@@ -136,7 +155,7 @@ def tokenize_conversation(tok, conv: Conversation, loss: str = "all", reasoning:
     """The conversation in the tokenizer's chat template, and its loss mask.
 
     Each assistant turn's span is what the template renders after the generation prompt of the turns
-    before it (its answer and its end-of-turn marker), found in the whole rendering; the mask covers
+    before it (its answer and its end-of-turn marker), at that place in the whole rendering; the mask covers
     those spans' tokens: every turn's (loss "all") or the last's ("last"), with reasoning "mask" the
     ``<think>...</think>`` parts left out. tok: a transformers fast tokenizer (offsets) with a chat
     template."""
@@ -151,27 +170,33 @@ def tokenize_conversation(tok, conv: Conversation, loss: str = "all", reasoning:
     turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     if loss == "last":
         turns = turns[-1:]
-    spans, cursor = [], 0
+    spans = []
     for i in turns:
-        before = _render(tok, msgs[:i], kw, True) if i > 0 else ""
+        # The turns before it render as a prefix of the whole (base); the generation prompt follows
+        # there, then the turn's answer: what the template renders after the prompt, the turn last.
+        base = _render(tok, msgs[:i], kw, False)
+        before = _render(tok, msgs[:i], kw, True)
         through = _render(tok, msgs[:i + 1], kw, False)
-        if not through.startswith(before):
-            raise DataError(f"{conv.id}: assistant turn {i}: the template renders the turns before it differently "
-                            "once the turn follows (no common prefix), so its span cannot be told")
-        answer = through[len(before):]
-        at = text.find(answer, cursor)
-        if at < 0:
-            # Templates such as Qwen3's render an earlier turn without its think block once later turns
-            # follow: its span is then its content and what follows it (the end-of-turn marker).
-            content = msgs[i]["content"].strip()
-            c = answer.rfind(content) if content else -1
-            at = text.find(answer[c:], cursor) if c >= 0 else -1
-            if at < 0:
-                raise DataError(f"{conv.id}: assistant turn {i} is not found in the conversation's rendering as the "
-                                "template renders it alone; train on the last turn only (loss 'last')")
-            answer = answer[c:]
+        if not text.startswith(base) or not before.startswith(base) or not through.startswith(before):
+            raise DataError(f"{conv.id}: assistant turn {i}: the template does not render the conversation's turns as "
+                            "a prefix of the whole (the turns before this one, then its generation prompt, then it), "
+                            "so the turn's span cannot be told")
+        prompt, answer, at = before[len(base):], through[len(before):], len(base)
+        if text.startswith(prompt + answer, at):
+            at += len(prompt)
+        else:
+            # Templates such as Qwen3's render a turn that later turns follow without its think block:
+            # its span is then its visible content and what follows it (the end-of-turn marker), right
+            # after the turn's header (what the generation prompt and the rendering share).
+            visible = _visible(msgs[i]["content"], think_tags)
+            c = answer.rfind(visible) if visible else -1
+            header = os.path.commonprefix([prompt, text[at:at + len(prompt)]])
+            if c < 0 or not text.startswith(answer[c:], at + len(header)):
+                raise DataError(f"{conv.id}: assistant turn {i} renders differently inside the conversation than as its "
+                                "last turn, and its content is not where its header ends; train on the last turn "
+                                "only (loss 'last')")
+            answer, at = answer[c:], at + len(header)
         spans.append((at, at + len(answer)))
-        cursor = at + len(answer)
     masked: list[tuple[int, int]] = []
     if reasoning == "mask":
         open_tag, close_tag = think_tags
@@ -219,24 +244,34 @@ def fit_length(sample: TokenizedSample, max_length: int, min_length: int = 0, ov
 class ServerBackend:
     """An OpenAI-compatible chat server (vLLM, SGLang, or anything speaking /v1/chat/completions).
 
-    ``temperature`` 0: greedy; else sampled with ``seed`` (per conversation: seed + its index, so a
-    resumed run draws as the first would). ``template_kwargs`` go as ``chat_template_kwargs`` (vLLM's
-    and SGLang's extension, e.g. enable_thinking). A reply's ``reasoning_content`` (servers with a
-    reasoning parser) is kept beside its content."""
+    A batch's requests go out at once (one thread each). ``temperature`` 0: greedy; else sampled with
+    ``seed`` (per conversation: seed + its index, so a resumed run draws as the first would).
+    ``template_kwargs`` go as ``chat_template_kwargs`` (vLLM's and SGLang's extension, e.g.
+    enable_thinking). A reply's ``reasoning_content`` (servers with a reasoning parser) is kept beside
+    its content. An answer cut at max_tokens (finish_reason "length") is an error unless
+    keep_truncated. Each item of the result is a message, or {"error": why}."""
+
+    RETRIED = (408, 429)  # and every 5xx
 
     def __init__(self, url: str, model: str, max_tokens: int = 1024, temperature: float = 0.0, seed: int = 0,
                  template_kwargs: dict | None = None, api_key: str | None = None, timeout: float = 600.0,
-                 retries: int = 3):
+                 tries: int = 3, keep_truncated: bool = False):
         self.url = url.rstrip("/")
-        if not self.url.endswith("/v1"):
-            self.url += "/v1"
+        for tail in ("/chat/completions", "/v1"):
+            if self.url.endswith(tail):
+                self.url = self.url[:-len(tail)]
+        self.url += "/v1/chat/completions"
         self.model, self.max_tokens, self.temperature, self.seed = model, max_tokens, temperature, seed
-        self.template_kwargs, self.api_key, self.timeout, self.retries = template_kwargs or {}, api_key, timeout, retries
+        self.template_kwargs, self.api_key, self.timeout, self.tries = template_kwargs or {}, api_key, timeout, tries
+        self.keep_truncated = keep_truncated
 
     def answer(self, batch: Sequence[tuple[int, list[dict]]]) -> list[dict]:
-        return [self._one(index, messages) for index, messages in batch]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=max(1, len(batch))) as pool:
+            return list(pool.map(lambda item: self._one(*item), batch))
 
     def _one(self, index: int, messages: list[dict]) -> dict:
+        import http.client
         import urllib.error
         import urllib.request
         body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
@@ -246,37 +281,50 @@ class ServerBackend:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url + "/chat/completions", json.dumps(body).encode(), headers)
+        req = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
         last = None
-        for attempt in range(self.retries):
+        for attempt in range(self.tries):
+            if attempt:
+                time.sleep(min(2.0 ** (attempt - 1), 10.0))
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as r:
                     reply = json.loads(r.read())
-                msg = reply["choices"][0]["message"]
-                out = {"role": "assistant", "content": msg.get("content") or ""}
-                if msg.get("reasoning_content"):
-                    out["reasoning_content"] = msg["reasoning_content"]
-                return out
-            except urllib.error.HTTPError as e:  # the server's answer: a 4xx is not retried
-                detail = e.read().decode(errors="replace")[:300]
-                if e.code < 500:
-                    raise RuntimeError(f"server {self.url}: HTTP {e.code}: {detail}") from None
-                last = f"HTTP {e.code}: {detail}"
-            except (urllib.error.URLError, OSError, KeyError, IndexError, json.JSONDecodeError) as e:
+                choice = reply["choices"][0]
+                msg = choice["message"]
+            except urllib.error.HTTPError as e:  # the server's answer: a 4xx but 408 / 429 is not retried
+                last = f"HTTP {e.code}: {e.read().decode(errors='replace')[:300]}"
+                if e.code < 500 and e.code not in self.RETRIED:
+                    return {"error": last}
+                continue
+            except (urllib.error.URLError, http.client.HTTPException, OSError, KeyError, IndexError, TypeError,
+                    json.JSONDecodeError) as e:
                 last = f"{type(e).__name__}: {e}"
-            time.sleep(min(2.0 ** attempt, 10.0))
-        raise RuntimeError(f"server {self.url}: no answer after {self.retries} tries ({last})")
+                continue
+            if choice.get("finish_reason") == "length" and not self.keep_truncated:
+                return {"error": "truncated at max_tokens"}
+            out = {"role": "assistant", "content": msg.get("content") or ""}
+            if msg.get("reasoning_content"):
+                out["reasoning_content"] = msg["reasoning_content"]
+            elif "</think>" in out["content"]:
+                out = split_reasoning(out["content"])
+            return out
+        return {"error": f"no answer after {self.tries} tries ({last})"}
 
 
 class TransformersBackend:
     """In process: a transformers causal LM and its tokenizer, a batch of conversations at once
-    (left-padded), greedy (temperature 0) or sampled with a seed per batch."""
+    (left-padded; the eos token pads where the tokenizer has no pad token), greedy (temperature 0) or
+    sampled with a seed per batch (so a resumed run's batches draw differently). A think block in the
+    answer becomes its reasoning_content; an answer that reaches max_tokens without the end-of-sequence
+    token is an error unless keep_truncated."""
 
     def __init__(self, model, tokenizer, max_tokens: int = 1024, temperature: float = 0.0, seed: int = 0,
-                 template_kwargs: dict | None = None):
+                 template_kwargs: dict | None = None, keep_truncated: bool = False):
         self.model, self.tok = model, tokenizer
         self.max_tokens, self.temperature, self.seed = max_tokens, temperature, seed
-        self.template_kwargs = template_kwargs or {}
+        self.template_kwargs, self.keep_truncated = template_kwargs or {}, keep_truncated
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
 
     def answer(self, batch: Sequence[tuple[int, list[dict]]]) -> list[dict]:
         import torch
@@ -287,15 +335,23 @@ class TransformersBackend:
             enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         finally:
             self.tok.padding_side = side
-        kw = dict(max_new_tokens=self.max_tokens, do_sample=self.temperature > 0,
-                  pad_token_id=self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id)
+        enc = enc.to(self.model.device)
+        kw = dict(max_new_tokens=self.max_tokens, do_sample=self.temperature > 0, pad_token_id=self.tok.pad_token_id)
         if self.temperature > 0:
             kw["temperature"] = self.temperature
             torch.manual_seed(self.seed + batch[0][0])
         with torch.no_grad():
             out = self.model.generate(**enc, **kw)
         new = out[:, enc["input_ids"].shape[1]:]
-        return [{"role": "assistant", "content": self.tok.decode(row, skip_special_tokens=True)} for row in new]
+        eos = self.model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]) | {self.tok.eos_token_id}
+        answers = []
+        for row in new.tolist():
+            if len(row) >= self.max_tokens and not eos.intersection(row) and not self.keep_truncated:
+                answers.append({"error": "truncated at max_tokens"})
+            else:
+                answers.append(split_reasoning(self.tok.decode(row, skip_special_tokens=True)))
+        return answers
 
 
 @dataclass
@@ -317,13 +373,15 @@ def _done_ids(path: str) -> set[str]:
     done, good = set(), 0
     with open(path, "rb") as f:
         data = f.read()
-    for line in data.splitlines(keepends=True):
+    lines = data.splitlines(keepends=True)
+    for n, line in enumerate(lines, 1):
         if not line.endswith(b"\n"):
             break  # the line a crash cut (only ever the last one: each line is written whole, then fsynced)
         try:
             done.add(str(json.loads(line)["id"]))
-        except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
-            break
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+            raise DataError(f"{path}:{n}: not a conversation this command wrote; the output to resume from is "
+                            "damaged") from None
         good += len(line)
     if good < len(data):
         with open(path, "r+b") as f:
@@ -337,8 +395,8 @@ def regenerate(conversations: Iterable[Conversation], backend, out_path: str, tu
     the later ones seeing the new earlier answers; "last": only the last, the conversation cut after
     it), appended to out_path (OpenAI form) one conversation at a time. resume: the ids already in
     out_path are not asked again; without it an existing out_path is an error (nothing is overwritten)."""
-    if turns not in ("all", "last"):
-        raise DataError(f"turns {turns!r}: expected all or last")
+    if turns not in ("all", "last") or batch < 1:
+        raise DataError(f"turns {turns!r}, batch {batch}: expected all or last, and a batch of at least 1")
     if os.path.exists(out_path) and os.path.getsize(out_path) and not resume:
         raise DataError(f"{out_path} exists: pass --resume to go on from it, or choose another output")
     done = _done_ids(out_path) if resume else set()
@@ -359,21 +417,19 @@ def regenerate(conversations: Iterable[Conversation], backend, out_path: str, tu
             ask = [s for s in state if s["k"] < len(s["targets"]) and "error" not in s]
             if not ask:
                 break
-            try:
-                answers = backend.answer([(s["index"], s["msgs"][:s["targets"][s["k"]]]) for s in ask])
-            except RuntimeError as e:
-                for s in ask:
-                    s["error"] = str(e)
-                break
+            answers = backend.answer([(s["index"], s["msgs"][:s["targets"][s["k"]]]) for s in ask])
             for s, a in zip(ask, answers):
-                if not a.get("content", "").strip() and not a.get("reasoning_content"):
+                if "error" in a:
+                    s["error"] = a["error"]
+                    continue
+                if not a.get("content", "").strip():
                     s["error"] = "empty answer"
                     continue
                 s["msgs"][s["targets"][s["k"]]] = a
                 s["k"] += 1
         for s in state:
             if "error" in s:
-                reason = s["error"] if s["error"] == "empty answer" else "server or model error"
+                reason = s["error"] if s["error"] in ("empty answer", "truncated at max_tokens") else "server error"
                 summary.skipped[reason] = summary.skipped.get(reason, 0) + 1
                 if progress:
                     progress(f"regenerate: {s['conv'].id}: skipped ({s['error']})")
@@ -430,11 +486,18 @@ def _template_kwargs(items: Sequence[str], thinking: str | None) -> dict:
 def cmd_tokenize(a) -> int:
     tok = _tokenizer(a.tokenizer)
     kw = _template_kwargs(a.template_kwarg, a.thinking)
+    if os.path.exists(a.out) and os.path.samefile(a.out, a.conversations):
+        raise DataError(f"--out {a.out} is the input file")
     counts: dict[str, int] = {}
     lengths: list[int] = []
     with open(a.out, "w", encoding="utf-8") as out:
         for conv in read_conversations(a.conversations):
-            sample = tokenize_conversation(tok, conv, a.loss, a.reasoning, kw)
+            try:
+                sample = tokenize_conversation(tok, conv, a.loss, a.reasoning, kw)
+            except DataError as e:  # this conversation's rendering: counted, the others go on
+                print(f"tokenize: {conv.id}: dropped: {e}", file=sys.stderr)
+                counts["dropped by the template"] = counts.get("dropped by the template", 0) + 1
+                continue
             kept, why = fit_length(sample, a.max_length, a.min_length, a.over)
             if why:
                 counts[why] = counts.get(why, 0) + 1
@@ -453,15 +516,18 @@ def cmd_regenerate(a) -> int:
     kw = _template_kwargs(a.template_kwarg, a.thinking)
     if a.server:
         backend = ServerBackend(a.server, a.model, a.max_tokens, a.temperature, a.seed, kw,
-                                os.environ.get("OPENAI_API_KEY"))
+                                os.environ.get("OPENAI_API_KEY"), keep_truncated=a.keep_truncated)
     else:
         try:
             from transformers import AutoModelForCausalLM
         except ImportError:
             raise DataError("in-process regeneration needs torch and transformers; or give --server URL") from None
+        import torch
         tok = _tokenizer(a.model)
-        model = AutoModelForCausalLM.from_pretrained(a.model).eval()
-        backend = TransformersBackend(model, tok, a.max_tokens, a.temperature, a.seed, kw)
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype="auto").eval()
+        if torch.cuda.is_available():
+            model = model.to("cuda")
+        backend = TransformersBackend(model, tok, a.max_tokens, a.temperature, a.seed, kw, a.keep_truncated)
     s = regenerate(read_conversations(a.conversations), backend, a.out, a.turns, a.batch, a.resume,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(s.line())
@@ -482,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--batch", type=int, default=8)
     r.add_argument("--resume", action="store_true", help="go on from an existing --out (its conversations kept)")
+    r.add_argument("--keep-truncated", action="store_true",
+                   help="keep answers cut at --max-tokens (skipped by default: the drafter would learn to stop there)")
     t = sub.add_parser("tokenize", help="the chat template and the loss masks: token JSONL for tools/extract_shards.py")
     t.add_argument("conversations")
     t.add_argument("--out", required=True)

@@ -123,13 +123,29 @@ def test_thinking_off_passes_through_the_template(tok):
     assert on.input_ids == ids and on.loss_mask == mask
 
 
+def test_a_user_turn_equal_to_the_answer_is_not_taken_for_it(tok):
+    # The span is placed where the answer is rendered, never searched for: "ok" said by the user first.
+    same = conv(("user", "ok"), ("assistant", "ok"), ("user", "ok"), ("assistant", "ok"))
+    s = data.tokenize_conversation(tok, same, "all", "keep", {"enable_thinking": False})
+    ids, mask = expected(tok, [("<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n", 0), ("ok<|im_end|>\n", 1),
+                               ("<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", 0),
+                               ("ok<|im_end|>\n", 1)])
+    assert s.input_ids == ids and s.loss_mask == mask
+
+
+def test_a_generated_think_block_becomes_reasoning():
+    assert data.split_reasoning("<think>\nadd them\n</think>\n\nnine") == {
+        "role": "assistant", "content": "nine", "reasoning_content": "add them"}
+    assert data.split_reasoning("nine") == {"role": "assistant", "content": "nine"}
+
+
 def test_sharegpt_and_openai_forms_read_alike(tmp_path):
     f = tmp_path / "c.jsonl"
     f.write_text(json.dumps({"id": 7, "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ok"}]})
                  + "\n\n" + json.dumps({"messages": [{"role": "user", "content": "hi"},
                                                       {"role": "assistant", "content": "ok"}]}) + "\n")
     a, b = list(data.read_conversations(str(f)))
-    assert a.id == "7" and b.id == f"{f}:3" and a.messages == b.messages
+    assert a.id == "7" and b.id == "line-3" and a.messages == b.messages
 
 
 @pytest.mark.parametrize("line,message", [
@@ -158,8 +174,9 @@ def test_length_split_and_drop(tok):
     s = data.tokenize_conversation(tok, MULTI, "all")
     n = len(s.input_ids)
     parts, why = data.fit_length(s, 30, 0, "split")
-    assert why == "split" and sum(len(p.input_ids) for p in parts) <= n and all(len(p.input_ids) <= 30 for p in parts)
-    assert all(any(p.loss_mask) for p in parts) and [p.id for p in parts][0].startswith("c#")
+    # windows of 30: the first (system and user text) has no loss token and is dropped
+    assert why == "split" and [p.id for p in parts] == [f"c#{k}" for k in range(1, -(-n // 30))]
+    assert [p.input_ids for p in parts] == [s.input_ids[k * 30:(k + 1) * 30] for k in range(1, -(-n // 30))]
     assert data.fit_length(s, 30, 0, "drop") == ([], "longer than max_length")
     assert data.fit_length(s, 0, n + 1) == ([], "shorter than min_length")
     assert data.fit_length(s, n, n) == ([s], None)
@@ -184,20 +201,30 @@ class InProcess:
 
 
 class Stub(http.server.BaseHTTPRequestHandler):
-    delay = 0.0
-    fail_on = None  # a user text the server refuses (HTTP 400)
+    fail_on = None      # a user text the server refuses (HTTP 400)
+    truncate_on = None  # a user text whose answer is cut at max_tokens (finish_reason "length")
+    block_after = None  # requests answered before the next ones wait for `release`
+    served = 0
+    release = threading.Event()
+    lock = threading.Lock()
 
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         assert self.path == "/v1/chat/completions" and body["temperature"] == 0 and "seed" in body
-        time.sleep(self.delay)
-        if Stub.fail_on and body["messages"][-1]["content"] == Stub.fail_on:
+        with Stub.lock:
+            Stub.served += 1
+            hold = Stub.block_after is not None and Stub.served > Stub.block_after
+        if hold:
+            Stub.release.wait(30)
+        last = body["messages"][-1]["content"]
+        if Stub.fail_on and last == Stub.fail_on:
             self.send_response(400)
             self.end_headers()
             self.wfile.write(b"bad request")
             return
         reply = {"choices": [{"message": {"role": "assistant",
-                                          "content": target(body["messages"], body.get("chat_template_kwargs", {}))}}]}
+                                          "content": target(body["messages"], body.get("chat_template_kwargs", {}))},
+                              "finish_reason": "length" if last == Stub.truncate_on else "stop"}]}
         out = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -214,9 +241,12 @@ def server():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stub)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
+    Stub.release.set()
     srv.shutdown()
     srv.server_close()
-    Stub.delay, Stub.fail_on = 0.0, None
+    Stub.fail_on = Stub.truncate_on = Stub.block_after = None
+    Stub.served = 0
+    Stub.release.clear()
 
 
 def conversations_file(path: Path, n: int = 6) -> Path:
@@ -247,11 +277,12 @@ def test_server_regeneration_equals_in_process(tmp_path, server):
 
 
 def test_skips_are_counted_and_output_is_never_overwritten(tmp_path, server):
-    convs = conversations_file(tmp_path / "c.jsonl", 3)
-    Stub.fail_on = "again 1"
-    s = data.regenerate(data.read_conversations(str(convs)), data.ServerBackend(server, "stub", retries=1),
-                        str(tmp_path / "o.jsonl"), batch=1)
-    assert s.regenerated == 2 and s.skipped == {"server or model error": 1}
+    # In one batch of 4: a refused request and a truncated answer skip their own conversations only.
+    convs = conversations_file(tmp_path / "c.jsonl", 4)
+    Stub.fail_on, Stub.truncate_on = "again 1", "q3"
+    s = data.regenerate(data.read_conversations(str(convs)), data.ServerBackend(server + "/v1/chat/completions", "stub"),
+                        str(tmp_path / "o.jsonl"), batch=4)
+    assert s.regenerated == 2 and s.skipped == {"server error": 1, "truncated at max_tokens": 1}
     assert [json.loads(x)["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()] == ["s0", "s2"]
     with pytest.raises(data.DataError, match="exists: pass --resume"):
         data.regenerate(data.read_conversations(str(convs)), InProcess({}), str(tmp_path / "o.jsonl"))
@@ -268,25 +299,31 @@ def test_a_killed_run_resumes_to_the_same_file(tmp_path, server):
     cmd, env = _cli("regenerate", str(convs), "--out", str(whole), "--model", "stub", "--server", server,
                     "--batch", "1", "--thinking", "off")
     assert subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60).returncode == 0
-    Stub.delay = 0.15
+    # The server answers 3 conversations (2 turns each), then holds the next request: the run is killed
+    # there, with 3 lines written.
+    Stub.served, Stub.block_after = 0, 6
     out = tmp_path / "killed.jsonl"
     cmd, env = _cli("regenerate", str(convs), "--out", str(out), "--model", "stub", "--server", server, "--batch", "1",
                     "--thinking", "off")
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 30
-    while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
+    deadline = time.time() + 60
+    while time.time() < deadline and Stub.served <= 6:
         time.sleep(0.05)
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=10)
-    done = len(out.read_text().splitlines())
-    assert 3 <= done < 8, done
+    assert len(out.read_text().splitlines()) == 3
     with open(out, "a") as f:  # a line cut mid-write by a crash is dropped and redone (even one that parses)
         f.write('{"id": "s7"}')
-    Stub.delay = 0.0
+    Stub.block_after = None
+    Stub.release.set()
     r = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert f"{done} already done (resumed)" in r.stdout and f"{8 - done} regenerated" in r.stdout
+    assert "5 regenerated, 3 already done (resumed)" in r.stdout
     assert out.read_text() == whole.read_text()
+    lines = out.read_text().splitlines()  # a damaged line before the end is refused, not truncated away
+    out.write_text("\n".join(lines[:2] + ["not json"] + lines[2:]) + "\n")
+    r = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "killed.jsonl:3: not a conversation this command wrote" in r.stderr
 
 
 def test_cli_tokenize_and_errors(tmp_path, tok):
@@ -302,6 +339,17 @@ def test_cli_tokenize_and_errors(tmp_path, tok):
     row = json.loads(out.read_text())
     want = data.tokenize_conversation(tok, MULTI, "last", "mask")
     assert row["input_ids"] == want.input_ids and row["loss_mask"] == want.loss_mask and "1 samples" in r.stdout
+    # A conversation the template cannot place (reasoning with thinking off: its answer does not follow the
+    # generation prompt) is dropped and counted; the others are written.
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"id": "r", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant",
+                     "content": "ok", "reasoning_content": "think"}]}) + "\n" +
+                     json.dumps({"id": "p", "messages": [{"role": "user", "content": "hi"},
+                                                         {"role": "assistant", "content": "ok"}]}) + "\n")
+    cmd, env = _cli("tokenize", str(mixed), "--out", str(out), "--tokenizer", str(folder), "--thinking", "off")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "1 samples" in r.stdout and "1 dropped by the template" in r.stdout, r.stdout
+    assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == ["p"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "narrator", "content": "x"}]}\n')
     cmd, env = _cli("tokenize", str(bad), "--out", str(out), "--tokenizer", str(folder))
