@@ -17,4 +17,12 @@ cd "$venv"
 "$venv/bin/python" -c "import diffcp, os; assert os.path.dirname(diffcp.__file__).startswith('$venv'), diffcp.__file__" \
   || fail "diffcp imported from outside the venv"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$src/python/tests" || fail "pytest on the installed package"
+# the console script (diffcp.data): its help, and bad input's exit status 2 with the message
+"$venv/bin/diffcp-data" tokenize --help >/dev/null || fail "diffcp-data --help"
+printf '{"messages": []}\n' >"$venv/empty.jsonl"
+set +e
+msg=$("$venv/bin/diffcp-data" regenerate "$venv/empty.jsonl" --out "$venv/o.jsonl" --model m --server http://127.0.0.1:9 2>&1)
+rc=$?
+set -e
+[ "$rc" = 2 ] && [[ "$msg" == *"an empty conversation"* ]] || fail "diffcp-data on bad input: exit $rc, '$msg'"
 echo "pip_install: passed"
