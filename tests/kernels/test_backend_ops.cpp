@@ -105,16 +105,17 @@ TEST(OpHarness, EveryOpKindHasACaseAndEdgeShapes) {
   EXPECT_TRUE(shapes_of_gemm.count("M 1 N 3 K 1"));
 }
 
-// A host-memory backend that runs the CPU's kernels for the element-wise silu / GELU and the f32
-// GEMM, and supports nothing else; `error` perturbs its GELU output and its GEMM's alpha.
+// A host-memory backend that runs the CPU's kernels for the element-wise silu / GELUs and the f32
+// GEMM, and supports nothing else; `error` perturbs its tanh GELU's output and its GEMM's alpha.
 class Miscomputing final : public Backend {
  public:
   explicit Miscomputing(float error) : error_(error) {}
   const char* name() const override { return "miscomputing"; }
   bool supports(OpKind op, DType dtype) const override {
-    return dtype == DType::f32 && (op == OpKind::silu || op == OpKind::gelu_tanh || op == OpKind::gemm);
+    return dtype == DType::f32 && (op == OpKind::silu || op == OpKind::gelu_tanh || op == OpKind::gelu || op == OpKind::gemm);
   }
   void silu(TensorView x) override { cpu_backend().silu(x); }
+  void gelu(TensorView x) override { cpu_backend().gelu(x); }
   void gelu_tanh(TensorView x) override {
     cpu_backend().gelu_tanh(x);
     x.ptr<float>()[0] *= 1.f + error_;
