@@ -117,24 +117,27 @@ def main() -> int:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
     py = [sys.executable, "-m", "diffcp.data"]
     t0 = time.time()
-    subprocess.run(py + ["regenerate", f"{work}/conversations.jsonl", "--out", f"{work}/regen.jsonl", "--model",
-                         f"{work}/target", "--max-tokens", str(a.max_tokens), "--batch", "8"], env=env, check=True,
-                   stderr=subprocess.DEVNULL)
+    # --keep-truncated: the tiny target has no end-of-turn habit (it ends an answer only when it happens
+    # to emit <|im_end|>), so most answers run to --max-tokens
+    r = subprocess.run(py + ["regenerate", f"{work}/conversations.jsonl", "--out", f"{work}/regen.jsonl", "--model",
+                             f"{work}/target", "--max-tokens", str(a.max_tokens), "--batch", "8", "--keep-truncated"],
+                       env=env, check=True, capture_output=True, text=True)
+    in_process = r.stdout.strip()
     t_in = time.time() - t0
-    Serve.backend = data.TransformersBackend(target, tok, a.max_tokens)
+    Serve.backend = data.TransformersBackend(target, tok, a.max_tokens, keep_truncated=True)
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Serve)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     t0 = time.time()
     r = subprocess.run(py + ["regenerate", f"{work}/conversations.jsonl", "--out", f"{work}/regen_server.jsonl",
                              "--model", "target", "--server", f"http://127.0.0.1:{srv.server_address[1]}",
-                             "--max-tokens", str(a.max_tokens), "--batch", "8"], env=env, check=True,
-                       capture_output=True, text=True)
+                             "--max-tokens", str(a.max_tokens), "--batch", "8", "--keep-truncated"], env=env,
+                       check=True, capture_output=True, text=True)
     t_srv = time.time() - t0
     srv.shutdown()
     same = open(f"{work}/regen.jsonl").read() == open(f"{work}/regen_server.jsonl").read()
     first = json.loads(open(f"{work}/regen.jsonl").readline())["messages"]
     log(f"3. regenerated in process (batches of 8, left-padded, greedy: {t_in:.0f} s) and over HTTP (one a request: "
-        f"{t_srv:.0f} s): {'equal' if same else 'DIFFERENT'}; {r.stdout.strip()}")
+        f"{t_srv:.0f} s): {'equal' if same else 'DIFFERENT'}; in process: {in_process}; over HTTP: {r.stdout.strip()}")
     log(f"   e.g. {[m['content'] for m in first if m['role'] == 'assistant']}")
 
     r = subprocess.run(py + ["tokenize", f"{work}/regen.jsonl", "--out", f"{work}/tokens.jsonl", "--tokenizer",
