@@ -93,8 +93,7 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
     ctx_rstd_.resize(b * T);
     q_rstd_.resize(Mp_);
     cross_lse_.resize(Mp_ * cfg_.heads);
-    tproj_.resize(6 * H);
-    norm2_scale_.resize(H);
+    ln_scale_.resize(std::max(H, cfg_.image_dim));
     minus_ones_.resize(std::max(H, cfg_.image_dim));
     fill(minus_ones_.data(), std::max(H, cfg_.image_dim), -1.f);
     // Image j's I_p query rows see its context: key rows [0, T) shared, or [j T, (j + 1) T) per image.
@@ -122,7 +121,6 @@ DitModel::DitModel(const DitWeights& weights, const DitShape& shape, AttentionEx
       ictx_rstd_.resize(b * I);
       img_attn_.resize(Mp_ * H);
       img_lse_.resize(Mp_ * cfg_.heads);
-      ictx_scale_.resize(std::max(H, Di));
       context_masks(I, image_masks_);
     }
   } else {
@@ -273,16 +271,19 @@ void DitModel::wan_image_context(const float* image_p) {
       add_into(ictx_in_.data() + j * shape_.image_context * Di, param(L.image_pos), shape_.image_context * Di);
     in = ictx_in_.data();
   }
-  const auto layernorm = [&](const float* x, std::int64_t cols, std::int64_t w, std::int64_t bias, float* y) {
-    device_copy(ictx_scale_.data(), param(w), cols);
-    add_into(ictx_scale_.data(), minus_ones_.data(), cols);
-    layernorm_modulate(x, rows, cols, param(bias), ictx_scale_.data(), kEps, y);
-  };
-  layernorm(in, Di, L.image_norm1_w, L.image_norm1_b, ictx_n_.data());
+  affine_layernorm(in, rows, Di, L.image_norm1_w, L.image_norm1_b, kEps, ictx_n_.data());
   linear(L.image_in, ictx_n_.data(), Di, rows, ik_.data(), Di);
   gelu_inplace(ik_.data(), rows, Di, Di);
   linear(L.image_in2, ik_.data(), Di, rows, iv_.data(), H);
-  layernorm(iv_.data(), H, L.image_norm2_w, L.image_norm2_b, ictx_.data());
+  affine_layernorm(iv_.data(), rows, H, L.image_norm2_w, L.image_norm2_b, kEps, ictx_.data());
+}
+
+// y[rows, cols] = LN(x) * w + b (weight and bias: the layout's vectors at w, b), as (1 + (w - 1)) LN + b.
+void DitModel::affine_layernorm(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t w, std::int64_t b,
+                                float eps, float* y) {
+  device_copy(ln_scale_.data(), param(w), cols);
+  add_into(ln_scale_.data(), minus_ones_.data(), cols);
+  layernorm_modulate(x, rows, cols, param(b), ln_scale_.data(), eps, y);
 }
 
 // The rows of each timestep: one run of every row at t, or (token_t) runs of this rank's consecutive
@@ -401,52 +402,39 @@ void DitModel::wan_block(const DitLayout::WanBlock& blk) {
   timed(DitPhase::gemm, [&] { linear(blk.out, attn_.data(), H, Mp_, y_.data(), H); });
   timed(DitPhase::gated_add, [&] { gate(2); });
 
-  // Cross-attention to the context: every head here, no exchange. norm2 = LN * w + b, as
-  // (1 + (w - 1)) LN + b (cross_attn_norm; none otherwise).
-  const bool norm2 = blk.norm2_w >= 0;  // without cross_attn_norm the queries read x itself (nn.Identity)
+  // Cross-attention to the context: every head here, no exchange. norm2: LN with weight and bias
+  // (cross_attn_norm; without it the queries read x itself, nn.Identity).
+  const bool norm2 = blk.norm2_w >= 0;
   if (norm2)
-    timed(DitPhase::layernorm_mod, [&] {
-      device_copy(norm2_scale_.data(), param(blk.norm2_w), H);
-      add_into(norm2_scale_.data(), minus_ones_.data(), H);
-      layernorm_modulate(x_.data(), Mp_, H, param(blk.norm2_b), norm2_scale_.data(), eps, xm_.data());
-    });
-  timed(DitPhase::gemm, [&] {
-    linear(blk.cross_q, norm2 ? xm_.data() : x_.data(), H, Mp_, y_.data(), H);
-    linear(blk.cross_kv, ctx_.data(), H, ctx_rows, 0, H, ck_.data(), H);
-    linear(blk.cross_kv, ctx_.data(), H, ctx_rows, H, H, cv_.data(), H);
-  });
-  timed(DitPhase::qk_norm_rope, [&] {
-    rmsnorm_forward(y_.data(), Mp_, 1, H, param(blk.cross_q_scale), eps, y_.data(), q_rstd_.data());
-    rmsnorm_forward(ck_.data(), ctx_rows, 1, H, param(blk.cross_k_scale), eps, ck_.data(), ctx_rstd_.data());
-  });
-  timed(DitPhase::attention, [&] {
-    const Device dev = active_device();
-    const auto rows = [&](const float* p, std::int64_t n) {
-      return ConstTensorView::contiguous(p, DType::f32, {n, nh, d}, dev);
-    };
-    attention_forward(cross_masks_[n_ctx_ > 1 ? 1 : 0], rows(y_.data(), Mp_), rows(ck_.data(), ctx_rows),
-                      rows(cv_.data(), ctx_rows), TensorView::contiguous(attn_.data(), DType::f32, {Mp_, nh, d}, dev),
-                      cross_lse_);
-  });
-  if (blk.image_k_scale >= 0) {  // I2V: the same queries over the image context, a softmax of its own, summed
-    const std::int64_t img_rows = n_ctx_ * shape_.image_context;
+    timed(DitPhase::layernorm_mod, [&] { affine_layernorm(x_.data(), Mp_, H, blk.norm2_w, blk.norm2_b, eps, xm_.data()); });
+  timed(DitPhase::gemm, [&] { linear(blk.cross_q, norm2 ? xm_.data() : x_.data(), H, Mp_, y_.data(), H); });
+  timed(DitPhase::qk_norm_rope,
+        [&] { rmsnorm_forward(y_.data(), Mp_, 1, H, param(blk.cross_q_scale), eps, y_.data(), q_rstd_.data()); });
+  // The queries y_ over one context's rows: keys / values projected by kv (k | v), the keys RMS-normed
+  // (k_scale), into out [M_p, H].
+  const auto attend = [&](const DitLinear& kv, std::int64_t k_scale, const float* ctx, std::int64_t rows,
+                          const std::vector<BlockMask>& masks, float* k, float* v, float* rstd, float* out,
+                          std::span<float> lse) {
     timed(DitPhase::gemm, [&] {
-      linear(blk.image_kv, ictx_.data(), H, img_rows, 0, H, ik_.data(), H);
-      linear(blk.image_kv, ictx_.data(), H, img_rows, H, H, iv_.data(), H);
+      linear(kv, ctx, H, rows, 0, H, k, H);
+      linear(kv, ctx, H, rows, H, H, v, H);
     });
-    timed(DitPhase::qk_norm_rope, [&] {
-      rmsnorm_forward(ik_.data(), img_rows, 1, H, param(blk.image_k_scale), eps, ik_.data(), ictx_rstd_.data());
-    });
+    timed(DitPhase::qk_norm_rope, [&] { rmsnorm_forward(k, rows, 1, H, param(k_scale), eps, k, rstd); });
     timed(DitPhase::attention, [&] {
       const Device dev = active_device();
-      const auto rows = [&](const float* p, std::int64_t n) {
+      const auto view = [&](const float* p, std::int64_t n) {
         return ConstTensorView::contiguous(p, DType::f32, {n, nh, d}, dev);
       };
-      attention_forward(image_masks_[n_ctx_ > 1 ? 1 : 0], rows(y_.data(), Mp_), rows(ik_.data(), img_rows),
-                        rows(iv_.data(), img_rows), TensorView::contiguous(img_attn_.data(), DType::f32, {Mp_, nh, d}, dev),
-                        img_lse_);
-      add_into(attn_.data(), img_attn_.data(), Mp_ * H);
+      attention_forward(masks[n_ctx_ > 1 ? 1 : 0], view(y_.data(), Mp_), view(k, rows), view(v, rows),
+                        TensorView::contiguous(out, DType::f32, {Mp_, nh, d}, dev), lse);
     });
+  };
+  attend(blk.cross_kv, blk.cross_k_scale, ctx_.data(), ctx_rows, cross_masks_, ck_.data(), cv_.data(), ctx_rstd_.data(),
+         attn_.data(), cross_lse_);
+  if (blk.image_k_scale >= 0) {  // I2V: the same queries over the image context, a softmax of its own, summed
+    attend(blk.image_kv, blk.image_k_scale, ictx_.data(), n_ctx_ * shape_.image_context, image_masks_, ik_.data(),
+           iv_.data(), ictx_rstd_.data(), img_attn_.data(), img_lse_);
+    timed(DitPhase::gated_add, [&] { add_into(attn_.data(), img_attn_.data(), Mp_ * H); });
   }
   timed(DitPhase::gemm, [&] { linear(blk.cross_out, attn_.data(), H, Mp_, y_.data(), H); });
   timed(DitPhase::gated_add, [&] { add_into(x_.data(), y_.data(), Mp_ * H); });

@@ -123,6 +123,9 @@ class DitModel {
                     std::span<const double> token_t);
   void wan_timestep_runs(double t, std::span<const double> token_t);  // runs_, slot_t_
   void wan_image_context(const float* image_p);  // I2V: image_p [n_ctx I_ctx, image_dim] -> ictx_
+  // y = LN(x) * w + b over [rows, cols] (the layout's weight / bias vectors at offsets w, b)
+  void affine_layernorm(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t w, std::int64_t b, float eps,
+                        float* y);
   void wan_block(const DitLayout::WanBlock& blk);
   void time_mlp(double t);             // vec_ = MLP_time(timestep_embedding(t)) (temb_, h_ scratch)
   void zero_padding(float* v_p) const;  // v = 0 in this rank's padding rows of v_p [b, I_p, C_in]
@@ -181,12 +184,12 @@ class DitModel {
   // masks (one block of I_p query rows per image; [0]: a shared context, [1]: one per image)
   DeviceVector<float> ctx_h_, ctx_, ck_, cv_;      // [n_ctx T, H] each
   DeviceVector<float> ctx_rstd_, q_rstd_, cross_lse_;  // [b T], [M_p], [M_p, n_h]
-  DeviceVector<float> tproj_, norm2_scale_, minus_ones_;  // [6H], [H], [H]
+  DeviceVector<float> tproj_, ln_scale_, minus_ones_;  // [S, 6H] (sized per call), [max(H, image_dim)] x 2
   std::vector<BlockMask> cross_masks_;
   std::int64_t n_ctx_ = 1;
   // Wan I2V: the image context [n_ctx I_ctx] rows: its input (+ positions), normed input, the
   // embedded context, each block's keys / values over it and its attention's output; masks as above
-  DeviceVector<float> ictx_in_, ictx_n_, ictx_, ik_, iv_, ictx_rstd_, img_attn_, img_lse_, ictx_scale_;
+  DeviceVector<float> ictx_in_, ictx_n_, ictx_, ik_, iv_, ictx_rstd_, img_attn_, img_lse_;
   std::vector<BlockMask> image_masks_;
   // Wan's timesteps: the distinct values (slots) and the runs of consecutive rows that share one;
   // slot_temb_ [S, H], tproj_ [S, 6H] and mod_ [S, 6H] per slot (S = 1 unless tokens' timesteps differ)
